@@ -1,0 +1,31 @@
+// Exception types of the core. The bindings map them to Python exceptions in one place
+// (cpp/bindings/errors_bindings.cpp); every throwing call leaves the store unchanged.
+#ifndef APEXRL_ERRORS_H_
+#define APEXRL_ERRORS_H_
+
+#include <stdexcept>
+#include <string>
+
+namespace apexrl {
+
+// Bad input from the caller: a NaN priority, a length mismatch, sampling an empty store... -> ValueError.
+class InvalidArgument : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A snapshot file that is truncated, corrupted, of an unknown version or not a snapshot -> SnapshotError.
+class SnapshotError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The operating system refused a file operation (open, write, rename) -> OSError.
+class IoError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace apexrl
+
+#endif  // APEXRL_ERRORS_H_

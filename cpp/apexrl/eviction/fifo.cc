@@ -1,0 +1,60 @@
+#include "apexrl/eviction/fifo.h"
+
+#include <string>
+
+namespace apexrl {
+
+void FifoPolicy::Grow(size_t slot_capacity) {
+  if (slot_capacity <= prev_.size()) return;
+  prev_.resize(slot_capacity, kNoSlot);
+  next_.resize(slot_capacity, kNoSlot);
+  seq_.resize(slot_capacity, 0);
+}
+
+void FifoPolicy::OnInsert(Slot slot, double, uint64_t seq) {
+  seq_[slot] = seq;
+  prev_[slot] = tail_;
+  next_[slot] = kNoSlot;
+  if (tail_ != kNoSlot) {
+    next_[tail_] = slot;
+  } else {
+    head_ = slot;
+  }
+  tail_ = slot;
+}
+
+void FifoPolicy::OnErase(Slot slot) {
+  const Slot p = prev_[slot], n = next_[slot];
+  if (p != kNoSlot) {
+    next_[p] = n;
+  } else {
+    head_ = n;
+  }
+  if (n != kNoSlot) {
+    prev_[n] = p;
+  } else {
+    tail_ = p;
+  }
+  prev_[slot] = next_[slot] = kNoSlot;
+}
+
+void FifoPolicy::OldestSeqs(size_t k, std::vector<uint64_t>* out) const {
+  for (Slot s = head_; s != kNoSlot && k > 0; s = next_[s], --k) out->push_back(seq_[s]);
+}
+
+std::string FifoPolicy::CheckConsistency(size_t live_items) const {
+  size_t count = 0;
+  Slot prev = kNoSlot;
+  for (Slot s = head_; s != kNoSlot; prev = s, s = next_[s]) {
+    if (prev_[s] != prev) return "fifo list: broken back link at slot " + std::to_string(s);
+    if (prev != kNoSlot && seq_[prev] >= seq_[s]) return "fifo list: insertion numbers out of order";
+    if (++count > live_items) return "fifo list: longer than the number of items";
+  }
+  if (prev != tail_) return "fifo list: tail is not the last element";
+  if (count != live_items) {
+    return "fifo list holds " + std::to_string(count) + " items, shard " + std::to_string(live_items);
+  }
+  return "";
+}
+
+}  // namespace apexrl

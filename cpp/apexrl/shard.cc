@@ -1,0 +1,422 @@
+#include "apexrl/shard.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "apexrl/errors.h"
+#include "apexrl/snapshot_io.h"
+
+namespace apexrl {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+}  // namespace
+
+Shard::Shard(uint32_t index, double alpha, EvictionKind eviction, double alpha_evict, size_t target_slots)
+    : index_(index), alpha_(alpha), target_slots_(std::max<size_t>(target_slots, 16)), min_positive_(kInf) {
+  if (eviction == EvictionKind::kFifo) {
+    fifo_ = std::make_unique<FifoPolicy>();
+    policy_ = fifo_.get();
+  } else {
+    prioritized_ = std::make_unique<PrioritizedPolicy>(alpha_evict);
+    policy_ = prioritized_.get();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  EnsureSlots(std::min<size_t>(target_slots_, 1024));
+}
+
+Shard::~Shard() {
+  for (const SlotRef& r : refs_) std::free(r.data);
+}
+
+void Shard::FreeAll(std::vector<uint8_t*>& garbage) {
+  for (uint8_t* p : garbage) std::free(p);
+  garbage.clear();
+}
+
+bool Shard::Live(Slot slot, uint32_t generation) const {
+  return slot < num_slots_ && refs_[slot].generation == generation && live_pos_[slot] != kNotLive;
+}
+
+void Shard::EnsureSlots(size_t extra) {
+  if (free_.size() >= extra) return;
+  const uint64_t needed = num_slots_ + (extra - free_.size());
+  if (needed > kMaxSlotsPerShard) {
+    throw InvalidArgument("shard " + std::to_string(index_) + " cannot hold more than " +
+                          std::to_string(kMaxSlotsPerShard) + " slots");
+  }
+  if (needed <= refs_.size()) return;
+  const uint64_t current = refs_.size();
+  const uint64_t grown = current < target_slots_ ? std::min<uint64_t>(current * 2, target_slots_)
+                                                 : current + current / 4;
+  const size_t capacity =
+      static_cast<size_t>(std::min<uint64_t>(kMaxSlotsPerShard, std::max<uint64_t>(needed, grown)));
+  // Everything that can throw (allocation) happens here, before the caller changes anything.
+  refs_.resize(capacity);
+  priority_.resize(capacity, 0.0);
+  seq_.resize(capacity, 0);
+  live_pos_.resize(capacity, kNotLive);
+  live_.reserve(capacity);
+  free_.reserve(capacity);
+  tree_.Grow(capacity);
+  policy_->Grow(capacity);
+}
+
+Slot Shard::TakeSlot() {
+  if (!free_.empty()) {
+    const Slot slot = free_.back();
+    free_.pop_back();
+    return slot;
+  }
+  return static_cast<Slot>(num_slots_++);
+}
+
+void Shard::Remove(Slot slot, std::vector<uint8_t*>* garbage) {
+  SlotRef& r = refs_[slot];
+  garbage->push_back(r.data);
+  bytes_held_ -= r.size;
+  r.data = nullptr;
+  r.size = 0;
+  tree_.Set(slot, 0.0);
+  policy_->OnErase(slot);
+  const uint32_t pos = live_pos_[slot];
+  const Slot last = live_.back();
+  live_[pos] = last;
+  live_pos_[last] = pos;
+  live_.pop_back();
+  live_pos_[slot] = kNotLive;
+  if (++r.generation < kGenerationLimit) free_.push_back(slot);  // else retired: its keys must stay stale
+}
+
+void Shard::Publish() {
+  size_.store(live_.size(), std::memory_order_relaxed);
+  total_.store(tree_.Total(), std::memory_order_relaxed);
+  min_positive_.store(tree_.MinPositive(), std::memory_order_relaxed);
+  bytes_.store(bytes_held_, std::memory_order_relaxed);
+}
+
+bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys,
+                   bool block) {
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  if (block) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    return false;
+  }
+  EnsureSlots(n);
+  const uint64_t seq0 = seq_counter->fetch_add(n, std::memory_order_relaxed) + 1;
+  scratch_slots_.resize(n);
+  scratch_values_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const PreparedItem& item = items[i];
+    const Slot slot = TakeSlot();
+    SlotRef& r = refs_[slot];
+    r.data = item.data;
+    r.size = item.size;
+    priority_[slot] = item.priority;
+    seq_[slot] = seq0 + i;
+    live_pos_[slot] = static_cast<uint32_t>(live_.size());
+    live_.push_back(slot);
+    policy_->OnInsert(slot, item.priority, seq0 + i);
+    bytes_held_ += item.size;
+    keys[i] = MakeKey(index_, slot, r.generation);
+    scratch_slots_[i] = slot;
+    scratch_values_[i] = item.mass;
+  }
+  tree_.SetBatch(scratch_slots_.data(), scratch_values_.data(), n);
+  counters_.inserted += n;
+  if (n > 0) max_seq_ = seq0 + n - 1;
+  Publish();
+  return true;
+}
+
+void Shard::CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink,
+                    size_t first) {
+  for (size_t i = 0; i < k; ++i) __builtin_prefetch(&refs_[slots[i]]);
+  const double scale = share / total;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const Slot s = slots[i];
+    const SlotRef& r = refs_[s];
+    __builtin_prefetch(r.data);
+    const double mass = tree_.Get(s);
+    sink.keys[first + i] = MakeKey(index_, s, r.generation);
+    sink.masses[first + i] = mass;
+    sink.probabilities[first + i] = mass * scale;
+    bytes += r.size;
+  }
+  uint8_t* const base = sink.data->Extend(bytes);
+  uint64_t offset = static_cast<uint64_t>(base - sink.data->data());
+  uint8_t* dst = base;
+  constexpr size_t kAhead = 4;
+  for (size_t i = 0; i < k; ++i) {
+    if (i + kAhead < k) {
+      const SlotRef& ahead = refs_[slots[i + kAhead]];
+      __builtin_prefetch(ahead.data);
+      __builtin_prefetch(ahead.data + 64);
+    }
+    const SlotRef& r = refs_[slots[i]];
+    sink.offsets[first + i] = offset;
+    if (r.size > 0) std::memcpy(dst, r.data, r.size);
+    dst += r.size;
+    offset += r.size;
+  }
+  counters_.sampled += k;
+}
+
+bool Shard::Sample(const double* fractions, size_t k, double share, const SampleSink& sink, size_t first) {
+  thread_local std::vector<double> masses;
+  thread_local std::vector<Slot> slots;
+  masses.resize(k);
+  slots.resize(k);
+  std::lock_guard<std::mutex> lock(mu_);
+  // The total may have moved since the caller read it; scaling the fractions by the current total keeps
+  // every draw inside this shard.
+  const double total = tree_.Total();
+  if (!(total > 0.0)) return false;
+  for (size_t i = 0; i < k; ++i) masses[i] = fractions[i] * total;
+  tree_.FindBatch(masses.data(), k, slots.data());
+  CopyOut(slots.data(), k, share, total, sink, first);
+  return true;
+}
+
+bool Shard::SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first) {
+  thread_local std::vector<Slot> slots;
+  slots.resize(k);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (live_.empty()) return false;
+  for (size_t i = 0; i < k; ++i) slots[i] = live_[rng.Below(live_.size())];
+  // CopyOut reports mass * share / total; with "mass" 1 per item this is share / size, the uniform P.
+  CopyOut(slots.data(), k, share, static_cast<double>(live_.size()), sink, first);
+  for (size_t i = 0; i < k; ++i) sink.probabilities[first + i] = share / static_cast<double>(live_.size());
+  return true;
+}
+
+size_t Shard::Update(const Key* keys, const double* priorities, const double* masses, size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  scratch_slots_.clear();
+  scratch_values_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const KeyParts kp = SplitKey(keys[i]);
+    if (!Live(kp.slot, kp.generation)) continue;
+    priority_[kp.slot] = priorities[i];
+    policy_->OnUpdate(kp.slot, priorities[i]);
+    scratch_slots_.push_back(kp.slot);
+    scratch_values_.push_back(masses[i]);
+  }
+  const size_t updated = scratch_slots_.size();
+  tree_.SetBatch(scratch_slots_.data(), scratch_values_.data(), updated);
+  counters_.updated += updated;
+  counters_.stale_updates += n - updated;
+  Publish();
+  return updated;
+}
+
+size_t Shard::Erase(const Key* keys, size_t n) {
+  std::vector<uint8_t*> garbage;
+  size_t erased = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < n; ++i) {
+      const KeyParts kp = SplitKey(keys[i]);
+      if (!Live(kp.slot, kp.generation)) continue;
+      Remove(kp.slot, &garbage);
+      ++erased;
+    }
+    counters_.erased += erased;
+    Publish();
+  }
+  FreeAll(garbage);
+  return erased;
+}
+
+void Shard::OldestSeqs(size_t k, std::vector<uint64_t>* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  fifo_->OldestSeqs(k, out);
+}
+
+size_t Shard::EvictUpToSeq(uint64_t max_seq, size_t limit) {
+  std::vector<uint8_t*> garbage;
+  size_t evicted = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Slot s = fifo_->oldest(); evicted < limit && s != kNoSlot && fifo_->seq(s) <= max_seq;
+         s = fifo_->oldest()) {
+      Remove(s, &garbage);
+      ++evicted;
+    }
+    counters_.evicted += evicted;
+    Publish();
+  }
+  FreeAll(garbage);
+  return evicted;
+}
+
+void Shard::EvictionMass(double* mass, size_t* urgent) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  *mass = prioritized_->mass();
+  *urgent = prioritized_->urgent();
+}
+
+size_t Shard::EvictDrawn(size_t k, Rng& rng) {
+  std::vector<uint8_t*> garbage;
+  size_t evicted = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (; evicted < k && !live_.empty(); ++evicted) {
+      Slot victim = policy_->Victim(rng);
+      if (victim == kNoSlot) victim = live_[rng.Below(live_.size())];
+      Remove(victim, &garbage);
+    }
+    counters_.evicted += evicted;
+    Publish();
+  }
+  FreeAll(garbage);
+  return evicted;
+}
+
+ShardCounters Shard::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+uint64_t Shard::max_seq() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return max_seq_;
+}
+
+void Shard::Validate() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto fail = [this](const std::string& what) {
+    throw std::logic_error("shard " + std::to_string(index_) + ": " + what);
+  };
+  size_t live = 0, retired = 0;
+  uint64_t bytes = 0;
+  for (size_t s = 0; s < num_slots_; ++s) {
+    const SlotRef& r = refs_[s];
+    if (live_pos_[s] != kNotLive) {
+      ++live;
+      if (live_pos_[s] >= live_.size() || live_[live_pos_[s]] != s) fail("live list broken");
+      bytes += r.size;
+      if (tree_.Get(s) != PriorityMass(priority_[s], alpha_)) fail("tree leaf differs from priority^alpha");
+      if (seq_[s] > max_seq_) fail("insertion number above the shard's maximum");
+    } else {
+      if (tree_.Get(s) != 0.0) fail("free slot has sampling mass");
+      if (r.data != nullptr) fail("free slot holds a payload");
+      if (r.generation >= kGenerationLimit) ++retired;
+    }
+  }
+  for (size_t s = num_slots_; s < refs_.size(); ++s) {
+    if (tree_.Get(s) != 0.0) fail("unused slot has sampling mass");
+  }
+  if (live != live_.size()) fail("live count differs from live list");
+  if (live + free_.size() + retired != num_slots_) fail("slots lost: live + free + retired != created");
+  if (bytes != bytes_held_) fail("byte count differs from the sum of item sizes");
+  if (size_.load() != live || bytes_.load() != bytes_held_ || total_.load() != tree_.Total()) {
+    fail("published size/bytes/total are stale");
+  }
+  if (std::string e = tree_.CheckConsistency(); !e.empty()) fail("sum tree: " + e);
+  if (std::string e = policy_->CheckConsistency(live); !e.empty()) fail(e);
+}
+
+// Snapshot layout of one shard (little-endian, inside the store's checksummed stream):
+//   u32 index | u64 num_slots | u32 generation[num_slots] | u64 num_free | u32 free[num_free]
+//   | u64 num_live | num_live x (u32 slot, u64 seq, f64 priority, u32 size, size bytes), oldest first
+//   | u64 x 6 counters | u64 max_seq
+void Shard::Write(SnapshotWriter& out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  out.Put<uint32_t>(index_);
+  out.Put<uint64_t>(num_slots_);
+  for (size_t s = 0; s < num_slots_; ++s) out.Put<uint32_t>(refs_[s].generation);
+  out.Put<uint64_t>(free_.size());
+  out.Write(free_.data(), free_.size() * sizeof(Slot));
+  std::vector<Slot> order(live_);
+  std::sort(order.begin(), order.end(), [this](Slot a, Slot b) { return seq_[a] < seq_[b]; });
+  out.Put<uint64_t>(order.size());
+  for (Slot s : order) {
+    out.Put<uint32_t>(s);
+    out.Put<uint64_t>(seq_[s]);
+    out.Put<double>(priority_[s]);
+    out.Put<uint32_t>(refs_[s].size);
+    out.Write(refs_[s].data, refs_[s].size);
+  }
+  for (uint64_t c : {counters_.inserted, counters_.sampled, counters_.updated, counters_.stale_updates,
+                     counters_.evicted, counters_.erased}) {
+    out.Put<uint64_t>(c);
+  }
+  out.Put<uint64_t>(max_seq_);
+}
+
+void Shard::Read(SnapshotReader& in) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in.Get<uint32_t>() != index_) in.Fail("shard index out of sequence");
+  const uint64_t num_slots = in.Get<uint64_t>();
+  if (num_slots > kMaxSlotsPerShard || num_slots * sizeof(uint32_t) > in.remaining()) {
+    in.Fail("impossible slot count " + std::to_string(num_slots));
+  }
+  EnsureSlots(static_cast<size_t>(num_slots));
+  num_slots_ = static_cast<size_t>(num_slots);
+  for (size_t s = 0; s < num_slots_; ++s) {
+    const uint32_t g = in.Get<uint32_t>();
+    if (g == 0 || g > kGenerationLimit) in.Fail("bad slot generation");
+    refs_[s].generation = g;
+  }
+  const uint64_t num_free = in.Get<uint64_t>();
+  if (num_free > num_slots_) in.Fail("more free slots than slots");
+  free_.resize(static_cast<size_t>(num_free));
+  in.Read(free_.data(), free_.size() * sizeof(Slot));
+  std::vector<uint8_t> seen(num_slots_, 0);
+  for (Slot s : free_) {
+    if (s >= num_slots_ || seen[s] || refs_[s].generation >= kGenerationLimit) in.Fail("bad free slot");
+    seen[s] = 1;
+  }
+  const uint64_t num_live = in.Get<uint64_t>();
+  if (num_live + num_free > num_slots_) in.Fail("more items than slots");
+  uint64_t previous_seq = 0;
+  for (uint64_t i = 0; i < num_live; ++i) {
+    const Slot s = in.Get<uint32_t>();
+    const uint64_t seq = in.Get<uint64_t>();
+    const double priority = in.Get<double>();
+    const uint32_t size = in.Get<uint32_t>();
+    if (s >= num_slots_ || seen[s] || refs_[s].generation >= kGenerationLimit) in.Fail("bad item slot");
+    if (seq <= previous_seq) in.Fail("items out of insertion order");
+    const double mass = PriorityMass(priority, alpha_);
+    if (!(priority >= 0.0) || !std::isfinite(priority) || !std::isfinite(mass)) in.Fail("bad priority");
+    if (size > in.remaining()) in.Fail("truncated: item bytes missing");
+    seen[s] = 1;
+    previous_seq = seq;
+    auto* data = static_cast<uint8_t*>(std::malloc(size > 0 ? size : 1));
+    if (data == nullptr) throw std::bad_alloc();
+    refs_[s].data = data;  // owned from here on, so the destructor frees it if a later read fails
+    refs_[s].size = size;
+    in.Read(data, size);
+    priority_[s] = priority;
+    seq_[s] = seq;
+    live_pos_[s] = static_cast<uint32_t>(live_.size());
+    live_.push_back(s);
+    policy_->OnInsert(s, priority, seq);
+    tree_.SetLeafUnsafe(s, mass);
+    bytes_held_ += size;
+  }
+  tree_.Rebuild();
+  counters_.inserted = in.Get<uint64_t>();
+  counters_.sampled = in.Get<uint64_t>();
+  counters_.updated = in.Get<uint64_t>();
+  counters_.stale_updates = in.Get<uint64_t>();
+  counters_.evicted = in.Get<uint64_t>();
+  counters_.erased = in.Get<uint64_t>();
+  max_seq_ = in.Get<uint64_t>();
+  if (previous_seq > max_seq_) in.Fail("item newer than the shard's maximum insertion number");
+  for (size_t s = 0; s < num_slots_; ++s) {
+    if (!seen[s] && refs_[s].generation < kGenerationLimit) in.Fail("slot neither live, free nor retired");
+  }
+  Publish();
+}
+
+}  // namespace apexrl

@@ -1,0 +1,162 @@
+// Shard: one lock's worth of the store -- slots, payloads, a sum tree, and an eviction policy.
+#ifndef APEXRL_SHARD_H_
+#define APEXRL_SHARD_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "apexrl/byte_buffer.h"
+#include "apexrl/common.h"
+#include "apexrl/eviction/fifo.h"
+#include "apexrl/eviction/prioritized.h"
+#include "apexrl/random.h"
+#include "apexrl/sum_tree.h"
+#include "apexrl/thread_annotations.h"
+
+namespace apexrl {
+
+class SnapshotReader;
+class SnapshotWriter;
+
+// An item whose payload was already copied (outside any lock) into memory the shard will own.
+struct PreparedItem {
+  uint8_t* data;    // malloc'd; ownership passes to the shard on a successful Insert
+  uint32_t size;
+  double priority;  // validated: finite, >= 0
+  double mass;      // priority^alpha, finite
+};
+
+// Where Sample() writes its draws: position i of each array is draw i of the whole batch.
+struct SampleSink {
+  Key* keys;
+  double* masses;         // the sampled items' priority^alpha (for IS weights)
+  double* probabilities;  // P(item) for one draw
+  ByteBuffer* data;       // item bytes appended in draw order
+  uint64_t* offsets;      // offsets[i] = where item i starts in data; the caller writes the final end offset
+};
+
+struct ShardCounters {
+  uint64_t inserted = 0;
+  uint64_t sampled = 0;
+  uint64_t updated = 0;
+  uint64_t stale_updates = 0;
+  uint64_t evicted = 0;
+  uint64_t erased = 0;
+};
+
+// Everything under one mutex. Thread-safe: every public method takes the shard's lock itself, and no method
+// takes any other lock while holding it (the ShardedStore never holds two shard locks at once, so there is
+// no lock order to get wrong). Payload memory of removed items is freed after the lock is released.
+//
+// Soft capacity lives in the ShardedStore; a shard grows as needed. Slots freed by removal are reused
+// (LIFO); each reuse bumps the slot's generation so old keys turn stale (see common.h).
+//
+// The lock-free accessors (size(), total(), ...) read values published at the end of each locked operation:
+// exact when the shard is quiet, a recent value under concurrency.
+class Shard {
+ public:
+  // `target_slots`: the slots this shard expects to need at the store's capacity. Arrays double up to it and
+  // then grow by a quarter, so a store at its soft capacity does not carry 2x slack of per-slot metadata.
+  Shard(uint32_t index, double alpha, EvictionKind eviction, double alpha_evict, size_t target_slots);
+  ~Shard();
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  // Takes ownership of every item's payload and writes their keys. If `block` is false and the lock is held
+  // by another thread, returns false and changes nothing (the caller tries another shard).
+  // `seq_counter` issues the store-wide insertion numbers, taken under this shard's lock so they increase
+  // along the shard's FIFO list.
+  bool Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys, bool block)
+      EXCLUDES(mu_);
+
+  // Draws k items: draw i lands on the item where the prefix sum of masses passes fractions[i] * total.
+  // `share` is the probability that one draw of the whole store came to this shard. Writes draws
+  // [first, first + k) of `sink`. Returns false, writing nothing, if the shard has no mass now.
+  bool Sample(const double* fractions, size_t k, double share, const SampleSink& sink, size_t first)
+      EXCLUDES(mu_);
+  // k uniform draws among this shard's items (the store's fallback when every mass is 0); `share` as above.
+  bool SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first) EXCLUDES(mu_);
+
+  // Sets new priorities; keys whose item is gone are skipped and counted as stale. Returns how many updated.
+  size_t Update(const Key* keys, const double* priorities, const double* masses, size_t n) EXCLUDES(mu_);
+  // Removes the items of still-valid keys; returns how many.
+  size_t Erase(const Key* keys, size_t n) EXCLUDES(mu_);
+
+  // FIFO eviction support: the insertion numbers of the k oldest items, and removal of every item whose
+  // insertion number is <= max_seq (at most `limit` of them).
+  void OldestSeqs(size_t k, std::vector<uint64_t>* out) const EXCLUDES(mu_);
+  size_t EvictUpToSeq(uint64_t max_seq, size_t limit) EXCLUDES(mu_);
+  // Prioritized eviction support: the policy's finite mass and urgent count, and k victims drawn by it.
+  void EvictionMass(double* mass, size_t* urgent) const EXCLUDES(mu_);
+  size_t EvictDrawn(size_t k, Rng& rng) EXCLUDES(mu_);
+
+  size_t size() const { return size_.load(std::memory_order_relaxed); }
+  double total() const { return total_.load(std::memory_order_relaxed); }
+  double min_positive() const { return min_positive_.load(std::memory_order_relaxed); }
+  uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
+  ShardCounters counters() const EXCLUDES(mu_);
+  uint64_t max_seq() const EXCLUDES(mu_);  // largest insertion number ever stored here (0 if none)
+
+  // Throws std::logic_error describing the first broken invariant (tests and debugging).
+  void Validate() const EXCLUDES(mu_);
+
+  // Snapshot of this shard. Write holds the lock while writing, so the shard is captured at one instant.
+  void Write(SnapshotWriter& out) const EXCLUDES(mu_);
+  // Fills an empty shard from a snapshot (structure checked; the caller verifies the checksum at the end).
+  void Read(SnapshotReader& in) EXCLUDES(mu_);
+
+ private:
+  // The per-slot fields a sample touches, packed so a draw costs one cache miss for them.
+  struct SlotRef {
+    uint8_t* data = nullptr;
+    uint32_t size = 0;
+    uint32_t generation = 1;
+  };
+  static constexpr uint32_t kNotLive = 0xFFFFFFFFu;
+
+  bool Live(Slot slot, uint32_t generation) const REQUIRES(mu_);
+  void EnsureSlots(size_t extra) REQUIRES(mu_);
+  Slot TakeSlot() REQUIRES(mu_);
+  // Unlinks a live slot everywhere, bumps its generation, and hands its payload to `garbage`.
+  void Remove(Slot slot, std::vector<uint8_t*>* garbage) REQUIRES(mu_);
+  void CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink,
+               size_t first) REQUIRES(mu_);
+  void Publish() REQUIRES(mu_);
+  static void FreeAll(std::vector<uint8_t*>& garbage);
+
+  const uint32_t index_;
+  const double alpha_;
+  const size_t target_slots_;
+  mutable std::mutex mu_;
+
+  std::vector<SlotRef> refs_ GUARDED_BY(mu_);
+  std::vector<double> priority_ GUARDED_BY(mu_);
+  std::vector<uint64_t> seq_ GUARDED_BY(mu_);
+  std::vector<uint32_t> live_pos_ GUARDED_BY(mu_);  // index in live_, or kNotLive
+  std::vector<Slot> live_ GUARDED_BY(mu_);          // dense list of occupied slots (uniform draws, snapshots)
+  std::vector<Slot> free_ GUARDED_BY(mu_);
+  size_t num_slots_ GUARDED_BY(mu_) = 0;             // slots ever created; slots >= this are untouched
+  SumMinTree tree_ GUARDED_BY(mu_);
+  std::unique_ptr<FifoPolicy> fifo_ GUARDED_BY(mu_);                // exactly one of these two is set
+  std::unique_ptr<PrioritizedPolicy> prioritized_ GUARDED_BY(mu_);
+  EvictionPolicy* policy_ GUARDED_BY(mu_);
+  ShardCounters counters_ GUARDED_BY(mu_);
+  uint64_t max_seq_ GUARDED_BY(mu_) = 0;
+  uint64_t bytes_held_ GUARDED_BY(mu_) = 0;
+  std::vector<Slot> scratch_slots_ GUARDED_BY(mu_);
+  std::vector<double> scratch_values_ GUARDED_BY(mu_);
+
+  std::atomic<size_t> size_{0};
+  std::atomic<double> total_{0.0};
+  std::atomic<double> min_positive_;
+  std::atomic<uint64_t> bytes_{0};
+};
+
+}  // namespace apexrl
+
+#endif  // APEXRL_SHARD_H_

@@ -1,0 +1,453 @@
+#include "apexrl/sharded_store.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "apexrl/errors.h"
+#include "apexrl/snapshot_io.h"
+
+namespace apexrl {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Items per insert chunk: a batch of 50 from an actor takes one shard lock; a big batch spreads out.
+constexpr size_t kInsertChunk = 64;
+// FIFO eviction gathers at most this many candidate insertion numbers per shard per round.
+constexpr size_t kFifoRound = size_t{1} << 16;
+constexpr char kMagic[8] = {'A', 'P', 'X', 'R', 'L', 'S', 'T', '1'};
+constexpr char kEndMagic[8] = {'A', 'P', 'X', 'R', 'L', 'E', 'N', 'D'};
+constexpr uint32_t kSnapshotVersion = 1;
+constexpr uint64_t kEvictionStream = 0x5EED0E71C7ull;
+
+std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+void ValidateConfig(const StoreConfig& c) {
+  if (c.capacity < 1) throw InvalidArgument("capacity must be >= 1, got " + std::to_string(c.capacity));
+  if (!std::isfinite(c.alpha) || c.alpha < 0.0) {
+    throw InvalidArgument("alpha must be finite and >= 0, got " + Num(c.alpha));
+  }
+  if (c.shards < 1 || c.shards > kMaxShards) {
+    throw InvalidArgument("shards must be in [1, " + std::to_string(kMaxShards) + "], got " +
+                          std::to_string(c.shards));
+  }
+  if (c.eviction != EvictionKind::kFifo && c.eviction != EvictionKind::kPrioritized) {
+    throw InvalidArgument("unknown eviction policy " + std::to_string(static_cast<uint32_t>(c.eviction)));
+  }
+  if (!std::isfinite(c.alpha_evict)) throw InvalidArgument("alpha_evict must be finite, got " + Num(c.alpha_evict));
+}
+
+}  // namespace
+
+ShardedStore::ShardedStore(const StoreConfig& config) : config_(config) {
+  ValidateConfig(config_);
+  const uint64_t per_shard = (config_.capacity + config_.shards - 1) / config_.shards;
+  const size_t target = static_cast<size_t>(std::min<uint64_t>(per_shard + per_shard / 10 + 1024, kMaxSlotsPerShard));
+  shards_.reserve(config_.shards);
+  for (uint32_t s = 0; s < config_.shards; ++s) {
+    shards_.push_back(std::make_unique<Shard>(s, config_.alpha, config_.eviction, config_.alpha_evict, target));
+  }
+}
+
+ShardedStore::~ShardedStore() = default;
+
+void ShardedStore::ComputeMasses(const double* priorities, size_t n, double* masses) const {
+  for (size_t i = 0; i < n; ++i) {
+    const double p = priorities[i];
+    if (!std::isfinite(p) || p < 0.0) {
+      throw InvalidArgument("priorities must be finite and >= 0; priorities[" + std::to_string(i) +
+                            "] is " + Num(p));
+    }
+    masses[i] = PriorityMass(p, config_.alpha);
+    if (!std::isfinite(masses[i])) {
+      throw InvalidArgument("priorities[" + std::to_string(i) + "] = " + Num(p) + " overflows to infinity when raised to alpha = " +
+                            Num(config_.alpha));
+    }
+  }
+}
+
+void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, const uint64_t* sizes, size_t n,
+                          Key* keys) {
+  if (n == 0) return;
+  std::vector<double> masses(n);
+  ComputeMasses(priorities, n, masses.data());
+  for (size_t i = 0; i < n; ++i) {
+    if (sizes[i] > std::numeric_limits<uint32_t>::max()) {
+      throw InvalidArgument("items[" + std::to_string(i) + "] is " + std::to_string(sizes[i]) +
+                            " bytes; an item may hold at most 4294967295 bytes");
+    }
+  }
+  // Copy the payloads before taking any lock: the critical section only links them in.
+  std::vector<PreparedItem> items(n);
+  size_t made = 0;
+  try {
+    for (; made < n; ++made) {
+      auto* p = static_cast<uint8_t*>(std::malloc(sizes[made] > 0 ? sizes[made] : 1));
+      if (p == nullptr) throw std::bad_alloc();
+      if (sizes[made] > 0) std::memcpy(p, data[made], sizes[made]);
+      items[made] = PreparedItem{p, static_cast<uint32_t>(sizes[made]), priorities[made], masses[made]};
+    }
+  } catch (...) {
+    for (size_t i = 0; i < made; ++i) std::free(items[i].data);
+    throw;
+  }
+  const size_t num_shards = shards_.size();
+  size_t done = 0;
+  try {
+    while (done < n) {
+      const size_t m = std::min(kInsertChunk, n - done);
+      const uint64_t start = next_shard_.fetch_add(1, std::memory_order_relaxed);
+      // Take the first shard whose lock is free; wait only if every shard is busy.
+      bool inserted = false;
+      for (size_t t = 0; t < num_shards && !inserted; ++t) {
+        inserted = shards_[(start + t) % num_shards]->Insert(&items[done], m, &next_seq_, keys + done, false);
+      }
+      if (!inserted) shards_[start % num_shards]->Insert(&items[done], m, &next_seq_, keys + done, true);
+      done += m;
+    }
+  } catch (...) {
+    for (size_t i = done; i < n; ++i) std::free(items[i].data);
+    throw;
+  }
+}
+
+void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
+  if (n == 0) throw InvalidArgument("the number of items to sample must be >= 1, got 0");
+  if (!std::isfinite(beta) || beta < 0.0) throw InvalidArgument("beta must be finite and >= 0, got " + Num(beta));
+  Rng rng(config_.seed, sample_calls_.fetch_add(1, std::memory_order_relaxed));
+  const size_t num_shards = shards_.size();
+
+  out->keys.resize(n);
+  out->weights.resize(n);
+  out->probabilities.resize(n);
+  out->offsets.resize(n + 1);
+  out->data.clear();
+  thread_local std::vector<double> masses, points, fractions, totals;
+  thread_local std::vector<size_t> counts;
+  masses.resize(n);
+  points.resize(n);
+  fractions.resize(n);
+  totals.resize(num_shards);
+  counts.resize(num_shards);
+  {
+    uint64_t items = 0, bytes = 0;
+    for (const auto& shard : shards_) {
+      items += shard->size();
+      bytes += shard->bytes();
+    }
+    if (items > 0) out->data.reserve(static_cast<size_t>(n * (bytes / items) + n * (bytes / items) / 8 + 4096));
+  }
+  const SampleSink sink{out->keys.data(), masses.data(), out->probabilities.data(), &out->data,
+                        out->offsets.data()};
+
+  double min_mass = kInf;
+  size_t filled = 0;
+  // One pass normally fills the batch. A shard emptied between reading its total and locking it leaves its
+  // draws unfilled; the next pass redraws them from fresh totals.
+  for (int pass = 0; filled < n; ++pass) {
+    if (pass > 64) throw std::runtime_error("sample: the store kept changing under the draw; try again");
+    const size_t m = n - filled;
+    double total = 0.0;
+    min_mass = kInf;
+    int last = -1;
+    for (size_t s = 0; s < num_shards; ++s) {
+      totals[s] = shards_[s]->total();
+      total += totals[s];
+      min_mass = std::min(min_mass, shards_[s]->min_positive());
+      if (totals[s] > 0.0) last = static_cast<int>(s);
+    }
+    if (!(total > 0.0)) {
+      // Every mass is zero (alpha > 0 and all priorities 0): uniform over items.
+      uint64_t items = 0;
+      for (size_t s = 0; s < num_shards; ++s) {
+        totals[s] = static_cast<double>(shards_[s]->size());
+        items += shards_[s]->size();
+      }
+      if (items == 0) throw InvalidArgument("cannot sample from an empty store");
+      std::fill(counts.begin(), counts.end(), 0);
+      for (size_t j = 0; j < m; ++j) {
+        uint64_t r = rng.Below(items);
+        size_t s = 0;
+        while (r >= static_cast<uint64_t>(totals[s])) r -= static_cast<uint64_t>(totals[s++]);
+        ++counts[s];
+      }
+      for (size_t s = 0; s < num_shards; ++s) {
+        if (counts[s] > 0 &&
+            shards_[s]->SampleUniform(counts[s], rng, totals[s] / static_cast<double>(items), sink, filled)) {
+          filled += counts[s];
+        }
+      }
+      continue;
+    }
+    // Stratified: draw j is uniform in segment j of [0, total); the draws come out sorted, so each shard's
+    // draws are one contiguous run.
+    const double segment = total / static_cast<double>(m);
+    for (size_t j = 0; j < m; ++j) points[j] = (static_cast<double>(j) + rng.Uniform()) * segment;
+    size_t j = 0;
+    double begin = 0.0;
+    for (size_t s = 0; s < num_shards && j < m; ++s) {
+      if (!(totals[s] > 0.0)) continue;
+      const double end = begin + totals[s];
+      const size_t first = j;
+      for (; j < m; ++j) {
+        if (points[j] >= end && static_cast<int>(s) != last) break;  // rounding past the end: last shard
+        fractions[j] = std::clamp((points[j] - begin) / totals[s], 0.0, 1.0 - DBL_EPSILON);
+      }
+      const size_t k = j - first;
+      if (k > 0 && shards_[s]->Sample(&fractions[first], k, totals[s] / total, sink, filled)) filled += k;
+      begin = end;
+    }
+  }
+  out->offsets[n] = out->data.size();
+
+  // w = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta. A mass below the minimum read (changed
+  // concurrently) is clamped to weight 1; float underflow is clamped to the smallest normal float.
+  for (size_t i = 0; i < n; ++i) {
+    double w = 1.0;
+    if (masses[i] > 0.0 && min_mass < kInf && beta > 0.0) w = std::pow(masses[i] / min_mass, -beta);
+    out->weights[i] = static_cast<float>(std::clamp(w, static_cast<double>(FLT_MIN), 1.0));
+  }
+}
+
+void ShardedStore::GroupByShard(const Key* keys, size_t n, std::vector<uint32_t>* order,
+                                std::vector<size_t>* starts) const {
+  const size_t num_shards = shards_.size();
+  starts->assign(num_shards + 2, 0);
+  auto bucket = [num_shards](Key k) {
+    const uint32_t s = SplitKey(k).shard;
+    return s < num_shards ? s : num_shards;  // unknown shard: its own bucket at the end
+  };
+  for (size_t i = 0; i < n; ++i) ++(*starts)[bucket(keys[i]) + 1];
+  for (size_t b = 1; b < starts->size(); ++b) (*starts)[b] += (*starts)[b - 1];
+  order->resize(n);
+  std::vector<size_t> cursor(starts->begin(), starts->end() - 1);
+  for (size_t i = 0; i < n; ++i) (*order)[cursor[bucket(keys[i])]++] = static_cast<uint32_t>(i);
+}
+
+size_t ShardedStore::UpdatePriorities(const Key* keys, const double* priorities, size_t n) {
+  if (n == 0) return 0;
+  thread_local std::vector<double> masses, group_priorities, group_masses;
+  thread_local std::vector<Key> group_keys;
+  thread_local std::vector<uint32_t> order;
+  thread_local std::vector<size_t> starts;
+  masses.resize(n);
+  ComputeMasses(priorities, n, masses.data());
+  GroupByShard(keys, n, &order, &starts);
+  size_t updated = 0;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    const size_t b = starts[s], e = starts[s + 1];
+    if (b == e) continue;
+    group_keys.resize(e - b);
+    group_priorities.resize(e - b);
+    group_masses.resize(e - b);
+    for (size_t i = b; i < e; ++i) {
+      group_keys[i - b] = keys[order[i]];
+      group_priorities[i - b] = priorities[order[i]];
+      group_masses[i - b] = masses[order[i]];
+    }
+    updated += shards_[s]->Update(group_keys.data(), group_priorities.data(), group_masses.data(), e - b);
+  }
+  invalid_shard_keys_.fetch_add(n - starts[shards_.size()], std::memory_order_relaxed);
+  return updated;
+}
+
+size_t ShardedStore::Erase(const Key* keys, size_t n) {
+  if (n == 0) return 0;
+  std::vector<uint32_t> order;
+  std::vector<size_t> starts;
+  GroupByShard(keys, n, &order, &starts);
+  std::vector<Key> group;
+  size_t erased = 0;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    const size_t b = starts[s], e = starts[s + 1];
+    if (b == e) continue;
+    group.resize(e - b);
+    for (size_t i = b; i < e; ++i) group[i - b] = keys[order[i]];
+    erased += shards_[s]->Erase(group.data(), e - b);
+  }
+  return erased;
+}
+
+size_t ShardedStore::RemoveOldest(size_t excess) {
+  excess = std::min(excess, kFifoRound);
+  std::vector<uint64_t> seqs;
+  for (const auto& shard : shards_) shard->OldestSeqs(excess, &seqs);
+  if (seqs.empty()) return 0;
+  const size_t k = std::min(excess, seqs.size());
+  std::nth_element(seqs.begin(), seqs.begin() + static_cast<std::ptrdiff_t>(k - 1), seqs.end());
+  const uint64_t cutoff = seqs[k - 1];  // the k oldest items store-wide have insertion numbers <= cutoff
+  size_t removed = 0;
+  for (const auto& shard : shards_) removed += shard->EvictUpToSeq(cutoff, k - removed);
+  return removed;
+}
+
+size_t ShardedStore::RemoveDrawn(size_t excess, Rng& rng) {
+  const size_t num_shards = shards_.size();
+  std::vector<double> mass(num_shards);
+  std::vector<size_t> urgent(num_shards), sizes(num_shards), counts(num_shards, 0);
+  for (size_t s = 0; s < num_shards; ++s) {
+    shards_[s]->EvictionMass(&mass[s], &urgent[s]);
+    sizes[s] = shards_[s]->size();
+  }
+  size_t remaining = excess;
+  for (size_t s = 0; s < num_shards && remaining > 0; ++s) {  // urgent items (priority 0 with alpha_evict<0) first
+    const size_t t = std::min(urgent[s], remaining);
+    counts[s] += t;
+    remaining -= t;
+  }
+  if (remaining > 0) {
+    // Split the rest among shards by eviction mass, stratified; with no mass anywhere, by size (uniform).
+    double total = 0.0;
+    for (size_t s = 0; s < num_shards; ++s) total += mass[s];
+    std::vector<double>& weight = mass;
+    if (!(total > 0.0)) {
+      total = 0.0;
+      for (size_t s = 0; s < num_shards; ++s) total += (weight[s] = static_cast<double>(sizes[s] - counts[s]));
+    }
+    if (total > 0.0) {
+      const double segment = total / static_cast<double>(remaining);
+      size_t s = 0;
+      double end = weight[0];
+      for (size_t j = 0; j < remaining; ++j) {
+        const double u = (static_cast<double>(j) + rng.Uniform()) * segment;
+        while (u >= end && s + 1 < num_shards) end += weight[++s];
+        ++counts[s];
+      }
+    }
+  }
+  size_t removed = 0;
+  for (size_t s = 0; s < num_shards; ++s) {
+    const size_t k = std::min(counts[s], sizes[s]);  // a shard asked for more than it holds: next round
+    if (k > 0) removed += shards_[s]->EvictDrawn(k, rng);
+  }
+  return removed;
+}
+
+size_t ShardedStore::RemoveToFit() {
+  std::lock_guard<std::mutex> lock(remove_mu_);
+  Rng rng(config_.seed ^ kEvictionStream, eviction_calls_.fetch_add(1, std::memory_order_relaxed));
+  size_t removed = 0;
+  for (;;) {
+    const size_t size = Size();
+    if (size <= config_.capacity) break;
+    const size_t excess = size - config_.capacity;
+    const size_t r = config_.eviction == EvictionKind::kFifo ? RemoveOldest(excess) : RemoveDrawn(excess, rng);
+    if (r == 0) break;
+    removed += r;
+  }
+  return removed;
+}
+
+size_t ShardedStore::Size() const {
+  size_t n = 0;
+  for (const auto& shard : shards_) n += shard->size();
+  return n;
+}
+
+double ShardedStore::TotalMass() const {
+  double t = 0.0;
+  for (const auto& shard : shards_) t += shard->total();
+  return t;
+}
+
+StoreStats ShardedStore::Stats() const {
+  StoreStats st;
+  for (const auto& shard : shards_) {
+    const ShardCounters c = shard->counters();
+    st.inserted += c.inserted;
+    st.sampled += c.sampled;
+    st.updated += c.updated;
+    st.stale_updates += c.stale_updates;
+    st.evicted += c.evicted;
+    st.erased += c.erased;
+    st.size += shard->size();
+    st.bytes_held += shard->bytes();
+  }
+  st.stale_updates += invalid_shard_keys_.load(std::memory_order_relaxed);
+  st.sample_calls = sample_calls_.load(std::memory_order_relaxed);
+  st.remove_to_fit_calls = eviction_calls_.load(std::memory_order_relaxed);
+  return st;
+}
+
+void ShardedStore::Validate() const {
+  for (const auto& shard : shards_) shard->Validate();
+}
+
+// Snapshot layout, version 1 (little-endian; CRC-32C of every preceding byte at the end):
+//   "APXRLST1" | u32 version | u64 capacity | f64 alpha | u32 shards | u32 eviction | f64 alpha_evict
+//   | u64 seed | shards x Shard::Write block | u64 next_seq | u64 next_shard | u64 sample_calls
+//   | u64 eviction_calls | u64 invalid_shard_keys | "APXRLEND" | u32 crc32c
+// Shards are written one at a time under their own lock: inserts into other shards go on meanwhile, and
+// every item acknowledged before Save() began is in the file unless it was removed before its shard was
+// written.
+void ShardedStore::Save(const std::string& path) const {
+  SnapshotWriter out(path);
+  out.Write(kMagic, sizeof(kMagic));
+  out.Put<uint32_t>(kSnapshotVersion);
+  out.Put<uint64_t>(config_.capacity);
+  out.Put<double>(config_.alpha);
+  out.Put<uint32_t>(config_.shards);
+  out.Put<uint32_t>(static_cast<uint32_t>(config_.eviction));
+  out.Put<double>(config_.alpha_evict);
+  out.Put<uint64_t>(config_.seed);
+  for (const auto& shard : shards_) shard->Write(out);
+  out.Put<uint64_t>(next_seq_.load());  // read after the shards: not below any insertion number written
+  out.Put<uint64_t>(next_shard_.load());
+  out.Put<uint64_t>(sample_calls_.load());
+  out.Put<uint64_t>(eviction_calls_.load());
+  out.Put<uint64_t>(invalid_shard_keys_.load());
+  out.Write(kEndMagic, sizeof(kEndMagic));
+  out.Commit();
+}
+
+std::unique_ptr<ShardedStore> ShardedStore::Load(const std::string& path) {
+  SnapshotReader in(path);
+  char magic[8];
+  if (in.remaining() < sizeof(magic)) in.Fail("too short to be an apexrl store snapshot");
+  in.Read(magic, sizeof(magic));
+  if (std::memcmp(magic, kMagic, sizeof(magic)) != 0) in.Fail("not an apexrl store snapshot (bad magic)");
+  const uint32_t version = in.Get<uint32_t>();
+  if (version != kSnapshotVersion) {
+    in.Fail("snapshot format version " + std::to_string(version) + "; this build reads version " +
+            std::to_string(kSnapshotVersion));
+  }
+  StoreConfig config;
+  config.capacity = in.Get<uint64_t>();
+  config.alpha = in.Get<double>();
+  config.shards = in.Get<uint32_t>();
+  config.eviction = static_cast<EvictionKind>(in.Get<uint32_t>());
+  config.alpha_evict = in.Get<double>();
+  config.seed = in.Get<uint64_t>();
+  std::unique_ptr<ShardedStore> store;
+  try {
+    store = std::make_unique<ShardedStore>(config);
+  } catch (const InvalidArgument& e) {
+    in.Fail(std::string("bad configuration: ") + e.what());
+  }
+  uint64_t max_seq = 0;
+  for (const auto& shard : store->shards_) {
+    shard->Read(in);
+    max_seq = std::max(max_seq, shard->max_seq());
+  }
+  store->next_seq_ = std::max(in.Get<uint64_t>(), max_seq);
+  store->next_shard_ = in.Get<uint64_t>();
+  store->sample_calls_ = in.Get<uint64_t>();
+  store->eviction_calls_ = in.Get<uint64_t>();
+  store->invalid_shard_keys_ = in.Get<uint64_t>();
+  char end[8];
+  in.Read(end, sizeof(end));
+  if (std::memcmp(end, kEndMagic, sizeof(end)) != 0) in.Fail("end marker missing");
+  in.VerifyChecksum();
+  return store;
+}
+
+}  // namespace apexrl

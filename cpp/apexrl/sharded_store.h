@@ -1,0 +1,117 @@
+// ShardedStore: the prioritized replay store -- S independent shards behind one batched API.
+#ifndef APEXRL_SHARDED_STORE_H_
+#define APEXRL_SHARDED_STORE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "apexrl/byte_buffer.h"
+#include "apexrl/common.h"
+#include "apexrl/shard.h"
+
+namespace apexrl {
+
+struct StoreConfig {
+  uint64_t capacity = 1'000'000;  // soft: inserts always succeed; RemoveToFit() trims back to it
+  double alpha = 0.6;             // sampling P(k) = p_k^alpha / sum_j p_j^alpha
+  uint32_t shards = 8;            // independent locks; 1..256
+  EvictionKind eviction = EvictionKind::kFifo;
+  double alpha_evict = -0.4;      // prioritized eviction draws victims with probability ~ p^alpha_evict
+  uint64_t seed = 0;
+};
+
+// One sampled batch. Item i's bytes are data[offsets[i] .. offsets[i+1]).
+struct SampleResult {
+  std::vector<Key> keys;
+  std::vector<float> weights;         // importance-sampling weights in (0, 1]
+  std::vector<double> probabilities;  // P(item) for one draw
+  ByteBuffer data;
+  std::vector<uint64_t> offsets;      // size n + 1
+};
+
+struct StoreStats {
+  uint64_t size = 0;
+  uint64_t bytes_held = 0;
+  uint64_t inserted = 0;
+  uint64_t sampled = 0;  // items drawn
+  uint64_t sample_calls = 0;
+  uint64_t updated = 0;
+  uint64_t stale_updates = 0;
+  uint64_t evicted = 0;
+  uint64_t erased = 0;
+  uint64_t remove_to_fit_calls = 0;
+};
+
+// Semantics (the contract the Python API documents):
+//  * Sampling is proportional and stratified: the total mass T = sum_k p_k^alpha is cut into n equal
+//    segments with one uniform draw in each (Schaul et al.); a draw picks a shard by its share of T, then
+//    descends that shard's tree. IS weight w_k = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta, where
+//    m_min is the smallest positive mass in the store, so weights lie in (0, 1]. If every mass is 0
+//    (alpha > 0 and all priorities 0) draws fall back to uniform with weights 1.
+//  * Keys of removed items are stale forever: updates skip and count them, erase ignores them.
+//  * FIFO eviction removes the globally oldest items (insertion numbers are store-wide); prioritized
+//    eviction splits the victims among shards by their eviction mass and each shard draws its share.
+//
+// Thread-safety: every method may be called from any number of threads at once. A call holds at most one
+// shard lock at a time (insert chunks try the next shard instead of waiting on a busy one), there is no
+// global lock, and payload copies in and allocation/freeing happen outside the locks. Under concurrency the
+// shard totals a sample starts from may be slightly behind; a draw is then rescaled inside its shard and
+// the probabilities reported are the ones actually used.
+//
+// Errors: invalid input throws InvalidArgument and changes nothing (all validation precedes any change).
+class ShardedStore {
+ public:
+  explicit ShardedStore(const StoreConfig& config);
+  ~ShardedStore();
+
+  const StoreConfig& config() const { return config_; }
+
+  // Inserts n items (item i: sizes[i] bytes at data[i]) with their priorities; writes n keys.
+  void Insert(const double* priorities, const uint8_t* const* data, const uint64_t* sizes, size_t n, Key* keys);
+  // Draws n >= 1 items (with replacement) into `out`, reusing its buffers. beta >= 0.
+  void Sample(size_t n, double beta, SampleResult* out);
+  // Returns how many keys still addressed an item (the rest are counted as stale updates).
+  size_t UpdatePriorities(const Key* keys, const double* priorities, size_t n);
+  size_t Erase(const Key* keys, size_t n);
+  // Evicts with the configured policy until Size() <= capacity; returns how many items it removed.
+  size_t RemoveToFit();
+
+  size_t Size() const;
+  double TotalMass() const;  // sum of p^alpha over every item (the sampling mass)
+  StoreStats Stats() const;
+
+  // Versioned, checksummed snapshot; see sharded_store.cc for the layout. Save writes path.tmp.<pid> and
+  // renames it into place; Load verifies structure and checksum and throws SnapshotError for a truncated,
+  // corrupted or foreign file, never returning a partly loaded store.
+  void Save(const std::string& path) const;
+  static std::unique_ptr<ShardedStore> Load(const std::string& path);
+
+  // Throws std::logic_error describing the first broken invariant of any shard (tests).
+  void Validate() const;
+
+ private:
+  // Validates priorities (finite, >= 0, finite mass) into masses[]; throws naming the first bad one.
+  void ComputeMasses(const double* priorities, size_t n, double* masses) const;
+  // Groups key indices by shard (counting sort); keys naming a shard that does not exist go last.
+  void GroupByShard(const Key* keys, size_t n, std::vector<uint32_t>* order, std::vector<size_t>* starts) const;
+  size_t RemoveOldest(size_t excess);
+  size_t RemoveDrawn(size_t excess, Rng& rng);
+
+  StoreConfig config_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::atomic<uint64_t> next_seq_{0};      // store-wide insertion numbers (FIFO order across shards)
+  std::atomic<uint64_t> next_shard_{0};    // round-robin start for insert chunks
+  std::atomic<uint64_t> sample_calls_{0};  // also the stream index of each sample call's generator
+  std::atomic<uint64_t> eviction_calls_{0};
+  std::atomic<uint64_t> invalid_shard_keys_{0};
+  std::mutex remove_mu_;  // one RemoveToFit at a time (they would otherwise both evict the same excess)
+};
+
+}  // namespace apexrl
+
+#endif  // APEXRL_SHARDED_STORE_H_

@@ -1,0 +1,92 @@
+#include "apexrl/snapshot_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "apexrl/crc32c.h"
+#include "apexrl/errors.h"
+
+namespace apexrl {
+namespace {
+
+std::string OsError(const std::string& what, const std::string& path) {
+  return what + " '" + path + "': " + std::strerror(errno);
+}
+
+}  // namespace
+
+SnapshotWriter::SnapshotWriter(const std::string& path)
+    : path_(path), tmp_path_(path + ".tmp." + std::to_string(::getpid())) {
+  file_ = std::fopen(tmp_path_.c_str(), "wb");
+  if (file_ == nullptr) throw IoError(OsError("cannot create snapshot", tmp_path_));
+  std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+}
+
+SnapshotWriter::~SnapshotWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+  if (!committed_) std::remove(tmp_path_.c_str());
+}
+
+void SnapshotWriter::Write(const void* data, size_t n) {
+  if (n == 0) return;
+  crc_ = Crc32cExtend(crc_, data, n);
+  if (std::fwrite(data, 1, n, file_) != n) throw IoError(OsError("cannot write snapshot", tmp_path_));
+}
+
+void SnapshotWriter::Commit() {
+  const uint32_t crc = crc_;
+  Write(&crc, sizeof(crc));
+  if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) {
+    throw IoError(OsError("cannot flush snapshot", tmp_path_));
+  }
+  const int rc = std::fclose(file_);
+  file_ = nullptr;
+  if (rc != 0) throw IoError(OsError("cannot close snapshot", tmp_path_));
+  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    throw IoError(OsError("cannot rename snapshot onto", path_));
+  }
+  committed_ = true;
+}
+
+SnapshotReader::SnapshotReader(const std::string& path) : path_(path) {
+  file_ = std::fopen(path.c_str(), "rb");
+  if (file_ == nullptr) throw IoError(OsError("cannot open snapshot", path));
+  std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+  if (std::fseek(file_, 0, SEEK_END) != 0) throw IoError(OsError("cannot seek in snapshot", path));
+  const long size = std::ftell(file_);
+  if (size < 0) throw IoError(OsError("cannot size snapshot", path));
+  size_ = static_cast<uint64_t>(size);
+  std::rewind(file_);
+}
+
+SnapshotReader::~SnapshotReader() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void SnapshotReader::Fail(const std::string& what) const {
+  throw SnapshotError("snapshot '" + path_ + "' is not usable: " + what + " (at byte " +
+                      std::to_string(offset_) + " of " + std::to_string(size_) + ")");
+}
+
+void SnapshotReader::Read(void* data, size_t n) {
+  if (n > remaining()) Fail("truncated: the file ends early");
+  if (n == 0) return;
+  if (std::fread(data, 1, n, file_) != n) Fail("read error");
+  offset_ += n;
+  crc_ = Crc32cExtend(crc_, data, n);
+}
+
+void SnapshotReader::VerifyChecksum() {
+  const uint32_t expected = crc_;
+  uint32_t stored;
+  if (remaining() < sizeof(stored)) Fail("truncated: the checksum is missing");
+  if (std::fread(&stored, 1, sizeof(stored), file_) != sizeof(stored)) Fail("read error");
+  offset_ += sizeof(stored);
+  if (stored != expected) Fail("checksum mismatch: the file is corrupted");
+  if (remaining() != 0) Fail("unexpected bytes after the checksum");
+}
+
+}  // namespace apexrl

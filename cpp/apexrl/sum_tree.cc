@@ -1,0 +1,180 @@
+#include "apexrl/sum_tree.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace apexrl {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr size_t kF = SumMinTree::kFanout;
+
+size_t RoundUpToBlock(size_t n) { return std::max(kF, (n + kF - 1) / kF * kF); }
+
+// Sum of a 16-value block with four independent accumulators (vectorisable, and a fixed order, so the same
+// children always give the same parent).
+inline double BlockSum(const double* b) {
+  double a0 = b[0] + b[4] + b[8] + b[12];
+  double a1 = b[1] + b[5] + b[9] + b[13];
+  double a2 = b[2] + b[6] + b[10] + b[14];
+  double a3 = b[3] + b[7] + b[11] + b[15];
+  return (a0 + a1) + (a2 + a3);
+}
+
+inline double BlockMinPositive(const double* b) {
+  double m = kInf;
+  for (size_t i = 0; i < kF; ++i) m = (b[i] > 0.0 && b[i] < m) ? b[i] : m;
+  return m;
+}
+
+inline double BlockMin(const double* b) {
+  double m = b[0];
+  for (size_t i = 1; i < kF; ++i) m = b[i] < m ? b[i] : m;
+  return m;
+}
+
+// Picks the child of a 16-value block where the running sum first exceeds `mass`, and subtracts the
+// children skipped. Rounding can leave mass >= the block's sum: then the last positive child is taken with
+// a mass just inside it, so a descent always ends on a positive leaf.
+inline size_t PickChild(const double* block, double& mass) {
+  size_t last_positive = kF;
+  for (size_t c = 0; c < kF; ++c) {
+    const double s = block[c];
+    if (s > 0.0) {
+      if (mass < s) return c;
+      last_positive = c;
+    }
+    mass -= s;
+  }
+  if (last_positive == kF) return 0;  // an all-zero block: only reachable when Total() == 0 (caller's error)
+  mass = std::nextafter(block[last_positive], 0.0);
+  return last_positive;
+}
+
+}  // namespace
+
+SumMinTree::SumMinTree(size_t capacity) { Grow(std::max<size_t>(capacity, 1)); }
+
+void SumMinTree::Grow(size_t capacity) {
+  if (capacity <= capacity_ && !sums_.empty()) return;
+  std::vector<double> leaves = sums_.empty() ? std::vector<double>() : std::move(sums_[0]);
+  const size_t leaf_size = RoundUpToBlock(capacity);
+  leaves.resize(leaf_size, 0.0);
+  capacity_ = leaf_size;
+  sums_.clear();
+  mins_.clear();
+  sums_.push_back(std::move(leaves));
+  mins_.emplace_back();
+  while (sums_.back().size() > kF) {
+    const size_t parent_size = RoundUpToBlock(sums_.back().size() / kF);
+    sums_.emplace_back(parent_size, 0.0);
+    mins_.emplace_back(parent_size, kInf);
+  }
+  Rebuild();
+}
+
+void SumMinTree::Clear() {
+  for (auto& level : sums_) std::fill(level.begin(), level.end(), 0.0);
+  for (size_t l = 1; l < mins_.size(); ++l) std::fill(mins_[l].begin(), mins_[l].end(), kInf);
+}
+
+void SumMinTree::RecomputeNode(size_t level, size_t node) {
+  const double* children = &sums_[level - 1][node * kF];
+  sums_[level][node] = BlockSum(children);
+  mins_[level][node] = level == 1 ? BlockMinPositive(children) : BlockMin(&mins_[level - 1][node * kF]);
+}
+
+void SumMinTree::Rebuild() {
+  for (size_t l = 1; l < num_levels(); ++l) {
+    const size_t n = sums_[l - 1].size() / kF;
+    for (size_t j = 0; j < n; ++j) RecomputeNode(l, j);
+  }
+}
+
+void SumMinTree::Set(size_t leaf, double value) {
+  sums_[0][leaf] = value;
+  size_t node = leaf;
+  for (size_t l = 1; l < num_levels(); ++l) {
+    node /= kF;
+    RecomputeNode(l, node);
+  }
+}
+
+void SumMinTree::SetBatch(const uint32_t* idx, const double* values, size_t n) {
+  if (n == 0) return;
+  if (n == 1) return Set(idx[0], values[0]);
+  double* leaves = sums_[0].data();
+  for (size_t i = 0; i < n; ++i) leaves[idx[i]] = values[i];
+  auto& dirty = scratch_;
+  auto& next = scratch2_;
+  dirty.assign(idx, idx + n);
+  for (size_t l = 1; l < num_levels(); ++l) {
+    next.clear();
+    for (uint32_t d : dirty) next.push_back(d / kF);
+    std::sort(next.begin(), next.end());
+    next.erase(std::unique(next.begin(), next.end()), next.end());
+    for (uint32_t node : next) RecomputeNode(l, node);
+    dirty.swap(next);
+  }
+}
+
+double SumMinTree::Total() const { return BlockSum(sums_.back().data()); }
+
+double SumMinTree::MinPositive() const {
+  if (num_levels() == 1) return BlockMinPositive(sums_[0].data());
+  return BlockMin(mins_.back().data());
+}
+
+size_t SumMinTree::Find(double mass) const {
+  size_t node = 0;
+  for (size_t l = num_levels(); l-- > 0;) {
+    node = node * kF + PickChild(&sums_[l][node * kF], mass);
+  }
+  return node;
+}
+
+void SumMinTree::FindBatch(const double* masses, size_t n, uint32_t* leaves) const {
+  // Level-major walk: all draws advance one level before any goes deeper, and each prefetches the block it
+  // will read next, so up to n cache misses are in flight at once instead of one.
+  thread_local std::vector<double> mass;
+  mass.assign(masses, masses + n);
+  std::fill(leaves, leaves + n, 0u);
+  for (size_t l = num_levels(); l-- > 0;) {
+    const double* level = sums_[l].data();
+    const double* below = l > 0 ? sums_[l - 1].data() : nullptr;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t node = static_cast<size_t>(leaves[i]) * kF + PickChild(&level[leaves[i] * kF], mass[i]);
+      leaves[i] = static_cast<uint32_t>(node);
+      if (below != nullptr) {
+        __builtin_prefetch(&below[node * kF]);
+        __builtin_prefetch(&below[node * kF + 8]);
+      }
+    }
+  }
+}
+
+std::string SumMinTree::CheckConsistency() const {
+  for (size_t l = 1; l < num_levels(); ++l) {
+    const size_t n = sums_[l - 1].size() / kF;
+    if (sums_[l].size() < n) return "level " + std::to_string(l) + " too small";
+    for (size_t j = 0; j < sums_[l].size(); ++j) {
+      double s = 0.0, m = kInf;
+      if (j < n) {
+        s = BlockSum(&sums_[l - 1][j * kF]);
+        m = l == 1 ? BlockMinPositive(&sums_[l - 1][j * kF]) : BlockMin(&mins_[l - 1][j * kF]);
+      }
+      if (s != sums_[l][j] || m != mins_[l][j]) {
+        return "node " + std::to_string(j) + " of level " + std::to_string(l) + " holds sum " +
+               std::to_string(sums_[l][j]) + ", children give " + std::to_string(s);
+      }
+    }
+  }
+  for (double v : sums_[0]) {
+    if (!(v >= 0.0) || !std::isfinite(v)) return "leaf value " + std::to_string(v) + " is not finite and >= 0";
+  }
+  return "";
+}
+
+}  // namespace apexrl

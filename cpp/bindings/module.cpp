@@ -1,0 +1,8 @@
+// The private extension apexrl._core. It only registers; each area binds itself in its own file.
+#include "bindings.h"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Native core of apexrl: the lock-sharded prioritized replay store (use the apexrl package).";
+  apexrl::bindings::RegisterErrors(m);
+  apexrl::bindings::RegisterStore(m);
+}

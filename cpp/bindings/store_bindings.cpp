@@ -1,0 +1,415 @@
+// PrioritizedStore and SampleBatch. Inputs are validated and unpacked with the GIL held; the store call
+// itself runs with the GIL released (it touches no Python object); results become numpy arrays that view
+// the C++ buffers without copying, kept alive by a capsule owning the SampleResult.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apexrl/errors.h"
+#include "apexrl/sharded_store.h"
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace apexrl::bindings {
+namespace {
+
+std::string ShapeOf(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) s += (d ? ", " : "") + std::to_string(a.shape(d));
+  return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+std::string TypeName(const py::handle& h) { return py::str(py::type::handle_of(h).attr("__name__")); }
+
+// A 1-D numpy view of `obj` as contiguous T. Accepts any array-like whose dtype kind is in `kinds`
+// ('f' float, 'i' signed, 'u' unsigned); everything else is a ValueError naming the argument.
+template <typename T>
+py::array_t<T, py::array::c_style> As1D(const py::handle& obj, const char* name, const char* kinds) {
+  py::array a = py::array::ensure(obj);
+  if (!a) {
+    PyErr_Clear();
+    throw InvalidArgument(std::string(name) + " must be a 1-D array, got " + TypeName(obj));
+  }
+  if (a.ndim() != 1) throw InvalidArgument(std::string(name) + " must be 1-D, got shape " + ShapeOf(a));
+  const char kind = a.dtype().kind();
+  if (a.size() > 0 && std::strchr(kinds, kind) == nullptr) {
+    throw InvalidArgument(std::string(name) + " has dtype " + std::string(py::str(a.dtype())) +
+                          "; expected " + (std::strchr(kinds, 'f') ? "a float" : "an unsigned integer") + " array");
+  }
+  if (kind == 'i' && a.size() > 0) {  // signed keys: refuse negatives rather than wrap them around
+    auto i64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+    const int64_t* p = i64.data();
+    for (py::ssize_t i = 0; i < i64.size(); ++i) {
+      if (p[i] < 0 && std::is_unsigned_v<T>) {
+        throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] is negative: " + std::to_string(p[i]));
+      }
+    }
+  }
+  return py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(a);
+}
+
+int64_t AsInt(const py::handle& obj, const char* name) {
+  if (py::isinstance<py::bool_>(obj) || !py::isinstance<py::int_>(obj)) {
+    // numpy integers are accepted through __index__
+    if (!PyIndex_Check(obj.ptr()) || py::isinstance<py::bool_>(obj)) {
+      throw InvalidArgument(std::string(name) + " must be an integer, got " + TypeName(obj));
+    }
+  }
+  const long long v = PyLong_AsLongLong(obj.ptr());
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw InvalidArgument(std::string(name) + " is out of range: " + std::string(py::str(obj)));
+  }
+  return v;
+}
+
+double AsFloat(const py::handle& obj, const char* name) {
+  const double v = PyFloat_AsDouble(obj.ptr());
+  if (v == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw InvalidArgument(std::string(name) + " must be a number, got " + TypeName(obj));
+  }
+  return v;
+}
+
+// Holds the buffers of the items being inserted for the duration of the call (PEP 3118 exports are
+// released with the GIL held, in the destructor).
+class ItemBuffers {
+ public:
+  std::vector<const uint8_t*> data;
+  std::vector<uint64_t> sizes;
+
+  void Add(const py::handle& obj, const std::string& what) {
+    auto view = std::make_unique<Py_buffer>();
+    if (PyObject_GetBuffer(obj.ptr(), view.get(), PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      throw InvalidArgument(what + " must be a C-contiguous bytes-like object, got " + TypeName(obj));
+    }
+    views_.push_back(std::move(view));
+    data.push_back(static_cast<const uint8_t*>(views_.back()->buf));
+    sizes.push_back(static_cast<uint64_t>(views_.back()->len));
+  }
+  ~ItemBuffers() {
+    for (auto& v : views_) PyBuffer_Release(v.get());
+  }
+
+ private:
+  std::vector<std::unique_ptr<Py_buffer>> views_;
+};
+
+// Unpacks `items` into (pointer, size) pairs without copying. Accepted forms:
+//   * a sequence of bytes-like objects (bytes, bytearray, memoryview, contiguous numpy arrays);
+//   * a numpy array with n rows: row i is item i (fixed-size items);
+//   * a contiguous bytes-like buffer plus `offsets` (n + 1 non-decreasing integers): item i is
+//     buffer[offsets[i]:offsets[i+1]].
+void UnpackItems(const py::handle& items, const py::handle& offsets, size_t n, ItemBuffers* out) {
+  out->data.reserve(n);
+  out->sizes.reserve(n);
+  if (!offsets.is_none()) {
+    out->Add(items, "items (with offsets)");
+    const uint64_t buffer_len = out->sizes[0];
+    const uint8_t* base = out->data[0];
+    out->data.clear();
+    out->sizes.clear();
+    auto off = As1D<uint64_t>(offsets, "offsets", "iu");
+    if (static_cast<size_t>(off.size()) != n + 1) {
+      throw InvalidArgument("offsets must hold len(priorities) + 1 = " + std::to_string(n + 1) +
+                            " entries, got " + std::to_string(off.size()));
+    }
+    const uint64_t* o = off.data();
+    for (size_t i = 0; i < n; ++i) {
+      if (o[i + 1] < o[i]) {
+        throw InvalidArgument("offsets must not decrease: offsets[" + std::to_string(i + 1) + "] = " +
+                              std::to_string(o[i + 1]) + " < offsets[" + std::to_string(i) + "] = " +
+                              std::to_string(o[i]));
+      }
+    }
+    if (n > 0 && o[n] > buffer_len) {
+      throw InvalidArgument("offsets[-1] = " + std::to_string(o[n]) + " is past the end of the " +
+                            std::to_string(buffer_len) + "-byte buffer");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      out->data.push_back(base + o[i]);
+      out->sizes.push_back(o[i + 1] - o[i]);
+    }
+    return;
+  }
+  if (py::isinstance<py::array>(items)) {
+    auto a = py::reinterpret_borrow<py::array>(items);
+    if (a.ndim() < 2) {
+      throw InvalidArgument("items as an array must have one row per item (ndim >= 2), got shape " + ShapeOf(a) +
+                            "; pass a buffer with offsets= for variable-size items");
+    }
+    if (static_cast<size_t>(a.shape(0)) != n) {
+      throw InvalidArgument("items has " + std::to_string(a.shape(0)) + " rows but priorities has " +
+                            std::to_string(n) + " entries");
+    }
+    out->Add(items, "items");
+    const uint8_t* base = out->data[0];
+    const uint64_t row = n > 0 ? out->sizes[0] / n : 0;
+    out->data.clear();
+    out->sizes.clear();
+    for (size_t i = 0; i < n; ++i) {
+      out->data.push_back(base + i * row);
+      out->sizes.push_back(row);
+    }
+    return;
+  }
+  if (py::isinstance<py::bytes>(items) || py::isinstance<py::str>(items) || !py::isinstance<py::sequence>(items)) {
+    throw InvalidArgument("items must be a sequence of bytes-like objects (or a buffer with offsets=), got " +
+                          TypeName(items));
+  }
+  auto seq = py::reinterpret_borrow<py::sequence>(items);
+  if (static_cast<size_t>(seq.size()) != n) {
+    throw InvalidArgument("items has " + std::to_string(seq.size()) + " entries but priorities has " +
+                          std::to_string(n));
+  }
+  for (size_t i = 0; i < n; ++i) out->Add(seq[i], "items[" + std::to_string(i) + "]");
+}
+
+EvictionKind ParseEviction(const std::string& name) {
+  if (name == "fifo") return EvictionKind::kFifo;
+  if (name == "prioritized") return EvictionKind::kPrioritized;
+  throw InvalidArgument("unknown eviction policy '" + name + "'; use 'fifo' or 'prioritized'");
+}
+
+const char* EvictionName(EvictionKind k) { return k == EvictionKind::kFifo ? "fifo" : "prioritized"; }
+
+// Wraps a vector owned by `owner` as a 1-D numpy array without copying.
+template <typename T>
+py::array View(const std::shared_ptr<SampleResult>& owner, const T* data, size_t n) {
+  auto* keep = new std::shared_ptr<SampleResult>(owner);
+  py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<SampleResult>*>(p); });
+  return py::array_t<T>({static_cast<py::ssize_t>(n)}, {static_cast<py::ssize_t>(sizeof(T))}, data, base);
+}
+
+// A sampled batch: numpy views of one SampleResult.
+class PySampleBatch {
+ public:
+  explicit PySampleBatch(std::shared_ptr<SampleResult> r) : size_(r->keys.size()) {
+    keys_ = View(r, r->keys.data(), r->keys.size());
+    weights_ = View(r, r->weights.data(), r->weights.size());
+    probabilities_ = View(r, r->probabilities.data(), r->probabilities.size());
+    offsets_ = View(r, r->offsets.data(), r->offsets.size());
+    data_ = View(r, r->data.data(), r->data.size());
+  }
+  size_t size() const { return size_; }
+  py::array keys() const { return keys_; }
+  py::array weights() const { return weights_; }
+  py::array probabilities() const { return probabilities_; }
+  py::array data() const { return data_; }
+  py::array offsets() const { return offsets_; }
+  // One read-only memoryview per item, each a slice of `data` (keeps the batch's memory alive).
+  py::object items() {
+    if (!items_) {
+      py::list out(size_);
+      py::object whole = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(data_.ptr()));
+      if (!whole) throw py::error_already_set();
+      const auto* o = static_cast<const uint64_t*>(offsets_.data());
+      for (size_t i = 0; i < size_; ++i) {
+        py::slice sl(static_cast<py::ssize_t>(o[i]), static_cast<py::ssize_t>(o[i + 1]), 1);
+        out[i] = whole[sl];
+      }
+      items_ = out;
+    }
+    return items_;
+  }
+
+ private:
+  size_t size_;
+  py::array keys_, weights_, probabilities_, data_, offsets_;
+  py::object items_;  // built on first access
+};
+
+class PyStore {
+ public:
+  explicit PyStore(std::unique_ptr<ShardedStore> store) : store_(std::move(store)) {}
+
+  static std::unique_ptr<PyStore> Create(const py::object& capacity, const py::object& alpha, const py::object& shards,
+                                         const std::string& eviction, const py::object& alpha_evict,
+                                         const py::object& seed) {
+    StoreConfig c;
+    const int64_t cap = AsInt(capacity, "capacity");
+    if (cap < 1) throw InvalidArgument("capacity must be >= 1, got " + std::to_string(cap));
+    c.capacity = static_cast<uint64_t>(cap);
+    c.alpha = AsFloat(alpha, "alpha");
+    const int64_t s = AsInt(shards, "shards");
+    if (s < 1 || s > static_cast<int64_t>(kMaxShards)) {
+      throw InvalidArgument("shards must be in [1, " + std::to_string(kMaxShards) + "], got " + std::to_string(s));
+    }
+    c.shards = static_cast<uint32_t>(s);
+    c.eviction = ParseEviction(eviction);
+    c.alpha_evict = AsFloat(alpha_evict, "alpha_evict");
+    const int64_t sd = AsInt(seed, "seed");
+    if (sd < 0) throw InvalidArgument("seed must be >= 0, got " + std::to_string(sd));
+    c.seed = static_cast<uint64_t>(sd);
+    return std::make_unique<PyStore>(std::make_unique<ShardedStore>(c));
+  }
+
+  py::array_t<uint64_t> Insert(const py::object& priorities, const py::object& items, const py::object& offsets) {
+    auto prio = As1D<double>(priorities, "priorities", "fiu");
+    const size_t n = static_cast<size_t>(prio.size());
+    ItemBuffers buffers;
+    UnpackItems(items, offsets, n, &buffers);
+    py::array_t<uint64_t> keys(static_cast<py::ssize_t>(n));
+    const double* p = prio.data();
+    Key* k = keys.mutable_data();
+    {
+      py::gil_scoped_release release;  // safe: only raw pointers into buffers this frame keeps alive
+      store_->Insert(p, buffers.data.data(), buffers.sizes.data(), n, k);
+    }
+    return keys;
+  }
+
+  PySampleBatch Sample(const py::object& n, const py::object& beta) {
+    const int64_t count = AsInt(n, "n");
+    if (count < 1) throw InvalidArgument("n must be >= 1, got " + std::to_string(count));
+    const double b = AsFloat(beta, "beta");
+    auto result = std::make_shared<SampleResult>();
+    {
+      py::gil_scoped_release release;
+      store_->Sample(static_cast<size_t>(count), b, result.get());
+    }
+    return PySampleBatch(std::move(result));
+  }
+
+  size_t UpdatePriorities(const py::object& keys, const py::object& priorities) {
+    auto k = As1D<uint64_t>(keys, "keys", "iu");
+    auto p = As1D<double>(priorities, "priorities", "fiu");
+    if (k.size() != p.size()) {
+      throw InvalidArgument("keys and priorities differ in length: " + std::to_string(k.size()) + " vs " +
+                            std::to_string(p.size()));
+    }
+    py::gil_scoped_release release;
+    return store_->UpdatePriorities(k.data(), p.data(), static_cast<size_t>(k.size()));
+  }
+
+  size_t Erase(const py::object& keys) {
+    auto k = As1D<uint64_t>(keys, "keys", "iu");
+    py::gil_scoped_release release;
+    return store_->Erase(k.data(), static_cast<size_t>(k.size()));
+  }
+
+  size_t RemoveToFit() {
+    py::gil_scoped_release release;
+    return store_->RemoveToFit();
+  }
+
+  py::dict Stats() const {
+    StoreStats s;
+    double total;
+    {
+      py::gil_scoped_release release;
+      s = store_->Stats();
+      total = store_->TotalMass();
+    }
+    py::dict d;
+    d["size"] = s.size;
+    d["capacity"] = store_->config().capacity;
+    d["shards"] = store_->config().shards;
+    d["bytes_held"] = s.bytes_held;
+    d["total_priority"] = total;
+    d["inserted"] = s.inserted;
+    d["sampled"] = s.sampled;
+    d["sample_calls"] = s.sample_calls;
+    d["updated"] = s.updated;
+    d["stale_updates"] = s.stale_updates;
+    d["evicted"] = s.evicted;
+    d["erased"] = s.erased;
+    d["remove_to_fit_calls"] = s.remove_to_fit_calls;
+    return d;
+  }
+
+  void Save(const std::string& path) const {
+    py::gil_scoped_release release;
+    store_->Save(path);
+  }
+  static std::unique_ptr<PyStore> Load(const std::string& path) {
+    std::unique_ptr<ShardedStore> s;
+    {
+      py::gil_scoped_release release;
+      s = ShardedStore::Load(path);
+    }
+    return std::make_unique<PyStore>(std::move(s));
+  }
+  void CheckInvariants() const {
+    py::gil_scoped_release release;
+    store_->Validate();
+  }
+
+  ShardedStore& store() { return *store_; }
+  const ShardedStore& store() const { return *store_; }
+
+ private:
+  std::unique_ptr<ShardedStore> store_;
+};
+
+std::string FsPath(const py::object& path) { return py::str(py::module_::import("os").attr("fspath")(path)); }
+
+}  // namespace
+
+void RegisterStore(py::module_& m) {
+  py::class_<PySampleBatch>(m, "SampleBatch", R"doc(
+A prioritized sample. Item i's bytes are ``data[offsets[i]:offsets[i+1]]`` (also ``items[i]``, a memoryview).
+All arrays view memory owned by the batch: no per-item copies are made.)doc")
+      .def_property_readonly("keys", &PySampleBatch::keys, "uint64 keys of the sampled items")
+      .def_property_readonly("weights", &PySampleBatch::weights,
+                             "float32 importance-sampling weights (N P(k))^-beta / max_j w_j, in (0, 1]")
+      .def_property_readonly("probabilities", &PySampleBatch::probabilities,
+                             "float64 probability of each sampled item for one draw")
+      .def_property_readonly("data", &PySampleBatch::data, "uint8 array: every sampled item's bytes, in order")
+      .def_property_readonly("offsets", &PySampleBatch::offsets, "uint64 array of n + 1 offsets into data")
+      .def_property_readonly("items", &PySampleBatch::items, "list of read-only memoryviews, one per item")
+      .def("__len__", &PySampleBatch::size)
+      .def("__repr__", [](const PySampleBatch& b) { return "SampleBatch(n=" + std::to_string(b.size()) + ")"; });
+
+  py::class_<PyStore>(m, "PrioritizedStore", R"doc(
+A key-value store of byte items with proportional prioritized sampling (Schaul et al., Ape-X).
+
+P(k) = p_k^alpha / sum_j p_j^alpha, drawn stratified; IS weights (N P(k))^-beta / max_j w_j. Capacity is
+soft: insert always succeeds, remove_to_fit() evicts down to capacity with the eviction policy ("fifo":
+globally oldest first; "prioritized": victims drawn proportional to p^alpha_evict). Thread-safe; the
+heavy methods release the GIL.)doc")
+      .def(py::init(&PyStore::Create), py::arg("capacity") = 1'000'000, py::arg("alpha") = 0.6,
+           py::arg("shards") = 8, py::arg("eviction") = "fifo", py::arg("alpha_evict") = -0.4,
+           py::arg("seed") = 0)
+      .def("insert", &PyStore::Insert, py::arg("priorities"), py::arg("items"), py::arg("offsets") = py::none(),
+           "Insert items with priorities; returns their uint64 keys (in order).")
+      .def("sample", &PyStore::Sample, py::arg("n"), py::arg("beta") = 0.4,
+           "Draw n items (with replacement, stratified, proportional to priority^alpha).")
+      .def("update_priorities", &PyStore::UpdatePriorities, py::arg("keys"), py::arg("priorities"),
+           "Set new priorities; returns how many keys still addressed an item (stale ones are counted).")
+      .def("erase", &PyStore::Erase, py::arg("keys"), "Remove the items of these keys; returns how many.")
+      .def("remove_to_fit", &PyStore::RemoveToFit, "Evict down to capacity; returns how many items were removed.")
+      .def("stats", &PyStore::Stats, "Counters and sizes as a dict.")
+      .def("save", [](const PyStore& s, const py::object& path) { s.Save(FsPath(path)); }, py::arg("path"),
+           "Write a versioned, checksummed snapshot (atomically: temporary file, then rename).")
+      .def_static("load", [](const py::object& path) { return PyStore::Load(FsPath(path)); }, py::arg("path"),
+                  "Read a snapshot written by save(); raises SnapshotError if it is truncated or corrupted.")
+      .def("check_invariants", &PyStore::CheckInvariants,
+           "Verify every internal invariant (slow; for tests). Raises RuntimeError on a violation.")
+      .def("__len__", [](const PyStore& s) { return s.store().Size(); })
+      .def_property_readonly("capacity", [](const PyStore& s) { return s.store().config().capacity; })
+      .def_property_readonly("alpha", [](const PyStore& s) { return s.store().config().alpha; })
+      .def_property_readonly("alpha_evict", [](const PyStore& s) { return s.store().config().alpha_evict; })
+      .def_property_readonly("shards", [](const PyStore& s) { return s.store().config().shards; })
+      .def_property_readonly("seed", [](const PyStore& s) { return s.store().config().seed; })
+      .def_property_readonly("eviction", [](const PyStore& s) { return EvictionName(s.store().config().eviction); })
+      .def_property_readonly("total_priority", [](const PyStore& s) { return s.store().TotalMass(); },
+                             "Sum of priority^alpha over every item: the sampling mass.")
+      .def("__repr__", [](const PyStore& s) {
+        const auto& c = s.store().config();
+        return "PrioritizedStore(size=" + std::to_string(s.store().Size()) + ", capacity=" +
+               std::to_string(c.capacity) + ", alpha=" + std::string(py::str(py::float_(c.alpha))) +
+               ", shards=" + std::to_string(c.shards) + ", eviction='" + EvictionName(c.eviction) + "')";
+      });
+}
+
+}  // namespace apexrl::bindings
