@@ -14,6 +14,7 @@
 #include "apexrl/common.h"
 #include "apexrl/eviction/fifo.h"
 #include "apexrl/eviction/prioritized.h"
+#include "apexrl/payload_arena.h"
 #include "apexrl/random.h"
 #include "apexrl/sum_tree.h"
 #include "apexrl/thread_annotations.h"
@@ -23,9 +24,9 @@ namespace apexrl {
 class SnapshotReader;
 class SnapshotWriter;
 
-// An item whose payload was already copied (outside any lock) into memory the shard will own.
+// An item to insert, validated by the caller; the shard copies its bytes into its own arena.
 struct PreparedItem {
-  uint8_t* data;    // malloc'd; ownership passes to the shard on a successful Insert
+  const uint8_t* data;  // the caller's bytes, read during Insert only
   uint32_t size;
   double priority;  // validated: finite, >= 0
   double mass;      // priority^alpha, finite
@@ -51,7 +52,8 @@ struct ShardCounters {
 
 // Everything under one mutex. Thread-safe: every public method takes the shard's lock itself, and no method
 // takes any other lock while holding it (the ShardedStore never holds two shard locks at once, so there is
-// no lock order to get wrong). Payload memory of removed items is freed after the lock is released.
+// no lock order to get wrong). Item bytes live in the shard's PayloadArena, so they are copied in under the
+// lock (a memcpy into a recycled block; see payload_arena.h for why not malloc outside the lock).
 //
 // Soft capacity lives in the ShardedStore; a shard grows as needed. Slots freed by removal are reused
 // (LIFO); each reuse bumps the slot's generation so old keys turn stale (see common.h).
@@ -60,6 +62,8 @@ struct ShardCounters {
 // exact when the shard is quiet, a recent value under concurrency.
 class Shard {
  public:
+  static constexpr uint32_t kNotLive = 0xFFFFFFFFu;
+
   // `target_slots`: the slots this shard expects to need at the store's capacity. Arrays double up to it and
   // then grow by a quarter, so a store at its soft capacity does not carry 2x slack of per-slot metadata.
   Shard(uint32_t index, double alpha, EvictionKind eviction, double alpha_evict, size_t target_slots);
@@ -67,7 +71,7 @@ class Shard {
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
 
-  // Takes ownership of every item's payload and writes their keys. If `block` is false and the lock is held
+  // Copies the items in and writes their keys. If `block` is false and the lock is held
   // by another thread, returns false and changes nothing (the caller tries another shard).
   // `seq_counter` issues the store-wide insertion numbers, taken under this shard's lock so they increase
   // along the shard's FIFO list.
@@ -99,6 +103,7 @@ class Shard {
   double total() const { return total_.load(std::memory_order_relaxed); }
   double min_positive() const { return min_positive_.load(std::memory_order_relaxed); }
   uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
+  uint64_t reserved_bytes() const { return reserved_.load(std::memory_order_relaxed); }
   ShardCounters counters() const EXCLUDES(mu_);
   uint64_t max_seq() const EXCLUDES(mu_);  // largest insertion number ever stored here (0 if none)
 
@@ -111,23 +116,25 @@ class Shard {
   void Read(SnapshotReader& in) EXCLUDES(mu_);
 
  private:
-  // The per-slot fields a sample touches, packed so a draw costs one cache miss for them.
+  // Everything per slot but the tree leaf and the FIFO links, in one 32-byte record (two per cache line), so a
+  // sampled draw or a priority update costs one miss here rather than one per array.
   struct SlotRef {
     uint8_t* data = nullptr;
     uint32_t size = 0;
     uint32_t generation = 1;
+    double priority = 0.0;
+    uint32_t live_pos = kNotLive;  // index in live_, or kNotLive
+    uint32_t unused = 0;
   };
-  static constexpr uint32_t kNotLive = 0xFFFFFFFFu;
 
   bool Live(Slot slot, uint32_t generation) const REQUIRES(mu_);
   void EnsureSlots(size_t extra) REQUIRES(mu_);
   Slot TakeSlot() REQUIRES(mu_);
-  // Unlinks a live slot everywhere, bumps its generation, and hands its payload to `garbage`.
-  void Remove(Slot slot, std::vector<uint8_t*>* garbage) REQUIRES(mu_);
+  // Unlinks a live slot everywhere, bumps its generation, and returns its bytes to the arena.
+  void Remove(Slot slot) REQUIRES(mu_);
   void CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink,
                size_t first) REQUIRES(mu_);
   void Publish() REQUIRES(mu_);
-  static void FreeAll(std::vector<uint8_t*>& garbage);
 
   const uint32_t index_;
   const double alpha_;
@@ -135,13 +142,12 @@ class Shard {
   mutable std::mutex mu_;
 
   std::vector<SlotRef> refs_ GUARDED_BY(mu_);
-  std::vector<double> priority_ GUARDED_BY(mu_);
   std::vector<uint64_t> seq_ GUARDED_BY(mu_);
-  std::vector<uint32_t> live_pos_ GUARDED_BY(mu_);  // index in live_, or kNotLive
   std::vector<Slot> live_ GUARDED_BY(mu_);          // dense list of occupied slots (uniform draws, snapshots)
   std::vector<Slot> free_ GUARDED_BY(mu_);
   size_t num_slots_ GUARDED_BY(mu_) = 0;             // slots ever created; slots >= this are untouched
   SumMinTree tree_ GUARDED_BY(mu_);
+  PayloadArena arena_ GUARDED_BY(mu_);
   std::unique_ptr<FifoPolicy> fifo_ GUARDED_BY(mu_);                // exactly one of these two is set
   std::unique_ptr<PrioritizedPolicy> prioritized_ GUARDED_BY(mu_);
   EvictionPolicy* policy_ GUARDED_BY(mu_);
@@ -155,6 +161,7 @@ class Shard {
   std::atomic<double> total_{0.0};
   std::atomic<double> min_positive_;
   std::atomic<uint64_t> bytes_{0};
+  std::atomic<uint64_t> reserved_{0};
 };
 
 }  // namespace apexrl

@@ -86,37 +86,22 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
                             " bytes; an item may hold at most 4294967295 bytes");
     }
   }
-  // Copy the payloads before taking any lock: the critical section only links them in.
   std::vector<PreparedItem> items(n);
-  size_t made = 0;
-  try {
-    for (; made < n; ++made) {
-      auto* p = static_cast<uint8_t*>(std::malloc(sizes[made] > 0 ? sizes[made] : 1));
-      if (p == nullptr) throw std::bad_alloc();
-      if (sizes[made] > 0) std::memcpy(p, data[made], sizes[made]);
-      items[made] = PreparedItem{p, static_cast<uint32_t>(sizes[made]), priorities[made], masses[made]};
-    }
-  } catch (...) {
-    for (size_t i = 0; i < made; ++i) std::free(items[i].data);
-    throw;
+  for (size_t i = 0; i < n; ++i) {
+    items[i] = PreparedItem{data[i], static_cast<uint32_t>(sizes[i]), priorities[i], masses[i]};
   }
   const size_t num_shards = shards_.size();
   size_t done = 0;
-  try {
-    while (done < n) {
-      const size_t m = std::min(kInsertChunk, n - done);
-      const uint64_t start = next_shard_.fetch_add(1, std::memory_order_relaxed);
-      // Take the first shard whose lock is free; wait only if every shard is busy.
-      bool inserted = false;
-      for (size_t t = 0; t < num_shards && !inserted; ++t) {
-        inserted = shards_[(start + t) % num_shards]->Insert(&items[done], m, &next_seq_, keys + done, false);
-      }
-      if (!inserted) shards_[start % num_shards]->Insert(&items[done], m, &next_seq_, keys + done, true);
-      done += m;
+  while (done < n) {
+    const size_t m = std::min(kInsertChunk, n - done);
+    const uint64_t start = next_shard_.fetch_add(1, std::memory_order_relaxed);
+    // Take the first shard whose lock is free; wait only if every shard is busy.
+    bool inserted = false;
+    for (size_t t = 0; t < num_shards && !inserted; ++t) {
+      inserted = shards_[(start + t) % num_shards]->Insert(&items[done], m, &next_seq_, keys + done, false);
     }
-  } catch (...) {
-    for (size_t i = done; i < n; ++i) std::free(items[i].data);
-    throw;
+    if (!inserted) shards_[start % num_shards]->Insert(&items[done], m, &next_seq_, keys + done, true);
+    done += m;
   }
 }
 
@@ -371,6 +356,7 @@ StoreStats ShardedStore::Stats() const {
     st.erased += c.erased;
     st.size += shard->size();
     st.bytes_held += shard->bytes();
+    st.bytes_reserved += shard->reserved_bytes();
   }
   st.stale_updates += invalid_shard_keys_.load(std::memory_order_relaxed);
   st.sample_calls = sample_calls_.load(std::memory_order_relaxed);

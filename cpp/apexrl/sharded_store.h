@@ -36,7 +36,8 @@ struct SampleResult {
 
 struct StoreStats {
   uint64_t size = 0;
-  uint64_t bytes_held = 0;
+  uint64_t bytes_held = 0;      // item bytes stored
+  uint64_t bytes_reserved = 0;  // memory the shards' payload arenas hold for them
   uint64_t inserted = 0;
   uint64_t sampled = 0;  // items drawn
   uint64_t sample_calls = 0;
@@ -58,8 +59,9 @@ struct StoreStats {
 //    eviction splits the victims among shards by their eviction mass and each shard draws its share.
 //
 // Thread-safety: every method may be called from any number of threads at once. A call holds at most one
-// shard lock at a time (insert chunks try the next shard instead of waiting on a busy one), there is no
-// global lock, and payload copies in and allocation/freeing happen outside the locks. Under concurrency the
+// shard lock at a time (insert chunks try the next shard instead of waiting on a busy one) and there is no
+// global lock. Inside a shard's lock an insert is a memcpy into a recycled arena block plus O(log n) tree
+// work; a sample's share is a batched tree descent plus the copy of its items out. Under concurrency the
 // shard totals a sample starts from may be slightly behind; a draw is then rescaled inside its shard and
 // the probabilities reported are the ones actually used.
 //

@@ -106,6 +106,7 @@ void SumMinTree::SetBatch(const uint32_t* idx, const double* values, size_t n) {
   if (n == 0) return;
   if (n == 1) return Set(idx[0], values[0]);
   double* leaves = sums_[0].data();
+  for (size_t i = 0; i < n; ++i) PrefetchLeaf(idx[i]);
   for (size_t i = 0; i < n; ++i) leaves[idx[i]] = values[i];
   auto& dirty = scratch_;
   auto& next = scratch2_;
@@ -115,6 +116,19 @@ void SumMinTree::SetBatch(const uint32_t* idx, const double* values, size_t n) {
     for (uint32_t d : dirty) next.push_back(d / kF);
     std::sort(next.begin(), next.end());
     next.erase(std::unique(next.begin(), next.end()), next.end());
+    // Each recompute reads a block of children that is likely cold: request all of them first.
+    const double* child_sums = sums_[l - 1].data();
+    const double* child_mins = mins_[l - 1].data();
+    for (uint32_t node : next) {
+      __builtin_prefetch(&child_sums[node * kF]);
+      __builtin_prefetch(&child_sums[node * kF + 8]);
+      if (l > 1) {
+        __builtin_prefetch(&child_mins[node * kF]);
+        __builtin_prefetch(&child_mins[node * kF + 8]);
+      }
+      __builtin_prefetch(&sums_[l][node], 1);
+      __builtin_prefetch(&mins_[l][node], 1);
+    }
     for (uint32_t node : next) RecomputeNode(l, node);
     dirty.swap(next);
   }

@@ -315,6 +315,7 @@ class PyStore {
     d["capacity"] = store_->config().capacity;
     d["shards"] = store_->config().shards;
     d["bytes_held"] = s.bytes_held;
+    d["bytes_reserved"] = s.bytes_reserved;
     d["total_priority"] = total;
     d["inserted"] = s.inserted;
     d["sampled"] = s.sampled;

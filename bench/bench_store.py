@@ -1,0 +1,366 @@
+"""In-process throughput of the replay store against cpprb and TorchRL, on DPG-humanoid-shaped items.
+
+Each library runs in a fresh subprocess (clean resident-memory figures, no shared allocator state), one after
+the other in the same invocation, so the ratios printed at the end compare runs taken minutes apart on the
+same machine. Run from the repository root after `pip install -e .[bench]`:
+
+    python bench/bench_store.py                      # 2M items, all libraries, markdown table
+    python bench/bench_store.py --items 200000 --seconds 1 --only apexrl    # quick look
+
+Operations (DESIGN.md section 6; issue "Native prioritized store"):
+  insert      batches of 50 items into a store already holding --items items
+  sample      512 items with keys, IS weights and the item bytes in hand (beta 0.4)
+  update      512 priorities of keys from a sample (cycling through 256 sampled key sets)
+  learner     one mixed learner step: insert 50, sample 512, update 512 (+ remove_to_fit every 100 steps)
+  2 threads   one thread inserting batches of 50, one sampling 512 + updating 512, at once; each rate is
+              reported as a fraction of the same operation measured alone
+  memory      resident set growth while filling --items items, divided by their raw bytes
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+# DPG humanoid transition (DESIGN.md section 6): obs 67 f32, action 21 f32, reward f32, discount f32,
+# next obs 67 f32 = 628 bytes, plus an 8-byte codec header = 636 bytes per item.
+OBS, ACT = 67, 21
+ITEM_BYTES = 636
+INSERT_BATCH, SAMPLE_BATCH = 50, 512
+ALPHA, BETA = 0.6, 0.4
+UPDATE_SETS = 256  # distinct sampled key sets the update benchmark cycles through
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rate(fn: Callable[[], int], seconds: float, repeats: int = 3) -> float:
+    """Median over `repeats` windows of (units fn returned) / second."""
+    results = []
+    for _ in range(repeats):
+        done = 0
+        start = time.perf_counter()
+        deadline = start + seconds / repeats
+        while True:
+            done += fn()
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+        results.append(done / (now - start))
+    return statistics.median(results)
+
+
+class Adapter:
+    """The operations the bench times, for one library."""
+
+    name = ""
+
+    def fill(self, n: int) -> None: ...
+    def insert(self) -> int: ...
+    def sample(self) -> int: ...
+    def update(self) -> int: ...
+    def update_spread(self) -> int: ...
+    def learner_step(self) -> int: ...
+
+
+class ApexrlAdapter(Adapter):
+    name = "apexrl"
+
+    def __init__(self, capacity: int, seed: int):
+        from apexrl import PrioritizedStore
+
+        self.store = PrioritizedStore(capacity=capacity, alpha=ALPHA, shards=8, eviction="fifo", seed=seed)
+        self.rng = np.random.default_rng(seed)
+        # A pool of distinct items, inserted as one contiguous buffer + offsets (the form the server receives).
+        self.pool = self.rng.integers(0, 256, size=(4096, ITEM_BYTES), dtype=np.uint8)
+        self.offsets = np.arange(INSERT_BATCH + 1, dtype=np.uint64) * ITEM_BYTES
+        self.priorities = self.rng.random(INSERT_BATCH) + 1e-3
+        self.cursor = 0
+        self.keys = None
+        self.steps = 0
+
+    def _insert_batch(self) -> None:
+        start = self.cursor % (len(self.pool) - INSERT_BATCH)
+        self.cursor += INSERT_BATCH
+        self.store.insert(self.priorities, self.pool[start : start + INSERT_BATCH].reshape(-1), self.offsets)
+
+    def fill(self, n: int) -> None:
+        for _ in range(n // INSERT_BATCH):
+            self._insert_batch()
+        # update 512 cycles through many sampled key sets, so it is not timing the same cache-hot 512 slots.
+        self.key_sets = [self.store.sample(SAMPLE_BATCH, BETA).keys.copy() for _ in range(UPDATE_SETS)]
+        self.new_priorities = self.rng.random(SAMPLE_BATCH) + 1e-3
+        self.keys = self.key_sets[0]
+
+    def insert(self) -> int:
+        self._insert_batch()
+        self.steps += 1
+        if self.steps % 100 == 0:
+            self.store.remove_to_fit()
+        return INSERT_BATCH
+
+    def sample(self) -> int:
+        batch = self.store.sample(SAMPLE_BATCH, BETA)
+        self.keys = batch.keys
+        return len(batch.data) and SAMPLE_BATCH
+
+    def update(self) -> int:
+        self.store.update_priorities(self.keys, self.new_priorities)
+        return SAMPLE_BATCH
+
+    def update_spread(self) -> int:
+        self.cursor_u = (getattr(self, "cursor_u", 0) + 1) % UPDATE_SETS
+        self.store.update_priorities(self.key_sets[self.cursor_u], self.new_priorities)
+        return SAMPLE_BATCH
+
+    def learner_step(self) -> int:
+        self.insert()
+        self.sample()
+        self.update()
+        return 1
+
+
+class CpprbAdapter(Adapter):
+    name = "cpprb"
+
+    def __init__(self, capacity: int, seed: int):
+        from cpprb import PrioritizedReplayBuffer
+
+        env_dict = {
+            "obs": {"shape": OBS, "dtype": np.float32},
+            "act": {"shape": ACT, "dtype": np.float32},
+            "rew": {"dtype": np.float32},
+            "discount": {"dtype": np.float32},
+            "next_obs": {"shape": OBS, "dtype": np.float32},
+        }
+        self.rb = PrioritizedReplayBuffer(capacity, env_dict, alpha=ALPHA)
+        rng = np.random.default_rng(seed)
+        self.rng = rng
+        self.batch = {
+            "obs": rng.random((INSERT_BATCH, OBS), dtype=np.float32),
+            "act": rng.random((INSERT_BATCH, ACT), dtype=np.float32),
+            "rew": rng.random(INSERT_BATCH, dtype=np.float32),
+            "discount": rng.random(INSERT_BATCH, dtype=np.float32),
+            "next_obs": rng.random((INSERT_BATCH, OBS), dtype=np.float32),
+        }
+        self.priorities = rng.random(INSERT_BATCH) + 1e-3
+        self.indexes = None
+
+    def fill(self, n: int) -> None:
+        for _ in range(n // INSERT_BATCH):
+            self.rb.add(**self.batch, priorities=self.priorities)
+        self.index_sets = [self.rb.sample(SAMPLE_BATCH, beta=BETA)["indexes"].copy() for _ in range(UPDATE_SETS)]
+        self.indexes = self.index_sets[0]
+        self.new_priorities = self.rng.random(SAMPLE_BATCH) + 1e-3
+
+    def insert(self) -> int:
+        self.rb.add(**self.batch, priorities=self.priorities)
+        return INSERT_BATCH
+
+    def sample(self) -> int:
+        s = self.rb.sample(SAMPLE_BATCH, beta=BETA)
+        self.indexes = s["indexes"]
+        return SAMPLE_BATCH
+
+    def update(self) -> int:
+        self.rb.update_priorities(self.indexes, self.new_priorities)
+        return SAMPLE_BATCH
+
+    def update_spread(self) -> int:
+        self.cursor_u = (getattr(self, "cursor_u", 0) + 1) % UPDATE_SETS
+        self.rb.update_priorities(self.index_sets[self.cursor_u], self.new_priorities)
+        return SAMPLE_BATCH
+
+    def learner_step(self) -> int:
+        self.insert()
+        self.sample()
+        self.update()
+        return 1
+
+
+class TorchRLAdapter(Adapter):
+    name = "torchrl"
+
+    def __init__(self, capacity: int, seed: int):
+        import torch
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
+
+        torch.manual_seed(seed)
+        self.torch = torch
+        self.rb = PrioritizedReplayBuffer(
+            alpha=ALPHA, beta=BETA, storage=LazyTensorStorage(capacity), batch_size=SAMPLE_BATCH
+        )
+        self.batch = TensorDict(
+            {
+                "obs": torch.rand(INSERT_BATCH, OBS),
+                "act": torch.rand(INSERT_BATCH, ACT),
+                "rew": torch.rand(INSERT_BATCH),
+                "discount": torch.rand(INSERT_BATCH),
+                "next_obs": torch.rand(INSERT_BATCH, OBS),
+            },
+            batch_size=[INSERT_BATCH],
+        )
+        self.priorities = torch.rand(INSERT_BATCH) + 1e-3
+        self.index = None
+
+    def fill(self, n: int) -> None:
+        for _ in range(n // INSERT_BATCH):
+            self.insert()
+        self.index_sets = []
+        for _ in range(UPDATE_SETS):
+            self.sample()
+            self.index_sets.append(self.index)
+        self.new_priorities = self.torch.rand(SAMPLE_BATCH) + 1e-3
+
+    def insert(self) -> int:
+        idx = self.rb.extend(self.batch)
+        self.rb.update_priority(idx, self.priorities)
+        return INSERT_BATCH
+
+    def sample(self) -> int:
+        _, info = self.rb.sample(return_info=True)
+        self.index = info["index"]
+        return SAMPLE_BATCH
+
+    def update(self) -> int:
+        self.rb.update_priority(self.index, self.new_priorities)
+        return SAMPLE_BATCH
+
+    def update_spread(self) -> int:
+        self.cursor_u = (getattr(self, "cursor_u", 0) + 1) % UPDATE_SETS
+        self.rb.update_priority(self.index_sets[self.cursor_u], self.new_priorities)
+        return SAMPLE_BATCH
+
+    def learner_step(self) -> int:
+        self.insert()
+        self.sample()
+        self.update()
+        return 1
+
+
+ADAPTERS = {"apexrl": ApexrlAdapter, "cpprb": CpprbAdapter, "torchrl": TorchRLAdapter}
+
+
+def two_threads(adapter: Adapter, seconds: float) -> tuple[float, float]:
+    """Inserter and sampler+updater running at once; returns (inserted/s, sampled/s)."""
+    stop = threading.Event()
+    counts = {"insert": 0, "sample": 0}
+
+    def inserter() -> None:
+        while not stop.is_set():
+            counts["insert"] += adapter.insert()
+
+    def sampler() -> None:
+        while not stop.is_set():
+            counts["sample"] += adapter.sample()
+            adapter.update()
+
+    threads = [threading.Thread(target=inserter), threading.Thread(target=sampler)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    return counts["insert"] / elapsed, counts["sample"] / elapsed
+
+
+def run_worker(name: str, items: int, seconds: float, seed: int) -> dict:
+    gc.collect()
+    rss0 = rss_bytes()
+    adapter = ADAPTERS[name](items, seed)
+    t0 = time.perf_counter()
+    adapter.fill(items)
+    fill_s = time.perf_counter() - t0
+    rss1 = rss_bytes()
+    result = {
+        "library": name,
+        "items": items,
+        "fill_s": fill_s,
+        "memory_ratio": (rss1 - rss0) / (items * ITEM_BYTES),
+        "rss_mb": rss1 / 2**20,
+    }
+    result["sample"] = rate(adapter.sample, seconds)
+    result["update"] = rate(adapter.update_spread, seconds)
+    result["insert"] = rate(adapter.insert, seconds)
+    result["learner"] = rate(adapter.learner_step, seconds)
+    # 'sample' in two_threads is the sampler loop (sample + update); compare it with the same loop alone.
+    result["sample_update_alone"] = rate(lambda: adapter.sample() + 0 * adapter.update(), seconds)
+    result["mt_insert"], result["mt_sample"] = two_threads(adapter, seconds)
+    result["mt_insert_kept"] = result["mt_insert"] / result["insert"]
+    result["mt_sample_kept"] = result["mt_sample"] / result["sample_update_alone"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=2_000_000, help="items in the store (default 2M)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per operation (default 3)")
+    parser.add_argument("--only", choices=sorted(ADAPTERS), action="append", help="run only these libraries")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
+    parser.add_argument("--worker", choices=sorted(ADAPTERS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.items < 10 * SAMPLE_BATCH:
+        parser.error(f"--items must be at least {10 * SAMPLE_BATCH}")
+
+    if args.worker:
+        print(json.dumps(run_worker(args.worker, args.items, args.seconds, args.seed)))
+        return
+
+    results = []
+    for name in args.only or ["apexrl", "cpprb", "torchrl"]:
+        cmd = [sys.executable, __file__, "--worker", name, "--items", str(args.items),
+               "--seconds", str(args.seconds), "--seed", str(args.seed)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            print(f"# {name}: skipped -- {last}", file=sys.stderr)
+            continue
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"# {name}: done", file=sys.stderr)
+
+    print(f"\n{args.items:,} items of {ITEM_BYTES} B, alpha {ALPHA}, beta {BETA}; rates in items/s "
+          f"(learner: steps/s); median of 3 windows over {args.seconds:g} s\n")
+    cols = [("insert", "insert 50"), ("sample", "sample 512"), ("update", "update 512"),
+            ("learner", "learner step"), ("mt_insert_kept", "2 thr: insert kept"),
+            ("mt_sample_kept", "2 thr: sample kept"), ("memory_ratio", "RSS / raw bytes")]
+    print("| library | " + " | ".join(c[1] for c in cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for r in results:
+        cells = []
+        for key, _ in cols:
+            v = r[key]
+            cells.append(f"{v:.2f}" if key.endswith(("kept", "ratio")) else f"{v / 1e6:.2f} M" if v > 1e5 else f"{v:,.0f}")
+        print(f"| {r['library']} | " + " | ".join(cells) + " |")
+    base = {r["library"]: r for r in results}
+    if "apexrl" in base and len(base) > 1:
+        print("\nRatios apexrl / other (higher is better for apexrl):\n")
+        print("| vs | " + " | ".join(c[1] for c in cols[:4]) + " |")
+        print("|---|" + "---|" * 4)
+        for name, r in base.items():
+            if name == "apexrl":
+                continue
+            print(f"| {name} | " + " | ".join(f"{base['apexrl'][k] / r[k]:.2f}x" for k, _ in cols[:4]) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
