@@ -31,12 +31,20 @@ Shard::Shard(uint32_t index, double alpha, EvictionKind eviction, double alpha_e
   EnsureSlots(std::min<size_t>(target_slots_, 1024));
 }
 
-Shard::~Shard() = default;  // the arena releases every item's bytes
+Shard::~Shard() {
+  // The arena frees its slabs; items above its size classes were malloc'd one by one and go back here.
+  for (Slot s : live_) {
+    if (refs_[s].size > PayloadArena::kLargeItem) arena_.Free(refs_[s].data, refs_[s].size);
+  }
+}
 
 bool Shard::Live(Slot slot, uint32_t generation) const {
-  // The generation alone decides: Remove() bumps a slot's generation the moment it is freed, so no key ever
-  // issued matches a free slot, and a retired slot's generation (kGenerationLimit) matches no 24-bit key.
-  return slot < num_slots_ && refs_[slot].generation == generation;
+  // The generation alone rejects every key this store issued for an item since removed (Remove() bumps it),
+  // but a key from elsewhere (another store, a server before a restart) can name a free slot with a matching
+  // generation, so occupancy is checked too; both fields share the slot's record.
+  if (slot >= num_slots_) return false;
+  const SlotRef& r = refs_[slot];
+  return r.generation == generation && r.live_pos != kNotLive;
 }
 
 void Shard::EnsureSlots(size_t extra) {
@@ -394,6 +402,7 @@ void Shard::Read(SnapshotReader& in) {
     seen[s] = 1;
     previous_seq = seq;
     uint8_t* data = arena_.Allocate(size);  // the arena owns it, so a failed load frees it with the shard
+    refs_[s].data = data;
     refs_[s].size = size;
     in.Read(data, size);
     refs_[s].priority = priority;

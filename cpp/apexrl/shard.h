@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "apexrl/aligned_vector.h"
 #include "apexrl/byte_buffer.h"
 #include "apexrl/common.h"
 #include "apexrl/eviction/fifo.h"
@@ -141,7 +142,7 @@ class Shard {
   const size_t target_slots_;
   mutable std::mutex mu_;
 
-  std::vector<SlotRef> refs_ GUARDED_BY(mu_);
+  AlignedVector<SlotRef> refs_ GUARDED_BY(mu_);
   std::vector<uint64_t> seq_ GUARDED_BY(mu_);
   std::vector<Slot> live_ GUARDED_BY(mu_);          // dense list of occupied slots (uniform draws, snapshots)
   std::vector<Slot> free_ GUARDED_BY(mu_);

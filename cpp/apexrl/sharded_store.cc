@@ -108,6 +108,7 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
 void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
   if (n == 0) throw InvalidArgument("the number of items to sample must be >= 1, got 0");
   if (!std::isfinite(beta) || beta < 0.0) throw InvalidArgument("beta must be finite and >= 0, got " + Num(beta));
+  if (Size() == 0) throw InvalidArgument("cannot sample from an empty store");
   Rng rng(config_.seed, sample_calls_.fetch_add(1, std::memory_order_relaxed));
   const size_t num_shards = shards_.size();
 

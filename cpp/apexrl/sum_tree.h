@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "apexrl/aligned_vector.h"
+
 namespace apexrl {
 
 // Leaves hold the sampling masses (priority^alpha) of one shard's slots; each internal node holds the sum
@@ -70,11 +72,11 @@ class SumMinTree {
 
   size_t capacity_ = 0;
   // sums_[0] are the leaves; sums_[l][j] = sum of sums_[l-1][16j .. 16j+15]. The top level is one block of 16.
-  std::vector<std::vector<double>> sums_;
+  std::vector<AlignedVector<double>> sums_;
   // mins_[l][j] (l >= 1): smallest positive value below node j of level l; mins_[0] is unused.
-  std::vector<std::vector<double>> mins_;
-  mutable std::vector<uint32_t> scratch_;  // dirty node lists for SetBatch
-  mutable std::vector<uint32_t> scratch2_;
+  std::vector<AlignedVector<double>> mins_;
+  std::vector<uint64_t> scratch_;  // dirty node lists for SetBatch
+  std::vector<uint64_t> scratch2_;
 };
 
 }  // namespace apexrl

@@ -212,6 +212,7 @@ class PySampleBatch {
       py::list out(size_);
       py::object whole = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(data_.ptr()));
       if (!whole) throw py::error_already_set();
+      whole = whole.attr("toreadonly")();
       const auto* o = static_cast<const uint64_t*>(offsets_.data());
       for (size_t i = 0; i < size_; ++i) {
         py::slice sl(static_cast<py::ssize_t>(o[i]), static_cast<py::ssize_t>(o[i + 1]), 1);

@@ -1,0 +1,472 @@
+// Concurrency stress on one ShardedStore (run under ThreadSanitizer in CI: ctest -L stress).
+//
+// Seven threads share a small store (8 shards, capacity 2000) so eviction never stops:
+//   2 inserters  -- insert batches (held back while the store is 1.5x over capacity); every payload embeds a
+//                   unique id; each records key -> id
+//   2 samplers   -- sample and record (key, payload id) for every draw
+//   1 updater    -- updates the keys it just sampled plus older ones (often stale by then)
+//   1 evictor    -- RemoveToFit() whenever the store is above capacity
+//   1 eraser     -- while over capacity, erases some sampled keys and some old (often stale) ones; also runs
+//                   Validate() and saves a snapshot under load
+// At the end every sampled (key, id) pair must match what the inserter recorded (a key never returns a
+// foreign item), and the counters must add up exactly. The run is bounded by iteration counts only.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "apexrl/common.h"
+#include "apexrl/errors.h"
+#include "apexrl/random.h"
+#include "apexrl/sharded_store.h"
+
+namespace apexrl {
+namespace {
+
+constexpr uint32_t kShards = 8;
+constexpr uint64_t kCapacity = 2000;
+// Sized for a few seconds in a Release build and well under two minutes under ThreadSanitizer on 2 cores.
+constexpr int kInsertBatchesPerThread = 50000;
+constexpr int kSampleCallsPerThread = 40000;
+constexpr size_t kSampleBatch = 32;
+constexpr int kUpdateRounds = 40000;
+constexpr int kEraseRounds = 40000;
+
+// Payload of item `id`: the id itself, then filler bytes derived from it -- usually a few, for one item in
+// 97 over a kilobyte (so more than one of the arena's size classes is recycled concurrently).
+size_t PayloadSize(uint64_t id) { return 8 + (id % 97 == 0 ? 1000 + id % 1500 : id % 29); }
+
+std::string MakePayload(uint64_t id) {
+  std::string s(PayloadSize(id), '\0');
+  std::memcpy(&s[0], &id, sizeof(id));
+  for (size_t j = 8; j < s.size(); ++j) s[j] = static_cast<char>((id * 131 + j) & 0xFF);
+  return s;
+}
+
+// Recovers the id from a payload; false if the bytes are not a payload MakePayload could have written.
+bool DecodePayload(const uint8_t* p, size_t len, uint64_t* id) {
+  if (len < 8) return false;
+  std::memcpy(id, p, sizeof(*id));
+  if (len != PayloadSize(*id)) return false;
+  for (size_t j = 8; j < len; ++j) {
+    if (p[j] != static_cast<uint8_t>((*id * 131 + j) & 0xFF)) return false;
+  }
+  return true;
+}
+
+// Failures seen on worker threads (gtest assertions stay on the main thread).
+class Failures {
+ public:
+  void Add(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (first_.size() < 10) first_.push_back(what);
+    ++count_;
+  }
+  size_t count() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return count_;
+  }
+  std::string Describe() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string s;
+    for (const std::string& f : first_) s += "  " + f + "\n";
+    return s;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> first_;
+  size_t count_ = 0;
+};
+
+// Checks one sample result's layout and payloads; appends (key, id) of every draw to `seen`.
+void CheckSample(const SampleResult& r, size_t n, std::vector<std::pair<Key, uint64_t>>* seen, Failures* f) {
+  if (r.keys.size() != n || r.weights.size() != n || r.probabilities.size() != n || r.offsets.size() != n + 1) {
+    f->Add("sample result has the wrong sizes");
+    return;
+  }
+  if (r.offsets[0] != 0 || r.offsets[n] != r.data.size()) f->Add("offsets do not span the data");
+  for (size_t i = 0; i < n; ++i) {
+    if (r.offsets[i] > r.offsets[i + 1] || r.offsets[i + 1] > r.data.size()) {
+      f->Add("offsets out of order");
+      return;
+    }
+    if (!(r.weights[i] > 0.0f && r.weights[i] <= 1.0f)) f->Add("weight " + std::to_string(r.weights[i]));
+    if (!(r.probabilities[i] > 0.0 && r.probabilities[i] <= 1.0)) {
+      f->Add("probability " + std::to_string(r.probabilities[i]));
+    }
+    if (SplitKey(r.keys[i]).shard >= kShards) f->Add("key names a shard that does not exist");
+    uint64_t id = 0;
+    if (!DecodePayload(r.data.data() + r.offsets[i], r.offsets[i + 1] - r.offsets[i], &id)) {
+      f->Add("sampled bytes are not an intact payload");
+      continue;
+    }
+    seen->emplace_back(r.keys[i], id);
+  }
+}
+
+struct InserterResult {
+  std::unordered_map<Key, uint64_t> key_to_id;
+  uint64_t inserted = 0;
+};
+
+struct StressOutcome {
+  std::unordered_map<Key, uint64_t> key_to_id;
+  std::vector<std::pair<Key, uint64_t>> sampled;
+  uint64_t inserted = 0, draws = 0, sample_calls = 0;
+  uint64_t updated = 0, update_keys = 0;
+  uint64_t evicted = 0, remove_to_fit_calls = 0;
+  uint64_t erased = 0;
+  bool snapshot_saved = false;
+};
+
+void RunStress(ShardedStore& store, const std::string& snapshot_path, Failures* failures, StressOutcome* out) {
+  std::atomic<bool> go{false};
+  std::atomic<int> inserters_running{2};
+  std::atomic<bool> evictor_done{false};
+  auto wait_for_go = [&go] {
+    while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+  };
+  auto guarded = [failures, &store](const char* who, auto&& body) {
+    return [failures, &store, who, body]() mutable {
+      try {
+        body();
+      } catch (const std::exception& e) {
+        const StoreStats st = store.Stats();
+        failures->Add(std::string(who) + " threw: " + e.what() + " (store now: size " + std::to_string(st.size) +
+                      ", inserted " + std::to_string(st.inserted) + ", evicted " + std::to_string(st.evicted) +
+                      ", erased " + std::to_string(st.erased) + ")");
+      }
+    };
+  };
+
+  // Prefill to capacity so sampling never meets an empty store.
+  InserterResult prefill;
+  {
+    std::vector<std::string> payloads;
+    std::vector<const uint8_t*> data;
+    std::vector<uint64_t> sizes;
+    std::vector<double> priorities;
+    for (uint64_t i = 0; i < kCapacity; ++i) {
+      payloads.push_back(MakePayload(i));
+      priorities.push_back(i % 10 == 0 ? 0.0 : 0.5 + static_cast<double>(i % 7));
+    }
+    for (const std::string& p : payloads) {
+      data.push_back(reinterpret_cast<const uint8_t*>(p.data()));
+      sizes.push_back(p.size());
+    }
+    std::vector<Key> keys(kCapacity);
+    store.Insert(priorities.data(), data.data(), sizes.data(), kCapacity, keys.data());
+    for (uint64_t i = 0; i < kCapacity; ++i) prefill.key_to_id.emplace(keys[i], i);
+    prefill.inserted = kCapacity;
+  }
+
+  std::vector<InserterResult> inserter_results(2);
+  std::vector<std::vector<std::pair<Key, uint64_t>>> seen(4);  // samplers 0-1, updater 2, eraser 3
+  std::vector<uint64_t> draws(4, 0), calls(4, 0);
+  uint64_t updated = 0, update_keys = 0, evicted = 0, evict_calls = 0, erased = 0;
+  bool saved = false;
+  std::vector<std::thread> threads;
+
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back(guarded("inserter", [&, t] {
+      struct Done {  // tells the evictor this inserter is finished, however it ends
+        std::atomic<int>& running;
+        ~Done() { running.fetch_sub(1, std::memory_order_acq_rel); }
+      } done{inserters_running};
+      InserterResult& res = inserter_results[static_cast<size_t>(t)];
+      Rng rng(100 + static_cast<uint64_t>(t));
+      uint64_t next_id = (static_cast<uint64_t>(t) + 1) << 40;
+      std::vector<std::string> payloads;
+      std::vector<const uint8_t*> data;
+      std::vector<uint64_t> sizes;
+      std::vector<double> priorities;
+      std::vector<Key> keys;
+      wait_for_go();
+      for (int it = 0; it < kInsertBatchesPerThread; ++it) {
+        // Back-pressure, as a replay server applies to its actors: never run far ahead of the evictor, so one
+        // eviction round (whose excess is read at its start) cannot overshoot into an empty store while the
+        // eraser removes items concurrently.
+        while (store.Size() > kCapacity * 3 / 2 && !evictor_done.load(std::memory_order_acquire)) {
+          std::this_thread::yield();
+        }
+        const size_t n = it % 97 == 0 ? 100 : 1 + static_cast<size_t>(rng.Below(16));  // 100 spans 2 chunks
+        payloads.clear();
+        data.clear();
+        sizes.clear();
+        priorities.clear();
+        keys.assign(n, 0);
+        for (size_t i = 0; i < n; ++i) {
+          payloads.push_back(MakePayload(next_id + i));
+          priorities.push_back(rng.Below(20) == 0 ? 0.0 : 0.01 + 4.0 * rng.Uniform());
+        }
+        for (const std::string& p : payloads) {
+          data.push_back(reinterpret_cast<const uint8_t*>(p.data()));
+          sizes.push_back(p.size());
+        }
+        store.Insert(priorities.data(), data.data(), sizes.data(), n, keys.data());
+        for (size_t i = 0; i < n; ++i) {
+          if (keys[i] == 0 || SplitKey(keys[i]).shard >= kShards) failures->Add("insert issued a bad key");
+          if (!res.key_to_id.emplace(keys[i], next_id + i).second) failures->Add("insert issued a key twice");
+        }
+        next_id += n;
+        res.inserted += n;
+      }
+    }));
+  }
+
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back(guarded("sampler", [&, t] {
+      const size_t me = static_cast<size_t>(t);
+      SampleResult r;
+      wait_for_go();
+      for (int it = 0; it < kSampleCallsPerThread; ++it) {
+        const size_t n = it % 10 == 0 ? 1 : kSampleBatch;
+        store.Sample(n, 0.4, &r);
+        CheckSample(r, n, &seen[me], failures);
+        draws[me] += n;
+        ++calls[me];
+      }
+    }));
+  }
+
+  threads.emplace_back(guarded("updater", [&] {
+    Rng rng(300);
+    SampleResult r;
+    std::vector<Key> keys, old(64, 0);
+    std::vector<double> priorities;
+    size_t old_pos = 0;
+    wait_for_go();
+    for (int it = 0; it < kUpdateRounds; ++it) {
+      store.Sample(16, 0.4, &r);
+      CheckSample(r, 16, &seen[2], failures);
+      draws[2] += 16;
+      ++calls[2];
+      keys.assign(r.keys.begin(), r.keys.end());
+      for (int i = 0; i < 8; ++i) keys.push_back(old[(old_pos + static_cast<size_t>(i) * 8) % old.size()]);
+      for (size_t i = 0; i < 16; ++i) old[(old_pos + i) % old.size()] = r.keys[i];
+      old_pos = (old_pos + 16) % old.size();
+      priorities.clear();
+      for (size_t i = 0; i < keys.size(); ++i) {
+        priorities.push_back(rng.Below(20) == 0 ? 0.0 : 0.01 + 5.0 * rng.Uniform());
+      }
+      updated += store.UpdatePriorities(keys.data(), priorities.data(), keys.size());
+      update_keys += keys.size();
+    }
+  }));
+
+  threads.emplace_back(guarded("evictor", [&] {
+    struct Done {
+      std::atomic<bool>& done;
+      ~Done() { done.store(true, std::memory_order_release); }
+    } done{evictor_done};
+    wait_for_go();
+    while (inserters_running.load(std::memory_order_acquire) > 0) {
+      if (store.Size() > kCapacity) {
+        evicted += store.RemoveToFit();
+        ++evict_calls;
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }));
+
+  threads.emplace_back(guarded("eraser", [&] {
+    Rng rng(500);
+    SampleResult r;
+    std::vector<Key> old;
+    wait_for_go();
+    for (int it = 0; it < kEraseRounds; ++it) {
+      store.Sample(8, 0.4, &r);
+      CheckSample(r, 8, &seen[3], failures);
+      draws[3] += 8;
+      ++calls[3];
+      // Never drain the store (the samplers must always find items): erase only while it is over capacity,
+      // i.e. race the evictor for items it would remove anyway.
+      if (store.Size() > kCapacity) {
+        std::vector<Key> victims = {r.keys[0], r.keys[rng.Below(8)]};  // sometimes the same key twice
+        if (!old.empty()) victims.push_back(old[rng.Below(old.size())]);  // long gone by now, usually
+        erased += store.Erase(victims.data(), victims.size());
+      }
+      if (old.size() < 256) {
+        old.push_back(r.keys[7]);
+      } else {
+        old[rng.Below(old.size())] = r.keys[7];
+      }
+      if (it % 500 == 250) {
+        try {
+          store.Validate();
+        } catch (const std::logic_error& e) {
+          failures->Add(std::string("Validate() under load: ") + e.what());
+        }
+      }
+      if (it == kEraseRounds / 2) {
+        store.Save(snapshot_path);
+        saved = true;
+      }
+    }
+  }));
+
+  go.store(true, std::memory_order_release);
+  for (std::thread& t : threads) t.join();
+
+  out->key_to_id = std::move(prefill.key_to_id);
+  out->inserted = prefill.inserted;
+  for (InserterResult& res : inserter_results) {
+    for (const auto& kv : res.key_to_id) {
+      if (!out->key_to_id.emplace(kv.first, kv.second).second) failures->Add("two inserters got the same key");
+    }
+    out->inserted += res.inserted;
+  }
+  for (auto& v : seen) out->sampled.insert(out->sampled.end(), v.begin(), v.end());
+  for (size_t i = 0; i < 4; ++i) {
+    out->draws += draws[i];
+    out->sample_calls += calls[i];
+  }
+  out->updated = updated;
+  out->update_keys = update_keys;
+  out->evicted = evicted;
+  out->remove_to_fit_calls = evict_calls;
+  out->erased = erased;
+  out->snapshot_saved = saved;
+}
+
+class StoreStressTest : public ::testing::TestWithParam<EvictionKind> {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "apexrl_stress_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string dir_;
+};
+
+TEST_P(StoreStressTest, ConcurrentInsertSampleUpdateEvictEraseKeepKeysBoundToTheirItems) {
+  StoreConfig cfg;
+  cfg.shards = kShards;
+  cfg.capacity = kCapacity;
+  cfg.alpha = 0.6;
+  cfg.eviction = GetParam();
+  cfg.alpha_evict = -0.4;
+  cfg.seed = 2024;
+  ShardedStore store(cfg);
+  const std::string snapshot = dir_ + "/mid_run.snap";
+  Failures failures;
+  StressOutcome o;
+  const auto start = std::chrono::steady_clock::now();
+  RunStress(store, snapshot, &failures, &o);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[ stress   ] %s eviction: %.2f s, %llu inserted, %llu draws, %llu evicted, %llu erased\n",
+              cfg.eviction == EvictionKind::kFifo ? "FIFO" : "prioritized", seconds,
+              static_cast<unsigned long long>(o.inserted), static_cast<unsigned long long>(o.draws),
+              static_cast<unsigned long long>(o.evicted), static_cast<unsigned long long>(o.erased));
+  std::fflush(stdout);
+
+  ASSERT_EQ(failures.count(), 0u) << "failures on worker threads:\n" << failures.Describe();
+  ASSERT_NO_THROW(store.Validate());
+
+  // Every key ever issued is distinct, and every draw returned the item its key was issued for.
+  EXPECT_EQ(o.key_to_id.size(), o.inserted) << "keys were issued more than once";
+  size_t foreign = 0, unknown = 0;
+  for (const auto& [key, id] : o.sampled) {
+    auto it = o.key_to_id.find(key);
+    if (it == o.key_to_id.end()) {
+      ++unknown;
+    } else if (it->second != id) {
+      ++foreign;
+    }
+  }
+  EXPECT_EQ(unknown, 0u) << "sampled keys that were never issued";
+  EXPECT_EQ(foreign, 0u) << "sampled keys that returned another item's payload";
+  EXPECT_EQ(o.sampled.size(), o.draws);
+
+  // The counters add up exactly.
+  const uint64_t final_evicted = store.RemoveToFit();
+  StoreStats st = store.Stats();
+  EXPECT_EQ(st.inserted, o.inserted);
+  EXPECT_EQ(st.sampled, o.draws);
+  EXPECT_EQ(st.sample_calls, o.sample_calls);
+  EXPECT_EQ(st.updated, o.updated);
+  EXPECT_EQ(st.stale_updates, o.update_keys - o.updated);
+  EXPECT_GT(st.stale_updates, 0u) << "the updater should have met stale keys";
+  EXPECT_EQ(st.erased, o.erased);
+  EXPECT_EQ(st.evicted, o.evicted + final_evicted);
+  EXPECT_EQ(st.remove_to_fit_calls, o.remove_to_fit_calls + 1);
+  EXPECT_EQ(st.size, st.inserted - st.evicted - st.erased);
+  EXPECT_EQ(store.Size(), st.size);
+  EXPECT_LE(st.size, kCapacity);
+  EXPECT_GT(st.evicted, o.inserted / 2) << "eviction should have run all along";
+  ASSERT_NO_THROW(store.Validate());
+
+  // Quiet now: a last round of samples must still map keys to their own items.
+  std::vector<std::pair<Key, uint64_t>> last;
+  Failures quiet;
+  SampleResult r;
+  for (int i = 0; i < 20; ++i) {
+    store.Sample(64, 0.4, &r);
+    CheckSample(r, 64, &last, &quiet);
+  }
+  EXPECT_EQ(quiet.count(), 0u) << quiet.Describe();
+  for (const auto& [key, id] : last) {
+    auto it = o.key_to_id.find(key);
+    ASSERT_NE(it, o.key_to_id.end());
+    EXPECT_EQ(it->second, id);
+  }
+
+  // Erasing every key ever issued removes exactly the live items and empties the store.
+  std::vector<Key> all;
+  all.reserve(o.key_to_id.size());
+  for (const auto& kv : o.key_to_id) all.push_back(kv.first);
+  const size_t live = store.Size();
+  EXPECT_EQ(store.Erase(all.data(), all.size()), live);
+  st = store.Stats();
+  EXPECT_EQ(st.size, 0u);
+  EXPECT_EQ(st.bytes_held, 0u);
+  EXPECT_EQ(store.TotalMass(), 0.0);
+  ASSERT_NO_THROW(store.Validate());
+
+  // The snapshot taken mid-run is a consistent store whose keys still map to their own items.
+  ASSERT_TRUE(o.snapshot_saved);
+  std::unique_ptr<ShardedStore> loaded = ShardedStore::Load(snapshot);
+  ASSERT_NO_THROW(loaded->Validate());
+  EXPECT_GT(loaded->Size(), 0u);
+  last.clear();
+  for (int i = 0; i < 20; ++i) {
+    loaded->Sample(64, 0.4, &r);
+    CheckSample(r, 64, &last, &quiet);
+  }
+  EXPECT_EQ(quiet.count(), 0u) << quiet.Describe();
+  for (const auto& [key, id] : last) {
+    auto it = o.key_to_id.find(key);
+    ASSERT_NE(it, o.key_to_id.end());
+    EXPECT_EQ(it->second, id);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Eviction, StoreStressTest,
+                         ::testing::Values(EvictionKind::kFifo, EvictionKind::kPrioritized),
+                         [](const ::testing::TestParamInfo<EvictionKind>& param_info) {
+                           return param_info.param == EvictionKind::kFifo ? std::string("Fifo")
+                                                                     : std::string("Prioritized");
+                         });
+
+}  // namespace
+}  // namespace apexrl
