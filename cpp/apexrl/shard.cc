@@ -313,6 +313,8 @@ void Shard::Validate() const {
     if (refs_[s].live_pos != kNotLive) {
       ++live;
       if (refs_[s].live_pos >= live_.size() || live_[refs_[s].live_pos] != s) fail("live list broken");
+      if (r.data == nullptr) fail("live slot without a payload");
+      if (r.generation >= kGenerationLimit) fail("live slot with a retired generation");
       bytes += r.size;
       if (tree_.Get(s) != PriorityMass(refs_[s].priority, alpha_)) fail("tree leaf differs from priority^alpha");
       if (seq_[s] > max_seq_) fail("insertion number above the shard's maximum");

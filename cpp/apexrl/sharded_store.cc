@@ -272,7 +272,12 @@ size_t ShardedStore::RemoveOldest(size_t excess) {
   std::nth_element(seqs.begin(), seqs.begin() + static_cast<std::ptrdiff_t>(k - 1), seqs.end());
   const uint64_t cutoff = seqs[k - 1];  // the k oldest items store-wide have insertion numbers <= cutoff
   size_t removed = 0;
-  for (const auto& shard : shards_) removed += shard->EvictUpToSeq(cutoff, k - removed);
+  for (const auto& shard : shards_) {
+    // Erases running meanwhile shrink the excess: never evict below capacity because of them.
+    const size_t limit = std::min(k - removed, Excess());
+    if (limit == 0) break;
+    removed += shard->EvictUpToSeq(cutoff, limit);
+  }
   return removed;
 }
 
@@ -312,7 +317,9 @@ size_t ShardedStore::RemoveDrawn(size_t excess, Rng& rng) {
   }
   size_t removed = 0;
   for (size_t s = 0; s < num_shards; ++s) {
-    const size_t k = std::min(counts[s], sizes[s]);  // a shard asked for more than it holds: next round
+    // A shard asked for more than it holds gives the rest in the next round; concurrent erases shrink the
+    // excess, and eviction never goes below capacity because of them.
+    const size_t k = std::min({counts[s], sizes[s], Excess()});
     if (k > 0) removed += shards_[s]->EvictDrawn(k, rng);
   }
   return removed;
@@ -323,14 +330,18 @@ size_t ShardedStore::RemoveToFit() {
   Rng rng(config_.seed ^ kEvictionStream, eviction_calls_.fetch_add(1, std::memory_order_relaxed));
   size_t removed = 0;
   for (;;) {
-    const size_t size = Size();
-    if (size <= config_.capacity) break;
-    const size_t excess = size - config_.capacity;
+    const size_t excess = Excess();
+    if (excess == 0) break;
     const size_t r = config_.eviction == EvictionKind::kFifo ? RemoveOldest(excess) : RemoveDrawn(excess, rng);
     if (r == 0) break;
     removed += r;
   }
   return removed;
+}
+
+size_t ShardedStore::Excess() const {
+  const size_t size = Size();
+  return size > config_.capacity ? size - config_.capacity : 0;
 }
 
 size_t ShardedStore::Size() const {

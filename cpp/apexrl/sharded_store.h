@@ -101,6 +101,7 @@ class ShardedStore {
   void ComputeMasses(const double* priorities, size_t n, double* masses) const;
   // Groups key indices by shard (counting sort); keys naming a shard that does not exist go last.
   void GroupByShard(const Key* keys, size_t n, std::vector<uint32_t>* order, std::vector<size_t>* starts) const;
+  size_t Excess() const;  // items above capacity now
   size_t RemoveOldest(size_t excess);
   size_t RemoveDrawn(size_t excess, Rng& rng);
 
