@@ -27,7 +27,7 @@ Shard::Shard(uint32_t index, double alpha, EvictionKind eviction, double alpha_e
     prioritized_ = std::make_unique<PrioritizedPolicy>(alpha_evict);
     policy_ = prioritized_.get();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   EnsureSlots(std::min<size_t>(target_slots_, 1024));
 }
 
@@ -84,7 +84,7 @@ void Shard::Remove(Slot slot) {
   bytes_held_ -= r.size;
   r.data = nullptr;
   r.size = 0;
-  tree_.Set(slot, 0.0);
+  removed_.push_back(slot);  // its leaf is zeroed by FinishRemovals(), in one batch
   policy_->OnErase(slot);
   const uint32_t pos = refs_[slot].live_pos;
   const Slot last = live_.back();
@@ -93,6 +93,12 @@ void Shard::Remove(Slot slot) {
   live_.pop_back();
   refs_[slot].live_pos = kNotLive;
   if (++r.generation < kGenerationLimit) free_.push_back(slot);  // else retired: its keys must stay stale
+}
+
+void Shard::FinishRemovals() {
+  zeros_.assign(removed_.size(), 0.0);
+  tree_.SetBatch(removed_.data(), zeros_.data(), removed_.size());
+  removed_.clear();
 }
 
 void Shard::Publish() {
@@ -105,7 +111,7 @@ void Shard::Publish() {
 
 bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys,
                    bool block) {
-  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  std::unique_lock<SpinMutex> lock(mu_, std::defer_lock);
   if (block) {
     lock.lock();
   } else if (!lock.try_lock()) {
@@ -190,7 +196,7 @@ bool Shard::Sample(const double* fractions, size_t k, double share, const Sample
   thread_local std::vector<Slot> slots;
   masses.resize(k);
   slots.resize(k);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   // The total may have moved since the caller read it; scaling the fractions by the current total keeps
   // every draw inside this shard.
   const double total = tree_.Total();
@@ -204,7 +210,7 @@ bool Shard::Sample(const double* fractions, size_t k, double share, const Sample
 bool Shard::SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first) {
   thread_local std::vector<Slot> slots;
   slots.resize(k);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   if (live_.empty()) return false;
   for (size_t i = 0; i < k; ++i) slots[i] = live_[rng.Below(live_.size())];
   // CopyOut reports mass * share / total; with "mass" 1 per item this is share / size, the uniform P.
@@ -214,7 +220,7 @@ bool Shard::SampleUniform(size_t k, Rng& rng, double share, const SampleSink& si
 }
 
 size_t Shard::Update(const Key* keys, const double* priorities, const double* masses, size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   scratch_slots_.clear();
   scratch_values_.clear();
   for (size_t i = 0; i < n; ++i) {  // random slots: request them all before touching any
@@ -241,7 +247,7 @@ size_t Shard::Update(const Key* keys, const double* priorities, const double* ma
 }
 
 size_t Shard::Erase(const Key* keys, size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   size_t erased = 0;
   for (size_t i = 0; i < n; ++i) {
     const KeyParts kp = SplitKey(keys[i]);
@@ -249,60 +255,71 @@ size_t Shard::Erase(const Key* keys, size_t n) {
     Remove(kp.slot);
     ++erased;
   }
+  FinishRemovals();
   counters_.erased += erased;
   Publish();
   return erased;
 }
 
 void Shard::OldestSeqs(size_t k, std::vector<uint64_t>* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   fifo_->OldestSeqs(k, out);
 }
 
 size_t Shard::EvictUpToSeq(uint64_t max_seq, size_t limit) {
-  std::lock_guard<std::mutex> lock(mu_);
   size_t evicted = 0;
-  for (Slot s = fifo_->oldest(); evicted < limit && s != kNoSlot && fifo_->seq(s) <= max_seq;
-       s = fifo_->oldest()) {
-    Remove(s);
-    ++evicted;
+  for (;;) {  // in chunks, releasing the lock between them so samplers and inserters get in
+    std::lock_guard<SpinMutex> lock(mu_);
+    size_t chunk = 0;
+    for (Slot s = fifo_->oldest(); evicted < limit && chunk < kEvictChunk && s != kNoSlot &&
+                                   fifo_->seq(s) <= max_seq;
+         s = fifo_->oldest()) {
+      Remove(s);
+      ++evicted;
+      ++chunk;
+    }
+    FinishRemovals();
+    counters_.evicted += chunk;
+    Publish();
+    if (chunk < kEvictChunk) return evicted;
   }
-  counters_.evicted += evicted;
-  Publish();
-  return evicted;
 }
 
 void Shard::EvictionMass(double* mass, size_t* urgent) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   *mass = prioritized_->mass();
   *urgent = prioritized_->urgent();
 }
 
 size_t Shard::EvictDrawn(size_t k, Rng& rng) {
-  std::lock_guard<std::mutex> lock(mu_);
   size_t evicted = 0;
-  for (; evicted < k && !live_.empty(); ++evicted) {
-    Slot victim = policy_->Victim(rng);
-    if (victim == kNoSlot) victim = live_[rng.Below(live_.size())];
-    Remove(victim);
+  for (;;) {  // in chunks, as EvictUpToSeq
+    std::lock_guard<SpinMutex> lock(mu_);
+    size_t chunk = 0;
+    for (; evicted < k && chunk < kEvictChunk && !live_.empty(); ++evicted, ++chunk) {
+      Slot victim = policy_->Victim(rng);
+      if (victim == kNoSlot) victim = live_[rng.Below(live_.size())];
+      Remove(victim);
+    }
+    FinishRemovals();
+    counters_.evicted += chunk;
+    Publish();
+    if (chunk < kEvictChunk) return evicted;
   }
-  counters_.evicted += evicted;
-  Publish();
-  return evicted;
 }
 
 ShardCounters Shard::counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   return counters_;
 }
 
 uint64_t Shard::max_seq() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   return max_seq_;
 }
 
 void Shard::Validate() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   auto fail = [this](const std::string& what) {
     throw std::logic_error("shard " + std::to_string(index_) + ": " + what);
   };
@@ -342,7 +359,7 @@ void Shard::Validate() const {
 //   | u64 num_live | num_live x (u32 slot, u64 seq, f64 priority, u32 size, size bytes), oldest first
 //   | u64 x 6 counters | u64 max_seq
 void Shard::Write(SnapshotWriter& out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   out.Put<uint32_t>(index_);
   out.Put<uint64_t>(num_slots_);
   for (size_t s = 0; s < num_slots_; ++s) out.Put<uint32_t>(refs_[s].generation);
@@ -366,7 +383,7 @@ void Shard::Write(SnapshotWriter& out) const {
 }
 
 void Shard::Read(SnapshotReader& in) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinMutex> lock(mu_);
   if (in.Get<uint32_t>() != index_) in.Fail("shard index out of sequence");
   const uint64_t num_slots = in.Get<uint64_t>();
   if (num_slots > kMaxSlotsPerShard || num_slots * sizeof(uint32_t) > in.remaining()) {

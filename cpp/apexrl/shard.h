@@ -17,6 +17,7 @@
 #include "apexrl/eviction/prioritized.h"
 #include "apexrl/payload_arena.h"
 #include "apexrl/random.h"
+#include "apexrl/spin_mutex.h"
 #include "apexrl/sum_tree.h"
 #include "apexrl/thread_annotations.h"
 
@@ -64,6 +65,8 @@ struct ShardCounters {
 class Shard {
  public:
   static constexpr uint32_t kNotLive = 0xFFFFFFFFu;
+  // Evictions hold the lock for at most this many removals at a time.
+  static constexpr size_t kEvictChunk = 256;
 
   // `target_slots`: the slots this shard expects to need at the store's capacity. Arrays double up to it and
   // then grow by a quarter, so a store at its soft capacity does not carry 2x slack of per-slot metadata.
@@ -131,8 +134,10 @@ class Shard {
   bool Live(Slot slot, uint32_t generation) const REQUIRES(mu_);
   void EnsureSlots(size_t extra) REQUIRES(mu_);
   Slot TakeSlot() REQUIRES(mu_);
-  // Unlinks a live slot everywhere, bumps its generation, and returns its bytes to the arena.
+  // Unlinks a live slot everywhere, bumps its generation, and returns its bytes to the arena. Its tree leaf
+  // is zeroed by the FinishRemovals() the caller must make before releasing the lock.
   void Remove(Slot slot) REQUIRES(mu_);
+  void FinishRemovals() REQUIRES(mu_);
   void CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink,
                size_t first) REQUIRES(mu_);
   void Publish() REQUIRES(mu_);
@@ -140,7 +145,7 @@ class Shard {
   const uint32_t index_;
   const double alpha_;
   const size_t target_slots_;
-  mutable std::mutex mu_;
+  mutable SpinMutex mu_;
 
   AlignedVector<SlotRef> refs_ GUARDED_BY(mu_);
   std::vector<uint64_t> seq_ GUARDED_BY(mu_);
@@ -156,6 +161,8 @@ class Shard {
   uint64_t max_seq_ GUARDED_BY(mu_) = 0;
   uint64_t bytes_held_ GUARDED_BY(mu_) = 0;
   std::vector<Slot> scratch_slots_ GUARDED_BY(mu_);
+  std::vector<Slot> removed_ GUARDED_BY(mu_);
+  std::vector<double> zeros_ GUARDED_BY(mu_);
   std::vector<double> scratch_values_ GUARDED_BY(mu_);
 
   std::atomic<size_t> size_{0};
