@@ -25,7 +25,10 @@ inline double BlockSum(const double* b) {
 
 inline double BlockMinPositive(const double* b) {
   double m = kInf;
-  for (size_t i = 0; i < kF; ++i) m = (b[i] > 0.0 && b[i] < m) ? b[i] : m;
+  for (size_t i = 0; i < kF; ++i) {
+    const double v = b[i] > 0.0 ? b[i] : kInf;  // branch-free: compiles to a compare-select and a min
+    m = v < m ? v : m;
+  }
   return m;
 }
 
@@ -113,12 +116,13 @@ void SumMinTree::SetBatch(const uint32_t* idx, const double* values, size_t n) {
   // the min blocks: a random update changes its block's minimum about once in eight).
   auto& dirty = scratch_;
   auto& next = scratch2_;
+  // Sorted once here: the parents of a sorted list come out sorted, so each level only merges neighbours.
   dirty.resize(n);
   for (size_t i = 0; i < n; ++i) dirty[i] = (static_cast<uint64_t>(idx[i]) << 1) | 1u;
+  std::sort(dirty.begin(), dirty.end());
   for (size_t l = 1; l < num_levels(); ++l) {
     next.clear();
     for (uint64_t d : dirty) next.push_back((((d >> 1) / kF) << 1) | (d & 1u));
-    std::sort(next.begin(), next.end());
     size_t m = 0;  // merge entries of one node, OR-ing their flags
     for (size_t i = 0; i < next.size(); ++i) {
       if (m > 0 && (next[m - 1] >> 1) == (next[i] >> 1)) {
@@ -139,6 +143,8 @@ void SumMinTree::SetBatch(const uint32_t* idx, const double* values, size_t n) {
         __builtin_prefetch(&child_mins[node * kF]);
         __builtin_prefetch(&child_mins[node * kF + 8]);
       }
+      __builtin_prefetch(&sums_[l][node], 1);  // the node itself is written (and its min compared) below
+      __builtin_prefetch(&mins_[l][node], 1);
     }
     for (uint64_t& d : next) {
       const size_t node = static_cast<size_t>(d >> 1);
