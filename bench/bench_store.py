@@ -63,16 +63,36 @@ def rate(fn: Callable[[], int], seconds: float, repeats: int = 3) -> float:
 
 
 class Adapter:
-    """The operations the bench times, for one library."""
+    """The operations the bench times, for one library. Subclasses fill the store, insert, sample (keeping the
+    sampled keys in `self.keys`) and write priorities for given keys (`_update`); `fill` also keeps
+    UPDATE_SETS sampled key sets in `self.key_sets`."""
 
     name = ""
+    keys = None
+    key_sets: list = []
+    new_priorities = None
 
     def fill(self, n: int) -> None: ...
     def insert(self) -> int: ...
     def sample(self) -> int: ...
-    def update(self) -> int: ...
-    def update_spread(self) -> int: ...
-    def learner_step(self) -> int: ...
+    def _update(self, keys) -> None: ...
+
+    def update(self) -> int:
+        """Priorities for the keys of the latest sample (what the learner does)."""
+        self._update(self.keys)
+        return SAMPLE_BATCH
+
+    def update_spread(self) -> int:
+        """Priorities for the next of many sampled key sets, so the same 512 slots are not timed hot."""
+        self.cursor_u = (getattr(self, "cursor_u", 0) + 1) % UPDATE_SETS
+        self._update(self.key_sets[self.cursor_u])
+        return SAMPLE_BATCH
+
+    def learner_step(self) -> int:
+        self.insert()
+        self.sample()
+        self.update()
+        return 1
 
 
 class ApexrlAdapter(Adapter):
@@ -116,20 +136,8 @@ class ApexrlAdapter(Adapter):
         self.keys = batch.keys
         return len(batch.data) and SAMPLE_BATCH
 
-    def update(self) -> int:
-        self.store.update_priorities(self.keys, self.new_priorities)
-        return SAMPLE_BATCH
-
-    def update_spread(self) -> int:
-        self.cursor_u = (getattr(self, "cursor_u", 0) + 1) % UPDATE_SETS
-        self.store.update_priorities(self.key_sets[self.cursor_u], self.new_priorities)
-        return SAMPLE_BATCH
-
-    def learner_step(self) -> int:
-        self.insert()
-        self.sample()
-        self.update()
-        return 1
+    def _update(self, keys) -> None:
+        self.store.update_priorities(keys, self.new_priorities)
 
 
 class CpprbAdapter(Adapter):
@@ -156,13 +164,12 @@ class CpprbAdapter(Adapter):
             "next_obs": rng.random((INSERT_BATCH, OBS), dtype=np.float32),
         }
         self.priorities = rng.random(INSERT_BATCH) + 1e-3
-        self.indexes = None
 
     def fill(self, n: int) -> None:
         for _ in range(n // INSERT_BATCH):
             self.rb.add(**self.batch, priorities=self.priorities)
-        self.index_sets = [self.rb.sample(SAMPLE_BATCH, beta=BETA)["indexes"].copy() for _ in range(UPDATE_SETS)]
-        self.indexes = self.index_sets[0]
+        self.key_sets = [self.rb.sample(SAMPLE_BATCH, beta=BETA)["indexes"].copy() for _ in range(UPDATE_SETS)]
+        self.keys = self.key_sets[0]
         self.new_priorities = self.rng.random(SAMPLE_BATCH) + 1e-3
 
     def insert(self) -> int:
@@ -171,23 +178,11 @@ class CpprbAdapter(Adapter):
 
     def sample(self) -> int:
         s = self.rb.sample(SAMPLE_BATCH, beta=BETA)
-        self.indexes = s["indexes"]
+        self.keys = s["indexes"]
         return SAMPLE_BATCH
 
-    def update(self) -> int:
-        self.rb.update_priorities(self.indexes, self.new_priorities)
-        return SAMPLE_BATCH
-
-    def update_spread(self) -> int:
-        self.cursor_u = (getattr(self, "cursor_u", 0) + 1) % UPDATE_SETS
-        self.rb.update_priorities(self.index_sets[self.cursor_u], self.new_priorities)
-        return SAMPLE_BATCH
-
-    def learner_step(self) -> int:
-        self.insert()
-        self.sample()
-        self.update()
-        return 1
+    def _update(self, keys) -> None:
+        self.rb.update_priorities(keys, self.new_priorities)
 
 
 class TorchRLAdapter(Adapter):
@@ -214,15 +209,14 @@ class TorchRLAdapter(Adapter):
             batch_size=[INSERT_BATCH],
         )
         self.priorities = torch.rand(INSERT_BATCH) + 1e-3
-        self.index = None
 
     def fill(self, n: int) -> None:
         for _ in range(n // INSERT_BATCH):
             self.insert()
-        self.index_sets = []
+        self.key_sets = []
         for _ in range(UPDATE_SETS):
             self.sample()
-            self.index_sets.append(self.index)
+            self.key_sets.append(self.keys)
         self.new_priorities = self.torch.rand(SAMPLE_BATCH) + 1e-3
 
     def insert(self) -> int:
@@ -232,23 +226,11 @@ class TorchRLAdapter(Adapter):
 
     def sample(self) -> int:
         _, info = self.rb.sample(return_info=True)
-        self.index = info["index"]
+        self.keys = info["index"]
         return SAMPLE_BATCH
 
-    def update(self) -> int:
-        self.rb.update_priority(self.index, self.new_priorities)
-        return SAMPLE_BATCH
-
-    def update_spread(self) -> int:
-        self.cursor_u = (getattr(self, "cursor_u", 0) + 1) % UPDATE_SETS
-        self.rb.update_priority(self.index_sets[self.cursor_u], self.new_priorities)
-        return SAMPLE_BATCH
-
-    def learner_step(self) -> int:
-        self.insert()
-        self.sample()
-        self.update()
-        return 1
+    def _update(self, keys) -> None:
+        self.rb.update_priority(keys, self.new_priorities)
 
 
 ADAPTERS = {"apexrl": ApexrlAdapter, "cpprb": CpprbAdapter, "torchrl": TorchRLAdapter}

@@ -21,6 +21,7 @@
 #include "apexrl/common.h"
 #include "apexrl/random.h"
 #include "apexrl/snapshot_io.h"
+#include "temp_dir.h"
 
 namespace apexrl {
 namespace {
@@ -552,18 +553,9 @@ TEST(ShardTest, ValidatePassesAfterEveryOperationOfARandomWorkload) {
 // A scratch directory removed at the end of the test.
 class ShardFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "apexrl_shard_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string Path(const std::string& name) const { return dir_.Path(name); }
 
-  std::string dir_;
+  testing_util::TempDir dir_{"apexrl_shard_test"};
 };
 
 TEST_F(ShardFileTest, WriteThenReadRestoresItemsKeysAndCounters) {

@@ -24,6 +24,7 @@
 #include "apexrl/common.h"
 #include "apexrl/crc32c.h"
 #include "apexrl/errors.h"
+#include "temp_dir.h"
 
 namespace apexrl {
 namespace {
@@ -732,42 +733,10 @@ TEST(ShardedStoreTest, BadConfigurationIsRejected) {
 
 class SnapshotTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "apexrl_store_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
-  std::set<std::string> Files() const {
-    std::set<std::string> names;
-    for (const auto& e : std::filesystem::directory_iterator(dir_)) names.insert(e.path().filename().string());
-    return names;
-  }
-  static std::string ReadAll(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  static void WriteAll(const std::string& path, const std::string& bytes) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
-  // "" if loading `path` throws SnapshotError, else what happened instead.
-  static std::string LoadOutcome(const std::string& path) {
-    try {
-      std::unique_ptr<ShardedStore> s = ShardedStore::Load(path);
-      return "loaded without error";
-    } catch (const SnapshotError&) {
-      return "";
-    } catch (const std::exception& e) {
-      return std::string("threw something other than SnapshotError: ") + e.what();
-    }
-  }
+  std::string Path(const std::string& name) const { return dir_.Path(name); }
+  std::set<std::string> Files() const { return dir_.Files(); }
 
-  std::string dir_;
+  testing_util::TempDir dir_{"apexrl_store_test"};
 };
 
 TEST_F(SnapshotTest, SaveLoadRoundTripKeepsItemsPrioritiesKeysOrderAndCounters) {

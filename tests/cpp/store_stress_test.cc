@@ -33,6 +33,7 @@
 #include "apexrl/errors.h"
 #include "apexrl/random.h"
 #include "apexrl/sharded_store.h"
+#include "temp_dir.h"
 
 namespace apexrl {
 namespace {
@@ -347,16 +348,7 @@ void RunStress(ShardedStore& store, const std::string& snapshot_path, Failures* 
 
 class StoreStressTest : public ::testing::TestWithParam<EvictionKind> {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "apexrl_stress_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  std::string dir_;
+  testing_util::TempDir dir_{"apexrl_stress"};
 };
 
 TEST_P(StoreStressTest, ConcurrentInsertSampleUpdateEvictEraseKeepKeysBoundToTheirItems) {
@@ -368,7 +360,7 @@ TEST_P(StoreStressTest, ConcurrentInsertSampleUpdateEvictEraseKeepKeysBoundToThe
   cfg.alpha_evict = -0.4;
   cfg.seed = 2024;
   ShardedStore store(cfg);
-  const std::string snapshot = dir_ + "/mid_run.snap";
+  const std::string snapshot = dir_.Path("mid_run.snap");
   Failures failures;
   StressOutcome o;
   const auto start = std::chrono::steady_clock::now();
