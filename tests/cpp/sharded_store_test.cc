@@ -735,6 +735,25 @@ class SnapshotTest : public ::testing::Test {
  protected:
   std::string Path(const std::string& name) const { return dir_.Path(name); }
   std::set<std::string> Files() const { return dir_.Files(); }
+  static std::string ReadAll(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  static void WriteAll(const std::string& path, const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  // "" if loading `path` throws SnapshotError, else what happened instead.
+  static std::string LoadOutcome(const std::string& path) {
+    try {
+      std::unique_ptr<ShardedStore> s = ShardedStore::Load(path);
+      return "loaded without error";
+    } catch (const SnapshotError&) {
+      return "";
+    } catch (const std::exception& e) {
+      return std::string("threw something other than SnapshotError: ") + e.what();
+    }
+  }
 
   testing_util::TempDir dir_{"apexrl_store_test"};
 };
