@@ -1,11 +1,13 @@
 """In-process throughput of the replay store against cpprb and TorchRL, on DPG-humanoid-shaped items.
 
-Each library runs in a fresh subprocess (clean resident-memory figures, no shared allocator state), one after
-the other in the same invocation, so the ratios printed at the end compare runs taken minutes apart on the
-same machine. Run from the repository root after `pip install -e .[bench]`:
+Each library fills its store in a process of its own (clean resident-memory figures, no shared allocator
+state); then the timing windows alternate between the libraries (A B A B ...), so load from elsewhere on a
+shared machine hits all of them alike, and each figure is the median of its windows. Run from the repository
+root after `pip install '.[bench]'`:
 
     python bench/bench_store.py                      # 2M items, all libraries, markdown table
     python bench/bench_store.py --items 200000 --seconds 1 --only apexrl    # quick look
+    python bench/bench_store.py --baseline /path/to/old-venv/bin/python      # before/after a change
 
 Operations (DESIGN.md section 6; issue "Native prioritized store"):
   insert      batches of 50 items into a store already holding --items items
@@ -46,20 +48,16 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def rate(fn: Callable[[], int], seconds: float, repeats: int = 3) -> float:
-    """Median over `repeats` windows of (units fn returned) / second."""
-    results = []
-    for _ in range(repeats):
-        done = 0
-        start = time.perf_counter()
-        deadline = start + seconds / repeats
-        while True:
-            done += fn()
-            now = time.perf_counter()
-            if now >= deadline:
-                break
-        results.append(done / (now - start))
-    return statistics.median(results)
+def rate(fn: Callable[[], int], seconds: float) -> float:
+    """Units fn returned per second, calling it for `seconds`."""
+    done = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while True:
+        done += fn()
+        now = time.perf_counter()
+        if now >= deadline:
+            return done / (now - start)
 
 
 class Adapter:
@@ -262,7 +260,21 @@ def two_threads(adapter: Adapter, seconds: float) -> tuple[float, float]:
     return counts["insert"] / elapsed, counts["sample"] / elapsed
 
 
-def run_worker(name: str, items: int, seconds: float, seed: int) -> dict:
+OPS = {  # operation -> adapter method; "sample_update" is the 2-thread sampler's loop, timed alone
+    "sample": "sample",
+    "update": "update_spread",
+    "insert": "insert",
+    "learner": "learner_step",
+    "sample_update": "sample_and_update",
+}
+
+
+def reply(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def worker(name: str, items: int, seed: int) -> None:
+    """Fills one library's store, reports memory, then times whatever the parent asks for on stdin."""
     gc.collect()
     rss0 = rss_bytes()
     adapter = ADAPTERS[name](items, seed)
@@ -270,55 +282,99 @@ def run_worker(name: str, items: int, seconds: float, seed: int) -> dict:
     adapter.fill(items)
     fill_s = time.perf_counter() - t0
     rss1 = rss_bytes()
-    result = {
-        "library": name,
-        "items": items,
-        "fill_s": fill_s,
-        "memory_ratio": (rss1 - rss0) / (items * ITEM_BYTES),
-        "rss_mb": rss1 / 2**20,
-    }
-    result["sample"] = rate(adapter.sample, seconds)
-    result["update"] = rate(adapter.update_spread, seconds)
-    result["insert"] = rate(adapter.insert, seconds)
-    result["learner"] = rate(adapter.learner_step, seconds)
-    # 'sample' in two_threads is the sampler loop (sample + update); compare it with the same loop alone.
-    result["sample_update_alone"] = rate(lambda: adapter.sample() + 0 * adapter.update(), seconds)
-    result["mt_insert"], result["mt_sample"] = two_threads(adapter, seconds)
-    result["mt_insert_kept"] = result["mt_insert"] / result["insert"]
-    result["mt_sample_kept"] = result["mt_sample"] / result["sample_update_alone"]
-    return result
+    reply({"fill_s": fill_s, "memory_ratio": (rss1 - rss0) / (items * ITEM_BYTES), "rss_mb": rss1 / 2**20})
+    adapter.sample_and_update = lambda: adapter.sample() + 0 * adapter.update()
+    for line in sys.stdin:
+        op, seconds = line.split()
+        if op == "two_threads":
+            inserted, sampled = two_threads(adapter, float(seconds))
+            reply({"mt_insert": inserted, "mt_sample": sampled})
+        else:
+            reply({"rate": rate(getattr(adapter, OPS[op]), float(seconds))})
+
+
+class Worker:
+    """A running `--worker` process for one library."""
+
+    def __init__(self, name: str, args: argparse.Namespace, python: str = sys.executable, label: str = ""):
+        self.name = label or name
+        cmd = [python, __file__, "--worker", name, "--items", str(args.items), "--seed", str(args.seed)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+
+    def read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            last = (self.proc.stderr.read().strip().splitlines() or ["(no output)"])[-1]
+            raise RuntimeError(last)
+        return json.loads(line)
+
+    def ask(self, op: str, seconds: float) -> dict:
+        self.proc.stdin.write(f"{op} {seconds}\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=2_000_000, help="items in the store (default 2M)")
-    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per operation (default 3)")
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="measuring time per operation and library, split into --windows windows (default 3)")
+    parser.add_argument("--windows", type=int, default=5, help="alternating timing windows per operation (default 5)")
     parser.add_argument("--only", choices=sorted(ADAPTERS), action="append", help="run only these libraries")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
+    parser.add_argument("--baseline", metavar="PYTHON",
+                        help="also time the apexrl installed for this interpreter (e.g. an older build in another "
+                             "virtualenv), in the same alternating windows: before/after figures from one run")
     parser.add_argument("--worker", choices=sorted(ADAPTERS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.items < 10 * SAMPLE_BATCH:
         parser.error(f"--items must be at least {10 * SAMPLE_BATCH}")
+    if args.seconds <= 0 or args.windows < 1:
+        parser.error("--seconds must be > 0 and --windows >= 1")
 
     if args.worker:
-        print(json.dumps(run_worker(args.worker, args.items, args.seconds, args.seed)))
+        worker(args.worker, args.items, args.seed)
         return
 
-    results = []
-    for name in args.only or ["apexrl", "cpprb", "torchrl"]:
-        cmd = [sys.executable, __file__, "--worker", name, "--items", str(args.items),
-               "--seconds", str(args.seconds), "--seed", str(args.seed)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            print(f"# {name}: skipped -- {last}", file=sys.stderr)
-            continue
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        print(f"# {name}: done", file=sys.stderr)
+    # Every library fills its store in its own process (clean resident-memory figures); then the timing
+    # windows alternate between libraries (A B A B ...), so load from elsewhere on a shared machine hits all
+    # of them alike and the ratios stay meaningful.
+    workers, results = [], {}
+    planned = [Worker(name, args) for name in args.only or ["apexrl", "cpprb", "torchrl"]]
+    if args.baseline:
+        planned.insert(1, Worker("apexrl", args, python=args.baseline, label="apexrl-baseline"))
+    for w in planned:  # they fill at the same time; each reports when its store is full
+        try:
+            results[w.name] = {"library": w.name, "items": args.items, **w.read()}
+            workers.append(w)
+            print(f"# {w.name}: filled in {results[w.name]['fill_s']:.1f} s", file=sys.stderr)
+        except RuntimeError as e:
+            print(f"# {w.name}: skipped -- {e}", file=sys.stderr)
+    window = args.seconds / args.windows
+    for op in OPS:
+        rates: dict[str, list[float]] = {w.name: [] for w in workers}
+        for rep in range(args.windows):
+            for w in workers if rep % 2 == 0 else reversed(workers):
+                rates[w.name].append(w.ask(op, window)["rate"])
+        for name, values in rates.items():
+            results[name][op] = statistics.median(values)
+    for w in workers:
+        results[w.name].update(w.ask("two_threads", args.seconds))
+        w.close()
+    results = list(results.values())
+    for r in results:
+        r["mt_insert_kept"] = r["mt_insert"] / r["insert"]
+        r["mt_sample_kept"] = r["mt_sample"] / r["sample_update"]
 
     print(f"\n{args.items:,} items of {ITEM_BYTES} B, alpha {ALPHA}, beta {BETA}; rates in items/s "
-          f"(learner: steps/s); median of 3 windows over {args.seconds:g} s\n")
+          f"(learner: steps/s); median of {args.windows} alternating windows, {args.seconds:g} s per op and library\n")
     cols = [("insert", "insert 50"), ("sample", "sample 512"), ("update", "update 512"),
             ("learner", "learner step"), ("mt_insert_kept", "2 thr: insert kept"),
             ("mt_sample_kept", "2 thr: sample kept"), ("memory_ratio", "RSS / raw bytes")]
