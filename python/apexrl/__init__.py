@@ -13,5 +13,14 @@ from __future__ import annotations
 
 from apexrl._core import PrioritizedStore, SampleBatch, SnapshotError
 
-__all__ = ["PrioritizedStore", "SampleBatch", "SnapshotError", "__version__"]
+__all__ = ["PrioritizedStore", "ReplayClient", "SampleBatch", "SnapshotError", "__version__"]
+
+
+def __getattr__(name: str):
+    # The client pulls in pyzmq; import it on first use so `import apexrl` stays light.
+    if name == "ReplayClient":
+        from apexrl.client import ReplayClient
+
+        return ReplayClient
+    raise AttributeError(f"module 'apexrl' has no attribute {name!r}")
 __version__ = "0.1.0"

@@ -1,0 +1,148 @@
+"""``apexrl-replay-server``: run a replay server until SIGTERM / SIGINT (then snapshot and exit 0).
+
+Also runnable as ``python -m apexrl.cli.server``. Prints ``apexrl-replay-server listening on ENDPOINT`` on
+stdout (flushed) once it accepts requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+PROG = "apexrl-replay-server"
+
+
+def _int_range(lo: int, hi: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range, must be {bound}")
+        return value
+
+    return parse
+
+
+def _float(*, positive: bool = False, nonneg: bool = False):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} must be finite")
+        if positive and value <= 0:
+            raise argparse.ArgumentTypeError(f"{value} must be > 0")
+        if nonneg and value < 0:
+            raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+        return value
+
+    return parse
+
+
+_ENDPOINT = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):(\d+)$")
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    m = _ENDPOINT.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not of the form tcp://HOST:PORT")
+    host, port = m.group(1).strip("[]"), int(m.group(2))
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range, must be in [0, 65535]")
+    if host == "*":
+        host = "0.0.0.0"
+    return host, port
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Ape-X prioritized replay server (ZeroMQ). SIGTERM/SIGINT: finish requests, snapshot, exit 0.",
+    )
+    p.add_argument("--port", type=_int_range(0, 65535), help="TCP port to listen on (0 = pick a free one)")
+    p.add_argument("--endpoint", type=_endpoint, help="tcp://HOST:PORT to listen on (instead of --bind/--port)")
+    p.add_argument("--bind", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = all)")
+    p.add_argument("--capacity", type=_int_range(1), default=1_000_000, help="soft capacity in items (>= 1)")
+    p.add_argument("--alpha", type=_float(nonneg=True), default=0.6, help="priority exponent alpha (>= 0)")
+    p.add_argument("--eviction", choices=("fifo", "prioritized"), default="fifo", help="remove_to_fit policy")
+    p.add_argument("--alpha-evict", type=_float(), default=-0.4, help="exponent of prioritized eviction")
+    p.add_argument("--shards", type=_int_range(1, 4096), default=8, help="number of lock shards of the store")
+    p.add_argument("--seed", type=_int_range(0, 2**64 - 1), default=0, help="random seed of the store")
+    p.add_argument("--min-size-to-sample", type=_int_range(0), default=1,
+                   help="SAMPLE waits (up to its timeout) until the store holds this many items")
+    p.add_argument("--snapshot", metavar="PATH", default=None,
+                   help="snapshot file: loaded at start if present, written on shutdown")
+    p.add_argument("--snapshot-every", metavar="SECONDS", type=_float(positive=True), default=None,
+                   help="also write the snapshot every SECONDS (needs --snapshot)")
+    p.add_argument("--max-message-mb", type=_float(positive=True), default=256,
+                   help="largest accepted request in MiB (bigger: TOO_LARGE reply or disconnect)")
+    p.add_argument("--workers", type=_int_range(1, 256), default=2, help="worker threads calling the store")
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="logging level (stderr)")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.endpoint is not None:
+        if args.port is not None:
+            parser.error("--endpoint and --port are mutually exclusive")
+        args.bind, args.port = args.endpoint
+    elif args.port is None:
+        parser.error("--port is required (or give --endpoint)")
+    if args.snapshot_every is not None and args.snapshot is None:
+        parser.error("--snapshot-every needs --snapshot")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from apexrl.server import ReplayServer, ServerConfig, SnapshotLoadError
+
+    config = ServerConfig(
+        bind=args.bind, port=args.port, capacity=args.capacity, alpha=args.alpha, eviction=args.eviction,
+        alpha_evict=args.alpha_evict, shards=args.shards, seed=args.seed,
+        min_size_to_sample=args.min_size_to_sample, snapshot=args.snapshot, snapshot_every=args.snapshot_every,
+        max_message_mb=args.max_message_mb, workers=args.workers,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logging.getLogger("apexrl.server").info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        server = ReplayServer(config)
+        server.start()
+    except (SnapshotLoadError, ValueError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except Exception as exc:  # zmq.ZMQError (address in use, bad bind address), ...
+        print(f"{PROG}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(f"{PROG} listening on {server.endpoint}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

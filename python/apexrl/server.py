@@ -1,0 +1,495 @@
+"""The apexrl replay server: a ZeroMQ front-end around the native :class:`~apexrl.PrioritizedStore`.
+
+Threading model
+---------------
+::
+
+    clients (DEALER) ──tcp──► ROUTER "front-end"  ┐
+                                                  │  broker thread (one poller loop)
+    worker 0..W-1 (DEALER) ◄──inproc──► ROUTER "backend"  ┘
+
+* The **broker** thread owns both ROUTER sockets. It is a least-recently-used load balancer: it reads the
+  front-end *only while at least one worker is idle* and hands each request to an idle worker, so a request
+  is never queued behind a busy worker (an INSERT never waits for a slow SAMPLE except on a shard lock
+  inside the store) and back-pressure stays in ZeroMQ's receive queue (bounded by its high-water mark)
+  instead of growing a Python list.
+* Each **worker** thread decodes with :func:`apexrl.protocol.decode_request` (which validates everything),
+  calls the thread-safe store (the heavy calls release the GIL, so several workers really run at once) and
+  sends the encoded reply back through the broker. Nothing is ever unpickled or evaluated.
+* A SAMPLE that arrives while the store holds fewer than ``min_size_to_sample`` items and carries a
+  ``timeout_ms`` is *deferred*: the worker gives it back to the broker (so the worker is free again), the
+  broker re-dispatches it as soon as the store is large enough or its deadline passes (checked every
+  ~10 ms); at the deadline it is answered TIMEOUT. ``timeout_ms == 0`` answers TIMEOUT at once.
+
+Size caps: ``max_message_mb`` vs ZMQ_MAXMSGSIZE
+-----------------------------------------------
+``max_bytes = max_message_mb * 2**20`` is enforced twice:
+
+* ``zmq.MAXMSGSIZE = max_bytes`` on the front-end: libzmq checks it **per frame** while reading from the
+  wire, before allocating, and *disconnects* a peer that sends a bigger frame. No reply is possible (the
+  message never reaches the application); the client sees a timeout. This is what protects the server's
+  memory from a single huge frame.
+* ``decode_request(..., max_bytes)`` checks the **total** of all frames of a message: a multipart message
+  whose frames are each under the cap but whose sum is over it gets a TOO_LARGE error reply.
+
+Shutdown
+--------
+:meth:`ReplayServer.stop`: stop reading new requests (those already queued in the front-end socket are
+answered SHUTTING_DOWN, as are deferred SAMPLEs), let the requests in flight in the workers finish and
+deliver their replies, stop the workers, write the snapshot (if configured), close the sockets.
+
+Snapshots: on start, ``config.snapshot`` is loaded if the file exists (an unreadable/corrupt file raises
+:class:`SnapshotLoadError` - never silently ignored); every ``snapshot_every`` seconds a background thread
+saves it (the store writes ``PATH.tmp`` and renames it, so a crash never leaves a half-written snapshot).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+
+from apexrl import PrioritizedStore
+from apexrl import protocol as P
+from apexrl.errors import ApexRLError, ProtocolError
+
+__all__ = ["ReplayServer", "ServerConfig", "SnapshotLoadError"]
+
+log = logging.getLogger("apexrl.server")
+
+_F64 = struct.Struct("<d")
+_REQ = b"REQ"
+_STOP = b"STOP"
+_READY = b"READY"
+_REPLY = b"REPLY"
+_DEFER = b"DEFER"
+_DEFER_POLL_S = 0.01
+
+
+class SnapshotLoadError(ApexRLError):
+    """The configured snapshot file exists but cannot be loaded (corrupt, truncated, unreadable)."""
+
+
+@dataclass
+class ServerConfig:
+    """Settings of a :class:`ReplayServer` (the CLI flags of ``apexrl-replay-server`` map 1:1)."""
+
+    bind: str = "127.0.0.1"
+    port: int = 0  # 0 = ephemeral; the real one is ReplayServer.endpoint
+    capacity: int = 1_000_000
+    alpha: float = 0.6
+    eviction: str = "fifo"
+    alpha_evict: float = -0.4
+    shards: int = 8
+    seed: int = 0
+    min_size_to_sample: int = 1
+    snapshot: str | os.PathLike[str] | None = None
+    snapshot_every: float | None = None  # seconds; None = only on stop()
+    max_message_mb: float = 256
+    workers: int = 2
+
+    def validate(self) -> None:
+        if not 0 <= int(self.port) <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
+        if self.min_size_to_sample < 0:
+            raise ValueError(f"min_size_to_sample must be >= 0, got {self.min_size_to_sample}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if not (self.max_message_mb > 0 and math.isfinite(self.max_message_mb)):
+            raise ValueError(f"max_message_mb must be > 0, got {self.max_message_mb}")
+        if self.snapshot_every is not None:
+            if not (self.snapshot_every > 0 and math.isfinite(self.snapshot_every)):
+                raise ValueError(f"snapshot_every must be > 0 seconds, got {self.snapshot_every}")
+            if self.snapshot is None:
+                raise ValueError("snapshot_every needs a snapshot path")
+        if self.eviction not in ("fifo", "prioritized"):
+            raise ValueError(f"eviction must be 'fifo' or 'prioritized', got {self.eviction!r}")
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.max_message_mb * (1 << 20))
+
+
+class _Counters:
+    """Per-op request / error counters, shared by the workers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: dict[str, int] = {}
+        self._errors: dict[str, int] = {}
+        for op in P.Op:
+            self._requests[op.name.lower()] = 0
+            self._errors[op.name.lower()] = 0
+        self._requests["unknown"] = 0
+        self._errors["unknown"] = 0
+
+    @staticmethod
+    def name(op: int | None) -> str:
+        try:
+            return P.Op(op).name.lower()  # type: ignore[arg-type]
+        except ValueError:
+            return "unknown"
+
+    def count(self, op: int | None, error: bool) -> None:
+        name = self.name(op)
+        with self._lock:
+            self._requests[name] += 1
+            if error:
+                self._errors[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            out = {f"requests_{k}": v for k, v in self._requests.items()}
+            out.update({f"errors_{k}": v for k, v in self._errors.items()})
+            out["requests_total"] = sum(self._requests.values())
+            out["errors_total"] = sum(self._errors.values())
+        return out
+
+
+class ReplayServer:
+    """A replay server; ``start()`` binds and returns at once (threads serve), ``stop()`` shuts down.
+
+    Usable as a context manager. ``endpoint`` is the bound ``tcp://host:port`` (real port when port=0).
+    """
+
+    def __init__(self, config: ServerConfig):
+        config.validate()
+        self.config = config
+        self.store = self._open_store(config)
+        self.counters = _Counters()
+        self.endpoint: str | None = None
+        self._ctx: zmq.Context | None = None
+        self._frontend: zmq.Socket | None = None
+        self._backend: zmq.Socket | None = None
+        self._backend_addr = f"inproc://apexrl-workers-{id(self):x}"
+        self._threads: list[threading.Thread] = []
+        self._broker: threading.Thread | None = None
+        self._snapshotter: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._snapshot_lock = threading.Lock()
+        self._started = False
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    @staticmethod
+    def _open_store(config: ServerConfig) -> PrioritizedStore:
+        path = config.snapshot
+        if path is not None and os.path.exists(path):
+            try:
+                store = PrioritizedStore.load(path)
+            except Exception as exc:  # SnapshotError, OSError, ...
+                raise SnapshotLoadError(
+                    f"cannot load snapshot {os.fspath(path)!r}: {type(exc).__name__}: {exc} "
+                    "(move or delete the file to start with an empty store)"
+                ) from exc
+            log.info("restored %d items from snapshot %s", len(store), os.fspath(path))
+            for name in ("capacity", "alpha", "eviction", "alpha_evict", "shards"):
+                if getattr(store, name) != getattr(config, name):
+                    log.warning(
+                        "snapshot %s has %s=%r, configuration says %r: the snapshot's value is used",
+                        os.fspath(path), name, getattr(store, name), getattr(config, name),
+                    )
+            return store
+        return PrioritizedStore(
+            capacity=config.capacity,
+            alpha=config.alpha,
+            shards=config.shards,
+            eviction=config.eviction,
+            alpha_evict=config.alpha_evict,
+            seed=config.seed,
+        )
+
+    def start(self) -> ReplayServer:
+        if self._started:
+            raise RuntimeError("server already started")
+        self._started = True
+        cfg = self.config
+        self._ctx = zmq.Context()
+        try:
+            front = self._ctx.socket(zmq.ROUTER)
+            self._frontend = front
+            front.setsockopt(zmq.LINGER, 2000)
+            front.setsockopt(zmq.MAXMSGSIZE, cfg.max_bytes)
+            front.setsockopt(zmq.ROUTER_MANDATORY, 0)
+            port = "*" if int(cfg.port) == 0 else str(int(cfg.port))
+            host = f"[{cfg.bind}]" if ":" in cfg.bind else cfg.bind
+            if ":" in cfg.bind:
+                front.setsockopt(zmq.IPV6, 1)
+            front.bind(f"tcp://{host}:{port}")
+            self.endpoint = front.getsockopt_string(zmq.LAST_ENDPOINT)
+            back = self._ctx.socket(zmq.ROUTER)
+            self._backend = back
+            back.setsockopt(zmq.LINGER, 0)
+            back.bind(self._backend_addr)
+        except Exception:
+            self._close_sockets()
+            self._ctx.term()
+            self._ctx = None
+            raise
+        for i in range(cfg.workers):
+            t = threading.Thread(target=self._worker, args=(i,), name=f"apexrl-worker-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self._broker = threading.Thread(target=self._broker_loop, name="apexrl-broker", daemon=True)
+        self._broker.start()
+        if cfg.snapshot is not None and cfg.snapshot_every is not None:
+            self._snapshotter = threading.Thread(target=self._snapshot_loop, name="apexrl-snapshot", daemon=True)
+            self._snapshotter.start()
+        log.info("listening on %s (%d workers)", self.endpoint, cfg.workers)
+        return self
+
+    def __enter__(self) -> ReplayServer:
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -------------------------------------------------------------------------------------- snapshots
+
+    def save_snapshot(self) -> None:
+        """Write the snapshot now (atomic: the store writes PATH.tmp and renames it)."""
+        if self.config.snapshot is None:
+            raise ValueError("no snapshot path configured")
+        with self._snapshot_lock:
+            t0 = time.monotonic()
+            self.store.save(self.config.snapshot)
+            log.info("snapshot of %d items saved to %s in %.3fs", len(self.store),
+                     os.fspath(self.config.snapshot), time.monotonic() - t0)
+
+    def _snapshot_loop(self) -> None:
+        assert self.config.snapshot_every is not None
+        while not self._stopping.wait(self.config.snapshot_every):
+            try:
+                self.save_snapshot()
+            except Exception:  # keep serving; the next period tries again
+                log.exception("periodic snapshot failed")
+
+    # --------------------------------------------------------------------------------------- shutdown
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Graceful stop: finish in-flight requests, save the snapshot (if configured), close. Idempotent."""
+        if not self._started or self._stopped.is_set():
+            return
+        self._stopping.set()
+        if self._broker is not None:
+            self._broker.join(timeout)
+            if self._broker.is_alive():
+                log.error("broker did not stop within %.1fs", timeout)
+        for t in self._threads:
+            t.join(timeout)
+        if self._snapshotter is not None:
+            self._snapshotter.join(timeout)
+        try:
+            if self.config.snapshot is not None:
+                self.save_snapshot()
+        finally:
+            self._stopped.set()
+            if self._ctx is not None:
+                if self._broker is not None and self._broker.is_alive():
+                    self._ctx.destroy(linger=0)
+                else:
+                    self._ctx.term()
+                self._ctx = None
+            log.info("stopped")
+
+    def _close_sockets(self) -> None:
+        for sock in (self._frontend, self._backend):
+            if sock is not None and not sock.closed:
+                sock.close()
+
+    # ----------------------------------------------------------------------------------------- broker
+
+    def _broker_loop(self) -> None:
+        front, back = self._frontend, self._backend
+        assert front is not None and back is not None
+        idle: list[bytes] = []
+        n_workers = self.config.workers
+        known: set[bytes] = set()
+        # deferred SAMPLEs: (deadline, [t_arrival, client_id, *frames])
+        deferred: list[tuple[float, list[Any]]] = []
+        poller_both = zmq.Poller()
+        poller_both.register(front, zmq.POLLIN)
+        poller_both.register(back, zmq.POLLIN)
+        poller_back = zmq.Poller()
+        poller_back.register(back, zmq.POLLIN)
+        try:
+            while True:
+                stopping = self._stopping.is_set()
+                if stopping:
+                    self._refuse_pending(front, deferred)
+                    deferred = []
+                    if len(known) == n_workers and len(idle) == n_workers:
+                        break
+                # re-dispatch deferred samples whose store is now big enough or whose deadline passed
+                if deferred and idle:
+                    ready = len(self.store) >= max(self.config.min_size_to_sample, 1)
+                    now = time.monotonic()
+                    keep = []
+                    for deadline, msg in deferred:
+                        if idle and (ready or now >= deadline):
+                            back.send_multipart([idle.pop(), _REQ, *msg], copy=False)
+                        else:
+                            keep.append((deadline, msg))
+                    deferred = keep
+                poll_ms = int(_DEFER_POLL_S * 1000) if (deferred or stopping) else 100
+                poller = poller_both if (idle and not stopping) else poller_back
+                events = dict(poller.poll(poll_ms))
+                if back in events:
+                    while True:
+                        try:
+                            msg = back.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        wid, kind = msg[0].bytes, msg[1].bytes
+                        known.add(wid)
+                        idle.append(wid)
+                        if kind == _REPLY:
+                            front.send_multipart(msg[2:], copy=False)
+                        elif kind == _DEFER:
+                            (deadline,) = _F64.unpack(msg[2].bytes)
+                            deferred.append((deadline, msg[3:]))
+                        # _READY: just idle
+                if front in events:
+                    while idle and not self._stopping.is_set():
+                        try:
+                            msg = front.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        back.send_multipart([idle.pop(), _REQ, _F64.pack(time.monotonic()), *msg], copy=False)
+        except Exception:
+            log.exception("broker loop failed")
+        finally:
+            for wid in known:
+                try:
+                    back.send_multipart([wid, _STOP])
+                except zmq.ZMQError:
+                    pass
+            # Give the workers a moment to read STOP before the backend goes away.
+            for t in self._threads:
+                t.join(5.0)
+            self._close_sockets()
+
+    def _refuse_pending(self, front: zmq.Socket, deferred: list[tuple[float, list[Any]]]) -> None:
+        """While stopping: answer deferred samples and requests queued in the front-end SHUTTING_DOWN."""
+        for _deadline, msg in deferred:
+            self._send_shutting_down(front, msg[1], msg[2:])
+        while True:
+            try:
+                msg = front.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._send_shutting_down(front, msg[0], msg[1:])
+
+    def _send_shutting_down(self, front: zmq.Socket, client: Any, frames: list[Any]) -> None:
+        try:
+            req = P.decode_request(frames, self.config.max_bytes)
+            reply = P.encode_error(int(req.header.op), req.request_id, P.Status.SHUTTING_DOWN,
+                                   "the replay server is shutting down")
+            self.counters.count(req.header.op, True)
+        except ProtocolError as exc:
+            reply = P.encode_protocol_error(exc)
+            self.counters.count(exc.op, True)
+        front.send_multipart([client, *reply], copy=False)
+
+    # ----------------------------------------------------------------------------------------- worker
+
+    def _worker(self, index: int) -> None:
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IDENTITY, f"w{index}".encode())
+            sock.connect(self._backend_addr)
+            sock.send(_READY)
+            while True:
+                msg = sock.recv_multipart(copy=False)
+                if msg[0].bytes == _STOP:
+                    break
+                # [REQ, t_arrival, client_id, *frames]
+                t_arrival_b, client, frames = msg[1], msg[2], msg[3:]
+                (t_arrival,) = _F64.unpack(t_arrival_b.bytes)
+                out = self._handle(frames, t_arrival)
+                if out is None:  # deferred SAMPLE
+                    deadline = t_arrival + P.Header.unpack(frames[0]).timeout_ms / 1000.0
+                    sock.send_multipart([_DEFER, _F64.pack(deadline), t_arrival_b, client, *frames], copy=False)
+                else:
+                    sock.send_multipart([_REPLY, client, *out], copy=False)
+        except zmq.ContextTerminated:
+            pass
+        except Exception:
+            log.exception("worker %d failed", index)
+        finally:
+            sock.close()
+
+    def _handle(self, frames: list[Any], t_arrival: float) -> list[Any] | None:
+        """The reply frames for one request, or None to defer a SAMPLE until the store is big enough."""
+        try:
+            req = P.decode_request(frames, self.config.max_bytes)
+        except ProtocolError as exc:
+            self.counters.count(exc.op, True)
+            log.debug("bad request: %s", exc.message)
+            return P.encode_protocol_error(exc)
+        op, rid, h = req.header.op, req.request_id, req.header
+        try:
+            if op == P.Op.INSERT:
+                a = req.arrays
+                keys = self.store.insert(a["priorities"], a["data"], a["offsets"])
+                out = P.encode_insert_reply(rid, keys)
+            elif op == P.Op.SAMPLE:
+                need = max(self.config.min_size_to_sample, 1)
+                if len(self.store) < need:
+                    if time.monotonic() < t_arrival + h.timeout_ms / 1000.0:
+                        return None
+                    self.counters.count(op, True)
+                    return P.encode_error(
+                        op, rid, P.Status.TIMEOUT,
+                        f"store holds {len(self.store)} items, fewer than min_size_to_sample={need}, "
+                        f"after waiting {h.timeout_ms} ms",
+                    )
+                batch = self.store.sample(int(h.count), float(h.param))
+                out = P.encode_sample_reply(
+                    rid, batch.keys, batch.weights, batch.probabilities, batch.offsets, batch.data
+                )
+            elif op == P.Op.UPDATE_PRIORITIES:
+                n = self.store.update_priorities(req.arrays["keys"], req.arrays["priorities"])
+                out = P.encode_count_reply(op, rid, int(n))
+            elif op == P.Op.REMOVE_TO_FIT:
+                n = self.store.remove_to_fit()
+                out = P.encode_count_reply(op, rid, int(n))
+            else:  # STATS
+                self.counters.count(op, False)  # this STATS request is included in the counters
+                stats: dict[str, Any] = dict(self.store.stats())
+                stats.update(self.counters.snapshot())
+                stats["min_size_to_sample"] = int(self.config.min_size_to_sample)
+                stats["workers"] = int(self.config.workers)
+                return P.encode_stats_reply(rid, {k: _plain(v) for k, v in stats.items()})
+        except ValueError as exc:  # the store (or an encoder) rejected the values
+            self.counters.count(op, True)
+            return P.encode_error(op, rid, P.Status.INVALID_ARGUMENT, str(exc) or type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - the server must keep serving
+            log.exception("internal error serving %s request %d", P.Op(op).name, rid)
+            self.counters.count(op, True)
+            return P.encode_error(op, rid, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
+        self.counters.count(op, False)
+        return out
+
+
+def _plain(v: Any) -> int | float:
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return 0.0
+    return v
