@@ -1,10 +1,13 @@
 #include "apexrl/snapshot_io.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "apexrl/crc32c.h"
 #include "apexrl/errors.h"
@@ -18,8 +21,42 @@ std::string OsError(const std::string& what, const std::string& path) {
 
 }  // namespace
 
-SnapshotWriter::SnapshotWriter(const std::string& path)
-    : path_(path), tmp_path_(path + ".tmp." + std::to_string(::getpid())) {
+namespace {
+
+// Removes `<path>.tmp.<pid>.<n>` files left by writers that no longer run (a process killed mid-save never
+// reaches its cleanup, and a restarted one has another pid, so nothing else would ever remove them).
+// Temporaries of live processes, this one included, are left alone.
+void RemoveOrphanedTemporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code ec;
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());
+    const size_t dot = rest.find('.');
+    const std::string pid_text = rest.substr(0, dot);
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) {
+      continue;
+    }
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code ignored;
+    fs::remove(it->path(), ignored);
+  }
+}
+
+std::string TemporaryName(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};  // distinct names for concurrent saves inside one process
+  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+}
+
+}  // namespace
+
+SnapshotWriter::SnapshotWriter(const std::string& path) : path_(path), tmp_path_(TemporaryName(path)) {
+  RemoveOrphanedTemporaries(path);
   file_ = std::fopen(tmp_path_.c_str(), "wb");
   if (file_ == nullptr) throw IoError(OsError("cannot create snapshot", tmp_path_));
   std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);

@@ -10,8 +10,9 @@
 
 namespace apexrl {
 
-// Writes to `path`.tmp and, on Commit(), flushes, fsyncs and renames it over `path`, so a crash mid-write
-// never leaves a half-written file under the snapshot's name. Without Commit() the temporary is removed.
+// Writes to `path`.tmp.<pid>.<n> and, on Commit(), flushes, fsyncs and renames it over `path`, so a crash
+// mid-write never leaves a half-written file under the snapshot's name. Without Commit() the temporary is
+// removed; temporaries of writers killed mid-save (whose pid no longer runs) are removed by the next save.
 class SnapshotWriter {
  public:
   explicit SnapshotWriter(const std::string& path);
