@@ -109,6 +109,14 @@ def test_a_sample_request_round_trips():
     assert req.arrays == {}
 
 
+def test_an_insert_request_carries_a_timeout():
+    data, offsets = pack_items([b"ab", b"c"])
+    frames = encode_insert(7, [1.0, 2.0], data, offsets, timeout_ms=1500)
+    req = decode_request(as_bytes(frames))
+    assert (req.op, req.request_id, req.header.count, req.header.timeout_ms) == (Op.INSERT, 7, 2, 1500)
+    assert decode_request(as_bytes(encode_insert(7, [1.0, 2.0], data, offsets))).header.timeout_ms == 0
+
+
 def test_an_update_request_round_trips():
     keys = np.array([1, 2**63, 2**64 - 1], dtype=np.uint64)
     req = decode_request(as_bytes(encode_update(3, keys, [0.0, 1.5, 2.0])))
@@ -340,11 +348,6 @@ REQUEST_CASES = {
         Status.BAD_MESSAGE,
         r"INSERT request header param is 0.5, must be 0.0",
     ),
-    "insert with a timeout": (
-        _insert_with(header=dict(timeout_ms=5)),
-        Status.BAD_MESSAGE,
-        r"timeout_ms is 5, must be 0",
-    ),
     "request with a non-OK status": (
         _insert_with(header=dict(status=Status.INTERNAL)),
         Status.BAD_MESSAGE,
@@ -514,6 +517,9 @@ ENCODER_CASES = {
     "sample above MAX_BATCH": (lambda: encode_sample(1, MAX_BATCH + 1, 0.4), r"MAX_BATCH"),
     "sample NaN beta": (lambda: encode_sample(1, 4, float("nan")), r"beta is nan"),
     "sample negative timeout": (lambda: encode_sample(1, 4, 0.4, -1), r"timeout_ms"),
+    "insert negative timeout": (lambda: encode_insert(1, [1.0], b"a", [0, 1], -1), r"timeout_ms"),
+    "insert timeout over u32": (lambda: encode_insert(1, [1.0], b"a", [0, 1], 2**32), r"timeout_ms"),
+    "insert bool timeout": (lambda: encode_insert(1, [1.0], b"a", [0, 1], True), r"timeout_ms"),
     "sample reply weights too short": (lambda: encode_sample_reply(1, [1], [], [1.0], [0, 0], b""), r"weights has 0 entries"),
     "count reply for SAMPLE": (lambda: encode_count_reply(Op.SAMPLE, 1, 1), r"UPDATE_PRIORITIES or REMOVE_TO_FIT"),
     "stats with a str value": (lambda: encode_stats_reply(1, {"a": "b"}), r"str -> int\|float"),

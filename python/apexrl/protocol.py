@@ -307,6 +307,11 @@ def _check_offsets(offsets: np.ndarray, data_len: int) -> None:
         raise ValueError(f"offsets[-1] is {offsets[-1]}, must equal len(data)={data_len}")
 
 
+def _check_timeout_ms(timeout_ms: Any) -> None:
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, np.integer)) or not 0 <= timeout_ms <= _U32:
+        raise ValueError(f"timeout_ms must be an integer in [0, {_U32}], got {timeout_ms!r}")
+
+
 def pack_items(items: Sequence[Any]) -> tuple[bytes, np.ndarray]:
     """Concatenate bytes-like items into (data, offsets) for encode_insert (copies the items once)."""
     views = [_bytes_view(f"items[{i}]", item) for i, item in enumerate(items)]
@@ -322,9 +327,12 @@ def split_items(offsets: np.ndarray, data: Any) -> list[memoryview]:
     return [view[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
 
 
-def encode_insert(request_id: int, priorities: Any, data: Any, offsets: Any) -> list[Frame]:
-    """INSERT request: [header(count=n), priorities f64[n], offsets u64[n+1], data]."""
+def encode_insert(
+    request_id: int, priorities: Any, data: Any, offsets: Any, timeout_ms: int = 0
+) -> list[Frame]:
+    """INSERT request: [header(count=n, timeout_ms), priorities f64[n], offsets u64[n+1], data]."""
     rid = _check_request_id(request_id)
+    _check_timeout_ms(timeout_ms)
     prio = _array("priorities", priorities, _PRIORITY)
     n = prio.shape[0]
     _check_count("priorities", n)
@@ -332,7 +340,7 @@ def encode_insert(request_id: int, priorities: Any, data: Any, offsets: Any) -> 
     offs = _array("offsets", offsets, _OFFSET, n + 1)
     view = _bytes_view("data", data)
     _check_offsets(offs, view.nbytes)
-    return [Header(Op.INSERT, rid, count=n).pack(), prio, offs, view]
+    return [Header(Op.INSERT, rid, count=n, timeout_ms=int(timeout_ms)).pack(), prio, offs, view]
 
 
 def encode_sample(request_id: int, n: int, beta: float, timeout_ms: int = 0) -> list[Frame]:
@@ -344,8 +352,7 @@ def encode_sample(request_id: int, n: int, beta: float, timeout_ms: int = 0) -> 
     beta = float(beta)
     if not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta is {beta}, must be finite and >= 0")
-    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, np.integer)) or not 0 <= timeout_ms <= _U32:
-        raise ValueError(f"timeout_ms must be an integer in [0, {_U32}], got {timeout_ms!r}")
+    _check_timeout_ms(timeout_ms)
     return [Header(Op.SAMPLE, rid, count=int(n), param=beta, timeout_ms=int(timeout_ms)).pack()]
 
 
@@ -547,7 +554,7 @@ def _decode_request_body(header: Header, views: list[memoryview]) -> Request:
         raise _bad(f"{what} header status is {header.status}, must be OK (0)")
     if op == Op.INSERT:
         _expect_frames(views, 4, what)
-        _check_unused(header, what, count=False)
+        _check_unused(header, what, count=False, timeout=False)  # timeout_ms: rate-limiter wait
         n = _check_n(header, what)
         prio = _decode_priorities(views[1], n, what)
         offsets = _decode_offsets(views[2], views[3], n, what)

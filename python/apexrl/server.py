@@ -20,6 +20,35 @@ Threading model
   ``timeout_ms`` is *deferred*: the worker gives it back to the broker (so the worker is free again), the
   broker re-dispatches it as soon as the store is large enough or its deadline passes (checked every
   ~10 ms); at the deadline it is answered TIMEOUT. ``timeout_ms == 0`` answers TIMEOUT at once.
+* The same deferral serves the **rate limiter** (below): an INSERT or SAMPLE that is too far ahead of the
+  other side is given back to the broker, which re-dispatches it as soon as the other side has caught up
+  (re-checked after every reply and every ~10 ms) or answers it TIMEOUT at its deadline. A waiting request
+  never holds a worker.
+
+Rate limiting: Reverb's SampleToInsertRatio
+-------------------------------------------
+With ``samples_per_insert`` (spi) set, the server counts the items inserted (I) and sampled (S) since it
+started (items, not calls; the counters start at 0 on every start, also after a snapshot was restored).
+With ``eb = error_buffer``:
+
+* a SAMPLE of n is served when the store holds >= ``min_size_to_sample`` items and
+  ``S + n <= I * spi + eb``;
+* an INSERT of n is served when the store holds fewer than ``min_size_to_sample`` items (filling up is never
+  limited), or when ``(I + n) * spi - S <= eb``.
+
+A request that may not be served yet waits (without holding a worker) until it may, or until its
+``timeout_ms`` passes, then it is answered TIMEOUT; it never fails early (``timeout_ms == 0``: TIMEOUT at
+once). Admission reserves its items under a lock, so concurrent workers never overshoot the bounds.
+
+Deadlock freedom: with the store at min size, let ``d = I * spi - S``. A SAMPLE of n is blocked iff ``d < n - eb``, an INSERT of m iff
+``d > eb - m * spi``; both at once needs ``n + m * spi > 2 * eb``. So whenever every sample batch n and
+insert batch m satisfy ``n + m * spi <= 2 * eb``, at least one side can always proceed. Hence
+``error_buffer >= max(1, spi)`` is required (validated; single-item calls on both sides can always move,
+the same rule as Reverb) and larger batches need a proportionally larger buffer: a SAMPLE with
+``n > 2 * eb`` or an INSERT with ``m * spi > 2 * eb`` can never be served and waits for its timeout.
+The default buffer is ``max(1, spi) * 100``. Unlike Reverb there is no ``spi * min_size_to_sample``
+offset: the items inserted while filling up count in I, so after a long fill-up inserts pause until the
+samplers have consumed that head start.
 
 Size caps: ``max_message_mb`` vs ZMQ_MAXMSGSIZE
 -----------------------------------------------
@@ -40,7 +69,8 @@ deliver their replies, stop the workers, write the snapshot (if configured), clo
 
 Snapshots: on start, ``config.snapshot`` is loaded if the file exists (an unreadable/corrupt file raises
 :class:`SnapshotLoadError` - never silently ignored); every ``snapshot_every`` seconds a background thread
-saves it (the store writes ``PATH.tmp`` and renames it, so a crash never leaves a half-written snapshot).
+saves it (the store writes ``PATH.tmp.<pid>.<n>`` and renames it, so a crash never leaves a half-written
+snapshot; the next save removes temporaries left by a killed process).
 """
 
 from __future__ import annotations
@@ -71,6 +101,9 @@ _STOP = b"STOP"
 _READY = b"READY"
 _REPLY = b"REPLY"
 _DEFER = b"DEFER"
+_NOT_WAITED = b"\0"
+_WAITED = b"\1"  # the request has been counted in rate_limiter_waits_*
+_EPS = 1e-9
 _DEFER_POLL_S = 0.01
 
 
@@ -95,8 +128,24 @@ class ServerConfig:
     snapshot_every: float | None = None  # seconds; None = only on stop()
     max_message_mb: float = 256
     workers: int = 2
+    samples_per_insert: float | None = None  # None = no rate limiting (Reverb's SampleToInsertRatio)
+    error_buffer: float | None = None  # None = max(1, samples_per_insert) * 100
 
     def validate(self) -> None:
+        if self.samples_per_insert is None:
+            if self.error_buffer is not None:
+                raise ValueError("error_buffer needs samples_per_insert")
+        else:
+            spi = self.samples_per_insert
+            if not (spi > 0 and math.isfinite(spi)):
+                raise ValueError(f"samples_per_insert must be finite and > 0, got {spi}")
+            eb = self.effective_error_buffer
+            assert eb is not None
+            if not (math.isfinite(eb) and eb >= max(1.0, spi)):
+                raise ValueError(
+                    f"error_buffer must be finite and >= max(1, samples_per_insert) = {max(1.0, spi)}, "
+                    f"got {eb} (a smaller buffer could block both inserts and samples for good)"
+                )
         if not 0 <= int(self.port) <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.capacity < 1:
@@ -114,6 +163,15 @@ class ServerConfig:
                 raise ValueError("snapshot_every needs a snapshot path")
         if self.eviction not in ("fifo", "prioritized"):
             raise ValueError(f"eviction must be 'fifo' or 'prioritized', got {self.eviction!r}")
+
+    @property
+    def effective_error_buffer(self) -> float | None:
+        """error_buffer, or its default max(1, samples_per_insert) * 100; None without rate limiting."""
+        if self.samples_per_insert is None:
+            return None
+        if self.error_buffer is None:
+            return max(1.0, float(self.samples_per_insert)) * 100.0
+        return float(self.error_buffer)
 
     @property
     def max_bytes(self) -> int:
@@ -156,6 +214,75 @@ class _Counters:
         return out
 
 
+class _RateLimiter:
+    """Items inserted / sampled since start and the SampleToInsertRatio admission rules (see module doc)."""
+
+    def __init__(self, spi: float | None, eb: float | None, min_size: int):
+        self.spi = None if spi is None else float(spi)
+        self.eb = 0.0 if eb is None else float(eb)
+        self.need = max(int(min_size), 1)
+        self.lock = threading.Lock()
+        self.inserted = 0
+        self.sampled = 0
+        self.waits_insert = 0
+        self.waits_sample = 0
+
+    def insert_ok(self, n: int, size: int, inserted: int, sampled: int) -> bool:
+        if self.spi is None or n == 0 or size < self.need:
+            return True
+        return (inserted + n) * self.spi - sampled <= self.eb + _EPS
+
+    def sample_ok(self, n: int, size: int, inserted: int, sampled: int) -> bool:
+        if size < self.need:
+            return False
+        return self.spi is None or sampled + n <= inserted * self.spi + self.eb + _EPS
+
+    def try_insert(self, n: int, size: int) -> bool:
+        with self.lock:
+            if not self.insert_ok(n, size, self.inserted, self.sampled):
+                return False
+            self.inserted += n
+            return True
+
+    def try_sample(self, n: int, size: int) -> bool:
+        with self.lock:
+            if not self.sample_ok(n, size, self.inserted, self.sampled):
+                return False
+            self.sampled += n
+            return True
+
+    def undo(self, inserted: int = 0, sampled: int = 0) -> None:
+        with self.lock:
+            self.inserted -= inserted
+            self.sampled -= sampled
+
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return self.inserted, self.sampled
+
+    def count_wait(self, op: int) -> None:
+        with self.lock:
+            if op == P.Op.INSERT:
+                self.waits_insert += 1
+            else:
+                self.waits_sample += 1
+
+    def describe(self) -> str:
+        return (f"{self.inserted} items inserted and {self.sampled} sampled, "
+                f"samples_per_insert={self.spi}, error_buffer={self.eb}")
+
+    def stats(self) -> dict[str, int | float]:
+        with self.lock:
+            return {
+                "rate_limiter_waits_insert": self.waits_insert,
+                "rate_limiter_waits_sample": self.waits_sample,
+                "rate_limiter_inserted_items": self.inserted,
+                "rate_limiter_sampled_items": self.sampled,
+                "samples_per_insert": 0.0 if self.spi is None else self.spi,
+                "error_buffer": self.eb,
+            }
+
+
 class ReplayServer:
     """A replay server; ``start()`` binds and returns at once (threads serve), ``stop()`` shuts down.
 
@@ -167,6 +294,8 @@ class ReplayServer:
         self.config = config
         self.store = self._open_store(config)
         self.counters = _Counters()
+        self.rate_limiter = _RateLimiter(config.samples_per_insert, config.effective_error_buffer,
+                                         config.min_size_to_sample)
         self.endpoint: str | None = None
         self._ctx: zmq.Context | None = None
         self._frontend: zmq.Socket | None = None
@@ -260,7 +389,7 @@ class ReplayServer:
     # -------------------------------------------------------------------------------------- snapshots
 
     def save_snapshot(self) -> None:
-        """Write the snapshot now (atomic: the store writes PATH.tmp and renames it)."""
+        """Write the snapshot now (atomic: the store writes a temporary file and renames it)."""
         if self.config.snapshot is None:
             raise ValueError("no snapshot path configured")
         with self._snapshot_lock:
@@ -318,8 +447,8 @@ class ReplayServer:
         idle: list[bytes] = []
         n_workers = self.config.workers
         known: set[bytes] = set()
-        # deferred SAMPLEs: (deadline, [t_arrival, client_id, *frames])
-        deferred: list[tuple[float, list[Any]]] = []
+        # deferred requests: (deadline, op, n, waited_flag, [t_arrival, client_id, *frames])
+        deferred: list[tuple[float, int, int, Any, list[Any]]] = []
         poller_both = zmq.Poller()
         poller_both.register(front, zmq.POLLIN)
         poller_both.register(back, zmq.POLLIN)
@@ -333,16 +462,30 @@ class ReplayServer:
                     deferred = []
                     if len(known) == n_workers and len(idle) == n_workers:
                         break
-                # re-dispatch deferred samples whose store is now big enough or whose deadline passed
+                # re-dispatch deferred requests that may now be served (min size reached, the other
+                # side of the rate limiter caught up) or whose deadline passed; admissions are
+                # simulated in order so one released slot does not wake every waiter at once
                 if deferred and idle:
-                    ready = len(self.store) >= max(self.config.min_size_to_sample, 1)
+                    rl = self.rate_limiter
+                    size = len(self.store)
+                    inserted, sampled = rl.counts()
                     now = time.monotonic()
                     keep = []
-                    for deadline, msg in deferred:
-                        if idle and (ready or now >= deadline):
-                            back.send_multipart([idle.pop(), _REQ, *msg], copy=False)
+                    for entry in deferred:
+                        deadline, op, n, waited, msg = entry
+                        go = False
+                        if idle:
+                            if now >= deadline:
+                                go = True
+                            elif op == P.Op.INSERT:
+                                if rl.insert_ok(n, size, inserted, sampled):
+                                    go, inserted, size = True, inserted + n, size + n
+                            elif rl.sample_ok(n, size, inserted, sampled):
+                                go, sampled = True, sampled + n
+                        if go:
+                            back.send_multipart([idle.pop(), _REQ, waited, *msg], copy=False)
                         else:
-                            keep.append((deadline, msg))
+                            keep.append(entry)
                     deferred = keep
                 poll_ms = int(_DEFER_POLL_S * 1000) if (deferred or stopping) else 100
                 poller = poller_both if (idle and not stopping) else poller_back
@@ -359,8 +502,10 @@ class ReplayServer:
                         if kind == _REPLY:
                             front.send_multipart(msg[2:], copy=False)
                         elif kind == _DEFER:
+                            # [wid, DEFER, deadline, waited, t_arrival, client, *frames]
                             (deadline,) = _F64.unpack(msg[2].bytes)
-                            deferred.append((deadline, msg[3:]))
+                            h = P.Header.unpack(msg[6])
+                            deferred.append((deadline, int(h.op), int(h.count), msg[3], msg[4:]))
                         # _READY: just idle
                 if front in events:
                     while idle and not self._stopping.is_set():
@@ -368,7 +513,9 @@ class ReplayServer:
                             msg = front.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        back.send_multipart([idle.pop(), _REQ, _F64.pack(time.monotonic()), *msg], copy=False)
+                        back.send_multipart(
+                            [idle.pop(), _REQ, _NOT_WAITED, _F64.pack(time.monotonic()), *msg], copy=False
+                        )
         except Exception:
             log.exception("broker loop failed")
         finally:
@@ -382,9 +529,9 @@ class ReplayServer:
                 t.join(5.0)
             self._close_sockets()
 
-    def _refuse_pending(self, front: zmq.Socket, deferred: list[tuple[float, list[Any]]]) -> None:
-        """While stopping: answer deferred samples and requests queued in the front-end SHUTTING_DOWN."""
-        for _deadline, msg in deferred:
+    def _refuse_pending(self, front: zmq.Socket, deferred: list[tuple[float, int, int, Any, list[Any]]]) -> None:
+        """While stopping: answer deferred requests and requests queued in the front-end SHUTTING_DOWN."""
+        for *_info, msg in deferred:
             self._send_shutting_down(front, msg[1], msg[2:])
         while True:
             try:
@@ -418,13 +565,17 @@ class ReplayServer:
                 msg = sock.recv_multipart(copy=False)
                 if msg[0].bytes == _STOP:
                     break
-                # [REQ, t_arrival, client_id, *frames]
-                t_arrival_b, client, frames = msg[1], msg[2], msg[3:]
+                # [REQ, waited, t_arrival, client_id, *frames]
+                waited, t_arrival_b, client, frames = msg[1].bytes == _WAITED, msg[2], msg[3], msg[4:]
                 (t_arrival,) = _F64.unpack(t_arrival_b.bytes)
-                out = self._handle(frames, t_arrival)
-                if out is None:  # deferred SAMPLE
+                out, waited = self._handle(frames, t_arrival, waited)
+                if out is None:  # deferred (min size or rate limiter)
                     deadline = t_arrival + P.Header.unpack(frames[0]).timeout_ms / 1000.0
-                    sock.send_multipart([_DEFER, _F64.pack(deadline), t_arrival_b, client, *frames], copy=False)
+                    sock.send_multipart(
+                        [_DEFER, _F64.pack(deadline), _WAITED if waited else _NOT_WAITED, t_arrival_b, client,
+                         *frames],
+                        copy=False,
+                    )
                 else:
                     sock.send_multipart([_REPLY, client, *out], copy=False)
         except zmq.ContextTerminated:
@@ -434,32 +585,67 @@ class ReplayServer:
         finally:
             sock.close()
 
-    def _handle(self, frames: list[Any], t_arrival: float) -> list[Any] | None:
-        """The reply frames for one request, or None to defer a SAMPLE until the store is big enough."""
+    def _handle(self, frames: list[Any], t_arrival: float, waited: bool) -> tuple[list[Any] | None, bool]:
+        """(reply frames, waited) for one request; frames None = defer it (min size or rate limiter).
+
+        ``waited``: whether the request was already counted in rate_limiter_waits_* (counted once).
+        """
         try:
             req = P.decode_request(frames, self.config.max_bytes)
         except ProtocolError as exc:
             self.counters.count(exc.op, True)
             log.debug("bad request: %s", exc.message)
-            return P.encode_protocol_error(exc)
+            return P.encode_protocol_error(exc), waited
         op, rid, h = req.header.op, req.request_id, req.header
+        rl = self.rate_limiter
+        can_wait = time.monotonic() < t_arrival + h.timeout_ms / 1000.0
+
+        def rate_limited() -> tuple[list[Any] | None, bool]:
+            if can_wait:
+                if not waited:
+                    rl.count_wait(op)
+                return None, True
+            self.counters.count(op, True)
+            side = "samplers are" if op == P.Op.INSERT else "inserters are"
+            return P.encode_error(
+                op, rid, P.Status.TIMEOUT,
+                f"rate limited: {P.Op(op).name} of {int(h.count)} items must wait until the {side} caught up "
+                f"({rl.describe()}), after waiting {h.timeout_ms} ms",
+            ), waited
+
         try:
             if op == P.Op.INSERT:
                 a = req.arrays
-                keys = self.store.insert(a["priorities"], a["data"], a["offsets"])
+                n = int(h.count)
+                if not rl.try_insert(n, len(self.store)):
+                    return rate_limited()
+                try:
+                    keys = self.store.insert(a["priorities"], a["data"], a["offsets"])
+                except BaseException:
+                    rl.undo(inserted=n)
+                    raise
                 out = P.encode_insert_reply(rid, keys)
             elif op == P.Op.SAMPLE:
                 need = max(self.config.min_size_to_sample, 1)
                 if len(self.store) < need:
-                    if time.monotonic() < t_arrival + h.timeout_ms / 1000.0:
-                        return None
+                    if can_wait:
+                        return None, waited
                     self.counters.count(op, True)
                     return P.encode_error(
                         op, rid, P.Status.TIMEOUT,
                         f"store holds {len(self.store)} items, fewer than min_size_to_sample={need}, "
                         f"after waiting {h.timeout_ms} ms",
-                    )
-                batch = self.store.sample(int(h.count), float(h.param))
+                    ), waited
+                n = int(h.count)
+                if not rl.try_sample(n, len(self.store)):
+                    if len(self.store) < need:  # shrank meanwhile: wait for min size again
+                        return (None, waited) if can_wait else rate_limited()
+                    return rate_limited()
+                try:
+                    batch = self.store.sample(n, float(h.param))
+                except BaseException:
+                    rl.undo(sampled=n)
+                    raise
                 out = P.encode_sample_reply(
                     rid, batch.keys, batch.weights, batch.probabilities, batch.offsets, batch.data
                 )
@@ -475,16 +661,17 @@ class ReplayServer:
                 stats.update(self.counters.snapshot())
                 stats["min_size_to_sample"] = int(self.config.min_size_to_sample)
                 stats["workers"] = int(self.config.workers)
-                return P.encode_stats_reply(rid, {k: _plain(v) for k, v in stats.items()})
+                stats.update(rl.stats())
+                return P.encode_stats_reply(rid, {k: _plain(v) for k, v in stats.items()}), waited
         except ValueError as exc:  # the store (or an encoder) rejected the values
             self.counters.count(op, True)
-            return P.encode_error(op, rid, P.Status.INVALID_ARGUMENT, str(exc) or type(exc).__name__)
+            return P.encode_error(op, rid, P.Status.INVALID_ARGUMENT, str(exc) or type(exc).__name__), waited
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
             log.exception("internal error serving %s request %d", P.Op(op).name, rid)
             self.counters.count(op, True)
-            return P.encode_error(op, rid, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
+            return P.encode_error(op, rid, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}"), waited
         self.counters.count(op, False)
-        return out
+        return out, waited
 
 
 def _plain(v: Any) -> int | float:

@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-message-mb", type=_float(positive=True), default=256,
                    help="largest accepted request in MiB (bigger: TOO_LARGE reply or disconnect)")
     p.add_argument("--workers", type=_int_range(1, 256), default=2, help="worker threads calling the store")
+    p.add_argument("--samples-per-insert", metavar="SPI", type=_float(positive=True), default=None,
+                   help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)")
+    p.add_argument("--error-buffer", metavar="ITEMS", type=_float(nonneg=True), default=None,
+                   help="allowed drift from SPI in sampled items (>= max(1, SPI); default max(1, SPI) * 100)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="logging level (stderr)")
     return p
@@ -103,6 +107,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--port is required (or give --endpoint)")
     if args.snapshot_every is not None and args.snapshot is None:
         parser.error("--snapshot-every needs --snapshot")
+    if args.error_buffer is not None:
+        if args.samples_per_insert is None:
+            parser.error("--error-buffer needs --samples-per-insert")
+        floor = max(1.0, args.samples_per_insert)
+        if args.error_buffer < floor:
+            parser.error(
+                f"--error-buffer {args.error_buffer} is too small: it must be >= max(1, --samples-per-insert) = "
+                f"{floor}, or inserts and samples could both block for good"
+            )
     return args
 
 
@@ -117,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         alpha_evict=args.alpha_evict, shards=args.shards, seed=args.seed,
         min_size_to_sample=args.min_size_to_sample, snapshot=args.snapshot, snapshot_every=args.snapshot_every,
         max_message_mb=args.max_message_mb, workers=args.workers,
+        samples_per_insert=args.samples_per_insert, error_buffer=args.error_buffer,
     )
     stop = threading.Event()
 

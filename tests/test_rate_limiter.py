@@ -1,0 +1,315 @@
+"""The server's SampleToInsertRatio rate limiter (--samples-per-insert / --error-buffer), with real processes."""
+
+from __future__ import annotations
+
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from apexrl.cli.server import parse_args
+from apexrl.client import ReplayClient, ServerTimeoutError
+from apexrl.errors import ReplayTimeout
+from apexrl.server import ServerConfig
+
+START_TIMEOUT = 20.0
+
+
+# ------------------------------------------------------------------------------ process helper (copied from
+# tests/test_server_client.py on purpose: the test modules stay independent)
+
+
+class ServerProc:
+    def __init__(self, proc: subprocess.Popen, endpoint: str, log_path: str):
+        self.proc = proc
+        self.endpoint = endpoint
+        self.log_path = log_path
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    procs: list[subprocess.Popen] = []
+    logs: list[str] = []
+
+    def start(*args: str) -> ServerProc:
+        log_path = str(tmp_path / f"server{len(procs) + 1}.log")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--log-level", "WARNING", *args],
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )
+        procs.append(proc)
+        logs.append(log_path)
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
+        line = proc.stdout.readline().decode() if ready else ""
+        proc.stdout.close()
+        if "listening on" not in line:
+            proc.kill()
+            proc.wait(10)
+            with open(log_path, encoding="utf-8", errors="replace") as f:
+                raise AssertionError(f"server did not start: {line!r}\n{f.read()}")
+        return ServerProc(proc, line.strip().rsplit(" ", 1)[1], log_path)
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    for path in logs:  # no server ever logged an unexpected exception
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        assert "Traceback" not in text and " ERROR " not in text, text
+
+
+def items(n: int, tag: str = "x") -> list[bytes]:
+    return [f"{tag}{i}".encode() for i in range(n)]
+
+
+class Background:
+    """Run fn in a thread; .result / .error / .elapsed once joined."""
+
+    def __init__(self, fn):
+        self.result = self.error = None
+        self.elapsed = None
+        self._t0 = time.monotonic()
+
+        def run():
+            try:
+                self.result = fn()
+            except BaseException as exc:  # noqa: BLE001 - inspected by the test
+                self.error = exc
+            self.elapsed = time.monotonic() - self._t0
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float = 8.0):
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "background call did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+# ------------------------------------------------------------------------------------------------ blocking
+
+
+def test_a_sampler_too_far_ahead_waits_and_is_released_by_inserts(start_server):
+    server = start_server("--samples-per-insert", "1", "--error-buffer", "4")
+    with ReplayClient(server.endpoint, timeout=5) as client:
+        client.insert(np.ones(4), items(4))  # I = 4: samples allowed while S + n <= 4 + 4
+        assert len(client.sample(8)) == 8  # S = 8: at the bound
+        with pytest.raises(ServerTimeoutError, match="rate limited"):
+            client.sample(1)  # timeout 0: answered at once
+        with ReplayClient(server.endpoint, timeout=5) as c2:
+            waiting = Background(lambda: c2.sample(2, timeout=6))
+            time.sleep(0.4)
+            assert not waiting.done()
+            client.insert(np.ones(1), items(1, "a"))  # I = 5: S + 2 = 10 > 9, still blocked
+            time.sleep(0.3)
+            assert not waiting.done()
+            t0 = time.monotonic()
+            client.insert(np.ones(1), items(1, "b"))  # I = 6: 10 <= 10, released
+            assert len(waiting.join()) == 2
+            assert time.monotonic() - t0 < 1.0
+        s = client.stats()
+    assert s["rate_limiter_inserted_items"] == 6 and s["rate_limiter_sampled_items"] == 10
+    assert s["rate_limiter_waits_sample"] == 1 and s["rate_limiter_waits_insert"] == 0
+
+
+def test_an_inserter_too_far_ahead_waits_and_is_released_by_samples(start_server):
+    server = start_server("--samples-per-insert", "1", "--error-buffer", "4")
+    with ReplayClient(server.endpoint, timeout=5) as client:
+        client.insert(np.ones(5), items(5))  # filling up (store below min size): never limited; I = 5
+        with pytest.raises(ServerTimeoutError, match="rate limited"):
+            client.insert(np.ones(1), items(1, "now"))  # (5 + 1) * 1 - 0 > 4, timeout 0
+        with ReplayClient(server.endpoint, timeout=5) as c2:
+            waiting = Background(lambda: c2.insert(np.ones(1), items(1, "w"), timeout=6))
+            time.sleep(0.4)
+            assert not waiting.done()
+            client.sample(1)  # S = 1: 6 - 1 = 5 > 4, still blocked
+            time.sleep(0.3)
+            assert not waiting.done()
+            t0 = time.monotonic()
+            client.sample(1)  # S = 2: 6 - 2 = 4 <= 4, released
+            assert waiting.join().shape == (1,)
+            assert time.monotonic() - t0 < 1.0
+        s = client.stats()
+    assert s["size"] == 6 and s["rate_limiter_inserted_items"] == 6 and s["rate_limiter_sampled_items"] == 2
+    assert s["rate_limiter_waits_insert"] == 1 and s["rate_limiter_waits_sample"] == 0
+    assert s["errors_insert"] == 1  # the timeout-0 insert
+
+
+def test_waiting_requests_hold_no_worker(start_server):
+    server = start_server("--samples-per-insert", "1", "--error-buffer", "2", "--workers", "1")
+    with ReplayClient(server.endpoint, timeout=5) as client:
+        client.insert(np.ones(1), items(1))
+        client.sample(3)  # S = 3 = 1 + 2
+        clients = [ReplayClient(server.endpoint, timeout=5) for _ in range(3)]
+        try:
+            waiting = [Background(lambda c=c: c.sample(1, timeout=6)) for c in clients]
+            time.sleep(0.4)
+            assert not any(w.done() for w in waiting)
+            t0 = time.monotonic()
+            client.stats()  # the only worker is free
+            client.insert(np.ones(3), items(3, "r"))  # I = 4: room for 3 more samples
+            for w in waiting:
+                assert len(w.join()) == 1
+            assert time.monotonic() - t0 < 1.5
+        finally:
+            for c in clients:
+                c.close()
+        assert client.stats()["rate_limiter_waits_sample"] == 3
+
+
+@pytest.mark.parametrize("side", ["insert", "sample"])
+def test_a_blocked_request_times_out_at_its_deadline_not_before(start_server, side):
+    server = start_server("--samples-per-insert", "2", "--error-buffer", "2")
+    with ReplayClient(server.endpoint, timeout=5) as client:
+        client.insert(np.ones(1), items(1))  # I = 1 (filling up)
+        if side == "insert":  # (1 + 1) * 2 - 0 = 4 > 2
+            call = lambda: client.insert(np.ones(1), items(1, "late"), timeout=0.4)  # noqa: E731
+        else:
+            client.sample(4)  # S = 4 = 1 * 2 + 2
+            call = lambda: client.sample(1, timeout=0.4)  # noqa: E731
+        t0 = time.monotonic()
+        with pytest.raises(ReplayTimeout, match="rate limited") as info:
+            call()
+        elapsed = time.monotonic() - t0
+        assert isinstance(info.value, ServerTimeoutError)
+        assert 0.4 <= elapsed < 2.0
+        s = client.stats()
+    assert s[f"rate_limiter_waits_{side}"] == 1 and s[f"errors_{side}"] == 1
+    assert s["size"] == 1
+
+
+def test_min_size_still_applies_and_filling_up_is_not_limited(start_server):
+    server = start_server("--samples-per-insert", "1", "--error-buffer", "2", "--min-size-to-sample", "4")
+    with ReplayClient(server.endpoint, timeout=5) as client:
+        with pytest.raises(ServerTimeoutError, match="min_size_to_sample=4"):
+            client.sample(1, timeout=0.2)
+        with ReplayClient(server.endpoint, timeout=5) as c2:
+            waiting = Background(lambda: c2.sample(2, timeout=6))
+            client.insert(np.ones(3), items(3))  # size 3 < 4: not limited
+            time.sleep(0.3)
+            assert not waiting.done()
+            client.insert(np.ones(7), items(7, "b"))  # size 3 < 4: still not limited although 10 > 2
+            assert len(waiting.join()) == 2  # S = 2 <= 10 + 2
+        with pytest.raises(ServerTimeoutError, match="rate limited"):
+            client.insert(np.ones(1), items(1, "c"))  # at min size now: 11 - 2 > 2
+        s = client.stats()
+    assert s["size"] == 10 and s["rate_limiter_inserted_items"] == 10
+    # waiting for min size is not a rate-limiter wait; a timeout-0 refusal did not wait (it is an error)
+    assert s["rate_limiter_waits_sample"] == 0 and s["rate_limiter_waits_insert"] == 0
+    assert s["errors_insert"] == 1 and s["errors_sample"] == 1
+
+
+def test_concurrent_inserter_and_sampler_keep_the_ratio(start_server):
+    server = start_server("--samples-per-insert", "4", "--error-buffer", "16")
+    stop = threading.Event()
+    counts = {"inserted": 0, "sampled": 0}
+
+    def inserter():
+        with ReplayClient(server.endpoint, timeout=5) as c:
+            while not stop.is_set():
+                c.insert(np.ones(2), items(2), timeout=3)
+                counts["inserted"] += 2
+
+    def sampler():
+        with ReplayClient(server.endpoint, timeout=5) as c:
+            while not stop.is_set():
+                counts["sampled"] += len(c.sample(8, timeout=3))
+
+    threads = [Background(inserter), Background(sampler)]
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join()
+    with ReplayClient(server.endpoint, timeout=5) as client:
+        s = client.stats()
+    inserted, sampled = s["rate_limiter_inserted_items"], s["rate_limiter_sampled_items"]
+    assert (inserted, sampled) == (counts["inserted"], counts["sampled"])
+    assert sampled > 50 and inserted > 10  # both sides moved: no deadlock
+    assert sampled <= inserted * 4 + 16 and inserted * 4 - sampled <= 16
+    assert s["errors_total"] == 0
+
+
+# ------------------------------------------------------------------------------------------------ stats/config
+
+
+def test_stats_without_and_with_the_default_buffer(start_server):
+    off = start_server()
+    on = start_server("--samples-per-insert", "2.5")
+    with ReplayClient(off.endpoint, timeout=5) as client:
+        client.insert(np.ones(3), items(3), timeout=1)  # a timeout is accepted (and unused) without a limiter
+        s = client.stats()
+        assert s["samples_per_insert"] == 0.0 and s["error_buffer"] == 0.0
+        assert s["rate_limiter_waits_insert"] == 0 and s["rate_limiter_waits_sample"] == 0
+    with ReplayClient(on.endpoint, timeout=5) as client:
+        s = client.stats()
+        assert s["samples_per_insert"] == 2.5 and s["error_buffer"] == 250.0
+    assert off.terminate() == 0 and on.terminate() == 0
+
+
+BAD_FLAGS = {
+    "spi zero": (["--samples-per-insert", "0"], "must be > 0"),
+    "spi negative": (["--samples-per-insert", "-1"], "must be > 0"),
+    "spi nan": (["--samples-per-insert", "nan"], "must be finite"),
+    "spi text": (["--samples-per-insert", "fast"], "is not a number"),
+    "buffer negative": (["--samples-per-insert", "1", "--error-buffer", "-1"], "must be >= 0"),
+    "buffer inf": (["--samples-per-insert", "1", "--error-buffer", "inf"], "must be finite"),
+    "buffer alone": (["--error-buffer", "10"], "--error-buffer needs --samples-per-insert"),
+    "buffer below 1": (["--samples-per-insert", "0.5", "--error-buffer", "0.5"], r"must be >= max\(1, --samples"),
+    "buffer below spi": (["--samples-per-insert", "3", "--error-buffer", "2"], r"= 3.0"),
+}
+
+
+@pytest.mark.parametrize(("flags", "reason"), BAD_FLAGS.values(), ids=BAD_FLAGS.keys())
+def test_bad_rate_limiter_flags_are_rejected_with_the_reason(flags, reason, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--port", "0", *flags])
+    assert info.value.code == 2
+    assert re.search(reason, capsys.readouterr().err)
+
+
+def test_good_rate_limiter_flags_and_the_process_rejecting_a_bad_one():
+    args = parse_args(["--port", "0", "--samples-per-insert", "0.25", "--error-buffer", "1"])
+    assert (args.samples_per_insert, args.error_buffer) == (0.25, 1.0)
+    assert parse_args(["--port", "0"]).samples_per_insert is None
+    proc = subprocess.run(
+        [sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--error-buffer", "5"],
+        capture_output=True, text=True, timeout=8,
+    )
+    assert proc.returncode == 2 and "--error-buffer needs --samples-per-insert" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(error_buffer=5.0), "error_buffer needs samples_per_insert"),
+        (dict(samples_per_insert=0.0), "samples_per_insert must be finite and > 0"),
+        (dict(samples_per_insert=float("inf")), "samples_per_insert must be finite and > 0"),
+        (dict(samples_per_insert=2.0, error_buffer=1.5), r"error_buffer must be finite and >= max"),
+    ],
+)
+def test_server_config_validates_the_rate_limiter(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ServerConfig(**kwargs).validate()
+    assert ServerConfig(samples_per_insert=3.0).effective_error_buffer == 300.0
+    assert ServerConfig(samples_per_insert=0.5).effective_error_buffer == 100.0
+    assert ServerConfig().effective_error_buffer is None
