@@ -87,7 +87,7 @@ class ShardedStore {
   double TotalMass() const;  // sum of p^alpha over every item (the sampling mass)
   StoreStats Stats() const;
 
-  // Versioned, checksummed snapshot; see sharded_store.cc for the layout. Save writes path.tmp.<pid> and
+  // Versioned, checksummed snapshot; see sharded_store.cc for the layout. Save writes path.tmp.<pid>.<n> and
   // renames it into place; Load verifies structure and checksum and throws SnapshotError for a truncated,
   // corrupted or foreign file, never returning a partly loaded store.
   void Save(const std::string& path) const;
