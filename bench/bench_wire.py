@@ -1,0 +1,472 @@
+"""End-to-end throughput of the replay server over loopback, with real processes.
+
+For each configuration a fresh ``python -m apexrl.cli.server --port 0`` is started (its printed endpoint is
+parsed), prefilled, and then K actor processes (K = 1, 2) insert batches of 50 pre-encoded transitions in a
+loop while one learner process samples 512 (and, for Atari, decodes them with ``TransitionSpec.decode_batch``)
+and sends 512 new priorities through an ``AsyncUpdater`` (non-blocking, max_pending 64), all for --seconds.
+
+    python bench/bench_wire.py                 # full run (DPG + Atari, K = 1 and 2, 1M-item RSS)
+    python bench/bench_wire.py --quick         # smoke run, a few seconds
+
+Shapes:
+  DPG    TransitionSpec.dpg(67, 21) (632-byte items), capacity 2M, prefilled with --prefill (200k) items
+  Atari  TransitionSpec.atari() (lz4 frame stacks), built from real Pong frames played with random actions
+         through ale_py (grayscale 210x160 -> 84x84 by numpy area averaging, no cv2), 4-frame stacks;
+         falls back to synthetic frames (announced loudly) when ale_py cannot be imported.
+Reported per configuration: inserted/s (sum over actors), sampled/s (sampled and, for Atari, decoded),
+p50/p99 of the learner's sample request and of the actors' insert requests (ms), server RSS (VmRSS) and
+bytes held per item (stats()["bytes_held"] / size). Separately: server RSS holding 1M DPG items.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.abspath(__file__)
+INSERT_BATCH, SAMPLE_BATCH, BETA = 50, 512, 0.4
+N_PREENCODED_BATCHES = 64  # distinct insert batches each actor cycles through
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def rss_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def pct(lat: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(lat), q)) * 1e3 if lat else float("nan")
+
+
+class Server:
+    """A replay server subprocess; SIGTERM on close, SIGKILL if it does not exit."""
+
+    def __init__(self, capacity: int, extra: list[str] | None = None):
+        cmd = [sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--capacity", str(capacity),
+               "--log-level", "WARNING", *(extra or [])]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        self.endpoint = None
+        deadline = time.monotonic() + 60
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if "listening on" in line:
+                self.endpoint = line.strip().rsplit(" ", 1)[1]
+                break
+        if self.endpoint is None:
+            self.close()
+            raise RuntimeError("replay server did not report its endpoint")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+# --------------------------------------------------------------------------------------------- payloads
+
+
+def dpg_batches(seed: int, n_batches: int = N_PREENCODED_BATCHES) -> list[tuple[np.ndarray, np.ndarray]]:
+    from apexrl.codec import TransitionSpec
+
+    spec = TransitionSpec.dpg(67, 21)
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_batches):
+        b = {
+            "obs": rng.standard_normal((INSERT_BATCH, 67), dtype=np.float32),
+            "action": rng.uniform(-1, 1, (INSERT_BATCH, 21)).astype(np.float32),
+            "reward": rng.standard_normal(INSERT_BATCH, dtype=np.float32),
+            "discount": np.full(INSERT_BATCH, 0.99, np.float32),
+            "next_obs": rng.standard_normal((INSERT_BATCH, 67), dtype=np.float32),
+        }
+        out.append(spec.encode(b))
+    return out
+
+
+def downsample_84(gray: np.ndarray) -> np.ndarray:
+    """210x160 grayscale -> 84x84 by area averaging over a nearest-index grid (numpy only, no cv2)."""
+    h, w = gray.shape
+    ys = (np.arange(84 + 1) * h) // 84
+    xs = (np.arange(84 + 1) * w) // 84
+    # Sum over row bands then column bands with reduceat (exact area average on integer boundaries).
+    g = gray.astype(np.float32)
+    rows = np.add.reduceat(g, ys[:-1], axis=0) / np.diff(ys)[:, None]
+    cols = np.add.reduceat(rows, xs[:-1], axis=1) / np.diff(xs)[None, :]
+    return np.clip(cols + 0.5, 0, 255).astype(np.uint8)
+
+
+def pong_transitions(n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], str]:
+    """n Atari transitions from real Pong frames (random actions), or synthetic ones if ale_py is missing."""
+    rng = np.random.default_rng(seed)
+    try:
+        from ale_py import ALEInterface, LoggerMode, roms
+
+        ALEInterface.setLoggerMode(LoggerMode.Error)
+        ale = ALEInterface()
+        ale.setInt("random_seed", seed)
+        ale.setInt("frame_skip", 1)
+        ale.setFloat("repeat_action_probability", 0.0)
+        ale.loadROM(roms.get_rom_path("pong"))
+        actions = ale.getMinimalActionSet()
+        frames, acts, rews, dones = [], [], [], []
+        # DQN-style: action repeat 4, max over the last 2 raw frames, grayscale, 84x84.
+        while len(frames) < n + 4:
+            a = int(rng.integers(len(actions)))
+            r = 0.0
+            last2 = []
+            for k in range(4):
+                r += ale.act(actions[a])
+                if k >= 2:
+                    last2.append(ale.getScreenGrayscale())
+            frames.append(downsample_84(np.maximum(last2[0], last2[1])))
+            acts.append(a)
+            rews.append(r)
+            done = ale.game_over()
+            dones.append(done)
+            if done:
+                ale.reset_game()
+        source = "REAL Pong frames (ale_py, random actions, action repeat 4, numpy area-average 84x84, no cv2)"
+    except Exception as exc:  # noqa: BLE001
+        msg = f"!!! ale_py unavailable ({type(exc).__name__}: {exc}): USING SYNTHETIC FRAMES, NOT REAL PONG !!!"
+        print("\n" + "!" * len(msg) + "\n" + msg + "\n" + "!" * len(msg) + "\n", flush=True)
+        frames = []
+        base = rng.integers(0, 256, (84, 84), dtype=np.uint8) // 64 * 64
+        for i in range(n + 4):
+            f = base.copy()
+            y, x = (i * 3) % 80, (i * 5) % 80
+            f[y : y + 4, x : x + 2] = 236
+            frames.append(f)
+        acts = list(rng.integers(0, 6, n + 4))
+        rews = [0.0] * (n + 4)
+        dones = [False] * (n + 4)
+        source = "SYNTHETIC frames (ale_py missing)"
+    fr = np.stack(frames)  # (T, 84, 84)
+    idx = np.arange(n)
+    obs = np.stack([fr[idx + k] for k in range(4)], axis=1)
+    nxt = np.stack([fr[idx + 1 + k] for k in range(4)], axis=1)
+    batch = {
+        "obs": obs,
+        "action": np.asarray(acts[4 : n + 4], dtype=np.int32),
+        "reward": np.asarray(rews[4 : n + 4], dtype=np.float32),
+        "discount": np.where(np.asarray(dones[4 : n + 4]), 0.0, 0.99).astype(np.float32),
+        "next_obs": nxt,
+    }
+    return batch, source
+
+
+def save_batches(path: str, batches: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    arrs = {}
+    for i, (d, o) in enumerate(batches):
+        arrs[f"d{i}"], arrs[f"o{i}"] = d, o
+    np.savez(path, **arrs)
+
+
+def load_batches(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    z = np.load(path)
+    n = len(z.files) // 2
+    return [(z[f"d{i}"], z[f"o{i}"]) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------- workers
+
+
+def actor_main(args: argparse.Namespace) -> None:
+    from apexrl.client import ReplayClient
+
+    batches = load_batches(args.payload)
+    rng = np.random.default_rng(args.seed)
+    prios = [rng.uniform(0.1, 2.0, INSERT_BATCH) for _ in range(16)]
+    lat: list[float] = []
+    n = 0
+    i = 0
+    with ReplayClient(args.endpoint, timeout=30) as c:
+        while time.time() < args.start_at:
+            time.sleep(0.001)
+        end = args.start_at + args.seconds
+        while True:
+            d, o = batches[i % len(batches)]
+            t0 = time.perf_counter()
+            c.insert(prios[i % 16], data=d, offsets=o)
+            lat.append(time.perf_counter() - t0)
+            n += INSERT_BATCH
+            i += 1
+            if args.seed == 0 and i % 100 == 0:
+                c.remove_to_fit()
+            if time.time() >= end:
+                break
+        elapsed = time.time() - args.start_at
+    with open(args.out, "w") as f:  # a file, not stdout: a large result would fill the pipe and deadlock
+        json.dump({"items": n, "elapsed": elapsed, "lat": lat}, f)
+
+
+def learner_main(args: argparse.Namespace) -> None:
+    from apexrl.client import ReplayClient
+    from apexrl.codec import TransitionSpec
+
+    spec = TransitionSpec.atari() if args.shape == "atari" else TransitionSpec.dpg(67, 21)
+    rng = np.random.default_rng(1234)
+    lat: list[float] = []
+    dec_s = 0.0
+    n = 0
+    with ReplayClient(args.endpoint, timeout=30) as c, c.updater(max_pending=64) as up:
+        while time.time() < args.start_at:
+            time.sleep(0.001)
+        end = args.start_at + args.seconds
+        while True:
+            t0 = time.perf_counter()
+            b = c.sample(SAMPLE_BATCH, BETA)
+            t1 = time.perf_counter()
+            lat.append(t1 - t0)
+            if args.shape == "atari":
+                out = spec.decode_batch(b)
+                assert out["obs"].shape == (SAMPLE_BATCH, 4, 84, 84)
+                dec_s += time.perf_counter() - t1
+            up.update(b.keys, rng.uniform(0.1, 2.0, SAMPLE_BATCH))
+            n += len(b)
+            if time.time() >= end:
+                break
+        elapsed = time.time() - args.start_at
+        ustats = up.stats()
+    with open(args.out, "w") as f:
+        json.dump({"items": n, "elapsed": elapsed, "lat": lat, "decode_s": dec_s, "updater": ustats}, f)
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items: int, chunk: int = 20) -> None:
+    """Insert n_items by sending `chunk` pre-encoded 50-item batches concatenated per request."""
+    from apexrl.client import ReplayClient
+
+    rng = np.random.default_rng(7)
+    big = []
+    for j in range(0, len(batches), chunk):
+        part = batches[j : j + chunk]
+        data = np.concatenate([d for d, _ in part])
+        offs, base = [np.zeros(1, np.uint64)], 0
+        for d, o in part:
+            offs.append(o[1:].astype(np.uint64) + np.uint64(base))
+            base += d.size
+        big.append((data, np.concatenate(offs)))
+    done = 0
+    with ReplayClient(endpoint, timeout=120) as c:
+        k = 0
+        while done < n_items:
+            d, o = big[k % len(big)]
+            m = len(o) - 1
+            c.insert(rng.uniform(0.1, 2.0, m), data=d, offsets=o)
+            done += m
+            k += 1
+
+
+def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float) -> dict:
+    outdir = os.path.dirname(payload)
+    from apexrl.client import ReplayClient
+
+    server = Server(capacity)
+    procs: list[subprocess.Popen] = []
+    try:
+        t0 = time.perf_counter()
+        prefill(server.endpoint, batches, prefill_n)
+        prefill_s = time.perf_counter() - t0
+        start_at = time.time() + 2.0  # time for the workers to import and connect
+        common = ["--endpoint", server.endpoint, "--start-at", repr(start_at), "--seconds", str(seconds),
+                  "--shape", shape]
+        for a in range(k):
+            procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "actor", "--payload", payload,
+                                           "--seed", str(a), "--out", os.path.join(outdir, f"actor{a}.json"), *common]))
+        procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "learner",
+                                       "--out", os.path.join(outdir, "learner.json"), *common]))
+        # Server RSS sampled during the run (peak) and after.
+        peak = 0
+        while any(p.poll() is None for p in procs):
+            peak = max(peak, rss_of(server.pid))
+            time.sleep(0.2)
+        results = []
+        names = [f"actor{a}.json" for a in range(k)] + ["learner.json"]
+        for p, name in zip(procs, names):
+            if p.wait() != 0:
+                raise RuntimeError(f"worker exited with {p.returncode}")
+            with open(os.path.join(outdir, name)) as f:
+                results.append(json.load(f))
+        with ReplayClient(server.endpoint, timeout=30) as c:
+            st = c.stats()
+        rss = rss_of(server.pid)
+    except BaseException:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        raise
+    finally:
+        server.close()
+    actors, learner = results[:-1], results[-1]
+    ins_lat = [x for a in actors for x in a["lat"]]
+    size = int(st.get("size", 0))
+    return {
+        "shape": shape, "actors": k, "prefill": prefill_n, "prefill_s": prefill_s,
+        "inserted_per_s": sum(a["items"] / a["elapsed"] for a in actors),
+        "sampled_per_s": learner["items"] / learner["elapsed"],
+        "sample_p50_ms": pct(learner["lat"], 50), "sample_p99_ms": pct(learner["lat"], 99),
+        "insert_p50_ms": pct(ins_lat, 50), "insert_p99_ms": pct(ins_lat, 99),
+        "decode_ms_per_batch": 1e3 * learner["decode_s"] / max(1, len(learner["lat"])),
+        "server_rss_gb": rss / 1e9, "server_peak_rss_gb": peak / 1e9,
+        "size": size, "bytes_per_item": (st.get("bytes_held", 0) / size) if size else float("nan"),
+        "updater": learner["updater"],
+    }
+
+
+def rss_1m(n: int) -> dict:
+    batches = dpg_batches(99)
+    server = Server(max(n, 2_000_000))
+    try:
+        base = rss_of(server.pid)
+        prefill(server.endpoint, batches, n)
+        time.sleep(0.5)
+        rss = rss_of(server.pid)
+        from apexrl.client import ReplayClient
+
+        with ReplayClient(server.endpoint) as c:
+            st = c.stats()
+    finally:
+        server.close()
+    return {"items": int(st["size"]), "rss_gb": rss / 1e9, "idle_rss_gb": base / 1e9,
+            "bytes_held": int(st.get("bytes_held", 0))}
+
+
+def codec_speed(spec, batch: dict, payload_batches) -> dict:
+    n = batch["obs"].shape[0]
+    raw = spec.raw_item_bytes * n if hasattr(spec, "raw_item_bytes") else None
+    t0 = time.perf_counter()
+    data, offs = spec.encode(batch)
+    enc = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    reps = 3
+    for _ in range(reps):
+        spec.decode(data, offs)
+    dec = (time.perf_counter() - t0) / reps
+    raw_bytes = n * 2 * 4 * 84 * 84 + n * 12  # obs + next_obs u8 stacks + action/reward/discount
+    return {"n": n, "raw_bytes": raw_bytes, "item_bytes": int(data.size), "ratio": raw_bytes / data.size,
+            "bytes_per_item": data.size / n, "encode_mb_s": raw_bytes / enc / 1e6,
+            "decode_mb_s": raw_bytes / dec / 1e6, "spec_raw": raw}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=10.0, help="timed window per configuration (default 10)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 s windows, small prefill, no 1M RSS")
+    p.add_argument("--prefill", type=int, default=200_000, help="DPG items inserted before timing (default 200k)")
+    p.add_argument("--atari-transitions", type=int, default=3000, help="distinct Pong transitions (default 3000)")
+    p.add_argument("--atari-prefill", type=int, default=20_000, help="Atari items before timing (default 20k)")
+    p.add_argument("--rss-items", type=int, default=1_000_000, help="DPG items for the RSS measure (default 1M)")
+    p.add_argument("--actors", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--only", choices=("dpg", "atari"), action="append")
+    # worker mode
+    p.add_argument("--worker", choices=("actor", "learner"), help=argparse.SUPPRESS)
+    p.add_argument("--endpoint", help=argparse.SUPPRESS)
+    p.add_argument("--payload", help=argparse.SUPPRESS)
+    p.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--shape", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker == "actor":
+        return actor_main(args)
+    if args.worker == "learner":
+        return learner_main(args)
+
+    if args.quick:
+        args.seconds, args.prefill, args.atari_transitions, args.atari_prefill = 1.0, 20_000, 400, 5_000
+        args.rss_items = 0
+    shapes = args.only or ["dpg", "atari"]
+    from apexrl.codec import TransitionSpec
+
+    rows = []
+    extra: list[str] = []
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        if "dpg" in shapes:
+            batches = dpg_batches(0)
+            path = os.path.join(tmp, "dpg.npz")
+            save_batches(path, batches)
+            print(f"DPG: TransitionSpec.dpg(67, 21), {batches[0][0].size // INSERT_BATCH} B/item, capacity 2M, "
+                  f"prefill {args.prefill} items", flush=True)
+            for k in args.actors:
+                r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds)
+                print(json.dumps(r), flush=True)
+                rows.append(r)
+        if "atari" in shapes:
+            spec = TransitionSpec.atari()
+            t0 = time.perf_counter()
+            batch, source = pong_transitions(args.atari_transitions)
+            print(f"Atari: {args.atari_transitions} transitions from {source} in {time.perf_counter() - t0:.1f}s",
+                  flush=True)
+            cs = codec_speed(spec, batch, None)
+            extra.append(f"Atari source: {source}")
+            extra.append(
+                f"Atari codec on those frames ({cs['n']} transitions): raw {cs['raw_bytes'] / cs['n']:.0f} B -> "
+                f"item {cs['bytes_per_item']:.0f} B per transition, compression ratio {cs['ratio']:.1f}x; "
+                f"lz4 encode {cs['encode_mb_s']:.0f} MB/s, decode {cs['decode_mb_s']:.0f} MB/s "
+                "(raw MB, spec.encode / spec.decode, one thread)")
+            print(extra[-1], flush=True)
+            n = args.atari_transitions - args.atari_transitions % INSERT_BATCH
+            batches = []
+            for j in range(0, n, INSERT_BATCH):
+                batches.append(spec.encode({k: v[j : j + INSERT_BATCH] for k, v in batch.items()}))
+            path = os.path.join(tmp, "atari.npz")
+            save_batches(path, batches)
+            for k in args.actors:
+                r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds)
+                print(json.dumps(r), flush=True)
+                rows.append(r)
+    if args.rss_items:
+        r = rss_1m(args.rss_items)
+        extra.append(f"Server RSS holding {r['items']:,} DPG items: {r['rss_gb']:.3f} GB "
+                     f"(idle server {r['idle_rss_gb']:.3f} GB; bytes_held {r['bytes_held'] / 1e9:.3f} GB)")
+        print(extra[-1], flush=True)
+
+    print(f"\n## bench_wire ({args.seconds:g} s windows, total {time.perf_counter() - t_start:.0f} s; "
+          f"learner: sample {SAMPLE_BATCH} [+ decode for Atari] + AsyncUpdater.update {SAMPLE_BATCH}; "
+          f"actors: insert {INSERT_BATCH}/request; cpus {os.cpu_count()})\n")
+    print("| shape | actors | prefill | inserted/s | sampled/s | sample p50 / p99 ms | insert p50 / p99 ms "
+          "| decode ms/512 | server RSS GB (peak) | bytes/item held |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        dec = f"{r['decode_ms_per_batch']:.1f}" if r["shape"] == "atari" else "-"
+        print(f"| {r['shape']} | {r['actors']} | {r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
+              f"{r['sampled_per_s']:,.0f} | {r['sample_p50_ms']:.2f} / {r['sample_p99_ms']:.2f} | "
+              f"{r['insert_p50_ms']:.2f} / {r['insert_p99_ms']:.2f} | {dec} | "
+              f"{r['server_rss_gb']:.3f} ({r['server_peak_rss_gb']:.3f}) | {r['bytes_per_item']:.0f} |")
+    print()
+    for line in extra:
+        print("- " + line)
+
+
+if __name__ == "__main__":
+    main()
