@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import select
-import signal
 import subprocess
 import sys
 import threading
@@ -18,59 +16,10 @@ from apexrl.client import ReplayClient, ServerTimeoutError
 from apexrl.errors import ReplayTimeout
 from apexrl.server import ServerConfig
 
-START_TIMEOUT = 20.0
 
 
 # ------------------------------------------------------------------------------ process helper (copied from
 # tests/test_server_client.py on purpose: the test modules stay independent)
-
-
-class ServerProc:
-    def __init__(self, proc: subprocess.Popen, endpoint: str, log_path: str):
-        self.proc = proc
-        self.endpoint = endpoint
-        self.log_path = log_path
-
-    def terminate(self, timeout: float = 20.0) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-
-@pytest.fixture
-def start_server(tmp_path):
-    procs: list[subprocess.Popen] = []
-    logs: list[str] = []
-
-    def start(*args: str) -> ServerProc:
-        log_path = str(tmp_path / f"server{len(procs) + 1}.log")
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--log-level", "WARNING", *args],
-                stdout=subprocess.PIPE,
-                stderr=log,
-            )
-        procs.append(proc)
-        logs.append(log_path)
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
-        line = proc.stdout.readline().decode() if ready else ""
-        proc.stdout.close()
-        if "listening on" not in line:
-            proc.kill()
-            proc.wait(10)
-            with open(log_path, encoding="utf-8", errors="replace") as f:
-                raise AssertionError(f"server did not start: {line!r}\n{f.read()}")
-        return ServerProc(proc, line.strip().rsplit(" ", 1)[1], log_path)
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-    for path in logs:  # no server ever logged an unexpected exception
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        assert "Traceback" not in text and " ERROR " not in text, text
 
 
 def items(n: int, tag: str = "x") -> list[bytes]:

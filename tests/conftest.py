@@ -1,0 +1,100 @@
+"""Shared fixtures: real `apexrl-replay-server` processes on 127.0.0.1 for the server/client tests.
+
+`start_server(*flags, port=0)` starts `python -m apexrl.cli.server` with the flags, waits for its
+"listening on" line and returns a ServerProc. At teardown every server still running is killed, and the
+test fails if any server logged a traceback or an ERROR line.
+"""
+
+from __future__ import annotations
+
+import select
+import signal
+import subprocess
+import sys
+
+import pytest
+
+START_TIMEOUT = 20.0
+
+
+class ServerProc:
+    def __init__(self, proc: subprocess.Popen, endpoint: str, log_path: str):
+        self.proc = proc
+        self.endpoint = endpoint
+        self.log_path = log_path
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint.rsplit(":", 1)[1])
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def rss_kib(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS line")
+
+    def kill9(self) -> None:
+        """SIGKILL, as a crash would (no snapshot, no cleanup)."""
+        self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    procs: list[subprocess.Popen] = []
+    logs: list[str] = []
+    counter = [0]
+
+    def start(*args: str, port: int = 0) -> ServerProc:
+        counter[0] += 1
+        log_path = str(tmp_path / f"server{counter[0]}.log")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "apexrl.cli.server", "--port", str(port), "--log-level", "WARNING", *args],
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )
+        procs.append(proc)
+        logs.append(log_path)
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
+        line = proc.stdout.readline().decode() if ready else ""
+        proc.stdout.close()
+        if "listening on" not in line:
+            proc.kill()
+            proc.wait(10)
+            with open(log_path, encoding="utf-8", errors="replace") as f:
+                raise AssertionError(f"server did not start: {line!r}\n{f.read()}")
+        return ServerProc(proc, line.strip().rsplit(" ", 1)[1], log_path)
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None and not proc.stdout.closed:
+            proc.stdout.close()
+    for path in logs:  # no server ever logged an unexpected exception
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        assert "Traceback" not in text and " ERROR " not in text, text
