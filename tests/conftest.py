@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import zmq
 
 START_TIMEOUT = 20.0
 
@@ -98,3 +99,22 @@ def start_server(tmp_path):
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
         assert "Traceback" not in text and " ERROR " not in text, text
+
+
+@pytest.fixture
+def raw_socket():
+    """make(endpoint) -> a raw zmq DEALER connected to it, for sending hand-made (hostile) messages."""
+    ctx = zmq.Context()
+    socks: list[zmq.Socket] = []
+
+    def make(endpoint: str) -> zmq.Socket:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint)
+        socks.append(s)
+        return s
+
+    yield make
+    for s in socks:
+        s.close(linger=0)
+    ctx.term()

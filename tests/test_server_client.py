@@ -21,25 +21,6 @@ from apexrl.client import ReplayClient, ServerShuttingDownError, ServerTimeoutEr
 from apexrl.errors import ReplayTimeout, ServerError
 
 
-
-@pytest.fixture
-def raw_socket():
-    ctx = zmq.Context()
-    socks: list[zmq.Socket] = []
-
-    def make(endpoint: str) -> zmq.Socket:
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(endpoint)
-        socks.append(s)
-        return s
-
-    yield make
-    for s in socks:
-        s.close(linger=0)
-    ctx.term()
-
-
 def recv(sock: zmq.Socket, timeout: float = 5.0) -> list[bytes] | None:
     if not sock.poll(int(timeout * 1000)):
         return None

@@ -21,7 +21,6 @@ import time
 
 import numpy as np
 import pytest
-import zmq
 
 from apexrl import protocol as P
 from apexrl.client import ReplayClient
@@ -31,24 +30,6 @@ MiB = 1 << 20
 
 
 # ------------------------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture
-def zctx():
-    ctx = zmq.Context()
-    socks: list[zmq.Socket] = []
-
-    def make(endpoint: str) -> zmq.Socket:
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(endpoint)
-        socks.append(s)
-        return s
-
-    yield make
-    for s in socks:
-        s.close(linger=0)
-    ctx.term()
 
 
 def peek_ids(frame: bytes) -> tuple[int, int]:
@@ -177,7 +158,7 @@ def _expected(frames: list[bytes]) -> tuple[int, int, int] | None:
     return (req.request_id, int(P.Status.OK), int(req.op))
 
 
-def test_fuzz_ten_thousand_hostile_messages(start_server, zctx):
+def test_fuzz_ten_thousand_hostile_messages(start_server, raw_socket):
     server = start_server("--workers", "2")
     rng = random.Random(20240601)
     with ReplayClient(server.endpoint, timeout=10) as client:
@@ -185,7 +166,7 @@ def test_fuzz_ten_thousand_hostile_messages(start_server, zctx):
         keys = client.insert(np.ones(64), seed_items).tolist()
         all_keys = list(keys)
         stats0 = client.stats()
-    sock = zctx(server.endpoint)
+    sock = raw_socket(server.endpoint)
 
     total_target = 10_000
     window = 200
@@ -279,7 +260,7 @@ def test_fuzz_ten_thousand_hostile_messages(start_server, zctx):
 # --------------------------------------------------------------------------------- 2. over the size cap
 
 
-def test_frames_over_the_size_cap_neither_crash_nor_inflate_the_server(start_server, zctx):
+def test_frames_over_the_size_cap_neither_crash_nor_inflate_the_server(start_server, raw_socket):
     server = start_server("--max-message-mb", "1", "--workers", "2")
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -307,7 +288,7 @@ def test_frames_over_the_size_cap_neither_crash_nor_inflate_the_server(start_ser
     rss0 = server.rss_kib()
     hog_frame = b"\xab" * (2 * MiB)
     for i in range(20):  # each from a fresh socket: libzmq disconnects the offender
-        hog = zctx(server.endpoint)
+        hog = raw_socket(server.endpoint)
         hdr = P.Header(P.Op.INSERT, 1000 + i, count=1).pack()
         hog.send_multipart([hdr, np.ones(1).tobytes(), np.array([0, len(hog_frame)], "<u8").tobytes(), hog_frame])
         assert hog.poll(100) == 0, "an over-cap frame must not be answered (the peer is disconnected)"
@@ -318,7 +299,7 @@ def test_frames_over_the_size_cap_neither_crash_nor_inflate_the_server(start_ser
     assert rss1 <= rss0 + 4 * 1024, (rss0, rss1)
 
     # every frame under the cap, the total over it: a TOO_LARGE reply
-    sock = zctx(server.endpoint)
+    sock = raw_socket(server.endpoint)
     half = b"\0" * (600 * 1024)
     sock.send_multipart([P.Header(P.Op.UPDATE_PRIORITIES, 5, count=len(half) // 8).pack(), half, half])
     assert sock.poll(5000)

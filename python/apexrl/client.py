@@ -131,8 +131,13 @@ class ReplayClient:
 
     # ------------------------------------------------------------------------------------------ calls
 
-    def _call(self, op: P.Op, build: Any, wait: float) -> P.Reply:
-        """Send build(request_id) and wait up to ``wait`` seconds for the matching reply."""
+    def _call(self, op: P.Op, build: Any, wait: float, cancel: threading.Event | None = None) -> P.Reply:
+        """Send build(request_id) and wait up to ``wait`` seconds for the matching reply.
+
+        With ``cancel`` (the background threads of PrefetchingSampler / AsyncUpdater), the wait polls in
+        short slices and raises :class:`_Cancelled` once the event is set, so their ``close()`` is prompt
+        even while a request waits on an unreachable server (the socket is reset when cancelled).
+        """
         with self._lock:
             if self._ctx is None:
                 raise ServerClosedError("the replay client is closed")
@@ -143,19 +148,33 @@ class ReplayClient:
             rid = next(self._ids) & 0xFFFF_FFFF_FFFF_FFFF or 1
             frames = build(rid)
             deadline = time.monotonic() + wait
+
+            def wait_for(event: int) -> bool:
+                while True:
+                    if cancel is not None and cancel.is_set():
+                        self._reset()
+                        raise _Cancelled()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    slice_ms = int(remaining * 1000)
+                    if cancel is not None:
+                        slice_ms = min(_CANCEL_POLL_MS, slice_ms)
+                    if sock.poll(max(1, slice_ms), event):
+                        return True
+
             try:
                 sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
             except zmq.Again:
                 # DEALER blocks only when no peer is connected yet: wait for one within the deadline.
-                if not sock.poll(max(1, int(wait * 1000)), zmq.POLLOUT):
+                if not wait_for(zmq.POLLOUT):
                     self._reset()
                     raise ReplayTimeout(
                         f"{op.name} to {self.endpoint}: could not send within {wait:.3f}s (server unreachable?)"
                     ) from None
                 sock.send_multipart(frames, copy=False)
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not sock.poll(max(1, int(remaining * 1000)), zmq.POLLIN):
+                if not wait_for(zmq.POLLIN):
                     self._reset()
                     raise ReplayTimeout(f"{op.name} to {self.endpoint}: no reply within {wait:.3f}s")
                 reply_frames = sock.recv_multipart(copy=False)
@@ -273,64 +292,6 @@ class ReplayClient:
         """
         return AsyncUpdater(self.endpoint, max_pending=max_pending, client_timeout=self.timeout)
 
-    def _call_cancellable(self, op: P.Op, build: Any, wait: float, cancel: threading.Event) -> P.Reply:
-        """Like ``_call`` but polls in short slices and raises :class:`_Cancelled` once ``cancel`` is set.
-
-        Used by the background threads of PrefetchingSampler / AsyncUpdater so that their ``close()`` is
-        prompt even while a request waits on an unreachable server (the socket is reset when cancelled).
-        """
-        with self._lock:
-            if self._ctx is None:
-                raise ServerClosedError("the replay client is closed")
-            if self._sock is None:
-                self._connect()
-            sock = self._sock
-            assert sock is not None
-            rid = next(self._ids) & 0xFFFF_FFFF_FFFF_FFFF or 1
-            frames = build(rid)
-            deadline = time.monotonic() + wait
-
-            def wait_for(event: int) -> bool:
-                while True:
-                    if cancel.is_set():
-                        self._reset()
-                        raise _Cancelled()
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    if sock.poll(max(1, min(_CANCEL_POLL_MS, int(remaining * 1000))), event):
-                        return True
-
-            try:
-                sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                if not wait_for(zmq.POLLOUT):
-                    self._reset()
-                    raise ReplayTimeout(
-                        f"{op.name} to {self.endpoint}: could not send within {wait:.3f}s (server unreachable?)"
-                    ) from None
-                sock.send_multipart(frames, copy=False)
-            while True:
-                if not wait_for(zmq.POLLIN):
-                    self._reset()
-                    raise ReplayTimeout(f"{op.name} to {self.endpoint}: no reply within {wait:.3f}s")
-                reply_frames = sock.recv_multipart(copy=False)
-                try:
-                    header = P.Header.unpack(reply_frames[0])
-                except ProtocolError:
-                    continue
-                if header.request_id != rid:
-                    continue
-                try:
-                    reply = P.decode_reply(reply_frames, op, rid)
-                except ProtocolError:
-                    self._reset()
-                    raise
-                break
-        if not reply.ok:
-            _raise_error(reply)
-        return reply
-
 
 def _raise_error(reply: P.Reply) -> None:
     status, message = reply.status, reply.message or ""
@@ -444,7 +405,7 @@ class PrefetchingSampler(Iterator[LearnerBatch]):
                 if self._stop.is_set():
                     break
                 try:
-                    reply = client._call_cancellable(
+                    reply = client._call(
                         P.Op.SAMPLE,
                         lambda rid: P.encode_sample(rid, n, beta, timeout_ms),
                         client.timeout + self._wait_s,
@@ -601,7 +562,7 @@ class AsyncUpdater:
                 error: BaseException | None = None
                 count = 0
                 try:
-                    reply = client._call_cancellable(
+                    reply = client._call(
                         P.Op.UPDATE_PRIORITIES,
                         lambda rid: P.encode_update(rid, keys, prio),
                         client.timeout,
