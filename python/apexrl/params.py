@@ -1,0 +1,691 @@
+"""The apexrl parameter service: the learner serves versioned weights, actors pull them.
+
+::
+
+    learner process                                   actor process(es)
+    ParamServer.publish(state_dict) -> version        ParamClient.fetch(have_version)
+      serialise once (safetensors bytes)               DEALER ──tcp──► ROUTER (server thread)
+      swap (version, bytes) in atomically              ◄── UNCHANGED | PARAMS(version, bytes) | NOT_READY
+
+* **No pickle.** Weights travel as one `safetensors <https://github.com/huggingface/safetensors>`_ frame: an
+  8-byte length, a JSON header (names, dtypes, shapes, offsets) and the raw tensor bytes. The client parses
+  it with ``safetensors.torch.load``, which never executes anything.
+* **Cheap for the learner.** :meth:`ParamServer.publish` serialises in the caller (a few ms for an Atari
+  network) and swaps a reference under a lock; the sockets are touched only by the server thread, which
+  sends the same bytes object to every actor without copying it (``copy=False``).
+* **Versions** are 1, 2, ... per :class:`ParamServer` instance. Each instance also draws a random non-zero
+  32-bit ``server_id``; a request carries the version *and* the server_id of the weights the actor holds,
+  and the server answers UNCHANGED only when both match its latest. So an actor that still holds version 7
+  of a learner that was restarted (and counts from 1 again) gets the new weights, never a false UNCHANGED.
+* **Validation** on both sides: the server checks every header field and the frame count of a request and
+  answers an error reply (it keeps serving after any garbage); the client checks every field of the reply,
+  its size against its own cap, and optionally the names/dtypes/shapes of the tensors (``expected``).
+* **Timeouts and restarts** as in :class:`~apexrl.client.ReplayClient`: request ids are matched (a late
+  reply to a timed-out request is discarded), a timeout raises :class:`ParamsTimeout` and resets the socket,
+  so a learner restarted on the same endpoint is reached by the next call.
+* :class:`ParamPoller` is the actor-loop helper: it fetches at most every ``every_frames`` env frames, loads
+  new weights through a callback, and never raises on a timeout or a refused message (it counts them).
+
+The wire format is specified in docs/protocol.md, section "Parameter service".
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import random
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping
+from enum import IntEnum
+from typing import Any
+
+import safetensors.torch
+import torch
+import zmq
+
+from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, ServerError
+
+__all__ = [
+    "HEADER_SIZE",
+    "MAGIC",
+    "PROTOCOL_VERSION",
+    "SUPPORTED_VERSIONS",
+    "ParamClient",
+    "ParamOp",
+    "ParamPoller",
+    "ParamServer",
+    "ParamStatus",
+    "ParamsTimeout",
+    "TensorSpec",
+    "check_tensors",
+    "deserialize_tensors",
+    "serialize_tensors",
+    "spec_of",
+]
+
+log = logging.getLogger("apexrl.params")
+
+MAGIC = b"APXP"
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+# magic, version, op, request_id, status, flags, server_id, param_version, payload_size
+_HEADER = struct.Struct("<4sHHQHHIQQ")
+HEADER_SIZE = _HEADER.size  # 40
+_U32 = 0xFFFF_FFFF
+_U64 = 0xFFFF_FFFF_FFFF_FFFF
+REQUEST_MAX_FRAME = 4096  # ZMQ_MAXMSGSIZE of the server socket: requests are one 40-byte frame
+_MAX_ERROR_MESSAGE = 64 * 1024
+_POLL_MS = 50  # server thread: longest it takes to notice close()
+
+TensorSpec = dict[str, tuple[torch.dtype, tuple[int, ...]]]
+
+
+class ParamOp(IntEnum):
+    GET = 1
+
+
+class ParamStatus(IntEnum):
+    """Reply kinds (0-2) and error codes (>= 3). Requests carry 0."""
+
+    PARAMS = 0  # version + one safetensors frame
+    UNCHANGED = 1  # the requester already holds the latest version
+    NOT_READY = 2  # nothing published yet
+    BAD_MESSAGE = 3
+    UNSUPPORTED_VERSION = 4
+    UNKNOWN_OP = 5
+    INTERNAL = 6
+
+
+_ERRORS = frozenset(s for s in ParamStatus if s >= ParamStatus.BAD_MESSAGE)
+_STATUSES = frozenset(int(s) for s in ParamStatus)
+
+
+class ParamsTimeout(ReplayTimeout):
+    """A parameter fetch got no reply within the client's timeout (also a ``TimeoutError``)."""
+
+
+# --------------------------------------------------------------------------------------------- tensors
+
+
+def spec_of(tensors: Mapping[str, torch.Tensor]) -> TensorSpec:
+    """``{name: (dtype, shape)}`` of a state dict: what :class:`ParamClient` ``expected`` takes."""
+    return {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()}
+
+
+def check_tensors(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[torch.dtype, Any]]) -> None:
+    """ValueError naming the missing, unexpected and mismatched (dtype/shape) names; None if all match."""
+    problems = []
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing:
+        problems.append(f"missing {missing}")
+    if unexpected:
+        problems.append(f"unexpected {unexpected}")
+    mismatched = []
+    for name in sorted(set(expected) & set(tensors)):
+        dtype, shape = expected[name]
+        t = tensors[name]
+        if t.dtype != dtype or tuple(t.shape) != tuple(shape):
+            mismatched.append(f"{name}: got {t.dtype} {tuple(t.shape)}, expected {dtype} {tuple(shape)}")
+    if mismatched:
+        problems.append("mismatched " + "; ".join(mismatched))
+    if problems:
+        raise ValueError("weights do not match the expected tensors: " + ", ".join(problems))
+
+
+def serialize_tensors(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    """safetensors bytes of named tensors (moved to CPU, made contiguous, shared storage de-duplicated)."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a mapping of str -> torch.Tensor, got {type(tensors).__name__}")
+    flat: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, t in tensors.items():
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ValueError(f"tensor names must be non-empty str other than '__metadata__', got {name!r}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensors[{name!r}] must be a torch.Tensor, got {type(t).__name__}")
+        t = t.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if t.numel() and ptr in storages:  # safetensors refuses tensors that share memory (tied weights)
+            t = t.clone()
+            ptr = t.untyped_storage().data_ptr()
+        storages.add(ptr)
+        flat[name] = t
+    return safetensors.torch.save(flat)
+
+
+def deserialize_tensors(data: bytes) -> dict[str, torch.Tensor]:
+    """Named CPU tensors from safetensors bytes (they own their memory); ProtocolError if malformed."""
+    try:
+        return safetensors.torch.load(bytes(data))
+    except Exception as exc:  # noqa: BLE001 - SafetensorError, KeyError (dtype), ... : all "bad message"
+        raise ProtocolError(
+            ParamStatus.BAD_MESSAGE, f"weights frame is not valid safetensors: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------- header
+
+
+def _pack(
+    op: int, request_id: int, status: int, server_id: int = 0, param_version: int = 0, payload_size: int = 0
+) -> bytes:
+    return _HEADER.pack(MAGIC, PROTOCOL_VERSION, op, request_id, status, 0, server_id, param_version, payload_size)
+
+
+def _peek_ids(buf: memoryview) -> tuple[int, int]:
+    """(op, request_id) if the first 16 bytes look like ours, else (0, 0): echoed in error replies."""
+    if buf.nbytes >= 16 and bytes(buf[:4]) == MAGIC:
+        _version, op, request_id = struct.unpack_from("<HHQ", buf, 4)
+        return op, request_id
+    return 0, 0
+
+
+def _unpack(frame: Any) -> tuple[int, int, int, int, int, int]:
+    """(op, request_id, status, server_id, param_version, payload_size) of a valid v1 header; else ProtocolError."""
+    buf = memoryview(frame).cast("B")
+    op, rid = _peek_ids(buf)
+    ids = dict(op=op, request_id=rid)
+    if buf.nbytes < 6 or bytes(buf[:4]) != MAGIC:
+        raise ProtocolError(
+            ParamStatus.BAD_MESSAGE,
+            f"header magic is {bytes(buf[:4])!r} (frame of {buf.nbytes} bytes), expected {MAGIC!r}",
+        )
+    (version,) = struct.unpack_from("<H", buf, 4)
+    if version not in SUPPORTED_VERSIONS:
+        raise ProtocolError(
+            ParamStatus.UNSUPPORTED_VERSION,
+            f"parameter protocol version {version} is not supported; supported versions: "
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))}",
+            **ids,
+        )
+    if buf.nbytes != HEADER_SIZE:
+        raise ProtocolError(
+            ParamStatus.BAD_MESSAGE, f"header frame is {buf.nbytes} bytes, expected {HEADER_SIZE}", **ids
+        )
+    _m, _v, op, rid, status, flags, server_id, param_version, payload_size = _HEADER.unpack(buf)
+    if flags != 0:
+        raise ProtocolError(ParamStatus.BAD_MESSAGE, f"header flags is {flags:#06x}, must be 0 in version 1", **ids)
+    if status not in _STATUSES:
+        raise ProtocolError(
+            ParamStatus.BAD_MESSAGE, f"header status {status} is unknown; known: {sorted(_STATUSES)}", **ids
+        )
+    return op, rid, status, server_id, param_version, payload_size
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+
+class ParamServer:
+    """Serves the latest published weights on ``tcp://bind:port`` (port 0: ephemeral, see :attr:`endpoint`).
+
+    ``publish`` may be called from any thread (before or after ``start``); the ROUTER socket is owned by one
+    background thread, which answers each GET at once (no request waits on another: an answer is a header
+    plus a reference to the current bytes). ``max_message_mb`` caps what ``publish`` accepts (clients
+    refuse bigger replies with their own cap, default the same). Requests are capped by ZMQ_MAXMSGSIZE
+    (``REQUEST_MAX_FRAME`` bytes per frame): libzmq disconnects a peer that sends a bigger frame.
+    """
+
+    def __init__(self, bind: str = "127.0.0.1", port: int = 0, max_message_mb: float = 512):
+        if not 0 <= int(port) <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {port}")
+        if not (max_message_mb > 0 and math.isfinite(max_message_mb)):
+            raise ValueError(f"max_message_mb must be > 0, got {max_message_mb}")
+        self.bind = bind
+        self.port = int(port)
+        self.max_bytes = int(max_message_mb * (1 << 20))
+        self.server_id = random.randrange(1, _U32 + 1)
+        self._lock = threading.Lock()
+        self._version = 0
+        self._current: tuple[int, bytes] | None = None
+        self._endpoint: str | None = None
+        self._ctx: zmq.Context | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._counts = {"requests": 0, "params": 0, "unchanged": 0, "not_ready": 0, "errors": 0, "dropped": 0}
+
+    @property
+    def endpoint(self) -> str:
+        """The bound endpoint, e.g. ``tcp://127.0.0.1:40123`` (after :meth:`start`)."""
+        if self._endpoint is None:
+            raise RuntimeError("ParamServer is not started: call start() first")
+        return self._endpoint
+
+    @property
+    def version(self) -> int:
+        """The latest published version (0 = nothing published)."""
+        return self._version
+
+    def start(self) -> ParamServer:
+        """Bind and start the server thread; returns self. RuntimeError if already started."""
+        if self._thread is not None:
+            raise RuntimeError("ParamServer already started")
+        self._ctx = zmq.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, REQUEST_MAX_FRAME)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished or slow (HWM) client is dropped, never blocks
+            if ":" in self.bind:
+                sock.setsockopt(zmq.IPV6, 1)
+                host = f"[{self.bind}]"
+            else:
+                host = self.bind
+            sock.bind(f"tcp://{host}:{self.port}")
+            self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except BaseException:
+            sock.close(linger=0)
+            self._ctx.term()
+            self._ctx = None
+            raise
+        # The socket is handed to the thread here (Thread.start is a full memory barrier) and never used again
+        # by this thread.
+        self._thread = threading.Thread(target=self._serve, args=(sock,), name="apexrl-param-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def publish(self, tensors: Mapping[str, torch.Tensor]) -> int:
+        """Serialise ``tensors`` once and make them the latest weights; returns the new version (1, 2, ...).
+
+        TypeError/ValueError (nothing changes) for non-tensors, bad names, or bytes over ``max_message_mb``.
+        """
+        blob = serialize_tensors(tensors)
+        if len(blob) > self.max_bytes:
+            raise ValueError(
+                f"weights are {len(blob)} bytes, over max_message_mb={self.max_bytes / (1 << 20):g} "
+                f"({self.max_bytes} bytes)"
+            )
+        with self._lock:
+            self._version += 1
+            self._current = (self._version, blob)
+            return self._version
+
+    def stats(self) -> dict[str, int]:
+        """Request counters (requests, params, unchanged, not_ready, errors, dropped), version and bytes."""
+        with self._lock:
+            out = dict(self._counts)
+            out["version"] = self._version
+            out["bytes"] = 0 if self._current is None else len(self._current[1])
+        return out
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread (within ~50 ms) and close the socket; idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():  # pragma: no cover - the loop polls every 50 ms
+                raise RuntimeError(f"parameter server thread did not stop within {timeout}s")
+            self._thread = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def __enter__(self) -> ParamServer:
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ thread
+
+    def _serve(self, sock: zmq.Socket) -> None:
+        try:
+            while not self._stop.is_set():
+                if not sock.poll(_POLL_MS, zmq.POLLIN):
+                    continue
+                for _ in range(1000):  # drain, but look at the stop flag now and then
+                    try:
+                        msg = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    reply, kind = self._answer(msg[1:])
+                    try:
+                        sock.send_multipart([msg[0], *reply], flags=zmq.NOBLOCK, copy=False)
+                    except zmq.ZMQError:  # pragma: no cover - ROUTER drops silently; belt and braces
+                        kind = "dropped"
+                    with self._lock:
+                        self._counts["requests"] += 1
+                        self._counts[kind] += 1
+        except Exception:  # pragma: no cover - a bug, not bad input (that is answered in _answer)
+            log.exception("parameter server thread crashed")
+        finally:
+            sock.close(linger=0)
+
+    def _answer(self, frames: list[Any]) -> tuple[list[Any], str]:
+        """The reply frames for one request and the counter to bump; never raises."""
+        try:
+            return self._answer_get(frames)
+        except ProtocolError as exc:
+            status, message = exc.status, exc.message
+        except Exception as exc:  # noqa: BLE001 - defence in depth: keep serving
+            status, message = ParamStatus.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+        op = rid = 0
+        if frames:
+            try:
+                op, rid = _peek_ids(memoryview(frames[0]).cast("B"))
+            except (TypeError, ValueError):
+                pass
+        header = _pack(op, rid, int(status), self.server_id)
+        return [header, str(message).encode("utf-8", errors="replace")[:_MAX_ERROR_MESSAGE]], "errors"
+
+    def _answer_get(self, frames: list[Any]) -> tuple[list[Any], str]:
+        if not frames:
+            raise ProtocolError(ParamStatus.BAD_MESSAGE, "message has no frames after the routing id")
+        op, rid, status, server_id, have, payload_size = _unpack(frames[0])
+        ids = dict(op=op, request_id=rid)
+        if op != ParamOp.GET:
+            raise ProtocolError(ParamStatus.UNKNOWN_OP, f"header op {op} is unknown; known ops: [1 (GET)]", **ids)
+        if len(frames) != 1:
+            raise ProtocolError(
+                ParamStatus.BAD_MESSAGE, f"GET request must have 1 frame (the header), got {len(frames)}", **ids
+            )
+        if status != 0:
+            raise ProtocolError(ParamStatus.BAD_MESSAGE, f"GET request header status is {status}, must be 0", **ids)
+        if payload_size != 0:
+            raise ProtocolError(
+                ParamStatus.BAD_MESSAGE, f"GET request header payload_size is {payload_size}, must be 0", **ids
+            )
+        current = self._current  # one atomic read: (version, bytes) always belong together
+        if current is None:
+            return [_pack(op, rid, ParamStatus.NOT_READY, self.server_id)], "not_ready"
+        version, blob = current
+        if have == version and server_id == self.server_id:
+            return [_pack(op, rid, ParamStatus.UNCHANGED, self.server_id, version)], "unchanged"
+        header = _pack(op, rid, ParamStatus.PARAMS, self.server_id, version, len(blob))
+        return [header, blob], "params"
+
+
+# ---------------------------------------------------------------------------------------------- client
+
+
+class ParamClient:
+    """Fetches weights from a :class:`ParamServer` at ``endpoint`` (``tcp://host:port``).
+
+    ``fetch(have_version)`` returns ``(version, tensors)`` when the server has other weights than the ones
+    this client last returned as ``have_version``, and ``None`` otherwise; :attr:`last_status` says which
+    ``None`` it was (``ParamStatus.UNCHANGED`` or ``ParamStatus.NOT_READY``) and :attr:`latest_version`
+    the server's latest version (0 = nothing published). With ``expected`` (``{name: (dtype, shape)}``, see
+    :func:`spec_of`) weights with other names/dtypes/shapes raise ValueError and are not returned.
+
+    ``timeout`` (seconds) bounds each call; on expiry :class:`ParamsTimeout` is raised and the socket is
+    reset. Replies over ``max_message_mb`` are refused by libzmq before allocation (ZMQ_MAXMSGSIZE: the
+    connection is dropped, the call times out) and checked again before parsing. Thread-safe (one lock).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        timeout: float = 5.0,
+        *,
+        expected: Mapping[str, tuple[torch.dtype, Any]] | None = None,
+        max_message_mb: float = 512,
+    ):
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if not (max_message_mb > 0 and math.isfinite(max_message_mb)):
+            raise ValueError(f"max_message_mb must be > 0, got {max_message_mb}")
+        self.endpoint = endpoint
+        self.timeout = float(timeout)
+        self.max_bytes = int(max_message_mb * (1 << 20))
+        self.expected = None if expected is None else {k: (d, tuple(s)) for k, (d, s) in expected.items()}
+        self.last_status: ParamStatus | None = None
+        self.latest_version = 0
+        self._given: tuple[int, int] | None = None  # (version, server_id) of the weights last returned
+        self._lock = threading.Lock()
+        self._ctx: zmq.Context | None = zmq.Context()
+        self._sock: zmq.Socket | None = None
+        self._ids = itertools.count(random.randrange(1, 1 << 62))
+        self._connect()
+
+    def _connect(self) -> None:
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, 50)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + HEADER_SIZE)
+        sock.connect(self.endpoint)
+        self._sock = sock
+
+    def _reset(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        self._connect()
+
+    def close(self) -> None:
+        """Close the socket and context (idempotent)."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(linger=0)
+                self._sock = None
+            if self._ctx is not None:
+                self._ctx.term()
+                self._ctx = None
+
+    def __enter__(self) -> ParamClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def fetch(self, have_version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """New weights as ``(version, tensors)``, or None (see :attr:`last_status`).
+
+        Raises ParamsTimeout (no reply in time; socket reset), ServerError (the server's error reply),
+        ProtocolError (malformed or oversized reply; socket reset), ValueError (``expected`` mismatch:
+        nothing returned, the caller keeps its weights), ServerClosedError (this client is closed).
+        """
+        if isinstance(have_version, bool) or not isinstance(have_version, int) or not 0 <= have_version <= _U64:
+            raise ValueError(f"have_version must be an integer in [0, 2**64), got {have_version!r}")
+        with self._lock:
+            if self._ctx is None:
+                raise ServerClosedError("the parameter client is closed")
+            given = self._given
+            server_id = given[1] if given is not None and given[0] == have_version else 0
+            rid, frames = self._call(have_version, server_id)
+            status, sid, version, payload = self._decode(frames, rid)
+            self.last_status = status
+            self.latest_version = version
+            if status != ParamStatus.PARAMS:
+                return None
+            tensors = deserialize_tensors(payload)
+            if self.expected is not None:
+                check_tensors(tensors, self.expected)
+            self._given = (version, sid)
+            return version, tensors
+
+    def forget(self) -> None:
+        """The caller did not keep the weights last returned: never answer UNCHANGED on their behalf."""
+        with self._lock:
+            self._given = None
+
+    def _call(self, have_version: int, server_id: int) -> tuple[int, list[zmq.Frame]]:
+        sock = self._sock
+        assert sock is not None
+        rid = next(self._ids) & _U64 or 1
+        request = _pack(ParamOp.GET, rid, 0, server_id, have_version)
+        deadline = time.monotonic() + self.timeout
+
+        def wait_for(event: int) -> bool:
+            remaining = deadline - time.monotonic()
+            return remaining > 0 and bool(sock.poll(max(1, int(remaining * 1000)), event))
+
+        try:
+            sock.send(request, flags=zmq.NOBLOCK)
+        except zmq.Again:  # no peer connected yet: wait for one within the deadline
+            if not wait_for(zmq.POLLOUT):
+                self._reset()
+                raise ParamsTimeout(
+                    f"GET to {self.endpoint}: could not send within {self.timeout:.3f}s (learner unreachable?)"
+                ) from None
+            sock.send(request)
+        while True:
+            if not wait_for(zmq.POLLIN):
+                self._reset()
+                raise ParamsTimeout(
+                    f"GET to {self.endpoint}: no reply within {self.timeout:.3f}s (learner unreachable, or "
+                    f"weights over this client's max_message_mb={self.max_bytes / (1 << 20):g} were dropped)"
+                )
+            frames = sock.recv_multipart(copy=False)
+            try:
+                _op, reply_rid, *_ = _unpack(frames[0].buffer)
+            except ProtocolError:
+                continue  # garbage or not for us: ignore
+            if reply_rid == rid:
+                return rid, frames
+            # else: a late reply to an earlier request that timed out: discard
+
+    def _decode(self, frames: list[zmq.Frame], rid: int) -> tuple[ParamStatus, int, int, bytes]:
+        """(status, server_id, version, payload) of a valid reply; ServerError / ProtocolError otherwise."""
+        try:
+            op, _rid, status, server_id, version, payload_size = _unpack(frames[0].buffer)
+            status = ParamStatus(status)
+            n = len(frames)
+            if status in _ERRORS:
+                if n != 2 or frames[1].buffer.nbytes > _MAX_ERROR_MESSAGE:
+                    raise _bad_reply(f"error reply must have 2 frames with a short message, got {n}")
+                raise ServerError(status, bytes(frames[1].buffer).decode("utf-8", errors="replace"))
+            if op != ParamOp.GET:
+                raise _bad_reply(f"reply op is {op}, expected {int(ParamOp.GET)} (GET)")
+            if server_id == 0:
+                raise _bad_reply("reply server_id is 0")
+            if status == ParamStatus.PARAMS:
+                if n != 2:
+                    raise _bad_reply(f"PARAMS reply must have 2 frames, got {n}")
+                size = frames[1].buffer.nbytes
+                if payload_size > self.max_bytes or size > self.max_bytes:
+                    raise ProtocolError(
+                        ParamStatus.BAD_MESSAGE,
+                        f"weights are {max(size, payload_size)} bytes, over this client's max_message_mb="
+                        f"{self.max_bytes / (1 << 20):g}",
+                    )
+                if size != payload_size:
+                    raise _bad_reply(f"weights frame is {size} bytes, header payload_size says {payload_size}")
+                if version == 0:
+                    raise _bad_reply("PARAMS reply version is 0")
+                return status, server_id, version, frames[1].bytes
+            if n != 1 or payload_size != 0:
+                raise _bad_reply(f"{status.name} reply must be 1 frame with payload_size 0")
+            if (status == ParamStatus.NOT_READY) != (version == 0):
+                raise _bad_reply(f"{status.name} reply version is {version}")
+            return status, server_id, version, b""
+        except ProtocolError:
+            self._reset()
+            raise
+
+
+def _bad_reply(message: str) -> ProtocolError:
+    return ProtocolError(ParamStatus.BAD_MESSAGE, f"malformed reply: {message}")
+
+
+# ---------------------------------------------------------------------------------------------- poller
+
+
+class ParamPoller:
+    """Actor-loop helper: fetch at most every ``every_frames`` env frames, load new weights, never stall.
+
+    ``maybe_fetch(env_frames)`` takes the actor's running env-frame count. The first call fetches at once;
+    later calls fetch when ``every_frames`` frames have passed since the last attempt. New weights are
+    passed to ``load`` (e.g. ``policy.load_policy_state_dict``) and returned; otherwise it returns None.
+
+    Never raises for a slow or absent learner or a bad message; it counts instead (see :meth:`stats`):
+
+    * timeout (at most ``client.timeout`` seconds blocked) -> ``timeouts``; after k failures in a row the
+      next attempt waits ``every_frames * min(2**k, max_backoff)`` frames, so a dead learner costs an actor
+      at most one timeout per that many frames;
+    * an error reply or a malformed reply -> ``errors``;
+    * weights refused by the client's ``expected`` or by ``load`` (ValueError) -> ``mismatches``: the old
+      weights and :attr:`version` stay, a warning is logged once per distinct message, and the next attempt
+      fetches the latest again (a fixed learner is picked up).
+
+    ``ServerClosedError`` (the client was closed) and other exceptions from ``load`` propagate.
+    """
+
+    def __init__(
+        self,
+        client: ParamClient,
+        load: Callable[[dict[str, torch.Tensor]], Any] | None = None,
+        *,
+        every_frames: int = 400,
+        version: int = 0,
+        max_backoff: int = 16,
+    ):
+        if every_frames < 1:
+            raise ValueError(f"every_frames must be >= 1, got {every_frames}")
+        if max_backoff < 1:
+            raise ValueError(f"max_backoff must be >= 1, got {max_backoff}")
+        self.client = client
+        self.load = load
+        self.every_frames = int(every_frames)
+        self.max_backoff = int(max_backoff)
+        self.version = int(version)
+        self._next_frames: int | None = None  # None: fetch at the next call
+        self._failures = 0
+        self._warned: set[str] = set()
+        self.counts = {"fetches": 0, "updates": 0, "unchanged": 0, "not_ready": 0, "timeouts": 0, "errors": 0,
+                       "mismatches": 0}
+
+    def maybe_fetch(self, env_frames: int) -> dict[str, torch.Tensor] | None:
+        """New weights (already passed to ``load``) if a fetch was due and brought some, else None."""
+        if self._next_frames is not None and env_frames < self._next_frames:
+            return None
+        tensors = self.fetch_now()
+        wait = self.every_frames * min(2**self._failures, self.max_backoff)
+        self._next_frames = env_frames + wait
+        return tensors
+
+    def fetch_now(self) -> dict[str, torch.Tensor] | None:
+        """One fetch attempt now, with the same accounting as :meth:`maybe_fetch`."""
+        self.counts["fetches"] += 1
+        try:
+            got = self.client.fetch(self.version)
+        except ParamsTimeout:
+            return self._failed("timeouts")
+        except ServerClosedError:
+            raise
+        except (ServerError, ProtocolError) as exc:
+            self._warn_once(f"parameter fetch from {self.client.endpoint} failed: {exc}")
+            return self._failed("errors")
+        except ValueError as exc:
+            return self._mismatch(exc)
+        self._failures = 0
+        if got is None:
+            key = "not_ready" if self.client.last_status == ParamStatus.NOT_READY else "unchanged"
+            self.counts[key] += 1
+            return None
+        version, tensors = got
+        if self.load is not None:
+            try:
+                self.load(tensors)
+            except ValueError as exc:
+                self.client.forget()
+                return self._mismatch(exc)
+        self.version = version
+        self.counts["updates"] += 1
+        return tensors
+
+    def stats(self) -> dict[str, int]:
+        """Counters (fetches, updates, unchanged, not_ready, timeouts, errors, mismatches) and version."""
+        return {**self.counts, "version": self.version}
+
+    def _failed(self, key: str) -> None:
+        self.counts[key] += 1
+        self._failures += 1
+        return None
+
+    def _mismatch(self, exc: ValueError) -> None:
+        self.counts["mismatches"] += 1
+        self._warn_once(f"refused weights from {self.client.endpoint}, keeping version {self.version}: {exc}")
+        return None
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned and len(self._warned) < 100:
+            self._warned.add(message)
+            log.warning("%s", message)
