@@ -1,0 +1,129 @@
+"""Agent hyper-parameters. Defaults are the Ape-X paper's (Horgan et al. 2018; DESIGN.md §2).
+
+Both configs are frozen dataclasses: make small-task presets with ``dataclasses.replace(DQNConfig(), lr=1e-3)``.
+Invalid values raise ValueError at construction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def _check_positive_ints(cfg: object, *names: str) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{type(cfg).__name__}.{name} must be an int >= 1, got {v!r}")
+
+
+def _check_positive_floats(cfg: object, *names: str, allow_none: bool = False) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if v is None and allow_none:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{type(cfg).__name__}.{name} must be a finite number > 0, got {v!r}")
+
+
+def _check_unit(cfg: object, *names: str) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+            raise ValueError(f"{type(cfg).__name__}.{name} must be in [0, 1], got {v!r}")
+
+
+def _check_layers(cfg: object, *names: str) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if not isinstance(v, tuple) or not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in v):
+            raise ValueError(f"{type(cfg).__name__}.{name} must be a tuple of positive ints, got {v!r}")
+
+
+@dataclass(frozen=True)
+class DQNConfig:
+    """Ape-X DQN: dueling double-Q network, n-step targets, centered RMSProp (paper defaults)."""
+
+    n_step: int = 3
+    """n of the n-step return R = sum_{k<n} gamma^k r_k used by actors and the learner's target."""
+    gamma: float = 0.99
+    """Discount per agent step."""
+    batch_size: int = 512
+    """Transitions per learner update (the learner samples this many from replay)."""
+    lr: float = 0.00025 / 4
+    """Learning rate of centered RMSProp."""
+    rms_decay: float = 0.95
+    """RMSProp smoothing constant (torch's ``alpha``)."""
+    rms_eps: float = 1.5e-7
+    """RMSProp epsilon."""
+    rms_centered: bool = True
+    """Centered RMSProp (normalise by the variance, not the second moment, of the gradient)."""
+    grad_clip_norm: float | None = 40.0
+    """Clip the global gradient norm to this; None: no clipping."""
+    target_update_period: int = 2500
+    """Learner updates between hard copies of the online network into the target network."""
+    priority_eps: float = 1e-6
+    """Added to |TD error| so that every priority is > 0."""
+    huber_delta: float | None = None
+    """None: the paper's loss 1/2 delta^2; a float: Huber loss with this threshold (acme uses 1.0)."""
+    hidden: tuple[int, ...] = (512,)
+    """Hidden layers (ReLU) of the MLP torso for vector observations; the dueling streams are linear on top."""
+    atari_stream_hidden: int = 512
+    """Hidden units of each dueling stream on the Nature-DQN torso (Wang et al. 2016)."""
+    epsilon_base: float = 0.4
+    """Exploration ladder: actor i of N uses epsilon_base ** (1 + epsilon_alpha * i / (N - 1))."""
+    epsilon_alpha: float = 7.0
+    """Exponent range of the exploration ladder (see epsilon_base)."""
+
+    def __post_init__(self) -> None:
+        _check_positive_ints(self, "n_step", "batch_size", "target_update_period", "atari_stream_hidden")
+        _check_unit(self, "gamma", "rms_decay", "epsilon_base")
+        _check_positive_floats(self, "lr", "rms_eps", "priority_eps", "epsilon_alpha")
+        _check_positive_floats(self, "grad_clip_norm", "huber_delta", allow_none=True)
+        _check_layers(self, "hidden")
+
+
+@dataclass(frozen=True)
+class DPGConfig:
+    """Ape-X DPG: deterministic actor, Q critic, n-step targets, Adam, hard target copies (paper defaults)."""
+
+    n_step: int = 5
+    """n of the n-step return (5 as in D4PG; the paper also reports 3)."""
+    gamma: float = 0.99
+    """Discount per agent step."""
+    batch_size: int = 256
+    """Transitions per learner update."""
+    actor_lr: float = 1e-4
+    """Adam learning rate of the actor (policy) network."""
+    critic_lr: float = 1e-4
+    """Adam learning rate of the critic (Q) network."""
+    adam_eps: float = 1e-8
+    """Adam epsilon, both optimisers."""
+    critic_hidden: tuple[int, int] = (400, 300)
+    """Critic layers: obs -> 400 -> tanh -> [concat action] -> 300 -> tanh -> 1."""
+    actor_hidden: tuple[int, ...] = (300, 200)
+    """Actor layers: obs -> 300 -> tanh -> 200 -> tanh -> action_dim -> tanh."""
+    target_update_period: int = 100
+    """Learner updates between hard copies of actor and critic into their target networks."""
+    noise_sigma: float = 0.3
+    """Std of the Gaussian exploration noise added to actions by actors (none in evaluation)."""
+    priority_eps: float = 1e-6
+    """Added to |TD error| so that every priority is > 0."""
+    actor_grad_clip: float | None = 1.0
+    """Clip every element of the actor's gradient to [-c, c]; None: no clipping."""
+
+    def __post_init__(self) -> None:
+        _check_positive_ints(self, "n_step", "batch_size", "target_update_period")
+        _check_unit(self, "gamma")
+        _check_positive_floats(self, "actor_lr", "critic_lr", "adam_eps", "priority_eps")
+        _check_positive_floats(self, "actor_grad_clip", allow_none=True)
+        if isinstance(self.noise_sigma, bool) or not isinstance(self.noise_sigma, (int, float)) or not (
+            math.isfinite(self.noise_sigma) and self.noise_sigma >= 0
+        ):
+            raise ValueError(f"DPGConfig.noise_sigma must be a finite number >= 0, got {self.noise_sigma!r}")
+        _check_layers(self, "critic_hidden", "actor_hidden")
+        if len(self.critic_hidden) != 2:
+            raise ValueError(f"DPGConfig.critic_hidden must have two layers (action enters the second), got {self.critic_hidden}")
+
+
+__all__ = ["DPGConfig", "DQNConfig"]

@@ -1,0 +1,297 @@
+"""Ape-X DPG (Horgan et al. 2018): deterministic policy gradients with n-step targets and prioritized replay.
+
+Networks (tanh everywhere, as in the paper)::
+
+    actor   pi(s)    = tanh(W3 tanh(W2 tanh(W1 s)))                 300 -> 200 -> action_dim, in [-1, 1]
+    critic  Q(s, a)  = w3 . tanh(W2 [tanh(W1 s), a])                400 -> 300 -> 1
+
+The action enters the critic at its second layer, concatenated with the first layer's output (as in DDPG,
+Lillicrap et al. 2016). The last layer of both networks starts in U(-3e-3, 3e-3) (DDPG), so initial actions
+and values are near 0 rather than saturated.
+
+Learner update on a batch (s, a, R, D, s') with IS weights w (R the n-step return, D = gamma^n or 0)::
+
+    q_next_target = Q'(s', pi'(s'))                  target critic at the target actor's action
+    td_target     = R + D * q_next_target
+    delta         = td_target - Q(s, a)
+    critic_loss   = mean_i w_i * delta_i^2 / 2                       -> Adam step of the critic
+    actor_loss    = -mean_i Q(s_i, pi(s_i))     (updated critic)     -> actor gradient clipped elementwise
+                                                                        to [-1, 1], Adam step of the actor
+    priorities    = |delta| + priority_eps
+
+The actor loss is not IS-weighted (the IS correction is for the TD targets' sampling bias; the paper and D4PG
+weight only the critic). Target networks are hard copies, refreshed after every ``target_update_period``-th
+update (100 in the paper). Actors (``DPGPolicy``) add Gaussian noise N(0, sigma^2) and clip to [-1, 1], and
+compute initial priorities with their local actor and critic standing in for the target networks.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from apexrl.agents.base import (
+    as_tensor,
+    check_batch,
+    check_steps,
+    check_tensors,
+    expected_optimizer_tensors,
+    finite_priorities,
+    load_module_tensors,
+    load_optimizer_tensors,
+    module_layout,
+    module_tensors,
+    optimizer_tensors,
+)
+from apexrl.agents.config import DPGConfig
+from apexrl.codec import TransitionSpec
+from apexrl.nets import MLP, build_seeded
+
+if TYPE_CHECKING:
+    from apexrl.envs import EnvSpec
+
+__all__ = ["DPGActor", "DPGCritic", "DPGLearner", "DPGPolicy", "dpg_transition_spec"]
+
+FINAL_LAYER_INIT = 3e-3
+"""Final layers start in U(-3e-3, 3e-3) (DDPG)."""
+
+
+class DPGActor(nn.Module):
+    """Deterministic policy ``pi(s) = tanh(MLP_tanh(s))`` with actions in [-1, 1]."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.body = MLP(obs_dim, hidden, action_dim, activation=nn.Tanh)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return torch.tanh(self.body(obs))
+
+    def reset_from(self, generator: torch.Generator) -> None:
+        out = self.body.layers[-1]
+        with torch.no_grad():
+            out.weight.uniform_(-FINAL_LAYER_INIT, FINAL_LAYER_INIT, generator=generator)
+            out.bias.uniform_(-FINAL_LAYER_INIT, FINAL_LAYER_INIT, generator=generator)
+
+
+class DPGCritic(nn.Module):
+    """``Q(s, a)``: ``s -> 400 -> tanh -> [., a] -> 300 -> tanh -> 1``; returns shape ``(B,)``."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, int]):
+        super().__init__()
+        self.obs_layer = nn.Linear(obs_dim, hidden[0])
+        self.joint_layer = nn.Linear(hidden[0] + action_dim, hidden[1])
+        self.out = nn.Linear(hidden[1], 1)
+
+    def forward(self, obs: Tensor, action: Tensor) -> Tensor:
+        h = torch.tanh(self.obs_layer(obs))
+        h = torch.tanh(self.joint_layer(torch.cat([h, action], dim=1)))
+        return self.out(h).squeeze(1)
+
+    def reset_from(self, generator: torch.Generator) -> None:
+        with torch.no_grad():
+            self.out.weight.uniform_(-FINAL_LAYER_INIT, FINAL_LAYER_INIT, generator=generator)
+            self.out.bias.uniform_(-FINAL_LAYER_INIT, FINAL_LAYER_INIT, generator=generator)
+
+
+def _dims(env_spec: EnvSpec) -> tuple[int, int]:
+    if not env_spec.action_dim or env_spec.action_dim < 1 or len(env_spec.obs_shape) != 1:
+        raise ValueError(
+            f"DPG needs vector observations and continuous actions; {env_spec.name} has obs_shape "
+            f"{env_spec.obs_shape}, action_dim={env_spec.action_dim}"
+        )
+    return env_spec.obs_shape[0], env_spec.action_dim
+
+
+def dpg_transition_spec(env_spec: EnvSpec) -> TransitionSpec:
+    """``TransitionSpec.dpg(obs_dim, action_dim)``: float32 fields, no compression."""
+    return TransitionSpec.dpg(*_dims(env_spec))
+
+
+def _build(env_spec: EnvSpec, config: DPGConfig, seed: int, device: torch.device) -> tuple[DPGActor, DPGCritic]:
+    obs_dim, action_dim = _dims(env_spec)
+    generator = torch.Generator().manual_seed(seed)
+    actor = build_seeded(lambda: DPGActor(obs_dim, action_dim, config.actor_hidden), generator, device)
+    critic = build_seeded(lambda: DPGCritic(obs_dim, action_dim, config.critic_hidden), generator, device)
+    return actor, critic
+
+
+def _f32(x: np.ndarray, device: torch.device) -> Tensor:
+    return as_tensor(x, device, torch.float32)
+
+
+class DPGLearner:
+    """The learner's side of Ape-X DPG: actor, critic, their target copies and two Adam optimisers.
+
+    Args:
+      env_spec: the environment (obs_dim, action_dim).
+      config: hyper-parameters (paper defaults).
+      device: torch device of the networks and the update.
+      seed: initialises the networks (through a torch.Generator; the global RNG is not used).
+    """
+
+    def __init__(self, env_spec: EnvSpec, config: DPGConfig | None = None, device: str | torch.device = "cpu", seed: int = 0):
+        self.config = config = config or DPGConfig()
+        self.env_spec = env_spec
+        self.device = torch.device(device)
+        self.transition_spec = dpg_transition_spec(env_spec)
+        self.actor, self.critic = _build(env_spec, config, seed, self.device)
+        self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
+        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self._make_optimizers()
+        self.steps = 0
+
+    def _make_optimizers(self) -> None:
+        c = self.config
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=c.actor_lr, eps=c.adam_eps)
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=c.critic_lr, eps=c.adam_eps)
+
+    def update(self, batch: Mapping[str, np.ndarray], weights: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        """One critic step then one actor step (formulas in the module docstring).
+
+        Returns the new priorities ``|delta| + priority_eps`` (float64) and the metrics ``critic_loss``,
+        ``actor_loss``, ``q_mean`` (mean Q(s, a) before the step) and ``td_abs_mean``. Copies both target
+        networks after every ``target_update_period``-th update.
+        """
+        check_batch(batch, weights)
+        dev = self.device
+        obs, action, next_obs = _f32(batch["obs"], dev), _f32(batch["action"], dev), _f32(batch["next_obs"], dev)
+        reward, discount, w = _f32(batch["reward"], dev), _f32(batch["discount"], dev), _f32(weights, dev)
+
+        # Critic: IS-weighted squared n-step TD error.
+        with torch.no_grad():
+            q_next_target = self.target_critic(next_obs, self.target_actor(next_obs))
+            td_target = reward + discount * q_next_target
+        q = self.critic(obs, action)
+        delta = td_target - q
+        critic_loss = (w * 0.5 * delta.square()).mean()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_optimizer.step()
+
+        # Actor: ascend Q(s, pi(s)) through the updated critic; gradients clipped elementwise.
+        actor_loss = -self.critic(obs, self.actor(obs)).mean()
+        actor_params = list(self.actor.parameters())
+        grads = torch.autograd.grad(actor_loss, actor_params)
+        clip = self.config.actor_grad_clip
+        for p, g in zip(actor_params, grads):
+            p.grad = g if clip is None else g.clamp(-clip, clip)
+        self.actor_optimizer.step()
+
+        self.steps += 1
+        if self.steps % self.config.target_update_period == 0:
+            self.target_actor.load_state_dict(self.actor.state_dict())
+            self.target_critic.load_state_dict(self.critic.state_dict())
+
+        td_abs = delta.detach().abs()
+        stats = torch.stack([critic_loss.detach(), actor_loss.detach(), q.detach().mean(), td_abs.mean()]).tolist()
+        metrics = dict(zip(("critic_loss", "actor_loss", "q_mean", "td_abs_mean"), stats))
+        return finite_priorities(td_abs, self.config.priority_eps), metrics
+
+    # -- weights for actors, checkpoints ---------------------------------------------------------------------
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """Actor and critic weights (``actor/...``, ``critic/...``), CPU: what ``DPGPolicy`` loads. Actors need
+        the critic too, for their initial priorities."""
+        return {**module_tensors("actor", self.actor), **module_tensors("critic", self.critic)}
+
+    def _nets(self) -> dict[str, nn.Module]:
+        return {
+            "actor": self.actor,
+            "critic": self.critic,
+            "target_actor": self.target_actor,
+            "target_critic": self.target_critic,
+        }
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat checkpoint: the four networks, ``optim/actor/...``, ``optim/critic/...``, ``steps`` (int64)."""
+        out: dict[str, torch.Tensor] = {}
+        for name, net in self._nets().items():
+            out.update(module_tensors(name, net))
+        out.update(optimizer_tensors("actor", self.actor_optimizer))
+        out.update(optimizer_tensors("critic", self.critic_optimizer))
+        out["steps"] = torch.tensor(self.steps, dtype=torch.int64)
+        return out
+
+    def load_state_dict(self, d: Mapping[str, torch.Tensor]) -> None:
+        """Restore a ``state_dict``; ValueError naming missing/unexpected/mismatched entries changes nothing."""
+        expected: dict[str, torch.Tensor] = {"steps": torch.tensor(0, dtype=torch.int64)}
+        for name, net in self._nets().items():
+            expected.update(module_layout(name, net))
+        if isinstance(d, Mapping):
+            expected.update(expected_optimizer_tensors("actor", self.actor_optimizer, d))
+            expected.update(expected_optimizer_tensors("critic", self.critic_optimizer, d))
+        check_tensors(expected, d, "DPG checkpoint")
+        check_steps(d["steps"])
+        for name, net in self._nets().items():
+            load_module_tensors(name, net, d)
+        self._make_optimizers()
+        load_optimizer_tensors("actor", self.actor_optimizer, d)
+        load_optimizer_tensors("critic", self.critic_optimizer, d)
+        self.steps = int(d["steps"])
+
+
+class DPGPolicy:
+    """An actor's local Ape-X DPG policy: ``clip(pi(s) + sigma * N(0, I), -1, 1)``, or ``pi(s)`` in evaluation.
+
+    Args:
+      env_spec, config: as for the learner (same networks).
+      sigma: std of the exploration noise; None: ``config.noise_sigma``.
+      seed: initial weights (until the first ``load_policy_state_dict``) and the noise draws.
+      device: torch device of the local networks (actors normally run on the CPU).
+    """
+
+    def __init__(
+        self,
+        env_spec: EnvSpec,
+        config: DPGConfig | None = None,
+        *,
+        sigma: float | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ):
+        self.config = config = config or DPGConfig()
+        self.env_spec = env_spec
+        self.device = torch.device(device)
+        self.sigma = float(config.noise_sigma if sigma is None else sigma)
+        if not (np.isfinite(self.sigma) and self.sigma >= 0):
+            raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r}")
+        self.transition_spec = dpg_transition_spec(env_spec)
+        self.actor, self.critic = _build(env_spec, config, seed, self.device)
+        self.actor.requires_grad_(False)
+        self.critic.requires_grad_(False)
+        self.rng = np.random.default_rng(seed)
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, explore: bool = True) -> np.ndarray:
+        """Action for one observation: float32 ``(action_dim,)`` in [-1, 1]; noise only when ``explore``."""
+        action = self.actor(_f32(np.asarray(obs)[None], self.device))[0].cpu().numpy()
+        if explore and self.sigma > 0:
+            action = action + self.sigma * self.rng.standard_normal(action.shape)
+        return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+    @torch.inference_mode()
+    def initial_priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """``|R + D * Q(s', pi(s')) - Q(s, a)| + priority_eps`` with the local actor and critic (no target
+        networks on actors), for a whole batch at once (float64)."""
+        check_batch(batch)
+        dev = self.device
+        next_obs = _f32(batch["next_obs"], dev)
+        q_next = self.critic(next_obs, self.actor(next_obs))
+        td_target = _f32(batch["reward"], dev) + _f32(batch["discount"], dev) * q_next
+        q = self.critic(_f32(batch["obs"], dev), _f32(batch["action"], dev))
+        return finite_priorities((td_target - q).abs(), self.config.priority_eps)
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        return {**module_tensors("actor", self.actor), **module_tensors("critic", self.critic)}
+
+    def load_policy_state_dict(self, d: Mapping[str, torch.Tensor]) -> None:
+        """Load the learner's ``policy_state_dict``; ValueError naming wrong names/shapes changes nothing."""
+        expected = {**module_layout("actor", self.actor), **module_layout("critic", self.critic)}
+        check_tensors(expected, d, "DPG policy weights")
+        load_module_tensors("actor", self.actor, d)
+        load_module_tensors("critic", self.critic, d)

@@ -1,0 +1,298 @@
+"""Ape-X DQN (Horgan et al. 2018): dueling network, double-Q n-step targets, prioritized replay.
+
+Network (Wang et al. 2016)::
+
+    Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a')
+
+on the Nature-DQN torso for uint8 frame stacks (each stream: 512 ReLU units, then linear) or on an MLP torso
+for vector observations (linear streams).
+
+Learner update on a sampled batch (s, a, R, D, s') with IS weights w, where R is the n-step return and D holds
+gamma^n (0 when the episode terminated, see apexrl.nstep)::
+
+    a*         = argmax_a Q_online(s', a)                    double Q: the online net picks,
+    td_target  = R + D * Q_target(s', a*)                    the target net evaluates
+    delta      = td_target - Q_online(s, a)
+    loss       = mean_i w_i * l(delta_i)      l(x) = x^2 / 2 (paper, default) or Huber(x; huber_delta)
+    priorities = |delta| + priority_eps
+
+Loss choice: the paper's loss is the squared n-step TD error, l(x) = x^2 / 2, with the global gradient norm
+clipped to 40; that is the default. ``DQNConfig.huber_delta`` switches to the Huber loss (acme's Ape-X-style
+DQN uses Huber with delta 1), which bounds each sample's gradient to ``w_i * huber_delta``.
+Optimiser: centered RMSProp (lr 0.00025/4, decay 0.95, eps 1.5e-7). The target net is a hard copy of the
+online net after every ``target_update_period``-th update.
+
+Actors (``DQNPolicy``) act epsilon-greedily with a fixed epsilon (``epsilon_ladder``) and compute initial
+priorities with their local copy of the online network standing in for both the online and the target
+network (they have no target net), so their target reduces to ``R + D * max_a Q(s', a)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from apexrl.agents.base import (
+    as_tensor,
+    check_batch,
+    check_steps,
+    check_tensors,
+    expected_optimizer_tensors,
+    finite_priorities,
+    load_module_tensors,
+    load_optimizer_tensors,
+    module_layout,
+    module_tensors,
+    optimizer_tensors,
+)
+from apexrl.agents.config import DQNConfig
+from apexrl.codec import FieldSpec, TransitionSpec
+from apexrl.nets import MLP, NatureTorso, build_seeded
+
+if TYPE_CHECKING:
+    from apexrl.envs import EnvSpec
+
+__all__ = ["DQNLearner", "DQNPolicy", "DuelingQNetwork", "dqn_transition_spec", "make_q_network"]
+
+
+class DuelingQNetwork(nn.Module):
+    """``Q(s, .) = V(s) + A(s, .) - mean_a A(s, a)`` on top of ``torso``.
+
+    Args:
+      torso: observations -> features of size ``feature_dim``.
+      num_actions: size of the advantage stream's output.
+      stream_hidden: hidden ReLU layers of each stream (``()``: linear streams).
+    """
+
+    def __init__(self, torso: nn.Module, feature_dim: int, num_actions: int, stream_hidden: tuple[int, ...] = ()):
+        super().__init__()
+        self.torso = torso
+        self.value = MLP(feature_dim, stream_hidden, 1)
+        self.advantage = MLP(feature_dim, stream_hidden, num_actions)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        h = self.torso(obs)
+        value, advantage = self.value(h), self.advantage(h)
+        return value + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+def _is_image(env_spec: EnvSpec) -> bool:
+    return len(env_spec.obs_shape) == 3 and np.dtype(env_spec.obs_dtype) == np.uint8
+
+
+def _check_env(env_spec: EnvSpec) -> None:
+    if not env_spec.num_actions or env_spec.num_actions < 1:
+        raise ValueError(f"DQN needs a discrete action space; {env_spec.name} has num_actions={env_spec.num_actions}")
+    if not (_is_image(env_spec) or len(env_spec.obs_shape) == 1):
+        raise ValueError(
+            f"DQN handles uint8 (C, H, W) frames or vector observations; {env_spec.name} has "
+            f"{np.dtype(env_spec.obs_dtype)} {env_spec.obs_shape}"
+        )
+
+
+def make_q_network(env_spec: EnvSpec, config: DQNConfig) -> DuelingQNetwork:
+    """The dueling Q network for ``env_spec`` (parameters on the meta device until ``build_seeded``)."""
+    _check_env(env_spec)
+    if _is_image(env_spec):
+        torso: nn.Module = NatureTorso(tuple(env_spec.obs_shape))
+        return DuelingQNetwork(torso, torso.out_features, env_spec.num_actions, (config.atari_stream_hidden,))
+    mlp = MLP(env_spec.obs_shape[0], config.hidden)
+    return DuelingQNetwork(mlp, mlp.out_features, env_spec.num_actions)
+
+
+def dqn_transition_spec(env_spec: EnvSpec) -> TransitionSpec:
+    """Frames: ``TransitionSpec.atari`` (lz4 uint8 stacks); vectors: float32 obs, int32 action, no compression."""
+    _check_env(env_spec)
+    if _is_image(env_spec):
+        return TransitionSpec.atari(*env_spec.obs_shape)
+    d = env_spec.obs_shape[0]
+    return TransitionSpec(
+        [
+            FieldSpec("obs", "f4", (d,)),
+            FieldSpec("action", "i4"),
+            FieldSpec("reward", "f4"),
+            FieldSpec("discount", "f4"),
+            FieldSpec("next_obs", "f4", (d,)),
+        ]
+    )
+
+
+def _obs_tensor(x: np.ndarray, device: torch.device) -> Tensor:
+    # uint8 frames travel as uint8 (the torso scales them); anything else becomes float32.
+    return as_tensor(x, device, None if x.dtype == np.uint8 else torch.float32)
+
+
+class DQNLearner:
+    """The learner's side of Ape-X DQN: online and target dueling networks, centered RMSProp.
+
+    Args:
+      env_spec: the environment (obs shape/dtype, number of actions).
+      config: hyper-parameters (paper defaults).
+      device: torch device of the networks and the update.
+      seed: initialises the networks (through a torch.Generator; the global RNG is not used).
+    """
+
+    def __init__(self, env_spec: EnvSpec, config: DQNConfig | None = None, device: str | torch.device = "cpu", seed: int = 0):
+        self.config = config = config or DQNConfig()
+        self.env_spec = env_spec
+        self.device = torch.device(device)
+        self.transition_spec = dqn_transition_spec(env_spec)
+        generator = torch.Generator().manual_seed(seed)
+        self.q_net = build_seeded(lambda: make_q_network(env_spec, config), generator, self.device)
+        self.target_q_net = copy.deepcopy(self.q_net).requires_grad_(False)
+        self.optimizer = torch.optim.RMSprop(
+            self.q_net.parameters(),
+            lr=config.lr,
+            alpha=config.rms_decay,
+            eps=config.rms_eps,
+            centered=config.rms_centered,
+        )
+        self.steps = 0
+
+    def _td_loss(self, delta: Tensor, weights: Tensor) -> Tensor:
+        """mean_i w_i * l(delta_i) with l the squared (1/2 x^2) or Huber loss."""
+        if self.config.huber_delta is None:
+            per_sample = 0.5 * delta.square()
+        else:
+            per_sample = F.huber_loss(delta, torch.zeros_like(delta), reduction="none", delta=self.config.huber_delta)
+        return (weights * per_sample).mean()
+
+    def update(self, batch: Mapping[str, np.ndarray], weights: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        """One gradient step on a sampled batch with IS weights (formulas in the module docstring).
+
+        Returns the new priorities ``|delta| + priority_eps`` (float64) and the metrics ``loss``,
+        ``td_abs_mean``, ``q_mean`` (mean Q_online(s, a)) and ``grad_norm`` (before clipping), all computed
+        before the step. Copies the target network after every ``target_update_period``-th update.
+        """
+        check_batch(batch, weights)
+        dev = self.device
+        obs, next_obs = _obs_tensor(batch["obs"], dev), _obs_tensor(batch["next_obs"], dev)
+        action = as_tensor(batch["action"], dev, torch.int64)
+        reward = as_tensor(batch["reward"], dev, torch.float32)
+        discount = as_tensor(batch["discount"], dev, torch.float32)
+        w = as_tensor(weights, dev, torch.float32)
+
+        with torch.no_grad():
+            a_star = self.q_net(next_obs).argmax(dim=1, keepdim=True)
+            q_next_target = self.target_q_net(next_obs).gather(1, a_star).squeeze(1)
+            td_target = reward + discount * q_next_target
+        q = self.q_net(obs).gather(1, action.unsqueeze(1)).squeeze(1)
+        delta = td_target - q
+        loss = self._td_loss(delta, w)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        max_norm = self.config.grad_clip_norm if self.config.grad_clip_norm is not None else float("inf")
+        grad_norm = nn.utils.clip_grad_norm_(self.q_net.parameters(), max_norm)
+        self.optimizer.step()
+
+        self.steps += 1
+        if self.steps % self.config.target_update_period == 0:
+            self.target_q_net.load_state_dict(self.q_net.state_dict())
+
+        td_abs = delta.detach().abs()
+        stats = torch.stack([loss.detach(), td_abs.mean(), q.detach().mean(), grad_norm.detach()]).tolist()
+        metrics = dict(zip(("loss", "td_abs_mean", "q_mean", "grad_norm"), stats))
+        return finite_priorities(td_abs, self.config.priority_eps), metrics
+
+    # -- weights for actors, checkpoints ---------------------------------------------------------------------
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The online network's weights as CPU tensors named ``q_net/...``: what ``DQNPolicy`` loads."""
+        return module_tensors("q_net", self.q_net)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat checkpoint: ``q_net/*``, ``target_q_net/*``, ``optim/q_net/<i>/<key>``, ``steps`` (int64)."""
+        return {
+            **module_tensors("q_net", self.q_net),
+            **module_tensors("target_q_net", self.target_q_net),
+            **optimizer_tensors("q_net", self.optimizer),
+            "steps": torch.tensor(self.steps, dtype=torch.int64),
+        }
+
+    def _expected_state(self, present: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {
+            **module_layout("q_net", self.q_net),
+            **module_layout("target_q_net", self.target_q_net),
+            **expected_optimizer_tensors("q_net", self.optimizer, present),
+            "steps": torch.tensor(0, dtype=torch.int64),
+        }
+
+    def load_state_dict(self, d: Mapping[str, torch.Tensor]) -> None:
+        """Restore a ``state_dict``; ValueError naming missing/unexpected/mismatched entries changes nothing."""
+        check_tensors(self._expected_state(d) if isinstance(d, Mapping) else {}, d, "DQN checkpoint")
+        check_steps(d["steps"])
+        load_module_tensors("q_net", self.q_net, d)
+        load_module_tensors("target_q_net", self.target_q_net, d)
+        self.optimizer = torch.optim.RMSprop(self.q_net.parameters(), **_hyper(self.optimizer))
+        load_optimizer_tensors("q_net", self.optimizer, d)
+        self.steps = int(d["steps"])  # checked >= 0 above
+
+
+def _hyper(opt: torch.optim.Optimizer) -> dict:
+    return {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+
+
+class DQNPolicy:
+    """An actor's local Ape-X DQN policy: epsilon-greedy on its copy of the online network.
+
+    Args:
+      env_spec, config: as for the learner (same network).
+      epsilon: this actor's exploration rate (``epsilon_ladder(i, n)``); None: ``config.epsilon_base``.
+      seed: initial weights (until the first ``load_policy_state_dict``) and the exploration draws.
+      device: torch device of the local network (actors normally run on the CPU).
+    """
+
+    def __init__(
+        self,
+        env_spec: EnvSpec,
+        config: DQNConfig | None = None,
+        *,
+        epsilon: float | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ):
+        self.config = config = config or DQNConfig()
+        self.env_spec = env_spec
+        self.device = torch.device(device)
+        self.epsilon = float(config.epsilon_base if epsilon is None else epsilon)
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
+        self.transition_spec = dqn_transition_spec(env_spec)
+        self.q_net = build_seeded(lambda: make_q_network(env_spec, config), torch.Generator().manual_seed(seed), self.device)
+        self.q_net.requires_grad_(False)
+        self.rng = np.random.default_rng(seed)
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, explore: bool = True) -> int:
+        """Epsilon-greedy action for one observation (greedy when ``explore`` is False)."""
+        if explore and self.rng.random() < self.epsilon:
+            return int(self.rng.integers(self.env_spec.num_actions))
+        q = self.q_net(_obs_tensor(np.asarray(obs)[None], self.device))
+        return int(q.argmax(dim=1).item())
+
+    @torch.inference_mode()
+    def initial_priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """``|R + D * Q(s', argmax_a Q(s', a)) - Q(s, a)| + priority_eps`` with the local network as both online
+        and target network, for a whole batch at once (float64)."""
+        check_batch(batch)
+        dev = self.device
+        q = self.q_net(_obs_tensor(batch["obs"], dev))
+        q = q.gather(1, as_tensor(batch["action"], dev, torch.int64).unsqueeze(1)).squeeze(1)
+        q_next = self.q_net(_obs_tensor(batch["next_obs"], dev)).max(dim=1).values
+        td_target = as_tensor(batch["reward"], dev, torch.float32) + as_tensor(batch["discount"], dev, torch.float32) * q_next
+        return finite_priorities((td_target - q).abs(), self.config.priority_eps)
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        return module_tensors("q_net", self.q_net)
+
+    def load_policy_state_dict(self, d: Mapping[str, torch.Tensor]) -> None:
+        """Load the learner's ``policy_state_dict``; ValueError naming wrong names/shapes changes nothing."""
+        check_tensors(module_layout("q_net", self.q_net), d, "DQN policy weights")
+        load_module_tensors("q_net", self.q_net, d)
