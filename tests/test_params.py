@@ -8,6 +8,7 @@ import struct
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 import zmq
@@ -105,13 +106,16 @@ def test_same_version_is_unchanged_and_a_publish_brings_the_next(server, client)
     server.publish(state_dict(1))
     v1, _ = client.fetch(0)
     assert client.fetch(v1) is None
+    assert client.fetch(np.int64(v1)) is None  # numpy counters are fine
+    with pytest.raises(ValueError):
+        client.fetch(-1)
     assert client.last_status == ParamStatus.UNCHANGED and client.latest_version == v1
     assert server.publish(state_dict(2)) == 2
     v2, tensors = client.fetch(v1)
     assert v2 == 2
     assert_same(tensors, state_dict(2))
     assert client.fetch(2) is None
-    assert server.stats()["unchanged"] == 2 and server.stats()["params"] == 2
+    assert server.stats()["unchanged"] == 3 and server.stats()["params"] == 2
 
 
 def test_not_ready_before_the_first_publish(server, client):

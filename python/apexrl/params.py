@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import operator
 import random
 import struct
 import threading
@@ -482,8 +483,11 @@ class ParamClient:
         ProtocolError (malformed or oversized reply; socket reset), ValueError (``expected`` mismatch:
         nothing returned, the caller keeps its weights), ServerClosedError (this client is closed).
         """
-        if isinstance(have_version, bool) or not isinstance(have_version, int) or not 0 <= have_version <= _U64:
-            raise ValueError(f"have_version must be an integer in [0, 2**64), got {have_version!r}")
+        if isinstance(have_version, bool) or not hasattr(have_version, "__index__"):
+            raise ValueError(f"have_version must be an integer, got {have_version!r}")
+        have_version = operator.index(have_version)
+        if not 0 <= have_version <= _U64:
+            raise ValueError(f"have_version must be in [0, 2**64), got {have_version}")
         with self._lock:
             if self._ctx is None:
                 raise ServerClosedError("the parameter client is closed")
