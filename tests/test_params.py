@@ -448,7 +448,7 @@ def test_close_is_prompt_and_frees_the_port():
         assert c.fetch(0) is not None
         t0 = time.monotonic()
         srv.close()
-        assert time.monotonic() - t0 < 0.5
+        assert time.monotonic() - t0 < 1.0  # the thread polls every 50 ms; slack for a loaded machine
     srv.close()  # idempotent
     ParamServer(port=port).start().close()
 
