@@ -1,0 +1,125 @@
+"""DeepMind Control Suite tasks through dm-control ("dmc:cartpole-swingup", "dmc:humanoid-run", ...).
+
+- Name: "dmc:<domain>-<task>" with the suite's own domain and task names (they contain underscores, never
+  hyphens: "dmc:ball_in_cup-catch", "dmc:point_mass-easy").
+- Observation: the suite's observation dict flattened into one float32 vector, entries concatenated in
+  SORTED KEY order (each entry raveled in C order). Sorted keys, not the dict's insertion order, so the
+  layout depends only on the set of keys and is the same in every process and dm-control version.
+- Action: float32 in [-1, 1], rescaled linearly to the action spec's [minimum, maximum].
+- Episode end: dm_env's LAST step. With discount 0 it is `terminated`; with a non-zero discount it is the
+  suite's time limit (1000 agent steps for every task but the two LQR tasks) and reported as `truncated`,
+  because the state is not terminal and the n-step target bootstraps through it. Tasks without a time limit
+  (lqr-*) are truncated by us after 1000 steps.
+
+The suite is imported lazily with MUJOCO_GL defaulting to "disable": we never render, and the default
+backend search tries GLFW, which warns about a missing DISPLAY on headless machines.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import numpy as np
+
+from apexrl.envs.base import Env, EnvSpec, StepResult, backend_seed, rescale_action
+
+PREFIX = "dmc:"
+INSTALL_HINT = "pip install 'apexrl[control]'"
+DEFAULT_EPISODE_STEPS = 1000
+
+
+def _suite():
+    os.environ.setdefault("MUJOCO_GL", "disable")
+    try:
+        from dm_control import suite
+    except ImportError as e:
+        raise ImportError(f"dmc:* environments need dm-control: {INSTALL_HINT}") from e
+    return suite
+
+
+def available() -> bool:
+    try:
+        _suite()
+    except ImportError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _tasks() -> tuple[str, ...]:
+    return tuple(f"{domain}-{task}" for domain, task in _suite().ALL_TASKS)
+
+
+def names() -> list[str]:
+    return [PREFIX + t for t in _tasks()] if available() else []
+
+
+def describe() -> str:
+    if not available():
+        return f"dmc:<domain>-<task> (e.g. dmc:cartpole-swingup; needs {INSTALL_HINT})"
+    return f"dmc:<domain>-<task> (e.g. dmc:cartpole-swingup; tasks: {', '.join(_tasks())})"
+
+
+def is_known(task: str) -> bool:
+    return task in _tasks()
+
+
+class DmcEnv(Env):
+    """One Control Suite task. The task's random state is seeded at construction and continues across
+    episodes, so the same seed gives the same sequence of initial states."""
+
+    def __init__(self, name: str, seed: int):
+        domain, task = name.split("-", 1)
+        self._env = _suite().load(domain, task, task_kwargs={"random": backend_seed(seed)})
+        self._keys = sorted(self._env.observation_spec())
+        action_spec = self._env.action_spec()
+        self._low = np.asarray(action_spec.minimum, np.float64)
+        self._high = np.asarray(action_spec.maximum, np.float64)
+        # dm-control exposes the step limit only as a private attribute; it is the time limit divided by the
+        # control timestep (1000 for the suite's tasks, infinite for LQR).
+        limit = float(getattr(self._env, "_step_limit", math.inf))
+        self._own_limit = not math.isfinite(limit)
+        self._steps = 0
+        obs_dim = sum(int(np.prod(self._env.observation_spec()[k].shape)) for k in self._keys)
+        super().__init__(EnvSpec(
+            name=PREFIX + name,
+            obs_shape=(obs_dim,),
+            obs_dtype=np.dtype(np.float32),
+            num_actions=None,
+            action_dim=int(np.prod(action_spec.shape)),
+            frames_per_step=1,
+            max_episode_steps=DEFAULT_EPISODE_STEPS if self._own_limit else int(limit),
+        ))
+
+    def _flatten(self, observation) -> np.ndarray:
+        # np.concatenate always allocates, so the result is fresh.
+        return np.concatenate([np.asarray(observation[k], np.float32).ravel() for k in self._keys])
+
+    def _reset(self) -> np.ndarray:
+        self._steps = 0
+        return self._flatten(self._env.reset().observation)
+
+    def _step(self, action) -> StepResult:
+        a = rescale_action(self._unit_action(action), self._low, self._high)
+        ts = self._env.step(a)
+        self._steps += 1
+        reward = float(ts.reward or 0.0)
+        terminated = ts.last() and ts.discount == 0.0
+        truncated = (ts.last() and not terminated) or (
+            self._own_limit and not terminated and self._steps >= self.spec.max_episode_steps)
+        return StepResult(self._flatten(ts.observation), reward, bool(terminated), bool(truncated), reward)
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def make(name: str, seed: int) -> DmcEnv:
+    return DmcEnv(name, seed)
+
+
+@functools.lru_cache(maxsize=None)
+def spec(name: str) -> EnvSpec:
+    with DmcEnv(name, 0) as env:
+        return env.spec
