@@ -234,6 +234,41 @@ def test_atari_frame_stack_shifts_with_the_newest_frame_last():
             obs = new
 
 
+def area_resize(frame: np.ndarray, size: int = 84) -> np.ndarray:
+    """Reference area (box-filter) resize: each output pixel is the mean of the input area it covers."""
+    def weights(n_in: int) -> np.ndarray:
+        scale, w = n_in / size, np.zeros((size, n_in))
+        for o in range(size):
+            lo, hi = o * scale, (o + 1) * scale
+            for i in range(int(lo), int(np.ceil(hi))):
+                w[o, i] = (min(hi, i + 1) - max(lo, i)) / scale
+        return w
+    return weights(frame.shape[0]) @ frame @ weights(frame.shape[1]).T
+
+
+def test_atari_frame_is_the_max_of_the_last_two_raw_frames_grey_and_area_resized():
+    from ale_py import ALEInterface, LoggerMode, roms
+
+    # Reference: drive the emulator frame by frame (no no-ops, so both start from the power-on state).
+    ALEInterface.setLoggerMode(LoggerMode.Error)
+    ale = ALEInterface()
+    ale.setFloat("repeat_action_probability", 0.0)
+    ale.loadROM(roms.get_rom_path("breakout"))
+    minimal = ale.getMinimalActionSet()
+    rng = np.random.default_rng(0)
+    with AtariEnv("Breakout", 0, noop_max=0) as env:
+        env.reset()
+        for _ in range(30):
+            action = int(rng.integers(4))
+            frames = []
+            for _ in range(4):
+                ale.act(minimal[action])
+                frames.append(ale.getScreenGrayscale().astype(np.float64))
+            expected = np.clip(np.round(area_resize(np.maximum(frames[2], frames[3]))), 0, 255)
+            newest = env.step(action).obs[-1].astype(np.float64)
+            assert np.abs(newest - expected).max() <= 1  # rounding differences only
+
+
 def test_atari_reward_is_clipped_and_raw_reward_is_the_score():
     assert [clip_reward(r) for r in (-5.0, -1.0, -0.5, 0.0, 0.5, 1.0, 30.0)] == [
         -1.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.0]

@@ -89,7 +89,9 @@ class AtariEnv(Env):
     emulator and the no-op generator; later resets continue those streams, so the same seed gives the same
     sequence of episodes for the same actions."""
 
-    def __init__(self, game: str, seed: int, *, max_episode_frames: int = MAX_EPISODE_FRAMES):
+    def __init__(self, game: str, seed: int, *, max_episode_frames: int = MAX_EPISODE_FRAMES,
+                 noop_max: int = NOOP_MAX):
+        """`max_episode_frames` and `noop_max` differ from the paper's values only in tests."""
         from ale_py.vector_env import AtariVectorEnv
 
         self._seed: int | None = backend_seed(seed)
@@ -100,7 +102,7 @@ class AtariEnv(Env):
             repeat_action_probability=0.0,
             full_action_space=False,
             img_height=SIZE, img_width=SIZE, grayscale=True, stack_num=STACK,
-            frameskip=FRAME_SKIP, maxpool=True, noop_max=NOOP_MAX,
+            frameskip=FRAME_SKIP, maxpool=True, noop_max=noop_max,
             episodic_life=False,           # a lost life is not a terminal in Ape-X
             reward_clipping=False,         # we clip ourselves to keep the raw score
             use_fire_reset=False,          # not part of the paper's preprocessing
