@@ -1,16 +1,23 @@
-"""Shared fixtures: real `apexrl-replay-server` processes on 127.0.0.1 for the server/client tests.
+"""Shared fixtures: real apexrl processes on 127.0.0.1.
 
 `start_server(*flags, port=0)` starts `python -m apexrl.cli.server` with the flags, waits for its
 "listening on" line and returns a ServerProc. At teardown every server still running is killed, and the
 test fails if any server logged a traceback or an ERROR line.
+
+`spawn(name, module, *args)` starts any apexrl command (actor, learner, launcher) with its output in a log
+file, returns a Proc (`wait_for(regex)`, `terminate()`, `kill9()`); all are killed at teardown.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import select
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import zmq
@@ -118,3 +125,76 @@ def raw_socket():
     for s in socks:
         s.close(linger=0)
     ctx.term()
+
+
+class Proc:
+    """A real apexrl process (`python -m MODULE ARGS`) with its stdout+stderr in a log file."""
+
+    def __init__(self, name: str, proc: subprocess.Popen, log_path: str):
+        self.name = name
+        self.proc = proc
+        self.log_path = log_path
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def wait_for(self, pattern: str, timeout: float = 60.0, start: int = 0) -> re.Match:
+        """Wait until the log (from character ``start``) matches the regex; fail with the log if it doesn't."""
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern)
+        while True:
+            m = rx.search(self.log(), start)
+            if m:
+                return m
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                m = rx.search(self.log(), start)
+                if m:
+                    return m
+                state = f"exited {self.proc.returncode}" if self.proc.poll() is not None else "timed out"
+                raise AssertionError(f"{self.name}: {state} waiting for {pattern!r}; log:\n{self.log()[-4000:]}")
+            time.sleep(0.2)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill9(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def spawn(tmp_path):
+    """spawn(name, module, *args) -> Proc; every process still running at teardown is killed."""
+    procs: list[Proc] = []
+
+    def start(name: str, module: str, *args: str, env: dict | None = None) -> Proc:
+        log_path = str(tmp_path / f"{name}.log")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
+        p = Proc(name, proc, log_path)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.kill9()
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (for servers that must be restarted on the same port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

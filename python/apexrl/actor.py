@@ -1,0 +1,218 @@
+"""The Ape-X actor: one environment, a local copy of the policy, an n-step buffer and a local batch.
+
+Loop (Horgan et al. 2018, Algorithm 1)::
+
+    s = env.reset()
+    repeat:
+        a = π(s) with exploration (ε_i-greedy for DQN, Gaussian σ for DPG)
+        s', r, terminated, truncated = env.step(a)
+        n-step buffer ← (a, r, s')          → completed n-step transitions go to the local batch
+        every B transitions: priorities = |δ| from the actor's own networks; INSERT(batch, priorities)
+        every `params_every_frames` frames: ask the learner for newer weights (non-blocking beyond a timeout)
+
+Failures: when the replay server does not answer, the actor keeps the batch and retries with back-off
+(stepping pauses meanwhile, so nothing is dropped and memory stays bounded); a timed-out insert may have
+been applied, so a retry can insert a batch twice (at-least-once). When the parameter service does not
+answer, the actor keeps acting with the weights it has.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from apexrl.client import ReplayClient
+from apexrl.config import ActorConfig
+from apexrl.errors import ReplayTimeout, ServerClosedError
+from apexrl.nstep import NStepBuffer, Transition, stack_transitions
+
+log = logging.getLogger("apexrl.actor")
+
+_RETRY_MIN, _RETRY_MAX = 0.05, 2.0
+
+
+def make_policy(agent: str, env_spec: Any, agent_config: Any, index: int, num_actors: int, seed: int) -> Any:
+    """The actor-side policy of agent ``agent`` with actor ``index``'s exploration."""
+    from apexrl.agents import DPGPolicy, DQNPolicy, epsilon_ladder
+
+    if agent == "dqn":
+        eps = epsilon_ladder(index, num_actors, agent_config.epsilon_base, agent_config.epsilon_alpha)
+        return DQNPolicy(env_spec, agent_config, epsilon=eps, seed=seed)
+    if agent == "dpg":
+        return DPGPolicy(env_spec, agent_config, sigma=agent_config.noise_sigma, seed=seed)
+    raise ValueError(f"unknown agent {agent!r}; valid agents: dqn, dpg")
+
+
+class Actor:
+    """Runs :meth:`run` until :meth:`stop` (or SIGTERM/SIGINT via :func:`run_actor`) or ``max_steps``."""
+
+    def __init__(self, config: ActorConfig):
+        from apexrl.envs import make_env
+        from apexrl.params import ParamClient, ParamPoller
+
+        if not 0 <= config.index < config.num_actors:
+            raise ValueError(f"index must be in [0, num_actors={config.num_actors}), got {config.index}")
+        self.config = config
+        self.seed = config.seed * 10007 + config.index
+        torch.set_num_threads(config.torch_threads)
+        self.env = make_env(config.env, seed=self.seed)
+        self.spec = self.env.spec
+        self.policy = make_policy(config.agent, self.spec, config.agent_config, config.index, config.num_actors,
+                                  self.seed)
+        self.transition_spec = self.policy.transition_spec
+        self.nstep = NStepBuffer(config.agent_config.n_step, config.agent_config.gamma)
+        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout)
+        self.params = ParamClient(config.params, timeout=config.params_timeout)
+        # Never stalls on a slow or absent learner; refused weights are counted and logged once.
+        self.poller = ParamPoller(self.params, self.policy.load_policy_state_dict,
+                                  every_frames=config.params_every_frames)
+        self._stop = threading.Event()
+        self._local: list[Transition] = []
+        self.counters = {"steps": 0, "frames": 0, "episodes": 0, "inserted": 0, "insert_retries": 0}
+        self._returns: list[float] = []
+        self._episodes_file = None
+        self._episodes_csv = None
+        if config.episodes_csv:
+            os.makedirs(os.path.dirname(os.path.abspath(config.episodes_csv)), exist_ok=True)
+            new = not os.path.exists(config.episodes_csv) or os.path.getsize(config.episodes_csv) == 0
+            self._episodes_file = open(config.episodes_csv, "a", newline="", encoding="utf-8")
+            self._episodes_csv = csv.writer(self._episodes_file, lineterminator="\n")
+            if new:
+                self._episodes_csv.writerow(["time_s", "actor", "env_frames", "episode", "return", "length"])
+                self._episodes_file.flush()
+
+    # ------------------------------------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self.replay.close()
+        self.params.close()
+        self.env.close()
+        if self._episodes_file is not None:
+            self._episodes_file.close()
+
+    # ------------------------------------------------------------------------------------------ params
+
+    def _wait_first_params(self) -> None:
+        deadline = time.monotonic() + self.config.wait_for_params
+        next_log = time.monotonic() + 10.0
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if self.poller.fetch_now() is not None:
+                log.info("actor %d: weights version %d from %s", self.config.index, self.poller.version,
+                         self.config.params)
+                return
+            if time.monotonic() >= next_log:
+                log.info("actor %d: waiting for the learner's weights at %s", self.config.index, self.config.params)
+                next_log += 10.0
+            self._stop.wait(0.2)
+        if not self._stop.is_set():
+            log.warning("actor %d: no weights from %s after %.0f s; acting with its own initial weights",
+                        self.config.index, self.config.params, self.config.wait_for_params)
+
+    # ------------------------------------------------------------------------------------------ replay
+
+    def _flush(self) -> None:
+        """Insert the local batch with the actor's own priorities, retrying until the server takes it."""
+        if not self._local:
+            return
+        batch = stack_transitions(self._local, self.transition_spec)
+        priorities = np.asarray(self.policy.initial_priorities(batch), dtype=np.float64)
+        data, offsets = self.transition_spec.encode(batch)
+        delay = _RETRY_MIN
+        while True:
+            try:
+                self.replay.insert(priorities, data=data, offsets=offsets)
+                break
+            except (ReplayTimeout, ServerClosedError) as e:
+                # Server down or restarting: keep the batch, wait, go on (the client reconnects by itself).
+                self.counters["insert_retries"] += 1
+                if self.counters["insert_retries"] == 1 or delay >= _RETRY_MAX:
+                    log.warning("actor %d: replay server %s unavailable (%s); retrying", self.config.index,
+                                self.config.replay, e)
+                if self._stop.wait(delay):
+                    log.warning("actor %d: stopping with %d transitions not inserted", self.config.index,
+                                len(self._local))
+                    return
+                delay = min(delay * 2, _RETRY_MAX)
+        self.counters["inserted"] += len(self._local)
+        self._local.clear()
+
+    # ------------------------------------------------------------------------------------------ loop
+
+    def run(self) -> dict[str, int]:
+        cfg = self.config
+        self._wait_first_params()
+        start = last_log = time.monotonic()
+        obs = self.env.reset()
+        self.nstep.add_first(obs)
+        ep_return, ep_len = 0.0, 0
+        while not self._stop.is_set():
+            action = self.policy.act(obs, explore=True)
+            step = self.env.step(action)
+            self._local.extend(self.nstep.add(action, step.reward, step.obs, step.terminated, step.truncated))
+            self.counters["steps"] += 1
+            self.counters["frames"] += self.spec.frames_per_step
+            ep_return += step.raw_reward
+            ep_len += 1
+            obs = step.obs
+            if step.terminated or step.truncated:
+                self._end_episode(ep_return, ep_len, time.monotonic() - start)
+                ep_return, ep_len = 0.0, 0
+                obs = self.env.reset()
+                self.nstep.add_first(obs)
+            if len(self._local) >= cfg.flush_every:
+                self._flush()
+            self.poller.maybe_fetch(self.counters["frames"])
+            now = time.monotonic()
+            if now - last_log >= cfg.log_every:
+                self._log_progress(now - start)
+                last_log = now
+            if cfg.max_steps and self.counters["steps"] >= cfg.max_steps:
+                break
+        self._flush()  # completed transitions are never dropped on a clean stop
+        self._log_progress(time.monotonic() - start)
+        return {**self.counters, "params_version": self.poller.version}
+
+    def _end_episode(self, ret: float, length: int, elapsed: float) -> None:
+        self.counters["episodes"] += 1
+        self._returns.append(ret)
+        if self._episodes_csv is not None:
+            self._episodes_csv.writerow([f"{elapsed:.3f}", self.config.index, self.counters["frames"],
+                                         self.counters["episodes"], f"{ret:.6g}", length])
+            self._episodes_file.flush()  # type: ignore[union-attr]
+
+    def _log_progress(self, elapsed: float) -> None:
+        c, p = self.counters, self.poller.stats()
+        recent = self._returns[-10:]
+        mean = f"{np.mean(recent):.1f}" if recent else "-"
+        # One parseable line per interval (the launcher reads these).
+        print(
+            f"actor={self.config.index} time_s={elapsed:.1f} steps={c['steps']} frames={c['frames']} "
+            f"episodes={c['episodes']} return_mean10={mean} inserted={c['inserted']} "
+            f"steps_per_s={c['steps'] / max(elapsed, 1e-9):.0f} params_version={p['version']} "
+            f"insert_retries={c['insert_retries']} param_timeouts={p['timeouts']} "
+            f"param_mismatches={p['mismatches']}",
+            flush=True,
+        )
+
+
+def run_actor(config: ActorConfig) -> dict[str, int]:
+    """Build an :class:`Actor`, stop it on SIGTERM/SIGINT (after inserting what it holds), return counters."""
+    actor = Actor(config)
+    previous = {s: signal.signal(s, lambda *_: actor.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return actor.run()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        actor.close()

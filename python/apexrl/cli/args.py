@@ -1,0 +1,137 @@
+"""argparse helpers shared by the command lines: validated numbers and endpoints, and the agent/preset flags
+that the actor, the learner and the launcher resolve the same way (so actors' networks match the learner's)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from typing import Any
+
+__all__ = [
+    "add_agent_arguments",
+    "float_arg",
+    "int_arg",
+    "resolve_agent",
+    "tcp_endpoint",
+]
+
+
+def int_arg(lo: int, hi: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range, must be {bound}")
+        return value
+
+    return parse
+
+
+def float_arg(*, positive: bool = False, nonneg: bool = False, hi: float | None = None):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} must be finite")
+        if positive and value <= 0:
+            raise argparse.ArgumentTypeError(f"{value} must be > 0")
+        if nonneg and value < 0:
+            raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+        if hi is not None and value > hi:
+            raise argparse.ArgumentTypeError(f"{value} must be <= {hi}")
+        return value
+
+    return parse
+
+
+_ENDPOINT = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):(\d+)$")
+
+
+def tcp_endpoint(text: str) -> str:
+    """A ``tcp://HOST:PORT`` string with a port in [1, 65535]."""
+    m = _ENDPOINT.match(text)
+    if not m or not 1 <= int(m.group(2)) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not of the form tcp://HOST:PORT (port 1-65535)")
+    return text
+
+
+def _agent(text: str) -> str:
+    if text not in ("dqn", "dpg"):
+        raise argparse.ArgumentTypeError(f"unknown agent {text!r}; valid agents: dqn, dpg")
+    return text
+
+
+def _preset(text: str) -> str:
+    from apexrl.presets import PRESETS
+
+    if text not in PRESETS:
+        raise argparse.ArgumentTypeError(f"unknown preset {text!r}; valid presets: {', '.join(PRESETS)}")
+    return text
+
+
+def _env(text: str) -> str:
+    from apexrl.envs import env_spec
+
+    try:
+        env_spec(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    except ImportError as e:
+        raise argparse.ArgumentTypeError(f"{text}: {e}") from None
+    return text
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """--agent, --env, --preset, --seed and the agent overrides every process of a run must agree on."""
+    from apexrl.presets import PRESETS
+
+    g = parser.add_argument_group("agent (actors and learner must be given the same values)")
+    g.add_argument("--agent", type=_agent, default=None,
+                   help="dqn (Ape-X DQN) or dpg (Ape-X DPG); default: the preset's (one of the two is required)")
+    g.add_argument("--env", type=_env, default=None,
+                   help="environment, e.g. gym:CartPole-v1, atari:Pong, dmc:cartpole-swingup; default: the preset's")
+    g.add_argument("--preset", type=_preset, default=None,
+                   help=f"settings preset: {', '.join(PRESETS)} (default: by agent and env family: "
+                        "apex-dqn-atari, cartpole, apex-dpg-control or pendulum)")
+    g.add_argument("--seed", type=int_arg(0), default=0, help="random seed (default 0)")
+    g.add_argument("--n-step", type=int_arg(1, 100), default=None, help="n of the n-step return (preset's)")
+    g.add_argument("--gamma", type=float_arg(nonneg=True, hi=1.0), default=None, help="discount γ (preset's)")
+    g.add_argument("--batch-size", type=int_arg(1, 1 << 16), default=None,
+                   help="learner batch size (preset's: 512 DQN, 256 DPG)")
+    g.add_argument("--target-update-period", type=int_arg(1), default=None,
+                   help="learner steps between target-network copies (preset's)")
+
+
+def resolve_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Any, Any]:
+    """(preset, agent_config) from the parsed flags, filling ``args.agent``/``args.env`` from the preset when
+    they were not given; errors go through ``parser.error`` (exit 2)."""
+    from apexrl.presets import default_preset_for, get_preset
+
+    if args.preset is None and (args.agent is None or args.env is None):
+        parser.error("give --agent and --env, or --preset")
+    preset = get_preset(args.preset) if args.preset else default_preset_for(args.agent, args.env)
+    args.agent = args.agent or preset.agent
+    args.env = args.env or preset.env
+    if args.agent != preset.agent:
+        parser.error(f"--agent {args.agent} does not match preset {preset.name!r} (agent {preset.agent})")
+    from apexrl.envs import env_spec
+
+    spec = env_spec(args.env)
+    if args.agent == "dqn" and spec.num_actions is None:
+        parser.error(f"--agent dqn needs discrete actions; {args.env} has continuous actions (use --agent dpg)")
+    if args.agent == "dpg" and spec.action_dim is None:
+        parser.error(f"--agent dpg needs continuous actions; {args.env} has discrete actions (use --agent dqn)")
+    try:
+        config = preset.agent_config(
+            n_step=args.n_step, gamma=args.gamma, batch_size=args.batch_size,
+            target_update_period=args.target_update_period,
+        )
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
+    return preset, config

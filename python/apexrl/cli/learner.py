@@ -1,0 +1,96 @@
+"""``apexrl-learner``: the Ape-X learner process (also ``python -m apexrl.cli.learner``).
+
+Prints ``learner params on ENDPOINT run_dir DIR`` once its parameter service is up, then one progress line per
+metrics interval. SIGTERM/SIGINT: checkpoint and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from apexrl.cli.args import add_agent_arguments, float_arg, int_arg, resolve_agent, tcp_endpoint
+
+PROG = "apexrl-learner"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Ape-X learner: samples prioritized batches from the replay server, trains, sends "
+        "priorities back, serves weights to the actors, writes metrics.csv and checkpoints.",
+    )
+    add_agent_arguments(p)
+    g = p.add_argument_group("endpoints")
+    g.add_argument("--replay", type=tcp_endpoint, required=True, help="replay server, tcp://HOST:PORT")
+    g.add_argument("--params-port", type=int_arg(0, 65535), required=True,
+                   help="port of the parameter service the actors poll (0: pick a free one)")
+    g.add_argument("--params-bind", default="127.0.0.1",
+                   help="address the parameter service binds (default 127.0.0.1; 0.0.0.0 = all interfaces)")
+    g = p.add_argument_group("run")
+    g.add_argument("--run-dir", default="", help="metrics.csv and checkpoint (default runs/<env>/<agent>/<seed>)")
+    g.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    g.add_argument("--max-steps", type=int_arg(0), default=0, help="stop after this many learner steps (0: none)")
+    g.add_argument("--max-minutes", type=float_arg(nonneg=True), default=0.0,
+                   help="stop after this many minutes of training (0: none)")
+    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
+                   help="logging level (stderr)")
+    g = p.add_argument_group("learner settings (default: the preset's)")
+    g.add_argument("--beta", type=float_arg(nonneg=True), default=None, help="importance-sampling exponent β")
+    g.add_argument("--min-replay-size", type=int_arg(0), default=None,
+                   help="transitions the replay must hold before the first update")
+    g.add_argument("--prefetch", type=int_arg(1, 1024), default=None, help="decoded batches kept ready")
+    g.add_argument("--publish-every", type=int_arg(1), default=None, help="learner steps between weight publishes")
+    g.add_argument("--checkpoint-every", type=int_arg(1), default=None, help="learner steps between checkpoints")
+    g.add_argument("--remove-to-fit-every", type=int_arg(1), default=None,
+                   help="learner steps between replay evictions down to capacity")
+    g.add_argument("--metrics-every", type=float_arg(positive=True), default=None,
+                   help="seconds between metrics.csv rows")
+    g.add_argument("--eval-every", type=float_arg(nonneg=True), default=None,
+                   help="seconds between evaluations (greedy/noiseless episodes; 0: none)")
+    g.add_argument("--eval-episodes", type=int_arg(1), default=None, help="episodes per evaluation")
+    g.add_argument("--torch-threads", type=int_arg(1, 256), default=1, help="torch CPU threads (default 1)")
+    return p
+
+
+def parse_config(argv: Sequence[str] | None = None):
+    from apexrl.config import LearnerConfig
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    preset, agent_config = resolve_agent(args, parser)
+    settings = dict(preset.learner)
+    for name in ("beta", "min_replay_size", "prefetch", "publish_every", "checkpoint_every",
+                 "remove_to_fit_every", "metrics_every", "eval_every", "eval_episodes"):
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name)
+    config = LearnerConfig(
+        agent=args.agent, env=args.env, replay=args.replay, params_port=args.params_port,
+        params_bind=args.params_bind, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
+        agent_config=agent_config, max_steps=args.max_steps, max_minutes=args.max_minutes, device=args.device,
+        torch_threads=args.torch_threads, extra={"preset": preset.name}, **settings,
+    )
+    return config, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, args = parse_config(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from apexrl.checkpoint import CheckpointError
+    from apexrl.learner import run_learner
+
+    try:
+        summary = run_learner(config)
+    except (CheckpointError, ValueError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(f"learner done: {summary['learner_steps']} steps, checkpoint {summary['checkpoint']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""The Ape-X learner: prioritized batches in, gradient steps, priorities and weights out.
+
+Loop (Horgan et al. 2018, Algorithm 2)::
+
+    wait until the replay holds min_replay_size transitions
+    for each prefetched batch (keys, IS weights, decoded transitions):
+        priorities, metrics = agent.update(batch, weights)     # one step; target copies on schedule
+        send (keys, priorities) without waiting for the reply
+        every remove_to_fit_every steps: ask the replay to evict down to capacity
+        every publish_every steps: publish the weights to the parameter service
+        every checkpoint_every steps: checkpoint (also on SIGTERM/SIGINT and at the end)
+    every metrics_every seconds: one row of metrics.csv; every eval_every seconds: start an evaluation
+
+Evaluation runs greedy (DQN) or noiseless (DPG) episodes on the learner's own environment copy in a
+background thread with a snapshot of the weights, so training does not pause for it.
+
+``env_frames`` in metrics.csv is the number of transitions the replay server has received times the
+environment's frames per agent step: every agent step of every actor yields exactly one n-step transition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from apexrl.checkpoint import load_checkpoint, save_checkpoint
+from apexrl.client import ReplayClient
+from apexrl.config import LearnerConfig
+from apexrl.errors import ApexRLError, ReplayTimeout
+from apexrl.metrics import CSVWriter, Mean
+
+log = logging.getLogger("apexrl.learner")
+
+CHECKPOINT_NAME = "checkpoint.safetensors"
+METRICS_NAME = "metrics.csv"
+BASE_COLUMNS = [
+    "time_s", "env_frames", "learner_steps", "eval_return_mean", "eval_return_std", "eval_episodes",
+    "learner_steps_per_s", "sampled_per_s", "inserted_per_s", "replay_size", "replay_inserted",
+    "stale_updates", "params_version",
+]
+
+
+def default_run_dir(env: str, agent: str, seed: int) -> str:
+    """Tonic-style ``runs/<env>/<agent>/<seed>`` (":" in env names becomes "-": a portable path)."""
+    return os.path.join("runs", env.replace(":", "-").replace("/", "-"), agent, str(seed))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def make_learner(agent: str, env_spec: Any, agent_config: Any, device: torch.device, seed: int) -> Any:
+    from apexrl.agents import DPGLearner, DQNLearner
+
+    if agent == "dqn":
+        return DQNLearner(env_spec, agent_config, device=device, seed=seed)
+    if agent == "dpg":
+        return DPGLearner(env_spec, agent_config, device=device, seed=seed)
+    raise ValueError(f"unknown agent {agent!r}; valid agents: dqn, dpg")
+
+
+class Evaluator:
+    """Greedy / noiseless episodes in a background thread; one evaluation at a time."""
+
+    def __init__(self, config: LearnerConfig, env_spec: Any):
+        self.config = config
+        self.env_spec = env_spec
+        self._thread: threading.Thread | None = None
+        self._result: tuple[float, float, int] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._env: Any = None
+        self._policy: Any = None
+        self.runs = 0
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, weights: dict[str, torch.Tensor]) -> None:
+        from apexrl.actor import make_policy
+        from apexrl.envs import make_env
+
+        if self.busy:
+            return
+        if self._env is None:
+            # A seed far from the actors' (seed * 10007 + index): evaluation episodes are not theirs.
+            self._env = make_env(self.config.env, seed=self.config.seed * 10007 + 5003)
+            self._policy = make_policy(self.config.agent, self.env_spec, self.config.agent_config, 0, 1,
+                                       self.config.seed + 7919)
+        self._policy.load_policy_state_dict(weights)
+        self.runs += 1
+        self._thread = threading.Thread(target=self._run, name="apexrl-eval", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        returns = []
+        for _ in range(self.config.eval_episodes):
+            obs, ret, done = self._env.reset(), 0.0, False
+            while not done:
+                if self._stop.is_set():
+                    return
+                step = self._env.step(self._policy.act(obs, explore=False))
+                ret += step.raw_reward
+                obs, done = step.obs, step.terminated or step.truncated
+            returns.append(ret)
+        with self._lock:
+            self._result = (float(np.mean(returns)), float(np.std(returns)), len(returns))
+
+    def pop_result(self) -> tuple[float, float, int] | None:
+        with self._lock:
+            result, self._result = self._result, None
+        return result
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self._env is not None:
+            self._env.close()
+
+
+class Learner:
+    def __init__(self, config: LearnerConfig):
+        from apexrl.envs import env_spec
+        from apexrl.params import ParamServer
+
+        self.config = config
+        torch.set_num_threads(config.torch_threads)
+        self.run_dir = config.run_dir or default_run_dir(config.env, config.agent, config.seed)
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.checkpoint_path = os.path.join(self.run_dir, CHECKPOINT_NAME)
+        self.device = resolve_device(config.device)
+        self.env_spec = env_spec(config.env)
+        self.agent = make_learner(config.agent, self.env_spec, config.agent_config, self.device, config.seed)
+        self.transition_spec = self.agent.transition_spec
+        self._stop = threading.Event()
+        self.time_offset = 0.0  # wall time of earlier runs of this learner (resume)
+        self.frames_base = 0  # env frames counted before the replay server's counters were reset
+        self._last_inserted = 0
+        if config.resume:
+            self._resume()
+        self.params = ParamServer(bind=config.params_bind, port=config.params_port).start()
+        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout)
+        self.evaluator = Evaluator(config, self.env_spec)
+        self._csv: CSVWriter | None = None
+        self.stale_updates = 0
+
+    # ------------------------------------------------------------------------------------------ state
+
+    def _meta(self, elapsed: float) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "agent": self.config.agent,
+            "env": self.config.env,
+            "learner_steps": int(self.agent.steps),
+            "time_s": self.time_offset + elapsed,
+            "frames_base": self.frames_base,
+            "last_inserted": self._last_inserted,
+            "agent_config": json.loads(json.dumps(dataclasses.asdict(self.config.agent_config), default=list)),
+            "extra": self.config.extra,
+        }
+
+    def _resume(self) -> None:
+        if not os.path.exists(self.checkpoint_path):
+            log.warning("--resume: no checkpoint at %s; starting from scratch", self.checkpoint_path)
+            return
+        tensors, meta = load_checkpoint(self.checkpoint_path)
+        for key in ("agent", "env"):
+            if meta.get(key) != getattr(self.config, key):
+                raise ValueError(
+                    f"checkpoint {self.checkpoint_path} is for {key}={meta.get(key)!r}, "
+                    f"this learner has {key}={getattr(self.config, key)!r}"
+                )
+        self.agent.load_state_dict(tensors)
+        self.time_offset = float(meta.get("time_s", 0.0))
+        self.frames_base = int(meta.get("frames_base", 0))
+        self._last_inserted = int(meta.get("last_inserted", 0))
+        log.info("resumed from %s at learner step %d", self.checkpoint_path, self.agent.steps)
+        print(f"learner resumed from {self.checkpoint_path} at step {self.agent.steps}", flush=True)
+
+    def save(self, elapsed: float) -> None:
+        save_checkpoint(self.checkpoint_path, self.agent.state_dict(), self._meta(elapsed))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------------------------------------ replay
+
+    def _replay_stats(self) -> dict[str, Any] | None:
+        try:
+            return self.replay.stats()
+        except ApexRLError as e:
+            log.warning("replay stats unavailable: %s", e)
+            return None
+
+    def _env_frames(self, stats: dict[str, Any] | None) -> int:
+        if stats is not None:
+            inserted = int(stats["inserted"])
+            if inserted < self._last_inserted:  # the server restarted without its snapshot: counters reset
+                self.frames_base += self._last_inserted
+            self._last_inserted = inserted
+        return (self.frames_base + self._last_inserted) * self.env_spec.frames_per_step
+
+    def _wait_for_replay(self) -> bool:
+        need = self.config.min_replay_size
+        next_log = 0.0
+        while not self._stop.is_set():
+            stats = self._replay_stats()
+            size = int(stats["size"]) if stats else -1
+            if size >= need:
+                return True
+            if time.monotonic() >= next_log:
+                what = f"{size}/{need} transitions" if size >= 0 else "server unreachable"
+                print(f"learner waiting for replay at {self.config.replay}: {what}", flush=True)
+                next_log = time.monotonic() + 10.0
+            self._stop.wait(0.5)
+        return False
+
+    # ------------------------------------------------------------------------------------------ loop
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.config
+        start = time.monotonic()
+        self.params.publish(self.agent.policy_state_dict())
+        print(f"learner params on {self.params.endpoint} run_dir {self.run_dir}", flush=True)
+        steps_at_start = self.agent.steps
+        if not self._wait_for_replay():
+            self.save(time.monotonic() - start)
+            return self._summary(start, steps_at_start)
+        train_start = time.monotonic()
+        means = Mean()
+        last_row = time.monotonic()
+        last_eval = time.monotonic()
+        stats = self._replay_stats()
+        self._env_frames(stats)
+        row_steps, row_inserted = self.agent.steps, (stats or {}).get("inserted", 0)
+        sampler = self.replay.sampler(cfg.agent_config.batch_size, beta=cfg.beta, prefetch=cfg.prefetch,
+                                      decode=self.transition_spec.decode_batch, timeout=1.0)
+        updater = self.replay.updater()
+        try:
+            while not self._stop.is_set():
+                try:
+                    batch = sampler.next(timeout=0.5)
+                except TimeoutError:
+                    batch = None
+                if batch is not None:
+                    priorities, metrics = self.agent.update(batch.decoded, batch.weights)
+                    means.add(metrics)
+                    self._send_priorities(updater, batch.keys, priorities)
+                    steps = self.agent.steps
+                    if steps % cfg.remove_to_fit_every == 0:
+                        self._remove_to_fit()
+                    if steps % cfg.publish_every == 0:
+                        self.params.publish(self.agent.policy_state_dict())
+                    if steps % cfg.checkpoint_every == 0:
+                        self.save(time.monotonic() - start)
+                now = time.monotonic()
+                if cfg.eval_every > 0 and now - last_eval >= cfg.eval_every and not self.evaluator.busy:
+                    self.evaluator.start(self.agent.policy_state_dict())
+                    last_eval = now
+                if now - last_row >= cfg.metrics_every:
+                    stats = self._replay_stats()
+                    row_steps, row_inserted = self._write_row(now - start, now - last_row, means, stats,
+                                                              row_steps, row_inserted)
+                    last_row = now
+                if cfg.max_steps and self.agent.steps >= cfg.max_steps:
+                    break
+                if cfg.max_minutes and now - train_start >= cfg.max_minutes * 60:
+                    break
+        finally:
+            sampler.close()
+            try:
+                updater.close(timeout=5.0)
+            except ApexRLError as e:
+                log.warning("last priority updates not confirmed: %s", e)
+            self.evaluator.close()
+        now = time.monotonic()
+        self._write_row(now - start, max(now - last_row, 1e-9), means, self._replay_stats(), row_steps, row_inserted)
+        self.save(now - start)
+        return self._summary(start, steps_at_start)
+
+    def _send_priorities(self, updater: Any, keys: np.ndarray, priorities: np.ndarray) -> None:
+        try:
+            updater.update(keys, priorities)
+        except ApexRLError as e:  # advisory: a later update of the same keys supersedes a lost one
+            log.warning("a priority update was not applied: %s", e)
+
+    def _remove_to_fit(self) -> None:
+        try:
+            self.replay.remove_to_fit()
+        except ApexRLError as e:
+            log.warning("remove_to_fit failed: %s", e)
+
+    def _write_row(self, elapsed: float, interval: float, means: Mean, stats: dict[str, Any] | None,
+                   row_steps: int, row_inserted: int) -> tuple[int, int]:
+        metrics = means.pop()
+        frames = self._env_frames(stats)
+        inserted = int(stats["inserted"]) if stats else row_inserted
+        steps = self.agent.steps
+        row: dict[str, Any] = {
+            "time_s": round(self.time_offset + elapsed, 3),
+            "env_frames": frames,
+            "learner_steps": steps,
+            "learner_steps_per_s": (steps - row_steps) / interval,
+            "sampled_per_s": (steps - row_steps) * self.config.agent_config.batch_size / interval,
+            "inserted_per_s": max(inserted - row_inserted, 0) / interval,
+            "replay_size": int(stats["size"]) if stats else None,
+            "replay_inserted": inserted if stats else None,
+            "stale_updates": int(stats.get("stale_updates", 0)) if stats else None,
+            "params_version": self.params.version,
+        }
+        result = self.evaluator.pop_result()
+        if result is not None:
+            row["eval_return_mean"], row["eval_return_std"], row["eval_episodes"] = result
+        if self._csv is None:
+            names = sorted(getattr(self.agent, "metric_names", None) or metrics)
+            self._csv = CSVWriter(os.path.join(self.run_dir, METRICS_NAME), BASE_COLUMNS + names)
+        row.update({k: v for k, v in metrics.items() if k in self._csv.columns})
+        self._csv.write(row)
+        ev = row.get("eval_return_mean")
+        print(
+            f"learner time_s={row['time_s']:.0f} steps={steps} env_frames={frames} "
+            f"steps_per_s={row['learner_steps_per_s']:.1f} replay_size={row['replay_size']} "
+            f"inserted_per_s={row['inserted_per_s']:.0f} sampled_per_s={row['sampled_per_s']:.0f}"
+            + (f" eval_return_mean={ev:.2f}" if ev is not None and not math.isnan(ev) else ""),
+            flush=True,
+        )
+        return steps, inserted
+
+    def _summary(self, start: float, steps_at_start: int) -> dict[str, Any]:
+        return {"learner_steps": self.agent.steps, "steps_this_run": self.agent.steps - steps_at_start,
+                "seconds": time.monotonic() - start, "checkpoint": self.checkpoint_path}
+
+    def close(self) -> None:
+        self.params.close()
+        self.replay.close()
+        if self._csv is not None:
+            self._csv.close()
+
+
+def run_learner(config: LearnerConfig) -> dict[str, Any]:
+    """Build a :class:`Learner`; SIGTERM/SIGINT stop it after a checkpoint. Returns a summary."""
+    learner = Learner(config)
+    previous = {s: signal.signal(s, lambda *_: learner.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return learner.run()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        learner.close()

@@ -1,0 +1,154 @@
+"""Named presets: coherent settings for the replay server, the learner, the actors and the agent.
+
+``apex-dqn-atari`` and ``apex-dpg-control`` are the Ape-X paper's settings (DESIGN §2; Horgan et al. 2018,
+appendix). The small presets shrink what only pays off at the paper's scale (replay size, warm-up, batch,
+target period) so that a 2-core machine learns CartPole, Pendulum or cartpole-swingup in minutes.
+
+Every process of a run resolves the same preset, so the actors' networks match the learner's; flags given on
+a command line override single fields (see ``apexrl-learner --help``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["PRESETS", "Preset", "ReplaySettings", "default_preset_for", "get_preset"]
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """Flags for ``apexrl-replay-server`` (the launcher passes them; see its --help)."""
+
+    capacity: int
+    eviction: str = "fifo"
+    alpha: float = 0.6
+    alpha_evict: float = -0.4
+    min_size_to_sample: int = 0
+    samples_per_insert: float | None = None
+
+    def server_args(self) -> list[str]:
+        args = [
+            "--capacity", str(self.capacity), "--eviction", self.eviction, "--alpha", str(self.alpha),
+            "--alpha-evict", str(self.alpha_evict), "--min-size-to-sample", str(self.min_size_to_sample),
+        ]
+        if self.samples_per_insert is not None:
+            args += ["--samples-per-insert", str(self.samples_per_insert)]
+        return args
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    agent: str
+    """"dqn" or "dpg"."""
+    env: str
+    """Default environment (``--env`` may name another of the same kind)."""
+    agent_overrides: dict[str, Any] = field(default_factory=dict)
+    """Fields of DQNConfig / DPGConfig that differ from the paper defaults."""
+    replay: ReplaySettings = ReplaySettings(capacity=2_000_000)
+    learner: dict[str, Any] = field(default_factory=dict)
+    """Fields of LearnerConfig."""
+    actor: dict[str, Any] = field(default_factory=dict)
+    """Fields of ActorConfig."""
+    actors: int = 2
+    """Actors the launcher starts by default."""
+    minutes: float = 10.0
+    """Run length the launcher uses by default."""
+
+    def agent_config(self, **overrides: Any) -> Any:
+        from apexrl.agents import DPGConfig, DQNConfig
+
+        base = DQNConfig() if self.agent == "dqn" else DPGConfig()
+        values = {**self.agent_overrides, **{k: v for k, v in overrides.items() if v is not None}}
+        return dataclasses.replace(base, **values)
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset(
+            name="apex-dqn-atari",
+            description="Ape-X DQN with the paper's settings (Atari: Pong by default)",
+            agent="dqn",
+            env="atari:Pong",
+            replay=ReplaySettings(capacity=2_000_000, eviction="fifo", min_size_to_sample=0),
+            learner=dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=600.0,
+                         eval_episodes=1, metrics_every=30.0),
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=8,
+            minutes=60.0,
+        ),
+        Preset(
+            name="apex-dpg-control",
+            description="Ape-X DPG with the paper's settings (Control Suite: cartpole-swingup by default)",
+            agent="dpg",
+            env="dmc:cartpole-swingup",
+            replay=ReplaySettings(capacity=1_000_000, eviction="prioritized", alpha_evict=-0.4),
+            learner=dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=120.0,
+                         eval_episodes=5, metrics_every=30.0),
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=2,
+            minutes=45.0,
+        ),
+        Preset(
+            name="cartpole",
+            description="Ape-X DQN sized for gym:CartPole-v1 on a laptop (learns in a few minutes)",
+            agent="dqn",
+            env="gym:CartPole-v1",
+            agent_overrides=dict(batch_size=128, lr=5e-4, target_update_period=200, hidden=(128, 128)),
+            replay=ReplaySettings(capacity=100_000, eviction="fifo"),
+            learner=dict(min_replay_size=2_000, publish_every=5, checkpoint_every=2_000, eval_every=20.0,
+                         eval_episodes=10, metrics_every=5.0),
+            actor=dict(flush_every=50, params_every_frames=200),
+            actors=2,
+            minutes=5.0,
+        ),
+        Preset(
+            name="cartpole-swingup",
+            description="Ape-X DPG sized for dmc:cartpole-swingup on a 2-core machine",
+            agent="dpg",
+            env="dmc:cartpole-swingup",
+            agent_overrides=dict(n_step=3, critic_lr=3e-4, actor_lr=1e-4),
+            replay=ReplaySettings(capacity=300_000, eviction="prioritized", alpha_evict=-0.4),
+            learner=dict(min_replay_size=10_000, publish_every=10, checkpoint_every=5_000, eval_every=60.0,
+                         eval_episodes=5, metrics_every=10.0),
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=2,
+            minutes=45.0,
+        ),
+        Preset(
+            name="pendulum",
+            description="Ape-X DPG sized for gym:Pendulum-v1 (quick continuous-control check)",
+            agent="dpg",
+            env="gym:Pendulum-v1",
+            agent_overrides=dict(n_step=3, batch_size=128, critic_lr=1e-3, actor_lr=1e-4),
+            replay=ReplaySettings(capacity=100_000, eviction="fifo"),
+            learner=dict(min_replay_size=2_000, publish_every=5, checkpoint_every=2_000, eval_every=30.0,
+                         eval_episodes=5, metrics_every=5.0),
+            actor=dict(flush_every=50, params_every_frames=200),
+            actors=2,
+            minutes=10.0,
+        ),
+    ]
+}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+
+
+def default_preset_for(agent: str, env: str) -> Preset:
+    """The preset an actor or learner uses when none is named: the paper's for Atari and the Control Suite,
+    the small ones for gymnasium tasks."""
+    family = env.split(":", 1)[0]
+    if agent == "dqn":
+        return PRESETS["apex-dqn-atari" if family == "atari" else "cartpole"]
+    if agent == "dpg":
+        return PRESETS["apex-dpg-control" if family == "dmc" else "pendulum"]
+    raise ValueError(f"unknown agent {agent!r}; valid agents: dqn, dpg")
