@@ -346,13 +346,14 @@ class ParamServer:
                     except zmq.Again:
                         break
                     reply, kind = self._answer(msg[1:])
+                    with self._lock:  # counted before sending: stats() never lags a reply already received
+                        self._counts["requests"] += 1
+                        self._counts[kind] += 1
                     try:
                         sock.send_multipart([msg[0], *reply], flags=zmq.NOBLOCK, copy=False)
                     except zmq.ZMQError:  # pragma: no cover - ROUTER drops silently; belt and braces
-                        kind = "dropped"
-                    with self._lock:
-                        self._counts["requests"] += 1
-                        self._counts[kind] += 1
+                        with self._lock:
+                            self._counts["dropped"] += 1
         except Exception:  # pragma: no cover - a bug, not bad input (that is answered in _answer)
             log.exception("parameter server thread crashed")
         finally:
