@@ -183,7 +183,8 @@ def test_gradient_norm_is_clipped():
     batch["reward"] *= 1000
     _, metrics = learner.update(batch, np.ones(8))
     assert metrics["grad_norm"] > 100  # reported before clipping
-    clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in learner.q_net.parameters()]))
+    norms = [torch.linalg.vector_norm(p.grad) for p in learner.q_net.parameters()]
+    clipped = torch.linalg.vector_norm(torch.stack(norms))
     assert clipped.item() == pytest.approx(0.5, rel=1e-4)
 
 

@@ -106,7 +106,9 @@ class NStepBuffer:
             )
         self._obs = obs
 
-    def add(self, action: Any, reward: float, next_obs: np.ndarray, terminated: bool, truncated: bool) -> list[Transition]:
+    def add(
+        self, action: Any, reward: float, next_obs: np.ndarray, terminated: bool, truncated: bool
+    ) -> list[Transition]:
         """Record step ``(s_t, a_t, r_t, s_{t+1})`` and return the transitions it completes (oldest first).
 
         Raises:

@@ -17,14 +17,11 @@ entry); optimizer hyper-parameters come from the config, never from the checkpoi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from apexrl.envs import EnvSpec
 
 __all__ = ["epsilon_ladder"]
 

@@ -123,7 +123,9 @@ class DPGConfig:
             raise ValueError(f"DPGConfig.noise_sigma must be a finite number >= 0, got {self.noise_sigma!r}")
         _check_layers(self, "critic_hidden", "actor_hidden")
         if len(self.critic_hidden) != 2:
-            raise ValueError(f"DPGConfig.critic_hidden must have two layers (action enters the second), got {self.critic_hidden}")
+            raise ValueError(
+                f"DPGConfig.critic_hidden must have two layers (the action enters the second), got {self.critic_hidden}"
+            )
 
 
 __all__ = ["DPGConfig", "DQNConfig"]

@@ -134,7 +134,9 @@ class DPGLearner:
       seed: initialises the networks (through a torch.Generator; the global RNG is not used).
     """
 
-    def __init__(self, env_spec: EnvSpec, config: DPGConfig | None = None, device: str | torch.device = "cpu", seed: int = 0):
+    def __init__(
+        self, env_spec: EnvSpec, config: DPGConfig | None = None, device: str | torch.device = "cpu", seed: int = 0
+    ):
         self.config = config = config or DPGConfig()
         self.env_spec = env_spec
         self.device = torch.device(device)

@@ -138,7 +138,9 @@ class DQNLearner:
       seed: initialises the networks (through a torch.Generator; the global RNG is not used).
     """
 
-    def __init__(self, env_spec: EnvSpec, config: DQNConfig | None = None, device: str | torch.device = "cpu", seed: int = 0):
+    def __init__(
+        self, env_spec: EnvSpec, config: DQNConfig | None = None, device: str | torch.device = "cpu", seed: int = 0
+    ):
         self.config = config = config or DQNConfig()
         self.env_spec = env_spec
         self.device = torch.device(device)
@@ -265,7 +267,8 @@ class DQNPolicy:
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
         self.transition_spec = dqn_transition_spec(env_spec)
-        self.q_net = build_seeded(lambda: make_q_network(env_spec, config), torch.Generator().manual_seed(seed), self.device)
+        generator = torch.Generator().manual_seed(seed)
+        self.q_net = build_seeded(lambda: make_q_network(env_spec, config), generator, self.device)
         self.q_net.requires_grad_(False)
         self.rng = np.random.default_rng(seed)
 
@@ -286,7 +289,8 @@ class DQNPolicy:
         q = self.q_net(_obs_tensor(batch["obs"], dev))
         q = q.gather(1, as_tensor(batch["action"], dev, torch.int64).unsqueeze(1)).squeeze(1)
         q_next = self.q_net(_obs_tensor(batch["next_obs"], dev)).max(dim=1).values
-        td_target = as_tensor(batch["reward"], dev, torch.float32) + as_tensor(batch["discount"], dev, torch.float32) * q_next
+        reward = as_tensor(batch["reward"], dev, torch.float32)
+        td_target = reward + as_tensor(batch["discount"], dev, torch.float32) * q_next
         return finite_priorities((td_target - q).abs(), self.config.priority_eps)
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
