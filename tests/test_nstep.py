@@ -158,6 +158,20 @@ def test_emitted_count_equals_steps():
     assert emitted == total
 
 
+def test_truncate_mid_episode_emits_pending_steps_as_a_time_limit_cut():
+    buf = NStepBuffer(3, 0.5)
+    obs = [np.array([float(t)]) for t in range(4)]
+    buf.add_first(obs[0])
+    assert buf.add(0, 1.0, obs[1], False, False) == []
+    assert buf.add(1, 2.0, obs[2], False, False) == []
+    got = buf.truncate()
+    # t=0: R = 1 + 0.5*2 = 2, D = 0.5^2, next = s_2; t=1: R = 2, D = 0.5, next = s_2 (bootstraps: not terminal)
+    assert [(tr.obs[0], tr.reward, tr.discount, tr.next_obs[0]) for tr in got] == [(0.0, 2.0, 0.25, 2.0),
+                                                                                 (1.0, 2.0, 0.5, 2.0)]
+    assert not buf.in_episode and buf.truncate() == []
+    buf.add_first(obs[3])  # a new episode may start
+
+
 def test_discount_is_python_float_and_exact_power():
     buf = NStepBuffer(3, 0.99)
     got = run_episode(buf, [(0.0, False, False)] * 3)

@@ -179,7 +179,9 @@ class Actor:
                 last_log = now
             if cfg.max_steps and self.counters["steps"] >= cfg.max_steps:
                 break
-        self._flush()  # completed transitions are never dropped on a clean stop
+        # A clean stop keeps every step taken: the open episode ends here as a truncation.
+        self._local.extend(self.nstep.truncate())
+        self._flush()
         self._log_progress(time.monotonic() - start)
         return {**self.counters, "params_version": self.poller.version}
 

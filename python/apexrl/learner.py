@@ -329,7 +329,7 @@ class Learner:
         if result is not None:
             row["eval_return_mean"], row["eval_return_std"], row["eval_episodes"] = result
         if self._csv is None:
-            names = sorted(getattr(self.agent, "metric_names", None) or metrics)
+            names = sorted(self.agent.metric_names)
             self._csv = CSVWriter(os.path.join(self.run_dir, METRICS_NAME), BASE_COLUMNS + names)
         row.update({k: v for k, v in metrics.items() if k in self._csv.columns})
         self._csv.write(row)

@@ -92,6 +92,16 @@ class NStepBuffer:
         self._pending.clear()
         self._obs = None
 
+    def truncate(self) -> list[Transition]:
+        """End the open episode here as a truncation and return its pending transitions (shorter horizons
+        bootstrapping from the latest observation): what an actor that stops mid-episode still holds is
+        valid experience. No-op (empty list) between episodes."""
+        if self._obs is None:
+            return []
+        out = [self._transition(m, self._obs, False) for m in range(len(self._pending), 0, -1)]
+        self.reset()
+        return out
+
     def add_first(self, obs: np.ndarray) -> None:
         """Start an episode at observation ``s_0``.
 

@@ -134,6 +134,9 @@ class DPGLearner:
       seed: initialises the networks (through a torch.Generator; the global RNG is not used).
     """
 
+    metric_names = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")
+    """Keys of the metrics dict ``update`` returns (columns of the learner's metrics.csv)."""
+
     def __init__(
         self, env_spec: EnvSpec, config: DPGConfig | None = None, device: str | torch.device = "cpu", seed: int = 0
     ):
@@ -191,7 +194,7 @@ class DPGLearner:
 
         td_abs = delta.detach().abs()
         stats = torch.stack([critic_loss.detach(), actor_loss.detach(), q.detach().mean(), td_abs.mean()]).tolist()
-        metrics = dict(zip(("critic_loss", "actor_loss", "q_mean", "td_abs_mean"), stats))
+        metrics = dict(zip(self.metric_names, stats))
         return finite_priorities(td_abs, self.config.priority_eps), metrics
 
     # -- weights for actors, checkpoints ---------------------------------------------------------------------

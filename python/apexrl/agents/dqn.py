@@ -138,6 +138,9 @@ class DQNLearner:
       seed: initialises the networks (through a torch.Generator; the global RNG is not used).
     """
 
+    metric_names = ("loss", "td_abs_mean", "q_mean", "grad_norm")
+    """Keys of the metrics dict ``update`` returns (columns of the learner's metrics.csv)."""
+
     def __init__(
         self, env_spec: EnvSpec, config: DQNConfig | None = None, device: str | torch.device = "cpu", seed: int = 0
     ):
@@ -200,7 +203,7 @@ class DQNLearner:
 
         td_abs = delta.detach().abs()
         stats = torch.stack([loss.detach(), td_abs.mean(), q.detach().mean(), grad_norm.detach()]).tolist()
-        metrics = dict(zip(("loss", "td_abs_mean", "q_mean", "grad_norm"), stats))
+        metrics = dict(zip(self.metric_names, stats))
         return finite_priorities(td_abs, self.config.priority_eps), metrics
 
     # -- weights for actors, checkpoints ---------------------------------------------------------------------
