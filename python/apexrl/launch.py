@@ -1,0 +1,403 @@
+"""The local launcher: one replay server, one learner and N actors as supervised child processes.
+
+:class:`Launcher` picks free ports on 127.0.0.1, starts ``apexrl-replay-server``, ``apexrl-learner`` and the
+actors (``python -m apexrl.cli.*``) with their output in ``RUN_DIR/logs/NAME.log``, prints live progress
+(:mod:`apexrl.progress`) and stops everything at the end.
+
+Supervision (DESIGN §7). Any child that exits while the run is going on is restarted with the same flags, on
+the same ports, after a back-off (1 s, doubling per exit within the last minute, at most 30 s): an actor as it
+was, the replay server empty (the actors refill it; the learner waits for its minimum size again), the learner
+with ``--resume`` (it continues from its last checkpoint and serves weights on the same port, so the actors
+follow it). A child that exits more than ``max_restarts_per_minute`` times within 60 s is crash-looping, and
+an exit with status 2 is a usage error that a restart cannot fix: either stops the run with a message naming
+the log and exit status 1. The learner exiting 0 after ``--steps`` ends the run normally.
+
+Shutdown (end of ``--minutes``/``--steps``, SIGINT or SIGTERM): SIGTERM to the actors (they insert what they
+hold), then to the learner (it checkpoints), then to the server, waiting for each with a timeout and SIGKILL
+for stragglers. Children run in their own process groups, so a terminal's Ctrl-C reaches only the launcher,
+which then stops them in that order; a second SIGINT/SIGTERM SIGKILLs every child at once (exit status 130).
+On Linux each child also gets SIGTERM if the launcher itself dies (``PR_SET_PDEATHSIG``), so not even a
+``kill -9`` of the launcher leaves processes behind.
+
+Single-threaded: signal handlers only set flags or send signals; the loop in :meth:`Launcher.run` does the rest.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from apexrl.progress import LogTail, Progress, format_duration
+
+__all__ = ["ChildSpec", "LaunchConfig", "Launcher", "free_ports"]
+
+RESTART_WINDOW_S = 60.0
+MAX_BACKOFF_S = 30.0
+STOP_TIMEOUTS_S = {"actor": 20.0, "learner": 90.0, "server": 30.0}  # the learner writes a checkpoint
+SERVER_START_TIMEOUT_S = 60.0
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports that were free a moment ago (all sockets held open together, so no repeats)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """How to start one child: ``python -m MODULE ARGS``; ``restart_args`` replace ``args`` on a restart."""
+
+    name: str
+    """server, learner, actor0, actor1, ... (also the log file's name)."""
+    role: str
+    """server, learner or actor: decides the shutdown order and timeout."""
+    module: str
+    args: list[str]
+    restart_args: list[str] | None = None
+
+
+@dataclass
+class LaunchConfig:
+    """Everything the launcher needs; ``apexrl run`` builds it from its flags."""
+
+    run_dir: str
+    num_actors: int
+    server_args: list[str]
+    """Flags of apexrl-replay-server other than --port (the preset's replay settings)."""
+    learner_args: list[str]
+    """Flags of apexrl-learner other than --replay/--params-port/--run-dir/--resume/--max-steps."""
+    actor_args: list[str]
+    """Flags of apexrl-actor other than --replay/--params/--index/--num-actors/--episodes-csv."""
+    minutes: float = 0.0
+    """Stop after this many minutes of wall time (0: no limit)."""
+    steps: int = 0
+    """Stop once the learner has done this many steps (0: no limit)."""
+    resume: bool = False
+    """Start the learner with --resume (continue the run directory's checkpoint)."""
+    progress_every: float = 5.0
+    quiet: bool = False
+    max_restarts_per_minute: int = 5
+    python: str = sys.executable
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+
+
+class Child:
+    """One supervised process: start, restart bookkeeping (exit times, back-off), signals to its group."""
+
+    def __init__(self, spec: ChildSpec, log_path: str, env: dict[str, str], python: str):
+        self.spec = spec
+        self.log_path = log_path
+        self.env = env
+        self.python = python
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.exit_times: collections.deque[float] = collections.deque()
+        self.restart_at: float | None = None  # set while waiting out a back-off
+
+    @property
+    def restarts(self) -> int:
+        return max(self.starts - 1, 0)
+
+    def start(self) -> None:
+        args = self.spec.restart_args if self.starts and self.spec.restart_args is not None else self.spec.args
+        with open(self.log_path, "ab") as log:
+            if self.starts:
+                log.write(f"=== apexrl run: restart {self.starts} at {time.strftime('%H:%M:%S')} ===\n".encode())
+                log.flush()
+            self.proc = subprocess.Popen(
+                [self.python, "-m", self.spec.module, *args], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        self.starts += 1
+        self.restart_at = None
+
+    def poll(self) -> int | None:
+        """The exit status once the process has exited (negative: killed by that signal), else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def send(self, sig: int) -> None:
+        if self.running:
+            try:
+                os.killpg(self.proc.pid, sig)  # type: ignore[union-attr]
+            except ProcessLookupError:
+                pass
+
+    def record_exit(self, now: float) -> int:
+        """Note an exit; returns the exits within the last RESTART_WINDOW_S seconds."""
+        self.exit_times.append(now)
+        while self.exit_times and self.exit_times[0] < now - RESTART_WINDOW_S:
+            self.exit_times.popleft()
+        return len(self.exit_times)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the launcher dies (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def log_tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class Launcher:
+    """Runs one local Ape-X system until its limits or a signal; :meth:`run` returns the exit status."""
+
+    def __init__(self, config: LaunchConfig):
+        self.config = config
+        self.run_dir = config.run_dir
+        self.log_dir = os.path.join(config.run_dir, "logs")
+        self.out = config.out
+        self.tty = bool(getattr(self.out, "isatty", lambda: False)())
+        self.progress = Progress(config.num_actors)
+        self.children: list[Child] = []
+        self.tails: dict[str, LogTail] = {}
+        self._stop_reason: str | None = None
+        self._exit_code = 0
+        self._signals = 0
+        self._status_shown = False  # a TTY status line is on screen (without newline)
+
+    # ------------------------------------------------------------------------------------------ output
+
+    def _print(self, text: str) -> None:
+        """A permanent line (clears a TTY status line first)."""
+        if self._status_shown:
+            self.out.write("\r\033[K")
+            self._status_shown = False
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def _status(self, text: str, commit: bool) -> None:
+        if self.config.quiet:
+            return
+        if self.tty and not commit:
+            # A line wider than the terminal would wrap, and "\r" would then redraw only its last part.
+            width = shutil.get_terminal_size().columns - 1
+            self.out.write("\r\033[K" + text[:width])
+            self.out.flush()
+            self._status_shown = True
+        else:
+            self._print(text)
+
+    # ------------------------------------------------------------------------------------------ children
+
+    def _specs(self, server_port: int, params_port: int) -> list[ChildSpec]:
+        cfg = self.config
+        replay = f"tcp://127.0.0.1:{server_port}"
+        learner = ["--replay", replay, "--params-port", str(params_port), "--run-dir", self.run_dir,
+                   *(["--max-steps", str(cfg.steps)] if cfg.steps else []), *cfg.learner_args]
+        specs = [
+            ChildSpec("server", "server", "apexrl.cli.server", ["--port", str(server_port), *cfg.server_args]),
+            ChildSpec("learner", "learner", "apexrl.cli.learner", learner + (["--resume"] if cfg.resume else []),
+                      restart_args=learner + ["--resume"]),
+        ]
+        episodes_csv = os.path.join(self.run_dir, "episodes.csv")
+        for i in range(cfg.num_actors):
+            specs.append(ChildSpec(
+                f"actor{i}", "actor", "apexrl.cli.actor",
+                ["--replay", replay, "--params", f"tcp://127.0.0.1:{params_port}", "--index", str(i),
+                 "--num-actors", str(cfg.num_actors), "--episodes-csv", episodes_csv,
+                 "--log-every", f"{cfg.progress_every:g}", *cfg.actor_args],
+            ))
+        return specs
+
+    def _start(self, child: Child) -> None:
+        child.start()
+        self._write_pids()
+
+    def _write_pids(self) -> None:
+        """RUN_DIR/pids.json: the launcher's and every running child's pid (for tools and tests)."""
+        pids = {"launcher": os.getpid(),
+                "children": {c.spec.name: c.proc.pid for c in self.children if c.proc is not None and c.running}}
+        tmp = os.path.join(self.run_dir, "pids.json.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(pids, f)
+        os.replace(tmp, os.path.join(self.run_dir, "pids.json"))
+
+    def _wait_for_server(self, server: Child) -> bool:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        tail = self.tails[server.spec.name]
+        while time.monotonic() < deadline and self._stop_reason is None:
+            if any("listening on" in line for line in tail.read()):
+                return True
+            if server.poll() is not None:
+                break
+            time.sleep(0.1)
+        return False
+
+    # ------------------------------------------------------------------------------------------ run
+
+    def run(self) -> int:
+        cfg = self.config
+        os.makedirs(self.log_dir, exist_ok=True)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        start = time.monotonic()
+        try:
+            server_port, params_port = free_ports(2)
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            for spec in self._specs(server_port, params_port):
+                log_path = os.path.join(self.log_dir, f"{spec.name}.log")
+                self.children.append(Child(spec, log_path, env, cfg.python))
+                self.tails[spec.name] = LogTail(log_path)
+                self.tails[spec.name].skip_to_end()  # an earlier run's lines (--resume) are not this run's
+            server, rest = self.children[0], self.children[1:]
+            self._start(server)
+            if not self._wait_for_server(server):
+                if self._stop_reason is None:
+                    self._fail(f"the replay server did not start; {server.log_path}:\n{log_tail(server.log_path)}")
+            else:
+                self._print(f"replay server tcp://127.0.0.1:{server_port} (pid {server.proc.pid})")
+                for child in rest:
+                    self._start(child)
+                self._print(f"learner (pid {rest[0].proc.pid}) serving weights on tcp://127.0.0.1:{params_port}; "
+                            + ", ".join(f"{c.spec.name} (pid {c.proc.pid})" for c in rest[1:]))
+                self._print(f"logs in {self.log_dir}")
+                self._supervise(start)
+        finally:
+            self._shutdown()
+            for s, h in previous.items():
+                signal.signal(s, h)
+        elapsed = time.monotonic() - start
+        self._summary(elapsed)
+        return self._exit_code
+
+    def _supervise(self, start: float) -> None:
+        cfg = self.config
+        limit_s = cfg.minutes * 60.0 if cfg.minutes else None
+        next_status = time.monotonic() + cfg.progress_every
+        while self._stop_reason is None:
+            now = time.monotonic()
+            new_eval = False
+            for name, tail in self.tails.items():
+                new_eval |= self.progress.feed(name, tail.read())
+            for child in self.children:
+                self._check(child, now)
+                if self._stop_reason is not None:
+                    return
+            if limit_s is not None and now - start >= limit_s:
+                self._stop_reason = f"reached --minutes {cfg.minutes:g}"
+            elif new_eval or now >= next_status:
+                self._status(self.progress.line(now - start, limit_s, cfg.steps or None), commit=new_eval)
+                next_status = now + cfg.progress_every
+            time.sleep(0.2)
+
+    def _check(self, child: Child, now: float) -> None:
+        """Restart a child that exited, after its back-off; stop the run where a restart cannot help."""
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                self._start(child)
+                self.progress.restarts += 1
+                self._print(f"{child.spec.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
+            return
+        code = child.poll()
+        if code is None:
+            return
+        name = child.spec.name
+        if child.spec.role == "learner" and code == 0 and self.config.steps:
+            self._stop_reason = f"reached --steps {self.config.steps}"
+            return
+        recent = child.record_exit(now)
+        if code == 2:
+            self._fail(f"{name} refused its flags ({describe_exit(code)}); {child.log_path}:\n"
+                       f"{log_tail(child.log_path)}")
+        elif recent > self.config.max_restarts_per_minute:
+            self._fail(f"{name} exited {recent} times within {RESTART_WINDOW_S:.0f} s ({describe_exit(code)}): "
+                       f"giving up; {child.log_path}:\n{log_tail(child.log_path)}")
+        else:
+            backoff = min(2.0 ** (recent - 1), MAX_BACKOFF_S)
+            child.restart_at = now + backoff
+            self._print(f"{name} exited unexpectedly ({describe_exit(code)}); restarting in {backoff:.0f} s")
+
+    def _fail(self, message: str) -> None:
+        self._print(f"apexrl run: error: {message.rstrip()}")
+        self._stop_reason = "error"
+        self._exit_code = 1
+
+    # ------------------------------------------------------------------------------------------ stopping
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            self._stop_reason = f"received {signal.Signals(signum).name}"
+            return
+        for child in self.children:  # second signal: no more waiting
+            child.send(signal.SIGKILL)
+        self._exit_code = 130
+
+    def _shutdown(self) -> None:
+        if self._stop_reason and self._stop_reason != "error":
+            self._print(f"stopping: {self._stop_reason}")
+        for role in ("actor", "learner", "server"):
+            group = [c for c in self.children if c.spec.role == role]
+            for child in group:
+                child.restart_at = None  # one waiting out a back-off stays down
+            group = [c for c in group if c.running]
+            for child in group:
+                child.send(signal.SIGTERM)
+            self._wait_all(group, STOP_TIMEOUTS_S[role])
+        self._write_pids()
+
+    def _wait_all(self, group: list[Child], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while any(c.running for c in group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for child in group:
+            if child.running:
+                self._print(f"{child.spec.name} did not stop within {timeout:.0f} s: SIGKILL")
+                child.send(signal.SIGKILL)
+            if child.proc is not None:
+                child.proc.wait()
+            code = child.poll()
+            # A child still importing when SIGTERM came dies of it with nothing to lose; any other non-zero
+            # status means it did not finish its clean stop (flush, checkpoint, snapshot).
+            if code not in (None, 0, -signal.SIGKILL, -signal.SIGTERM) and self._exit_code == 0:
+                self._print(f"{child.spec.name} stopped with {describe_exit(code)}; see {child.log_path}")
+
+    def _summary(self, elapsed: float) -> None:
+        for name, tail in self.tails.items():
+            self.progress.feed(name, tail.read())
+        p = self.progress
+        ev = f", last eval return {p.eval_return:.1f}" if p.eval_return is not None else ""
+        self._print(f"run finished after {format_duration(elapsed)}: {p.learner_steps} learner steps{ev}, "
+                    f"{p.restarts} restarts")
+        self._print(f"run directory: {self.run_dir}")
+        self._print(f"plot it:       apexrl plot {self.run_dir}")
+
