@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from apexrl.client import ReplayClient
+from apexrl.client import ReplayClient, ServerTimeoutError
 from apexrl.config import ActorConfig
 from apexrl.errors import ReplayTimeout, ServerClosedError
 from apexrl.nstep import NStepBuffer, Transition, stack_transitions
@@ -37,6 +37,7 @@ from apexrl.nstep import NStepBuffer, Transition, stack_transitions
 log = logging.getLogger("apexrl.actor")
 
 _RETRY_MIN, _RETRY_MAX = 0.05, 2.0
+_RATE_LIMIT_WAIT = 5.0  # seconds the server may hold an insert for its rate limiter before answering TIMEOUT
 
 
 def make_policy(agent: str, env_spec: Any, agent_config: Any, index: int, num_actors: int, seed: int) -> Any:
@@ -76,7 +77,8 @@ class Actor:
                                   every_frames=config.params_every_frames)
         self._stop = threading.Event()
         self._local: list[Transition] = []
-        self.counters = {"steps": 0, "frames": 0, "episodes": 0, "inserted": 0, "insert_retries": 0}
+        self.counters = {"steps": 0, "frames": 0, "episodes": 0, "inserted": 0, "insert_retries": 0,
+                         "rate_limited": 0}
         self._returns: list[float] = []
         self._episodes_file = None
         self._episodes_csv = None
@@ -128,22 +130,28 @@ class Actor:
         batch = stack_transitions(self._local, self.transition_spec)
         priorities = np.asarray(self.policy.initial_priorities(batch), dtype=np.float64)
         data, offsets = self.transition_spec.encode(batch)
-        delay = _RETRY_MIN
+        delay, warned_at = _RETRY_MIN, 0.0
         while True:
             try:
-                self.replay.insert(priorities, data=data, offsets=offsets)
+                self.replay.insert(priorities, data=data, offsets=offsets, timeout=_RATE_LIMIT_WAIT)
                 break
+            except ServerTimeoutError:
+                # The server's rate limiter (--samples-per-insert) holds inserts until the learner catches up.
+                self.counters["rate_limited"] += 1
             except (ReplayTimeout, ServerClosedError) as e:
                 # Server down or restarting: keep the batch, wait, go on (the client reconnects by itself).
                 self.counters["insert_retries"] += 1
-                if self.counters["insert_retries"] == 1 or delay >= _RETRY_MAX:
+                if time.monotonic() - warned_at >= 30.0:
+                    warned_at = time.monotonic()
                     log.warning("actor %d: replay server %s unavailable (%s); retrying", self.config.index,
                                 self.config.replay, e)
-                if self._stop.wait(delay):
-                    log.warning("actor %d: stopping with %d transitions not inserted", self.config.index,
-                                len(self._local))
-                    return
-                delay = min(delay * 2, _RETRY_MAX)
+                if not self._stop.wait(delay):
+                    delay = min(delay * 2, _RETRY_MAX)
+                    continue
+            if self._stop.is_set():
+                log.warning("actor %d: stopping with %d transitions not inserted", self.config.index,
+                            len(self._local))
+                return
         self.counters["inserted"] += len(self._local)
         self._local.clear()
 
@@ -202,8 +210,8 @@ class Actor:
             f"actor={self.config.index} time_s={elapsed:.1f} steps={c['steps']} frames={c['frames']} "
             f"episodes={c['episodes']} return_mean10={mean} inserted={c['inserted']} "
             f"steps_per_s={c['steps'] / max(elapsed, 1e-9):.0f} params_version={p['version']} "
-            f"insert_retries={c['insert_retries']} param_timeouts={p['timeouts']} "
-            f"param_mismatches={p['mismatches']}",
+            f"insert_retries={c['insert_retries']} rate_limited={c['rate_limited']} "
+            f"param_timeouts={p['timeouts']} param_mismatches={p['mismatches']}",
             flush=True,
         )
 
