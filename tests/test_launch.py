@@ -109,6 +109,17 @@ def test_run_restarts_a_killed_actor_and_stops_everything_on_sigint(spawn, tmp_p
     assert 20_000 < len(data) < 2_000_000
 
 
+def test_run_stops_by_itself_at_steps(spawn, tmp_path):
+    run_dir = str(tmp_path / "run")
+    launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--steps", "200",
+                     "--actors", "1", "--quiet", f"--learner-args={FAST_LEARNER}")
+    assert launcher.proc.wait(120) == 0, launcher.log()
+    assert "stopping: reached --steps 200" in launcher.log()
+    assert read_csv(os.path.join(run_dir, "metrics.csv"))["learner_steps"][-1] == 200
+    assert os.path.exists(os.path.join(run_dir, "checkpoint.safetensors"))
+    assert not any(_alive(pid) for pid in _pids(run_dir).values())
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -6,18 +6,20 @@ actors (``python -m apexrl.cli.*``) with their output in ``RUN_DIR/logs/NAME.log
 
 Supervision (DESIGN §7). Any child that exits while the run is going on is restarted with the same flags, on
 the same ports, after a back-off (1 s, doubling per exit within the last minute, at most 30 s): an actor as it
-was, the replay server empty (the actors refill it; the learner waits for its minimum size again), the learner
+was, the replay server empty (no snapshot: the actors refill it and the learner reconnects), the learner
 with ``--resume`` (it continues from its last checkpoint and serves weights on the same port, so the actors
 follow it). A child that exits more than ``max_restarts_per_minute`` times within 60 s is crash-looping, and
 an exit with status 2 is a usage error that a restart cannot fix: either stops the run with a message naming
-the log and exit status 1. The learner exiting 0 after ``--steps`` ends the run normally.
+the log and exit status 1. A learner exiting 0 by itself (``--steps`` reached) ends the run normally; an actor
+exiting 0 by itself (an ``--max-steps`` in its flags) is done and stays down.
 
 Shutdown (end of ``--minutes``/``--steps``, SIGINT or SIGTERM): SIGTERM to the actors (they insert what they
 hold), then to the learner (it checkpoints), then to the server, waiting for each with a timeout and SIGKILL
 for stragglers. Children run in their own process groups, so a terminal's Ctrl-C reaches only the launcher,
 which then stops them in that order; a second SIGINT/SIGTERM SIGKILLs every child at once (exit status 130).
 On Linux each child also gets SIGTERM if the launcher itself dies (``PR_SET_PDEATHSIG``), so not even a
-``kill -9`` of the launcher leaves processes behind.
+``kill -9`` of the launcher leaves processes behind (all stop at once then, unordered: actors and learner give
+up on the stopped server after their request timeouts, ~15 s).
 
 Single-threaded: signal handlers only set flags or send signals; the loop in :meth:`Launcher.run` does the rest.
 """
@@ -111,6 +113,7 @@ class Child:
         self.starts = 0
         self.exit_times: collections.deque[float] = collections.deque()
         self.restart_at: float | None = None  # set while waiting out a back-off
+        self.finished = False  # exited 0 by itself: done, not restarted
 
     @property
     def restarts(self) -> int:
@@ -321,6 +324,8 @@ class Launcher:
 
     def _check(self, child: Child, now: float) -> None:
         """Restart a child that exited, after its back-off; stop the run where a restart cannot help."""
+        if child.finished:
+            return
         if child.restart_at is not None:
             if now >= child.restart_at:
                 self._start(child)
@@ -331,8 +336,13 @@ class Launcher:
         if code is None:
             return
         name = child.spec.name
-        if child.spec.role == "learner" and code == 0 and self.config.steps:
-            self._stop_reason = f"reached --steps {self.config.steps}"
+        if code == 0 and child.spec.role == "learner":  # it stops by itself only at --max-steps/--max-minutes
+            self._stop_reason = (f"reached --steps {self.config.steps}" if self.config.steps
+                                 else "the learner finished")
+            return
+        if code == 0 and child.spec.role == "actor":  # finished its --max-steps (given in --actor-args)
+            child.finished = True
+            self._print(f"{name} finished (exit status 0); not restarted")
             return
         recent = child.record_exit(now)
         if code == 2:

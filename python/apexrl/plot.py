@@ -81,7 +81,8 @@ def episode_curve(path: str, metrics: dict[str, np.ndarray], smooth: int
     mean = np.convolve(y, np.ones(k) / k, mode="valid")  # mean of the last k episodes
     x = x[k - 1:]
     order = np.argsort(metrics["env_frames"], kind="stable")
-    t = np.interp(x, metrics["env_frames"][order], metrics["time_s"][order])
+    # Outside the learner's rows (before its first, after its last) the time is unknown: NaN, not drawn.
+    t = np.interp(x, metrics["env_frames"][order], metrics["time_s"][order], left=np.nan, right=np.nan)
     return x, t, mean
 
 
