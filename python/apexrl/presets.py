@@ -19,19 +19,19 @@ __all__ = ["PRESETS", "Preset", "ReplaySettings", "default_preset_for", "get_pre
 
 @dataclass(frozen=True)
 class ReplaySettings:
-    """Flags for ``apexrl-replay-server`` (the launcher passes them; see its --help)."""
+    """Flags for ``apexrl-replay-server`` (the launcher passes them, and ``--min-size-to-sample`` equal to the
+    learner's ``min_replay_size``; see its --help)."""
 
     capacity: int
     eviction: str = "fifo"
     alpha: float = 0.6
     alpha_evict: float = -0.4
-    min_size_to_sample: int = 0
     samples_per_insert: float | None = None
 
     def server_args(self) -> list[str]:
         args = [
             "--capacity", str(self.capacity), "--eviction", self.eviction, "--alpha", str(self.alpha),
-            "--alpha-evict", str(self.alpha_evict), "--min-size-to-sample", str(self.min_size_to_sample),
+            "--alpha-evict", str(self.alpha_evict),
         ]
         if self.samples_per_insert is not None:
             args += ["--samples-per-insert", str(self.samples_per_insert)]
@@ -74,7 +74,7 @@ PRESETS: dict[str, Preset] = {
             description="Ape-X DQN with the paper's settings (Atari: Pong by default)",
             agent="dqn",
             env="atari:Pong",
-            replay=ReplaySettings(capacity=2_000_000, eviction="fifo", min_size_to_sample=0),
+            replay=ReplaySettings(capacity=2_000_000, eviction="fifo"),
             learner=dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=600.0,
                          eval_episodes=1, metrics_every=30.0),
             actor=dict(flush_every=50, params_every_frames=400),

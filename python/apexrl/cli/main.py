@@ -128,15 +128,19 @@ def launch_config(argv: Sequence[str] | None = None):
         if held:
             run_parser.error(f"{run_dir} already holds a run ({', '.join(held)}): pass --resume to continue it, "
                              "or choose another --run-dir or --seed (or remove the directory)")
-    server_args = [*preset.replay.server_args(), "--seed", str(args.seed), "--log-level", "WARNING",
-                   *_split(run_parser, "--server-args", args.server_args)]
     learner_args = [*agent_flags, *_split(run_parser, "--learner-args", args.learner_args)]
     actor_args = [*agent_flags, *_split(run_parser, "--actor-args", args.actor_args)]
     # The children's own parsers check the pass-through flags now, not after the run has started.
+    learner_config, _ = learner_cli.parse_config(["--replay", "tcp://127.0.0.1:1", "--params-port", "1",
+                                                  *learner_args])
+    # The server makes samples wait for the learner's minimum too, so that after a server restart (empty) the
+    # learner does not train on a handful of transitions (DESIGN §7); --server-args may still override it.
+    server_args = [*preset.replay.server_args(), "--min-size-to-sample", str(learner_config.min_replay_size),
+                   "--seed", str(args.seed), "--log-level", "WARNING",
+                   *_split(run_parser, "--server-args", args.server_args)]
     from apexrl.cli import server as server_cli
 
     server_cli.parse_args(["--port", "1", *server_args])
-    learner_cli.parse_config(["--replay", "tcp://127.0.0.1:1", "--params-port", "1", *learner_args])
     actor_cli.parse_config(["--replay", "tcp://127.0.0.1:1", "--params", "tcp://127.0.0.1:2", "--index", "0",
                             "--num-actors", str(num_actors), *actor_args])
     minutes = preset.minutes if args.minutes is None else args.minutes
