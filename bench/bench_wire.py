@@ -205,21 +205,31 @@ def actor_main(args: argparse.Namespace) -> None:
     lat: list[float] = []
     n = 0
     i = 0
+    pipelined = args.insert_mode == "pipelined"
     with ReplayClient(args.endpoint, timeout=30) as c:
+        # pipelined: up to --max-in-flight inserts unanswered; latency = send to acknowledgement
+        ins = c.inserter(max_in_flight=args.max_in_flight, on_ack=lambda _k, s: lat.append(s)) if pipelined else None
         while time.time() < args.start_at:
             time.sleep(0.001)
         end = args.start_at + args.seconds
         while True:
             d, o = batches[i % len(batches)]
-            t0 = time.perf_counter()
-            c.insert(prios[i % 16], data=d, offsets=o)
-            lat.append(time.perf_counter() - t0)
+            if ins is not None:
+                ins.insert(prios[i % 16], data=d, offsets=o)
+            else:
+                t0 = time.perf_counter()
+                c.insert(prios[i % 16], data=d, offsets=o)
+                lat.append(time.perf_counter() - t0)
             n += INSERT_BATCH
             i += 1
             if args.seed == 0 and i % 100 == 0:
                 c.remove_to_fit()
             if time.time() >= end:
                 break
+        if ins is not None:
+            ins.close()  # every insert acknowledged (raises if any failed)
+            st = ins.stats()
+            assert st["acked_items"] == n and st["failed"] == 0, st
         elapsed = time.time() - args.start_at
     with open(args.out, "w") as f:  # a file, not stdout: a large result would fill the pipe and deadlock
         json.dump({"items": n, "elapsed": elapsed, "lat": lat}, f)
@@ -285,7 +295,8 @@ def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items
             k += 1
 
 
-def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float) -> dict:
+def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float,
+               actor_flags: list[str]) -> dict:
     outdir = os.path.dirname(payload)
     from apexrl.client import ReplayClient
 
@@ -300,7 +311,8 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
                   "--shape", shape]
         for a in range(k):
             procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "actor", "--payload", payload,
-                                           "--seed", str(a), "--out", os.path.join(outdir, f"actor{a}.json"), *common]))
+                                           "--seed", str(a), "--out", os.path.join(outdir, f"actor{a}.json"),
+                                           *common, *actor_flags]))
         procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "learner",
                                        "--out", os.path.join(outdir, "learner.json"), *common]))
         # Server RSS sampled during the run (peak) and after.
@@ -387,6 +399,10 @@ def main() -> None:
     p.add_argument("--rss-items", type=int, default=1_000_000, help="DPG items for the RSS measure (default 1M)")
     p.add_argument("--actors", type=int, nargs="+", default=[1, 2])
     p.add_argument("--only", choices=("dpg", "atari"), action="append")
+    p.add_argument("--insert-mode", choices=("pipelined", "sync"), default="pipelined",
+                   help="actors: client.inserter() with --max-in-flight unanswered inserts (default), or "
+                        "client.insert() waiting for every reply")
+    p.add_argument("--max-in-flight", type=int, default=16, help="pipelined actors: unanswered inserts (default 16)")
     # worker mode
     p.add_argument("--worker", choices=("actor", "learner"), help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -409,6 +425,7 @@ def main() -> None:
 
     rows = []
     extra: list[str] = []
+    actor_flags = ["--insert-mode", args.insert_mode, "--max-in-flight", str(args.max_in_flight)]
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         if "dpg" in shapes:
@@ -418,7 +435,7 @@ def main() -> None:
             print(f"DPG: TransitionSpec.dpg(67, 21), {batches[0][0].size // INSERT_BATCH} B/item, capacity 2M, "
                   f"prefill {args.prefill} items", flush=True)
             for k in args.actors:
-                r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds)
+                r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags)
                 print(json.dumps(r), flush=True)
                 rows.append(r)
         if "atari" in shapes:
@@ -442,7 +459,7 @@ def main() -> None:
             path = os.path.join(tmp, "atari.npz")
             save_batches(path, batches)
             for k in args.actors:
-                r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds)
+                r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds, actor_flags)
                 print(json.dumps(r), flush=True)
                 rows.append(r)
     if args.rss_items:
@@ -451,9 +468,11 @@ def main() -> None:
                      f"(idle server {r['idle_rss_gb']:.3f} GB; bytes_held {r['bytes_held'] / 1e9:.3f} GB)")
         print(extra[-1], flush=True)
 
+    actor_mode = (f"pipelined (client.inserter(max_in_flight={args.max_in_flight}); insert latency = send to ack)"
+                  if args.insert_mode == "pipelined" else "sync (client.insert waits for each reply)")
     print(f"\n## bench_wire ({args.seconds:g} s windows, total {time.perf_counter() - t_start:.0f} s; "
           f"learner: sample {SAMPLE_BATCH} [+ decode for Atari] + AsyncUpdater.update {SAMPLE_BATCH}; "
-          f"actors: insert {INSERT_BATCH}/request; cpus {os.cpu_count()})\n")
+          f"actors: insert {INSERT_BATCH}/request, {actor_mode}; cpus {os.cpu_count()})\n")
     print("| shape | actors | prefill | inserted/s | sampled/s | sample p50 / p99 ms | insert p50 / p99 ms "
           "| decode ms/512 | server RSS GB (peak) | bytes/item held |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -33,6 +33,7 @@ from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, Serve
 __all__ = [
     "AsyncUpdater",
     "LearnerBatch",
+    "PipelinedInserter",
     "PrefetchingSampler",
     "ReplayClient",
     "SampledBatch",
@@ -219,12 +220,8 @@ class ReplayClient:
         if not wait_s >= 0:
             raise ValueError(f"timeout must be >= 0, got {timeout}")
         timeout_ms = min(int(round(wait_s * 1000)), 0xFFFF_FFFF)
-        P.encode_insert(0, priorities, data, offsets, timeout_ms)  # validate before touching the socket
-        reply = self._call(
-            P.Op.INSERT,
-            lambda rid: P.encode_insert(rid, priorities, data, offsets, timeout_ms),
-            self.timeout + wait_s,
-        )
+        frames = P.encode_insert(0, priorities, data, offsets, timeout_ms)  # validate before touching the socket
+        reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
         return reply.arrays["keys"]
 
     def sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> SampledBatch:
@@ -246,10 +243,8 @@ class ReplayClient:
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Set new priorities; returns how many keys were still present (evicted keys are skipped)."""
-        P.encode_update(0, keys, priorities)
-        reply = self._call(
-            P.Op.UPDATE_PRIORITIES, lambda rid: P.encode_update(rid, keys, priorities), self.timeout
-        )
+        frames = P.encode_update(0, keys, priorities)  # validate before touching the socket
+        reply = self._call(P.Op.UPDATE_PRIORITIES, lambda rid: P.with_request_id(frames, rid), self.timeout)
         return int(reply.header.count)
 
     def remove_to_fit(self) -> int:
@@ -285,6 +280,25 @@ class ReplayClient:
             client_timeout=self.timeout,
         )
 
+    def inserter(
+        self,
+        max_in_flight: int = 8,
+        *,
+        timeout: float | None = None,
+        on_ack: Callable[[np.ndarray, float], Any] | None = None,
+    ) -> PipelinedInserter:
+        """A :class:`PipelinedInserter`: inserts that do not wait for their reply (for actors).
+
+        Up to ``max_in_flight`` insert requests are outstanding at once; every reply is still received and
+        counted, failures are raised by a later ``insert()`` / ``flush()`` / ``close()``. It owns its own
+        socket (same endpoint and timeout); this client is not used. ``timeout`` is the server-side
+        rate-limiter wait as in :meth:`insert`; ``on_ack(keys, seconds)`` is called for each acknowledged
+        request with its keys and round-trip time.
+        """
+        return PipelinedInserter(
+            self.endpoint, max_in_flight=max_in_flight, timeout=timeout, on_ack=on_ack, client_timeout=self.timeout
+        )
+
     def updater(self, max_pending: int = 64) -> AsyncUpdater:
         """An :class:`AsyncUpdater`: non-blocking priority updates sent by a background thread.
 
@@ -293,13 +307,17 @@ class ReplayClient:
         return AsyncUpdater(self.endpoint, max_pending=max_pending, client_timeout=self.timeout)
 
 
-def _raise_error(reply: P.Reply) -> None:
+def _error_of(reply: P.Reply) -> ServerError:
     status, message = reply.status, reply.message or ""
     if status == P.Status.TIMEOUT:
-        raise ServerTimeoutError(status, message)
+        return ServerTimeoutError(status, message)
     if status == P.Status.SHUTTING_DOWN:
-        raise ServerShuttingDownError(status, message)
-    raise ServerError(status, message)
+        return ServerShuttingDownError(status, message)
+    return ServerError(status, message)
+
+
+def _raise_error(reply: P.Reply) -> None:
+    raise _error_of(reply)
 
 
 # ------------------------------------------------------------------------------------------------ learner side
@@ -675,6 +693,249 @@ class AsyncUpdater:
             self._raise_pending()
 
     def __enter__(self) -> AsyncUpdater:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # don't mask the exception in flight with a background one
+            try:
+                self.close()
+            except Exception:
+                pass
+
+
+# -------------------------------------------------------------------------------------------------- actor side
+
+
+class PipelinedInserter:
+    """Inserts that do not wait for their reply, for actors: ``insert()`` sends and returns while up to
+    ``max_in_flight`` requests are unanswered, and blocks only when that many are.
+
+    Nothing is lost silently:
+
+    * Every reply is received and matched to its request (by request id): ``stats()`` counts the requests
+      and items ``submitted``, ``acked`` (stored; keys returned) and ``failed``, and ``in_flight``.
+    * An error reply (TOO_LARGE, INVALID_ARGUMENT, a rate-limiter TIMEOUT, SHUTTING_DOWN, ...) is counted in
+      ``failed`` and raised by the next ``insert()``, ``flush()`` or ``close()`` (the first error pending;
+      all are counted). Whenever ``insert()`` raises, its own batch was **not** sent.
+    * A request unanswered ``client_timeout`` seconds after it was sent (plus its server-side ``timeout``)
+      expires: all requests then in flight are counted ``failed`` -- they may or may not have been stored --
+      a :class:`~apexrl.errors.ReplayTimeout` saying how many is raised as above, and the socket is
+      replaced (a restarted server is reached by the next insert).
+    * ``flush()`` waits until every request sent so far was answered or expired, then raises the first
+      pending error; ``close()`` (and leaving the ``with`` block) flushes, closes the socket and raises it.
+
+    Arguments are validated in the caller (ValueError from ``insert`` itself, nothing sent). Not
+    thread-safe: use one inserter per thread (an actor loop). Replies are read while ``insert``/``flush``
+    run; ``on_ack(keys, seconds)`` is then called with each acknowledged request's keys (u64 view of the
+    reply, copy to keep) and its round-trip time.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        max_in_flight: int = 8,
+        *,
+        timeout: float | None = None,
+        on_ack: Callable[[np.ndarray, float], Any] | None = None,
+        client_timeout: float = 10.0,
+    ):
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
+        wait_s = 0.0 if timeout is None else float(timeout)
+        if not wait_s >= 0:
+            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        if on_ack is not None and not callable(on_ack):
+            raise TypeError("on_ack must be callable or None")
+        self.endpoint = endpoint
+        self.max_in_flight = max_in_flight
+        self._timeout_ms = min(int(round(wait_s * 1000)), 0xFFFF_FFFF)
+        self._on_ack = on_ack
+        self._client = ReplayClient(endpoint, timeout=client_timeout)
+        self._expiry = client_timeout + wait_s  # seconds after sending that a request expires
+        self._in_flight: dict[int, tuple[int, float]] = {}  # request id -> (items, sent at); in send order
+        self._errors: list[BaseException] = []
+        self._counts = {"submitted": 0, "submitted_items": 0, "acked": 0, "acked_items": 0,
+                        "failed": 0, "failed_items": 0}
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------ replies
+
+    def _on_reply(self, frames: list[Any], now: float) -> None:
+        try:
+            header = P.Header.unpack(frames[0])
+        except ProtocolError:
+            return  # not a reply to us (or garbage): ignore
+        rid = header.request_id
+        entry = self._in_flight.pop(rid, None)
+        if entry is None:
+            return  # a late reply to a request that already expired: it was counted failed then
+        n, sent = entry
+        c = self._counts
+        try:
+            reply = P.decode_reply(frames, P.Op.INSERT, rid)
+        except ProtocolError as exc:
+            c["failed"] += 1
+            c["failed_items"] += n
+            self._errors.append(exc)
+            return
+        if not reply.ok:
+            c["failed"] += 1
+            c["failed_items"] += n
+            self._errors.append(_error_of(reply))
+            return
+        c["acked"] += 1
+        c["acked_items"] += n
+        if self._on_ack is not None:
+            self._on_ack(reply.arrays["keys"], now - sent)
+
+    def _drain(self) -> None:
+        """Handle every reply already received, without waiting."""
+        sock = self._client._sock
+        if sock is None:
+            return
+        while self._in_flight:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._on_reply(frames, time.monotonic())
+
+    def _wait_one(self, until: float | None = None) -> bool:
+        """Wait for a reply until the oldest request expires (or ``until``, if sooner); handle what arrived.
+
+        Returns False only when ``until`` passed first. Expiry fails every request in flight.
+        """
+        sock = self._client._sock
+        assert sock is not None and self._in_flight
+        _n, oldest = next(iter(self._in_flight.values()))
+        expires = oldest + self._expiry
+        end = expires if until is None else min(until, expires)
+        remaining = end - time.monotonic()
+        if remaining > 0 and sock.poll(max(1, int(remaining * 1000 + 0.999)), zmq.POLLIN):
+            self._drain()
+            return True
+        if until is not None and until < expires:
+            return False
+        if time.monotonic() >= expires:
+            self._expire()
+        return True
+
+    def _expire(self) -> None:
+        k = len(self._in_flight)
+        items = sum(n for n, _t in self._in_flight.values())
+        self._in_flight.clear()
+        self._counts["failed"] += k
+        self._counts["failed_items"] += items
+        self._client._reset()  # late replies can no longer arrive; a restarted server is reached anew
+        self._errors.append(ReplayTimeout(
+            f"INSERT to {self.endpoint}: {k} request(s) ({items} items) unanswered {self._expiry:.3f}s after "
+            "sending; they may or may not have been stored"
+        ))
+
+    def _raise_pending(self) -> None:
+        if self._errors:
+            exc = self._errors[0]
+            self._errors.clear()
+            raise exc
+
+    # --------------------------------------------------------------------------------------------- API
+
+    def insert(self, priorities: Any, items: Sequence[Any] | None = None, *, data: Any = None,
+               offsets: Any = None) -> None:
+        """Send one insert (a list of bytes-like ``items``, or ``data`` + ``offsets``) without waiting for its
+        reply; blocks while ``max_in_flight`` requests are unanswered. Raises ValueError for bad arguments,
+        ServerClosedError once closed, and any pending failure of an earlier request (then this batch was
+        not sent)."""
+        if items is not None:
+            if data is not None or offsets is not None:
+                raise ValueError("pass either items or data and offsets, not both")
+            data, offsets = P.pack_items(items)
+        elif data is None or offsets is None:
+            raise ValueError("pass items, or both data and offsets")
+        if self._closed:
+            raise ServerClosedError("the pipelined inserter is closed")
+        client = self._client
+        rid = next(client._ids) & 0xFFFF_FFFF_FFFF_FFFF or 1
+        frames = P.encode_insert(rid, priorities, data, offsets, self._timeout_ms)  # validates
+        n = len(frames[1])  # the priorities array
+        with client._lock:
+            if client._ctx is None:
+                raise ServerClosedError("the pipelined inserter is closed")
+            if client._sock is None:
+                client._connect()
+            self._drain()
+            self._raise_pending()
+            while len(self._in_flight) >= self.max_in_flight:
+                self._wait_one()
+                self._raise_pending()
+            sock = client._sock
+            assert sock is not None
+            try:
+                sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                # DEALER blocks only when no peer is connected yet: wait for one within the timeout.
+                if not sock.poll(max(1, int(client.timeout * 1000)), zmq.POLLOUT):
+                    client._reset()
+                    self._expire_if_any()
+                    raise ReplayTimeout(
+                        f"INSERT to {self.endpoint}: could not send within {client.timeout:.3f}s "
+                        "(server unreachable?); this batch was not sent"
+                    ) from None
+                sock.send_multipart(frames, copy=False)
+            self._in_flight[rid] = (n, time.monotonic())
+            self._counts["submitted"] += 1
+            self._counts["submitted_items"] += n
+
+    def _expire_if_any(self) -> None:
+        if self._in_flight:
+            self._expire()
+
+    __call__ = insert
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every request sent so far was answered (or expired), then raise the first pending
+        error, if any. ReplayTimeout if requests are still in flight after ``timeout`` seconds (they stay in
+        flight and are still counted when their replies arrive)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        client = self._client
+        with client._lock:
+            if client._sock is not None:
+                self._drain()
+            while self._in_flight:
+                if not self._wait_one(deadline):
+                    self._raise_pending()
+                    raise ReplayTimeout(
+                        f"{len(self._in_flight)} insert request(s) to {self.endpoint} still unanswered after "
+                        f"{timeout}s"
+                    )
+            self._raise_pending()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def stats(self) -> dict[str, int]:
+        """submitted / acked / failed requests (and ``*_items``), ``in_flight``."""
+        return dict(self._counts, in_flight=len(self._in_flight))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Flush (every request answered or expired), close the socket, then raise the first pending error.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+        finally:
+            self._client.close()
+
+    def __enter__(self) -> PipelinedInserter:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "encode_update",
     "pack_items",
     "split_items",
+    "with_request_id",
 ]
 
 PROTOCOL_VERSION = 1
@@ -55,6 +56,8 @@ MAX_BATCH = 1 << 20  # most items / keys in one message
 
 _HEADER = struct.Struct("<4sHHQHHIdI4x")
 HEADER_SIZE = _HEADER.size  # 40
+_HEADER_RESERVED = struct.Struct("<4sHHQHHIdII")  # the same layout with the reserved bytes as a u32
+_REQUEST_ID = struct.Struct("<Q")  # at offset 8
 _U16 = 0xFFFF
 _U32 = 0xFFFF_FFFF
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -90,6 +93,13 @@ class Status(IntEnum):
 
 _OPS = frozenset(int(o) for o in Op)
 _STATUSES = frozenset(int(s) for s in Status)
+_OP_BY_INT = {int(o): o for o in Op}
+_STATUS_BY_INT = {int(s): s for s in Status}
+_INSERT, _SAMPLE, _UPDATE, _REMOVE_TO_FIT, _STATS = (int(o) for o in Op)
+# Bit patterns of f64 values viewed as u64: exactly the finite values >= +0.0 lie below that of +inf
+# (negative values have the sign bit set, NaNs lie above +inf), so one max() checks "finite and >= 0"
+# (-0.0 fails it and takes the exact check, which accepts it).
+_F64_INF_BITS = 0x7FF0_0000_0000_0000
 
 
 def _bad(message: str, status: Status = Status.BAD_MESSAGE) -> ProtocolError:
@@ -184,6 +194,22 @@ class Header:
                 Status.BAD_MESSAGE, f"header status {status} is unknown; known: {sorted(_STATUSES)}", **ids
             )
         return cls(Op(op), request_id, Status(status), count, param, timeout_ms, version)
+
+
+def _make_header(op: int, request_id: int, status: int, count: int, param: float, timeout_ms: int,
+                 version: int) -> Header:
+    """A Header from already validated fields, without the frozen dataclass's per-field __setattr__."""
+    h = object.__new__(Header)
+    h.__dict__.update(op=_OP_BY_INT[op], request_id=request_id, status=_STATUS_BY_INT[status], count=count,
+                      param=param, timeout_ms=timeout_ms, version=version)
+    return h
+
+
+def with_request_id(frames: list[Frame], request_id: int) -> list[Frame]:
+    """The same message with another request id in its header (frames validated by an encoder)."""
+    header = bytearray(frames[0])
+    _REQUEST_ID.pack_into(header, 8, _check_request_id(request_id))
+    return [bytes(header), *frames[1:]]
 
 
 def _peek_ids(frame: memoryview) -> tuple[int | None, int | None]:
@@ -283,7 +309,26 @@ def _array(name: str, value: Any, dtype: np.dtype, length: int | None = None) ->
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
+def _priorities_ok(priorities: np.ndarray) -> bool:
+    """Fast check of a 1-D ``<f8`` array: True means all finite and >= 0 (False: run _check_priorities)."""
+    return priorities.shape[0] == 0 or int(priorities.view(_KEY).max()) < _F64_INF_BITS
+
+
+def _offsets_ok(offsets: np.ndarray, data_len: int) -> bool:
+    """Fast check of a 1-D ``<u8`` array of n+1 >= 1 entries: True means _check_offsets passes."""
+    if offsets[0] != 0 or offsets[-1] != data_len:
+        return False
+    return offsets.shape[0] <= 2 or bool((offsets[1:] >= offsets[:-1]).all())
+
+
+def _exact(arr: Any, dtype: np.dtype) -> bool:
+    """``arr`` is a 1-D C-contiguous ndarray of exactly ``dtype`` (usable as a frame without conversion)."""
+    return type(arr) is np.ndarray and arr.dtype == dtype and arr.ndim == 1 and arr.flags.c_contiguous
+
+
 def _check_priorities(name: str, priorities: np.ndarray) -> None:
+    if _priorities_ok(priorities):
+        return
     bad = ~np.isfinite(priorities) | (priorities < 0)
     if bad.any():
         i = int(np.argmax(bad))
@@ -331,6 +376,19 @@ def encode_insert(
     request_id: int, priorities: Any, data: Any, offsets: Any, timeout_ms: int = 0
 ) -> list[Frame]:
     """INSERT request: [header(count=n, timeout_ms), priorities f64[n], offsets u64[n+1], data]."""
+    # Fast path: arrays already of the wire's dtypes and layout, every check passing; anything else takes
+    # the full path below (which converts, or raises the precise ValueError).
+    if (type(request_id) is int and 0 <= request_id <= _U64 and type(timeout_ms) is int and 0 <= timeout_ms <= _U32
+            and _exact(priorities, _PRIORITY) and _exact(offsets, _OFFSET)):
+        n = priorities.shape[0]
+        if n <= MAX_BATCH and offsets.shape[0] == n + 1 and _priorities_ok(priorities):
+            try:
+                view = memoryview(data).cast("B")
+            except (TypeError, ValueError):
+                view = None
+            if view is not None and _offsets_ok(offsets, view.nbytes):
+                return [_HEADER.pack(MAGIC, PROTOCOL_VERSION, _INSERT, request_id, 0, 0, n, 0.0, timeout_ms),
+                        priorities, offsets, view]
     rid = _check_request_id(request_id)
     _check_timeout_ms(timeout_ms)
     prio = _array("priorities", priorities, _PRIORITY)
@@ -358,6 +416,10 @@ def encode_sample(request_id: int, n: int, beta: float, timeout_ms: int = 0) -> 
 
 def encode_update(request_id: int, keys: Any, priorities: Any) -> list[Frame]:
     """UPDATE_PRIORITIES request: [header(count=n), keys u64[n], priorities f64[n]]."""
+    if type(request_id) is int and 0 <= request_id <= _U64 and _exact(keys, _KEY) and _exact(priorities, _PRIORITY):
+        n = keys.shape[0]
+        if n <= MAX_BATCH and priorities.shape[0] == n and _priorities_ok(priorities):
+            return [_HEADER.pack(MAGIC, PROTOCOL_VERSION, _UPDATE, request_id, 0, 0, n, 0.0, 0), keys, priorities]
     rid = _check_request_id(request_id)
     k = _array("keys", keys, _KEY)
     n = k.shape[0]
@@ -379,6 +441,8 @@ def encode_stats(request_id: int) -> list[Frame]:
 
 def encode_insert_reply(request_id: int, keys: Any) -> list[Frame]:
     """INSERT OK reply: [header(count=n), keys u64[n]]."""
+    if type(request_id) is int and 0 <= request_id <= _U64 and _exact(keys, _KEY) and keys.shape[0] <= MAX_BATCH:
+        return [_HEADER.pack(MAGIC, PROTOCOL_VERSION, _INSERT, request_id, 0, 0, keys.shape[0], 0.0, 0), keys]
     rid = _check_request_id(request_id)
     k = _array("keys", keys, _KEY)
     _check_count("keys", k.shape[0])
@@ -389,6 +453,17 @@ def encode_sample_reply(
     request_id: int, keys: Any, weights: Any, probabilities: Any, offsets: Any, data: Any
 ) -> list[Frame]:
     """SAMPLE OK reply: [header(count=n), keys u64[n], weights f32[n], probabilities f64[n], offsets u64[n+1], data]."""
+    if (type(request_id) is int and 0 <= request_id <= _U64 and _exact(keys, _KEY) and _exact(weights, _WEIGHT)
+            and _exact(probabilities, _PROBABILITY) and _exact(offsets, _OFFSET)):
+        n = keys.shape[0]
+        if 1 <= n <= MAX_BATCH and weights.shape[0] == n and probabilities.shape[0] == n and offsets.shape[0] == n + 1:
+            try:
+                view = memoryview(data).cast("B")
+            except (TypeError, ValueError):
+                view = None
+            if view is not None and _offsets_ok(offsets, view.nbytes):
+                return [_HEADER.pack(MAGIC, PROTOCOL_VERSION, _SAMPLE, request_id, 0, 0, n, 0.0, 0),
+                        keys, weights, probabilities, offsets, view]
     rid = _check_request_id(request_id)
     k = _array("keys", keys, _KEY)
     n = k.shape[0]
@@ -535,6 +610,12 @@ def _with_ids(exc: ProtocolError, views: list[memoryview] | None) -> ProtocolErr
 
 def decode_request(frames: Sequence[Any], max_bytes: int | None = None) -> Request:
     """Validate and decode a request; raises only ProtocolError (with op/request_id set when readable)."""
+    try:
+        req = _decode_request_fast(frames, max_bytes)
+    except Exception:  # noqa: BLE001 - anything unusual: the full path below decides
+        req = None
+    if req is not None:
+        return req
     views: list[memoryview] | None = None
     try:
         views = _views(frames)
@@ -545,6 +626,97 @@ def decode_request(frames: Sequence[Any], max_bytes: int | None = None) -> Reque
         raise _with_ids(exc, views) from None
     except Exception as exc:  # noqa: BLE001 - defence in depth: the contract is "only ProtocolError"
         raise _with_ids(_bad(f"malformed request: {type(exc).__name__}: {exc}"), views) from None
+
+
+def _fast_views(frames: Any, max_bytes: int | None) -> list[memoryview] | None:
+    if type(frames) is not list and type(frames) is not tuple:
+        return None
+    views = [memoryview(f).cast("B") for f in frames]
+    if not views or views[0].nbytes != HEADER_SIZE:
+        return None
+    if max_bytes is not None:
+        total = 0
+        for v in views:
+            total += v.nbytes
+        if total > max_bytes:
+            return None
+    return views
+
+
+def _decode_request_fast(frames: Any, max_bytes: int | None) -> Request | None:
+    """The common case of decode_request in few operations: a Request when *every* check of the full path
+    passes, None otherwise (the full path then produces the result or the precise error)."""
+    views = _fast_views(frames, max_bytes)
+    if views is None:
+        return None
+    magic, version, op, rid, status, flags, n, param, timeout_ms, reserved = _HEADER_RESERVED.unpack_from(views[0])
+    if magic != MAGIC or version not in SUPPORTED_VERSIONS or flags or reserved or status or n > MAX_BATCH:
+        return None
+    nf = len(views)
+    if op == _INSERT:
+        if nf != 4 or param != 0.0 or views[1].nbytes != 8 * n or views[2].nbytes != 8 * (n + 1):
+            return None
+        prio = np.frombuffer(views[1], _PRIORITY)
+        offsets = np.frombuffer(views[2], _OFFSET)
+        data = views[3]
+        if not (_priorities_ok(prio) and _offsets_ok(offsets, data.nbytes)):
+            return None
+        arrays: dict[str, Any] = {"priorities": prio, "offsets": offsets, "data": data}
+    elif op == _UPDATE:
+        if nf != 3 or param != 0.0 or timeout_ms or views[1].nbytes != 8 * n or views[2].nbytes != 8 * n:
+            return None
+        prio = np.frombuffer(views[2], _PRIORITY)
+        if not _priorities_ok(prio):
+            return None
+        arrays = {"keys": np.frombuffer(views[1], _KEY), "priorities": prio}
+    elif op == _SAMPLE:
+        if nf != 1 or n < 1 or not (math.isfinite(param) and param >= 0):
+            return None
+        arrays = {}
+    elif op == _REMOVE_TO_FIT or op == _STATS:
+        if nf != 1 or n or param != 0.0 or timeout_ms:
+            return None
+        arrays = {}
+    else:
+        return None
+    return Request(_make_header(op, rid, 0, n, param, timeout_ms, version), arrays)
+
+
+def _decode_reply_fast(frames: Any, op: int, request_id: int, max_bytes: int | None) -> Reply | None:
+    """The common OK replies (INSERT, SAMPLE, count replies) in few operations; None: use the full path."""
+    views = _fast_views(frames, max_bytes)
+    if views is None:
+        return None
+    magic, version, hop, rid, status, flags, n, param, timeout_ms, reserved = _HEADER_RESERVED.unpack_from(views[0])
+    if (magic != MAGIC or version not in SUPPORTED_VERSIONS or flags or reserved or status or hop != op
+            or rid != request_id or n > MAX_BATCH or param != 0.0 or timeout_ms):
+        return None
+    nf = len(views)
+    if op == _INSERT:
+        if nf != 2 or views[1].nbytes != 8 * n:
+            return None
+        arrays: dict[str, Any] = {"keys": np.frombuffer(views[1], _KEY)}
+    elif op == _SAMPLE:
+        if (nf != 6 or n < 1 or views[1].nbytes != 8 * n or views[2].nbytes != 4 * n or views[3].nbytes != 8 * n
+                or views[4].nbytes != 8 * (n + 1)):
+            return None
+        offsets = np.frombuffer(views[4], _OFFSET)
+        if not _offsets_ok(offsets, views[5].nbytes):
+            return None
+        arrays = {
+            "keys": np.frombuffer(views[1], _KEY),
+            "weights": np.frombuffer(views[2], _WEIGHT),
+            "probabilities": np.frombuffer(views[3], _PROBABILITY),
+            "offsets": offsets,
+            "data": views[5],
+        }
+    elif op == _UPDATE or op == _REMOVE_TO_FIT:
+        if nf != 1:
+            return None
+        arrays = {}
+    else:
+        return None
+    return Reply(_make_header(op, rid, 0, n, param, timeout_ms, version), arrays)
 
 
 def _decode_request_body(header: Header, views: list[memoryview]) -> Request:
@@ -586,6 +758,12 @@ def decode_reply(
 
     An error reply decodes to a Reply with ``ok == False`` and ``message``; call ``raise_for_status()``.
     """
+    try:
+        reply = _decode_reply_fast(frames, op, request_id, max_bytes)
+    except Exception:  # noqa: BLE001 - anything unusual: the full path below decides
+        reply = None
+    if reply is not None:
+        return reply
     try:
         views = _views(frames)
         _check_size(views, max_bytes)

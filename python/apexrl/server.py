@@ -4,26 +4,31 @@ Threading model
 ---------------
 ::
 
-    clients (DEALER) ──tcp──► ROUTER "front-end"  ┐
-                                                  │  broker thread (one poller loop)
-    worker 0..W-1 (DEALER) ◄──inproc──► ROUTER "backend"  ┘
+    clients (DEALER) ──tcp──► ROUTER "front-end" ◄──► broker thread ──queue──► worker 0..W-1
+                                                            ▲                        │
+                                                            └──── replies (+ an inproc wake-up) ┘
 
-* The **broker** thread owns both ROUTER sockets. It is a least-recently-used load balancer: it reads the
-  front-end *only while at least one worker is idle* and hands each request to an idle worker, so a request
-  is never queued behind a busy worker (an INSERT never waits for a slow SAMPLE except on a shard lock
-  inside the store) and back-pressure stays in ZeroMQ's receive queue (bounded by its high-water mark)
-  instead of growing a Python list.
-* Each **worker** thread decodes with :func:`apexrl.protocol.decode_request` (which validates everything),
-  calls the thread-safe store (the heavy calls release the GIL, so several workers really run at once) and
-  sends the encoded reply back through the broker. Nothing is ever unpickled or evaluated.
+* The **broker** thread owns the front-end socket. It decodes every request with
+  :func:`apexrl.protocol.decode_request` (which validates everything; nothing is ever unpickled or evaluated)
+  and serves the short ones itself: INSERT, UPDATE_PRIORITIES and SAMPLEs of at most ``inline_sample_max``
+  items (default 1024, ~0.2 ms of store time for DPG items). Each is one store call that releases the GIL,
+  then the reply goes straight back: no hop through another thread, which on a 2-core machine cost more
+  than the store call itself (GIL hand-offs and inproc messages per request).
+* Larger SAMPLEs, REMOVE_TO_FIT and STATS go to a queue served by the **worker** threads, which call the
+  thread-safe store (GIL released) and hand the reply back to the broker (it alone sends on the
+  front-end). So an INSERT never waits for a large SAMPLE except on a shard lock inside the store, and it
+  waits behind a small inline SAMPLE for at most that sample's store call. The broker reads the front-end
+  only while fewer than ``8 * workers`` requests wait for or sit in the workers, so back-pressure stays in
+  ZeroMQ's receive queue (bounded by its high-water mark) instead of growing a Python list.
+* Several requests of one client may be in flight at once (``ReplayClient.inserter()`` pipelines inserts);
+  replies carry the request id and may come back in another order than the requests were sent.
 * A SAMPLE that arrives while the store holds fewer than ``min_size_to_sample`` items and carries a
-  ``timeout_ms`` is *deferred*: the worker gives it back to the broker (so the worker is free again), the
-  broker re-dispatches it as soon as the store is large enough or its deadline passes (checked every
-  ~10 ms); at the deadline it is answered TIMEOUT. ``timeout_ms == 0`` answers TIMEOUT at once.
+  ``timeout_ms`` is *deferred*: the broker keeps it (no worker is held) and serves or dispatches it as soon as
+  the store is large enough or its deadline passes (checked after each request served and every ~10 ms); at
+  the deadline it is answered TIMEOUT. ``timeout_ms == 0`` answers TIMEOUT at once.
 * The same deferral serves the **rate limiter** (below): an INSERT or SAMPLE that is too far ahead of the
-  other side is given back to the broker, which re-dispatches it as soon as the other side has caught up
-  (re-checked after every reply and every ~10 ms) or answers it TIMEOUT at its deadline. A waiting request
-  never holds a worker.
+  other side is kept by the broker until the other side has caught up or its deadline passes. A waiting
+  request never holds a worker, and never blocks the requests behind it.
 
 Rate limiting: Reverb's SampleToInsertRatio
 -------------------------------------------
@@ -64,7 +69,7 @@ Size caps: ``max_message_mb`` vs ZMQ_MAXMSGSIZE
 Shutdown
 --------
 :meth:`ReplayServer.stop`: stop reading new requests (those already queued in the front-end socket are
-answered SHUTTING_DOWN, as are deferred SAMPLEs), let the requests in flight in the workers finish and
+answered SHUTTING_DOWN, as are deferred requests), let the requests in flight in the workers finish and
 deliver their replies, stop the workers, write the snapshot (if configured), close the sockets.
 
 Snapshots: on start, ``config.snapshot`` is loaded if the file exists (an unreadable/corrupt file raises
@@ -78,11 +83,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import struct
+import queue
 import threading
+from collections import deque
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zmq
@@ -95,16 +101,14 @@ __all__ = ["ReplayServer", "ServerConfig", "SnapshotLoadError"]
 
 log = logging.getLogger("apexrl.server")
 
-_F64 = struct.Struct("<d")
-_REQ = b"REQ"
-_STOP = b"STOP"
-_READY = b"READY"
-_REPLY = b"REPLY"
-_DEFER = b"DEFER"
-_NOT_WAITED = b"\0"
-_WAITED = b"\1"  # the request has been counted in rate_limiter_waits_*
 _EPS = 1e-9
 _DEFER_POLL_S = 0.01
+# Ops the receiving (broker) thread serves itself: short store calls that release the GIL. SAMPLE too when it
+# asks for at most ServerConfig.inline_sample_max items.
+_INLINE_OPS = frozenset({int(P.Op.INSERT), int(P.Op.UPDATE_PRIORITIES)})
+_SAMPLE = int(P.Op.SAMPLE)
+_JOBS_PER_WORKER = 8  # requests queued for the workers (per worker) before the front-end is no longer read
+_FRONT_BURST = 16  # front-end messages read per round before finished worker replies are sent
 
 
 class SnapshotLoadError(ApexRLError):
@@ -128,6 +132,7 @@ class ServerConfig:
     snapshot_every: float | None = None  # seconds; None = only on stop()
     max_message_mb: float = 256
     workers: int = 2
+    inline_sample_max: int = 1024  # SAMPLEs of at most this many items are served by the receiving thread
     samples_per_insert: float | None = None  # None = no rate limiting (Reverb's SampleToInsertRatio)
     error_buffer: float | None = None  # None = max(1, samples_per_insert) * 100
 
@@ -154,6 +159,8 @@ class ServerConfig:
             raise ValueError(f"min_size_to_sample must be >= 0, got {self.min_size_to_sample}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.inline_sample_max < 0:
+            raise ValueError(f"inline_sample_max must be >= 0, got {self.inline_sample_max}")
         if not (self.max_message_mb > 0 and math.isfinite(self.max_message_mb)):
             raise ValueError(f"max_message_mb must be > 0, got {self.max_message_mb}")
         if self.snapshot_every is not None:
@@ -191,15 +198,14 @@ class _Counters:
         self._requests["unknown"] = 0
         self._errors["unknown"] = 0
 
-    @staticmethod
-    def name(op: int | None) -> str:
-        try:
-            return P.Op(op).name.lower()  # type: ignore[arg-type]
-        except ValueError:
-            return "unknown"
+    _NAMES = {int(o): o.name.lower() for o in P.Op}
+
+    @classmethod
+    def name(cls, op: int | None) -> str:
+        return cls._NAMES.get(op, "unknown")  # type: ignore[arg-type]
 
     def count(self, op: int | None, error: bool) -> None:
-        name = self.name(op)
+        name = self._NAMES.get(op, "unknown")  # type: ignore[arg-type]
         with self._lock:
             self._requests[name] += 1
             if error:
@@ -299,8 +305,10 @@ class ReplayServer:
         self.endpoint: str | None = None
         self._ctx: zmq.Context | None = None
         self._frontend: zmq.Socket | None = None
-        self._backend: zmq.Socket | None = None
-        self._backend_addr = f"inproc://apexrl-workers-{id(self):x}"
+        self._wake: zmq.Socket | None = None
+        self._wake_addr = f"inproc://apexrl-wake-{id(self):x}"
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._done: deque[Any] = deque()  # (client, req, t_arrival, waited, reply frames or None)
         self._threads: list[threading.Thread] = []
         self._broker: threading.Thread | None = None
         self._snapshotter: threading.Thread | None = None
@@ -357,10 +365,10 @@ class ReplayServer:
                 front.setsockopt(zmq.IPV6, 1)
             front.bind(f"tcp://{host}:{port}")
             self.endpoint = front.getsockopt_string(zmq.LAST_ENDPOINT)
-            back = self._ctx.socket(zmq.ROUTER)
-            self._backend = back
-            back.setsockopt(zmq.LINGER, 0)
-            back.bind(self._backend_addr)
+            wake = self._ctx.socket(zmq.PULL)
+            self._wake = wake
+            wake.setsockopt(zmq.LINGER, 0)
+            wake.bind(self._wake_addr)
         except Exception:
             self._close_sockets()
             self._ctx.term()
@@ -435,104 +443,135 @@ class ReplayServer:
             log.info("stopped")
 
     def _close_sockets(self) -> None:
-        for sock in (self._frontend, self._backend):
+        for sock in (self._frontend, self._wake):
             if sock is not None and not sock.closed:
                 sock.close()
 
     # ----------------------------------------------------------------------------------------- broker
 
     def _broker_loop(self) -> None:
-        front, back = self._frontend, self._backend
-        assert front is not None and back is not None
-        idle: list[bytes] = []
-        n_workers = self.config.workers
-        known: set[bytes] = set()
-        # deferred requests: (deadline, op, n, waited_flag, [t_arrival, client_id, *frames])
-        deferred: list[tuple[float, int, int, Any, list[Any]]] = []
+        front, wake = self._frontend, self._wake
+        assert front is not None and wake is not None
+        jobs, done = self._jobs, self._done
+        max_bytes = self.config.max_bytes
+        counters, rl, store = self.counters, self.rate_limiter, self.store
+        decode, encode_protocol_error, inline_ops = P.decode_request, P.encode_protocol_error, _INLINE_OPS
+        inline_sample_max = self.config.inline_sample_max
+        outstanding = 0  # requests handed to the workers and not yet answered
+        max_outstanding = _JOBS_PER_WORKER * self.config.workers
+        deferred: list[_Deferred] = []
+        recheck = False  # something was served since the deferred requests were last checked
+        next_tick = 0.0
         poller_both = zmq.Poller()
         poller_both.register(front, zmq.POLLIN)
-        poller_both.register(back, zmq.POLLIN)
-        poller_back = zmq.Poller()
-        poller_back.register(back, zmq.POLLIN)
+        poller_both.register(wake, zmq.POLLIN)
+        poller_wake = zmq.Poller()
+        poller_wake.register(wake, zmq.POLLIN)
         try:
             while True:
                 stopping = self._stopping.is_set()
                 if stopping:
                     self._refuse_pending(front, deferred)
                     deferred = []
-                    if len(known) == n_workers and len(idle) == n_workers:
+                    if outstanding == 0:
                         break
-                # re-dispatch deferred requests that may now be served (min size reached, the other
-                # side of the rate limiter caught up) or whose deadline passed; admissions are
-                # simulated in order so one released slot does not wake every waiter at once
-                if deferred and idle:
-                    rl = self.rate_limiter
-                    size = len(self.store)
-                    inserted, sampled = rl.counts()
+                # Re-dispatch deferred requests that may now be served (min size reached, the other side of
+                # the rate limiter caught up) or whose deadline passed. Admissions are simulated in order so
+                # one released slot does not wake every waiter at once.
+                if deferred:
                     now = time.monotonic()
-                    keep = []
-                    for entry in deferred:
-                        deadline, op, n, waited, msg = entry
-                        go = False
-                        if idle:
-                            if now >= deadline:
+                    if recheck or now >= next_tick:
+                        recheck, next_tick = False, now + _DEFER_POLL_S
+                        size = len(store)
+                        inserted, sampled = rl.counts()
+                        ready, keep = [], []
+                        for entry in deferred:
+                            go = False
+                            if now >= entry.deadline:
                                 go = True
-                            elif op == P.Op.INSERT:
-                                if rl.insert_ok(n, size, inserted, sampled):
-                                    go, inserted, size = True, inserted + n, size + n
-                            elif rl.sample_ok(n, size, inserted, sampled):
-                                go, sampled = True, sampled + n
-                        if go:
-                            back.send_multipart([idle.pop(), _REQ, waited, *msg], copy=False)
-                        else:
-                            keep.append(entry)
-                    deferred = keep
+                            elif entry.op == P.Op.INSERT:
+                                if rl.insert_ok(entry.n, size, inserted, sampled):
+                                    go, inserted, size = True, inserted + entry.n, size + entry.n
+                            elif rl.sample_ok(entry.n, size, inserted, sampled):
+                                go, sampled = True, sampled + entry.n
+                            (ready if go else keep).append(entry)
+                        deferred = keep
+                        for entry in ready:
+                            if entry.op in inline_ops or (entry.op == _SAMPLE and entry.n <= inline_sample_max):
+                                out, waited = self._serve(entry.req, entry.t_arrival, entry.waited)
+                                if out is None:
+                                    deferred.append(entry._replace(waited=waited))
+                                else:
+                                    front.send_multipart([entry.client, *out], copy=False)
+                            else:
+                                jobs.put((entry.client, entry.req, entry.t_arrival, entry.waited))
+                                outstanding += 1
                 poll_ms = int(_DEFER_POLL_S * 1000) if (deferred or stopping) else 100
-                poller = poller_both if (idle and not stopping) else poller_back
+                poller = poller_both if (outstanding < max_outstanding and not stopping) else poller_wake
                 events = dict(poller.poll(poll_ms))
-                if back in events:
+                if wake in events:
                     while True:
                         try:
-                            msg = back.recv_multipart(zmq.NOBLOCK, copy=False)
+                            wake.recv(zmq.NOBLOCK, copy=True)
                         except zmq.Again:
                             break
-                        wid, kind = msg[0].bytes, msg[1].bytes
-                        known.add(wid)
-                        idle.append(wid)
-                        if kind == _REPLY:
-                            front.send_multipart(msg[2:], copy=False)
-                        elif kind == _DEFER:
-                            # [wid, DEFER, deadline, waited, t_arrival, client, *frames]
-                            (deadline,) = _F64.unpack(msg[2].bytes)
-                            h = P.Header.unpack(msg[6])
-                            deferred.append((deadline, int(h.op), int(h.count), msg[3], msg[4:]))
-                        # _READY: just idle
+                    while done:
+                        client, req, t_arrival, waited, out = done.popleft()
+                        outstanding -= 1
+                        recheck = True
+                        if out is None:  # deferred by the worker (min size or rate limiter)
+                            deferred.append(_deferred(client, req, t_arrival, waited))
+                        else:
+                            front.send_multipart([client, *out], copy=False)
                 if front in events:
-                    while idle and not self._stopping.is_set():
+                    # Serve INSERT / UPDATE_PRIORITIES / small SAMPLEs here (decode, one store call that
+                    # releases the GIL, reply): no hop through a worker. Everything else goes to the workers'
+                    # queue. A bounded number per round, so worker replies are not held back by a stream.
+                    for _ in range(_FRONT_BURST):
+                        if outstanding >= max_outstanding or self._stopping.is_set():
+                            break
                         try:
                             msg = front.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        back.send_multipart(
-                            [idle.pop(), _REQ, _NOT_WAITED, _F64.pack(time.monotonic()), *msg], copy=False
-                        )
+                        t_arrival = time.monotonic()
+                        client = msg[0]
+                        try:
+                            req = decode(msg[1:], max_bytes)
+                        except ProtocolError as exc:
+                            counters.count(exc.op, True)
+                            log.debug("bad request: %s", exc.message)
+                            front.send_multipart([client, *encode_protocol_error(exc)], copy=False)
+                            continue
+                        h = req.header
+                        if h.op in inline_ops or (h.op == _SAMPLE and h.count <= inline_sample_max):
+                            out, waited = self._serve(req, t_arrival, False)
+                            recheck = True
+                            if out is None:
+                                deferred.append(_deferred(client, req, t_arrival, waited))
+                            else:
+                                front.send_multipart([client, *out], copy=False)
+                        else:
+                            jobs.put((client, req, t_arrival, False))
+                            outstanding += 1
         except Exception:
             log.exception("broker loop failed")
         finally:
-            for wid in known:
-                try:
-                    back.send_multipart([wid, _STOP])
-                except zmq.ZMQError:
-                    pass
-            # Give the workers a moment to read STOP before the backend goes away.
+            for _ in self._threads:
+                jobs.put(None)
             for t in self._threads:
                 t.join(5.0)
             self._close_sockets()
 
-    def _refuse_pending(self, front: zmq.Socket, deferred: list[tuple[float, int, int, Any, list[Any]]]) -> None:
+    def _refuse_pending(self, front: zmq.Socket, deferred: list[_Deferred]) -> None:
         """While stopping: answer deferred requests and requests queued in the front-end SHUTTING_DOWN."""
-        for *_info, msg in deferred:
-            self._send_shutting_down(front, msg[1], msg[2:])
+        for entry in deferred:
+            self.counters.count(entry.op, True)
+            front.send_multipart(
+                [entry.client, *P.encode_error(entry.op, entry.req.request_id, P.Status.SHUTTING_DOWN,
+                                               "the replay server is shutting down")],
+                copy=False,
+            )
         while True:
             try:
                 msg = front.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -555,29 +594,23 @@ class ReplayServer:
 
     def _worker(self, index: int) -> None:
         assert self._ctx is not None
-        sock = self._ctx.socket(zmq.DEALER)
+        sock = self._ctx.socket(zmq.PUSH)
         try:
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IDENTITY, f"w{index}".encode())
-            sock.connect(self._backend_addr)
-            sock.send(_READY)
+            sock.connect(self._wake_addr)
             while True:
-                msg = sock.recv_multipart(copy=False)
-                if msg[0].bytes == _STOP:
+                job = self._jobs.get()
+                if job is None:
                     break
-                # [REQ, waited, t_arrival, client_id, *frames]
-                waited, t_arrival_b, client, frames = msg[1].bytes == _WAITED, msg[2], msg[3], msg[4:]
-                (t_arrival,) = _F64.unpack(t_arrival_b.bytes)
-                out, waited = self._handle(frames, t_arrival, waited)
-                if out is None:  # deferred (min size or rate limiter)
-                    deadline = t_arrival + P.Header.unpack(frames[0]).timeout_ms / 1000.0
-                    sock.send_multipart(
-                        [_DEFER, _F64.pack(deadline), _WAITED if waited else _NOT_WAITED, t_arrival_b, client,
-                         *frames],
-                        copy=False,
-                    )
-                else:
-                    sock.send_multipart([_REPLY, client, *out], copy=False)
+                client, req, t_arrival, waited = job
+                try:
+                    out, waited = self._serve(req, t_arrival, waited)
+                except Exception as exc:  # noqa: BLE001 - _serve catches everything; belt and braces
+                    log.exception("worker %d failed serving a request", index)
+                    out = P.encode_error(int(req.header.op), req.request_id, P.Status.INTERNAL,
+                                         f"{type(exc).__name__}: {exc}")
+                self._done.append((client, req, t_arrival, waited, out))
+                sock.send(b"", copy=True)  # wake the broker: it sends the reply (it owns the front-end)
         except zmq.ContextTerminated:
             pass
         except Exception:
@@ -585,20 +618,15 @@ class ReplayServer:
         finally:
             sock.close()
 
-    def _handle(self, frames: list[Any], t_arrival: float, waited: bool) -> tuple[list[Any] | None, bool]:
-        """(reply frames, waited) for one request; frames None = defer it (min size or rate limiter).
+    def _serve(self, req: P.Request, t_arrival: float, waited: bool) -> tuple[list[Any] | None, bool]:
+        """(reply frames, waited) for one decoded request; frames None = defer it (min size or rate limiter).
 
         ``waited``: whether the request was already counted in rate_limiter_waits_* (counted once).
         """
-        try:
-            req = P.decode_request(frames, self.config.max_bytes)
-        except ProtocolError as exc:
-            self.counters.count(exc.op, True)
-            log.debug("bad request: %s", exc.message)
-            return P.encode_protocol_error(exc), waited
-        op, rid, h = req.header.op, req.request_id, req.header
+        h = req.header
+        op, rid = h.op, h.request_id
         rl = self.rate_limiter
-        can_wait = time.monotonic() < t_arrival + h.timeout_ms / 1000.0
+        can_wait = h.timeout_ms > 0 and time.monotonic() < t_arrival + h.timeout_ms / 1000.0
 
         def rate_limited() -> tuple[list[Any] | None, bool]:
             if can_wait:
@@ -616,7 +644,7 @@ class ReplayServer:
         try:
             if op == P.Op.INSERT:
                 a = req.arrays
-                n = int(h.count)
+                n = h.count
                 if not rl.try_insert(n, len(self.store)):
                     return rate_limited()
                 try:
@@ -636,13 +664,13 @@ class ReplayServer:
                         f"store holds {len(self.store)} items, fewer than min_size_to_sample={need}, "
                         f"after waiting {h.timeout_ms} ms",
                     ), waited
-                n = int(h.count)
+                n = h.count
                 if not rl.try_sample(n, len(self.store)):
                     if len(self.store) < need:  # shrank meanwhile: wait for min size again
                         return (None, waited) if can_wait else rate_limited()
                     return rate_limited()
                 try:
-                    batch = self.store.sample(n, float(h.param))
+                    batch = self.store.sample(n, h.param)
                 except BaseException:
                     rl.undo(sampled=n)
                     raise
@@ -672,6 +700,21 @@ class ReplayServer:
             return P.encode_error(op, rid, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}"), waited
         self.counters.count(op, False)
         return out, waited
+
+
+class _Deferred(NamedTuple):
+    deadline: float
+    op: int
+    n: int
+    waited: bool
+    client: Any
+    req: P.Request
+    t_arrival: float
+
+
+def _deferred(client: Any, req: P.Request, t_arrival: float, waited: bool) -> _Deferred:
+    h = req.header
+    return _Deferred(t_arrival + h.timeout_ms / 1000.0, int(h.op), int(h.count), waited, client, req, t_arrival)
 
 
 def _plain(v: Any) -> int | float:

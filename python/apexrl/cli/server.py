@@ -86,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the snapshot every SECONDS (needs --snapshot)")
     p.add_argument("--max-message-mb", type=_float(positive=True), default=256,
                    help="largest accepted request in MiB (bigger: TOO_LARGE reply or disconnect)")
-    p.add_argument("--workers", type=_int_range(1, 256), default=2, help="worker threads calling the store")
+    p.add_argument("--workers", type=_int_range(1, 256), default=2,
+                   help="worker threads for large samples, remove_to_fit and stats")
+    p.add_argument("--inline-sample-max", metavar="N", type=_int_range(0), default=1024,
+                   help="samples of at most N items are served by the receiving thread (default 1024)")
     p.add_argument("--samples-per-insert", metavar="SPI", type=_float(positive=True), default=None,
                    help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)")
     p.add_argument("--error-buffer", metavar="ITEMS", type=_float(nonneg=True), default=None,
@@ -130,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         alpha_evict=args.alpha_evict, shards=args.shards, seed=args.seed,
         min_size_to_sample=args.min_size_to_sample, snapshot=args.snapshot, snapshot_every=args.snapshot_every,
         max_message_mb=args.max_message_mb, workers=args.workers,
+        inline_sample_max=args.inline_sample_max,
         samples_per_insert=args.samples_per_insert, error_buffer=args.error_buffer,
     )
     stop = threading.Event()
