@@ -621,3 +621,122 @@ def test_arbitrary_frame_lists_only_ever_raise_protocol_error(frames):
 def test_stats_json_is_strict_json():
     frames = encode_stats_reply(1, {"a": 1})
     assert json.loads(bytes(frames[1])) == {"a": 1}
+
+
+# ------------------------------------------------------------------ fast paths agree with the full checks
+
+
+def _same_request(a, b) -> None:
+    assert a.header == b.header
+    assert a.arrays.keys() == b.arrays.keys()
+    for k in a.arrays:
+        assert bytes(memoryview(a.arrays[k]).cast("B")) == bytes(memoryview(b.arrays[k]).cast("B")), k
+
+
+def _mutations(frames: list[bytes], rng: random.Random):
+    """Valid messages and near-misses: header fields, frame sizes, bad priorities, bad offsets."""
+    yield frames
+    for _ in range(40):
+        fs = [bytearray(f) for f in frames]
+        kind = rng.randrange(6)
+        if kind == 0:  # one header byte
+            i = rng.randrange(HEADER_SIZE)
+            fs[0][i] = rng.randrange(256)
+        elif kind == 1 and len(fs) > 1:  # truncate or extend a frame
+            j = rng.randrange(1, len(fs))
+            fs[j] = fs[j][: rng.randrange(len(fs[j]) + 1)] if rng.random() < 0.5 else fs[j] + b"\0" * rng.randrange(1, 9)
+        elif kind == 2 and len(fs) > 1:  # a special f64 somewhere in an array frame
+            j = rng.randrange(1, len(fs))
+            if len(fs[j]) >= 8:
+                at = 8 * rng.randrange(len(fs[j]) // 8)
+                fs[j][at : at + 8] = struct.pack("<d", rng.choice([float("nan"), float("inf"), -1.0, -0.0, 0.0, 1e308]))
+        elif kind == 3:  # drop or add a frame
+            fs = fs[:-1] if rng.random() < 0.5 else fs + [bytearray(b"x")]
+        elif kind == 4 and len(fs) > 2:  # swap two u64 words of a frame (decreasing offsets)
+            j = rng.randrange(1, len(fs))
+            if len(fs[j]) >= 16:
+                a, b = 8 * rng.randrange(len(fs[j]) // 8), 8 * rng.randrange(len(fs[j]) // 8)
+                fs[j][a : a + 8], fs[j][b : b + 8] = fs[j][b : b + 8], fs[j][a : a + 8]
+        else:  # count, param or timeout_ms
+            field = rng.choice([(20, "<I", rng.choice([0, 1, 2, 3, 5, MAX_BATCH + 1])),
+                                (24, "<d", rng.choice([0.0, -0.0, 0.4, -1.0, float("nan")])),
+                                (32, "<I", rng.choice([0, 7]))])
+            struct.pack_into(field[1], fs[0], field[0], field[2])
+        yield [bytes(f) for f in fs]
+
+
+def test_fast_decoders_agree_with_the_full_checks():
+    """decode_request / decode_reply take a fast path for well-formed messages; whatever it accepts, the full
+    path must accept identically, and whatever it declines, the full path decides (same errors as before)."""
+    from apexrl import protocol as P
+
+    rng = random.Random(3)
+    data, offsets = pack_items([b"abc", b"", b"defgh"])
+    requests = [
+        encode_insert(7, [1.0, 0.0, 2.5], data, offsets, timeout_ms=9),
+        encode_update(8, np.array([1, 2], np.uint64), [0.5, -0.0]),
+        encode_sample(9, 3, 0.4, 5),
+        encode_remove_to_fit(10),
+        encode_stats(11),
+    ]
+    accepted = 0
+    for frames in requests:
+        for msg in _mutations(as_bytes(frames), rng):
+            for max_bytes in (None, 60):
+                fast = P._decode_request_fast(msg, max_bytes)
+                try:
+                    full = P._decode_request_full(msg, max_bytes)
+                except ProtocolError:
+                    full = None
+                if fast is not None:
+                    accepted += 1
+                    assert full is not None, msg
+                    _same_request(fast, full)
+                got = None
+                try:
+                    got = decode_request(msg, max_bytes)
+                except ProtocolError:
+                    assert full is None
+                if got is not None:
+                    assert full is not None
+                    _same_request(got, full)
+    assert accepted >= len(requests)
+    replies = [
+        (Op.INSERT, 7, encode_insert_reply(7, np.array([4, 5, 6], np.uint64))),
+        (Op.SAMPLE, 9, encode_sample_reply(9, np.array([4, 5], np.uint64), [1.0, 0.5], [0.1, 0.2], [0, 3, 3], b"abc")),
+        (Op.UPDATE_PRIORITIES, 8, encode_count_reply(Op.UPDATE_PRIORITIES, 8, 2)),
+    ]
+    for op, rid, frames in replies:
+        for msg in _mutations(as_bytes(frames), rng):
+            fast = P._decode_reply_fast(msg, op, rid, None)
+            try:
+                full = P._decode_reply_full(msg, op, rid, None)
+            except ProtocolError:
+                full = None
+            if fast is not None:
+                assert full is not None and full.ok
+                _same_request(fast, full)
+
+
+def test_fast_encoders_produce_the_full_encoding():
+    """The encoders' fast path (arrays already of the wire's dtypes) gives the same bytes as the full path
+    (lists), and still rejects bad values."""
+    data, offsets = pack_items([b"abc", b"", b"defgh"])
+    prio = np.array([1.0, 0.0, 2.5])
+    fast = encode_insert(7, prio, data, offsets, 9)
+    full = encode_insert(7, prio.tolist(), data, offsets.tolist(), 9)
+    assert as_bytes(fast) == as_bytes(full)
+    keys = np.array([1, 2, 3], np.uint64)
+    assert as_bytes(encode_update(3, keys, prio)) == as_bytes(encode_update(3, keys.tolist(), prio.tolist()))
+    assert as_bytes(encode_insert_reply(3, keys)) == as_bytes(encode_insert_reply(3, keys.tolist()))
+    for bad in (np.array([1.0, np.nan, 1.0]), np.array([1.0, np.inf, 1.0]), np.array([1.0, -1e-300, 1.0])):
+        with pytest.raises(ValueError, match="priorities"):
+            encode_insert(7, bad, data, offsets)
+        with pytest.raises(ValueError, match="priorities"):
+            encode_update(7, keys, bad)
+    # -0.0 is a valid priority (it takes the exact check)
+    assert as_bytes(encode_insert(7, np.array([1.0, -0.0, 1.0]), data, offsets))[1] == struct.pack("<3d", 1.0, -0.0, 1.0)
+    with pytest.raises(ValueError, match="offsets"):
+        encode_insert(7, prio, data, np.array([0, 5, 3, 8], np.uint64))
+    with pytest.raises(ValueError, match="offsets"):
+        encode_insert(7, prio, data, np.array([0, 3, 3, 9], np.uint64))

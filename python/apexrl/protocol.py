@@ -616,6 +616,10 @@ def decode_request(frames: Sequence[Any], max_bytes: int | None = None) -> Reque
         req = None
     if req is not None:
         return req
+    return _decode_request_full(frames, max_bytes)
+
+
+def _decode_request_full(frames: Sequence[Any], max_bytes: int | None) -> Request:
     views: list[memoryview] | None = None
     try:
         views = _views(frames)
@@ -764,6 +768,10 @@ def decode_reply(
         reply = None
     if reply is not None:
         return reply
+    return _decode_reply_full(frames, op, request_id, max_bytes)
+
+
+def _decode_reply_full(frames: Sequence[Any], op: Op, request_id: int, max_bytes: int | None) -> Reply:
     try:
         views = _views(frames)
         _check_size(views, max_bytes)

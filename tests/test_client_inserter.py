@@ -1,0 +1,172 @@
+"""ReplayClient.inserter(): pipelined inserts for actors, against real server processes. Also the server's
+split between inline requests and worker requests (--inline-sample-max)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from apexrl import protocol as P
+from apexrl.client import PipelinedInserter, ReplayClient, ServerTimeoutError
+from apexrl.errors import ReplayTimeout, ServerClosedError
+
+
+def batch(prefix: str, n: int) -> list[bytes]:
+    return [f"{prefix}-{i}".encode() for i in range(n)]
+
+
+def test_pipelined_inserts_are_all_acknowledged_and_stored(start_server):
+    server = start_server()
+    acks: list[tuple[np.ndarray, float]] = []
+    with ReplayClient(server.endpoint, timeout=10) as c:
+        with c.inserter(max_in_flight=4, on_ack=lambda keys, s: acks.append((keys.copy(), s))) as ins:
+            assert isinstance(ins, PipelinedInserter)
+            for b in range(60):
+                ins.insert(np.full(7, 1.0 + b), batch(f"b{b}", 7))
+                assert 1 <= ins.in_flight <= 4
+            ins.flush()
+            assert ins.in_flight == 0
+            st = ins.stats()
+        assert st["submitted"] == st["acked"] == 60 and st["failed"] == 0
+        assert st["submitted_items"] == st["acked_items"] == 420 and st["failed_items"] == 0
+        keys = np.concatenate([k for k, _ in acks])
+        assert len(acks) == 60 and len(np.unique(keys)) == 420
+        assert all(s >= 0 for _, s in acks)
+        assert c.stats()["size"] == 420
+        # data + offsets form too, and the store holds exactly what was sent
+        with c.inserter(max_in_flight=2) as ins:
+            ins.insert([0.5, 0.5], data=b"xxyyy", offsets=[0, 2, 5])
+        assert c.stats()["size"] == 422
+        got = c.sample(2000, 0.4)
+        assert set(map(bytes, got.items)) <= set(sum((batch(f"b{b}", 7) for b in range(60)), [])) | {b"xx", b"yyy"}
+
+
+def test_bad_arguments_raise_in_the_caller_and_nothing_is_sent(start_server):
+    server = start_server()
+    with ReplayClient(server.endpoint) as c, c.inserter() as ins:
+        with pytest.raises(ValueError, match="priorities"):
+            ins.insert([1.0, float("nan")], [b"a", b"b"])
+        with pytest.raises(ValueError, match="entries"):
+            ins.insert([1.0], [b"a", b"b"])
+        with pytest.raises(ValueError):
+            ins.insert([1.0], [b"a"], data=b"a", offsets=[0, 1])
+        assert ins.stats()["submitted"] == 0
+        assert c.stats()["size"] == 0
+    with pytest.raises(ValueError):
+        ReplayClient(server.endpoint).inserter(max_in_flight=0)
+
+
+def test_server_errors_are_counted_and_raised_later_and_the_failing_batch_is_not_resent(start_server):
+    # rate limiter: with samples_per_insert 1 and error_buffer 100, the third batch of 50 is too far ahead
+    server = start_server("--samples-per-insert", "1", "--error-buffer", "100")
+    with ReplayClient(server.endpoint) as c:
+        ins = c.inserter(max_in_flight=8)
+        for b in range(3):
+            ins.insert(np.ones(50), batch(f"r{b}", 50))
+        with pytest.raises(ServerTimeoutError, match="rate limited"):
+            ins.flush()
+        st = ins.stats()
+        assert st["acked"] == 2 and st["failed"] == 1 and st["failed_items"] == 50 and st["in_flight"] == 0
+        assert c.stats()["size"] == 100
+        # the error was raised once; the inserter keeps working once the samplers caught up
+        c.sample(60, 0.4)
+        ins.insert(np.ones(10), batch("ok", 10))
+        ins.close()
+        assert ins.stats()["acked_items"] == 110
+        assert c.stats()["size"] == 110
+        # a failure pending at the next insert() is raised there, and that batch is not sent
+        ins = c.inserter(max_in_flight=8)
+        for b in range(5):  # the first fits the budget (110 + 50 - 60 <= 100), the other four do not
+            ins.insert(np.ones(50), batch(f"s{b}", 50))
+        deadline = time.monotonic() + 10
+        sent_before = None
+        with pytest.raises(ServerTimeoutError):
+            while time.monotonic() < deadline:
+                sent_before = ins.stats()["submitted"]
+                ins.insert(np.ones(50), batch("extra", 50))
+                time.sleep(0.01)
+        assert ins.stats()["submitted"] == sent_before  # the raising call sent nothing
+        try:
+            ins.close()  # raises only if an "extra" batch sent before the first error came back failed too
+        except ServerTimeoutError:
+            pass
+        st = ins.stats()
+        assert st["acked"] >= 1 and st["failed"] >= 4
+        assert st["acked"] + st["failed"] == st["submitted"] and st["in_flight"] == 0
+        assert c.stats()["size"] == 110 + 50 * st["acked"]
+        with pytest.raises(ServerClosedError):
+            ins.insert(np.ones(1), [b"z"])
+
+
+def test_unanswered_inserts_expire_with_a_timeout_and_the_inserter_recovers(start_server):
+    server = start_server()
+    with ReplayClient(server.endpoint, timeout=0.5) as c:
+        ins = c.inserter(max_in_flight=4)
+        ins.insert(np.ones(3), batch("a", 3))
+        ins.flush()
+        os.kill(server.pid, signal.SIGSTOP)  # connected but silent
+        try:
+            for b in range(3):
+                ins.insert(np.ones(3), batch(f"lost{b}", 3))
+            t0 = time.monotonic()
+            with pytest.raises(ReplayTimeout, match=r"3 request\(s\) \(9 items\) unanswered"):
+                ins.flush()
+            assert time.monotonic() - t0 < 5
+            st = ins.stats()
+            assert st["failed"] == 3 and st["failed_items"] == 9 and st["in_flight"] == 0
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        # a fresh socket: the late replies of the expired requests are never mistaken for new ones
+        ins.insert(np.ones(2), batch("b", 2))
+        ins.close()
+        st = ins.stats()
+        assert st["acked"] == 2 and st["acked_items"] == 5
+        # the server stored the "lost" batches after all (they were only unanswered in time): 3 + 9 + 2
+        assert c.stats()["size"] == 14
+
+
+def test_close_without_a_server_fails_the_in_flight_requests(start_server):
+    server = start_server()
+    c = ReplayClient(server.endpoint, timeout=0.5)
+    ins = c.inserter(max_in_flight=4)
+    ins.insert(np.ones(2), batch("a", 2))
+    ins.flush()
+    server.kill()
+    ins.insert(np.ones(2), batch("b", 2))
+    with pytest.raises(ReplayTimeout):
+        ins.close()
+    assert ins.closed and ins.stats()["failed"] == 1
+    ins.close()  # idempotent
+    c.close()
+
+
+@pytest.mark.parametrize("inline_max", ["0", "4", "1024"])
+def test_samples_inline_or_in_the_workers_and_large_samples_do_not_block_inserts(start_server, inline_max):
+    server = start_server("--inline-sample-max", inline_max, "--min-size-to-sample", "20", "--workers", "1")
+    with ReplayClient(server.endpoint, timeout=10) as c, ReplayClient(server.endpoint, timeout=10) as waiter:
+        # deferred SAMPLEs (store below min size) hold neither a worker nor the receiving thread
+        sock = waiter._sock
+        sock.send_multipart(P.encode_sample(1, 8, 0.4, timeout_ms=5000), copy=False)
+        sock2 = c._ctx.socket(zmq.DEALER)
+        sock2.connect(server.endpoint)
+        sock2.send_multipart(P.encode_sample(2, 2, 0.4, timeout_ms=5000), copy=False)
+        keys = c.insert(np.ones(10), batch("x", 10))
+        assert len(keys) == 10
+        with c.inserter(max_in_flight=3) as ins:
+            for b in range(4):
+                ins.insert(np.ones(5), batch(f"y{b}", 5))
+        assert sock.poll(5000)
+        r1 = P.decode_reply(sock.recv_multipart(), P.Op.SAMPLE, 1)
+        assert sock2.poll(5000)
+        r2 = P.decode_reply(sock2.recv_multipart(), P.Op.SAMPLE, 2)
+        assert r1.ok and r1.header.count == 8 and r2.ok and r2.header.count == 2
+        sock2.close(linger=0)
+        for n in (1, 4, 5, 30):
+            assert len(c.sample(n, 0.4)) == n
+        st = c.stats()
+        assert st["size"] == 30 and st["requests_sample"] == 6 and st["errors_total"] == 0
