@@ -2,7 +2,8 @@
 
 For each configuration a fresh ``python -m apexrl.cli.server --port 0`` is started (its printed endpoint is
 parsed), prefilled, and then K actor processes (K = 1, 2) insert batches of 50 pre-encoded transitions in a
-loop while one learner process samples 512 (and, for Atari, decodes them with ``TransitionSpec.decode_batch``)
+loop (pipelined by default: ``client.inserter(max_in_flight=16)``, every acknowledgement awaited before the
+actor's clock stops; ``--insert-mode sync`` waits for each reply) while one learner process samples 512 (and, for Atari, decodes them with ``TransitionSpec.decode_batch``)
 and sends 512 new priorities through an ``AsyncUpdater`` (non-blocking, max_pending 64), all for --seconds.
 
     python bench/bench_wire.py                 # full run (DPG + Atari, K = 1 and 2, 1M-item RSS)
