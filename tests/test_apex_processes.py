@@ -58,7 +58,7 @@ def wait_until(cond, timeout: float, what: str, interval: float = 0.5):
 
 
 def test_smoke_server_learner_two_actors_train_checkpoint_and_exit_zero(start_server, spawn, tmp_path):
-    server = start_server("--capacity", "20000")
+    server = start_server("--capacity", "20000", "--min-size-to-sample", "300")
     run_dir = str(tmp_path / "run")
     learner, params = start_learner(spawn, server.endpoint, run_dir)
     actors = [start_actor(spawn, server.endpoint, params, i) for i in range(2)]
@@ -89,7 +89,7 @@ def test_smoke_server_learner_two_actors_train_checkpoint_and_exit_zero(start_se
 
 
 def test_killing_an_actor_does_not_stop_learning(start_server, spawn, tmp_path):
-    server = start_server("--capacity", "20000")
+    server = start_server("--capacity", "20000", "--min-size-to-sample", "300")
     run_dir = str(tmp_path / "run")
     learner, params = start_learner(spawn, server.endpoint, run_dir)
     actors = [start_actor(spawn, server.endpoint, params, i) for i in range(2)]
@@ -106,7 +106,7 @@ def test_killing_an_actor_does_not_stop_learning(start_server, spawn, tmp_path):
 
 def test_actors_and_learner_recover_from_a_replay_server_restart(start_server, spawn, tmp_path):
     port = free_port()
-    server = start_server("--capacity", "20000", port=port)
+    server = start_server("--capacity", "20000", "--min-size-to-sample", "300", port=port)
     run_dir = str(tmp_path / "run")
     learner, params = start_learner(spawn, server.endpoint, run_dir)
     actors = [start_actor(spawn, server.endpoint, params, i) for i in range(2)]
@@ -114,7 +114,7 @@ def test_actors_and_learner_recover_from_a_replay_server_restart(start_server, s
 
     server.kill9()  # a crash: no snapshot, the new server starts empty
     time.sleep(2.0)
-    server = start_server("--capacity", "20000", port=port)
+    server = start_server("--capacity", "20000", "--min-size-to-sample", "300", port=port)
     with ReplayClient(server.endpoint, timeout=10) as client:
         wait_until(lambda: client.stats()["inserted"] > 500, 60, "actors to refill the restarted server")
         steps = learner_steps(run_dir)
@@ -126,7 +126,7 @@ def test_actors_and_learner_recover_from_a_replay_server_restart(start_server, s
 
 
 def test_learner_killed_and_resumed_continues_its_counters_and_weights(start_server, spawn, tmp_path):
-    server = start_server("--capacity", "20000")
+    server = start_server("--capacity", "20000", "--min-size-to-sample", "300")
     run_dir = str(tmp_path / "run")
     params_port = free_port()
     learner, params = start_learner(spawn, server.endpoint, run_dir, params_port=params_port)
