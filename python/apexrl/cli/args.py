@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 __all__ = [
+    "ENDPOINT_RE",
     "add_agent_arguments",
     "float_arg",
     "int_arg",
@@ -50,12 +51,12 @@ def float_arg(*, positive: bool = False, nonneg: bool = False, hi: float | None 
     return parse
 
 
-_ENDPOINT = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):(\d+)$")
+ENDPOINT_RE = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):(\d+)$")
 
 
 def tcp_endpoint(text: str) -> str:
     """A ``tcp://HOST:PORT`` string with a port in [1, 65535]."""
-    m = _ENDPOINT.match(text)
+    m = ENDPOINT_RE.match(text)
     if not m or not 1 <= int(m.group(2)) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not of the form tcp://HOST:PORT (port 1-65535)")
     return text

@@ -8,52 +8,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
-import re
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 
+from apexrl.cli.args import ENDPOINT_RE, float_arg, int_arg
+
 PROG = "apexrl-replay-server"
 
 
-def _int_range(lo: int, hi: int | None = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < lo or (hi is not None and value > hi):
-            bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-            raise argparse.ArgumentTypeError(f"{value} is out of range, must be {bound}")
-        return value
-
-    return parse
-
-
-def _float(*, positive: bool = False, nonneg: bool = False):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text!r} must be finite")
-        if positive and value <= 0:
-            raise argparse.ArgumentTypeError(f"{value} must be > 0")
-        if nonneg and value < 0:
-            raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-        return value
-
-    return parse
-
-
-_ENDPOINT = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):(\d+)$")
-
-
 def _endpoint(text: str) -> tuple[str, int]:
-    m = _ENDPOINT.match(text)
+    m = ENDPOINT_RE.match(text)
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r} is not of the form tcp://HOST:PORT")
     host, port = m.group(1).strip("[]"), int(m.group(2))
@@ -69,30 +35,30 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Ape-X prioritized replay server (ZeroMQ). SIGTERM/SIGINT: finish requests, snapshot, exit 0.",
     )
-    p.add_argument("--port", type=_int_range(0, 65535), help="TCP port to listen on (0 = pick a free one)")
+    p.add_argument("--port", type=int_arg(0, 65535), help="TCP port to listen on (0 = pick a free one)")
     p.add_argument("--endpoint", type=_endpoint, help="tcp://HOST:PORT to listen on (instead of --bind/--port)")
     p.add_argument("--bind", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = all)")
-    p.add_argument("--capacity", type=_int_range(1), default=1_000_000, help="soft capacity in items (>= 1)")
-    p.add_argument("--alpha", type=_float(nonneg=True), default=0.6, help="priority exponent alpha (>= 0)")
+    p.add_argument("--capacity", type=int_arg(1), default=1_000_000, help="soft capacity in items (>= 1)")
+    p.add_argument("--alpha", type=float_arg(nonneg=True), default=0.6, help="priority exponent alpha (>= 0)")
     p.add_argument("--eviction", choices=("fifo", "prioritized"), default="fifo", help="remove_to_fit policy")
-    p.add_argument("--alpha-evict", type=_float(), default=-0.4, help="exponent of prioritized eviction")
-    p.add_argument("--shards", type=_int_range(1, 4096), default=8, help="number of lock shards of the store")
-    p.add_argument("--seed", type=_int_range(0, 2**64 - 1), default=0, help="random seed of the store")
-    p.add_argument("--min-size-to-sample", type=_int_range(0), default=1,
+    p.add_argument("--alpha-evict", type=float_arg(), default=-0.4, help="exponent of prioritized eviction")
+    p.add_argument("--shards", type=int_arg(1, 4096), default=8, help="number of lock shards of the store")
+    p.add_argument("--seed", type=int_arg(0, 2**64 - 1), default=0, help="random seed of the store")
+    p.add_argument("--min-size-to-sample", type=int_arg(0), default=1,
                    help="SAMPLE waits (up to its timeout) until the store holds this many items")
     p.add_argument("--snapshot", metavar="PATH", default=None,
                    help="snapshot file: loaded at start if present, written on shutdown")
-    p.add_argument("--snapshot-every", metavar="SECONDS", type=_float(positive=True), default=None,
+    p.add_argument("--snapshot-every", metavar="SECONDS", type=float_arg(positive=True), default=None,
                    help="also write the snapshot every SECONDS (needs --snapshot)")
-    p.add_argument("--max-message-mb", type=_float(positive=True), default=256,
+    p.add_argument("--max-message-mb", type=float_arg(positive=True), default=256,
                    help="largest accepted request in MiB (bigger: TOO_LARGE reply or disconnect)")
-    p.add_argument("--workers", type=_int_range(1, 256), default=2,
+    p.add_argument("--workers", type=int_arg(1, 256), default=2,
                    help="worker threads for large samples, remove_to_fit and stats")
-    p.add_argument("--inline-sample-max", metavar="N", type=_int_range(0), default=1024,
+    p.add_argument("--inline-sample-max", metavar="N", type=int_arg(0), default=1024,
                    help="samples of at most N items are served by the receiving thread (default 1024)")
-    p.add_argument("--samples-per-insert", metavar="SPI", type=_float(positive=True), default=None,
+    p.add_argument("--samples-per-insert", metavar="SPI", type=float_arg(positive=True), default=None,
                    help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)")
-    p.add_argument("--error-buffer", metavar="ITEMS", type=_float(nonneg=True), default=None,
+    p.add_argument("--error-buffer", metavar="ITEMS", type=float_arg(nonneg=True), default=None,
                    help="allowed drift from SPI in sampled items (>= max(1, SPI); default max(1, SPI) * 100)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="logging level (stderr)")
