@@ -101,7 +101,7 @@ PRESETS: dict[str, Preset] = {
             agent_overrides=dict(batch_size=128, lr=5e-4, target_update_period=200, hidden=(128, 128)),
             replay=ReplaySettings(capacity=100_000, eviction="fifo"),
             learner=dict(min_replay_size=2_000, publish_every=5, checkpoint_every=2_000, eval_every=20.0,
-                         eval_episodes=10, metrics_every=5.0),
+                         eval_episodes=20, metrics_every=5.0),
             actor=dict(flush_every=50, params_every_frames=200),
             actors=2,
             minutes=5.0,
