@@ -240,7 +240,7 @@ def test_wrong_policy_weights_refused():
     with pytest.raises(ValueError) as err:
         policy.load_policy_state_dict(weights)
     assert "missing ['critic/out.bias']" in str(err.value)
-    assert "actor/body.layers.0.weight: shape (16, 6), expected (16, 5)" in str(err.value)
+    assert "actor/body.layers.0.weight: got torch.float32 (16, 6), expected torch.float32 (16, 5)" in str(err.value)
     assert same(params(policy.actor), before)
 
 

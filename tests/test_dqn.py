@@ -244,10 +244,10 @@ def test_wrong_weights_are_refused_naming_the_problem():
     msg = str(err.value)
     assert "missing ['q_net/value.layers.0.bias']" in msg
     assert "unexpected ['q_net/extra.weight']" in msg
-    assert "q_net/torso.layers.0.weight: shape (16, 3), expected (16, 2)" in msg
+    assert "q_net/torso.layers.0.weight: got torch.float32 (16, 3), expected torch.float32 (16, 2)" in msg
     assert same(params(policy.q_net), before)  # nothing loaded
     other = DQNLearner(VEC, dataclasses.replace(SMALL, hidden=(8,)))
-    with pytest.raises(ValueError, match=r"shape \(8, 2\), expected \(16, 2\)"):
+    with pytest.raises(ValueError, match=r"got torch.float32 \(8, 2\), expected torch.float32 \(16, 2\)"):
         policy.load_policy_state_dict(other.policy_state_dict())
 
 
@@ -295,7 +295,7 @@ def test_checkpoint_before_any_update_and_refusals():
     with pytest.raises(ValueError) as err:
         target.load_state_dict(broken)
     assert "missing ['optim/q_net/0/grad_avg']" in str(err.value)
-    assert "target_q_net/value.layers.0.weight: shape (1, 3), expected (1, 16)" in str(err.value)
+    assert "target_q_net/value.layers.0.weight: got torch.float32 (1, 3), expected torch.float32 (1, 16)" in str(err.value)
     assert target.steps == 0
     with pytest.raises(ValueError, match=r"unexpected \['rng'\]"):
         target.load_state_dict({**ckpt, "rng": torch.zeros(1)})

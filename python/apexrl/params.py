@@ -48,6 +48,7 @@ import torch
 import zmq
 
 from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, ServerError
+from apexrl.tensor_spec import TensorSpec, describe_mismatch, spec_of
 
 __all__ = [
     "HEADER_SIZE",
@@ -82,7 +83,6 @@ REQUEST_MAX_FRAME = 4096  # ZMQ_MAXMSGSIZE of the server socket: requests are on
 _MAX_ERROR_MESSAGE = 64 * 1024
 _POLL_MS = 50  # server thread: longest it takes to notice close()
 
-TensorSpec = dict[str, tuple[torch.dtype, tuple[int, ...]]]
 
 
 class ParamOp(IntEnum):
@@ -112,30 +112,11 @@ class ParamsTimeout(ReplayTimeout):
 # --------------------------------------------------------------------------------------------- tensors
 
 
-def spec_of(tensors: Mapping[str, torch.Tensor]) -> TensorSpec:
-    """``{name: (dtype, shape)}`` of a state dict: what :class:`ParamClient` ``expected`` takes."""
-    return {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()}
-
-
 def check_tensors(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[torch.dtype, Any]]) -> None:
     """ValueError naming the missing, unexpected and mismatched (dtype/shape) names; None if all match."""
-    problems = []
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing:
-        problems.append(f"missing {missing}")
-    if unexpected:
-        problems.append(f"unexpected {unexpected}")
-    mismatched = []
-    for name in sorted(set(expected) & set(tensors)):
-        dtype, shape = expected[name]
-        t = tensors[name]
-        if t.dtype != dtype or tuple(t.shape) != tuple(shape):
-            mismatched.append(f"{name}: got {t.dtype} {tuple(t.shape)}, expected {dtype} {tuple(shape)}")
-    if mismatched:
-        problems.append("mismatched " + "; ".join(mismatched))
-    if problems:
-        raise ValueError("weights do not match the expected tensors: " + ", ".join(problems))
+    msg = describe_mismatch(expected, tensors)
+    if msg:
+        raise ValueError(f"weights do not match the expected tensors: {msg}")
 
 
 def serialize_tensors(tensors: Mapping[str, torch.Tensor]) -> bytes:

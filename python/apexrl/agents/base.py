@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from apexrl.tensor_spec import describe_mismatch, spec_of
+
 __all__ = ["epsilon_ladder"]
 
 
@@ -60,39 +62,14 @@ def module_layout(prefix: str, module: nn.Module) -> dict[str, torch.Tensor]:
     return {f"{prefix}/{k}": torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in module.state_dict().items()}
 
 
-def describe_mismatch(expected: Mapping[str, torch.Tensor], got: Mapping[str, Any], what: str) -> str | None:
-    """None when ``got`` has exactly ``expected``'s names, shapes and dtypes; otherwise one message naming every
-    missing, unexpected and mismatched entry (with shapes)."""
-    problems = []
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    if missing:
-        problems.append(f"missing {missing}")
-    if unexpected:
-        problems.append(f"unexpected {unexpected}")
-    bad = []
-    for name in sorted(set(expected) & set(got)):
-        want, have = expected[name], got[name]
-        if not isinstance(have, torch.Tensor):
-            bad.append(f"{name}: expected a tensor, got {type(have).__name__}")
-        elif tuple(have.shape) != tuple(want.shape):
-            bad.append(f"{name}: shape {tuple(have.shape)}, expected {tuple(want.shape)}")
-        elif have.dtype != want.dtype:
-            bad.append(f"{name}: dtype {have.dtype}, expected {want.dtype}")
-    if bad:
-        problems.append("mismatched " + "; ".join(bad))
-    if not problems:
-        return None
-    return f"{what}: " + "; ".join(problems)
-
-
 def check_tensors(expected: Mapping[str, torch.Tensor], got: Mapping[str, Any], what: str) -> None:
-    """Raise ValueError (see ``describe_mismatch``) unless ``got`` matches ``expected`` exactly."""
+    """Raise ValueError naming every missing, unexpected and mismatched (shape/dtype) entry unless ``got``
+    has exactly ``expected``'s names, shapes and dtypes."""
     if not isinstance(got, Mapping):
         raise ValueError(f"{what}: expected a dict of named tensors, got {type(got).__name__}")
-    msg = describe_mismatch(expected, got, what)
+    msg = describe_mismatch(spec_of(expected), got)
     if msg:
-        raise ValueError(msg)
+        raise ValueError(f"{what}: {msg}")
 
 
 def check_steps(steps: torch.Tensor) -> None:
