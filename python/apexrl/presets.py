@@ -114,7 +114,7 @@ PRESETS: dict[str, Preset] = {
             agent_overrides=dict(n_step=3, critic_lr=3e-4, actor_lr=1e-4),
             replay=ReplaySettings(capacity=300_000, eviction="prioritized", alpha_evict=-0.4),
             learner=dict(min_replay_size=10_000, publish_every=10, checkpoint_every=5_000, eval_every=60.0,
-                         eval_episodes=5, metrics_every=10.0),
+                         eval_episodes=10, metrics_every=10.0),
             actor=dict(flush_every=50, params_every_frames=400),
             actors=2,
             minutes=45.0,
