@@ -84,7 +84,7 @@ class LearnerConfig:
     metrics_every: float = 10.0
     """Seconds between rows of metrics.csv."""
     eval_every: float = 60.0
-    """Seconds between starts of an evaluation (greedy / noiseless episodes in a background thread); 0: none."""
+    """Seconds between starts of an evaluation (greedy / noiseless episodes in a child process); 0: none."""
     eval_episodes: int = 5
     """Episodes per evaluation."""
     max_steps: int = 0

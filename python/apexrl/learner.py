@@ -12,7 +12,7 @@ Loop (Horgan et al. 2018, Algorithm 2)::
     every metrics_every seconds: one row of metrics.csv; every eval_every seconds: start an evaluation
 
 Evaluation runs greedy (DQN) or noiseless (DPG) episodes on the learner's own environment copy in a
-background thread with a snapshot of the weights, so training does not pause for it.
+low-priority child process with a snapshot of the weights, so training does not pause for it.
 
 ``env_frames`` in metrics.csv is the number of transitions the replay server has received times the
 environment's frames per agent step: every agent step of every actor yields exactly one n-step transition.
