@@ -15,8 +15,6 @@ calls then run one at a time. For throughput use one client per thread (each has
 
 from __future__ import annotations
 
-import itertools
-import random
 import threading
 import time
 from collections import deque
@@ -28,6 +26,7 @@ import numpy as np
 import zmq
 
 from apexrl import protocol as P
+from apexrl.dealer import DealerClient
 from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, ServerError
 
 __all__ = [
@@ -68,7 +67,7 @@ class SampledBatch:
         return int(self.keys.shape[0])
 
 
-class ReplayClient:
+class ReplayClient(DealerClient):
     """Client of an apexrl replay server at ``endpoint`` (e.g. ``tcp://127.0.0.1:5555``).
 
     ``timeout`` (seconds) bounds the wait for each reply (for ``sample`` it is added to the server-side wait).
@@ -77,58 +76,8 @@ class ReplayClient:
     def __init__(self, endpoint: str, timeout: float = 10.0):
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        self.endpoint = endpoint
+        super().__init__(endpoint)
         self.timeout = float(timeout)
-        self._lock = threading.Lock()
-        self._ctx: zmq.Context | None = zmq.Context()
-        self._sock: zmq.Socket | None = None
-        # Random start: request ids from a previous client process on the same server never collide.
-        self._ids = itertools.count(random.randrange(1, 1 << 62))
-        self._connect()
-
-    # ------------------------------------------------------------------------------------------ socket
-
-    def _connect(self) -> None:
-        assert self._ctx is not None
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL, 50)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        sock.connect(self.endpoint)
-        self._sock = sock
-
-    def _reset(self) -> None:
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-        self._connect()
-
-    def close(self) -> None:
-        """Close the socket and context (idempotent)."""
-        with self._lock:
-            if self._sock is not None:
-                self._sock.close(linger=0)
-                self._sock = None
-            if self._ctx is not None:
-                self._ctx.term()
-                self._ctx = None
-
-    @property
-    def closed(self) -> bool:
-        return self._ctx is None
-
-    def __enter__(self) -> ReplayClient:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # best effort; close() explicitly
-        try:
-            if self._ctx is not None:
-                self.close()
-        except Exception:
-            pass
 
     # ------------------------------------------------------------------------------------------ calls
 
@@ -325,6 +274,25 @@ def _raise_error(reply: P.Reply) -> None:
 _CANCEL_POLL_MS = 50  # how often a background request checks for close(): bounds close() latency
 _RETRY_BACKOFF_MIN = 0.02
 _RETRY_BACKOFF_MAX = 0.5
+
+
+class _ClosingContext:
+    """``with`` calls the subclass's ``close()``; while an exception is in flight, one raised by ``close()``
+    does not mask it."""
+
+    close: Any
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # don't mask the exception in flight with a background one
+            try:
+                self.close()
+            except Exception:
+                pass
 
 
 class _Cancelled(Exception):
@@ -534,7 +502,7 @@ class PrefetchingSampler(Iterator[LearnerBatch]):
         self.close()
 
 
-class AsyncUpdater:
+class AsyncUpdater(_ClosingContext):
     """Non-blocking priority updates: ``update()`` copies the arrays and returns; a background thread with
     its **own** :class:`ReplayClient` sends them in order.
 
@@ -692,23 +660,12 @@ class AsyncUpdater:
         with self._cond:
             self._raise_pending()
 
-    def __enter__(self) -> AsyncUpdater:
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:  # don't mask the exception in flight with a background one
-            try:
-                self.close()
-            except Exception:
-                pass
 
 
 # -------------------------------------------------------------------------------------------------- actor side
 
 
-class PipelinedInserter:
+class PipelinedInserter(_ClosingContext):
     """Inserts that do not wait for their reply, for actors: ``insert()`` sends and returns while up to
     ``max_in_flight`` requests are unanswered, and blocks only when that many are.
 
@@ -935,14 +892,3 @@ class PipelinedInserter:
         finally:
             self._client.close()
 
-    def __enter__(self) -> PipelinedInserter:
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:  # don't mask the exception in flight with a background one
-            try:
-                self.close()
-            except Exception:
-                pass

@@ -31,7 +31,6 @@ The wire format is specified in docs/protocol.md, section "Parameter service".
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import operator
@@ -47,6 +46,7 @@ import safetensors.torch
 import torch
 import zmq
 
+from apexrl.dealer import DealerClient
 from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, ServerError
 from apexrl.tensor_spec import TensorSpec, describe_mismatch, spec_of
 
@@ -387,7 +387,7 @@ class ParamServer:
 # ---------------------------------------------------------------------------------------------- client
 
 
-class ParamClient:
+class ParamClient(DealerClient):
     """Fetches weights from a :class:`ParamServer` at ``endpoint`` (``tcp://host:port``).
 
     ``fetch(have_version)`` returns ``(version, tensors)`` when the server has other weights than the ones
@@ -413,50 +413,13 @@ class ParamClient:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         if not (max_message_mb > 0 and math.isfinite(max_message_mb)):
             raise ValueError(f"max_message_mb must be > 0, got {max_message_mb}")
-        self.endpoint = endpoint
         self.timeout = float(timeout)
         self.max_bytes = int(max_message_mb * (1 << 20))
         self.expected = None if expected is None else {k: (d, tuple(s)) for k, (d, s) in expected.items()}
         self.last_status: ParamStatus | None = None
         self.latest_version = 0
         self._given: tuple[int, int] | None = None  # (version, server_id) of the weights last returned
-        self._lock = threading.Lock()
-        self._ctx: zmq.Context | None = zmq.Context()
-        self._sock: zmq.Socket | None = None
-        self._ids = itertools.count(random.randrange(1, 1 << 62))
-        self._connect()
-
-    def _connect(self) -> None:
-        assert self._ctx is not None
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL, 50)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + HEADER_SIZE)
-        sock.connect(self.endpoint)
-        self._sock = sock
-
-    def _reset(self) -> None:
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-        self._connect()
-
-    def close(self) -> None:
-        """Close the socket and context (idempotent)."""
-        with self._lock:
-            if self._sock is not None:
-                self._sock.close(linger=0)
-                self._sock = None
-            if self._ctx is not None:
-                self._ctx.term()
-                self._ctx = None
-
-    def __enter__(self) -> ParamClient:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+        super().__init__(endpoint, max_message_bytes=self.max_bytes + HEADER_SIZE)
 
     def fetch(self, have_version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
         """New weights as ``(version, tensors)``, or None (see :attr:`last_status`).
