@@ -16,26 +16,13 @@ from torch import nn
 from apexrl.agents import DPGConfig, DPGLearner, DPGPolicy
 from apexrl.codec import TransitionSpec
 from apexrl.envs.base import EnvSpec
+from torch_helpers import one_thread, set_linear  # noqa: F401 - one_thread is an autouse fixture
 
 ONE_D = EnvSpec("test:1d", (1,), np.dtype(np.float32), None, 1, 1, 100)
 CONT = EnvSpec("test:cont", (5,), np.dtype(np.float32), None, 2, 1, 1000)
 TINY = DPGConfig(actor_hidden=(1,), critic_hidden=(1, 1))
 SMALL = DPGConfig(actor_hidden=(16, 8), critic_hidden=(16, 8), target_update_period=2)
 T = math.tanh(0.5)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def set_linear(layer: nn.Linear, weight, bias) -> None:
-    with torch.no_grad():
-        layer.weight.copy_(torch.tensor(weight, dtype=torch.float32))
-        layer.bias.copy_(torch.tensor(bias, dtype=torch.float32))
 
 
 def set_constant_actor(actor, value: float) -> None:

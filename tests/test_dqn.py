@@ -17,25 +17,12 @@ from apexrl.agents import DQNConfig, DQNLearner, DQNPolicy, epsilon_ladder
 from apexrl.agents.dqn import DuelingQNetwork
 from apexrl.codec import TransitionSpec
 from apexrl.envs.base import EnvSpec
+from torch_helpers import one_thread, set_linear  # noqa: F401 - one_thread is an autouse fixture
 
 VEC = EnvSpec("test:vec2", (2,), np.dtype(np.float32), 2, None, 1, 100)
 ATARI = EnvSpec("test:atari", (4, 84, 84), np.dtype(np.uint8), 6, None, 4, 27000)
 SMALL = DQNConfig(hidden=(16,), target_update_period=3)
 LINEAR = DQNConfig(hidden=())  # no torso: Q is linear in the observation, so it can be set by hand
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def set_linear(layer: nn.Linear, weight, bias) -> None:
-    with torch.no_grad():
-        layer.weight.copy_(torch.tensor(weight, dtype=torch.float32))
-        layer.bias.copy_(torch.tensor(bias, dtype=torch.float32))
 
 
 def set_q(net: DuelingQNetwork, v_w, v_b, a_w, a_b) -> None:
