@@ -103,6 +103,20 @@ def test_server_errors_are_counted_and_raised_later_and_the_failing_batch_is_not
             ins.insert(np.ones(1), [b"z"])
 
 
+def wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Until every thread of ``pid`` is stopped: SIGSTOP is delivered asynchronously."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop within {timeout}s")
+
+
 def test_unanswered_inserts_expire_with_a_timeout_and_the_inserter_recovers(start_server):
     server = start_server()
     with ReplayClient(server.endpoint, timeout=0.5) as c:
@@ -110,6 +124,7 @@ def test_unanswered_inserts_expire_with_a_timeout_and_the_inserter_recovers(star
         ins.insert(np.ones(3), batch("a", 3))
         ins.flush()
         os.kill(server.pid, signal.SIGSTOP)  # connected but silent
+        wait_stopped(server.pid)  # else a thread still running may answer the first "lost" insert
         try:
             for b in range(3):
                 ins.insert(np.ones(3), batch(f"lost{b}", 3))
