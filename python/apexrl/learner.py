@@ -207,7 +207,6 @@ class Learner:
         self.replay = ReplayClient(config.replay, timeout=config.replay_timeout)
         self.evaluator = Evaluator(config)
         self._csv: CSVWriter | None = None
-        self.stale_updates = 0
 
     # ------------------------------------------------------------------------------------------ state
 
