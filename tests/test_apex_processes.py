@@ -39,6 +39,14 @@ def start_actor(spawn, replay: str, params: str, index: int, num: int = 2):
                  "--index", str(index), "--num-actors", str(num), *ACTOR_FAST)
 
 
+def start_system(start_server, spawn, run_dir: str, *, port: int = 0, params_port: int = 0):
+    """A replay server, a learner and two actors: (server, learner, actors)."""
+    server = start_server("--capacity", "20000", "--min-size-to-sample", "300", port=port)
+    learner, params = start_learner(spawn, server.endpoint, run_dir, params_port=params_port)
+    actors = [start_actor(spawn, server.endpoint, params, i) for i in range(2)]
+    return server, learner, actors
+
+
 def learner_steps(run_dir: str) -> int:
     path = os.path.join(run_dir, "metrics.csv")
     if not os.path.exists(path):
@@ -64,10 +72,8 @@ def wait_until(cond, timeout: float, what: str, interval: float = 0.5):
 
 
 def test_smoke_server_learner_two_actors_train_checkpoint_and_exit_zero(start_server, spawn, tmp_path):
-    server = start_server("--capacity", "20000", "--min-size-to-sample", "300")
     run_dir = str(tmp_path / "run")
-    learner, params = start_learner(spawn, server.endpoint, run_dir)
-    actors = [start_actor(spawn, server.endpoint, params, i) for i in range(2)]
+    server, learner, actors = start_system(start_server, spawn, run_dir)
 
     wait_until(lambda: learner_steps(run_dir) >= 300, 120, "300 learner steps in metrics.csv")
     wait_until(lambda: evaluated(run_dir), 60, "an evaluation in metrics.csv")
@@ -95,10 +101,8 @@ def test_smoke_server_learner_two_actors_train_checkpoint_and_exit_zero(start_se
 
 
 def test_killing_an_actor_does_not_stop_learning(start_server, spawn, tmp_path):
-    server = start_server("--capacity", "20000", "--min-size-to-sample", "300")
     run_dir = str(tmp_path / "run")
-    learner, params = start_learner(spawn, server.endpoint, run_dir)
-    actors = [start_actor(spawn, server.endpoint, params, i) for i in range(2)]
+    server, learner, actors = start_system(start_server, spawn, run_dir)
     wait_until(lambda: learner_steps(run_dir) >= 100, 120, "100 learner steps")
     actors[0].kill9()
     with ReplayClient(server.endpoint, timeout=10) as client:
@@ -112,10 +116,8 @@ def test_killing_an_actor_does_not_stop_learning(start_server, spawn, tmp_path):
 
 def test_actors_and_learner_recover_from_a_replay_server_restart(start_server, spawn, tmp_path):
     port = free_port()
-    server = start_server("--capacity", "20000", "--min-size-to-sample", "300", port=port)
     run_dir = str(tmp_path / "run")
-    learner, params = start_learner(spawn, server.endpoint, run_dir)
-    actors = [start_actor(spawn, server.endpoint, params, i) for i in range(2)]
+    server, learner, actors = start_system(start_server, spawn, run_dir, port=port)
     wait_until(lambda: learner_steps(run_dir) >= 100, 120, "100 learner steps")
 
     server.kill9()  # a crash: no snapshot, the new server starts empty
@@ -132,11 +134,9 @@ def test_actors_and_learner_recover_from_a_replay_server_restart(start_server, s
 
 
 def test_learner_killed_and_resumed_continues_its_counters_and_weights(start_server, spawn, tmp_path):
-    server = start_server("--capacity", "20000", "--min-size-to-sample", "300")
     run_dir = str(tmp_path / "run")
     params_port = free_port()
-    learner, params = start_learner(spawn, server.endpoint, run_dir, params_port=params_port)
-    actors = [start_actor(spawn, server.endpoint, params, i) for i in range(2)]
+    server, learner, actors = start_system(start_server, spawn, run_dir, params_port=params_port)
     ckpt = os.path.join(run_dir, "checkpoint.safetensors")
     wait_until(lambda: learner_steps(run_dir) >= 120 and os.path.exists(ckpt), 120, "a checkpoint")
     learner.kill9()

@@ -67,6 +67,14 @@ class SampledBatch:
         return int(self.keys.shape[0])
 
 
+def _server_wait(timeout: float | None) -> tuple[float, int]:
+    """A call's server-side wait: ``(seconds, timeout_ms for the header)``; None means answer at once."""
+    wait_s = 0.0 if timeout is None else float(timeout)
+    if not wait_s >= 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout}")
+    return wait_s, min(int(round(wait_s * 1000)), 0xFFFF_FFFF)
+
+
 class ReplayClient(DealerClient):
     """Client of an apexrl replay server at ``endpoint`` (e.g. ``tcp://127.0.0.1:5555``).
 
@@ -165,10 +173,7 @@ class ReplayClient(DealerClient):
             data, offsets = P.pack_items(items)
         elif data is None or offsets is None:
             raise ValueError("pass items, or both data and offsets")
-        wait_s = 0.0 if timeout is None else float(timeout)
-        if not wait_s >= 0:
-            raise ValueError(f"timeout must be >= 0, got {timeout}")
-        timeout_ms = min(int(round(wait_s * 1000)), 0xFFFF_FFFF)
+        wait_s, timeout_ms = _server_wait(timeout)
         frames = P.encode_insert(0, priorities, data, offsets, timeout_ms)  # validate before touching the socket
         reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
         return reply.arrays["keys"]
@@ -179,10 +184,7 @@ class ReplayClient(DealerClient):
         ``timeout``: seconds the server may wait for the store to reach its min_size_to_sample; None (default)
         answers at once. Raises ServerTimeoutError (a ReplayTimeout) when the store is still too small.
         """
-        wait_s = 0.0 if timeout is None else float(timeout)
-        if not wait_s >= 0:
-            raise ValueError(f"timeout must be >= 0, got {timeout}")
-        timeout_ms = min(int(round(wait_s * 1000)), 0xFFFF_FFFF)
+        wait_s, timeout_ms = _server_wait(timeout)
         P.encode_sample(0, n, beta, timeout_ms)
         reply = self._call(
             P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms), self.timeout + wait_s
@@ -349,10 +351,7 @@ class PrefetchingSampler(Iterator[LearnerBatch]):
     ):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}")
-        wait_s = 0.0 if timeout is None else float(timeout)
-        if not wait_s >= 0:
-            raise ValueError(f"timeout must be >= 0, got {timeout}")
-        self._timeout_ms = min(int(round(wait_s * 1000)), 0xFFFF_FFFF)
+        wait_s, self._timeout_ms = _server_wait(timeout)
         P.encode_sample(0, batch_size, beta, self._timeout_ms)  # validate here, in the caller's thread
         if decode is not None and not callable(decode):
             raise TypeError("decode must be callable or None")
@@ -700,14 +699,12 @@ class PipelinedInserter(_ClosingContext):
     ):
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
-        wait_s = 0.0 if timeout is None else float(timeout)
-        if not wait_s >= 0:
-            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        wait_s, timeout_ms = _server_wait(timeout)
         if on_ack is not None and not callable(on_ack):
             raise TypeError("on_ack must be callable or None")
         self.endpoint = endpoint
         self.max_in_flight = max_in_flight
-        self._timeout_ms = min(int(round(wait_s * 1000)), 0xFFFF_FFFF)
+        self._timeout_ms = timeout_ms
         self._on_ack = on_ack
         self._client = ReplayClient(endpoint, timeout=client_timeout)
         self._expiry = client_timeout + wait_s  # seconds after sending that a request expires
