@@ -1,4 +1,4 @@
-"""Throughput of the transition codec (apexrl.codec) for the DPG-humanoid and Atari presets, in-process.
+"""Throughput of the transition codec (apexrl.replay.codec) for the DPG-humanoid and Atari presets, in-process.
 
     python bench/bench_codec.py                  # batch 512, about 10 s
     python bench/bench_codec.py --seconds 0.3    # quick look
@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-
-from apexrl.codec import TransitionSpec
+from apexrl.replay.codec import TransitionSpec
 
 
 def dpg_batch(spec: TransitionSpec, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -69,7 +68,7 @@ def main() -> None:
         ("atari 4x84x84 (synthetic)", TransitionSpec.atari(), atari_batch),
     ]
     n = args.batch
-    print(f"apexrl.codec, batch {n}, median of {args.windows} windows, MB/s of raw transition bytes")
+    print(f"apexrl.replay.codec, batch {n}, median of {args.windows} windows, MB/s of raw transition bytes")
     header = (
         f"{'preset':<27}{'raw B/tr':>9}{'item B':>9}{'ratio':>7}"
         f"{'encode tr/s':>13}{'enc MB/s':>10}{'decode tr/s':>13}{'dec MB/s':>10}{'dec us/batch':>14}"

@@ -93,7 +93,7 @@ class Server:
 
 
 def dpg_batches(seed: int, n_batches: int = N_PREENCODED_BATCHES) -> list[tuple[np.ndarray, np.ndarray]]:
-    from apexrl.codec import TransitionSpec
+    from apexrl.replay.codec import TransitionSpec
 
     spec = TransitionSpec.dpg(67, 21)
     rng = np.random.default_rng(seed)
@@ -198,7 +198,7 @@ def load_batches(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def actor_main(args: argparse.Namespace) -> None:
-    from apexrl.client import ReplayClient
+    from apexrl.replay.client import ReplayClient
 
     batches = load_batches(args.payload)
     rng = np.random.default_rng(args.seed)
@@ -237,8 +237,8 @@ def actor_main(args: argparse.Namespace) -> None:
 
 
 def learner_main(args: argparse.Namespace) -> None:
-    from apexrl.client import ReplayClient
-    from apexrl.codec import TransitionSpec
+    from apexrl.replay.client import ReplayClient
+    from apexrl.replay.codec import TransitionSpec
 
     spec = TransitionSpec.atari() if args.shape == "atari" else TransitionSpec.dpg(67, 21)
     rng = np.random.default_rng(1234)
@@ -273,7 +273,7 @@ def learner_main(args: argparse.Namespace) -> None:
 
 def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items: int, chunk: int = 20) -> None:
     """Insert n_items by sending `chunk` pre-encoded 50-item batches concatenated per request."""
-    from apexrl.client import ReplayClient
+    from apexrl.replay.client import ReplayClient
 
     rng = np.random.default_rng(7)
     big = []
@@ -299,7 +299,7 @@ def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items
 def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float,
                actor_flags: list[str]) -> dict:
     outdir = os.path.dirname(payload)
-    from apexrl.client import ReplayClient
+    from apexrl.replay.client import ReplayClient
 
     server = Server(capacity)
     procs: list[subprocess.Popen] = []
@@ -363,7 +363,7 @@ def rss_1m(n: int) -> dict:
         prefill(server.endpoint, batches, n)
         time.sleep(0.5)
         rss = rss_of(server.pid)
-        from apexrl.client import ReplayClient
+        from apexrl.replay.client import ReplayClient
 
         with ReplayClient(server.endpoint) as c:
             st = c.stats()
@@ -422,7 +422,7 @@ def main() -> None:
         args.seconds, args.prefill, args.atari_transitions, args.atari_prefill = 1.0, 20_000, 400, 5_000
         args.rss_items = 0
     shapes = args.only or ["dpg", "atari"]
-    from apexrl.codec import TransitionSpec
+    from apexrl.replay.codec import TransitionSpec
 
     rows = []
     extra: list[str] = []

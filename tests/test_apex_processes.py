@@ -12,10 +12,9 @@ import re
 import time
 
 import pytest
+from apexrl.apex.metrics import read_csv
+from apexrl.replay.client import ReplayClient
 from conftest import free_port
-
-from apexrl.client import ReplayClient
-from apexrl.metrics import read_csv
 
 # Small, fast settings: the point is the plumbing, not the learning.
 LEARNER_FAST = [
@@ -141,7 +140,7 @@ def test_learner_killed_and_resumed_continues_its_counters_and_weights(start_ser
     wait_until(lambda: learner_steps(run_dir) >= 120 and os.path.exists(ckpt), 120, "a checkpoint")
     learner.kill9()
 
-    from apexrl.checkpoint import load_checkpoint
+    from apexrl.apex.checkpoint import load_checkpoint
 
     tensors, meta = load_checkpoint(ckpt)
     saved_steps = meta["learner_steps"]

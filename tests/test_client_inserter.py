@@ -10,10 +10,9 @@ import time
 import numpy as np
 import pytest
 import zmq
-
-from apexrl import protocol as P
-from apexrl.client import PipelinedInserter, ReplayClient, ServerTimeoutError
 from apexrl.errors import ReplayTimeout, ServerClosedError
+from apexrl.replay import protocol as P
+from apexrl.replay.client import PipelinedInserter, ReplayClient, ServerTimeoutError
 
 
 def batch(prefix: str, n: int) -> list[bytes]:

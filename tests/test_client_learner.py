@@ -9,13 +9,15 @@ import time
 import numpy as np
 import pytest
 import zmq
-
-from apexrl import protocol as P
-from apexrl.client import AsyncUpdater, LearnerBatch, PrefetchingSampler, ReplayClient
-from apexrl.codec import TransitionSpec
 from apexrl.errors import ReplayTimeout, ServerClosedError, ServerError
-
-
+from apexrl.replay import protocol as P
+from apexrl.replay.client import (
+    AsyncUpdater,
+    LearnerBatch,
+    PrefetchingSampler,
+    ReplayClient,
+)
+from apexrl.replay.codec import TransitionSpec
 
 # ------------------------------------------------------------- process helper (copied from test_server_client)
 

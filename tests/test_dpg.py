@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
-from torch import nn
-
 from apexrl.agents import DPGConfig, DPGLearner, DPGPolicy
-from apexrl.codec import TransitionSpec
 from apexrl.envs.base import EnvSpec
+from apexrl.replay.codec import TransitionSpec
+from torch import nn
 from torch_helpers import one_thread, set_linear  # noqa: F401 - one_thread is an autouse fixture
 
 ONE_D = EnvSpec("test:1d", (1,), np.dtype(np.float32), None, 1, 1, 100)

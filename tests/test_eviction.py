@@ -7,7 +7,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from apexrl import PrioritizedStore
 
 

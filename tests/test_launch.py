@@ -18,11 +18,10 @@ import sys
 import time
 
 import pytest
-
-from apexrl.launch import LaunchConfig, Launcher
-from apexrl.metrics import read_csv
+from apexrl.apex.metrics import read_csv
+from apexrl.launch.local import LaunchConfig, Launcher
+from apexrl.launch.progress import Progress
 from apexrl.plot import episode_curve
-from apexrl.progress import Progress
 
 FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

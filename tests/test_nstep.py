@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from apexrl.codec import FieldSpec, TransitionSpec
-from apexrl.nstep import NStepBuffer, Transition, stack_transitions
+from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
+from apexrl.replay.codec import FieldSpec, TransitionSpec
 
 # step = (reward, terminated, truncated); expected[i] = transitions returned by the i-th add().
 CASES = [

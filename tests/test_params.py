@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 import zmq
-
 from apexrl.errors import ProtocolError, ServerError
-from apexrl.params import (
+from apexrl.params.service import (
     HEADER_SIZE,
     MAGIC,
     REQUEST_MAX_FRAME,

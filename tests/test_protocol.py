@@ -8,11 +8,8 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from apexrl.errors import ProtocolError, ServerError
-from apexrl.protocol import (
+from apexrl.replay.protocol import (
     HEADER_SIZE,
     MAGIC,
     MAX_BATCH,
@@ -37,6 +34,8 @@ from apexrl.protocol import (
     pack_items,
     split_items,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 DERANDOMIZED = settings(derandomize=True, database=None, max_examples=60, deadline=None)
 HEADER = struct.Struct("<4sHHQHHIdI4x")
@@ -668,7 +667,7 @@ def _mutations(frames: list[bytes], rng: random.Random):
 def test_fast_decoders_agree_with_the_full_checks():
     """decode_request / decode_reply take a fast path for well-formed messages; whatever it accepts, the full
     path must accept identically, and whatever it declines, the full path decides (same errors as before)."""
-    from apexrl import protocol as P
+    from apexrl.replay import protocol as P
 
     rng = random.Random(3)
     data, offsets = pack_items([b"abc", b"", b"defgh"])

@@ -10,13 +10,10 @@ import time
 
 import numpy as np
 import pytest
-
 from apexrl.cli.server import parse_args
-from apexrl.client import ReplayClient, ServerTimeoutError
 from apexrl.errors import ReplayTimeout
-from apexrl.server import ServerConfig
-
-
+from apexrl.replay.client import ReplayClient, ServerTimeoutError
+from apexrl.replay.server import ServerConfig
 
 # ------------------------------------------------------------------------------ process helper (copied from
 # tests/test_server_client.py on purpose: the test modules stay independent)
@@ -173,16 +170,25 @@ def test_concurrent_inserter_and_sampler_keep_the_ratio(start_server):
     stop = threading.Event()
     counts = {"inserted": 0, "sampled": 0}
 
+    # Once one side has stopped, the other may wait on it until its call times out: only then is that fine.
     def inserter():
         with ReplayClient(server.endpoint, timeout=5) as c:
             while not stop.is_set():
-                c.insert(np.ones(2), items(2), timeout=3)
+                try:
+                    c.insert(np.ones(2), items(2), timeout=3)
+                except ServerTimeoutError:
+                    assert stop.is_set(), "an insert waited 3 s while the sampler was still sampling"
+                    return
                 counts["inserted"] += 2
 
     def sampler():
         with ReplayClient(server.endpoint, timeout=5) as c:
             while not stop.is_set():
-                counts["sampled"] += len(c.sample(8, timeout=3))
+                try:
+                    counts["sampled"] += len(c.sample(8, timeout=3))
+                except ServerTimeoutError:
+                    assert stop.is_set(), "a sample waited 3 s while the inserter was still inserting"
+                    return
 
     threads = [Background(inserter), Background(sampler)]
     time.sleep(1.0)

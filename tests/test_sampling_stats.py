@@ -11,7 +11,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from apexrl import PrioritizedStore
 
 P_VALUE_FLOOR = 1e-3

@@ -15,10 +15,13 @@ import time
 import numpy as np
 import pytest
 import zmq
-
-from apexrl import protocol as P
-from apexrl.client import ReplayClient, ServerShuttingDownError, ServerTimeoutError
 from apexrl.errors import ReplayTimeout, ServerError
+from apexrl.replay import protocol as P
+from apexrl.replay.client import (
+    ReplayClient,
+    ServerShuttingDownError,
+    ServerTimeoutError,
+)
 
 
 def recv(sock: zmq.Socket, timeout: float = 5.0) -> list[bytes] | None:
@@ -349,7 +352,7 @@ _INSERTER = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from apexrl.client import ReplayClient
+    from apexrl.replay.client import ReplayClient
     endpoint, tag, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     out = {}
     with ReplayClient(endpoint, timeout=10) as c:

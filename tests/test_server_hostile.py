@@ -21,10 +21,9 @@ import time
 
 import numpy as np
 import pytest
-
-from apexrl import protocol as P
-from apexrl.client import ReplayClient
 from apexrl.errors import ProtocolError, ReplayTimeout
+from apexrl.replay import protocol as P
+from apexrl.replay.client import ReplayClient
 
 MiB = 1 << 20
 
@@ -387,7 +386,7 @@ _INSERTER = textwrap.dedent(
     """
     import hashlib, random, sys, time
     import numpy as np
-    from apexrl.client import ReplayClient
+    from apexrl.replay.client import ReplayClient
     r = random.Random(int(sys.argv[2]))
     with ReplayClient(sys.argv[1], timeout=2) as c:
         t_end = time.monotonic() + 20
@@ -448,7 +447,7 @@ _MIXED = textwrap.dedent(
     """
     import hashlib, json, random, sys, time
     import numpy as np
-    from apexrl.client import ReplayClient
+    from apexrl.replay.client import ReplayClient
 
     def run(endpoint, seed, seconds):
         r = random.Random(seed)

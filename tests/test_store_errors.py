@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
+import apexrl
 import numpy as np
 import pytest
-
-import apexrl
 from apexrl import PrioritizedStore
 
 NAN = float("nan")

@@ -9,7 +9,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from apexrl import PrioritizedStore
 
 

@@ -13,11 +13,10 @@ import struct
 
 import numpy as np
 import pytest
+from apexrl import PrioritizedStore
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-
-from apexrl import PrioritizedStore
 
 PRIORITIES = st.one_of(
     st.sampled_from([0.0, 0.5, 1.0, 2.0]),

@@ -11,7 +11,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from apexrl import PrioritizedStore, SnapshotError
 
 CONFIG_FIELDS = ("capacity", "alpha", "shards", "eviction", "alpha_evict", "seed")

@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
 from apexrl import PrioritizedStore
 
 JOIN_TIMEOUT_S = 60.0

@@ -19,7 +19,7 @@ __all__ = ["PrioritizedStore", "ReplayClient", "SampleBatch", "SnapshotError", "
 def __getattr__(name: str):
     # The client pulls in pyzmq; import it on first use so `import apexrl` stays light.
     if name == "ReplayClient":
-        from apexrl.client import ReplayClient
+        from apexrl.replay.client import ReplayClient
 
         return ReplayClient
     raise AttributeError(f"module 'apexrl' has no attribute {name!r}")

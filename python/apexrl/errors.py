@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover - import only for annotations, avoids a cycle
-    from apexrl.protocol import Status
+    from apexrl.replay.protocol import Status
 
 __all__ = ["ApexRLError", "ProtocolError", "ReplayTimeout", "ServerClosedError", "ServerError"]
 

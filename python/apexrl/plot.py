@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from apexrl.metrics import read_csv
+from apexrl.apex.metrics import read_csv
 
 __all__ = ["PlotError", "episode_curve", "plot_runs"]
 

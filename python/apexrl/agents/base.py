@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from apexrl.tensor_spec import describe_mismatch, spec_of
+from apexrl.params.tensors import describe_mismatch, spec_of
 
 __all__ = ["epsilon_ladder"]
 

@@ -49,8 +49,8 @@ from apexrl.agents.base import (
     optimizer_tensors,
 )
 from apexrl.agents.config import DPGConfig
-from apexrl.codec import TransitionSpec
 from apexrl.nets import MLP, build_seeded
+from apexrl.replay.codec import TransitionSpec
 
 if TYPE_CHECKING:
     from apexrl.envs import EnvSpec

@@ -8,7 +8,7 @@ on the Nature-DQN torso for uint8 frame stacks (each stream: 512 ReLU units, the
 for vector observations (linear streams).
 
 Learner update on a sampled batch (s, a, R, D, s') with IS weights w, where R is the n-step return and D holds
-gamma^n (0 when the episode terminated, see apexrl.nstep)::
+gamma^n (0 when the episode terminated, see apexrl.apex.nstep)::
 
     a*         = argmax_a Q_online(s', a)                    double Q: the online net picks,
     td_target  = R + D * Q_target(s', a*)                    the target net evaluates
@@ -52,8 +52,8 @@ from apexrl.agents.base import (
     optimizer_tensors,
 )
 from apexrl.agents.config import DQNConfig
-from apexrl.codec import FieldSpec, TransitionSpec
 from apexrl.nets import MLP, NatureTorso, build_seeded
+from apexrl.replay.codec import FieldSpec, TransitionSpec
 
 if TYPE_CHECKING:
     from apexrl.envs import EnvSpec

@@ -11,7 +11,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from apexrl.cli.args import add_agent_arguments, float_arg, int_arg, resolve_agent, tcp_endpoint
+from apexrl.cli.args import (
+    add_agent_arguments,
+    float_arg,
+    int_arg,
+    resolve_agent,
+    tcp_endpoint,
+)
 
 PROG = "apexrl-actor"
 
@@ -48,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_config(argv: Sequence[str] | None = None):
-    from apexrl.config import ActorConfig
+    from apexrl.apex.config import ActorConfig
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -72,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config, args = parse_config(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from apexrl.actor import run_actor
+    from apexrl.apex.actor import run_actor
 
     try:
         counters = run_actor(config)

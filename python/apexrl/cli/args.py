@@ -69,7 +69,7 @@ def _agent(text: str) -> str:
 
 
 def _preset(text: str) -> str:
-    from apexrl.presets import PRESETS
+    from apexrl.launch.presets import PRESETS
 
     if text not in PRESETS:
         raise argparse.ArgumentTypeError(f"unknown preset {text!r}; valid presets: {', '.join(PRESETS)}")
@@ -90,7 +90,7 @@ def _env(text: str) -> str:
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     """--agent, --env, --preset, --seed and the agent overrides every process of a run must agree on."""
-    from apexrl.presets import PRESETS
+    from apexrl.launch.presets import PRESETS
 
     g = parser.add_argument_group("agent (actors and learner must be given the same values)")
     g.add_argument("--agent", type=_agent, default=None,
@@ -112,7 +112,7 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Any, Any]:
     """(preset, agent_config) from the parsed flags, filling ``args.agent``/``args.env`` from the preset when
     they were not given; errors go through ``parser.error`` (exit 2)."""
-    from apexrl.presets import default_preset_for, get_preset
+    from apexrl.launch.presets import default_preset_for, get_preset
 
     if args.preset is None and (args.agent is None or args.env is None):
         parser.error("give --agent and --env, or --preset")

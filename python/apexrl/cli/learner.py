@@ -11,7 +11,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from apexrl.cli.args import add_agent_arguments, float_arg, int_arg, resolve_agent, tcp_endpoint
+from apexrl.cli.args import (
+    add_agent_arguments,
+    float_arg,
+    int_arg,
+    resolve_agent,
+    tcp_endpoint,
+)
 
 PROG = "apexrl-learner"
 
@@ -57,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_config(argv: Sequence[str] | None = None):
-    from apexrl.config import LearnerConfig
+    from apexrl.apex.config import LearnerConfig
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -80,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config, args = parse_config(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from apexrl.checkpoint import CheckpointError
-    from apexrl.learner import run_learner
+    from apexrl.apex.checkpoint import CheckpointError
+    from apexrl.apex.learner import run_learner
 
     try:
         summary = run_learner(config)

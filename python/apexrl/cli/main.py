@@ -1,7 +1,7 @@
 """``apexrl``: the one command a user needs (also ``python -m apexrl``).
 
 ``apexrl run`` starts a whole Ape-X system on this machine (replay server, learner, N actors; see
-:mod:`apexrl.launch`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`).
+:mod:`apexrl.launch.local`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`).
 Flags are validated here, with the same parsers the child processes use, so a run never starts only to have
 its children refuse their flags.
 """
@@ -21,7 +21,7 @@ ACTOR_LOG_EVERY = 5.0
 
 
 def _presets_epilog() -> str:
-    from apexrl.presets import PRESETS
+    from apexrl.launch.presets import PRESETS
 
     width = max(map(len, PRESETS))
     rows = [f"  {p.name:<{width}}  {p.description} [{p.env}, {p.actors} actors, {p.minutes:g} min]"
@@ -108,10 +108,10 @@ def _fill_agent_defaults(args: argparse.Namespace) -> None:
 
 def launch_config(argv: Sequence[str] | None = None):
     """Parse ``apexrl run`` flags into a :class:`~apexrl.launch.LaunchConfig` (exit 2 on bad flags)."""
+    from apexrl.apex.learner import default_run_dir
     from apexrl.cli import actor as actor_cli
     from apexrl.cli import learner as learner_cli
-    from apexrl.launch import LaunchConfig
-    from apexrl.learner import default_run_dir
+    from apexrl.launch.local import LaunchConfig
 
     run_parser = _fill_run_parser(argparse.ArgumentParser(prog=f"{PROG} run", **_run_kwargs()))
     args = run_parser.parse_args(argv)
@@ -153,7 +153,7 @@ def launch_config(argv: Sequence[str] | None = None):
 
 
 def run_main(argv: Sequence[str]) -> int:
-    from apexrl.launch import Launcher
+    from apexrl.launch.local import Launcher
 
     config, preset, args = launch_config(argv)
     limits = [f"{config.minutes:g} min" if config.minutes else "no time limit"]

@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from apexrl.server import ReplayServer, ServerConfig, SnapshotLoadError
+    from apexrl.replay.server import ReplayServer, ServerConfig, SnapshotLoadError
 
     config = ServerConfig(
         bind=args.bind, port=args.port, capacity=args.capacity, alpha=args.alpha, eviction=args.eviction,
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        logging.getLogger("apexrl.server").info("received %s, shutting down", signal.Signals(signum).name)
+        logging.getLogger("apexrl.replay.server").info("received %s, shutting down", signal.Signals(signum).name)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -1,7 +1,7 @@
 """Typed configuration of the actor and learner processes (the CLIs parse flags into these).
 
 Agent hyperparameters (network sizes, n-step, γ, optimiser) live in the agents' own configs
-(:class:`apexrl.agents.DQNConfig`, :class:`apexrl.agents.DPGConfig`); a :mod:`preset <apexrl.presets>` fills
+(:class:`apexrl.agents.DQNConfig`, :class:`apexrl.agents.DPGConfig`); a :mod:`preset <apexrl.launch.presets>` fills
 all of them with coherent values, and flags override single fields.
 """
 

@@ -46,9 +46,9 @@ import safetensors.torch
 import torch
 import zmq
 
-from apexrl.dealer import DealerClient
 from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, ServerError
-from apexrl.tensor_spec import TensorSpec, describe_mismatch, spec_of
+from apexrl.params.tensors import TensorSpec, describe_mismatch, spec_of
+from apexrl.replay.transport import DealerClient
 
 __all__ = [
     "HEADER_SIZE",
@@ -68,7 +68,7 @@ __all__ = [
     "spec_of",
 ]
 
-log = logging.getLogger("apexrl.params")
+log = logging.getLogger("apexrl.params.service")
 
 MAGIC = b"APXP"
 PROTOCOL_VERSION = 1

@@ -2,7 +2,7 @@
 
 :class:`Launcher` picks free ports on 127.0.0.1, starts ``apexrl-replay-server``, ``apexrl-learner`` and the
 actors (``python -m apexrl.cli.*``) with their output in ``RUN_DIR/logs/NAME.log``, prints live progress
-(:mod:`apexrl.progress`) and stops everything at the end.
+(:mod:`apexrl.launch.progress`) and stops everything at the end.
 
 Supervision (DESIGN §7). Any child that exits while the run is going on is restarted with the same flags, on
 the same ports, after a back-off (1 s, doubling per exit within the last minute, at most 30 s): an actor as it
@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from apexrl.progress import LogTail, Progress, format_duration
+from apexrl.launch.progress import LogTail, Progress, format_duration
 
 __all__ = ["ChildSpec", "LaunchConfig", "Launcher", "free_ports"]
 

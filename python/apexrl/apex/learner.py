@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from apexrl.checkpoint import load_checkpoint, save_checkpoint
-from apexrl.client import ReplayClient
-from apexrl.config import LearnerConfig
-from apexrl.errors import ApexRLError, ReplayTimeout
-from apexrl.metrics import CSVWriter, Mean
+from apexrl.apex.checkpoint import load_checkpoint, save_checkpoint
+from apexrl.apex.config import LearnerConfig
+from apexrl.apex.metrics import CSVWriter, Mean
+from apexrl.errors import ApexRLError
+from apexrl.replay.client import ReplayClient
 
-log = logging.getLogger("apexrl.learner")
+log = logging.getLogger("apexrl.apex.learner")
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 METRICS_NAME = "metrics.csv"
@@ -79,9 +79,9 @@ def _evaluate(conn: Any, agent: str, env: str, agent_config: Any, seed: int, epi
     back ``(mean, std, episodes)``; exits on ``None`` or when the learner's end of the pipe closes."""
     import signal as _signal
 
-    from apexrl.actor import make_policy
+    from apexrl.apex.actor import make_policy
     from apexrl.envs import make_env
-    from apexrl.params import deserialize_tensors
+    from apexrl.params.service import deserialize_tensors
 
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a terminal's Ctrl-C is the learner's to handle
     if nice:
@@ -137,7 +137,7 @@ class Evaluator:
         return self._busy
 
     def start(self, weights: dict[str, torch.Tensor]) -> None:
-        from apexrl.params import serialize_tensors
+        from apexrl.params.service import serialize_tensors
 
         if self._busy:
             return
@@ -186,7 +186,7 @@ class Evaluator:
 class Learner:
     def __init__(self, config: LearnerConfig):
         from apexrl.envs import env_spec
-        from apexrl.params import ParamServer
+        from apexrl.params.service import ParamServer
 
         self.config = config
         torch.set_num_threads(config.torch_threads)

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from apexrl.codec import TransitionSpec
+from apexrl.replay.codec import TransitionSpec
 
 __all__ = ["NStepBuffer", "Transition", "stack_transitions"]
 

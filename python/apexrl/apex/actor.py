@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from apexrl.client import ReplayClient, ServerTimeoutError
-from apexrl.config import ActorConfig
+from apexrl.apex.config import ActorConfig
+from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
 from apexrl.errors import ReplayTimeout, ServerClosedError
-from apexrl.nstep import NStepBuffer, Transition, stack_transitions
+from apexrl.replay.client import ReplayClient, ServerTimeoutError
 
-log = logging.getLogger("apexrl.actor")
+log = logging.getLogger("apexrl.apex.actor")
 
 _RETRY_MIN, _RETRY_MAX = 0.05, 2.0
 _RATE_LIMIT_WAIT = 5.0  # seconds the server may hold an insert for its rate limiter before answering TIMEOUT
@@ -57,7 +57,7 @@ class Actor:
 
     def __init__(self, config: ActorConfig):
         from apexrl.envs import make_env
-        from apexrl.params import ParamClient, ParamPoller
+        from apexrl.params.service import ParamClient, ParamPoller
 
         if not 0 <= config.index < config.num_actors:
             raise ValueError(f"index must be in [0, num_actors={config.num_actors}), got {config.index}")

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import zmq
 
-from apexrl import protocol as P
-from apexrl.dealer import DealerClient
 from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, ServerError
+from apexrl.replay import protocol as P
+from apexrl.replay.transport import DealerClient
 
 __all__ = [
     "AsyncUpdater",

@@ -85,8 +85,8 @@ import math
 import os
 import queue
 import threading
-from collections import deque
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -94,12 +94,12 @@ import numpy as np
 import zmq
 
 from apexrl import PrioritizedStore
-from apexrl import protocol as P
 from apexrl.errors import ApexRLError, ProtocolError
+from apexrl.replay import protocol as P
 
 __all__ = ["ReplayServer", "ServerConfig", "SnapshotLoadError"]
 
-log = logging.getLogger("apexrl.server")
+log = logging.getLogger("apexrl.replay.server")
 
 _EPS = 1e-9
 _DEFER_POLL_S = 0.01

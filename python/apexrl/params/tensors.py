@@ -1,6 +1,6 @@
 """Names, dtypes and shapes of a dict of tensors, and one message for how two such dicts differ.
 
-Used wherever named tensors cross a boundary: weights an actor receives (``apexrl.params``), the policy and
+Used wherever named tensors cross a boundary: weights an actor receives (``apexrl.params.service``), the policy and
 checkpoint dicts the agents load (``apexrl.agents``).
 """
 

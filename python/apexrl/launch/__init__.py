@@ -1,0 +1,1 @@
+"""Running a whole Ape-X system: presets, the typed run plan, the local process launcher and its progress."""
