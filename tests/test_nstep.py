@@ -224,8 +224,16 @@ def test_stack_rejects_wrong_shape_and_fields():
     spec = TransitionSpec.dpg(3, 2)
     with pytest.raises(ValueError, match="transition 0: field 'obs' has shape"):
         stack_transitions(transitions(lambda i: np.zeros(4), lambda i: np.zeros(2)), spec)
-    with pytest.raises(ValueError, match="not the transition fields"):
+    with pytest.raises(ValueError, match=r"spec fields \['x'\] are not n-step transition fields"):
         stack_transitions([], TransitionSpec([FieldSpec("x", "f4")]))
+
+
+def test_stack_takes_only_the_fields_the_spec_names():
+    # An agent's spec decides the fields: one that stores no next_obs (e.g. frames rebuilt elsewhere) is fine.
+    spec = TransitionSpec([FieldSpec("obs", "f4", (2,)), FieldSpec("reward", "f4")])
+    b = stack_transitions(transitions(lambda i: np.array([i, i], np.float32), lambda i: i), spec)
+    assert list(b) == ["obs", "reward"]
+    np.testing.assert_array_equal(b["reward"], [0.0, 0.5, 1.0])
 
 
 # -- errors -----------------------------------------------------------------------------------------------------

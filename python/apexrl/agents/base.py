@@ -1,179 +1,166 @@
-"""Pieces both agents share: the exploration ladder, flat named-tensor state (checkpoints and actor weights),
-and batch conversion.
+"""The agent seam: what the actor and the learner call (``Policy``, ``Agent``), and the registry of agents.
 
-Flat state. Checkpoints and weight messages are ``dict[str, torch.Tensor]`` that safetensors can store: CPU,
-contiguous, every tensor its own storage (cloned), no Python objects. Names are ``/``-paths:
+An agent is one module that defines a config class, a learner side, an actor side and the environments it
+accepts, and ends with an :class:`AgentDef`; one line in :mod:`apexrl.agents` (or, outside this package, one
+``apexrl.agents`` entry point naming the ``AgentDef``) registers it. The actor, the learner, the presets, the
+run plan and every command line then know it by name: nothing else lists agents.
 
-    <net>/<parameter name>          e.g. ``q_net/torso.layers.0.weight``, ``target_critic/out.weight``
-    optim/<net>/<i>/<state key>     torch optimizer state of the i-th parameter of ``<net>``'s optimizer, e.g.
-                                    ``optim/critic/3/exp_avg``, ``optim/q_net/0/step`` (scalar)
-    steps                           int64 scalar: learner updates done
-
-An optimizer's entries are either all absent (no update yet) or complete. Loading checks names, shapes and
-dtypes first and changes nothing on a mismatch (ValueError naming every missing, unexpected and mismatched
-entry); optimizer hyper-parameters come from the config, never from the checkpoint.
+The replay never sees an agent: actors encode transitions with the agent's :class:`TransitionSpec` and the
+learner decodes them with the same spec, so fields, dtypes and compression are the agent's choice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-import torch
-from torch import nn
 
-from apexrl.params.tensors import describe_mismatch, spec_of
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["epsilon_ladder"]
+    from apexrl.envs import EnvSpec
+    from apexrl.replay.codec import TransitionSpec
+
+__all__ = ["AGENTS", "ENTRY_POINT_GROUP", "Agent", "AgentDef", "Policy", "agent_names", "get_agent"]
+
+ENTRY_POINT_GROUP = "apexrl.agents"
+"""Entry points of this group name an :class:`AgentDef` of another distribution (loaded on first lookup)."""
 
 
-def epsilon_ladder(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
-    """Exploration rate of actor ``i`` of ``n`` (Ape-X): ``eps_i = base ** (1 + alpha * i / (n - 1))``.
+@runtime_checkable
+class Policy(Protocol):
+    """The actor's side of an agent: acts, scores its own transitions, loads the learner's weights.
 
-    Actor 0 explores most (``base``), actor ``n - 1`` least (``base ** (1 + alpha)``); ``n == 1`` gives ``base``.
-
-    Raises:
-      ValueError: ``n < 1`` or ``i`` outside ``[0, n)``.
+    Single-threaded: one actor (or evaluation process) owns it.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"number of actors n must be an int >= 1, got {n!r}")
-    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
-        raise ValueError(f"actor index i must be an int in [0, {n}), got {i!r}")
-    if n == 1:
-        return float(base)
-    return float(base ** (1.0 + alpha * i / (n - 1)))
+
+    transition_spec: TransitionSpec
+    """Fields of the transitions this policy's actor inserts (the learner decodes with the same spec)."""
+
+    def act(self, obs: np.ndarray, explore: bool = True) -> Any:
+        """The action for one observation; ``explore=False`` is the evaluation action (greedy, noiseless)."""
+        ...
+
+    def initial_priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Priorities (float64, finite, >= 0) of a batch of transitions, computed with the local networks."""
+        ...
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights an actor needs, as flat named CPU tensors."""
+        ...
+
+    def load_policy_state_dict(self, d: Mapping[str, torch.Tensor]) -> None:
+        """Load the learner's ``policy_state_dict``; ValueError (changing nothing) on names/shapes/dtypes."""
+        ...
 
 
-# -- flat named tensors ----------------------------------------------------------------------------------------
+@runtime_checkable
+class Agent(Protocol):
+    """The learner's side of an agent: one gradient step per sampled batch, weights for actors, checkpoints.
+
+    Single-threaded: the learner's loop owns it.
+    """
+
+    transition_spec: TransitionSpec
+    metric_names: tuple[str, ...]
+    """Keys of the metrics dict ``update`` returns: fixed columns of metrics.csv."""
+    steps: int
+    """Updates done (restored from checkpoints)."""
+
+    def update(self, batch: Mapping[str, np.ndarray], weights: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        """One step on a decoded batch with IS weights; returns (new priorities float64, metrics)."""
+        ...
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """What ``Policy.load_policy_state_dict`` loads."""
+        ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything a checkpoint needs to resume (networks, optimisers, ``steps``), flat named tensors."""
+        ...
+
+    def load_state_dict(self, d: Mapping[str, torch.Tensor]) -> None:
+        """Restore a ``state_dict``; ValueError (changing nothing) on a mismatch."""
+        ...
 
 
-def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", copy=True).contiguous()
+@dataclass(frozen=True)
+class AgentDef:
+    """One registered agent: everything the actor, the learner, the presets and the CLIs need to know."""
+
+    name: str
+    """``--agent`` value, a key of :data:`AGENTS`."""
+    description: str
+    """One line for ``--help``."""
+    config_class: type
+    """Frozen dataclass of the agent's hyper-parameters; must have ``n_step``, ``gamma`` and ``batch_size``
+    (the actor's n-step adder and the learner's sampler read them) and validate itself on construction."""
+    check_env: Callable[[EnvSpec], None]
+    """Raises ValueError saying why when the agent cannot run on an environment."""
+    make_learner: Callable[[EnvSpec, Any, torch.device, int], Agent]
+    """``(env_spec, config, device, seed) -> Agent``."""
+    make_policy: Callable[[EnvSpec, Any, int, int, int], Policy]
+    """``(env_spec, config, index, num_actors, seed) -> Policy`` for actor ``index`` of ``num_actors`` (its
+    exploration); the evaluation process asks for actor 0 of 1 and acts with ``explore=False``."""
+
+    def accepts(self, env_spec: EnvSpec) -> str | None:
+        """None when the agent runs on ``env_spec``, else the reason it does not."""
+        try:
+            self.check_env(env_spec)
+        except ValueError as e:
+            return str(e)
+        return None
 
 
-def module_tensors(prefix: str, module: nn.Module) -> dict[str, torch.Tensor]:
-    """``{prefix/name: CPU copy}`` for every parameter and buffer of ``module``."""
-    return {f"{prefix}/{k}": _cpu_copy(v) for k, v in module.state_dict().items()}
+class _Registry(dict):
+    """``dict[str, AgentDef]`` that also loads the ``apexrl.agents`` entry points on first lookup."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._plugins_loaded = False
+        self._lock = threading.Lock()
+
+    def register(self, agent: AgentDef) -> AgentDef:
+        if not isinstance(agent, AgentDef):
+            raise TypeError(f"expected an AgentDef, got {type(agent).__name__}")
+        known = dict.get(self, agent.name)
+        if known is not None and known is not agent:
+            raise ValueError(f"agent {agent.name!r} is already registered")
+        self[agent.name] = agent
+        return agent
+
+    def load_plugins(self) -> None:
+        with self._lock:
+            if self._plugins_loaded:
+                return
+            self._plugins_loaded = True
+            from importlib.metadata import entry_points
+
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                agent = ep.load()
+                if not isinstance(agent, AgentDef) or agent.name != ep.name:
+                    raise TypeError(f"entry point {ep.name} = {ep.value} must name an AgentDef called {ep.name!r}")
+                self.register(agent)
 
 
-def module_layout(prefix: str, module: nn.Module) -> dict[str, torch.Tensor]:
-    """Like ``module_tensors`` but as meta tensors (names, shapes, dtypes only; no copy): what to check against."""
-    return {f"{prefix}/{k}": torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in module.state_dict().items()}
+AGENTS = _Registry()
+"""Every known agent by name; :mod:`apexrl.agents` registers the built-in ones."""
 
 
-def check_tensors(expected: Mapping[str, torch.Tensor], got: Mapping[str, Any], what: str) -> None:
-    """Raise ValueError naming every missing, unexpected and mismatched (shape/dtype) entry unless ``got``
-    has exactly ``expected``'s names, shapes and dtypes."""
-    if not isinstance(got, Mapping):
-        raise ValueError(f"{what}: expected a dict of named tensors, got {type(got).__name__}")
-    msg = describe_mismatch(spec_of(expected), got)
-    if msg:
-        raise ValueError(f"{what}: {msg}")
+def agent_names() -> list[str]:
+    """Names of every registered agent (built-in first, then plugins)."""
+    import apexrl.agents  # noqa: F401  (registers the built-in agents)
+
+    AGENTS.load_plugins()
+    return list(AGENTS)
 
 
-def check_steps(steps: torch.Tensor) -> None:
-    """The checkpoint's ``steps`` counter must be a non-negative int64 scalar."""
-    if int(steps) < 0:
-        raise ValueError(f"checkpoint: steps = {int(steps)}, expected >= 0")
-
-
-def load_module_tensors(prefix: str, module: nn.Module, d: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``d[prefix/name]`` into ``module`` (already checked by the caller)."""
-    n = len(prefix) + 1
-    module.load_state_dict({k[n:]: v for k, v in d.items() if k.startswith(prefix + "/")}, strict=True)
-
-
-def _optimizer_layout(opt: torch.optim.Optimizer) -> dict[str, bool]:
-    """The state keys this optimizer keeps per parameter -> whether the entry has the parameter's shape
-    (True) or is a scalar (False). Found by one step of a throwaway copy on a 2-element parameter, so it follows
-    whatever this torch version stores (e.g. RMSprop centered: step, square_avg, grad_avg)."""
-    probe = torch.zeros(2, requires_grad=True)
-    hyper = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
-    twin = type(opt)([probe], **hyper)
-    probe.grad = torch.zeros(2)
-    twin.step()
-    return {k: (isinstance(v, torch.Tensor) and tuple(v.shape) == (2,)) for k, v in twin.state[probe].items()}
-
-
-def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in opt.param_groups for p in group["params"]]
-
-
-def optimizer_tensors(prefix: str, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """Flatten ``opt``'s per-parameter state into ``{optim/prefix/i/key: tensor}`` (empty before any step)."""
-    out: dict[str, torch.Tensor] = {}
-    for i, p in enumerate(_params(opt)):
-        for key, value in opt.state.get(p, {}).items():
-            out[f"optim/{prefix}/{i}/{key}"] = _cpu_copy(torch.as_tensor(value))
-    return out
-
-
-def expected_optimizer_tensors(
-    prefix: str, opt: torch.optim.Optimizer, present: Iterable[str]
-) -> dict[str, torch.Tensor]:
-    """The optimizer entries a checkpoint must hold, as empty tensors with the right shape/dtype: none when
-    ``present`` (the checkpoint's names) has no ``optim/prefix/`` entry, all of them otherwise."""
-    tag = f"optim/{prefix}/"
-    if not any(k.startswith(tag) for k in present):
-        return {}
-    layout = _optimizer_layout(opt)
-    out = {}
-    for i, p in enumerate(_params(opt)):
-        for key, param_shaped in layout.items():
-            shape = tuple(p.shape) if param_shaped else ()
-            dtype = p.dtype if param_shaped else torch.float32
-            out[f"{tag}{i}/{key}"] = torch.empty(shape, dtype=dtype, device="meta")
-    return out
-
-
-def load_optimizer_tensors(prefix: str, opt: torch.optim.Optimizer, d: Mapping[str, torch.Tensor]) -> None:
-    """Restore the state flattened by ``optimizer_tensors`` into ``opt`` (hyper-parameters stay ``opt``'s own).
-    The checkpoint was checked by the caller against ``expected_optimizer_tensors``."""
-    tag = f"optim/{prefix}/"
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for name, value in d.items():
-        if name.startswith(tag):
-            i, key = name[len(tag) :].split("/", 1)
-            state.setdefault(int(i), {})[key] = value.clone()
-    sd = opt.state_dict()
-    opt.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
-
-
-# -- batches ---------------------------------------------------------------------------------------------------
-
-
-def as_tensor(x: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """numpy -> tensor on ``device`` (no copy on the CPU when the dtype already matches)."""
-    t = torch.as_tensor(np.ascontiguousarray(x))
-    return t.to(device=device, dtype=dtype or t.dtype, non_blocking=True)
-
-
-def check_batch(batch: Mapping[str, np.ndarray], weights: np.ndarray | None = None) -> int:
-    """Batch size of a transition batch; ValueError when a field is missing or the sizes disagree."""
-    names = ("obs", "action", "reward", "discount", "next_obs")
-    missing = [k for k in names if k not in batch]
-    if missing:
-        raise ValueError(f"batch is missing field(s) {missing}; expected {list(names)}")
-    sizes = {k: len(batch[k]) for k in names}
-    if weights is not None:
-        sizes["weights"] = len(weights)
-    if len(set(sizes.values())) != 1:
-        raise ValueError(f"batch fields have different leading sizes: {sizes}")
-    n = sizes["obs"]
-    if n == 0:
-        raise ValueError("empty batch")
-    if weights is not None and not np.all(np.isfinite(weights)):
-        raise ValueError("IS weights must be finite")
-    return n
-
-
-def finite_priorities(td_abs: torch.Tensor, eps: float) -> np.ndarray:
-    """``|delta| + eps`` as float64 numpy; ValueError if any is not finite (a diverged network must not poison
-    the replay's priorities)."""
-    p = td_abs.detach().to("cpu", torch.float64).numpy() + eps
-    if not np.all(np.isfinite(p)):
-        raise ValueError(f"non-finite TD errors ({int(np.sum(~np.isfinite(p)))} of {p.size}): the network diverged")
-    return p
-
-
+def get_agent(name: str) -> AgentDef:
+    """The agent called ``name``; ValueError listing the valid names otherwise."""
+    names = agent_names()
+    if name not in AGENTS:
+        raise ValueError(f"unknown agent {name!r}; valid agents: {', '.join(names)}")
+    return AGENTS[name]

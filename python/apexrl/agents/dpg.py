@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from apexrl.agents.base import (
+from apexrl.agents.base import AgentDef
+from apexrl.agents.common import (
     as_tensor,
     check_batch,
     check_steps,
@@ -162,7 +163,7 @@ class DPGLearner:
         ``actor_loss``, ``q_mean`` (mean Q(s, a) before the step) and ``td_abs_mean``. Copies both target
         networks after every ``target_update_period``-th update.
         """
-        check_batch(batch, weights)
+        check_batch(batch, self.transition_spec.names, weights)
         dev = self.device
         obs, action, next_obs = _f32(batch["obs"], dev), _f32(batch["action"], dev), _f32(batch["next_obs"], dev)
         reward, discount, w = _f32(batch["reward"], dev), _f32(batch["discount"], dev), _f32(weights, dev)
@@ -283,7 +284,7 @@ class DPGPolicy:
     def initial_priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """``|R + D * Q(s', pi(s')) - Q(s, a)| + priority_eps`` with the local actor and critic (no target
         networks on actors), for a whole batch at once (float64)."""
-        check_batch(batch)
+        check_batch(batch, self.transition_spec.names)
         dev = self.device
         next_obs = _f32(batch["next_obs"], dev)
         q_next = self.critic(next_obs, self.actor(next_obs))
@@ -300,3 +301,18 @@ class DPGPolicy:
         check_tensors(expected, d, "DPG policy weights")
         load_module_tensors("actor", self.actor, d)
         load_module_tensors("critic", self.critic, d)
+
+
+def _policy(env_spec: EnvSpec, config: DPGConfig, index: int, num_actors: int, seed: int) -> DPGPolicy:
+    """Every actor uses the config's noise; evaluation acts without it (``explore=False``)."""
+    return DPGPolicy(env_spec, config, sigma=config.noise_sigma, seed=seed)
+
+
+AGENT = AgentDef(
+    name="dpg",
+    description="Ape-X DPG: deterministic actor-critic, n-step targets (continuous actions)",
+    config_class=DPGConfig,
+    check_env=_dims,
+    make_learner=lambda env_spec, config, device, seed: DPGLearner(env_spec, config, device=device, seed=seed),
+    make_policy=_policy,
+)

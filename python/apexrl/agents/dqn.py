@@ -38,11 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from apexrl.agents.base import (
+from apexrl.agents.base import AgentDef
+from apexrl.agents.common import (
     as_tensor,
     check_batch,
     check_steps,
     check_tensors,
+    epsilon_ladder,
     expected_optimizer_tensors,
     finite_priorities,
     load_module_tensors,
@@ -175,7 +177,7 @@ class DQNLearner:
         ``td_abs_mean``, ``q_mean`` (mean Q_online(s, a)) and ``grad_norm`` (before clipping), all computed
         before the step. Copies the target network after every ``target_update_period``-th update.
         """
-        check_batch(batch, weights)
+        check_batch(batch, self.transition_spec.names, weights)
         dev = self.device
         obs, next_obs = _obs_tensor(batch["obs"], dev), _obs_tensor(batch["next_obs"], dev)
         action = as_tensor(batch["action"], dev, torch.int64)
@@ -287,7 +289,7 @@ class DQNPolicy:
     def initial_priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """``|R + D * Q(s', argmax_a Q(s', a)) - Q(s, a)| + priority_eps`` with the local network as both online
         and target network, for a whole batch at once (float64)."""
-        check_batch(batch)
+        check_batch(batch, self.transition_spec.names)
         dev = self.device
         q = self.q_net(_obs_tensor(batch["obs"], dev))
         q = q.gather(1, as_tensor(batch["action"], dev, torch.int64).unsqueeze(1)).squeeze(1)
@@ -303,3 +305,19 @@ class DQNPolicy:
         """Load the learner's ``policy_state_dict``; ValueError naming wrong names/shapes changes nothing."""
         check_tensors(module_layout("q_net", self.q_net), d, "DQN policy weights")
         load_module_tensors("q_net", self.q_net, d)
+
+
+def _policy(env_spec: EnvSpec, config: DQNConfig, index: int, num_actors: int, seed: int) -> DQNPolicy:
+    """Actor ``index`` of ``num_actors`` explores with the Ape-X epsilon ladder."""
+    eps = epsilon_ladder(index, num_actors, config.epsilon_base, config.epsilon_alpha)
+    return DQNPolicy(env_spec, config, epsilon=eps, seed=seed)
+
+
+AGENT = AgentDef(
+    name="dqn",
+    description="Ape-X DQN: dueling double-Q network, n-step targets (discrete actions)",
+    config_class=DQNConfig,
+    check_env=_check_env,
+    make_learner=lambda env_spec, config, device, seed: DQNLearner(env_spec, config, device=device, seed=seed),
+    make_policy=_policy,
+)

@@ -24,13 +24,14 @@ import os
 import signal
 import threading
 import time
-from typing import Any
 
 import numpy as np
 import torch
 
+from apexrl.agents import get_agent
 from apexrl.apex.config import ActorConfig
 from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
+from apexrl.apex.report import ProgressReporter
 from apexrl.errors import ReplayTimeout, ServerClosedError
 from apexrl.replay.client import ReplayClient, ServerTimeoutError
 
@@ -38,18 +39,6 @@ log = logging.getLogger("apexrl.apex.actor")
 
 _RETRY_MIN, _RETRY_MAX = 0.05, 2.0
 _RATE_LIMIT_WAIT = 5.0  # seconds the server may hold an insert for its rate limiter before answering TIMEOUT
-
-
-def make_policy(agent: str, env_spec: Any, agent_config: Any, index: int, num_actors: int, seed: int) -> Any:
-    """The actor-side policy of agent ``agent`` with actor ``index``'s exploration."""
-    from apexrl.agents import DPGPolicy, DQNPolicy, epsilon_ladder
-
-    if agent == "dqn":
-        eps = epsilon_ladder(index, num_actors, agent_config.epsilon_base, agent_config.epsilon_alpha)
-        return DQNPolicy(env_spec, agent_config, epsilon=eps, seed=seed)
-    if agent == "dpg":
-        return DPGPolicy(env_spec, agent_config, sigma=agent_config.noise_sigma, seed=seed)
-    raise ValueError(f"unknown agent {agent!r}; valid agents: dqn, dpg")
 
 
 class Actor:
@@ -66,8 +55,8 @@ class Actor:
         torch.set_num_threads(config.torch_threads)
         self.env = make_env(config.env, seed=self.seed)
         self.spec = self.env.spec
-        self.policy = make_policy(config.agent, self.spec, config.agent_config, config.index, config.num_actors,
-                                  self.seed)
+        self.policy = get_agent(config.agent).make_policy(self.spec, config.agent_config, config.index,
+                                                          config.num_actors, self.seed)
         self.transition_spec = self.policy.transition_spec
         self.nstep = NStepBuffer(config.agent_config.n_step, config.agent_config.gamma)
         self.replay = ReplayClient(config.replay, timeout=config.replay_timeout)
@@ -80,6 +69,7 @@ class Actor:
         self.counters = {"steps": 0, "frames": 0, "episodes": 0, "inserted": 0, "insert_retries": 0,
                          "rate_limited": 0}
         self._returns: list[float] = []
+        self.report = ProgressReporter("actor", config.progress_path, prefix=False)
         self._episodes_file = None
         self._episodes_csv = None
         if config.episodes_csv:
@@ -100,6 +90,7 @@ class Actor:
         self.replay.close()
         self.params.close()
         self.env.close()
+        self.report.close()
         if self._episodes_file is not None:
             self._episodes_file.close()
 
@@ -204,16 +195,13 @@ class Actor:
     def _log_progress(self, elapsed: float) -> None:
         c, p = self.counters, self.poller.stats()
         recent = self._returns[-10:]
-        mean = f"{np.mean(recent):.1f}" if recent else "-"
-        # One parseable line per interval (the launcher reads these).
-        print(
-            f"actor={self.config.index} time_s={elapsed:.1f} steps={c['steps']} frames={c['frames']} "
-            f"episodes={c['episodes']} return_mean10={mean} inserted={c['inserted']} "
-            f"steps_per_s={c['steps'] / max(elapsed, 1e-9):.0f} params_version={p['version']} "
-            f"insert_retries={c['insert_retries']} rate_limited={c['rate_limited']} "
-            f"param_timeouts={p['timeouts']} param_mismatches={p['mismatches']}",
-            flush=True,
-        )
+        self.report.emit({
+            "actor": self.config.index, "time_s": round(elapsed, 1), "steps": c["steps"], "frames": c["frames"],
+            "episodes": c["episodes"], "return_mean10": float(np.mean(recent)) if recent else None,
+            "inserted": c["inserted"], "steps_per_s": round(c["steps"] / max(elapsed, 1e-9), 1),
+            "params_version": p["version"], "insert_retries": c["insert_retries"],
+            "rate_limited": c["rate_limited"], "param_timeouts": p["timeouts"], "param_mismatches": p["mismatches"],
+        })
 
 
 def run_actor(config: ActorConfig) -> dict[str, int]:

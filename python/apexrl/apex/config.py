@@ -7,57 +7,79 @@ all of them with coherent values, and flags override single fields.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from apexrl.replay.config import STORE_INT_MAX
+from apexrl.validate import Range, check_fields
+
+__all__ = ["MAX_ACTORS", "RUN_SEED_MAX", "ActorConfig", "LearnerConfig", "config_from_dict", "config_to_dict", "default_run_dir"]
+
+MAX_ACTORS = 4096
+"""Most actors one run addresses (the exploration ladder and the actors' seeds are per index)."""
+RUN_SEED_MAX = 2**32 - 1
+"""A run's seed is 32-bit, so every seed derived from it (actor i: seed * 10007 + i, the store's, the learner's)
+fits the 64-bit generators of numpy, torch and the store."""
 
 
 @dataclass
 class ActorConfig:
     agent: str
-    """"dqn" or "dpg"."""
+    """A registered agent's name (``apexrl.agents.agent_names()``)."""
     env: str
     """Environment name, e.g. "gym:CartPole-v1" (see apexrl.envs.env_names())."""
     replay: str
     """Replay server endpoint, tcp://HOST:PORT."""
     params: str
     """The learner's parameter service endpoint, tcp://HOST:PORT."""
-    index: int = 0
+    index: int = field(default=0, metadata=Range.int(0, MAX_ACTORS - 1))
     """This actor's index i in [0, num_actors): sets ε_i = 0.4^(1 + 7·i/(N−1)) and the seed offset."""
-    num_actors: int = 1
+    num_actors: int = field(default=1, metadata=Range.int(1, MAX_ACTORS))
     """N, the number of actors in the run."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=Range.int(0, RUN_SEED_MAX))
     """Base seed; the actor uses seed * 10007 + index for its environment and exploration."""
     agent_config: Any = None
-    """The agent's config (DQNConfig / DPGConfig); must match the learner's networks."""
-    flush_every: int = 50
+    """The agent's config (an instance of its ``config_class``; None: its defaults); must match the learner's."""
+    flush_every: int = field(default=50, metadata=Range.int(1, 100_000))
     """B: transitions per insert request (the paper's local buffer size)."""
-    params_every_frames: int = 400
+    params_every_frames: int = field(default=400, metadata=Range.int(1))
     """Ask the learner for new weights every this many environment frames."""
-    max_steps: int = 0
+    max_steps: int = field(default=0, metadata=Range.int(0))
     """Stop after this many agent steps (0: run until SIGTERM/SIGINT)."""
-    replay_timeout: float = 10.0
+    replay_timeout: float = field(default=10.0, metadata=Range.float(0.0, lo_open=True))
     """Seconds to wait for one reply from the replay server before retrying."""
-    params_timeout: float = 5.0
+    params_timeout: float = field(default=5.0, metadata=Range.float(0.0, lo_open=True))
     """Seconds to wait for one reply from the parameter service."""
-    wait_for_params: float = 120.0
+    wait_for_params: float = field(default=120.0, metadata=Range.float(0.0))
     """Seconds to wait for the learner's first weights before acting with the actor's own initial ones."""
-    log_every: float = 10.0
+    log_every: float = field(default=10.0, metadata=Range.float(0.0, lo_open=True))
     """Seconds between progress lines on stdout."""
     episodes_csv: str | None = None
     """If set, append one row per finished episode (time_s, env_frames, episode, return, length) here."""
-    torch_threads: int = 1
+    torch_threads: int = field(default=1, metadata=Range.int(1, 256))
     """torch intra-op threads (actors are many small processes: one thread each)."""
+    progress_path: str | None = None
+    """If set, append one JSON progress record per ``log_every`` here (the launcher reads them)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _check_agent(self)
+        if self.index >= self.num_actors:
+            raise ValueError(f"ActorConfig.index {self.index} must be < num_actors {self.num_actors}")
 
 
 @dataclass
 class LearnerConfig:
     agent: str
-    """"dqn" or "dpg"."""
+    """A registered agent's name (``apexrl.agents.agent_names()``)."""
     env: str
     """Environment name (the learner builds one for its networks' shapes and for evaluation episodes)."""
     replay: str
     """Replay server endpoint, tcp://HOST:PORT."""
-    params_port: int = 0
+    params_port: int = field(default=0, metadata=Range.int(0, 65535))
     """TCP port of the parameter service the actors poll (0: pick a free one and print it)."""
     params_bind: str = "127.0.0.1"
     """Address the parameter service binds (0.0.0.0 to serve actors on other machines)."""
@@ -65,37 +87,86 @@ class LearnerConfig:
     """Where metrics.csv and checkpoints go (default: runs/<env>/<agent>/<seed>)."""
     resume: bool = False
     """Continue from <run_dir>/checkpoint.safetensors (networks, optimisers, counters)."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=Range.int(0, RUN_SEED_MAX))
     """Seed of the networks' initialisation, the evaluation environment and the learner's RNGs."""
     agent_config: Any = None
-    """The agent's config (DQNConfig / DPGConfig)."""
-    beta: float = 0.4
+    """The agent's config (an instance of its ``config_class``; None: its defaults)."""
+    beta: float = field(default=0.4, metadata=Range.float(0.0))
     """Importance-sampling exponent β."""
-    prefetch: int = 16
+    prefetch: int = field(default=16, metadata=Range.int(1, 1024))
     """Decoded batches kept ready by the sampler thread."""
-    min_replay_size: int = 50_000
+    min_replay_size: int = field(default=50_000, metadata=Range.int(0, STORE_INT_MAX))
     """Wait until the replay holds this many transitions before the first update."""
-    remove_to_fit_every: int = 100
+    remove_to_fit_every: int = field(default=100, metadata=Range.int(1))
     """Ask the replay server to evict down to its capacity every this many learner steps."""
-    publish_every: int = 10
+    publish_every: int = field(default=10, metadata=Range.int(1))
     """Publish new weights to the parameter service every this many learner steps."""
-    checkpoint_every: int = 5000
+    checkpoint_every: int = field(default=5000, metadata=Range.int(1))
     """Write a checkpoint every this many learner steps (and on SIGTERM/SIGINT and at the end)."""
-    metrics_every: float = 10.0
+    metrics_every: float = field(default=10.0, metadata=Range.float(0.0, lo_open=True))
     """Seconds between rows of metrics.csv."""
-    eval_every: float = 60.0
+    eval_every: float = field(default=60.0, metadata=Range.float(0.0))
     """Seconds between starts of an evaluation (greedy / noiseless episodes in a child process); 0: none."""
-    eval_episodes: int = 5
+    eval_episodes: int = field(default=5, metadata=Range.int(1))
     """Episodes per evaluation."""
-    max_steps: int = 0
+    max_steps: int = field(default=0, metadata=Range.int(0))
     """Stop after this many learner steps (0: no limit)."""
-    max_minutes: float = 0.0
+    max_minutes: float = field(default=0.0, metadata=Range.float(0.0))
     """Stop after this many minutes of wall time (0: no limit)."""
     device: str = "auto"
     """"cpu", "cuda", "cuda:N" or "auto" (cuda when available)."""
-    replay_timeout: float = 10.0
+    replay_timeout: float = field(default=10.0, metadata=Range.float(0.0, lo_open=True))
     """Seconds to wait for one reply from the replay server."""
-    torch_threads: int = 1
+    torch_threads: int = field(default=1, metadata=Range.int(1, 256))
     """torch intra-op threads on CPU."""
+    progress_path: str | None = None
+    """If set, append one JSON progress record per metrics row here (the launcher reads them)."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """Free-form values recorded in the checkpoint metadata (e.g. the preset name)."""
+    """Free-form JSON values recorded in the checkpoint metadata (e.g. the preset name)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _check_agent(self)
+
+
+def default_run_dir(env: str, agent: str, seed: int) -> str:
+    """Tonic-style ``runs/<env>/<agent>/<seed>`` (":" in env names becomes "-": a portable path)."""
+    return os.path.join("runs", env.replace(":", "-").replace("/", "-"), agent, str(seed))
+
+
+def _check_agent(cfg: Any) -> None:
+    """``cfg.agent`` is registered; ``cfg.agent_config`` is its config class (its defaults when None)."""
+    from apexrl.agents import get_agent
+
+    agent = get_agent(cfg.agent)
+    if cfg.agent_config is None:
+        cfg.agent_config = agent.config_class()
+    elif not isinstance(cfg.agent_config, agent.config_class):
+        raise ValueError(f"{type(cfg).__name__}.agent_config must be a {agent.config_class.__name__} for agent "
+                         f"{agent.name!r}, got {type(cfg.agent_config).__name__}")
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain JSON-able dict of a config dataclass (nested configs as dicts, tuples as lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def _tupled(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")
+    defaults = cls()
+    return {k: tuple(v) if isinstance(getattr(defaults, k), tuple) and isinstance(v, list) else v
+            for k, v in d.items()}
+
+
+def config_from_dict(cls: type, d: dict[str, Any]) -> Any:
+    """Inverse of :func:`config_to_dict` for :class:`ActorConfig` and :class:`LearnerConfig` (validated)."""
+    from apexrl.agents import get_agent
+
+    d = dict(d)
+    agent_config = d.pop("agent_config", None)
+    if agent_config is not None:
+        config_class = get_agent(d["agent"]).config_class
+        agent_config = config_class(**_tupled(config_class, agent_config))
+    return cls(**d, agent_config=agent_config)

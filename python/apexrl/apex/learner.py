@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import threading
@@ -33,9 +32,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from apexrl.agents import Agent, get_agent
 from apexrl.apex.checkpoint import load_checkpoint, save_checkpoint
-from apexrl.apex.config import LearnerConfig
+from apexrl.apex.config import LearnerConfig, default_run_dir
+from apexrl.apex.evaluator import Evaluator
 from apexrl.apex.metrics import CSVWriter, Mean
+from apexrl.apex.report import ProgressReporter
 from apexrl.errors import ApexRLError
 from apexrl.replay.client import ReplayClient
 
@@ -50,9 +52,9 @@ BASE_COLUMNS = [
 ]
 
 
-def default_run_dir(env: str, agent: str, seed: int) -> str:
-    """Tonic-style ``runs/<env>/<agent>/<seed>`` (":" in env names becomes "-": a portable path)."""
-    return os.path.join("runs", env.replace(":", "-").replace("/", "-"), agent, str(seed))
+_TEXT_KEYS = ("time_s", "learner_steps", "env_frames", "learner_steps_per_s", "replay_size", "inserted_per_s",
+              "sampled_per_s", "eval_return_mean")
+"""The metrics row's fields on the learner's stdout line (all of them go to its progress file)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -62,125 +64,6 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available")
     return dev
-
-
-def make_learner(agent: str, env_spec: Any, agent_config: Any, device: torch.device, seed: int) -> Any:
-    from apexrl.agents import DPGLearner, DQNLearner
-
-    if agent == "dqn":
-        return DQNLearner(env_spec, agent_config, device=device, seed=seed)
-    if agent == "dpg":
-        return DPGLearner(env_spec, agent_config, device=device, seed=seed)
-    raise ValueError(f"unknown agent {agent!r}; valid agents: dqn, dpg")
-
-
-def _evaluate(conn: Any, agent: str, env: str, agent_config: Any, seed: int, episodes: int, nice: int) -> None:
-    """The evaluation process: for each weights message, play ``episodes`` greedy/noiseless episodes and send
-    back ``(mean, std, episodes)``; exits on ``None`` or when the learner's end of the pipe closes."""
-    import signal as _signal
-
-    from apexrl.apex.actor import make_policy
-    from apexrl.envs import make_env
-    from apexrl.params.service import deserialize_tensors
-
-    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a terminal's Ctrl-C is the learner's to handle
-    if nice:
-        os.nice(nice)
-    torch.set_num_threads(1)
-    # A seed far from the actors' (seed * 10007 + index): evaluation episodes are not theirs.
-    environment = make_env(env, seed=seed * 10007 + 5003)
-    policy = make_policy(agent, environment.spec, agent_config, 0, 1, seed + 7919)
-    try:
-        while True:
-            try:
-                blob = conn.recv()
-            except EOFError:
-                return
-            if blob is None:
-                return
-            policy.load_policy_state_dict(deserialize_tensors(blob))
-            returns = []
-            for _ in range(episodes):
-                obs, ret, done = environment.reset(), 0.0, False
-                while not done:
-                    step = environment.step(policy.act(obs, explore=False))
-                    ret += step.raw_reward
-                    obs, done = step.obs, step.terminated or step.truncated
-                returns.append(ret)
-            conn.send((float(np.mean(returns)), float(np.std(returns)), len(returns)))
-    finally:
-        environment.close()
-
-
-class Evaluator:
-    """Greedy (DQN) / noiseless (DPG) evaluation episodes in a child process, one evaluation at a time.
-
-    A process, not a thread: an environment stepped from Python holds the GIL for most of each step, and a
-    thread doing that starved the training loop (DPG on cartpole-swingup: 65 -> 17 learner steps/s while an
-    evaluation ran). The child runs at a lower priority (``nice``), gets the weights as safetensors bytes over
-    a pipe (no pickle of tensors), and exits when the learner closes the pipe or dies.
-    """
-
-    def __init__(self, config: LearnerConfig, nice: int = 5):
-        import multiprocessing
-
-        self.config = config
-        self.nice = nice
-        self._ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads and sockets
-        self._conn: Any = None
-        self._proc: Any = None
-        self._busy = False
-        self.runs = 0
-
-    @property
-    def busy(self) -> bool:
-        return self._busy
-
-    def start(self, weights: dict[str, torch.Tensor]) -> None:
-        from apexrl.params.service import serialize_tensors
-
-        if self._busy:
-            return
-        if self._proc is None:
-            ours, theirs = self._ctx.Pipe()
-            c = self.config
-            self._proc = self._ctx.Process(
-                target=_evaluate, name="apexrl-eval", daemon=True,
-                args=(theirs, c.agent, c.env, c.agent_config, c.seed, c.eval_episodes, self.nice),
-            )
-            self._proc.start()
-            theirs.close()
-            self._conn = ours
-        self._conn.send(serialize_tensors(weights))
-        self._busy = True
-        self.runs += 1
-
-    def pop_result(self) -> tuple[float, float, int] | None:
-        """The finished evaluation's ``(mean, std, episodes)``, or None while none finished since the last call."""
-        if not self._busy or self._conn is None or not self._conn.poll():
-            return None
-        self._busy = False
-        try:
-            return self._conn.recv()
-        except EOFError:  # the evaluator died: start a new one next time
-            log.warning("the evaluation process exited (code %s); starting a new one", self._proc.exitcode)
-            self._conn.close()
-            self._conn, self._proc = None, None
-            return None
-
-    def close(self) -> None:
-        if self._proc is None:
-            return
-        try:
-            self._conn.send(None)
-        except (BrokenPipeError, OSError):
-            pass
-        self._proc.join(timeout=5)
-        if self._proc.is_alive():  # mid-episode: its result is not needed any more
-            self._proc.terminate()
-            self._proc.join(timeout=5)
-        self._conn.close()
-        self._conn, self._proc, self._busy = None, None, False
 
 
 class Learner:
@@ -195,7 +78,8 @@ class Learner:
         self.checkpoint_path = os.path.join(self.run_dir, CHECKPOINT_NAME)
         self.device = resolve_device(config.device)
         self.env_spec = env_spec(config.env)
-        self.agent = make_learner(config.agent, self.env_spec, config.agent_config, self.device, config.seed)
+        self.agent: Agent = get_agent(config.agent).make_learner(self.env_spec, config.agent_config, self.device,
+                                                                  config.seed)
         self.transition_spec = self.agent.transition_spec
         self._stop = threading.Event()
         self.time_offset = 0.0  # wall time of earlier runs of this learner (resume)
@@ -206,6 +90,7 @@ class Learner:
         self.params = ParamServer(bind=config.params_bind, port=config.params_port).start()
         self.replay = ReplayClient(config.replay, timeout=config.replay_timeout)
         self.evaluator = Evaluator(config)
+        self.report = ProgressReporter("learner", config.progress_path)
         self._csv: CSVWriter | None = None
 
     # ------------------------------------------------------------------------------------------ state
@@ -379,14 +264,7 @@ class Learner:
             self._csv = CSVWriter(os.path.join(self.run_dir, METRICS_NAME), BASE_COLUMNS + names)
         row.update({k: v for k, v in metrics.items() if k in self._csv.columns})
         self._csv.write(row)
-        ev = row.get("eval_return_mean")
-        print(
-            f"learner time_s={row['time_s']:.0f} steps={steps} env_frames={frames} "
-            f"steps_per_s={row['learner_steps_per_s']:.1f} replay_size={row['replay_size']} "
-            f"inserted_per_s={row['inserted_per_s']:.0f} sampled_per_s={row['sampled_per_s']:.0f}"
-            + (f" eval_return_mean={ev:.2f}" if ev is not None and not math.isnan(ev) else ""),
-            flush=True,
-        )
+        self.report.emit(row, text_keys=_TEXT_KEYS)
         return steps, inserted
 
     def _summary(self, start: float, steps_at_start: int) -> dict[str, Any]:
@@ -397,6 +275,7 @@ class Learner:
         self.evaluator.close()
         self.params.close()
         self.replay.close()
+        self.report.close()
         if self._csv is not None:
             self._csv.close()
 

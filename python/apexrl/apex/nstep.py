@@ -44,9 +44,6 @@ from apexrl.replay.codec import TransitionSpec
 
 __all__ = ["NStepBuffer", "Transition", "stack_transitions"]
 
-TRANSITION_FIELDS = ("obs", "action", "reward", "discount", "next_obs")
-
-
 class Transition(NamedTuple):
     """One n-step transition (see the module docstring for the formulas)."""
 
@@ -156,22 +153,22 @@ class NStepBuffer:
 
 
 def stack_transitions(ts: Sequence[Transition], spec: TransitionSpec) -> dict[str, np.ndarray]:
-    """Stack transitions into the batch ``spec.encode`` takes: ``{obs, action, reward, discount, next_obs}``,
-    each an array of leading dim ``len(ts)`` with exactly the spec's (native-endian) dtype and item shape.
+    """Stack transitions into the batch ``spec.encode`` takes: one array per field of ``spec`` (by name, taken
+    from the :class:`Transition` field of that name), leading dim ``len(ts)``, exactly the spec's
+    (native-endian) dtype and item shape.
 
     Raises:
-      ValueError: the spec's fields are not exactly those five, or a transition's value has the wrong shape
-        (or does not convert to the spec's dtype).
+      ValueError: the spec names a field the n-step adder does not produce, or a transition's value has the
+        wrong shape (or does not convert to the spec's dtype).
     """
-    if tuple(sorted(spec.names)) != tuple(sorted(TRANSITION_FIELDS)):
-        raise ValueError(f"spec fields {list(spec.names)} are not the transition fields {list(TRANSITION_FIELDS)}")
+    unknown = [name for name in spec.names if name not in Transition._fields]
+    if unknown:
+        raise ValueError(f"spec fields {unknown} are not n-step transition fields {list(Transition._fields)}")
     out: dict[str, np.ndarray] = {}
     for f in spec.fields:
-        dtype = f.dtype.newbyteorder("=")
-        arr = np.empty((len(ts), *f.shape), dtype=dtype)
-        i = TRANSITION_FIELDS.index(f.name)
+        arr = np.empty((len(ts), *f.shape), dtype=f.dtype.newbyteorder("="))
         for j, t in enumerate(ts):
-            value = np.asarray(t[i])
+            value = np.asarray(getattr(t, f.name))
             if value.shape != f.shape:
                 raise ValueError(f"transition {j}: field {f.name!r} has shape {value.shape}, expected {f.shape}")
             arr[j] = value

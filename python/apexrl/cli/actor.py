@@ -11,10 +11,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from apexrl.apex.config import ActorConfig
 from apexrl.cli.args import (
     add_agent_arguments,
-    float_arg,
-    int_arg,
+    field_arg,
+    given_flags,
     resolve_agent,
     tcp_endpoint,
 )
@@ -31,47 +32,78 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_agent_arguments(p)
     g = p.add_argument_group("endpoints")
-    g.add_argument("--replay", type=tcp_endpoint, required=True, help="replay server, tcp://HOST:PORT")
-    g.add_argument("--params", type=tcp_endpoint, required=True,
-                   help="the learner's parameter service, tcp://HOST:PORT")
+    g.add_argument("--plan", metavar="PLAN_JSON", default=None,
+                   help="take every setting of actor --index from a run plan written by `apexrl run` (then only "
+                   "--index and --log-level may be given besides)")
+    g.add_argument("--replay", type=tcp_endpoint, help="replay server, tcp://HOST:PORT (required)")
+    g.add_argument("--params", type=tcp_endpoint, help="the learner's parameter service, tcp://HOST:PORT (required)")
     g = p.add_argument_group("actor")
-    g.add_argument("--index", type=int_arg(0), required=True,
-                   help="this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1))")
-    g.add_argument("--num-actors", type=int_arg(1), required=True, help="N, actors in the run")
-    g.add_argument("--flush-every", type=int_arg(1, 100_000), default=None,
+    g.add_argument("--index", type=field_arg(ActorConfig, "index"),
+                   help="this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1)) (required)")
+    g.add_argument("--num-actors", type=field_arg(ActorConfig, "num_actors"), help="N, actors in the run (required)")
+    g.add_argument("--flush-every", type=field_arg(ActorConfig, "flush_every"), default=None,
                    help="transitions per insert request (default: the preset's, 50)")
-    g.add_argument("--params-every-frames", type=int_arg(1), default=None,
+    g.add_argument("--params-every-frames", type=field_arg(ActorConfig, "params_every_frames"), default=None,
                    help="env frames between weight requests (default: the preset's, 400 for the paper presets)")
-    g.add_argument("--max-steps", type=int_arg(0), default=0, help="stop after this many agent steps (0: none)")
+    g.add_argument("--max-steps", type=field_arg(ActorConfig, "max_steps"), default=0,
+                   help="stop after this many agent steps (0: none)")
     g.add_argument("--episodes-csv", default=None, help="append one row per finished episode to this CSV")
-    g.add_argument("--wait-for-params", type=float_arg(nonneg=True), default=120.0,
+    g.add_argument("--wait-for-params", type=field_arg(ActorConfig, "wait_for_params"), default=120.0,
                    help="seconds to wait for the learner's first weights (default 120)")
-    g.add_argument("--log-every", type=float_arg(positive=True), default=10.0,
+    g.add_argument("--log-every", type=field_arg(ActorConfig, "log_every"), default=10.0,
                    help="seconds between progress lines (default 10)")
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
                    help="logging level (stderr)")
     return p
 
 
-def parse_config(argv: Sequence[str] | None = None):
-    from apexrl.apex.config import ActorConfig
+SETTINGS = ("flush_every", "params_every_frames")
+"""Flags whose default is the preset's."""
+OWN = ("max_steps", "wait_for_params", *SETTINGS)
+"""ActorConfig fields `apexrl run --actor-args` may set (the launcher sets the others)."""
 
+
+def parse_config(argv: Sequence[str] | None = None):
+    """(ActorConfig, parsed flags); exit 2 with the reason on a bad flag or setting."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.index >= args.num_actors:
-        parser.error(f"--index {args.index} must be < --num-actors {args.num_actors}")
-    preset, agent_config = resolve_agent(args, parser)
-    settings = dict(preset.actor)
-    for name in ("flush_every", "params_every_frames"):
-        if getattr(args, name) is not None:
-            settings[name] = getattr(args, name)
-    config = ActorConfig(
-        agent=args.agent, env=args.env, replay=args.replay, params=args.params, index=args.index,
-        num_actors=args.num_actors, seed=args.seed, agent_config=agent_config, max_steps=args.max_steps,
-        episodes_csv=args.episodes_csv, wait_for_params=args.wait_for_params, log_every=args.log_every,
-        **settings,
-    )
+    try:
+        if args.plan is not None:
+            return config_from_plan(parser, args, argv or []), args
+        for flag in ("replay", "params", "index", "num_actors"):
+            if getattr(args, flag) is None:
+                parser.error(f"--{flag.replace('_', '-')} is required (or give --plan)")
+        if args.index >= args.num_actors:
+            parser.error(f"--index {args.index} must be < --num-actors {args.num_actors}")
+        preset, agent_config = resolve_agent(args, parser)
+        settings = {**preset.actor, **{k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}}
+        config = ActorConfig(
+            agent=args.agent, env=args.env, replay=args.replay, params=args.params, index=args.index,
+            num_actors=args.num_actors, seed=args.seed, agent_config=agent_config, max_steps=args.max_steps,
+            episodes_csv=args.episodes_csv, wait_for_params=args.wait_for_params, log_every=args.log_every,
+            **settings,
+        )
+    except ValueError as e:
+        parser.error(str(e))
     return config, args
+
+
+def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]):
+    """Actor ``--index``'s config in ``--plan``."""
+    from apexrl.launch.plan import RunPlan
+
+    extra = set(given_flags(parser, argv)) - {"plan", "index", "log_level"}
+    if extra:
+        parser.error(f"--plan takes every setting from the plan; also given: {', '.join(sorted(extra))}")
+    if args.index is None:
+        parser.error("--plan needs --index")
+    try:
+        actors = RunPlan.load(args.plan).actors
+    except OSError as e:
+        parser.error(f"--plan: {e}")
+    if args.index >= len(actors):
+        parser.error(f"--index {args.index}: the plan has {len(actors)} actors")
+    return actors[args.index]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,13 +4,23 @@ that the actor, the learner and the launcher resolve the same way (so actors' ne
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import re
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from apexrl.validate import range_of
+
+if TYPE_CHECKING:
+    from apexrl.launch.plan import Overrides
 
 __all__ = [
     "ENDPOINT_RE",
     "add_agent_arguments",
+    "agent_overrides",
+    "field_arg",
+    "given_flags",
     "float_arg",
     "int_arg",
     "resolve_agent",
@@ -62,9 +72,34 @@ def tcp_endpoint(text: str) -> str:
     return text
 
 
+def field_arg(cls: type, name: str) -> Callable[[str], Any]:
+    """argparse ``type=`` accepting exactly the values config field ``cls.name`` accepts (``apexrl.validate``)."""
+    r = range_of(cls, name)
+
+    def parse(text: str) -> Any:
+        return r.parse(text)
+
+    parse.__name__ = name  # argparse names the type in some messages
+    return parse
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> dict[str, Any]:
+    """``{dest: value}`` of only the flags present in ``argv``, parsed and checked by ``parser``'s own types
+    (exit 2 through ``parser`` on a bad one). Required flags are not required here."""
+    quiet = copy.deepcopy(parser)
+    for action in quiet._actions:
+        action.required = False
+        action.default = argparse.SUPPRESS  # absent flags stay out of the namespace
+    return vars(quiet.parse_args(argv))
+
+
 def _agent(text: str) -> str:
-    if text not in ("dqn", "dpg"):
-        raise argparse.ArgumentTypeError(f"unknown agent {text!r}; valid agents: dqn, dpg")
+    from apexrl.agents import get_agent
+
+    try:
+        get_agent(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 
@@ -90,17 +125,21 @@ def _env(text: str) -> str:
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     """--agent, --env, --preset, --seed and the agent overrides every process of a run must agree on."""
+    from apexrl.agents import AGENTS, agent_names
+    from apexrl.apex.config import LearnerConfig
     from apexrl.launch.presets import PRESETS
 
+    names = agent_names()
     g = parser.add_argument_group("agent (actors and learner must be given the same values)")
     g.add_argument("--agent", type=_agent, default=None,
-                   help="dqn (Ape-X DQN) or dpg (Ape-X DPG); default: the preset's (one of the two is required)")
+                   help="; ".join(f"{n}: {AGENTS[n].description}" for n in names)
+                   + " (default: the preset's, or the first that accepts --env)")
     g.add_argument("--env", type=_env, default=None,
                    help="environment, e.g. gym:CartPole-v1, atari:Pong, dmc:cartpole-swingup; default: the preset's")
     g.add_argument("--preset", type=_preset, default=None,
                    help=f"settings preset: {', '.join(PRESETS)} (default: by agent and env family: "
                         "apex-dqn-atari, cartpole, apex-dpg-control or pendulum)")
-    g.add_argument("--seed", type=int_arg(0), default=0, help="random seed (default 0)")
+    g.add_argument("--seed", type=field_arg(LearnerConfig, "seed"), default=0, help="random seed (default 0)")
     g.add_argument("--n-step", type=int_arg(1, 100), default=None, help="n of the n-step return (preset's)")
     g.add_argument("--gamma", type=float_arg(nonneg=True, hi=1.0), default=None, help="discount γ (preset's)")
     g.add_argument("--batch-size", type=int_arg(1, 1 << 16), default=None,
@@ -109,30 +148,25 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
                    help="learner steps between target-network copies (preset's)")
 
 
+def agent_overrides(args: argparse.Namespace) -> Overrides:
+    """The run-plan overrides of the agent flags (see :func:`add_agent_arguments`)."""
+    from apexrl.launch.plan import AGENT_FIELDS, Overrides
+
+    return Overrides(agent=args.agent, env=args.env, seed=args.seed,
+                     agent_fields={k: getattr(args, k) for k in AGENT_FIELDS if getattr(args, k) is not None})
+
+
 def resolve_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Any, Any]:
-    """(preset, agent_config) from the parsed flags, filling ``args.agent``/``args.env`` from the preset when
-    they were not given; errors go through ``parser.error`` (exit 2)."""
-    from apexrl.launch.presets import default_preset_for, get_preset
+    """(preset, agent_config) from the parsed flags, filling ``args.agent``/``args.env`` as the run plan does;
+    errors go through ``parser.error`` (exit 2)."""
+    from apexrl.launch.plan import resolve_preset
 
     if args.preset is None and (args.agent is None or args.env is None):
         parser.error("give --agent and --env, or --preset")
-    preset = get_preset(args.preset) if args.preset else default_preset_for(args.agent, args.env)
-    args.agent = args.agent or preset.agent
-    args.env = args.env or preset.env
-    if args.agent != preset.agent:
-        parser.error(f"--agent {args.agent} does not match preset {preset.name!r} (agent {preset.agent})")
-    from apexrl.envs import env_spec
-
-    spec = env_spec(args.env)
-    if args.agent == "dqn" and spec.num_actions is None:
-        parser.error(f"--agent dqn needs discrete actions; {args.env} has continuous actions (use --agent dpg)")
-    if args.agent == "dpg" and spec.action_dim is None:
-        parser.error(f"--agent dpg needs continuous actions; {args.env} has discrete actions (use --agent dqn)")
+    o = agent_overrides(args)
     try:
-        config = preset.agent_config(
-            n_step=args.n_step, gamma=args.gamma, batch_size=args.batch_size,
-            target_update_period=args.target_update_period,
-        )
+        preset, args.agent, args.env = resolve_preset(args.preset, o)
+        config = preset.agent_config(**o.agent_fields)
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     return preset, config

@@ -11,10 +11,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from apexrl.apex.config import LearnerConfig
 from apexrl.cli.args import (
     add_agent_arguments,
-    float_arg,
-    int_arg,
+    field_arg,
+    given_flags,
     resolve_agent,
     tcp_endpoint,
 )
@@ -30,56 +31,85 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_agent_arguments(p)
     g = p.add_argument_group("endpoints")
-    g.add_argument("--replay", type=tcp_endpoint, required=True, help="replay server, tcp://HOST:PORT")
-    g.add_argument("--params-port", type=int_arg(0, 65535), required=True,
-                   help="port of the parameter service the actors poll (0: pick a free one)")
+    g.add_argument("--plan", metavar="PLAN_JSON", default=None,
+                   help="take every setting from a run plan written by `apexrl run` (then only --resume and "
+                   "--log-level may be given besides)")
+    g.add_argument("--replay", type=tcp_endpoint, help="replay server, tcp://HOST:PORT (required)")
+    g.add_argument("--params-port", type=field_arg(LearnerConfig, "params_port"),
+                   help="port of the parameter service the actors poll (0: pick a free one; required)")
     g.add_argument("--params-bind", default="127.0.0.1",
                    help="address the parameter service binds (default 127.0.0.1; 0.0.0.0 = all interfaces)")
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", default="", help="metrics.csv and checkpoint (default runs/<env>/<agent>/<seed>)")
     g.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
-    g.add_argument("--max-steps", type=int_arg(0), default=0, help="stop after this many learner steps (0: none)")
-    g.add_argument("--max-minutes", type=float_arg(nonneg=True), default=0.0,
+    g.add_argument("--max-steps", type=field_arg(LearnerConfig, "max_steps"), default=0, help="stop after this many learner steps (0: none)")
+    g.add_argument("--max-minutes", type=field_arg(LearnerConfig, "max_minutes"), default=0.0,
                    help="stop after this many minutes of training (0: none)")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
                    help="logging level (stderr)")
     g = p.add_argument_group("learner settings (default: the preset's)")
-    g.add_argument("--beta", type=float_arg(nonneg=True), default=None, help="importance-sampling exponent β")
-    g.add_argument("--min-replay-size", type=int_arg(0), default=None,
+    g.add_argument("--beta", type=field_arg(LearnerConfig, "beta"), default=None, help="importance-sampling exponent β")
+    g.add_argument("--min-replay-size", type=field_arg(LearnerConfig, "min_replay_size"), default=None,
                    help="transitions the replay must hold before the first update")
-    g.add_argument("--prefetch", type=int_arg(1, 1024), default=None, help="decoded batches kept ready")
-    g.add_argument("--publish-every", type=int_arg(1), default=None, help="learner steps between weight publishes")
-    g.add_argument("--checkpoint-every", type=int_arg(1), default=None, help="learner steps between checkpoints")
-    g.add_argument("--remove-to-fit-every", type=int_arg(1), default=None,
+    g.add_argument("--prefetch", type=field_arg(LearnerConfig, "prefetch"), default=None, help="decoded batches kept ready")
+    g.add_argument("--publish-every", type=field_arg(LearnerConfig, "publish_every"), default=None, help="learner steps between weight publishes")
+    g.add_argument("--checkpoint-every", type=field_arg(LearnerConfig, "checkpoint_every"), default=None, help="learner steps between checkpoints")
+    g.add_argument("--remove-to-fit-every", type=field_arg(LearnerConfig, "remove_to_fit_every"), default=None,
                    help="learner steps between replay evictions down to capacity")
-    g.add_argument("--metrics-every", type=float_arg(positive=True), default=None,
+    g.add_argument("--metrics-every", type=field_arg(LearnerConfig, "metrics_every"), default=None,
                    help="seconds between metrics.csv rows")
-    g.add_argument("--eval-every", type=float_arg(nonneg=True), default=None,
+    g.add_argument("--eval-every", type=field_arg(LearnerConfig, "eval_every"), default=None,
                    help="seconds between evaluations (greedy/noiseless episodes; 0: none)")
-    g.add_argument("--eval-episodes", type=int_arg(1), default=None, help="episodes per evaluation")
-    g.add_argument("--torch-threads", type=int_arg(1, 256), default=1, help="torch CPU threads (default 1)")
+    g.add_argument("--eval-episodes", type=field_arg(LearnerConfig, "eval_episodes"), default=None, help="episodes per evaluation")
+    g.add_argument("--torch-threads", type=field_arg(LearnerConfig, "torch_threads"), default=1, help="torch CPU threads (default 1)")
     return p
 
 
-def parse_config(argv: Sequence[str] | None = None):
-    from apexrl.apex.config import LearnerConfig
+SETTINGS = ("beta", "min_replay_size", "prefetch", "publish_every", "checkpoint_every", "remove_to_fit_every",
+            "metrics_every", "eval_every", "eval_episodes")
+"""Flags whose default is the preset's."""
+OWN = ("device", "torch_threads", "max_minutes", "params_bind", *SETTINGS)
+"""LearnerConfig fields `apexrl run --learner-args` may set (the launcher sets the others)."""
 
+
+def parse_config(argv: Sequence[str] | None = None):
+    """(LearnerConfig, parsed flags); exit 2 with the reason on a bad flag or setting."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    preset, agent_config = resolve_agent(args, parser)
-    settings = dict(preset.learner)
-    for name in ("beta", "min_replay_size", "prefetch", "publish_every", "checkpoint_every",
-                 "remove_to_fit_every", "metrics_every", "eval_every", "eval_episodes"):
-        if getattr(args, name) is not None:
-            settings[name] = getattr(args, name)
-    config = LearnerConfig(
-        agent=args.agent, env=args.env, replay=args.replay, params_port=args.params_port,
-        params_bind=args.params_bind, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
-        agent_config=agent_config, max_steps=args.max_steps, max_minutes=args.max_minutes, device=args.device,
-        torch_threads=args.torch_threads, extra={"preset": preset.name}, **settings,
-    )
+    try:
+        if args.plan is not None:
+            return config_from_plan(parser, args, argv or []), args
+        for flag in ("replay", "params_port"):
+            if getattr(args, flag) is None:
+                parser.error(f"--{flag.replace('_', '-')} is required (or give --plan)")
+        preset, agent_config = resolve_agent(args, parser)
+        settings = {**preset.learner, **{k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}}
+        config = LearnerConfig(
+            agent=args.agent, env=args.env, replay=args.replay, params_port=args.params_port,
+            params_bind=args.params_bind, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
+            agent_config=agent_config, max_steps=args.max_steps, max_minutes=args.max_minutes, device=args.device,
+            torch_threads=args.torch_threads, extra={"preset": preset.name}, **settings,
+        )
+    except ValueError as e:
+        parser.error(str(e))
     return config, args
+
+
+def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]):
+    """The learner's config in ``--plan`` (``--resume`` added when given)."""
+    import dataclasses
+
+    from apexrl.launch.plan import RunPlan
+
+    extra = set(given_flags(parser, argv)) - {"plan", "resume", "log_level"}
+    if extra:
+        parser.error(f"--plan takes every setting from the plan; also given: {', '.join(sorted(extra))}")
+    try:
+        config = RunPlan.load(args.plan).learner
+    except OSError as e:
+        parser.error(f"--plan: {e}")
+    return dataclasses.replace(config, resume=True) if args.resume else config
 
 
 def main(argv: Sequence[str] | None = None) -> int:

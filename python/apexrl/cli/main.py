@@ -13,8 +13,21 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from apexrl.cli.args import add_agent_arguments, float_arg, int_arg, resolve_agent
+from apexrl.cli.args import (
+    add_agent_arguments,
+    agent_overrides,
+    float_arg,
+    given_flags,
+    int_arg,
+)
+
+AGENT_DESTS = ("agent", "env", "preset", "seed", "n_step", "gamma", "batch_size", "target_update_period")
+SERVER_OWN = ("bind", "capacity", "alpha", "eviction", "alpha_evict", "shards", "seed", "min_size_to_sample",
+              "snapshot", "snapshot_every", "max_message_mb", "workers", "inline_sample_max", "samples_per_insert",
+              "error_buffer", "log_level")
+"""apexrl-replay-server flags `apexrl run --server-args` may set (its --seed overrides the run's)."""
 
 PROG = "apexrl"
 ACTOR_LOG_EVERY = 5.0
@@ -92,76 +105,65 @@ def _split(parser: argparse.ArgumentParser, flag: str, text: str) -> list[str]:
         parser.error(f"{flag}: {e}")
 
 
-def _fill_agent_defaults(args: argparse.Namespace) -> None:
-    """With no --preset, pick one from --agent/--env (the env's action space decides the agent)."""
-    if args.preset is not None:
-        return
-    if args.agent is None and args.env is None:
-        args.preset = "cartpole"
-    elif args.agent is None:
-        from apexrl.envs import env_spec
+def _pass_through(run_parser: argparse.ArgumentParser, flag: str, text: str, child: argparse.ArgumentParser,
+                  allowed: tuple[str, ...], agent_dests: tuple[str, ...] = AGENT_DESTS) -> dict[str, Any]:
+    """Config fields set by ``--server-args/--learner-args/--actor-args``: parsed and range-checked by the
+    child's own parser (it exits 2 naming the flag), and refused when the launcher or the agent flags own
+    them (so actors and learner cannot disagree)."""
+    given = given_flags(child, _split(run_parser, flag, text))
+    for dest in given:
+        name = "--" + dest.replace("_", "-")
+        if dest in agent_dests:
+            run_parser.error(f"{flag}: give {name} to `apexrl run` itself (every process of the run needs it)")
+        if dest not in allowed:
+            run_parser.error(f"{flag}: {name} is set by `apexrl run`")
+    return given
 
-        args.agent = "dqn" if env_spec(args.env).num_actions is not None else "dpg"
-    elif args.env is None:
-        args.preset = "cartpole" if args.agent == "dqn" else "pendulum"
 
-
-def launch_config(argv: Sequence[str] | None = None):
-    """Parse ``apexrl run`` flags into a :class:`~apexrl.launch.LaunchConfig` (exit 2 on bad flags)."""
-    from apexrl.apex.learner import default_run_dir
+def launch_plan(argv: Sequence[str] | None = None):
+    """Parse ``apexrl run`` flags into a validated :class:`~apexrl.launch.plan.RunPlan` (exit 2 with the reason on
+    a bad flag, setting or combination)."""
     from apexrl.cli import actor as actor_cli
     from apexrl.cli import learner as learner_cli
-    from apexrl.launch.local import LaunchConfig
+    from apexrl.cli import server as server_cli
+    from apexrl.launch.plan import plan
 
     run_parser = _fill_run_parser(argparse.ArgumentParser(prog=f"{PROG} run", **_run_kwargs()))
     args = run_parser.parse_args(argv)
-    _fill_agent_defaults(args)
-    preset, _ = resolve_agent(args, run_parser)
-    agent_flags = ["--preset", preset.name, "--agent", args.agent, "--env", args.env, "--seed", str(args.seed)]
-    for flag in ("n_step", "gamma", "batch_size", "target_update_period"):
-        if getattr(args, flag) is not None:
-            agent_flags += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
-    num_actors = args.actors or preset.actors
-    run_dir = args.run_dir or default_run_dir(args.env, args.agent, args.seed)
-    if not args.resume:
-        held = [n for n in ("metrics.csv", "checkpoint.safetensors") if os.path.exists(os.path.join(run_dir, n))]
+    o = agent_overrides(args)
+    o.actors, o.minutes, o.steps, o.run_dir = args.actors, args.minutes, args.steps, args.run_dir
+    o.resume, o.progress_every, o.quiet, o.max_restarts_per_minute = (args.resume, args.progress_every, args.quiet,
+                                                                      args.max_restarts)
+    o.server = _pass_through(run_parser, "--server-args", args.server_args, server_cli.build_parser(),
+                             SERVER_OWN, agent_dests=())
+    log_level = o.server.pop("log_level", "WARNING")
+    o.learner = _pass_through(run_parser, "--learner-args", args.learner_args, learner_cli.build_parser(),
+                              learner_cli.OWN)
+    o.actor = _pass_through(run_parser, "--actor-args", args.actor_args, actor_cli.build_parser(), actor_cli.OWN)
+    try:
+        p = plan(args.preset, o)
+    except ValueError as e:
+        run_parser.error(str(e))
+    if not p.run.resume:
+        held = [n for n in ("metrics.csv", "checkpoint.safetensors") if os.path.exists(os.path.join(p.run.run_dir, n))]
         if held:
-            run_parser.error(f"{run_dir} already holds a run ({', '.join(held)}): pass --resume to continue it, "
-                             "or choose another --run-dir or --seed (or remove the directory)")
-    learner_args = [*agent_flags, *_split(run_parser, "--learner-args", args.learner_args)]
-    actor_args = [*agent_flags, *_split(run_parser, "--actor-args", args.actor_args)]
-    # The children's own parsers check the pass-through flags now, not after the run has started.
-    learner_config, _ = learner_cli.parse_config(["--replay", "tcp://127.0.0.1:1", "--params-port", "1",
-                                                  *learner_args])
-    # The server makes samples wait for the learner's minimum too, so that after a server restart (empty) the
-    # learner does not train on a handful of transitions (DESIGN §7); --server-args may still override it.
-    server_args = [*preset.replay.server_args(), "--min-size-to-sample", str(learner_config.min_replay_size),
-                   "--seed", str(args.seed), "--log-level", "WARNING",
-                   *_split(run_parser, "--server-args", args.server_args)]
-    from apexrl.cli import server as server_cli
-
-    server_cli.parse_args(["--port", "1", *server_args])
-    actor_cli.parse_config(["--replay", "tcp://127.0.0.1:1", "--params", "tcp://127.0.0.1:2", "--index", "0",
-                            "--num-actors", str(num_actors), *actor_args])
-    minutes = preset.minutes if args.minutes is None else args.minutes
-    config = LaunchConfig(
-        run_dir=run_dir, num_actors=num_actors, server_args=server_args, learner_args=learner_args,
-        actor_args=actor_args, minutes=minutes, steps=args.steps, resume=args.resume,
-        progress_every=args.progress_every, quiet=args.quiet, max_restarts_per_minute=args.max_restarts,
-    )
-    return config, preset, args
+            run_parser.error(f"{p.run.run_dir} already holds a run ({', '.join(held)}): pass --resume to continue "
+                             "it, or choose another --run-dir or --seed (or remove the directory)")
+    return p, log_level
 
 
 def run_main(argv: Sequence[str]) -> int:
     from apexrl.launch.local import Launcher
+    from apexrl.launch.presets import PRESETS
 
-    config, preset, args = launch_config(argv)
-    limits = [f"{config.minutes:g} min" if config.minutes else "no time limit"]
-    if config.steps:
-        limits.append(f"{config.steps} learner steps")
-    print(f"apexrl run: preset {preset.name} [{preset.description}]; env {args.env}, {config.num_actors} actors, "
-          f"seed {args.seed}, {' or '.join(limits)}; run dir {config.run_dir}. Ctrl-C stops.", flush=True)
-    return Launcher(config).run()
+    p, log_level = launch_plan(argv)
+    limits = [f"{p.run.minutes:g} min" if p.run.minutes else "no time limit"]
+    if p.run.steps:
+        limits.append(f"{p.run.steps} learner steps")
+    description = PRESETS[p.preset].description if p.preset in PRESETS else "agent defaults"
+    print(f"apexrl run: preset {p.preset} [{description}]; agent {p.agent}, env {p.env}, {len(p.actors)} actors, "
+          f"seed {p.seed}, {' or '.join(limits)}; run dir {p.run.run_dir}. Ctrl-C stops.", flush=True)
+    return Launcher(p, server_log_level=log_level).run()
 
 
 def plot_main(argv: Sequence[str]) -> int:

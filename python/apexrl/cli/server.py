@@ -13,7 +13,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from apexrl.cli.args import ENDPOINT_RE, float_arg, int_arg
+from apexrl.cli.args import ENDPOINT_RE, field_arg, given_flags
+from apexrl.replay.config import EVICTION_POLICIES, MAX_SHARDS, ServerConfig
 
 PROG = "apexrl-replay-server"
 
@@ -35,30 +36,35 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Ape-X prioritized replay server (ZeroMQ). SIGTERM/SIGINT: finish requests, snapshot, exit 0.",
     )
-    p.add_argument("--port", type=int_arg(0, 65535), help="TCP port to listen on (0 = pick a free one)")
+    p.add_argument("--plan", metavar="PLAN_JSON", default=None,
+                   help="take every setting from a run plan written by `apexrl run` (then only --log-level may be "
+                   "given besides)")
+    p.add_argument("--port", type=field_arg(ServerConfig, "port"), help="TCP port to listen on (0 = pick a free one)")
     p.add_argument("--endpoint", type=_endpoint, help="tcp://HOST:PORT to listen on (instead of --bind/--port)")
     p.add_argument("--bind", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = all)")
-    p.add_argument("--capacity", type=int_arg(1), default=1_000_000, help="soft capacity in items (>= 1)")
-    p.add_argument("--alpha", type=float_arg(nonneg=True), default=0.6, help="priority exponent alpha (>= 0)")
-    p.add_argument("--eviction", choices=("fifo", "prioritized"), default="fifo", help="remove_to_fit policy")
-    p.add_argument("--alpha-evict", type=float_arg(), default=-0.4, help="exponent of prioritized eviction")
-    p.add_argument("--shards", type=int_arg(1, 4096), default=8, help="number of lock shards of the store")
-    p.add_argument("--seed", type=int_arg(0, 2**64 - 1), default=0, help="random seed of the store")
-    p.add_argument("--min-size-to-sample", type=int_arg(0), default=1,
+    p.add_argument("--capacity", type=field_arg(ServerConfig, "capacity"), default=1_000_000,
+                   help="soft capacity in items (>= 1)")
+    p.add_argument("--alpha", type=field_arg(ServerConfig, "alpha"), default=0.6, help="priority exponent alpha (>= 0)")
+    p.add_argument("--eviction", choices=EVICTION_POLICIES, default="fifo", help="remove_to_fit policy")
+    p.add_argument("--alpha-evict", type=field_arg(ServerConfig, "alpha_evict"), default=-0.4, help="exponent of prioritized eviction")
+    p.add_argument("--shards", type=field_arg(ServerConfig, "shards"), default=8,
+                   help=f"number of lock shards of the store (1-{MAX_SHARDS})")
+    p.add_argument("--seed", type=field_arg(ServerConfig, "seed"), default=0, help="random seed of the store")
+    p.add_argument("--min-size-to-sample", type=field_arg(ServerConfig, "min_size_to_sample"), default=1,
                    help="SAMPLE waits (up to its timeout) until the store holds this many items")
     p.add_argument("--snapshot", metavar="PATH", default=None,
                    help="snapshot file: loaded at start if present, written on shutdown")
-    p.add_argument("--snapshot-every", metavar="SECONDS", type=float_arg(positive=True), default=None,
+    p.add_argument("--snapshot-every", metavar="SECONDS", type=field_arg(ServerConfig, "snapshot_every"), default=None,
                    help="also write the snapshot every SECONDS (needs --snapshot)")
-    p.add_argument("--max-message-mb", type=float_arg(positive=True), default=256,
+    p.add_argument("--max-message-mb", type=field_arg(ServerConfig, "max_message_mb"), default=256,
                    help="largest accepted request in MiB (bigger: TOO_LARGE reply or disconnect)")
-    p.add_argument("--workers", type=int_arg(1, 256), default=2,
+    p.add_argument("--workers", type=field_arg(ServerConfig, "workers"), default=2,
                    help="worker threads for large samples, remove_to_fit and stats")
-    p.add_argument("--inline-sample-max", metavar="N", type=int_arg(0), default=1024,
+    p.add_argument("--inline-sample-max", metavar="N", type=field_arg(ServerConfig, "inline_sample_max"), default=1024,
                    help="samples of at most N items are served by the receiving thread (default 1024)")
-    p.add_argument("--samples-per-insert", metavar="SPI", type=float_arg(positive=True), default=None,
+    p.add_argument("--samples-per-insert", metavar="SPI", type=field_arg(ServerConfig, "samples_per_insert"), default=None,
                    help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)")
-    p.add_argument("--error-buffer", metavar="ITEMS", type=float_arg(nonneg=True), default=None,
+    p.add_argument("--error-buffer", metavar="ITEMS", type=field_arg(ServerConfig, "error_buffer"), default=None,
                    help="allowed drift from SPI in sampled items (>= max(1, SPI); default max(1, SPI) * 100)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="logging level (stderr)")
@@ -66,8 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parsed flags with ``args.config``, the validated :class:`ServerConfig` (exit 2 with the reason on a bad
+    flag or combination)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.plan is not None:
+        from apexrl.launch.plan import server_config_from_plan
+
+        extra = set(given_flags(parser, argv or [])) - {"plan", "log_level"}
+        if extra:
+            parser.error(f"--plan takes every setting from the plan; also given: {', '.join(sorted(extra))}")
+        try:
+            args.config = server_config_from_plan(args.plan)
+        except (OSError, ValueError) as e:
+            parser.error(f"--plan: {e}")
+        return args
     if args.endpoint is not None:
         if args.port is not None:
             parser.error("--endpoint and --port are mutually exclusive")
@@ -76,25 +95,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--port is required (or give --endpoint)")
     if args.snapshot_every is not None and args.snapshot is None:
         parser.error("--snapshot-every needs --snapshot")
-    if args.error_buffer is not None:
-        if args.samples_per_insert is None:
-            parser.error("--error-buffer needs --samples-per-insert")
-        floor = max(1.0, args.samples_per_insert)
-        if args.error_buffer < floor:
-            parser.error(
-                f"--error-buffer {args.error_buffer} is too small: it must be >= max(1, --samples-per-insert) = "
-                f"{floor}, or inserts and samples could both block for good"
-            )
+    if args.error_buffer is not None and args.samples_per_insert is None:
+        parser.error("--error-buffer needs --samples-per-insert")
+    try:
+        args.config = config_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from apexrl.replay.server import ReplayServer, ServerConfig, SnapshotLoadError
-
-    config = ServerConfig(
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The :class:`ServerConfig` of parsed flags (ValueError from its validation)."""
+    return ServerConfig(
         bind=args.bind, port=args.port, capacity=args.capacity, alpha=args.alpha, eviction=args.eviction,
         alpha_evict=args.alpha_evict, shards=args.shards, seed=args.seed,
         min_size_to_sample=args.min_size_to_sample, snapshot=args.snapshot, snapshot_every=args.snapshot_every,
@@ -102,6 +114,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         inline_sample_max=args.inline_sample_max,
         samples_per_insert=args.samples_per_insert, error_buffer=args.error_buffer,
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    return serve(args.config, args.log_level)
+
+
+def serve(config: ServerConfig, log_level: str = "INFO") -> int:
+    """Run a replay server until SIGTERM/SIGINT; the exit status (1 if it cannot start)."""
+    logging.basicConfig(level=log_level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from apexrl.replay.server import ReplayServer, SnapshotLoadError
+
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -36,12 +36,13 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TextIO
 
-from apexrl.launch.progress import LogTail, Progress, format_duration
+from apexrl.launch.plan import PLAN_NAME, RunPlan
+from apexrl.launch.progress import LogTail, Progress, RecordTail, format_duration
 
-__all__ = ["ChildSpec", "LaunchConfig", "Launcher", "free_ports"]
+__all__ = ["ChildSpec", "Launcher", "free_ports"]
 
 RESTART_WINDOW_S = 60.0
 MAX_BACKOFF_S = 30.0
@@ -74,31 +75,8 @@ class ChildSpec:
     module: str
     args: list[str]
     restart_args: list[str] | None = None
-
-
-@dataclass
-class LaunchConfig:
-    """Everything the launcher needs; ``apexrl run`` builds it from its flags."""
-
-    run_dir: str
-    num_actors: int
-    server_args: list[str]
-    """Flags of apexrl-replay-server other than --port (the preset's replay settings)."""
-    learner_args: list[str]
-    """Flags of apexrl-learner other than --replay/--params-port/--run-dir/--resume/--max-steps."""
-    actor_args: list[str]
-    """Flags of apexrl-actor other than --replay/--params/--index/--num-actors/--episodes-csv."""
-    minutes: float = 0.0
-    """Stop after this many minutes of wall time (0: no limit)."""
-    steps: int = 0
-    """Stop once the learner has done this many steps (0: no limit)."""
-    resume: bool = False
-    """Start the learner with --resume (continue the run directory's checkpoint)."""
-    progress_every: float = 5.0
-    quiet: bool = False
-    max_restarts_per_minute: int = 5
-    python: str = sys.executable
-    out: TextIO = field(default_factory=lambda: sys.stdout)
+    progress_path: str | None = None
+    """Where the child appends its JSON progress records (None: it writes none)."""
 
 
 class Child:
@@ -184,15 +162,19 @@ def log_tail(path: str, lines: int = 15) -> str:
 class Launcher:
     """Runs one local Ape-X system until its limits or a signal; :meth:`run` returns the exit status."""
 
-    def __init__(self, config: LaunchConfig):
-        self.config = config
-        self.run_dir = config.run_dir
-        self.log_dir = os.path.join(config.run_dir, "logs")
-        self.out = config.out
+    def __init__(self, plan: RunPlan, *, server_log_level: str = "WARNING", python: str = sys.executable,
+                 out: TextIO | None = None):
+        self.plan = plan
+        self.config = plan.run
+        self.run_dir = plan.run.run_dir
+        self.log_dir = os.path.join(self.run_dir, "logs")
+        self.server_log_level = server_log_level
+        self.python = python
+        self.out = out or sys.stdout
         self.tty = bool(getattr(self.out, "isatty", lambda: False)())
-        self.progress = Progress(config.num_actors)
+        self.progress = Progress(len(plan.actors))
         self.children: list[Child] = []
-        self.tails: dict[str, LogTail] = {}
+        self.tails: dict[str, RecordTail] = {}  # each child's progress records
         self._stop_reason: str | None = None
         self._exit_code = 0
         self._signals = 0
@@ -223,23 +205,24 @@ class Launcher:
     # ------------------------------------------------------------------------------------------ children
 
     def _specs(self, server_port: int, params_port: int) -> list[ChildSpec]:
-        cfg = self.config
-        replay = f"tcp://127.0.0.1:{server_port}"
-        learner = ["--replay", replay, "--params-port", str(params_port), "--run-dir", self.run_dir,
-                   *(["--max-steps", str(cfg.steps)] if cfg.steps else []), *cfg.learner_args]
+        """Place the plan on this machine (127.0.0.1, the given ports), write it to RUN_DIR/plan.json, and say
+        how to start each child from it: the one place where a plan becomes processes."""
+        placed = self.plan.placed(
+            replay=f"tcp://127.0.0.1:{server_port}", server_bind="127.0.0.1", server_port=server_port,
+            params_bind="127.0.0.1", params_port=params_port, params=f"tcp://127.0.0.1:{params_port}",
+            logs=self.log_dir,
+        )
+        path = os.path.join(self.run_dir, PLAN_NAME)
+        placed.save(path)
+        learner = ["--plan", path]
         specs = [
-            ChildSpec("server", "server", "apexrl.cli.server", ["--port", str(server_port), *cfg.server_args]),
-            ChildSpec("learner", "learner", "apexrl.cli.learner", learner + (["--resume"] if cfg.resume else []),
-                      restart_args=learner + ["--resume"]),
+            ChildSpec("server", "server", "apexrl.cli.server", ["--plan", path, "--log-level", self.server_log_level]),
+            ChildSpec("learner", "learner", "apexrl.cli.learner", learner, restart_args=learner + ["--resume"],
+                      progress_path=placed.learner.progress_path),
         ]
-        episodes_csv = os.path.join(self.run_dir, "episodes.csv")
-        for i in range(cfg.num_actors):
-            specs.append(ChildSpec(
-                f"actor{i}", "actor", "apexrl.cli.actor",
-                ["--replay", replay, "--params", f"tcp://127.0.0.1:{params_port}", "--index", str(i),
-                 "--num-actors", str(cfg.num_actors), "--episodes-csv", episodes_csv,
-                 "--log-every", f"{cfg.progress_every:g}", *cfg.actor_args],
-            ))
+        for actor in placed.actors:
+            specs.append(ChildSpec(f"actor{actor.index}", "actor", "apexrl.cli.actor",
+                                   ["--plan", path, "--index", str(actor.index)], progress_path=actor.progress_path))
         return specs
 
     def _start(self, child: Child) -> None:
@@ -255,9 +238,9 @@ class Launcher:
             json.dump(pids, f)
         os.replace(tmp, os.path.join(self.run_dir, "pids.json"))
 
-    def _wait_for_server(self, server: Child) -> bool:
+    def _wait_for_server(self, server: Child, tail: LogTail) -> bool:
+        """Until the server's log says it listens (its one fixed start-up line) or it exits."""
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        tail = self.tails[server.spec.name]
         while time.monotonic() < deadline and self._stop_reason is None:
             if any("listening on" in line for line in tail.read()):
                 return True
@@ -269,7 +252,6 @@ class Launcher:
     # ------------------------------------------------------------------------------------------ run
 
     def run(self) -> int:
-        cfg = self.config
         os.makedirs(self.log_dir, exist_ok=True)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         start = time.monotonic()
@@ -278,12 +260,15 @@ class Launcher:
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             for spec in self._specs(server_port, params_port):
                 log_path = os.path.join(self.log_dir, f"{spec.name}.log")
-                self.children.append(Child(spec, log_path, env, cfg.python))
-                self.tails[spec.name] = LogTail(log_path)
-                self.tails[spec.name].skip_to_end()  # an earlier run's lines (--resume) are not this run's
+                self.children.append(Child(spec, log_path, env, self.python))
+                if spec.progress_path is not None:
+                    self.tails[spec.name] = RecordTail(spec.progress_path)
+                    self.tails[spec.name].skip_to_end()  # an earlier run's records (--resume) are not this run's
             server, rest = self.children[0], self.children[1:]
+            server_log = LogTail(server.log_path)
+            server_log.skip_to_end()
             self._start(server)
-            if not self._wait_for_server(server):
+            if not self._wait_for_server(server, server_log):
                 if self._stop_reason is None:
                     self._fail(f"the replay server did not start; {server.log_path}:\n{log_tail(server.log_path)}")
             else:
@@ -310,7 +295,7 @@ class Launcher:
             now = time.monotonic()
             new_eval = False
             for name, tail in self.tails.items():
-                new_eval |= self.progress.feed(name, tail.read())
+                new_eval |= self.progress.feed(name, tail.records())
             for child in self.children:
                 self._check(child, now)
                 if self._stop_reason is not None:
@@ -403,7 +388,7 @@ class Launcher:
 
     def _summary(self, elapsed: float) -> None:
         for name, tail in self.tails.items():
-            self.progress.feed(name, tail.read())
+            self.progress.feed(name, tail.records())
         p = self.progress
         ev = f", last eval return {p.eval_return:.1f}" if p.eval_return is not None else ""
         self._print(f"run finished after {format_duration(elapsed)}: {p.learner_steps} learner steps{ev}, "

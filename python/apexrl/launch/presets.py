@@ -10,17 +10,16 @@ a command line override single fields (see ``apexrl-learner --help``).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PRESETS", "Preset", "ReplaySettings", "default_preset_for", "get_preset"]
+__all__ = ["PRESETS", "Preset", "ReplaySettings", "default_preset_for", "env_family", "get_preset"]
 
 
 @dataclass(frozen=True)
 class ReplaySettings:
-    """Flags for ``apexrl-replay-server`` (the launcher passes them, and ``--min-size-to-sample`` equal to the
-    learner's ``min_replay_size``; see its --help)."""
+    """Fields of :class:`~apexrl.replay.config.ServerConfig` a preset sets (the run plan adds the seed and makes
+    ``min_size_to_sample`` follow the learner's ``min_replay_size``)."""
 
     capacity: int
     eviction: str = "fifo"
@@ -28,22 +27,13 @@ class ReplaySettings:
     alpha_evict: float = -0.4
     samples_per_insert: float | None = None
 
-    def server_args(self) -> list[str]:
-        args = [
-            "--capacity", str(self.capacity), "--eviction", self.eviction, "--alpha", str(self.alpha),
-            "--alpha-evict", str(self.alpha_evict),
-        ]
-        if self.samples_per_insert is not None:
-            args += ["--samples-per-insert", str(self.samples_per_insert)]
-        return args
-
 
 @dataclass(frozen=True)
 class Preset:
     name: str
     description: str
     agent: str
-    """"dqn" or "dpg"."""
+    """A registered agent's name."""
     env: str
     """Default environment (``--env`` may name another of the same kind)."""
     agent_overrides: dict[str, Any] = field(default_factory=dict)
@@ -59,11 +49,12 @@ class Preset:
     """Run length the launcher uses by default."""
 
     def agent_config(self, **overrides: Any) -> Any:
-        from apexrl.agents import DPGConfig, DQNConfig
+        """The agent's config: its class's defaults, then the preset's overrides, then ``overrides`` (None
+        values ignored); ValueError from the config class on a bad value."""
+        from apexrl.agents import get_agent
 
-        base = DQNConfig() if self.agent == "dqn" else DPGConfig()
         values = {**self.agent_overrides, **{k: v for k, v in overrides.items() if v is not None}}
-        return dataclasses.replace(base, **values)
+        return get_agent(self.agent).config_class(**values)
 
 
 PRESETS: dict[str, Preset] = {
@@ -143,12 +134,20 @@ def get_preset(name: str) -> Preset:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
 
 
+def env_family(env: str) -> str:
+    """``gym``, ``atari`` or ``dmc``: the part of an environment name before the colon."""
+    return env.split(":", 1)[0]
+
+
 def default_preset_for(agent: str, env: str) -> Preset:
-    """The preset an actor or learner uses when none is named: the paper's for Atari and the Control Suite,
-    the small ones for gymnasium tasks."""
-    family = env.split(":", 1)[0]
-    if agent == "dqn":
-        return PRESETS["apex-dqn-atari" if family == "atari" else "cartpole"]
-    if agent == "dpg":
-        return PRESETS["apex-dpg-control" if family == "dmc" else "pendulum"]
-    raise ValueError(f"unknown agent {agent!r}; valid agents: dqn, dpg")
+    """The preset an actor, learner or run uses when none is named: the first preset of ``agent`` for
+    ``env``'s family (the paper's for Atari and the Control Suite, the small ones for gymnasium tasks). An agent
+    with no such preset runs on its config class's defaults and the processes' default settings."""
+    from apexrl.agents import get_agent
+
+    agent_def = get_agent(agent)  # ValueError naming the valid agents
+    for preset in PRESETS.values():
+        if preset.agent == agent and env_family(preset.env) == env_family(env):
+            return preset
+    return Preset(name=f"{agent}-defaults", description=f"{agent_def.description}, default settings",
+                  agent=agent, env=env, replay=ReplaySettings(capacity=1_000_000), actors=2, minutes=10.0)

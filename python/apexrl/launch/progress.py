@@ -1,28 +1,23 @@
-"""Live progress of a local run, read from the processes' own progress lines.
+"""Live progress of a local run, read from the processes' own progress records.
 
-The learner prints ``learner time_s=.. steps=.. env_frames=.. steps_per_s=.. replay_size=.. inserted_per_s=..
-sampled_per_s=.. [eval_return_mean=..]`` once per metrics interval and each actor prints ``actor=I time_s=..
-steps=.. episodes=.. return_mean10=.. ...`` every ``--log-every`` seconds. :class:`LogTail` reads what was
-appended to a log file since the last call, :class:`Progress` keeps the latest values, and
-:meth:`Progress.line` formats one compact status line. Parsing the logs (rather than querying the processes)
-keeps the launcher a pure supervisor: it never opens a socket to the system it watches.
+The learner appends one JSON object per metrics row (``{"role": "learner", "time_s", "learner_steps",
+"learner_steps_per_s", "replay_size", "inserted_per_s", "sampled_per_s", "eval_return_mean"?, ...}``) and each
+actor one every ``log_every`` seconds (``{"role": "actor", "actor", "steps", "episodes", "return_mean10",
+...}``) to the progress file the run plan gives it (:mod:`apexrl.apex.report`). :class:`RecordTail` reads the
+records appended since the last call, :class:`Progress` keeps the latest values, and :meth:`Progress.line`
+formats one compact status line. Reading files (rather than querying the processes) keeps the launcher a pure
+supervisor: it never opens a socket to the system it watches.
 
 Single-threaded by contract: the launcher's loop is the only caller.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
+from typing import Any
 
-__all__ = ["LogTail", "Progress", "format_duration", "parse_fields"]
-
-_FIELD = re.compile(r"(\w+)=(\S+)")
-
-
-def parse_fields(line: str) -> dict[str, str]:
-    """``key=value`` pairs of a progress line (values as text)."""
-    return dict(_FIELD.findall(line))
+__all__ = ["LogTail", "Progress", "RecordTail", "format_duration"]
 
 
 def format_duration(seconds: float) -> str:
@@ -59,6 +54,22 @@ class LogTail:
         self._partial = b""
 
 
+class RecordTail(LogTail):
+    """JSON records (one object per line) appended to a file since the previous :meth:`records`; a line that
+    is not a JSON object (a torn write of a killed process) is skipped."""
+
+    def records(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.read():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
+
+
 class _ActorState:
     """One actor's latest counters; ``episodes`` keeps counting across restarts of the process."""
 
@@ -68,15 +79,15 @@ class _ActorState:
         self.return_mean10: float | None = None
         self.steps_per_s: float | None = None
 
-    def update(self, fields: dict[str, str]) -> None:
-        episodes = int(fields.get("episodes", "0"))
+    def update(self, record: dict[str, Any]) -> None:
+        episodes = int(record.get("episodes", 0))
         if episodes < self.episodes:  # a restarted process counts from 0 again
             self.episodes_before += self.episodes
         self.episodes = episodes
-        if fields.get("return_mean10", "-") != "-":
-            self.return_mean10 = float(fields["return_mean10"])
-        if "steps_per_s" in fields:
-            self.steps_per_s = float(fields["steps_per_s"])
+        if record.get("return_mean10") is not None:
+            self.return_mean10 = float(record["return_mean10"])
+        if record.get("steps_per_s") is not None:
+            self.steps_per_s = float(record["steps_per_s"])
 
     @property
     def total_episodes(self) -> int:
@@ -84,35 +95,35 @@ class _ActorState:
 
 
 class Progress:
-    """Latest learner and actor values; :meth:`feed` takes a process name and its new log lines."""
+    """Latest learner and actor values; :meth:`feed` takes a process name and its new records."""
 
     def __init__(self, num_actors: int):
-        self.learner: dict[str, str] = {}
+        self.learner: dict[str, Any] = {}
         self.eval_return: float | None = None
         self.eval_count = 0
         self.actors = [_ActorState() for _ in range(num_actors)]
         self.restarts = 0
 
-    def feed(self, name: str, lines: list[str]) -> bool:
-        """Consume lines of process ``name``; True when a new evaluation result arrived."""
+    def feed(self, name: str, records: list[dict[str, Any]]) -> bool:
+        """Consume records of process ``name``; True when a new evaluation result arrived."""
         new_eval = False
-        for line in lines:
-            if line.startswith("learner time_s="):
-                self.learner = parse_fields(line)
-                if "eval_return_mean" in self.learner:
-                    self.eval_return = float(self.learner["eval_return_mean"])
+        for record in records:
+            role = record.get("role")
+            if role == "learner":
+                self.learner = record
+                if record.get("eval_return_mean") is not None:
+                    self.eval_return = float(record["eval_return_mean"])
                     self.eval_count += 1
                     new_eval = True
-            elif line.startswith("actor="):
-                fields = parse_fields(line)
-                i = int(fields["actor"])
-                if 0 <= i < len(self.actors):
-                    self.actors[i].update(fields)
+            elif role == "actor":
+                i = record.get("actor")
+                if isinstance(i, int) and 0 <= i < len(self.actors):
+                    self.actors[i].update(record)
         return new_eval
 
     @property
     def learner_steps(self) -> int:
-        return int(self.learner.get("steps", 0))
+        return int(self.learner.get("learner_steps", 0))
 
     def line(self, elapsed: float, limit_s: float | None, max_steps: int | None) -> str:
         """One status line: time, learner, replay, evaluation, actors, restarts."""
@@ -122,9 +133,10 @@ class Progress:
         L = self.learner
         steps = f"{self.learner_steps}" + (f"/{max_steps}" if max_steps else "")
         if L:
-            learner = f"steps {steps} ({float(L.get('steps_per_s', 0)):.0f}/s)"
-            replay = (f"replay {L.get('replay_size', '-')} +{float(L.get('inserted_per_s', 0)):.0f}/s "
-                      f"sampled {float(L.get('sampled_per_s', 0)):.0f}/s")
+            learner = f"steps {steps} ({float(L.get('learner_steps_per_s') or 0):.0f}/s)"
+            size = L.get("replay_size")
+            replay = (f"replay {'-' if size is None else size} +{float(L.get('inserted_per_s') or 0):.0f}/s "
+                      f"sampled {float(L.get('sampled_per_s') or 0):.0f}/s")
         else:
             learner, replay = "learner starting", "replay -"
         ev = f"eval {self.eval_return:.1f}" if self.eval_return is not None else "eval -"

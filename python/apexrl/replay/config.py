@@ -2,68 +2,69 @@
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["ServerConfig"]
+from apexrl.validate import Range, check_fields
+
+__all__ = ["EVICTION_POLICIES", "MAX_SHARDS", "STORE_INT_MAX", "ServerConfig"]
+
+
+STORE_INT_MAX = 2**63 - 1
+"""The native store takes capacity and seed as signed 64-bit integers."""
+MAX_SHARDS = 256
+"""The store's key has 8 bits for the shard."""
+EVICTION_POLICIES = ("fifo", "prioritized")
+"""``PrioritizedStore(eviction=...)`` values (tests check the store accepts exactly these)."""
 
 
 @dataclass
 class ServerConfig:
-    """Settings of a :class:`ReplayServer` (the CLI flags of ``apexrl-replay-server`` map 1:1)."""
+    """Settings of a :class:`~apexrl.replay.server.ReplayServer`; the flags of ``apexrl-replay-server`` map 1:1
+    and take their ranges from here (``apexrl.validate``). Invalid values raise ValueError at construction."""
 
     bind: str = "127.0.0.1"
-    port: int = 0  # 0 = ephemeral; the real one is ReplayServer.endpoint
-    capacity: int = 1_000_000
-    alpha: float = 0.6
-    eviction: str = "fifo"
-    alpha_evict: float = -0.4
-    shards: int = 8
-    seed: int = 0
-    min_size_to_sample: int = 1
+    port: int = field(default=0, metadata=Range.int(0, 65535))
+    """0: an ephemeral port; the real one is ReplayServer.endpoint."""
+    capacity: int = field(default=1_000_000, metadata=Range.int(1, STORE_INT_MAX))
+    alpha: float = field(default=0.6, metadata=Range.float(0.0))
+    eviction: str = field(default="fifo", metadata=Range.choice(*EVICTION_POLICIES))
+    alpha_evict: float = field(default=-0.4, metadata=Range.float())
+    shards: int = field(default=8, metadata=Range.int(1, MAX_SHARDS))
+    seed: int = field(default=0, metadata=Range.int(0, STORE_INT_MAX))
+    min_size_to_sample: int = field(default=1, metadata=Range.int(0, STORE_INT_MAX))
     snapshot: str | os.PathLike[str] | None = None
-    snapshot_every: float | None = None  # seconds; None = only on stop()
-    max_message_mb: float = 256
-    workers: int = 2
-    inline_sample_max: int = 1024  # SAMPLEs of at most this many items are served by the receiving thread
-    samples_per_insert: float | None = None  # None = no rate limiting (Reverb's SampleToInsertRatio)
-    error_buffer: float | None = None  # None = max(1, samples_per_insert) * 100
+    snapshot_every: float | None = field(default=None, metadata=Range.float(0.0, lo_open=True, optional=True))
+    """Seconds between snapshots; None: only on stop()."""
+    max_message_mb: float = field(default=256, metadata=Range.float(0.0, lo_open=True))
+    workers: int = field(default=2, metadata=Range.int(1, 256))
+    inline_sample_max: int = field(default=1024, metadata=Range.int(0, STORE_INT_MAX))
+    """SAMPLEs of at most this many items are served by the receiving thread."""
+    samples_per_insert: float | None = field(default=None, metadata=Range.float(0.0, lo_open=True, optional=True))
+    """None: no rate limiting (Reverb's SampleToInsertRatio)."""
+    error_buffer: float | None = field(default=None, metadata=Range.float(0.0, optional=True))
+    """None: max(1, samples_per_insert) * 100."""
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     def validate(self) -> None:
+        """Every range above, and the rules between fields; ValueError naming the first broken one."""
+        check_fields(self)
         if self.samples_per_insert is None:
             if self.error_buffer is not None:
                 raise ValueError("error_buffer needs samples_per_insert")
         else:
-            spi = self.samples_per_insert
-            if not (spi > 0 and math.isfinite(spi)):
-                raise ValueError(f"samples_per_insert must be finite and > 0, got {spi}")
+            spi = float(self.samples_per_insert)
             eb = self.effective_error_buffer
             assert eb is not None
-            if not (math.isfinite(eb) and eb >= max(1.0, spi)):
+            if eb < max(1.0, spi):
                 raise ValueError(
-                    f"error_buffer must be finite and >= max(1, samples_per_insert) = {max(1.0, spi)}, "
+                    f"error_buffer must be >= max(1, samples_per_insert) = {max(1.0, spi)}, "
                     f"got {eb} (a smaller buffer could block both inserts and samples for good)"
                 )
-        if not 0 <= int(self.port) <= 65535:
-            raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
-        if self.min_size_to_sample < 0:
-            raise ValueError(f"min_size_to_sample must be >= 0, got {self.min_size_to_sample}")
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if self.inline_sample_max < 0:
-            raise ValueError(f"inline_sample_max must be >= 0, got {self.inline_sample_max}")
-        if not (self.max_message_mb > 0 and math.isfinite(self.max_message_mb)):
-            raise ValueError(f"max_message_mb must be > 0, got {self.max_message_mb}")
-        if self.snapshot_every is not None:
-            if not (self.snapshot_every > 0 and math.isfinite(self.snapshot_every)):
-                raise ValueError(f"snapshot_every must be > 0 seconds, got {self.snapshot_every}")
-            if self.snapshot is None:
-                raise ValueError("snapshot_every needs a snapshot path")
-        if self.eviction not in ("fifo", "prioritized"):
-            raise ValueError(f"eviction must be 'fifo' or 'prioritized', got {self.eviction!r}")
+        if self.snapshot_every is not None and self.snapshot is None:
+            raise ValueError("snapshot_every needs a snapshot path")
 
     @property
     def effective_error_buffer(self) -> float | None:

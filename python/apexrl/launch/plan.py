@@ -1,0 +1,254 @@
+"""The typed run plan: every process of an Ape-X run and its settings, validated once, before anything starts.
+
+``plan(preset, overrides)`` resolves the agent, the environment and the preset, fills one
+:class:`~apexrl.replay.config.ServerConfig`, one :class:`~apexrl.apex.config.LearnerConfig` and N
+:class:`~apexrl.apex.config.ActorConfig` (each config class checks its own value ranges, which are the native
+store's where they reach it), then checks the rules *between* processes:
+
+* the server's ``min_size_to_sample`` follows the learner's ``min_replay_size`` (so a restarted, empty server
+  makes the learner wait again instead of training on a handful of transitions);
+* ``min_replay_size <= capacity`` (else the learner's first eviction would empty the replay below the size
+  the server lets it sample at, and the run would stall);
+* with a rate limiter, a learner batch n and an actor insert m must satisfy ``n + m * spi <= 2 * error_buffer``
+  (when neither side may move the run deadlocks; the server's documentation derives the bound).
+
+A plan says *what* runs, not *where*: endpoints are empty until a launcher places the processes
+(:meth:`RunPlan.placed`). The local launcher and a cluster launcher consume the same plan; it round-trips
+through JSON (``RUN_DIR/plan.json``) so each child process reads its own config from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from apexrl.apex.config import (
+    ActorConfig,
+    LearnerConfig,
+    config_from_dict,
+    config_to_dict,
+    default_run_dir,
+)
+from apexrl.launch.presets import Preset, default_preset_for, get_preset
+from apexrl.replay.config import ServerConfig
+from apexrl.validate import Range, check_fields
+
+__all__ = ["PLAN_NAME", "Overrides", "RunPlan", "RunSettings", "default_run_dir", "plan", "resolve_preset", "server_config_from_plan"]
+
+PLAN_NAME = "plan.json"
+AGENT_FIELDS = ("n_step", "gamma", "batch_size", "target_update_period")
+"""Agent settings a run's command line may override (actors and learner always get the same values)."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The launcher's own settings."""
+
+    run_dir: str
+    minutes: float = field(default=0.0, metadata=Range.float(0.0))
+    """Stop after this many minutes of wall time (0: no limit)."""
+    steps: int = field(default=0, metadata=Range.int(0))
+    """Stop once the learner has done this many steps (0: no limit)."""
+    resume: bool = False
+    """Start the learner from the run directory's checkpoint."""
+    progress_every: float = field(default=5.0, metadata=Range.float(0.0, lo_open=True))
+    """Seconds between progress lines (and between the actors' progress records)."""
+    quiet: bool = False
+    max_restarts_per_minute: int = field(default=5, metadata=Range.int(0))
+    """Exits of one process within 60 s beyond which the run is given up."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass
+class Overrides:
+    """What a user changes relative to a preset (``apexrl run`` flags); None or empty: the preset's."""
+
+    agent: str | None = None
+    env: str | None = None
+    seed: int = 0
+    agent_fields: dict[str, Any] = field(default_factory=dict)
+    """Fields of the agent's config class (``n_step``, ``gamma``, ...)."""
+    server: dict[str, Any] = field(default_factory=dict)
+    """Fields of ServerConfig."""
+    learner: dict[str, Any] = field(default_factory=dict)
+    """Fields of LearnerConfig."""
+    actor: dict[str, Any] = field(default_factory=dict)
+    """Fields of ActorConfig (every actor)."""
+    actors: int | None = None
+    minutes: float | None = None
+    steps: int = 0
+    run_dir: str | None = None
+    resume: bool = False
+    progress_every: float = 5.0
+    quiet: bool = False
+    max_restarts_per_minute: int = 5
+
+
+@dataclass
+class RunPlan:
+    """One replay server, one learner and N actors, with every setting; see the module docstring."""
+
+    preset: str
+    server: ServerConfig
+    learner: LearnerConfig
+    actors: list[ActorConfig]
+    run: RunSettings
+
+    @property
+    def agent(self) -> str:
+        return self.learner.agent
+
+    @property
+    def env(self) -> str:
+        return self.learner.env
+
+    @property
+    def seed(self) -> int:
+        return self.learner.seed
+
+    def placed(self, *, replay: str, server_bind: str, server_port: int, params_bind: str, params_port: int,
+               params: str, logs: str | None = None) -> RunPlan:
+        """This plan with the endpoints of one placement filled in (and, with ``logs``, each child's progress
+        records in ``logs/NAME.progress.jsonl``)."""
+        progress = (lambda name: os.path.join(logs, f"{name}.progress.jsonl")) if logs else (lambda name: None)
+        return dataclasses.replace(
+            self,
+            server=dataclasses.replace(self.server, bind=server_bind, port=server_port),
+            learner=dataclasses.replace(self.learner, replay=replay, params_bind=params_bind,
+                                        params_port=params_port, progress_path=progress("learner")),
+            actors=[dataclasses.replace(a, replay=replay, params=params, progress_path=progress(f"actor{a.index}"))
+                    for a in self.actors],
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": 1, "preset": self.preset, "server": config_to_dict(self.server),
+            "learner": config_to_dict(self.learner), "actors": [config_to_dict(a) for a in self.actors],
+            "run": config_to_dict(self.run),
+        }, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunPlan:
+        """The plan ``to_json`` wrote; ValueError when it is not one (every config is validated again)."""
+        try:
+            d = json.loads(text)
+            if d.get("format") != 1:
+                raise ValueError(f"unknown plan format {d.get('format')!r}")
+            return cls(preset=d["preset"], server=ServerConfig(**d["server"]),
+                       learner=config_from_dict(LearnerConfig, d["learner"]),
+                       actors=[config_from_dict(ActorConfig, a) for a in d["actors"]], run=RunSettings(**d["run"]))
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+            raise ValueError(f"not a run plan: {type(e).__name__}: {e}") from None
+
+    def save(self, path: str) -> None:
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> RunPlan:
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(f.read())
+
+
+def server_config_from_plan(path: str) -> ServerConfig:
+    """The replay server's config in a plan file, read without the agents (so without torch)."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            return ServerConfig(**json.load(f)["server"])
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"not a run plan: {type(e).__name__}: {e}") from None
+
+
+def resolve_preset(preset: Preset | str | None, o: Overrides) -> tuple[Preset, str, str]:
+    """(preset, agent, env): a named preset fills what the overrides leave open; with none, the agent comes
+    from the environment's action space (the first registered agent that accepts it) and the preset from the
+    agent and the environment's family."""
+    from apexrl.agents import AGENTS, agent_names, get_agent
+    from apexrl.envs import env_spec
+
+    if isinstance(preset, str):
+        preset = get_preset(preset)
+    if preset is None:
+        if o.agent is None and o.env is None:
+            preset = get_preset("cartpole")
+        elif o.env is None:
+            preset = default_preset_for(o.agent, get_preset("cartpole").env)
+            if preset.name.endswith("-defaults"):
+                raise ValueError(f"agent {o.agent!r} has no preset: give --env too")
+        else:
+            agent = o.agent
+            if agent is None:
+                spec = env_spec(o.env)
+                accepting = [name for name in agent_names() if AGENTS[name].accepts(spec) is None]
+                if not accepting:
+                    raise ValueError(f"no agent accepts {o.env}")
+                agent = accepting[0]
+            preset = default_preset_for(agent, o.env)
+    agent, env = o.agent or preset.agent, o.env or preset.env
+    if agent != preset.agent:
+        raise ValueError(f"agent {agent} does not match preset {preset.name!r} (agent {preset.agent})")
+    reason = get_agent(agent).accepts(env_spec(env))
+    if reason is not None:
+        raise ValueError(f"agent {agent} cannot run on {env}: {reason}")
+    return preset, agent, env
+
+
+def plan(preset: Preset | str | None = None, overrides: Overrides | None = None) -> RunPlan:
+    """The validated plan of a run; ValueError naming the first setting (or rule) that does not hold."""
+    o = overrides or Overrides()
+    preset, agent, env = resolve_preset(preset, o)
+    unknown = set(o.agent_fields) - set(AGENT_FIELDS)
+    if unknown:
+        raise ValueError(f"agent fields {sorted(unknown)} cannot be overridden; these can: {list(AGENT_FIELDS)}")
+    agent_config = preset.agent_config(**o.agent_fields)
+    run = RunSettings(
+        run_dir=o.run_dir or default_run_dir(env, agent, o.seed),
+        minutes=preset.minutes if o.minutes is None else o.minutes, steps=o.steps, resume=o.resume,
+        progress_every=o.progress_every, quiet=o.quiet, max_restarts_per_minute=o.max_restarts_per_minute,
+    )
+    learner = LearnerConfig(**{
+        **preset.learner, **o.learner, "agent": agent, "env": env, "replay": "", "seed": o.seed,
+        "agent_config": agent_config, "run_dir": run.run_dir, "resume": run.resume, "max_steps": run.steps,
+        "extra": {"preset": preset.name},
+    })
+    server = ServerConfig(**{
+        **dataclasses.asdict(preset.replay), "min_size_to_sample": learner.min_replay_size, "seed": o.seed,
+        **o.server,
+    })
+    num_actors = o.actors or preset.actors
+    actors = [
+        ActorConfig(**{
+            **preset.actor, "log_every": run.progress_every, **o.actor, "agent": agent, "env": env, "replay": "",
+            "params": "", "index": i, "num_actors": num_actors, "seed": o.seed, "agent_config": agent_config,
+            "episodes_csv": os.path.join(run.run_dir, "episodes.csv"),
+        })
+        for i in range(num_actors)
+    ]
+    p = RunPlan(preset=preset.name, server=server, learner=learner, actors=actors, run=run)
+    check_rules(p)
+    return p
+
+
+def check_rules(p: RunPlan) -> None:
+    """The rules between the processes' settings (module docstring); ValueError with the arithmetic."""
+    s, batch = p.server, p.learner.agent_config.batch_size
+    if p.learner.min_replay_size > s.capacity:
+        raise ValueError(f"the learner's min_replay_size {p.learner.min_replay_size} exceeds the replay capacity "
+                         f"{s.capacity}: after its first eviction the learner could never sample again")
+    if s.samples_per_insert is not None:
+        eb, spi = s.effective_error_buffer, s.samples_per_insert
+        assert eb is not None
+        insert = max(a.flush_every for a in p.actors)
+        if batch + insert * spi > 2 * eb:
+            raise ValueError(
+                f"rate limiter deadlock: a learner batch of {batch} plus an actor insert of {insert} x "
+                f"samples_per_insert {spi:g} = {batch + insert * spi:g} exceeds 2 x error_buffer = {2 * eb:g}, "
+                f"so samples and inserts can both be blocked for good; raise --error-buffer to at least "
+                f"{(batch + insert * spi) / 2:g} or use smaller batches")
