@@ -174,7 +174,7 @@ def test_learner_killed_and_resumed_continues_its_counters_and_weights(start_ser
         ("apexrl.cli.learner", ["--agent", "dqn", "--env", "gym:NoSuchEnv-v9", "--replay", "tcp://127.0.0.1:1",
                                 "--params-port", "0"], "CartPole"),
         ("apexrl.cli.learner", ["--agent", "dqn", "--env", "gym:Pendulum-v1", "--replay", "tcp://127.0.0.1:1",
-                                "--params-port", "0"], "continuous actions"),
+                                "--params-port", "0"], "needs a discrete action space"),
         ("apexrl.cli.learner", ["--preset", "nope", "--replay", "tcp://127.0.0.1:1", "--params-port", "0"],
          "valid presets"),
         ("apexrl.cli.learner", ["--agent", "dqn", "--env", "gym:CartPole-v1", "--replay", "localhost:5",

@@ -1,0 +1,77 @@
+"""The typed run plan and the config ranges: validated once, equal to what the native store accepts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from apexrl import PrioritizedStore
+from apexrl.launch.plan import Overrides, RunPlan, plan
+from apexrl.replay.config import EVICTION_POLICIES, MAX_SHARDS, STORE_INT_MAX, ServerConfig
+from apexrl.validate import range_of
+
+
+@pytest.mark.parametrize("field, ok, bad", [("shards", MAX_SHARDS, MAX_SHARDS + 1), ("seed", STORE_INT_MAX, -1),
+                                            ("capacity", STORE_INT_MAX, 0)])
+def test_server_config_ranges_are_the_stores(field, ok, bad):
+    kwargs = {"capacity": 10, "shards": 1, "seed": 0}
+    PrioritizedStore(**{**kwargs, field: ok})
+    ServerConfig(**{field: ok})
+    with pytest.raises((ValueError, OverflowError)):
+        PrioritizedStore(**{**kwargs, field: bad})
+    with pytest.raises(ValueError, match=f"ServerConfig.{field} must be"):
+        ServerConfig(**{field: bad})
+    assert not range_of(ServerConfig, field).ok(bad)
+
+
+def test_eviction_policies_are_the_stores():
+    for name in EVICTION_POLICIES:
+        PrioritizedStore(capacity=10, eviction=name)
+    with pytest.raises(ValueError):
+        PrioritizedStore(capacity=10, eviction="lifo-that-does-not-exist")
+
+
+@pytest.mark.parametrize("flags, reason", [
+    (["--shards", "4096"], "must be an int in [1, 256]"),
+    (["--seed", str(2**64 - 1)], "must be an int in [0, 9223372036854775807]"),
+    (["--samples-per-insert", "4", "--error-buffer", "2"], "error_buffer must be >= max(1, samples_per_insert)"),
+])
+def test_server_flags_the_store_would_reject_exit_2(flags, reason):
+    out = subprocess.run([sys.executable, "-m", "apexrl.cli.server", "--port", "0", *flags],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and reason in out.stderr, out.stderr
+
+
+def test_plan_fills_every_process_and_round_trips_through_json(tmp_path):
+    p = plan("cartpole", Overrides(seed=3, actors=3, run_dir=str(tmp_path)))
+    assert (p.agent, p.env, len(p.actors)) == ("dqn", "gym:CartPole-v1", 3)
+    assert p.server.min_size_to_sample == p.learner.min_replay_size == 2000  # the server follows the learner
+    assert p.server.seed == p.learner.seed == 3 and [a.index for a in p.actors] == [0, 1, 2]
+    assert all(a.agent_config == p.learner.agent_config for a in p.actors)
+    placed = p.placed(replay="tcp://127.0.0.1:5", server_bind="127.0.0.1", server_port=5, params_bind="127.0.0.1",
+                      params_port=6, params="tcp://127.0.0.1:6", logs=str(tmp_path))
+    placed.save(str(tmp_path / "plan.json"))
+    assert RunPlan.load(str(tmp_path / "plan.json")) == placed
+    assert placed.actors[2].progress_path.endswith("actor2.progress.jsonl")
+
+
+def test_plan_refuses_a_rate_limiter_that_cannot_make_progress():
+    with pytest.raises(ValueError, match=r"deadlock: a learner batch of 512 plus an actor insert of 50 x "
+                                         r"samples_per_insert 1 = 562 exceeds 2 x error_buffer = 200"):
+        plan("cartpole", Overrides(agent_fields={"batch_size": 512}, server={"samples_per_insert": 1.0}))
+    plan("cartpole", Overrides(agent_fields={"batch_size": 512}, server={"samples_per_insert": 1.0,
+                                                                           "error_buffer": 281}))
+
+
+def test_plan_refuses_a_warm_up_larger_than_the_replay():
+    with pytest.raises(ValueError, match="min_replay_size 200000 exceeds the replay capacity 100000"):
+        plan("cartpole", Overrides(learner={"min_replay_size": 200_000}))
+
+
+def test_plan_picks_the_agent_from_the_environment():
+    assert plan(None, Overrides(env="gym:Pendulum-v1")).preset == "pendulum"
+    assert plan(None, Overrides(agent="dpg")).env == "gym:Pendulum-v1"
+    with pytest.raises(ValueError, match="agent dqn cannot run on gym:Pendulum-v1"):
+        plan(None, Overrides(agent="dqn", env="gym:Pendulum-v1"))
