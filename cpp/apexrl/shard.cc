@@ -27,7 +27,7 @@ Shard::Shard(uint32_t index, double alpha, EvictionKind eviction, double alpha_e
     prioritized_ = std::make_unique<PrioritizedPolicy>(alpha_evict);
     policy_ = prioritized_.get();
   }
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   EnsureSlots(std::min<size_t>(target_slots_, 1024));
 }
 
@@ -111,12 +111,12 @@ void Shard::Publish() {
 
 bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys,
                    bool block) {
-  std::unique_lock<SpinMutex> lock(mu_, std::defer_lock);
   if (block) {
-    lock.lock();
-  } else if (!lock.try_lock()) {
-    return false;
+    mu_.lock();
+  } else if (!mu_.try_lock()) {
+    return false;  // busy: the caller tries another shard
   }
+  ScopedLock lock(mu_, std::adopt_lock);
   EnsureSlots(n);
   thread_local std::vector<uint8_t*> blocks;
   blocks.resize(n);
@@ -196,7 +196,7 @@ bool Shard::Sample(const double* fractions, size_t k, double share, const Sample
   thread_local std::vector<Slot> slots;
   masses.resize(k);
   slots.resize(k);
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   // The total may have moved since the caller read it; scaling the fractions by the current total keeps
   // every draw inside this shard.
   const double total = tree_.Total();
@@ -210,7 +210,7 @@ bool Shard::Sample(const double* fractions, size_t k, double share, const Sample
 bool Shard::SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first) {
   thread_local std::vector<Slot> slots;
   slots.resize(k);
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   if (live_.empty()) return false;
   for (size_t i = 0; i < k; ++i) slots[i] = live_[rng.Below(live_.size())];
   // CopyOut reports mass * share / total; with "mass" 1 per item this is share / size, the uniform P.
@@ -220,7 +220,7 @@ bool Shard::SampleUniform(size_t k, Rng& rng, double share, const SampleSink& si
 }
 
 size_t Shard::Update(const Key* keys, const double* priorities, const double* masses, size_t n) {
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   scratch_slots_.clear();
   scratch_values_.clear();
   for (size_t i = 0; i < n; ++i) {  // random slots: request them all before touching any
@@ -247,7 +247,7 @@ size_t Shard::Update(const Key* keys, const double* priorities, const double* ma
 }
 
 size_t Shard::Erase(const Key* keys, size_t n) {
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   size_t erased = 0;
   for (size_t i = 0; i < n; ++i) {
     const KeyParts kp = SplitKey(keys[i]);
@@ -262,14 +262,14 @@ size_t Shard::Erase(const Key* keys, size_t n) {
 }
 
 void Shard::OldestSeqs(size_t k, std::vector<uint64_t>* out) const {
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   fifo_->OldestSeqs(k, out);
 }
 
 size_t Shard::EvictUpToSeq(uint64_t max_seq, size_t limit) {
   size_t evicted = 0;
   for (;;) {  // in chunks, releasing the lock between them so samplers and inserters get in
-    std::lock_guard<SpinMutex> lock(mu_);
+    ScopedLock lock(mu_);
     size_t chunk = 0;
     for (Slot s = fifo_->oldest(); evicted < limit && chunk < kEvictChunk && s != kNoSlot &&
                                    fifo_->seq(s) <= max_seq;
@@ -286,7 +286,7 @@ size_t Shard::EvictUpToSeq(uint64_t max_seq, size_t limit) {
 }
 
 void Shard::EvictionMass(double* mass, size_t* urgent) const {
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   *mass = prioritized_->mass();
   *urgent = prioritized_->urgent();
 }
@@ -294,7 +294,7 @@ void Shard::EvictionMass(double* mass, size_t* urgent) const {
 size_t Shard::EvictDrawn(size_t k, Rng& rng) {
   size_t evicted = 0;
   for (;;) {  // in chunks, as EvictUpToSeq
-    std::lock_guard<SpinMutex> lock(mu_);
+    ScopedLock lock(mu_);
     size_t chunk = 0;
     for (; evicted < k && chunk < kEvictChunk && !live_.empty(); ++evicted, ++chunk) {
       Slot victim = policy_->Victim(rng);
@@ -309,17 +309,17 @@ size_t Shard::EvictDrawn(size_t k, Rng& rng) {
 }
 
 ShardCounters Shard::counters() const {
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   return counters_;
 }
 
 uint64_t Shard::max_seq() const {
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   return max_seq_;
 }
 
 void Shard::Validate() const {
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   auto fail = [this](const std::string& what) {
     throw std::logic_error("shard " + std::to_string(index_) + ": " + what);
   };
@@ -359,14 +359,17 @@ void Shard::Validate() const {
 //   | u64 num_live | num_live x (u32 slot, u64 seq, f64 priority, u32 size, size bytes), oldest first
 //   | u64 x 6 counters | u64 max_seq
 void Shard::Write(SnapshotWriter& out) const {
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   out.Put<uint32_t>(index_);
   out.Put<uint64_t>(num_slots_);
   for (size_t s = 0; s < num_slots_; ++s) out.Put<uint32_t>(refs_[s].generation);
   out.Put<uint64_t>(free_.size());
   out.Write(free_.data(), free_.size() * sizeof(Slot));
   std::vector<Slot> order(live_.begin(), live_.end());
-  std::sort(order.begin(), order.end(), [this](Slot a, Slot b) { return seq_[a] < seq_[b]; });
+  // The analysis checks a lambda as a function of its own, which holds no lock: hand it the numbers through
+  // a pointer taken here, under the lock, rather than `this`.
+  const uint64_t* const seq = seq_.data();
+  std::sort(order.begin(), order.end(), [seq](Slot a, Slot b) { return seq[a] < seq[b]; });
   out.Put<uint64_t>(order.size());
   for (Slot s : order) {
     out.Put<uint32_t>(s);
@@ -383,7 +386,7 @@ void Shard::Write(SnapshotWriter& out) const {
 }
 
 void Shard::Read(SnapshotReader& in) {
-  std::lock_guard<SpinMutex> lock(mu_);
+  ScopedLock lock(mu_);
   if (in.Get<uint32_t>() != index_) in.Fail("shard index out of sequence");
   const uint64_t num_slots = in.Get<uint64_t>();
   if (num_slots > kMaxSlotsPerShard || num_slots * sizeof(uint32_t) > in.remaining()) {

@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "apexrl/common.h"
 #include "apexrl/eviction/fifo.h"
 #include "apexrl/eviction/prioritized.h"
+#include "apexrl/mutex.h"
 #include "apexrl/payload_arena.h"
 #include "apexrl/random.h"
 #include "apexrl/spin_mutex.h"

@@ -326,7 +326,7 @@ size_t ShardedStore::RemoveDrawn(size_t excess, Rng& rng) {
 }
 
 size_t ShardedStore::RemoveToFit() {
-  std::lock_guard<std::mutex> lock(remove_mu_);
+  ScopedLock lock(remove_mu_);
   Rng rng(config_.seed ^ kEvictionStream, eviction_calls_.fetch_add(1, std::memory_order_relaxed));
   size_t removed = 0;
   for (;;) {

@@ -6,12 +6,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "apexrl/byte_buffer.h"
 #include "apexrl/common.h"
+#include "apexrl/mutex.h"
 #include "apexrl/shard.h"
 
 namespace apexrl {
@@ -112,7 +112,7 @@ class ShardedStore {
   std::atomic<uint64_t> sample_calls_{0};  // also the stream index of each sample call's generator
   std::atomic<uint64_t> eviction_calls_{0};
   std::atomic<uint64_t> invalid_shard_keys_{0};
-  std::mutex remove_mu_;  // one RemoveToFit at a time (they would otherwise both evict the same excess)
+  Mutex remove_mu_;  // one RemoveToFit at a time (they would otherwise both evict the same excess)
 };
 
 }  // namespace apexrl

@@ -4,6 +4,8 @@
 
 #include <mutex>
 
+#include "apexrl/thread_annotations.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define APEXRL_CPU_RELAX() _mm_pause()
@@ -25,18 +27,19 @@ namespace apexrl {
 // std::mutex cost the sampler a third of its rate; spinning for about as long as a critical section before
 // sleeping turns most collisions into short waits. It still sleeps when the holder is slow (or descheduled),
 // so oversubscribed machines do not burn a core per waiter.
-// Satisfies Lockable (std::lock_guard, std::unique_lock). Not recursive.
-class SpinMutex {
+// A capability for the thread-safety analysis: lock it through ScopedLock (mutex.h), not std::lock_guard,
+// which the analysis cannot see. Satisfies Lockable. Not recursive.
+class CAPABILITY("mutex") SpinMutex {
  public:
-  void lock() {
+  void lock() ACQUIRE() {
     for (int i = 0; i < APEXRL_SPIN_TRIES; ++i) {
       if (mu_.try_lock()) return;
       for (int k = 0; k < 8; ++k) APEXRL_CPU_RELAX();
     }
     mu_.lock();
   }
-  bool try_lock() { return mu_.try_lock(); }
-  void unlock() { mu_.unlock(); }
+  bool try_lock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
+  void unlock() RELEASE() { mu_.unlock(); }
 
  private:
   std::mutex mu_;
