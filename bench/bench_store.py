@@ -9,7 +9,7 @@ root after `pip install '.[bench]'`:
     python bench/bench_store.py --items 200000 --seconds 1 --only apexrl    # quick look
     python bench/bench_store.py --baseline /path/to/old-venv/bin/python      # before/after a change
 
-Operations (DESIGN.md section 6; issue "Native prioritized store"):
+Operations (the replay workloads of the Ape-X paper):
   insert      batches of 50 items into a store already holding --items items
   sample      512 items with keys, IS weights and the item bytes in hand (beta 0.4)
   update      512 priorities of keys from a sample (cycling through 256 sampled key sets)
@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-# DPG humanoid transition (DESIGN.md section 6): obs 67 f32, action 21 f32, reward f32, discount f32,
+# DPG humanoid transition: obs 67 f32, action 21 f32, reward f32, discount f32,
 # next obs 67 f32 = 628 bytes; the store issue sizes items at 636 bytes (apexrl.replay.codec's DPG item is 632).
 OBS, ACT = 67, 21
 ITEM_BYTES = 636

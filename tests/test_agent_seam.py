@@ -11,10 +11,8 @@ import sys
 import textwrap
 
 import pytest
-
 from apexrl.agents import AGENTS, Agent, Policy, agent_names, get_agent
 from apexrl.envs import env_spec
-
 from torch_helpers import one_thread  # noqa: F401  (fixture)
 
 ENVS = {"dqn": "gym:CartPole-v1", "dpg": "gym:Pendulum-v1"}

@@ -2,7 +2,7 @@
 
 The smoke test runs everything for a while and checks that transitions flow, priorities come back, the
 learner trains, writes metrics and a checkpoint, and that every process exits 0 on SIGTERM. The fault tests
-kill or restart one process and check that the others recover by themselves (DESIGN §7).
+kill or restart one process and check that the others recover by themselves.
 """
 
 from __future__ import annotations

@@ -222,14 +222,14 @@ def test_stats_without_and_with_the_default_buffer(start_server):
 
 
 BAD_FLAGS = {
-    "spi zero": (["--samples-per-insert", "0"], "must be > 0"),
-    "spi negative": (["--samples-per-insert", "-1"], "must be > 0"),
-    "spi nan": (["--samples-per-insert", "nan"], "must be finite"),
+    "spi zero": (["--samples-per-insert", "0"], "must be a finite number > 0"),
+    "spi negative": (["--samples-per-insert", "-1"], "must be a finite number > 0"),
+    "spi nan": (["--samples-per-insert", "nan"], "must be a finite number"),
     "spi text": (["--samples-per-insert", "fast"], "is not a number"),
-    "buffer negative": (["--samples-per-insert", "1", "--error-buffer", "-1"], "must be >= 0"),
-    "buffer inf": (["--samples-per-insert", "1", "--error-buffer", "inf"], "must be finite"),
+    "buffer negative": (["--samples-per-insert", "1", "--error-buffer", "-1"], "must be a finite number >= 0"),
+    "buffer inf": (["--samples-per-insert", "1", "--error-buffer", "inf"], "must be a finite number"),
     "buffer alone": (["--error-buffer", "10"], "--error-buffer needs --samples-per-insert"),
-    "buffer below 1": (["--samples-per-insert", "0.5", "--error-buffer", "0.5"], r"must be >= max\(1, --samples"),
+    "buffer below 1": (["--samples-per-insert", "0.5", "--error-buffer", "0.5"], r"must be >= max\(1, samples_per_insert\)"),
     "buffer below spi": (["--samples-per-insert", "3", "--error-buffer", "2"], r"= 3.0"),
 }
 
@@ -257,9 +257,9 @@ def test_good_rate_limiter_flags_and_the_process_rejecting_a_bad_one():
     ("kwargs", "match"),
     [
         (dict(error_buffer=5.0), "error_buffer needs samples_per_insert"),
-        (dict(samples_per_insert=0.0), "samples_per_insert must be finite and > 0"),
-        (dict(samples_per_insert=float("inf")), "samples_per_insert must be finite and > 0"),
-        (dict(samples_per_insert=2.0, error_buffer=1.5), r"error_buffer must be finite and >= max"),
+        (dict(samples_per_insert=0.0), "samples_per_insert must be a finite number > 0"),
+        (dict(samples_per_insert=float("inf")), "samples_per_insert must be a finite number > 0"),
+        (dict(samples_per_insert=2.0, error_buffer=1.5), r"error_buffer must be >= max"),
     ],
 )
 def test_server_config_validates_the_rate_limiter(kwargs, match):

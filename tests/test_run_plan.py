@@ -6,10 +6,14 @@ import subprocess
 import sys
 
 import pytest
-
 from apexrl import PrioritizedStore
 from apexrl.launch.plan import Overrides, RunPlan, plan
-from apexrl.replay.config import EVICTION_POLICIES, MAX_SHARDS, STORE_INT_MAX, ServerConfig
+from apexrl.replay.config import (
+    EVICTION_POLICIES,
+    MAX_SHARDS,
+    STORE_INT_MAX,
+    ServerConfig,
+)
 from apexrl.validate import range_of
 
 

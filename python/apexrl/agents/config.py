@@ -1,4 +1,4 @@
-"""Agent hyper-parameters. Defaults are the Ape-X paper's (Horgan et al. 2018; DESIGN.md §2).
+"""Agent hyper-parameters. Defaults are the Ape-X paper's (Horgan et al. 2018, appendix).
 
 Both configs are frozen dataclasses: make small-task presets with ``dataclasses.replace(DQNConfig(), lr=1e-3)``.
 Invalid values raise ValueError at construction.

@@ -1,10 +1,12 @@
 """The local launcher: one replay server, one learner and N actors as supervised child processes.
 
-:class:`Launcher` picks free ports on 127.0.0.1, starts ``apexrl-replay-server``, ``apexrl-learner`` and the
-actors (``python -m apexrl.cli.*``) with their output in ``RUN_DIR/logs/NAME.log``, prints live progress
-(:mod:`apexrl.launch.progress`) and stops everything at the end.
+:class:`Launcher` takes a :class:`~apexrl.launch.plan.RunPlan`, places it on 127.0.0.1 (free ports), writes the
+placed plan to ``RUN_DIR/plan.json`` and starts ``apexrl-replay-server``, ``apexrl-learner`` and the actors
+(``python -m apexrl.cli.* --plan RUN_DIR/plan.json``) with their output in ``RUN_DIR/logs/NAME.log``. It
+prints live progress from the children's JSON records (``RUN_DIR/logs/NAME.progress.jsonl``,
+:mod:`apexrl.launch.progress`) and stops everything at the end.
 
-Supervision (DESIGN §7). Any child that exits while the run is going on is restarted with the same flags, on
+Supervision. Any child that exits while the run is going on is restarted with the same flags, on
 the same ports, after a back-off (1 s, doubling per exit within the last minute, at most 30 s): an actor as it
 was, the replay server empty (no snapshot: the actors refill it and the learner reconnects), the learner
 with ``--resume`` (it continues from its last checkpoint and serves weights on the same port, so the actors

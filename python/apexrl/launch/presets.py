@@ -1,6 +1,6 @@
 """Named presets: coherent settings for the replay server, the learner, the actors and the agent.
 
-``apex-dqn-atari`` and ``apex-dpg-control`` are the Ape-X paper's settings (DESIGN §2; Horgan et al. 2018,
+``apex-dqn-atari`` and ``apex-dpg-control`` are the Ape-X paper's settings (Horgan et al. 2018,
 appendix). The small presets shrink what only pays off at the paper's scale (replay size, warm-up, batch,
 target period) so that a 2-core machine learns CartPole, Pendulum or cartpole-swingup in minutes.
 
