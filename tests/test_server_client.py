@@ -463,11 +463,11 @@ def test_cli_help_and_bad_flags():
     cases = {
         ("--port", "70000"): "out of range",
         ("--port", "-1"): "out of range",
-        ("--port", "0", "--capacity", "0"): "must be >= 1",
+        ("--port", "0", "--capacity", "0"): "must be an int in [1, 9223372036854775807]",
         ("--port", "0", "--eviction", "lifo"): "invalid choice",
         ("--port", "0", "--alpha", "nan"): "finite",
         ("--port", "0", "--snapshot-every", "5"): "needs --snapshot",
-        ("--port", "0", "--max-message-mb", "0"): "must be > 0",
+        ("--port", "0", "--max-message-mb", "0"): "must be a finite number > 0",
         ("--endpoint", "udp://x:1"): "tcp://HOST:PORT",
         ("--capacity", "10",): "--port is required",
     }
