@@ -11,8 +11,13 @@
 
 #include "apexrl/byte_buffer.h"
 #include "apexrl/common.h"
+#include "apexrl/eviction/kinds.h"
+#include "apexrl/eviction/planner.h"
+#include "apexrl/eviction/policy.h"
 #include "apexrl/mutex.h"
+#include "apexrl/random.h"
 #include "apexrl/shard.h"
+#include "apexrl/thread_annotations.h"
 
 namespace apexrl {
 
@@ -56,7 +61,8 @@ struct StoreStats {
 //    (alpha > 0 and all priorities 0) draws fall back to uniform with weights 1.
 //  * Keys of removed items are stale forever: updates skip and count them, erase ignores them.
 //  * FIFO eviction removes the globally oldest items (insertion numbers are store-wide); prioritized
-//    eviction splits the victims among shards by their eviction mass and each shard draws its share.
+//    eviction splits the victims among shards by their eviction mass and each shard draws its share. Each
+//    shard's policy orders its own victims; the kind's EvictionPlanner (eviction/planner.h) makes the split.
 //
 // Thread-safety: every method may be called from any number of threads at once. A call holds at most one
 // shard lock at a time (insert chunks try the next shard instead of waiting on a busy one) and there is no
@@ -102,8 +108,8 @@ class ShardedStore {
   // Groups key indices by shard (counting sort); keys naming a shard that does not exist go last.
   void GroupByShard(const Key* keys, size_t n, std::vector<uint32_t>* order, std::vector<size_t>* starts) const;
   size_t Excess() const;  // items above capacity now
-  size_t RemoveOldest(size_t excess);
-  size_t RemoveDrawn(size_t excess, Rng& rng);
+  // One eviction round: summaries, the planner's quotas, evictions. Returns how many items it removed.
+  size_t EvictRound(size_t excess, Rng& rng) REQUIRES(remove_mu_);
 
   StoreConfig config_;
   std::vector<std::unique_ptr<Shard>> shards_;
@@ -112,7 +118,10 @@ class ShardedStore {
   std::atomic<uint64_t> sample_calls_{0};  // also the stream index of each sample call's generator
   std::atomic<uint64_t> eviction_calls_{0};
   std::atomic<uint64_t> invalid_shard_keys_{0};
+  const EvictionPlanner* planner_;  // of config_.eviction; stateless, shared
   Mutex remove_mu_;  // one RemoveToFit at a time (they would otherwise both evict the same excess)
+  std::vector<EvictionSummary> summaries_ GUARDED_BY(remove_mu_);  // per shard, reused across rounds
+  std::vector<EvictionQuota> quotas_ GUARDED_BY(remove_mu_);
 };
 
 }  // namespace apexrl
