@@ -15,6 +15,7 @@
 #include "apexrl/errors.h"
 #include "apexrl/eviction/fifo.h"
 #include "apexrl/eviction/kinds.h"
+#include "apexrl/eviction/lowest_priority.h"
 #include "apexrl/eviction/planner.h"
 #include "apexrl/eviction/prioritized.h"
 #include "apexrl/random.h"
@@ -341,6 +342,129 @@ TEST(PrioritizedPolicyTest, ErasedAndReinsertedSlotsCarryTheirNewWeight) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// LowestPriorityPolicy
+
+uint64_t R(double priority) { return LowestPriorityPolicy::RankOf(priority); }
+
+TEST(LowestPriorityPolicyTest, RanksOrderAsThePrioritiesDo) {
+  const std::vector<double> ascending = {0.0, 4.9e-324, 1e-300, 0.001, 0.5, 1.0, 1.0000000000000002, 3.0, 1e300,
+                                         1.7976931348623157e308};
+  for (size_t i = 1; i < ascending.size(); ++i) EXPECT_LT(R(ascending[i - 1]), R(ascending[i])) << ascending[i];
+  EXPECT_EQ(R(-0.0), R(0.0));  // -0.0 passes the store's validation and is the lowest priority, not the highest
+  EXPECT_EQ(R(0.0), 0u);
+}
+
+TEST(LowestPriorityPolicyTest, VictimsComeInIncreasingPriorityAndFollowUpdates) {
+  LowestPriorityPolicy policy;
+  policy.Grow(8);
+  const std::vector<double> priorities = {3.0, 0.5, 2.0, -0.0, 7.0, 1.0};
+  for (Slot s = 0; s < priorities.size(); ++s) policy.OnInsert(s, priorities[s], 100 + s);
+  ASSERT_EQ(policy.CheckConsistency(6), "");
+  EXPECT_EQ(Ranks(policy, 4), (std::vector<uint64_t>{R(0.0), R(0.5), R(1.0), R(2.0)}));
+  EXPECT_EQ(Summary(policy, 3).mass, 0.0);
+  policy.OnUpdate(4, 0.25);  // 7 -> 0.25: now second
+  policy.OnUpdate(3, 5.0);   // 0 -> 5: now second to last
+  ASSERT_EQ(policy.CheckConsistency(6), "");
+  std::vector<Slot> live = Range(6);
+  Rng rng(1);
+  const Rng before = rng;
+  std::vector<Slot> order;
+  while (!live.empty()) {
+    const Slot v = policy.Victim(rng, kAnyRank, live);
+    ASSERT_NE(v, kNoSlot);
+    order.push_back(v);
+    policy.OnErase(v);
+    live.erase(std::find(live.begin(), live.end(), v));
+    ASSERT_EQ(policy.CheckConsistency(live.size()), "");
+  }
+  EXPECT_EQ(order, (std::vector<Slot>{4, 1, 5, 2, 0, 3}));
+  Rng untouched = before;
+  EXPECT_EQ(rng.Next(), untouched.Next()) << "lowest-priority eviction drew from the generator";
+}
+
+TEST(LowestPriorityPolicyTest, VictimRespectsTheRankBound) {
+  LowestPriorityPolicy policy;
+  policy.Grow(4);
+  policy.OnInsert(2, 1.5, 1);
+  policy.OnInsert(0, 0.5, 2);
+  Rng rng(2);
+  EXPECT_EQ(policy.Victim(rng, R(0.5), {0, 2}), 0u);  // inclusive
+  EXPECT_EQ(policy.Victim(rng, R(0.4), {0, 2}), kNoSlot);
+  policy.OnErase(0);
+  EXPECT_EQ(policy.Victim(rng, R(1.0), {2}), kNoSlot);
+  EXPECT_EQ(policy.Victim(rng, kAnyRank, {2}), 2u);
+}
+
+TEST(LowestPriorityPolicyTest, MatchesASortedModelThroughRandomInsertsUpdatesAndErases) {
+  LowestPriorityPolicy policy;
+  Rng rng(3);
+  std::map<Slot, double> model;  // live slot -> priority
+  std::vector<Slot> free_slots;
+  Slot next = 0;
+  size_t capacity = 0;
+  for (int step = 0; step < 4000; ++step) {
+    const uint64_t op = model.empty() ? 0 : rng.Below(4);
+    // Few distinct priorities, so ties are common.
+    const double priority = static_cast<double>(rng.Below(20)) / 4.0;
+    if (op <= 1) {
+      Slot s;
+      if (!free_slots.empty() && rng.Below(2) == 0) {
+        s = free_slots.back();
+        free_slots.pop_back();
+      } else {
+        s = next++;
+      }
+      if (s >= capacity) policy.Grow(capacity = 2 * capacity + 1);
+      policy.OnInsert(s, priority, static_cast<uint64_t>(step) + 1);
+      model[s] = priority;
+    } else {
+      auto it = model.begin();
+      std::advance(it, static_cast<long>(rng.Below(model.size())));
+      if (op == 2) {
+        policy.OnUpdate(it->first, priority);
+        it->second = priority;
+      } else {
+        policy.OnErase(it->first);
+        free_slots.push_back(it->first);
+        model.erase(it);
+      }
+    }
+    ASSERT_EQ(policy.CheckConsistency(model.size()), "") << "step " << step;
+    std::vector<uint64_t> sorted;
+    std::vector<Slot> live;
+    for (const auto& kv : model) {
+      sorted.push_back(R(kv.second));
+      live.push_back(kv.first);
+    }
+    std::sort(sorted.begin(), sorted.end());
+    const size_t k = rng.Below(12);
+    ASSERT_EQ(Ranks(policy, k), std::vector<uint64_t>(sorted.begin(), sorted.begin() + std::min(k, sorted.size())))
+        << "step " << step;
+    if (!live.empty()) {
+      const Slot v = policy.Victim(rng, kAnyRank, live);
+      ASSERT_TRUE(model.count(v)) << "victim is not live";
+      ASSERT_EQ(R(model[v]), sorted[0]) << "victim is not of the lowest priority";
+    }
+  }
+}
+
+TEST(LowestPriorityPolicyTest, GrowKeepsTheHeapAndCheckConsistencyCountsItems) {
+  LowestPriorityPolicy policy;
+  policy.Grow(2);
+  policy.OnInsert(1, 2.0, 1);
+  policy.OnInsert(0, 1.0, 2);
+  policy.Grow(1000);
+  policy.OnInsert(999, 0.5, 3);
+  EXPECT_EQ(Ranks(policy, 5), (std::vector<uint64_t>{R(0.5), R(1.0), R(2.0)}));
+  EXPECT_EQ(policy.CheckConsistency(3), "");
+  EXPECT_NE(policy.CheckConsistency(2), "");
+  policy.OnErase(999);
+  EXPECT_EQ(policy.CheckConsistency(2), "");
+  Rng rng(4);
+  EXPECT_EQ(policy.Victim(rng, kAnyRank, {0, 1}), 0u);
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Planners
 
 EvictionSummary Ordered(size_t size, std::vector<uint64_t> ranks) {
@@ -485,7 +609,8 @@ TEST(DrawnPlannerTest, AQuotaNeverExceedsTheShardsSize) {
 TEST(EvictionKindsTest, NamesParseBackAndPickTheirPolicyAndPlanner) {
   EXPECT_EQ(ParseEvictionKind("fifo"), EvictionKind::kFifo);
   EXPECT_EQ(ParseEvictionKind("prioritized"), EvictionKind::kPrioritized);
-  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized}) {
+  EXPECT_EQ(ParseEvictionKind("lowest_priority"), EvictionKind::kLowestPriority);
+  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized, EvictionKind::kLowestPriority}) {
     EXPECT_TRUE(IsEvictionKind(kind));
     EXPECT_EQ(ParseEvictionKind(EvictionKindName(kind)), kind);
     EXPECT_NE(MakeEvictionPolicy(kind, -0.4), nullptr);
@@ -494,7 +619,11 @@ TEST(EvictionKindsTest, NamesParseBackAndPickTheirPolicyAndPlanner) {
   EXPECT_NE(dynamic_cast<PrioritizedPolicy*>(MakeEvictionPolicy(EvictionKind::kPrioritized, -0.4).get()),
             nullptr);
   EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kFifo), &OrderedEvictionPlanner());
+  EXPECT_NE(
+      dynamic_cast<LowestPriorityPolicy*>(MakeEvictionPolicy(EvictionKind::kLowestPriority, -0.4).get()),
+      nullptr);
   EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kPrioritized), &DrawnEvictionPlanner());
+  EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kLowestPriority), &OrderedEvictionPlanner());
 }
 
 TEST(EvictionKindsTest, UnknownKindsAndNamesAreRejected) {
@@ -509,7 +638,7 @@ TEST(EvictionKindsTest, UnknownKindsAndNamesAreRejected) {
       ADD_FAILURE() << "parsed '" << name << "'";
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(std::string(e.what()),
-                "unknown eviction policy '" + std::string(name) + "'; use 'fifo' or 'prioritized'");
+                "unknown eviction policy '" + std::string(name) + "'; use 'fifo', 'prioritized' or 'lowest_priority'");
     }
   }
 }

@@ -1,4 +1,4 @@
-// Shard on its own: insert, sample, update, erase, stale keys, slot reuse, FIFO and drawn eviction, and
+// Shard on its own: insert, sample, update, erase, stale keys, slot reuse, eviction by each policy, and
 // Validate() after every operation (including a long random workload checked against a model).
 #include "apexrl/shard.h"
 
@@ -21,6 +21,7 @@
 #include "apexrl/common.h"
 #include "apexrl/errors.h"
 #include "apexrl/eviction/kinds.h"
+#include "apexrl/eviction/lowest_priority.h"
 #include "apexrl/random.h"
 #include "apexrl/snapshot_io.h"
 #include "temp_dir.h"
@@ -130,6 +131,8 @@ class ShardHarness {
 };
 
 std::string Payload(int id) { return "item-" + std::to_string(id); }
+
+uint64_t LowestPriorityRank(double priority) { return LowestPriorityPolicy::RankOf(priority); }
 
 // ---------------------------------------------------------------------------------------------------------
 
@@ -424,7 +427,7 @@ TEST(ShardTest, FifoEvictRemovesOldestFirstWithinTheCountAndTheRankBound) {
 }
 
 TEST(ShardTest, EvictBeyondOneChunkKeepsGoingAndCountsEveryRemoval) {
-  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized}) {
+  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized, EvictionKind::kLowestPriority}) {
     ShardHarness h(0, 1.0, kind, -0.4, 16);
     const size_t n = 3 * Shard::kEvictChunk + 10;
     const std::vector<Key> keys = h.Insert(std::vector<double>(n, 1.0), std::vector<std::string>(n, "x"));
@@ -440,6 +443,22 @@ TEST(ShardTest, EvictBeyondOneChunkKeepsGoingAndCountsEveryRemoval) {
     EXPECT_EQ(h.Evict(n, rng), n - k);
     EXPECT_EQ(h.shard().size(), 0u);
   }
+}
+
+TEST(ShardTest, EvictOnALowestPriorityShardFollowsCurrentPrioritiesWithinTheBound) {
+  ShardHarness h(0, 1.0, EvictionKind::kLowestPriority);
+  const std::vector<Key> keys = h.Insert({4.0, 1.0, 3.0, 2.0, 5.0}, {"a", "b", "c", "d", "e"});
+  ASSERT_EQ(h.Update({keys[4]}, {0.5}), 1u);  // "e" is now the lowest
+  EXPECT_EQ(h.Ranks(3), (std::vector<uint64_t>{LowestPriorityRank(0.5), LowestPriorityRank(1.0),
+                                                LowestPriorityRank(2.0)}));
+  Rng rng(6);
+  EXPECT_EQ(h.Evict(10, rng, LowestPriorityRank(1.0)), 2u);  // "e" and "b"; "d" (2.0) is past the bound
+  ASSERT_VALID(h.shard());
+  EXPECT_EQ(h.Update({keys[4], keys[1]}, {1.0, 1.0}), 0u);
+  EXPECT_EQ(h.Evict(1, rng), 1u);  // "d"
+  EXPECT_EQ(h.Update({keys[3]}, {1.0}), 0u);
+  EXPECT_EQ(h.Update({keys[0], keys[2]}, {4.0, 3.0}), 2u);
+  ASSERT_VALID(h.shard());
 }
 
 TEST(ShardTest, EvictOnAPrioritizedShardTakesUrgentItemsFirst) {
@@ -490,7 +509,7 @@ TEST(ShardTest, EvictWithNoPreferencePicksUniformly) {
 }
 
 TEST(ShardTest, ValidatePassesAfterEveryOperationOfARandomWorkload) {
-  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized}) {
+  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized, EvictionKind::kLowestPriority}) {
     for (double alpha : {0.0, 0.6, 1.0}) {
       SCOPED_TRACE("eviction " + std::to_string(static_cast<int>(kind)) + " alpha " + std::to_string(alpha));
       ShardHarness h(7, alpha, kind, -0.4, 16);

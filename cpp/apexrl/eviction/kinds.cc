@@ -4,6 +4,7 @@
 
 #include "apexrl/errors.h"
 #include "apexrl/eviction/fifo.h"
+#include "apexrl/eviction/lowest_priority.h"
 #include "apexrl/eviction/prioritized.h"
 
 namespace apexrl {
@@ -26,6 +27,10 @@ constexpr KindInfo kKinds[] = {
        return std::make_unique<PrioritizedPolicy>(alpha_evict);
      },
      DrawnEvictionPlanner},
+    {EvictionKind::kLowestPriority, "lowest_priority", [](double) -> std::unique_ptr<EvictionPolicy> {
+       return std::make_unique<LowestPriorityPolicy>();
+     },
+     OrderedEvictionPlanner},
 };
 
 const KindInfo* Find(EvictionKind kind) {

@@ -19,8 +19,9 @@ namespace apexrl {
 // planner). The store, the shards, the snapshot format and the Python binding's eviction= parsing pick it up
 // from the table.
 enum class EvictionKind : uint32_t {
-  kFifo = 0,         // globally oldest first (insertion order across all shards)
-  kPrioritized = 1,  // victims drawn with probability proportional to priority^alpha_evict
+  kFifo = 0,            // globally oldest first (insertion order across all shards)
+  kPrioritized = 1,     // victims drawn with probability proportional to priority^alpha_evict
+  kLowestPriority = 2,  // globally lowest priority first
 };
 
 // Whether `kind` is one of the values above (a snapshot's header is checked with it).
@@ -29,8 +30,8 @@ bool IsEvictionKind(EvictionKind kind);
 std::unique_ptr<EvictionPolicy> MakeEvictionPolicy(EvictionKind kind, double alpha_evict);
 // The planner of `kind`'s eviction shape. Throws InvalidArgument for an unknown kind.
 const EvictionPlanner& EvictionPlannerFor(EvictionKind kind);
-// The name the Python API uses ("fifo", "prioritized"), and back. Parsing is exact (case-sensitive) and
-// throws InvalidArgument naming the valid choices.
+// The name the Python API uses ("fifo", "prioritized", "lowest_priority"), and back. Parsing is exact
+// (case-sensitive) and throws InvalidArgument naming the valid choices.
 const char* EvictionKindName(EvictionKind kind);
 EvictionKind ParseEvictionKind(const std::string& name);
 
