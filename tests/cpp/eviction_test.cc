@@ -89,24 +89,6 @@ TEST(FifoPolicyTest, VictimsComeInInsertionOrderAndRankByInsertionNumber) {
   EXPECT_TRUE(Ranks(fifo, 10).empty());
 }
 
-TEST(FifoPolicyTest, VictimIsOnlyTheOldestAndOnlyWithinTheRankBound) {
-  FifoPolicy fifo;
-  fifo.Grow(4);
-  fifo.OnInsert(3, 1.0, 20);
-  fifo.OnInsert(1, 1.0, 30);
-  Rng rng(2);
-  const Rng before = rng;
-  const std::vector<Slot> live = {3, 1};
-  EXPECT_EQ(fifo.Victim(rng, 20, live), 3u);  // the bound is inclusive
-  EXPECT_EQ(fifo.Victim(rng, 25, live), 3u);
-  EXPECT_EQ(fifo.Victim(rng, 19, live), kNoSlot);  // the oldest is too new: nothing, not the next one
-  fifo.OnErase(3);
-  EXPECT_EQ(fifo.Victim(rng, 29, {1}), kNoSlot);
-  EXPECT_EQ(fifo.Victim(rng, 30, {1}), 1u);
-  Rng untouched = before;
-  EXPECT_EQ(rng.Next(), untouched.Next()) << "FIFO drew from the generator";
-}
-
 TEST(FifoPolicyTest, EraseFromTheMiddleHeadAndTailKeepsTheRestInOrder) {
   FifoPolicy fifo;
   fifo.Grow(16);
@@ -144,18 +126,6 @@ TEST(FifoPolicyTest, SummaryListsTheRanksOfTheKOldestOnlyAndNoMass) {
   const EvictionSummary s = Summary(fifo, 2);
   EXPECT_EQ(s.mass, 0.0);  // the drawn shape's fields stay as the shard reset them
   EXPECT_EQ(s.urgent, 0u);
-}
-
-TEST(FifoPolicyTest, GrowKeepsTheList) {
-  FifoPolicy fifo;
-  fifo.Grow(2);
-  fifo.OnInsert(1, 1.0, 1);
-  fifo.OnInsert(0, 1.0, 2);
-  fifo.Grow(1000);
-  fifo.OnInsert(999, 1.0, 3);
-  fifo.OnErase(0);
-  EXPECT_EQ(fifo.CheckConsistency(2), "");
-  EXPECT_EQ(Ranks(fifo, 5), (std::vector<uint64_t>{1, 3}));
 }
 
 TEST(FifoPolicyTest, CheckConsistencyReportsAWrongItemCount) {
@@ -382,19 +352,6 @@ TEST(LowestPriorityPolicyTest, VictimsComeInIncreasingPriorityAndFollowUpdates) 
   EXPECT_EQ(rng.Next(), untouched.Next()) << "lowest-priority eviction drew from the generator";
 }
 
-TEST(LowestPriorityPolicyTest, VictimRespectsTheRankBound) {
-  LowestPriorityPolicy policy;
-  policy.Grow(4);
-  policy.OnInsert(2, 1.5, 1);
-  policy.OnInsert(0, 0.5, 2);
-  Rng rng(2);
-  EXPECT_EQ(policy.Victim(rng, R(0.5), {0, 2}), 0u);  // inclusive
-  EXPECT_EQ(policy.Victim(rng, R(0.4), {0, 2}), kNoSlot);
-  policy.OnErase(0);
-  EXPECT_EQ(policy.Victim(rng, R(1.0), {2}), kNoSlot);
-  EXPECT_EQ(policy.Victim(rng, kAnyRank, {2}), 2u);
-}
-
 TEST(LowestPriorityPolicyTest, MatchesASortedModelThroughRandomInsertsUpdatesAndErases) {
   LowestPriorityPolicy policy;
   Rng rng(3);
@@ -448,20 +405,52 @@ TEST(LowestPriorityPolicyTest, MatchesASortedModelThroughRandomInsertsUpdatesAnd
   }
 }
 
-TEST(LowestPriorityPolicyTest, GrowKeepsTheHeapAndCheckConsistencyCountsItems) {
-  LowestPriorityPolicy policy;
-  policy.Grow(2);
-  policy.OnInsert(1, 2.0, 1);
-  policy.OnInsert(0, 1.0, 2);
-  policy.Grow(1000);
-  policy.OnInsert(999, 0.5, 3);
-  EXPECT_EQ(Ranks(policy, 5), (std::vector<uint64_t>{R(0.5), R(1.0), R(2.0)}));
-  EXPECT_EQ(policy.CheckConsistency(3), "");
-  EXPECT_NE(policy.CheckConsistency(2), "");
-  policy.OnErase(999);
-  EXPECT_EQ(policy.CheckConsistency(2), "");
+// An ordered policy gives its first victim only while that victim's rank is within the bound (inclusive),
+// never a later one in its place, and never draws from the generator.
+TEST(OrderedPoliciesTest, VictimIsTheFirstInOrderAndOnlyWithinTheRankBound) {
+  FifoPolicy fifo;
+  LowestPriorityPolicy lowest;
+  struct Case {
+    EvictionPolicy* policy;
+    uint64_t first, second;  // the ranks of the two items below
+  };
+  for (const Case& c : {Case{&fifo, 20, 30}, Case{&lowest, R(0.5), R(1.5)}}) {
+    EvictionPolicy& policy = *c.policy;
+    policy.Grow(4);
+    policy.OnInsert(3, 0.5, 20);  // first in both orders: older and of lower priority
+    policy.OnInsert(1, 1.5, 30);
+    Rng rng(2);
+    const Rng before = rng;
+    EXPECT_EQ(policy.Victim(rng, c.first, {3, 1}), 3u);
+    EXPECT_EQ(policy.Victim(rng, c.first + 1, {3, 1}), 3u);
+    EXPECT_EQ(policy.Victim(rng, c.first - 1, {3, 1}), kNoSlot);
+    policy.OnErase(3);
+    EXPECT_EQ(policy.Victim(rng, c.second - 1, {1}), kNoSlot);
+    EXPECT_EQ(policy.Victim(rng, c.second, {1}), 1u);
+    Rng untouched = before;
+    EXPECT_EQ(rng.Next(), untouched.Next()) << "an ordered policy drew from the generator";
+  }
+}
+
+// Growing keeps what an ordered policy holds, and CheckConsistency counts its items, whichever policy it is.
+TEST(OrderedPoliciesTest, GrowKeepsTheOrderAndCheckConsistencyCountsItems) {
+  FifoPolicy fifo;
+  LowestPriorityPolicy lowest;
+  for (EvictionPolicy* policy : {static_cast<EvictionPolicy*>(&fifo), static_cast<EvictionPolicy*>(&lowest)}) {
+    policy->Grow(2);
+    policy->OnInsert(1, 2.0, 1);
+    policy->OnInsert(0, 1.0, 2);
+    policy->Grow(1000);
+    policy->OnInsert(999, 0.5, 3);
+    policy->OnErase(0);
+    EXPECT_EQ(policy->CheckConsistency(2), "");
+    EXPECT_NE(policy->CheckConsistency(1), "");
+    EXPECT_NE(policy->CheckConsistency(3), "");
+  }
+  EXPECT_EQ(Ranks(fifo, 5), (std::vector<uint64_t>{1, 3}));
+  EXPECT_EQ(Ranks(lowest, 5), (std::vector<uint64_t>{R(0.5), R(2.0)}));
   Rng rng(4);
-  EXPECT_EQ(policy.Victim(rng, kAnyRank, {0, 1}), 0u);
+  EXPECT_EQ(lowest.Victim(rng, kAnyRank, {1, 999}), 999u);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -827,6 +827,17 @@ TEST(ShardedStoreTest, BadConfigurationIsRejected) {
 class SnapshotTest : public ::testing::Test {
  protected:
   std::string Path(const std::string& name) const { return dir_.Path(name); }
+  // Saves `store` as `name` and loads it back, checking the copy is valid and keeps the eviction kind; then
+  // evicts the copy down to capacity, expecting `removed` evictions.
+  std::unique_ptr<ShardedStore> RoundTripThenFit(const ShardedStore& store, const std::string& name, size_t removed) {
+    store.Save(Path(name));
+    std::unique_ptr<ShardedStore> loaded = ShardedStore::Load(Path(name));
+    EXPECT_NO_THROW(loaded->Validate());
+    EXPECT_EQ(loaded->config().eviction, store.config().eviction);
+    EXPECT_EQ(loaded->RemoveToFit(), removed);
+    EXPECT_NO_THROW(loaded->Validate());
+    return loaded;
+  }
   std::set<std::string> Files() const { return dir_.Files(); }
   static std::string ReadAll(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -993,12 +1004,7 @@ TEST_F(SnapshotTest, PrioritizedStoreRoundTripKeepsUrgentItems) {
     const double p = i % 6 == 2 ? 0.0 : 1.0;
     (p == 0.0 ? zero : positive).push_back(Insert(store, {p}, {PayloadFor(i)})[0]);
   }
-  store.Save(Path("p.snap"));
-  std::unique_ptr<ShardedStore> loaded = ShardedStore::Load(Path("p.snap"));
-  ASSERT_VALID(*loaded);
-  EXPECT_EQ(loaded->config().eviction, EvictionKind::kPrioritized);
-  EXPECT_EQ(loaded->RemoveToFit(), 4u);
-  ASSERT_VALID(*loaded);
+  std::unique_ptr<ShardedStore> loaded = RoundTripThenFit(store, "p.snap", 4);
   for (Key k : zero) EXPECT_FALSE(IsLive(*loaded, k, 0.0));
   for (Key k : positive) EXPECT_TRUE(IsLive(*loaded, k, 1.0));
 }
@@ -1010,12 +1016,7 @@ TEST_F(SnapshotTest, LowestPriorityStoreRoundTripKeepsTheOrder) {
   std::vector<double> priorities;
   for (uint64_t i = 0; i < 16; ++i) priorities.push_back(static_cast<double>((i * 7) % 16));  // 0..15 shuffled
   const std::vector<Key> keys = InsertSpread(store, priorities, 0);
-  store.Save(Path("l.snap"));
-  std::unique_ptr<ShardedStore> loaded = ShardedStore::Load(Path("l.snap"));
-  ASSERT_VALID(*loaded);
-  EXPECT_EQ(loaded->config().eviction, EvictionKind::kLowestPriority);
-  EXPECT_EQ(loaded->RemoveToFit(), 6u);
-  ASSERT_VALID(*loaded);
+  std::unique_ptr<ShardedStore> loaded = RoundTripThenFit(store, "l.snap", 6);
   for (size_t i = 0; i < keys.size(); ++i) {
     EXPECT_EQ(IsLive(*loaded, keys[i], priorities[i]), priorities[i] >= 6.0) << "priority " << priorities[i];
   }
