@@ -36,7 +36,8 @@ class EvictionPlanner {
 // rank go to the lower-numbered shards. Draws nothing from `rng`.
 const EvictionPlanner& OrderedEvictionPlanner();
 // Ordered evictions take at most this many items per round (the store runs more rounds for the rest), so a
-// summary never lists more than this many ranks per shard.
+// summary lists at most this many ranks per shard: that bounds its memory (512 KiB) and the time Summarize
+// holds the shard's lock.
 inline constexpr size_t kOrderedRound = size_t{1} << 16;
 
 // Drawn: urgent items first, taken from shards in index order; the remaining victims are split among shards

@@ -14,8 +14,8 @@
 
 namespace apexrl {
 
-inline constexpr Slot kNoSlot = std::numeric_limits<Slot>::max();
-inline constexpr uint64_t kAnyRank = std::numeric_limits<uint64_t>::max();
+inline constexpr Slot kNoSlot = std::numeric_limits<Slot>::max();       // never a real slot (common.h)
+inline constexpr uint64_t kAnyRank = std::numeric_limits<uint64_t>::max();  // a rank bound that bounds nothing
 
 // A store-wide eviction comes in one of two shapes, and every policy has one of them (kinds.cc says which):
 //
@@ -56,13 +56,14 @@ class EvictionPolicy {
   // Slots are dense indices below `slot_capacity`; called before any slot at or past the old capacity is used.
   virtual void Grow(size_t slot_capacity) = 0;
   // `priority` is validated (finite, >= 0; possibly -0.0). `seq` is the store-wide insertion number; within
-  // one shard it only increases, except that a snapshot load replays items in insertion order.
+  // one shard it only increases (a snapshot load replays a shard's items in insertion order too).
   virtual void OnInsert(Slot slot, double priority, uint64_t seq) = 0;
   virtual void OnUpdate(Slot slot, double priority) = 0;
   virtual void OnErase(Slot slot) = 0;
 
-  // Fills this policy's fields of `out` (see EvictionSummary) for an eviction of up to `max_ranks` items:
-  // an ordered policy lists the ranks of its next min(max_ranks, items) victims. O(max_ranks) at most.
+  // Fills this policy's fields of `out` (see EvictionSummary), which the shard has just reset (ranks empty,
+  // mass and urgent 0): an ordered policy appends the ranks of its next min(max_ranks, items) victims, a
+  // drawn one sets mass and urgent. At most O(max_ranks log max_ranks).
   virtual void Summarize(size_t max_ranks, EvictionSummary* out) const = 0;
   // The slot to evict next, or kNoSlot if no item may go: an ordered policy returns kNoSlot when its next
   // victim ranks above `max_rank`; a drawn policy ignores the bound and, with no preference among the items
