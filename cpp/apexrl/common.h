@@ -44,12 +44,6 @@ inline constexpr KeyParts SplitKey(Key key) {
                   static_cast<uint32_t>(key >> (kShardBits + kSlotBits))};
 }
 
-// Which items remove_to_fit() takes when the store is above its soft capacity.
-enum class EvictionKind : uint32_t {
-  kFifo = 0,         // globally oldest first (insertion order across all shards)
-  kPrioritized = 1,  // victims drawn with probability proportional to priority^alpha_evict
-};
-
 // The sampling mass of a priority: priority^alpha (alpha = 0 gives every item mass 1, i.e. uniform sampling,
 // zero priorities included). The one place this is computed, so stored leaves and checks always agree.
 inline double PriorityMass(double priority, double alpha) {

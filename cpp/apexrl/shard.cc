@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "apexrl/errors.h"
 #include "apexrl/snapshot_io.h"
@@ -18,15 +19,13 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 }  // namespace
 
-Shard::Shard(uint32_t index, double alpha, EvictionKind eviction, double alpha_evict, size_t target_slots)
-    : index_(index), alpha_(alpha), target_slots_(std::max<size_t>(target_slots, 16)), min_positive_(kInf) {
-  if (eviction == EvictionKind::kFifo) {
-    fifo_ = std::make_unique<FifoPolicy>();
-    policy_ = fifo_.get();
-  } else {
-    prioritized_ = std::make_unique<PrioritizedPolicy>(alpha_evict);
-    policy_ = prioritized_.get();
-  }
+Shard::Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots)
+    : index_(index),
+      alpha_(alpha),
+      target_slots_(std::max<size_t>(target_slots, 16)),
+      policy_(std::move(policy)),
+      min_positive_(kInf) {
+  if (policy_ == nullptr) throw std::invalid_argument("Shard: no eviction policy");
   ScopedLock lock(mu_);
   EnsureSlots(std::min<size_t>(target_slots_, 1024));
 }
@@ -261,45 +260,27 @@ size_t Shard::Erase(const Key* keys, size_t n) {
   return erased;
 }
 
-void Shard::OldestSeqs(size_t k, std::vector<uint64_t>* out) const {
+void Shard::Summarize(size_t max_ranks, EvictionSummary* out) const {
   ScopedLock lock(mu_);
-  fifo_->OldestSeqs(k, out);
+  // Every field reset: the store reuses summaries, and a policy fills only the fields of its shape.
+  out->size = live_.size();
+  out->ranks.clear();
+  out->mass = 0.0;
+  out->urgent = 0;
+  policy_->Summarize(max_ranks, out);
 }
 
-size_t Shard::EvictUpToSeq(uint64_t max_seq, size_t limit) {
+size_t Shard::Evict(const EvictionQuota& quota, Rng& rng) {
   size_t evicted = 0;
   for (;;) {  // in chunks, releasing the lock between them so samplers and inserters get in
     ScopedLock lock(mu_);
     size_t chunk = 0;
-    for (Slot s = fifo_->oldest(); evicted < limit && chunk < kEvictChunk && s != kNoSlot &&
-                                   fifo_->seq(s) <= max_seq;
-         s = fifo_->oldest()) {
-      Remove(s);
+    while (evicted < quota.count && chunk < kEvictChunk && !live_.empty()) {
+      const Slot victim = policy_->Victim(rng, quota.max_rank, live_);
+      if (victim == kNoSlot) break;
+      Remove(victim);
       ++evicted;
       ++chunk;
-    }
-    FinishRemovals();
-    counters_.evicted += chunk;
-    Publish();
-    if (chunk < kEvictChunk) return evicted;
-  }
-}
-
-void Shard::EvictionMass(double* mass, size_t* urgent) const {
-  ScopedLock lock(mu_);
-  *mass = prioritized_->mass();
-  *urgent = prioritized_->urgent();
-}
-
-size_t Shard::EvictDrawn(size_t k, Rng& rng) {
-  size_t evicted = 0;
-  for (;;) {  // in chunks, as EvictUpToSeq
-    ScopedLock lock(mu_);
-    size_t chunk = 0;
-    for (; evicted < k && chunk < kEvictChunk && !live_.empty(); ++evicted, ++chunk) {
-      Slot victim = policy_->Victim(rng);
-      if (victim == kNoSlot) victim = live_[rng.Below(live_.size())];
-      Remove(victim);
     }
     FinishRemovals();
     counters_.evicted += chunk;

@@ -12,8 +12,7 @@
 #include "apexrl/aligned_vector.h"
 #include "apexrl/byte_buffer.h"
 #include "apexrl/common.h"
-#include "apexrl/eviction/fifo.h"
-#include "apexrl/eviction/prioritized.h"
+#include "apexrl/eviction/policy.h"
 #include "apexrl/mutex.h"
 #include "apexrl/payload_arena.h"
 #include "apexrl/random.h"
@@ -70,7 +69,8 @@ class Shard {
 
   // `target_slots`: the slots this shard expects to need at the store's capacity. Arrays double up to it and
   // then grow by a quarter, so a store at its soft capacity does not carry 2x slack of per-slot metadata.
-  Shard(uint32_t index, double alpha, EvictionKind eviction, double alpha_evict, size_t target_slots);
+  // `policy` (not null; std::invalid_argument otherwise) orders this shard's evictions; the shard owns it.
+  Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots);
   ~Shard();
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
@@ -95,13 +95,14 @@ class Shard {
   // Removes the items of still-valid keys; returns how many.
   size_t Erase(const Key* keys, size_t n) EXCLUDES(mu_);
 
-  // FIFO eviction support: the insertion numbers of the k oldest items, and removal of every item whose
-  // insertion number is <= max_seq (at most `limit` of them).
-  void OldestSeqs(size_t k, std::vector<uint64_t>* out) const EXCLUDES(mu_);
-  size_t EvictUpToSeq(uint64_t max_seq, size_t limit) EXCLUDES(mu_);
-  // Prioritized eviction support: the policy's finite mass and urgent count, and k victims drawn by it.
-  void EvictionMass(double* mass, size_t* urgent) const EXCLUDES(mu_);
-  size_t EvictDrawn(size_t k, Rng& rng) EXCLUDES(mu_);
+  // Eviction, whatever the policy (see eviction/planner.h for how the store drives these two).
+  // Overwrites `out` with this shard's item count and its policy's summary, listing at most `max_ranks`
+  // ranks. One lock hold, O(max_ranks).
+  void Summarize(size_t max_ranks, EvictionSummary* out) const EXCLUDES(mu_);
+  // Removes the policy's next victims within `quota` (see EvictionQuota), fewer if the shard runs out or the
+  // policy allows no more; returns how many. Holds the lock for at most kEvictChunk removals at a time, so
+  // samplers and inserters get in between. Draws from `rng` if the policy does.
+  size_t Evict(const EvictionQuota& quota, Rng& rng) EXCLUDES(mu_);
 
   size_t size() const { return size_.load(std::memory_order_relaxed); }
   double total() const { return total_.load(std::memory_order_relaxed); }
@@ -154,9 +155,7 @@ class Shard {
   size_t num_slots_ GUARDED_BY(mu_) = 0;             // slots ever created; slots >= this are untouched
   SumMinTree tree_ GUARDED_BY(mu_);
   PayloadArena arena_ GUARDED_BY(mu_);
-  std::unique_ptr<FifoPolicy> fifo_ GUARDED_BY(mu_);                // exactly one of these two is set
-  std::unique_ptr<PrioritizedPolicy> prioritized_ GUARDED_BY(mu_);
-  EvictionPolicy* policy_ GUARDED_BY(mu_);
+  const std::unique_ptr<EvictionPolicy> policy_ PT_GUARDED_BY(mu_);  // never null
   ShardCounters counters_ GUARDED_BY(mu_);
   uint64_t max_seq_ GUARDED_BY(mu_) = 0;
   uint64_t bytes_held_ GUARDED_BY(mu_) = 0;

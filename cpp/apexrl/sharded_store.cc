@@ -18,8 +18,6 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // Items per insert chunk: a batch of 50 from an actor takes one shard lock; a big batch spreads out.
 constexpr size_t kInsertChunk = 64;
-// FIFO eviction gathers at most this many candidate insertion numbers per shard per round.
-constexpr size_t kFifoRound = size_t{1} << 16;
 constexpr char kMagic[8] = {'A', 'P', 'X', 'R', 'L', 'S', 'T', '1'};
 constexpr char kEndMagic[8] = {'A', 'P', 'X', 'R', 'L', 'E', 'N', 'D'};
 constexpr uint32_t kSnapshotVersion = 1;
@@ -40,7 +38,7 @@ void ValidateConfig(const StoreConfig& c) {
     throw InvalidArgument("shards must be in [1, " + std::to_string(kMaxShards) + "], got " +
                           std::to_string(c.shards));
   }
-  if (c.eviction != EvictionKind::kFifo && c.eviction != EvictionKind::kPrioritized) {
+  if (!IsEvictionKind(c.eviction)) {
     throw InvalidArgument("unknown eviction policy " + std::to_string(static_cast<uint32_t>(c.eviction)));
   }
   if (!std::isfinite(c.alpha_evict)) throw InvalidArgument("alpha_evict must be finite, got " + Num(c.alpha_evict));
@@ -48,13 +46,15 @@ void ValidateConfig(const StoreConfig& c) {
 
 }  // namespace
 
-ShardedStore::ShardedStore(const StoreConfig& config) : config_(config) {
+ShardedStore::ShardedStore(const StoreConfig& config) : config_(config), planner_(nullptr) {
   ValidateConfig(config_);
+  planner_ = &EvictionPlannerFor(config_.eviction);
   const uint64_t per_shard = (config_.capacity + config_.shards - 1) / config_.shards;
   const size_t target = static_cast<size_t>(std::min<uint64_t>(per_shard + per_shard / 10 + 1024, kMaxSlotsPerShard));
   shards_.reserve(config_.shards);
   for (uint32_t s = 0; s < config_.shards; ++s) {
-    shards_.push_back(std::make_unique<Shard>(s, config_.alpha, config_.eviction, config_.alpha_evict, target));
+    shards_.push_back(
+        std::make_unique<Shard>(s, config_.alpha, MakeEvictionPolicy(config_.eviction, config_.alpha_evict), target));
   }
 }
 
@@ -263,64 +263,19 @@ size_t ShardedStore::Erase(const Key* keys, size_t n) {
   return erased;
 }
 
-size_t ShardedStore::RemoveOldest(size_t excess) {
-  excess = std::min(excess, kFifoRound);
-  std::vector<uint64_t> seqs;
-  for (const auto& shard : shards_) shard->OldestSeqs(excess, &seqs);
-  if (seqs.empty()) return 0;
-  const size_t k = std::min(excess, seqs.size());
-  std::nth_element(seqs.begin(), seqs.begin() + static_cast<std::ptrdiff_t>(k - 1), seqs.end());
-  const uint64_t cutoff = seqs[k - 1];  // the k oldest items store-wide have insertion numbers <= cutoff
-  size_t removed = 0;
-  for (const auto& shard : shards_) {
-    // Erases running meanwhile shrink the excess: never evict below capacity because of them.
-    const size_t limit = std::min(k - removed, Excess());
-    if (limit == 0) break;
-    removed += shard->EvictUpToSeq(cutoff, limit);
-  }
-  return removed;
-}
-
-size_t ShardedStore::RemoveDrawn(size_t excess, Rng& rng) {
+size_t ShardedStore::EvictRound(size_t excess, Rng& rng) {
   const size_t num_shards = shards_.size();
-  std::vector<double> mass(num_shards);
-  std::vector<size_t> urgent(num_shards), sizes(num_shards), counts(num_shards, 0);
-  for (size_t s = 0; s < num_shards; ++s) {
-    shards_[s]->EvictionMass(&mass[s], &urgent[s]);
-    sizes[s] = shards_[s]->size();
-  }
-  size_t remaining = excess;
-  for (size_t s = 0; s < num_shards && remaining > 0; ++s) {  // urgent items (priority 0 with alpha_evict<0) first
-    const size_t t = std::min(urgent[s], remaining);
-    counts[s] += t;
-    remaining -= t;
-  }
-  if (remaining > 0) {
-    // Split the rest among shards by eviction mass, stratified; with no mass anywhere, by size (uniform).
-    double total = 0.0;
-    for (size_t s = 0; s < num_shards; ++s) total += mass[s];
-    std::vector<double>& weight = mass;
-    if (!(total > 0.0)) {
-      total = 0.0;
-      for (size_t s = 0; s < num_shards; ++s) total += (weight[s] = static_cast<double>(sizes[s] - counts[s]));
-    }
-    if (total > 0.0) {
-      const double segment = total / static_cast<double>(remaining);
-      size_t s = 0;
-      double end = weight[0];
-      for (size_t j = 0; j < remaining; ++j) {
-        const double u = (static_cast<double>(j) + rng.Uniform()) * segment;
-        while (u >= end && s + 1 < num_shards) end += weight[++s];
-        ++counts[s];
-      }
-    }
-  }
+  const size_t ranks = planner_->RanksPerShard(excess);
+  summaries_.resize(num_shards);
+  for (size_t s = 0; s < num_shards; ++s) shards_[s]->Summarize(ranks, &summaries_[s]);
+  planner_->Plan(excess, summaries_, rng, &quotas_);
   size_t removed = 0;
   for (size_t s = 0; s < num_shards; ++s) {
-    // A shard asked for more than it holds gives the rest in the next round; concurrent erases shrink the
-    // excess, and eviction never goes below capacity because of them.
-    const size_t k = std::min({counts[s], sizes[s], Excess()});
-    if (k > 0) removed += shards_[s]->EvictDrawn(k, rng);
+    // Erases running meanwhile shrink the excess: never evict below capacity because of them. A shard that
+    // gives fewer than its quota (it ran out) leaves the rest to the next round.
+    EvictionQuota quota = quotas_[s];
+    quota.count = std::min(quota.count, Excess());
+    if (quota.count > 0) removed += shards_[s]->Evict(quota, rng);
   }
   return removed;
 }
@@ -332,7 +287,7 @@ size_t ShardedStore::RemoveToFit() {
   for (;;) {
     const size_t excess = Excess();
     if (excess == 0) break;
-    const size_t r = config_.eviction == EvictionKind::kFifo ? RemoveOldest(excess) : RemoveDrawn(excess, rng);
+    const size_t r = EvictRound(excess, rng);
     if (r == 0) break;
     removed += r;
   }

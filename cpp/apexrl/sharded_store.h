@@ -11,8 +11,13 @@
 
 #include "apexrl/byte_buffer.h"
 #include "apexrl/common.h"
+#include "apexrl/eviction/kinds.h"
+#include "apexrl/eviction/planner.h"
+#include "apexrl/eviction/policy.h"
 #include "apexrl/mutex.h"
+#include "apexrl/random.h"
 #include "apexrl/shard.h"
+#include "apexrl/thread_annotations.h"
 
 namespace apexrl {
 
@@ -55,15 +60,18 @@ struct StoreStats {
 //    m_min is the smallest positive mass in the store, so weights lie in (0, 1]. If every mass is 0
 //    (alpha > 0 and all priorities 0) draws fall back to uniform with weights 1.
 //  * Keys of removed items are stale forever: updates skip and count them, erase ignores them.
-//  * FIFO eviction removes the globally oldest items (insertion numbers are store-wide); prioritized
-//    eviction splits the victims among shards by their eviction mass and each shard draws its share.
+//  * FIFO eviction removes the globally oldest items (insertion numbers are store-wide), lowest-priority
+//    eviction the globally lowest priorities (equal ones in no particular order); prioritized eviction
+//    splits the victims among shards by their eviction mass and each shard draws its share. Each shard's
+//    policy orders its own victims; the kind's EvictionPlanner (eviction/planner.h) makes the split.
 //
 // Thread-safety: every method may be called from any number of threads at once. A call holds at most one
-// shard lock at a time (insert chunks try the next shard instead of waiting on a busy one) and there is no
-// global lock. Inside a shard's lock an insert is a memcpy into a recycled arena block plus O(log n) tree
-// work; a sample's share is a batched tree descent plus the copy of its items out. Under concurrency the
-// shard totals a sample starts from may be slightly behind; a draw is then rescaled inside its shard and
-// the probabilities reported are the ones actually used.
+// shard lock at a time (insert chunks try the next shard instead of waiting on a busy one) and no store-wide
+// lock stops inserts, samples or updates (RemoveToFit's own lock only keeps evictions one at a time).
+// Inside a shard's lock an insert is a memcpy into a recycled arena block plus O(log n) tree work; a sample's
+// share is a batched tree descent plus the copy of its items out. Under concurrency the shard totals a sample
+// starts from may be slightly behind; a draw is then rescaled inside its shard and the probabilities reported
+// are the ones actually used.
 //
 // Errors: invalid input throws InvalidArgument and changes nothing (all validation precedes any change).
 class ShardedStore {
@@ -102,8 +110,8 @@ class ShardedStore {
   // Groups key indices by shard (counting sort); keys naming a shard that does not exist go last.
   void GroupByShard(const Key* keys, size_t n, std::vector<uint32_t>* order, std::vector<size_t>* starts) const;
   size_t Excess() const;  // items above capacity now
-  size_t RemoveOldest(size_t excess);
-  size_t RemoveDrawn(size_t excess, Rng& rng);
+  // One eviction round: summaries, the planner's quotas, evictions. Returns how many items it removed.
+  size_t EvictRound(size_t excess, Rng& rng) REQUIRES(remove_mu_);
 
   StoreConfig config_;
   std::vector<std::unique_ptr<Shard>> shards_;
@@ -112,7 +120,12 @@ class ShardedStore {
   std::atomic<uint64_t> sample_calls_{0};  // also the stream index of each sample call's generator
   std::atomic<uint64_t> eviction_calls_{0};
   std::atomic<uint64_t> invalid_shard_keys_{0};
-  Mutex remove_mu_;  // one RemoveToFit at a time (they would otherwise both evict the same excess)
+  const EvictionPlanner* planner_;  // of config_.eviction; stateless, shared
+  // One RemoveToFit at a time (two would both evict the same excess). Held across the shard calls of an
+  // eviction: it is always taken before a shard's lock, never while holding one, so the order cannot invert.
+  Mutex remove_mu_;
+  std::vector<EvictionSummary> summaries_ GUARDED_BY(remove_mu_);  // per shard, reused across rounds
+  std::vector<EvictionQuota> quotas_ GUARDED_BY(remove_mu_);
 };
 
 }  // namespace apexrl

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apexrl/errors.h"
+#include "apexrl/eviction/kinds.h"
 #include "apexrl/sharded_store.h"
 #include "bindings.h"
 
@@ -174,14 +175,6 @@ void UnpackItems(const py::handle& items, const py::handle& offsets, size_t n, I
   for (size_t i = 0; i < n; ++i) out->Add(seq[i], "items[" + std::to_string(i) + "]");
 }
 
-EvictionKind ParseEviction(const std::string& name) {
-  if (name == "fifo") return EvictionKind::kFifo;
-  if (name == "prioritized") return EvictionKind::kPrioritized;
-  throw InvalidArgument("unknown eviction policy '" + name + "'; use 'fifo' or 'prioritized'");
-}
-
-const char* EvictionName(EvictionKind k) { return k == EvictionKind::kFifo ? "fifo" : "prioritized"; }
-
 // Wraps a vector owned by `owner` as a 1-D numpy array without copying.
 template <typename T>
 py::array View(const std::shared_ptr<SampleResult>& owner, const T* data, size_t n) {
@@ -246,7 +239,7 @@ class PyStore {
       throw InvalidArgument("shards must be in [1, " + std::to_string(kMaxShards) + "], got " + std::to_string(s));
     }
     c.shards = static_cast<uint32_t>(s);
-    c.eviction = ParseEviction(eviction);
+    c.eviction = ParseEvictionKind(eviction);
     c.alpha_evict = AsFloat(alpha_evict, "alpha_evict");
     const int64_t sd = AsInt(seed, "seed");
     if (sd < 0) throw InvalidArgument("seed must be >= 0, got " + std::to_string(sd));
@@ -403,14 +396,14 @@ heavy methods release the GIL.)doc")
       .def_property_readonly("alpha_evict", [](const PyStore& s) { return s.store().config().alpha_evict; })
       .def_property_readonly("shards", [](const PyStore& s) { return s.store().config().shards; })
       .def_property_readonly("seed", [](const PyStore& s) { return s.store().config().seed; })
-      .def_property_readonly("eviction", [](const PyStore& s) { return EvictionName(s.store().config().eviction); })
+      .def_property_readonly("eviction", [](const PyStore& s) { return EvictionKindName(s.store().config().eviction); })
       .def_property_readonly("total_priority", [](const PyStore& s) { return s.store().TotalMass(); },
                              "Sum of priority^alpha over every item: the sampling mass.")
       .def("__repr__", [](const PyStore& s) {
         const auto& c = s.store().config();
         return "PrioritizedStore(size=" + std::to_string(s.store().Size()) + ", capacity=" +
                std::to_string(c.capacity) + ", alpha=" + std::string(py::str(py::float_(c.alpha))) +
-               ", shards=" + std::to_string(c.shards) + ", eviction='" + EvictionName(c.eviction) + "')";
+               ", shards=" + std::to_string(c.shards) + ", eviction='" + EvictionKindName(c.eviction) + "')";
       });
 }
 

@@ -1,4 +1,4 @@
-// Shard on its own: insert, sample, update, erase, stale keys, slot reuse, FIFO and drawn eviction, and
+// Shard on its own: insert, sample, update, erase, stale keys, slot reuse, eviction by each policy, and
 // Validate() after every operation (including a long random workload checked against a model).
 #include "apexrl/shard.h"
 
@@ -19,6 +19,9 @@
 #include <vector>
 
 #include "apexrl/common.h"
+#include "apexrl/errors.h"
+#include "apexrl/eviction/kinds.h"
+#include "apexrl/eviction/lowest_priority.h"
 #include "apexrl/random.h"
 #include "apexrl/snapshot_io.h"
 #include "temp_dir.h"
@@ -45,7 +48,7 @@ class ShardHarness {
  public:
   ShardHarness(uint32_t index, double alpha, EvictionKind eviction, double alpha_evict = -0.4,
                size_t target_slots = 64)
-      : alpha_(alpha), shard_(index, alpha, eviction, alpha_evict, target_slots) {}
+      : alpha_(alpha), shard_(index, alpha, MakeEvictionPolicy(eviction, alpha_evict), target_slots) {}
 
   Shard& shard() { return shard_; }
   std::atomic<uint64_t>& seq() { return seq_; }
@@ -71,6 +74,16 @@ class ShardHarness {
     return shard_.Update(keys.data(), priorities.data(), masses.data(), keys.size());
   }
   size_t Erase(const std::vector<Key>& keys) { return shard_.Erase(keys.data(), keys.size()); }
+
+  EvictionSummary Summary(size_t max_ranks = 0) const {
+    EvictionSummary out;
+    shard_.Summarize(max_ranks, &out);
+    return out;
+  }
+  std::vector<uint64_t> Ranks(size_t max_ranks) const { return Summary(max_ranks).ranks; }
+  size_t Evict(size_t count, Rng& rng, uint64_t max_rank = kAnyRank) {
+    return shard_.Evict(EvictionQuota{count, max_rank}, rng);
+  }
 
   // Runs Sample (or SampleUniform when rng != nullptr) into a sink whose first `first` positions are
   // untouched padding, and checks the layout of what came out. Returns the draws, or nothing on false.
@@ -118,6 +131,8 @@ class ShardHarness {
 };
 
 std::string Payload(int id) { return "item-" + std::to_string(id); }
+
+uint64_t LowestPriorityRank(double priority) { return LowestPriorityPolicy::RankOf(priority); }
 
 // ---------------------------------------------------------------------------------------------------------
 
@@ -351,7 +366,33 @@ TEST(ShardTest, GrowingPastTheTargetKeepsEveryItem) {
   EXPECT_VALID(h.shard());
 }
 
-TEST(ShardTest, EvictUpToSeqRemovesOldestFirstUpToTheLimit) {
+TEST(ShardTest, ConstructorRejectsAMissingPolicy) {
+  EXPECT_THROW(Shard(0, 1.0, nullptr, 16), std::invalid_argument);
+}
+
+TEST(ShardTest, SummarizeOverwritesEveryFieldWithThisShardsState) {
+  ShardHarness fifo(0, 1.0, EvictionKind::kFifo);
+  ShardHarness prioritized(1, 1.0, EvictionKind::kPrioritized, -0.4);
+  fifo.Insert({1.0, 0.0, 2.0}, {"a", "b", "c"});
+  prioritized.Insert({1.0, 0.0, 4.0}, {"a", "b", "c"});
+  EvictionSummary s;
+  s.size = 99;
+  s.ranks = {7, 7, 7};
+  s.mass = 5.0;
+  s.urgent = 9;
+  fifo.shard().Summarize(2, &s);  // a summary reused from an earlier round or another shard
+  EXPECT_EQ(s.size, 3u);
+  EXPECT_EQ(s.ranks, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(s.mass, 0.0);
+  EXPECT_EQ(s.urgent, 0u);
+  prioritized.shard().Summarize(2, &s);
+  EXPECT_EQ(s.size, 3u);
+  EXPECT_TRUE(s.ranks.empty());
+  EXPECT_NEAR(s.mass, 1.0 + std::pow(4.0, -0.4), 1e-12);
+  EXPECT_EQ(s.urgent, 1u);
+}
+
+TEST(ShardTest, FifoEvictRemovesOldestFirstWithinTheCountAndTheRankBound) {
   ShardHarness h(0, 1.0, EvictionKind::kFifo);
   std::vector<Key> keys;
   std::vector<uint64_t> seqs;
@@ -361,20 +402,17 @@ TEST(ShardTest, EvictUpToSeqRemovesOldestFirstUpToTheLimit) {
     seqs.push_back(h.seq().load());
   }
   EXPECT_EQ(h.shard().max_seq(), seqs.back());
-  std::vector<uint64_t> oldest;
-  h.shard().OldestSeqs(4, &oldest);
-  EXPECT_EQ(oldest, std::vector<uint64_t>(seqs.begin(), seqs.begin() + 4));
+  EXPECT_EQ(h.Ranks(4), std::vector<uint64_t>(seqs.begin(), seqs.begin() + 4));
 
   ASSERT_EQ(h.Erase({keys[2]}), 1u);
+  Rng rng(1);
   // Everything up to the 5th item's number: items 0, 1, 3, 4 (item 2 is already gone).
-  EXPECT_EQ(h.shard().EvictUpToSeq(seqs[4], 100), 4u);
+  EXPECT_EQ(h.Evict(100, rng, seqs[4]), 4u);
   ASSERT_VALID(h.shard());
-  oldest.clear();
-  h.shard().OldestSeqs(100, &oldest);
-  EXPECT_EQ(oldest, std::vector<uint64_t>(seqs.begin() + 5, seqs.end()));
-  // The limit stops early; a cutoff below every item removes nothing.
-  EXPECT_EQ(h.shard().EvictUpToSeq(seqs.back(), 2), 2u);
-  EXPECT_EQ(h.shard().EvictUpToSeq(seqs[6], 100), 0u);
+  EXPECT_EQ(h.Ranks(100), std::vector<uint64_t>(seqs.begin() + 5, seqs.end()));
+  // The count stops early; a bound below every item removes nothing.
+  EXPECT_EQ(h.Evict(2, rng, seqs.back()), 2u);
+  EXPECT_EQ(h.Evict(100, rng, seqs[6]), 0u);
   ASSERT_VALID(h.shard());
   for (size_t i = 0; i < keys.size(); ++i) {
     EXPECT_EQ(h.Update({keys[i]}, {1.0}), i >= 7 ? 1u : 0u) << "item " << i;
@@ -382,45 +420,66 @@ TEST(ShardTest, EvictUpToSeqRemovesOldestFirstUpToTheLimit) {
   EXPECT_EQ(h.shard().counters().evicted, 6u);
   EXPECT_EQ(h.shard().counters().erased, 1u);
   EXPECT_EQ(h.shard().max_seq(), seqs.back());  // the maximum ever stored, not the current one
-  EXPECT_EQ(h.shard().EvictUpToSeq(seqs.back(), 100), 3u);
+  EXPECT_EQ(h.Evict(100, rng), 3u);  // no bound: asking for more than it holds empties it
   EXPECT_EQ(h.shard().size(), 0u);
+  EXPECT_EQ(h.Evict(5, rng), 0u);
   ASSERT_VALID(h.shard());
 }
 
-TEST(ShardTest, EvictDrawnOnAFifoShardTakesTheOldest) {
-  ShardHarness h(0, 1.0, EvictionKind::kFifo);
-  const std::vector<Key> keys = h.Insert({5, 4, 3, 2, 1}, {"0", "1", "2", "3", "4"});
-  Rng rng(1);
-  EXPECT_EQ(h.shard().EvictDrawn(2, rng), 2u);
+TEST(ShardTest, EvictBeyondOneChunkKeepsGoingAndCountsEveryRemoval) {
+  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized, EvictionKind::kLowestPriority}) {
+    ShardHarness h(0, 1.0, kind, -0.4, 16);
+    const size_t n = 3 * Shard::kEvictChunk + 10;
+    const std::vector<Key> keys = h.Insert(std::vector<double>(n, 1.0), std::vector<std::string>(n, "x"));
+    Rng rng(2);
+    const size_t k = 2 * Shard::kEvictChunk + 5;
+    EXPECT_EQ(h.Evict(k, rng), k);
+    ASSERT_VALID(h.shard());
+    EXPECT_EQ(h.shard().size(), n - k);
+    EXPECT_EQ(h.shard().counters().evicted, k);
+    if (kind == EvictionKind::kFifo) {  // exactly the oldest k
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(h.Update({keys[i]}, {1.0}), i >= k ? 1u : 0u) << i;
+    }
+    EXPECT_EQ(h.Evict(n, rng), n - k);
+    EXPECT_EQ(h.shard().size(), 0u);
+  }
+}
+
+TEST(ShardTest, EvictOnALowestPriorityShardFollowsCurrentPrioritiesWithinTheBound) {
+  ShardHarness h(0, 1.0, EvictionKind::kLowestPriority);
+  const std::vector<Key> keys = h.Insert({4.0, 1.0, 3.0, 2.0, 5.0}, {"a", "b", "c", "d", "e"});
+  ASSERT_EQ(h.Update({keys[4]}, {0.5}), 1u);  // "e" is now the lowest
+  EXPECT_EQ(h.Ranks(3), (std::vector<uint64_t>{LowestPriorityRank(0.5), LowestPriorityRank(1.0),
+                                                LowestPriorityRank(2.0)}));
+  Rng rng(6);
+  EXPECT_EQ(h.Evict(10, rng, LowestPriorityRank(1.0)), 2u);  // "e" and "b"; "d" (2.0) is past the bound
   ASSERT_VALID(h.shard());
-  EXPECT_EQ(h.Update({keys[0], keys[1], keys[2], keys[3], keys[4]}, {1, 1, 1, 1, 1}), 3u);
-  EXPECT_EQ(h.Erase({keys[0], keys[1]}), 0u);
-  EXPECT_EQ(h.shard().EvictDrawn(100, rng), 3u);  // asking for more than it holds empties it
-  EXPECT_EQ(h.shard().size(), 0u);
-  EXPECT_EQ(h.shard().counters().evicted, 5u);
+  EXPECT_EQ(h.Update({keys[4], keys[1]}, {1.0, 1.0}), 0u);
+  EXPECT_EQ(h.Evict(1, rng), 1u);  // "d"
+  EXPECT_EQ(h.Update({keys[3]}, {1.0}), 0u);
+  EXPECT_EQ(h.Update({keys[0], keys[2]}, {4.0, 3.0}), 2u);
   ASSERT_VALID(h.shard());
 }
 
-TEST(ShardTest, EvictDrawnOnAPrioritizedShardTakesUrgentItemsFirst) {
+TEST(ShardTest, EvictOnAPrioritizedShardTakesUrgentItemsFirst) {
   ShardHarness h(0, 1.0, EvictionKind::kPrioritized, -0.4);
   const std::vector<Key> keys = h.Insert({1.0, 0.0, 2.0, 0.0, 4.0}, {"a", "b", "c", "d", "e"});
-  double mass = -1.0;
-  size_t urgent = 99;
-  h.shard().EvictionMass(&mass, &urgent);
-  EXPECT_EQ(urgent, 2u);
-  EXPECT_NEAR(mass, 1.0 + std::pow(2.0, -0.4) + std::pow(4.0, -0.4), 1e-12);
+  EvictionSummary s = h.Summary();
+  EXPECT_EQ(s.urgent, 2u);
+  EXPECT_NEAR(s.mass, 1.0 + std::pow(2.0, -0.4) + std::pow(4.0, -0.4), 1e-12);
   Rng rng(2);
-  EXPECT_EQ(h.shard().EvictDrawn(2, rng), 2u);
+  EXPECT_EQ(h.Evict(2, rng, 0), 2u);  // a rank bound means nothing to drawn victims
   ASSERT_VALID(h.shard());
   EXPECT_EQ(h.Update({keys[1]}, {1.0}), 0u);
   EXPECT_EQ(h.Update({keys[3]}, {1.0}), 0u);
-  h.shard().EvictionMass(&mass, &urgent);
-  EXPECT_EQ(urgent, 0u);
+  s = h.Summary();
+  EXPECT_EQ(s.urgent, 0u);
+  EXPECT_EQ(s.size, 3u);
   EXPECT_EQ(h.shard().size(), 3u);
   ASSERT_VALID(h.shard());
 }
 
-TEST(ShardTest, EvictDrawnPrefersLowPrioritiesWithNegativeAlphaEvict) {
+TEST(ShardTest, EvictPrefersLowPrioritiesWithNegativeAlphaEvict) {
   // 100 items of priority 0.001 (weight 0.001^-0.4 ~ 15.8) and 100 of priority 1 (weight 1): evicting 100
   // should take mostly the low ones.
   ShardHarness h(0, 1.0, EvictionKind::kPrioritized, -0.4, 256);
@@ -430,7 +489,7 @@ TEST(ShardTest, EvictDrawnPrefersLowPrioritiesWithNegativeAlphaEvict) {
     high.push_back(h.InsertOne(1.0, "high"));
   }
   Rng rng(3);
-  EXPECT_EQ(h.shard().EvictDrawn(100, rng), 100u);
+  EXPECT_EQ(h.Evict(100, rng), 100u);
   ASSERT_VALID(h.shard());
   const size_t low_left = h.Update(low, std::vector<double>(100, 0.001));
   const size_t high_left = h.Update(high, std::vector<double>(100, 1.0));
@@ -439,18 +498,18 @@ TEST(ShardTest, EvictDrawnPrefersLowPrioritiesWithNegativeAlphaEvict) {
   EXPECT_GT(high_left, 60u);
 }
 
-TEST(ShardTest, EvictDrawnWithNoPreferencePicksUniformly) {
-  // alpha_evict > 0 and every priority 0: the policy has no preference, the shard picks uniformly.
+TEST(ShardTest, EvictWithNoPreferencePicksUniformly) {
+  // alpha_evict > 0 and every priority 0: the policy has no preference and picks uniformly.
   ShardHarness h(0, 1.0, EvictionKind::kPrioritized, 1.0);
   h.Insert(std::vector<double>(10, 0.0), std::vector<std::string>(10, "z"));
   Rng rng(4);
-  EXPECT_EQ(h.shard().EvictDrawn(4, rng), 4u);
+  EXPECT_EQ(h.Evict(4, rng), 4u);
   EXPECT_EQ(h.shard().size(), 6u);
   ASSERT_VALID(h.shard());
 }
 
 TEST(ShardTest, ValidatePassesAfterEveryOperationOfARandomWorkload) {
-  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized}) {
+  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized, EvictionKind::kLowestPriority}) {
     for (double alpha : {0.0, 0.6, 1.0}) {
       SCOPED_TRACE("eviction " + std::to_string(static_cast<int>(kind)) + " alpha " + std::to_string(alpha));
       ShardHarness h(7, alpha, kind, -0.4, 16);
@@ -522,7 +581,7 @@ TEST(ShardTest, ValidatePassesAfterEveryOperationOfARandomWorkload) {
         } else {  // evict a few
           const size_t before = model.size();
           const size_t k = 1 + rng.Below(3);
-          const size_t removed = h.shard().EvictDrawn(k, rng);
+          const size_t removed = h.Evict(k, rng);
           ASSERT_EQ(removed, std::min(k, before));
           std::vector<Key> gone;
           for (const auto& kv : model) {
@@ -588,7 +647,8 @@ TEST_F(ShardFileTest, WriteThenReadRestoresItemsKeysAndCounters) {
   // Old keys still address the same items (and the erased one stays stale).
   EXPECT_EQ(b.Update({keys[0], keys[1], keys[2], keys[3]}, {1.0, 0.0, 9.0, 5.0}), 3u);
   // FIFO order survives: the oldest live item goes first.
-  EXPECT_EQ(b.shard().EvictUpToSeq(a.shard().max_seq(), 1), 1u);
+  Rng rng(5);
+  EXPECT_EQ(b.Evict(1, rng), 1u);
   EXPECT_EQ(b.Update({keys[0]}, {1.0}), 0u);
   EXPECT_EQ(b.Update({keys[1]}, {0.0}), 1u);
   ASSERT_VALID(b.shard());

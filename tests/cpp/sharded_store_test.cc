@@ -1,5 +1,6 @@
-// ShardedStore: keys, stale updates, sampling distribution and IS weights, the uniform fallback, FIFO and
-// prioritized RemoveToFit, input validation, and snapshots (round trip, truncation, corruption, temp files).
+// ShardedStore: keys, stale updates, sampling distribution and IS weights, the uniform fallback, FIFO,
+// prioritized and lowest-priority RemoveToFit, input validation, and snapshots (round trip, truncation,
+// corruption, temp files).
 // Every test calls Validate() after each step that changes the store.
 #include "apexrl/sharded_store.h"
 
@@ -599,6 +600,98 @@ TEST(ShardedStoreTest, PrioritizedRemoveToFitWithNoEvictionMassRemovesUniformly)
   EXPECT_EQ(store.Size(), 60u);
 }
 
+// Inserts one item per priority, in batches of varying size so they spread over the shards; returns the keys.
+std::vector<Key> InsertSpread(ShardedStore& store, const std::vector<double>& priorities, uint64_t first_id) {
+  std::vector<Key> keys;
+  const size_t batch_sizes[] = {1, 7, 70, 3, 2};
+  for (size_t done = 0, b = 0; done < priorities.size(); ++b) {
+    const size_t n = std::min(batch_sizes[b % 5], priorities.size() - done);
+    std::vector<std::string> pl;
+    for (size_t i = 0; i < n; ++i) pl.push_back(PayloadFor(first_id + done + i));
+    const auto k = Insert(store, std::vector<double>(priorities.begin() + done, priorities.begin() + done + n), pl);
+    keys.insert(keys.end(), k.begin(), k.end());
+    done += n;
+  }
+  return keys;
+}
+
+TEST(ShardedStoreTest, LowestPriorityRemoveToFitRemovesTheGloballyLowestAcrossShards) {
+  StoreConfig cfg = Config(4, 30, 0.6, 14);
+  cfg.eviction = EvictionKind::kLowestPriority;
+  ShardedStore store(cfg);
+  // Priorities 1..100 in a shuffled order.
+  std::vector<double> priorities(100);
+  for (size_t i = 0; i < priorities.size(); ++i) priorities[i] = static_cast<double>(i + 1);
+  Rng rng(15);
+  for (size_t i = priorities.size() - 1; i > 0; --i) std::swap(priorities[i], priorities[rng.Below(i + 1)]);
+  const std::vector<Key> keys = InsertSpread(store, priorities, 0);
+  ASSERT_VALID(store);
+  // Updates move items in the order: the two lowest become the two highest, and two of the highest sink.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    double p = priorities[i];
+    if (p <= 2.0) p += 200.0;                  // 1, 2 -> 201, 202
+    if (p == 99.0 || p == 100.0) p /= 400.0;  // 99, 100 -> 0.2475, 0.25
+    if (p != priorities[i]) {
+      ASSERT_EQ(store.UpdatePriorities(&keys[i], &p, 1), 1u);
+      priorities[i] = p;
+    }
+  }
+  EXPECT_EQ(store.RemoveToFit(), 70u);
+  ASSERT_VALID(store);
+  std::vector<double> sorted = priorities;
+  std::sort(sorted.begin(), sorted.end());
+  const double lowest_kept = sorted[70];
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(IsLive(store, keys[i], priorities[i]), priorities[i] >= lowest_kept) << "priority " << priorities[i];
+  }
+  EXPECT_EQ(store.Stats().evicted, 70u);
+}
+
+TEST(ShardedStoreTest, LowestPriorityRemoveToFitTakesEveryLowerPriorityBeforeAnyTiedOne) {
+  // 10 items of priority 0 (half of them -0.0), 30 of 1 and 20 of 2, spread over 3 shards; 25 must go: all
+  // zeros and 15 of the ones, whichever shards the ties sit in.
+  StoreConfig cfg = Config(3, 35, 1.0, 16);
+  cfg.eviction = EvictionKind::kLowestPriority;
+  ShardedStore store(cfg);
+  std::vector<double> priorities;
+  for (int i = 0; i < 30; ++i) priorities.push_back(1.0);
+  for (int i = 0; i < 20; ++i) priorities.push_back(2.0);
+  for (int i = 0; i < 10; ++i) priorities.push_back(i % 2 == 0 ? 0.0 : -0.0);
+  const std::vector<Key> keys = InsertSpread(store, priorities, 0);
+  EXPECT_EQ(store.RemoveToFit(), 25u);
+  ASSERT_VALID(store);
+  std::map<double, size_t> live;
+  for (size_t i = 0; i < keys.size(); ++i) live[priorities[i]] += IsLive(store, keys[i], priorities[i]) ? 1 : 0;
+  EXPECT_EQ(live[0.0], 0u);
+  EXPECT_EQ(live[1.0], 15u);
+  EXPECT_EQ(live[2.0], 20u);
+}
+
+TEST(ShardedStoreTest, LowestPriorityRemoveToFitHandlesAnExcessLargerThanOneRound) {
+  StoreConfig cfg = Config(3, 1000, 1.0, 17);
+  cfg.eviction = EvictionKind::kLowestPriority;
+  ShardedStore store(cfg);
+  const size_t total = 70000;  // excess 69000, more than one ordered round
+  std::vector<double> priorities(total);
+  Rng rng(18);
+  for (double& p : priorities) p = rng.Uniform();
+  std::vector<Key> keys;
+  for (size_t done = 0; done < total; done += 5000) {
+    const std::vector<double> batch(priorities.begin() + done, priorities.begin() + done + 5000);
+    const auto k = Insert(store, batch, std::vector<std::string>(5000, "p"));
+    keys.insert(keys.end(), k.begin(), k.end());
+  }
+  EXPECT_EQ(store.RemoveToFit(), total - 1000);
+  ASSERT_VALID(store);
+  std::vector<double> sorted = priorities;
+  std::sort(sorted.begin(), sorted.end());
+  size_t kept_wrong = 0;
+  for (size_t i = 0; i < total; ++i) {
+    if (IsLive(store, keys[i], priorities[i]) != (priorities[i] >= sorted[total - 1000])) ++kept_wrong;
+  }
+  EXPECT_EQ(kept_wrong, 0u);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Invalid input
 
@@ -734,6 +827,17 @@ TEST(ShardedStoreTest, BadConfigurationIsRejected) {
 class SnapshotTest : public ::testing::Test {
  protected:
   std::string Path(const std::string& name) const { return dir_.Path(name); }
+  // Saves `store` as `name` and loads it back, checking the copy is valid and keeps the eviction kind; then
+  // evicts the copy down to capacity, expecting `removed` evictions.
+  std::unique_ptr<ShardedStore> RoundTripThenFit(const ShardedStore& store, const std::string& name, size_t removed) {
+    store.Save(Path(name));
+    std::unique_ptr<ShardedStore> loaded = ShardedStore::Load(Path(name));
+    EXPECT_NO_THROW(loaded->Validate());
+    EXPECT_EQ(loaded->config().eviction, store.config().eviction);
+    EXPECT_EQ(loaded->RemoveToFit(), removed);
+    EXPECT_NO_THROW(loaded->Validate());
+    return loaded;
+  }
   std::set<std::string> Files() const { return dir_.Files(); }
   static std::string ReadAll(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -900,14 +1004,22 @@ TEST_F(SnapshotTest, PrioritizedStoreRoundTripKeepsUrgentItems) {
     const double p = i % 6 == 2 ? 0.0 : 1.0;
     (p == 0.0 ? zero : positive).push_back(Insert(store, {p}, {PayloadFor(i)})[0]);
   }
-  store.Save(Path("p.snap"));
-  std::unique_ptr<ShardedStore> loaded = ShardedStore::Load(Path("p.snap"));
-  ASSERT_VALID(*loaded);
-  EXPECT_EQ(loaded->config().eviction, EvictionKind::kPrioritized);
-  EXPECT_EQ(loaded->RemoveToFit(), 4u);
-  ASSERT_VALID(*loaded);
+  std::unique_ptr<ShardedStore> loaded = RoundTripThenFit(store, "p.snap", 4);
   for (Key k : zero) EXPECT_FALSE(IsLive(*loaded, k, 0.0));
   for (Key k : positive) EXPECT_TRUE(IsLive(*loaded, k, 1.0));
+}
+
+TEST_F(SnapshotTest, LowestPriorityStoreRoundTripKeepsTheOrder) {
+  StoreConfig cfg = Config(3, 10, 0.6, 32);
+  cfg.eviction = EvictionKind::kLowestPriority;
+  ShardedStore store(cfg);
+  std::vector<double> priorities;
+  for (uint64_t i = 0; i < 16; ++i) priorities.push_back(static_cast<double>((i * 7) % 16));  // 0..15 shuffled
+  const std::vector<Key> keys = InsertSpread(store, priorities, 0);
+  std::unique_ptr<ShardedStore> loaded = RoundTripThenFit(store, "l.snap", 6);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(IsLive(*loaded, keys[i], priorities[i]), priorities[i] >= 6.0) << "priority " << priorities[i];
+  }
 }
 
 TEST_F(SnapshotTest, EmptyStoreRoundTrips) {

@@ -38,8 +38,12 @@ void FifoPolicy::OnErase(Slot slot) {
   prev_[slot] = next_[slot] = kNoSlot;
 }
 
-void FifoPolicy::OldestSeqs(size_t k, std::vector<uint64_t>* out) const {
-  for (Slot s = head_; s != kNoSlot && k > 0; s = next_[s], --k) out->push_back(seq_[s]);
+void FifoPolicy::Summarize(size_t max_ranks, EvictionSummary* out) const {
+  for (Slot s = head_; s != kNoSlot && max_ranks > 0; s = next_[s], --max_ranks) out->ranks.push_back(seq_[s]);
+}
+
+Slot FifoPolicy::Victim(Rng&, uint64_t max_rank, const std::vector<Slot>&) {
+  return head_ != kNoSlot && seq_[head_] <= max_rank ? head_ : kNoSlot;
 }
 
 std::string FifoPolicy::CheckConsistency(size_t live_items) const {

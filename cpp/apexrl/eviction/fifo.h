@@ -1,4 +1,4 @@
-// FifoPolicy: oldest item first.
+// FifoPolicy: oldest item first, in store-wide insertion order (an ordered policy; see policy.h).
 #ifndef APEXRL_EVICTION_FIFO_H_
 #define APEXRL_EVICTION_FIFO_H_
 
@@ -8,21 +8,19 @@
 
 namespace apexrl {
 
-// An intrusive doubly-linked list over slots in insertion order, so erasing an item from the middle (erase,
-// or a victim of the other policy) is O(1). Every method is O(1) except OldestSeqs, O(k).
+// An item's rank is its store-wide insertion number, so the planner's "smallest ranks first" is "globally
+// oldest first". The shard's items sit in an intrusive doubly-linked list in insertion order, so erasing one
+// from the middle (erase() by key) is O(1). Every method is O(1) except Summarize, O(max_ranks).
 class FifoPolicy final : public EvictionPolicy {
  public:
   void Grow(size_t slot_capacity) override;
   void OnInsert(Slot slot, double priority, uint64_t seq) override;
   void OnUpdate(Slot, double) override {}
   void OnErase(Slot slot) override;
-  Slot Victim(Rng&) override { return head_; }
+  void Summarize(size_t max_ranks, EvictionSummary* out) const override;
+  // The oldest item, if its insertion number is at most `max_rank`.
+  Slot Victim(Rng& rng, uint64_t max_rank, const std::vector<Slot>& live) override;
   std::string CheckConsistency(size_t live_items) const override;
-
-  // Appends the insertion numbers of this shard's `k` oldest items (fewer if it holds fewer), oldest first.
-  void OldestSeqs(size_t k, std::vector<uint64_t>* out) const;
-  Slot oldest() const { return head_; }
-  uint64_t seq(Slot slot) const { return seq_[slot]; }
 
  private:
   std::vector<Slot> prev_, next_;

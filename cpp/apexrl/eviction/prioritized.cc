@@ -55,10 +55,15 @@ void PrioritizedPolicy::OnErase(Slot slot) {
   --tracked_;
 }
 
-Slot PrioritizedPolicy::Victim(Rng& rng) {
+void PrioritizedPolicy::Summarize(size_t, EvictionSummary* out) const {
+  out->mass = weights_.Total();
+  out->urgent = urgent_.size();
+}
+
+Slot PrioritizedPolicy::Victim(Rng& rng, uint64_t, const std::vector<Slot>& live) {
   if (!urgent_.empty()) return urgent_.back();
   const double total = weights_.Total();
-  if (!(total > 0.0)) return kNoSlot;
+  if (!(total > 0.0)) return live[rng.Below(live.size())];  // no preference: uniform
   return static_cast<Slot>(weights_.Find(rng.Uniform() * total));
 }
 
