@@ -22,7 +22,14 @@ from apexrl.params.service import (
     spec_of,
 )
 from apexrl.replay import protocol as P
-from apexrl.replay.schema import HEADER, HEADER_SIZE, MAGIC, PARAMS_MAX_REQUEST_BYTES, Op, Status
+from apexrl.replay.schema import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    PARAMS_MAX_REQUEST_BYTES,
+    Op,
+    Status,
+)
 
 HDR = HEADER  # the params service speaks the replay protocol's header
 

@@ -9,6 +9,7 @@ import struct
 import numpy as np
 import pytest
 from apexrl.errors import ProtocolError, ServerError
+from apexrl.replay import schema
 from apexrl.replay.protocol import (
     HEADER_SIZE,
     MAGIC,
@@ -34,7 +35,6 @@ from apexrl.replay.protocol import (
     pack_items,
     split_items,
 )
-from apexrl.replay import schema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -16,10 +16,9 @@ closes what it got when it is closed (when that has a ``close()``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
-
-import threading
 
 import numpy as np
 

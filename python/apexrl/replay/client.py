@@ -25,7 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from apexrl.errors import ProtocolError, ServerShuttingDownError, ServerTimeoutError, error_of
+from apexrl.errors import (
+    ProtocolError,
+    ServerShuttingDownError,
+    ServerTimeoutError,
+    error_of,
+)
 from apexrl.replay import protocol as P
 from apexrl.replay.inserter import PipelinedInserter
 from apexrl.replay.sampler import LearnerBatch, PrefetchingSampler
@@ -172,7 +177,7 @@ class ReplayClient:
         skipped)."""
         frames = self.transport.receive(wait)
         while frames is not None:
-            op, rid = peek_ids(memoryview(frames[0].buffer))
+            _op, rid = peek_ids(memoryview(frames[0].buffer))
             if rid is not None:
                 try:
                     reply = P.decode_reply(frames, P.Op.INSERT, rid)
