@@ -50,7 +50,7 @@ from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, Serve
 from apexrl.params.tensors import TensorSpec, describe_mismatch, spec_of
 from apexrl.replay import protocol as P
 from apexrl.replay.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
-from apexrl.replay.transport import Transport
+from apexrl.replay.transport import Transport, TransportClient
 
 __all__ = [
     "FetchStatus",
@@ -291,7 +291,7 @@ class ParamServer:
 # ---------------------------------------------------------------------------------------------- client
 
 
-class ParamClient:
+class ParamClient(TransportClient):
     """Fetches weights from a :class:`ParamServer` at ``endpoint`` (``tcp://host:port``).
 
     ``fetch(have_version)`` returns ``(version, tensors)`` when the server has other weights than the ones
@@ -396,20 +396,6 @@ class ParamClient:
         if version == 0:
             raise _bad_reply("weights with version 0")
         return FetchStatus.PARAMS, server_id, version, bytes(weights)
-
-    def close(self) -> None:
-        """Close the socket and context (idempotent)."""
-        self.transport.close()
-
-    @property
-    def closed(self) -> bool:
-        return self.transport.closed
-
-    def __enter__(self) -> ParamClient:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _bad_reply(message: str) -> ProtocolError:

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Interruptible", "PipelinedReplay", "Replay", "ReplayFactory", "close_replay", "interrupt_and_join"]
+__all__ = ["BackgroundHelper", "Interruptible", "PipelinedReplay", "Replay", "ReplayFactory", "close_replay", "interrupt_and_join"]
 
 
 @runtime_checkable
@@ -35,15 +35,8 @@ class Replay(Protocol):
     :class:`~apexrl.errors.ServerError` (refused), ValueError (bad arguments, nothing done).
     """
 
-    def insert(
-        self,
-        priorities: Any,
-        items: Sequence[Any] | None = None,
-        *,
-        data: Any = None,
-        offsets: Any = None,
-        timeout: float | None = None,
-    ) -> np.ndarray:
+    def insert(self, priorities: Any, items: Sequence[Any] | None = None, *, data: Any = None, offsets: Any = None,
+               timeout: float | None = None) -> np.ndarray:
         """Store items (bytes-like ``items``, or ``data`` + ``offsets``) -> their keys (u64[n])."""
         ...
 
@@ -99,6 +92,28 @@ class PipelinedReplay(Protocol):
 
 
 ReplayFactory = Callable[[], Replay]
+
+
+class BackgroundHelper:
+    """Base of the helpers whose requests run in a thread of their own (sampler, updater): ``connect()`` runs in
+    the caller's thread (so a bad endpoint fails there); only the thread uses the Replay it returns, and closes
+    it when it ends; :meth:`_interrupt_and_join` stops it promptly."""
+
+    _replay: Any
+    _thread: threading.Thread
+    endpoint: str | None
+
+    def _run(self) -> None:  # pragma: no cover - every subclass has its own
+        raise NotImplementedError
+
+    def _start(self, connect: ReplayFactory, name: str) -> None:
+        self._replay = connect()
+        self.endpoint = getattr(self._replay, "endpoint", None)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _interrupt_and_join(self) -> None:
+        interrupt_and_join(self._replay, self._thread)
 
 
 def interrupt_and_join(replay: Any, thread: threading.Thread) -> None:

@@ -35,7 +35,7 @@ from apexrl.replay import protocol as P
 from apexrl.replay.inserter import PipelinedInserter
 from apexrl.replay.sampler import LearnerBatch, PrefetchingSampler
 from apexrl.replay.schema import peek_ids
-from apexrl.replay.transport import Transport
+from apexrl.replay.transport import Transport, TransportClient
 from apexrl.replay.updater import AsyncUpdater
 
 __all__ = [
@@ -78,7 +78,7 @@ def _data_and_offsets(items: Sequence[Any] | None, data: Any, offsets: Any) -> t
     return data, offsets
 
 
-class ReplayClient:
+class ReplayClient(TransportClient):
     """Client of an apexrl replay server at ``endpoint`` (e.g. ``tcp://127.0.0.1:5555``).
 
     ``timeout`` (seconds) bounds the wait for each reply (for ``insert`` / ``sample`` it is added to the
@@ -196,22 +196,6 @@ class ReplayClient:
     def interrupt(self) -> None:
         """From any thread: the call in progress and every later one raise Interrupted."""
         self.transport.interrupt()
-
-    # ------------------------------------------------------------------------------------------ lifetime
-
-    def close(self) -> None:
-        """Close the socket and context (idempotent)."""
-        self.transport.close()
-
-    @property
-    def closed(self) -> bool:
-        return self.transport.closed
-
-    def __enter__(self) -> ReplayClient:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     # ------------------------------------------------------------------------------------------ helpers
 

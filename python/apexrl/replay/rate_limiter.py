@@ -25,7 +25,7 @@ count in I, so after a long fill-up inserts pause until the samplers have consum
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
 from apexrl.replay.schema import Op
@@ -39,12 +39,9 @@ _INSERT = int(Op.INSERT)
 class Waiting(Protocol):
     """A request waiting for admission: its op, its item count and its deadline (monotonic seconds)."""
 
-    @property
-    def op(self) -> int: ...
-    @property
-    def n(self) -> int: ...
-    @property
-    def deadline(self) -> float: ...
+    op: int
+    n: int
+    deadline: float
 
 
 W = TypeVar("W", bound=Waiting)
@@ -85,18 +82,17 @@ class RateLimiter:
 
     def try_insert(self, n: int, size: int) -> bool:
         """Admit an INSERT of n (count it) if the rule allows it now."""
-        with self.lock:
-            if not self.insert_ok(n, size, self.inserted, self.sampled):
-                return False
-            self.inserted += n
-            return True
+        return self._admit(self.insert_ok, n, size, "inserted")
 
     def try_sample(self, n: int, size: int) -> bool:
         """Admit a SAMPLE of n (count it) if the rule allows it now."""
+        return self._admit(self.sample_ok, n, size, "sampled")
+
+    def _admit(self, rule: Callable[[int, int, int, int], bool], n: int, size: int, counter: str) -> bool:
         with self.lock:
-            if not self.sample_ok(n, size, self.inserted, self.sampled):
+            if not rule(n, size, self.inserted, self.sampled):
                 return False
-            self.sampled += n
+            setattr(self, counter, getattr(self, counter) + n)
             return True
 
     def undo(self, inserted: int = 0, sampled: int = 0) -> None:

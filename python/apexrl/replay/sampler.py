@@ -16,7 +16,7 @@ import numpy as np
 
 from apexrl.errors import Interrupted, ReplayTimeout, ServerShuttingDownError
 from apexrl.replay import protocol as P
-from apexrl.replay.api import ReplayFactory, close_replay, interrupt_and_join
+from apexrl.replay.api import BackgroundHelper, ReplayFactory, close_replay
 
 __all__ = ["LearnerBatch", "PrefetchingSampler"]
 
@@ -39,7 +39,7 @@ class LearnerBatch:
         return int(self.keys.shape[0])
 
 
-class PrefetchingSampler(Iterator[LearnerBatch]):
+class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
     """Keeps up to ``prefetch`` sampled batches ready for a learner, as the Ape-X learner does.
 
     ``connect()`` is called once, here, for the Replay the background thread samples from (its own
@@ -94,10 +94,7 @@ class PrefetchingSampler(Iterator[LearnerBatch]):
         self.last_retry_error: BaseException | None = None
         self.fetched = 0  # batches sampled (and decoded) by the worker
         self.max_queued = 0  # high-water mark of the queue (never above prefetch)
-        self._replay = connect()  # in the caller's thread, so a bad endpoint fails here; only the worker uses it
-        self.endpoint = getattr(self._replay, "endpoint", None)
-        self._thread = threading.Thread(target=self._run, name="apexrl-sampler", daemon=True)
-        self._thread.start()
+        self._start(connect, "apexrl-sampler")
 
     # ------------------------------------------------------------------------------------------ worker
 
@@ -207,7 +204,7 @@ class PrefetchingSampler(Iterator[LearnerBatch]):
             self._closed = True
             self._queue.clear()
             self._cond.notify_all()
-        interrupt_and_join(self._replay, self._thread)
+        self._interrupt_and_join()
 
     def __enter__(self) -> PrefetchingSampler:
         return self

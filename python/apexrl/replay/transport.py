@@ -36,7 +36,7 @@ import zmq
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
 from apexrl.replay.schema import peek_ids
 
-__all__ = ["POLL_SLICE_S", "Transport"]
+__all__ = ["POLL_SLICE_S", "Transport", "TransportClient"]
 
 POLL_SLICE_S = 0.05
 """Longest a wait polls before it looks at :meth:`Transport.interrupt` again."""
@@ -189,3 +189,23 @@ class Transport:
                 self.close()
         except Exception:
             pass
+
+
+class TransportClient:
+    """Base of the clients that own a :class:`Transport` (``self.transport``): closing and ``with``."""
+
+    transport: Transport
+
+    def close(self) -> None:
+        """Close the socket and context (idempotent)."""
+        self.transport.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.transport.closed
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

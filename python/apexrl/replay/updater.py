@@ -14,7 +14,7 @@ import numpy as np
 
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
 from apexrl.replay import protocol as P
-from apexrl.replay.api import ReplayFactory, close_replay, interrupt_and_join
+from apexrl.replay.api import BackgroundHelper, ReplayFactory, close_replay
 
 __all__ = ["AsyncUpdater"]
 
@@ -38,7 +38,7 @@ class _ClosingContext:
                 pass
 
 
-class AsyncUpdater(_ClosingContext):
+class AsyncUpdater(BackgroundHelper, _ClosingContext):
     """Non-blocking priority updates: ``update()`` copies the arrays and returns; a background thread sends
     them in order through the Replay that ``connect()`` (called once, here) returns.
 
@@ -67,10 +67,7 @@ class AsyncUpdater(_ClosingContext):
         self._stop = threading.Event()
         self._closed = False
         self._counts = {"submitted": 0, "sent": 0, "updated": 0, "failed": 0, "dropped": 0}
-        self._replay = connect()  # in the caller's thread, so a bad endpoint fails here; only the worker uses it
-        self.endpoint = getattr(self._replay, "endpoint", None)
-        self._thread = threading.Thread(target=self._run, name="apexrl-updater", daemon=True)
-        self._thread.start()
+        self._start(connect, "apexrl-updater")
 
     def _run(self) -> None:
         replay = self._replay
@@ -186,6 +183,6 @@ class AsyncUpdater(_ClosingContext):
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
-        interrupt_and_join(self._replay, self._thread)
+        self._interrupt_and_join()
         with self._cond:
             self._raise_pending()
