@@ -9,7 +9,7 @@ Threading model
                                                             └──── replies (+ an inproc wake-up) ┘
 
 * The **broker** thread owns the front-end socket. It decodes every request with
-  :func:`apexrl.protocol.decode_request` (which validates everything; nothing is ever unpickled or evaluated)
+  :func:`apexrl.replay.protocol.decode_request` (which validates everything; nothing is ever unpickled or evaluated)
   and serves the short ones itself: INSERT, UPDATE_PRIORITIES and SAMPLEs of at most ``inline_sample_max``
   items (default 1024, ~0.2 ms of store time for DPG items). Each is one store call that releases the GIL,
   then the reply goes straight back: no hop through another thread, which on a 2-core machine cost more
@@ -29,6 +29,9 @@ Threading model
 * The same deferral serves the **rate limiter** (below): an INSERT or SAMPLE that is too far ahead of the
   other side is kept by the broker until the other side has caught up or its deadline passes. A waiting
   request never holds a worker, and never blocks the requests behind it.
+* The broker's loop is :meth:`_Broker.run`; each step is a method of its own: ``read_front_burst`` (decode,
+  then ``dispatch``: serve inline or queue for the workers), ``send_worker_replies``, ``release_deferred``
+  (asks :meth:`RateLimiter.release` which waiting requests may go) and ``refuse_pending`` (when stopping).
 
 Rate limiting: Reverb's SampleToInsertRatio
 -------------------------------------------
