@@ -81,7 +81,10 @@ def test_server_errors_are_counted_and_raised_later_and_the_failing_batch_is_not
         # a failure pending at the next insert() is raised there, and that batch is not sent
         ins = c.inserter(max_in_flight=8)
         for b in range(5):  # the first fits the budget (110 + 50 - 60 <= 100), the other four do not
-            ins.insert(np.ones(50), batch(f"s{b}", 50))
+            try:
+                ins.insert(np.ones(50), batch(f"s{b}", 50))
+            except ServerTimeoutError:  # a failure of an earlier batch came back already: this one was not sent
+                break
         deadline = time.monotonic() + 10
         sent_before = None
         with pytest.raises(ServerTimeoutError):
@@ -95,7 +98,7 @@ def test_server_errors_are_counted_and_raised_later_and_the_failing_batch_is_not
         except ServerTimeoutError:
             pass
         st = ins.stats()
-        assert st["acked"] >= 1 and st["failed"] >= 4
+        assert st["acked"] >= 1 and st["failed"] >= 2
         assert st["acked"] + st["failed"] == st["submitted"] and st["in_flight"] == 0
         assert c.stats()["size"] == 110 + 50 * st["acked"]
         with pytest.raises(ServerClosedError):
