@@ -168,9 +168,10 @@ def test_min_size_still_applies_and_filling_up_is_not_limited(start_server):
 def test_concurrent_inserter_and_sampler_keep_the_ratio(start_server):
     server = start_server("--samples-per-insert", "4", "--error-buffer", "16")
     stop = threading.Event()
-    counts = {"inserted": 0, "sampled": 0}
+    counts = {"inserted": 0, "sampled": 0, "late_timeouts": 0}
 
-    # Once one side has stopped, the other may wait on it until its call times out: only then is that fine.
+    # Once one side has stopped, the other may wait on it until its call times out: only then is that fine
+    # (and the server counts that TIMEOUT reply as an error).
     def inserter():
         with ReplayClient(server.endpoint, timeout=5) as c:
             while not stop.is_set():
@@ -178,6 +179,7 @@ def test_concurrent_inserter_and_sampler_keep_the_ratio(start_server):
                     c.insert(np.ones(2), items(2), timeout=3)
                 except ServerTimeoutError:
                     assert stop.is_set(), "an insert waited 3 s while the sampler was still sampling"
+                    counts["late_timeouts"] += 1
                     return
                 counts["inserted"] += 2
 
@@ -188,6 +190,7 @@ def test_concurrent_inserter_and_sampler_keep_the_ratio(start_server):
                     counts["sampled"] += len(c.sample(8, timeout=3))
                 except ServerTimeoutError:
                     assert stop.is_set(), "a sample waited 3 s while the inserter was still inserting"
+                    counts["late_timeouts"] += 1
                     return
 
     threads = [Background(inserter), Background(sampler)]
@@ -201,7 +204,7 @@ def test_concurrent_inserter_and_sampler_keep_the_ratio(start_server):
     assert (inserted, sampled) == (counts["inserted"], counts["sampled"])
     assert sampled > 50 and inserted > 10  # both sides moved: no deadlock
     assert sampled <= inserted * 4 + 16 and inserted * 4 - sampled <= 16
-    assert s["errors_total"] == 0
+    assert s["errors_total"] == counts["late_timeouts"]
 
 
 # ------------------------------------------------------------------------------------------------ stats/config
