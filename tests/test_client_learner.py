@@ -39,6 +39,11 @@ def wait_until(cond, timeout: float = 5.0, what: str = "condition") -> None:
         time.sleep(0.01)
 
 
+def connect(endpoint: str, timeout: float):
+    """A factory of clients of ``endpoint``: what the helpers take."""
+    return lambda: ReplayClient(endpoint, timeout=timeout)
+
+
 def check_raw(batch: LearnerBatch, by_key: dict[int, bytes], n: int) -> None:
     assert len(batch) == n and batch.decoded is None and batch.raw is not None
     assert batch.weights.shape == (n,) and batch.probabilities.shape == (n,)
@@ -92,7 +97,7 @@ def test_sampler_yields_inserted_items_and_ends_after_close(start_server):
                     break
             assert sampler.stats()["retries"] == 0
         assert sampler.closed and not sampler._thread.is_alive()
-        assert sampler._client.closed  # the background client (socket and context) was closed
+        assert sampler._replay.closed  # the background client (socket and context) was closed
         with pytest.raises(StopIteration):
             next(sampler)
         assert list(sampler) == []
@@ -125,10 +130,10 @@ def test_close_is_prompt_while_waiting_on_a_dead_server_or_a_full_queue(start_se
     with ReplayClient(server.endpoint, timeout=5) as client:
         client.insert(np.ones(20), items_for("c", 20))
     # full queue: the worker waits for room
-    full = PrefetchingSampler(server.endpoint, 4, prefetch=2, client_timeout=30)
+    full = PrefetchingSampler(connect(server.endpoint, 30), 4, prefetch=2)
     wait_until(lambda: full.qsize() == 2, what="a full queue")
     # server gone: the worker waits for a reply that never comes (client timeout 30 s)
-    gone = PrefetchingSampler(server.endpoint, 4, prefetch=2, client_timeout=30)
+    gone = PrefetchingSampler(connect(server.endpoint, 30), 4, prefetch=2)
     wait_until(lambda: gone.qsize() == 2, what="a full queue")
     server.kill()
     gone.next(timeout=5)  # room for one more: the worker now sends to a dead server
@@ -137,9 +142,9 @@ def test_close_is_prompt_while_waiting_on_a_dead_server_or_a_full_queue(start_se
         t0 = time.monotonic()
         s.close()
         assert time.monotonic() - t0 < 2.0
-        assert not s._thread.is_alive() and s._client.closed
+        assert not s._thread.is_alive() and s._replay.closed
     # never any server: timeouts are retried (and counted) until closed
-    nobody = PrefetchingSampler(f"tcp://127.0.0.1:{free_port()}", 4, client_timeout=0.2)
+    nobody = PrefetchingSampler(connect(f"tcp://127.0.0.1:{free_port()}", 0.2), 4)
     wait_until(lambda: nobody.retries >= 2, what="retries")
     assert isinstance(nobody.last_retry_error, ReplayTimeout)
     with pytest.raises(ReplayTimeout):
@@ -179,9 +184,9 @@ def test_background_errors_are_reraised_in_the_consumer(start_server, error_stub
         assert sampler.retries == 0
 
     with pytest.raises(ValueError):  # bad arguments fail in the caller, no thread started
-        PrefetchingSampler(error_stub, 0)
+        PrefetchingSampler(connect(error_stub, 5), 0)
     with pytest.raises(ValueError):
-        PrefetchingSampler(error_stub, 4, prefetch=0)
+        PrefetchingSampler(connect(error_stub, 5), 4, prefetch=0)
 
 
 def test_decode_hook_with_a_transition_spec(start_server):
@@ -216,7 +221,7 @@ def test_sampler_keeps_going_after_a_server_restart(start_server, tmp_path):
     with ReplayClient(server.endpoint, timeout=5) as client:
         keys = client.insert(np.ones(100), items)
     by_key = dict(zip(keys.tolist(), items))
-    with PrefetchingSampler(server.endpoint, 8, prefetch=2, client_timeout=0.5) as sampler:
+    with PrefetchingSampler(connect(server.endpoint, 0.5), 8, prefetch=2) as sampler:
         check_raw(sampler.next(timeout=5), by_key, 8)
         assert server.terminate() == 0  # writes the snapshot
         while sampler.qsize():
@@ -259,7 +264,7 @@ def test_async_updates_are_applied_and_arrays_copied(start_server):
         s = client.stats()
         assert s["requests_update_priorities"] == 11
         assert s["total_priority"] == pytest.approx(500.0)
-        assert updater.closed and not updater._thread.is_alive() and updater._client.closed
+        assert updater.closed and not updater._thread.is_alive() and updater._replay.closed
         with pytest.raises(ServerClosedError):
             updater.update(keys[:1], [1.0])
 
@@ -297,7 +302,7 @@ def test_flush_waits_and_max_pending_blocks_on_a_dead_server(start_server):
     server = start_server()
     with ReplayClient(server.endpoint, timeout=5) as client:
         keys = client.insert(np.ones(10), items_for("w", 10))
-    updater = AsyncUpdater(server.endpoint, max_pending=2, client_timeout=0.5)
+    updater = AsyncUpdater(connect(server.endpoint, 0.5), max_pending=2, close_timeout=0.5)
     for _ in range(5):
         updater.update(keys, np.full(10, 2.0))
     updater.flush()  # everything sent so far was acknowledged
@@ -319,4 +324,4 @@ def test_flush_waits_and_max_pending_blocks_on_a_dead_server(start_server):
     assert time.monotonic() - t0 < 2.0
     st = updater.stats()
     assert st == {"submitted": 8, "sent": 5, "updated": 50, "failed": 1, "dropped": 2, "pending": 0}
-    assert not updater._thread.is_alive() and updater._client.closed
+    assert not updater._thread.is_alive() and updater._replay.closed

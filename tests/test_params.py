@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import socket
-import struct
 import threading
 import time
 
@@ -14,21 +13,25 @@ import torch
 import zmq
 from apexrl.errors import ProtocolError, ServerError
 from apexrl.params.service import (
-    HEADER_SIZE,
-    MAGIC,
-    REQUEST_MAX_FRAME,
+    FetchStatus,
     ParamClient,
-    ParamOp,
     ParamPoller,
     ParamServer,
-    ParamStatus,
     ParamsTimeout,
     check_tensors,
     spec_of,
 )
+from apexrl.replay import protocol as P
+from apexrl.replay.schema import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    PARAMS_MAX_REQUEST_BYTES,
+    Op,
+    Status,
+)
 
-HDR = struct.Struct("<4sHHQHHIQQ")
-ERRORS = {s for s in ParamStatus if s >= ParamStatus.BAD_MESSAGE}
+HDR = HEADER  # the params service speaks the replay protocol's header
 
 
 def state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -73,9 +76,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(rid: int = 7, have: int = 0, *, version: int = 1, op: int = ParamOp.GET, status: int = 0, flags: int = 0,
-        server_id: int = 0, payload: int = 0, magic: bytes = MAGIC) -> bytes:
-    return HDR.pack(magic, version, op, rid, status, flags, server_id, have, payload)
+def header(rid: int = 7, *, version: int = 1, op: int = Op.GET_PARAMS, status: int = 0, flags: int = 0,
+           count: int = 0, param: float = 0.0, timeout_ms: int = 0, magic: bytes = MAGIC) -> bytes:
+    return HDR.pack(magic, version, op, rid, status, flags, count, param, timeout_ms)
+
+
+def get(rid: int = 7, have: int = 0, server_id: int = 0, **fields) -> list[bytes]:
+    """A GET_PARAMS request with header ``fields`` changed."""
+    return [header(rid, **fields), np.array([have, server_id], "<u8").tobytes()]
+
+
+def reply(rid: int, version: int, server_id: int, weights: bytes = b"") -> list[bytes]:
+    return [bytes(memoryview(f).cast("B")) for f in P.encode_get_params_reply(rid, version, server_id, weights)]
 
 
 # ------------------------------------------------------------------------------------------- round trip
@@ -88,7 +100,7 @@ def test_round_trip_keeps_names_dtypes_shapes_and_bits(server, client):
     got = client.fetch(0)
     assert got is not None
     version, tensors = got
-    assert version == 1 and client.last_status == ParamStatus.PARAMS
+    assert version == 1 and client.last_status == FetchStatus.PARAMS
     assert_same(sd, tensors)
     tensors["torso.bias"] += 1  # the received tensors own writable memory
     assert server.endpoint.startswith("tcp://127.0.0.1:")
@@ -108,7 +120,7 @@ def test_same_version_is_unchanged_and_a_publish_brings_the_next(server, client)
     assert client.fetch(np.int64(v1)) is None  # numpy counters are fine
     with pytest.raises(ValueError):
         client.fetch(-1)
-    assert client.last_status == ParamStatus.UNCHANGED and client.latest_version == v1
+    assert client.last_status == FetchStatus.UNCHANGED and client.latest_version == v1
     assert server.publish(state_dict(2)) == 2
     v2, tensors = client.fetch(v1)
     assert v2 == 2
@@ -119,7 +131,7 @@ def test_same_version_is_unchanged_and_a_publish_brings_the_next(server, client)
 
 def test_not_ready_before_the_first_publish(server, client):
     assert client.fetch(0) is None
-    assert client.last_status == ParamStatus.NOT_READY and client.latest_version == 0
+    assert client.last_status == FetchStatus.NOT_READY and client.latest_version == 0
     server.publish(state_dict())
     assert client.fetch(0)[0] == 1
 
@@ -255,36 +267,38 @@ def hostile_messages(rng: random.Random) -> list[list[bytes]]:
     ok = get(rid=1)
     msgs: list[list[bytes]] = []
     for i in range(1200):
-        kind = i % 12
+        kind = i % 13
         rid = 1000 + i
         if kind == 0:
             msgs.append([rng.randbytes(rng.randrange(0, 100))])
         elif kind == 1:
-            msgs.append([get(rid, magic=b"APXR")])
+            msgs.append(get(rid, magic=b"APXP"))  # the parameter service's former magic
         elif kind == 2:
-            msgs.append([get(rid, version=rng.choice([0, 2, 7, 65535]))])
+            msgs.append(get(rid, version=rng.choice([0, 2, 7, 65535])))
         elif kind == 3:
-            msgs.append([get(rid)[: rng.randrange(0, HEADER_SIZE)]])
+            msgs.append([get(rid)[0][: rng.randrange(0, HEADER_SIZE)], get(rid)[1]])
         elif kind == 4:
-            msgs.append([get(rid), b"extra"] + [b""] * rng.randrange(0, 3))
+            msgs.append([*get(rid), b"extra"] + [b""] * rng.randrange(0, 3))
         elif kind == 5:
-            msgs.append([get(rid, op=rng.choice([0, 2, 99, 65535]))])
+            msgs.append(get(rid, op=rng.choice([0, 2, 99, 65535])))  # 2: a replay op, not served here
         elif kind == 6:
-            msgs.append([get(rid, status=rng.randrange(1, 65536))])
+            msgs.append(get(rid, status=rng.randrange(1, 65536)))
         elif kind == 7:
-            msgs.append([get(rid, flags=rng.randrange(1, 65536))])
+            msgs.append(get(rid, flags=rng.randrange(1, 65536)))
         elif kind == 8:
-            msgs.append([get(rid, payload=rng.randrange(1, 2**64))])
+            msgs.append(get(rid, count=rng.randrange(1, 2**32)))
         elif kind == 9:
-            msgs.append([get(rid) + b"\0" * rng.randrange(1, 50)])
+            msgs.append([get(rid)[0] + b"\0" * rng.randrange(1, 50), get(rid)[1]])
         elif kind == 10:
-            b = bytearray(ok)
+            b = bytearray(ok[0])
             for _ in range(3):
                 b[rng.randrange(16, HEADER_SIZE)] = rng.randrange(256)
             b[16:20] = b"\xff\xff\xff\xff"  # status and flags always invalid: answer must be an error
-            msgs.append([bytes(b)])
+            msgs.append([bytes(b), ok[1]])
+        elif kind == 11:
+            msgs.append([get(rid)[0], b"\0" * rng.choice([0, 8, 15, 17, 24])])  # held is not u64[2]
         else:
-            msgs.append([b"", get(rid)])  # REQ-style empty delimiter first
+            msgs.append([b"", *get(rid)])  # REQ-style empty delimiter first
     return msgs
 
 
@@ -308,20 +322,20 @@ def test_hostile_input_is_answered_with_errors_and_the_server_keeps_serving(serv
         for frames in replies:
             assert len(frames) == 2 and len(frames[0]) == HEADER_SIZE
             status = HDR.unpack(frames[0])[4]
-            assert status in ERRORS
-            statuses.add(ParamStatus(status))
+            assert status != Status.OK
+            statuses.add(Status(status))
             frames[1].decode("utf-8")
-        assert statuses >= {ParamStatus.BAD_MESSAGE, ParamStatus.UNSUPPORTED_VERSION, ParamStatus.UNKNOWN_OP}
+        assert statuses >= {Status.BAD_MESSAGE, Status.UNSUPPORTED_VERSION, Status.UNKNOWN_OP}
         assert server.stats()["errors"] == len(msgs)
 
-        raw.send_multipart([get(rid=42, version=2)])
+        raw.send_multipart(get(rid=42, version=2))
         assert raw.poll(2000)
         frames = raw.recv_multipart()
         _m, _v, op, rid, status, *_ = HDR.unpack(frames[0])
-        assert (op, rid, status) == (ParamOp.GET, 42, ParamStatus.UNSUPPORTED_VERSION)
-        assert frames[1].decode() == "parameter protocol version 2 is not supported; supported versions: 1"
+        assert (op, rid, status) == (Op.GET_PARAMS, 42, Status.UNSUPPORTED_VERSION)
+        assert frames[1].decode() == "protocol version 2 is not supported; supported versions: 1"
 
-        raw.send_multipart([b"x" * (REQUEST_MAX_FRAME + 1)])  # over ZMQ_MAXMSGSIZE: the peer is dropped
+        raw.send_multipart([b"x" * (PARAMS_MAX_REQUEST_BYTES + 1)])  # over ZMQ_MAXMSGSIZE: the peer is dropped
         time.sleep(0.1)
         version, tensors = client.fetch(0)
         assert version == 1
@@ -345,8 +359,8 @@ def fake_server(handler, ready: threading.Event, stop: threading.Event, port_box
         while not stop.is_set():
             if sock.poll(20):
                 ident, *frames = sock.recv_multipart()
-                for reply in handler(HDR.unpack(frames[0])):
-                    sock.send_multipart([ident, *reply])
+                for answer in handler(HDR.unpack(frames[0])):
+                    sock.send_multipart([ident, *answer])
     finally:
         sock.close()
         ctx.term()
@@ -375,36 +389,37 @@ def test_replies_to_other_request_ids_are_discarded(fake):
     def handler(h):
         rid = h[3]
         return [
-            [get(rid + 1, status=ParamStatus.UNCHANGED, server_id=5, have=9)],  # a late reply: ignored
+            reply(rid + 1, 9, 5),  # a late reply: ignored
             [b"garbage"],  # ignored
-            [get(rid, status=ParamStatus.UNCHANGED, server_id=5, have=9)],
+            reply(rid, 0, 5),
         ]
 
     with ParamClient(fake(handler), timeout=2.0) as c:
-        assert c.fetch(9) is None and c.last_status == ParamStatus.UNCHANGED and c.latest_version == 9
+        assert c.fetch(9) is None and c.last_status == FetchStatus.NOT_READY and c.latest_version == 0
 
 
 @pytest.mark.parametrize(
-    "reply",
+    "answer",
     [
-        lambda rid: [get(rid, status=ParamStatus.PARAMS, server_id=5, have=1, payload=3), b"abcd"],  # size
-        lambda rid: [get(rid, status=ParamStatus.PARAMS, server_id=5, have=1, payload=4), b"abcd"],  # not st
-        lambda rid: [get(rid, status=ParamStatus.PARAMS, server_id=5, have=0, payload=0), b""],  # version 0
-        lambda rid: [get(rid, status=ParamStatus.UNCHANGED, server_id=0, have=1)],  # server_id 0
-        lambda rid: [get(rid, status=ParamStatus.NOT_READY, server_id=5, have=3)],  # version != 0
-        lambda rid: [get(rid, status=ParamStatus.UNCHANGED, server_id=5, have=1), b"extra"],
-        lambda rid: [get(rid, op=3, status=ParamStatus.UNCHANGED, server_id=5, have=1)],
+        lambda rid: reply(rid, 0, 5, b"abcd"),  # weights with version 0
+        lambda rid: reply(rid, 1, 5, b"abcd"),  # not safetensors
+        lambda rid: reply(rid, 1, 0),  # server_id 0
+        lambda rid: reply(rid, 3, 5),  # "unchanged" for weights this client does not hold
+        lambda rid: [*reply(rid, 0, 5), b"extra"],
+        lambda rid: [reply(rid, 0, 5)[0], b"\0" * 8, b""],  # latest is not u64[2]
+        lambda rid: [header(rid, op=3), *reply(rid, 0, 5)[1:]],  # a replay op
+        lambda rid: [header(rid, count=1), *reply(rid, 0, 5)[1:]],  # an unused header field set
     ],
 )
-def test_malformed_replies_raise_protocol_error(fake, reply):
-    with ParamClient(fake(lambda h: [reply(h[3])]), timeout=2.0) as c:
+def test_malformed_replies_raise_protocol_error(fake, answer):
+    with ParamClient(fake(lambda h: [answer(h[3])]), timeout=2.0) as c:
         with pytest.raises(ProtocolError):
             c.fetch(0)
 
 
 def test_error_reply_raises_server_error(fake):
     def handler(h):
-        return [[get(h[3], status=ParamStatus.BAD_MESSAGE), b"nope"]]
+        return [P.encode_error(Op.GET_PARAMS, h[3], Status.BAD_MESSAGE, "nope")]
 
     with ParamClient(fake(handler), timeout=2.0) as c:
         with pytest.raises(ServerError, match="BAD_MESSAGE: nope"):

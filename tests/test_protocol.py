@@ -9,6 +9,7 @@ import struct
 import numpy as np
 import pytest
 from apexrl.errors import ProtocolError, ServerError
+from apexrl.replay import schema
 from apexrl.replay.protocol import (
     HEADER_SIZE,
     MAGIC,
@@ -664,62 +665,53 @@ def _mutations(frames: list[bytes], rng: random.Random):
         yield [bytes(f) for f in fs]
 
 
-def test_fast_decoders_agree_with_the_full_checks():
-    """decode_request / decode_reply take a fast path for well-formed messages; whatever it accepts, the full
-    path must accept identically, and whatever it declines, the full path decides (same errors as before)."""
+def test_fast_decoders_agree_with_the_generic_checks():
+    """Every message kind with a fast path (generated from the schema) decodes well-formed messages in it; whatever
+    it accepts, the generic checks must accept identically, and whatever it declines, they decide."""
     from apexrl.replay import protocol as P
 
     rng = random.Random(3)
-    data, offsets = pack_items([b"abc", b"", b"defgh"])
-    requests = [
-        encode_insert(7, [1.0, 0.0, 2.5], data, offsets, timeout_ms=9),
-        encode_update(8, np.array([1, 2], np.uint64), [0.5, -0.0]),
-        encode_sample(9, 3, 0.4, 5),
-        encode_remove_to_fit(10),
-        encode_stats(11),
-    ]
     accepted = 0
-    for frames in requests:
+    for kind, op, frames in all_valid_messages():
+        plans = P._REQUEST_PLANS if kind == "request" else P._REPLY_PLANS
+        plan = plans[int(op)]
+        if plan.fast_decode is None:
+            continue
         for msg in _mutations(as_bytes(frames), rng):
-            for max_bytes in (None, 60):
-                fast = P._decode_request_fast(msg, max_bytes)
-                try:
-                    full = P._decode_request_full(msg, max_bytes)
-                except ProtocolError:
-                    full = None
-                if fast is not None:
-                    accepted += 1
-                    assert full is not None, msg
-                    _same_request(fast, full)
-                got = None
-                try:
-                    got = decode_request(msg, max_bytes)
-                except ProtocolError:
-                    assert full is None
-                if got is not None:
-                    assert full is not None
-                    _same_request(got, full)
-    assert accepted >= len(requests)
-    replies = [
-        (Op.INSERT, 7, encode_insert_reply(7, np.array([4, 5, 6], np.uint64))),
-        (Op.SAMPLE, 9, encode_sample_reply(9, np.array([4, 5], np.uint64), [1.0, 0.5], [0.1, 0.2], [0, 3, 3], b"abc")),
-        (Op.UPDATE_PRIORITIES, 8, encode_count_reply(Op.UPDATE_PRIORITIES, 8, 2)),
-    ]
-    for op, rid, frames in replies:
-        for msg in _mutations(as_bytes(frames), rng):
-            fast = P._decode_reply_fast(msg, op, rid, None)
+            if not msg:
+                continue
+            views = [memoryview(f) for f in msg]
             try:
-                full = P._decode_reply_full(msg, op, rid, None)
+                h = P._header(views[0], P._SERVICE_OPS[schema.REQUESTS[op].service])
+            except ProtocolError:
+                continue
+            if h.op != op or h.status:
+                continue
+            fast = plan.fast_decode(views, h.count, h.param, h.timeout_ms)
+            try:
+                full = P._decode_body_generic(plan, h, views)
             except ProtocolError:
                 full = None
             if fast is not None:
-                assert full is not None and full.ok
-                _same_request(fast, full)
+                accepted += 1
+                assert full is not None, msg
+                _same_request(P.Request(h, fast), P.Request(h, full))
+    assert accepted >= 8
 
 
 def test_fast_encoders_produce_the_full_encoding():
-    """The encoders' fast path (arrays already of the wire's dtypes) gives the same bytes as the full path
+    """The encoders' fast path (arrays already of the wire's dtypes) gives the same bytes as the generic path
     (lists), and still rejects bad values."""
+    from apexrl.replay import protocol as P
+
+    for kind, op, frames in all_valid_messages():
+        plan = (P._REQUEST_PLANS if kind == "request" else P._REPLY_PLANS)[int(op)]
+        if plan.fast_encode is not None:
+            generic = plan._replace(fast_encode=None)
+            assert plan.fast_encode is not None
+            values, fields = VALID_VALUES[(kind, op)]
+            assert as_bytes(P._encode(plan, 5, values, **fields)) == as_bytes(P._encode(generic, 5, values, **fields))
+
     data, offsets = pack_items([b"abc", b"", b"defgh"])
     prio = np.array([1.0, 0.0, 2.5])
     fast = encode_insert(7, prio, data, offsets, 9)
@@ -739,3 +731,180 @@ def test_fast_encoders_produce_the_full_encoding():
         encode_insert(7, prio, data, np.array([0, 5, 3, 8], np.uint64))
     with pytest.raises(ValueError, match="offsets"):
         encode_insert(7, prio, data, np.array([0, 3, 3, 9], np.uint64))
+
+
+# ------------------------------------------------------------------ driven by the schema: every message kind
+
+_ITEMS, _ITEM_OFFSETS = b"abcdefgh", np.array([0, 3, 3, 8], np.uint64)
+VALID_VALUES = {  # (kind, op) -> (frame values in the schema's order, header fields): a valid message
+    ("request", Op.INSERT): ((np.array([1.0, 0.0, 2.5]), _ITEM_OFFSETS, _ITEMS), {"timeout_ms": 9}),
+    ("request", Op.SAMPLE): ((), {"count": 3, "param": 0.4, "timeout_ms": 5}),
+    ("request", Op.UPDATE_PRIORITIES): ((np.array([1, 2, 3], np.uint64), np.array([0.5, -0.0, 2.0])), {}),
+    ("request", Op.REMOVE_TO_FIT): ((), {}),
+    ("request", Op.STATS): ((), {}),
+    ("request", Op.GET_PARAMS): ((np.array([7, 9], np.uint64),), {}),
+    ("reply", Op.INSERT): ((np.array([4, 5, 6], np.uint64),), {}),
+    ("reply", Op.SAMPLE): (
+        (np.array([4, 5, 6], np.uint64), np.ones(3, np.float32), np.full(3, 0.5), _ITEM_OFFSETS, _ITEMS), {}
+    ),
+    ("reply", Op.UPDATE_PRIORITIES): ((), {"count": 2}),
+    ("reply", Op.REMOVE_TO_FIT): ((), {"count": 0}),
+    ("reply", Op.STATS): (({"size": 3, "x": 1.5},), {}),
+    ("reply", Op.GET_PARAMS): ((np.array([7, 9], np.uint64), b"weights"), {}),
+}
+RID = 5
+
+
+def test_every_message_kind_of_the_schema_has_a_valid_example():
+    kinds = {("request", op) for op in schema.REQUESTS} | {("reply", op) for op in schema.REPLIES}
+    assert set(VALID_VALUES) == kinds
+
+
+def spec_of_kind(kind, op) -> schema.MessageSpec:
+    return (schema.REQUESTS if kind == "request" else schema.REPLIES)[op]
+
+
+def all_valid_messages():
+    from apexrl.replay import protocol as P
+
+    for (kind, op), (values, fields) in VALID_VALUES.items():
+        plan = (P._REQUEST_PLANS if kind == "request" else P._REPLY_PLANS)[int(op)]
+        yield kind, op, P._encode(plan, RID, values, **fields)
+
+
+def decode(kind, op, frames):
+    """The decoder under test (the Python one; a native serving loop can be put behind the same call)."""
+    if kind == "request":
+        return decode_request(frames, service=spec_of_kind(kind, op).service)
+    return decode_reply(frames, op, RID)
+
+
+_FIELD_AT = {}
+_offset = 0
+for _f in schema.HEADER_FIELDS:
+    _FIELD_AT[_f.name] = (_offset, "<" + _f.code)
+    _offset += _f.size
+
+
+def set_field(frames, name, value):
+    offset, fmt = _FIELD_AT[name]
+    header = bytearray(frames[0])
+    struct.pack_into(fmt, header, offset, value)
+    return [bytes(header), *frames[1:]]
+
+
+def schema_mutations(kind, op, frames):
+    """(label, frames, status, match): for every rule of this kind's spec, a message breaking just that rule."""
+    spec = spec_of_kind(kind, op)
+    what = f"{op.name} {kind}"
+    n = len(frames)
+    if n > 1:
+        yield "missing frame", frames[:-1], Status.BAD_MESSAGE, rf"{what} must have {n} frames \(header included\), got {n - 1}"
+    yield "extra frame", [*frames, b""], Status.BAD_MESSAGE, rf"must have {n} frames .* got {n + 1}"
+    if spec.count is None:
+        yield "count set", set_field(frames, "count", 1), Status.BAD_MESSAGE, r"header count is 1, must be 0"
+    if spec.param is None:
+        yield "param set", set_field(frames, "param", 0.5), Status.BAD_MESSAGE, r"header param is 0.5, must be 0.0"
+    else:
+        yield "param NaN", set_field(frames, "param", float("nan")), Status.INVALID_ARGUMENT, r"is nan, must be finite"
+    if not spec.timeout_ms:
+        yield "timeout set", set_field(frames, "timeout_ms", 1), Status.BAD_MESSAGE, r"timeout_ms is 1, must be 0"
+    if spec.count == "n":
+        yield ("count over MAX_BATCH", set_field(frames, "count", MAX_BATCH + 1), Status.TOO_LARGE,
+               rf"count is {MAX_BATCH + 1}, exceeds MAX_BATCH")
+        if spec.count_min:
+            yield "count 0", set_field(frames, "count", 0), Status.INVALID_ARGUMENT, r"count is 0, must be >= 1"
+    if kind == "request":
+        yield ("non-OK status", set_field(frames, "status", Status.INTERNAL), Status.BAD_MESSAGE,
+               r"header status is 8, must be OK")
+        other = next(o for o in Op if o not in schema.SERVICES[spec.service])
+        yield "another service's op", set_field(frames, "op", other), Status.UNKNOWN_OP, rf"op {int(other)} is unknown"
+    for i, f in enumerate(spec.frames, start=1):
+        cut = [*frames[:i], frames[i][:-1], *frames[i + 1 :]]
+        if f.type in schema.DTYPES:
+            yield f"{f.name} cut", cut, Status.BAD_MESSAGE, rf"frame {f.name} is {len(frames[i]) - 1} bytes"
+        elif f.type in ("utf8", "json"):
+            yield f"{f.name} not UTF-8", [*frames[:i], b"\xff", *frames[i + 1 :]], Status.BAD_MESSAGE, r"not valid UTF-8"
+        if f.rule == "priorities":
+            bad = bytearray(frames[i])
+            bad[:8] = struct.pack("<d", float("nan"))
+            yield (f"{f.name} NaN", [*frames[:i], bytes(bad), *frames[i + 1 :]], Status.INVALID_ARGUMENT,
+                   rf"{f.name}\[0\] is nan")
+        if f.rule is not None and f.rule.startswith("offsets:"):
+            bad = bytearray(frames[i])
+            bad[:8] = struct.pack("<Q", 1)
+            yield f"{f.name} start", [*frames[:i], bytes(bad), *frames[i + 1 :]], Status.BAD_MESSAGE, r"offsets\[0\] is 1"
+
+
+SCHEMA_CASES = [
+    pytest.param(kind, op, frames, status, match, id=f"{op.name}-{kind}-{label}")
+    for kind, op, valid in [(k, o, as_bytes(f)) for k, o, f in all_valid_messages()]
+    for label, frames, status, match in schema_mutations(kind, op, valid)
+]
+
+
+@pytest.mark.parametrize(("kind", "op", "frames", "status", "match"), SCHEMA_CASES)
+def test_every_rule_of_every_message_kind_is_enforced(kind, op, frames, status, match):
+    with pytest.raises(ProtocolError, match=match) as info:
+        decode(kind, op, frames)
+    assert info.value.status == status
+
+
+@pytest.mark.parametrize(("kind", "op"), list(VALID_VALUES), ids=[f"{o.name}-{k}" for k, o in VALID_VALUES])
+def test_every_valid_example_decodes(kind, op):
+    frames = next(f for k, o, f in all_valid_messages() if (k, o) == (kind, op))
+    decoded = decode(kind, op, as_bytes(frames))
+    spec = spec_of_kind(kind, op)
+    if kind == "request":
+        assert sorted(decoded.arrays) == sorted(f.name for f in spec.frames)
+    else:
+        assert decoded.ok
+        assert sorted(decoded.arrays) == sorted(f.name for f in spec.frames if f.type != "json")
+
+
+def test_error_replies_follow_the_schema():
+    limit = schema.MAX_ERROR_MESSAGE
+    frames = as_bytes(encode_error(Op.GET_PARAMS, RID, Status.INTERNAL, "é" * limit))  # cut to the cap, whole characters
+    assert len(frames[1]) == limit and frames[1].decode() == "é" * (limit // 2)
+    assert decode_reply(frames, Op.GET_PARAMS, RID).message == "é" * (limit // 2)
+    with pytest.raises(ProtocolError, match=rf"message is {limit + 1} bytes, longer than {limit}"):
+        decode_reply([frames[0], b"x" * (limit + 1)], Op.GET_PARAMS, RID)
+
+
+def test_the_documented_tables_are_the_schema():
+    """docs/protocol.md prints the schema's tables between its schema:begin / schema:end marks, verbatim."""
+    import pathlib
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    begin, end = "<!-- schema:begin -->\n", "<!-- schema:end -->"
+    assert begin in text and end in text, "docs/protocol.md lost its schema marks"
+    documented = text[text.index(begin) + len(begin) : text.index(end)]
+    assert documented.strip() == schema.markdown_tables().strip(), (
+        "docs/protocol.md is out of date: paste the output of "
+        "`python -c 'from apexrl.replay import schema; print(schema.markdown_tables())'` between the marks"
+    )
+
+
+def test_the_replay_service_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import apexrl.replay, apexrl.replay.server, apexrl.replay.client, apexrl.replay.protocol; import sys; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_errors_and_the_schema_import_no_cycle():
+    """errors imports the schema for Status; nothing the schema imports imports errors back."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import apexrl.errors; "
+        "assert 'apexrl.replay.protocol' not in sys.modules and 'apexrl.replay.client' not in sys.modules; "
+        "from apexrl.replay.schema import Status; from apexrl.errors import ProtocolError; "
+        "assert ProtocolError(Status.BAD_MESSAGE, 'x').status is Status.BAD_MESSAGE"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,13 +1,23 @@
-"""Exceptions raised by the apexrl wire protocol, replay server and replay client."""
+"""Exceptions raised by the apexrl wire protocol, its servers and its clients.
+
+Imports only the schema (for :class:`Status`); the protocol, transport and clients import this module.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from apexrl.replay.schema import Status
 
-if TYPE_CHECKING:  # pragma: no cover - import only for annotations, avoids a cycle
-    from apexrl.replay.protocol import Status
-
-__all__ = ["ApexRLError", "ProtocolError", "ReplayTimeout", "ServerClosedError", "ServerError"]
+__all__ = [
+    "ApexRLError",
+    "Interrupted",
+    "ProtocolError",
+    "ReplayTimeout",
+    "ServerClosedError",
+    "ServerError",
+    "ServerShuttingDownError",
+    "ServerTimeoutError",
+    "error_of",
+]
 
 
 class ApexRLError(Exception):
@@ -47,3 +57,26 @@ class ReplayTimeout(ApexRLError, TimeoutError):
 
 class ServerClosedError(ApexRLError, ConnectionError):
     """The replay server is shutting down or the connection to it was closed."""
+
+
+class ServerTimeoutError(ServerError, ReplayTimeout):
+    """The server answered TIMEOUT (e.g. the store stayed below min_size_to_sample for timeout_ms)."""
+
+
+class ServerShuttingDownError(ServerError, ServerClosedError):
+    """The server answered SHUTTING_DOWN."""
+
+
+def error_of(status: Status, message: str) -> ServerError:
+    """The exception for an error reply: ServerTimeoutError (TIMEOUT), ServerShuttingDownError
+    (SHUTTING_DOWN), else ServerError."""
+    if status == Status.TIMEOUT:
+        return ServerTimeoutError(status, message)
+    if status == Status.SHUTTING_DOWN:
+        return ServerShuttingDownError(status, message)
+    return ServerError(status, message)
+
+
+class Interrupted(ApexRLError):
+    """A call was abandoned because its client was interrupted (:meth:`Transport.interrupt`) from another
+    thread: how a background helper's ``close()`` stops a request that is still waiting for its reply."""

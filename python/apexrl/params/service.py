@@ -5,7 +5,7 @@
     learner process                                   actor process(es)
     ParamServer.publish(state_dict) -> version        ParamClient.fetch(have_version)
       serialise once (safetensors bytes)               DEALER ──tcp──► ROUTER (server thread)
-      swap (version, bytes) in atomically              ◄── UNCHANGED | PARAMS(version, bytes) | NOT_READY
+      swap (version, bytes) in atomically              ◄── (latest version, server_id, weights or nothing)
 
 * **No pickle.** Weights travel as one `safetensors <https://github.com/huggingface/safetensors>`_ frame: an
   8-byte length, a JSON header (names, dtypes, shapes, offsets) and the raw tensor bytes. The client parses
@@ -20,13 +20,15 @@
 * **Validation** on both sides: the server checks every header field and the frame count of a request and
   answers an error reply (it keeps serving after any garbage); the client checks every field of the reply,
   its size against its own cap, and optionally the names/dtypes/shapes of the tensors (``expected``).
-* **Timeouts and restarts** as in :class:`~apexrl.client.ReplayClient`: request ids are matched (a late
+* **One protocol, one request loop** with the replay service: the messages are the GET_PARAMS kind of
+  :mod:`apexrl.replay.schema` (same header, statuses and validation), and :class:`ParamClient` sends them
+  through the replay client's :class:`~apexrl.replay.transport.Transport`: request ids are matched (a late
   reply to a timed-out request is discarded), a timeout raises :class:`ParamsTimeout` and resets the socket,
   so a learner restarted on the same endpoint is reached by the next call.
 * :class:`ParamPoller` is the actor-loop helper: it fetches at most every ``every_frames`` env frames, loads
   new weights through a callback, and never raises on a timeout or a refused message (it counts them).
 
-The wire format is specified in docs/protocol.md, section "Parameter service".
+The wire format is specified in docs/protocol.md (the GET_PARAMS rows, and section "Parameter service").
 """
 
 from __future__ import annotations
@@ -35,9 +37,7 @@ import logging
 import math
 import operator
 import random
-import struct
 import threading
-import time
 from collections.abc import Callable, Mapping
 from enum import IntEnum
 from typing import Any
@@ -48,18 +48,15 @@ import zmq
 
 from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, ServerError
 from apexrl.params.tensors import TensorSpec, describe_mismatch, spec_of
-from apexrl.replay.transport import DealerClient
+from apexrl.replay import protocol as P
+from apexrl.replay.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
+from apexrl.replay.transport import Transport, TransportClient
 
 __all__ = [
-    "HEADER_SIZE",
-    "MAGIC",
-    "PROTOCOL_VERSION",
-    "SUPPORTED_VERSIONS",
+    "FetchStatus",
     "ParamClient",
-    "ParamOp",
     "ParamPoller",
     "ParamServer",
-    "ParamStatus",
     "ParamsTimeout",
     "TensorSpec",
     "check_tensors",
@@ -70,39 +67,18 @@ __all__ = [
 
 log = logging.getLogger("apexrl.params.service")
 
-MAGIC = b"APXP"
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
-
-# magic, version, op, request_id, status, flags, server_id, param_version, payload_size
-_HEADER = struct.Struct("<4sHHQHHIQQ")
-HEADER_SIZE = _HEADER.size  # 40
 _U32 = 0xFFFF_FFFF
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
-REQUEST_MAX_FRAME = 4096  # ZMQ_MAXMSGSIZE of the server socket: requests are one 40-byte frame
-_MAX_ERROR_MESSAGE = 64 * 1024
 _POLL_MS = 50  # server thread: longest it takes to notice close()
 
 
+class FetchStatus(IntEnum):
+    """What :meth:`ParamClient.fetch` got (a client-side outcome, not a wire status: on the wire all three
+    are an OK reply to GET_PARAMS, told apart by its version and whether its weights frame is empty)."""
 
-class ParamOp(IntEnum):
-    GET = 1
-
-
-class ParamStatus(IntEnum):
-    """Reply kinds (0-2) and error codes (>= 3). Requests carry 0."""
-
-    PARAMS = 0  # version + one safetensors frame
+    PARAMS = 0  # new weights
     UNCHANGED = 1  # the requester already holds the latest version
     NOT_READY = 2  # nothing published yet
-    BAD_MESSAGE = 3
-    UNSUPPORTED_VERSION = 4
-    UNKNOWN_OP = 5
-    INTERNAL = 6
-
-
-_ERRORS = frozenset(s for s in ParamStatus if s >= ParamStatus.BAD_MESSAGE)
-_STATUSES = frozenset(int(s) for s in ParamStatus)
 
 
 class ParamsTimeout(ReplayTimeout):
@@ -146,57 +122,8 @@ def deserialize_tensors(data: bytes) -> dict[str, torch.Tensor]:
         return safetensors.torch.load(bytes(data))
     except Exception as exc:  # noqa: BLE001 - SafetensorError, KeyError (dtype), ... : all "bad message"
         raise ProtocolError(
-            ParamStatus.BAD_MESSAGE, f"weights frame is not valid safetensors: {type(exc).__name__}: {exc}"
+            Status.BAD_MESSAGE, f"weights frame is not valid safetensors: {type(exc).__name__}: {exc}"
         ) from None
-
-
-# ---------------------------------------------------------------------------------------------- header
-
-
-def _pack(
-    op: int, request_id: int, status: int, server_id: int = 0, param_version: int = 0, payload_size: int = 0
-) -> bytes:
-    return _HEADER.pack(MAGIC, PROTOCOL_VERSION, op, request_id, status, 0, server_id, param_version, payload_size)
-
-
-def _peek_ids(buf: memoryview) -> tuple[int, int]:
-    """(op, request_id) if the first 16 bytes look like ours, else (0, 0): echoed in error replies."""
-    if buf.nbytes >= 16 and bytes(buf[:4]) == MAGIC:
-        _version, op, request_id = struct.unpack_from("<HHQ", buf, 4)
-        return op, request_id
-    return 0, 0
-
-
-def _unpack(frame: Any) -> tuple[int, int, int, int, int, int]:
-    """(op, request_id, status, server_id, param_version, payload_size) of a valid v1 header; else ProtocolError."""
-    buf = memoryview(frame).cast("B")
-    op, rid = _peek_ids(buf)
-    ids = dict(op=op, request_id=rid)
-    if buf.nbytes < 6 or bytes(buf[:4]) != MAGIC:
-        raise ProtocolError(
-            ParamStatus.BAD_MESSAGE,
-            f"header magic is {bytes(buf[:4])!r} (frame of {buf.nbytes} bytes), expected {MAGIC!r}",
-        )
-    (version,) = struct.unpack_from("<H", buf, 4)
-    if version not in SUPPORTED_VERSIONS:
-        raise ProtocolError(
-            ParamStatus.UNSUPPORTED_VERSION,
-            f"parameter protocol version {version} is not supported; supported versions: "
-            f"{', '.join(map(str, SUPPORTED_VERSIONS))}",
-            **ids,
-        )
-    if buf.nbytes != HEADER_SIZE:
-        raise ProtocolError(
-            ParamStatus.BAD_MESSAGE, f"header frame is {buf.nbytes} bytes, expected {HEADER_SIZE}", **ids
-        )
-    _m, _v, op, rid, status, flags, server_id, param_version, payload_size = _HEADER.unpack(buf)
-    if flags != 0:
-        raise ProtocolError(ParamStatus.BAD_MESSAGE, f"header flags is {flags:#06x}, must be 0 in version 1", **ids)
-    if status not in _STATUSES:
-        raise ProtocolError(
-            ParamStatus.BAD_MESSAGE, f"header status {status} is unknown; known: {sorted(_STATUSES)}", **ids
-        )
-    return op, rid, status, server_id, param_version, payload_size
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -209,7 +136,7 @@ class ParamServer:
     background thread, which answers each GET at once (no request waits on another: an answer is a header
     plus a reference to the current bytes). ``max_message_mb`` caps what ``publish`` accepts (clients
     refuse bigger replies with their own cap, default the same). Requests are capped by ZMQ_MAXMSGSIZE
-    (``REQUEST_MAX_FRAME`` bytes per frame): libzmq disconnects a peer that sends a bigger frame.
+    (``PARAMS_MAX_REQUEST_BYTES`` bytes per frame): libzmq disconnects a peer that sends a bigger frame.
     """
 
     def __init__(self, bind: str = "127.0.0.1", port: int = 0, max_message_mb: float = 512):
@@ -250,7 +177,7 @@ class ParamServer:
         sock = self._ctx.socket(zmq.ROUTER)
         try:
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, REQUEST_MAX_FRAME)
+            sock.setsockopt(zmq.MAXMSGSIZE, PARAMS_MAX_REQUEST_BYTES)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished or slow (HWM) client is dropped, never blocks
             if ":" in self.bind:
                 sock.setsockopt(zmq.IPV6, 1)
@@ -343,59 +270,37 @@ class ParamServer:
     def _answer(self, frames: list[Any]) -> tuple[list[Any], str]:
         """The reply frames for one request and the counter to bump; never raises."""
         try:
-            return self._answer_get(frames)
+            req = P.decode_request(frames, PARAMS_MAX_REQUEST_BYTES, service="params")
         except ProtocolError as exc:
-            status, message = exc.status, exc.message
+            return P.encode_protocol_error(exc), "errors"
+        rid = req.request_id
+        try:
+            held = tuple(req.arrays["held"].tolist())  # (version, server_id) the requester holds
+            current = self._current  # one atomic read: (version, bytes) always belong together
+            if current is None:
+                return P.encode_get_params_reply(rid, 0, self.server_id), "not_ready"
+            version, blob = current
+            if held == (version, self.server_id):
+                return P.encode_get_params_reply(rid, version, self.server_id), "unchanged"
+            return P.encode_get_params_reply(rid, version, self.server_id, blob), "params"
         except Exception as exc:  # noqa: BLE001 - defence in depth: keep serving
-            status, message = ParamStatus.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
-        op = rid = 0
-        if frames:
-            try:
-                op, rid = _peek_ids(memoryview(frames[0]).cast("B"))
-            except (TypeError, ValueError):
-                pass
-        header = _pack(op, rid, int(status), self.server_id)
-        return [header, str(message).encode("utf-8", errors="replace")[:_MAX_ERROR_MESSAGE]], "errors"
-
-    def _answer_get(self, frames: list[Any]) -> tuple[list[Any], str]:
-        if not frames:
-            raise ProtocolError(ParamStatus.BAD_MESSAGE, "message has no frames after the routing id")
-        op, rid, status, server_id, have, payload_size = _unpack(frames[0])
-        ids = dict(op=op, request_id=rid)
-        if op != ParamOp.GET:
-            raise ProtocolError(ParamStatus.UNKNOWN_OP, f"header op {op} is unknown; known ops: [1 (GET)]", **ids)
-        if len(frames) != 1:
-            raise ProtocolError(
-                ParamStatus.BAD_MESSAGE, f"GET request must have 1 frame (the header), got {len(frames)}", **ids
-            )
-        if status != 0:
-            raise ProtocolError(ParamStatus.BAD_MESSAGE, f"GET request header status is {status}, must be 0", **ids)
-        if payload_size != 0:
-            raise ProtocolError(
-                ParamStatus.BAD_MESSAGE, f"GET request header payload_size is {payload_size}, must be 0", **ids
-            )
-        current = self._current  # one atomic read: (version, bytes) always belong together
-        if current is None:
-            return [_pack(op, rid, ParamStatus.NOT_READY, self.server_id)], "not_ready"
-        version, blob = current
-        if have == version and server_id == self.server_id:
-            return [_pack(op, rid, ParamStatus.UNCHANGED, self.server_id, version)], "unchanged"
-        header = _pack(op, rid, ParamStatus.PARAMS, self.server_id, version, len(blob))
-        return [header, blob], "params"
+            return P.encode_error(req.header.op, rid, Status.INTERNAL,
+                                  f"internal error: {type(exc).__name__}: {exc}"), "errors"
 
 
 # ---------------------------------------------------------------------------------------------- client
 
 
-class ParamClient(DealerClient):
+class ParamClient(TransportClient):
     """Fetches weights from a :class:`ParamServer` at ``endpoint`` (``tcp://host:port``).
 
     ``fetch(have_version)`` returns ``(version, tensors)`` when the server has other weights than the ones
     this client last returned as ``have_version``, and ``None`` otherwise; :attr:`last_status` says which
-    ``None`` it was (``ParamStatus.UNCHANGED`` or ``ParamStatus.NOT_READY``) and :attr:`latest_version`
+    ``None`` it was (``FetchStatus.UNCHANGED`` or ``FetchStatus.NOT_READY``) and :attr:`latest_version`
     the server's latest version (0 = nothing published). With ``expected`` (``{name: (dtype, shape)}``, see
     :func:`spec_of`) weights with other names/dtypes/shapes raise ValueError and are not returned.
 
+    Requests go through a :class:`~apexrl.replay.transport.Transport` (the replay client's request loop):
     ``timeout`` (seconds) bounds each call; on expiry :class:`ParamsTimeout` is raised and the socket is
     reset. Replies over ``max_message_mb`` are refused by libzmq before allocation (ZMQ_MAXMSGSIZE: the
     connection is dropped, the call times out) and checked again before parsing. Thread-safe (one lock).
@@ -413,13 +318,18 @@ class ParamClient(DealerClient):
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         if not (max_message_mb > 0 and math.isfinite(max_message_mb)):
             raise ValueError(f"max_message_mb must be > 0, got {max_message_mb}")
+        self.endpoint = endpoint
         self.timeout = float(timeout)
         self.max_bytes = int(max_message_mb * (1 << 20))
         self.expected = None if expected is None else {k: (d, tuple(s)) for k, (d, s) in expected.items()}
-        self.last_status: ParamStatus | None = None
+        self.last_status: FetchStatus | None = None
         self.latest_version = 0
         self._given: tuple[int, int] | None = None  # (version, server_id) of the weights last returned
-        super().__init__(endpoint, max_message_bytes=self.max_bytes + HEADER_SIZE)
+        self._lock = threading.Lock()
+        self.transport = Transport(endpoint, max_message_bytes=self.max_bytes + HEADER_SIZE,
+                                   timeout_error=ParamsTimeout, peer="learner", name="parameter client")
+        self._late_hint = (f" (learner unreachable, or weights over this client's max_message_mb="
+                           f"{self.max_bytes / (1 << 20):g} were dropped)")
 
     def fetch(self, have_version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
         """New weights as ``(version, tensors)``, or None (see :attr:`last_status`).
@@ -434,15 +344,22 @@ class ParamClient(DealerClient):
         if not 0 <= have_version <= _U64:
             raise ValueError(f"have_version must be in [0, 2**64), got {have_version}")
         with self._lock:
-            if self._ctx is None:
+            if self.transport.closed:
                 raise ServerClosedError("the parameter client is closed")
             given = self._given
             server_id = given[1] if given is not None and given[0] == have_version else 0
-            rid, frames = self._call(have_version, server_id)
-            status, sid, version, payload = self._decode(frames, rid)
+            rid, frames = self.transport.request(
+                lambda rid: P.encode_get_params(rid, have_version, server_id), self.timeout, "GET",
+                self._late_hint,
+            )
+            try:
+                status, sid, version, payload = self._decode(frames, rid, (have_version, server_id))
+            except ProtocolError:
+                self.transport.reset()
+                raise
             self.last_status = status
             self.latest_version = version
-            if status != ParamStatus.PARAMS:
+            if status != FetchStatus.PARAMS:
                 return None
             tensors = deserialize_tensors(payload)
             if self.expected is not None:
@@ -455,83 +372,34 @@ class ParamClient(DealerClient):
         with self._lock:
             self._given = None
 
-    def _call(self, have_version: int, server_id: int) -> tuple[int, list[zmq.Frame]]:
-        sock = self._sock
-        assert sock is not None
-        rid = next(self._ids) & _U64 or 1
-        request = _pack(ParamOp.GET, rid, 0, server_id, have_version)
-        deadline = time.monotonic() + self.timeout
-
-        def wait_for(event: int) -> bool:
-            remaining = deadline - time.monotonic()
-            return remaining > 0 and bool(sock.poll(max(1, int(remaining * 1000)), event))
-
-        try:
-            sock.send(request, flags=zmq.NOBLOCK)
-        except zmq.Again:  # no peer connected yet: wait for one within the deadline
-            if not wait_for(zmq.POLLOUT):
-                self._reset()
-                raise ParamsTimeout(
-                    f"GET to {self.endpoint}: could not send within {self.timeout:.3f}s (learner unreachable?)"
-                ) from None
-            sock.send(request)
-        while True:
-            if not wait_for(zmq.POLLIN):
-                self._reset()
-                raise ParamsTimeout(
-                    f"GET to {self.endpoint}: no reply within {self.timeout:.3f}s (learner unreachable, or "
-                    f"weights over this client's max_message_mb={self.max_bytes / (1 << 20):g} were dropped)"
-                )
-            frames = sock.recv_multipart(copy=False)
-            try:
-                _op, reply_rid, *_ = _unpack(frames[0].buffer)
-            except ProtocolError:
-                continue  # garbage or not for us: ignore
-            if reply_rid == rid:
-                return rid, frames
-            # else: a late reply to an earlier request that timed out: discard
-
-    def _decode(self, frames: list[zmq.Frame], rid: int) -> tuple[ParamStatus, int, int, bytes]:
+    def _decode(self, frames: list[zmq.Frame], rid: int, held: tuple[int, int]) -> tuple[FetchStatus, int, int, bytes]:
         """(status, server_id, version, payload) of a valid reply; ServerError / ProtocolError otherwise."""
-        try:
-            op, _rid, status, server_id, version, payload_size = _unpack(frames[0].buffer)
-            status = ParamStatus(status)
-            n = len(frames)
-            if status in _ERRORS:
-                if n != 2 or frames[1].buffer.nbytes > _MAX_ERROR_MESSAGE:
-                    raise _bad_reply(f"error reply must have 2 frames with a short message, got {n}")
-                raise ServerError(status, bytes(frames[1].buffer).decode("utf-8", errors="replace"))
-            if op != ParamOp.GET:
-                raise _bad_reply(f"reply op is {op}, expected {int(ParamOp.GET)} (GET)")
-            if server_id == 0:
-                raise _bad_reply("reply server_id is 0")
-            if status == ParamStatus.PARAMS:
-                if n != 2:
-                    raise _bad_reply(f"PARAMS reply must have 2 frames, got {n}")
-                size = frames[1].buffer.nbytes
-                if payload_size > self.max_bytes or size > self.max_bytes:
-                    raise ProtocolError(
-                        ParamStatus.BAD_MESSAGE,
-                        f"weights are {max(size, payload_size)} bytes, over this client's max_message_mb="
-                        f"{self.max_bytes / (1 << 20):g}",
-                    )
-                if size != payload_size:
-                    raise _bad_reply(f"weights frame is {size} bytes, header payload_size says {payload_size}")
-                if version == 0:
-                    raise _bad_reply("PARAMS reply version is 0")
-                return status, server_id, version, frames[1].bytes
-            if n != 1 or payload_size != 0:
-                raise _bad_reply(f"{status.name} reply must be 1 frame with payload_size 0")
-            if (status == ParamStatus.NOT_READY) != (version == 0):
-                raise _bad_reply(f"{status.name} reply version is {version}")
-            return status, server_id, version, b""
-        except ProtocolError:
-            self._reset()
-            raise
+        reply = P.decode_reply(frames, Op.GET_PARAMS, rid)
+        if not reply.ok:
+            raise ServerError(reply.status, reply.message or "")
+        version, server_id = (int(v) for v in reply.arrays["latest"])
+        weights = reply.arrays["weights"]
+        if server_id == 0:
+            raise _bad_reply("reply server_id is 0")
+        if weights.nbytes == 0:
+            if version == 0:
+                return FetchStatus.NOT_READY, server_id, 0, b""
+            if (version, server_id) != held:
+                raise _bad_reply(f"no weights for version {version} of server {server_id}, but this client holds "
+                                 f"version {held[0]} of server {held[1]}")
+            return FetchStatus.UNCHANGED, server_id, version, b""
+        if weights.nbytes > self.max_bytes:
+            raise ProtocolError(
+                Status.BAD_MESSAGE,
+                f"weights are {weights.nbytes} bytes, over this client's max_message_mb={self.max_bytes / (1 << 20):g}",
+            )
+        if version == 0:
+            raise _bad_reply("weights with version 0")
+        return FetchStatus.PARAMS, server_id, version, bytes(weights)
 
 
 def _bad_reply(message: str) -> ProtocolError:
-    return ProtocolError(ParamStatus.BAD_MESSAGE, f"malformed reply: {message}")
+    return ProtocolError(Status.BAD_MESSAGE, f"malformed reply: {message}")
 
 
 # ---------------------------------------------------------------------------------------------- poller
@@ -606,7 +474,7 @@ class ParamPoller:
             return self._mismatch(exc)
         self._failures = 0
         if got is None:
-            key = "not_ready" if self.client.last_status == ParamStatus.NOT_READY else "unchanged"
+            key = "not_ready" if self.client.last_status == FetchStatus.NOT_READY else "unchanged"
             self.counts[key] += 1
             return None
         version, tensors = got

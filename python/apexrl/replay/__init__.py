@@ -2,12 +2,36 @@
 
 Never imports torch (a test checks it): a replay server, or a tool that only talks to one, starts in a
 fraction of a second and runs where torch is not installed.
+
+The names below are imported on first use, so that importing one submodule (``apexrl.replay.schema``, which
+``apexrl.errors`` imports) does not import the others (which import ``apexrl.errors``).
 """
 
 from __future__ import annotations
 
-from apexrl.replay.client import ReplayClient, SampledBatch
-from apexrl.replay.codec import FieldSpec, TransitionSpec
-from apexrl.replay.server import ReplayServer, ServerConfig
+import importlib
+from typing import Any
 
 __all__ = ["FieldSpec", "ReplayClient", "ReplayServer", "SampledBatch", "ServerConfig", "TransitionSpec"]
+
+_HOMES = {
+    "FieldSpec": "apexrl.replay.codec",
+    "TransitionSpec": "apexrl.replay.codec",
+    "ReplayClient": "apexrl.replay.client",
+    "SampledBatch": "apexrl.replay.client",
+    "ReplayServer": "apexrl.replay.server",
+    "ServerConfig": "apexrl.replay.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'apexrl.replay' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

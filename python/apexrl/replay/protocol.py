@@ -1,5 +1,11 @@
 """The apexrl wire protocol: multipart messages of a fixed 40-byte header plus raw little-endian array frames.
 
+One encoder and one decoder, both driven by the tables of :mod:`apexrl.replay.schema` (message kinds, how each
+uses the header, its frames, their types, lengths and value rules, the limits). At import every message kind is
+compiled into a small plan (a tuple per frame), so the common case costs one ``struct.unpack_from``, a
+comparison per header field and one ``np.frombuffer`` plus one reduction per array frame; the precise error
+message is built only when a check fails. There is no second, hand-written decoder per message.
+
 No pickle, no eval: arrays travel as raw bytes and are decoded with ``np.frombuffer`` (zero copy); only the
 STATS reply and error messages are text (UTF-8, strict JSON for STATS). Every decoder checks every header
 field and every frame length against the frames actually received before touching the payload, and raises
@@ -13,17 +19,28 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 
 from apexrl.errors import ProtocolError, ServerError
+from apexrl.replay import schema as S
+from apexrl.replay.schema import (
+    HEADER_SIZE,
+    MAGIC,
+    MAX_BATCH,
+    MAX_ERROR_MESSAGE,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Op,
+    Status,
+)
 
 __all__ = [
     "HEADER_SIZE",
     "MAGIC",
     "MAX_BATCH",
+    "MAX_ERROR_MESSAGE",
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
     "Header",
@@ -35,6 +52,8 @@ __all__ = [
     "decode_request",
     "encode_count_reply",
     "encode_error",
+    "encode_get_params",
+    "encode_get_params_reply",
     "encode_insert",
     "encode_insert_reply",
     "encode_protocol_error",
@@ -45,57 +64,27 @@ __all__ = [
     "encode_stats_reply",
     "encode_update",
     "pack_items",
+    "server_wait",
     "split_items",
     "with_request_id",
 ]
 
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
-MAGIC = b"APXR"
-MAX_BATCH = 1 << 20  # most items / keys in one message
-
-_HEADER = struct.Struct("<4sHHQHHIdI4x")
-HEADER_SIZE = _HEADER.size  # 40
-_HEADER_RESERVED = struct.Struct("<4sHHQHHIdII")  # the same layout with the reserved bytes as a u32
+_HEADER = S.HEADER
+_HEADER_RESERVED = struct.Struct(_HEADER.format.replace("4x", "I"))  # the reserved bytes read as a u32
 _REQUEST_ID = struct.Struct("<Q")  # at offset 8
 _U16 = 0xFFFF
 _U32 = 0xFFFF_FFFF
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
-
-_KEY = np.dtype("<u8")
-_OFFSET = np.dtype("<u8")
-_PRIORITY = np.dtype("<f8")
-_WEIGHT = np.dtype("<f4")
-_PROBABILITY = np.dtype("<f8")
+_DTYPES = {name: np.dtype(code) for name, code in S.DTYPES.items()}
+_U64_DTYPE = _DTYPES["u64"]
 
 Frame = Union[bytes, memoryview, np.ndarray]
 
-
-class Op(IntEnum):
-    INSERT = 1
-    SAMPLE = 2
-    UPDATE_PRIORITIES = 3
-    REMOVE_TO_FIT = 4
-    STATS = 5
-
-
-class Status(IntEnum):
-    OK = 0
-    BAD_MESSAGE = 1
-    UNSUPPORTED_VERSION = 2
-    UNKNOWN_OP = 3
-    TOO_LARGE = 4
-    INVALID_ARGUMENT = 5
-    TIMEOUT = 6
-    SHUTTING_DOWN = 7
-    INTERNAL = 8
-
-
-_OPS = frozenset(int(o) for o in Op)
 _STATUSES = frozenset(int(s) for s in Status)
 _OP_BY_INT = {int(o): o for o in Op}
 _STATUS_BY_INT = {int(s): s for s in Status}
-_INSERT, _SAMPLE, _UPDATE, _REMOVE_TO_FIT, _STATS = (int(o) for o in Op)
+_SERVICE_OPS = {name: frozenset(int(o) for o in ops) for name, ops in S.SERVICES.items()}
+_SERVICE_OF = {int(op): name for name, ops in S.SERVICES.items() for op in ops}
 # Bit patterns of f64 values viewed as u64: exactly the finite values >= +0.0 lie below that of +inf
 # (negative values have the sign bit set, NaNs lie above +inf), so one max() checks "finite and >= 0"
 # (-0.0 fails it and takes the exact check, which accepts it).
@@ -109,8 +98,7 @@ def _bad(message: str, status: Status = Status.BAD_MESSAGE) -> ProtocolError:
 # --------------------------------------------------------------------------------------------------- header
 
 
-@dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     """Frame 0 of every message. ``flags`` and the 4 trailing bytes are always zero in version 1."""
 
     op: int
@@ -137,72 +125,58 @@ class Header:
             param = float(self.param)
         except (TypeError, ValueError):
             raise ValueError(f"header param must be a float, got {self.param!r}") from None
-        return _HEADER.pack(
-            MAGIC,
-            int(self.version),
-            int(self.op),
-            int(self.request_id),
-            int(self.status),
-            0,
-            int(self.count),
-            param,
-            int(self.timeout_ms),
-        )
+        return _HEADER.pack(MAGIC, int(self.version), int(self.op), int(self.request_id), int(self.status), 0,
+                            int(self.count), param, int(self.timeout_ms))
 
     @classmethod
-    def unpack(cls, frame: Any) -> Header:
-        """Parse and validate frame 0; raises ProtocolError (never anything else)."""
+    def unpack(cls, frame: Any, service: str = "replay") -> Header:
+        """Parse and validate frame 0 (``op`` must be one of ``service``'s); raises ProtocolError only."""
         try:
             buf = memoryview(frame).cast("B")
         except (TypeError, ValueError) as exc:
             raise _bad(f"header frame is not a contiguous bytes-like object: {exc}") from None
-        # Magic and version first: a newer peer's header may have another length, and it must be told
-        # UNSUPPORTED_VERSION (bytes 0-15 have the same layout in every version).
-        if buf.nbytes < 6 or bytes(buf[:4]) != MAGIC:
-            raise _bad(f"header magic is {bytes(buf[:4])!r} (frame of {buf.nbytes} bytes), expected {MAGIC!r}")
-        (version,) = struct.unpack_from("<H", buf, 4)
-        peek_op, peek_id = _peek_ids(buf)
-        if version not in SUPPORTED_VERSIONS:
-            raise ProtocolError(
-                Status.UNSUPPORTED_VERSION,
-                f"protocol version {version} is not supported; supported versions: "
-                f"{', '.join(map(str, SUPPORTED_VERSIONS))}",
-                op=peek_op,
-                request_id=peek_id,
-            )
-        if buf.nbytes != HEADER_SIZE:
-            raise ProtocolError(
-                Status.BAD_MESSAGE,
-                f"header frame is {buf.nbytes} bytes, expected {HEADER_SIZE}",
-                op=peek_op,
-                request_id=peek_id,
-            )
-        _magic, _version, op, request_id, status, flags, count, param, timeout_ms = _HEADER.unpack(buf)
-        ids = dict(op=op, request_id=request_id)
-        if flags != 0:
-            raise ProtocolError(Status.BAD_MESSAGE, f"header flags is {flags:#06x}, must be 0 in version 1", **ids)
-        if bytes(buf[36:40]) != b"\0\0\0\0":
-            raise ProtocolError(
-                Status.BAD_MESSAGE, f"header reserved bytes are {bytes(buf[36:40]).hex()}, must be zero", **ids
-            )
-        if op not in _OPS:
-            raise ProtocolError(
-                Status.UNKNOWN_OP, f"header op {op} is unknown; known ops: {sorted(_OPS)}", **ids
-            )
-        if status not in _STATUSES:
-            raise ProtocolError(
-                Status.BAD_MESSAGE, f"header status {status} is unknown; known: {sorted(_STATUSES)}", **ids
-            )
-        return cls(Op(op), request_id, Status(status), count, param, timeout_ms, version)
+        return _header(buf, _SERVICE_OPS[service])
 
 
-def _make_header(op: int, request_id: int, status: int, count: int, param: float, timeout_ms: int,
-                 version: int) -> Header:
-    """A Header from already validated fields, without the frozen dataclass's per-field __setattr__."""
-    h = object.__new__(Header)
-    h.__dict__.update(op=_OP_BY_INT[op], request_id=request_id, status=_STATUS_BY_INT[status], count=count,
-                      param=param, timeout_ms=timeout_ms, version=version)
-    return h
+_new_header = tuple.__new__
+
+
+def _header(buf: memoryview, ops: frozenset[int]) -> Header:
+    """The header of ``buf`` if valid for a service serving ``ops``; the precise ProtocolError otherwise."""
+    if buf.nbytes == HEADER_SIZE:
+        magic, version, op, rid, status, flags, count, param, timeout_ms, reserved = _HEADER_RESERVED.unpack_from(buf)
+        if (magic == MAGIC and version in SUPPORTED_VERSIONS and not flags and not reserved and op in ops
+                and status in _STATUSES):
+            return _new_header(Header, (_OP_BY_INT[op], rid, _STATUS_BY_INT[status], count, param, timeout_ms, version))
+    # Something is off: find the first rule broken, in the documented order. Magic and version come first: a
+    # newer peer's header may have another length, and it must be told UNSUPPORTED_VERSION (bytes 0-15 have
+    # the same layout in every version).
+    if buf.nbytes < 6 or bytes(buf[:4]) != MAGIC:
+        raise _bad(f"header magic is {bytes(buf[:4])!r} (frame of {buf.nbytes} bytes), expected {MAGIC!r}")
+    (version,) = struct.unpack_from("<H", buf, 4)
+    peek_op, peek_id = S.peek_ids(buf)
+    if version not in SUPPORTED_VERSIONS:
+        raise ProtocolError(
+            Status.UNSUPPORTED_VERSION,
+            f"protocol version {version} is not supported; supported versions: "
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))}",
+            op=peek_op,
+            request_id=peek_id,
+        )
+    if buf.nbytes != HEADER_SIZE:
+        raise ProtocolError(Status.BAD_MESSAGE, f"header frame is {buf.nbytes} bytes, expected {HEADER_SIZE}",
+                            op=peek_op, request_id=peek_id)
+    _magic, _version, op, request_id, status, flags, count, param, timeout_ms, reserved = _HEADER_RESERVED.unpack(buf)
+    ids = dict(op=op, request_id=request_id)
+    if flags != 0:
+        raise ProtocolError(Status.BAD_MESSAGE, f"header flags is {flags:#06x}, must be 0 in version 1", **ids)
+    if reserved:
+        raise ProtocolError(
+            Status.BAD_MESSAGE, f"header reserved bytes are {bytes(buf[36:40]).hex()}, must be zero", **ids
+        )
+    if op not in ops:
+        raise ProtocolError(Status.UNKNOWN_OP, f"header op {op} is unknown; known ops: {sorted(ops)}", **ids)
+    raise ProtocolError(Status.BAD_MESSAGE, f"header status {status} is unknown; known: {sorted(_STATUSES)}", **ids)
 
 
 def with_request_id(frames: list[Frame], request_id: int) -> list[Frame]:
@@ -212,28 +186,13 @@ def with_request_id(frames: list[Frame], request_id: int) -> list[Frame]:
     return [bytes(header), *frames[1:]]
 
 
-def _peek_ids(frame: memoryview) -> tuple[int | None, int | None]:
-    """(op, request_id) from a header whose first 16 bytes look like ours, else (None, None).
-
-    Bytes 0-15 (magic, version, op, request_id) keep this layout in every protocol version, so a server
-    can echo op and request_id even in its UNSUPPORTED_VERSION reply.
-    """
-    if frame.nbytes >= 16 and bytes(frame[:4]) == MAGIC:
-        _version, op, request_id = struct.unpack_from("<HHQ", frame, 4)
-        return op, request_id
-    return None, None
-
-
 # ---------------------------------------------------------------------------------------------- messages
 
 
 @dataclass
 class Request:
-    """A decoded request. ``arrays`` holds read-only numpy views of the frames (and ``data`` as a memoryview):
-
-    INSERT: priorities (f64), offsets (u64, n+1), data; UPDATE_PRIORITIES: keys (u64), priorities (f64);
-    SAMPLE / REMOVE_TO_FIT / STATS: none (SAMPLE reads n, beta and timeout_ms from the header).
-    """
+    """A decoded request. ``arrays`` holds read-only numpy views of the frames (``bytes`` frames as memoryviews)
+    by the schema's frame names, e.g. INSERT: priorities (f64), offsets (u64, n+1), data."""
 
     header: Header
     arrays: dict[str, Any] = field(default_factory=dict)
@@ -249,8 +208,8 @@ class Request:
 
 @dataclass
 class Reply:
-    """A decoded reply. On OK: ``arrays`` (INSERT: keys; SAMPLE: keys, weights, probabilities, offsets, data),
-    ``stats`` (STATS) or just ``header.count`` (UPDATE_PRIORITIES, REMOVE_TO_FIT). On error: ``message``."""
+    """A decoded reply. On OK: ``arrays`` (by the schema's frame names), ``stats`` (STATS) or just
+    ``header.count`` (UPDATE_PRIORITIES, REMOVE_TO_FIT). On error: ``message``."""
 
     header: Header
     arrays: dict[str, Any] = field(default_factory=dict)
@@ -272,7 +231,7 @@ class Reply:
         return self
 
 
-# ---------------------------------------------------------------------------------------------- encoders
+# ------------------------------------------------------------------------------------------- value checks
 
 
 def _check_request_id(request_id: Any) -> int:
@@ -286,8 +245,15 @@ def _check_count(name: str, n: int, *, minimum: int = 0) -> None:
         raise ValueError(f"{name} has {n} entries, must be in [{minimum}, MAX_BATCH={MAX_BATCH}]")
 
 
+def _check_u32(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= _U32:
+        raise ValueError(f"{name} must be an integer in [0, {_U32}], got {value!r}")
+
+
 def _array(name: str, value: Any, dtype: np.dtype, length: int | None = None) -> np.ndarray:
     """A 1-D C-contiguous little-endian array of ``dtype``; copies only when a conversion is needed."""
+    if _exact(value, dtype) and (length is None or value.shape[0] == length):
+        return value
     try:
         arr = np.asarray(value)
     except Exception as exc:  # noqa: BLE001 - arbitrary caller objects
@@ -309,21 +275,14 @@ def _array(name: str, value: Any, dtype: np.dtype, length: int | None = None) ->
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
-def _priorities_ok(priorities: np.ndarray) -> bool:
-    """Fast check of a 1-D ``<f8`` array: True means all finite and >= 0 (False: run _check_priorities)."""
-    return priorities.shape[0] == 0 or int(priorities.view(_KEY).max()) < _F64_INF_BITS
-
-
-def _offsets_ok(offsets: np.ndarray, data_len: int) -> bool:
-    """Fast check of a 1-D ``<u8`` array of n+1 >= 1 entries: True means _check_offsets passes."""
-    if offsets[0] != 0 or offsets[-1] != data_len:
-        return False
-    return offsets.shape[0] <= 2 or bool((offsets[1:] >= offsets[:-1]).all())
-
-
 def _exact(arr: Any, dtype: np.dtype) -> bool:
     """``arr`` is a 1-D C-contiguous ndarray of exactly ``dtype`` (usable as a frame without conversion)."""
     return type(arr) is np.ndarray and arr.dtype == dtype and arr.ndim == 1 and arr.flags.c_contiguous
+
+
+def _priorities_ok(priorities: np.ndarray) -> bool:
+    """Fast check of a 1-D ``<f8`` array: True means all finite and >= 0 (False: run _check_priorities)."""
+    return priorities.shape[0] == 0 or int(priorities.view(_U64_DTYPE).max()) < _F64_INF_BITS
 
 
 def _check_priorities(name: str, priorities: np.ndarray) -> None:
@@ -335,6 +294,24 @@ def _check_priorities(name: str, priorities: np.ndarray) -> None:
         raise ValueError(f"{name}[{i}] is {priorities[i]}, priorities must be finite and >= 0")
 
 
+def _offsets_ok(offsets: np.ndarray, data_len: int) -> bool:
+    """Fast check of a 1-D ``<u8`` array of n+1 >= 1 entries: True means _check_offsets passes."""
+    if offsets[0] != 0 or offsets[-1] != data_len:
+        return False
+    return offsets.shape[0] <= 2 or bool((offsets[1:] >= offsets[:-1]).all())
+
+
+def _check_offsets(offsets: np.ndarray, data_len: int) -> None:
+    if _offsets_ok(offsets, data_len):
+        return
+    if offsets[0] != 0:
+        raise ValueError(f"offsets[0] is {offsets[0]}, must be 0")
+    if offsets.size > 1 and bool(np.any(offsets[1:] < offsets[:-1])):
+        i = int(np.argmax(offsets[1:] < offsets[:-1])) + 1
+        raise ValueError(f"offsets must be non-decreasing, offsets[{i}]={offsets[i]} < offsets[{i - 1}]={offsets[i - 1]}")
+    raise ValueError(f"offsets[-1] is {offsets[-1]}, must equal len(data)={data_len}")
+
+
 def _bytes_view(name: str, data: Any) -> memoryview:
     try:
         return memoryview(data).cast("B")
@@ -342,25 +319,26 @@ def _bytes_view(name: str, data: Any) -> memoryview:
         raise ValueError(f"{name} must be a C-contiguous bytes-like object: {exc}") from None
 
 
-def _check_offsets(offsets: np.ndarray, data_len: int) -> None:
-    if offsets[0] != 0:
-        raise ValueError(f"offsets[0] is {offsets[0]}, must be 0")
-    if offsets.size > 1 and bool(np.any(offsets[1:] < offsets[:-1])):
-        i = int(np.argmax(offsets[1:] < offsets[:-1])) + 1
-        raise ValueError(f"offsets must be non-decreasing, offsets[{i}]={offsets[i]} < offsets[{i - 1}]={offsets[i - 1]}")
-    if offsets[-1] != data_len:
-        raise ValueError(f"offsets[-1] is {offsets[-1]}, must equal len(data)={data_len}")
+def _is_stat_value(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _check_timeout_ms(timeout_ms: Any) -> None:
-    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, np.integer)) or not 0 <= timeout_ms <= _U32:
-        raise ValueError(f"timeout_ms must be an integer in [0, {_U32}], got {timeout_ms!r}")
+def _finite_non_negative(value: float) -> bool:
+    return math.isfinite(value) and value >= 0
+
+
+def server_wait(timeout: float | None) -> tuple[float, int]:
+    """A call's server-side wait: ``(seconds, timeout_ms for the header)``; None means answer at once."""
+    wait_s = 0.0 if timeout is None else float(timeout)
+    if not wait_s >= 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout}")
+    return wait_s, min(int(round(wait_s * 1000)), 0xFFFF_FFFF)
 
 
 def pack_items(items: Sequence[Any]) -> tuple[bytes, np.ndarray]:
     """Concatenate bytes-like items into (data, offsets) for encode_insert (copies the items once)."""
     views = [_bytes_view(f"items[{i}]", item) for i, item in enumerate(items)]
-    offsets = np.zeros(len(views) + 1, dtype=_OFFSET)
+    offsets = np.zeros(len(views) + 1, dtype=_U64_DTYPE)
     np.cumsum([v.nbytes for v in views], out=offsets[1:])
     return b"".join(views), offsets
 
@@ -372,127 +350,240 @@ def split_items(offsets: np.ndarray, data: Any) -> list[memoryview]:
     return [view[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
 
 
-def encode_insert(
-    request_id: int, priorities: Any, data: Any, offsets: Any, timeout_ms: int = 0
-) -> list[Frame]:
-    """INSERT request: [header(count=n, timeout_ms), priorities f64[n], offsets u64[n+1], data]."""
-    # Fast path: arrays already of the wire's dtypes and layout, every check passing; anything else takes
-    # the full path below (which converts, or raises the precise ValueError).
-    if (type(request_id) is int and 0 <= request_id <= _U64 and type(timeout_ms) is int and 0 <= timeout_ms <= _U32
-            and _exact(priorities, _PRIORITY) and _exact(offsets, _OFFSET)):
-        n = priorities.shape[0]
-        if n <= MAX_BATCH and offsets.shape[0] == n + 1 and _priorities_ok(priorities):
-            try:
-                view = memoryview(data).cast("B")
-            except (TypeError, ValueError):
-                view = None
-            if view is not None and _offsets_ok(offsets, view.nbytes):
-                return [_HEADER.pack(MAGIC, PROTOCOL_VERSION, _INSERT, request_id, 0, 0, n, 0.0, timeout_ms),
-                        priorities, offsets, view]
-    rid = _check_request_id(request_id)
-    _check_timeout_ms(timeout_ms)
-    prio = _array("priorities", priorities, _PRIORITY)
-    n = prio.shape[0]
-    _check_count("priorities", n)
-    _check_priorities("priorities", prio)
-    offs = _array("offsets", offsets, _OFFSET, n + 1)
-    view = _bytes_view("data", data)
-    _check_offsets(offs, view.nbytes)
-    return [Header(Op.INSERT, rid, count=n, timeout_ms=int(timeout_ms)).pack(), prio, offs, view]
+# ------------------------------------------------------------------------------------------- compiled plans
+
+_PRIORITIES, _OFFSETS = 1, 2  # frame rules
 
 
-def encode_sample(request_id: int, n: int, beta: float, timeout_ms: int = 0) -> list[Frame]:
-    """SAMPLE request: [header(count=n, param=beta, timeout_ms)]."""
-    rid = _check_request_id(request_id)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise ValueError(f"n must be an integer, got {n!r}")
-    _check_count("sample n", int(n), minimum=1)
-    beta = float(beta)
-    if not math.isfinite(beta) or beta < 0:
-        raise ValueError(f"beta is {beta}, must be finite and >= 0")
-    _check_timeout_ms(timeout_ms)
-    return [Header(Op.SAMPLE, rid, count=int(n), param=beta, timeout_ms=int(timeout_ms)).pack()]
+class _FramePlan(NamedTuple):
+    index: int  # position in the message (1 = first frame after the header)
+    name: str
+    type: str
+    dtype: np.dtype | None
+    extra: int  # array length is n + extra ...
+    fixed: int | None  # ... or this fixed number of elements
+    rule: int  # 0, _PRIORITIES or _OFFSETS
+    ref: int  # _OFFSETS: index of the frame the offsets cut
+    max_bytes: int | None
 
 
-def encode_update(request_id: int, keys: Any, priorities: Any) -> list[Frame]:
-    """UPDATE_PRIORITIES request: [header(count=n), keys u64[n], priorities f64[n]]."""
-    if type(request_id) is int and 0 <= request_id <= _U64 and _exact(keys, _KEY) and _exact(priorities, _PRIORITY):
-        n = keys.shape[0]
-        if n <= MAX_BATCH and priorities.shape[0] == n and _priorities_ok(priorities):
-            return [_HEADER.pack(MAGIC, PROTOCOL_VERSION, _UPDATE, request_id, 0, 0, n, 0.0, 0), keys, priorities]
-    rid = _check_request_id(request_id)
-    k = _array("keys", keys, _KEY)
-    n = k.shape[0]
-    _check_count("keys", n)
-    prio = _array("priorities", priorities, _PRIORITY, n)
-    _check_priorities("priorities", prio)
-    return [Header(Op.UPDATE_PRIORITIES, rid, count=n).pack(), k, prio]
+class _Plan(NamedTuple):
+    """A MessageSpec compiled for the encoder and the decoder."""
+
+    op: Op | None
+    what: str  # "INSERT request", "SAMPLE reply", "error reply"
+    nframes: int  # header included
+    count: str | None
+    count_min: int
+    param: str | None
+    timeout_ms: bool
+    frames: tuple[_FramePlan, ...]
+    arrays_only: bool  # no text frame: the decoded values all go to ``arrays``
+    fast_encode: Any = None  # generated from this plan (below); None: always the generic code
+    fast_decode: Any = None
 
 
-def encode_remove_to_fit(request_id: int) -> list[Frame]:
-    """REMOVE_TO_FIT request: [header]."""
-    return [Header(Op.REMOVE_TO_FIT, _check_request_id(request_id)).pack()]
+def _compile(spec: S.MessageSpec) -> _Plan:
+    names = [f.name for f in spec.frames]
+    frames = []
+    for i, f in enumerate(spec.frames, start=1):
+        dtype = _DTYPES.get(f.type)
+        extra, fixed = 0, None
+        if dtype is not None:
+            if f.length == "n":
+                pass
+            elif f.length == "n+1":
+                extra = 1
+            elif isinstance(f.length, int):
+                fixed = f.length
+            else:  # pragma: no cover - a schema error
+                raise ValueError(f"frame {f.name}: length {f.length!r}")
+        rule, ref = 0, 0
+        if f.rule == "priorities":
+            rule = _PRIORITIES
+        elif f.rule is not None and f.rule.startswith("offsets:"):
+            rule, ref = _OFFSETS, 1 + names.index(f.rule.split(":", 1)[1])
+        elif f.rule is not None:  # pragma: no cover - a schema error
+            raise ValueError(f"frame {f.name}: rule {f.rule!r}")
+        frames.append(_FramePlan(i, f.name, f.type, dtype, extra, fixed, rule, ref, f.max_bytes))
+    what = spec.kind if spec.op is None else f"{spec.op.name} {spec.kind}"
+    return _Plan(spec.op, what, 1 + len(frames), spec.count, spec.count_min, spec.param, spec.timeout_ms,
+                 tuple(frames), all(f.type in S.DTYPES or f.type == "bytes" for f in spec.frames))
 
 
-def encode_stats(request_id: int) -> list[Frame]:
-    """STATS request: [header]."""
-    return [Header(Op.STATS, _check_request_id(request_id)).pack()]
+# Fast paths, generated from the plans once at import: for each message kind without text frames, an encoder
+# and a body decoder specialised to its frames (the loop over frames unrolled, its constants inlined). Each
+# handles only the common case -- every value already of the wire's dtype and layout, every check passing --
+# and returns None for anything else, which the generic code above then encodes or rejects with the precise
+# error. So the result never depends on which path ran (tests/test_protocol.py checks it on mutated messages);
+# the generated source is built from the schema's constants alone, never from received data.
+
+_FAST_GLOBALS = {
+    "ndarray": np.ndarray, "frombuffer": np.frombuffer, "memoryview": memoryview, "int": int, "type": type,
+    "len": len, "pack": _HEADER.pack, "MAGIC": MAGIC, "VERSION": PROTOCOL_VERSION, "MAX_BATCH": MAX_BATCH,
+    "U64": _U64, "U32": _U32, "priorities_ok": _priorities_ok, "offsets_ok": _offsets_ok,
+    "finite_non_negative": _finite_non_negative, **{f"D_{k}": v for k, v in _DTYPES.items()},
+}
 
 
-def encode_insert_reply(request_id: int, keys: Any) -> list[Frame]:
-    """INSERT OK reply: [header(count=n), keys u64[n]]."""
-    if type(request_id) is int and 0 <= request_id <= _U64 and _exact(keys, _KEY) and keys.shape[0] <= MAX_BATCH:
-        return [_HEADER.pack(MAGIC, PROTOCOL_VERSION, _INSERT, request_id, 0, 0, keys.shape[0], 0.0, 0), keys]
-    rid = _check_request_id(request_id)
-    k = _array("keys", keys, _KEY)
-    _check_count("keys", k.shape[0])
-    return [Header(Op.INSERT, rid, count=k.shape[0]).pack(), k]
+def _fast_source(plan: _Plan, name: str) -> tuple[str, str] | None:
+    """Python source of (encoder, body decoder) specialised to ``plan``; None for plans with text frames."""
+    if not plan.arrays_only or plan.op is None:
+        return None
+    op = int(plan.op)
+    args = ", ".join(f"v{f.index}" for f in plan.frames)
+    enc = [f"def enc_{name}(rid, values, count, param, timeout_ms):",
+           f"    {args}{',' if len(plan.frames) == 1 else ''} = values" if plan.frames else "    pass",
+           "    if type(rid) is not int or not 0 <= rid <= U64: return None"]
+    dec = [f"def dec_{name}(views, n, param, timeout_ms):",
+           f"    if len(views) != {plan.nframes}: return None"]
+    if plan.timeout_ms:
+        enc.append("    if type(timeout_ms) is not int or not 0 <= timeout_ms <= U32: return None")
+    else:
+        enc.append("    timeout_ms = 0")
+        dec.append("    if timeout_ms: return None")
+    if plan.param is not None:
+        enc.append("    if type(param) is not float or not finite_non_negative(param): return None")
+        dec.append("    if not finite_non_negative(param): return None")
+    else:
+        enc.append("    param = 0.0")
+        dec.append("    if param != 0.0: return None")
+    if plan.count is None:
+        dec.append("    if n: return None")
+    elif plan.count == "n":
+        dec.append(f"    if n > MAX_BATCH or n < {plan.count_min}: return None")
+    n_known = plan.count is not None and not any(f.dtype is not None and f.fixed is None for f in plan.frames)
+    if plan.count == "result" or n_known:
+        enc.append("    if type(count) is not int or not 0 <= count <= "
+                   f"{'U32' if plan.count == 'result' else 'MAX_BATCH'} or count < {plan.count_min}: return None")
+        enc.append("    n = count")
+    elif not any(f.dtype is not None and f.fixed is None for f in plan.frames):
+        enc.append("    n = 0")
+    have_n = plan.count == "result" or n_known
+    items = []
+    for f in plan.frames:
+        v = f"v{f.index}"
+        if f.dtype is not None:
+            d = f"D_{f.type}"
+            enc.append(f"    if type({v}) is not ndarray or {v}.dtype != {d} or {v}.ndim != 1 "
+                       f"or not {v}.flags.c_contiguous: return None")
+            if f.fixed is not None:
+                length = str(f.fixed)
+                enc.append(f"    if {v}.shape[0] != {f.fixed}: return None")
+            elif not have_n:
+                length = f"n + {f.extra}" if f.extra else "n"
+                enc.append(f"    n = {v}.shape[0] - {f.extra}")
+                enc.append(f"    if n > MAX_BATCH or n < {plan.count_min}: return None")
+                have_n = True
+            else:
+                length = f"n + {f.extra}" if f.extra else "n"
+                enc.append(f"    if {v}.shape[0] != {length}: return None")
+            dec.append(f"    if views[{f.index}].nbytes != ({length}) * {f.dtype.itemsize}: return None")
+            dec.append(f"    a{f.index} = frombuffer(views[{f.index}], {d})")
+            if f.rule == _PRIORITIES:
+                enc.append(f"    if not priorities_ok({v}): return None")
+                dec.append(f"    if not priorities_ok(a{f.index}): return None")
+            items.append(f"{f.name!r}: a{f.index}")
+        else:  # bytes
+            enc.append(f"    {v} = memoryview({v}).cast('B')")
+            items.append(f"{f.name!r}: views[{f.index}]")
+    for f in plan.frames:
+        if f.rule == _OFFSETS:
+            enc.append(f"    if not offsets_ok(v{f.index}, v{f.ref}.nbytes): return None")
+            dec.append(f"    if not offsets_ok(a{f.index}, views[{f.ref}].nbytes): return None")
+    frames = "".join(f", v{f.index}" for f in plan.frames)
+    enc.append(f"    return [pack(MAGIC, VERSION, {op}, rid, 0, 0, n, param, timeout_ms){frames}]")
+    dec.append(f"    return {{{', '.join(items)}}}")
+    return "\n".join(enc) + "\n", "\n".join(dec) + "\n"
 
 
-def encode_sample_reply(
-    request_id: int, keys: Any, weights: Any, probabilities: Any, offsets: Any, data: Any
-) -> list[Frame]:
-    """SAMPLE OK reply: [header(count=n), keys u64[n], weights f32[n], probabilities f64[n], offsets u64[n+1], data]."""
-    if (type(request_id) is int and 0 <= request_id <= _U64 and _exact(keys, _KEY) and _exact(weights, _WEIGHT)
-            and _exact(probabilities, _PROBABILITY) and _exact(offsets, _OFFSET)):
-        n = keys.shape[0]
-        if 1 <= n <= MAX_BATCH and weights.shape[0] == n and probabilities.shape[0] == n and offsets.shape[0] == n + 1:
-            try:
-                view = memoryview(data).cast("B")
-            except (TypeError, ValueError):
-                view = None
-            if view is not None and _offsets_ok(offsets, view.nbytes):
-                return [_HEADER.pack(MAGIC, PROTOCOL_VERSION, _SAMPLE, request_id, 0, 0, n, 0.0, 0),
-                        keys, weights, probabilities, offsets, view]
-    rid = _check_request_id(request_id)
-    k = _array("keys", keys, _KEY)
-    n = k.shape[0]
-    _check_count("keys", n, minimum=1)
-    w = _array("weights", weights, _WEIGHT, n)
-    p = _array("probabilities", probabilities, _PROBABILITY, n)
-    offs = _array("offsets", offsets, _OFFSET, n + 1)
-    view = _bytes_view("data", data)
-    _check_offsets(offs, view.nbytes)
-    return [Header(Op.SAMPLE, rid, count=n).pack(), k, w, p, offs, view]
+def _fast_paths(plan: _Plan, name: str) -> tuple[Any, Any]:
+    source = _fast_source(plan, name)
+    if source is None:
+        return None, None
+    namespace: dict[str, Any] = {}
+    exec(compile(source[0] + source[1], f"<apexrl.replay.protocol fast path {name}>", "exec"),  # noqa: S102
+         dict(_FAST_GLOBALS), namespace)
+    return namespace[f"enc_{name}"], namespace[f"dec_{name}"]
 
 
-def encode_count_reply(op: Op, request_id: int, count: int) -> list[Frame]:
-    """UPDATE_PRIORITIES / REMOVE_TO_FIT OK reply: [header(count)]."""
-    if op not in (Op.UPDATE_PRIORITIES, Op.REMOVE_TO_FIT):
-        raise ValueError(f"a count reply is for UPDATE_PRIORITIES or REMOVE_TO_FIT, not {op!r}")
-    rid = _check_request_id(request_id)
-    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or not 0 <= count <= _U32:
-        raise ValueError(f"count must be an integer in [0, {_U32}], got {count!r}")
-    return [Header(Op(op), rid, count=int(count)).pack()]
+def _with_fast_paths(plan: _Plan, name: str) -> _Plan:
+    enc, dec = _fast_paths(plan, name)
+    return plan._replace(fast_encode=enc, fast_decode=dec)
 
 
-def _is_stat_value(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+_REQUEST_PLANS = {int(op): _with_fast_paths(_compile(spec), f"{op.name}_request") for op, spec in S.REQUESTS.items()}
+_REPLY_PLANS = {int(op): _with_fast_paths(_compile(spec), f"{op.name}_reply") for op, spec in S.REPLIES.items()}
+_ERROR_PLAN = _compile(S.ERROR_REPLY)
+_COUNT_REPLY_OPS = tuple(op for op, spec in S.REPLIES.items() if spec.count == "result")
 
 
-def encode_stats_reply(request_id: int, stats: dict[str, int | float]) -> list[Frame]:
-    """STATS OK reply: [header, UTF-8 JSON object of str -> int|float (finite)]."""
-    rid = _check_request_id(request_id)
+# ---------------------------------------------------------------------------------------------- encoders
+
+
+def _encode(plan: _Plan, request_id: Any, values: Sequence[Any] = (), *, count: Any = None, param: Any = 0.0,
+            timeout_ms: Any = 0, status: int = 0) -> list[Frame]:
+    """Frames of one message of ``plan`` with the frame ``values`` (in the schema's order); ValueError for
+    anything the decoder would refuse. Arrays already of the wire's dtype and layout are used as they are."""
+    if plan.fast_encode is not None:
+        try:
+            out = plan.fast_encode(request_id, values, count, param, timeout_ms)
+        except Exception:  # noqa: BLE001 - anything unusual: the generic code below decides
+            out = None
+        if out is not None:
+            return out
+    op = plan.op
+    if not (type(request_id) is int and 0 <= request_id <= _U64):
+        request_id = _check_request_id(request_id)
+    if plan.timeout_ms and not (type(timeout_ms) is int and 0 <= timeout_ms <= _U32):
+        _check_u32("timeout_ms", timeout_ms)
+        timeout_ms = int(timeout_ms)
+    if plan.param is not None:
+        param = float(param)
+        if not _finite_non_negative(param):
+            raise ValueError(f"{plan.param} is {param}, must be finite and >= 0")
+    if plan.count == "result":
+        _check_u32("count", count)
+        count = int(count)
+    elif plan.count == "n" and count is not None:  # given in the header only (SAMPLE request)
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+            raise ValueError(f"n must be an integer, got {count!r}")
+        count = int(count)
+        _check_count(f"{op.name.lower()} n", count, minimum=plan.count_min)
+    n = count
+    out: list[Frame] = [b""]
+    for f, value in zip(plan.frames, values):
+        if f.dtype is not None:
+            if f.fixed is not None:
+                arr = _array(f.name, value, f.dtype, f.fixed)
+            elif n is None:  # the first n-long array sets n
+                arr = _array(f.name, value, f.dtype)
+                n = arr.shape[0] - f.extra
+                _check_count(f.name, n, minimum=plan.count_min)
+            else:
+                arr = _array(f.name, value, f.dtype, n + f.extra)
+            if f.rule == _PRIORITIES:
+                _check_priorities(f.name, arr)
+            out.append(arr)
+        elif f.type == "bytes":
+            out.append(_bytes_view(f.name, value))
+        elif f.type == "utf8":
+            if not isinstance(value, str):
+                raise ValueError(f"{f.name} must be a str, got {type(value).__name__}")
+            raw = value.encode("utf-8", errors="replace")
+            if f.max_bytes is not None and len(raw) > f.max_bytes:  # cut at a character boundary
+                raw = raw[: f.max_bytes].decode("utf-8", errors="ignore").encode("utf-8")
+            out.append(raw)
+        else:  # json
+            out.append(_stats_json(value))
+    for f in plan.frames:
+        if f.rule == _OFFSETS:
+            _check_offsets(out[f.index], memoryview(out[f.ref]).nbytes)
+    out[0] = _HEADER.pack(MAGIC, PROTOCOL_VERSION, op or 0, request_id, status, 0, n or 0, param, timeout_ms)
+    return out
+
+
+def _stats_json(stats: Any) -> bytes:
     if not isinstance(stats, dict):
         raise ValueError(f"stats must be a dict, got {type(stats).__name__}")
     clean: dict[str, int | float] = {}
@@ -504,19 +595,85 @@ def encode_stats_reply(request_id: int, stats: dict[str, int | float]) -> list[F
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"stats[{key!r}] is {value}, must be finite (strict JSON)")
         clean[key] = value
-    return [Header(Op.STATS, rid).pack(), json.dumps(clean, allow_nan=False).encode("utf-8")]
+    return json.dumps(clean, allow_nan=False).encode("utf-8")
+
+
+_INSERT_PLAN = _REQUEST_PLANS[Op.INSERT]
+_UPDATE_PLAN = _REQUEST_PLANS[Op.UPDATE_PRIORITIES]
+_SAMPLE_PLAN = _REQUEST_PLANS[Op.SAMPLE]
+_INSERT_REPLY_PLAN = _REPLY_PLANS[Op.INSERT]
+_SAMPLE_REPLY_PLAN = _REPLY_PLANS[Op.SAMPLE]
+
+
+def encode_insert(request_id: int, priorities: Any, data: Any, offsets: Any, timeout_ms: int = 0) -> list[Frame]:
+    """INSERT request: [header(count=n, timeout_ms), priorities f64[n], offsets u64[n+1], data]."""
+    return _encode(_INSERT_PLAN, request_id, (priorities, offsets, data), timeout_ms=timeout_ms)
+
+
+def encode_sample(request_id: int, n: int, beta: float, timeout_ms: int = 0) -> list[Frame]:
+    """SAMPLE request: [header(count=n, param=beta, timeout_ms)]."""
+    return _encode(_SAMPLE_PLAN, request_id, count=n, param=beta, timeout_ms=timeout_ms)
+
+
+def encode_update(request_id: int, keys: Any, priorities: Any) -> list[Frame]:
+    """UPDATE_PRIORITIES request: [header(count=n), keys u64[n], priorities f64[n]]."""
+    return _encode(_UPDATE_PLAN, request_id, (keys, priorities))
+
+
+def encode_remove_to_fit(request_id: int) -> list[Frame]:
+    """REMOVE_TO_FIT request: [header]."""
+    return _encode(_REQUEST_PLANS[Op.REMOVE_TO_FIT], request_id)
+
+
+def encode_stats(request_id: int) -> list[Frame]:
+    """STATS request: [header]."""
+    return _encode(_REQUEST_PLANS[Op.STATS], request_id)
+
+
+def encode_get_params(request_id: int, version: int, server_id: int) -> list[Frame]:
+    """GET_PARAMS request: [header, held u64[2] = (version, server_id) of the weights held (0s: none)]."""
+    return _encode(_REQUEST_PLANS[Op.GET_PARAMS], request_id, ((version, server_id),))
+
+
+def encode_insert_reply(request_id: int, keys: Any) -> list[Frame]:
+    """INSERT OK reply: [header(count=n), keys u64[n]]."""
+    return _encode(_INSERT_REPLY_PLAN, request_id, (keys,))
+
+
+def encode_sample_reply(
+    request_id: int, keys: Any, weights: Any, probabilities: Any, offsets: Any, data: Any
+) -> list[Frame]:
+    """SAMPLE OK reply: [header(count=n), keys u64[n], weights f32[n], probabilities f64[n], offsets u64[n+1], data]."""
+    return _encode(_SAMPLE_REPLY_PLAN, request_id, (keys, weights, probabilities, offsets, data))
+
+
+def encode_count_reply(op: Op, request_id: int, count: int) -> list[Frame]:
+    """UPDATE_PRIORITIES / REMOVE_TO_FIT OK reply: [header(count)]."""
+    if op not in _COUNT_REPLY_OPS:
+        raise ValueError(f"a count reply is for {' or '.join(o.name for o in _COUNT_REPLY_OPS)}, not {op!r}")
+    return _encode(_REPLY_PLANS[int(op)], request_id, count=count)
+
+
+def encode_stats_reply(request_id: int, stats: dict[str, int | float]) -> list[Frame]:
+    """STATS OK reply: [header, UTF-8 JSON object of str -> int|float (finite)]."""
+    return _encode(_REPLY_PLANS[Op.STATS], request_id, (stats,))
+
+
+def encode_get_params_reply(request_id: int, version: int, server_id: int, weights: Any = b"") -> list[Frame]:
+    """GET_PARAMS OK reply: [header, latest u64[2] = (version, server_id), weights (empty: not sent)]."""
+    return _encode(_REPLY_PLANS[Op.GET_PARAMS], request_id, ((version, server_id), weights))
 
 
 def encode_error(op: int, request_id: int, status: Status, message: str) -> list[Frame]:
-    """Error reply: [header(status != OK, count=0), UTF-8 message]. ``op`` is echoed raw (any u16)."""
+    """Error reply: [header(status != OK, count=0), UTF-8 message (cut to MAX_ERROR_MESSAGE bytes)].
+    ``op`` is echoed raw (any u16)."""
     if isinstance(op, bool) or not isinstance(op, (int, np.integer)) or not 0 <= op <= _U16:
         raise ValueError(f"op must be an integer in [0, {_U16}], got {op!r}")
-    rid = _check_request_id(request_id)
     if status not in _STATUSES or status == Status.OK:
         raise ValueError(f"an error reply needs a non-OK Status, got {status!r}")
-    if not isinstance(message, str):
-        raise ValueError(f"message must be a str, got {type(message).__name__}")
-    return [Header(int(op), rid, status=Status(status)).pack(), message.encode("utf-8", errors="replace")]
+    frames = _encode(_ERROR_PLAN, request_id, (message,), status=int(status))
+    frames[0] = _HEADER.pack(MAGIC, PROTOCOL_VERSION, int(op), int(request_id), int(status), 0, 0, 0.0, 0)
+    return frames
 
 
 def encode_protocol_error(exc: ProtocolError) -> list[Frame]:
@@ -530,6 +687,13 @@ def encode_protocol_error(exc: ProtocolError) -> list[Frame]:
 
 
 def _views(frames: Any) -> list[memoryview]:
+    if type(frames) is list or type(frames) is tuple:
+        try:
+            views = [memoryview(f).cast("B") for f in frames]
+        except (TypeError, ValueError):
+            views = None
+        if views:
+            return views
     try:
         frames = list(frames)
     except TypeError:
@@ -545,247 +709,81 @@ def _views(frames: Any) -> list[memoryview]:
     return views
 
 
-def _expect_frames(views: list[memoryview], expected: int, what: str) -> None:
-    if len(views) != expected:
-        raise _bad(f"{what} must have {expected} frames (header included), got {len(views)}")
-
-
-def _check_n(header: Header, what: str, *, minimum: int = 0) -> int:
-    n = header.count
-    if n > MAX_BATCH:
-        raise _bad(f"{what} count is {n}, exceeds MAX_BATCH={MAX_BATCH}", Status.TOO_LARGE)
-    if n < minimum:
-        raise _bad(f"{what} count is {n}, must be >= {minimum}", Status.INVALID_ARGUMENT)
-    return n
-
-
-def _frame_array(view: memoryview, name: str, dtype: np.dtype, length: int, what: str) -> np.ndarray:
-    expected = length * dtype.itemsize
-    if view.nbytes != expected:
-        raise _bad(
-            f"{what} frame {name} is {view.nbytes} bytes, expected {expected} ({length} x {dtype.name})"
-        )
-    return np.frombuffer(view, dtype=dtype)
-
-
-def _decode_offsets(view: memoryview, data: memoryview, n: int, what: str) -> np.ndarray:
-    offsets = _frame_array(view, "offsets", _OFFSET, n + 1, what)
-    try:
-        _check_offsets(offsets, data.nbytes)
-    except ValueError as exc:
-        raise _bad(f"{what}: {exc}") from None
-    return offsets
-
-
-def _decode_priorities(view: memoryview, n: int, what: str) -> np.ndarray:
-    prio = _frame_array(view, "priorities", _PRIORITY, n, what)
-    try:
-        _check_priorities("priorities", prio)
-    except ValueError as exc:
-        raise _bad(f"{what}: {exc}", Status.INVALID_ARGUMENT) from None
-    return prio
-
-
-def _check_unused(header: Header, what: str, *, count: bool, param: bool = True, timeout: bool = True) -> None:
-    if count and header.count != 0:
-        raise _bad(f"{what} header count is {header.count}, must be 0")
-    if param and header.param != 0.0:
-        raise _bad(f"{what} header param is {header.param}, must be 0.0")
-    if timeout and header.timeout_ms != 0:
-        raise _bad(f"{what} header timeout_ms is {header.timeout_ms}, must be 0")
-
-
 def _check_size(views: list[memoryview], max_bytes: int | None) -> None:
-    if max_bytes is not None:
-        total = sum(v.nbytes for v in views)
-        if total > max_bytes:
-            raise _bad(f"message is {total} bytes, exceeds max_bytes={max_bytes}", Status.TOO_LARGE)
-
-
-def _with_ids(exc: ProtocolError, views: list[memoryview] | None) -> ProtocolError:
-    if exc.op is None and exc.request_id is None and views:
-        exc.op, exc.request_id = _peek_ids(views[0])
-    return exc
-
-
-def decode_request(frames: Sequence[Any], max_bytes: int | None = None) -> Request:
-    """Validate and decode a request; raises only ProtocolError (with op/request_id set when readable)."""
-    try:
-        req = _decode_request_fast(frames, max_bytes)
-    except Exception:  # noqa: BLE001 - anything unusual: the full path below decides
-        req = None
-    if req is not None:
-        return req
-    return _decode_request_full(frames, max_bytes)
-
-
-def _decode_request_full(frames: Sequence[Any], max_bytes: int | None) -> Request:
-    views: list[memoryview] | None = None
-    try:
-        views = _views(frames)
-        _check_size(views, max_bytes)
-        header = Header.unpack(views[0])
-        return _decode_request_body(header, views)
-    except ProtocolError as exc:
-        raise _with_ids(exc, views) from None
-    except Exception as exc:  # noqa: BLE001 - defence in depth: the contract is "only ProtocolError"
-        raise _with_ids(_bad(f"malformed request: {type(exc).__name__}: {exc}"), views) from None
-
-
-def _fast_views(frames: Any, max_bytes: int | None) -> list[memoryview] | None:
-    if type(frames) is not list and type(frames) is not tuple:
-        return None
-    views = [memoryview(f).cast("B") for f in frames]
-    if not views or views[0].nbytes != HEADER_SIZE:
-        return None
     if max_bytes is not None:
         total = 0
         for v in views:
             total += v.nbytes
         if total > max_bytes:
-            return None
-    return views
+            raise _bad(f"message is {total} bytes, exceeds max_bytes={max_bytes}", Status.TOO_LARGE)
 
 
-def _decode_request_fast(frames: Any, max_bytes: int | None) -> Request | None:
-    """The common case of decode_request in few operations: a Request when *every* check of the full path
-    passes, None otherwise (the full path then produces the result or the precise error)."""
-    views = _fast_views(frames, max_bytes)
-    if views is None:
-        return None
-    magic, version, op, rid, status, flags, n, param, timeout_ms, reserved = _HEADER_RESERVED.unpack_from(views[0])
-    if magic != MAGIC or version not in SUPPORTED_VERSIONS or flags or reserved or status or n > MAX_BATCH:
-        return None
-    nf = len(views)
-    if op == _INSERT:
-        if nf != 4 or param != 0.0 or views[1].nbytes != 8 * n or views[2].nbytes != 8 * (n + 1):
-            return None
-        prio = np.frombuffer(views[1], _PRIORITY)
-        offsets = np.frombuffer(views[2], _OFFSET)
-        data = views[3]
-        if not (_priorities_ok(prio) and _offsets_ok(offsets, data.nbytes)):
-            return None
-        arrays: dict[str, Any] = {"priorities": prio, "offsets": offsets, "data": data}
-    elif op == _UPDATE:
-        if nf != 3 or param != 0.0 or timeout_ms or views[1].nbytes != 8 * n or views[2].nbytes != 8 * n:
-            return None
-        prio = np.frombuffer(views[2], _PRIORITY)
-        if not _priorities_ok(prio):
-            return None
-        arrays = {"keys": np.frombuffer(views[1], _KEY), "priorities": prio}
-    elif op == _SAMPLE:
-        if nf != 1 or n < 1 or not (math.isfinite(param) and param >= 0):
-            return None
-        arrays = {}
-    elif op == _REMOVE_TO_FIT or op == _STATS:
-        if nf != 1 or n or param != 0.0 or timeout_ms:
-            return None
-        arrays = {}
-    else:
-        return None
-    return Request(_make_header(op, rid, 0, n, param, timeout_ms, version), arrays)
+def _decode_body(plan: _Plan, h: Header, views: list[memoryview]) -> dict[str, Any]:
+    """The frames of a message of ``plan`` with header ``h``, checked against the schema's rules."""
+    if plan.fast_decode is not None:
+        try:
+            arrays = plan.fast_decode(views, h.count, h.param, h.timeout_ms)
+        except Exception:  # noqa: BLE001 - anything unusual: the generic code below decides
+            arrays = None
+        if arrays is not None:
+            return arrays
+    return _decode_body_generic(plan, h, views)
 
 
-def _decode_reply_fast(frames: Any, op: int, request_id: int, max_bytes: int | None) -> Reply | None:
-    """The common OK replies (INSERT, SAMPLE, count replies) in few operations; None: use the full path."""
-    views = _fast_views(frames, max_bytes)
-    if views is None:
-        return None
-    magic, version, hop, rid, status, flags, n, param, timeout_ms, reserved = _HEADER_RESERVED.unpack_from(views[0])
-    if (magic != MAGIC or version not in SUPPORTED_VERSIONS or flags or reserved or status or hop != op
-            or rid != request_id or n > MAX_BATCH or param != 0.0 or timeout_ms):
-        return None
-    nf = len(views)
-    if op == _INSERT:
-        if nf != 2 or views[1].nbytes != 8 * n:
-            return None
-        arrays: dict[str, Any] = {"keys": np.frombuffer(views[1], _KEY)}
-    elif op == _SAMPLE:
-        if (nf != 6 or n < 1 or views[1].nbytes != 8 * n or views[2].nbytes != 4 * n or views[3].nbytes != 8 * n
-                or views[4].nbytes != 8 * (n + 1)):
-            return None
-        offsets = np.frombuffer(views[4], _OFFSET)
-        if not _offsets_ok(offsets, views[5].nbytes):
-            return None
-        arrays = {
-            "keys": np.frombuffer(views[1], _KEY),
-            "weights": np.frombuffer(views[2], _WEIGHT),
-            "probabilities": np.frombuffer(views[3], _PROBABILITY),
-            "offsets": offsets,
-            "data": views[5],
-        }
-    elif op == _UPDATE or op == _REMOVE_TO_FIT:
-        if nf != 1:
-            return None
-        arrays = {}
-    else:
-        return None
-    return Reply(_make_header(op, rid, 0, n, param, timeout_ms, version), arrays)
+def _decode_body_generic(plan: _Plan, h: Header, views: list[memoryview]) -> dict[str, Any]:
+    what = plan.what
+    if len(views) != plan.nframes:
+        raise _bad(f"{what} must have {plan.nframes} frames (header included), got {len(views)}")
+    n = h.count
+    if n and plan.count is None:
+        raise _bad(f"{what} header count is {n}, must be 0")
+    if plan.param is None and h.param != 0.0:
+        raise _bad(f"{what} header param is {h.param}, must be 0.0")
+    if h.timeout_ms and not plan.timeout_ms:
+        raise _bad(f"{what} header timeout_ms is {h.timeout_ms}, must be 0")
+    if plan.count == "n":
+        if n > MAX_BATCH:
+            raise _bad(f"{what} count is {n}, exceeds MAX_BATCH={MAX_BATCH}", Status.TOO_LARGE)
+        if n < plan.count_min:
+            raise _bad(f"{what} count is {n}, must be >= {plan.count_min}", Status.INVALID_ARGUMENT)
+    if plan.param is not None and not _finite_non_negative(h.param):
+        raise _bad(f"{what} {plan.param} (header param) is {h.param}, must be finite and >= 0", Status.INVALID_ARGUMENT)
+    arrays: dict[str, Any] = {}
+    for f in plan.frames:
+        view = views[f.index]
+        dtype = f.dtype
+        if dtype is not None:
+            length = f.fixed if f.fixed is not None else n + f.extra
+            if view.nbytes != length * dtype.itemsize:
+                raise _bad(f"{what} frame {f.name} is {view.nbytes} bytes, expected {length * dtype.itemsize} "
+                           f"({length} x {dtype.name})")
+            arr = np.frombuffer(view, dtype)
+            if f.rule:
+                _check_frame_values(what, f, arr, views)
+            arrays[f.name] = arr
+        elif f.type == "bytes":
+            arrays[f.name] = view
+        elif f.type == "utf8":
+            if f.max_bytes is not None and view.nbytes > f.max_bytes:
+                raise _bad(f"{what} {f.name} is {view.nbytes} bytes, longer than {f.max_bytes}")
+            arrays[f.name] = _utf8(view, f"{what} {f.name}")
+        else:
+            arrays[f.name] = _stats(view, what)
+    return arrays
 
 
-def _decode_request_body(header: Header, views: list[memoryview]) -> Request:
-    op = header.op
-    what = f"{Op(op).name} request"
-    if header.status != Status.OK:
-        raise _bad(f"{what} header status is {header.status}, must be OK (0)")
-    if op == Op.INSERT:
-        _expect_frames(views, 4, what)
-        _check_unused(header, what, count=False, timeout=False)  # timeout_ms: rate-limiter wait
-        n = _check_n(header, what)
-        prio = _decode_priorities(views[1], n, what)
-        offsets = _decode_offsets(views[2], views[3], n, what)
-        return Request(header, {"priorities": prio, "offsets": offsets, "data": views[3]})
-    if op == Op.SAMPLE:
-        _expect_frames(views, 1, what)
-        _check_n(header, what, minimum=1)
-        beta = header.param
-        if not math.isfinite(beta) or beta < 0:
-            raise _bad(f"{what} beta (header param) is {beta}, must be finite and >= 0", Status.INVALID_ARGUMENT)
-        return Request(header, {})
-    if op == Op.UPDATE_PRIORITIES:
-        _expect_frames(views, 3, what)
-        _check_unused(header, what, count=False)
-        n = _check_n(header, what)
-        keys = _frame_array(views[1], "keys", _KEY, n, what)
-        prio = _decode_priorities(views[2], n, what)
-        return Request(header, {"keys": keys, "priorities": prio})
-    # REMOVE_TO_FIT, STATS
-    _expect_frames(views, 1, what)
-    _check_unused(header, what, count=True)
-    return Request(header, {})
-
-
-def decode_reply(
-    frames: Sequence[Any], op: Op, request_id: int, max_bytes: int | None = None
-) -> Reply:
-    """Validate and decode the reply to request (op, request_id); raises only ProtocolError.
-
-    An error reply decodes to a Reply with ``ok == False`` and ``message``; call ``raise_for_status()``.
-    """
-    try:
-        reply = _decode_reply_fast(frames, op, request_id, max_bytes)
-    except Exception:  # noqa: BLE001 - anything unusual: the full path below decides
-        reply = None
-    if reply is not None:
-        return reply
-    return _decode_reply_full(frames, op, request_id, max_bytes)
-
-
-def _decode_reply_full(frames: Sequence[Any], op: Op, request_id: int, max_bytes: int | None) -> Reply:
-    try:
-        views = _views(frames)
-        _check_size(views, max_bytes)
-        header = Header.unpack(views[0])
-        if header.request_id != request_id or header.op != op:
-            raise _bad(
-                f"reply is for op {header.op} request_id {header.request_id}, "
-                f"expected op {op} request_id {request_id}"
-            )
-        return _decode_reply_body(header, views)
-    except ProtocolError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - defence in depth: the contract is "only ProtocolError"
-        raise _bad(f"malformed reply: {type(exc).__name__}: {exc}") from None
+def _check_frame_values(what: str, f: _FramePlan, arr: np.ndarray, views: list[memoryview]) -> None:
+    if f.rule == _PRIORITIES:
+        if not _priorities_ok(arr):
+            try:
+                _check_priorities(f.name, arr)
+            except ValueError as exc:
+                raise _bad(f"{what}: {exc}", Status.INVALID_ARGUMENT) from None
+    elif not _offsets_ok(arr, views[f.ref].nbytes):
+        try:
+            _check_offsets(arr, views[f.ref].nbytes)
+        except ValueError as exc:
+            raise _bad(f"{what}: {exc}") from None
 
 
 def _utf8(view: memoryview, what: str) -> str:
@@ -799,45 +797,66 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not allowed")
 
 
-def _decode_reply_body(header: Header, views: list[memoryview]) -> Reply:
-    op = header.op
-    what = f"{Op(op).name} reply"
-    if header.status != Status.OK:
-        what = f"{Status(header.status).name} error reply"
-        _expect_frames(views, 2, what)
-        _check_unused(header, what, count=True)
-        return Reply(header, message=_utf8(views[1], f"{what} message"))
-    _check_unused(header, what, count=False)
-    if op == Op.INSERT:
-        _expect_frames(views, 2, what)
-        n = _check_n(header, what)
-        return Reply(header, {"keys": _frame_array(views[1], "keys", _KEY, n, what)})
-    if op == Op.SAMPLE:
-        _expect_frames(views, 6, what)
-        n = _check_n(header, what, minimum=1)
-        arrays = {
-            "keys": _frame_array(views[1], "keys", _KEY, n, what),
-            "weights": _frame_array(views[2], "weights", _WEIGHT, n, what),
-            "probabilities": _frame_array(views[3], "probabilities", _PROBABILITY, n, what),
-            "offsets": _decode_offsets(views[4], views[5], n, what),
-            "data": views[5],
-        }
-        return Reply(header, arrays)
-    if op == Op.STATS:
-        _expect_frames(views, 2, what)
-        if header.count != 0:
-            raise _bad(f"{what} header count is {header.count}, must be 0")
-        text = _utf8(views[1], f"{what} JSON")
-        try:
-            stats = json.loads(text, parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as exc:
-            raise _bad(f"{what} is not valid JSON: {exc}") from None
-        if not isinstance(stats, dict):
-            raise _bad(f"{what} JSON must be an object, got {type(stats).__name__}")
-        for key, value in stats.items():
-            if not _is_stat_value(value) or (isinstance(value, float) and not math.isfinite(value)):
-                raise _bad(f"{what} stats[{key!r}] must be a finite int or float, got {value!r}")
-        return Reply(header, stats=stats)
-    # UPDATE_PRIORITIES, REMOVE_TO_FIT: the count is the result
-    _expect_frames(views, 1, what)
-    return Reply(header)
+def _stats(view: memoryview, what: str) -> dict[str, int | float]:
+    text = _utf8(view, f"{what} JSON")
+    try:
+        stats = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise _bad(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(stats, dict):
+        raise _bad(f"{what} JSON must be an object, got {type(stats).__name__}")
+    for key, value in stats.items():
+        if not _is_stat_value(value) or (isinstance(value, float) and not math.isfinite(value)):
+            raise _bad(f"{what} stats[{key!r}] must be a finite int or float, got {value!r}")
+    return stats
+
+
+def _with_ids(exc: ProtocolError, views: list[memoryview] | None) -> ProtocolError:
+    if exc.op is None and exc.request_id is None and views:
+        exc.op, exc.request_id = S.peek_ids(views[0])
+    return exc
+
+
+def decode_request(frames: Sequence[Any], max_bytes: int | None = None, *, service: str = "replay") -> Request:
+    """Validate and decode a request for ``service`` ("replay" or "params"); raises only ProtocolError (with
+    op/request_id set when readable)."""
+    views: list[memoryview] | None = None
+    try:
+        views = _views(frames)
+        _check_size(views, max_bytes)
+        h = _header(views[0], _SERVICE_OPS[service])
+        plan = _REQUEST_PLANS[h.op]
+        if h.status:
+            raise _bad(f"{plan.what} header status is {h.status}, must be OK (0)")
+        return Request(h, _decode_body(plan, h, views))
+    except ProtocolError as exc:
+        raise _with_ids(exc, views) from None
+    except Exception as exc:  # noqa: BLE001 - defence in depth: the contract is "only ProtocolError"
+        raise _with_ids(_bad(f"malformed request: {type(exc).__name__}: {exc}"), views) from None
+
+
+def decode_reply(frames: Sequence[Any], op: Op, request_id: int, max_bytes: int | None = None) -> Reply:
+    """Validate and decode the reply to request (op, request_id); raises only ProtocolError.
+
+    An error reply decodes to a Reply with ``ok == False`` and ``message``; call ``raise_for_status()``.
+    """
+    try:
+        views = _views(frames)
+        _check_size(views, max_bytes)
+        h = _header(views[0], _SERVICE_OPS[_SERVICE_OF[int(op)]])
+        if h.request_id != request_id or h.op != op:
+            raise _bad(
+                f"reply is for op {h.op} request_id {h.request_id}, expected op {op} request_id {request_id}"
+            )
+        if h.status:
+            plan = _ERROR_PLAN._replace(what=f"{Status(h.status).name} error reply")
+            return Reply(h, message=_decode_body(plan, h, views)["message"])
+        plan = _REPLY_PLANS[h.op]
+        arrays = _decode_body(plan, h, views)
+        if plan.arrays_only:
+            return Reply(h, arrays)
+        return Reply(h, arrays, stats=arrays.pop("stats", None))
+    except ProtocolError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - defence in depth: the contract is "only ProtocolError"
+        raise _bad(f"malformed reply: {type(exc).__name__}: {exc}") from None

@@ -9,7 +9,7 @@ Threading model
                                                             └──── replies (+ an inproc wake-up) ┘
 
 * The **broker** thread owns the front-end socket. It decodes every request with
-  :func:`apexrl.protocol.decode_request` (which validates everything; nothing is ever unpickled or evaluated)
+  :func:`apexrl.replay.protocol.decode_request` (which validates everything; nothing is ever unpickled or evaluated)
   and serves the short ones itself: INSERT, UPDATE_PRIORITIES and SAMPLEs of at most ``inline_sample_max``
   items (default 1024, ~0.2 ms of store time for DPG items). Each is one store call that releases the GIL,
   then the reply goes straight back: no hop through another thread, which on a 2-core machine cost more
@@ -29,31 +29,17 @@ Threading model
 * The same deferral serves the **rate limiter** (below): an INSERT or SAMPLE that is too far ahead of the
   other side is kept by the broker until the other side has caught up or its deadline passes. A waiting
   request never holds a worker, and never blocks the requests behind it.
+* The broker's loop is :meth:`_Broker.run`; each step is a method of its own: ``read_front_burst`` (decode,
+  then ``dispatch``: serve inline or queue for the workers), ``send_worker_replies``, ``release_deferred``
+  (asks :meth:`RateLimiter.release` which waiting requests may go) and ``refuse_pending`` (when stopping).
 
 Rate limiting: Reverb's SampleToInsertRatio
 -------------------------------------------
-With ``samples_per_insert`` (spi) set, the server counts the items inserted (I) and sampled (S) since it
-started (items, not calls; the counters start at 0 on every start, also after a snapshot was restored).
-With ``eb = error_buffer``:
-
-* a SAMPLE of n is served when the store holds >= ``min_size_to_sample`` items and
-  ``S + n <= I * spi + eb``;
-* an INSERT of n is served when the store holds fewer than ``min_size_to_sample`` items (filling up is never
-  limited), or when ``(I + n) * spi - S <= eb``.
-
-A request that may not be served yet waits (without holding a worker) until it may, or until its
+With ``samples_per_insert`` set, an INSERT or SAMPLE that is too far ahead of the other side waits; the
+rules, and why they cannot deadlock, are in :mod:`apexrl.replay.rate_limiter`, the one place they are
+written. A request that may not be served yet waits (without holding a worker) until it may, or until its
 ``timeout_ms`` passes, then it is answered TIMEOUT; it never fails early (``timeout_ms == 0``: TIMEOUT at
 once). Admission reserves its items under a lock, so concurrent workers never overshoot the bounds.
-
-Deadlock freedom: with the store at min size, let ``d = I * spi - S``. A SAMPLE of n is blocked iff ``d < n - eb``, an INSERT of m iff
-``d > eb - m * spi``; both at once needs ``n + m * spi > 2 * eb``. So whenever every sample batch n and
-insert batch m satisfy ``n + m * spi <= 2 * eb``, at least one side can always proceed. Hence
-``error_buffer >= max(1, spi)`` is required (validated; single-item calls on both sides can always move,
-the same rule as Reverb) and larger batches need a proportionally larger buffer: a SAMPLE with
-``n > 2 * eb`` or an INSERT with ``m * spi > 2 * eb`` can never be served and waits for its timeout.
-The default buffer is ``max(1, spi) * 100``. Unlike Reverb there is no ``spi * min_size_to_sample``
-offset: the items inserted while filling up count in I, so after a long fill-up inserts pause until the
-samplers have consumed that head start.
 
 Size caps: ``max_message_mb`` vs ZMQ_MAXMSGSIZE
 -----------------------------------------------
@@ -96,12 +82,12 @@ from apexrl import PrioritizedStore
 from apexrl.errors import ApexRLError, ProtocolError
 from apexrl.replay import protocol as P
 from apexrl.replay.config import ServerConfig
+from apexrl.replay.rate_limiter import RateLimiter
 
 __all__ = ["ReplayServer", "ServerConfig", "SnapshotLoadError"]
 
 log = logging.getLogger("apexrl.replay.server")
 
-_EPS = 1e-9
 _DEFER_POLL_S = 0.01
 # Ops the receiving (broker) thread serves itself: short store calls that release the GIL. SAMPLE too when it
 # asks for at most ServerConfig.inline_sample_max items.
@@ -150,75 +136,6 @@ class _Counters:
         return out
 
 
-class _RateLimiter:
-    """Items inserted / sampled since start and the SampleToInsertRatio admission rules (see module doc)."""
-
-    def __init__(self, spi: float | None, eb: float | None, min_size: int):
-        self.spi = None if spi is None else float(spi)
-        self.eb = 0.0 if eb is None else float(eb)
-        self.need = max(int(min_size), 1)
-        self.lock = threading.Lock()
-        self.inserted = 0
-        self.sampled = 0
-        self.waits_insert = 0
-        self.waits_sample = 0
-
-    def insert_ok(self, n: int, size: int, inserted: int, sampled: int) -> bool:
-        if self.spi is None or n == 0 or size < self.need:
-            return True
-        return (inserted + n) * self.spi - sampled <= self.eb + _EPS
-
-    def sample_ok(self, n: int, size: int, inserted: int, sampled: int) -> bool:
-        if size < self.need:
-            return False
-        return self.spi is None or sampled + n <= inserted * self.spi + self.eb + _EPS
-
-    def try_insert(self, n: int, size: int) -> bool:
-        with self.lock:
-            if not self.insert_ok(n, size, self.inserted, self.sampled):
-                return False
-            self.inserted += n
-            return True
-
-    def try_sample(self, n: int, size: int) -> bool:
-        with self.lock:
-            if not self.sample_ok(n, size, self.inserted, self.sampled):
-                return False
-            self.sampled += n
-            return True
-
-    def undo(self, inserted: int = 0, sampled: int = 0) -> None:
-        with self.lock:
-            self.inserted -= inserted
-            self.sampled -= sampled
-
-    def counts(self) -> tuple[int, int]:
-        with self.lock:
-            return self.inserted, self.sampled
-
-    def count_wait(self, op: int) -> None:
-        with self.lock:
-            if op == P.Op.INSERT:
-                self.waits_insert += 1
-            else:
-                self.waits_sample += 1
-
-    def describe(self) -> str:
-        return (f"{self.inserted} items inserted and {self.sampled} sampled, "
-                f"samples_per_insert={self.spi}, error_buffer={self.eb}")
-
-    def stats(self) -> dict[str, int | float]:
-        with self.lock:
-            return {
-                "rate_limiter_waits_insert": self.waits_insert,
-                "rate_limiter_waits_sample": self.waits_sample,
-                "rate_limiter_inserted_items": self.inserted,
-                "rate_limiter_sampled_items": self.sampled,
-                "samples_per_insert": 0.0 if self.spi is None else self.spi,
-                "error_buffer": self.eb,
-            }
-
-
 class ReplayServer:
     """A replay server; ``start()`` binds and returns at once (threads serve), ``stop()`` shuts down.
 
@@ -230,8 +147,8 @@ class ReplayServer:
         self.config = config
         self.store = self._open_store(config)
         self.counters = _Counters()
-        self.rate_limiter = _RateLimiter(config.samples_per_insert, config.effective_error_buffer,
-                                         config.min_size_to_sample)
+        self.rate_limiter = RateLimiter(config.samples_per_insert, config.effective_error_buffer,
+                                        config.min_size_to_sample)
         self.endpoint: str | None = None
         self._ctx: zmq.Context | None = None
         self._frontend: zmq.Socket | None = None
@@ -308,7 +225,7 @@ class ReplayServer:
             t = threading.Thread(target=self._worker, args=(i,), name=f"apexrl-worker-{i}", daemon=True)
             t.start()
             self._threads.append(t)
-        self._broker = threading.Thread(target=self._broker_loop, name="apexrl-broker", daemon=True)
+        self._broker = threading.Thread(target=_Broker(self).run, name="apexrl-broker", daemon=True)
         self._broker.start()
         if cfg.snapshot is not None and cfg.snapshot_every is not None:
             self._snapshotter = threading.Thread(target=self._snapshot_loop, name="apexrl-snapshot", daemon=True)
@@ -377,148 +294,13 @@ class ReplayServer:
             if sock is not None and not sock.closed:
                 sock.close()
 
-    # ----------------------------------------------------------------------------------------- broker
-
-    def _broker_loop(self) -> None:
-        front, wake = self._frontend, self._wake
-        assert front is not None and wake is not None
-        jobs, done = self._jobs, self._done
-        max_bytes = self.config.max_bytes
-        counters, rl, store = self.counters, self.rate_limiter, self.store
-        decode, encode_protocol_error, inline_ops = P.decode_request, P.encode_protocol_error, _INLINE_OPS
-        inline_sample_max = self.config.inline_sample_max
-        outstanding = 0  # requests handed to the workers and not yet answered
-        max_outstanding = _JOBS_PER_WORKER * self.config.workers
-        deferred: list[_Deferred] = []
-        recheck = False  # something was served since the deferred requests were last checked
-        next_tick = 0.0
-        poller_both = zmq.Poller()
-        poller_both.register(front, zmq.POLLIN)
-        poller_both.register(wake, zmq.POLLIN)
-        poller_wake = zmq.Poller()
-        poller_wake.register(wake, zmq.POLLIN)
-        try:
-            while True:
-                stopping = self._stopping.is_set()
-                if stopping:
-                    self._refuse_pending(front, deferred)
-                    deferred = []
-                    if outstanding == 0:
-                        break
-                # Re-dispatch deferred requests that may now be served (min size reached, the other side of
-                # the rate limiter caught up) or whose deadline passed. Admissions are simulated in order so
-                # one released slot does not wake every waiter at once.
-                if deferred:
-                    now = time.monotonic()
-                    if recheck or now >= next_tick:
-                        recheck, next_tick = False, now + _DEFER_POLL_S
-                        size = len(store)
-                        inserted, sampled = rl.counts()
-                        ready, keep = [], []
-                        for entry in deferred:
-                            go = False
-                            if now >= entry.deadline:
-                                go = True
-                            elif entry.op == P.Op.INSERT:
-                                if rl.insert_ok(entry.n, size, inserted, sampled):
-                                    go, inserted, size = True, inserted + entry.n, size + entry.n
-                            elif rl.sample_ok(entry.n, size, inserted, sampled):
-                                go, sampled = True, sampled + entry.n
-                            (ready if go else keep).append(entry)
-                        deferred = keep
-                        for entry in ready:
-                            if entry.op in inline_ops or (entry.op == _SAMPLE and entry.n <= inline_sample_max):
-                                out, waited = self._serve(entry.req, entry.t_arrival, entry.waited)
-                                if out is None:
-                                    deferred.append(entry._replace(waited=waited))
-                                else:
-                                    front.send_multipart([entry.client, *out], copy=False)
-                            else:
-                                jobs.put((entry.client, entry.req, entry.t_arrival, entry.waited))
-                                outstanding += 1
-                poll_ms = int(_DEFER_POLL_S * 1000) if (deferred or stopping) else 100
-                poller = poller_both if (outstanding < max_outstanding and not stopping) else poller_wake
-                events = dict(poller.poll(poll_ms))
-                if wake in events:
-                    while True:
-                        try:
-                            wake.recv(zmq.NOBLOCK, copy=True)
-                        except zmq.Again:
-                            break
-                    while done:
-                        client, req, t_arrival, waited, out = done.popleft()
-                        outstanding -= 1
-                        recheck = True
-                        if out is None:  # deferred by the worker (min size or rate limiter)
-                            deferred.append(_deferred(client, req, t_arrival, waited))
-                        else:
-                            front.send_multipart([client, *out], copy=False)
-                if front in events:
-                    # Serve INSERT / UPDATE_PRIORITIES / small SAMPLEs here (decode, one store call that
-                    # releases the GIL, reply): no hop through a worker. Everything else goes to the workers'
-                    # queue. A bounded number per round, so worker replies are not held back by a stream.
-                    for _ in range(_FRONT_BURST):
-                        if outstanding >= max_outstanding or self._stopping.is_set():
-                            break
-                        try:
-                            msg = front.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        t_arrival = time.monotonic()
-                        client = msg[0]
-                        try:
-                            req = decode(msg[1:], max_bytes)
-                        except ProtocolError as exc:
-                            counters.count(exc.op, True)
-                            log.debug("bad request: %s", exc.message)
-                            front.send_multipart([client, *encode_protocol_error(exc)], copy=False)
-                            continue
-                        h = req.header
-                        if h.op in inline_ops or (h.op == _SAMPLE and h.count <= inline_sample_max):
-                            out, waited = self._serve(req, t_arrival, False)
-                            recheck = True
-                            if out is None:
-                                deferred.append(_deferred(client, req, t_arrival, waited))
-                            else:
-                                front.send_multipart([client, *out], copy=False)
-                        else:
-                            jobs.put((client, req, t_arrival, False))
-                            outstanding += 1
-        except Exception:
-            log.exception("broker loop failed")
-        finally:
-            for _ in self._threads:
-                jobs.put(None)
-            for t in self._threads:
-                t.join(5.0)
-            self._close_sockets()
-
-    def _refuse_pending(self, front: zmq.Socket, deferred: list[_Deferred]) -> None:
-        """While stopping: answer deferred requests and requests queued in the front-end SHUTTING_DOWN."""
-        for entry in deferred:
-            self.counters.count(entry.op, True)
-            front.send_multipart(
-                [entry.client, *P.encode_error(entry.op, entry.req.request_id, P.Status.SHUTTING_DOWN,
-                                               "the replay server is shutting down")],
-                copy=False,
-            )
-        while True:
-            try:
-                msg = front.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            self._send_shutting_down(front, msg[0], msg[1:])
-
-    def _send_shutting_down(self, front: zmq.Socket, client: Any, frames: list[Any]) -> None:
-        try:
-            req = P.decode_request(frames, self.config.max_bytes)
-            reply = P.encode_error(int(req.header.op), req.request_id, P.Status.SHUTTING_DOWN,
-                                   "the replay server is shutting down")
-            self.counters.count(req.header.op, True)
-        except ProtocolError as exc:
-            reply = P.encode_protocol_error(exc)
-            self.counters.count(exc.op, True)
-        front.send_multipart([client, *reply], copy=False)
+    def _stop_workers(self) -> None:
+        """The broker's last step: stop and join the workers, close the sockets."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(5.0)
+        self._close_sockets()
 
     # ----------------------------------------------------------------------------------------- worker
 
@@ -584,19 +366,18 @@ class ReplayServer:
                     raise
                 out = P.encode_insert_reply(rid, keys)
             elif op == P.Op.SAMPLE:
-                need = max(self.config.min_size_to_sample, 1)
-                if len(self.store) < need:
+                if not rl.big_enough(len(self.store)):
                     if can_wait:
                         return None, waited
                     self.counters.count(op, True)
                     return P.encode_error(
                         op, rid, P.Status.TIMEOUT,
-                        f"store holds {len(self.store)} items, fewer than min_size_to_sample={need}, "
+                        f"store holds {len(self.store)} items, fewer than min_size_to_sample={rl.need}, "
                         f"after waiting {h.timeout_ms} ms",
                     ), waited
                 n = h.count
                 if not rl.try_sample(n, len(self.store)):
-                    if len(self.store) < need:  # shrank meanwhile: wait for min size again
+                    if not rl.big_enough(len(self.store)):  # shrank meanwhile: wait for min size again
                         return (None, waited) if can_wait else rate_limited()
                     return rate_limited()
                 try:
@@ -633,6 +414,8 @@ class ReplayServer:
 
 
 class _Deferred(NamedTuple):
+    """A request the broker keeps until it may be served (see :meth:`RateLimiter.release`) or times out."""
+
     deadline: float
     op: int
     n: int
@@ -645,6 +428,147 @@ class _Deferred(NamedTuple):
 def _deferred(client: Any, req: P.Request, t_arrival: float, waited: bool) -> _Deferred:
     h = req.header
     return _Deferred(t_arrival + h.timeout_ms / 1000.0, int(h.op), int(h.count), waited, client, req, t_arrival)
+
+
+class _Broker:
+    """The broker thread's state and its steps (see the module docstring): read a burst of the front-end and
+    serve each request inline or hand it to the workers, send the workers' replies, release deferred
+    requests, refuse what is left when stopping. Only this thread touches the front-end socket."""
+
+    def __init__(self, server: ReplayServer):
+        assert server._frontend is not None and server._wake is not None
+        self.server = server
+        self.front, self.wake = server._frontend, server._wake
+        self.jobs, self.done = server._jobs, server._done
+        self.counters, self.rate_limiter, self.store = server.counters, server.rate_limiter, server.store
+        self.max_bytes = server.config.max_bytes
+        self.inline_sample_max = server.config.inline_sample_max
+        self.outstanding = 0  # requests handed to the workers and not yet answered
+        self.max_outstanding = _JOBS_PER_WORKER * server.config.workers
+        self.deferred: list[_Deferred] = []
+        self.recheck = False  # something was served since the deferred requests were last checked
+        self.next_tick = 0.0
+        self.poll_both = zmq.Poller()
+        self.poll_both.register(self.front, zmq.POLLIN)
+        self.poll_both.register(self.wake, zmq.POLLIN)
+        self.poll_wake = zmq.Poller()
+        self.poll_wake.register(self.wake, zmq.POLLIN)
+
+    def run(self) -> None:
+        stopping_event = self.server._stopping
+        try:
+            while True:
+                stopping = stopping_event.is_set()
+                if stopping:
+                    self.refuse_pending()
+                    if self.outstanding == 0:
+                        break
+                if self.deferred:
+                    self.release_deferred()
+                poll_ms = int(_DEFER_POLL_S * 1000) if (self.deferred or stopping) else 100
+                reading = self.outstanding < self.max_outstanding and not stopping
+                events = dict((self.poll_both if reading else self.poll_wake).poll(poll_ms))
+                if self.wake in events:
+                    self.send_worker_replies()
+                if self.front in events:
+                    self.read_front_burst()
+        except Exception:
+            log.exception("broker loop failed")
+        finally:
+            self.server._stop_workers()
+
+    def dispatch(self, client: Any, req: P.Request, t_arrival: float, waited: bool) -> None:
+        """Serve INSERT / UPDATE_PRIORITIES / small SAMPLEs here (one store call that releases the GIL, then the
+        reply: no hop through a worker); queue everything else for the workers."""
+        h = req.header
+        if h.op in _INLINE_OPS or (h.op == _SAMPLE and h.count <= self.inline_sample_max):
+            out, waited = self.server._serve(req, t_arrival, waited)
+            self.recheck = True
+            if out is None:  # deferred (min size or rate limiter)
+                self.deferred.append(_deferred(client, req, t_arrival, waited))
+            else:
+                self.front.send_multipart([client, *out], copy=False)
+        else:
+            self.jobs.put((client, req, t_arrival, waited))
+            self.outstanding += 1
+
+    def read_front_burst(self) -> None:
+        """Decode and dispatch up to _FRONT_BURST requests (so worker replies are not held back by a stream);
+        a request that fails to decode is answered with its error at once."""
+        front, stopping = self.front, self.server._stopping
+        for _ in range(_FRONT_BURST):
+            if self.outstanding >= self.max_outstanding or stopping.is_set():
+                break
+            try:
+                msg = front.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            t_arrival = time.monotonic()
+            try:
+                req = P.decode_request(msg[1:], self.max_bytes)
+            except ProtocolError as exc:
+                self.counters.count(exc.op, True)
+                log.debug("bad request: %s", exc.message)
+                front.send_multipart([msg[0], *P.encode_protocol_error(exc)], copy=False)
+                continue
+            self.dispatch(msg[0], req, t_arrival, False)
+
+    def send_worker_replies(self) -> None:
+        """Send the replies the workers finished (they wake this thread through the inproc socket)."""
+        while True:
+            try:
+                self.wake.recv(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+        done = self.done
+        while done:
+            client, req, t_arrival, waited, out = done.popleft()
+            self.outstanding -= 1
+            self.recheck = True
+            if out is None:  # deferred by the worker (min size or rate limiter)
+                self.deferred.append(_deferred(client, req, t_arrival, waited))
+            else:
+                self.front.send_multipart([client, *out], copy=False)
+
+    def release_deferred(self) -> None:
+        """Dispatch again the deferred requests that may now be served (min size reached, the other side of the
+        rate limiter caught up) or whose deadline passed; checked after something was served and every
+        _DEFER_POLL_S."""
+        now = time.monotonic()
+        if not (self.recheck or now >= self.next_tick):
+            return
+        self.recheck, self.next_tick = False, now + _DEFER_POLL_S
+        ready, self.deferred = self.rate_limiter.release(self.deferred, len(self.store), now)
+        for entry in ready:
+            self.dispatch(entry.client, entry.req, entry.t_arrival, entry.waited)
+
+    def refuse_pending(self) -> None:
+        """While stopping: answer deferred requests and requests queued in the front-end SHUTTING_DOWN."""
+        for entry in self.deferred:
+            self.counters.count(entry.op, True)
+            self.front.send_multipart(
+                [entry.client, *P.encode_error(entry.op, entry.req.request_id, P.Status.SHUTTING_DOWN,
+                                               "the replay server is shutting down")],
+                copy=False,
+            )
+        self.deferred = []
+        while True:
+            try:
+                msg = self.front.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self.refuse(msg[0], msg[1:])
+
+    def refuse(self, client: Any, frames: list[Any]) -> None:
+        try:
+            req = P.decode_request(frames, self.max_bytes)
+            reply = P.encode_error(int(req.header.op), req.request_id, P.Status.SHUTTING_DOWN,
+                                   "the replay server is shutting down")
+            self.counters.count(req.header.op, True)
+        except ProtocolError as exc:
+            reply = P.encode_protocol_error(exc)
+            self.counters.count(exc.op, True)
+        self.front.send_multipart([client, *reply], copy=False)
 
 
 def _plain(v: Any) -> int | float:

@@ -1,9 +1,25 @@
-"""A request/reply client's socket: one ZeroMQ DEALER to one endpoint, replaced after a timeout.
+"""The one request/reply loop of every apexrl client: a ZeroMQ DEALER to one endpoint.
 
-Shared by :class:`apexrl.client.ReplayClient` and :class:`apexrl.params.ParamClient`. A client that got no reply
-in time calls :meth:`DealerClient._reset`: the old socket (and any late reply queued on it) is dropped, and the
-new one reconnects, so a server restarted on the same endpoint is reached by the next call. Request ids start
-at a random point so that ids of an earlier client process never collide with this one's.
+:class:`Transport` is used by :class:`~apexrl.replay.client.ReplayClient` and :class:`~apexrl.params.ParamClient`
+(and, through the replay client, by the sampler, updater and inserter helpers). It owns:
+
+* **request ids**: every request gets a fresh one (:meth:`Transport.next_request_id`); the counter starts at a
+  random point so that ids of an earlier client process never collide with this one's;
+* **the wait**: :meth:`Transport.request` sends and waits for the reply *whose request id matches* until a
+  deadline; replies with another id (late answers to an earlier request that timed out) and frames that are
+  not an apexrl header are discarded;
+* **socket reset**: a request that times out (or a reply that fails to decode, see :meth:`reset`) drops the
+  socket and any late reply queued on it; the next call connects a new one, so a server restarted on the same
+  endpoint is reached again;
+* **interruption**: :meth:`interrupt` may be called from any other thread (a ZeroMQ socket itself is not
+  thread-safe); the call in progress and every later one raise :class:`~apexrl.errors.Interrupted` within
+  ``POLL_SLICE_S``. Background helpers use it to make ``close()`` prompt while a request waits on a server
+  that does not answer;
+* **the size cap**: ``max_message_bytes`` sets ZMQ_MAXMSGSIZE, so libzmq drops a larger reply (and the
+  connection) before allocating it; the call then times out.
+
+Pipelined use (several requests outstanding, for the inserter) goes through :meth:`send` and :meth:`receive`,
+which share the socket, the ids and the reset of the same transport. Calls are serialised by a lock.
 """
 
 from __future__ import annotations
@@ -11,29 +27,46 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-__all__ = ["DealerClient"]
+from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
+from apexrl.replay.schema import peek_ids
+
+__all__ = ["POLL_SLICE_S", "Transport", "TransportClient"]
+
+POLL_SLICE_S = 0.05
+"""Longest a wait polls before it looks at :meth:`Transport.interrupt` again."""
+_U64 = 0xFFFF_FFFF_FFFF_FFFF
 
 
-class DealerClient:
-    """Owns the context, the socket, the call lock and the request-id counter; subclasses add the calls.
+class Transport:
+    """One DEALER socket to ``endpoint``, replaced after a timeout; see the module docstring.
 
-    ``max_message_bytes`` sets ZMQ_MAXMSGSIZE: a larger reply drops the connection before it is allocated.
+    ``timeout_error`` is the exception class raised on a timeout (a :class:`~apexrl.errors.ReplayTimeout`
+    subclass); ``peer`` names the other end and ``name`` this client in messages.
     """
 
-    def __init__(self, endpoint: str, *, max_message_bytes: int | None = None):
+    def __init__(self, endpoint: str, *, max_message_bytes: int | None = None,
+                 timeout_error: type[ReplayTimeout] = ReplayTimeout, peer: str = "server", name: str = "client"):
         self.endpoint = endpoint
+        self.name = name
         self._max_message_bytes = max_message_bytes
-        self._lock = threading.Lock()
+        self._timeout_error = timeout_error
+        self._peer = peer
+        self._lock = threading.RLock()
+        self._interrupted = threading.Event()
         self._ctx: zmq.Context | None = zmq.Context()
         self._sock: zmq.Socket | None = None
         self._ids = itertools.count(random.randrange(1, 1 << 62))
         self._connect()
 
-    def _connect(self) -> None:
+    # ------------------------------------------------------------------------------------------ socket
+
+    def _connect(self) -> zmq.Socket:
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -43,12 +76,92 @@ class DealerClient:
             sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
         sock.connect(self.endpoint)
         self._sock = sock
+        return sock
 
-    def _reset(self) -> None:
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-        self._connect()
+    def _socket(self) -> zmq.Socket:
+        """The socket to use now (connecting a new one after a reset); ServerClosedError once closed."""
+        if self._ctx is None:
+            raise ServerClosedError(f"the {self.name} is closed")
+        if self._interrupted.is_set():
+            raise Interrupted(f"the {self.name} was interrupted")
+        return self._sock if self._sock is not None else self._connect()
+
+    def reset(self) -> None:
+        """Drop the socket (and every reply still due on it); the next call connects a new one."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(linger=0)
+                self._sock = None
+
+    def next_request_id(self) -> int:
+        """A fresh non-zero request id."""
+        return next(self._ids) & _U64 or 1
+
+    def interrupt(self) -> None:
+        """From any thread: the call in progress and every later one raise Interrupted (it stays so)."""
+        self._interrupted.set()
+
+    # ------------------------------------------------------------------------------------------ waiting
+
+    def _wait(self, sock: zmq.Socket, event: int, deadline: float) -> bool:
+        """Poll ``sock`` for ``event`` until ``deadline``; Interrupted (socket reset) if interrupted meanwhile."""
+        while True:
+            if self._interrupted.is_set():
+                self.reset()
+                raise Interrupted(f"the {self.name} was interrupted")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if sock.poll(max(1, int(min(remaining, POLL_SLICE_S) * 1000 + 0.999)), event):
+                return True
+
+    def send(self, frames: list[Any], timeout: float, what: str) -> None:
+        """Send one request without waiting for its reply. DEALER blocks only while no peer is connected: wait
+        up to ``timeout`` seconds for one, else reset and raise the timeout error."""
+        with self._lock:
+            sock = self._socket()
+            try:
+                sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                if not self._wait(sock, zmq.POLLOUT, time.monotonic() + timeout):
+                    self.reset()
+                    raise self._timeout_error(
+                        f"{what} to {self.endpoint}: could not send within {timeout:.3f}s ({self._peer} unreachable?)"
+                    ) from None
+                sock.send_multipart(frames, copy=False)
+
+    def receive(self, timeout: float) -> list[zmq.Frame] | None:
+        """The next message that arrives within ``timeout`` seconds (0: only one already there), else None."""
+        with self._lock:
+            sock = self._socket()
+            if timeout > 0 and not self._wait(sock, zmq.POLLIN, time.monotonic() + timeout):
+                return None
+            try:
+                return sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+
+    def request(self, build: Callable[[int], list[Any]], timeout: float, what: str,
+                late_hint: str = "") -> tuple[int, list[zmq.Frame]]:
+        """Send ``build(request_id)`` and wait up to ``timeout`` seconds for the reply with that request id;
+        returns ``(request_id, reply frames)``. On timeout the socket is reset and the timeout error raised
+        (its message ends with ``late_hint``, if given)."""
+        with self._lock:
+            rid = self.next_request_id()
+            frames = build(rid)
+            deadline = time.monotonic() + timeout
+            self.send(frames, timeout, what)
+            sock = self._socket()
+            while True:
+                if not self._wait(sock, zmq.POLLIN, deadline):
+                    self.reset()
+                    raise self._timeout_error(f"{what} to {self.endpoint}: no reply within {timeout:.3f}s{late_hint}")
+                reply = sock.recv_multipart(copy=False)
+                if peek_ids(memoryview(reply[0].buffer))[1] == rid:
+                    return rid, reply
+                # a late reply to an earlier request, or not an apexrl header: discard
+
+    # ------------------------------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
         """Close the socket and context (idempotent)."""
@@ -64,7 +177,7 @@ class DealerClient:
     def closed(self) -> bool:
         return self._ctx is None
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Transport:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -76,3 +189,23 @@ class DealerClient:
                 self.close()
         except Exception:
             pass
+
+
+class TransportClient:
+    """Base of the clients that own a :class:`Transport` (``self.transport``): closing and ``with``."""
+
+    transport: Transport
+
+    def close(self) -> None:
+        """Close the socket and context (idempotent)."""
+        self.transport.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.transport.closed
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
