@@ -183,7 +183,7 @@ def test_learner_killed_and_resumed_continues_its_counters_and_weights(start_ser
                               "--params", "tcp://127.0.0.1:2", "--index", "2", "--num-actors", "2"], "must be <"),
         ("apexrl.cli.actor", ["--agent", "dpg", "--env", "gym:Pendulum-v1", "--replay", "tcp://127.0.0.1:1",
                               "--params", "tcp://127.0.0.1:2", "--index", "0", "--num-actors", "1",
-                              "--gamma", "1.5"], "must be <= 1.0"),
+                              "--gamma", "1.5"], "must be a finite number in [0, 1]"),
     ],
 )
 def test_bad_flags_are_refused_with_the_reason(module, args, message):

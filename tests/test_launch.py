@@ -122,9 +122,9 @@ def test_run_stops_by_itself_at_steps(spawn, tmp_path):
     [
         (["--preset", "nope"], "valid presets: apex-dqn-atari, apex-dpg-control, cartpole"),
         (["--env", "gym:NoSuchEnv-v9"], "gym:CartPole-v1"),
-        (["--actors", "0"], "must be in [1, 256]"),
+        (["--actors", "0"], "must be an int in [1, 256]"),
         (["--minutes", "soon"], "'soon' is not a number"),
-        (["--minutes", "-1"], "must be >= 0"),
+        (["--minutes", "-1"], "must be a finite number >= 0"),
         (["--learner-args", "--no-such-flag 1"], "unrecognized arguments: --no-such-flag"),
     ],
 )

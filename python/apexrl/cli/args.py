@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from apexrl.validate import range_of
+from apexrl.validate import Range, range_of
 
 if TYPE_CHECKING:
     from apexrl.launch.plan import Overrides
@@ -28,37 +27,14 @@ __all__ = [
 ]
 
 
-def int_arg(lo: int, hi: int | None = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < lo or (hi is not None and value > hi):
-            bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-            raise argparse.ArgumentTypeError(f"{value} is out of range, must be {bound}")
-        return value
-
-    return parse
+def int_arg(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """argparse ``type=``: an int in [lo, hi] (for flags that are no config field; see :func:`field_arg`)."""
+    return Range("int", lo, hi).parse
 
 
-def float_arg(*, positive: bool = False, nonneg: bool = False, hi: float | None = None):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text!r} must be finite")
-        if positive and value <= 0:
-            raise argparse.ArgumentTypeError(f"{value} must be > 0")
-        if nonneg and value < 0:
-            raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-        if hi is not None and value > hi:
-            raise argparse.ArgumentTypeError(f"{value} must be <= {hi}")
-        return value
-
-    return parse
+def float_arg(*, positive: bool = False, nonneg: bool = False, hi: float | None = None) -> Callable[[str], float]:
+    """argparse ``type=``: a finite number, > 0 (``positive``) or >= 0 (``nonneg``), at most ``hi``."""
+    return Range("float", 0.0 if positive or nonneg else None, hi, lo_open=positive).parse
 
 
 ENDPOINT_RE = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):(\d+)$")

@@ -14,7 +14,7 @@ STORE_INT_MAX = 2**63 - 1
 """The native store takes capacity and seed as signed 64-bit integers."""
 MAX_SHARDS = 256
 """The store's key has 8 bits for the shard."""
-EVICTION_POLICIES = ("fifo", "prioritized")
+EVICTION_POLICIES = ("fifo", "prioritized", "lowest_priority")
 """``PrioritizedStore(eviction=...)`` values (tests check the store accepts exactly these)."""
 
 
