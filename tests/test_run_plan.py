@@ -54,8 +54,8 @@ def test_plan_fills_every_process_and_round_trips_through_json(tmp_path):
     assert p.server.min_size_to_sample == p.learner.min_replay_size == 2000  # the server follows the learner
     assert p.server.seed == p.learner.seed == 3 and [a.index for a in p.actors] == [0, 1, 2]
     assert all(a.agent_config == p.learner.agent_config for a in p.actors)
-    placed = p.placed(replay="tcp://127.0.0.1:5", server_bind="127.0.0.1", server_port=5, params_bind="127.0.0.1",
-                      params_port=6, params="tcp://127.0.0.1:6", logs=str(tmp_path))
+    placed = p.placed(replay="tcp://127.0.0.1:5", server_port=5, params="tcp://127.0.0.1:6", params_port=6,
+                      logs=str(tmp_path))
     placed.save(str(tmp_path / "plan.json"))
     assert RunPlan.load(str(tmp_path / "plan.json")) == placed
     assert placed.actors[2].progress_path.endswith("actor2.progress.jsonl")

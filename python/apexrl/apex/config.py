@@ -16,7 +16,8 @@ from typing import Any
 from apexrl.replay.config import STORE_INT_MAX
 from apexrl.validate import Range, check_fields
 
-__all__ = ["MAX_ACTORS", "RUN_SEED_MAX", "ActorConfig", "LearnerConfig", "config_from_dict", "config_to_dict", "default_run_dir"]
+__all__ = ["MAX_ACTORS", "RUN_SEED_MAX", "ActorConfig", "LearnerConfig", "config_from_dict", "config_to_dict",
+           "default_run_dir"]
 
 MAX_ACTORS = 4096
 """Most actors one run addresses (the exploration ladder and the actors' seeds are per index)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -44,8 +45,6 @@ class ProgressReporter:
 
     def emit(self, record: Mapping[str, Any], text_keys: tuple[str, ...] | None = None) -> None:
         """Print ``[role ]k=v ...`` (only ``text_keys`` when given) and append the whole record as JSON."""
-        import sys
-
         keys = text_keys if text_keys is not None else tuple(record)
         line = " ".join(f"{k}={_text(record.get(k))}" for k in keys if k in record)
         print(f"{self.prefix}{line}", file=self._out or sys.stdout, flush=True)

@@ -15,7 +15,7 @@ from apexrl.apex.config import ActorConfig
 from apexrl.cli.args import (
     add_agent_arguments,
     field_arg,
-    given_flags,
+    refuse_beside_plan,
     resolve_agent,
     tcp_endpoint,
 )
@@ -69,12 +69,10 @@ def parse_config(argv: Sequence[str] | None = None):
     args = parser.parse_args(argv)
     try:
         if args.plan is not None:
-            return config_from_plan(parser, args, argv or []), args
+            return config_from_plan(parser, args, argv), args
         for flag in ("replay", "params", "index", "num_actors"):
             if getattr(args, flag) is None:
                 parser.error(f"--{flag.replace('_', '-')} is required (or give --plan)")
-        if args.index >= args.num_actors:
-            parser.error(f"--index {args.index} must be < --num-actors {args.num_actors}")
         preset, agent_config = resolve_agent(args, parser)
         settings = {**preset.actor, **{k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}}
         config = ActorConfig(
@@ -88,13 +86,11 @@ def parse_config(argv: Sequence[str] | None = None):
     return config, args
 
 
-def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]):
+def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None):
     """Actor ``--index``'s config in ``--plan``."""
     from apexrl.launch.plan import RunPlan
 
-    extra = set(given_flags(parser, argv)) - {"plan", "index", "log_level"}
-    if extra:
-        parser.error(f"--plan takes every setting from the plan; also given: {', '.join(sorted(extra))}")
+    refuse_beside_plan(parser, argv, "index")
     if args.index is None:
         parser.error("--plan needs --index")
     try:

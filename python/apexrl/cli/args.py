@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import copy
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "agent_overrides",
     "field_arg",
     "given_flags",
+    "refuse_beside_plan",
     "float_arg",
     "int_arg",
     "resolve_agent",
@@ -50,13 +52,7 @@ def tcp_endpoint(text: str) -> str:
 
 def field_arg(cls: type, name: str) -> Callable[[str], Any]:
     """argparse ``type=`` accepting exactly the values config field ``cls.name`` accepts (``apexrl.validate``)."""
-    r = range_of(cls, name)
-
-    def parse(text: str) -> Any:
-        return r.parse(text)
-
-    parse.__name__ = name  # argparse names the type in some messages
-    return parse
+    return range_of(cls, name).parse
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> dict[str, Any]:
@@ -67,6 +63,15 @@ def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> dict[st
         action.required = False
         action.default = argparse.SUPPRESS  # absent flags stay out of the namespace
     return vars(quiet.parse_args(argv))
+
+
+def refuse_beside_plan(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *allowed: str) -> None:
+    """Exit 2 through ``parser`` when ``argv`` (None: the command line) gives flags beside ``--plan`` other than
+    ``--log-level`` and ``allowed``: the plan holds every setting, so another flag would be ignored."""
+    given = given_flags(parser, sys.argv[1:] if argv is None else argv)
+    extra = sorted(set(given) - {"plan", "log_level", *allowed})
+    if extra:
+        parser.error(f"--plan takes every setting from the plan; also given: {', '.join(extra)}")
 
 
 def _agent(text: str) -> str:

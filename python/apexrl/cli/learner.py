@@ -15,7 +15,7 @@ from apexrl.apex.config import LearnerConfig
 from apexrl.cli.args import (
     add_agent_arguments,
     field_arg,
-    given_flags,
+    refuse_beside_plan,
     resolve_agent,
     tcp_endpoint,
 )
@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", default="", help="metrics.csv and checkpoint (default runs/<env>/<agent>/<seed>)")
     g.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
-    g.add_argument("--max-steps", type=field_arg(LearnerConfig, "max_steps"), default=0, help="stop after this many learner steps (0: none)")
+    g.add_argument("--max-steps", type=field_arg(LearnerConfig, "max_steps"), default=0,
+                   help="stop after this many learner steps (0: none)")
     g.add_argument("--max-minutes", type=field_arg(LearnerConfig, "max_minutes"), default=0.0,
                    help="stop after this many minutes of training (0: none)")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
@@ -52,17 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--beta", type=field_arg(LearnerConfig, "beta"), default=None, help="importance-sampling exponent β")
     g.add_argument("--min-replay-size", type=field_arg(LearnerConfig, "min_replay_size"), default=None,
                    help="transitions the replay must hold before the first update")
-    g.add_argument("--prefetch", type=field_arg(LearnerConfig, "prefetch"), default=None, help="decoded batches kept ready")
-    g.add_argument("--publish-every", type=field_arg(LearnerConfig, "publish_every"), default=None, help="learner steps between weight publishes")
-    g.add_argument("--checkpoint-every", type=field_arg(LearnerConfig, "checkpoint_every"), default=None, help="learner steps between checkpoints")
+    g.add_argument("--prefetch", type=field_arg(LearnerConfig, "prefetch"), default=None,
+                   help="decoded batches kept ready")
+    g.add_argument("--publish-every", type=field_arg(LearnerConfig, "publish_every"), default=None,
+                   help="learner steps between weight publishes")
+    g.add_argument("--checkpoint-every", type=field_arg(LearnerConfig, "checkpoint_every"), default=None,
+                   help="learner steps between checkpoints")
     g.add_argument("--remove-to-fit-every", type=field_arg(LearnerConfig, "remove_to_fit_every"), default=None,
                    help="learner steps between replay evictions down to capacity")
     g.add_argument("--metrics-every", type=field_arg(LearnerConfig, "metrics_every"), default=None,
                    help="seconds between metrics.csv rows")
     g.add_argument("--eval-every", type=field_arg(LearnerConfig, "eval_every"), default=None,
                    help="seconds between evaluations (greedy/noiseless episodes; 0: none)")
-    g.add_argument("--eval-episodes", type=field_arg(LearnerConfig, "eval_episodes"), default=None, help="episodes per evaluation")
-    g.add_argument("--torch-threads", type=field_arg(LearnerConfig, "torch_threads"), default=1, help="torch CPU threads (default 1)")
+    g.add_argument("--eval-episodes", type=field_arg(LearnerConfig, "eval_episodes"), default=None,
+                   help="episodes per evaluation")
+    g.add_argument("--torch-threads", type=field_arg(LearnerConfig, "torch_threads"), default=1,
+                   help="torch CPU threads (default 1)")
     return p
 
 
@@ -79,7 +85,7 @@ def parse_config(argv: Sequence[str] | None = None):
     args = parser.parse_args(argv)
     try:
         if args.plan is not None:
-            return config_from_plan(parser, args, argv or []), args
+            return config_from_plan(parser, args, argv), args
         for flag in ("replay", "params_port"):
             if getattr(args, flag) is None:
                 parser.error(f"--{flag.replace('_', '-')} is required (or give --plan)")
@@ -96,15 +102,13 @@ def parse_config(argv: Sequence[str] | None = None):
     return config, args
 
 
-def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]):
+def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None):
     """The learner's config in ``--plan`` (``--resume`` added when given)."""
     import dataclasses
 
     from apexrl.launch.plan import RunPlan
 
-    extra = set(given_flags(parser, argv)) - {"plan", "resume", "log_level"}
-    if extra:
-        parser.error(f"--plan takes every setting from the plan; also given: {', '.join(sorted(extra))}")
+    refuse_beside_plan(parser, argv, "resume")
     try:
         config = RunPlan.load(args.plan).learner
     except OSError as e:

@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from apexrl.cli.args import ENDPOINT_RE, field_arg, given_flags
+from apexrl.cli.args import ENDPOINT_RE, field_arg, refuse_beside_plan
 from apexrl.replay.config import EVICTION_POLICIES, MAX_SHARDS, ServerConfig
 
 PROG = "apexrl-replay-server"
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="soft capacity in items (>= 1)")
     p.add_argument("--alpha", type=field_arg(ServerConfig, "alpha"), default=0.6, help="priority exponent alpha (>= 0)")
     p.add_argument("--eviction", choices=EVICTION_POLICIES, default="fifo", help="remove_to_fit policy")
-    p.add_argument("--alpha-evict", type=field_arg(ServerConfig, "alpha_evict"), default=-0.4, help="exponent of prioritized eviction")
+    p.add_argument("--alpha-evict", type=field_arg(ServerConfig, "alpha_evict"), default=-0.4,
+                   help="exponent of prioritized eviction")
     p.add_argument("--shards", type=field_arg(ServerConfig, "shards"), default=8,
                    help=f"number of lock shards of the store (1-{MAX_SHARDS})")
     p.add_argument("--seed", type=field_arg(ServerConfig, "seed"), default=0, help="random seed of the store")
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker threads for large samples, remove_to_fit and stats")
     p.add_argument("--inline-sample-max", metavar="N", type=field_arg(ServerConfig, "inline_sample_max"), default=1024,
                    help="samples of at most N items are served by the receiving thread (default 1024)")
-    p.add_argument("--samples-per-insert", metavar="SPI", type=field_arg(ServerConfig, "samples_per_insert"), default=None,
+    p.add_argument("--samples-per-insert", metavar="SPI", type=field_arg(ServerConfig, "samples_per_insert"),
+                   default=None,
                    help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)")
     p.add_argument("--error-buffer", metavar="ITEMS", type=field_arg(ServerConfig, "error_buffer"), default=None,
                    help="allowed drift from SPI in sampled items (>= max(1, SPI); default max(1, SPI) * 100)")
@@ -79,9 +81,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.plan is not None:
         from apexrl.launch.plan import server_config_from_plan
 
-        extra = set(given_flags(parser, argv or [])) - {"plan", "log_level"}
-        if extra:
-            parser.error(f"--plan takes every setting from the plan; also given: {', '.join(sorted(extra))}")
+        refuse_beside_plan(parser, argv)
         try:
             args.config = server_config_from_plan(args.plan)
         except (OSError, ValueError) as e:

@@ -210,9 +210,8 @@ class Launcher:
         """Place the plan on this machine (127.0.0.1, the given ports), write it to RUN_DIR/plan.json, and say
         how to start each child from it: the one place where a plan becomes processes."""
         placed = self.plan.placed(
-            replay=f"tcp://127.0.0.1:{server_port}", server_bind="127.0.0.1", server_port=server_port,
-            params_bind="127.0.0.1", params_port=params_port, params=f"tcp://127.0.0.1:{params_port}",
-            logs=self.log_dir,
+            replay=f"tcp://127.0.0.1:{server_port}", server_port=server_port,
+            params=f"tcp://127.0.0.1:{params_port}", params_port=params_port, logs=self.log_dir,
         )
         path = os.path.join(self.run_dir, PLAN_NAME)
         placed.save(path)

@@ -36,7 +36,8 @@ from apexrl.launch.presets import Preset, default_preset_for, get_preset
 from apexrl.replay.config import ServerConfig
 from apexrl.validate import Range, check_fields
 
-__all__ = ["PLAN_NAME", "Overrides", "RunPlan", "RunSettings", "default_run_dir", "plan", "resolve_preset", "server_config_from_plan"]
+__all__ = ["PLAN_NAME", "Overrides", "RunPlan", "RunSettings", "default_run_dir", "plan", "resolve_preset",
+           "server_config_from_plan"]
 
 PLAN_NAME = "plan.json"
 AGENT_FIELDS = ("n_step", "gamma", "batch_size", "target_update_period")
@@ -111,16 +112,17 @@ class RunPlan:
     def seed(self) -> int:
         return self.learner.seed
 
-    def placed(self, *, replay: str, server_bind: str, server_port: int, params_bind: str, params_port: int,
-               params: str, logs: str | None = None) -> RunPlan:
+    def placed(self, *, replay: str, server_port: int, params: str, params_port: int,
+               logs: str | None = None) -> RunPlan:
         """This plan with the endpoints of one placement filled in (and, with ``logs``, each child's progress
-        records in ``logs/NAME.progress.jsonl``)."""
+        records in ``logs/NAME.progress.jsonl``). The addresses the server and the parameter service bind stay
+        the plan's (127.0.0.1 unless set)."""
         progress = (lambda name: os.path.join(logs, f"{name}.progress.jsonl")) if logs else (lambda name: None)
         return dataclasses.replace(
             self,
-            server=dataclasses.replace(self.server, bind=server_bind, port=server_port),
-            learner=dataclasses.replace(self.learner, replay=replay, params_bind=params_bind,
-                                        params_port=params_port, progress_path=progress("learner")),
+            server=dataclasses.replace(self.server, port=server_port),
+            learner=dataclasses.replace(self.learner, replay=replay, params_port=params_port,
+                                        progress_path=progress("learner")),
             actors=[dataclasses.replace(a, replay=replay, params=params, progress_path=progress(f"actor{a.index}"))
                     for a in self.actors],
         )
