@@ -79,3 +79,22 @@ def test_plan_picks_the_agent_from_the_environment():
     assert plan(None, Overrides(agent="dpg")).env == "gym:Pendulum-v1"
     with pytest.raises(ValueError, match="agent dqn cannot run on gym:Pendulum-v1"):
         plan(None, Overrides(agent="dqn", env="gym:Pendulum-v1"))
+
+
+def test_placement_keeps_the_addresses_the_plan_binds():
+    # Placement fills in endpoints; a bind the user asked for (--server-args '--bind ...') stays.
+    p = plan("cartpole", Overrides(server={"bind": "0.0.0.0"}, learner={"params_bind": "0.0.0.0"}))
+    placed = p.placed(replay="tcp://127.0.0.1:5", server_port=5, params="tcp://127.0.0.1:6", params_port=6)
+    assert (placed.server.bind, placed.server.port) == ("0.0.0.0", 5)
+    assert (placed.learner.params_bind, placed.learner.params_port) == ("0.0.0.0", 6)
+
+
+@pytest.mark.parametrize("module, flags", [("apexrl.cli.server", ["--port", "5"]),
+                                           ("apexrl.cli.learner", ["--replay", "tcp://127.0.0.1:5"]),
+                                           ("apexrl.cli.actor", ["--index", "0", "--flush-every", "3"])])
+def test_a_flag_beside_plan_is_refused_not_ignored(tmp_path, module, flags):
+    path = str(tmp_path / "plan.json")
+    plan("cartpole", Overrides(run_dir=str(tmp_path))).save(path)
+    out = subprocess.run([sys.executable, "-m", module, "--plan", path, *flags], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "--plan takes every setting from the plan; also given:" in out.stderr, out.stderr
