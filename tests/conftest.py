@@ -174,15 +174,15 @@ class Proc:
 
 @pytest.fixture
 def spawn(tmp_path):
-    """spawn(name, module, *args) -> Proc; every process still running at teardown is killed."""
+    """spawn(name, module, *args, env=, preexec_fn=) -> Proc; every process still running at teardown is killed."""
     procs: list[Proc] = []
 
-    def start(name: str, module: str, *args: str, env: dict | None = None) -> Proc:
+    def start(name: str, module: str, *args: str, env: dict | None = None, preexec_fn=None) -> Proc:
         log_path = str(tmp_path / f"{name}.log")
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, **(env or {})}, preexec_fn=preexec_fn,
             )
         p = Proc(name, proc, log_path)
         procs.append(p)

@@ -14,6 +14,10 @@ Failures: when the replay server does not answer, the actor keeps the batch and 
 (stepping pauses meanwhile, so nothing is dropped and memory stays bounded); a timed-out insert may have
 been applied, so a retry can insert a batch twice (at-least-once). When the parameter service does not
 answer, the actor keeps acting with the weights it has.
+
+Stopping (SIGTERM/SIGINT, see :mod:`apexrl.apex.stopping`): the actor stops stepping, ends the open episode
+as a truncation and tries once more to insert what it holds; a server that is stopping too refuses at once
+or is given up after the grace period, and the actor says how many transitions it could not hand over.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from __future__ import annotations
 import csv
 import logging
 import os
-import signal
 import threading
 import time
 
@@ -32,7 +35,8 @@ from apexrl.agents import get_agent
 from apexrl.apex.config import ActorConfig
 from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
 from apexrl.apex.report import ProgressReporter
-from apexrl.errors import ReplayTimeout, ServerClosedError
+from apexrl.apex.stopping import StopOnSignal
+from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
 from apexrl.replay.client import ReplayClient, ServerTimeoutError
 
 log = logging.getLogger("apexrl.apex.actor")
@@ -67,7 +71,7 @@ class Actor:
         self._stop = threading.Event()
         self._local: list[Transition] = []
         self.counters = {"steps": 0, "frames": 0, "episodes": 0, "inserted": 0, "insert_retries": 0,
-                         "rate_limited": 0}
+                         "rate_limited": 0, "not_inserted": 0}
         self._returns: list[float] = []
         self.report = ProgressReporter("actor", config.progress_path, prefix=False)
         self._episodes_file = None
@@ -126,6 +130,9 @@ class Actor:
             try:
                 self.replay.insert(priorities, data=data, offsets=offsets, timeout=_RATE_LIMIT_WAIT)
                 break
+            except Interrupted:  # stopping, and the grace period is over: the server did not take it
+                self._report_unsent("the replay server did not answer in time")
+                return
             except ServerTimeoutError:
                 # The server's rate limiter (--samples-per-insert) holds inserts until the learner catches up.
                 self.counters["rate_limited"] += 1
@@ -140,10 +147,15 @@ class Actor:
                     delay = min(delay * 2, _RETRY_MAX)
                     continue
             if self._stop.is_set():
-                log.warning("actor %d: stopping with %d transitions not inserted", self.config.index,
-                            len(self._local))
+                self._report_unsent("the replay server did not take them before the stop")
                 return
         self.counters["inserted"] += len(self._local)
+        self._local.clear()
+
+    def _report_unsent(self, why: str) -> None:
+        self.counters["not_inserted"] += len(self._local)
+        log.warning("actor %d: stopping with %d transitions not inserted (%s)", self.config.index,
+                    len(self._local), why)
         self._local.clear()
 
     # ------------------------------------------------------------------------------------------ loop
@@ -171,7 +183,10 @@ class Actor:
                 self.nstep.add_first(obs)
             if len(self._local) >= cfg.flush_every:
                 self._flush()
-            self.poller.maybe_fetch(self.counters["frames"])
+            try:
+                self.poller.maybe_fetch(self.counters["frames"])
+            except Interrupted:  # stopping: the learner did not answer within the grace period
+                break
             now = time.monotonic()
             if now - last_log >= cfg.log_every:
                 self._log_progress(now - start)
@@ -207,10 +222,8 @@ class Actor:
 def run_actor(config: ActorConfig) -> dict[str, int]:
     """Build an :class:`Actor`, stop it on SIGTERM/SIGINT (after inserting what it holds), return counters."""
     actor = Actor(config)
-    previous = {s: signal.signal(s, lambda *_: actor.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return actor.run()
+        with StopOnSignal(actor.stop, [actor.replay.interrupt, actor.params.transport.interrupt]):
+            return actor.run()
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
         actor.close()

@@ -6,7 +6,8 @@ the agent and env names, the config). safetensors stores a JSON header and raw b
 checkpoint never unpickles anything.
 
 Writes go to ``<path>.tmp.<pid>`` which is fsynced and renamed over ``path``: a learner killed mid-save leaves
-the previous checkpoint intact (and a stale temporary that the next save removes).
+the previous checkpoint intact (and a stale temporary that the next save removes); a save that fails (disk
+full) removes its temporary and raises OSError, ``path`` untouched.
 """
 
 from __future__ import annotations
@@ -41,11 +42,18 @@ def save_checkpoint(path: str, tensors: Mapping[str, torch.Tensor], meta: Mappin
     plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     blob = _serialize(plain, metadata={_META_KEY: json.dumps(dict(meta), sort_keys=True)})
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # disk full, EIO, a signal...: no partial file left behind, `path` untouched
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
         os.fsync(dir_fd)

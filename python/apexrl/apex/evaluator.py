@@ -110,14 +110,15 @@ class Evaluator:
             self._conn, self._proc = None, None
             return None
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Ask the evaluation process to exit; after ``timeout`` seconds (mid-episode) terminate it."""
         if self._proc is None:
             return
         try:
             self._conn.send(None)
         except (BrokenPipeError, OSError):
             pass
-        self._proc.join(timeout=5)
+        self._proc.join(timeout=timeout)
         if self._proc.is_alive():  # mid-episode: its result is not needed any more
             self._proc.terminate()
             self._proc.join(timeout=5)

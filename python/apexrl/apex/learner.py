@@ -8,7 +8,9 @@ Loop (Horgan et al. 2018, Algorithm 2)::
         send (keys, priorities) without waiting for the reply
         every remove_to_fit_every steps: ask the replay to evict down to capacity
         every publish_every steps: publish the weights to the parameter service
-        every checkpoint_every steps: checkpoint (also on SIGTERM/SIGINT and at the end)
+        every checkpoint_every steps: checkpoint (also on SIGTERM/SIGINT and at the end); a checkpoint that
+            cannot be written (disk full) is warned about, counted (checkpoint_failures) and retried at the
+            next interval, and the previous one stays valid
     every metrics_every seconds: one row of metrics.csv; every eval_every seconds: start an evaluation
 
 Evaluation runs greedy (DQN) or noiseless (DPG) episodes on the learner's own environment copy in a
@@ -16,6 +18,10 @@ low-priority child process with a snapshot of the weights, so training does not 
 
 ``env_frames`` in metrics.csv is the number of transitions the replay server has received times the
 environment's frames per agent step: every agent step of every actor yields exactly one n-step transition.
+
+Stopping (SIGTERM/SIGINT, see :mod:`apexrl.apex.stopping`): the loop ends, the last priority updates get what
+is left of the grace period, and the final checkpoint is written; the learner says how many updates it could
+not confirm and exits within seconds even when the replay server is gone.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import threading
 import time
 from typing import Any
@@ -38,6 +43,7 @@ from apexrl.apex.config import LearnerConfig, default_run_dir
 from apexrl.apex.evaluator import Evaluator
 from apexrl.apex.metrics import CSVWriter, Mean
 from apexrl.apex.report import ProgressReporter
+from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.errors import ApexRLError
 from apexrl.replay.client import ReplayClient
 
@@ -48,7 +54,7 @@ METRICS_NAME = "metrics.csv"
 BASE_COLUMNS = [
     "time_s", "env_frames", "learner_steps", "eval_return_mean", "eval_return_std", "eval_episodes",
     "learner_steps_per_s", "sampled_per_s", "inserted_per_s", "replay_size", "replay_inserted",
-    "stale_updates", "params_version",
+    "stale_updates", "params_version", "checkpoint_failures",
 ]
 
 
@@ -82,6 +88,11 @@ class Learner:
                                                                   config.seed)
         self.transition_spec = self.agent.transition_spec
         self._stop = threading.Event()
+        self._stop_time: float | None = None
+        self.checkpoint_failures = 0
+        self.checkpoint_step: int | None = None  # learner step of the newest checkpoint written
+        self.checkpoint_error: str | None = None  # why the last save failed, None after a success
+        self.unconfirmed_updates = 0
         self.time_offset = 0.0  # wall time of earlier runs of this learner (resume)
         self.frames_base = 0  # env frames counted before the replay server's counters were reset
         self._last_inserted = 0
@@ -120,17 +131,39 @@ class Learner:
                     f"this learner has {key}={getattr(self.config, key)!r}"
                 )
         self.agent.load_state_dict(tensors)
+        self.checkpoint_step = int(self.agent.steps)
         self.time_offset = float(meta.get("time_s", 0.0))
         self.frames_base = int(meta.get("frames_base", 0))
         self._last_inserted = int(meta.get("last_inserted", 0))
         log.info("resumed from %s at learner step %d", self.checkpoint_path, self.agent.steps)
         print(f"learner resumed from {self.checkpoint_path} at step {self.agent.steps}", flush=True)
 
-    def save(self, elapsed: float) -> None:
-        save_checkpoint(self.checkpoint_path, self.agent.state_dict(), self._meta(elapsed))
+    def save(self, elapsed: float) -> bool:
+        """Checkpoint now; False (warned, counted, the previous checkpoint intact) if it could not be written."""
+        try:
+            save_checkpoint(self.checkpoint_path, self.agent.state_dict(), self._meta(elapsed))
+        except OSError as e:  # ENOSPC, EIO, EFBIG...: training goes on, the next interval tries again
+            self.checkpoint_failures += 1
+            self.checkpoint_error = f"{type(e).__name__}: {e}"
+            kept = (f"the checkpoint of step {self.checkpoint_step} stays valid" if self.checkpoint_step is not None
+                    else "the previous checkpoint (if any) stays valid")
+            log.warning("checkpoint at step %d not written to %s (%s); %s; retrying at the next interval",
+                        self.agent.steps, self.checkpoint_path, self.checkpoint_error, kept)
+            return False
+        self.checkpoint_step = int(self.agent.steps)
+        self.checkpoint_error = None
+        return True
 
     def stop(self) -> None:
+        if self._stop_time is None:
+            self._stop_time = time.monotonic()
         self._stop.set()
+
+    def _time_left(self, default: float) -> float:
+        """``default`` seconds, or what is left of the stop's grace period when stopping."""
+        if self._stop_time is None:
+            return default
+        return max(0.0, min(default, self._stop_time + STOP_GRACE_S - time.monotonic()))
 
     # ------------------------------------------------------------------------------------------ replay
 
@@ -217,10 +250,15 @@ class Learner:
                     break
         finally:
             sampler.close()
+            pending = updater.pending
             try:
-                updater.close(timeout=5.0)
+                updater.close(timeout=self._time_left(5.0))
             except ApexRLError as e:
                 log.warning("last priority updates not confirmed: %s", e)
+            self.unconfirmed_updates = int(updater.stats().get("dropped", 0))
+            if self.unconfirmed_updates:
+                log.warning("stopping with %d of %d pending priority updates not confirmed by the replay server",
+                            self.unconfirmed_updates, pending)
         now = time.monotonic()
         self._write_row(now - start, max(now - last_row, 1e-9), means, self._replay_stats(), row_steps, row_inserted)
         self.save(now - start)
@@ -255,6 +293,7 @@ class Learner:
             "replay_inserted": inserted if stats else None,
             "stale_updates": int(stats.get("stale_updates", 0)) if stats else None,
             "params_version": self.params.version,
+            "checkpoint_failures": self.checkpoint_failures,
         }
         result = self.evaluator.pop_result()
         if result is not None:
@@ -269,10 +308,12 @@ class Learner:
 
     def _summary(self, start: float, steps_at_start: int) -> dict[str, Any]:
         return {"learner_steps": self.agent.steps, "steps_this_run": self.agent.steps - steps_at_start,
-                "seconds": time.monotonic() - start, "checkpoint": self.checkpoint_path}
+                "seconds": time.monotonic() - start, "checkpoint": self.checkpoint_path,
+                "checkpoint_step": self.checkpoint_step, "checkpoint_error": self.checkpoint_error,
+                "checkpoint_failures": self.checkpoint_failures, "unconfirmed_updates": self.unconfirmed_updates}
 
     def close(self) -> None:
-        self.evaluator.close()
+        self.evaluator.close(timeout=self._time_left(5.0))
         self.params.close()
         self.replay.close()
         self.report.close()
@@ -283,10 +324,8 @@ class Learner:
 def run_learner(config: LearnerConfig) -> dict[str, Any]:
     """Build a :class:`Learner`; SIGTERM/SIGINT stop it after a checkpoint. Returns a summary."""
     learner = Learner(config)
-    previous = {s: signal.signal(s, lambda *_: learner.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return learner.run()
+        with StopOnSignal(learner.stop, [learner.replay.interrupt]):
+            return learner.run()
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
         learner.close()

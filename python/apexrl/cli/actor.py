@@ -10,10 +10,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from apexrl.apex.config import ActorConfig
 from apexrl.cli.args import (
     add_agent_arguments,
+    exit_process,
     field_arg,
     refuse_beside_plan,
     resolve_agent,
@@ -113,9 +115,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 1
-    print(f"actor {config.index} done: {counters['steps']} steps, {counters['inserted']} inserted", flush=True)
+    print(f"actor {config.index} done: {counters['steps']} steps, {counters['inserted']} inserted, "
+          f"{counters['not_inserted']} not inserted", flush=True)
     return 0
 
 
+def entry() -> NoReturn:
+    """The console script: :func:`main`, then a fast exit (see :func:`~apexrl.cli.args.exit_process`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -10,10 +10,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from apexrl.apex.config import LearnerConfig
 from apexrl.cli.args import (
     add_agent_arguments,
+    exit_process,
     field_arg,
     refuse_beside_plan,
     resolve_agent,
@@ -128,9 +130,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 1
+    if summary["checkpoint_error"] is not None:  # the last save failed: say what is not in any checkpoint
+        kept = summary["checkpoint_step"]
+        print(f"{PROG}: error: the final checkpoint could not be written to {summary['checkpoint']} "
+              f"({summary['checkpoint_error']}); "
+              + (f"the checkpoint of step {kept} stays valid, steps after it are lost" if kept is not None
+                 else "no checkpoint was written"), file=sys.stderr, flush=True)
+        return 1
     print(f"learner done: {summary['learner_steps']} steps, checkpoint {summary['checkpoint']}", flush=True)
     return 0
 
 
+def entry() -> NoReturn:
+    """The console script: :func:`main`, then a fast exit (see :func:`~apexrl.cli.args.exit_process`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
