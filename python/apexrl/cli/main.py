@@ -66,6 +66,9 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no progress lines, only events and the summary")
     g.add_argument("--max-restarts", type=int_arg(0), default=5,
                    help="restarts of one process within a minute before the run is given up (default 5)")
+    g.add_argument("--snapshot-every", type=float_arg(nonneg=True), default=None, metavar="SECONDS",
+                   help="seconds between snapshots of the replay to RUN_DIR/replay.snap; a restarted server "
+                   "restores it, so a server crash loses at most one interval (default 300; 0: no snapshots)")
     g = p.add_argument_group("pass-through flags (quote them; use --learner-args='--flag' for a single flag)")
     g.add_argument("--server-args", default="", help="extra apexrl-replay-server flags, e.g. '--shards 4'")
     g.add_argument("--learner-args", default="",
@@ -126,7 +129,7 @@ def launch_plan(argv: Sequence[str] | None = None):
     from apexrl.cli import actor as actor_cli
     from apexrl.cli import learner as learner_cli
     from apexrl.cli import server as server_cli
-    from apexrl.launch.plan import plan
+    from apexrl.launch.plan import SNAPSHOT_NAME, plan
 
     run_parser = _fill_run_parser(argparse.ArgumentParser(prog=f"{PROG} run", **_run_kwargs()))
     args = run_parser.parse_args(argv)
@@ -134,6 +137,8 @@ def launch_plan(argv: Sequence[str] | None = None):
     o.actors, o.minutes, o.steps, o.run_dir = args.actors, args.minutes, args.steps, args.run_dir
     o.resume, o.progress_every, o.quiet, o.max_restarts_per_minute = (args.resume, args.progress_every, args.quiet,
                                                                       args.max_restarts)
+    if args.snapshot_every is not None:
+        o.snapshot_every = args.snapshot_every
     o.server = _pass_through(run_parser, "--server-args", args.server_args, server_cli.build_parser(),
                              SERVER_OWN, agent_dests=())
     log_level = o.server.pop("log_level", "WARNING")
@@ -145,7 +150,8 @@ def launch_plan(argv: Sequence[str] | None = None):
     except ValueError as e:
         run_parser.error(str(e))
     if not p.run.resume:
-        held = [n for n in ("metrics.csv", "checkpoint.safetensors") if os.path.exists(os.path.join(p.run.run_dir, n))]
+        held = [n for n in ("metrics.csv", "checkpoint.safetensors", SNAPSHOT_NAME)
+                if os.path.exists(os.path.join(p.run.run_dir, n))]
         if held:
             run_parser.error(f"{p.run.run_dir} already holds a run ({', '.join(held)}): pass --resume to continue "
                              "it, or choose another --run-dir or --seed (or remove the directory)")

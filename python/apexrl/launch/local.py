@@ -8,7 +8,8 @@ prints live progress from the children's JSON records (``RUN_DIR/logs/NAME.progr
 
 Supervision. Any child that exits while the run is going on is restarted with the same flags, on
 the same ports, after a back-off (1 s, doubling per exit within the last minute, at most 30 s): an actor as it
-was, the replay server empty (no snapshot: the actors refill it and the learner reconnects), the learner
+was, the replay server from its latest snapshot in the run directory (``--snapshot-every``; without snapshots
+it starts empty, the actors refill it), the learner
 with ``--resume`` (it continues from its last checkpoint and serves weights on the same port, so the actors
 follow it). A child that exits more than ``max_restarts_per_minute`` times within 60 s is crash-looping, and
 an exit with status 2 is a usage error that a restart cannot fix: either stops the run with a message naming
@@ -20,8 +21,8 @@ hold), then to the learner (it checkpoints), then to the server, waiting for eac
 for stragglers. Children run in their own process groups, so a terminal's Ctrl-C reaches only the launcher,
 which then stops them in that order; a second SIGINT/SIGTERM SIGKILLs every child at once (exit status 130).
 On Linux each child also gets SIGTERM if the launcher itself dies (``PR_SET_PDEATHSIG``), so not even a
-``kill -9`` of the launcher leaves processes behind (all stop at once then, unordered: actors and learner give
-up on the stopped server after their request timeouts, ~15 s).
+``kill -9`` of the launcher leaves processes behind (all stop at once then, unordered: each hands over what it
+can within a 2 s grace and exits, see :mod:`apexrl.apex.stopping`).
 
 Single-threaded: signal handlers only set flags or send signals; the loop in :meth:`Launcher.run` does the rest.
 """

@@ -12,6 +12,10 @@ store's where they reach it), then checks the rules *between* processes:
 * with a rate limiter, a learner batch n and an actor insert m must satisfy ``n + m * spi <= 2 * error_buffer``
   (when neither side may move the run deadlocks; the server's documentation derives the bound).
 
+Durability by default: the server snapshots its store to ``RUN_DIR/replay.snap`` every ``snapshot_every``
+seconds (``DEFAULT_SNAPSHOT_EVERY``; 0 turns it off) and on a clean stop, and a restarted server restores it,
+so a server crash loses at most one interval of experience. ``--server-args '--snapshot PATH'`` moves it.
+
 A plan says *what* runs, not *where*: endpoints are empty until a launcher places the processes
 (:meth:`RunPlan.placed`). The local launcher and a cluster launcher consume the same plan; it round-trips
 through JSON (``RUN_DIR/plan.json``) so each child process reads its own config from it.
@@ -36,10 +40,13 @@ from apexrl.launch.presets import Preset, default_preset_for, get_preset
 from apexrl.replay.config import ServerConfig
 from apexrl.validate import Range, check_fields
 
-__all__ = ["PLAN_NAME", "Overrides", "RunPlan", "RunSettings", "default_run_dir", "plan", "resolve_preset",
+__all__ = ["DEFAULT_SNAPSHOT_EVERY", "PLAN_NAME", "SNAPSHOT_NAME", "Overrides", "RunPlan", "RunSettings", "default_run_dir", "plan", "resolve_preset",
            "server_config_from_plan"]
 
 PLAN_NAME = "plan.json"
+SNAPSHOT_NAME = "replay.snap"
+DEFAULT_SNAPSHOT_EVERY = 300.0
+"""Seconds between the replay server's snapshots in a run (``apexrl run --snapshot-every``)."""
 AGENT_FIELDS = ("n_step", "gamma", "batch_size", "target_update_period")
 """Agent settings a run's command line may override (actors and learner always get the same values)."""
 
@@ -88,6 +95,8 @@ class Overrides:
     progress_every: float = 5.0
     quiet: bool = False
     max_restarts_per_minute: int = 5
+    snapshot_every: float = DEFAULT_SNAPSHOT_EVERY
+    """Seconds between replay snapshots in the run directory; 0: no snapshots."""
 
 
 @dataclass
@@ -220,9 +229,13 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         "agent_config": agent_config, "run_dir": run.run_dir, "resume": run.resume, "max_steps": run.steps,
         "extra": {"preset": preset.name},
     })
+    if o.snapshot_every < 0:
+        raise ValueError(f"snapshot_every must be >= 0 (0: no snapshots), got {o.snapshot_every}")
+    durable = ({"snapshot": os.path.join(run.run_dir, SNAPSHOT_NAME), "snapshot_every": o.snapshot_every}
+               if o.snapshot_every > 0 else {})
     server = ServerConfig(**{
         **dataclasses.asdict(preset.replay), "min_size_to_sample": learner.min_replay_size, "seed": o.seed,
-        **o.server,
+        **durable, **o.server,
     })
     num_actors = o.actors or preset.actors
     actors = [
