@@ -108,6 +108,7 @@ def _check_after_server_restart(canaries: Canaries, killed_at: float) -> dict[st
 def test_kill9_of_actor_server_and_learner_loses_nothing_acknowledged(spawn, tmp_path):
     rng = random.Random(SEED)
     run_dir = str(tmp_path / "run")
+    t_launch = time.monotonic()
     launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "2", "--progress-every", "2",
                      "--snapshot-every", str(SNAPSHOT_EVERY), "--server-args=--capacity 1000000",
                      f"--learner-args={FAST_LEARNER}")
@@ -124,11 +125,17 @@ def test_kill9_of_actor_server_and_learner_loses_nothing_acknowledged(spawn, tmp
                 canaries.insert()
                 time.sleep(0.25)
             pid = _pids(run_dir)[name]
+            inserted_at_kill = _stats_ok(canaries.client) or 0
             os.kill(pid, 9)
             killed_at = time.monotonic()
             _wait_until(lambda: _pids(run_dir).get(name, pid) != pid, 60, f"{name} to be restarted")
             if name == "server":
-                _wait_until(lambda: _stats_ok(canaries.client), 60, "the restarted server to answer")
+                restored = _wait_until(lambda: _stats_ok(canaries.client), 60, "the restarted server to answer")
+                # Let the new life insert more than the old one did since its last snapshot, so a key the new
+                # life reissued (the old bug) would address an actor's transition by the time of the check.
+                per_s = inserted_at_kill / max(killed_at - t_launch, 1.0)
+                want = restored + per_s * (2 * SNAPSHOT_EVERY + 10.0)
+                _wait_until(lambda: (_stats_ok(canaries.client) or 0) >= want, 90, "actors to refill the server")
                 checked = _check_after_server_restart(canaries, killed_at)
         while launcher.alive():
             canaries.insert()
@@ -139,15 +146,16 @@ def test_kill9_of_actor_server_and_learner_loses_nothing_acknowledged(spawn, tmp
     log = launcher.log()
     for name in ("actor0", "server", "learner"):
         assert re.search(rf"{name} restarted \(pid \d+, restart 1\)", log), log
-    learner_log = open(os.path.join(run_dir, "logs", "learner.log"), encoding="utf-8").read()
+    with open(os.path.join(run_dir, "logs", "learner.log"), encoding="utf-8") as f:
+        learner_log = f.read()
     m = re.search(r"learner resumed from \S+ at step (\d+)", learner_log)
     assert m and int(m.group(1)) > 0, learner_log
     assert checked["safe"] > 0, checked  # the run was long enough to check restored canaries
 
 
-def _stats_ok(client: ReplayClient) -> bool:
+def _stats_ok(client: ReplayClient) -> int | None:
+    """The server's ``inserted`` counter (at least 1), or None while it does not answer."""
     try:
-        client.stats()
-        return True
+        return max(int(client.stats()["inserted"]), 1)
     except ApexRLError:
-        return False
+        return None
