@@ -27,6 +27,9 @@ class ServerConfig:
     port: int = field(default=0, metadata=Range.int(0, 65535))
     """0: an ephemeral port; the real one is ReplayServer.endpoint."""
     capacity: int = field(default=1_000_000, metadata=Range.int(1, STORE_INT_MAX))
+    max_size: int | None = field(default=None, metadata=Range.int(1, STORE_INT_MAX, optional=True))
+    """Hard ceiling of the store (>= capacity): an insert that leaves more items evicts down to capacity by
+    itself, whether or not a learner calls REMOVE_TO_FIT. None: 2 * capacity."""
     alpha: float = field(default=0.6, metadata=Range.float(0.0))
     eviction: str = field(default="fifo", metadata=Range.choice(*EVICTION_POLICIES))
     alpha_evict: float = field(default=-0.4, metadata=Range.float())
@@ -51,6 +54,8 @@ class ServerConfig:
     def validate(self) -> None:
         """Every range above, and the rules between fields; ValueError naming the first broken one."""
         check_fields(self)
+        if self.max_size is not None and self.max_size < self.capacity:
+            raise ValueError(f"max_size must be >= capacity = {self.capacity}, got {self.max_size}")
         if self.samples_per_insert is None:
             if self.error_buffer is not None:
                 raise ValueError("error_buffer needs samples_per_insert")
