@@ -463,6 +463,7 @@ TEST(ShardedStoreTest, SameSeedAndCallsGiveTheSameSamples) {
 TEST(ShardedStoreTest, FifoRemoveToFitRemovesTheGloballyOldestAcrossShards) {
   StoreConfig cfg = Config(4, 25, 0.6, 7);
   cfg.eviction = EvictionKind::kFifo;
+  cfg.max_size = 1'000'000;  // above what the test inserts: only RemoveToFit evicts
   ShardedStore store(cfg);
   std::vector<Key> order;  // every key, in insertion order
   uint64_t id = 0;
@@ -511,6 +512,7 @@ TEST(ShardedStoreTest, FifoRemoveToFitRemovesTheGloballyOldestAcrossShards) {
 
 TEST(ShardedStoreTest, FifoRemoveToFitHandlesAnExcessLargerThanOneRound) {
   StoreConfig cfg = Config(3, 1000, 1.0, 8);
+  cfg.max_size = 1'000'000;  // above what the test inserts: only RemoveToFit evicts
   ShardedStore store(cfg);
   std::vector<Key> order;
   const size_t total = 70000;  // excess 69000, more than the 65536 candidates of one round
@@ -618,6 +620,7 @@ std::vector<Key> InsertSpread(ShardedStore& store, const std::vector<double>& pr
 TEST(ShardedStoreTest, LowestPriorityRemoveToFitRemovesTheGloballyLowestAcrossShards) {
   StoreConfig cfg = Config(4, 30, 0.6, 14);
   cfg.eviction = EvictionKind::kLowestPriority;
+  cfg.max_size = 1'000'000;  // above what the test inserts: only RemoveToFit evicts
   ShardedStore store(cfg);
   // Priorities 1..100 in a shuffled order.
   std::vector<double> priorities(100);
@@ -670,6 +673,7 @@ TEST(ShardedStoreTest, LowestPriorityRemoveToFitTakesEveryLowerPriorityBeforeAny
 TEST(ShardedStoreTest, LowestPriorityRemoveToFitHandlesAnExcessLargerThanOneRound) {
   StoreConfig cfg = Config(3, 1000, 1.0, 17);
   cfg.eviction = EvictionKind::kLowestPriority;
+  cfg.max_size = 1'000'000;  // above what the test inserts: only RemoveToFit evicts
   ShardedStore store(cfg);
   const size_t total = 70000;  // excess 69000, more than one ordered round
   std::vector<double> priorities(total);
@@ -1171,7 +1175,7 @@ TEST_F(SnapshotTest, WrongMagicOrVersionOrForeignFileThrowsSnapshotError) {
   WriteAll(Path("magic.snap"), magic);
   EXPECT_EQ(LoadOutcome(Path("magic.snap")), "");
   std::string version = bytes;
-  version[8] = 2;  // u32 version right after the magic
+  version[8] = 3;  // u32 version right after the magic
   WriteAll(Path("version.snap"), version);
   EXPECT_EQ(LoadOutcome(Path("version.snap")), "");
   try {
@@ -1353,7 +1357,7 @@ TEST(MassLimitTest, PrioritiesWhoseMassWouldOverflowTheTreeAreRefusedAndChangeNo
   }
   // A large alpha: the mass, not the priority, is what is limited.
   ShardedStore steep(Config(1, 10, 10.0));
-  EXPECT_NO_THROW(Insert(steep, {1e25}, {"ok"}));
+  EXPECT_NO_THROW(Insert(steep, {1e24}, {"ok"}));
   EXPECT_THROW(Insert(steep, {1e26}, {"too"}), InvalidArgument);
 }
 
