@@ -355,44 +355,58 @@ void Shard::Validate() const {
 // so even slots retired in the saved life can issue tags again (see common.h).
 namespace {
 
-template <typename T>
-void Append(std::vector<uint8_t>* out, const T& value) {
-  static_assert(std::is_trivially_copyable_v<T>);
-  const auto* p = reinterpret_cast<const uint8_t*>(&value);
-  out->insert(out->end(), p, p + sizeof(T));
-}
+// Copies trivially copyable values into a buffer sized in advance (no per-field capacity checks).
+class BlockWriter {
+ public:
+  explicit BlockWriter(uint8_t* p) : p_(p) {}
+  template <typename T>
+  void Put(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    std::memcpy(p_, &value, sizeof(T));
+    p_ += sizeof(T);
+  }
+  void Write(const void* data, size_t n) {
+    if (n > 0) std::memcpy(p_, data, n);
+    p_ += n;
+  }
+
+ private:
+  uint8_t* p_;
+};
 
 }  // namespace
 
-void Shard::Serialize(std::vector<uint8_t>* out) const {
+void Shard::Serialize(ByteBuffer* out) const {
   ScopedLock lock(mu_);
+  constexpr size_t kPerItem = sizeof(uint32_t) + sizeof(uint64_t) + sizeof(double) + sizeof(uint32_t);
+  const size_t size = sizeof(uint32_t) + sizeof(uint64_t) + num_slots_ * sizeof(Tag) + sizeof(uint64_t) +
+                      live_.size() * kPerItem + bytes_held_ + 7 * sizeof(uint64_t);
   out->clear();
-  out->reserve(64 + num_slots_ * sizeof(Tag) + live_.size() * 24 + bytes_held_);
-  Append<uint32_t>(out, index_);
-  Append<uint64_t>(out, num_slots_);
-  for (size_t s = 0; s < num_slots_; ++s) Append<uint32_t>(out, refs_[s].tag);
+  BlockWriter w(out->Extend(size));
+  w.Put<uint32_t>(index_);
+  w.Put<uint64_t>(num_slots_);
+  for (size_t s = 0; s < num_slots_; ++s) w.Put<uint32_t>(refs_[s].tag);
   std::vector<Slot> order(live_.begin(), live_.end());
   // The analysis checks a lambda as a function of its own, which holds no lock: hand it the numbers through
   // a pointer taken here, under the lock, rather than `this`.
   const uint64_t* const seq = seq_.data();
   std::sort(order.begin(), order.end(), [seq](Slot a, Slot b) { return seq[a] < seq[b]; });
-  Append<uint64_t>(out, order.size());
+  w.Put<uint64_t>(order.size());
   for (Slot s : order) {
-    Append<uint32_t>(out, s);
-    Append<uint64_t>(out, seq_[s]);
-    Append<double>(out, refs_[s].priority);
-    Append<uint32_t>(out, refs_[s].size);
-    out->insert(out->end(), refs_[s].data, refs_[s].data + refs_[s].size);
+    w.Put<uint32_t>(s);
+    w.Put<uint64_t>(seq_[s]);
+    w.Put<double>(refs_[s].priority);
+    w.Put<uint32_t>(refs_[s].size);
+    w.Write(refs_[s].data, refs_[s].size);
   }
   for (uint64_t c : {counters_.inserted, counters_.sampled, counters_.updated, counters_.stale_updates,
-                     counters_.evicted, counters_.erased}) {
-    Append<uint64_t>(out, c);
+                     counters_.evicted, counters_.erased, max_seq_}) {
+    w.Put<uint64_t>(c);
   }
-  Append<uint64_t>(out, max_seq_);
 }
 
 void Shard::Write(SnapshotWriter& out) const {
-  std::vector<uint8_t> block;
+  ByteBuffer block;
   Serialize(&block);  // the lock is held for the copy only, not for the disk write
   out.Write(block.data(), block.size());
 }

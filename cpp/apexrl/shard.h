@@ -120,7 +120,7 @@ class Shard {
 
   // Snapshot of this shard, captured at one instant: Serialize copies the shard's block into `out` under
   // the lock (a memcpy per item, no I/O), Write serializes and then writes the block with the lock released.
-  void Serialize(std::vector<uint8_t>* out) const EXCLUDES(mu_);
+  void Serialize(ByteBuffer* out) const EXCLUDES(mu_);
   void Write(SnapshotWriter& out) const EXCLUDES(mu_);
   // Fills an empty shard from a snapshot (structure checked; the caller verifies the checksum at the end).
   void Read(SnapshotReader& in) EXCLUDES(mu_);

@@ -67,6 +67,7 @@ snapshot; the next save removes temporaries left by a killed process).
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import math
 import os
@@ -132,6 +133,9 @@ def _write_epoch_file(sidecar: str, epoch: int) -> None:
     """Records `epoch` durably: temporary file, fsync, rename, fsync of the directory."""
     directory = os.path.dirname(os.path.abspath(sidecar))
     tmp = f"{sidecar}.tmp.{os.getpid()}"
+    for leftover in glob.glob(glob.escape(sidecar) + ".tmp.*"):  # of a life killed while writing it
+        with contextlib.suppress(OSError):
+            os.remove(leftover)
     try:
         with open(tmp, "w", encoding="ascii") as f:
             f.write(f"{epoch}\n")
