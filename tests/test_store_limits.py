@@ -225,3 +225,24 @@ def test_a_save_into_a_missing_directory_is_a_snapshot_error_with_the_reason(tmp
     store.insert([1.0], [b"a"])
     with pytest.raises(SnapshotError, match="No such file or directory"):
         store.save(tmp_path / "missing" / "s.apx")
+
+
+def test_the_server_enforces_max_size_without_remove_to_fit(start_server):
+    server = start_server("--capacity", "10", "--max-size", "15")
+    with ReplayClient(server.endpoint, timeout=10) as client:
+        for i in range(20):
+            client.insert(np.ones(5), [b"%d" % i] * 5)
+            assert client.stats()["size"] <= 15
+        stats = client.stats()
+        assert stats["max_size"] == 15 and stats["evicted"] == 100 - stats["size"]
+    assert server.terminate() == 0
+
+
+@pytest.mark.parametrize("flags, reason", [
+    (["--capacity", "10", "--max-size", "9"], "max_size must be >= capacity = 10"),
+    (["--capacity", "200000000", "--shards", "1"], "a shard holds at most 268435455"),
+])
+def test_store_sizes_the_store_would_refuse_exit_2(flags, reason):
+    out = subprocess.run([sys.executable, "-m", "apexrl.cli.server", "--port", "0", *flags],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and reason in out.stderr, out.stderr

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-size-to-sample", type=field_arg(ServerConfig, "min_size_to_sample"), default=1,
                    help="SAMPLE waits (up to its timeout) until the store holds this many items")
     p.add_argument("--snapshot", metavar="PATH", default=None,
-                   help="snapshot file: loaded at start if present, written on shutdown")
+                   help="snapshot file: loaded at start if present, written on shutdown (PATH.epoch beside it "
+                   "records the key epoch of each life)")
     p.add_argument("--snapshot-every", metavar="SECONDS", type=field_arg(ServerConfig, "snapshot_every"), default=None,
                    help="also write the snapshot every SECONDS (needs --snapshot)")
     p.add_argument("--max-message-mb", type=field_arg(ServerConfig, "max_message_mb"), default=256,

@@ -62,6 +62,10 @@ Snapshots: on start, ``config.snapshot`` is loaded if the file exists (an unread
 :class:`SnapshotLoadError` - never silently ignored); every ``snapshot_every`` seconds a background thread
 saves it (the store writes ``PATH.tmp.<pid>.<n>`` and renames it, so a crash never leaves a half-written
 snapshot; the next save removes temporaries left by a killed process).
+
+Keys: each life of the server gives its store a new key epoch, recorded in ``PATH.epoch`` beside the snapshot
+before the server binds, so keys of an earlier life never address an item of this one (``_choose_epoch``;
+docs/protocol.md, "Keys").
 """
 
 from __future__ import annotations
