@@ -63,9 +63,12 @@ struct StoreStats {
 //  * Sampling is proportional and stratified: the total mass T = sum_k p_k^alpha is cut into n equal
 //    segments with one uniform draw in each (Schaul et al.); a draw picks a shard by its share of T, then
 //    descends that shard's tree. IS weight w_k = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta, where
-//    m_min is the smallest positive mass in the store, so weights lie in (0, 1]. If every mass is 0
+//    m_min is the smallest positive mass in the store, so weights lie in (0, 1] (computed from logs, so no
+//    ratio overflows; an underflow is clamped to the smallest normal float). If every mass is 0
 //    (alpha > 0 and all priorities 0) draws fall back to uniform with weights 1.
-//  * Keys of removed items are stale forever: updates skip and count them, erase ignores them.
+//  * Keys of removed items are stale forever: updates skip and count them, erase ignores them. So are keys
+//    of another epoch (an earlier life of a restarted store) unless their item was restored from a snapshot.
+//  * Masses are at most kMaxMass, so no total overflows; probabilities are finite and sum to 1.
 //  * FIFO eviction removes the globally oldest items (insertion numbers are store-wide), lowest-priority
 //    eviction the globally lowest priorities (equal ones in no particular order); prioritized eviction
 //    splits the victims among shards by their eviction mass and each shard draws its share. Each shard's
