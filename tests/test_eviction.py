@@ -9,6 +9,10 @@ import numpy as np
 import pytest
 from apexrl import PrioritizedStore
 
+# These tests drive eviction through remove_to_fit() alone: a hard ceiling far above what they insert
+# (the ceiling itself is tested in test_store_limits.py).
+NO_CEILING = 10**8
+
 
 def chi2_sf(x: float, df: int) -> float:
     """P(X >= x), X ~ chi-square(df): the regularized upper incomplete gamma Q(df/2, x/2) (series / Lentz)."""
@@ -71,7 +75,7 @@ def insert_in_batches(store, sizes, priority=lambda i: 1.0):
 @pytest.mark.parametrize("shards", [1, 3, 8])
 @pytest.mark.parametrize("capacity", [1, 17, 100, 299])
 def test_fifo_evicts_exactly_the_oldest_items_across_shards(shards, capacity):
-    store = PrioritizedStore(capacity=capacity, alpha=0.6, shards=shards, eviction="fifo")
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=capacity, alpha=0.6, shards=shards, eviction="fifo")
     keys, prios = insert_in_batches(store, [5, 70, 1, 130, 3, 64, 27], priority=lambda i: (i * 37 % 11) / 3.0)
     assert len(store) == 300
     assert store.remove_to_fit() == 300 - capacity
@@ -87,7 +91,7 @@ def test_fifo_evicts_exactly_the_oldest_items_across_shards(shards, capacity):
 def test_fifo_eviction_of_more_items_than_one_round_handles_keeps_exactly_the_newest():
     # one FIFO round gathers a bounded number of candidates per shard; 200k items need several rounds
     n, capacity = 200_000, 10
-    store = PrioritizedStore(capacity=capacity, alpha=0.6, shards=8, eviction="fifo")
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=capacity, alpha=0.6, shards=8, eviction="fifo")
     keys = np.concatenate([
         store.insert(np.ones(m), bytes(8 * m), offsets=np.arange(m + 1) * 8) for m in (150_000, 49_990, 10)
     ])
@@ -99,7 +103,7 @@ def test_fifo_eviction_of_more_items_than_one_round_handles_keeps_exactly_the_ne
 
 
 def test_fifo_eviction_ignores_priorities_and_updates():
-    store = PrioritizedStore(capacity=4, alpha=1.0, shards=2, eviction="fifo")
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=4, alpha=1.0, shards=2, eviction="fifo")
     keys, prios = insert_in_batches(store, [3, 3], priority=lambda i: [100.0, 0.0, 5.0, 0.0, 1e-3, 7.0][i])
     store.update_priorities(keys[:2], [1e6, 1e6])
     prios[:2] = [1e6, 1e6]
@@ -108,7 +112,7 @@ def test_fifo_eviction_ignores_priorities_and_updates():
 
 
 def test_fifo_eviction_skips_erased_items_and_counts_only_what_it_removed():
-    store = PrioritizedStore(capacity=5, alpha=0.6, shards=3, eviction="fifo")
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=5, alpha=0.6, shards=3, eviction="fifo")
     keys, prios = insert_in_batches(store, [4, 4, 4])
     assert store.erase([keys[0], keys[2], keys[9]]) == 3
     assert store.remove_to_fit() == 4  # 9 left, capacity 5
@@ -120,7 +124,7 @@ def test_fifo_eviction_skips_erased_items_and_counts_only_what_it_removed():
 
 
 def test_fifo_eviction_over_several_calls_keeps_the_global_order():
-    store = PrioritizedStore(capacity=10, alpha=0.6, shards=4, eviction="fifo")
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=10, alpha=0.6, shards=4, eviction="fifo")
     all_keys, all_prios = [], []
     for round_ in range(6):
         keys, prios = insert_in_batches(store, [3, 65, 2])
@@ -133,14 +137,14 @@ def test_fifo_eviction_over_several_calls_keeps_the_global_order():
 
 @pytest.mark.parametrize("eviction", ["fifo", "prioritized"])
 def test_remove_to_fit_under_capacity_removes_nothing_but_counts_the_call(eviction):
-    store = PrioritizedStore(capacity=10, shards=2, eviction=eviction)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=10, shards=2, eviction=eviction)
     keys, prios = insert_in_batches(store, [10])
     assert store.remove_to_fit() == 0
     assert store.remove_to_fit() == 0
     assert all(live(store, keys, prios))
     stats = store.stats()
     assert stats["evicted"] == 0 and stats["remove_to_fit_calls"] == 2
-    empty = PrioritizedStore(capacity=1, eviction=eviction)
+    empty = PrioritizedStore(max_size=NO_CEILING, capacity=1, eviction=eviction)
     assert empty.remove_to_fit() == 0
 
 
@@ -151,7 +155,7 @@ def test_remove_to_fit_under_capacity_removes_nothing_but_counts_the_call(evicti
 
 @pytest.mark.parametrize("shards", [1, 4])
 def test_prioritized_eviction_removes_low_priorities_far_more_often_than_high(shards):
-    store = PrioritizedStore(capacity=900, alpha=0.6, shards=shards, eviction="prioritized", alpha_evict=-0.4, seed=8)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=900, alpha=0.6, shards=shards, eviction="prioritized", alpha_evict=-0.4, seed=8)
     keys, prios = insert_in_batches(store, [100] * 10, priority=lambda i: 0.1 if i % 2 else 10.0)
     assert store.remove_to_fit() == 100
     alive = live(store, keys, prios)
@@ -172,7 +176,7 @@ def test_a_single_prioritized_victim_is_drawn_proportional_to_priority_to_the_al
     victims = Counter()
     trials = 2500
     for seed in range(trials):
-        store = PrioritizedStore(capacity=4, alpha=0.6, shards=shards, eviction="prioritized",
+        store = PrioritizedStore(max_size=NO_CEILING, capacity=4, alpha=0.6, shards=shards, eviction="prioritized",
                                  alpha_evict=alpha_evict, seed=seed)
         keys = [int(store.insert([p], [b"x"])[0]) for p in priorities]  # one call each: spread over shards
         assert store.remove_to_fit() == 1
@@ -185,7 +189,7 @@ def test_a_single_prioritized_victim_is_drawn_proportional_to_priority_to_the_al
 
 
 def test_prioritized_eviction_finishes_when_one_shard_is_asked_for_more_victims_than_it_holds():
-    store = PrioritizedStore(capacity=50, alpha=0.6, shards=4, eviction="prioritized", alpha_evict=-0.4, seed=3)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=50, alpha=0.6, shards=4, eviction="prioritized", alpha_evict=-0.4, seed=3)
     # ten items of eviction weight (1e-6)^-0.4 = 251 in one shard; 90 of weight 100^-0.4 = 0.16 elsewhere
     weak = store.insert(np.full(10, 1e-6), [b"weak"] * 10).tolist()
     strong = [k for _ in range(3) for k in store.insert(np.full(30, 100.0), [b"strong"] * 30).tolist()]
@@ -198,7 +202,7 @@ def test_prioritized_eviction_finishes_when_one_shard_is_asked_for_more_victims_
 
 @pytest.mark.parametrize("shards", [1, 3])
 def test_prioritized_eviction_keeps_size_at_capacity_and_survivors_are_a_subset(shards):
-    store = PrioritizedStore(capacity=50, alpha=0.6, shards=shards, eviction="prioritized", seed=1)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=50, alpha=0.6, shards=shards, eviction="prioritized", seed=1)
     rng = np.random.default_rng(2)
     keys, prios = insert_in_batches(store, [40, 70, 9], priority=lambda i: float(rng.exponential()))
     assert store.remove_to_fit() == 69
@@ -218,7 +222,7 @@ def test_prioritized_eviction_keeps_size_at_capacity_and_survivors_are_a_subset(
 
 @pytest.mark.parametrize("shards", [1, 4])
 def test_with_negative_alpha_evict_zero_priority_items_go_before_anything_else(shards):
-    store = PrioritizedStore(capacity=20, alpha=0.6, shards=shards, eviction="prioritized", alpha_evict=-0.4, seed=5)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=20, alpha=0.6, shards=shards, eviction="prioritized", alpha_evict=-0.4, seed=5)
     # 30 items, every third one has priority 0 (10 of them), spread over shards
     keys, prios = insert_in_batches(store, [7, 7, 7, 9], priority=lambda i: 0.0 if i % 3 == 0 else 1e-3)
     assert store.remove_to_fit() == 10
@@ -229,7 +233,7 @@ def test_with_negative_alpha_evict_zero_priority_items_go_before_anything_else(s
 
 @pytest.mark.parametrize("shards", [1, 4])
 def test_when_zero_priority_items_outnumber_the_excess_only_zero_priority_items_are_evicted(shards):
-    store = PrioritizedStore(capacity=25, alpha=0.6, shards=shards, eviction="prioritized", alpha_evict=-0.4, seed=6)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=25, alpha=0.6, shards=shards, eviction="prioritized", alpha_evict=-0.4, seed=6)
     keys, prios = insert_in_batches(store, [10, 10, 10], priority=lambda i: 0.0 if i % 2 else 0.01)
     assert store.remove_to_fit() == 5
     alive = live(store, keys, prios)
@@ -241,7 +245,7 @@ def test_when_zero_priority_items_outnumber_the_excess_only_zero_priority_items_
 @pytest.mark.parametrize("eviction", ["fifo", "prioritized"])
 @pytest.mark.parametrize("shards", [1, 3])
 def test_all_zero_priorities_break_neither_policy(eviction, alpha_evict, shards):
-    store = PrioritizedStore(capacity=7, alpha=0.6, shards=shards, eviction=eviction, alpha_evict=alpha_evict)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=7, alpha=0.6, shards=shards, eviction=eviction, alpha_evict=alpha_evict)
     keys, prios = insert_in_batches(store, [10, 10], priority=lambda i: 0.0)
     assert store.remove_to_fit() == 13
     alive = live(store, keys, prios)
@@ -255,7 +259,7 @@ def test_all_zero_priorities_break_neither_policy(eviction, alpha_evict, shards)
 
 @pytest.mark.parametrize("shards", [1, 3])
 def test_with_positive_alpha_evict_a_zero_priority_item_is_kept_while_it_can_be(shards):
-    store = PrioritizedStore(capacity=9, alpha=0.6, shards=shards, eviction="prioritized", alpha_evict=0.5, seed=2)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=9, alpha=0.6, shards=shards, eviction="prioritized", alpha_evict=0.5, seed=2)
     keys, prios = insert_in_batches(store, [10], priority=lambda i: 0.0 if i == 4 else 1.0 + i)
     assert store.remove_to_fit() == 1
     assert live(store, keys, prios)[4] is True
@@ -269,7 +273,7 @@ def test_with_positive_alpha_evict_a_zero_priority_item_is_kept_while_it_can_be(
 @pytest.mark.parametrize("eviction", ["fifo", "prioritized"])
 @pytest.mark.parametrize("shards", [1, 4])
 def test_keys_of_evicted_items_are_stale_forever_even_after_their_slots_are_reused(eviction, shards):
-    store = PrioritizedStore(capacity=30, alpha=1.0, shards=shards, eviction=eviction, seed=3)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=30, alpha=1.0, shards=shards, eviction=eviction, seed=3)
     keys, prios = insert_in_batches(store, [40, 40])
     assert store.remove_to_fit() == 50
     alive = live(store, keys, prios)

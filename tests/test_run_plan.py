@@ -11,14 +11,16 @@ from apexrl.launch.plan import Overrides, RunPlan, plan
 from apexrl.replay.config import (
     EVICTION_POLICIES,
     MAX_SHARDS,
+    MAX_SLOTS_PER_SHARD,
     STORE_INT_MAX,
     ServerConfig,
 )
 from apexrl.validate import range_of
 
 
+# capacity: the largest one shard takes with the default max_size (2 * capacity; keys have 28 slot bits)
 @pytest.mark.parametrize("field, ok, bad", [("shards", MAX_SHARDS, MAX_SHARDS + 1), ("seed", STORE_INT_MAX, -1),
-                                            ("capacity", STORE_INT_MAX, 0)])
+                                            ("capacity", MAX_SLOTS_PER_SHARD // 2, 0)])
 def test_server_config_ranges_are_the_stores(field, ok, bad):
     kwargs = {"capacity": 10, "shards": 1, "seed": 0}
     PrioritizedStore(**{**kwargs, field: ok})

@@ -287,8 +287,8 @@ def test_is_weights_equal_the_normalized_n_times_p_formula():
 
 def test_is_weights_stay_positive_when_they_underflow_float32():
     store = PrioritizedStore(capacity=10, alpha=1.0, shards=1, seed=0)
-    store.insert([1e-300, 1e300], [b"tiny", b"huge"])
-    batch = store.sample(8, beta=1.0)  # w(huge) = 1e-600: below any float32
+    store.insert([1e-300, 1e250], [b"tiny", b"huge"])  # 1e250: the largest mass the store accepts
+    batch = store.sample(8, beta=1.0)  # w(huge) = 1e-550: below any float32
     assert set(bytes(m) for m in batch.items) == {b"huge"}
     assert np.all(batch.weights > 0) and np.all(batch.weights <= 1)
     assert np.all(np.isfinite(batch.weights))

@@ -346,7 +346,8 @@ def _wait_two_new_snapshots(path: str, timeout: float = 10.0) -> None:
 
 
 def _temp_files(path: str) -> list[str]:
-    return sorted(p for p in glob.glob(path + "*") if p != path)
+    # PATH.epoch is the server's key-epoch record (docs/protocol.md, "Keys"), not a temporary.
+    return sorted(p for p in glob.glob(path + "*") if p not in (path, path + ".epoch"))
 
 
 def test_kill9_after_snapshot_keeps_the_first_set(start_server, tmp_path):

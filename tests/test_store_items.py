@@ -11,6 +11,10 @@ import numpy as np
 import pytest
 from apexrl import PrioritizedStore
 
+# These tests drive eviction through remove_to_fit() alone: a hard ceiling far above what they insert
+# (the ceiling itself is tested in test_store_limits.py).
+NO_CEILING = 10**8
+
 
 def every_item(store: PrioritizedStore) -> dict[int, bytes]:
     """Every item of a store with alpha=0 (all masses 1): a stratified sample of n >= 2 * len draws puts at
@@ -31,7 +35,7 @@ def tagged(i: int, extra: int = 0) -> bytes:
 
 
 def uniform_store(shards: int = 3) -> PrioritizedStore:
-    return PrioritizedStore(capacity=1000, alpha=0.0, shards=shards, seed=5)
+    return PrioritizedStore(max_size=NO_CEILING, capacity=1000, alpha=0.0, shards=shards, seed=5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -164,7 +168,7 @@ def test_empty_items_are_stored_and_sampled_as_empty_bytes():
     keys = store.insert([1.0, 1.0, 1.0], [b"", b"x", b""])
     assert every_item(store) == dict(zip(keys.tolist(), [b"", b"x", b""]))
     assert store.stats()["bytes_held"] == 1
-    only_empty = PrioritizedStore(capacity=10, alpha=0.6, shards=1)
+    only_empty = PrioritizedStore(max_size=NO_CEILING, capacity=10, alpha=0.6, shards=1)
     only_empty.insert([2.0], [b""])
     batch = only_empty.sample(3)
     assert [bytes(m) for m in batch.items] == [b"", b"", b""]
@@ -174,7 +178,7 @@ def test_empty_items_are_stored_and_sampled_as_empty_bytes():
 
 def test_a_large_item_round_trips_byte_exact():
     big = np.random.default_rng(1).integers(0, 256, size=9 * 1024 * 1024 + 7, dtype=np.uint8).tobytes()
-    store = PrioritizedStore(capacity=10, alpha=1.0, shards=2)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=10, alpha=1.0, shards=2)
     store.insert([1.0, 0.0], [big, b"small"])  # the zero-priority item is never sampled
     batch = store.sample(2)
     assert bytes(batch.items[0]) == big and bytes(batch.items[1]) == big
@@ -223,7 +227,7 @@ def test_the_memory_of_large_items_is_returned_when_they_or_their_store_go_away(
     small = [b"s" * 100] * 100
     start = _resident_mib()
     for _ in range(12):  # 480 MiB in all if nothing came back
-        store = PrioritizedStore(capacity=1, shards=2)
+        store = PrioritizedStore(max_size=NO_CEILING, capacity=1, shards=2)
         keys = store.insert([1.0], [big])
         store.insert(np.ones(100), small)
         if how == "items erased":
@@ -243,7 +247,7 @@ def test_the_memory_of_large_items_is_returned_when_they_or_their_store_go_away(
 
 def test_a_batch_exposes_typed_arrays_whose_offsets_frame_the_data():
     payloads = [tagged(i, extra=i) for i in range(40)]
-    store = PrioritizedStore(capacity=100, alpha=0.6, shards=3, seed=2)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=100, alpha=0.6, shards=3, seed=2)
     keys = store.insert(np.linspace(0.5, 3.0, 40), payloads)
     by_key = dict(zip(keys.tolist(), payloads))
     batch = store.sample(33, beta=0.4)
@@ -264,7 +268,7 @@ def test_a_batch_exposes_typed_arrays_whose_offsets_frame_the_data():
 
 def test_item_memoryviews_stay_valid_after_the_batch_and_the_store_are_gone():
     payloads = [tagged(i, extra=3000) for i in range(20)]
-    store = PrioritizedStore(capacity=100, alpha=1.0, shards=2)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=100, alpha=1.0, shards=2)
     keys = store.insert(np.arange(1, 21, dtype=np.float64), payloads)
     by_key = dict(zip(keys.tolist(), payloads))
     batch = store.sample(50)
@@ -281,7 +285,7 @@ def test_item_memoryviews_stay_valid_after_the_batch_and_the_store_are_gone():
 
 
 def test_batch_items_are_read_only_memoryviews():
-    store = PrioritizedStore(capacity=10, alpha=1.0, shards=1)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=10, alpha=1.0, shards=1)
     store.insert([1.0], [b"abc"])
     batch = store.sample(2)
     for m in batch.items:
@@ -290,7 +294,7 @@ def test_batch_items_are_read_only_memoryviews():
 
 
 def test_writing_into_a_batch_never_changes_the_stored_item():
-    store = PrioritizedStore(capacity=10, alpha=1.0, shards=1)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=10, alpha=1.0, shards=1)
     store.insert([1.0], [b"abc"])
     batch = store.sample(2)
     if batch.data.flags.writeable:
@@ -299,7 +303,7 @@ def test_writing_into_a_batch_never_changes_the_stored_item():
 
 
 def test_a_batch_keeps_its_bytes_after_the_items_are_erased_or_evicted():
-    store = PrioritizedStore(capacity=1, alpha=1.0, shards=2)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=1, alpha=1.0, shards=2)
     keys = store.insert([1.0, 1.0], [b"first", b"second"])
     batch = store.sample(4)
     expected = [bytes(m) for m in batch.items]

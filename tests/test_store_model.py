@@ -18,6 +18,10 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+# These tests drive eviction through remove_to_fit() alone: a hard ceiling far above what they insert
+# (the ceiling itself is tested in test_store_limits.py).
+NO_CEILING = 10**8
+
 PRIORITIES = st.one_of(
     st.sampled_from([0.0, 0.5, 1.0, 2.0]),
     st.floats(min_value=1e-3, max_value=1e3, allow_nan=False, allow_infinity=False),
@@ -90,7 +94,7 @@ class StoreModel(RuleBasedStateMachine):
         self.eviction = data.draw(st.sampled_from(["fifo", "prioritized"]), label="eviction")
         self.alpha_evict = data.draw(st.sampled_from([-0.4, -1.0, 0.0, 0.5]), label="alpha_evict")
         seed = data.draw(st.integers(min_value=0, max_value=2**32), label="seed")
-        self.store = PrioritizedStore(capacity=self.capacity, alpha=self.alpha, shards=self.shards,
+        self.store = PrioritizedStore(max_size=NO_CEILING, capacity=self.capacity, alpha=self.alpha, shards=self.shards,
                                       eviction=self.eviction, alpha_evict=self.alpha_evict, seed=seed)
 
     @rule(data=st.data())

@@ -13,6 +13,10 @@ import numpy as np
 import pytest
 from apexrl import PrioritizedStore, SnapshotError
 
+# These tests drive eviction through remove_to_fit() alone: a hard ceiling far above what they insert
+# (the ceiling itself is tested in test_store_limits.py).
+NO_CEILING = 10**8
+
 CONFIG_FIELDS = ("capacity", "alpha", "shards", "eviction", "alpha_evict", "seed")
 # What a snapshot restores exactly (allocator figures such as a "bytes_reserved" high-water mark may differ;
 # total_priority is compared to rounding).
@@ -63,7 +67,7 @@ def test_a_loaded_store_can_be_sampled_without_crashing_the_interpreter(tmp_path
 def busy_store():
     """A store with history on every shard: uneven batches, zero priorities, empty items, updates (live and
     stale), erasures, samples, and an eviction; still above capacity so a later remove_to_fit has work."""
-    store = PrioritizedStore(capacity=60, alpha=0.7, shards=3, eviction="fifo", alpha_evict=-0.3, seed=123)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=60, alpha=0.7, shards=3, eviction="fifo", alpha_evict=-0.3, seed=123)
     rng = np.random.default_rng(0)
     keys, prios, payloads = [], [], []
     for n in (70, 20, 5, 64, 1):
@@ -151,7 +155,7 @@ def test_fifo_order_survives_a_round_trip(busy_store, tmp_path):
 def test_keys_issued_after_a_snapshot_are_stale_in_the_store_loaded_from_it(tmp_path):
     # The Ape-X restart: actors still hold keys the learner's store issued after its last snapshot. Some of
     # those keys name slots that were free when the snapshot was taken.
-    store = PrioritizedStore(capacity=100, alpha=1.0, shards=2)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=100, alpha=1.0, shards=2)
     keys = np.concatenate([store.insert(np.ones(10), [b"old"] * 10) for _ in range(2)])
     assert store.erase(keys[::3]) == 7
     store.save(tmp_path / "s")
@@ -167,7 +171,7 @@ def test_keys_issued_after_a_snapshot_are_stale_in_the_store_loaded_from_it(tmp_
 
 
 def test_items_inserted_after_loading_are_younger_than_every_loaded_item(tmp_path):
-    store = PrioritizedStore(capacity=6, alpha=0.6, shards=4, eviction="fifo")
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=6, alpha=0.6, shards=4, eviction="fifo")
     old = [int(store.insert([1.0], [b"old"])[0]) for _ in range(6)]
     store.save(tmp_path / "s")
     loaded = PrioritizedStore.load(tmp_path / "s")
@@ -177,7 +181,7 @@ def test_items_inserted_after_loading_are_younger_than_every_loaded_item(tmp_pat
 
 
 def test_a_loaded_store_continues_the_random_streams_of_the_original(tmp_path):
-    store = PrioritizedStore(capacity=100, alpha=0.6, shards=4, seed=42)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=100, alpha=0.6, shards=4, seed=42)
     for n in (30, 30, 30):
         store.insert(np.linspace(0.1, 3.0, n), [b"x"] * n)
     store.sample(5)
@@ -189,7 +193,7 @@ def test_a_loaded_store_continues_the_random_streams_of_the_original(tmp_path):
 
 @pytest.mark.parametrize("eviction", ["fifo", "prioritized"])
 def test_an_empty_store_round_trips(tmp_path, eviction):
-    store = PrioritizedStore(capacity=5, alpha=0.0, shards=256, eviction=eviction, alpha_evict=0.25, seed=9)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=5, alpha=0.0, shards=256, eviction=eviction, alpha_evict=0.25, seed=9)
     store.save(tmp_path / "empty")
     loaded = PrioritizedStore.load(tmp_path / "empty")
     assert config_of(loaded) == config_of(store)
@@ -199,7 +203,7 @@ def test_an_empty_store_round_trips(tmp_path, eviction):
 
 
 def test_a_store_whose_every_item_was_erased_round_trips_and_keeps_its_keys_stale(tmp_path):
-    store = PrioritizedStore(capacity=5, alpha=1.0, shards=2)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=5, alpha=1.0, shards=2)
     keys = store.insert(np.ones(100), [b"x"] * 100)
     store.erase(keys)
     store.save(tmp_path / "s")
@@ -212,7 +216,7 @@ def test_a_store_whose_every_item_was_erased_round_trips_and_keeps_its_keys_stal
 
 
 def test_prioritized_eviction_works_on_a_loaded_store(tmp_path):
-    store = PrioritizedStore(capacity=10, alpha=0.6, shards=2, eviction="prioritized", alpha_evict=-0.4, seed=1)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=10, alpha=0.6, shards=2, eviction="prioritized", alpha_evict=-0.4, seed=1)
     keys = store.insert([0.0] * 5 + [1.0] * 15, [b"x"] * 20).tolist()
     store.save(tmp_path / "s")
     loaded = PrioritizedStore.load(tmp_path / "s")
@@ -231,7 +235,7 @@ def test_prioritized_eviction_works_on_a_loaded_store(tmp_path):
 @pytest.mark.parametrize("as_path", [str, pathlib.Path, lambda p: pathlib.PurePosixPath(p)],
                          ids=["str", "pathlib.Path", "PurePosixPath"])
 def test_save_and_load_accept_str_and_path_like(tmp_path, as_path):
-    store = PrioritizedStore(capacity=5, shards=1)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=5, shards=1)
     store.insert([1.0], [b"x"])
     path = as_path(str(tmp_path / "s.apx"))
     store.save(path)
@@ -239,7 +243,7 @@ def test_save_and_load_accept_str_and_path_like(tmp_path, as_path):
 
 
 def test_save_leaves_only_the_snapshot_behind(tmp_path):
-    store = PrioritizedStore(capacity=5, shards=2)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=5, shards=2)
     store.insert(np.ones(10), [b"x"] * 10)
     store.save(tmp_path / "s.apx")
     store.save(tmp_path / "s.apx")
@@ -248,12 +252,12 @@ def test_save_leaves_only_the_snapshot_behind(tmp_path):
 
 def test_saving_over_a_snapshot_replaces_it_by_rename_never_in_place(tmp_path):
     path = tmp_path / "s.apx"
-    first = PrioritizedStore(capacity=5, shards=1)
+    first = PrioritizedStore(max_size=NO_CEILING, capacity=5, shards=1)
     first.insert([1.0], [b"first"])
     first.save(path)
     old_bytes = path.read_bytes()
     with open(path, "rb") as reader:  # a reader of the old snapshot keeps a complete old file
-        second = PrioritizedStore(capacity=5, shards=1)
+        second = PrioritizedStore(max_size=NO_CEILING, capacity=5, shards=1)
         second.insert([1.0, 1.0], [b"second", b"second"])
         second.save(path)
         assert reader.read() == old_bytes
@@ -262,21 +266,21 @@ def test_saving_over_a_snapshot_replaces_it_by_rename_never_in_place(tmp_path):
     assert os.listdir(tmp_path) == ["s.apx"]
 
 
-def test_a_failed_save_raises_os_error_and_leaves_no_temporary_file(tmp_path):
-    store = PrioritizedStore(capacity=5, shards=1)
+def test_a_failed_save_raises_snapshot_error_and_leaves_no_temporary_file(tmp_path):
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=5, shards=1)
     store.insert([1.0], [b"x"])
     target = tmp_path / "a-directory"
     target.mkdir()
     (target / "inside").write_bytes(b"keep")
-    with pytest.raises(OSError):
+    with pytest.raises(SnapshotError, match="Is a directory|Directory not empty"):
         store.save(target)  # cannot rename a file over a non-empty directory
     assert sorted(os.listdir(tmp_path)) == ["a-directory"]
     assert os.listdir(target) == ["inside"]
 
 
-def test_saving_into_a_missing_directory_raises_os_error(tmp_path):
-    store = PrioritizedStore(capacity=5, shards=1)
-    with pytest.raises(OSError):
+def test_saving_into_a_missing_directory_raises_snapshot_error(tmp_path):
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=5, shards=1)
+    with pytest.raises(SnapshotError, match="No such file or directory"):
         store.save(tmp_path / "missing" / "s.apx")
     assert os.listdir(tmp_path) == []
 
@@ -295,7 +299,7 @@ def test_loading_a_missing_file_raises_os_error_not_snapshot_error(tmp_path):
 
 @pytest.fixture
 def small_snapshot(tmp_path) -> bytes:
-    store = PrioritizedStore(capacity=3, alpha=0.6, shards=2, eviction="prioritized", seed=5)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=3, alpha=0.6, shards=2, eviction="prioritized", seed=5)
     keys = store.insert([1.0, 0.0, 2.5], [b"ab", b"", b"cdefg"])
     store.insert([0.5, 4.0], [b"h", b"ijk"])
     store.erase(keys[:1])
@@ -330,7 +334,7 @@ def test_every_flipped_byte_of_a_snapshot_raises_snapshot_error(small_snapshot, 
 
 
 def test_truncations_of_a_larger_snapshot_raise_snapshot_error(tmp_path):
-    store = PrioritizedStore(capacity=50, alpha=0.6, shards=5, seed=1)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=50, alpha=0.6, shards=5, seed=1)
     for n in (100, 70, 3):
         store.insert(np.linspace(0, 2, n), [b"payload-%d" % i for i in range(n)])
     store.remove_to_fit()
@@ -346,7 +350,7 @@ def test_truncations_of_a_larger_snapshot_raise_snapshot_error(tmp_path):
     [
         (lambda d: b"", r"too short"),
         (lambda d: b"NOTASNAP" + d[8:], r"bad magic"),
-        (lambda d: d[:8] + (2).to_bytes(4, "little") + d[12:], r"version 2"),
+        (lambda d: d[:8] + (3).to_bytes(4, "little") + d[12:], r"version 3"),
         (lambda d: d + b"\0", r"unexpected bytes after the checksum"),
         (lambda d: d[:-1] + bytes([d[-1] ^ 1]), r"checksum"),
         (lambda d: b"this is a text file, not a snapshot\n" * 3, r"bad magic"),

@@ -11,6 +11,10 @@ import numpy as np
 import pytest
 from apexrl import PrioritizedStore
 
+# These tests drive eviction through remove_to_fit() alone: a hard ceiling far above what they insert
+# (the ceiling itself is tested in test_store_limits.py).
+NO_CEILING = 10**8
+
 JOIN_TIMEOUT_S = 60.0
 
 
@@ -54,7 +58,7 @@ class Workers:
 @pytest.mark.parametrize("eviction", ["fifo", "prioritized"])
 @pytest.mark.parametrize("shards", [1, 4])
 def test_concurrent_insert_sample_update_erase_and_evict_keep_exact_accounting(eviction, shards):
-    store = PrioritizedStore(capacity=3000, alpha=0.6, shards=shards, eviction=eviction, seed=1)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=3000, alpha=0.6, shards=shards, eviction=eviction, seed=1)
     lock = threading.Lock()
     payload_of: dict[int, bytes] = {}  # key -> payload, for every item ever inserted
     issued: list[int] = []  # keys in a shared pool for updaters and erasers (append is atomic)
@@ -182,7 +186,7 @@ def test_concurrent_insert_sample_update_erase_and_evict_keep_exact_accounting(e
 
 
 def test_concurrent_fifo_eviction_never_removes_more_than_the_excess():
-    store = PrioritizedStore(capacity=1000, alpha=0.6, shards=8, eviction="fifo")
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=1000, alpha=0.6, shards=8, eviction="fifo")
     store.insert(np.ones(5000), [b"x"] * 5000)
     results: list[int] = []
     workers = Workers()
@@ -195,7 +199,7 @@ def test_concurrent_fifo_eviction_never_removes_more_than_the_excess():
 
 
 def test_snapshots_saved_while_other_threads_write_load_to_a_consistent_store(tmp_path):
-    store = PrioritizedStore(capacity=500, alpha=0.6, shards=4, eviction="fifo", seed=2)
+    store = PrioritizedStore(max_size=NO_CEILING, capacity=500, alpha=0.6, shards=4, eviction="fifo", seed=2)
     payload_of: dict[int, bytes] = {}
     lock = threading.Lock()
 

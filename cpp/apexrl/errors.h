@@ -14,7 +14,8 @@ class InvalidArgument : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// A snapshot file that is truncated, corrupted, of an unknown version or not a snapshot -> SnapshotError.
+// A snapshot file that is truncated, corrupted, of an unknown version or not a snapshot, or a snapshot that
+// could not be written (disk full, I/O error, missing directory) -> SnapshotError.
 class SnapshotError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

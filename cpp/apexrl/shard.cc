@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "apexrl/errors.h"
@@ -19,13 +20,18 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 }  // namespace
 
-Shard::Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots)
+Shard::Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots,
+             uint32_t epoch)
     : index_(index),
       alpha_(alpha),
       target_slots_(std::max<size_t>(target_slots, 16)),
+      epoch_(epoch),
       policy_(std::move(policy)),
       min_positive_(kInf) {
   if (policy_ == nullptr) throw std::invalid_argument("Shard: no eviction policy");
+  if (epoch < 1 || epoch > kMaxEpoch) {
+    throw InvalidArgument("epoch must be in [1, " + std::to_string(kMaxEpoch) + "], got " + std::to_string(epoch));
+  }
   ScopedLock lock(mu_);
   EnsureSlots(std::min<size_t>(target_slots_, 1024));
 }
@@ -37,13 +43,12 @@ Shard::~Shard() {
   }
 }
 
-bool Shard::Live(Slot slot, uint32_t generation) const {
-  // The generation alone rejects every key this store issued for an item since removed (Remove() bumps it),
-  // but a key from elsewhere (another store, a server before a restart) can name a free slot with a matching
-  // generation, so occupancy is checked too; both fields share the slot's record.
+bool Shard::Live(Slot slot, Tag tag) const {
+  // A free slot keeps the tag of its last item until reused, so occupancy is checked too; both fields share
+  // the slot's record.
   if (slot >= num_slots_) return false;
   const SlotRef& r = refs_[slot];
-  return r.generation == generation && r.live_pos != kNotLive;
+  return r.tag == tag && r.live_pos != kNotLive;
 }
 
 void Shard::EnsureSlots(size_t extra) {
@@ -69,12 +74,18 @@ void Shard::EnsureSlots(size_t extra) {
 }
 
 Slot Shard::TakeSlot() {
+  Slot slot;
   if (!free_.empty()) {
-    const Slot slot = free_.back();
+    slot = free_.back();
     free_.pop_back();
-    return slot;
+  } else {
+    slot = static_cast<Slot>(num_slots_++);
   }
-  return static_cast<Slot>(num_slots_++);
+  // Next generation within this epoch (Remove() retired the slot if there is none); a slot last used in
+  // another epoch, or never, starts again at generation 1 of this one.
+  Tag& tag = refs_[slot].tag;
+  tag = TagEpoch(tag) == epoch_ ? tag + 1 : MakeTag(epoch_, 1);
+  return slot;
 }
 
 void Shard::Remove(Slot slot) {
@@ -91,7 +102,7 @@ void Shard::Remove(Slot slot) {
   refs_[last].live_pos = pos;
   live_.pop_back();
   refs_[slot].live_pos = kNotLive;
-  if (++r.generation < kGenerationLimit) free_.push_back(slot);  // else retired: its keys must stay stale
+  if (!Retired(r)) free_.push_back(slot);  // a retired slot's next tag would repeat one issued in this life
 }
 
 void Shard::FinishRemovals() {
@@ -143,7 +154,7 @@ bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* s
     live_.push_back(slot);
     policy_->OnInsert(slot, item.priority, seq0 + i);
     bytes_held_ += item.size;
-    keys[i] = MakeKey(index_, slot, r.generation);
+    keys[i] = MakeKey(index_, slot, r.tag);
     scratch_slots_[i] = slot;
     scratch_values_[i] = item.mass;
   }
@@ -164,7 +175,7 @@ void Shard::CopyOut(const Slot* slots, size_t k, double share, double total, con
     const SlotRef& r = refs_[s];
     __builtin_prefetch(r.data);
     const double mass = tree_.Get(s);
-    sink.keys[first + i] = MakeKey(index_, s, r.generation);
+    sink.keys[first + i] = MakeKey(index_, s, r.tag);
     sink.masses[first + i] = mass;
     sink.probabilities[first + i] = mass * scale;
     bytes += r.size;
@@ -231,7 +242,7 @@ size_t Shard::Update(const Key* keys, const double* priorities, const double* ma
   }
   for (size_t i = 0; i < n; ++i) {
     const KeyParts kp = SplitKey(keys[i]);
-    if (!Live(kp.slot, kp.generation)) continue;
+    if (!Live(kp.slot, kp.tag)) continue;
     refs_[kp.slot].priority = priorities[i];
     policy_->OnUpdate(kp.slot, priorities[i]);
     scratch_slots_.push_back(kp.slot);
@@ -250,7 +261,7 @@ size_t Shard::Erase(const Key* keys, size_t n) {
   size_t erased = 0;
   for (size_t i = 0; i < n; ++i) {
     const KeyParts kp = SplitKey(keys[i]);
-    if (!Live(kp.slot, kp.generation)) continue;
+    if (!Live(kp.slot, kp.tag)) continue;
     Remove(kp.slot);
     ++erased;
   }
@@ -312,14 +323,15 @@ void Shard::Validate() const {
       ++live;
       if (refs_[s].live_pos >= live_.size() || live_[refs_[s].live_pos] != s) fail("live list broken");
       if (r.data == nullptr) fail("live slot without a payload");
-      if (r.generation >= kGenerationLimit) fail("live slot with a retired generation");
+      if (!ValidTag(r.tag)) fail("live slot with an invalid tag");
       bytes += r.size;
       if (tree_.Get(s) != PriorityMass(refs_[s].priority, alpha_)) fail("tree leaf differs from priority^alpha");
       if (seq_[s] > max_seq_) fail("insertion number above the shard's maximum");
     } else {
       if (tree_.Get(s) != 0.0) fail("free slot has sampling mass");
       if (r.data != nullptr) fail("free slot holds a payload");
-      if (r.generation >= kGenerationLimit) ++retired;
+      if (!ValidTag(r.tag)) fail("used slot with an invalid tag");
+      if (Retired(r)) ++retired;
     }
   }
   for (size_t s = num_slots_; s < refs_.size(); ++s) {
@@ -336,34 +348,67 @@ void Shard::Validate() const {
 }
 
 // Snapshot layout of one shard (little-endian, inside the store's checksummed stream):
-//   u32 index | u64 num_slots | u32 generation[num_slots] | u64 num_free | u32 free[num_free]
+//   u32 index | u64 num_slots | u32 tag[num_slots]
 //   | u64 num_live | num_live x (u32 slot, u64 seq, f64 priority, u32 size, size bytes), oldest first
 //   | u64 x 6 counters | u64 max_seq
-void Shard::Write(SnapshotWriter& out) const {
+// Every slot below num_slots that holds no item is free after a load: the restored store has a new epoch,
+// so even slots retired in the saved life can issue tags again (see common.h).
+namespace {
+
+// Copies trivially copyable values into a buffer sized in advance (no per-field capacity checks).
+class BlockWriter {
+ public:
+  explicit BlockWriter(uint8_t* p) : p_(p) {}
+  template <typename T>
+  void Put(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    std::memcpy(p_, &value, sizeof(T));
+    p_ += sizeof(T);
+  }
+  void Write(const void* data, size_t n) {
+    if (n > 0) std::memcpy(p_, data, n);
+    p_ += n;
+  }
+
+ private:
+  uint8_t* p_;
+};
+
+}  // namespace
+
+void Shard::Serialize(ByteBuffer* out) const {
   ScopedLock lock(mu_);
-  out.Put<uint32_t>(index_);
-  out.Put<uint64_t>(num_slots_);
-  for (size_t s = 0; s < num_slots_; ++s) out.Put<uint32_t>(refs_[s].generation);
-  out.Put<uint64_t>(free_.size());
-  out.Write(free_.data(), free_.size() * sizeof(Slot));
+  constexpr size_t kPerItem = sizeof(uint32_t) + sizeof(uint64_t) + sizeof(double) + sizeof(uint32_t);
+  const size_t size = sizeof(uint32_t) + sizeof(uint64_t) + num_slots_ * sizeof(Tag) + sizeof(uint64_t) +
+                      live_.size() * kPerItem + bytes_held_ + 7 * sizeof(uint64_t);
+  out->clear();
+  BlockWriter w(out->Extend(size));
+  w.Put<uint32_t>(index_);
+  w.Put<uint64_t>(num_slots_);
+  for (size_t s = 0; s < num_slots_; ++s) w.Put<uint32_t>(refs_[s].tag);
   std::vector<Slot> order(live_.begin(), live_.end());
   // The analysis checks a lambda as a function of its own, which holds no lock: hand it the numbers through
   // a pointer taken here, under the lock, rather than `this`.
   const uint64_t* const seq = seq_.data();
   std::sort(order.begin(), order.end(), [seq](Slot a, Slot b) { return seq[a] < seq[b]; });
-  out.Put<uint64_t>(order.size());
+  w.Put<uint64_t>(order.size());
   for (Slot s : order) {
-    out.Put<uint32_t>(s);
-    out.Put<uint64_t>(seq_[s]);
-    out.Put<double>(refs_[s].priority);
-    out.Put<uint32_t>(refs_[s].size);
-    out.Write(refs_[s].data, refs_[s].size);
+    w.Put<uint32_t>(s);
+    w.Put<uint64_t>(seq_[s]);
+    w.Put<double>(refs_[s].priority);
+    w.Put<uint32_t>(refs_[s].size);
+    w.Write(refs_[s].data, refs_[s].size);
   }
   for (uint64_t c : {counters_.inserted, counters_.sampled, counters_.updated, counters_.stale_updates,
-                     counters_.evicted, counters_.erased}) {
-    out.Put<uint64_t>(c);
+                     counters_.evicted, counters_.erased, max_seq_}) {
+    w.Put<uint64_t>(c);
   }
-  out.Put<uint64_t>(max_seq_);
+}
+
+void Shard::Write(SnapshotWriter& out) const {
+  ByteBuffer block;
+  Serialize(&block);  // the lock is held for the copy only, not for the disk write
+  out.Write(block.data(), block.size());
 }
 
 void Shard::Read(SnapshotReader& in) {
@@ -376,31 +421,23 @@ void Shard::Read(SnapshotReader& in) {
   EnsureSlots(static_cast<size_t>(num_slots));
   num_slots_ = static_cast<size_t>(num_slots);
   for (size_t s = 0; s < num_slots_; ++s) {
-    const uint32_t g = in.Get<uint32_t>();
-    if (g == 0 || g > kGenerationLimit) in.Fail("bad slot generation");
-    refs_[s].generation = g;
-  }
-  const uint64_t num_free = in.Get<uint64_t>();
-  if (num_free > num_slots_) in.Fail("more free slots than slots");
-  free_.resize(static_cast<size_t>(num_free));
-  in.Read(free_.data(), free_.size() * sizeof(Slot));
-  std::vector<uint8_t> seen(num_slots_, 0);
-  for (Slot s : free_) {
-    if (s >= num_slots_ || seen[s] || refs_[s].generation >= kGenerationLimit) in.Fail("bad free slot");
-    seen[s] = 1;
+    const Tag tag = in.Get<uint32_t>();
+    if (!ValidTag(tag)) in.Fail("bad slot tag " + std::to_string(tag));
+    refs_[s].tag = tag;
   }
   const uint64_t num_live = in.Get<uint64_t>();
-  if (num_live + num_free > num_slots_) in.Fail("more items than slots");
+  if (num_live > num_slots_) in.Fail("more items than slots");
+  std::vector<uint8_t> seen(num_slots_, 0);
   uint64_t previous_seq = 0;
   for (uint64_t i = 0; i < num_live; ++i) {
     const Slot s = in.Get<uint32_t>();
     const uint64_t seq = in.Get<uint64_t>();
     const double priority = in.Get<double>();
     const uint32_t size = in.Get<uint32_t>();
-    if (s >= num_slots_ || seen[s] || refs_[s].generation >= kGenerationLimit) in.Fail("bad item slot");
+    if (s >= num_slots_ || seen[s]) in.Fail("bad item slot");
     if (seq <= previous_seq) in.Fail("items out of insertion order");
     const double mass = PriorityMass(priority, alpha_);
-    if (!(priority >= 0.0) || !std::isfinite(priority) || !std::isfinite(mass)) in.Fail("bad priority");
+    if (!(priority >= 0.0) || !std::isfinite(priority) || !(mass <= kMaxMass)) in.Fail("bad priority");
     if (size > in.remaining()) in.Fail("truncated: item bytes missing");
     seen[s] = 1;
     previous_seq = seq;
@@ -425,8 +462,11 @@ void Shard::Read(SnapshotReader& in) {
   counters_.erased = in.Get<uint64_t>();
   max_seq_ = in.Get<uint64_t>();
   if (previous_seq > max_seq_) in.Fail("item newer than the shard's maximum insertion number");
-  for (size_t s = 0; s < num_slots_; ++s) {
-    if (!seen[s] && refs_[s].generation < kGenerationLimit) in.Fail("slot neither live, free nor retired");
+  // Free slots, the lowest reused first (LIFO); only a slot retired in this epoch stays out, which needs a
+  // snapshot of an earlier life with this same epoch (epochs cycle after kMaxEpoch lives).
+  free_.clear();
+  for (size_t s = num_slots_; s-- > 0;) {
+    if (!seen[s] && !Retired(refs_[s])) free_.push_back(static_cast<Slot>(s));
   }
   Publish();
 }

@@ -57,7 +57,8 @@ struct ShardCounters {
 // lock (a memcpy into a recycled block; see payload_arena.h for why not malloc outside the lock).
 //
 // Soft capacity lives in the ShardedStore; a shard grows as needed. Slots freed by removal are reused
-// (LIFO); each reuse bumps the slot's generation so old keys turn stale (see common.h).
+// (LIFO); each reuse gives the slot a new tag (the shard's epoch, next generation) so old keys turn stale
+// (see common.h).
 //
 // The lock-free accessors (size(), total(), ...) read values published at the end of each locked operation:
 // exact when the shard is quiet, a recent value under concurrency.
@@ -70,7 +71,9 @@ class Shard {
   // `target_slots`: the slots this shard expects to need at the store's capacity. Arrays double up to it and
   // then grow by a quarter, so a store at its soft capacity does not carry 2x slack of per-slot metadata.
   // `policy` (not null; std::invalid_argument otherwise) orders this shard's evictions; the shard owns it.
-  Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots);
+  // `epoch` (1..kMaxEpoch) goes into the tag of every key this shard issues.
+  Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots,
+        uint32_t epoch = 1);
   ~Shard();
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
@@ -115,7 +118,9 @@ class Shard {
   // Throws std::logic_error describing the first broken invariant (tests and debugging).
   void Validate() const EXCLUDES(mu_);
 
-  // Snapshot of this shard. Write holds the lock while writing, so the shard is captured at one instant.
+  // Snapshot of this shard, captured at one instant: Serialize copies the shard's block into `out` under
+  // the lock (a memcpy per item, no I/O), Write serializes and then writes the block with the lock released.
+  void Serialize(ByteBuffer* out) const EXCLUDES(mu_);
   void Write(SnapshotWriter& out) const EXCLUDES(mu_);
   // Fills an empty shard from a snapshot (structure checked; the caller verifies the checksum at the end).
   void Read(SnapshotReader& in) EXCLUDES(mu_);
@@ -126,16 +131,18 @@ class Shard {
   struct SlotRef {
     uint8_t* data = nullptr;
     uint32_t size = 0;
-    uint32_t generation = 1;
+    Tag tag = 0;  // of the slot's current item, or of its last one while free (0: never issued)
     double priority = 0.0;
     uint32_t live_pos = kNotLive;  // index in live_, or kNotLive
     uint32_t unused = 0;
   };
 
-  bool Live(Slot slot, uint32_t generation) const REQUIRES(mu_);
+  bool Live(Slot slot, Tag tag) const REQUIRES(mu_);
+  // A free slot whose next tag would pass kMaxGeneration in this epoch: never reused in this life.
+  bool Retired(const SlotRef& r) const { return TagEpoch(r.tag) == epoch_ && TagGeneration(r.tag) == kMaxGeneration; }
   void EnsureSlots(size_t extra) REQUIRES(mu_);
   Slot TakeSlot() REQUIRES(mu_);
-  // Unlinks a live slot everywhere, bumps its generation, and returns its bytes to the arena. Its tree leaf
+  // Unlinks a live slot everywhere, frees it (or retires it), and returns its bytes to the arena. Its tree leaf
   // is zeroed by the FinishRemovals() the caller must make before releasing the lock.
   void Remove(Slot slot) REQUIRES(mu_);
   void FinishRemovals() REQUIRES(mu_);
@@ -146,6 +153,7 @@ class Shard {
   const uint32_t index_;
   const double alpha_;
   const size_t target_slots_;
+  const uint32_t epoch_;
   mutable SpinMutex mu_;
 
   AlignedVector<SlotRef> refs_ GUARDED_BY(mu_);

@@ -20,12 +20,15 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr size_t kInsertChunk = 64;
 constexpr char kMagic[8] = {'A', 'P', 'X', 'R', 'L', 'S', 'T', '1'};
 constexpr char kEndMagic[8] = {'A', 'P', 'X', 'R', 'L', 'E', 'N', 'D'};
-constexpr uint32_t kSnapshotVersion = 1;
+// Version 2: keys carry an epoch (slot tags instead of generations, the saved epoch and max_size).
+constexpr uint32_t kSnapshotVersion = 2;
 constexpr uint64_t kEvictionStream = 0x5EED0E71C7ull;
 
+// The shortest of %.15g / %.17g that reads back as v: 1e+308, not 1.0000000000000001e+308.
 std::string Num(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  std::snprintf(buf, sizeof(buf), "%.15g", v);
+  if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof(buf), "%.17g", v);
   return buf;
 }
 
@@ -42,11 +45,36 @@ void ValidateConfig(const StoreConfig& c) {
     throw InvalidArgument("unknown eviction policy " + std::to_string(static_cast<uint32_t>(c.eviction)));
   }
   if (!std::isfinite(c.alpha_evict)) throw InvalidArgument("alpha_evict must be finite, got " + Num(c.alpha_evict));
+  if (c.epoch < 1 || c.epoch > kMaxEpoch) {
+    throw InvalidArgument("epoch must be in [1, " + std::to_string(kMaxEpoch) + "], got " + std::to_string(c.epoch));
+  }
+  if (c.max_size < c.capacity) {
+    throw InvalidArgument("max_size must be >= capacity = " + std::to_string(c.capacity) + ", got " +
+                          std::to_string(c.max_size));
+  }
+  // Keys have 28 bits for the slot: a shard must be able to hold its share of the hard ceiling.
+  const uint64_t per_shard = c.max_size / c.shards + (c.max_size % c.shards != 0);
+  if (per_shard > kMaxSlotsPerShard) {
+    throw InvalidArgument("max_size " + std::to_string(c.max_size) + " over " + std::to_string(c.shards) +
+                          " shards needs " + std::to_string(per_shard) + " slots per shard; a shard holds at most " +
+                          std::to_string(kMaxSlotsPerShard) + " (use more shards or a smaller capacity/max_size)");
+  }
+}
+
+// max_size 0 stands for 2 * capacity (saturating, so a huge capacity is refused by ValidateConfig instead).
+StoreConfig WithDefaults(StoreConfig c) {
+  if (c.max_size == 0) c.max_size = c.capacity > UINT64_MAX / 2 ? UINT64_MAX : 2 * c.capacity;
+  return c;
+}
+
+std::string BatchTooLarge(const char* what, uint64_t n) {
+  return std::string(what) + " " + std::to_string(n) + " items in one call; the limit is " +
+         std::to_string(kMaxBatchItems) + " (split the call)";
 }
 
 }  // namespace
 
-ShardedStore::ShardedStore(const StoreConfig& config) : config_(config), planner_(nullptr) {
+ShardedStore::ShardedStore(const StoreConfig& config) : config_(WithDefaults(config)), planner_(nullptr) {
   ValidateConfig(config_);
   planner_ = &EvictionPlannerFor(config_.eviction);
   const uint64_t per_shard = (config_.capacity + config_.shards - 1) / config_.shards;
@@ -54,7 +82,8 @@ ShardedStore::ShardedStore(const StoreConfig& config) : config_(config), planner
   shards_.reserve(config_.shards);
   for (uint32_t s = 0; s < config_.shards; ++s) {
     shards_.push_back(
-        std::make_unique<Shard>(s, config_.alpha, MakeEvictionPolicy(config_.eviction, config_.alpha_evict), target));
+        std::make_unique<Shard>(s, config_.alpha, MakeEvictionPolicy(config_.eviction, config_.alpha_evict), target,
+                                config_.epoch));
   }
 }
 
@@ -68,9 +97,10 @@ void ShardedStore::ComputeMasses(const double* priorities, size_t n, double* mas
                             "] is " + Num(p));
     }
     masses[i] = PriorityMass(p, config_.alpha);
-    if (!std::isfinite(masses[i])) {
-      throw InvalidArgument("priorities[" + std::to_string(i) + "] = " + Num(p) + " overflows to infinity when raised to alpha = " +
-                            Num(config_.alpha));
+    if (!(masses[i] <= kMaxMass)) {  // also catches an overflow to infinity
+      throw InvalidArgument("priorities[" + std::to_string(i) + "] = " + Num(p) + " has mass priority^alpha = " +
+                            Num(masses[i]) + " (alpha = " + Num(config_.alpha) + "), above the limit MAX_MASS = " +
+                            Num(kMaxMass) + " that keeps the store's total mass finite");
     }
   }
 }
@@ -78,6 +108,7 @@ void ShardedStore::ComputeMasses(const double* priorities, size_t n, double* mas
 void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, const uint64_t* sizes, size_t n,
                           Key* keys) {
   if (n == 0) return;
+  if (n > kMaxBatchItems) throw InvalidArgument(BatchTooLarge("cannot insert", n));
   std::vector<double> masses(n);
   ComputeMasses(priorities, n, masses.data());
   for (size_t i = 0; i < n; ++i) {
@@ -103,10 +134,12 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
     if (!inserted) shards_[start % num_shards]->Insert(&items[done], m, &next_seq_, keys + done, true);
     done += m;
   }
+  if (Size() > config_.max_size) RemoveToFit();  // the hard ceiling holds even if nobody else evicts
 }
 
 void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
   if (n == 0) throw InvalidArgument("the number of items to sample must be >= 1, got 0");
+  if (n > kMaxBatchItems) throw InvalidArgument(BatchTooLarge("cannot sample", n));
   if (!std::isfinite(beta) || beta < 0.0) throw InvalidArgument("beta must be finite and >= 0, got " + Num(beta));
   if (Size() == 0) throw InvalidArgument("cannot sample from an empty store");
   Rng rng(config_.seed, sample_calls_.fetch_add(1, std::memory_order_relaxed));
@@ -195,11 +228,13 @@ void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
   }
   out->offsets[n] = out->data.size();
 
-  // w = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta. A mass below the minimum read (changed
-  // concurrently) is clamped to weight 1; float underflow is clamped to the smallest normal float.
+  // w = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta, computed as exp(beta * (log m_min - log m_k)):
+  // a ratio of masses spanning denormals to kMaxMass would overflow, a difference of logs cannot. A mass
+  // below the minimum read (changed concurrently) is clamped to weight 1; float underflow is clamped to the
+  // smallest normal float, so every weight is a finite float in (0, 1].
   for (size_t i = 0; i < n; ++i) {
     double w = 1.0;
-    if (masses[i] > 0.0 && min_mass < kInf && beta > 0.0) w = std::pow(masses[i] / min_mass, -beta);
+    if (masses[i] > 0.0 && min_mass < kInf && beta > 0.0) w = std::exp(beta * (std::log(min_mass) - std::log(masses[i])));
     out->weights[i] = static_cast<float>(std::clamp(w, static_cast<double>(FLT_MIN), 1.0));
   }
 }
@@ -335,18 +370,20 @@ void ShardedStore::Validate() const {
   for (const auto& shard : shards_) shard->Validate();
 }
 
-// Snapshot layout, version 1 (little-endian; CRC-32C of every preceding byte at the end):
-//   "APXRLST1" | u32 version | u64 capacity | f64 alpha | u32 shards | u32 eviction | f64 alpha_evict
-//   | u64 seed | shards x Shard::Write block | u64 next_seq | u64 next_shard | u64 sample_calls
-//   | u64 eviction_calls | u64 invalid_shard_keys | "APXRLEND" | u32 crc32c
-// Shards are written one at a time under their own lock: inserts into other shards go on meanwhile, and
-// every item acknowledged before Save() began is in the file unless it was removed before its shard was
-// written.
+// Snapshot layout, version 2 (little-endian; CRC-32C of every preceding byte at the end):
+//   "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards | u32 eviction
+//   | f64 alpha_evict | u64 seed | shards x Shard block (shard.cc) | u64 next_seq | u64 next_shard
+//   | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys | "APXRLEND" | u32 crc32c
+// Shards are captured one at a time, each under its own lock for the copy of its block only: inserts and
+// samples go on meanwhile, and every item acknowledged before Save() began is in the file unless it was
+// removed before its shard was copied.
 void ShardedStore::Save(const std::string& path) const {
   SnapshotWriter out(path);
   out.Write(kMagic, sizeof(kMagic));
   out.Put<uint32_t>(kSnapshotVersion);
+  out.Put<uint32_t>(config_.epoch);
   out.Put<uint64_t>(config_.capacity);
+  out.Put<uint64_t>(config_.max_size);
   out.Put<double>(config_.alpha);
   out.Put<uint32_t>(config_.shards);
   out.Put<uint32_t>(static_cast<uint32_t>(config_.eviction));
@@ -362,8 +399,10 @@ void ShardedStore::Save(const std::string& path) const {
   out.Commit();
 }
 
-std::unique_ptr<ShardedStore> ShardedStore::Load(const std::string& path) {
-  SnapshotReader in(path);
+namespace {
+
+// Reads the magic and version; returns the saved epoch.
+uint32_t ReadHeader(SnapshotReader& in) {
   char magic[8];
   if (in.remaining() < sizeof(magic)) in.Fail("too short to be an apexrl store snapshot");
   in.Read(magic, sizeof(magic));
@@ -371,15 +410,46 @@ std::unique_ptr<ShardedStore> ShardedStore::Load(const std::string& path) {
   const uint32_t version = in.Get<uint32_t>();
   if (version != kSnapshotVersion) {
     in.Fail("snapshot format version " + std::to_string(version) + "; this build reads version " +
-            std::to_string(kSnapshotVersion));
+            std::to_string(kSnapshotVersion) +
+            (version < kSnapshotVersion ? " (older snapshots have keys without an epoch and cannot be restored)" : ""));
+  }
+  const uint32_t epoch = in.Get<uint32_t>();
+  if (epoch < 1 || epoch > kMaxEpoch) in.Fail("bad epoch " + std::to_string(epoch));
+  return epoch;
+}
+
+}  // namespace
+
+uint32_t ShardedStore::SnapshotEpoch(const std::string& path) {
+  SnapshotReader in(path);
+  return ReadHeader(in);
+}
+
+std::unique_ptr<ShardedStore> ShardedStore::Load(const std::string& path) {
+  return Load(path, NextEpoch(SnapshotEpoch(path)));
+}
+
+std::unique_ptr<ShardedStore> ShardedStore::Load(const std::string& path, uint32_t epoch) {
+  SnapshotReader in(path);
+  const uint32_t saved_epoch = ReadHeader(in);
+  if (epoch < 1 || epoch > kMaxEpoch) {
+    throw InvalidArgument("epoch must be in [1, " + std::to_string(kMaxEpoch) + "], got " + std::to_string(epoch));
+  }
+  if (epoch == saved_epoch) {
+    throw InvalidArgument("epoch " + std::to_string(epoch) + " is the one snapshot '" + path +
+                          "' was saved under: keys the saved store issued after the save could address restored "
+                          "slots; restore with another epoch");
   }
   StoreConfig config;
+  config.epoch = epoch;
   config.capacity = in.Get<uint64_t>();
+  config.max_size = in.Get<uint64_t>();
   config.alpha = in.Get<double>();
   config.shards = in.Get<uint32_t>();
   config.eviction = static_cast<EvictionKind>(in.Get<uint32_t>());
   config.alpha_evict = in.Get<double>();
   config.seed = in.Get<uint64_t>();
+  if (config.max_size == 0) in.Fail("bad max_size 0");
   std::unique_ptr<ShardedStore> store;
   try {
     store = std::make_unique<ShardedStore>(config);

@@ -23,11 +23,17 @@ namespace apexrl {
 
 struct StoreConfig {
   uint64_t capacity = 1'000'000;  // soft: inserts always succeed; RemoveToFit() trims back to it
+  // Hard ceiling (>= capacity; 0: 2 * capacity): an Insert that leaves more items evicts down to capacity
+  // itself before returning, so the store stays bounded even if nobody calls RemoveToFit().
+  uint64_t max_size = 0;
   double alpha = 0.6;             // sampling P(k) = p_k^alpha / sum_j p_j^alpha
   uint32_t shards = 8;            // independent locks; 1..256
   EvictionKind eviction = EvictionKind::kFifo;
   double alpha_evict = -0.4;      // prioritized eviction draws victims with probability ~ p^alpha_evict
   uint64_t seed = 0;
+  // 1..kMaxEpoch, carried by every key the store issues (common.h); a restarted store must use an epoch
+  // that differs from the lives before it, so their keys can never address its items.
+  uint32_t epoch = 1;
 };
 
 // One sampled batch. Item i's bytes are data[offsets[i] .. offsets[i+1]).
@@ -57,9 +63,12 @@ struct StoreStats {
 //  * Sampling is proportional and stratified: the total mass T = sum_k p_k^alpha is cut into n equal
 //    segments with one uniform draw in each (Schaul et al.); a draw picks a shard by its share of T, then
 //    descends that shard's tree. IS weight w_k = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta, where
-//    m_min is the smallest positive mass in the store, so weights lie in (0, 1]. If every mass is 0
+//    m_min is the smallest positive mass in the store, so weights lie in (0, 1] (computed from logs, so no
+//    ratio overflows; an underflow is clamped to the smallest normal float). If every mass is 0
 //    (alpha > 0 and all priorities 0) draws fall back to uniform with weights 1.
-//  * Keys of removed items are stale forever: updates skip and count them, erase ignores them.
+//  * Keys of removed items are stale forever: updates skip and count them, erase ignores them. So are keys
+//    of another epoch (an earlier life of a restarted store) unless their item was restored from a snapshot.
+//  * Masses are at most kMaxMass, so no total overflows; probabilities are finite and sum to 1.
 //  * FIFO eviction removes the globally oldest items (insertion numbers are store-wide), lowest-priority
 //    eviction the globally lowest priorities (equal ones in no particular order); prioritized eviction
 //    splits the victims among shards by their eviction mass and each shard draws its share. Each shard's
@@ -81,9 +90,11 @@ class ShardedStore {
 
   const StoreConfig& config() const { return config_; }
 
-  // Inserts n items (item i: sizes[i] bytes at data[i]) with their priorities; writes n keys.
+  // Inserts n <= kMaxBatchItems items (item i: sizes[i] bytes at data[i]) with their priorities; writes n
+  // keys. Each mass priority^alpha must be <= kMaxMass. If the store then holds more than max_size items it
+  // runs RemoveToFit() before returning (the new items may be among the victims; their keys are then stale).
   void Insert(const double* priorities, const uint8_t* const* data, const uint64_t* sizes, size_t n, Key* keys);
-  // Draws n >= 1 items (with replacement) into `out`, reusing its buffers. beta >= 0.
+  // Draws 1 <= n <= kMaxBatchItems items (with replacement) into `out`, reusing its buffers. beta >= 0.
   void Sample(size_t n, double beta, SampleResult* out);
   // Returns how many keys still addressed an item (the rest are counted as stale updates).
   size_t UpdatePriorities(const Key* keys, const double* priorities, size_t n);
@@ -95,17 +106,27 @@ class ShardedStore {
   double TotalMass() const;  // sum of p^alpha over every item (the sampling mass)
   StoreStats Stats() const;
 
-  // Versioned, checksummed snapshot; see sharded_store.cc for the layout. Save writes path.tmp.<pid>.<n> and
-  // renames it into place; Load verifies structure and checksum and throws SnapshotError for a truncated,
-  // corrupted or foreign file, never returning a partly loaded store.
+  // Versioned, checksummed snapshot; see sharded_store.cc for the layout. Save writes path.tmp.<pid>.<n>,
+  // fsyncs it, renames it into place and fsyncs the directory; on any failure (disk full, I/O error, missing
+  // directory) it removes the temporary and throws SnapshotError with the OS reason, leaving an earlier
+  // snapshot at `path` untouched. Shards are copied one at a time under their own lock and written after it
+  // is released, so a save stalls no shard for longer than a memcpy of its items.
+  // Load verifies structure and checksum and throws SnapshotError for a truncated, corrupted, foreign or
+  // older-version file, never returning a partly loaded store. The restored store issues keys with `epoch`,
+  // which must differ from the saved one (InvalidArgument otherwise): keys of restored items stay valid, keys
+  // the saved store issued after the save are stale. Without `epoch`: NextEpoch(saved epoch).
   void Save(const std::string& path) const;
+  static std::unique_ptr<ShardedStore> Load(const std::string& path, uint32_t epoch);
   static std::unique_ptr<ShardedStore> Load(const std::string& path);
+  // The epoch a snapshot was saved under, read from its header only (SnapshotError if it is not a snapshot
+  // of this version).
+  static uint32_t SnapshotEpoch(const std::string& path);
 
   // Throws std::logic_error describing the first broken invariant of any shard (tests).
   void Validate() const;
 
  private:
-  // Validates priorities (finite, >= 0, finite mass) into masses[]; throws naming the first bad one.
+  // Validates priorities (finite, >= 0, mass <= kMaxMass) into masses[]; throws naming the first bad one.
   void ComputeMasses(const double* priorities, size_t n, double* masses) const;
   // Groups key indices by shard (counting sort); keys naming a shard that does not exist go last.
   void GroupByShard(const Key* keys, size_t n, std::vector<uint32_t>* order, std::vector<size_t>* starts) const;

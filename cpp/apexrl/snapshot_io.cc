@@ -19,6 +19,20 @@ std::string OsError(const std::string& what, const std::string& path) {
   return what + " '" + path + "': " + std::strerror(errno);
 }
 
+// Makes a rename inside `path`'s directory durable: without it a crash can lose the new directory entry.
+void SyncDirectoryOf(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const std::string dir = target.has_parent_path() ? target.parent_path().string() : std::string(".");
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) throw SnapshotError(OsError("cannot open the directory of snapshot", path));
+  const int rc = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  if (rc != 0) throw SnapshotError(OsError("cannot sync the directory of snapshot", path));
+}
+
 }  // namespace
 
 namespace {
@@ -58,7 +72,7 @@ std::string TemporaryName(const std::string& path) {
 SnapshotWriter::SnapshotWriter(const std::string& path) : path_(path), tmp_path_(TemporaryName(path)) {
   RemoveOrphanedTemporaries(path);
   file_ = std::fopen(tmp_path_.c_str(), "wb");
-  if (file_ == nullptr) throw IoError(OsError("cannot create snapshot", tmp_path_));
+  if (file_ == nullptr) throw SnapshotError(OsError("cannot create snapshot", tmp_path_));
   std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
 }
 
@@ -70,22 +84,23 @@ SnapshotWriter::~SnapshotWriter() {
 void SnapshotWriter::Write(const void* data, size_t n) {
   if (n == 0) return;
   crc_ = Crc32cExtend(crc_, data, n);
-  if (std::fwrite(data, 1, n, file_) != n) throw IoError(OsError("cannot write snapshot", tmp_path_));
+  if (std::fwrite(data, 1, n, file_) != n) throw SnapshotError(OsError("cannot write snapshot", tmp_path_));
 }
 
 void SnapshotWriter::Commit() {
   const uint32_t crc = crc_;
   Write(&crc, sizeof(crc));
   if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) {
-    throw IoError(OsError("cannot flush snapshot", tmp_path_));
+    throw SnapshotError(OsError("cannot flush snapshot", tmp_path_));
   }
   const int rc = std::fclose(file_);
   file_ = nullptr;
-  if (rc != 0) throw IoError(OsError("cannot close snapshot", tmp_path_));
+  if (rc != 0) throw SnapshotError(OsError("cannot close snapshot", tmp_path_));
   if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    throw IoError(OsError("cannot rename snapshot onto", path_));
+    throw SnapshotError(OsError("cannot rename snapshot onto", path_));
   }
-  committed_ = true;
+  committed_ = true;  // the temporary is gone: from here on the new snapshot is the one at path_
+  SyncDirectoryOf(path_);
 }
 
 SnapshotReader::SnapshotReader(const std::string& path) : path_(path) {

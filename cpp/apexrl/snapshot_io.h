@@ -10,9 +10,11 @@
 
 namespace apexrl {
 
-// Writes to `path`.tmp.<pid>.<n> and, on Commit(), flushes, fsyncs and renames it over `path`, so a crash
-// mid-write never leaves a half-written file under the snapshot's name. Without Commit() the temporary is
-// removed; temporaries of writers killed mid-save (whose pid no longer runs) are removed by the next save.
+// Writes to `path`.tmp.<pid>.<n> and, on Commit(), flushes, fsyncs and renames it over `path`, then fsyncs
+// the directory, so a crash mid-write never leaves a half-written file under the snapshot's name. Every
+// failure throws SnapshotError with the OS reason (disk full, I/O error, missing directory). Without Commit()
+// the temporary is removed, leaving an earlier file at `path` as it was; temporaries of writers killed
+// mid-save (whose pid no longer runs) are removed by the next save.
 class SnapshotWriter {
  public:
   explicit SnapshotWriter(const std::string& path);

@@ -80,6 +80,28 @@ double AsFloat(const py::handle& obj, const char* name) {
   return v;
 }
 
+uint32_t AsEpoch(const py::object& epoch) {
+  const int64_t e = AsInt(epoch, "epoch");
+  if (e < 1 || e > static_cast<int64_t>(kMaxEpoch)) {
+    throw InvalidArgument("epoch must be in [1, " + std::to_string(kMaxEpoch) + "], got " + std::to_string(e));
+  }
+  return static_cast<uint32_t>(e);
+}
+
+// Whether a buffer exports Python object pointers: numpy says so itself (dtype.hasobject, structured dtypes
+// included); other exporters through the struct-module format, where 'O' is the object code (field names,
+// between colons, are skipped).
+bool HoldsObjects(const py::handle& obj, const char* format) {
+  if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj).dtype().attr("hasobject").cast<bool>();
+  if (format == nullptr) return false;
+  bool in_name = false;
+  for (const char* c = format; *c != '\0'; ++c) {
+    if (*c == ':') in_name = !in_name;
+    else if (!in_name && *c == 'O') return true;
+  }
+  return false;
+}
+
 // Holds the buffers of the items being inserted for the duration of the call (PEP 3118 exports are
 // released with the GIL held, in the destructor).
 class ItemBuffers {
@@ -89,9 +111,16 @@ class ItemBuffers {
 
   void Add(const py::handle& obj, const std::string& what) {
     auto view = std::make_unique<Py_buffer>();
-    if (PyObject_GetBuffer(obj.ptr(), view.get(), PyBUF_C_CONTIGUOUS) != 0) {
+    if (PyObject_GetBuffer(obj.ptr(), view.get(), PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
       PyErr_Clear();
       throw InvalidArgument(what + " must be a C-contiguous bytes-like object, got " + TypeName(obj));
+    }
+    // An object array exports its PyObject pointers: storing them would store addresses, not data.
+    if (HoldsObjects(obj, view->format)) {
+      const std::string format = view->format != nullptr ? view->format : "";
+      PyBuffer_Release(view.get());
+      throw InvalidArgument(what + " holds Python objects (buffer format '" + format +
+                            "'), not data; pass bytes or a numeric array");
     }
     views_.push_back(std::move(view));
     data.push_back(static_cast<const uint8_t*>(views_.back()->buf));
@@ -228,7 +257,8 @@ class PyStore {
 
   static std::unique_ptr<PyStore> Create(const py::object& capacity, const py::object& alpha, const py::object& shards,
                                          const std::string& eviction, const py::object& alpha_evict,
-                                         const py::object& seed) {
+                                         const py::object& seed, const py::object& max_size,
+                                         const py::object& epoch) {
     StoreConfig c;
     const int64_t cap = AsInt(capacity, "capacity");
     if (cap < 1) throw InvalidArgument("capacity must be >= 1, got " + std::to_string(cap));
@@ -244,12 +274,24 @@ class PyStore {
     const int64_t sd = AsInt(seed, "seed");
     if (sd < 0) throw InvalidArgument("seed must be >= 0, got " + std::to_string(sd));
     c.seed = static_cast<uint64_t>(sd);
+    if (!max_size.is_none()) {
+      const int64_t ms = AsInt(max_size, "max_size");
+      if (ms < cap) {
+        throw InvalidArgument("max_size must be >= capacity = " + std::to_string(cap) + ", got " + std::to_string(ms));
+      }
+      c.max_size = static_cast<uint64_t>(ms);
+    }
+    c.epoch = AsEpoch(epoch);
     return std::make_unique<PyStore>(std::make_unique<ShardedStore>(c));
   }
 
   py::array_t<uint64_t> Insert(const py::object& priorities, const py::object& items, const py::object& offsets) {
     auto prio = As1D<double>(priorities, "priorities", "fiu");
     const size_t n = static_cast<size_t>(prio.size());
+    if (n > kMaxBatchItems) {  // before unpacking n items
+      throw InvalidArgument("cannot insert " + std::to_string(n) + " items in one call; the limit is " +
+                            std::to_string(kMaxBatchItems) + " (split the call)");
+    }
     ItemBuffers buffers;
     UnpackItems(items, offsets, n, &buffers);
     py::array_t<uint64_t> keys(static_cast<py::ssize_t>(n));
@@ -265,6 +307,10 @@ class PyStore {
   PySampleBatch Sample(const py::object& n, const py::object& beta) {
     const int64_t count = AsInt(n, "n");
     if (count < 1) throw InvalidArgument("n must be >= 1, got " + std::to_string(count));
+    if (static_cast<uint64_t>(count) > kMaxBatchItems) {  // before any allocation for n draws
+      throw InvalidArgument("n = " + std::to_string(count) + " is above the limit of " +
+                            std::to_string(kMaxBatchItems) + " items per sample call");
+    }
     const double b = AsFloat(beta, "beta");
     auto result = std::make_shared<SampleResult>();
     {
@@ -319,6 +365,8 @@ class PyStore {
     d["evicted"] = s.evicted;
     d["erased"] = s.erased;
     d["remove_to_fit_calls"] = s.remove_to_fit_calls;
+    d["max_size"] = store_->config().max_size;
+    d["epoch"] = store_->config().epoch;
     return d;
   }
 
@@ -326,13 +374,18 @@ class PyStore {
     py::gil_scoped_release release;
     store_->Save(path);
   }
-  static std::unique_ptr<PyStore> Load(const std::string& path) {
+  static std::unique_ptr<PyStore> Load(const std::string& path, const py::object& epoch) {
     std::unique_ptr<ShardedStore> s;
+    const uint32_t e = epoch.is_none() ? 0 : AsEpoch(epoch);
     {
       py::gil_scoped_release release;
-      s = ShardedStore::Load(path);
+      s = e == 0 ? ShardedStore::Load(path) : ShardedStore::Load(path, e);
     }
     return std::make_unique<PyStore>(std::move(s));
+  }
+  static uint32_t SnapshotEpoch(const std::string& path) {
+    py::gil_scoped_release release;
+    return ShardedStore::SnapshotEpoch(path);
   }
   void CheckInvariants() const {
     py::gil_scoped_release release;
@@ -370,11 +423,13 @@ A key-value store of byte items with proportional prioritized sampling (Schaul e
 
 P(k) = p_k^alpha / sum_j p_j^alpha, drawn stratified; IS weights (N P(k))^-beta / max_j w_j. Capacity is
 soft: insert always succeeds, remove_to_fit() evicts down to capacity with the eviction policy ("fifo":
-globally oldest first; "prioritized": victims drawn proportional to p^alpha_evict). Thread-safe; the
+globally oldest first; "prioritized": victims drawn proportional to p^alpha_evict); max_size (default
+2 * capacity) is hard: an insert that leaves more items evicts down to capacity itself. Keys carry the
+store's epoch (1..4095), so keys of an earlier life of a restarted store address nothing. Thread-safe; the
 heavy methods release the GIL.)doc")
       .def(py::init(&PyStore::Create), py::arg("capacity") = 1'000'000, py::arg("alpha") = 0.6,
            py::arg("shards") = 8, py::arg("eviction") = "fifo", py::arg("alpha_evict") = -0.4,
-           py::arg("seed") = 0)
+           py::arg("seed") = 0, py::arg("max_size") = py::none(), py::arg("epoch") = 1)
       .def("insert", &PyStore::Insert, py::arg("priorities"), py::arg("items"), py::arg("offsets") = py::none(),
            "Insert items with priorities; returns their uint64 keys (in order).")
       .def("sample", &PyStore::Sample, py::arg("n"), py::arg("beta") = 0.4,
@@ -386,8 +441,19 @@ heavy methods release the GIL.)doc")
       .def("stats", &PyStore::Stats, "Counters and sizes as a dict.")
       .def("save", [](const PyStore& s, const py::object& path) { s.Save(FsPath(path)); }, py::arg("path"),
            "Write a versioned, checksummed snapshot (atomically: temporary file, then rename).")
-      .def_static("load", [](const py::object& path) { return PyStore::Load(FsPath(path)); }, py::arg("path"),
-                  "Read a snapshot written by save(); raises SnapshotError if it is truncated or corrupted.")
+      .def_static("load", [](const py::object& path, const py::object& epoch) {
+        return PyStore::Load(FsPath(path), epoch);
+      }, py::arg("path"), py::arg("epoch") = py::none(),
+                  "Read a snapshot written by save(); raises SnapshotError if it is truncated, corrupted or of an "
+                  "older format. The restored store issues new keys with `epoch` (1..4095, not the saved one; "
+                  "None: the saved epoch % 4095 + 1): keys of restored items stay valid, keys the saved store "
+                  "issued after the save are stale.")
+      .def_static("snapshot_epoch", [](const py::object& path) { return PyStore::SnapshotEpoch(FsPath(path)); },
+                  py::arg("path"), "The epoch a snapshot was saved under, read from its header only.")
+      .def_readonly_static("MAX_MASS", &kMaxMass,
+                           "Largest accepted priority^alpha; a larger one is refused with ValueError.")
+      .def_readonly_static("MAX_EPOCH", &kMaxEpoch, "Epochs are 1..MAX_EPOCH.")
+      .def_readonly_static("MAX_BATCH_ITEMS", &kMaxBatchItems, "Most items one insert() or sample() call takes.")
       .def("check_invariants", &PyStore::CheckInvariants,
            "Verify every internal invariant (slow; for tests). Raises RuntimeError on a violation.")
       .def("__len__", [](const PyStore& s) { return s.store().Size(); })
@@ -396,6 +462,10 @@ heavy methods release the GIL.)doc")
       .def_property_readonly("alpha_evict", [](const PyStore& s) { return s.store().config().alpha_evict; })
       .def_property_readonly("shards", [](const PyStore& s) { return s.store().config().shards; })
       .def_property_readonly("seed", [](const PyStore& s) { return s.store().config().seed; })
+      .def_property_readonly("max_size", [](const PyStore& s) { return s.store().config().max_size; },
+                             "Hard ceiling: an insert that leaves more items evicts down to capacity itself.")
+      .def_property_readonly("epoch", [](const PyStore& s) { return s.store().config().epoch; },
+                             "Carried by every key this store issues (1..4095).")
       .def_property_readonly("eviction", [](const PyStore& s) { return EvictionKindName(s.store().config().eviction); })
       .def_property_readonly("total_priority", [](const PyStore& s) { return s.store().TotalMass(); },
                              "Sum of priority^alpha over every item: the sampling mass.")

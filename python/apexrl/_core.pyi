@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 class SnapshotError(ValueError):
-    """A snapshot file is truncated, corrupted, of an unknown version, or not a snapshot."""
+    """A snapshot file is truncated, corrupted, of an unknown version, or not a snapshot; or a save failed."""
 
 class SampleBatch:
     @property
@@ -27,6 +27,9 @@ class SampleBatch:
     def __len__(self) -> int: ...
 
 class PrioritizedStore:
+    MAX_MASS: float
+    MAX_EPOCH: int
+    MAX_BATCH_ITEMS: int
     def __init__(
         self,
         capacity: int = 1_000_000,
@@ -35,6 +38,8 @@ class PrioritizedStore:
         eviction: str = "fifo",
         alpha_evict: float = -0.4,
         seed: int = 0,
+        max_size: int | None = None,
+        epoch: int = 1,
     ) -> None: ...
     def insert(
         self,
@@ -49,7 +54,9 @@ class PrioritizedStore:
     def stats(self) -> dict[str, int | float]: ...
     def save(self, path: str | os.PathLike[str]) -> None: ...
     @staticmethod
-    def load(path: str | os.PathLike[str]) -> PrioritizedStore: ...
+    def load(path: str | os.PathLike[str], epoch: int | None = None) -> PrioritizedStore: ...
+    @staticmethod
+    def snapshot_epoch(path: str | os.PathLike[str]) -> int: ...
     def check_invariants(self) -> None: ...
     def __len__(self) -> int: ...
     @property
@@ -62,6 +69,10 @@ class PrioritizedStore:
     def shards(self) -> int: ...
     @property
     def seed(self) -> int: ...
+    @property
+    def max_size(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
     @property
     def eviction(self) -> str: ...
     @property

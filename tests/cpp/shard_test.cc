@@ -47,8 +47,8 @@ struct Draw {
 class ShardHarness {
  public:
   ShardHarness(uint32_t index, double alpha, EvictionKind eviction, double alpha_evict = -0.4,
-               size_t target_slots = 64)
-      : alpha_(alpha), shard_(index, alpha, MakeEvictionPolicy(eviction, alpha_evict), target_slots) {}
+               size_t target_slots = 64, uint32_t epoch = 1)
+      : alpha_(alpha), shard_(index, alpha, MakeEvictionPolicy(eviction, alpha_evict), target_slots, epoch) {}
 
   Shard& shard() { return shard_; }
   std::atomic<uint64_t>& seq() { return seq_; }
@@ -150,7 +150,7 @@ TEST(ShardTest, InsertIssuesKeysNamingThisShardDistinctSlotsAndGenerationOne) {
   for (Key k : keys) {
     const KeyParts kp = SplitKey(k);
     EXPECT_EQ(kp.shard, 3u);
-    EXPECT_EQ(kp.generation, 1u);
+    EXPECT_EQ(kp.tag, MakeTag(1, 1));
     EXPECT_NE(k, 0u);
     slots.insert(kp.slot);
   }
@@ -270,7 +270,7 @@ TEST(ShardTest, UpdateSetsNewMassesAndSkipsStaleKeys) {
 
   ASSERT_EQ(h.Erase({keys[0]}), 1u);
   const KeyParts kp = SplitKey(keys[1]);
-  const Key wrong_generation = MakeKey(kp.shard, kp.slot, kp.generation + 1);
+  const Key wrong_generation = MakeKey(kp.shard, kp.slot, kp.tag + 1);
   const Key unused_slot = MakeKey(kp.shard, 1000000, 1);
   EXPECT_EQ(h.Update({keys[0], wrong_generation, unused_slot, keys[2]}, {9.0, 9.0, 9.0, 3.0}), 1u);
   EXPECT_EQ(h.shard().total(), 5.0);  // 2 (keys[1]) + 3 (keys[2])
@@ -310,7 +310,7 @@ TEST(ShardTest, FreedSlotIsReusedWithABumpedGenerationSoOldKeysTurnStale) {
   ASSERT_VALID(h.shard());
   const Key fresh = h.InsertOne(2.0, "fresh");
   EXPECT_EQ(SplitKey(fresh).slot, SplitKey(keys[1]).slot);  // the freed slot is reused
-  EXPECT_EQ(SplitKey(fresh).generation, SplitKey(keys[1]).generation + 1);
+  EXPECT_EQ(SplitKey(fresh).tag, SplitKey(keys[1]).tag + 1);  // same epoch, next generation
   EXPECT_EQ(SplitKey(fresh).shard, 5u);
   EXPECT_NE(fresh, keys[1]);
   ASSERT_VALID(h.shard());
@@ -654,50 +654,77 @@ TEST_F(ShardFileTest, WriteThenReadRestoresItemsKeysAndCounters) {
   ASSERT_VALID(b.shard());
 }
 
-TEST_F(ShardFileTest, SlotWhoseGenerationReachesTheLimitIsRetiredNotReused) {
-  // A shard block written by hand (layout in shard.cc): slot 0 free at the last usable generation, slot 1
-  // holding one item.
-  const std::string path = Path("old_shard.bin");
-  {
-    SnapshotWriter out(path);
-    out.Put<uint32_t>(0);                      // shard index
-    out.Put<uint64_t>(2);                      // slots
-    out.Put<uint32_t>(kGenerationLimit - 1);   // generation of slot 0
-    out.Put<uint32_t>(1);                      // generation of slot 1
-    out.Put<uint64_t>(1);                      // free slots
-    out.Put<uint32_t>(0);
-    out.Put<uint64_t>(1);                      // live items
-    out.Put<uint32_t>(1);                      // slot
-    out.Put<uint64_t>(1);                      // seq
-    out.Put<double>(2.0);                      // priority
-    out.Put<uint32_t>(3);                      // size
-    out.Write("abc", 3);
-    const uint64_t counters[6] = {1, 0, 0, 0, 0, 0};  // inserted, sampled, updated, stale, evicted, erased
-    for (uint64_t c : counters) out.Put<uint64_t>(c);
-    out.Put<uint64_t>(1);                      // max seq
-    out.Commit();
+TEST(ShardTest, SlotWhoseGenerationReachesTheLimitIsRetiredForTheRestOfTheEpoch) {
+  ShardHarness h(0, 1.0, EvictionKind::kFifo, -0.4, 64, /*epoch=*/7);
+  // One slot, freed and reused until its generation is the last of the epoch.
+  std::set<Key> issued;
+  Key last = 0;
+  for (uint32_t g = 1; g <= kMaxGeneration; ++g) {
+    last = h.InsertOne(1.0, "x");
+    ASSERT_EQ(SplitKey(last).slot, 0u);
+    ASSERT_EQ(SplitKey(last).tag, MakeTag(7, g));
+    ASSERT_TRUE(issued.insert(last).second) << "key issued twice";
+    ASSERT_EQ(h.Erase({last}), 1u);
   }
-  ShardHarness h(0, 1.0, EvictionKind::kFifo);
-  {
-    SnapshotReader in(path);
-    h.shard().Read(in);
-    in.VerifyChecksum();
-  }
-  ASSERT_VALID(h.shard());
-  h.seq() = 1;
-  const Key last = h.InsertOne(1.0, "last");
-  EXPECT_EQ(SplitKey(last).slot, 0u);
-  EXPECT_EQ(SplitKey(last).generation, kGenerationLimit - 1);
-  ASSERT_EQ(h.Erase({last}), 1u);  // slot 0 would reach the limit: retired
   ASSERT_VALID(h.shard());
   const Key next = h.InsertOne(1.0, "next");
-  EXPECT_NE(SplitKey(next).slot, 0u) << "a retired slot was reused";
-  EXPECT_EQ(SplitKey(next).generation, 1u);
+  EXPECT_EQ(SplitKey(next).slot, 1u) << "a retired slot was reused";
+  EXPECT_EQ(SplitKey(next).tag, MakeTag(7, 1));
+  // Nothing addresses slot 0 any more, whatever tag a key claims.
+  for (Tag t : {Tag{0}, MakeTag(7, 1), MakeTag(7, kMaxGeneration), MakeTag(8, 1)}) {
+    EXPECT_EQ(h.Update({MakeKey(0, 0, t)}, {1.0}), 0u);
+  }
+  EXPECT_EQ(h.shard().size(), 1u);
   ASSERT_VALID(h.shard());
-  // Nothing can address slot 0 any more, whatever generation a key claims.
-  for (uint32_t g : {0u, 1u, kGenerationLimit - 1}) EXPECT_EQ(h.Update({MakeKey(0, 0, g)}, {1.0}), 0u);
-  EXPECT_EQ(h.shard().size(), 2u);
-  ASSERT_VALID(h.shard());
+}
+
+TEST_F(ShardFileTest, ReadWithANewEpochKeepsRestoredKeysAndStalesEveryOtherKeyOfTheOldLife) {
+  ShardHarness a(1, 1.0, EvictionKind::kFifo, -0.4, 64, /*epoch=*/3);
+  // Slot 0 retired (its last generation of epoch 3 used up), slots 1..4 live, slot 2 then freed.
+  for (uint32_t g = 1; g <= kMaxGeneration; ++g) ASSERT_EQ(a.Erase({a.InsertOne(1.0, "r")}), 1u);
+  const std::vector<Key> keys = a.Insert({1.0, 2.0, 3.0, 4.0}, {"one", "two", "three", "four"});
+  ASSERT_EQ(SplitKey(keys[0]).slot, 1u);
+  ASSERT_EQ(a.Erase({keys[1]}), 1u);
+  const std::string path = Path("shard.bin");
+  {
+    SnapshotWriter out(path);
+    a.shard().Write(out);
+    out.Commit();
+  }
+  // The old life goes on after the snapshot: these keys must be stale in the restored shard.
+  std::vector<Key> after = a.Insert({5.0, 6.0}, {"five", "six"});
+  ASSERT_EQ(a.Erase({keys[3]}), 1u);
+  after.push_back(a.InsertOne(7.0, "seven"));
+
+  ShardHarness b(1, 1.0, EvictionKind::kFifo, -0.4, 64, /*epoch=*/4);
+  {
+    SnapshotReader in(path);
+    b.shard().Read(in);
+    in.VerifyChecksum();
+  }
+  ASSERT_VALID(b.shard());
+  b.seq() = a.seq().load();  // the store-wide insertion counter goes on
+  EXPECT_EQ(b.shard().size(), 3u);
+  // Keys of restored items still address them.
+  EXPECT_EQ(b.Update({keys[0], keys[2], keys[3]}, {1.5, 3.5, 4.5}), 3u);
+  // New items take the free slots, retired slot 0 included (a new epoch starts its generations afresh).
+  const std::vector<Key> fresh = b.Insert({1.0, 1.0, 1.0}, {"a", "b", "c"});
+  std::set<Slot> slots;
+  for (Key k : fresh) {
+    EXPECT_EQ(TagEpoch(SplitKey(k).tag), 4u);
+    EXPECT_EQ(TagGeneration(SplitKey(k).tag), 1u);
+    slots.insert(SplitKey(k).slot);
+  }
+  EXPECT_EQ(slots, (std::set<Slot>{0, 2, 5}));
+  // Every key of the old life that was not restored is stale, though the same slots hold items again.
+  const ShardCounters before = b.shard().counters();
+  EXPECT_EQ(b.Update(after, {9.0, 9.0, 9.0}), 0u);
+  EXPECT_EQ(b.Update({keys[1]}, {9.0}), 0u);
+  EXPECT_EQ(b.Erase(after), 0u);
+  EXPECT_EQ(b.shard().counters().stale_updates, before.stale_updates + 4);
+  EXPECT_EQ(b.shard().size(), 6u);
+  EXPECT_EQ(b.shard().total(), 1.5 + 3.5 + 4.5 + 3.0);
+  ASSERT_VALID(b.shard());
 }
 
 }  // namespace

@@ -463,6 +463,7 @@ TEST(ShardedStoreTest, SameSeedAndCallsGiveTheSameSamples) {
 TEST(ShardedStoreTest, FifoRemoveToFitRemovesTheGloballyOldestAcrossShards) {
   StoreConfig cfg = Config(4, 25, 0.6, 7);
   cfg.eviction = EvictionKind::kFifo;
+  cfg.max_size = 1'000'000;  // above what the test inserts: only RemoveToFit evicts
   ShardedStore store(cfg);
   std::vector<Key> order;  // every key, in insertion order
   uint64_t id = 0;
@@ -511,6 +512,7 @@ TEST(ShardedStoreTest, FifoRemoveToFitRemovesTheGloballyOldestAcrossShards) {
 
 TEST(ShardedStoreTest, FifoRemoveToFitHandlesAnExcessLargerThanOneRound) {
   StoreConfig cfg = Config(3, 1000, 1.0, 8);
+  cfg.max_size = 1'000'000;  // above what the test inserts: only RemoveToFit evicts
   ShardedStore store(cfg);
   std::vector<Key> order;
   const size_t total = 70000;  // excess 69000, more than the 65536 candidates of one round
@@ -618,6 +620,7 @@ std::vector<Key> InsertSpread(ShardedStore& store, const std::vector<double>& pr
 TEST(ShardedStoreTest, LowestPriorityRemoveToFitRemovesTheGloballyLowestAcrossShards) {
   StoreConfig cfg = Config(4, 30, 0.6, 14);
   cfg.eviction = EvictionKind::kLowestPriority;
+  cfg.max_size = 1'000'000;  // above what the test inserts: only RemoveToFit evicts
   ShardedStore store(cfg);
   // Priorities 1..100 in a shuffled order.
   std::vector<double> priorities(100);
@@ -670,6 +673,7 @@ TEST(ShardedStoreTest, LowestPriorityRemoveToFitTakesEveryLowerPriorityBeforeAny
 TEST(ShardedStoreTest, LowestPriorityRemoveToFitHandlesAnExcessLargerThanOneRound) {
   StoreConfig cfg = Config(3, 1000, 1.0, 17);
   cfg.eviction = EvictionKind::kLowestPriority;
+  cfg.max_size = 1'000'000;  // above what the test inserts: only RemoveToFit evicts
   ShardedStore store(cfg);
   const size_t total = 70000;  // excess 69000, more than one ordered round
   std::vector<double> priorities(total);
@@ -1049,10 +1053,10 @@ TEST_F(SnapshotTest, FailedSaveLeavesNoTemporaryFile) {
   Insert(store, {1.0}, {"x"});
   // The destination is a directory: the temporary is written, the rename fails.
   std::filesystem::create_directory(Path("occupied"));
-  EXPECT_THROW(store.Save(Path("occupied")), IoError);
+  EXPECT_THROW(store.Save(Path("occupied")), SnapshotError);
   EXPECT_EQ(Files(), std::set<std::string>{"occupied"});
   // A directory that does not exist: nothing can be created.
-  EXPECT_THROW(store.Save(Path("missing/dir/s.snap")), IoError);
+  EXPECT_THROW(store.Save(Path("missing/dir/s.snap")), SnapshotError);
   EXPECT_EQ(Files(), std::set<std::string>{"occupied"});
   ASSERT_VALID(store);
 }
@@ -1129,12 +1133,12 @@ TEST_F(SnapshotTest, DamagedStructureUnderAValidChecksumIsRejectedOrLoadsAConsis
       try {
         std::unique_ptr<ShardedStore> s = ShardedStore::Load(Path("forged.snap"));
         s->Validate();
-        // Generations start at 1: a key of generation 0 is never issued, so it must address nothing.
+        // Tag 0 is never issued (epochs and generations start at 1), so its keys must address nothing.
         for (uint32_t shard = 0; shard < std::min<uint32_t>(s->config().shards, 4); ++shard) {
           for (Slot slot = 0; slot < 8; ++slot) {
             const Key k = MakeKey(shard, slot, 0);
             const double p = 1.0;
-            if (s->UpdatePriorities(&k, &p, 1) != 0) failures.push_back(where + "a generation-0 key is live");
+            if (s->UpdatePriorities(&k, &p, 1) != 0) failures.push_back(where + "a tag-0 key is live");
           }
         }
         if (s->Size() > 0) {
@@ -1171,7 +1175,7 @@ TEST_F(SnapshotTest, WrongMagicOrVersionOrForeignFileThrowsSnapshotError) {
   WriteAll(Path("magic.snap"), magic);
   EXPECT_EQ(LoadOutcome(Path("magic.snap")), "");
   std::string version = bytes;
-  version[8] = 2;  // u32 version right after the magic
+  version[8] = 3;  // u32 version right after the magic
   WriteAll(Path("version.snap"), version);
   EXPECT_EQ(LoadOutcome(Path("version.snap")), "");
   try {
@@ -1187,6 +1191,231 @@ TEST_F(SnapshotTest, WrongMagicOrVersionOrForeignFileThrowsSnapshotError) {
   EXPECT_EQ(LoadOutcome(Path("short.snap")), "");
   EXPECT_EQ(Files(), (std::set<std::string>{"empty.snap", "good.snap", "magic.snap", "short.snap", "text.snap",
                                             "version.snap"}));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Epochs: keys never collide across lives of a store
+
+std::vector<Key> InsertN(ShardedStore& store, size_t n, double priority, uint64_t first_id) {
+  std::vector<double> pr(n, priority);
+  std::vector<std::string> pl;
+  for (size_t i = 0; i < n; ++i) pl.push_back(PayloadFor(first_id + i));
+  return Insert(store, pr, pl);
+}
+
+TEST(EpochTest, EveryKeyCarriesTheStoresEpochAndAnotherEpochsKeysAddressNothing) {
+  StoreConfig a_cfg = Config(4, 1000, 1.0, 3);
+  a_cfg.epoch = 17;
+  ShardedStore a(a_cfg);
+  const std::vector<Key> keys = InsertN(a, 100, 1.0, 0);
+  for (Key k : keys) {
+    EXPECT_EQ(TagEpoch(SplitKey(k).tag), 17u);
+    EXPECT_EQ(TagGeneration(SplitKey(k).tag), 1u);
+  }
+  // A restarted, empty store with another epoch fills the same slots; the first life's keys are stale.
+  StoreConfig b_cfg = a_cfg;
+  b_cfg.epoch = 18;
+  ShardedStore b(b_cfg);
+  const std::vector<Key> fresh = InsertN(b, 100, 1.0, 1000);
+  std::set<std::pair<uint32_t, Slot>> a_slots, b_slots;
+  for (Key k : keys) a_slots.insert({SplitKey(k).shard, SplitKey(k).slot});
+  for (Key k : fresh) b_slots.insert({SplitKey(k).shard, SplitKey(k).slot});
+  ASSERT_EQ(a_slots, b_slots) << "the test needs the second life to reuse the same slots";
+  const std::vector<double> big(keys.size(), 50.0);
+  EXPECT_EQ(b.UpdatePriorities(keys.data(), big.data(), keys.size()), 0u);
+  EXPECT_EQ(b.Stats().stale_updates, 100u);
+  EXPECT_EQ(b.TotalMass(), 100.0);
+  EXPECT_EQ(b.Erase(keys.data(), keys.size()), 0u);
+  EXPECT_EQ(b.Size(), 100u);
+  ASSERT_VALID(b);
+}
+
+TEST(EpochTest, ConfigurationIsChecked) {
+  for (uint32_t bad : {0u, kMaxEpoch + 1}) {
+    StoreConfig c = Config(2, 10, 1.0);
+    c.epoch = bad;
+    EXPECT_THROW({ ShardedStore s(c); }, InvalidArgument) << bad;
+  }
+  StoreConfig ok = Config(2, 10, 1.0);
+  ok.epoch = kMaxEpoch;
+  EXPECT_NO_THROW({ ShardedStore s(ok); });
+  EXPECT_EQ(NextEpoch(kMaxEpoch), 1u);
+  EXPECT_EQ(NextEpoch(1), 2u);
+}
+
+TEST(SlotLimitTest, ACapacityThatNeedsMoreSlotsPerShardThanKeysCanNameIsRefused) {
+  // 28 slot bits: a shard holds at most 2^28 - 1 items, and must be able to hold its share of max_size.
+  StoreConfig c = Config(1, kMaxSlotsPerShard, 1.0);
+  c.max_size = kMaxSlotsPerShard;
+  EXPECT_NO_THROW({ ShardedStore s(c); });
+  c.max_size = 0;  // default 2 * capacity: too many for one shard
+  try {
+    ShardedStore s(c);
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("268435455"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shards"), std::string::npos) << e.what();
+  }
+  c.shards = 2;  // the same ceiling over two shards fits
+  EXPECT_NO_THROW({ ShardedStore s(c); });
+  StoreConfig below = Config(2, 10, 1.0);
+  below.max_size = 9;
+  EXPECT_THROW({ ShardedStore s(below); }, InvalidArgument);
+}
+
+TEST_F(SnapshotTest, LoadWithANewEpochKeepsRestoredKeysValidAndStalesKeysIssuedAfterTheSave) {
+  StoreConfig cfg = Config(3, 1000, 1.0, 9);
+  cfg.epoch = 40;
+  ShardedStore old(cfg);
+  const std::vector<Key> saved = InsertN(old, 60, 1.0, 0);
+  ASSERT_EQ(old.Erase(&saved[5], 1), 1u);  // a free slot in the snapshot
+  const std::string path = Path("e.snap");
+  old.Save(path);
+  EXPECT_EQ(ShardedStore::SnapshotEpoch(path), 40u);
+  // The old life goes on: new items in the freed slot and in new slots, one restored item erased and its
+  // slot reused.
+  std::vector<Key> after = InsertN(old, 40, 1.0, 100);
+  ASSERT_EQ(old.Erase(&saved[7], 1), 1u);
+  const std::vector<Key> more = InsertN(old, 1, 1.0, 200);
+  after.insert(after.end(), more.begin(), more.end());
+
+  EXPECT_THROW(ShardedStore::Load(path, 40), InvalidArgument);  // the saved epoch itself
+  EXPECT_THROW(ShardedStore::Load(path, 0), InvalidArgument);
+  std::unique_ptr<ShardedStore> restored = ShardedStore::Load(path, 41);
+  ASSERT_VALID(*restored);
+  EXPECT_EQ(restored->config().epoch, 41u);
+  EXPECT_EQ(restored->Size(), 59u);
+  const std::vector<Key> fresh = InsertN(*restored, 41, 1.0, 300);  // reuses the free slots, then new ones
+  for (Key k : fresh) EXPECT_EQ(TagEpoch(SplitKey(k).tag), 41u);
+  // Keys of restored items address them (the one erased before the save stays stale) ...
+  std::vector<Key> restored_keys;
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (i != 5) restored_keys.push_back(saved[i]);
+  }
+  const std::vector<double> two(restored_keys.size(), 2.0);
+  EXPECT_EQ(restored->UpdatePriorities(restored_keys.data(), two.data(), two.size()), 59u);
+  EXPECT_FALSE(IsLive(*restored, saved[5], 1.0));
+  // ... and no key issued after the save addresses anything: the new items keep priority 1.
+  const std::vector<double> big(after.size(), 1000.0);
+  EXPECT_EQ(restored->UpdatePriorities(after.data(), big.data(), after.size()), 0u);
+  EXPECT_EQ(restored->TotalMass(), 59 * 2.0 + 41 * 1.0);
+  ASSERT_VALID(*restored);
+
+  // Load(path) without an epoch: the saved one plus one.
+  EXPECT_EQ(ShardedStore::Load(path)->config().epoch, 41u);
+  StoreConfig last = Config(1, 10, 1.0);
+  last.epoch = kMaxEpoch;
+  ShardedStore wraps(last);
+  wraps.Save(Path("w.snap"));
+  EXPECT_EQ(ShardedStore::Load(Path("w.snap"))->config().epoch, 1u);
+}
+
+TEST_F(SnapshotTest, SnapshotOfAnOlderFormatVersionIsRefusedWithTheReason) {
+  const std::string bytes = SmallSnapshot(Path("good.snap"));
+  std::string v1 = bytes;
+  const uint32_t one = 1;
+  std::memcpy(&v1[8], &one, 4);  // the version follows the 8-byte magic
+  const uint32_t crc = Crc32cExtend(0, v1.data(), v1.size() - 4);
+  std::memcpy(&v1[v1.size() - 4], &crc, 4);
+  WriteAll(Path("v1.snap"), v1);
+  try {
+    ShardedStore::Load(Path("v1.snap"));
+    ADD_FAILURE() << "a version-1 snapshot loaded";
+  } catch (const SnapshotError& e) {
+    EXPECT_NE(std::string(e.what()).find("version 1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ShardedStore::SnapshotEpoch(Path("v1.snap")), SnapshotError);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Mass limit, batch limits, hard ceiling
+
+TEST(MassLimitTest, PrioritiesWhoseMassWouldOverflowTheTreeAreRefusedAndChangeNothing) {
+  ShardedStore store(Config(2, 100, 1.0));
+  const std::vector<Key> keys = Insert(store, {1.0, 2.0}, {"a", "b"});
+  // Two 1e308 priorities with alpha 1 would sum to infinity.
+  try {
+    Insert(store, {1e308, 1e308}, {"x", "y"});
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("1e+308"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1e+250"), std::string::npos) << e.what();
+  }
+  const double huge[2] = {1.0, 1e251};
+  EXPECT_THROW(store.UpdatePriorities(keys.data(), huge, 2), InvalidArgument);
+  EXPECT_EQ(store.Size(), 2u);
+  EXPECT_EQ(store.TotalMass(), 3.0);
+  // At the limit: accepted, and the total, probabilities and weights stay finite.
+  const double at_limit[2] = {kMaxMass, 1e-300};
+  ASSERT_EQ(store.UpdatePriorities(keys.data(), at_limit, 2), 2u);
+  InsertN(store, 50, kMaxMass, 0);
+  EXPECT_TRUE(std::isfinite(store.TotalMass()));
+  const SampleResult r = Sample(store, 64, 1.0);
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(r.probabilities[i]));
+    EXPECT_TRUE(std::isfinite(r.weights[i]));
+  }
+  // A large alpha: the mass, not the priority, is what is limited.
+  ShardedStore steep(Config(1, 10, 10.0));
+  EXPECT_NO_THROW(Insert(steep, {1e24}, {"ok"}));
+  EXPECT_THROW(Insert(steep, {1e26}, {"too"}), InvalidArgument);
+}
+
+TEST(MassLimitTest, ImportanceWeightsAcrossTheWholeMassRangeAreFiniteAndInRange) {
+  ShardedStore store(Config(1, 100, 1.0));
+  // The smallest positive double and the largest mass: their ratio overflows a double.
+  Insert(store, {4.9e-324, kMaxMass}, {"tiny", "huge"});
+  const SampleResult r = Sample(store, 16, 1.0);
+  for (size_t i = 0; i < r.keys.size(); ++i) EXPECT_EQ(r.weights[i], FLT_MIN) << "huge item's weight underflows";
+}
+
+TEST(BatchLimitTest, OversizedSampleAndInsertCallsNameTheValueAndTheLimit) {
+  ShardedStore store(Config(1, 10, 1.0));
+  Insert(store, {1.0}, {"a"});
+  SampleResult r;
+  try {
+    store.Sample(size_t{1} << 62, 0.4, &r);
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(uint64_t{1} << 62)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(kMaxBatchItems)), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(store.Insert(nullptr, nullptr, nullptr, kMaxBatchItems + 1, nullptr), InvalidArgument);
+  EXPECT_EQ(store.Size(), 1u);
+}
+
+TEST(MaxSizeTest, InsertsBeyondTheHardCeilingEvictWithThePolicyWithoutRemoveToFit) {
+  StoreConfig c = Config(4, 100, 1.0);
+  EXPECT_EQ(ShardedStore(c).config().max_size, 200u);  // default 2 * capacity
+  c.max_size = 150;
+  ShardedStore store(c);
+  std::vector<Key> all;
+  for (uint64_t batch = 0; batch < 50; ++batch) {  // 50x capacity, nobody calls RemoveToFit
+    const std::vector<Key> keys = InsertN(store, 100, 1.0, batch * 100);
+    all.insert(all.end(), keys.begin(), keys.end());
+    ASSERT_LE(store.Size(), 150u) << "after batch " << batch;
+  }
+  ASSERT_VALID(store);
+  // FIFO: what is left are the newest items.
+  const size_t left = store.Size();
+  EXPECT_GE(left, 100u);
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(IsLive(store, all[i], 1.0), i >= all.size() - left) << i;
+  EXPECT_EQ(store.Stats().evicted, all.size() - left);
+}
+
+TEST_F(SnapshotTest, SaveIntoAMissingDirectoryThrowsSnapshotErrorNamingTheReasonAndKeepsTheOldSnapshot) {
+  ShardedStore store(Config(2, 100, 1.0, 3));
+  Insert(store, {1.0}, {"x"});
+  store.Save(Path("s.snap"));
+  Insert(store, {1.0}, {"y"});
+  try {
+    store.Save(Path("no/such/dir/s.snap"));
+    ADD_FAILURE() << "saved";
+  } catch (const SnapshotError& e) {
+    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ShardedStore::Load(Path("s.snap"))->Size(), 1u);
+  EXPECT_EQ(Files(), std::set<std::string>{"s.snap"});
 }
 
 }  // namespace

@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = all)")
     p.add_argument("--capacity", type=field_arg(ServerConfig, "capacity"), default=1_000_000,
                    help="soft capacity in items (>= 1)")
+    p.add_argument("--max-size", metavar="ITEMS", type=field_arg(ServerConfig, "max_size"), default=None,
+                   help="hard ceiling in items (>= capacity; default 2 * capacity): inserts beyond it evict down to "
+                   "capacity even if no learner calls REMOVE_TO_FIT")
     p.add_argument("--alpha", type=field_arg(ServerConfig, "alpha"), default=0.6, help="priority exponent alpha (>= 0)")
     p.add_argument("--eviction", choices=EVICTION_POLICIES, default="fifo", help="remove_to_fit policy")
     p.add_argument("--alpha-evict", type=field_arg(ServerConfig, "alpha_evict"), default=-0.4,
@@ -54,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-size-to-sample", type=field_arg(ServerConfig, "min_size_to_sample"), default=1,
                    help="SAMPLE waits (up to its timeout) until the store holds this many items")
     p.add_argument("--snapshot", metavar="PATH", default=None,
-                   help="snapshot file: loaded at start if present, written on shutdown")
+                   help="snapshot file: loaded at start if present, written on shutdown (PATH.epoch beside it "
+                   "records the key epoch of each life)")
     p.add_argument("--snapshot-every", metavar="SECONDS", type=field_arg(ServerConfig, "snapshot_every"), default=None,
                    help="also write the snapshot every SECONDS (needs --snapshot)")
     p.add_argument("--max-message-mb", type=field_arg(ServerConfig, "max_message_mb"), default=256,
@@ -107,7 +111,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The :class:`ServerConfig` of parsed flags (ValueError from its validation)."""
     return ServerConfig(
-        bind=args.bind, port=args.port, capacity=args.capacity, alpha=args.alpha, eviction=args.eviction,
+        bind=args.bind, port=args.port, capacity=args.capacity, max_size=args.max_size, alpha=args.alpha,
+        eviction=args.eviction,
         alpha_evict=args.alpha_evict, shards=args.shards, seed=args.seed,
         min_size_to_sample=args.min_size_to_sample, snapshot=args.snapshot, snapshot_every=args.snapshot_every,
         max_message_mb=args.max_message_mb, workers=args.workers,

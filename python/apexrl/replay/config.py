@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 
 from apexrl.validate import Range, check_fields
 
-__all__ = ["EVICTION_POLICIES", "MAX_SHARDS", "STORE_INT_MAX", "ServerConfig"]
+__all__ = ["EVICTION_POLICIES", "MAX_SHARDS", "MAX_SLOTS_PER_SHARD", "STORE_INT_MAX", "ServerConfig"]
 
 
 STORE_INT_MAX = 2**63 - 1
 """The native store takes capacity and seed as signed 64-bit integers."""
 MAX_SHARDS = 256
 """The store's key has 8 bits for the shard."""
+MAX_SLOTS_PER_SHARD = 2**28 - 1
+"""The store's key has 28 bits for the slot: a shard holds at most this many items."""
 EVICTION_POLICIES = ("fifo", "prioritized", "lowest_priority")
 """``PrioritizedStore(eviction=...)`` values (tests check the store accepts exactly these)."""
 
@@ -27,6 +29,9 @@ class ServerConfig:
     port: int = field(default=0, metadata=Range.int(0, 65535))
     """0: an ephemeral port; the real one is ReplayServer.endpoint."""
     capacity: int = field(default=1_000_000, metadata=Range.int(1, STORE_INT_MAX))
+    max_size: int | None = field(default=None, metadata=Range.int(1, STORE_INT_MAX, optional=True))
+    """Hard ceiling of the store (>= capacity): an insert that leaves more items evicts down to capacity by
+    itself, whether or not a learner calls REMOVE_TO_FIT. None: 2 * capacity."""
     alpha: float = field(default=0.6, metadata=Range.float(0.0))
     eviction: str = field(default="fifo", metadata=Range.choice(*EVICTION_POLICIES))
     alpha_evict: float = field(default=-0.4, metadata=Range.float())
@@ -51,6 +56,15 @@ class ServerConfig:
     def validate(self) -> None:
         """Every range above, and the rules between fields; ValueError naming the first broken one."""
         check_fields(self)
+        if self.max_size is not None and self.max_size < self.capacity:
+            raise ValueError(f"max_size must be >= capacity = {self.capacity}, got {self.max_size}")
+        ceiling = self.effective_max_size
+        per_shard = -(-ceiling // self.shards)
+        if per_shard > MAX_SLOTS_PER_SHARD:
+            raise ValueError(
+                f"max_size {ceiling} (default 2 * capacity) over {self.shards} shards needs {per_shard} slots per "
+                f"shard; a shard holds at most {MAX_SLOTS_PER_SHARD} (use more shards or a smaller capacity/max_size)"
+            )
         if self.samples_per_insert is None:
             if self.error_buffer is not None:
                 raise ValueError("error_buffer needs samples_per_insert")
@@ -74,6 +88,11 @@ class ServerConfig:
         if self.error_buffer is None:
             return max(1.0, float(self.samples_per_insert)) * 100.0
         return float(self.error_buffer)
+
+    @property
+    def effective_max_size(self) -> int:
+        """max_size, or its default 2 * capacity."""
+        return int(self.max_size) if self.max_size is not None else 2 * int(self.capacity)
 
     @property
     def max_bytes(self) -> int:

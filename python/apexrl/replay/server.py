@@ -62,14 +62,21 @@ Snapshots: on start, ``config.snapshot`` is loaded if the file exists (an unread
 :class:`SnapshotLoadError` - never silently ignored); every ``snapshot_every`` seconds a background thread
 saves it (the store writes ``PATH.tmp.<pid>.<n>`` and renames it, so a crash never leaves a half-written
 snapshot; the next save removes temporaries left by a killed process).
+
+Keys: each life of the server gives its store a new key epoch, recorded in ``PATH.epoch`` beside the snapshot
+before the server binds, so keys of an earlier life never address an item of this one (``_choose_epoch``;
+docs/protocol.md, "Keys").
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import math
 import os
 import queue
+import secrets
 import threading
 import time
 from collections import deque
@@ -99,6 +106,87 @@ _FRONT_BURST = 16  # front-end messages read per round before finished worker re
 
 class SnapshotLoadError(ApexRLError):
     """The configured snapshot file exists but cannot be loaded (corrupt, truncated, unreadable)."""
+
+
+def _random_epoch(exclude: int = 0) -> int:
+    """An epoch in 1..MAX_EPOCH from os.urandom (via secrets), other than `exclude`."""
+    while True:
+        epoch = secrets.randbelow(PrioritizedStore.MAX_EPOCH) + 1
+        if epoch != exclude:
+            return epoch
+
+
+def _read_epoch_file(sidecar: str) -> int | None:
+    """The epoch recorded in `sidecar`, None if there is none; SnapshotLoadError if it is unreadable."""
+    try:
+        with open(sidecar, encoding="ascii") as f:
+            text = f.read().strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SnapshotLoadError(f"cannot read the key epoch file {sidecar!r}: {exc}") from exc
+    if not text.isdigit() or not 1 <= int(text) <= PrioritizedStore.MAX_EPOCH:
+        raise SnapshotLoadError(
+            f"key epoch file {sidecar!r} holds {text[:40]!r}, not an epoch in 1..{PrioritizedStore.MAX_EPOCH} "
+            "(it records the last epoch this server's keys used; delete it only if no client holds keys of it)"
+        )
+    return int(text)
+
+
+def _write_epoch_file(sidecar: str, epoch: int) -> None:
+    """Records `epoch` durably: temporary file, fsync, rename, fsync of the directory."""
+    directory = os.path.dirname(os.path.abspath(sidecar))
+    tmp = f"{sidecar}.tmp.{os.getpid()}"
+    for leftover in glob.glob(glob.escape(sidecar) + ".tmp.*"):  # of a life killed while writing it
+        with contextlib.suppress(OSError):
+            os.remove(leftover)
+    try:
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(f"{epoch}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, sidecar)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise SnapshotLoadError(f"cannot record the key epoch in {sidecar!r}: {exc}") from exc
+
+
+def _choose_epoch(snapshot: str | os.PathLike[str] | None) -> int:
+    """The key epoch of a new server life (docs/protocol.md, "Keys").
+
+    With a snapshot path, ``PATH.epoch`` records the epoch of the latest life and is rewritten (durably, before
+    the server binds) with the next one, so consecutive lives never share an epoch. The sidecar alone decides:
+    ``max(sidecar, snapshot's epoch)`` would go wrong at the wrap from 4095 to 1. A snapshot without its
+    sidecar (deleted, or written elsewhere) gives a random epoch other than the snapshot's; no path at all, a
+    random epoch (a 1 in 4095 chance of meeting the previous life's).
+    """
+    if snapshot is None:
+        epoch = _random_epoch()
+        log.info("no snapshot path: key epoch %d drawn at random", epoch)
+        return epoch
+    path = os.fspath(snapshot)
+    sidecar = path + ".epoch"
+    last = _read_epoch_file(sidecar)
+    saved = 0
+    if os.path.exists(path):
+        with contextlib.suppress(Exception):  # an unreadable snapshot is reported when it is loaded
+            saved = PrioritizedStore.snapshot_epoch(path)
+    if last is not None:
+        epoch = last % PrioritizedStore.MAX_EPOCH + 1
+        if epoch == saved:  # only if the sidecar is 4094 lives behind: skip the snapshot's own epoch
+            epoch = epoch % PrioritizedStore.MAX_EPOCH + 1
+    else:
+        epoch = _random_epoch(exclude=saved)
+        if saved:
+            log.warning("key epoch file %s is missing: epoch %d drawn at random", sidecar, epoch)
+    _write_epoch_file(sidecar, epoch)
+    return epoch
 
 
 class _Counters:
@@ -168,30 +256,40 @@ class ReplayServer:
 
     @staticmethod
     def _open_store(config: ServerConfig) -> PrioritizedStore:
+        """The store of this life, with a key epoch no earlier life of this server used (docs/protocol.md, "Keys")."""
         path = config.snapshot
-        if path is not None and os.path.exists(path):
+        restore = path is not None and os.path.exists(path)
+        epoch = _choose_epoch(path)
+        if restore:
             try:
-                store = PrioritizedStore.load(path)
+                store = PrioritizedStore.load(path, epoch)
             except Exception as exc:  # SnapshotError, OSError, ...
                 raise SnapshotLoadError(
                     f"cannot load snapshot {os.fspath(path)!r}: {type(exc).__name__}: {exc} "
                     "(move or delete the file to start with an empty store)"
                 ) from exc
-            log.info("restored %d items from snapshot %s", len(store), os.fspath(path))
-            for name in ("capacity", "alpha", "eviction", "alpha_evict", "shards"):
-                if getattr(store, name) != getattr(config, name):
+            log.info("restored %d items from snapshot %s; new keys carry epoch %d", len(store), os.fspath(path),
+                     store.epoch)
+            for name in ("capacity", "max_size", "alpha", "eviction", "alpha_evict", "shards"):
+                wanted = getattr(config, name)
+                if name == "max_size" and wanted is None:
+                    wanted = 2 * config.capacity
+                if getattr(store, name) != wanted:
                     log.warning(
                         "snapshot %s has %s=%r, configuration says %r: the snapshot's value is used",
-                        os.fspath(path), name, getattr(store, name), getattr(config, name),
+                        os.fspath(path), name, getattr(store, name), wanted,
                     )
             return store
+        log.info("new store; its keys carry epoch %d", epoch)
         return PrioritizedStore(
             capacity=config.capacity,
+            max_size=config.max_size,
             alpha=config.alpha,
             shards=config.shards,
             eviction=config.eviction,
             alpha_evict=config.alpha_evict,
             seed=config.seed,
+            epoch=epoch,
         )
 
     def start(self) -> ReplayServer:
