@@ -1,4 +1,4 @@
-"""The apexrl replay client: the replay service's five calls over one :class:`~apexrl.replay.transport.Transport`.
+"""The apexrl replay client: the replay service's calls over one :class:`~apexrl.replay.transport.Transport`.
 
 * Every request carries a fresh request id; a reply with another id (a late answer to an earlier request
   that timed out) is discarded.
