@@ -351,3 +351,36 @@ def test_the_protocol_doc_describes_the_window_bounds():
     with open(os.path.join(os.path.dirname(__file__), "..", "docs", "protocol.md"), encoding="utf-8") as f:
         text = f.read()
     assert f"{insert_guard.DEDUP_MAX_IDS:,}" in text and f"{insert_guard.DEDUP_MAX_BYTES >> 20} MiB" in text
+
+
+@pytest.mark.parametrize("spec", [CARTPOLE, TransitionSpec.atari(2, 6, 6),
+                                  TransitionSpec([FieldSpec("a", "u1", (0,), compress=True), FieldSpec("b", "i4"),
+                                                  FieldSpec("c", "u1", (5,), compress=True)])],
+                         ids=["fixed", "atari", "zero-size-lz4"])
+def test_the_fast_item_check_agrees_with_the_precise_one(spec):
+    """The server's fast path (_items_ok) accepts exactly the batches the precise rules (_item_problems) accept,
+    on thousands of mutated batches: flipped bytes (lengths, fingerprints), moved offsets, cut items."""
+    rng = np.random.default_rng(7)
+    batch = {f.name: rng.integers(0, 3, (6, *f.shape)).astype(f.dtype) for f in spec.fields}
+    data, offsets = spec.encode(batch)
+    agreed = {True: 0, False: 0}
+    for _ in range(3000):
+        d, o = data.copy(), offsets.astype(np.int64)
+        for _ in range(int(rng.integers(1, 3))):
+            kind = rng.integers(0, 3)
+            if kind == 0 and d.size:
+                d[rng.integers(0, d.size)] ^= np.uint8(1 << int(rng.integers(0, 8)))
+            elif kind == 1:
+                i = int(rng.integers(1, len(o) - 1))
+                o[i] = np.clip(o[i] + rng.integers(-6, 7), o[i - 1], o[i + 1])
+            else:
+                i = int(rng.integers(0, len(o) - 1))
+                cut = min(int(rng.integers(1, 6)), int(o[i + 1] - o[i]))
+                d = np.delete(d, np.arange(int(o[i + 1]) - cut, int(o[i + 1])))
+                o[i + 1 :] -= cut
+        buf, starts, sizes = spec._check_buffer(d, o)
+        fast = spec._items_ok(buf, starts, sizes)
+        _bad, reason = spec._item_problems(buf, starts, sizes)
+        assert fast == (reason is None), (fast, reason)
+        agreed[fast] += 1
+    assert agreed[True] and agreed[False] > 1000, agreed

@@ -492,20 +492,22 @@ class TransitionSpec:
                 return False
             if int(starts[0]) == 0 and buf.size == n * hdr:  # packed back to back, as encode writes them
                 return bool((buf.reshape(n, hdr)[:, :_FINGERPRINT_BYTES] == self._fingerprint_bytes).all())
-        elif not (sizes >= hdr).all():
+        if buf.size < _FINGERPRINT_BYTES:
             return False
-        fp = buf[starts[:, None] + _WORD].view("<u4")
+        # Reads are clipped into the buffer, so an item too short for them reads garbage instead of failing;
+        # it still fails below: positions only grow, so a walk that overruns its item never ends exactly at
+        # the item's end. Conversely a walk that ends exactly there read only inside its item (all L >= 0).
+        last = buf.size - _LENGTH_BYTES
+        fp = buf[np.minimum(starts, last)[:, None] + _WORD].view("<u4")
         if not (fp == self._fingerprint).all():
             return False
         end = starts + sizes
         p = starts + hdr
-        for f in self._compressed:  # the length walk; every read is checked to lie inside its item first
-            if (p > end - _LENGTH_BYTES).any():
-                return False
-            lengths = buf[p[:, None] + _WORD].view("<u4").ravel()
+        for f in self._compressed:
+            lengths = buf[np.minimum(p, last)[:, None] + _WORD].view("<u4").ravel()
             if f.nbytes == 0 and lengths.any():
                 return False
-            p = p + _LENGTH_BYTES + lengths
+            p = p + lengths + _LENGTH_BYTES  # int64 + u32: no wrap-around
         return bool((p == end).all())
 
     def _item_problems(

@@ -14,7 +14,7 @@ Threading model
   items (default 1024, ~0.2 ms of store time for DPG items). Each is one store call that releases the GIL,
   then the reply goes straight back: no hop through another thread, which on a 2-core machine cost more
   than the store call itself (GIL hand-offs and inproc messages per request).
-* Larger SAMPLEs, REMOVE_TO_FIT and STATS go to a queue served by the **worker** threads, which call the
+* Larger SAMPLEs, REMOVE_TO_FIT, STATS, HELLO and ERASE go to a queue served by the **worker** threads, which call the
   thread-safe store (GIL released) and hand the reply back to the broker (it alone sends on the
   front-end). So an INSERT never waits for a large SAMPLE except on a shard lock inside the store, and it
   waits behind a small inline SAMPLE for at most that sample's store call. The broker reads the front-end
