@@ -8,6 +8,7 @@ and sends 512 new priorities through an ``AsyncUpdater`` (non-blocking, max_pend
 
     python bench/bench_wire.py                 # full run (DPG + Atari, K = 1 and 2, 1M-item RSS)
     python bench/bench_wire.py --quick         # smoke run, a few seconds
+    python bench/bench_wire.py --spec-check both   # each configuration with and without a server --spec
 
 Shapes:
   DPG    TransitionSpec.dpg(67, 21) (632-byte items), capacity 2M, prefilled with --prefill (200k) items
@@ -16,7 +17,10 @@ Shapes:
          falls back to synthetic frames (announced loudly) when ale_py cannot be imported.
 Reported per configuration: inserted/s (sum over actors), sampled/s (sampled and, for Atari, decoded),
 p50/p99 of the learner's sample request and of the actors' insert requests (ms), server RSS (VmRSS) and
-bytes held per item (stats()["bytes_held"] / size). Separately: server RSS holding 1M DPG items.
+bytes held per item (stats()["bytes_held"] / size). Separately: server RSS holding 1M DPG items, and the
+cost of the server's spec check (``TransitionSpec.validate_items``) per insert batch, in-process.
+``--spec-check on|both`` starts the server with ``--spec`` (every insert checked against it): ``both`` runs
+each configuration without and with it, side by side, and prints the inserted/s ratio.
 """
 
 from __future__ import annotations
@@ -297,11 +301,11 @@ def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items
 
 
 def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float,
-               actor_flags: list[str]) -> dict:
+               actor_flags: list[str], spec_json: str | None = None) -> dict:
     outdir = os.path.dirname(payload)
     from apexrl.replay.client import ReplayClient
 
-    server = Server(capacity)
+    server = Server(capacity, ["--spec", spec_json] if spec_json else None)
     procs: list[subprocess.Popen] = []
     try:
         t0 = time.perf_counter()
@@ -343,7 +347,7 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
     ins_lat = [x for a in actors for x in a["lat"]]
     size = int(st.get("size", 0))
     return {
-        "shape": shape, "actors": k, "prefill": prefill_n, "prefill_s": prefill_s,
+        "shape": shape, "actors": k, "spec": bool(spec_json), "prefill": prefill_n, "prefill_s": prefill_s,
         "inserted_per_s": sum(a["items"] / a["elapsed"] for a in actors),
         "sampled_per_s": learner["items"] / learner["elapsed"],
         "sample_p50_ms": pct(learner["lat"], 50), "sample_p99_ms": pct(learner["lat"], 99),
@@ -390,6 +394,22 @@ def codec_speed(spec, batch: dict, payload_batches) -> dict:
             "decode_mb_s": raw_bytes / dec / 1e6, "spec_raw": raw}
 
 
+def spec_check_cost(spec, batches, reps: int = 200) -> dict:
+    """Seconds the server's spec check (validate_items) takes per insert batch, best of ``reps`` rounds."""
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for data, offsets in batches:
+            spec.validate_items(data, offsets)
+        best = min(best, (time.perf_counter() - t0) / len(batches))
+    n = len(batches[0][1]) - 1
+    return {"us_per_batch": best * 1e6, "us_per_item": best * 1e6 / n, "items_per_batch": n}
+
+
+def spec_runs(spec_check: str) -> list[bool]:
+    return {"off": [False], "on": [True], "both": [False, True]}[spec_check]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=10.0, help="timed window per configuration (default 10)")
@@ -404,6 +424,8 @@ def main() -> None:
                    help="actors: client.inserter() with --max-in-flight unanswered inserts (default), or "
                         "client.insert() waiting for every reply")
     p.add_argument("--max-in-flight", type=int, default=16, help="pipelined actors: unanswered inserts (default 16)")
+    p.add_argument("--spec-check", choices=("off", "on", "both"), default="off",
+                   help="start the server with --spec (every insert checked): off (default), on, or both side by side")
     # worker mode
     p.add_argument("--worker", choices=("actor", "learner"), help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -435,10 +457,17 @@ def main() -> None:
             save_batches(path, batches)
             print(f"DPG: TransitionSpec.dpg(67, 21), {batches[0][0].size // INSERT_BATCH} B/item, capacity 2M, "
                   f"prefill {args.prefill} items", flush=True)
+            dpg = TransitionSpec.dpg(67, 21)
+            cost = spec_check_cost(dpg, batches)
+            extra.append(f"DPG spec check (validate_items, fixed-size items): {cost['us_per_batch']:.1f} us per "
+                         f"{cost['items_per_batch']}-item insert ({cost['us_per_item']:.2f} us/item)")
+            print(extra[-1], flush=True)
             for k in args.actors:
-                r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags)
-                print(json.dumps(r), flush=True)
-                rows.append(r)
+                for checked in spec_runs(args.spec_check):
+                    r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
+                                   dpg.to_json() if checked else None)
+                    print(json.dumps(r), flush=True)
+                    rows.append(r)
         if "atari" in shapes:
             spec = TransitionSpec.atari()
             t0 = time.perf_counter()
@@ -459,10 +488,16 @@ def main() -> None:
                 batches.append(spec.encode({k: v[j : j + INSERT_BATCH] for k, v in batch.items()}))
             path = os.path.join(tmp, "atari.npz")
             save_batches(path, batches)
+            cost = spec_check_cost(spec, batches, reps=20)
+            extra.append(f"Atari spec check (validate_items with the lz4 block-length walk): {cost['us_per_batch']:.1f} "
+                         f"us per {cost['items_per_batch']}-item insert ({cost['us_per_item']:.2f} us/item)")
+            print(extra[-1], flush=True)
             for k in args.actors:
-                r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds, actor_flags)
-                print(json.dumps(r), flush=True)
-                rows.append(r)
+                for checked in spec_runs(args.spec_check):
+                    r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds,
+                                   actor_flags, spec.to_json() if checked else None)
+                    print(json.dumps(r), flush=True)
+                    rows.append(r)
     if args.rss_items:
         r = rss_1m(args.rss_items)
         extra.append(f"Server RSS holding {r['items']:,} DPG items: {r['rss_gb']:.3f} GB "
@@ -474,15 +509,21 @@ def main() -> None:
     print(f"\n## bench_wire ({args.seconds:g} s windows, total {time.perf_counter() - t_start:.0f} s; "
           f"learner: sample {SAMPLE_BATCH} [+ decode for Atari] + AsyncUpdater.update {SAMPLE_BATCH}; "
           f"actors: insert {INSERT_BATCH}/request, {actor_mode}; cpus {os.cpu_count()})\n")
-    print("| shape | actors | prefill | inserted/s | sampled/s | sample p50 / p99 ms | insert p50 / p99 ms "
+    print("| shape | actors | server --spec | prefill | inserted/s | sampled/s | sample p50 / p99 ms | insert p50 / p99 ms "
           "| decode ms/512 | server RSS GB (peak) | bytes/item held |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         dec = f"{r['decode_ms_per_batch']:.1f}" if r["shape"] == "atari" else "-"
-        print(f"| {r['shape']} | {r['actors']} | {r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
+        print(f"| {r['shape']} | {r['actors']} | {'yes' if r['spec'] else 'no'} | {r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
               f"{r['sampled_per_s']:,.0f} | {r['sample_p50_ms']:.2f} / {r['sample_p99_ms']:.2f} | "
               f"{r['insert_p50_ms']:.2f} / {r['insert_p99_ms']:.2f} | {dec} | "
               f"{r['server_rss_gb']:.3f} ({r['server_peak_rss_gb']:.3f}) | {r['bytes_per_item']:.0f} |")
+    for r in rows:
+        if r["spec"]:
+            base = next((b for b in rows if not b["spec"] and (b["shape"], b["actors"]) == (r["shape"], r["actors"])), None)
+            if base is not None:
+                extra.append(f"{r['shape']}, {r['actors']} actor(s): inserted/s with --spec / without = "
+                             f"{r['inserted_per_s'] / base['inserted_per_s']:.3f}")
     print()
     for line in extra:
         print("- " + line)

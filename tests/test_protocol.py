@@ -43,7 +43,7 @@ HEADER = struct.Struct("<4sHHQHHIdI4x")
 
 
 def raw_header(
-    magic=MAGIC, version=1, op=1, request_id=5, status=0, flags=0, count=0, param=0.0, timeout_ms=0, reserved=b"\0" * 4
+    magic=MAGIC, version=PROTOCOL_VERSION, op=1, request_id=5, status=0, flags=0, count=0, param=0.0, timeout_ms=0, reserved=b"\0" * 4
 ) -> bytes:
     return HEADER.pack(magic, version, op, request_id, status, flags, count, param, timeout_ms)[:36] + reserved
 
@@ -194,20 +194,20 @@ HEADER_CASES = {
     "nonzero flags": (raw_header(flags=1), Status.BAD_MESSAGE, r"flags is 0x0001"),
     "nonzero reserved": (raw_header(reserved=b"\0\0\x01\0"), Status.BAD_MESSAGE, r"reserved bytes are 00000100"),
     "op 0": (raw_header(op=0), Status.UNKNOWN_OP, r"op 0 is unknown"),
-    "op 6": (raw_header(op=6), Status.UNKNOWN_OP, r"op 6 is unknown"),
+    "op 8": (raw_header(op=8), Status.UNKNOWN_OP, r"op 8 is unknown"),
     "op 65535": (raw_header(op=65535), Status.UNKNOWN_OP, r"op 65535 is unknown"),
     "status 9": (raw_header(status=9), Status.BAD_MESSAGE, r"status 9 is unknown"),
 }
-for _version in (0, 2, 3, 255, 65535):
+for _version in (0, 1, 3, 255, 65535):
     HEADER_CASES[f"version {_version}"] = (
         raw_header(version=_version),
         Status.UNSUPPORTED_VERSION,
-        rf"protocol version {_version} is not supported; supported versions: 1",
+        rf"protocol version {_version} is not supported; supported versions: 2",
     )
-HEADER_CASES["version 2 with a longer header"] = (
-    raw_header(version=2) + b"\0" * 8,
+HEADER_CASES["version 3 with a longer header"] = (
+    raw_header(version=3) + b"\0" * 8,
     Status.UNSUPPORTED_VERSION,
-    r"version 2 is not supported",
+    r"version 3 is not supported",
 )
 
 
@@ -221,7 +221,7 @@ def test_every_header_field_is_validated(frame, status, match):
 
 def test_a_valid_header_reads_back_each_field():
     header = Header.unpack(raw_header(op=3, request_id=99, status=5, count=4, param=1.5, timeout_ms=8))
-    assert header == Header(Op.UPDATE_PRIORITIES, 99, Status.INVALID_ARGUMENT, 4, 1.5, 8, 1)
+    assert header == Header(Op.UPDATE_PRIORITIES, 99, Status.INVALID_ARGUMENT, 4, 1.5, 8, PROTOCOL_VERSION)
 
 
 def test_a_version_error_echoes_op_and_request_id_for_the_reply():
@@ -281,12 +281,12 @@ REQUEST_CASES = {
     "insert with too few frames": (
         as_bytes(insert_frames(2)[0])[:3],
         Status.BAD_MESSAGE,
-        r"INSERT request must have 4 frames \(header included\), got 3",
+        r"INSERT request must have 5 frames \(header included\), got 3",
     ),
     "insert with an extra frame": (
         as_bytes(insert_frames(2)[0]) + [b""],
         Status.BAD_MESSAGE,
-        r"must have 4 frames .* got 5",
+        r"must have 5 frames .* got 6",
     ),
     "insert count above MAX_BATCH": (
         _insert_with(header=dict(count=MAX_BATCH + 1)),
@@ -481,7 +481,7 @@ REPLY_CASES = {
     "error reply without a message": ([raw_header(op=5, status=8)], Op.STATS, 5, Status.BAD_MESSAGE, r"INTERNAL error reply must have 2 frames"),
     "error reply with invalid UTF-8": ([raw_header(op=5, status=8), b"\xc3"], Op.STATS, 5, Status.BAD_MESSAGE, r"message is not valid UTF-8"),
     "error reply with a count": ([raw_header(op=5, status=8, count=3), b"x"], Op.STATS, 5, Status.BAD_MESSAGE, r"count is 3, must be 0"),
-    "reply of an unsupported version": ([raw_header(op=5, version=2), b"{}"], Op.STATS, 5, Status.UNSUPPORTED_VERSION, r"supported versions: 1"),
+    "reply of an unsupported version": ([raw_header(op=5, version=1), b"{}"], Op.STATS, 5, Status.UNSUPPORTED_VERSION, r"version 1 is not supported; supported versions: 2"),
 }
 
 
@@ -737,11 +737,14 @@ def test_fast_encoders_produce_the_full_encoding():
 
 _ITEMS, _ITEM_OFFSETS = b"abcdefgh", np.array([0, 3, 3, 8], np.uint64)
 VALID_VALUES = {  # (kind, op) -> (frame values in the schema's order, header fields): a valid message
-    ("request", Op.INSERT): ((np.array([1.0, 0.0, 2.5]), _ITEM_OFFSETS, _ITEMS), {"timeout_ms": 9}),
+    ("request", Op.INSERT): ((np.array([1.0, 0.0, 2.5]), _ITEM_OFFSETS, _ITEMS, np.array([3, 4], np.uint64)),
+                             {"timeout_ms": 9}),
     ("request", Op.SAMPLE): ((), {"count": 3, "param": 0.4, "timeout_ms": 5}),
     ("request", Op.UPDATE_PRIORITIES): ((np.array([1, 2, 3], np.uint64), np.array([0.5, -0.0, 2.0])), {}),
     ("request", Op.REMOVE_TO_FIT): ((), {}),
     ("request", Op.STATS): ((), {}),
+    ("request", Op.HELLO): (('{"a": 1}',), {}),
+    ("request", Op.ERASE): ((np.array([1, 2], np.uint64),), {}),
     ("request", Op.GET_PARAMS): ((np.array([7, 9], np.uint64),), {}),
     ("reply", Op.INSERT): ((np.array([4, 5, 6], np.uint64),), {}),
     ("reply", Op.SAMPLE): (
@@ -750,6 +753,8 @@ VALID_VALUES = {  # (kind, op) -> (frame values in the schema's order, header fi
     ("reply", Op.UPDATE_PRIORITIES): ((), {"count": 2}),
     ("reply", Op.REMOVE_TO_FIT): ((), {"count": 0}),
     ("reply", Op.STATS): (({"size": 3, "x": 1.5},), {}),
+    ("reply", Op.HELLO): (({"protocol_version": 2, "max_request_bytes": 1024}, ""), {}),
+    ("reply", Op.ERASE): ((), {"count": 2}),
     ("reply", Op.GET_PARAMS): ((np.array([7, 9], np.uint64), b"weights"), {}),
 }
 RID = 5

@@ -156,16 +156,16 @@ def test_malformed_messages_get_error_replies_and_server_keeps_serving(start_ser
     expect([header[:20]], P.Status.BAD_MESSAGE, 77, "expected 40")
     expect([header + b"\0"], P.Status.BAD_MESSAGE, 77)
     v2 = bytearray(header)
-    v2[4:6] = struct.pack("<H", 2)
-    expect([bytes(v2) + b"more"], P.Status.UNSUPPORTED_VERSION, 77, "protocol version 2 is not supported")
+    v2[4:6] = struct.pack("<H", 3)
+    expect([bytes(v2) + b"more"], P.Status.UNSUPPORTED_VERSION, 77, "protocol version 3 is not supported")
     expect([P.Header(99, 78).pack()], P.Status.UNKNOWN_OP, 78)
     expect([header, b"extra"], P.Status.BAD_MESSAGE, 77, "frames")
     ins = _valid_requests(79)[0]
     expect(ins[:3], P.Status.BAD_MESSAGE, 79)  # truncated: data frame missing
-    expect([ins[0], ins[1][:-1], ins[2], ins[3]], P.Status.BAD_MESSAGE, 79, "priorities")
-    expect([ins[0], ins[1], ins[2], ins[3] + b"!"], P.Status.BAD_MESSAGE, 79, "offsets")
+    expect([ins[0], ins[1][:-1], *ins[2:]], P.Status.BAD_MESSAGE, 79, "priorities")
+    expect([ins[0], ins[1], ins[2], ins[3] + b"!", *ins[4:]], P.Status.BAD_MESSAGE, 79, "offsets")
     nan = np.array([1.0, float("nan"), 1.0]).tobytes()
-    expect([ins[0], nan, ins[2], ins[3]], P.Status.INVALID_ARGUMENT, 79, "priorities")
+    expect([ins[0], nan, *ins[2:]], P.Status.INVALID_ARGUMENT, 79, "priorities")
     big_count = bytearray(P.Header(P.Op.SAMPLE, 80, count=P.MAX_BATCH + 1, param=0.4).pack())
     expect([bytes(big_count)], P.Status.TOO_LARGE, 80)
     # total over --max-message-mb 1 with every frame under it: TOO_LARGE reply

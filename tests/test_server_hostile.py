@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 import pytest
-from apexrl.errors import ProtocolError, ReplayTimeout
+from apexrl.errors import ProtocolError
 from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client import InsertTooLargeError, ReplayClient
 
 MiB = 1 << 20
 
@@ -244,9 +244,9 @@ def test_fuzz_ten_thousand_hostile_messages(start_server, raw_socket):
         assert batch.keys.tolist() == k.tolist() * 4
         assert all(bytes(it) == item for it in batch.items)
         stats1 = client.stats()
-    # exact accounting of errors and requests (+1 update, +1 insert, +1 sample, +1 stats after stats0)
+    # exact accounting of errors and requests (+1 update, +1 hello and +1 insert, +1 sample, +1 stats after stats0)
     assert stats1["errors_total"] - stats0["errors_total"] == n_errors, (stats0, stats1)
-    assert stats1["requests_total"] - stats0["requests_total"] == sent + 4
+    assert stats1["requests_total"] - stats0["requests_total"] == sent + 5
     assert stats1["size"] - stats0["size"] == n_insert_items + 1
     assert stats1["size"] == len(all_keys) + 1
     assert stats1["errors_total"] >= 0.5 * total_target
@@ -305,9 +305,9 @@ def test_frames_over_the_size_cap_neither_crash_nor_inflate_the_server(start_ser
     op, rid, status, _ = raw_reply_header(sock.recv_multipart()[0])
     assert (op, rid, status) == (P.Op.UPDATE_PRIORITIES, 5, P.Status.TOO_LARGE)
 
-    # a ReplayClient sending an over-cap insert times out, then recovers on a fresh socket
+    # a ReplayClient refuses an over-cap insert before sending it (it knows the cap from HELLO), and goes on
     with ReplayClient(server.endpoint, timeout=1.0) as c:
-        with pytest.raises(ReplayTimeout):
+        with pytest.raises(InsertTooLargeError, match=r"2097\d+ bytes, over the server's limit of 1048576 bytes"):
             c.insert([1.0], [hog_frame])
         assert c.stats()["size"] > 0
 
@@ -542,5 +542,7 @@ def test_many_clients_threads_and_processes_exact_accounting(start_server):
     assert stats["size"] == inserted and stats["inserted"] == inserted, (stats, inserted)
     assert stats["requests_insert"] == insert_calls
     assert stats["errors_total"] == 0
-    assert stats["requests_total"] == 1 + sum(r["requests"] for r in results) + 1
+    # + one HELLO per inserting client (it learns the server's limits before its first insert)
+    assert stats["requests_hello"] <= len(results) + 1
+    assert stats["requests_total"] == 1 + sum(r["requests"] for r in results) + 1 + stats["requests_hello"]
     assert server.alive()

@@ -11,8 +11,8 @@ Loop (Horgan et al. 2018, Algorithm 1)::
         every `params_every_frames` frames: ask the learner for newer weights (non-blocking beyond a timeout)
 
 Failures: when the replay server does not answer, the actor keeps the batch and retries with back-off
-(stepping pauses meanwhile, so nothing is dropped and memory stays bounded); a timed-out insert may have
-been applied, so a retry can insert a batch twice (at-least-once). When the parameter service does not
+(stepping pauses meanwhile, so nothing is dropped and memory stays bounded); every attempt of one batch
+carries the same insert id, so a timed-out insert that was applied is not stored again (exactly-once). When the parameter service does not
 answer, the actor keeps acting with the weights it has.
 
 Stopping (SIGTERM/SIGINT, see :mod:`apexrl.apex.stopping`): the actor stops stepping, ends the open episode
@@ -63,7 +63,7 @@ class Actor:
                                                           config.num_actors, self.seed)
         self.transition_spec = self.policy.transition_spec
         self.nstep = NStepBuffer(config.agent_config.n_step, config.agent_config.gamma)
-        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout)
+        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout, spec=self.transition_spec)
         self.params = ParamClient(config.params, timeout=config.params_timeout)
         # Never stalls on a slow or absent learner; refused weights are counted and logged once.
         self.poller = ParamPoller(self.params, self.policy.load_policy_state_dict,
@@ -126,9 +126,11 @@ class Actor:
         priorities = np.asarray(self.policy.initial_priorities(batch), dtype=np.float64)
         data, offsets = self.transition_spec.encode(batch)
         delay, warned_at = _RETRY_MIN, 0.0
+        insert_id = self.replay.next_insert_id()  # every retry of this batch: stored once
         while True:
             try:
-                self.replay.insert(priorities, data=data, offsets=offsets, timeout=_RATE_LIMIT_WAIT)
+                self.replay.insert(priorities, data=data, offsets=offsets, timeout=_RATE_LIMIT_WAIT,
+                                   insert_id=insert_id)
                 break
             except Interrupted:  # stopping, and the grace period is over: the server did not take it
                 self._report_unsent("the replay server did not answer in time")

@@ -16,6 +16,11 @@ Loop (Horgan et al. 2018, Algorithm 2)::
 Evaluation runs greedy (DQN) or noiseless (DPG) episodes on the learner's own environment copy in a
 low-priority child process with a snapshot of the weights, so training does not pause for it.
 
+An item the learner cannot decode (a foreign or corrupted one, which a replay server without a spec lets
+through) does not stop it: the item is erased from the replay, counted (``undecodable_items`` in metrics.csv,
+the progress file and the summary) and the step trains on the rest of the batch (or is skipped when nothing
+is left).
+
 ``env_frames`` in metrics.csv is the number of transitions the replay server has received times the
 environment's frames per agent step: every agent step of every actor yields exactly one n-step transition.
 
@@ -54,7 +59,7 @@ METRICS_NAME = "metrics.csv"
 BASE_COLUMNS = [
     "time_s", "env_frames", "learner_steps", "eval_return_mean", "eval_return_std", "eval_episodes",
     "learner_steps_per_s", "sampled_per_s", "inserted_per_s", "replay_size", "replay_inserted",
-    "stale_updates", "params_version", "checkpoint_failures",
+    "stale_updates", "params_version", "undecodable_items", "checkpoint_failures",
 ]
 
 
@@ -96,6 +101,8 @@ class Learner:
         self.time_offset = 0.0  # wall time of earlier runs of this learner (resume)
         self.frames_base = 0  # env frames counted before the replay server's counters were reset
         self._last_inserted = 0
+        self.undecodable_items = 0  # sampled items that did not decode, erased from the replay (this run)
+        self._undecodable_seen: set[str] = set()  # messages already logged
         if config.resume:
             self._resume()
         self.params = ParamServer(bind=config.params_bind, port=config.params_port).start()
@@ -216,7 +223,7 @@ class Learner:
         self._env_frames(stats)
         row_steps, row_inserted = self.agent.steps, (stats or {}).get("inserted", 0)
         sampler = self.replay.sampler(cfg.agent_config.batch_size, beta=cfg.beta, prefetch=cfg.prefetch,
-                                      decode=self.transition_spec.decode_batch, timeout=1.0)
+                                      decode=self._decode, timeout=1.0)
         updater = self.replay.updater()
         try:
             while not self._stop.is_set():
@@ -224,10 +231,12 @@ class Learner:
                     batch = sampler.next(timeout=0.5)
                 except TimeoutError:
                     batch = None
-                if batch is not None:
-                    priorities, metrics = self.agent.update(batch.decoded, batch.weights)
+                usable = self._usable(batch) if batch is not None else None
+                if usable is not None:  # None also when every item of the batch was undecodable
+                    fields, keys, weights = usable
+                    priorities, metrics = self.agent.update(fields, weights)
                     means.add(metrics)
-                    self._send_priorities(updater, batch.keys, priorities)
+                    self._send_priorities(updater, keys, priorities)
                     steps = self.agent.steps
                     if steps % cfg.remove_to_fit_every == 0:
                         self._remove_to_fit()
@@ -264,6 +273,31 @@ class Learner:
         self.save(now - start)
         return self._summary(start, steps_at_start)
 
+    def _decode(self, raw: Any) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
+        """The sampler's decode hook (its thread): the good items' fields, and which items did not decode."""
+        return self.transition_spec.decode_valid(raw.data, raw.offsets)
+
+    def _usable(self, batch: Any) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray] | None:
+        """(fields, keys, IS weights) of the items of ``batch`` that decoded (None if none did); the others are
+        erased from the replay and counted."""
+        fields, bad, message = batch.decoded
+        if bad is None:
+            return fields, batch.keys, batch.weights
+        bad_keys = np.ascontiguousarray(batch.keys[bad])
+        self.undecodable_items += int(bad_keys.shape[0])
+        if message not in self._undecodable_seen and len(self._undecodable_seen) < 100:
+            self._undecodable_seen.add(message)
+            log.warning("erasing %d undecodable item(s) from the replay (%s); training on the rest of the batch",
+                        bad_keys.shape[0], message)
+        try:
+            self.replay.erase(bad_keys)
+        except ApexRLError as e:  # sampled again later, then erased again
+            log.warning("could not erase %d undecodable item(s): %s", bad_keys.shape[0], e)
+        keep = ~bad
+        if not keep.any():
+            return None
+        return fields, batch.keys[keep], batch.weights[keep]
+
     def _send_priorities(self, updater: Any, keys: np.ndarray, priorities: np.ndarray) -> None:
         try:
             updater.update(keys, priorities)
@@ -293,6 +327,7 @@ class Learner:
             "replay_inserted": inserted if stats else None,
             "stale_updates": int(stats.get("stale_updates", 0)) if stats else None,
             "params_version": self.params.version,
+            "undecodable_items": self.undecodable_items,
             "checkpoint_failures": self.checkpoint_failures,
         }
         result = self.evaluator.pop_result()
@@ -310,7 +345,8 @@ class Learner:
         return {"learner_steps": self.agent.steps, "steps_this_run": self.agent.steps - steps_at_start,
                 "seconds": time.monotonic() - start, "checkpoint": self.checkpoint_path,
                 "checkpoint_step": self.checkpoint_step, "checkpoint_error": self.checkpoint_error,
-                "checkpoint_failures": self.checkpoint_failures, "unconfirmed_updates": self.unconfirmed_updates}
+                "checkpoint_failures": self.checkpoint_failures, "unconfirmed_updates": self.unconfirmed_updates,
+                "undecodable_items": self.undecodable_items}
 
     def close(self) -> None:
         self.evaluator.close(timeout=self._time_left(5.0))

@@ -1,7 +1,8 @@
 """Metrics as CSV: one row per interval, a fixed header, appended across restarts.
 
 ``CSVWriter(path, columns)`` writes the header once. When the file already exists (a resumed learner) its
-header must list the same columns, and rows are appended after the last complete line (a torn last line from
+header must list the same columns -- or some of them, written by an older version (then the file is rewritten
+once with the new header, the new columns empty in the old rows) -- and rows are appended after the last complete line (a torn last line from
 a killed process is dropped). Empty cells mean "no value in this interval" (e.g. ``eval_return_mean`` when
 no evaluation finished). Rows are flushed as they are written, so a reader (``apexrl plot``, the launcher's
 progress display) sees them at once.
@@ -38,13 +39,34 @@ class CSVWriter:
         with open(self.path, "rb+") as f:
             data = f.read()
             header = data.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
-            if header.split(",") != self.columns:
+            old = header.split(",")
+            if old != self.columns and len(set(old)) == len(old) and set(old) < set(self.columns):
+                self._add_columns(old, data[: data.rfind(b"\n") + 1])
+                return
+            if old != self.columns:
                 raise ValueError(
                     f"{self.path} has columns {header!r}, expected {','.join(self.columns)!r}: "
                     "use another run directory"
                 )
             if not data.endswith(b"\n"):  # a row torn by a kill: drop it
                 f.truncate(data.rfind(b"\n") + 1)
+
+    def _add_columns(self, old: list[str], data: bytes) -> None:
+        """Rewrite the file (atomically) with this writer's header; old rows get empty new columns."""
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8", "replace"))))[1:]
+        buf = io.StringIO()
+        out = csv.writer(buf, lineterminator="\n")
+        out.writerow(self.columns)
+        for r in rows:
+            if len(r) == len(old):
+                cells = dict(zip(old, r))
+                out.writerow([cells.get(c, "") for c in self.columns])
+        tmp = f"{self.path}.tmp.{os.getpid()}"
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def write(self, row: Mapping[str, Any]) -> None:
         unknown = set(row) - set(self.columns)

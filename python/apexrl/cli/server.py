@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)")
     p.add_argument("--error-buffer", metavar="ITEMS", type=field_arg(ServerConfig, "error_buffer"), default=None,
                    help="allowed drift from SPI in sampled items (>= max(1, SPI); default max(1, SPI) * 100)")
+    p.add_argument("--spec", metavar="JSON|PATH", default=None,
+                   help="the run's TransitionSpec (its JSON, or a JSON file): every insert is checked against it "
+                   "(default: the spec the first inserter declares)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="logging level (stderr)")
     return p
@@ -117,7 +120,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         min_size_to_sample=args.min_size_to_sample, snapshot=args.snapshot, snapshot_every=args.snapshot_every,
         max_message_mb=args.max_message_mb, workers=args.workers,
         inline_sample_max=args.inline_sample_max,
-        samples_per_insert=args.samples_per_insert, error_buffer=args.error_buffer,
+        samples_per_insert=args.samples_per_insert, error_buffer=args.error_buffer, spec=args.spec,
     )
 
 

@@ -36,8 +36,9 @@ class Replay(Protocol):
     """
 
     def insert(self, priorities: Any, items: Sequence[Any] | None = None, *, data: Any = None, offsets: Any = None,
-               timeout: float | None = None) -> np.ndarray:
-        """Store items (bytes-like ``items``, or ``data`` + ``offsets``) -> their keys (u64[n])."""
+               timeout: float | None = None, insert_id: tuple[int, int] | None = None) -> np.ndarray:
+        """Store items (bytes-like ``items``, or ``data`` + ``offsets``) -> their keys (u64[n]). ``insert_id``:
+        pass the id of a batch's first attempt to each retry of it, so it is stored once (None: a new batch)."""
         ...
 
     def sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> Any:
@@ -72,8 +73,11 @@ class PipelinedReplay(Protocol):
     """A Replay that can have several inserts outstanding at once (what the inserter uses when it can; over a
     plain :class:`Replay` it inserts one call at a time)."""
 
-    def prepare_insert(self, priorities: Any, data: Any, offsets: Any, *, timeout: float | None = None) -> Any:
-        """Validate one insert (ValueError, nothing sent) -> the message for :meth:`send_insert`."""
+    def prepare_insert(self, priorities: Any, data: Any, offsets: Any, *, timeout: float | None = None,
+                       insert_id: tuple[int, int] | None = None) -> Any:
+        """Validate one insert (ValueError, nothing sent) -> the message for :meth:`send_insert`. A replay with
+        a request size limit may also offer ``insert_limit() -> int`` (bytes); the inserter then splits a
+        batch over it."""
         ...
 
     def send_insert(self, message: Any) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""The apexrl replay client: the replay service's five calls over one :class:`~apexrl.replay.transport.Transport`.
+"""The apexrl replay client: the replay service's calls over one :class:`~apexrl.replay.transport.Transport`.
 
 * Every request carries a fresh request id; a reply with another id (a late answer to an earlier request
   that timed out) is discarded.
@@ -19,6 +19,8 @@ calls then run one at a time. For throughput use one client per thread (each has
 
 from __future__ import annotations
 
+import itertools
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,12 +29,14 @@ import numpy as np
 
 from apexrl.errors import (
     ProtocolError,
+    ReplayTimeout,
     ServerShuttingDownError,
     ServerTimeoutError,
     error_of,
 )
 from apexrl.replay import protocol as P
-from apexrl.replay.inserter import PipelinedInserter
+from apexrl.replay.codec import TransitionSpec
+from apexrl.replay.inserter import InsertTooLargeError, PipelinedInserter
 from apexrl.replay.sampler import LearnerBatch, PrefetchingSampler
 from apexrl.replay.schema import peek_ids
 from apexrl.replay.transport import Transport, TransportClient
@@ -40,11 +44,13 @@ from apexrl.replay.updater import AsyncUpdater
 
 __all__ = [
     "AsyncUpdater",
+    "InsertTooLargeError",
     "LearnerBatch",
     "PipelinedInserter",
     "PrefetchingSampler",
     "ReplayClient",
     "SampledBatch",
+    "ServerInfo",
     "ServerShuttingDownError",
     "ServerTimeoutError",
 ]
@@ -68,6 +74,27 @@ class SampledBatch:
         return int(self.keys.shape[0])
 
 
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a replay server announces in its HELLO reply."""
+
+    protocol_version: int
+    max_request_bytes: int
+    max_reply_bytes: int
+    spec: TransitionSpec | None  # the server's spec; None when it has none yet
+    epoch: int | float | None = None
+
+
+def _spec_json(spec: TransitionSpec | str | None) -> str:
+    if spec is None:
+        return ""
+    if isinstance(spec, TransitionSpec):
+        return spec.to_json()
+    if isinstance(spec, str):
+        return TransitionSpec.from_json(spec).to_json()  # ValueError for a bad one, before any request
+    raise TypeError(f"spec must be a TransitionSpec, its JSON or None, got {type(spec).__name__}")
+
+
 def _data_and_offsets(items: Sequence[Any] | None, data: Any, offsets: Any) -> tuple[Any, Any]:
     if items is not None:
         if data is not None or offsets is not None:
@@ -82,21 +109,36 @@ class ReplayClient(TransportClient):
     """Client of an apexrl replay server at ``endpoint`` (e.g. ``tcp://127.0.0.1:5555``).
 
     ``timeout`` (seconds) bounds the wait for each reply (for ``insert`` / ``sample`` it is added to the
-    server-side wait).
+    server-side wait). ``spec`` (a :class:`TransitionSpec` or its JSON) is declared to the server (HELLO)
+    before the first insert, and again after a timeout (the server may have restarted); every insert
+    first learns the server's request limit that way and refuses a bigger batch before sending it
+    (:class:`InsertTooLargeError`).
+
+    Inserts are exactly-once across retries: each batch gets an ``insert_id`` (this client's random session
+    nonce, a sequence number); a retry of a batch must pass the id it was first sent with
+    (``insert(..., insert_id=...)``, from :meth:`next_insert_id`), and the server then stores it only once.
     """
 
-    def __init__(self, endpoint: str, timeout: float = 10.0):
+    def __init__(self, endpoint: str, timeout: float = 10.0, *, spec: TransitionSpec | str | None = None):
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.endpoint = endpoint
         self.timeout = float(timeout)
+        self.spec_json = _spec_json(spec)
+        self._info: ServerInfo | None = None
+        self._session = secrets.randbits(64) or 1
+        self._sequence = itertools.count(1)
         self.transport = Transport(endpoint, name="replay client")
 
     # ------------------------------------------------------------------------------------------ calls
 
     def _call(self, op: P.Op, build: Callable[[int], list[Any]], wait: float) -> P.Reply:
         """Send build(request_id), wait up to ``wait`` seconds for its reply; the reply, or its error raised."""
-        rid, frames = self.transport.request(build, wait, op.name)
+        try:
+            rid, frames = self.transport.request(build, wait, op.name)
+        except ReplayTimeout:
+            self._info = None  # the server may have restarted: declare the spec again before the next insert
+            raise
         try:
             reply = P.decode_reply(frames, op, rid)
         except ProtocolError:
@@ -114,18 +156,63 @@ class ReplayClient(TransportClient):
         data: Any = None,
         offsets: Any = None,
         timeout: float | None = None,
+        insert_id: tuple[int, int] | None = None,
     ) -> np.ndarray:
         """Insert items (a list of bytes-like, or ``data`` + ``offsets``) with their priorities -> keys u64[n].
 
         ``timeout``: seconds the server may hold the insert while its rate limiter (samples_per_insert) says
         the inserters are too far ahead; None (default) answers at once. Raises ServerTimeoutError (a
-        ReplayTimeout) when the samplers did not catch up in time.
+        ReplayTimeout) when the samplers did not catch up in time. ``insert_id``: the id of this batch's first
+        attempt when retrying it (None: a new batch, a new id). InsertTooLargeError (nothing sent) when the
+        request would be over the server's limit.
         """
         data, offsets = _data_and_offsets(items, data, offsets)
         wait_s, timeout_ms = P.server_wait(timeout)
-        frames = P.encode_insert(0, priorities, data, offsets, timeout_ms)  # validate before touching the socket
+        frames = self.prepare_insert(priorities, data, offsets, timeout=timeout, insert_id=insert_id)
         reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
         return reply.arrays["keys"]
+
+    def next_insert_id(self) -> tuple[int, int]:
+        """A fresh insert id (this client's session nonce, the next sequence number): pass it to every attempt
+        of one batch."""
+        return self._session, next(self._sequence)
+
+    def hello(self, spec: TransitionSpec | str | None = None) -> ServerInfo:
+        """Declare ``spec`` (default: this client's) and learn the server's limits and spec. ServerError
+        (INVALID_ARGUMENT) when the server already has another spec."""
+        spec_json = _spec_json(spec) if spec is not None else self.spec_json
+        reply = self._call(P.Op.HELLO, lambda rid: P.encode_hello(rid, spec_json), self.timeout)
+        info = reply.stats or {}
+        text = reply.arrays["spec"]
+        try:
+            server_spec = TransitionSpec.from_json(text) if text else None
+            self._info = ServerInfo(int(info["protocol_version"]), int(info["max_request_bytes"]),
+                                    int(info["max_reply_bytes"]), server_spec, info.get("epoch"))
+        except (KeyError, TypeError, ValueError) as exc:
+            self.transport.reset()
+            raise ProtocolError(P.Status.BAD_MESSAGE, f"HELLO reply: {type(exc).__name__}: {exc}") from None
+        return self._info
+
+    @property
+    def server_info(self) -> ServerInfo:
+        """The server's HELLO answer (asked for once, and again after a timeout)."""
+        return self._info if self._info is not None else self.hello()
+
+    def erase(self, keys: Any) -> int:
+        """Remove items by key (e.g. ones a learner could not decode); returns how many were present."""
+        frames = P.encode_erase(0, keys)  # validate before touching the socket
+        reply = self._call(P.Op.ERASE, lambda rid: P.with_request_id(frames, rid), self.timeout)
+        return int(reply.header.count)
+
+    def _check_size(self, frames: list[Any]) -> None:
+        limit = self.server_info.max_request_bytes
+        size = P.message_bytes(frames)
+        if size > limit:
+            n = memoryview(frames[1]).nbytes // 8
+            raise InsertTooLargeError(
+                f"INSERT of {n} items is {size} bytes, over the server's limit of {limit} bytes "
+                "(its --max-message-mb): split the batch"
+            )
 
     def sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> SampledBatch:
         """Sample n items with IS exponent beta.
@@ -157,10 +244,19 @@ class ReplayClient(TransportClient):
 
     # --------------------------------------------------------------------------- PipelinedReplay, Interruptible
 
-    def prepare_insert(self, priorities: Any, data: Any, offsets: Any, *, timeout: float | None = None) -> list[Any]:
-        """Validate and encode one INSERT for :meth:`send_insert` (ValueError for bad arguments)."""
+    def prepare_insert(self, priorities: Any, data: Any, offsets: Any, *, timeout: float | None = None,
+                       insert_id: tuple[int, int] | None = None) -> list[Any]:
+        """Validate and encode one INSERT for :meth:`send_insert` (ValueError for bad arguments,
+        InsertTooLargeError over the server's limit; the first call asks the server, see :meth:`hello`)."""
         _wait_s, timeout_ms = P.server_wait(timeout)
-        return P.encode_insert(0, priorities, data, offsets, timeout_ms)
+        frames = P.encode_insert(0, priorities, data, offsets, timeout_ms,
+                                 self.next_insert_id() if insert_id is None else insert_id)
+        self._check_size(frames)
+        return frames
+
+    def insert_limit(self) -> int:
+        """The most bytes one INSERT request may have (the server's announced limit)."""
+        return self.server_info.max_request_bytes
 
     def send_insert(self, message: list[Any]) -> tuple[int, int]:
         """Send a prepared INSERT without waiting for its reply -> ``(request id, items)``; ReplayTimeout (socket
@@ -190,7 +286,8 @@ class ReplayClient(TransportClient):
         return None
 
     def forget_inserts(self) -> None:
-        """Drop every INSERT reply still due (reset the socket; the next call reconnects)."""
+        """Drop every INSERT reply still due (reset the socket; the next call reconnects and says HELLO)."""
+        self._info = None
         self.transport.reset()
 
     def interrupt(self) -> None:
@@ -200,7 +297,7 @@ class ReplayClient(TransportClient):
     # ------------------------------------------------------------------------------------------ helpers
 
     def _same_endpoint(self) -> ReplayClient:
-        return ReplayClient(self.endpoint, timeout=self.timeout)
+        return ReplayClient(self.endpoint, timeout=self.timeout, spec=self.spec_json or None)
 
     def sampler(
         self,

@@ -31,7 +31,7 @@ import math
 import operator
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,6 +59,7 @@ MAX_SPEC_JSON_BYTES = 64 << 10
 
 _FINGERPRINT_BYTES = 4
 _LENGTH_BYTES = 4
+_WORD = np.arange(4, dtype=np.intp)  # byte offsets of a u32 (fingerprints, block lengths)
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _ALLOWED_KINDS = frozenset("biufc")  # bool, signed, unsigned, float, complex: fixed-size numeric only
 
@@ -142,6 +143,21 @@ _TOP_KEYS = frozenset({"version", "fields"})
 _FIELD_KEYS = frozenset({"name", "dtype", "shape", "compress"})
 
 
+def _note(why: dict[int, str], mask: np.ndarray, message: Callable[[int], str]) -> None:
+    """Keep the message of the lowest bad item seen so far (only the first bad item's message is shown)."""
+    if mask.any():
+        i = int(np.flatnonzero(mask)[0])
+        if not why or i < min(why):
+            why.clear()
+            why[i] = message(i)
+
+
+def _item_index(message: str) -> int | None:
+    """The index an ``item {i}: ...`` error message names, else None."""
+    match = re.match(r"item (\d+): ", message)
+    return int(match.group(1)) if match else None
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
@@ -175,6 +191,7 @@ class TransitionSpec:
         "_raw_item_bytes",
         "_header_bytes",
         "_fingerprint_bytes",
+        "_packed",
     )
 
     def __init__(self, fields: Sequence[FieldSpec]):
@@ -208,6 +225,7 @@ class TransitionSpec:
         )
         self._fingerprint = zlib.crc32(self._json.encode("ascii")) & 0xFFFFFFFF
         self._fingerprint_bytes = np.frombuffer(self._fingerprint.to_bytes(4, "little"), dtype=np.uint8)
+        self._packed = np.zeros(1, dtype=np.uint64)  # offsets of packed fixed-size items, grown on demand
 
     # -- description -------------------------------------------------------------------------------------------
 
@@ -429,8 +447,22 @@ class TransitionSpec:
     # -- decode ------------------------------------------------------------------------------------------------
 
     def _check_items(self, data: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Vectorised checks of the buffer, the offsets, every item's size and fingerprint.
+        """Vectorised checks of the buffer, the offsets, every item's size, fingerprint and block lengths.
         Returns (data as contiguous uint8, starts intp, sizes intp)."""
+        buf, starts, sizes = self._check_buffer(data, offsets)
+        if self._items_ok(buf, starts, sizes):  # the common case, in a few numpy calls
+            return buf, starts, sizes
+        bad, reason = self._item_problems(buf, starts, sizes)
+        if reason is not None:
+            i = int(np.flatnonzero(bad)[0])
+            if sizes[i] < 0:
+                raise ValueError(f"item {i}: offsets decrease ({int(starts[i])} -> {int(starts[i] + sizes[i])})")
+            raise ValueError(reason(i))
+        return buf, starts, sizes
+
+    @staticmethod
+    def _check_buffer(data: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The buffer as contiguous uint8, and the items' starts and sizes (ValueError if unusable)."""
         if isinstance(data, np.ndarray):
             if data.dtype != np.uint8 or data.ndim != 1:
                 raise ValueError(f"data must be a 1-D uint8 array, got {data.dtype} with shape {data.shape}")
@@ -443,41 +475,154 @@ class TransitionSpec:
         offs = np.asarray(offsets)
         if offs.ndim != 1 or offs.size < 1 or offs.dtype.kind not in "iu":
             raise ValueError(f"offsets must be a 1-D integer array of length n + 1, got {offs.dtype} {offs.shape}")
-        if int(offs.min()) < 0:
+        if offs.dtype.kind == "i" and int(offs.min()) < 0:
             raise ValueError("offsets must be non-negative")
         if int(offs.max()) > buf.size:
             raise ValueError(f"offsets reach {int(offs.max())}, past the {buf.size}-byte buffer")
         offs = offs.astype(np.intp)
-        starts = offs[:-1]
-        sizes = np.diff(offs)
+        return buf, offs[:-1], np.diff(offs)
+
+    def _items_ok(self, buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> bool:
+        """True when every item passes the rules of :meth:`_item_problems` (False: let it find which fails).
+        The server runs this on every insert, so it is the least numpy work that decides the rules."""
         n = starts.size
         if n == 0:
-            return buf, starts, sizes
+            return True
+        hdr = self._header_bytes
+        if not self._compressed:
+            if not (sizes == hdr).all():
+                return False
+            if int(starts[0]) == 0 and buf.size == n * hdr:  # packed back to back, as encode writes them
+                return bool((buf.reshape(n, hdr)[:, :_FINGERPRINT_BYTES] == self._fingerprint_bytes).all())
+        if buf.size < _FINGERPRINT_BYTES:
+            return False
+        # Reads are clipped into the buffer, so an item too short for them reads garbage instead of failing;
+        # it still fails below: positions only grow, so a walk that overruns its item never ends exactly at
+        # the item's end. Conversely a walk that ends exactly there read only inside its item (all L >= 0).
+        last = buf.size - _LENGTH_BYTES
+        fp = buf[np.minimum(starts, last)[:, None] + _WORD].view("<u4")
+        if not (fp == self._fingerprint).all():
+            return False
+        end = starts + sizes
+        p = starts + hdr
+        for f in self._compressed:
+            lengths = buf[np.minimum(p, last)[:, None] + _WORD].view("<u4").ravel()
+            if f.nbytes == 0 and lengths.any():
+                return False
+            p = p + lengths + _LENGTH_BYTES  # int64 + u32: no wrap-around
+        return bool((p == end).all())
+
+    def _item_problems(
+        self, buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray
+    ) -> tuple[np.ndarray, Callable[[int], str] | None]:
+        """(bad mask, message of item i) for items of the wrong size, fingerprint or compressed block lengths;
+        the message function is None when every item is good. Vectorised: one pass per check (and per
+        compressed field), never one Python step per item."""
+        n = starts.size
+        if n == 0:
+            return np.zeros(0, dtype=bool), None
+        hdr = self._header_bytes
         if self._compressed:
-            bad = np.flatnonzero(sizes < self._header_bytes + _LENGTH_BYTES * len(self._compressed))
-            want = f"at least {self._header_bytes + _LENGTH_BYTES * len(self._compressed)}"
+            least = hdr + _LENGTH_BYTES * len(self._compressed)
+            bad = sizes < least
+            want = f"at least {least}"
         else:
-            bad = np.flatnonzero(sizes != self._header_bytes)
-            want = f"exactly {self._header_bytes}"
-        if bad.size:
-            i = int(bad[0])
-            if sizes[i] < 0:
-                raise ValueError(f"item {i}: offsets decrease ({int(offs[i])} -> {int(offs[i + 1])})")
-            raise ValueError(f"item {i}: {int(sizes[i])} bytes, expected {want} for {self!r}")
+            bad = sizes != hdr
+            want = f"exactly {hdr}"
+        if bad.any():
+            return bad, lambda i: f"item {i}: {int(sizes[i])} bytes, expected {want} for {self!r}"
         fp = buf[starts[:, None] + np.arange(_FINGERPRINT_BYTES, dtype=np.intp)].view("<u4").ravel()
-        bad = np.flatnonzero(fp != self._fingerprint)
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(
-                f"item {i}: spec fingerprint 0x{int(fp[i]):08x}, expected 0x{self._fingerprint:08x} "
-                "(an item of another spec, or corrupted)"
-            )
-        return buf, starts, sizes
+        bad = fp != self._fingerprint
+        if bad.any():
+            return bad, lambda i: (f"item {i}: spec fingerprint 0x{int(fp[i]):08x}, expected "
+                                   f"0x{self._fingerprint:08x} (an item of another spec, or corrupted)")
+        if self._compressed:
+            return self._block_problems(buf, starts, sizes)
+        return bad, None
+
+    def _block_problems(
+        self, buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray
+    ) -> tuple[np.ndarray, Callable[[int], str] | None]:
+        """The length walk over every item's compressed blocks, all items at once (field by field): each
+        block's u32 length stays inside its item, zero-size fields have empty blocks, nothing trails."""
+        end = starts + sizes
+        p = starts + self._header_bytes  # every item holds all its length words (checked by the size rule)
+        bad = np.zeros(starts.size, dtype=bool)
+        why: dict[int, str] = {}
+        word = np.arange(_LENGTH_BYTES, dtype=np.intp)
+        for f in self._compressed:
+            fits = ~bad & (p + _LENGTH_BYTES <= end)
+            newly = ~bad & ~fits
+            _note(why, newly, lambda i, f=f: f"item {i}: field {f.name!r}: truncated before its length")
+            bad |= newly
+            lengths = np.zeros(starts.size, dtype=np.intp)
+            idx = np.flatnonzero(fits)
+            lengths[idx] = buf[p[idx, None] + word].view("<u4").ravel()
+            p = p + _LENGTH_BYTES
+            over = ~bad & (lengths > end - p)
+            _note(why, over, lambda i, f=f, L=lengths: f"item {i}: field {f.name!r}: block of {int(L[i])} bytes "
+                  "overruns the item")
+            bad |= over
+            if f.nbytes == 0:
+                nonempty = ~bad & (lengths != 0)
+                _note(why, nonempty, lambda i, f=f, L=lengths: f"item {i}: field {f.name!r}: zero-size field "
+                      f"with a {int(L[i])}-byte block")
+                bad |= nonempty
+            p = p + np.where(bad, 0, lengths)
+        trailing = ~bad & (p != end)
+        _note(why, trailing, lambda i, e=end, q=p: f"item {i}: {int(e[i] - q[i])} trailing bytes after the last field")
+        bad |= trailing
+        if not bad.any():
+            return bad, None
+        return bad, lambda i: why[i]
 
     def validate_items(self, data: Any, offsets: Any) -> int:
-        """The cheap, vectorised part of ``decode``: offsets in bounds, item sizes, fingerprints. Returns n.
-        (Compressed blocks are only checked by ``decode``.) Raises ValueError naming the first bad item."""
+        """The cheap, vectorised part of ``decode``: offsets in bounds, item sizes, fingerprints and, for
+        compressed fields, the walk over the block lengths (lz4 payloads themselves are only checked by
+        ``decode``). Returns n. Raises ValueError naming the first bad item, its size and what is expected."""
+        n = self._packed_ok(data, offsets)
+        if n is not None:
+            return n
         return int(self._check_items(data, offsets)[1].size)
+
+    def _packed_ok(self, data: Any, offsets: Any) -> int | None:
+        """n when the batch is fixed-size items packed back to back (what ``encode`` writes and the wire
+        carries: u64 offsets) and every item is good; None to take the general checks. Five numpy calls."""
+        if self._compressed or type(offsets) is not np.ndarray or offsets.dtype != np.uint64 or offsets.ndim != 1:
+            return None
+        n = offsets.shape[0] - 1
+        hdr = self._header_bytes
+        try:
+            buf = data if type(data) is np.ndarray else np.frombuffer(data, dtype=np.uint8)
+        except (TypeError, ValueError):
+            return None
+        if n < 1 or buf.dtype != np.uint8 or buf.ndim != 1 or buf.size != n * hdr:
+            return None
+        packed = self._packed
+        if packed.shape[0] < n + 1:
+            packed = self._packed = np.arange(max(n + 1, 2 * packed.shape[0]), dtype=np.uint64) * np.uint64(hdr)
+        if not (offsets == packed[: n + 1]).all():
+            return None
+        if not (buf.reshape(n, hdr)[:, :_FINGERPRINT_BYTES] == self._fingerprint_bytes).all():
+            return None
+        return n
+
+    def invalid_items(self, data: Any, offsets: Any) -> tuple[np.ndarray, str | None]:
+        """(bool mask of the items ``validate_items`` would refuse, the message for the first of them or None).
+        Raises ValueError only when the buffer and offsets themselves are unusable."""
+        buf, starts, sizes = self._check_buffer(data, offsets)
+        if (sizes < 0).any():
+            raise ValueError("offsets decrease")
+        bad, reason = self._item_problems(buf, starts, sizes)
+        if reason is None:
+            return bad, None
+        first = int(np.flatnonzero(bad)[0])
+        # An item can break several rules; check the rest of them one rule later, on the items still good.
+        good = np.flatnonzero(~bad)
+        if good.size:
+            more, _ = self._item_problems(buf, starts[good], sizes[good])
+            bad[good[more]] = True
+        return bad, reason(first)
 
     def decode(self, data: Any, offsets: Any) -> dict[str, np.ndarray]:
         """Decode n items (a uint8 buffer and n + 1 offsets, e.g. a SampleBatch's ``data`` and ``offsets``)
@@ -555,6 +700,35 @@ class TransitionSpec:
             for name, nb, _ in targets:
                 if nb and out[name].dtype.itemsize > 1:
                     out[name].byteswap(inplace=True)
+
+    def decode_valid(self, data: Any, offsets: Any) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
+        """Decode what can be decoded: ``(arrays of the good items, bad mask or None, first error or None)``.
+
+        For a learner that must survive a foreign or corrupted item: instead of refusing the whole batch, the
+        items that break a rule (size, fingerprint, block lengths, lz4 payload) are left out and marked in the
+        mask (None when every item decoded). ValueError only when the buffer and offsets are unusable."""
+        try:
+            return self.decode(data, offsets), None, None
+        except ValueError:
+            pass
+        bad, message = self.invalid_items(data, offsets)
+        buf, starts, sizes = self._check_buffer(data, offsets)
+        good = np.flatnonzero(~bad)
+        while True:  # an lz4 payload error names one item; leave it out and decode the rest again
+            sub_offsets = np.zeros(good.size + 1, dtype=np.intp)
+            np.cumsum(sizes[good], out=sub_offsets[1:])
+            sub = buf[np.concatenate([np.arange(s, s + z) for s, z in zip(starts[good], sizes[good])])] \
+                if good.size else buf[:0]
+            try:
+                return self.decode(sub, sub_offsets), bad, message
+            except ValueError as exc:
+                i = _item_index(str(exc))
+                if i is None or not 0 <= i < good.size:
+                    raise
+                if message is None:
+                    message = f"item {int(good[i])}: {str(exc).split(': ', 1)[1]}"
+                bad[good[i]] = True
+                good = np.delete(good, i)
 
     def decode_batch(self, batch: _ItemBatch) -> dict[str, np.ndarray]:
         """``decode(batch.data, batch.offsets)``, for a ``SampleBatch`` (keys and weights stay on the batch)."""

@@ -49,6 +49,8 @@ class ServerConfig:
     """None: no rate limiting (Reverb's SampleToInsertRatio)."""
     error_buffer: float | None = field(default=None, metadata=Range.float(0.0, optional=True))
     """None: max(1, samples_per_insert) * 100."""
+    spec: str | None = None
+    """The run's TransitionSpec: its JSON, or the path of a JSON file; None: learnt from the first HELLO."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -77,6 +79,10 @@ class ServerConfig:
                     f"error_buffer must be >= max(1, samples_per_insert) = {max(1.0, spi)}, "
                     f"got {eb} (a smaller buffer could block both inserts and samples for good)"
                 )
+        if self.spec is not None:
+            from apexrl.replay.insert_guard import load_spec
+
+            load_spec(self.spec)  # ValueError naming the value
         if self.snapshot_every is not None and self.snapshot is None:
             raise ValueError("snapshot_every needs a snapshot path")
 

@@ -12,12 +12,17 @@ from typing import Any
 
 import numpy as np
 
-from apexrl.errors import ReplayTimeout, ServerClosedError
+from apexrl.errors import ApexRLError, ReplayTimeout, ServerClosedError
 from apexrl.replay import protocol as P
 from apexrl.replay.api import PipelinedReplay, ReplayFactory, close_replay
 from apexrl.replay.updater import _ClosingContext
 
-__all__ = ["PipelinedInserter"]
+__all__ = ["InsertTooLargeError", "PipelinedInserter"]
+
+
+class InsertTooLargeError(ApexRLError, ValueError):
+    """An INSERT over the server's announced request limit, refused before sending: libzmq would drop the
+    connection, and the call would only time out."""
 
 
 class PipelinedInserter(_ClosingContext):
@@ -38,6 +43,9 @@ class PipelinedInserter(_ClosingContext):
       expires: all requests then in flight are counted ``failed`` -- they may or may not have been stored --
       a :class:`~apexrl.errors.ReplayTimeout` saying how many is raised as above, and the connection is
       replaced (a restarted server is reached by the next insert).
+    * A batch over the server's announced request limit (``insert_limit()`` of the Replay, from its HELLO)
+      is split into parts that fit, each its own request (``split_requests`` counts the extra ones); an
+      item too big to fit alone raises :class:`InsertTooLargeError` and nothing of the batch is sent.
     * ``flush()`` waits until every request sent so far was answered or expired, then raises the first
       pending error; ``close()`` (and leaving the ``with`` block) flushes, closes the Replay and raises it.
 
@@ -68,7 +76,7 @@ class PipelinedInserter(_ClosingContext):
         self._in_flight: dict[int, tuple[int, float]] = {}  # request id -> (items, sent at); in send order
         self._errors: list[BaseException] = []
         self._counts = {"submitted": 0, "submitted_items": 0, "acked": 0, "acked_items": 0,
-                        "failed": 0, "failed_items": 0}
+                        "failed": 0, "failed_items": 0, "split_requests": 0}
         self._closed = False
         self._replay = connect()
         self.endpoint = getattr(self._replay, "endpoint", None)
@@ -164,21 +172,56 @@ class PipelinedInserter(_ClosingContext):
             self._insert_now(priorities, data, offsets)
             return
         replay = self._replay
-        message = replay.prepare_insert(priorities, data, offsets, timeout=self._timeout)  # validates
-        self._drain()
-        self._raise_pending()
-        while len(self._in_flight) >= self.max_in_flight:
-            self._wait_one()
+        messages = [replay.prepare_insert(p, d, o, timeout=self._timeout)  # validates every part first
+                    for p, d, o in self._split(priorities, data, offsets)]
+        for i, message in enumerate(messages):
+            self._drain()
             self._raise_pending()
-        try:
-            rid, n = replay.send_insert(message)
-        except ReplayTimeout as exc:
-            if self._in_flight:
-                self._expire()
-            raise ReplayTimeout(f"{exc}; this batch was not sent") from None
-        self._in_flight[rid] = (n, time.monotonic())
-        self._counts["submitted"] += 1
-        self._counts["submitted_items"] += n
+            while len(self._in_flight) >= self.max_in_flight:
+                self._wait_one()
+                self._raise_pending()
+            try:
+                rid, n = replay.send_insert(message)
+            except ReplayTimeout as exc:
+                if self._in_flight:
+                    self._expire()
+                what = "this batch was not sent" if i == 0 else f"parts {i + 1}-{len(messages)} of this batch were not sent"
+                raise ReplayTimeout(f"{exc}; {what}") from None
+            self._in_flight[rid] = (n, time.monotonic())
+            self._counts["submitted"] += 1
+            self._counts["submitted_items"] += n
+            if i:
+                self._counts["split_requests"] += 1
+
+    def _split(self, priorities: Any, data: Any, offsets: Any) -> list[tuple[Any, Any, Any]]:
+        """The batch as parts that each fit the server's announced request limit (``insert_limit()``, when the
+        Replay has one): one part when it fits; InsertTooLargeError (nothing sent) for an item that cannot fit
+        alone."""
+        limit_of = getattr(self._replay, "insert_limit", None)
+        if limit_of is None:
+            return [(priorities, data, offsets)]
+        _header, prio, offs, view, _id = P.encode_insert(0, priorities, data, offsets)  # validated views
+        n = offs.shape[0] - 1
+        if n < 1 or P.insert_message_bytes(n, int(offs[-1])) <= (limit := limit_of()):
+            return [(priorities, data, offsets)]
+        # Bytes of items [0, i) plus their priority and offset entries; a part [lo, hi) costs
+        # cost[hi] - cost[lo] + the fixed part of a message.
+        cost = offs.astype(np.int64) + 16 * np.arange(n + 1, dtype=np.int64)
+        fixed = P.insert_message_bytes(0, 0)
+        parts, lo = [], 0
+        while lo < n:
+            hi = int(np.searchsorted(cost, cost[lo] + limit - fixed, side="right")) - 1
+            if hi <= lo:
+                size = int(offs[lo + 1] - offs[lo])
+                raise InsertTooLargeError(
+                    f"item {lo} of the batch is {size} bytes: an INSERT of it alone would be "
+                    f"{P.insert_message_bytes(1, size)} bytes, over the server's limit of {limit} bytes "
+                    "(its --max-message-mb); nothing was sent"
+                )
+            start, end = int(offs[lo]), int(offs[hi])
+            parts.append((prio[lo:hi], view[start:end], offs[lo : hi + 1] - offs[lo]))
+            lo = hi
+        return parts
 
     def _insert_now(self, priorities: Any, data: Any, offsets: Any) -> None:
         """A plain Replay: one synchronous insert, counted like a pipelined one."""

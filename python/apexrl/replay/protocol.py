@@ -54,6 +54,9 @@ __all__ = [
     "encode_error",
     "encode_get_params",
     "encode_get_params_reply",
+    "encode_erase",
+    "encode_hello",
+    "encode_hello_reply",
     "encode_insert",
     "encode_insert_reply",
     "encode_protocol_error",
@@ -99,7 +102,7 @@ def _bad(message: str, status: Status = Status.BAD_MESSAGE) -> ProtocolError:
 
 
 class Header(NamedTuple):
-    """Frame 0 of every message. ``flags`` and the 4 trailing bytes are always zero in version 1."""
+    """Frame 0 of every message. ``flags`` and the 4 trailing bytes are always zero."""
 
     op: int
     request_id: int
@@ -169,7 +172,7 @@ def _header(buf: memoryview, ops: frozenset[int]) -> Header:
     _magic, _version, op, request_id, status, flags, count, param, timeout_ms, reserved = _HEADER_RESERVED.unpack(buf)
     ids = dict(op=op, request_id=request_id)
     if flags != 0:
-        raise ProtocolError(Status.BAD_MESSAGE, f"header flags is {flags:#06x}, must be 0 in version 1", **ids)
+        raise ProtocolError(Status.BAD_MESSAGE, f"header flags is {flags:#06x}, must be 0", **ids)
     if reserved:
         raise ProtocolError(
             Status.BAD_MESSAGE, f"header reserved bytes are {bytes(buf[36:40]).hex()}, must be zero", **ids
@@ -208,8 +211,9 @@ class Request:
 
 @dataclass
 class Reply:
-    """A decoded reply. On OK: ``arrays`` (by the schema's frame names), ``stats`` (STATS) or just
-    ``header.count`` (UPDATE_PRIORITIES, REMOVE_TO_FIT). On error: ``message``."""
+    """A decoded reply. On OK: ``arrays`` (by the schema's frame names), ``stats`` (the JSON frame: STATS's
+    counters, HELLO's info) or just ``header.count`` (UPDATE_PRIORITIES, REMOVE_TO_FIT, ERASE). On error:
+    ``message``."""
 
     header: Header
     arrays: dict[str, Any] = field(default_factory=dict)
@@ -571,8 +575,10 @@ def _encode(plan: _Plan, request_id: Any, values: Sequence[Any] = (), *, count: 
             if not isinstance(value, str):
                 raise ValueError(f"{f.name} must be a str, got {type(value).__name__}")
             raw = value.encode("utf-8", errors="replace")
-            if f.max_bytes is not None and len(raw) > f.max_bytes:  # cut at a character boundary
-                raw = raw[: f.max_bytes].decode("utf-8", errors="ignore").encode("utf-8")
+            if f.max_bytes is not None and len(raw) > f.max_bytes:
+                if op is not None:  # only an error message may be cut; any other text must arrive whole
+                    raise ValueError(f"{f.name} is {len(raw)} bytes, at most {f.max_bytes}")
+                raw = raw[: f.max_bytes].decode("utf-8", errors="ignore").encode("utf-8")  # at a character boundary
             out.append(raw)
         else:  # json
             out.append(_stats_json(value))
@@ -581,6 +587,10 @@ def _encode(plan: _Plan, request_id: Any, values: Sequence[Any] = (), *, count: 
             _check_offsets(out[f.index], memoryview(out[f.ref]).nbytes)
     out[0] = _HEADER.pack(MAGIC, PROTOCOL_VERSION, op or 0, request_id, status, 0, n or 0, param, timeout_ms)
     return out
+
+
+NO_INSERT_ID = (0, 0)
+"""The INSERT ``insert_id`` of a request that asks for no de-duplication."""
 
 
 def _stats_json(stats: Any) -> bytes:
@@ -605,9 +615,30 @@ _INSERT_REPLY_PLAN = _REPLY_PLANS[Op.INSERT]
 _SAMPLE_REPLY_PLAN = _REPLY_PLANS[Op.SAMPLE]
 
 
-def encode_insert(request_id: int, priorities: Any, data: Any, offsets: Any, timeout_ms: int = 0) -> list[Frame]:
-    """INSERT request: [header(count=n, timeout_ms), priorities f64[n], offsets u64[n+1], data]."""
-    return _encode(_INSERT_PLAN, request_id, (priorities, offsets, data), timeout_ms=timeout_ms)
+def encode_insert(request_id: int, priorities: Any, data: Any, offsets: Any, timeout_ms: int = 0,
+                  insert_id: Any = NO_INSERT_ID) -> list[Frame]:
+    """INSERT request: [header(count=n, timeout_ms), priorities f64[n], offsets u64[n+1], data, insert_id u64[2]].
+
+    ``insert_id`` = (session, sequence): the server stores a batch once per id; a retry sends the same id and
+    gets the first request's keys back. (0, 0) asks for no de-duplication."""
+    if type(insert_id) is not np.ndarray:
+        insert_id = np.array(insert_id, dtype=_U64_DTYPE) if _is_u64_pair(insert_id) else insert_id
+    return _encode(_INSERT_PLAN, request_id, (priorities, offsets, data, insert_id), timeout_ms=timeout_ms)
+
+
+def _is_u64_pair(value: Any) -> bool:
+    return (isinstance(value, tuple) and len(value) == 2
+            and all(type(v) is int and 0 <= v <= _U64 for v in value))
+
+
+def insert_message_bytes(n: int, data_bytes: int) -> int:
+    """Total bytes of an INSERT request of ``n`` items holding ``data_bytes`` (what a server's size cap sees)."""
+    return HEADER_SIZE + 8 * n + 8 * (n + 1) + data_bytes + 16
+
+
+def message_bytes(frames: Sequence[Any]) -> int:
+    """Total bytes of an encoded message."""
+    return sum(memoryview(f).nbytes for f in frames)
 
 
 def encode_sample(request_id: int, n: int, beta: float, timeout_ms: int = 0) -> list[Frame]:
@@ -630,6 +661,16 @@ def encode_stats(request_id: int) -> list[Frame]:
     return _encode(_REQUEST_PLANS[Op.STATS], request_id)
 
 
+def encode_hello(request_id: int, spec_json: str = "") -> list[Frame]:
+    """HELLO request: [header, spec utf8] (a TransitionSpec JSON to declare; "" declares none)."""
+    return _encode(_REQUEST_PLANS[Op.HELLO], request_id, (spec_json,))
+
+
+def encode_erase(request_id: int, keys: Any) -> list[Frame]:
+    """ERASE request: [header(count=n), keys u64[n]]."""
+    return _encode(_REQUEST_PLANS[Op.ERASE], request_id, (keys,))
+
+
 def encode_get_params(request_id: int, version: int, server_id: int) -> list[Frame]:
     """GET_PARAMS request: [header, held u64[2] = (version, server_id) of the weights held (0s: none)]."""
     return _encode(_REQUEST_PLANS[Op.GET_PARAMS], request_id, ((version, server_id),))
@@ -648,7 +689,7 @@ def encode_sample_reply(
 
 
 def encode_count_reply(op: Op, request_id: int, count: int) -> list[Frame]:
-    """UPDATE_PRIORITIES / REMOVE_TO_FIT OK reply: [header(count)]."""
+    """UPDATE_PRIORITIES / REMOVE_TO_FIT / ERASE OK reply: [header(count)]."""
     if op not in _COUNT_REPLY_OPS:
         raise ValueError(f"a count reply is for {' or '.join(o.name for o in _COUNT_REPLY_OPS)}, not {op!r}")
     return _encode(_REPLY_PLANS[int(op)], request_id, count=count)
@@ -657,6 +698,11 @@ def encode_count_reply(op: Op, request_id: int, count: int) -> list[Frame]:
 def encode_stats_reply(request_id: int, stats: dict[str, int | float]) -> list[Frame]:
     """STATS OK reply: [header, UTF-8 JSON object of str -> int|float (finite)]."""
     return _encode(_REPLY_PLANS[Op.STATS], request_id, (stats,))
+
+
+def encode_hello_reply(request_id: int, info: dict[str, int | float], spec_json: str = "") -> list[Frame]:
+    """HELLO OK reply: [header, info JSON object of str -> int|float, spec utf8 ("" when the server has none)]."""
+    return _encode(_REPLY_PLANS[Op.HELLO], request_id, (info, spec_json))
 
 
 def encode_get_params_reply(request_id: int, version: int, server_id: int, weights: Any = b"") -> list[Frame]:
@@ -855,7 +901,7 @@ def decode_reply(frames: Sequence[Any], op: Op, request_id: int, max_bytes: int 
         arrays = _decode_body(plan, h, views)
         if plan.arrays_only:
             return Reply(h, arrays)
-        return Reply(h, arrays, stats=arrays.pop("stats", None))
+        return Reply(h, arrays, stats=next((arrays.pop(f.name) for f in plan.frames if f.type == "json"), None))
     except ProtocolError:
         raise
     except Exception as exc:  # noqa: BLE001 - defence in depth: the contract is "only ProtocolError"

@@ -25,6 +25,7 @@ __all__ = [
     "MAGIC",
     "MAX_BATCH",
     "MAX_ERROR_MESSAGE",
+    "MAX_SPEC_BYTES",
     "PARAMS_MAX_REQUEST_BYTES",
     "PROTOCOL_VERSION",
     "REPLIES",
@@ -40,8 +41,8 @@ __all__ = [
     "peek_ids",
 ]
 
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS = (2,)
 MAGIC = b"APXR"
 
 MAX_BATCH = 1 << 20
@@ -50,6 +51,8 @@ MAX_ERROR_MESSAGE = 64 * 1024
 """Most bytes of an error reply's message: encoders truncate to it, decoders refuse more."""
 PARAMS_MAX_REQUEST_BYTES = 4096
 """ZMQ_MAXMSGSIZE of the params server's socket: its requests are two small frames."""
+MAX_SPEC_BYTES = 64 * 1024
+"""Most bytes of a TransitionSpec JSON in a HELLO request or reply (the codec's MAX_SPEC_JSON_BYTES)."""
 
 
 class Status(IntEnum):
@@ -87,11 +90,13 @@ class Op(IntEnum):
     UPDATE_PRIORITIES = 3
     REMOVE_TO_FIT = 4
     STATS = 5
+    HELLO = 6
+    ERASE = 7
     GET_PARAMS = 16
 
 
 SERVICES: dict[str, tuple[Op, ...]] = {
-    "replay": (Op.INSERT, Op.SAMPLE, Op.UPDATE_PRIORITIES, Op.REMOVE_TO_FIT, Op.STATS),
+    "replay": (Op.INSERT, Op.SAMPLE, Op.UPDATE_PRIORITIES, Op.REMOVE_TO_FIT, Op.STATS, Op.HELLO, Op.ERASE),
     "params": (Op.GET_PARAMS,),
 }
 """The ops each service's server answers; a request for any other op is answered UNKNOWN_OP."""
@@ -113,11 +118,11 @@ class HeaderField:
 
 HEADER_FIELDS: tuple[HeaderField, ...] = (
     HeaderField("magic", "4s", "bytes", '`b"APXR"`'),
-    HeaderField("version", "H", "u16", "protocol version, `1`"),
+    HeaderField("version", "H", "u16", f"protocol version, `{PROTOCOL_VERSION}`"),
     HeaderField("op", "H", "u16", "`Op`, below"),
     HeaderField("request_id", "Q", "u64", "chosen by the client, echoed in the reply"),
     HeaderField("status", "H", "u16", "`Status`; 0 (OK) in every request"),
-    HeaderField("flags", "H", "u16", "must be 0 in v1"),
+    HeaderField("flags", "H", "u16", "must be 0"),
     HeaderField("count", "I", "u32", "n (items / keys) of the array frames, or a count reply's result"),
     HeaderField("param", "d", "f64", "SAMPLE request: β; 0.0 everywhere else"),
     HeaderField("timeout_ms", "I", "u32", "INSERT and SAMPLE requests: longest the server may wait; 0 elsewhere"),
@@ -207,11 +212,14 @@ def _priorities(name: str = "priorities") -> FrameSpec:
 _KEYS = FrameSpec("keys", "u64", "n")
 _OFFSETS = FrameSpec("offsets", "u64", "n+1", "offsets:data", meaning="item i is data[offsets[i]:offsets[i+1]]")
 _DATA = FrameSpec("data", "bytes", meaning="the items, concatenated")
+_INSERT_ID = FrameSpec("insert_id", "u64", 2, meaning="(session, sequence): a retry reuses it; (0, 0): none")
+_SPEC = FrameSpec("spec", "utf8", max_bytes=MAX_SPEC_BYTES, meaning="a TransitionSpec JSON; empty: none")
 
 REQUESTS: dict[Op, MessageSpec] = {
     Op.INSERT: MessageSpec(
-        Op.INSERT, "request", (_priorities(), _OFFSETS, _DATA), count="n", timeout_ms=True,
-        meaning="store n items; waits up to timeout_ms while the rate limiter holds inserts back",
+        Op.INSERT, "request", (_priorities(), _OFFSETS, _DATA, _INSERT_ID), count="n", timeout_ms=True,
+        meaning="store n items, once per insert_id; waits up to timeout_ms while the rate limiter holds inserts "
+        "back; refused whole (INVALID_ARGUMENT) if an item does not match the server's spec",
     ),
     Op.SAMPLE: MessageSpec(
         Op.SAMPLE, "request", (), count="n", count_min=1, param="beta", timeout_ms=True,
@@ -222,6 +230,12 @@ REQUESTS: dict[Op, MessageSpec] = {
     ),
     Op.REMOVE_TO_FIT: MessageSpec(Op.REMOVE_TO_FIT, "request", meaning="evict down to capacity"),
     Op.STATS: MessageSpec(Op.STATS, "request", meaning="the store's and the server's counters"),
+    Op.HELLO: MessageSpec(
+        Op.HELLO, "request", (_SPEC,),
+        meaning="declare the run's TransitionSpec (the first one sticks; another: INVALID_ARGUMENT), learn the "
+        "server's limits",
+    ),
+    Op.ERASE: MessageSpec(Op.ERASE, "request", (_KEYS,), count="n", meaning="remove these items"),
     Op.GET_PARAMS: MessageSpec(
         Op.GET_PARAMS, "request", (FrameSpec("held", "u64", 2, meaning="(version, server_id) the requester holds; 0s: none"),),
         meaning="the latest weights, unless the requester holds them",
@@ -240,6 +254,12 @@ REPLIES: dict[Op, MessageSpec] = {
     ),
     Op.REMOVE_TO_FIT: MessageSpec(Op.REMOVE_TO_FIT, "reply", count="result", meaning="count: items removed"),
     Op.STATS: MessageSpec(Op.STATS, "reply", (FrameSpec("stats", "json"),), meaning="the counters, name → number"),
+    Op.HELLO: MessageSpec(
+        Op.HELLO, "reply", (FrameSpec("info", "json"), _SPEC),
+        meaning="`info`: protocol_version, max_request_bytes, max_reply_bytes (and epoch when the server has "
+        "one); `spec`: the server's spec, empty when it has none",
+    ),
+    Op.ERASE: MessageSpec(Op.ERASE, "reply", count="result", meaning="count: items removed (absent keys are skipped)"),
     Op.GET_PARAMS: MessageSpec(
         Op.GET_PARAMS, "reply",
         (FrameSpec("latest", "u64", 2, meaning="(version, server_id) of the latest weights; version 0: none yet"),
@@ -310,5 +330,6 @@ def markdown_tables() -> str:
               f"| `MAX_BATCH` | {MAX_BATCH} | most items / keys in one message (count over it: TOO_LARGE) |",
               f"| `MAX_ERROR_MESSAGE` | {MAX_ERROR_MESSAGE} | most bytes of an error message |",
               f"| `PARAMS_MAX_REQUEST_BYTES` | {PARAMS_MAX_REQUEST_BYTES} | ZMQ_MAXMSGSIZE of the params server |",
+              f"| `MAX_SPEC_BYTES` | {MAX_SPEC_BYTES} | most bytes of a spec JSON (HELLO) |",
               f"| `PROTOCOL_VERSION` | {PROTOCOL_VERSION} | `SUPPORTED_VERSIONS` = {SUPPORTED_VERSIONS} |"]
     return "\n".join(lines) + "\n"

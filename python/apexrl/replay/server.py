@@ -14,7 +14,7 @@ Threading model
   items (default 1024, ~0.2 ms of store time for DPG items). Each is one store call that releases the GIL,
   then the reply goes straight back: no hop through another thread, which on a 2-core machine cost more
   than the store call itself (GIL hand-offs and inproc messages per request).
-* Larger SAMPLEs, REMOVE_TO_FIT and STATS go to a queue served by the **worker** threads, which call the
+* Larger SAMPLEs, REMOVE_TO_FIT, STATS, HELLO and ERASE go to a queue served by the **worker** threads, which call the
   thread-safe store (GIL released) and hand the reply back to the broker (it alone sends on the
   front-end). So an INSERT never waits for a large SAMPLE except on a shard lock inside the store, and it
   waits behind a small inline SAMPLE for at most that sample's store call. The broker reads the front-end
@@ -89,6 +89,7 @@ from apexrl import PrioritizedStore
 from apexrl.errors import ApexRLError, ProtocolError
 from apexrl.replay import protocol as P
 from apexrl.replay.config import ServerConfig
+from apexrl.replay.insert_guard import BUSY, DONE, InsertWindow, SpecGate
 from apexrl.replay.rate_limiter import RateLimiter
 
 __all__ = ["ReplayServer", "ServerConfig", "SnapshotLoadError"]
@@ -201,6 +202,7 @@ class _Counters:
             self._errors[op.name.lower()] = 0
         self._requests["unknown"] = 0
         self._errors["unknown"] = 0
+        self._erased = 0
 
     _NAMES = {int(o): o.name.lower() for o in P.Op}
 
@@ -215,9 +217,14 @@ class _Counters:
             if error:
                 self._errors[name] += 1
 
+    def erased_items(self, n: int) -> None:
+        with self._lock:
+            self._erased += n
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             out = {f"requests_{k}": v for k, v in self._requests.items()}
+            out["erased_items"] = self._erased
             out.update({f"errors_{k}": v for k, v in self._errors.items()})
             out["requests_total"] = sum(self._requests.values())
             out["errors_total"] = sum(self._errors.values())
@@ -234,6 +241,8 @@ class ReplayServer:
         config.validate()
         self.config = config
         self.store = self._open_store(config)
+        self.spec_gate = SpecGate(config.spec, config.snapshot)  # the run's TransitionSpec, once known
+        self.insert_window = InsertWindow()  # exactly-once inserts across retries
         self.counters = _Counters()
         self.rate_limiter = RateLimiter(config.samples_per_insert, config.effective_error_buffer,
                                         config.min_size_to_sample)
@@ -453,16 +462,7 @@ class ReplayServer:
 
         try:
             if op == P.Op.INSERT:
-                a = req.arrays
-                n = h.count
-                if not rl.try_insert(n, len(self.store)):
-                    return rate_limited()
-                try:
-                    keys = self.store.insert(a["priorities"], a["data"], a["offsets"])
-                except BaseException:
-                    rl.undo(inserted=n)
-                    raise
-                out = P.encode_insert_reply(rid, keys)
+                return self._serve_insert(req, t_arrival, can_wait, waited, rate_limited)
             elif op == P.Op.SAMPLE:
                 if not rl.big_enough(len(self.store)):
                     if can_wait:
@@ -492,6 +492,13 @@ class ReplayServer:
             elif op == P.Op.REMOVE_TO_FIT:
                 n = self.store.remove_to_fit()
                 out = P.encode_count_reply(op, rid, int(n))
+            elif op == P.Op.ERASE:
+                n = self.store.erase(req.arrays["keys"])
+                self.counters.erased_items(int(n))
+                out = P.encode_count_reply(op, rid, int(n))
+            elif op == P.Op.HELLO:
+                spec = self.spec_gate.declare(req.arrays["spec"])
+                out = P.encode_hello_reply(rid, self.hello_info(), spec.to_json() if spec is not None else "")
             else:  # STATS
                 self.counters.count(op, False)  # this STATS request is included in the counters
                 stats: dict[str, Any] = dict(self.store.stats())
@@ -499,6 +506,8 @@ class ReplayServer:
                 stats["min_size_to_sample"] = int(self.config.min_size_to_sample)
                 stats["workers"] = int(self.config.workers)
                 stats.update(rl.stats())
+                stats.update(self.spec_gate.stats())
+                stats.update(self.insert_window.stats())
                 return P.encode_stats_reply(rid, {k: _plain(v) for k, v in stats.items()}), waited
         except ValueError as exc:  # the store (or an encoder) rejected the values
             self.counters.count(op, True)
@@ -509,6 +518,61 @@ class ReplayServer:
             return P.encode_error(op, rid, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}"), waited
         self.counters.count(op, False)
         return out, waited
+
+    def _serve_insert(self, req: P.Request, t_arrival: float, can_wait: bool, waited: bool,
+                      rate_limited: Any) -> tuple[list[Any] | None, bool]:
+        """INSERT: once per insert_id (a retry gets the first request's keys), every item checked against the
+        spec (a bad one refuses the batch whole), then the rate limiter and the store."""
+        h, a = req.header, req.arrays
+        op, rid, n = h.op, h.request_id, h.count
+        session, sequence = a["insert_id"].tolist()
+        insert_id = (session, sequence) if session or sequence else None
+        window = self.insert_window
+        if insert_id is not None:
+            state, keys = window.claim(insert_id, req, t_arrival + h.timeout_ms / 1000.0)
+            if state == DONE:
+                self.counters.count(op, False)
+                return P.encode_insert_reply(rid, keys), waited
+            if state == BUSY:  # its first request waits or is being served: answer this one after it
+                if can_wait:
+                    return None, waited
+                self.counters.count(op, True)
+                return P.encode_error(op, rid, P.Status.TIMEOUT, f"INSERT {session:#x}/{sequence}: a request with "
+                                      "this insert_id is still waiting to be served; retry with the same id"), waited
+        keep_id = False  # this request still owns its insert_id: stored, or deferred
+        try:
+            self.spec_gate.check(a["data"], a["offsets"])
+            if not self.rate_limiter.try_insert(n, len(self.store)):
+                out, waited = rate_limited()
+                keep_id = out is None
+                return out, waited
+            try:
+                keys = self.store.insert(a["priorities"], a["data"], a["offsets"])
+            except BaseException:
+                self.rate_limiter.undo(inserted=n)
+                raise
+            keep_id = True
+            if insert_id is not None:
+                window.finish(insert_id, req, keys)
+        finally:
+            if insert_id is not None and not keep_id:
+                window.release(insert_id, req)
+        self.counters.count(op, False)
+        return P.encode_insert_reply(rid, keys), waited
+
+    def hello_info(self) -> dict[str, int | float]:
+        """The HELLO reply's numbers: the limits a client must respect, the protocol version (and the store's
+        epoch when it has one)."""
+        cfg = self.config
+        info: dict[str, int | float] = {
+            "protocol_version": P.PROTOCOL_VERSION,
+            "max_request_bytes": int(cfg.max_bytes),
+            "max_reply_bytes": int(getattr(cfg, "max_reply_bytes", cfg.max_bytes)),
+        }
+        epoch = self.store.stats().get("epoch")
+        if epoch is not None:
+            info["epoch"] = _plain(epoch)
+        return info
 
 
 class _Deferred(NamedTuple):
