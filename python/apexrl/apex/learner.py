@@ -87,8 +87,8 @@ class Learner:
         self._last_inserted = 0
         if config.resume:
             self._resume()
-        self.params = ParamServer(bind=config.params_bind, port=config.params_port).start()
-        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout)
+        self.params = ParamServer(bind=config.params_bind, port=config.params_port, curve=config.curve_dir).start()
+        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout, curve=config.curve_dir)
         self.evaluator = Evaluator(config)
         self.report = ProgressReporter("learner", config.progress_path)
         self._csv: CSVWriter | None = None

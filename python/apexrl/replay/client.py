@@ -37,6 +37,7 @@ from apexrl.replay.sampler import LearnerBatch, PrefetchingSampler
 from apexrl.replay.schema import peek_ids
 from apexrl.replay.transport import Transport, TransportClient
 from apexrl.replay.updater import AsyncUpdater
+from apexrl.security import ClientKeys
 
 __all__ = [
     "AsyncUpdater",
@@ -82,15 +83,16 @@ class ReplayClient(TransportClient):
     """Client of an apexrl replay server at ``endpoint`` (e.g. ``tcp://127.0.0.1:5555``).
 
     ``timeout`` (seconds) bounds the wait for each reply (for ``insert`` / ``sample`` it is added to the
-    server-side wait).
+    server-side wait). ``curve`` (a key directory or :class:`~apexrl.security.ClientKeys`) turns on CURVE; the
+    helpers' connections (sampler, updater, inserter) use the same keys.
     """
 
-    def __init__(self, endpoint: str, timeout: float = 10.0):
+    def __init__(self, endpoint: str, timeout: float = 10.0, *, curve: ClientKeys | str | None = None):
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.endpoint = endpoint
         self.timeout = float(timeout)
-        self.transport = Transport(endpoint, name="replay client")
+        self.transport = Transport(endpoint, name="replay client", curve=curve)
 
     # ------------------------------------------------------------------------------------------ calls
 
@@ -200,7 +202,7 @@ class ReplayClient(TransportClient):
     # ------------------------------------------------------------------------------------------ helpers
 
     def _same_endpoint(self) -> ReplayClient:
-        return ReplayClient(self.endpoint, timeout=self.timeout)
+        return ReplayClient(self.endpoint, timeout=self.timeout, curve=self.transport.curve)
 
     def sampler(
         self,
