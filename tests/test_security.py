@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -143,6 +144,19 @@ def test_replay_server_with_curve_gives_a_client_without_the_right_keys_nothing(
         got = good.sample(64)
         assert {bytes(item) for item in got.items} <= {b"item%d" % i for i in range(5)}
     assert server.alive()
+
+
+def test_an_actor_whose_key_is_not_authorized_exits_with_the_reason(start_server, keys, other_keys):
+    server = start_server("--curve-dir", keys)
+    shutil.copy(os.path.join(keys, "server.key"), os.path.join(other_keys, "server.key"))  # right server, own key
+    out = subprocess.run([sys.executable, "-m", "apexrl.cli.actor", "--preset", "cartpole", "--replay",
+                          server.endpoint, "--params", server.endpoint, "--index", "0", "--num-actors", "1",
+                          "--curve-dir", other_keys], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "apexrl-actor: error: " in out.stderr and "refused this " in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    with ReplayClient(server.endpoint, timeout=30, curve=keys) as good:
+        assert good.stats()["requests_total"] == 1  # this STATS: nothing of the actor's got through
 
 
 def test_a_plain_server_names_the_mismatch_to_a_curve_client(start_server, keys):

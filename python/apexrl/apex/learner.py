@@ -38,7 +38,7 @@ from apexrl.apex.config import LearnerConfig, default_run_dir
 from apexrl.apex.evaluator import Evaluator
 from apexrl.apex.metrics import CSVWriter, Mean
 from apexrl.apex.report import ProgressReporter
-from apexrl.errors import ApexRLError
+from apexrl.errors import ApexRLError, AuthenticationError
 from apexrl.replay.client import ReplayClient
 
 log = logging.getLogger("apexrl.apex.learner")
@@ -137,6 +137,8 @@ class Learner:
     def _replay_stats(self) -> dict[str, Any] | None:
         try:
             return self.replay.stats()
+        except AuthenticationError:  # a wrong key: waiting cannot fix it
+            raise
         except ApexRLError as e:
             log.warning("replay stats unavailable: %s", e)
             return None
