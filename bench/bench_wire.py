@@ -484,6 +484,9 @@ def main() -> None:
                                    actor_flags, curve_dir)
                     print(json.dumps(r), flush=True)
                     rows.append(r)
+        if args.curve == "both":
+            extra.extend(curve_wire_speed(curve_dirs[-1]))
+            print("\n".join(extra[-2:]), flush=True)
     if args.rss_items:
         r = rss_1m(args.rss_items)
         extra.append(f"Server RSS holding {r['items']:,} DPG items: {r['rss_gb']:.3f} GB "
@@ -508,6 +511,47 @@ def main() -> None:
     print()
     for line in extra + curve_ratios(rows):
         print("- " + line)
+
+
+def curve_wire_speed(curve_dir: str, sizes=(32_000, 324_000), seconds: float = 1.0) -> list[str]:
+    """MB/s of one ZeroMQ connection carrying messages of each size one way (ROUTER to DEALER, 16 in flight),
+    plain and with CURVE: the cost of the encryption alone, without the replay server around it. 32 kB is an
+    INSERT of 50 DPG items, 324 kB a SAMPLE reply of 512."""
+    import zmq
+    from apexrl.security import secure_client_socket, secure_server_socket
+
+    def rate(curve: bool, size: int) -> float:
+        ctx = zmq.Context()
+        try:
+            server, client = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+            for sock in (server, client):
+                sock.setsockopt(zmq.LINGER, 0)
+            if curve:
+                secure_server_socket(server, curve_dir)
+                secure_client_socket(client, curve_dir)
+            client.connect(f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}")
+            client.send(b"hello")
+            peer, _ = server.recv_multipart()
+            msg, n, t0 = b"x" * size, 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                for _ in range(16):
+                    server.send_multipart([peer, msg])
+                for _ in range(16):
+                    client.recv()
+                n += 16
+            mb_s = n * size / (time.perf_counter() - t0) / 1e6
+            server.close()
+            client.close()
+            return mb_s
+        finally:
+            ctx.term()
+
+    lines = []
+    for size in sizes:
+        plain, curve = rate(False, size), rate(True, size)
+        lines.append(f"one connection, {size // 1000} kB messages: plain {plain:,.0f} MB/s, CURVE {curve:,.0f} MB/s "
+                     f"(ratio {curve / plain:.2f})")
+    return lines
 
 
 def curve_ratios(rows: list[dict]) -> list[str]:
