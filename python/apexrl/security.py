@@ -134,7 +134,7 @@ def _write_key(path: str, public: bytes, secret: bytes | None, mode: int) -> Non
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "w", encoding="ascii") as f:
         f.write("\n".join(lines) + "\n")
-    os.chmod(path, mode)  # the umask may have narrowed it; never widened beyond ``mode``
+    os.chmod(path, mode)  # exactly ``mode``, whatever the umask
 
 
 def _read_pair(path: str) -> tuple[bytes, bytes]:
