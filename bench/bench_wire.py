@@ -9,6 +9,7 @@ and sends 512 new priorities through an ``AsyncUpdater`` (non-blocking, max_pend
     python bench/bench_wire.py                 # full run (DPG + Atari, K = 1 and 2, 1M-item RSS)
     python bench/bench_wire.py --quick         # smoke run, a few seconds
     python bench/bench_wire.py --spec-check both   # each configuration with and without a server --spec
+    python bench/bench_wire.py --curve both    # every configuration without and with CURVE, and the ratio
 
 Shapes:
   DPG    TransitionSpec.dpg(67, 21) (632-byte items), capacity 2M, prefilled with --prefill (200k) items
@@ -21,6 +22,9 @@ bytes held per item (stats()["bytes_held"] / size). Separately: server RSS holdi
 cost of the server's spec check (``TransitionSpec.validate_items``) per insert batch, in-process.
 ``--spec-check on|both`` starts the server with ``--spec`` (every insert checked against it): ``both`` runs
 each configuration without and with it, side by side, and prints the inserted/s ratio.
+``--curve on`` runs server and clients with CURVE encryption and the ZAP allow-list (keys from
+``apexrl.security.keygen`` in a temporary directory); ``--curve both`` runs each configuration plain, then with
+CURVE, and prints the CURVE / plain ratio of inserted/s and sampled/s.
 """
 
 from __future__ import annotations
@@ -211,7 +215,7 @@ def actor_main(args: argparse.Namespace) -> None:
     n = 0
     i = 0
     pipelined = args.insert_mode == "pipelined"
-    with ReplayClient(args.endpoint, timeout=30) as c:
+    with ReplayClient(args.endpoint, timeout=30, curve=args.curve_dir) as c:
         # pipelined: up to --max-in-flight inserts unanswered; latency = send to acknowledgement
         ins = c.inserter(max_in_flight=args.max_in_flight, on_ack=lambda _k, s: lat.append(s)) if pipelined else None
         while time.time() < args.start_at:
@@ -249,7 +253,7 @@ def learner_main(args: argparse.Namespace) -> None:
     lat: list[float] = []
     dec_s = 0.0
     n = 0
-    with ReplayClient(args.endpoint, timeout=30) as c, c.updater(max_pending=64) as up:
+    with ReplayClient(args.endpoint, timeout=30, curve=args.curve_dir) as c, c.updater(max_pending=64) as up:
         while time.time() < args.start_at:
             time.sleep(0.001)
         end = args.start_at + args.seconds
@@ -275,7 +279,8 @@ def learner_main(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------ driver
 
 
-def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items: int, chunk: int = 20) -> None:
+def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items: int, chunk: int = 20,
+            curve_dir: str | None = None) -> None:
     """Insert n_items by sending `chunk` pre-encoded 50-item batches concatenated per request."""
     from apexrl.replay.client import ReplayClient
 
@@ -290,7 +295,7 @@ def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items
             base += d.size
         big.append((data, np.concatenate(offs)))
     done = 0
-    with ReplayClient(endpoint, timeout=120) as c:
+    with ReplayClient(endpoint, timeout=120, curve=curve_dir) as c:
         k = 0
         while done < n_items:
             d, o = big[k % len(big)]
@@ -301,19 +306,20 @@ def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items
 
 
 def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float,
-               actor_flags: list[str], spec_json: str | None = None) -> dict:
+               actor_flags: list[str], spec_json: str | None = None,
+               curve_dir: str | None = None) -> dict:
     outdir = os.path.dirname(payload)
     from apexrl.replay.client import ReplayClient
 
-    server = Server(capacity, ["--spec", spec_json] if spec_json else None)
+    server = Server(capacity, (["--spec", spec_json] if spec_json else []) + ([] if curve_dir is None else ["--curve-dir", curve_dir]))
     procs: list[subprocess.Popen] = []
     try:
         t0 = time.perf_counter()
-        prefill(server.endpoint, batches, prefill_n)
+        prefill(server.endpoint, batches, prefill_n, curve_dir=curve_dir)
         prefill_s = time.perf_counter() - t0
         start_at = time.time() + 2.0  # time for the workers to import and connect
         common = ["--endpoint", server.endpoint, "--start-at", repr(start_at), "--seconds", str(seconds),
-                  "--shape", shape]
+                  "--shape", shape, *([] if curve_dir is None else ["--curve-dir", curve_dir])]
         for a in range(k):
             procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "actor", "--payload", payload,
                                            "--seed", str(a), "--out", os.path.join(outdir, f"actor{a}.json"),
@@ -332,7 +338,7 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
                 raise RuntimeError(f"worker exited with {p.returncode}")
             with open(os.path.join(outdir, name)) as f:
                 results.append(json.load(f))
-        with ReplayClient(server.endpoint, timeout=30) as c:
+        with ReplayClient(server.endpoint, timeout=30, curve=curve_dir) as c:
             st = c.stats()
         rss = rss_of(server.pid)
     except BaseException:
@@ -347,7 +353,7 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
     ins_lat = [x for a in actors for x in a["lat"]]
     size = int(st.get("size", 0))
     return {
-        "shape": shape, "actors": k, "spec": bool(spec_json), "prefill": prefill_n, "prefill_s": prefill_s,
+        "shape": shape, "actors": k, "spec": bool(spec_json), "curve": curve_dir is not None, "prefill": prefill_n, "prefill_s": prefill_s,
         "inserted_per_s": sum(a["items"] / a["elapsed"] for a in actors),
         "sampled_per_s": learner["items"] / learner["elapsed"],
         "sample_p50_ms": pct(learner["lat"], 50), "sample_p99_ms": pct(learner["lat"], 99),
@@ -426,6 +432,9 @@ def main() -> None:
     p.add_argument("--max-in-flight", type=int, default=16, help="pipelined actors: unanswered inserts (default 16)")
     p.add_argument("--spec-check", choices=("off", "on", "both"), default="off",
                    help="start the server with --spec (every insert checked): off (default), on, or both side by side")
+    p.add_argument("--curve", choices=("off", "on", "both"), default="off",
+                   help="CURVE encryption + allow-list: off (default), on, or both (each configuration plain, then "
+                        "with CURVE, and their ratio)")
     # worker mode
     p.add_argument("--worker", choices=("actor", "learner"), help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -434,6 +443,7 @@ def main() -> None:
     p.add_argument("--shape", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--curve-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker == "actor":
         return actor_main(args)
@@ -451,6 +461,14 @@ def main() -> None:
     actor_flags = ["--insert-mode", args.insert_mode, "--max-in-flight", str(args.max_in_flight)]
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
+        curve_dirs: list[str | None] = []
+        if args.curve in ("off", "both"):
+            curve_dirs.append(None)
+        if args.curve in ("on", "both"):
+            from apexrl.security import keygen
+
+            keygen(os.path.join(tmp, "keys"))
+            curve_dirs.append(os.path.join(tmp, "keys"))
         if "dpg" in shapes:
             batches = dpg_batches(0)
             path = os.path.join(tmp, "dpg.npz")
@@ -464,8 +482,9 @@ def main() -> None:
             print(extra[-1], flush=True)
             for k in args.actors:
                 for checked in spec_runs(args.spec_check):
-                    r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
-                                   dpg.to_json() if checked else None)
+                    for curve_dir in curve_dirs:
+                        r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
+                                       dpg.to_json() if checked else None, curve_dir)
                     print(json.dumps(r), flush=True)
                     rows.append(r)
         if "atari" in shapes:
@@ -494,10 +513,14 @@ def main() -> None:
             print(extra[-1], flush=True)
             for k in args.actors:
                 for checked in spec_runs(args.spec_check):
-                    r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds,
-                                   actor_flags, spec.to_json() if checked else None)
-                    print(json.dumps(r), flush=True)
-                    rows.append(r)
+                    for curve_dir in curve_dirs:
+                        r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds,
+                                       actor_flags, spec.to_json() if checked else None, curve_dir)
+                        print(json.dumps(r), flush=True)
+                        rows.append(r)
+        if args.curve == "both":
+            extra.extend(curve_wire_speed(curve_dirs[-1]))
+            print("\n".join(extra[-2:]), flush=True)
     if args.rss_items:
         r = rss_1m(args.rss_items)
         extra.append(f"Server RSS holding {r['items']:,} DPG items: {r['rss_gb']:.3f} GB "
@@ -509,12 +532,12 @@ def main() -> None:
     print(f"\n## bench_wire ({args.seconds:g} s windows, total {time.perf_counter() - t_start:.0f} s; "
           f"learner: sample {SAMPLE_BATCH} [+ decode for Atari] + AsyncUpdater.update {SAMPLE_BATCH}; "
           f"actors: insert {INSERT_BATCH}/request, {actor_mode}; cpus {os.cpu_count()})\n")
-    print("| shape | actors | server --spec | prefill | inserted/s | sampled/s | sample p50 / p99 ms | insert p50 / p99 ms "
+    print("| shape | actors | server --spec | CURVE | prefill | inserted/s | sampled/s | sample p50 / p99 ms | insert p50 / p99 ms "
           "| decode ms/512 | server RSS GB (peak) | bytes/item held |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         dec = f"{r['decode_ms_per_batch']:.1f}" if r["shape"] == "atari" else "-"
-        print(f"| {r['shape']} | {r['actors']} | {'yes' if r['spec'] else 'no'} | {r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
+        print(f"| {r['shape']} | {r['actors']} | {'yes' if r['spec'] else 'no'} | {'on' if r['curve'] else 'off'} | {r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
               f"{r['sampled_per_s']:,.0f} | {r['sample_p50_ms']:.2f} / {r['sample_p99_ms']:.2f} | "
               f"{r['insert_p50_ms']:.2f} / {r['insert_p99_ms']:.2f} | {dec} | "
               f"{r['server_rss_gb']:.3f} ({r['server_peak_rss_gb']:.3f}) | {r['bytes_per_item']:.0f} |")
@@ -525,8 +548,64 @@ def main() -> None:
                 extra.append(f"{r['shape']}, {r['actors']} actor(s): inserted/s with --spec / without = "
                              f"{r['inserted_per_s'] / base['inserted_per_s']:.3f}")
     print()
-    for line in extra:
+    for line in extra + curve_ratios(rows):
         print("- " + line)
+
+
+def curve_wire_speed(curve_dir: str, sizes=(32_000, 324_000), seconds: float = 1.0) -> list[str]:
+    """MB/s of one ZeroMQ connection carrying messages of each size one way (ROUTER to DEALER, 16 in flight),
+    plain and with CURVE: the cost of the encryption alone, without the replay server around it. 32 kB is an
+    INSERT of 50 DPG items, 324 kB a SAMPLE reply of 512."""
+    import zmq
+    from apexrl.security import secure_client_socket, secure_server_socket
+
+    def rate(curve: bool, size: int) -> float:
+        ctx = zmq.Context()
+        try:
+            server, client = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+            for sock in (server, client):
+                sock.setsockopt(zmq.LINGER, 0)
+            if curve:
+                secure_server_socket(server, curve_dir)
+                secure_client_socket(client, curve_dir)
+            client.connect(f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}")
+            client.send(b"hello")
+            peer, _ = server.recv_multipart()
+            msg, n, t0 = b"x" * size, 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                for _ in range(16):
+                    server.send_multipart([peer, msg])
+                for _ in range(16):
+                    client.recv()
+                n += 16
+            mb_s = n * size / (time.perf_counter() - t0) / 1e6
+            server.close()
+            client.close()
+            return mb_s
+        finally:
+            ctx.term()
+
+    lines = []
+    for size in sizes:
+        plain, curve = rate(False, size), rate(True, size)
+        lines.append(f"one connection, {size // 1000} kB messages: plain {plain:,.0f} MB/s, CURVE {curve:,.0f} MB/s "
+                     f"(ratio {curve / plain:.2f})")
+    return lines
+
+
+def curve_ratios(rows: list[dict]) -> list[str]:
+    """One line per configuration measured both ways: CURVE's throughput as a fraction of plain TCP's."""
+    plain = {(r["shape"], r["actors"]): r for r in rows if not r["curve"]}
+    lines = []
+    for r in rows:
+        base = plain.get((r["shape"], r["actors"])) if r["curve"] else None
+        if base is not None:
+            moved, base_moved = (x["inserted_per_s"] + x["sampled_per_s"] for x in (r, base))
+            lines.append(f"CURVE / plain, {r['shape']} with {r['actors']} actor(s): inserted/s "
+                         f"{r['inserted_per_s'] / base['inserted_per_s']:.2f}, sampled/s "
+                         f"{r['sampled_per_s'] / base['sampled_per_s']:.2f}, inserted + sampled "
+                         f"{moved / base_moved:.2f} (on a shared machine the two sides trade CPU: read the sum)")
+    return lines
 
 
 if __name__ == "__main__":

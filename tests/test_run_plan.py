@@ -85,7 +85,7 @@ def test_plan_picks_the_agent_from_the_environment():
 
 def test_placement_keeps_the_addresses_the_plan_binds():
     # Placement fills in endpoints; a bind the user asked for (--server-args '--bind ...') stays.
-    p = plan("cartpole", Overrides(server={"bind": "0.0.0.0"}, learner={"params_bind": "0.0.0.0"}))
+    p = plan("cartpole", Overrides(server={"bind": "0.0.0.0"}, learner={"params_bind": "0.0.0.0"}, insecure=True))
     placed = p.placed(replay="tcp://127.0.0.1:5", server_port=5, params="tcp://127.0.0.1:6", params_port=6)
     assert (placed.server.bind, placed.server.port) == ("0.0.0.0", 5)
     assert (placed.learner.params_bind, placed.learner.params_port) == ("0.0.0.0", 6)

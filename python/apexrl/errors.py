@@ -9,6 +9,7 @@ from apexrl.replay.schema import Status
 
 __all__ = [
     "ApexRLError",
+    "AuthenticationError",
     "Interrupted",
     "ProtocolError",
     "ReplayTimeout",
@@ -53,6 +54,10 @@ class ServerError(ApexRLError):
 
 class ReplayTimeout(ApexRLError, TimeoutError):
     """A replay request did not complete within its timeout."""
+
+
+class AuthenticationError(ApexRLError, PermissionError):
+    """The server refused this client's CURVE key during the handshake (not on its allow-list)."""
 
 
 class ServerClosedError(ApexRLError, ConnectionError):

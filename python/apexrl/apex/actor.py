@@ -63,8 +63,9 @@ class Actor:
                                                           config.num_actors, self.seed)
         self.transition_spec = self.policy.transition_spec
         self.nstep = NStepBuffer(config.agent_config.n_step, config.agent_config.gamma)
-        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout, spec=self.transition_spec)
-        self.params = ParamClient(config.params, timeout=config.params_timeout)
+        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout, spec=self.transition_spec,
+                                   curve=config.curve_dir)
+        self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
         # Never stalls on a slow or absent learner; refused weights are counted and logged once.
         self.poller = ParamPoller(self.params, self.policy.load_policy_state_dict,
                                   every_frames=config.params_every_frames)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apexrl.replay.config import STORE_INT_MAX
+from apexrl.security import check_exposure, load_client_keys, load_server_keys
 from apexrl.validate import Range, check_fields
 
 __all__ = ["MAX_ACTORS", "RUN_SEED_MAX", "ActorConfig", "LearnerConfig", "config_from_dict", "config_to_dict",
@@ -64,10 +65,14 @@ class ActorConfig:
     """torch intra-op threads (actors are many small processes: one thread each)."""
     progress_path: str | None = None
     """If set, append one JSON progress record per ``log_every`` here (the launcher reads them)."""
+    curve_dir: str | None = None
+    """Key directory of `apexrl keygen`: both connections use CURVE with its client keys (None: plain TCP)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
         _check_agent(self)
+        if self.curve_dir is not None:
+            load_client_keys(self.curve_dir)  # CurveKeyError (a ValueError) naming the missing or unsafe file
         if self.index >= self.num_actors:
             raise ValueError(f"ActorConfig.index {self.index} must be < num_actors {self.num_actors}")
 
@@ -124,10 +129,19 @@ class LearnerConfig:
     """If set, append one JSON progress record per metrics row here (the launcher reads them)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form JSON values recorded in the checkpoint metadata (e.g. the preset name)."""
+    curve_dir: str | None = None
+    """Key directory of `apexrl keygen`: CURVE on the parameter service (with the client allow-list) and on the
+    replay connections (None: plain TCP)."""
+    insecure: bool = False
+    """Allow params_bind beyond loopback without curve_dir (apexrl.security.check_exposure)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
         _check_agent(self)
+        check_exposure(self.params_bind, self.curve_dir, self.insecure, "params_bind")
+        if self.curve_dir is not None:
+            load_server_keys(self.curve_dir)  # CurveKeyError (a ValueError) naming the missing or unsafe file
+            load_client_keys(self.curve_dir)
 
 
 def default_run_dir(env: str, agent: str, seed: int) -> str:

@@ -49,7 +49,7 @@ from apexrl.apex.evaluator import Evaluator
 from apexrl.apex.metrics import CSVWriter, Mean
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
-from apexrl.errors import ApexRLError
+from apexrl.errors import ApexRLError, AuthenticationError
 from apexrl.replay.client import ReplayClient
 
 log = logging.getLogger("apexrl.apex.learner")
@@ -105,8 +105,8 @@ class Learner:
         self._undecodable_seen: set[str] = set()  # messages already logged
         if config.resume:
             self._resume()
-        self.params = ParamServer(bind=config.params_bind, port=config.params_port).start()
-        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout)
+        self.params = ParamServer(bind=config.params_bind, port=config.params_port, curve=config.curve_dir).start()
+        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout, curve=config.curve_dir)
         self.evaluator = Evaluator(config)
         self.report = ProgressReporter("learner", config.progress_path)
         self._csv: CSVWriter | None = None
@@ -177,6 +177,8 @@ class Learner:
     def _replay_stats(self) -> dict[str, Any] | None:
         try:
             return self.replay.stats()
+        except AuthenticationError:  # a wrong key: waiting cannot fix it
+            raise
         except ApexRLError as e:
             log.warning("replay stats unavailable: %s", e)
             return None

@@ -15,6 +15,7 @@ from typing import NoReturn
 from apexrl.apex.config import ActorConfig
 from apexrl.cli.args import (
     add_agent_arguments,
+    add_curve_arguments,
     exit_process,
     field_arg,
     refuse_beside_plan,
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between progress lines (default 10)")
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
                    help="logging level (stderr)")
+    add_curve_arguments(p, binds=False)
     return p
 
 
@@ -81,7 +83,7 @@ def parse_config(argv: Sequence[str] | None = None):
             agent=args.agent, env=args.env, replay=args.replay, params=args.params, index=args.index,
             num_actors=args.num_actors, seed=args.seed, agent_config=agent_config, max_steps=args.max_steps,
             episodes_csv=args.episodes_csv, wait_for_params=args.wait_for_params, log_every=args.log_every,
-            **settings,
+            curve_dir=args.curve_dir, **settings,
         )
     except ValueError as e:
         parser.error(str(e))

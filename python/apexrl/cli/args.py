@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENDPOINT_RE",
     "add_agent_arguments",
+    "add_curve_arguments",
     "agent_overrides",
     "field_arg",
     "given_flags",
@@ -50,6 +51,20 @@ def tcp_endpoint(text: str) -> str:
     if not m or not 1 <= int(m.group(2)) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not of the form tcp://HOST:PORT (port 1-65535)")
     return text
+
+
+def add_curve_arguments(parser: argparse.ArgumentParser, *, binds: bool) -> None:
+    """``--curve-dir`` (default ``$APEXRL_CURVE_DIR``) and, for a command that binds a service (``binds``),
+    ``--insecure``; see apexrl.security and docs/running.md, section "Security"."""
+    from apexrl.security import ENV_VAR, curve_dir_from_env
+
+    g = parser.add_argument_group("security")
+    g.add_argument("--curve-dir", metavar="DIR", type=os.path.abspath, default=curve_dir_from_env(),
+                   help=f"CURVE-encrypt and authenticate with the keys of `apexrl keygen DIR` (default ${ENV_VAR}; "
+                   "unset: plain TCP)")
+    if binds:
+        g.add_argument("--insecure", action="store_true",
+                       help="allow binding beyond loopback without --curve-dir (only on a trusted network)")
 
 
 def field_arg(cls: type, name: str) -> Callable[[str], Any]:

@@ -15,6 +15,7 @@ from typing import NoReturn
 from apexrl.apex.config import LearnerConfig
 from apexrl.cli.args import (
     add_agent_arguments,
+    add_curve_arguments,
     exit_process,
     field_arg,
     refuse_beside_plan,
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="episodes per evaluation")
     g.add_argument("--torch-threads", type=field_arg(LearnerConfig, "torch_threads"), default=1,
                    help="torch CPU threads (default 1)")
+    add_curve_arguments(p, binds=True)
     return p
 
 
@@ -97,7 +99,8 @@ def parse_config(argv: Sequence[str] | None = None):
             agent=args.agent, env=args.env, replay=args.replay, params_port=args.params_port,
             params_bind=args.params_bind, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
             agent_config=agent_config, max_steps=args.max_steps, max_minutes=args.max_minutes, device=args.device,
-            torch_threads=args.torch_threads, extra={"preset": preset.name}, **settings,
+            torch_threads=args.torch_threads, extra={"preset": preset.name}, curve_dir=args.curve_dir,
+            insecure=args.insecure, **settings,
         )
     except ValueError as e:
         parser.error(str(e))

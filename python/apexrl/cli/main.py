@@ -1,7 +1,8 @@
 """``apexrl``: the one command a user needs (also ``python -m apexrl``).
 
 ``apexrl run`` starts a whole Ape-X system on this machine (replay server, learner, N actors; see
-:mod:`apexrl.launch.local`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`).
+:mod:`apexrl.launch.local`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`),
+``apexrl keygen DIR`` writes the CURVE keys that ``--curve-dir DIR`` of every command uses (:mod:`apexrl.security`).
 Flags are validated here, with the same parsers the child processes use, so a run never starts only to have
 its children refuse their flags.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from apexrl.cli.args import (
     add_agent_arguments,
+    add_curve_arguments,
     agent_overrides,
     float_arg,
     given_flags,
@@ -74,6 +76,19 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--learner-args", default="",
                    help="extra apexrl-learner flags, e.g. '--min-replay-size 500 --eval-every 10'")
     g.add_argument("--actor-args", default="", help="extra apexrl-actor flags, e.g. '--flush-every 20'")
+    add_curve_arguments(p, binds=True)
+    return p
+
+
+def _keygen_kwargs() -> dict:
+    return dict(description="Write a CURVE server key pair and a client key pair into DIR (secret keys with mode "
+                "0600) and put the client's public key in DIR/authorized/, the server's allow-list. Give the "
+                "directory to every process with --curve-dir DIR (or APEXRL_CURVE_DIR=DIR); see the security "
+                "section of docs/running.md for which files each machine needs.")
+
+
+def _fill_keygen_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("dir", metavar="DIR", help="directory for the keys (created if needed; keys are never overwritten)")
     return p
 
 
@@ -94,10 +109,11 @@ def _fill_plot_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser (its --help lists the commands); each command parses with its own parser."""
     p = argparse.ArgumentParser(prog=PROG, description="Ape-X: distributed prioritized experience replay.")
-    sub = p.add_subparsers(dest="command", metavar="{run,plot}")
+    sub = p.add_subparsers(dest="command", metavar="{run,plot,keygen}")
     _fill_run_parser(sub.add_parser("run", help="run a replay server, a learner and N actors on this machine",
                                     **_run_kwargs()))
     _fill_plot_parser(sub.add_parser("plot", help="PNG learning curves of run directories", **_plot_kwargs()))
+    _fill_keygen_parser(sub.add_parser("keygen", help="write CURVE keys for --curve-dir", **_keygen_kwargs()))
     return p
 
 
@@ -139,6 +155,7 @@ def launch_plan(argv: Sequence[str] | None = None):
                                                                       args.max_restarts)
     if args.snapshot_every is not None:
         o.snapshot_every = args.snapshot_every
+    o.curve_dir, o.insecure = args.curve_dir, args.insecure
     o.server = _pass_through(run_parser, "--server-args", args.server_args, server_cli.build_parser(),
                              SERVER_OWN, agent_dests=())
     log_level = o.server.pop("log_level", "WARNING")
@@ -185,12 +202,30 @@ def plot_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def keygen_main(argv: Sequence[str]) -> int:
+    from apexrl.security import CurveKeyError, keygen
+
+    parser = _fill_keygen_parser(argparse.ArgumentParser(prog=f"{PROG} keygen", **_keygen_kwargs()))
+    args = parser.parse_args(argv)
+    try:
+        paths = keygen(args.dir)
+    except (CurveKeyError, OSError) as e:
+        print(f"{PROG} keygen: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    print("wrote " + ", ".join(paths), flush=True)
+    print(f"give every process --curve-dir {os.path.abspath(args.dir)} (or APEXRL_CURVE_DIR); copy only the files "
+          "each machine needs (docs/running.md, Security)", flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":
         return run_main(argv[1:])
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
+    if argv and argv[0] == "keygen":
+        return keygen_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)  # --help, or an unknown command: argparse says which
     if args.command is None:

@@ -13,7 +13,12 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from apexrl.cli.args import ENDPOINT_RE, field_arg, refuse_beside_plan
+from apexrl.cli.args import (
+    ENDPOINT_RE,
+    add_curve_arguments,
+    field_arg,
+    refuse_beside_plan,
+)
 from apexrl.replay.config import EVICTION_POLICIES, MAX_SHARDS, ServerConfig
 
 PROG = "apexrl-replay-server"
@@ -77,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the spec the first inserter declares)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="logging level (stderr)")
+    add_curve_arguments(p, binds=True)
     return p
 
 
@@ -121,6 +127,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_message_mb=args.max_message_mb, workers=args.workers,
         inline_sample_max=args.inline_sample_max,
         samples_per_insert=args.samples_per_insert, error_buffer=args.error_buffer, spec=args.spec,
+        curve_dir=args.curve_dir, insecure=args.insecure,
     )
 
 

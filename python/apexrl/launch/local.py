@@ -279,6 +279,8 @@ class Launcher:
                     self._start(child)
                 self._print(f"learner (pid {rest[0].proc.pid}) serving weights on tcp://127.0.0.1:{params_port}; "
                             + ", ".join(f"{c.spec.name} (pid {c.proc.pid})" for c in rest[1:]))
+                if self.plan.server.curve_dir is not None:
+                    self._print(f"CURVE on both services (keys in {self.plan.server.curve_dir})")
                 self._print(f"logs in {self.log_dir}")
                 self._supervise(start)
         finally:

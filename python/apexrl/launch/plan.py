@@ -10,7 +10,9 @@ store's where they reach it), then checks the rules *between* processes:
 * ``min_replay_size <= capacity`` (else the learner's first eviction would empty the replay below the size
   the server lets it sample at, and the run would stall);
 * with a rate limiter, a learner batch n and an actor insert m must satisfy ``n + m * spi <= 2 * error_buffer``
-  (when neither side may move the run deadlocks; the server's documentation derives the bound).
+  (when neither side may move the run deadlocks; the server's documentation derives the bound);
+* CURVE is on for every process or for none (one key directory, ``Overrides.curve_dir``: a server with keys
+  refuses plain clients, a client with keys cannot reach a plain server).
 
 Durability by default: the server snapshots its store to ``RUN_DIR/replay.snap`` every ``snapshot_every``
 seconds (``DEFAULT_SNAPSHOT_EVERY``; 0 turns it off) and on a clean stop, and a restarted server restores it,
@@ -97,6 +99,10 @@ class Overrides:
     max_restarts_per_minute: int = 5
     snapshot_every: float = DEFAULT_SNAPSHOT_EVERY
     """Seconds between replay snapshots in the run directory; 0: no snapshots."""
+    curve_dir: str | None = None
+    """Key directory of `apexrl keygen`: CURVE on both services for every process (None: plain TCP)."""
+    insecure: bool = False
+    """Let the server and the parameter service bind beyond loopback without keys."""
 
 
 @dataclass
@@ -219,6 +225,7 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
     if unknown:
         raise ValueError(f"agent fields {sorted(unknown)} cannot be overridden; these can: {list(AGENT_FIELDS)}")
     agent_config = preset.agent_config(**o.agent_fields)
+    curve_dir = None if o.curve_dir is None else os.path.abspath(o.curve_dir)  # children may run elsewhere
     run = RunSettings(
         run_dir=o.run_dir or default_run_dir(env, agent, o.seed),
         minutes=preset.minutes if o.minutes is None else o.minutes, steps=o.steps, resume=o.resume,
@@ -227,7 +234,7 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
     learner = LearnerConfig(**{
         **preset.learner, **o.learner, "agent": agent, "env": env, "replay": "", "seed": o.seed,
         "agent_config": agent_config, "run_dir": run.run_dir, "resume": run.resume, "max_steps": run.steps,
-        "extra": {"preset": preset.name},
+        "extra": {"preset": preset.name}, "curve_dir": curve_dir, "insecure": o.insecure,
     })
     if o.snapshot_every < 0:
         raise ValueError(f"snapshot_every must be >= 0 (0: no snapshots), got {o.snapshot_every}")
@@ -235,14 +242,14 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
                if o.snapshot_every > 0 else {})
     server = ServerConfig(**{
         **dataclasses.asdict(preset.replay), "min_size_to_sample": learner.min_replay_size, "seed": o.seed,
-        **durable, **o.server,
+        **durable, **o.server, "curve_dir": curve_dir, "insecure": o.insecure,
     })
     num_actors = o.actors or preset.actors
     actors = [
         ActorConfig(**{
             **preset.actor, "log_every": run.progress_every, **o.actor, "agent": agent, "env": env, "replay": "",
             "params": "", "index": i, "num_actors": num_actors, "seed": o.seed, "agent_config": agent_config,
-            "episodes_csv": os.path.join(run.run_dir, "episodes.csv"),
+            "episodes_csv": os.path.join(run.run_dir, "episodes.csv"), "curve_dir": curve_dir,
         })
         for i in range(num_actors)
     ]
@@ -254,6 +261,9 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
 def check_rules(p: RunPlan) -> None:
     """The rules between the processes' settings (module docstring); ValueError with the arithmetic."""
     s, batch = p.server, p.learner.agent_config.batch_size
+    dirs = {"server": s.curve_dir, "learner": p.learner.curve_dir, **{f"actor{a.index}": a.curve_dir for a in p.actors}}
+    if len(set(dirs.values())) > 1:
+        raise ValueError(f"every process of a run uses the same CURVE keys or none; got curve_dir {dirs}")
     if p.learner.min_replay_size > s.capacity:
         raise ValueError(f"the learner's min_replay_size {p.learner.min_replay_size} exceeds the replay capacity "
                          f"{s.capacity}: after its first eviction the learner could never sample again")

@@ -51,6 +51,7 @@ from apexrl.params.tensors import TensorSpec, describe_mismatch, spec_of
 from apexrl.replay import protocol as P
 from apexrl.replay.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
 from apexrl.replay.transport import Transport, TransportClient
+from apexrl.security import ClientKeys, ServerKeys, secure_server_socket, server_keys
 
 __all__ = [
     "FetchStatus",
@@ -137,9 +138,11 @@ class ParamServer:
     plus a reference to the current bytes). ``max_message_mb`` caps what ``publish`` accepts (clients
     refuse bigger replies with their own cap, default the same). Requests are capped by ZMQ_MAXMSGSIZE
     (``PARAMS_MAX_REQUEST_BYTES`` bytes per frame): libzmq disconnects a peer that sends a bigger frame.
+    ``curve`` (a key directory or :class:`~apexrl.security.ServerKeys`) turns on CURVE and the client allow-list.
     """
 
-    def __init__(self, bind: str = "127.0.0.1", port: int = 0, max_message_mb: float = 512):
+    def __init__(self, bind: str = "127.0.0.1", port: int = 0, max_message_mb: float = 512, *,
+                 curve: ServerKeys | str | None = None):
         if not 0 <= int(port) <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         if not (max_message_mb > 0 and math.isfinite(max_message_mb)):
@@ -147,6 +150,7 @@ class ParamServer:
         self.bind = bind
         self.port = int(port)
         self.max_bytes = int(max_message_mb * (1 << 20))
+        self.curve = server_keys(curve)
         self.server_id = random.randrange(1, _U32 + 1)
         self._lock = threading.Lock()
         self._version = 0
@@ -176,6 +180,7 @@ class ParamServer:
         self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         try:
+            secure_server_socket(sock, self.curve)  # CURVE + allow-list when keys are configured
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, PARAMS_MAX_REQUEST_BYTES)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished or slow (HWM) client is dropped, never blocks
@@ -304,6 +309,7 @@ class ParamClient(TransportClient):
     ``timeout`` (seconds) bounds each call; on expiry :class:`ParamsTimeout` is raised and the socket is
     reset. Replies over ``max_message_mb`` are refused by libzmq before allocation (ZMQ_MAXMSGSIZE: the
     connection is dropped, the call times out) and checked again before parsing. Thread-safe (one lock).
+    ``curve`` (a key directory or :class:`~apexrl.security.ClientKeys`) turns on CURVE.
     """
 
     def __init__(
@@ -313,6 +319,7 @@ class ParamClient(TransportClient):
         *,
         expected: Mapping[str, tuple[torch.dtype, Any]] | None = None,
         max_message_mb: float = 512,
+        curve: ClientKeys | str | None = None,
     ):
         if not (timeout > 0 and math.isfinite(timeout)):
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -327,7 +334,8 @@ class ParamClient(TransportClient):
         self._given: tuple[int, int] | None = None  # (version, server_id) of the weights last returned
         self._lock = threading.Lock()
         self.transport = Transport(endpoint, max_message_bytes=self.max_bytes + HEADER_SIZE,
-                                   timeout_error=ParamsTimeout, peer="learner", name="parameter client")
+                                   timeout_error=ParamsTimeout, peer="learner", name="parameter client",
+                                   curve=curve)
         self._late_hint = (f" (learner unreachable, or weights over this client's max_message_mb="
                            f"{self.max_bytes / (1 << 20):g} were dropped)")
 

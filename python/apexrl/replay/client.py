@@ -41,6 +41,7 @@ from apexrl.replay.sampler import LearnerBatch, PrefetchingSampler
 from apexrl.replay.schema import peek_ids
 from apexrl.replay.transport import Transport, TransportClient
 from apexrl.replay.updater import AsyncUpdater
+from apexrl.security import ClientKeys
 
 __all__ = [
     "AsyncUpdater",
@@ -109,7 +110,8 @@ class ReplayClient(TransportClient):
     """Client of an apexrl replay server at ``endpoint`` (e.g. ``tcp://127.0.0.1:5555``).
 
     ``timeout`` (seconds) bounds the wait for each reply (for ``insert`` / ``sample`` it is added to the
-    server-side wait). ``spec`` (a :class:`TransitionSpec` or its JSON) is declared to the server (HELLO)
+    server-side wait). ``curve`` (a key directory or :class:`~apexrl.security.ClientKeys`) turns on CURVE; the
+    helpers' connections (sampler, updater, inserter) use the same keys. ``spec`` (a :class:`TransitionSpec` or its JSON) is declared to the server (HELLO)
     before the first insert, and again after a timeout (the server may have restarted); every insert
     first learns the server's request limit that way and refuses a bigger batch before sending it
     (:class:`InsertTooLargeError`).
@@ -119,7 +121,8 @@ class ReplayClient(TransportClient):
     (``insert(..., insert_id=...)``, from :meth:`next_insert_id`), and the server then stores it only once.
     """
 
-    def __init__(self, endpoint: str, timeout: float = 10.0, *, spec: TransitionSpec | str | None = None):
+    def __init__(self, endpoint: str, timeout: float = 10.0, *, spec: TransitionSpec | str | None = None,
+                 curve: ClientKeys | str | None = None):
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.endpoint = endpoint
@@ -128,7 +131,7 @@ class ReplayClient(TransportClient):
         self._info: ServerInfo | None = None
         self._session = secrets.randbits(64) or 1
         self._sequence = itertools.count(1)
-        self.transport = Transport(endpoint, name="replay client")
+        self.transport = Transport(endpoint, name="replay client", curve=curve)
 
     # ------------------------------------------------------------------------------------------ calls
 
@@ -297,7 +300,8 @@ class ReplayClient(TransportClient):
     # ------------------------------------------------------------------------------------------ helpers
 
     def _same_endpoint(self) -> ReplayClient:
-        return ReplayClient(self.endpoint, timeout=self.timeout, spec=self.spec_json or None)
+        return ReplayClient(self.endpoint, timeout=self.timeout, spec=self.spec_json or None,
+                            curve=self.transport.curve)
 
     def sampler(
         self,

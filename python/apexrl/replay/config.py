@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from apexrl.security import check_exposure, load_server_keys
 from apexrl.validate import Range, check_fields
 
 __all__ = ["EVICTION_POLICIES", "MAX_SHARDS", "MAX_SLOTS_PER_SHARD", "STORE_INT_MAX", "ServerConfig"]
@@ -51,6 +52,10 @@ class ServerConfig:
     """None: max(1, samples_per_insert) * 100."""
     spec: str | None = None
     """The run's TransitionSpec: its JSON, or the path of a JSON file; None: learnt from the first HELLO."""
+    curve_dir: str | None = None
+    """Key directory of `apexrl keygen`: CURVE encryption and the client allow-list (None: plain TCP)."""
+    insecure: bool = False
+    """Allow binding beyond loopback without curve_dir (apexrl.security.check_exposure)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -85,6 +90,9 @@ class ServerConfig:
             load_spec(self.spec)  # ValueError naming the value
         if self.snapshot_every is not None and self.snapshot is None:
             raise ValueError("snapshot_every needs a snapshot path")
+        check_exposure(self.bind, self.curve_dir, self.insecure, "bind")
+        if self.curve_dir is not None:
+            load_server_keys(self.curve_dir)  # CurveKeyError (a ValueError) naming the missing or unsafe file
 
     @property
     def effective_error_buffer(self) -> float | None:

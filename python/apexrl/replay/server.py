@@ -91,6 +91,7 @@ from apexrl.replay import protocol as P
 from apexrl.replay.config import ServerConfig
 from apexrl.replay.insert_guard import BUSY, DONE, InsertWindow, SpecGate
 from apexrl.replay.rate_limiter import RateLimiter
+from apexrl.security import secure_server_socket
 
 __all__ = ["ReplayServer", "ServerConfig", "SnapshotLoadError"]
 
@@ -310,6 +311,7 @@ class ReplayServer:
         try:
             front = self._ctx.socket(zmq.ROUTER)
             self._frontend = front
+            secure_server_socket(front, cfg.curve_dir)  # CURVE + allow-list when keys are configured
             front.setsockopt(zmq.LINGER, 2000)
             front.setsockopt(zmq.MAXMSGSIZE, cfg.max_bytes)
             front.setsockopt(zmq.ROUTER_MANDATORY, 0)

@@ -17,6 +17,12 @@
   that does not answer;
 * **the size cap**: ``max_message_bytes`` sets ZMQ_MAXMSGSIZE, so libzmq drops a larger reply (and the
   connection) before allocating it; the call then times out.
+* **CURVE** (``curve``: a key directory or :class:`~apexrl.security.ClientKeys`): the socket encrypts and
+  authenticates with the client's key pair and the server's public key. libzmq hides a failed handshake (the
+  request just gets no reply), so a socket monitor watches for it: a server that refuses this client's key
+  raises :class:`~apexrl.errors.AuthenticationError` at once; any other failed handshake (no keys against a
+  CURVE server, keys against a plain one, the wrong server key) is named in the timeout's message. Those
+  are kept as timeouts because a peer killed mid-handshake looks the same.
 
 Pipelined use (several requests outstanding, for the inserter) goes through :meth:`send` and :meth:`receive`,
 which share the socket, the ids and the reset of the same transport. Calls are serialised by a lock.
@@ -32,27 +38,40 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
-from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
+from apexrl.errors import (
+    AuthenticationError,
+    Interrupted,
+    ReplayTimeout,
+    ServerClosedError,
+)
 from apexrl.replay.schema import peek_ids
+from apexrl.security import ENV_VAR, ClientKeys, client_keys, secure_client_socket
 
 __all__ = ["POLL_SLICE_S", "Transport", "TransportClient"]
 
 POLL_SLICE_S = 0.05
 """Longest a wait polls before it looks at :meth:`Transport.interrupt` again."""
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_MONITORED = _HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
 
 class Transport:
     """One DEALER socket to ``endpoint``, replaced after a timeout; see the module docstring.
 
     ``timeout_error`` is the exception class raised on a timeout (a :class:`~apexrl.errors.ReplayTimeout`
-    subclass); ``peer`` names the other end and ``name`` this client in messages.
+    subclass); ``peer`` names the other end and ``name`` this client in messages. ``curve`` (a key directory
+    or ClientKeys; None: no encryption) turns on CURVE (CurveKeyError, a ValueError, if the keys are bad).
     """
 
     def __init__(self, endpoint: str, *, max_message_bytes: int | None = None,
-                 timeout_error: type[ReplayTimeout] = ReplayTimeout, peer: str = "server", name: str = "client"):
+                 timeout_error: type[ReplayTimeout] = ReplayTimeout, peer: str = "server", name: str = "client",
+                 curve: ClientKeys | str | None = None):
         self.endpoint = endpoint
+        self.curve = client_keys(curve)
         self.name = name
         self._max_message_bytes = max_message_bytes
         self._timeout_error = timeout_error
@@ -61,6 +80,8 @@ class Transport:
         self._interrupted = threading.Event()
         self._ctx: zmq.Context | None = zmq.Context()
         self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._handshake_failures = 0  # failed handshakes since the last one that succeeded
         self._ids = itertools.count(random.randrange(1, 1 << 62))
         self._connect()
 
@@ -74,9 +95,50 @@ class Transport:
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         if self._max_message_bytes is not None:
             sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
+        secure_client_socket(sock, self.curve)
+        self._monitor = sock.get_monitor_socket(_MONITORED)
+        self._handshake_failures = 0
         sock.connect(self.endpoint)
         self._sock = sock
         return sock
+
+    def _close_socket(self) -> None:
+        if self._sock is not None:
+            if self._monitor is not None:
+                self._sock.disable_monitor()
+                self._monitor.close(linger=0)
+                self._monitor = None
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def _check_handshakes(self) -> None:
+        """Read the monitor's events: AuthenticationError (socket reset) when the server refused this client's
+        key; other failures are counted for the timeout message (see :meth:`_handshake_hint`)."""
+        mon = self._monitor
+        while mon is not None and mon.poll(0):
+            event = parse_monitor_message(mon.recv_multipart())
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshake_failures = 0
+            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.reset()
+                raise AuthenticationError(
+                    f"{self._peer} at {self.endpoint} refused this {self.name}'s CURVE key (ZAP status "
+                    f"{event['value']}): its public key is not in the server's authorized/ directory; check "
+                    f"--curve-dir / {ENV_VAR}")
+            elif event["event"] & _HANDSHAKE_FAILED:
+                self._handshake_failures += 1
+
+    def _handshake_hint(self) -> str:
+        """Why a request may have timed out, when handshakes with the server failed meanwhile."""
+        if not self._handshake_failures:
+            return ""
+        if self.curve is None:
+            why = (f"the {self._peer} probably requires CURVE: give --curve-dir DIR (or set {ENV_VAR}) with the "
+                   "keys of `apexrl keygen`")
+        else:
+            why = (f"the server public key in {self.curve.directory} is not this {self._peer}'s, or the "
+                   f"{self._peer} does not use CURVE")
+        return f"; the connection handshake failed {self._handshake_failures} times: {why}"
 
     def _socket(self) -> zmq.Socket:
         """The socket to use now (connecting a new one after a reset); ServerClosedError once closed."""
@@ -89,9 +151,7 @@ class Transport:
     def reset(self) -> None:
         """Drop the socket (and every reply still due on it); the next call connects a new one."""
         with self._lock:
-            if self._sock is not None:
-                self._sock.close(linger=0)
-                self._sock = None
+            self._close_socket()
 
     def next_request_id(self) -> int:
         """A fresh non-zero request id."""
@@ -114,6 +174,7 @@ class Transport:
                 return False
             if sock.poll(max(1, int(min(remaining, POLL_SLICE_S) * 1000 + 0.999)), event):
                 return True
+            self._check_handshakes()
 
     def send(self, frames: list[Any], timeout: float, what: str) -> None:
         """Send one request without waiting for its reply. DEALER blocks only while no peer is connected: wait
@@ -124,9 +185,11 @@ class Transport:
                 sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
             except zmq.Again:
                 if not self._wait(sock, zmq.POLLOUT, time.monotonic() + timeout):
+                    hint = self._handshake_hint()
                     self.reset()
                     raise self._timeout_error(
-                        f"{what} to {self.endpoint}: could not send within {timeout:.3f}s ({self._peer} unreachable?)"
+                        f"{what} to {self.endpoint}: could not send within {timeout:.3f}s ({self._peer} "
+                        f"unreachable?){hint}"
                     ) from None
                 sock.send_multipart(frames, copy=False)
 
@@ -154,8 +217,10 @@ class Transport:
             sock = self._socket()
             while True:
                 if not self._wait(sock, zmq.POLLIN, deadline):
+                    hint = self._handshake_hint()
                     self.reset()
-                    raise self._timeout_error(f"{what} to {self.endpoint}: no reply within {timeout:.3f}s{late_hint}")
+                    raise self._timeout_error(
+                        f"{what} to {self.endpoint}: no reply within {timeout:.3f}s{late_hint}{hint}")
                 reply = sock.recv_multipart(copy=False)
                 if peek_ids(memoryview(reply[0].buffer))[1] == rid:
                     return rid, reply
@@ -166,9 +231,7 @@ class Transport:
     def close(self) -> None:
         """Close the socket and context (idempotent)."""
         with self._lock:
-            if self._sock is not None:
-                self._sock.close(linger=0)
-                self._sock = None
+            self._close_socket()
             if self._ctx is not None:
                 self._ctx.term()
                 self._ctx = None

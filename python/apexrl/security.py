@@ -1,0 +1,342 @@
+"""CURVE encryption and a client allow-list for both apexrl services (the replay server and the learner's
+parameter service); see docs/running.md, section "Security".
+
+A key directory (``apexrl keygen DIR``) holds, in pyzmq's certificate format (``zmq.auth``)::
+
+    server.key          the server's public key              every client needs it
+    server.key_secret   the server's key pair (mode 0600)     the replay server and the learner
+    client.key          the client's public key
+    client.key_secret   the client's key pair (mode 0600)     actors and the learner (a replay client)
+    authorized/*.key    public keys of the clients allowed to connect (keygen puts client.key there)
+
+A server socket (:func:`secure_server_socket`) turns on CURVE with the server's key pair and asks a ZAP
+handler (one thread per ZeroMQ context, :class:`_ZapHandler`) about every connecting client: a client whose
+public key is not in ``authorized/`` is refused during the handshake, before any request reaches the
+service. A client socket (:func:`secure_client_socket`) needs its own key pair and the server's public key.
+
+Secret key files must not be readable by group or others: they are refused (like ssh refuses such private
+keys), so a key copied with the wrong mode is noticed before it is relied upon.
+
+Binding beyond loopback without keys is refused unless ``insecure`` is set (:func:`check_exposure`, called
+by ServerConfig and LearnerConfig validation: every CLI refuses it with exit status 2).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import logging
+import os
+import stat
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Union
+
+import zmq
+from zmq.auth.certs import load_certificate
+from zmq.utils import z85
+
+__all__ = [
+    "AUTHORIZED",
+    "CLIENT",
+    "ENV_VAR",
+    "SERVER",
+    "ClientKeys",
+    "CurveKeyError",
+    "ServerKeys",
+    "check_exposure",
+    "client_keys",
+    "curve_dir_from_env",
+    "is_loopback",
+    "keygen",
+    "load_client_keys",
+    "load_server_keys",
+    "secure_client_socket",
+    "secure_server_socket",
+    "server_keys",
+]
+
+log = logging.getLogger("apexrl.security")
+
+ENV_VAR = "APEXRL_CURVE_DIR"
+"""Environment variable read as the default of every command's ``--curve-dir``."""
+SERVER, CLIENT, AUTHORIZED = "server", "client", "authorized"
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27), one per context
+_ZAP_POLL_MS = 200
+
+
+class CurveKeyError(ValueError):
+    """A key directory or key file is missing, malformed or too widely readable."""
+
+
+@dataclass(frozen=True)
+class ServerKeys:
+    """What a CURVE server needs: its key pair and the allow-list of client public keys (Z85 bytes)."""
+
+    public: bytes
+    secret: bytes
+    allowed: frozenset[bytes]
+    directory: str
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    """What a CURVE client needs: its key pair and the server's public key (Z85 bytes)."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes
+    directory: str
+
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+# ------------------------------------------------------------------------------------------ key files
+
+
+def keygen(directory: PathLike) -> list[str]:
+    """Write a server and a client key pair into ``directory`` (created if needed) and authorize the client;
+    returns the paths written. CurveKeyError if the directory already holds keys (never overwritten)."""
+    directory = os.fspath(directory)
+    targets = [os.path.join(directory, n) for n in (f"{SERVER}.key", f"{SERVER}.key_secret", f"{CLIENT}.key",
+                                                    f"{CLIENT}.key_secret")]
+    targets.append(os.path.join(directory, AUTHORIZED, f"{CLIENT}.key"))
+    held = [p for p in targets if os.path.exists(p)]
+    if held:
+        raise CurveKeyError(f"{directory} already holds keys ({', '.join(held)}): remove them or choose another "
+                            "directory (keys are never overwritten)")
+    os.makedirs(os.path.join(directory, AUTHORIZED), exist_ok=True)
+    # Written in a private (0700) temporary directory, then moved into place: a secret is never readable by
+    # others, not even for a moment.
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".keygen-") as tmp:
+        for name in (SERVER, CLIENT):
+            public, secret = zmq.curve_keypair()
+            _write_key(os.path.join(tmp, f"{name}.key"), public, None, 0o644)
+            _write_key(os.path.join(tmp, f"{name}.key_secret"), public, secret, 0o600)
+        _write_key(os.path.join(tmp, "authorized.key"), load_certificate(os.path.join(tmp, f"{CLIENT}.key"))[0],
+                   None, 0o644)
+        for src, dst in zip((f"{SERVER}.key", f"{SERVER}.key_secret", f"{CLIENT}.key", f"{CLIENT}.key_secret",
+                             "authorized.key"), targets, strict=True):
+            os.replace(os.path.join(tmp, src), dst)
+    return targets
+
+
+def _write_key(path: str, public: bytes, secret: bytes | None, mode: int) -> None:
+    """One certificate file in pyzmq's format (``zmq.auth.load_certificate`` reads it), created with ``mode``."""
+    kind = "**Secret**" if secret is not None else "Public"
+    lines = [f"#   ****  Generated on {datetime.datetime.now()} by apexrl keygen  ****",
+             f"#   ZeroMQ CURVE {kind} Certificate", "", "metadata", "curve",
+             f'    public-key = "{public.decode("ascii")}"']
+    if secret is not None:
+        lines.append(f'    secret-key = "{secret.decode("ascii")}"')
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write("\n".join(lines) + "\n")
+    os.chmod(path, mode)  # exactly ``mode``, whatever the umask
+
+
+def _read_pair(path: str) -> tuple[bytes, bytes]:
+    """(public, secret) of a secret key file; CurveKeyError if missing, malformed or group/other-readable."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise CurveKeyError(f"cannot read CURVE secret key {path}: {e.strerror} (create keys with "
+                            "`apexrl keygen DIR`)") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise CurveKeyError(f"CURVE secret key {path} is accessible by group or others (mode "
+                            f"{stat.S_IMODE(st.st_mode):04o}): run `chmod 600 {path}`")
+    public, secret = _read(path)
+    if secret is None:
+        raise CurveKeyError(f"{path} holds no secret-key")
+    return public, secret
+
+
+def _read(path: str) -> tuple[bytes, bytes | None]:
+    try:
+        public, secret = load_certificate(path)
+    except (OSError, ValueError) as e:
+        raise CurveKeyError(f"cannot read CURVE key {path}: {e}") from None
+    for key in (public, secret):
+        if key is not None and len(key) != 40:
+            raise CurveKeyError(f"{path}: a CURVE key is 40 Z85 characters, got {len(key)}")
+    return public, secret
+
+
+def load_server_keys(directory: PathLike) -> ServerKeys:
+    """The server's key pair and ``authorized/*.key`` of ``directory``; CurveKeyError naming what is missing."""
+    directory = os.path.abspath(os.fspath(directory))
+    public, secret = _read_pair(os.path.join(directory, f"{SERVER}.key_secret"))
+    auth_dir = os.path.join(directory, AUTHORIZED)
+    try:
+        names = sorted(n for n in os.listdir(auth_dir) if n.endswith(".key"))
+    except OSError as e:
+        raise CurveKeyError(f"cannot read the allow-list {auth_dir}: {e.strerror}") from None
+    if not names:
+        raise CurveKeyError(f"the allow-list {auth_dir} holds no client key (*.key): no client could connect")
+    allowed = frozenset(_read(os.path.join(auth_dir, n))[0] for n in names)
+    return ServerKeys(public=public, secret=secret, allowed=allowed, directory=directory)
+
+
+def load_client_keys(directory: PathLike) -> ClientKeys:
+    """The client's key pair and the server's public key of ``directory``; CurveKeyError naming what is missing."""
+    directory = os.path.abspath(os.fspath(directory))
+    public, secret = _read_pair(os.path.join(directory, f"{CLIENT}.key_secret"))
+    server_public, _ = _read(os.path.join(directory, f"{SERVER}.key"))
+    return ClientKeys(public=public, secret=secret, server_public=server_public, directory=directory)
+
+
+def server_keys(curve: ServerKeys | PathLike | None) -> ServerKeys | None:
+    """``curve`` as ServerKeys: loaded from a directory, kept, or None (no CURVE)."""
+    if curve is None or isinstance(curve, ServerKeys):
+        return curve
+    return load_server_keys(curve)
+
+
+def client_keys(curve: ClientKeys | PathLike | None) -> ClientKeys | None:
+    """``curve`` as ClientKeys: loaded from a directory, kept, or None (no CURVE)."""
+    if curve is None or isinstance(curve, ClientKeys):
+        return curve
+    return load_client_keys(curve)
+
+
+def curve_dir_from_env() -> str | None:
+    """``$APEXRL_CURVE_DIR`` as an absolute path, or None when unset or empty (the commands' default)."""
+    value = os.environ.get(ENV_VAR, "")
+    return os.path.abspath(value) if value else None
+
+
+# ------------------------------------------------------------------------------------------ exposure
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8 and ::1 (bracketed or not); False for anything else, including
+    ``*``, 0.0.0.0, interface names and other host names."""
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(bind: str, curve_dir: PathLike | None, insecure: bool, what: str) -> None:
+    """ValueError saying why, when ``bind`` is not loopback, no keys are given and ``insecure`` is not set.
+
+    The one place this rule is written: ServerConfig (``bind``) and LearnerConfig (``params_bind``) call it.
+    """
+    if curve_dir is not None or insecure or is_loopback(bind):
+        return
+    raise ValueError(
+        f"{what} {bind!r} is not a loopback address and no CURVE keys are given: without them anyone who can "
+        "reach this port can insert and read all experience and weights, rewrite priorities and stop the "
+        "service. Create keys with `apexrl keygen DIR` and pass --curve-dir DIR (or set "
+        f"{ENV_VAR}=DIR), or pass --insecure if every host that can reach it is trusted"
+    )
+
+
+# ------------------------------------------------------------------------------------------ sockets
+
+
+def secure_server_socket(sock: zmq.Socket, curve: ServerKeys | PathLike | None) -> ServerKeys | None:
+    """Turn on CURVE and the allow-list on a server socket (before it binds); no-op for ``curve=None``.
+
+    Starts the ZAP handler of the socket's context if it has none yet; the handler's thread ends, closing its
+    socket, when the context is terminated (so ``ctx.term()`` of the owner works unchanged).
+    """
+    keys = server_keys(curve)
+    if keys is None:
+        return None
+    domain = _ZapHandler.register(sock.context, keys.allowed)
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    sock.setsockopt(zmq.ZAP_DOMAIN, domain)
+    return keys
+
+
+def secure_client_socket(sock: zmq.Socket, curve: ClientKeys | PathLike | None) -> ClientKeys | None:
+    """Turn on CURVE on a client socket (before it connects); no-op for ``curve=None``."""
+    keys = client_keys(curve)
+    if keys is None:
+        return None
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    return keys
+
+
+class _ZapHandler:
+    """The ZAP handler of one ZeroMQ context: allows a CURVE client iff its public key is on the allow-list
+    of the domain (one domain per secured socket) it connects to; refuses everything else."""
+
+    _lock = threading.Lock()
+    _by_context: dict[int, _ZapHandler] = {}
+
+    def __init__(self, ctx: zmq.Context):
+        self.ctx = ctx
+        self.domains: dict[bytes, frozenset[bytes]] = {}
+        self.allowed = 0
+        self.denied = 0
+        self._logged: set[bytes] = set()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(ZAP_ENDPOINT)  # bound before any server socket exists: no handshake goes unanswered
+        # Handed to the thread here (Thread.start is a memory barrier), never used by this thread again.
+        self._thread = threading.Thread(target=self._serve, args=(sock,), name="apexrl-zap", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def register(cls, ctx: zmq.Context, allowed: frozenset[bytes]) -> bytes:
+        """The ZAP domain under which ``allowed`` (Z85 public keys) is the allow-list in ``ctx``."""
+        with cls._lock:
+            handler = cls._by_context.get(id(ctx))
+            if handler is None or handler.ctx is not ctx or not handler._thread.is_alive():
+                handler = cls._by_context[id(ctx)] = _ZapHandler(ctx)
+            domain = f"apexrl-{len(handler.domains)}".encode()
+            handler.domains[domain] = frozenset(z85.decode(k) for k in allowed)
+            return domain
+
+    def _serve(self, sock: zmq.Socket) -> None:
+        try:
+            while True:
+                if sock.poll(_ZAP_POLL_MS):
+                    sock.send_multipart(self._answer(sock.recv_multipart()))
+        except zmq.ContextTerminated:
+            pass
+        except Exception:  # pragma: no cover - a bug; refusing every later client is the safe failure
+            log.exception("ZAP handler crashed: no client can authenticate any more")
+        finally:
+            sock.close(linger=0)
+            with self._lock:
+                if self._by_context.get(id(self.ctx)) is self:
+                    del self._by_context[id(self.ctx)]
+
+    def _answer(self, msg: list[bytes]) -> list[bytes]:
+        """The reply to one ZAP request (RFC 27): envelope, version, request id, status, text, user, metadata."""
+        try:
+            delim = msg.index(b"")
+        except ValueError:
+            return msg  # not a ZAP request (libzmq is the only peer of this socket): echo, it is dropped
+        envelope, body = msg[:delim + 1], msg[delim + 1:]
+        request_id = body[1] if len(body) > 1 else b""
+        ok = (len(body) >= 7 and body[0] == b"1.0" and body[5] == b"CURVE"
+              and body[6] in self.domains.get(body[2], ()))
+        if ok:
+            self.allowed += 1
+            return [*envelope, b"1.0", request_id, b"200", b"OK", b"", b""]
+        self.denied += 1
+        self._log_denial(body)
+        return [*envelope, b"1.0", request_id, b"400", b"client key not authorized", b"", b""]
+
+    def _log_denial(self, body: list[bytes]) -> None:
+        key = body[6] if len(body) >= 7 else b""
+        if key in self._logged or len(self._logged) >= 100:  # bounded: a hostile peer cannot flood the log
+            return
+        self._logged.add(key)
+        address = body[3].decode(errors="replace") if len(body) > 3 else "?"
+        mechanism = body[5].decode(errors="replace") if len(body) > 5 else "?"
+        shown = z85.encode(key).decode() if len(key) == 32 else "none"
+        log.warning("refused a %s client from %s: key %s is not in the allow-list", mechanism, address, shown)

@@ -1,0 +1,240 @@
+"""Authenticated, encrypted transport (CURVE + a ZAP allow-list) on both services, with real processes on
+127.0.0.1: keys from `apexrl keygen`, clients with the wrong key or none get nothing and change nothing, binding
+beyond loopback without keys is refused, and `apexrl run` trains with CURVE on."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from apexrl.apex.metrics import read_csv
+from apexrl.errors import AuthenticationError, ReplayTimeout
+from apexrl.replay.client import ReplayClient
+from apexrl.replay.config import ServerConfig
+from apexrl.security import (
+    ENV_VAR,
+    ClientKeys,
+    CurveKeyError,
+    check_exposure,
+    is_loopback,
+    load_client_keys,
+    load_server_keys,
+)
+
+INTRUDER_TIMEOUT = 3.0
+FAST_LEARNER = "--min-replay-size 300 --eval-every 0 --metrics-every 1 --checkpoint-every 100"
+
+
+def _apexrl(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "apexrl", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def _bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """A key directory written by the real `apexrl keygen`."""
+    out = _apexrl("keygen", str(tmp_path / "keys"))
+    assert out.returncode == 0, out.stderr
+    return str(tmp_path / "keys")
+
+
+@pytest.fixture
+def other_keys(tmp_path):
+    out = _apexrl("keygen", str(tmp_path / "other"))
+    assert out.returncode == 0, out.stderr
+    return str(tmp_path / "other")
+
+
+def _intruders(keys: str, other_keys: str) -> dict[str, ClientKeys | None]:
+    """Clients the server must refuse: a key pair not on its allow-list, no keys, and the right client key
+    with another server's public key."""
+    mine, theirs = load_client_keys(keys), load_client_keys(other_keys)
+    return {
+        "unauthorized key": ClientKeys(theirs.public, theirs.secret, mine.server_public, other_keys),
+        "no key": None,
+        "wrong server key": ClientKeys(mine.public, mine.secret, theirs.server_public, keys),
+    }
+
+
+def _expect_refused(kind: str, call, t0: float) -> None:
+    """The refusal each intruder gets: at once for a refused key, else a timeout that says why."""
+    if kind == "unauthorized key":
+        with pytest.raises(AuthenticationError, match="refused this .* CURVE key .* authorized/"):
+            call()
+        assert time.monotonic() - t0 < INTRUDER_TIMEOUT  # detected from the handshake, not by waiting out
+    elif kind == "no key":
+        with pytest.raises(ReplayTimeout, match="handshake failed .* probably requires CURVE: give --curve-dir"):
+            call()
+    else:
+        with pytest.raises(ReplayTimeout, match="handshake failed .* server public key in .* is not this"):
+            call()
+
+
+# ------------------------------------------------------------------------------------------ keys
+
+
+def test_keygen_writes_two_key_pairs_with_private_secrets_and_never_overwrites(keys):
+    names = sorted(os.listdir(keys))
+    assert names == ["authorized", "client.key", "client.key_secret", "server.key", "server.key_secret"]
+    for name in ("client.key_secret", "server.key_secret"):
+        assert stat.S_IMODE(os.stat(os.path.join(keys, name)).st_mode) == 0o600, name
+    server, client = load_server_keys(keys), load_client_keys(keys)
+    assert server.allowed == {client.public}  # the client is on the allow-list
+    assert client.server_public == server.public and client.public != server.public
+    assert len(server.secret) == len(client.secret) == 40
+
+    before = {n: _bytes(os.path.join(keys, n)) for n in names if n != "authorized"}
+    out = _apexrl("keygen", keys)
+    assert out.returncode == 1
+    assert "already holds keys" in out.stderr and "never overwritten" in out.stderr
+    assert {n: _bytes(os.path.join(keys, n)) for n in before} == before
+
+
+def test_a_secret_key_readable_by_others_or_a_missing_key_is_refused_with_the_reason(keys, tmp_path):
+    secret = os.path.join(keys, "server.key_secret")
+    os.chmod(secret, 0o644)
+    with pytest.raises(CurveKeyError, match=r"accessible by group or others \(mode 0644\): run `chmod 600"):
+        load_server_keys(keys)
+    with pytest.raises(ValueError, match="accessible by group or others"):
+        ServerConfig(curve_dir=keys)
+    os.chmod(secret, 0o600)
+    load_server_keys(keys)
+
+    with pytest.raises(CurveKeyError, match="client.key_secret: No such file .*apexrl keygen"):
+        load_client_keys(tmp_path / "nowhere")
+    for key in os.listdir(os.path.join(keys, "authorized")):
+        os.remove(os.path.join(keys, "authorized", key))
+    with pytest.raises(CurveKeyError, match="holds no client key"):
+        load_server_keys(keys)
+
+
+# ------------------------------------------------------------------------------------------ replay service
+
+
+@pytest.mark.parametrize("kind", ["unauthorized key", "no key", "wrong server key"])
+def test_replay_server_with_curve_gives_a_client_without_the_right_keys_nothing(start_server, keys, other_keys,
+                                                                                kind):
+    server = start_server("--curve-dir", keys)
+    with ReplayClient(server.endpoint, timeout=30, curve=keys) as good:
+        inserted = good.insert(np.ones(5), [b"item%d" % i for i in range(5)])
+        before = good.stats()
+        with ReplayClient(server.endpoint, timeout=INTRUDER_TIMEOUT, curve=_intruders(keys, other_keys)[kind]) as bad:
+            for call in (lambda: bad.insert(np.ones(2), [b"evil", b"evil"]),
+                         lambda: bad.update_priorities(inserted, np.full(5, 100.0)),
+                         lambda: bad.sample(1), bad.stats):
+                _expect_refused(kind, call, time.monotonic())
+        after = good.stats()
+        # The server saw none of the intruder's requests: only the authorized client's own STATS counts.
+        assert after["requests_total"] == before["requests_total"] + 1
+        assert after["errors_total"] == before["errors_total"]
+        assert after["size"] == before["size"] == 5
+        assert after["requests_update_priorities"] == before["requests_update_priorities"] == 0
+        got = good.sample(64)
+        assert {bytes(item) for item in got.items} <= {b"item%d" % i for i in range(5)}
+    assert server.alive()
+
+
+def test_an_actor_whose_key_is_not_authorized_exits_with_the_reason(start_server, keys, other_keys):
+    server = start_server("--curve-dir", keys)
+    shutil.copy(os.path.join(keys, "server.key"), os.path.join(other_keys, "server.key"))  # right server, own key
+    out = subprocess.run([sys.executable, "-m", "apexrl.cli.actor", "--preset", "cartpole", "--replay",
+                          server.endpoint, "--params", server.endpoint, "--index", "0", "--num-actors", "1",
+                          "--curve-dir", other_keys], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "apexrl-actor: error: " in out.stderr and "refused this " in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    with ReplayClient(server.endpoint, timeout=30, curve=keys) as good:
+        assert good.stats()["requests_total"] == 1  # this STATS: nothing of the actor's got through
+
+
+def test_a_plain_server_names_the_mismatch_to_a_curve_client(start_server, keys):
+    server = start_server()
+    with ReplayClient(server.endpoint, timeout=INTRUDER_TIMEOUT, curve=keys) as c:
+        with pytest.raises(ReplayTimeout, match="handshake failed .* or the server does not use CURVE"):
+            c.stats()
+
+
+# ------------------------------------------------------------------------------------------ parameter service
+
+
+@pytest.mark.parametrize("kind", ["unauthorized key", "no key", "wrong server key"])
+def test_parameter_service_with_curve_gives_a_client_without_the_right_keys_nothing(keys, other_keys, kind):
+    torch = pytest.importorskip("torch")
+    from apexrl.params.service import ParamClient, ParamServer
+
+    with ParamServer(curve=keys) as server:
+        server.publish({"w": torch.arange(4, dtype=torch.float32)})
+        with ParamClient(server.endpoint, timeout=30, curve=keys) as good:
+            version, tensors = good.fetch(0)
+            assert version == 1 and tensors["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+        before = server.stats()
+        with ParamClient(server.endpoint, timeout=INTRUDER_TIMEOUT, curve=_intruders(keys, other_keys)[kind]) as bad:
+            _expect_refused(kind, lambda: bad.fetch(0), time.monotonic())
+        assert server.stats() == before  # no request reached the service
+    # close() returned: the ZAP handler thread ended with the context
+
+
+# ------------------------------------------------------------------------------------------ exposure
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.3.2.1", True), ("localhost", True),
+                                                ("::1", True), ("[::1]", True), ("0.0.0.0", False), ("*", False),
+                                                ("10.0.0.5", False), ("::", False), ("eth0", False),
+                                                ("example.org", False)])
+def test_loopback_is_127_8_localhost_and_ipv6_one(host, loopback):
+    assert is_loopback(host) is loopback
+    if not loopback:
+        with pytest.raises(ValueError, match="not a loopback address and no CURVE keys"):
+            check_exposure(host, None, False, "bind")
+        check_exposure(host, None, True, "bind")  # --insecure
+        check_exposure(host, "/some/keys", False, "bind")
+
+
+def test_binding_beyond_loopback_without_keys_is_refused_unless_insecure(keys):
+    out = subprocess.run([sys.executable, "-m", "apexrl.cli.server", "--bind", "0.0.0.0", "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "bind '0.0.0.0' is not a loopback address and no CURVE keys are given" in out.stderr
+    assert "apexrl keygen DIR" in out.stderr and "--insecure" in out.stderr
+    # The learner's parameter service: the same rule, the same function.
+    out = subprocess.run([sys.executable, "-m", "apexrl.cli.learner", "--agent", "dqn", "--env", "gym:CartPole-v1",
+                          "--replay", "tcp://127.0.0.1:9", "--params-port", "0", "--params-bind", "0.0.0.0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "params_bind '0.0.0.0' is not a loopback address and no CURVE keys are given" in out.stderr
+    out = _apexrl("run", "--server-args", "--bind 0.0.0.0")
+    assert out.returncode == 2 and "bind '0.0.0.0' is not a loopback address" in out.stderr
+    # Keys or --insecure lift the refusal (validated only: tests never bind beyond loopback).
+    ServerConfig(bind="0.0.0.0", curve_dir=keys)
+    ServerConfig(bind="0.0.0.0", insecure=True)
+
+
+# ------------------------------------------------------------------------------------------ apexrl run
+
+
+def test_apexrl_run_with_curve_from_the_environment_trains(keys, tmp_path):
+    run_dir = str(tmp_path / "run")
+    env = {**os.environ, ENV_VAR: keys}
+    out = _apexrl("run", "--run-dir", run_dir, "--minutes", "4", "--steps", "100", "--actors", "1", "--quiet",
+                  f"--learner-args={FAST_LEARNER}", env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"CURVE on both services (keys in {keys})" in out.stdout
+    assert "stopping: reached --steps 100" in out.stdout
+    assert read_csv(os.path.join(run_dir, "metrics.csv"))["learner_steps"][-1] == 100
+    with open(os.path.join(run_dir, "plan.json"), encoding="utf-8") as f:
+        plan = json.load(f)
+    assert plan["server"]["curve_dir"] == plan["learner"]["curve_dir"] == plan["actors"][0]["curve_dir"] == keys
+    episodes = read_csv(os.path.join(run_dir, "episodes.csv"))
+    assert len(episodes["return"]) > 0  # the actor's inserts reached the server through CURVE
