@@ -70,6 +70,7 @@ log = logging.getLogger("apexrl.params.service")
 _U32 = 0xFFFF_FFFF
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
 _POLL_MS = 50  # server thread: longest it takes to notice close()
+_REPLY_HWM = 2  # replies queued per peer (ZMQ_SNDHWM): what a peer that never reads can make the server hold
 
 
 class FetchStatus(IntEnum):
@@ -134,7 +135,8 @@ class ParamServer:
 
     ``publish`` may be called from any thread (before or after ``start``); the ROUTER socket is owned by one
     background thread, which answers each GET at once (no request waits on another: an answer is a header
-    plus a reference to the current bytes). ``max_message_mb`` caps what ``publish`` accepts (clients
+    plus a reference to the current bytes). At most ``_REPLY_HWM`` replies wait for a peer that does not read;
+    more are dropped and counted in ``stats()["dropped"]``. ``max_message_mb`` caps what ``publish`` accepts (clients
     refuse bigger replies with their own cap, default the same). Requests are capped by ZMQ_MAXMSGSIZE
     (``PARAMS_MAX_REQUEST_BYTES`` bytes per frame): libzmq disconnects a peer that sends a bigger frame.
     """
@@ -178,7 +180,11 @@ class ParamServer:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, PARAMS_MAX_REQUEST_BYTES)
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished or slow (HWM) client is dropped, never blocks
+            # A peer that never reads must not pin one copy of the weights per reply it asked for: at most
+            # _REPLY_HWM replies wait in its send queue; past that (EAGAIN), or for a peer that left
+            # (EHOSTUNREACH), the reply is dropped and counted ("dropped"). Sends never block.
+            sock.setsockopt(zmq.SNDHWM, _REPLY_HWM)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             if ":" in self.bind:
                 sock.setsockopt(zmq.IPV6, 1)
                 host = f"[{self.bind}]"
@@ -259,7 +265,7 @@ class ParamServer:
                         self._counts[kind] += 1
                     try:
                         sock.send_multipart([msg[0], *reply], flags=zmq.NOBLOCK, copy=False)
-                    except zmq.ZMQError:  # pragma: no cover - ROUTER drops silently; belt and braces
+                    except zmq.ZMQError:  # EAGAIN: its queue is full (it does not read); EHOSTUNREACH: it left
                         with self._lock:
                             self._counts["dropped"] += 1
         except Exception:  # pragma: no cover - a bug, not bad input (that is answered in _answer)
