@@ -164,17 +164,23 @@ class RateLimiter:
         self.examined_total += examined
         return ready
 
-    def never_admitted(self, op: int, n: int) -> str | None:
-        """Why a request of n items could never be admitted once the store is at min size, or None.
+    def never_admitted(self, op: int, n: int, size: int) -> str | None:
+        """Why a request of n items, which the rules do not admit now (store at ``size``), could never be
+        admitted once the store is at min size, or None.
 
         A SAMPLE of n needs ``I * spi - S >= n - eb`` and inserts can raise ``I * spi - S`` to ``eb`` at most, so
         it needs ``n <= 2 * eb``; an INSERT of m needs ``m * spi <= 2 * eb`` (samples lower it to ``-eb`` at
         most). Both are :func:`deadlock_reason` with the other side's batch at 0 (the same arithmetic
-        ``apexrl run`` checks before it starts anything)."""
+        ``apexrl run`` checks before it starts anything). A request admitted now is never refused: inserts while
+        the store fills up, or a sample served from the head start of that fill-up."""
         if self.spi is None or n == 0:
             return None
+        with self.lock:
+            inserted, sampled = self.inserted, self.sampled
         if op == _INSERT:
-            return deadlock_reason(0, n, self.spi, self.eb)
+            return None if self.insert_ok(n, size, inserted, sampled) else deadlock_reason(0, n, self.spi, self.eb)
+        if not self.big_enough(size) or self.sample_ok(n, size, inserted, sampled):
+            return None  # waiting for min size first; or admitted now
         return deadlock_reason(n, 0, self.spi, self.eb)
 
     # ------------------------------------------------------------------------------------------ counters

@@ -723,7 +723,7 @@ class _Broker:
         h = req.header
         op, n = int(h.op), int(h.count)
         if op in (_INSERT, _SAMPLE):
-            reason = self.rate_limiter.never_admitted(op, n)
+            reason = self.rate_limiter.never_admitted(op, n, len(self.store))
             if reason is not None:
                 return P.Status.INVALID_ARGUMENT, f"{P.Op(op).name} of {n} items refused: {reason}"
         if op == _SAMPLE:
