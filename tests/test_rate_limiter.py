@@ -292,18 +292,48 @@ def test_the_rules_in_one_place():
     assert unlimited.insert_ok(10**6, 10, 0, 0) and unlimited.sample_ok(10**6, 1, 0, 0)
 
 
-def test_release_simulates_admissions_in_order():
-    from collections import namedtuple
+def test_release_looks_only_at_the_heads_and_simulates_admissions_in_order():
+    from collections import deque
+    from dataclasses import dataclass
 
     from apexrl.replay.rate_limiter import RateLimiter
     from apexrl.replay.schema import Op
 
-    W = namedtuple("W", "op n deadline")
+    @dataclass(eq=False)
+    class W:
+        op: int
+        n: int
+        deadline: float = 1e9
+        live: bool = True
+
     rl = RateLimiter(spi=1.0, eb=4.0, min_size=1)
     assert rl.try_insert(4, 10)  # I = 4, S = 0: samples of up to 8 items in all may go
-    waiting = [W(Op.SAMPLE, 5, 1e9), W(Op.SAMPLE, 5, 1e9), W(Op.SAMPLE, 3, 1e9), W(Op.INSERT, 1, 1e9)]
-    ready, keep = rl.release(waiting, size=10, now=0.0)
-    assert ready == [waiting[0], waiting[2], waiting[3]] and keep == [waiting[1]]
+    s1, s2, s3, i1 = W(Op.SAMPLE, 5), W(Op.SAMPLE, 5), W(Op.SAMPLE, 3), W(Op.INSERT, 1)
+    samples, inserts = deque([s1, s2, s3]), deque([i1])
+    # i1 must wait for a sample (5 - 0 > 4); s1 goes (S = 5), then i1 (I = 5); s2 (10 > 9) blocks the queue
+    assert rl.release(inserts, samples, size=10) == [s1, i1]
+    assert list(samples) == [s2, s3] and not inserts
+    assert rl.examined_max == 4  # released + the two heads that stayed: s3 was never looked at
     assert rl.counts() == (4, 0)  # nothing is counted until the request is served
-    ready, keep = rl.release([W(Op.SAMPLE, 50, 1.0)], size=10, now=2.0)  # past its deadline: answered TIMEOUT
-    assert len(ready) == 1 and keep == []
+    s2.live = False  # answered meanwhile (timed out): discarded from the head, s3 goes
+    assert rl.release(inserts, samples, size=10) == [s3] and not samples
+    assert rl.stats()["deferred_examined_max"] == 4
+
+
+@pytest.mark.parametrize("n, m, ok", [(150, 0, True), (200, 0, True), (201, 0, False), (0, 200, True),
+                                      (0, 201, False), (100, 100, True), (256, 50, False)])
+def test_one_deadlock_rule_for_the_run_plan_and_the_server(n, m, ok):
+    from apexrl.replay.rate_limiter import RateLimiter, deadlock_reason
+    from apexrl.replay.schema import Op
+
+    reason = deadlock_reason(n, m, 1.0, 100.0)
+    assert (reason is None) == ok
+    if not ok:
+        assert "exceeds 2 x error_buffer = 200" in reason and "samples_per_insert=1, error_buffer=100" in reason
+    rl = RateLimiter(spi=1.0, eb=100.0, min_size=1)
+    assert rl.try_insert(100, 0)  # I * spi - S = 100 = error_buffer, store at min size
+    if m == 0:
+        assert (rl.never_admitted(int(Op.SAMPLE), n, 100) is None) == ok
+    if n == 0:
+        assert (rl.never_admitted(int(Op.INSERT), m, 100) is None) == ok
+        assert rl.never_admitted(int(Op.INSERT), m, 0) is None  # filling up is never limited

@@ -19,7 +19,12 @@ from apexrl.cli.args import (
     field_arg,
     refuse_beside_plan,
 )
-from apexrl.replay.config import EVICTION_POLICIES, MAX_SHARDS, ServerConfig
+from apexrl.replay.config import (
+    EVICTION_POLICIES,
+    MAX_SHARDS,
+    ServerConfig,
+    check_snapshot_dir,
+)
 
 PROG = "apexrl-replay-server"
 
@@ -62,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-size-to-sample", type=field_arg(ServerConfig, "min_size_to_sample"), default=1,
                    help="SAMPLE waits (up to its timeout) until the store holds this many items")
     p.add_argument("--snapshot", metavar="PATH", default=None,
-                   help="snapshot file: loaded at start if present, written on shutdown (PATH.epoch beside it "
-                   "records the key epoch of each life)")
+                   help="snapshot file: loaded at start if present, written on shutdown (its directory must exist "
+                   "and be writable; PATH.epoch beside it records the key epoch of each life)")
     p.add_argument("--snapshot-every", metavar="SECONDS", type=field_arg(ServerConfig, "snapshot_every"), default=None,
                    help="also write the snapshot every SECONDS (needs --snapshot)")
     p.add_argument("--max-message-mb", type=field_arg(ServerConfig, "max_message_mb"), default=256,
@@ -80,6 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", metavar="JSON|PATH", default=None,
                    help="the run's TransitionSpec (its JSON, or a JSON file): every insert is checked against it "
                    "(default: the spec the first inserter declares)")
+    p.add_argument("--max-wait", metavar="SECONDS", dest="max_wait_s", type=field_arg(ServerConfig, "max_wait_s"),
+                   default=60.0, help="longest a request waits on the server (a larger timeout_ms is clipped; "
+                   "default 60)")
+    p.add_argument("--max-waiting", metavar="N", type=field_arg(ServerConfig, "max_waiting"), default=16384,
+                   help="most requests waiting at once, all peers together (more: TIMEOUT at once; default 16384)")
+    p.add_argument("--max-waiting-per-peer", metavar="N", type=field_arg(ServerConfig, "max_waiting_per_peer"),
+                   default=1024, help="most waiting requests of one peer; one more and its oldest is answered "
+                   "TIMEOUT (default 1024)")
+    p.add_argument("--max-waiting-mb", metavar="MIB", type=field_arg(ServerConfig, "max_waiting_mb"), default=256,
+                   help="most MiB held by waiting inserts (more: TIMEOUT at once; default 256)")
+    p.add_argument("--max-reply-mb", metavar="MIB", type=field_arg(ServerConfig, "max_reply_mb"), default=None,
+                   help="largest SAMPLE reply in MiB, estimated before sampling (TOO_LARGE; default "
+                   "--max-message-mb)")
+    p.add_argument("--handshake-timeout", metavar="SECONDS", dest="handshake_s",
+                   type=field_arg(ServerConfig, "handshake_s"), default=5.0,
+                   help="close connections that have not completed the ZeroMQ handshake by then (0: never; default 5)")
+    p.add_argument("--heartbeat", metavar="SECONDS", dest="heartbeat_s", type=field_arg(ServerConfig, "heartbeat_s"),
+                   default=10.0, help="ping peers this often, close a connection silent 3x as long (0: off; "
+                   "default 10)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="logging level (stderr)")
     add_curve_arguments(p, binds=True)
@@ -97,6 +121,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         refuse_beside_plan(parser, argv)
         try:
             args.config = server_config_from_plan(args.plan)
+            if args.config.snapshot is not None:
+                check_snapshot_dir(args.config.snapshot)
         except (OSError, ValueError) as e:
             parser.error(f"--plan: {e}")
         return args
@@ -112,6 +138,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--error-buffer needs --samples-per-insert")
     try:
         args.config = config_from_args(args)
+        if args.snapshot is not None:
+            check_snapshot_dir(args.snapshot)
     except ValueError as e:
         parser.error(str(e))
     return args
@@ -128,6 +156,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         inline_sample_max=args.inline_sample_max,
         samples_per_insert=args.samples_per_insert, error_buffer=args.error_buffer, spec=args.spec,
         curve_dir=args.curve_dir, insecure=args.insecure,
+        max_wait_s=args.max_wait_s, max_waiting=args.max_waiting, max_waiting_per_peer=args.max_waiting_per_peer,
+        max_waiting_mb=args.max_waiting_mb, max_reply_mb=args.max_reply_mb, handshake_s=args.handshake_s,
+        heartbeat_s=args.heartbeat_s,
     )
 
 
@@ -140,7 +171,7 @@ def serve(config: ServerConfig, log_level: str = "INFO") -> int:
     """Run a replay server until SIGTERM/SIGINT; the exit status (1 if it cannot start)."""
     logging.basicConfig(level=log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from apexrl.replay.server import ReplayServer, SnapshotLoadError
+    from apexrl.replay.server import ReplayServer, SnapshotLoadError, SnapshotSaveError
 
     stop = threading.Event()
 
@@ -164,7 +195,12 @@ def serve(config: ServerConfig, log_level: str = "INFO") -> int:
         while not stop.wait(0.5):
             pass
     finally:
-        server.stop()
+        try:
+            server.stop()
+        except SnapshotSaveError as exc:  # said plainly: a traceback would add nothing
+            logging.getLogger("apexrl.replay.server").error("%s", exc)
+            print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+            return 1
     return 0
 
 

@@ -40,6 +40,7 @@ from apexrl.apex.config import (
 )
 from apexrl.launch.presets import Preset, default_preset_for, get_preset
 from apexrl.replay.config import ServerConfig
+from apexrl.replay.rate_limiter import deadlock_reason
 from apexrl.validate import Range, check_fields
 
 __all__ = ["DEFAULT_SNAPSHOT_EVERY", "PLAN_NAME", "SNAPSHOT_NAME", "Overrides", "RunPlan", "RunSettings", "default_run_dir", "plan", "resolve_preset",
@@ -271,9 +272,7 @@ def check_rules(p: RunPlan) -> None:
         eb, spi = s.effective_error_buffer, s.samples_per_insert
         assert eb is not None
         insert = max(a.flush_every for a in p.actors)
-        if batch + insert * spi > 2 * eb:
-            raise ValueError(
-                f"rate limiter deadlock: a learner batch of {batch} plus an actor insert of {insert} x "
-                f"samples_per_insert {spi:g} = {batch + insert * spi:g} exceeds 2 x error_buffer = {2 * eb:g}, "
-                f"so samples and inserts can both be blocked for good; raise --error-buffer to at least "
-                f"{(batch + insert * spi) / 2:g} or use smaller batches")
+        reason = deadlock_reason(batch, insert, spi, eb, sample="a learner batch", insert="an actor insert",
+                                 flag="--error-buffer")
+        if reason is not None:
+            raise ValueError(reason)

@@ -71,6 +71,7 @@ log = logging.getLogger("apexrl.params.service")
 _U32 = 0xFFFF_FFFF
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
 _POLL_MS = 50  # server thread: longest it takes to notice close()
+_PARKED_POLL_MS = 5  # server thread: how often parked weights replies are looked at
 
 
 class FetchStatus(IntEnum):
@@ -135,7 +136,9 @@ class ParamServer:
 
     ``publish`` may be called from any thread (before or after ``start``); the ROUTER socket is owned by one
     background thread, which answers each GET at once (no request waits on another: an answer is a header
-    plus a reference to the current bytes). ``max_message_mb`` caps what ``publish`` accepts (clients
+    plus a reference to the current bytes). A peer that does not read its replies pins at most two weights
+    replies (:class:`_WeightsSender`); the others are dropped and counted in ``stats()["dropped"]``.
+    ``max_message_mb`` caps what ``publish`` accepts (clients
     refuse bigger replies with their own cap, default the same). Requests are capped by ZMQ_MAXMSGSIZE
     (``PARAMS_MAX_REQUEST_BYTES`` bytes per frame): libzmq disconnects a peer that sends a bigger frame.
     ``curve`` (a key directory or :class:`~apexrl.security.ServerKeys`) turns on CURVE and the client allow-list.
@@ -159,7 +162,8 @@ class ParamServer:
         self._ctx: zmq.Context | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._counts = {"requests": 0, "params": 0, "unchanged": 0, "not_ready": 0, "errors": 0, "dropped": 0}
+        self._counts = {"requests": 0, "params": 0, "unchanged": 0, "not_ready": 0, "errors": 0, "dropped": 0,
+                        "parked": 0}
 
     @property
     def endpoint(self) -> str:
@@ -183,7 +187,9 @@ class ParamServer:
             secure_server_socket(sock, self.curve)  # CURVE + allow-list when keys are configured
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, PARAMS_MAX_REQUEST_BYTES)
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished or slow (HWM) client is dropped, never blocks
+            # Sends never block and fail visibly (EAGAIN: the peer's queue is full; EHOSTUNREACH: it left): the
+            # reply is dropped and counted. Weights replies are limited per peer by _WeightsSender.
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             if ":" in self.bind:
                 sock.setsockopt(zmq.IPV6, 1)
                 host = f"[{self.bind}]"
@@ -219,7 +225,8 @@ class ParamServer:
             return self._version
 
     def stats(self) -> dict[str, int]:
-        """Request counters (requests, params, unchanged, not_ready, errors, dropped), version and bytes."""
+        """Request counters (requests, params, unchanged, not_ready, errors, dropped), parked (weights replies
+        waiting for the previous one to the same peer to leave), version and bytes."""
         with self._lock:
             out = dict(self._counts)
             out["version"] = self._version
@@ -249,9 +256,11 @@ class ParamServer:
     # ------------------------------------------------------------------------------------------ thread
 
     def _serve(self, sock: zmq.Socket) -> None:
+        sender = _WeightsSender(sock, self._dropped)
         try:
             while not self._stop.is_set():
-                if not sock.poll(_POLL_MS, zmq.POLLIN):
+                if not sock.poll(_PARKED_POLL_MS if sender.parked else _POLL_MS, zmq.POLLIN):
+                    sender.send_parked()
                     continue
                 for _ in range(1000):  # drain, but look at the stop flag now and then
                     try:
@@ -262,15 +271,18 @@ class ParamServer:
                     with self._lock:  # counted before sending: stats() never lags a reply already received
                         self._counts["requests"] += 1
                         self._counts[kind] += 1
-                    try:
-                        sock.send_multipart([msg[0], *reply], flags=zmq.NOBLOCK, copy=False)
-                    except zmq.ZMQError:  # pragma: no cover - ROUTER drops silently; belt and braces
-                        with self._lock:
-                            self._counts["dropped"] += 1
+                    sender.send(msg[0], reply, weights=kind == "params")
+                sender.send_parked()
+                with self._lock:
+                    self._counts["parked"] = len(sender.parked)
         except Exception:  # pragma: no cover - a bug, not bad input (that is answered in _answer)
             log.exception("parameter server thread crashed")
         finally:
             sock.close(linger=0)
+
+    def _dropped(self) -> None:
+        with self._lock:
+            self._counts["dropped"] += 1
 
     def _answer(self, frames: list[Any]) -> tuple[list[Any], str]:
         """The reply frames for one request and the counter to bump; never raises."""
@@ -291,6 +303,56 @@ class ParamServer:
         except Exception as exc:  # noqa: BLE001 - defence in depth: keep serving
             return P.encode_error(req.header.op, rid, Status.INTERNAL,
                                   f"internal error: {type(exc).__name__}: {exc}"), "errors"
+
+
+class _WeightsSender:
+    """Sends the server thread's replies so that a peer that never reads pins at most two copies of the
+    weights: its last weights reply in flight, and one more parked until libzmq has handed that one to the
+    kernel (a MessageTracker tells); a newer request of that peer replaces the parked reply (the older one is
+    dropped and counted). Replies without weights (UNCHANGED, NOT_READY, errors) are small and go at once,
+    bounded by ZMQ_SNDHWM. Sends never block (ROUTER_MANDATORY): a peer that left (EHOSTUNREACH) or whose queue
+    is full (EAGAIN) loses the reply, counted."""
+
+    def __init__(self, sock: zmq.Socket, dropped: Callable[[], None]):
+        self.sock, self.dropped = sock, dropped
+        self.in_flight: dict[bytes, zmq.MessageTracker] = {}  # peer -> tracker of its last weights reply
+        self.parked: dict[bytes, tuple[Any, list[Any]]] = {}  # peer -> (identity, reply) waiting for that one
+        self.prune_at = 64
+
+    def send(self, ident: Any, reply: list[Any], weights: bool) -> None:
+        peer = ident.bytes
+        if weights:
+            tracker = self.in_flight.get(peer)
+            if tracker is not None and not tracker.done:
+                if peer in self.parked:
+                    self.dropped()
+                self.parked[peer] = (ident, reply)
+                return
+        self._send(peer, ident, reply, weights)
+
+    def send_parked(self) -> None:
+        """Send the parked replies whose peer's previous weights reply has left (O(parked peers))."""
+        for peer in [p for p in self.parked if self.in_flight[p].done]:
+            ident, reply = self.parked.pop(peer)
+            self._send(peer, ident, reply, True)
+        if len(self.in_flight) > self.prune_at:  # forget finished ones (amortised O(1) per reply)
+            self.in_flight = {p: t for p, t in self.in_flight.items() if not t.done or p in self.parked}
+            self.prune_at = max(64, 2 * len(self.in_flight))
+
+    def _send(self, peer: bytes, ident: Any, reply: list[Any], weights: bool) -> None:
+        try:
+            if weights:  # only the last frame (the weights) is tracked: the identity frame was received
+                *head, last = [ident, *reply]
+                for frame in head:  # the identity frame fails, or all of the message is queued
+                    self.sock.send(frame, zmq.NOBLOCK | zmq.SNDMORE, copy=False)
+                tracker = self.sock.send(last, zmq.NOBLOCK, copy=False, track=True)
+            else:
+                tracker = self.sock.send_multipart([ident, *reply], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:  # EAGAIN: its queue is full (it does not read); EHOSTUNREACH: it left
+            self.dropped()
+            return
+        if weights and tracker is not None:
+            self.in_flight[peer] = tracker
 
 
 # ---------------------------------------------------------------------------------------------- client

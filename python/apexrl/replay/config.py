@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from apexrl.security import check_exposure, load_server_keys
 from apexrl.validate import Range, check_fields
 
-__all__ = ["EVICTION_POLICIES", "MAX_SHARDS", "MAX_SLOTS_PER_SHARD", "STORE_INT_MAX", "ServerConfig"]
+__all__ = ["EVICTION_POLICIES", "MAX_SHARDS", "MAX_SLOTS_PER_SHARD", "STORE_INT_MAX", "ServerConfig",
+           "check_snapshot_dir"]
 
 
 STORE_INT_MAX = 2**63 - 1
@@ -56,6 +57,21 @@ class ServerConfig:
     """Key directory of `apexrl keygen`: CURVE encryption and the client allow-list (None: plain TCP)."""
     insecure: bool = False
     """Allow binding beyond loopback without curve_dir (apexrl.security.check_exposure)."""
+    # Bounds on what peers can make the server hold or wait for (docs/protocol.md, "Limits").
+    max_wait_s: float = field(default=60.0, metadata=Range.float(0.0, lo_open=True))
+    """Longest a request waits on the server (min size, rate limiter); a larger timeout_ms is clipped to it."""
+    max_waiting: int = field(default=16384, metadata=Range.int(0, STORE_INT_MAX))
+    """Most requests waiting at once, from all peers; more are answered TIMEOUT at once."""
+    max_waiting_per_peer: int = field(default=1024, metadata=Range.int(1, STORE_INT_MAX))
+    """Most requests of one peer waiting at once; one more and its oldest waiting request is answered TIMEOUT."""
+    max_waiting_mb: float = field(default=256, metadata=Range.float(0.0))
+    """Most MiB of waiting INSERTs held at once; more are answered TIMEOUT at once."""
+    max_reply_mb: float | None = field(default=None, metadata=Range.float(0.0, lo_open=True, optional=True))
+    """Largest SAMPLE reply in MiB (estimated before sampling; over it: TOO_LARGE); None: max_message_mb."""
+    handshake_s: float = field(default=5.0, metadata=Range.float(0.0))
+    """ZMQ_HANDSHAKE_IVL: a connection that has not completed the ZMTP handshake by then is closed (0: never)."""
+    heartbeat_s: float = field(default=10.0, metadata=Range.float(0.0))
+    """ZMQ_HEARTBEAT_IVL: ping every peer this often and close a connection silent for 3x as long (0: off)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -111,3 +127,24 @@ class ServerConfig:
     @property
     def max_bytes(self) -> int:
         return int(self.max_message_mb * (1 << 20))
+
+    @property
+    def max_reply_bytes(self) -> int:
+        return int((self.max_message_mb if self.max_reply_mb is None else self.max_reply_mb) * (1 << 20))
+
+    @property
+    def max_waiting_bytes(self) -> int:
+        return int(self.max_waiting_mb * (1 << 20))
+
+
+def check_snapshot_dir(path: str | os.PathLike[str]) -> None:
+    """ValueError naming the reason when the snapshot ``path`` could never be written: its directory is missing,
+    not a directory or not writable, or the path is a directory. Checked at start, not at the first save."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"snapshot path {path!r} is a directory (give a file path)")
+    if not os.path.isdir(directory):
+        raise ValueError(f"snapshot directory {directory!r} does not exist (create it first)")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"snapshot directory {directory!r} is not writable")

@@ -25,26 +25,54 @@ count in I, so after a long fill-up inserts pause until the samplers have consum
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from apexrl.replay.schema import Op
 
-__all__ = ["RateLimiter", "Waiting"]
+__all__ = ["RateLimiter", "Waiting", "deadlock_reason"]
 
 _EPS = 1e-9
 _INSERT = int(Op.INSERT)
 
 
 class Waiting(Protocol):
-    """A request waiting for admission: its op, its item count and its deadline (monotonic seconds)."""
+    """A request waiting for admission: its op, its item count, its deadline (monotonic seconds) and whether it
+    still waits (False once answered or dropped; such entries are discarded lazily)."""
 
     op: int
     n: int
     deadline: float
+    live: bool
 
 
 W = TypeVar("W", bound=Waiting)
+
+
+def deadlock_reason(n: float, m: float, spi: float, eb: float, *, sample: str = "a sample",
+                    insert: str = "an insert", flag: str = "the error buffer") -> str | None:
+    """None when SAMPLEs of n items and INSERTs of m items can always make progress together, else why not.
+
+    With the store at min size and ``d = I * spi - S``, a SAMPLE of n is blocked iff ``d < n - eb`` and an INSERT
+    of m iff ``d > eb - m * spi``; both at once needs ``n + m * spi > 2 * eb``. The one place this arithmetic is
+    written: ``apexrl run`` (:func:`apexrl.launch.plan.check_rules`) checks the learner's batch against the
+    actors' inserts with it, and the server refuses a single request that could never be admitted (m or n 0).
+    """
+    need = n + m * spi
+    if need <= 2 * eb + _EPS:
+        return None
+    parts = [f"{sample} of {n:g}" if n else "", f"{insert} of {m:g} x samples_per_insert {spi:g}" if m else ""]
+    what = " plus ".join(p for p in parts if p)
+    return (f"rate limiter deadlock: {what} = {need:g} exceeds 2 x error_buffer = {2 * eb:g}, so "
+            f"{'samples and inserts can both be blocked for good' if n and m else 'it could never be admitted'}"
+            f" (samples_per_insert={spi:g}, error_buffer={eb:g}); raise {flag} to at least {need / 2:g} or use "
+            f"smaller batches")
+
+
+def _drop_dead(q: deque[W]) -> None:
+    while q and not q[0].live:
+        q.popleft()
 
 
 class RateLimiter:
@@ -59,6 +87,9 @@ class RateLimiter:
         self.sampled = 0
         self.waits_insert = 0
         self.waits_sample = 0
+        self.examined_max = 0  # most waiting requests checked by one release() (its cost)
+        self.examined_total = 0
+        self.waiting_stats: Callable[[], dict[str, int]] | None = None  # the server's waiting-request counters
 
     # ------------------------------------------------------------------------------------------- the rules
 
@@ -101,24 +132,56 @@ class RateLimiter:
             self.inserted -= inserted
             self.sampled -= sampled
 
-    def release(self, waiting: Iterable[W], size: int, now: float) -> tuple[list[W], list[W]]:
-        """Split waiting requests into (ready to serve again, still waiting). A request is ready when its
-        deadline has passed (it will be answered TIMEOUT) or when the rules would admit it after the ones
-        released before it: admissions are simulated in order, so one released slot does not wake every
-        waiter at once. Nothing is counted here; serving the request admits it for real."""
+    def release(self, inserts: deque[W], samples: deque[W], size: int) -> list[W]:
+        """Pop from the heads of the two FIFO queues of waiting requests (INSERTs, SAMPLEs) those the rules
+        admit now, in turn, and return them. Admissions are simulated, so one released slot does not wake every
+        waiter at once; nothing is counted here (serving the request admits it for real). Entries whose
+        ``live`` is False (answered or dropped meanwhile) are discarded from the heads. The cost is
+        O(released + 2): only heads are ever looked at; ``examined`` counts the live entries checked."""
         with self.lock:
             inserted, sampled = self.inserted, self.sampled
         ready: list[W] = []
-        keep: list[W] = []
-        for entry in waiting:
-            go = now >= entry.deadline
-            if not go and entry.op == _INSERT:
-                if self.insert_ok(entry.n, size, inserted, sampled):
-                    go, inserted, size = True, inserted + entry.n, size + entry.n
-            elif not go and self.sample_ok(entry.n, size, inserted, sampled):
-                go, sampled = True, sampled + entry.n
-            (ready if go else keep).append(entry)
-        return ready, keep
+        examined = 0
+        while True:
+            _drop_dead(inserts)
+            _drop_dead(samples)
+            if inserts:
+                examined += 1
+                head = inserts[0]
+                if self.insert_ok(head.n, size, inserted, sampled):
+                    ready.append(inserts.popleft())
+                    inserted, size = inserted + head.n, size + head.n
+                    continue
+            if samples:
+                examined += 1
+                head = samples[0]
+                if self.sample_ok(head.n, size, inserted, sampled):
+                    ready.append(samples.popleft())
+                    sampled += head.n
+                    continue
+            break
+        self.examined_max = max(self.examined_max, examined)
+        self.examined_total += examined
+        return ready
+
+    def never_admitted(self, op: int, n: int, size: int) -> str | None:
+        """Why a request of n items, which the rules do not admit now (store at ``size``), could never be
+        admitted once the store is at min size, or None.
+
+        A SAMPLE of n needs ``I * spi - S >= n - eb`` and inserts can raise ``I * spi - S`` to ``eb`` at most, so
+        it needs ``n <= 2 * eb``; an INSERT of m needs ``m * spi <= 2 * eb`` (samples lower it to ``-eb`` at
+        most). Both are :func:`deadlock_reason` with the other side's batch at 0 (the same arithmetic
+        ``apexrl run`` checks before it starts anything). A request admitted now is never refused: inserts while
+        the store fills up, or a sample served from the head start of that fill-up."""
+        if self.spi is None or n == 0:
+            return None
+        with self.lock:
+            inserted, sampled = self.inserted, self.sampled
+        if op == _INSERT:
+            return None if self.insert_ok(n, size, inserted, sampled) else deadlock_reason(0, n, self.spi, self.eb)
+        if not self.big_enough(size) or self.sample_ok(n, size, inserted, sampled):
+            return None  # waiting for min size first; or admitted now
+        return deadlock_reason(n, 0, self.spi, self.eb)
 
     # ------------------------------------------------------------------------------------------ counters
 
@@ -146,4 +209,6 @@ class RateLimiter:
                 "rate_limiter_sampled_items": self.sampled,
                 "samples_per_insert": 0.0 if self.spi is None else self.spi,
                 "error_buffer": self.eb,
-            }
+                "deferred_examined_max": self.examined_max,
+                "deferred_examined_total": self.examined_total,
+            } | ({} if self.waiting_stats is None else self.waiting_stats())

@@ -24,14 +24,25 @@ Threading model
   replies carry the request id and may come back in another order than the requests were sent.
 * A SAMPLE that arrives while the store holds fewer than ``min_size_to_sample`` items and carries a
   ``timeout_ms`` is *deferred*: the broker keeps it (no worker is held) and serves or dispatches it as soon as
-  the store is large enough or its deadline passes (checked after each request served and every ~10 ms); at
-  the deadline it is answered TIMEOUT. ``timeout_ms == 0`` answers TIMEOUT at once.
+  the store is large enough (checked after each request served) or answers it TIMEOUT when its deadline
+  passes: ``timeout_ms`` clipped to ``max_wait_s``. ``timeout_ms == 0`` answers TIMEOUT at once.
+* Waiting requests are bounded (:class:`_Waitlist`): ``max_waiting`` in all and ``max_waiting_mb`` of waiting
+  INSERTs (over them: TIMEOUT at once), ``max_waiting_per_peer`` per peer (over it: the peer's oldest is
+  answered TIMEOUT), and a peer that left loses them all when a reply to it fails (ROUTER_MANDATORY:
+  EHOSTUNREACH). They sit in one FIFO queue per op (the rate limiter looks only at the heads) and a heap of
+  deadlines, so checking them costs O(released + log waiting), never a scan of all of them.
+* A request the rate limiter could never admit (:func:`~apexrl.replay.rate_limiter.deadlock_reason`) is
+  answered INVALID_ARGUMENT at once, and a SAMPLE whose reply would be over ``max_reply_mb`` (estimated from
+  the largest item stored) TOO_LARGE, before any store call.
 * The same deferral serves the **rate limiter** (below): an INSERT or SAMPLE that is too far ahead of the
   other side is kept by the broker until the other side has caught up or its deadline passes. A waiting
   request never holds a worker, and never blocks the requests behind it.
 * The broker's loop is :meth:`_Broker.run`; each step is a method of its own: ``read_front_burst`` (decode,
   then ``dispatch``: serve inline or queue for the workers), ``send_worker_replies``, ``release_deferred``
-  (asks :meth:`RateLimiter.release` which waiting requests may go) and ``refuse_pending`` (when stopping).
+  (answers expired requests, asks :meth:`RateLimiter.release` which waiting requests may go) and
+  ``refuse_pending`` (when stopping).
+* Idle connections: ZMQ_HANDSHAKE_IVL (``handshake_s``) closes a connection that never completes the ZMTP
+  handshake (a raw TCP socket that never sends), ZMTP heartbeats (``heartbeat_s``) one whose peer vanished.
 
 Rate limiting: Reverb's SampleToInsertRatio
 -------------------------------------------
@@ -58,7 +69,8 @@ Shutdown
 answered SHUTTING_DOWN, as are deferred requests), let the requests in flight in the workers finish and
 deliver their replies, stop the workers, write the snapshot (if configured), close the sockets.
 
-Snapshots: on start, ``config.snapshot`` is loaded if the file exists (an unreadable/corrupt file raises
+Snapshots: ``start()`` refuses (ValueError) a snapshot path whose directory is missing or not writable. On
+start, ``config.snapshot`` is loaded if the file exists (an unreadable/corrupt file raises
 :class:`SnapshotLoadError` - never silently ignored); every ``snapshot_every`` seconds a background thread
 saves it (the store writes ``PATH.tmp.<pid>.<n>`` and renames it, so a crash never leaves a half-written
 snapshot; the next save removes temporaries left by a killed process).
@@ -66,12 +78,16 @@ snapshot; the next save removes temporaries left by a killed process).
 Keys: each life of the server gives its store a new key epoch, recorded in ``PATH.epoch`` beside the snapshot
 before the server binds, so keys of an earlier life never address an item of this one (``_choose_epoch``;
 docs/protocol.md, "Keys").
+
+A failed periodic save is logged and keeps the previous snapshot; the server keeps serving. A failed final
+save makes ``stop()`` raise :class:`SnapshotSaveError` saying how many items were not saved.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import heapq
 import logging
 import math
 import os
@@ -80,7 +96,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import zmq
@@ -88,20 +104,20 @@ import zmq
 from apexrl import PrioritizedStore
 from apexrl.errors import ApexRLError, ProtocolError
 from apexrl.replay import protocol as P
-from apexrl.replay.config import ServerConfig
+from apexrl.replay.config import ServerConfig, check_snapshot_dir
 from apexrl.replay.insert_guard import BUSY, DONE, InsertWindow, SpecGate
 from apexrl.replay.rate_limiter import RateLimiter
 from apexrl.security import secure_server_socket
 
-__all__ = ["ReplayServer", "ServerConfig", "SnapshotLoadError"]
+__all__ = ["ReplayServer", "ServerConfig", "SnapshotLoadError", "SnapshotSaveError", "check_snapshot_dir"]
 
 log = logging.getLogger("apexrl.replay.server")
 
-_DEFER_POLL_S = 0.01
 # Ops the receiving (broker) thread serves itself: short store calls that release the GIL. SAMPLE too when it
 # asks for at most ServerConfig.inline_sample_max items.
 _INLINE_OPS = frozenset({int(P.Op.INSERT), int(P.Op.UPDATE_PRIORITIES)})
 _SAMPLE = int(P.Op.SAMPLE)
+_INSERT = int(P.Op.INSERT)
 _JOBS_PER_WORKER = 8  # requests queued for the workers (per worker) before the front-end is no longer read
 _FRONT_BURST = 16  # front-end messages read per round before finished worker replies are sent
 
@@ -191,6 +207,10 @@ def _choose_epoch(snapshot: str | os.PathLike[str] | None) -> int:
     return epoch
 
 
+class SnapshotSaveError(ApexRLError):
+    """The final snapshot at stop() could not be written; the message says how many items it would have held."""
+
+
 class _Counters:
     """Per-op request / error counters, shared by the workers."""
 
@@ -260,6 +280,8 @@ class ReplayServer:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._snapshot_lock = threading.Lock()
+        self._saved_items: int | None = len(self.store) if config.snapshot is not None and os.path.exists(
+            config.snapshot) else None  # items in the last snapshot written (or loaded)
         self._started = False
 
     # ------------------------------------------------------------------------------------------ setup
@@ -303,10 +325,13 @@ class ReplayServer:
         )
 
     def start(self) -> ReplayServer:
+        """Bind and start serving; ValueError when the snapshot path could never be written."""
         if self._started:
             raise RuntimeError("server already started")
-        self._started = True
         cfg = self.config
+        if cfg.snapshot is not None:
+            check_snapshot_dir(cfg.snapshot)
+        self._started = True
         self._ctx = zmq.Context()
         try:
             front = self._ctx.socket(zmq.ROUTER)
@@ -314,7 +339,10 @@ class ReplayServer:
             secure_server_socket(front, cfg.curve_dir)  # CURVE + allow-list when keys are configured
             front.setsockopt(zmq.LINGER, 2000)
             front.setsockopt(zmq.MAXMSGSIZE, cfg.max_bytes)
-            front.setsockopt(zmq.ROUTER_MANDATORY, 0)
+            # Sends never block and fail visibly: EHOSTUNREACH tells the broker a peer left (its waiting requests
+            # are dropped), EAGAIN that a peer's send queue is full (it does not read; the reply is dropped).
+            front.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            _limit_idle_connections(front, cfg)
             port = "*" if int(cfg.port) == 0 else str(int(cfg.port))
             host = f"[{cfg.bind}]" if ":" in cfg.bind else cfg.bind
             if ":" in cfg.bind:
@@ -353,22 +381,28 @@ class ReplayServer:
     # -------------------------------------------------------------------------------------- snapshots
 
     def save_snapshot(self) -> None:
-        """Write the snapshot now (atomic: the store writes a temporary file and renames it)."""
+        """Write the snapshot now (atomic: the store writes a temporary file and renames it, so a failed save
+        keeps the previous snapshot). Raises what the store raises (OSError, SnapshotError)."""
         if self.config.snapshot is None:
             raise ValueError("no snapshot path configured")
         with self._snapshot_lock:
             t0 = time.monotonic()
+            n = len(self.store)
             self.store.save(self.config.snapshot)
-            log.info("snapshot of %d items saved to %s in %.3fs", len(self.store),
-                     os.fspath(self.config.snapshot), time.monotonic() - t0)
+            self._saved_items = n
+            log.info("snapshot of %d items saved to %s in %.3fs", n, os.fspath(self.config.snapshot),
+                     time.monotonic() - t0)
 
     def _snapshot_loop(self) -> None:
         assert self.config.snapshot_every is not None
         while not self._stopping.wait(self.config.snapshot_every):
             try:
                 self.save_snapshot()
-            except Exception:  # keep serving; the next period tries again
-                log.exception("periodic snapshot failed")
+            except Exception as exc:  # keep serving: the previous snapshot stays; the next period tries again
+                log.error("periodic snapshot to %s failed (the previous snapshot, of %s items, is kept; "
+                          "retrying in %gs): %s: %s", os.fspath(self.config.snapshot),
+                          "no" if self._saved_items is None else self._saved_items, self.config.snapshot_every,
+                          type(exc).__name__, exc)
 
     # --------------------------------------------------------------------------------------- shutdown
 
@@ -387,7 +421,7 @@ class ReplayServer:
             self._snapshotter.join(timeout)
         try:
             if self.config.snapshot is not None:
-                self.save_snapshot()
+                self._final_snapshot()
         finally:
             self._stopped.set()
             if self._ctx is not None:
@@ -397,6 +431,19 @@ class ReplayServer:
                     self._ctx.term()
                 self._ctx = None
             log.info("stopped")
+
+    def _final_snapshot(self) -> None:
+        """The snapshot at stop; SnapshotSaveError (no traceback worth showing) saying what is lost if it fails."""
+        try:
+            self.save_snapshot()
+        except Exception as exc:
+            held = len(self.store)
+            kept = ("no previous snapshot exists" if self._saved_items is None
+                    else f"the previous snapshot holds {self._saved_items} items")
+            raise SnapshotSaveError(
+                f"final snapshot to {os.fspath(self.config.snapshot)!r} failed ({type(exc).__name__}: {exc}): "
+                f"the {held} items held now were not saved; {kept}"
+            ) from exc
 
     def _close_sockets(self) -> None:
         for sock in (self._frontend, self._wake):
@@ -577,21 +624,171 @@ class ReplayServer:
         return info
 
 
-class _Deferred(NamedTuple):
-    """A request the broker keeps until it may be served (see :meth:`RateLimiter.release`) or times out."""
+def _limit_idle_connections(sock: zmq.Socket, cfg: ServerConfig) -> None:
+    """Close connections that hold a file descriptor and do nothing: ZMQ_HANDSHAKE_IVL closes one that has not
+    completed the ZMTP handshake in ``handshake_s`` (a raw TCP connection that never sends); ZMTP heartbeats
+    close one whose peer stopped answering for 3 x ``heartbeat_s`` (a host that vanished without a FIN)."""
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_s * 1000))
+    if cfg.heartbeat_s > 0:
+        ivl = int(cfg.heartbeat_s * 1000)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, min(3 * ivl, 6_553_500))
 
-    deadline: float
-    op: int
-    n: int
-    waited: bool
-    client: Any
-    req: P.Request
-    t_arrival: float
+
+class _Deferred:
+    """A request the broker keeps until it may be served (see :meth:`RateLimiter.release`) or its deadline
+    passes. It sits in one FIFO queue of its op, in the deadline heap and in its peer's queue; when it leaves
+    (served, timed out, dropped) ``live`` turns False and the other structures discard it lazily."""
+
+    __slots__ = ("client", "deadline", "live", "n", "nbytes", "op", "peer", "req", "seq", "t_arrival", "waited")
+
+    def __init__(self, client: Any, req: P.Request, t_arrival: float, waited: bool, max_wait_s: float, seq: int):
+        h = req.header
+        self.client, self.req, self.t_arrival, self.waited, self.seq = client, req, t_arrival, waited, seq
+        self.peer: bytes = client.bytes if isinstance(client, zmq.Frame) else bytes(client)
+        self.op, self.n = int(h.op), int(h.count)
+        self.deadline = t_arrival + min(h.timeout_ms / 1000.0, max_wait_s)
+        self.nbytes = sum(memoryview(a).nbytes for a in req.arrays.values()) if self.op == _INSERT else 0
+        self.live = True
+
+    def __lt__(self, other: _Deferred) -> bool:  # heap order: deadline, then arrival
+        return (self.deadline, self.seq) < (other.deadline, other.seq)
 
 
-def _deferred(client: Any, req: P.Request, t_arrival: float, waited: bool) -> _Deferred:
-    h = req.header
-    return _Deferred(t_arrival + h.timeout_ms / 1000.0, int(h.op), int(h.count), waited, client, req, t_arrival)
+class _Waitlist:
+    """The requests that wait, with bounds (ServerConfig.max_waiting*, max_wait_s) and no scan of them all:
+
+    * one FIFO per op (INSERT, SAMPLE): the rate limiter looks only at their heads (O(released + 2));
+    * a heap of deadlines: the broker pops what expired (O(log waiting) each);
+    * per peer, its entries in arrival order: over max_waiting_per_peer its oldest is answered TIMEOUT (a client
+      that retries after its own timeout has given up on its oldest requests), and when a reply cannot be
+      delivered because the peer left (ROUTER_MANDATORY: EHOSTUNREACH) all its waiting requests are dropped.
+
+    Entries that left stay as husks (``live`` False, request released) until a queue reaches them; the queues
+    are compacted when husks outnumber live entries, so their size stays O(live + arrivals per max_wait_s).
+    """
+
+    def __init__(self, cfg: ServerConfig):
+        self.max_wait_s = float(cfg.max_wait_s)
+        self.max_total, self.max_peer, self.max_bytes = cfg.max_waiting, cfg.max_waiting_per_peer, cfg.max_waiting_bytes
+        self.inserts: deque[_Deferred] = deque()
+        self.samples: deque[_Deferred] = deque()
+        self.heap: list[_Deferred] = []
+        self.peers: dict[bytes, deque[_Deferred]] = {}
+        self.peer_count: dict[bytes, int] = {}
+        self.count = 0
+        self.bytes = 0
+        self.seq = 0
+        self.dropped = 0  # waiting requests of departed peers, dropped unanswered
+        self.refused = 0  # requests answered TIMEOUT at once because the caps were reached
+        self.evicted = 0  # oldest requests of a peer over its cap, answered TIMEOUT
+
+    def __len__(self) -> int:
+        return self.count
+
+    def stats(self) -> dict[str, int]:
+        return {"deferred": self.count, "deferred_bytes": self.bytes, "deferred_peers": len(self.peer_count),
+                "deferred_dropped": self.dropped, "deferred_refused": self.refused,
+                "deferred_evicted": self.evicted}
+
+    def make(self, client: Any, req: P.Request, t_arrival: float, waited: bool) -> _Deferred:
+        self.seq += 1
+        return _Deferred(client, req, t_arrival, waited, self.max_wait_s, self.seq)
+
+    def full_reason(self, e: _Deferred) -> str | None:
+        """Why ``e`` may not wait (total count or bytes cap reached), or None."""
+        if self.count >= self.max_total:
+            return f"{self.count} requests already wait on the server (max_waiting={self.max_total})"
+        if e.nbytes and self.bytes + e.nbytes > self.max_bytes:
+            return (f"waiting inserts already hold {self.bytes} bytes, this one {e.nbytes} more, over "
+                    f"max_waiting_mb={self.max_bytes / (1 << 20):g}")
+        return None
+
+    def add(self, e: _Deferred, front: bool = False) -> _Deferred | None:
+        """Let ``e`` wait (at the head of its queue when ``front``: it was released, then refused again); returns
+        the peer's oldest waiting request when the peer is now over its cap (taken out: answer it)."""
+        q = self.inserts if e.op == _INSERT else self.samples
+        q.appendleft(e) if front else q.append(e)
+        heapq.heappush(self.heap, e)
+        peer = self.peers.setdefault(e.peer, deque())
+        peer.append(e)
+        count = self.peer_count[e.peer] = self.peer_count.get(e.peer, 0) + 1
+        if len(peer) > 2 * count + 64:
+            peer = self.peers[e.peer] = deque(x for x in peer if x.live)
+        self.count += 1
+        self.bytes += e.nbytes
+        self._compact()
+        if self.peer_count[e.peer] > self.max_peer:
+            while not peer[0].live:
+                peer.popleft()
+            oldest = peer[0]
+            self.remove(oldest)
+            self.evicted += 1
+            return oldest
+        return None
+
+    def remove(self, e: _Deferred) -> None:
+        """Take ``e`` out (lazily from the queues)."""
+        e.live = False
+        self.count -= 1
+        self.bytes -= e.nbytes
+        left = self.peer_count[e.peer] - 1
+        if left:
+            self.peer_count[e.peer] = left
+        else:
+            del self.peer_count[e.peer], self.peers[e.peer]
+
+    def release(self, limiter: RateLimiter, size: int) -> list[_Deferred]:
+        ready = limiter.release(self.inserts, self.samples, size)
+        for e in ready:
+            self.remove(e)
+        return ready
+
+    def expired(self, now: float) -> list[_Deferred]:
+        out = []
+        while self.heap and self.heap[0].deadline <= now:
+            e = heapq.heappop(self.heap)
+            if e.live:
+                self.remove(e)
+                out.append(e)
+        return out
+
+    def next_deadline(self) -> float | None:
+        while self.heap and not self.heap[0].live:
+            heapq.heappop(self.heap)
+        return self.heap[0].deadline if self.heap else None
+
+    def drop_peer(self, peer: bytes) -> int:
+        """Drop every waiting request of a departed peer; how many."""
+        entries = [e for e in self.peers.get(peer, ()) if e.live]
+        for e in entries:
+            self.remove(e)
+            e.req = None  # type: ignore[assignment]  # the husk keeps no data
+        self.dropped += len(entries)
+        return len(entries)
+
+    def take_all(self) -> list[_Deferred]:
+        out = sorted((e for e in self.heap if e.live), key=lambda e: e.seq)
+        for e in out:
+            self.remove(e)
+        self.inserts.clear(), self.samples.clear(), self.heap.clear(), self.peers.clear()
+        return out
+
+    def _compact(self) -> None:
+        """Rebuild a queue when husks outnumber live entries (amortised O(1) per request)."""
+        if len(self.heap) > 2 * self.count + 64:
+            self.heap = [e for e in self.heap if e.live]
+            heapq.heapify(self.heap)
+        for name in ("inserts", "samples"):
+            q = getattr(self, name)
+            if len(q) > 2 * self.count + 64:
+                setattr(self, name, deque(e for e in q if e.live))
+
+
+_OK_STATUS = int(P.Status.OK)
+_REPLY_FIXED = P.HEADER_SIZE + 16  # a SAMPLE reply: the header and offsets[0] (and nothing else per reply)
+_REPLY_PER_ITEM = 8 + 4 + 8 + 8  # key u64, weight f32, probability f64, offset u64
 
 
 class _Broker:
@@ -601,22 +798,35 @@ class _Broker:
 
     def __init__(self, server: ReplayServer):
         assert server._frontend is not None and server._wake is not None
+        cfg = server.config
         self.server = server
         self.front, self.wake = server._frontend, server._wake
         self.jobs, self.done = server._jobs, server._done
         self.counters, self.rate_limiter, self.store = server.counters, server.rate_limiter, server.store
-        self.max_bytes = server.config.max_bytes
-        self.inline_sample_max = server.config.inline_sample_max
+        self.max_bytes = cfg.max_bytes
+        self.max_reply_bytes = cfg.max_reply_bytes
+        self.inline_sample_max = cfg.inline_sample_max
         self.outstanding = 0  # requests handed to the workers and not yet answered
-        self.max_outstanding = _JOBS_PER_WORKER * server.config.workers
-        self.deferred: list[_Deferred] = []
-        self.recheck = False  # something was served since the deferred requests were last checked
-        self.next_tick = 0.0
+        self.max_outstanding = _JOBS_PER_WORKER * cfg.workers
+        self.waiting = _Waitlist(cfg)
+        self.recheck = False  # something was served since the waiting requests were last checked
+        # Largest item stored, for the reply-size estimate: only grows (inserts), starts at the mean item of a
+        # restored snapshot (its largest is unknown; replies are also checked after sampling).
+        self.max_item = _mean_item(self.store)
+        self.replies_dropped = 0  # replies to a peer whose send queue is full (ZMQ_SNDHWM): it reads too slowly
+        self.replies_refused = 0  # SAMPLE replies over max_reply_bytes (TOO_LARGE)
         self.poll_both = zmq.Poller()
         self.poll_both.register(self.front, zmq.POLLIN)
         self.poll_both.register(self.wake, zmq.POLLIN)
         self.poll_wake = zmq.Poller()
         self.poll_wake.register(self.wake, zmq.POLLIN)
+        self.rate_limiter.waiting_stats = self.stats
+
+    def stats(self) -> dict[str, int]:
+        """The broker's counters for STATS (read from a worker thread: plain ints, a moment stale at most)."""
+        return self.waiting.stats() | {"replies_dropped": self.replies_dropped,
+                                       "replies_refused_too_large": self.replies_refused,
+                                       "max_item_bytes": self.max_item}
 
     def run(self) -> None:
         stopping_event = self.server._stopping
@@ -627,9 +837,14 @@ class _Broker:
                     self.refuse_pending()
                     if self.outstanding == 0:
                         break
-                if self.deferred:
+                poll_ms = 100
+                if len(self.waiting):
                     self.release_deferred()
-                poll_ms = int(_DEFER_POLL_S * 1000) if (self.deferred or stopping) else 100
+                    deadline = self.waiting.next_deadline()
+                    if deadline is not None:
+                        poll_ms = max(0, min(100, math.ceil((deadline - time.monotonic()) * 1000)))
+                if stopping:
+                    poll_ms = min(poll_ms, 10)
                 reading = self.outstanding < self.max_outstanding and not stopping
                 events = dict((self.poll_both if reading else self.poll_wake).poll(poll_ms))
                 if self.wake in events:
@@ -641,20 +856,125 @@ class _Broker:
         finally:
             self.server._stop_workers()
 
-    def dispatch(self, client: Any, req: P.Request, t_arrival: float, waited: bool) -> None:
+    # ------------------------------------------------------------------------------------ sending
+
+    def send(self, client: Any, frames: list[Any]) -> bool:
+        """Send a reply without ever blocking (ROUTER_MANDATORY is on); False when the peer left, and then its
+        waiting requests are dropped. A peer whose send queue is full (it does not read) loses this reply."""
+        try:
+            self.front.send_multipart([client, *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.replies_dropped += 1
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            peer = client.bytes if isinstance(client, zmq.Frame) else bytes(client)
+            n = self.waiting.drop_peer(peer)
+            self.replies_dropped += 1
+            if n:
+                log.info("a peer left: dropped its %d waiting requests", n)
+            return False
+        return True
+
+    def error(self, client: Any, req: P.Request, status: P.Status, message: str) -> bool:
+        self.counters.count(int(req.header.op), True)
+        return self.send(client, P.encode_error(int(req.header.op), req.request_id, status, message))
+
+    # ------------------------------------------------------------------------------------ dispatch
+
+    def early_refusal(self, req: P.Request) -> tuple[P.Status, str] | None:
+        """A request refused before any store call: one the rate limiter could never admit (INVALID_ARGUMENT,
+        with the arithmetic) or a SAMPLE whose reply would be over max_reply_bytes (TOO_LARGE)."""
+        h = req.header
+        op, n = int(h.op), int(h.count)
+        if op in (_INSERT, _SAMPLE):
+            reason = self.rate_limiter.never_admitted(op, n, len(self.store))
+            if reason is not None:
+                return P.Status.INVALID_ARGUMENT, f"{P.Op(op).name} of {n} items refused: {reason}"
+        if op == _SAMPLE:
+            estimate = _REPLY_FIXED + n * (_REPLY_PER_ITEM + self.max_item)
+            if estimate > self.max_reply_bytes:
+                return P.Status.TOO_LARGE, (
+                    f"SAMPLE of {n} items refused: its reply would be about {estimate} bytes ({n} x (largest item "
+                    f"stored {self.max_item} + {_REPLY_PER_ITEM}) bytes), over the reply cap of "
+                    f"{self.max_reply_bytes} bytes (max_reply_mb); sample fewer items per request")
+        return None
+
+    def dispatch(self, client: Any, req: P.Request, t_arrival: float, waited: bool,
+                 entry: _Deferred | None = None) -> None:
         """Serve INSERT / UPDATE_PRIORITIES / small SAMPLEs here (one store call that releases the GIL, then the
-        reply: no hop through a worker); queue everything else for the workers."""
+        reply: no hop through a worker); queue everything else for the workers. ``entry``: the request was
+        waiting (released now); if it must wait again it goes back to the head of its queue."""
+        refusal = self.early_refusal(req)
+        if refusal is not None:
+            self.error(client, req, *refusal)
+            return
         h = req.header
         if h.op in _INLINE_OPS or (h.op == _SAMPLE and h.count <= self.inline_sample_max):
             out, waited = self.server._serve(req, t_arrival, waited)
             self.recheck = True
             if out is None:  # deferred (min size or rate limiter)
-                self.deferred.append(_deferred(client, req, t_arrival, waited))
+                self.defer(client, req, t_arrival, waited, front=entry is not None)
             else:
-                self.front.send_multipart([client, *out], copy=False)
+                self.deliver(client, req, out)
         else:
             self.jobs.put((client, req, t_arrival, waited))
             self.outstanding += 1
+
+    def deliver(self, client: Any, req: P.Request, out: list[Any]) -> None:
+        """Send a served request's reply; note the largest item of an INSERT stored, and refuse a SAMPLE reply
+        that came out over the cap anyway (items of a restored snapshot larger than its mean)."""
+        op = int(req.header.op)
+        if op == _INSERT and len(out[0]) >= 18 and int.from_bytes(bytes(out[0][16:18]), "little") == _OK_STATUS:
+            offsets = req.arrays["offsets"]
+            if len(offsets) > 1:
+                self.max_item = max(self.max_item, int(np.diff(offsets).max()))
+        elif op == _SAMPLE and len(out) > 1:
+            size = sum(memoryview(f).nbytes for f in out)
+            if size > self.max_reply_bytes:
+                self.rate_limiter.undo(sampled=int(req.header.count))
+                self.replies_refused += 1  # (counted as served by _serve; this counter tells it apart)
+                self.send(client, P.encode_error(op, req.request_id, P.Status.TOO_LARGE,
+                          f"SAMPLE of {req.header.count} items refused: its reply is {size} bytes, over the reply "
+                           f"cap of {self.max_reply_bytes} bytes (max_reply_mb); sample fewer items per request"))
+                return
+        self.send(client, out)
+
+    def defer(self, client: Any, req: P.Request, t_arrival: float, waited: bool, front: bool = False) -> None:
+        """Let a request wait, within the caps (answered TIMEOUT at once when they are reached)."""
+        e = self.waiting.make(client, req, t_arrival, waited)
+        if e.deadline <= time.monotonic():  # clipped to max_wait_s and already past it
+            self.expire(e)
+            return
+        full = self.waiting.full_reason(e)
+        if full is not None:
+            self.waiting.refused += 1
+            self.error(client, req, P.Status.TIMEOUT,
+                       f"{P.Op(e.op).name} of {e.n} items not queued: it would have to wait, and {full}; retry later")
+            return
+        evicted = self.waiting.add(e, front)
+        if evicted is not None:
+            self.error(evicted.client, evicted.req, P.Status.TIMEOUT,
+                       f"{P.Op(evicted.op).name} of {evicted.n} items given up: this peer has more than "
+                       f"max_waiting_per_peer={self.waiting.max_peer} requests waiting, the oldest is answered")
+            evicted.req = None  # type: ignore[assignment]  # the husk keeps no data
+
+    def expire(self, e: _Deferred) -> None:
+        """Answer a waiting request whose (clipped) deadline passed: TIMEOUT, saying what it waited for."""
+        h = e.req.header
+        if e.op == _SAMPLE and not self.rate_limiter.big_enough(len(self.store)):
+            why = (f"the store holds {len(self.store)} items, fewer than min_size_to_sample="
+                   f"{self.rate_limiter.need}")
+        else:
+            side = "samplers are" if e.op == _INSERT else "inserters are"
+            why = f"rate limited until the {side} caught up ({self.rate_limiter.describe()})"
+        waited_ms = round((time.monotonic() - e.t_arrival) * 1000)
+        clip = "" if h.timeout_ms / 1000.0 <= self.waiting.max_wait_s else (
+            f", the server's max_wait_s={self.waiting.max_wait_s:g} (timeout_ms={h.timeout_ms} clipped)")
+        if not self.error(e.client, e.req, P.Status.TIMEOUT,
+                          f"{P.Op(e.op).name} of {e.n} items: {why}, after waiting {waited_ms} ms{clip}"):
+            self.waiting.dropped += 1  # its peer left: counted with the others it had waiting
+        e.req = None  # type: ignore[assignment]
 
     def read_front_burst(self) -> None:
         """Decode and dispatch up to _FRONT_BURST requests (so worker replies are not held back by a stream);
@@ -673,7 +993,7 @@ class _Broker:
             except ProtocolError as exc:
                 self.counters.count(exc.op, True)
                 log.debug("bad request: %s", exc.message)
-                front.send_multipart([msg[0], *P.encode_protocol_error(exc)], copy=False)
+                self.send(msg[0], P.encode_protocol_error(exc))
                 continue
             self.dispatch(msg[0], req, t_arrival, False)
 
@@ -690,32 +1010,27 @@ class _Broker:
             self.outstanding -= 1
             self.recheck = True
             if out is None:  # deferred by the worker (min size or rate limiter)
-                self.deferred.append(_deferred(client, req, t_arrival, waited))
+                self.defer(client, req, t_arrival, waited)
             else:
-                self.front.send_multipart([client, *out], copy=False)
+                self.deliver(client, req, out)
 
     def release_deferred(self) -> None:
-        """Dispatch again the deferred requests that may now be served (min size reached, the other side of the
-        rate limiter caught up) or whose deadline passed; checked after something was served and every
-        _DEFER_POLL_S."""
-        now = time.monotonic()
-        if not (self.recheck or now >= self.next_tick):
+        """Answer the waiting requests whose deadline passed (heap), and dispatch again those the rate limiter
+        admits now (heads of the FIFO queues), after something was served."""
+        for e in self.waiting.expired(time.monotonic()):
+            self.expire(e)
+        if not self.recheck:
             return
-        self.recheck, self.next_tick = False, now + _DEFER_POLL_S
-        ready, self.deferred = self.rate_limiter.release(self.deferred, len(self.store), now)
-        for entry in ready:
-            self.dispatch(entry.client, entry.req, entry.t_arrival, entry.waited)
+        self.recheck = False
+        for e in self.waiting.release(self.rate_limiter, len(self.store)):
+            req, e.req = e.req, None  # type: ignore[assignment]
+            self.dispatch(e.client, req, e.t_arrival, e.waited, entry=e)
 
     def refuse_pending(self) -> None:
-        """While stopping: answer deferred requests and requests queued in the front-end SHUTTING_DOWN."""
-        for entry in self.deferred:
-            self.counters.count(entry.op, True)
-            self.front.send_multipart(
-                [entry.client, *P.encode_error(entry.op, entry.req.request_id, P.Status.SHUTTING_DOWN,
-                                               "the replay server is shutting down")],
-                copy=False,
-            )
-        self.deferred = []
+        """While stopping: answer waiting requests and requests queued in the front-end SHUTTING_DOWN."""
+        for e in self.waiting.take_all():
+            self.error(e.client, e.req, P.Status.SHUTTING_DOWN, "the replay server is shutting down")
+            e.req = None  # type: ignore[assignment]
         while True:
             try:
                 msg = self.front.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -732,7 +1047,13 @@ class _Broker:
         except ProtocolError as exc:
             reply = P.encode_protocol_error(exc)
             self.counters.count(exc.op, True)
-        self.front.send_multipart([client, *reply], copy=False)
+        self.send(client, reply)
+
+
+def _mean_item(store: PrioritizedStore) -> int:
+    """The mean item size of a (restored) store, rounded up; 0 when empty."""
+    n = len(store)
+    return 0 if n == 0 else -(-int(store.stats().get("bytes_held", 0)) // n)
 
 
 def _plain(v: Any) -> int | float:
