@@ -26,6 +26,7 @@ from apexrl.agents.dqn import dqn_transition_spec
 from apexrl.envs import env_spec
 from apexrl.errors import ApexRLError
 from apexrl.replay.client import ReplayClient
+from test_apex_processes import wait_until
 
 SEED = 20261123
 SNAPSHOT_EVERY = 5.0
@@ -40,16 +41,6 @@ def _pids(run_dir: str) -> dict[str, int]:
             return json.load(f)["children"]
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
-
-
-def _wait_until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 class Canaries:
@@ -128,14 +119,14 @@ def test_kill9_of_actor_server_and_learner_loses_nothing_acknowledged(spawn, tmp
             inserted_at_kill = _stats_ok(canaries.client) or 0
             os.kill(pid, 9)
             killed_at = time.monotonic()
-            _wait_until(lambda: _pids(run_dir).get(name, pid) != pid, 60, f"{name} to be restarted")
+            wait_until(lambda: _pids(run_dir).get(name, pid) != pid, 60, f"{name} to be restarted")
             if name == "server":
-                restored = _wait_until(lambda: _stats_ok(canaries.client), 60, "the restarted server to answer")
+                restored = wait_until(lambda: _stats_ok(canaries.client), 60, "the restarted server to answer")
                 # Let the new life insert more than the old one did since its last snapshot, so a key the new
                 # life reissued (the old bug) would address an actor's transition by the time of the check.
                 per_s = inserted_at_kill / max(killed_at - t_launch, 1.0)
                 want = restored + per_s * (2 * SNAPSHOT_EVERY + 10.0)
-                _wait_until(lambda: (_stats_ok(canaries.client) or 0) >= want, 90, "actors to refill the server")
+                wait_until(lambda: (_stats_ok(canaries.client) or 0) >= want, 90, "actors to refill the server")
                 checked = _check_after_server_restart(canaries, killed_at)
         while launcher.alive():
             canaries.insert()
