@@ -485,8 +485,8 @@ def main() -> None:
                     for curve_dir in curve_dirs:
                         r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
                                        dpg.to_json() if checked else None, curve_dir)
-                    print(json.dumps(r), flush=True)
-                    rows.append(r)
+                        print(json.dumps(r), flush=True)
+                        rows.append(r)
         if "atari" in shapes:
             spec = TransitionSpec.atari()
             t0 = time.perf_counter()
@@ -537,15 +537,18 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         dec = f"{r['decode_ms_per_batch']:.1f}" if r["shape"] == "atari" else "-"
-        print(f"| {r['shape']} | {r['actors']} | {'yes' if r['spec'] else 'no'} | {'on' if r['curve'] else 'off'} | {r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
+        print(f"| {r['shape']} | {r['actors']} | {'yes' if r['spec'] else 'no'} | {'on' if r['curve'] else 'off'} | "
+              f"{r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
               f"{r['sampled_per_s']:,.0f} | {r['sample_p50_ms']:.2f} / {r['sample_p99_ms']:.2f} | "
               f"{r['insert_p50_ms']:.2f} / {r['insert_p99_ms']:.2f} | {dec} | "
               f"{r['server_rss_gb']:.3f} ({r['server_peak_rss_gb']:.3f}) | {r['bytes_per_item']:.0f} |")
     for r in rows:
         if r["spec"]:
-            base = next((b for b in rows if not b["spec"] and (b["shape"], b["actors"]) == (r["shape"], r["actors"])), None)
+            base = next((b for b in rows if not b["spec"] and (b["shape"], b["actors"], b["curve"]) ==
+                         (r["shape"], r["actors"], r["curve"])), None)
             if base is not None:
-                extra.append(f"{r['shape']}, {r['actors']} actor(s): inserted/s with --spec / without = "
+                curve = ", CURVE on" if r["curve"] else ""
+                extra.append(f"{r['shape']}, {r['actors']} actor(s){curve}: inserted/s with --spec / without = "
                              f"{r['inserted_per_s'] / base['inserted_per_s']:.3f}")
     print()
     for line in extra + curve_ratios(rows):
@@ -595,13 +598,14 @@ def curve_wire_speed(curve_dir: str, sizes=(32_000, 324_000), seconds: float = 1
 
 def curve_ratios(rows: list[dict]) -> list[str]:
     """One line per configuration measured both ways: CURVE's throughput as a fraction of plain TCP's."""
-    plain = {(r["shape"], r["actors"]): r for r in rows if not r["curve"]}
+    plain = {(r["shape"], r["actors"], r["spec"]): r for r in rows if not r["curve"]}
     lines = []
     for r in rows:
-        base = plain.get((r["shape"], r["actors"])) if r["curve"] else None
+        base = plain.get((r["shape"], r["actors"], r["spec"])) if r["curve"] else None
         if base is not None:
             moved, base_moved = (x["inserted_per_s"] + x["sampled_per_s"] for x in (r, base))
-            lines.append(f"CURVE / plain, {r['shape']} with {r['actors']} actor(s): inserted/s "
+            spec = ", server --spec" if r["spec"] else ""
+            lines.append(f"CURVE / plain, {r['shape']} with {r['actors']} actor(s){spec}: inserted/s "
                          f"{r['inserted_per_s'] / base['inserted_per_s']:.2f}, sampled/s "
                          f"{r['sampled_per_s'] / base['sampled_per_s']:.2f}, inserted + sampled "
                          f"{moved / base_moved:.2f} (on a shared machine the two sides trade CPU: read the sum)")
