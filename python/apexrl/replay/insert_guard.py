@@ -159,11 +159,11 @@ class InsertWindow:
                 self.duplicates += 1
                 return DONE, keys
             owner = self._pending.get(insert_id)
-            now = time.monotonic()
-            if owner is not None and owner[0] is not req and now < owner[1] + _ABANDONED_GRACE_S:
+            if owner is not None and owner[0] is not req and time.monotonic() < owner[1] + _ABANDONED_GRACE_S:
                 return BUSY, None
             self._pending[insert_id] = (req, deadline)
             if len(self._pending) > self.max_ids:  # owners dropped without an answer: forget them
+                now = time.monotonic()
                 for key in [k for k, (_r, d) in self._pending.items() if now >= d + _ABANDONED_GRACE_S]:
                     del self._pending[key]
             return NEW, None
@@ -177,7 +177,7 @@ class InsertWindow:
 
     def finish(self, insert_id: tuple[int, int], req: Any, keys: np.ndarray) -> None:
         """``req`` stored its batch as ``keys``: remember them (evicting the oldest ids past the bounds)."""
-        keys = np.array(keys, dtype=np.uint64, copy=True)
+        keys = np.asarray(keys, dtype=np.uint64)  # the store's fresh array; never written after this
         with self._lock:
             owner = self._pending.get(insert_id)
             if owner is not None and owner[0] is req:

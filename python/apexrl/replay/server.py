@@ -928,7 +928,7 @@ class _Broker:
         if op == _INSERT and len(out[0]) >= 18 and int.from_bytes(bytes(out[0][16:18]), "little") == _OK_STATUS:
             offsets = req.arrays["offsets"]
             if len(offsets) > 1:
-                self.max_item = max(self.max_item, int(np.diff(offsets).max()))
+                self.max_item = max(self.max_item, int((offsets[1:] - offsets[:-1]).max()))  # np.diff: 2x slower
         elif op == _SAMPLE and len(out) > 1:
             size = sum(memoryview(f).nbytes for f in out)
             if size > self.max_reply_bytes:
