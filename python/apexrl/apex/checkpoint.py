@@ -12,7 +12,6 @@ full) removes its temporary and raises OSError, ``path`` untouched.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from collections.abc import Mapping
@@ -21,6 +20,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as _serialize
+
+from apexrl.durable import remove_stale_temporaries, write_atomically
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
@@ -34,31 +35,10 @@ class CheckpointError(ValueError):
 def save_checkpoint(path: str, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
     """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    for stale in glob.glob(glob.escape(path) + ".tmp.*"):  # left by a writer killed mid-save
-        pid = stale.rsplit(".", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            os.unlink(stale)
+    remove_stale_temporaries(path)  # left by a writer killed mid-save
     # safetensors refuses shared or non-contiguous storage: give it plain CPU copies.
     plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    blob = _serialize(plain, metadata={_META_KEY: json.dumps(dict(meta), sort_keys=True)})
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # disk full, EIO, a signal...: no partial file left behind, `path` untouched
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomically(path, _serialize(plain, metadata={_META_KEY: json.dumps(dict(meta), sort_keys=True)}))
 
 
 def load_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -81,12 +61,3 @@ def load_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]
         raise CheckpointError(f"{path}: metadata is not a JSON object")
     return tensors, meta
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -16,7 +16,6 @@ Neither imports torch; both are thread-safe.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from apexrl.durable import write_atomically
 from apexrl.replay.codec import TransitionSpec
 
 __all__ = ["DEDUP_MAX_BYTES", "DEDUP_MAX_IDS", "InsertWindow", "SpecGate", "load_spec", "spec_sidecar"]
@@ -59,28 +59,6 @@ def spec_sidecar(snapshot: str | os.PathLike[str]) -> str:
     return os.fspath(snapshot) + ".spec.json"
 
 
-def _write_atomically(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 class SpecGate:
     """The server's TransitionSpec (None until one is configured or declared) and the INSERT check."""
 
@@ -103,7 +81,7 @@ class SpecGate:
 
     def _persist(self, spec: TransitionSpec) -> None:
         if self._sidecar is not None:
-            _write_atomically(self._sidecar, spec.to_json())
+            write_atomically(self._sidecar, spec.to_json())
 
     def declare(self, spec_json: str) -> TransitionSpec | None:
         """A HELLO's spec ("" declares none) -> the server's spec afterwards. The first one sticks; another

@@ -86,7 +86,6 @@ save makes ``stop()`` raise :class:`SnapshotSaveError` saying how many items wer
 from __future__ import annotations
 
 import contextlib
-import glob
 import heapq
 import logging
 import math
@@ -102,6 +101,7 @@ import numpy as np
 import zmq
 
 from apexrl import PrioritizedStore
+from apexrl.durable import remove_stale_temporaries, write_atomically
 from apexrl.errors import ApexRLError, ProtocolError
 from apexrl.replay import protocol as P
 from apexrl.replay.config import ServerConfig, check_snapshot_dir
@@ -152,26 +152,11 @@ def _read_epoch_file(sidecar: str) -> int | None:
 
 
 def _write_epoch_file(sidecar: str, epoch: int) -> None:
-    """Records `epoch` durably: temporary file, fsync, rename, fsync of the directory."""
-    directory = os.path.dirname(os.path.abspath(sidecar))
-    tmp = f"{sidecar}.tmp.{os.getpid()}"
-    for leftover in glob.glob(glob.escape(sidecar) + ".tmp.*"):  # of a life killed while writing it
-        with contextlib.suppress(OSError):
-            os.remove(leftover)
+    """Records `epoch` durably (apexrl.durable: temporary file, fsync, rename, fsync of the directory)."""
+    remove_stale_temporaries(sidecar)  # of a life killed while writing it
     try:
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(f"{epoch}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, sidecar)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomically(sidecar, f"{epoch}\n")
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
         raise SnapshotLoadError(f"cannot record the key epoch in {sidecar!r}: {exc}") from exc
 
 
