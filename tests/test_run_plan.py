@@ -100,3 +100,50 @@ def test_a_flag_beside_plan_is_refused_not_ignored(tmp_path, module, flags):
     out = subprocess.run([sys.executable, "-m", module, "--plan", path, *flags], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and "--plan takes every setting from the plan; also given:" in out.stderr, out.stderr
+
+
+def test_several_replay_servers_split_the_replay_and_each_has_its_own_snapshot_and_seed(tmp_path):
+    p = plan("cartpole", Overrides(seed=2, replay_servers=3, run_dir=str(tmp_path), server={"capacity": 100_000}))
+    assert len(p.servers) == 3 and p.server is p.servers[0]
+    assert [s.capacity for s in p.servers] == [33_334] * 3  # rounded up: together at least the whole
+    assert [s.min_size_to_sample for s in p.servers] == [667] * 3  # 2000 / 3, rounded up
+    assert len({s.seed for s in p.servers}) == 3
+    assert [s.snapshot for s in p.servers] == [str(tmp_path / f"replay{i}.snap") for i in range(3)]
+    ends = [f"tcp://127.0.0.1:{port}" for port in (5, 6, 7)]
+    with pytest.raises(ValueError, match="3 replay servers need as many endpoints and ports, got 2 and 3"):
+        p.placed(replay=ends[:2], server_port=[5, 6, 7], params="tcp://127.0.0.1:8", params_port=8)
+    placed = p.placed(replay=ends, server_port=[5, 6, 7], params="tcp://127.0.0.1:8", params_port=8)
+    assert [s.port for s in placed.servers] == [5, 6, 7]
+    assert placed.learner.replay == placed.actors[0].replay == ",".join(ends)
+    placed.save(str(tmp_path / "plan.json"))
+    assert RunPlan.load(str(tmp_path / "plan.json")) == placed
+    from apexrl.launch.plan import server_config_from_plan
+
+    assert server_config_from_plan(str(tmp_path / "plan.json"), 2) == placed.servers[2]
+    with pytest.raises(ValueError, match="the plan has 3 replay server.s.; there is no server 3"):
+        server_config_from_plan(str(tmp_path / "plan.json"), 3)
+
+
+def test_one_replay_server_keeps_the_single_server_plan():
+    p = plan("cartpole", Overrides(run_dir="/tmp/x"))
+    assert len(p.servers) == 1 and p.server.snapshot == "/tmp/x/replay.snap" and p.server.seed == 0
+
+
+def test_a_plan_refuses_more_lock_shards_than_server_keys_leave_room_for():
+    # 32 servers take 5 of a key's 8 shard bits: 8 lock shards each at most.
+    plan("cartpole", Overrides(replay_servers=32, server={"shards": 8}))
+    with pytest.raises(ValueError, match="32 replay servers allow at most 8 lock shards each .--shards., got 16"):
+        plan("cartpole", Overrides(replay_servers=32, server={"shards": 16}))
+    with pytest.raises(ValueError, match="replay_servers must be in 1..32, got 33"):
+        plan("cartpole", Overrides(replay_servers=33))
+
+
+def test_the_server_cli_runs_the_plans_server_by_index(tmp_path):
+    path = str(tmp_path / "plan.json")
+    plan("cartpole", Overrides(run_dir=str(tmp_path), replay_servers=2)).save(path)
+    out = subprocess.run([sys.executable, "-m", "apexrl.cli.server", "--plan", path, "--index", "2"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "the plan has 2 replay server(s); there is no server 2" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--index", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--index selects a server of --plan" in out.stderr

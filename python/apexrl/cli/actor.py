@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plan", metavar="PLAN_JSON", default=None,
                    help="take every setting of actor --index from a run plan written by `apexrl run` (then only "
                    "--index and --log-level may be given besides)")
-    g.add_argument("--replay", type=tcp_endpoint, help="replay server, tcp://HOST:PORT (required)")
+    g.add_argument("--replay", type=tcp_endpoint, nargs="+", action="extend", metavar="ENDPOINT",
+                   help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
+                   "replay spread over several servers")
     g.add_argument("--params", type=tcp_endpoint, help="the learner's parameter service, tcp://HOST:PORT (required)")
     g = p.add_argument_group("actor")
     g.add_argument("--index", type=field_arg(ActorConfig, "index"),
@@ -80,7 +82,7 @@ def parse_config(argv: Sequence[str] | None = None):
         preset, agent_config = resolve_agent(args, parser)
         settings = {**preset.actor, **{k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}}
         config = ActorConfig(
-            agent=args.agent, env=args.env, replay=args.replay, params=args.params, index=args.index,
+            agent=args.agent, env=args.env, replay=",".join(args.replay), params=args.params, index=args.index,
             num_actors=args.num_actors, seed=args.seed, agent_config=agent_config, max_steps=args.max_steps,
             episodes_csv=args.episodes_csv, wait_for_params=args.wait_for_params, log_every=args.log_every,
             curve_dir=args.curve_dir, **settings,

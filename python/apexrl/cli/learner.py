@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plan", metavar="PLAN_JSON", default=None,
                    help="take every setting from a run plan written by `apexrl run` (then only --resume and "
                    "--log-level may be given besides)")
-    g.add_argument("--replay", type=tcp_endpoint, help="replay server, tcp://HOST:PORT (required)")
+    g.add_argument("--replay", type=tcp_endpoint, nargs="+", action="extend", metavar="ENDPOINT",
+                   help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
+                   "replay spread over several servers")
     g.add_argument("--params-port", type=field_arg(LearnerConfig, "params_port"),
                    help="port of the parameter service the actors poll (0: pick a free one; required)")
     g.add_argument("--params-bind", default="127.0.0.1",
@@ -96,7 +98,7 @@ def parse_config(argv: Sequence[str] | None = None):
         preset, agent_config = resolve_agent(args, parser)
         settings = {**preset.learner, **{k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}}
         config = LearnerConfig(
-            agent=args.agent, env=args.env, replay=args.replay, params_port=args.params_port,
+            agent=args.agent, env=args.env, replay=",".join(args.replay), params_port=args.params_port,
             params_bind=args.params_bind, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
             agent_config=agent_config, max_steps=args.max_steps, max_minutes=args.max_minutes, device=args.device,
             torch_threads=args.torch_threads, extra={"preset": preset.name}, curve_dir=args.curve_dir,

@@ -24,6 +24,7 @@ from apexrl.cli.args import (
     given_flags,
     int_arg,
 )
+from apexrl.replay.config import MAX_REPLAY_SERVERS
 
 AGENT_DESTS = ("agent", "env", "preset", "seed", "n_step", "gamma", "batch_size", "target_update_period")
 SERVER_OWN = ("bind", "capacity", "alpha", "eviction", "alpha_evict", "shards", "seed", "min_size_to_sample",
@@ -72,6 +73,10 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--snapshot-every", type=float_arg(nonneg=True), default=None, metavar="SECONDS",
                    help="seconds between snapshots of the replay to RUN_DIR/replay.snap; a restarted server "
                    "restores it, so a server crash loses at most one interval (default 300; 0: no snapshots)")
+    g.add_argument("--replay-servers", metavar="K", type=int_arg(1, MAX_REPLAY_SERVERS), default=1,
+                   help="replay servers sharing the replay: capacity and minimum size split evenly, one snapshot "
+                   "each (RUN_DIR/replay0.snap, ...); the learner samples across them in proportion to their "
+                   "priority mass and the actors spread their inserts (default 1)")
     g = p.add_argument_group("pass-through flags (quote them; use --learner-args='--flag' for a single flag)")
     g.add_argument("--server-args", default="", help="extra apexrl-replay-server flags, e.g. '--shards 4'")
     g.add_argument("--learner-args", default="",
@@ -146,7 +151,7 @@ def launch_plan(argv: Sequence[str] | None = None):
     from apexrl.cli import actor as actor_cli
     from apexrl.cli import learner as learner_cli
     from apexrl.cli import server as server_cli
-    from apexrl.launch.plan import SNAPSHOT_NAME, plan
+    from apexrl.launch.plan import plan, snapshot_name
 
     run_parser = _fill_run_parser(argparse.ArgumentParser(prog=f"{PROG} run", **_run_kwargs()))
     args = run_parser.parse_args(argv)
@@ -157,6 +162,7 @@ def launch_plan(argv: Sequence[str] | None = None):
     if args.snapshot_every is not None:
         o.snapshot_every = args.snapshot_every
     o.curve_dir, o.insecure = args.curve_dir, args.insecure
+    o.replay_servers = args.replay_servers
     o.server = _pass_through(run_parser, "--server-args", args.server_args, server_cli.build_parser(),
                              SERVER_OWN, agent_dests=())
     log_level = o.server.pop("log_level", "WARNING")
@@ -168,8 +174,9 @@ def launch_plan(argv: Sequence[str] | None = None):
     except ValueError as e:
         run_parser.error(str(e))
     if not p.run.resume:
-        held = [n for n in ("metrics.csv", "checkpoint.safetensors", SNAPSHOT_NAME)
-                if os.path.exists(os.path.join(p.run.run_dir, n))]
+        names = ["metrics.csv", "checkpoint.safetensors",
+                 *(snapshot_name(i, k) for k in (1, len(p.servers)) for i in range(k))]
+        held = [n for n in dict.fromkeys(names) if os.path.exists(os.path.join(p.run.run_dir, n))]
         if held:
             run_parser.error(f"{p.run.run_dir} already holds a run ({', '.join(held)}): pass --resume to continue "
                              "it, or choose another --run-dir or --seed (or remove the directory)")

@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--plan", metavar="PLAN_JSON", default=None,
                    help="take every setting from a run plan written by `apexrl run` (then only --log-level may be "
-                   "given besides)")
+                   "given besides, and --index)")
+    p.add_argument("--index", metavar="I", type=int, default=None,
+                   help="with --plan: run the plan's replay server I (0-based; default 0) when it has several")
     p.add_argument("--port", type=field_arg(ServerConfig, "port"), help="TCP port to listen on (0 = pick a free one)")
     p.add_argument("--endpoint", type=_endpoint, help="tcp://HOST:PORT to listen on (instead of --bind/--port)")
     p.add_argument("--bind", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = all)")
@@ -118,14 +120,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.plan is not None:
         from apexrl.launch.plan import server_config_from_plan
 
-        refuse_beside_plan(parser, argv)
+        refuse_beside_plan(parser, argv, "index")
         try:
-            args.config = server_config_from_plan(args.plan)
+            args.config = server_config_from_plan(args.plan, args.index or 0)
             if args.config.snapshot is not None:
                 check_snapshot_dir(args.config.snapshot)
         except (OSError, ValueError) as e:
             parser.error(f"--plan: {e}")
         return args
+    if args.index is not None:
+        parser.error("--index selects a server of --plan; give --plan too")
     if args.endpoint is not None:
         if args.port is not None:
             parser.error("--endpoint and --port are mutually exclusive")

@@ -1,4 +1,4 @@
-"""The local launcher: one replay server, one learner and N actors as supervised child processes.
+"""The local launcher: the replay server(s), one learner and N actors as supervised child processes.
 
 :class:`Launcher` takes a :class:`~apexrl.launch.plan.RunPlan`, places it on 127.0.0.1 (free ports), writes the
 placed plan to ``RUN_DIR/plan.json`` and starts ``apexrl-replay-server``, ``apexrl-learner`` and the actors
@@ -45,7 +45,7 @@ from typing import TextIO
 from apexrl.launch.plan import PLAN_NAME, RunPlan
 from apexrl.launch.progress import LogTail, Progress, RecordTail, format_duration
 
-__all__ = ["ChildSpec", "Launcher", "free_ports"]
+__all__ = ["ChildSpec", "Launcher", "free_ports", "server_name"]
 
 RESTART_WINDOW_S = 60.0
 MAX_BACKOFF_S = 30.0
@@ -136,6 +136,11 @@ class Child:
         return len(self.exit_times)
 
 
+def server_name(index: int, count: int) -> str:
+    """A replay server child's name (and log file): ``server`` when there is one, else ``server0``, ..."""
+    return "server" if count == 1 else f"server{index}"
+
+
 def _die_with_parent() -> None:
     """In the child before exec: ask Linux for SIGTERM when the launcher dies (no-op elsewhere)."""
     if sys.platform.startswith("linux"):
@@ -207,21 +212,21 @@ class Launcher:
 
     # ------------------------------------------------------------------------------------------ children
 
-    def _specs(self, server_port: int, params_port: int) -> list[ChildSpec]:
+    def _specs(self, server_ports: list[int], params_port: int) -> list[ChildSpec]:
         """Place the plan on this machine (127.0.0.1, the given ports), write it to RUN_DIR/plan.json, and say
-        how to start each child from it: the one place where a plan becomes processes."""
+        how to start each child from it: the one place where a plan becomes processes. The servers come first."""
         placed = self.plan.placed(
-            replay=f"tcp://127.0.0.1:{server_port}", server_port=server_port,
+            replay=[f"tcp://127.0.0.1:{port}" for port in server_ports], server_port=server_ports,
             params=f"tcp://127.0.0.1:{params_port}", params_port=params_port, logs=self.log_dir,
         )
         path = os.path.join(self.run_dir, PLAN_NAME)
         placed.save(path)
         learner = ["--plan", path]
-        specs = [
-            ChildSpec("server", "server", "apexrl.cli.server", ["--plan", path, "--log-level", self.server_log_level]),
-            ChildSpec("learner", "learner", "apexrl.cli.learner", learner, restart_args=learner + ["--resume"],
-                      progress_path=placed.learner.progress_path),
-        ]
+        specs = [ChildSpec(server_name(i, len(server_ports)), "server", "apexrl.cli.server",
+                           ["--plan", path, "--index", str(i), "--log-level", self.server_log_level])
+                 for i in range(len(server_ports))]
+        specs.append(ChildSpec("learner", "learner", "apexrl.cli.learner", learner,
+                               restart_args=learner + ["--resume"], progress_path=placed.learner.progress_path))
         for actor in placed.actors:
             specs.append(ChildSpec(f"actor{actor.index}", "actor", "apexrl.cli.actor",
                                    ["--plan", path, "--index", str(actor.index)], progress_path=actor.progress_path))
@@ -240,16 +245,19 @@ class Launcher:
             json.dump(pids, f)
         os.replace(tmp, os.path.join(self.run_dir, "pids.json"))
 
-    def _wait_for_server(self, server: Child, tail: LogTail) -> bool:
-        """Until the server's log says it listens (its one fixed start-up line) or it exits."""
+    def _wait_for_servers(self, servers: list[Child], tails: list[LogTail]) -> Child | None:
+        """Until every server's log says it listens (its one fixed start-up line); the first that exits or
+        stays silent is returned (None: all listen)."""
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while time.monotonic() < deadline and self._stop_reason is None:
-            if any("listening on" in line for line in tail.read()):
-                return True
-            if server.poll() is not None:
-                break
+        waiting = dict(zip([s.spec.name for s in servers], zip(servers, tails)))
+        while waiting and time.monotonic() < deadline and self._stop_reason is None:
+            for name, (server, tail) in list(waiting.items()):
+                if any("listening on" in line for line in tail.read()):
+                    del waiting[name]
+                elif server.poll() is not None:
+                    return server
             time.sleep(0.1)
-        return False
+        return next(iter(waiting.values()))[0] if waiting else None
 
     # ------------------------------------------------------------------------------------------ run
 
@@ -258,23 +266,29 @@ class Launcher:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         start = time.monotonic()
         try:
-            server_port, params_port = free_ports(2)
+            *server_ports, params_port = free_ports(len(self.plan.servers) + 1)
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            for spec in self._specs(server_port, params_port):
+            for spec in self._specs(server_ports, params_port):
                 log_path = os.path.join(self.log_dir, f"{spec.name}.log")
                 self.children.append(Child(spec, log_path, env, self.python))
                 if spec.progress_path is not None:
                     self.tails[spec.name] = RecordTail(spec.progress_path)
                     self.tails[spec.name].skip_to_end()  # an earlier run's records (--resume) are not this run's
-            server, rest = self.children[0], self.children[1:]
-            server_log = LogTail(server.log_path)
-            server_log.skip_to_end()
-            self._start(server)
-            if not self._wait_for_server(server, server_log):
+            k = len(server_ports)
+            servers, rest = self.children[:k], self.children[k:]
+            server_logs = [LogTail(server.log_path) for server in servers]
+            for server, tail in zip(servers, server_logs):
+                tail.skip_to_end()
+                self._start(server)
+            failed = self._wait_for_servers(servers, server_logs)
+            if failed is not None or self._stop_reason is not None:
                 if self._stop_reason is None:
-                    self._fail(f"the replay server did not start; {server.log_path}:\n{log_tail(server.log_path)}")
+                    assert failed is not None
+                    self._fail(f"replay server {failed.spec.name} did not start; {failed.log_path}:\n"
+                               f"{log_tail(failed.log_path)}")
             else:
-                self._print(f"replay server tcp://127.0.0.1:{server_port} (pid {server.proc.pid})")
+                for port, server in zip(server_ports, servers):
+                    self._print(f"replay server tcp://127.0.0.1:{port} (pid {server.proc.pid})")
                 for child in rest:
                     self._start(child)
                 self._print(f"learner (pid {rest[0].proc.pid}) serving weights on tcp://127.0.0.1:{params_port}; "

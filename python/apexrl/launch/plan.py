@@ -14,6 +14,12 @@ store's where they reach it), then checks the rules *between* processes:
 * CURVE is on for every process or for none (one key directory, ``Overrides.curve_dir``: a server with keys
   refuses plain clients, a client with keys cannot reach a plain server).
 
+Several replay servers (``Overrides.replay_servers``, ``apexrl run --replay-servers K``): one ServerConfig per
+server, equal but for what :func:`split_server` divides -- the capacity (and ``max_size``) and the minimum size
+to sample split evenly, one snapshot file and one seed each. The learner and the actors reach them all through a
+:class:`~apexrl.replay.sharded.ShardedReplayClient` (their ``replay`` is the servers' endpoints joined by
+commas), which samples globally proportionally across them; rate limiting stays per server.
+
 Durability by default: the server snapshots its store to ``RUN_DIR/replay.snap`` every ``snapshot_every``
 seconds (``DEFAULT_SNAPSHOT_EVERY``; 0 turns it off) and on a clean stop, and a restarted server restores it,
 so a server crash loses at most one interval of experience. ``--server-args '--snapshot PATH'`` moves it.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,12 +46,14 @@ from apexrl.apex.config import (
     default_run_dir,
 )
 from apexrl.launch.presets import Preset, default_preset_for, get_preset
-from apexrl.replay.config import ServerConfig
+from apexrl.replay.config import MAX_REPLAY_SERVERS, ServerConfig
 from apexrl.replay.rate_limiter import deadlock_reason
+from apexrl.replay.sharded import max_lock_shards
 from apexrl.validate import Range, check_fields
 
-__all__ = ["DEFAULT_SNAPSHOT_EVERY", "PLAN_NAME", "SNAPSHOT_NAME", "Overrides", "RunPlan", "RunSettings", "default_run_dir", "plan", "resolve_preset",
-           "server_config_from_plan"]
+__all__ = ["DEFAULT_SNAPSHOT_EVERY", "MAX_REPLAY_SERVERS", "PLAN_NAME", "SNAPSHOT_NAME", "Overrides", "RunPlan",
+           "RunSettings", "default_run_dir", "plan", "resolve_preset", "server_config_from_plan", "snapshot_name",
+           "split_server"]
 
 PLAN_NAME = "plan.json"
 SNAPSHOT_NAME = "replay.snap"
@@ -104,17 +113,47 @@ class Overrides:
     """Key directory of `apexrl keygen`: CURVE on both services for every process (None: plain TCP)."""
     insecure: bool = False
     """Let the server and the parameter service bind beyond loopback without keys."""
+    replay_servers: int = 1
+    """Replay servers sharing the replay (capacity split evenly; one learner samples across them)."""
+
+
+def snapshot_name(index: int, count: int) -> str:
+    """The snapshot file of replay server ``index`` of ``count`` in a run directory (``replay.snap`` for one)."""
+    return SNAPSHOT_NAME if count == 1 else f"replay{index}.snap"
+
+
+def split_server(config: ServerConfig, index: int, count: int) -> ServerConfig:
+    """Server ``index``'s share of ``config`` among ``count`` servers: capacity, max_size and
+    min_size_to_sample divided evenly (rounded up, so the shares add up to at least the whole), its own seed
+    and snapshot file (next to the one ``config`` names)."""
+    if count == 1:
+        return config
+    share = lambda v: -(-v // count)  # noqa: E731 - ceil division
+    changes: dict[str, Any] = {"capacity": share(config.capacity), "min_size_to_sample": share(config.min_size_to_sample),
+                               "seed": config.seed * count + index}
+    if config.max_size is not None:
+        changes["max_size"] = share(config.max_size)
+    if config.snapshot is not None:
+        changes["snapshot"] = os.path.join(os.path.dirname(os.fspath(config.snapshot)), snapshot_name(index, count))
+    return dataclasses.replace(config, **changes)
 
 
 @dataclass
 class RunPlan:
-    """One replay server, one learner and N actors, with every setting; see the module docstring."""
+    """K replay servers (usually one), one learner and N actors, with every setting; see the module
+    docstring."""
 
     preset: str
-    server: ServerConfig
+    servers: list[ServerConfig]
     learner: LearnerConfig
     actors: list[ActorConfig]
     run: RunSettings
+
+    @property
+    def server(self) -> ServerConfig:
+        """The first replay server's config (all servers share every setting :func:`split_server` does not
+        divide)."""
+        return self.servers[0]
 
     @property
     def agent(self) -> str:
@@ -128,15 +167,22 @@ class RunPlan:
     def seed(self) -> int:
         return self.learner.seed
 
-    def placed(self, *, replay: str, server_port: int, params: str, params_port: int,
-               logs: str | None = None) -> RunPlan:
-        """This plan with the endpoints of one placement filled in (and, with ``logs``, each child's progress
-        records in ``logs/NAME.progress.jsonl``). The addresses the server and the parameter service bind stay
-        the plan's (127.0.0.1 unless set)."""
+    def placed(self, *, replay: str | Sequence[str], server_port: int | Sequence[int], params: str,
+               params_port: int, logs: str | None = None) -> RunPlan:
+        """This plan with the endpoints of one placement filled in: ``replay`` and ``server_port`` give one
+        endpoint and port per replay server (a single one as a plain value), and with ``logs`` each child's
+        progress records go to ``logs/NAME.progress.jsonl``. The addresses the servers and the parameter service
+        bind stay the plan's (127.0.0.1 unless set)."""
+        endpoints = [replay] if isinstance(replay, str) else list(replay)
+        ports = [server_port] if isinstance(server_port, int) else list(server_port)
+        if not len(endpoints) == len(ports) == len(self.servers):
+            raise ValueError(f"{len(self.servers)} replay servers need as many endpoints and ports, got "
+                             f"{len(endpoints)} and {len(ports)}")
+        replay = ",".join(endpoints)
         progress = (lambda name: os.path.join(logs, f"{name}.progress.jsonl")) if logs else (lambda name: None)
         return dataclasses.replace(
             self,
-            server=dataclasses.replace(self.server, port=server_port),
+            servers=[dataclasses.replace(s, port=port) for s, port in zip(self.servers, ports)],
             learner=dataclasses.replace(self.learner, replay=replay, params_port=params_port,
                                         progress_path=progress("learner")),
             actors=[dataclasses.replace(a, replay=replay, params=params, progress_path=progress(f"actor{a.index}"))
@@ -145,7 +191,7 @@ class RunPlan:
 
     def to_json(self) -> str:
         return json.dumps({
-            "format": 1, "preset": self.preset, "server": config_to_dict(self.server),
+            "format": 2, "preset": self.preset, "servers": [config_to_dict(s) for s in self.servers],
             "learner": config_to_dict(self.learner), "actors": [config_to_dict(a) for a in self.actors],
             "run": config_to_dict(self.run),
         }, indent=1)
@@ -155,9 +201,9 @@ class RunPlan:
         """The plan ``to_json`` wrote; ValueError when it is not one (every config is validated again)."""
         try:
             d = json.loads(text)
-            if d.get("format") != 1:
+            if d.get("format") not in (1, 2):
                 raise ValueError(f"unknown plan format {d.get('format')!r}")
-            return cls(preset=d["preset"], server=ServerConfig(**d["server"]),
+            return cls(preset=d["preset"], servers=_servers(d),
                        learner=config_from_dict(LearnerConfig, d["learner"]),
                        actors=[config_from_dict(ActorConfig, a) for a in d["actors"]], run=RunSettings(**d["run"]))
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
@@ -175,13 +221,24 @@ class RunPlan:
             return cls.from_json(f.read())
 
 
-def server_config_from_plan(path: str) -> ServerConfig:
-    """The replay server's config in a plan file, read without the agents (so without torch)."""
+def _servers(d: dict[str, Any]) -> list[ServerConfig]:
+    """The server configs of a plan's JSON (format 1 had one, as "server")."""
+    servers = [ServerConfig(**s) for s in d["servers"]] if d["format"] == 2 else [ServerConfig(**d["server"])]
+    if not servers:
+        raise ValueError("not a run plan: no replay server")
+    return servers
+
+
+def server_config_from_plan(path: str, index: int = 0) -> ServerConfig:
+    """Replay server ``index``'s config in a plan file, read without the agents (so without torch)."""
     with open(path, encoding="utf-8") as f:
         try:
-            return ServerConfig(**json.load(f)["server"])
-        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            servers = _servers(json.load(f))
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"not a run plan: {type(e).__name__}: {e}") from None
+    if not 0 <= index < len(servers):
+        raise ValueError(f"the plan has {len(servers)} replay server(s); there is no server {index}")
+    return servers[index]
 
 
 def resolve_preset(preset: Preset | str | None, o: Overrides) -> tuple[Preset, str, str]:
@@ -241,10 +298,13 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         raise ValueError(f"snapshot_every must be >= 0 (0: no snapshots), got {o.snapshot_every}")
     durable = ({"snapshot": os.path.join(run.run_dir, SNAPSHOT_NAME), "snapshot_every": o.snapshot_every}
                if o.snapshot_every > 0 else {})
+    if not 1 <= o.replay_servers <= MAX_REPLAY_SERVERS:
+        raise ValueError(f"replay_servers must be in 1..{MAX_REPLAY_SERVERS}, got {o.replay_servers}")
     server = ServerConfig(**{
         **dataclasses.asdict(preset.replay), "min_size_to_sample": learner.min_replay_size, "seed": o.seed,
         **durable, **o.server, "curve_dir": curve_dir, "insecure": o.insecure,
     })
+    servers = [split_server(server, i, o.replay_servers) for i in range(o.replay_servers)]
     num_actors = o.actors or preset.actors
     actors = [
         ActorConfig(**{
@@ -254,7 +314,7 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         })
         for i in range(num_actors)
     ]
-    p = RunPlan(preset=preset.name, server=server, learner=learner, actors=actors, run=run)
+    p = RunPlan(preset=preset.name, servers=servers, learner=learner, actors=actors, run=run)
     check_rules(p)
     return p
 
@@ -265,9 +325,15 @@ def check_rules(p: RunPlan) -> None:
     dirs = {"server": s.curve_dir, "learner": p.learner.curve_dir, **{f"actor{a.index}": a.curve_dir for a in p.actors}}
     if len(set(dirs.values())) > 1:
         raise ValueError(f"every process of a run uses the same CURVE keys or none; got curve_dir {dirs}")
-    if p.learner.min_replay_size > s.capacity:
+    capacity = sum(server.capacity for server in p.servers)
+    if p.learner.min_replay_size > capacity:
         raise ValueError(f"the learner's min_replay_size {p.learner.min_replay_size} exceeds the replay capacity "
-                         f"{s.capacity}: after its first eviction the learner could never sample again")
+                         f"{capacity}: after its first eviction the learner could never sample again")
+    if len(p.servers) > 1:
+        most = max_lock_shards(len(p.servers))
+        if s.shards > most:
+            raise ValueError(f"{len(p.servers)} replay servers allow at most {most} lock shards each (--shards), "
+                             f"got {s.shards}: a key carries its server and lock shard in 8 bits")
     if s.samples_per_insert is not None:
         eb, spi = s.effective_error_buffer, s.samples_per_insert
         assert eb is not None

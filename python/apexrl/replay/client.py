@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -142,6 +143,10 @@ class ReplayClient(TransportClient):
         except ReplayTimeout:
             self._info = None  # the server may have restarted: declare the spec again before the next insert
             raise
+        return self._decode(frames, op, rid)
+
+    def _decode(self, frames: list[Any], op: P.Op, rid: int) -> P.Reply:
+        """The reply in ``frames``, or its error raised (a malformed one resets the socket)."""
         try:
             reply = P.decode_reply(frames, op, rid)
         except ProtocolError:
@@ -228,6 +233,50 @@ class ReplayClient(TransportClient):
         reply = self._call(P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms), self.timeout + wait_s)
         a = reply.arrays
         return SampledBatch(a["keys"], a["weights"], a["probabilities"], a["data"], a["offsets"])
+
+    def send_sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> tuple[int, float]:
+        """Send a SAMPLE without waiting for its reply -> ``(request id, deadline)`` for :meth:`receive_sample`
+        (the deadline is what :meth:`sample` would wait for, on the time.monotonic clock). Lets a caller have
+        samples outstanding at several servers at once."""
+        wait_s, timeout_ms = P.server_wait(timeout)
+        P.encode_sample(0, n, beta, timeout_ms)  # validate before touching the socket
+        rid = self.transport.next_request_id()
+        deadline = time.monotonic() + self.timeout + wait_s
+        self._send(P.encode_sample(rid, n, beta, timeout_ms), deadline, "SAMPLE")
+        return rid, deadline
+
+    def receive_sample(self, rid: int, deadline: float) -> SampledBatch:
+        """The batch of the SAMPLE :meth:`send_sample` sent as ``rid`` (errors as in :meth:`sample`)."""
+        a = self._receive(P.Op.SAMPLE, rid, deadline).arrays
+        return SampledBatch(a["keys"], a["weights"], a["probabilities"], a["data"], a["offsets"])
+
+    def send_stats(self) -> tuple[int, float]:
+        """Send a STATS without waiting -> ``(request id, deadline)`` for :meth:`receive_stats`."""
+        rid = self.transport.next_request_id()
+        deadline = time.monotonic() + self.timeout
+        self._send(P.encode_stats(rid), deadline, "STATS")
+        return rid, deadline
+
+    def receive_stats(self, rid: int, deadline: float) -> dict[str, int | float]:
+        """The counters of the STATS :meth:`send_stats` sent as ``rid``."""
+        reply = self._receive(P.Op.STATS, rid, deadline)
+        assert reply.stats is not None
+        return reply.stats
+
+    def _send(self, frames: list[Any], deadline: float, what: str) -> None:
+        try:
+            self.transport.send(frames, max(deadline - time.monotonic(), 0.0), what)
+        except ReplayTimeout:
+            self._info = None
+            raise
+
+    def _receive(self, op: P.Op, rid: int, deadline: float) -> P.Reply:
+        try:
+            frames = self.transport.wait_reply(rid, deadline, op.name)
+        except ReplayTimeout:
+            self._info = None  # the server may have restarted
+            raise
+        return self._decode(frames, op, rid)
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Set new priorities; returns how many keys were still present (evicted keys are skipped)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from apexrl.security import check_exposure, load_server_keys
 from apexrl.validate import Range, check_fields
 
-__all__ = ["EVICTION_POLICIES", "MAX_SHARDS", "MAX_SLOTS_PER_SHARD", "STORE_INT_MAX", "ServerConfig",
+__all__ = ["EVICTION_POLICIES", "MAX_REPLAY_SERVERS", "MAX_SHARDS", "MAX_SLOTS_PER_SHARD", "STORE_INT_MAX", "ServerConfig",
            "check_snapshot_dir"]
 
 
@@ -16,6 +16,9 @@ STORE_INT_MAX = 2**63 - 1
 """The native store takes capacity and seed as signed 64-bit integers."""
 MAX_SHARDS = 256
 """The store's key has 8 bits for the shard."""
+MAX_REPLAY_SERVERS = 32
+"""Most replay servers one ShardedReplayClient spreads over: its keys carry the server in the store's 8-bit
+shard field, above the server's own lock shards (5 bits for 32 servers leave 3: 8 lock shards each)."""
 MAX_SLOTS_PER_SHARD = 2**28 - 1
 """The store's key has 28 bits for the slot: a shard holds at most this many items."""
 EVICTION_POLICIES = ("fifo", "prioritized", "lowest_priority")

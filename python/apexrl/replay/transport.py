@@ -214,17 +214,36 @@ class Transport:
             frames = build(rid)
             deadline = time.monotonic() + timeout
             self.send(frames, timeout, what)
+            return rid, self.wait_reply(rid, deadline, what, late_hint, timeout)
+
+    def wait_reply(self, rid: int, deadline: float, what: str, late_hint: str = "",
+                   timeout: float | None = None) -> list[zmq.Frame]:
+        """The reply to request ``rid`` (sent with :meth:`send`), waiting until ``deadline`` (time.monotonic);
+        replies with other ids are discarded. On timeout the socket is reset and the timeout error raised. With
+        it a caller can send requests over several transports first and then collect their replies, so the
+        waits overlap (:class:`~apexrl.replay.sharded.ShardedReplayClient`)."""
+        with self._lock:
             sock = self._socket()
             while True:
                 if not self._wait(sock, zmq.POLLIN, deadline):
                     hint = self._handshake_hint()
                     self.reset()
-                    raise self._timeout_error(
-                        f"{what} to {self.endpoint}: no reply within {timeout:.3f}s{late_hint}{hint}")
+                    within = f" within {timeout:.3f}s" if timeout is not None else " in time"
+                    raise self._timeout_error(f"{what} to {self.endpoint}: no reply{within}{late_hint}{hint}")
                 reply = sock.recv_multipart(copy=False)
                 if peek_ids(memoryview(reply[0].buffer))[1] == rid:
-                    return rid, reply
+                    return reply
                 # a late reply to an earlier request, or not an apexrl header: discard
+
+    def try_send(self, frames: list[Any]) -> bool:
+        """Queue one request without waiting at all and without a reset when it cannot be: True if it was
+        queued (for probing a peer that may be down while the socket keeps reconnecting in the background)."""
+        with self._lock:
+            try:
+                self._socket().send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                return False
 
     # ------------------------------------------------------------------------------------------ lifetime
 
