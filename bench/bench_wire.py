@@ -206,7 +206,7 @@ def load_batches(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def actor_main(args: argparse.Namespace) -> None:
-    from apexrl.replay.client import ReplayClient
+    from apexrl.replay.sharded import connect
 
     batches = load_batches(args.payload)
     rng = np.random.default_rng(args.seed)
@@ -215,7 +215,7 @@ def actor_main(args: argparse.Namespace) -> None:
     n = 0
     i = 0
     pipelined = args.insert_mode == "pipelined"
-    with ReplayClient(args.endpoint, timeout=30, curve=args.curve_dir) as c:
+    with connect(args.endpoint, timeout=30, curve=args.curve_dir) as c:
         # pipelined: up to --max-in-flight inserts unanswered; latency = send to acknowledgement
         ins = c.inserter(max_in_flight=args.max_in_flight, on_ack=lambda _k, s: lat.append(s)) if pipelined else None
         while time.time() < args.start_at:
@@ -245,15 +245,15 @@ def actor_main(args: argparse.Namespace) -> None:
 
 
 def learner_main(args: argparse.Namespace) -> None:
-    from apexrl.replay.client import ReplayClient
     from apexrl.replay.codec import TransitionSpec
+    from apexrl.replay.sharded import connect
 
     spec = TransitionSpec.atari() if args.shape == "atari" else TransitionSpec.dpg(67, 21)
     rng = np.random.default_rng(1234)
     lat: list[float] = []
     dec_s = 0.0
     n = 0
-    with ReplayClient(args.endpoint, timeout=30, curve=args.curve_dir) as c, c.updater(max_pending=64) as up:
+    with connect(args.endpoint, timeout=30, curve=args.curve_dir) as c, c.updater(max_pending=64) as up:
         while time.time() < args.start_at:
             time.sleep(0.001)
         end = args.start_at + args.seconds
@@ -281,8 +281,9 @@ def learner_main(args: argparse.Namespace) -> None:
 
 def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items: int, chunk: int = 20,
             curve_dir: str | None = None) -> None:
-    """Insert n_items by sending `chunk` pre-encoded 50-item batches concatenated per request."""
-    from apexrl.replay.client import ReplayClient
+    """Insert n_items by sending `chunk` pre-encoded 50-item batches concatenated per request (round robin over
+    the servers when `endpoint` names several)."""
+    from apexrl.replay.sharded import connect
 
     rng = np.random.default_rng(7)
     big = []
@@ -295,7 +296,7 @@ def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items
             base += d.size
         big.append((data, np.concatenate(offs)))
     done = 0
-    with ReplayClient(endpoint, timeout=120, curve=curve_dir) as c:
+    with connect(endpoint, timeout=120, curve=curve_dir) as c:
         k = 0
         while done < n_items:
             d, o = big[k % len(big)]
@@ -307,18 +308,24 @@ def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items
 
 def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float,
                actor_flags: list[str], spec_json: str | None = None,
-               curve_dir: str | None = None) -> dict:
+               curve_dir: str | None = None, servers: int = 1) -> dict:
+    """One timed window: `servers` replay servers splitting `capacity` (the workers reach them through one
+    ShardedReplayClient each when there are several), k actor processes and one learner process."""
     outdir = os.path.dirname(payload)
-    from apexrl.replay.client import ReplayClient
+    from apexrl.replay.sharded import connect
 
-    server = Server(capacity, (["--spec", spec_json] if spec_json else []) + ([] if curve_dir is None else ["--curve-dir", curve_dir]))
+    flags = (["--spec", spec_json] if spec_json else []) + ([] if curve_dir is None else ["--curve-dir", curve_dir])
+    group: list[Server] = []
     procs: list[subprocess.Popen] = []
     try:
+        for i in range(servers):
+            group.append(Server(-(-capacity // servers), flags + ["--seed", str(i)]))
+        endpoint = ",".join(s.endpoint for s in group)
         t0 = time.perf_counter()
-        prefill(server.endpoint, batches, prefill_n, curve_dir=curve_dir)
+        prefill(endpoint, batches, prefill_n, curve_dir=curve_dir)
         prefill_s = time.perf_counter() - t0
         start_at = time.time() + 2.0  # time for the workers to import and connect
-        common = ["--endpoint", server.endpoint, "--start-at", repr(start_at), "--seconds", str(seconds),
+        common = ["--endpoint", endpoint, "--start-at", repr(start_at), "--seconds", str(seconds),
                   "--shape", shape, *([] if curve_dir is None else ["--curve-dir", curve_dir])]
         for a in range(k):
             procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "actor", "--payload", payload,
@@ -329,7 +336,7 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
         # Server RSS sampled during the run (peak) and after.
         peak = 0
         while any(p.poll() is None for p in procs):
-            peak = max(peak, rss_of(server.pid))
+            peak = max(peak, sum(rss_of(s.pid) for s in group))
             time.sleep(0.2)
         results = []
         names = [f"actor{a}.json" for a in range(k)] + ["learner.json"]
@@ -338,9 +345,9 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
                 raise RuntimeError(f"worker exited with {p.returncode}")
             with open(os.path.join(outdir, name)) as f:
                 results.append(json.load(f))
-        with ReplayClient(server.endpoint, timeout=30, curve=curve_dir) as c:
+        with connect(endpoint, timeout=30, curve=curve_dir) as c:
             st = c.stats()
-        rss = rss_of(server.pid)
+        rss = sum(rss_of(s.pid) for s in group)
     except BaseException:
         for p in procs:
             if p.poll() is None:
@@ -348,12 +355,13 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
                 p.wait()
         raise
     finally:
-        server.close()
+        for server in group:
+            server.close()
     actors, learner = results[:-1], results[-1]
     ins_lat = [x for a in actors for x in a["lat"]]
     size = int(st.get("size", 0))
     return {
-        "shape": shape, "actors": k, "spec": bool(spec_json), "curve": curve_dir is not None, "prefill": prefill_n, "prefill_s": prefill_s,
+        "shape": shape, "servers": servers, "actors": k, "spec": bool(spec_json), "curve": curve_dir is not None, "prefill": prefill_n, "prefill_s": prefill_s,
         "inserted_per_s": sum(a["items"] / a["elapsed"] for a in actors),
         "sampled_per_s": learner["items"] / learner["elapsed"],
         "sample_p50_ms": pct(learner["lat"], 50), "sample_p99_ms": pct(learner["lat"], 99),
@@ -416,6 +424,30 @@ def spec_runs(spec_check: str) -> list[bool]:
     return {"off": [False], "on": [True], "both": [False, True]}[spec_check]
 
 
+def configs(args: argparse.Namespace, curve_dirs: list[str | None]):
+    """(actors, spec check, CURVE key dir, servers) of each timed window, the server counts innermost so that the
+    windows compared in a ratio run next to each other."""
+    for k in args.actors:
+        for checked in spec_runs(args.spec_check):
+            for curve_dir in curve_dirs:
+                for servers in args.servers:
+                    yield k, checked, curve_dir, servers
+
+
+def server_ratios(rows: list[dict]) -> list[str]:
+    """Each K > 1 window against the K = 1 window with the same shape, actors, spec and CURVE."""
+    out = []
+    same = lambda a, b: all(a[f] == b[f] for f in ("shape", "actors", "spec", "curve"))  # noqa: E731
+    for r in rows:
+        base = next((b for b in rows if b["servers"] == 1 and same(b, r)), None)
+        if r["servers"] > 1 and base is not None:
+            out.append(f"{r['shape']}, {r['actors']} actor(s), {r['servers']} servers / 1: inserted/s "
+                       f"{r['inserted_per_s'] / base['inserted_per_s']:.3f}, sampled/s "
+                       f"{r['sampled_per_s'] / base['sampled_per_s']:.3f}, sample p50 "
+                       f"{r['sample_p50_ms'] / base['sample_p50_ms']:.3f}")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=10.0, help="timed window per configuration (default 10)")
@@ -425,6 +457,9 @@ def main() -> None:
     p.add_argument("--atari-prefill", type=int, default=20_000, help="Atari items before timing (default 20k)")
     p.add_argument("--rss-items", type=int, default=1_000_000, help="DPG items for the RSS measure (default 1M)")
     p.add_argument("--actors", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--servers", type=int, nargs="+", default=[1],
+                   help="replay server counts to run, e.g. 1 2 4: the capacity is split over them and workers use a "
+                   "ShardedReplayClient (default 1); the summary gives each K's ratio to K=1")
     p.add_argument("--only", choices=("dpg", "atari"), action="append")
     p.add_argument("--insert-mode", choices=("pipelined", "sync"), default="pipelined",
                    help="actors: client.inserter() with --max-in-flight unanswered inserts (default), or "
@@ -480,13 +515,11 @@ def main() -> None:
             extra.append(f"DPG spec check (validate_items, fixed-size items): {cost['us_per_batch']:.1f} us per "
                          f"{cost['items_per_batch']}-item insert ({cost['us_per_item']:.2f} us/item)")
             print(extra[-1], flush=True)
-            for k in args.actors:
-                for checked in spec_runs(args.spec_check):
-                    for curve_dir in curve_dirs:
-                        r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
-                                       dpg.to_json() if checked else None, curve_dir)
-                        print(json.dumps(r), flush=True)
-                        rows.append(r)
+            for k, checked, curve_dir, servers in configs(args, curve_dirs):
+                r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
+                               dpg.to_json() if checked else None, curve_dir, servers)
+                print(json.dumps(r), flush=True)
+                rows.append(r)
         if "atari" in shapes:
             spec = TransitionSpec.atari()
             t0 = time.perf_counter()
@@ -511,13 +544,11 @@ def main() -> None:
             extra.append(f"Atari spec check (validate_items with the lz4 block-length walk): {cost['us_per_batch']:.1f} "
                          f"us per {cost['items_per_batch']}-item insert ({cost['us_per_item']:.2f} us/item)")
             print(extra[-1], flush=True)
-            for k in args.actors:
-                for checked in spec_runs(args.spec_check):
-                    for curve_dir in curve_dirs:
-                        r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds,
-                                       actor_flags, spec.to_json() if checked else None, curve_dir)
-                        print(json.dumps(r), flush=True)
-                        rows.append(r)
+            for k, checked, curve_dir, servers in configs(args, curve_dirs):
+                r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds,
+                               actor_flags, spec.to_json() if checked else None, curve_dir, servers)
+                print(json.dumps(r), flush=True)
+                rows.append(r)
         if args.curve == "both":
             extra.extend(curve_wire_speed(curve_dirs[-1]))
             print("\n".join(extra[-2:]), flush=True)
@@ -532,26 +563,26 @@ def main() -> None:
     print(f"\n## bench_wire ({args.seconds:g} s windows, total {time.perf_counter() - t_start:.0f} s; "
           f"learner: sample {SAMPLE_BATCH} [+ decode for Atari] + AsyncUpdater.update {SAMPLE_BATCH}; "
           f"actors: insert {INSERT_BATCH}/request, {actor_mode}; cpus {os.cpu_count()})\n")
-    print("| shape | actors | server --spec | CURVE | prefill | inserted/s | sampled/s | sample p50 / p99 ms | insert p50 / p99 ms "
+    print("| shape | servers | actors | server --spec | CURVE | prefill | inserted/s | sampled/s | sample p50 / p99 ms | insert p50 / p99 ms "
           "| decode ms/512 | server RSS GB (peak) | bytes/item held |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         dec = f"{r['decode_ms_per_batch']:.1f}" if r["shape"] == "atari" else "-"
-        print(f"| {r['shape']} | {r['actors']} | {'yes' if r['spec'] else 'no'} | {'on' if r['curve'] else 'off'} | "
+        print(f"| {r['shape']} | {r['servers']} | {r['actors']} | {'yes' if r['spec'] else 'no'} | {'on' if r['curve'] else 'off'} | "
               f"{r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
               f"{r['sampled_per_s']:,.0f} | {r['sample_p50_ms']:.2f} / {r['sample_p99_ms']:.2f} | "
               f"{r['insert_p50_ms']:.2f} / {r['insert_p99_ms']:.2f} | {dec} | "
               f"{r['server_rss_gb']:.3f} ({r['server_peak_rss_gb']:.3f}) | {r['bytes_per_item']:.0f} |")
     for r in rows:
         if r["spec"]:
-            base = next((b for b in rows if not b["spec"] and (b["shape"], b["actors"], b["curve"]) ==
-                         (r["shape"], r["actors"], r["curve"])), None)
+            base = next((b for b in rows if not b["spec"] and (b["shape"], b["actors"], b["curve"], b["servers"]) ==
+                         (r["shape"], r["actors"], r["curve"], r["servers"])), None)
             if base is not None:
                 curve = ", CURVE on" if r["curve"] else ""
                 extra.append(f"{r['shape']}, {r['actors']} actor(s){curve}: inserted/s with --spec / without = "
                              f"{r['inserted_per_s'] / base['inserted_per_s']:.3f}")
     print()
-    for line in extra + curve_ratios(rows):
+    for line in extra + curve_ratios(rows) + server_ratios(rows):
         print("- " + line)
 
 
@@ -598,10 +629,10 @@ def curve_wire_speed(curve_dir: str, sizes=(32_000, 324_000), seconds: float = 1
 
 def curve_ratios(rows: list[dict]) -> list[str]:
     """One line per configuration measured both ways: CURVE's throughput as a fraction of plain TCP's."""
-    plain = {(r["shape"], r["actors"], r["spec"]): r for r in rows if not r["curve"]}
+    plain = {(r["shape"], r["actors"], r["spec"], r["servers"]): r for r in rows if not r["curve"]}
     lines = []
     for r in rows:
-        base = plain.get((r["shape"], r["actors"], r["spec"])) if r["curve"] else None
+        base = plain.get((r["shape"], r["actors"], r["spec"], r["servers"])) if r["curve"] else None
         if base is not None:
             moved, base_moved = (x["inserted_per_s"] + x["sampled_per_s"] for x in (r, base))
             spec = ", server --spec" if r["spec"] else ""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from apexrl._core import PrioritizedStore, SampleBatch, SnapshotError
 
-__all__ = ["PrioritizedStore", "ReplayClient", "SampleBatch", "SnapshotError", "__version__"]
+__all__ = ["PrioritizedStore", "ReplayClient", "SampleBatch", "ShardedReplayClient", "SnapshotError", "__version__"]
 
 
 def __getattr__(name: str):
@@ -22,5 +22,9 @@ def __getattr__(name: str):
         from apexrl.replay.client import ReplayClient
 
         return ReplayClient
+    if name == "ShardedReplayClient":
+        from apexrl.replay.sharded import ShardedReplayClient
+
+        return ShardedReplayClient
     raise AttributeError(f"module 'apexrl' has no attribute {name!r}")
 __version__ = "0.1.0"

@@ -37,7 +37,8 @@ from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
-from apexrl.replay.client import ReplayClient, ServerTimeoutError
+from apexrl.replay.client import ServerTimeoutError
+from apexrl.replay.sharded import connect as connect_replay
 
 log = logging.getLogger("apexrl.apex.actor")
 
@@ -63,7 +64,7 @@ class Actor:
                                                           config.num_actors, self.seed)
         self.transition_spec = self.policy.transition_spec
         self.nstep = NStepBuffer(config.agent_config.n_step, config.agent_config.gamma)
-        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout, spec=self.transition_spec,
+        self.replay = connect_replay(config.replay, timeout=config.replay_timeout, spec=self.transition_spec,
                                    curve=config.curve_dir)
         self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
         # Never stalls on a slow or absent learner; refused weights are counted and logged once.

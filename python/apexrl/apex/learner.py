@@ -50,7 +50,7 @@ from apexrl.apex.metrics import CSVWriter, Mean
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.errors import ApexRLError, AuthenticationError
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.sharded import connect as connect_replay
 
 log = logging.getLogger("apexrl.apex.learner")
 
@@ -106,7 +106,7 @@ class Learner:
         if config.resume:
             self._resume()
         self.params = ParamServer(bind=config.params_bind, port=config.params_port, curve=config.curve_dir).start()
-        self.replay = ReplayClient(config.replay, timeout=config.replay_timeout, curve=config.curve_dir)
+        self.replay = connect_replay(config.replay, timeout=config.replay_timeout, curve=config.curve_dir)
         self.evaluator = Evaluator(config)
         self.report = ProgressReporter("learner", config.progress_path)
         self._csv: CSVWriter | None = None

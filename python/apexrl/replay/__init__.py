@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["FieldSpec", "ReplayClient", "ReplayServer", "SampledBatch", "ServerConfig", "TransitionSpec"]
+__all__ = ["FieldSpec", "ReplayClient", "ReplayServer", "SampledBatch", "ServerConfig", "ShardedReplayClient",
+           "TransitionSpec", "connect"]
 
 _HOMES = {
     "FieldSpec": "apexrl.replay.codec",
@@ -21,6 +22,8 @@ _HOMES = {
     "SampledBatch": "apexrl.replay.client",
     "ReplayServer": "apexrl.replay.server",
     "ServerConfig": "apexrl.replay.config",
+    "ShardedReplayClient": "apexrl.replay.sharded",
+    "connect": "apexrl.replay.sharded",
 }
 
 

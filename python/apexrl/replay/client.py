@@ -263,6 +263,24 @@ class ReplayClient(TransportClient):
         assert reply.stats is not None
         return reply.stats
 
+    def try_stats(self) -> int | None:
+        """Queue a STATS without waiting at all -> its request id, or None when it could not even be queued; the
+        reply comes with :meth:`poll_stats`. For probing a server that may be down."""
+        rid = self.transport.next_request_id()
+        return rid if self.transport.try_send(P.encode_stats(rid)) else None
+
+    def poll_stats(self, rid: int) -> dict[str, int | float] | None:
+        """The reply to the STATS sent as ``rid`` if it is already here, else None; never waits and never resets
+        the socket (so a request queued for a server that is down stays queued until it comes back)."""
+        frames = self.transport.receive(0)
+        while frames is not None:
+            if peek_ids(memoryview(frames[0].buffer))[1] == rid:
+                reply = self._decode(frames, P.Op.STATS, rid)
+                assert reply.stats is not None
+                return reply.stats
+            frames = self.transport.receive(0)  # a late reply to an earlier request: discard
+        return None
+
     def _send(self, frames: list[Any], deadline: float, what: str) -> None:
         try:
             self.transport.send(frames, max(deadline - time.monotonic(), 0.0), what)
