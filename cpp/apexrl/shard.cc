@@ -231,6 +231,11 @@ bool Shard::SampleUniform(size_t k, Rng& rng, double share, const SampleSink& si
   return true;
 }
 
+void Shard::UncountSampled(size_t k) {
+  ScopedLock lock(mu_);
+  counters_.sampled -= k;
+}
+
 size_t Shard::Update(const Key* keys, const double* priorities, const double* masses, size_t n) {
   ScopedLock lock(mu_);
   scratch_slots_.clear();

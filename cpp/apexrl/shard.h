@@ -114,6 +114,8 @@ class Shard {
   uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
   uint64_t reserved_bytes() const { return reserved_.load(std::memory_order_relaxed); }
   ShardCounters counters() const EXCLUDES(mu_);
+  // Takes back k draws from the `sampled` counter: the store discarded a batch pass they were part of.
+  void UncountSampled(size_t k) EXCLUDES(mu_);
   uint64_t max_seq() const EXCLUDES(mu_);  // largest insertion number ever stored here (0 if none)
 
   // Throws std::logic_error describing the first broken invariant (tests and debugging).

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "apexrl/errors.h"
 #include "apexrl/snapshot_io.h"
@@ -143,6 +144,7 @@ namespace {
 struct SampleScratch {
   std::vector<double> masses, points, fractions, totals;
   std::vector<size_t> counts;
+  std::vector<std::pair<size_t, size_t>> done;  // (shard, draws) sampled so far in this pass
 };
 thread_local SampleScratch sample_scratch;
 }  // namespace
@@ -199,6 +201,12 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
   scratch.counts.resize(num_shards);
   std::vector<double>& totals = scratch.totals;
   out->data.clear();
+  scratch.done.clear();
+  // A discarded pass takes its draws back from the shards' counters, so `sampled` counts delivered draws.
+  auto discard = [&]() {
+    for (const auto& [s, k] : scratch.done) shards_[s]->UncountSampled(k);
+    return false;
+  };
   const SampleSink sink{out->keys.data(), scratch.masses.data(), out->probabilities.data(), &out->data,
                         out->offsets.data()};
 
@@ -231,8 +239,9 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
     for (size_t s = 0; s < num_shards; ++s) {
       if (counts[s] == 0) continue;
       if (!shards_[s]->SampleUniform(counts[s], rng, totals[s] / static_cast<double>(drawn_from), sink, filled)) {
-        return false;
+        return discard();
       }
+      scratch.done.emplace_back(s, counts[s]);
       filled += counts[s];
     }
     out->size = drawn_from;
@@ -263,8 +272,9 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
     }
     const size_t k = j - first;
     double shard_total = totals[s];
-    if (k > 0 && !shards_[s]->Sample(&fractions[first], k, totals[s] / total, sink, first, &shard_total)) {
-      return false;
+    if (k > 0) {
+      if (!shards_[s]->Sample(&fractions[first], k, totals[s] / total, sink, first, &shard_total)) return discard();
+      scratch.done.emplace_back(s, k);
     }
     used += shard_total;
     begin = end;

@@ -67,18 +67,20 @@ struct StoreStats {
 //  * Sampling is proportional and stratified: the total mass T = sum_k p_k^alpha is cut into n equal
 //    segments with one uniform draw in each (Schaul et al.); a draw picks a shard by its share of T, then
 //    descends that shard's tree. IS weight w_k = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta, where
-//    m_min is the smallest positive mass in the store (or a smaller drawn one, written concurrently), so weights lie in (0, 1] (computed from logs, so no
-//    ratio overflows; an underflow is clamped to the smallest normal float). If every mass is 0
+//    m_min is the smallest positive mass in the store (or a smaller drawn one, written concurrently), so
+//    weights lie in (0, 1] (computed from logs, so no ratio overflows; an underflow is clamped to the smallest
+//    normal float). If every mass is 0
 //    (alpha > 0 and all priorities 0) draws fall back to uniform with weights 1.
 //  * Batch totals: every batch is drawn in one pass over the shards (a pass that finds a shard emptied under
-//    it is discarded whole and the batch redrawn), and SampleResult reports that pass's store: total_mass T,
-//    min_mass m_min and size N. For every draw k, probability_k * T == m_k (its mass p_k^alpha) up to
-//    rounding, and weight_k = (m_k / m_min)^-beta; 0 < m_min <= m_k <= T. A client holding several stores
-//    combines batches from these alone (global P_k = m_k / sum_s T_s, global m_min = min_s m_min_s). T is the
-//    sum over shards of each shard's total as its draws saw it (read under its lock), or as read before the
-//    pass for a shard no draw reached; quiet, that is TotalMass() and P_k the probability the draw was made
-//    with. In the uniform fallback T = m_min = 0 and every P_k = 1 / N (weights 1). N is the sum of the
-//    shards' sizes read at the start of the pass (N >= 1; draws are with replacement, so n may exceed N).
+//    it is discarded whole, its draws uncounted, and the batch drawn again), and SampleResult reports that
+//    pass's store: total_mass T, min_mass m_min and size N. For every draw k, probability_k * T == m_k (its
+//    mass p_k^alpha) up to rounding, and weight_k = (m_k / m_min)^-beta; 0 < m_min <= m_k <= T. A client
+//    holding several stores combines batches from these alone (global P_k = m_k / sum_s T_s, global
+//    m_min = min_s m_min_s). T is the sum over shards of each shard's total as its draws saw it (read under
+//    its lock), or as read before the pass for a shard no draw reached; quiet, that is TotalMass() and P_k
+//    the probability the draw was made with. In the uniform fallback T = m_min = 0 and every P_k = 1 / N
+//    (weights 1). N is the sum of the shards' sizes read at the start of the pass (N >= 1; draws are with
+//    replacement, so n may exceed N).
 //  * Keys of removed items are stale forever: updates skip and count them, erase ignores them. So are keys
 //    of another epoch (an earlier life of a restarted store) unless their item was restored from a snapshot.
 //  * Masses are at most kMaxMass, so no total overflows; probabilities are finite and sum to 1.
