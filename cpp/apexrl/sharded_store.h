@@ -69,8 +69,8 @@ struct StoreStats {
 //    descends that shard's tree. IS weight w_k = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta, where
 //    m_min is the smallest positive mass in the store (or a smaller drawn one, written concurrently), so
 //    weights lie in (0, 1] (computed from logs, so no ratio overflows; an underflow is clamped to the smallest
-//    normal float). If every mass is 0
-//    (alpha > 0 and all priorities 0) draws fall back to uniform with weights 1.
+//    normal float). If every mass is 0 (alpha > 0 and all priorities 0) draws fall back to uniform with
+//    weights 1.
 //  * Batch totals: every batch is drawn in one pass over the shards (a pass that finds a shard emptied under
 //    it is discarded whole, its draws uncounted, and the batch drawn again), and SampleResult reports that
 //    pass's store: total_mass T, min_mass m_min and size N. For every draw k, probability_k * T == m_k (its
