@@ -319,7 +319,7 @@ def _check_offsets(offsets: np.ndarray, data_len: int) -> None:
 def _totals_ok(totals: np.ndarray) -> bool:
     """A SAMPLE reply's (total_mass, min_mass): finite, 0 <= min_mass <= total_mass, min_mass > 0 iff
     total_mass > 0 (both 0: the uniform fallback)."""
-    total, least = float(totals[0]), float(totals[1])
+    total, least = totals.tolist()  # a fixed f64[2] frame (length checked before any rule)
     return math.isfinite(total) and 0.0 <= least <= total and (least > 0.0) == (total > 0.0)
 
 
@@ -330,7 +330,8 @@ def _check_totals(name: str, totals: np.ndarray) -> None:
 
 
 def _positive_ok(values: np.ndarray) -> bool:
-    return bool((values >= 1).all())
+    """Every value >= 1 (the frames with this rule are a few elements long: a list beats a numpy reduction)."""
+    return min(values.tolist(), default=1) >= 1
 
 
 def _check_positive(name: str, values: np.ndarray) -> None:
