@@ -138,9 +138,10 @@ def test_an_insert_reply_round_trips():
 
 def test_a_sample_reply_round_trips():
     data, offsets = pack_items([b"ab", b"", b"cde"])
-    frames = encode_sample_reply(8, [7, 8, 9], [1.0, 0.5, 0.25], [0.1, 0.2, 0.7], offsets, data)
+    frames = encode_sample_reply(8, [7, 8, 9], [1.0, 0.5, 0.25], [0.1, 0.2, 0.7], offsets, data, [10.0, 0.5], [4])
     reply = decode_reply(as_bytes(frames), Op.SAMPLE, 8)
     assert reply.arrays["weights"].dtype == np.float32 and reply.arrays["probabilities"].dtype == np.float64
+    assert reply.arrays["totals"].tolist() == [10.0, 0.5] and reply.arrays["store_size"].tolist() == [4]
     np.testing.assert_array_equal(reply.arrays["keys"], [7, 8, 9])
     np.testing.assert_array_equal(reply.arrays["weights"], [1.0, 0.5, 0.25])
     assert [bytes(v) for v in split_items(reply.arrays["offsets"], reply.arrays["data"])] == [b"ab", b"", b"cde"]
@@ -198,16 +199,16 @@ HEADER_CASES = {
     "op 65535": (raw_header(op=65535), Status.UNKNOWN_OP, r"op 65535 is unknown"),
     "status 9": (raw_header(status=9), Status.BAD_MESSAGE, r"status 9 is unknown"),
 }
-for _version in (0, 1, 3, 255, 65535):
+for _version in (0, 1, 2, 4, 255, 65535):
     HEADER_CASES[f"version {_version}"] = (
         raw_header(version=_version),
         Status.UNSUPPORTED_VERSION,
-        rf"protocol version {_version} is not supported; supported versions: 2",
+        rf"protocol version {_version} is not supported; supported versions: 3",
     )
-HEADER_CASES["version 3 with a longer header"] = (
-    raw_header(version=3) + b"\0" * 8,
+HEADER_CASES["version 4 with a longer header"] = (
+    raw_header(version=4) + b"\0" * 8,
     Status.UNSUPPORTED_VERSION,
-    r"version 3 is not supported",
+    r"version 4 is not supported",
 )
 
 
@@ -414,9 +415,15 @@ def test_an_empty_insert_is_valid():
 # ------------------------------------------------------------------------------------------ reply rules
 
 
-def _sample_reply(n=2):
+def _sample_reply(n=2, totals=(2.0, 1.0), store_size=(2,)):
     data, offsets = pack_items([b"x" * i for i in range(n)])
-    return as_bytes(encode_sample_reply(5, np.arange(n), np.ones(n), np.full(n, 1 / n), offsets, data))
+    frames = as_bytes(encode_sample_reply(5, np.arange(n), np.ones(n), np.full(n, 1 / n), offsets, data, [2.0, 1.0], [2]))
+    # the totals as given, even ones the encoder would refuse
+    return [*frames[:6], struct.pack("<2d", *totals), struct.pack(f"<{len(store_size)}Q", *store_size)]
+
+
+def _bad_totals(totals, store_size=(2,)):
+    return (_sample_reply(totals=totals, store_size=store_size), Op.SAMPLE, 5, Status.BAD_MESSAGE)
 
 
 REPLY_CASES = {
@@ -437,7 +444,23 @@ REPLY_CASES = {
         r"INSERT reply frame keys is 8 bytes, expected 16",
     ),
     "insert reply without keys": ([raw_header(op=1, count=0)], Op.INSERT, 5, Status.BAD_MESSAGE, r"must have 2 frames"),
-    "sample reply missing data": (_sample_reply()[:5], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"SAMPLE reply must have 6 frames"),
+    "sample reply missing data": (_sample_reply()[:5], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"SAMPLE reply must have 8 frames"),
+    "sample reply of protocol 2 (no totals)": (_sample_reply()[:6], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"must have 8 frames"),
+    "sample reply totals NaN": (*_bad_totals((float("nan"), 1.0)), r"totals \(total_mass, min_mass\) is \(nan, 1.0\)"),
+    "sample reply totals inf": (*_bad_totals((float("inf"), 1.0)), r"is \(inf, 1.0\); both must be finite"),
+    "sample reply negative total": (*_bad_totals((-1.0, 0.0)), r"is \(-1.0, 0.0\)"),
+    "sample reply min_mass NaN": (*_bad_totals((2.0, float("nan"))), r"is \(2.0, nan\)"),
+    "sample reply min_mass over total": (*_bad_totals((1.0, 2.0)), r"is \(1.0, 2.0\).*0 <= min_mass <= total_mass"),
+    "sample reply negative min_mass": (*_bad_totals((1.0, -0.5)), r"is \(1.0, -0.5\)"),
+    "sample reply min_mass 0 with mass": (*_bad_totals((1.0, 0.0)), r"min_mass > 0 exactly when total_mass > 0"),
+    "sample reply min_mass without mass": (*_bad_totals((0.0, 1e-300)), r"is \(0.0, 1e-300\)"),
+    "sample reply store_size 0": (*_bad_totals((2.0, 1.0), (0,)), r"store_size\[0\] is 0, must be >= 1"),
+    "sample reply totals short": (
+        _sample_reply()[:6] + [f64(1.0), u64(2)], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"frame totals is 8 bytes, expected 16",
+    ),
+    "sample reply store_size long": (
+        _sample_reply()[:7] + [u64(2, 2)], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"frame store_size is 16 bytes, expected 8",
+    ),
     "sample reply short weights": (
         _sample_reply()[:2] + [b"\0" * 4] + _sample_reply()[3:],
         Op.SAMPLE,
@@ -459,9 +482,12 @@ REPLY_CASES = {
         Status.BAD_MESSAGE,
         r"offsets\[-1\] is 5, must equal len\(data\)=1",
     ),
-    "sample reply of 0": ([raw_header(op=2, count=0), b"", b"", b"", u64(0), b""], Op.SAMPLE, 5, Status.INVALID_ARGUMENT, r"must be >= 1"),
+    "sample reply of 0": (
+        [raw_header(op=2, count=0), b"", b"", b"", u64(0), b"", f64(1.0, 1.0), u64(1)],
+        Op.SAMPLE, 5, Status.INVALID_ARGUMENT, r"must be >= 1",
+    ),
     "sample reply above MAX_BATCH": (
-        [raw_header(op=2, count=MAX_BATCH + 1), b"", b"", b"", b"", b""],
+        [raw_header(op=2, count=MAX_BATCH + 1), b"", b"", b"", b"", b"", b"", b""],
         Op.SAMPLE,
         5,
         Status.TOO_LARGE,
@@ -481,7 +507,7 @@ REPLY_CASES = {
     "error reply without a message": ([raw_header(op=5, status=8)], Op.STATS, 5, Status.BAD_MESSAGE, r"INTERNAL error reply must have 2 frames"),
     "error reply with invalid UTF-8": ([raw_header(op=5, status=8), b"\xc3"], Op.STATS, 5, Status.BAD_MESSAGE, r"message is not valid UTF-8"),
     "error reply with a count": ([raw_header(op=5, status=8, count=3), b"x"], Op.STATS, 5, Status.BAD_MESSAGE, r"count is 3, must be 0"),
-    "reply of an unsupported version": ([raw_header(op=5, version=1), b"{}"], Op.STATS, 5, Status.UNSUPPORTED_VERSION, r"version 1 is not supported; supported versions: 2"),
+    "reply of an unsupported version": ([raw_header(op=5, version=1), b"{}"], Op.STATS, 5, Status.UNSUPPORTED_VERSION, r"version 1 is not supported; supported versions: 3"),
 }
 
 
@@ -520,7 +546,16 @@ ENCODER_CASES = {
     "insert negative timeout": (lambda: encode_insert(1, [1.0], b"a", [0, 1], -1), r"timeout_ms"),
     "insert timeout over u32": (lambda: encode_insert(1, [1.0], b"a", [0, 1], 2**32), r"timeout_ms"),
     "insert bool timeout": (lambda: encode_insert(1, [1.0], b"a", [0, 1], True), r"timeout_ms"),
-    "sample reply weights too short": (lambda: encode_sample_reply(1, [1], [], [1.0], [0, 0], b""), r"weights has 0 entries"),
+    "sample reply weights too short": (
+        lambda: encode_sample_reply(1, [1], [], [1.0], [0, 0], b"", [1.0, 1.0], [1]), r"weights has 0 entries",
+    ),
+    "sample reply min_mass over total": (
+        lambda: encode_sample_reply(1, [1], [1.0], [1.0], [0, 0], b"", [1.0, 2.0], [1]), r"totals .* is \(1.0, 2.0\)",
+    ),
+    "sample reply NaN total": (
+        lambda: encode_sample_reply(1, [1], [1.0], [1.0], [0, 0], b"", [float("nan"), 0.0], [1]), r"totals .* is \(nan",
+    ),
+    "sample reply size 0": (lambda: encode_sample_reply(1, [1], [1.0], [1.0], [0, 0], b"", [1.0, 1.0], [0]), r"store_size"),
     "count reply for SAMPLE": (lambda: encode_count_reply(Op.SAMPLE, 1, 1), r"UPDATE_PRIORITIES or REMOVE_TO_FIT"),
     "stats with a str value": (lambda: encode_stats_reply(1, {"a": "b"}), r"str -> int\|float"),
     "stats with a bool value": (lambda: encode_stats_reply(1, {"a": True}), r"str -> int\|float"),
@@ -549,7 +584,8 @@ def valid_messages():
     ]
     replies = [
         (as_bytes(encode_insert_reply(1, [9, 8, 7])), Op.INSERT, 1),
-        (as_bytes(encode_sample_reply(2, [1, 2, 3], [1, 1, 1], [0.2, 0.3, 0.5], offsets, data)), Op.SAMPLE, 2),
+        (as_bytes(encode_sample_reply(2, [1, 2, 3], [1, 1, 1], [0.2, 0.3, 0.5], offsets, data, [1.0, 0.2], [3])),
+         Op.SAMPLE, 2),
         (as_bytes(encode_count_reply(Op.UPDATE_PRIORITIES, 3, 3)), Op.UPDATE_PRIORITIES, 3),
         (as_bytes(encode_count_reply(Op.REMOVE_TO_FIT, 4, 0)), Op.REMOVE_TO_FIT, 4),
         (as_bytes(encode_stats_reply(5, {"size": 3, "total_priority": 1.5})), Op.STATS, 5),
@@ -748,12 +784,13 @@ VALID_VALUES = {  # (kind, op) -> (frame values in the schema's order, header fi
     ("request", Op.GET_PARAMS): ((np.array([7, 9], np.uint64),), {}),
     ("reply", Op.INSERT): ((np.array([4, 5, 6], np.uint64),), {}),
     ("reply", Op.SAMPLE): (
-        (np.array([4, 5, 6], np.uint64), np.ones(3, np.float32), np.full(3, 0.5), _ITEM_OFFSETS, _ITEMS), {}
+        (np.array([4, 5, 6], np.uint64), np.ones(3, np.float32), np.full(3, 0.5), _ITEM_OFFSETS, _ITEMS,
+         np.array([2.0, 0.5]), np.array([2], np.uint64)), {}
     ),
     ("reply", Op.UPDATE_PRIORITIES): ((), {"count": 2}),
     ("reply", Op.REMOVE_TO_FIT): ((), {"count": 0}),
     ("reply", Op.STATS): (({"size": 3, "x": 1.5},), {}),
-    ("reply", Op.HELLO): (({"protocol_version": 2, "max_request_bytes": 1024}, ""), {}),
+    ("reply", Op.HELLO): (({"protocol_version": 3, "max_request_bytes": 1024}, ""), {}),
     ("reply", Op.ERASE): ((), {"count": 2}),
     ("reply", Op.GET_PARAMS): ((np.array([7, 9], np.uint64), b"weights"), {}),
 }
@@ -839,6 +876,13 @@ def schema_mutations(kind, op, frames):
             bad = bytearray(frames[i])
             bad[:8] = struct.pack("<Q", 1)
             yield f"{f.name} start", [*frames[:i], bytes(bad), *frames[i + 1 :]], Status.BAD_MESSAGE, r"offsets\[0\] is 1"
+        if f.rule == "totals":
+            for label, pair in (("NaN", (float("nan"), 1.0)), ("min above total", (1.0, 2.0)), ("min 0", (1.0, 0.0))):
+                yield (f"{f.name} {label}", [*frames[:i], struct.pack("<2d", *pair), *frames[i + 1 :]],
+                       Status.BAD_MESSAGE, rf"{f.name} \(total_mass, min_mass\)")
+        if f.rule == "positive":
+            bad = bytes(len(frames[i]))
+            yield f"{f.name} 0", [*frames[:i], bad, *frames[i + 1 :]], Status.BAD_MESSAGE, rf"{f.name}\[0\] is 0"
 
 
 SCHEMA_CASES = [

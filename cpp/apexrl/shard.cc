@@ -201,7 +201,8 @@ void Shard::CopyOut(const Slot* slots, size_t k, double share, double total, con
   counters_.sampled += k;
 }
 
-bool Shard::Sample(const double* fractions, size_t k, double share, const SampleSink& sink, size_t first) {
+bool Shard::Sample(const double* fractions, size_t k, double share, const SampleSink& sink, size_t first,
+                   double* used_total) {
   thread_local std::vector<double> masses;
   thread_local std::vector<Slot> slots;
   masses.resize(k);
@@ -211,6 +212,7 @@ bool Shard::Sample(const double* fractions, size_t k, double share, const Sample
   // every draw inside this shard.
   const double total = tree_.Total();
   if (!(total > 0.0)) return false;
+  if (used_total != nullptr) *used_total = total;
   for (size_t i = 0; i < k; ++i) masses[i] = fractions[i] * total;
   tree_.FindBatch(masses.data(), k, slots.data());
   CopyOut(slots.data(), k, share, total, sink, first);
@@ -227,6 +229,11 @@ bool Shard::SampleUniform(size_t k, Rng& rng, double share, const SampleSink& si
   CopyOut(slots.data(), k, share, static_cast<double>(live_.size()), sink, first);
   for (size_t i = 0; i < k; ++i) sink.probabilities[first + i] = share / static_cast<double>(live_.size());
   return true;
+}
+
+void Shard::UncountSampled(size_t k) {
+  ScopedLock lock(mu_);
+  counters_.sampled -= k;
 }
 
 size_t Shard::Update(const Key* keys, const double* priorities, const double* masses, size_t n) {

@@ -87,9 +87,10 @@ class Shard {
 
   // Draws k items: draw i lands on the item where the prefix sum of masses passes fractions[i] * total.
   // `share` is the probability that one draw of the whole store came to this shard. Writes draws
-  // [first, first + k) of `sink`. Returns false, writing nothing, if the shard has no mass now.
-  bool Sample(const double* fractions, size_t k, double share, const SampleSink& sink, size_t first)
-      EXCLUDES(mu_);
+  // [first, first + k) of `sink`. Returns false, writing nothing, if the shard has no mass now. `used_total`
+  // (optional) receives the shard's total the draws were scaled to (read under the lock).
+  bool Sample(const double* fractions, size_t k, double share, const SampleSink& sink, size_t first,
+              double* used_total = nullptr) EXCLUDES(mu_);
   // k uniform draws among this shard's items (the store's fallback when every mass is 0); `share` as above.
   bool SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first) EXCLUDES(mu_);
 
@@ -113,6 +114,8 @@ class Shard {
   uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
   uint64_t reserved_bytes() const { return reserved_.load(std::memory_order_relaxed); }
   ShardCounters counters() const EXCLUDES(mu_);
+  // Takes back k draws from the `sampled` counter: the store discarded a batch pass they were part of.
+  void UncountSampled(size_t k) EXCLUDES(mu_);
   uint64_t max_seq() const EXCLUDES(mu_);  // largest insertion number ever stored here (0 if none)
 
   // Throws std::logic_error describing the first broken invariant (tests and debugging).

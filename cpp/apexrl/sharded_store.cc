@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "apexrl/errors.h"
 #include "apexrl/snapshot_io.h"
@@ -137,106 +139,157 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
   if (Size() > config_.max_size) RemoveToFit();  // the hard ceiling holds even if nobody else evicts
 }
 
+namespace {
+// Per-thread scratch of Sample (one sample call per thread at a time).
+struct SampleScratch {
+  std::vector<double> masses, points, fractions, totals;
+  std::vector<size_t> counts;
+  std::vector<std::pair<size_t, size_t>> done;  // (shard, draws) sampled so far in this pass
+};
+thread_local SampleScratch sample_scratch;
+}  // namespace
+
 void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
   if (n == 0) throw InvalidArgument("the number of items to sample must be >= 1, got 0");
   if (n > kMaxBatchItems) throw InvalidArgument(BatchTooLarge("cannot sample", n));
   if (!std::isfinite(beta) || beta < 0.0) throw InvalidArgument("beta must be finite and >= 0, got " + Num(beta));
   if (Size() == 0) throw InvalidArgument("cannot sample from an empty store");
   Rng rng(config_.seed, sample_calls_.fetch_add(1, std::memory_order_relaxed));
-  const size_t num_shards = shards_.size();
 
   out->keys.resize(n);
   out->weights.resize(n);
   out->probabilities.resize(n);
   out->offsets.resize(n + 1);
-  out->data.clear();
-  thread_local std::vector<double> masses, points, fractions, totals;
-  thread_local std::vector<size_t> counts;
-  masses.resize(n);
-  points.resize(n);
-  fractions.resize(n);
-  totals.resize(num_shards);
-  counts.resize(num_shards);
+  SampleScratch& scratch = sample_scratch;
+  scratch.masses.resize(n);
   {
     uint64_t items = 0, bytes = 0;
     for (const auto& shard : shards_) {
       items += shard->size();
       bytes += shard->bytes();
     }
+    out->data.clear();
     if (items > 0) out->data.reserve(static_cast<size_t>(n * (bytes / items) + n * (bytes / items) / 8 + 4096));
   }
-  const SampleSink sink{out->keys.data(), masses.data(), out->probabilities.data(), &out->data,
-                        out->offsets.data()};
-
-  double min_mass = kInf;
-  size_t filled = 0;
   // One pass normally fills the batch. A shard emptied between reading its total and locking it leaves its
-  // draws unfilled; the next pass redraws them from fresh totals.
-  for (int pass = 0; filled < n; ++pass) {
-    if (pass > 64) throw std::runtime_error("sample: the store kept changing under the draw; try again");
-    const size_t m = n - filled;
-    double total = 0.0;
-    min_mass = kInf;
-    int last = -1;
-    for (size_t s = 0; s < num_shards; ++s) {
-      totals[s] = shards_[s]->total();
-      total += totals[s];
-      min_mass = std::min(min_mass, shards_[s]->min_positive());
-      if (totals[s] > 0.0) last = static_cast<int>(s);
-    }
-    if (!(total > 0.0)) {
-      // Every mass is zero (alpha > 0 and all priorities 0): uniform over items.
-      uint64_t items = 0;
-      for (size_t s = 0; s < num_shards; ++s) {
-        totals[s] = static_cast<double>(shards_[s]->size());
-        items += shards_[s]->size();
-      }
-      if (items == 0) throw InvalidArgument("cannot sample from an empty store");
-      std::fill(counts.begin(), counts.end(), 0);
-      for (size_t j = 0; j < m; ++j) {
-        uint64_t r = rng.Below(items);
-        size_t s = 0;
-        while (r >= static_cast<uint64_t>(totals[s])) r -= static_cast<uint64_t>(totals[s++]);
-        ++counts[s];
-      }
-      for (size_t s = 0; s < num_shards; ++s) {
-        if (counts[s] > 0 &&
-            shards_[s]->SampleUniform(counts[s], rng, totals[s] / static_cast<double>(items), sink, filled)) {
-          filled += counts[s];
-        }
-      }
-      continue;
-    }
-    // Stratified: draw j is uniform in segment j of [0, total); the draws come out sorted, so each shard's
-    // draws are one contiguous run.
-    const double segment = total / static_cast<double>(m);
-    for (size_t j = 0; j < m; ++j) points[j] = (static_cast<double>(j) + rng.Uniform()) * segment;
-    size_t j = 0;
-    double begin = 0.0;
-    for (size_t s = 0; s < num_shards && j < m; ++s) {
-      if (!(totals[s] > 0.0)) continue;
-      const double end = begin + totals[s];
-      const size_t first = j;
-      for (; j < m; ++j) {
-        if (points[j] >= end && static_cast<int>(s) != last) break;  // rounding past the end: last shard
-        fractions[j] = std::clamp((points[j] - begin) / totals[s], 0.0, 1.0 - DBL_EPSILON);
-      }
-      const size_t k = j - first;
-      if (k > 0 && shards_[s]->Sample(&fractions[first], k, totals[s] / total, sink, filled)) filled += k;
-      begin = end;
-    }
+  // draws unfilled: the whole batch is then drawn again from fresh totals, so every batch comes from one
+  // pass and its total_mass / min_mass / size describe all of its draws.
+  for (int pass = 0; !SamplePass(n, rng, out); ++pass) {
+    if (pass >= 64) throw std::runtime_error("sample: the store kept changing under the draw; try again");
   }
   out->offsets[n] = out->data.size();
 
   // w = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta, computed as exp(beta * (log m_min - log m_k)):
-  // a ratio of masses spanning denormals to kMaxMass would overflow, a difference of logs cannot. A mass
-  // below the minimum read (changed concurrently) is clamped to weight 1; float underflow is clamped to the
-  // smallest normal float, so every weight is a finite float in (0, 1].
+  // a ratio of masses spanning denormals to kMaxMass would overflow, a difference of logs cannot. m_min is
+  // at most every drawn positive mass, so w <= 1; float underflow is clamped to the smallest normal float,
+  // so every weight is a finite float in (0, 1]. The uniform fallback has weights 1.
+  const double* masses = scratch.masses.data();
+  const double min_mass = out->min_mass;
   for (size_t i = 0; i < n; ++i) {
     double w = 1.0;
-    if (masses[i] > 0.0 && min_mass < kInf && beta > 0.0) w = std::exp(beta * (std::log(min_mass) - std::log(masses[i])));
+    if (masses[i] > 0.0 && min_mass > 0.0 && beta > 0.0) w = std::exp(beta * (std::log(min_mass) - std::log(masses[i])));
     out->weights[i] = static_cast<float>(std::clamp(w, static_cast<double>(FLT_MIN), 1.0));
   }
+}
+
+bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
+  SampleScratch& scratch = sample_scratch;
+  const size_t num_shards = shards_.size();
+  scratch.points.resize(n);
+  scratch.fractions.resize(n);
+  scratch.totals.resize(num_shards);
+  scratch.counts.resize(num_shards);
+  std::vector<double>& totals = scratch.totals;
+  out->data.clear();
+  scratch.done.clear();
+  // A discarded pass takes its draws back from the shards' counters, so `sampled` counts delivered draws.
+  auto discard = [&]() {
+    for (const auto& [s, k] : scratch.done) shards_[s]->UncountSampled(k);
+    return false;
+  };
+  const SampleSink sink{out->keys.data(), scratch.masses.data(), out->probabilities.data(), &out->data,
+                        out->offsets.data()};
+
+  double total = 0.0, min_mass = kInf;
+  uint64_t items = 0;
+  int last = -1;
+  for (size_t s = 0; s < num_shards; ++s) {
+    totals[s] = shards_[s]->total();
+    total += totals[s];
+    items += shards_[s]->size();
+    min_mass = std::min(min_mass, shards_[s]->min_positive());
+    if (totals[s] > 0.0) last = static_cast<int>(s);
+  }
+  if (items == 0) throw InvalidArgument("cannot sample from an empty store");
+  out->size = items;
+  if (!(total > 0.0)) {
+    // Every mass is zero (alpha > 0 and all priorities 0): uniform over items.
+    std::vector<size_t>& counts = scratch.counts;
+    std::fill(counts.begin(), counts.end(), 0);
+    for (size_t s = 0; s < num_shards; ++s) totals[s] = static_cast<double>(shards_[s]->size());
+    const uint64_t drawn_from = static_cast<uint64_t>(std::accumulate(totals.begin(), totals.end(), 0.0));
+    if (drawn_from == 0) return false;  // emptied since `items` was read
+    for (size_t j = 0; j < n; ++j) {
+      uint64_t r = rng.Below(drawn_from);
+      size_t s = 0;
+      while (r >= static_cast<uint64_t>(totals[s])) r -= static_cast<uint64_t>(totals[s++]);
+      ++counts[s];
+    }
+    size_t filled = 0;
+    for (size_t s = 0; s < num_shards; ++s) {
+      if (counts[s] == 0) continue;
+      if (!shards_[s]->SampleUniform(counts[s], rng, totals[s] / static_cast<double>(drawn_from), sink, filled)) {
+        return discard();
+      }
+      scratch.done.emplace_back(s, counts[s]);
+      filled += counts[s];
+    }
+    out->size = drawn_from;
+    out->total_mass = 0.0;
+    out->min_mass = 0.0;
+    std::fill(out->probabilities.begin(), out->probabilities.end(), 1.0 / static_cast<double>(drawn_from));
+    std::fill(scratch.masses.begin(), scratch.masses.end(), 0.0);  // weights 1
+    return true;
+  }
+  // Stratified: draw j is uniform in segment j of [0, total); the draws come out sorted, so each shard's
+  // draws are one contiguous run.
+  const double segment = total / static_cast<double>(n);
+  double* points = scratch.points.data();
+  double* fractions = scratch.fractions.data();
+  for (size_t j = 0; j < n; ++j) points[j] = (static_cast<double>(j) + rng.Uniform()) * segment;
+  // The total the batch reports: each shard's total as its draws saw it (read under its lock), the total
+  // read before the pass for shards no draw reached. Every drawn mass is part of it, so P <= 1.
+  double used = 0.0;
+  size_t j = 0;
+  double begin = 0.0;
+  for (size_t s = 0; s < num_shards; ++s) {
+    if (!(totals[s] > 0.0)) continue;
+    const double end = begin + totals[s];
+    const size_t first = j;
+    for (; j < n; ++j) {
+      if (points[j] >= end && static_cast<int>(s) != last) break;  // rounding past the end: last shard
+      fractions[j] = std::clamp((points[j] - begin) / totals[s], 0.0, 1.0 - DBL_EPSILON);
+    }
+    const size_t k = j - first;
+    double shard_total = totals[s];
+    if (k > 0) {
+      if (!shards_[s]->Sample(&fractions[first], k, totals[s] / total, sink, first, &shard_total)) return discard();
+      scratch.done.emplace_back(s, k);
+    }
+    used += shard_total;
+    begin = end;
+  }
+  // P(k) = m_k / total_mass exactly (up to rounding), so a client recovers m_k = P(k) * total_mass. Quiet,
+  // this is the probability the draw was made with; under concurrent writes the shard a draw landed in may
+  // have moved between the read and the lock (the draw is rescaled into the shard's current tree).
+  const double* masses = scratch.masses.data();
+  for (size_t i = 0; i < n; ++i) {
+    out->probabilities[i] = masses[i] / used;
+    if (masses[i] > 0.0) min_mass = std::min(min_mass, masses[i]);
+  }
+  out->total_mass = used;
+  out->min_mass = std::min(min_mass, used);
+  return true;
 }
 
 void ShardedStore::GroupByShard(const Key* keys, size_t n, std::vector<uint32_t>* order,
@@ -344,6 +397,12 @@ double ShardedStore::TotalMass() const {
   double t = 0.0;
   for (const auto& shard : shards_) t += shard->total();
   return t;
+}
+
+double ShardedStore::MinMass() const {
+  double m = kInf;
+  for (const auto& shard : shards_) m = std::min(m, shard->min_positive());
+  return m < kInf ? m : 0.0;
 }
 
 StoreStats ShardedStore::Stats() const {

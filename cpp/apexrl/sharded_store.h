@@ -40,9 +40,13 @@ struct StoreConfig {
 struct SampleResult {
   std::vector<Key> keys;
   std::vector<float> weights;         // importance-sampling weights in (0, 1]
-  std::vector<double> probabilities;  // P(item) for one draw
+  std::vector<double> probabilities;  // P(item) for one draw: mass / total_mass (1 / size in the fallback)
   ByteBuffer data;
   std::vector<uint64_t> offsets;      // size n + 1
+  // The store the batch was drawn from (see "Batch totals" below).
+  double total_mass = 0.0;  // T: sum of p^alpha the draws were made from; 0 in the uniform fallback
+  double min_mass = 0.0;    // m_min: smallest positive mass, the weights' normaliser; 0 in the fallback
+  uint64_t size = 0;        // N: items in the store when sampled
 };
 
 struct StoreStats {
@@ -63,9 +67,20 @@ struct StoreStats {
 //  * Sampling is proportional and stratified: the total mass T = sum_k p_k^alpha is cut into n equal
 //    segments with one uniform draw in each (Schaul et al.); a draw picks a shard by its share of T, then
 //    descends that shard's tree. IS weight w_k = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta, where
-//    m_min is the smallest positive mass in the store, so weights lie in (0, 1] (computed from logs, so no
-//    ratio overflows; an underflow is clamped to the smallest normal float). If every mass is 0
-//    (alpha > 0 and all priorities 0) draws fall back to uniform with weights 1.
+//    m_min is the smallest positive mass in the store (or a smaller drawn one, written concurrently), so
+//    weights lie in (0, 1] (computed from logs, so no ratio overflows; an underflow is clamped to the smallest
+//    normal float). If every mass is 0 (alpha > 0 and all priorities 0) draws fall back to uniform with
+//    weights 1.
+//  * Batch totals: every batch is drawn in one pass over the shards (a pass that finds a shard emptied under
+//    it is discarded whole, its draws uncounted, and the batch drawn again), and SampleResult reports that
+//    pass's store: total_mass T, min_mass m_min and size N. For every draw k, probability_k * T == m_k (its
+//    mass p_k^alpha) up to rounding, and weight_k = (m_k / m_min)^-beta; 0 < m_min <= m_k <= T. A client
+//    holding several stores combines batches from these alone (global P_k = m_k / sum_s T_s, global
+//    m_min = min_s m_min_s). T is the sum over shards of each shard's total as its draws saw it (read under
+//    its lock), or as read before the pass for a shard no draw reached; quiet, that is TotalMass() and P_k
+//    the probability the draw was made with. In the uniform fallback T = m_min = 0 and every P_k = 1 / N
+//    (weights 1). N is the sum of the shards' sizes read at the start of the pass (N >= 1; draws are with
+//    replacement, so n may exceed N).
 //  * Keys of removed items are stale forever: updates skip and count them, erase ignores them. So are keys
 //    of another epoch (an earlier life of a restarted store) unless their item was restored from a snapshot.
 //  * Masses are at most kMaxMass, so no total overflows; probabilities are finite and sum to 1.
@@ -79,8 +94,8 @@ struct StoreStats {
 // lock stops inserts, samples or updates (RemoveToFit's own lock only keeps evictions one at a time).
 // Inside a shard's lock an insert is a memcpy into a recycled arena block plus O(log n) tree work; a sample's
 // share is a batched tree descent plus the copy of its items out. Under concurrency the shard totals a sample
-// starts from may be slightly behind; a draw is then rescaled inside its shard and the probabilities reported
-// are the ones actually used.
+// starts from may be slightly behind; a draw is then rescaled inside its shard, and the batch reports that
+// shard's total as its draws saw it (see "Batch totals").
 //
 // Errors: invalid input throws InvalidArgument and changes nothing (all validation precedes any change).
 class ShardedStore {
@@ -104,6 +119,7 @@ class ShardedStore {
 
   size_t Size() const;
   double TotalMass() const;  // sum of p^alpha over every item (the sampling mass)
+  double MinMass() const;    // the smallest positive p^alpha of any item; 0 when there is none
   StoreStats Stats() const;
 
   // Versioned, checksummed snapshot; see sharded_store.cc for the layout. Save writes path.tmp.<pid>.<n>,
@@ -126,6 +142,9 @@ class ShardedStore {
   void Validate() const;
 
  private:
+  // One pass of Sample: reads the shard totals and fills all n draws and the batch totals of `out`. Returns
+  // false (the batch is to be drawn again) if a shard had emptied between the read and its lock.
+  bool SamplePass(size_t n, Rng& rng, SampleResult* out);
   // Validates priorities (finite, >= 0, mass <= kMaxMass) into masses[]; throws naming the first bad one.
   void ComputeMasses(const double* priorities, size_t n, double* masses) const;
   // Groups key indices by shard (counting sort); keys naming a shard that does not exist go last.

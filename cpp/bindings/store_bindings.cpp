@@ -215,7 +215,8 @@ py::array View(const std::shared_ptr<SampleResult>& owner, const T* data, size_t
 // A sampled batch: numpy views of one SampleResult.
 class PySampleBatch {
  public:
-  explicit PySampleBatch(std::shared_ptr<SampleResult> r) : size_(r->keys.size()) {
+  explicit PySampleBatch(std::shared_ptr<SampleResult> r)
+      : size_(r->keys.size()), total_mass_(r->total_mass), min_mass_(r->min_mass), store_size_(r->size) {
     keys_ = View(r, r->keys.data(), r->keys.size());
     weights_ = View(r, r->weights.data(), r->weights.size());
     probabilities_ = View(r, r->probabilities.data(), r->probabilities.size());
@@ -228,6 +229,9 @@ class PySampleBatch {
   py::array probabilities() const { return probabilities_; }
   py::array data() const { return data_; }
   py::array offsets() const { return offsets_; }
+  double total_mass() const { return total_mass_; }
+  double min_mass() const { return min_mass_; }
+  uint64_t store_size() const { return store_size_; }
   // One read-only memoryview per item, each a slice of `data` (keeps the batch's memory alive).
   py::object items() {
     if (!items_) {
@@ -247,6 +251,8 @@ class PySampleBatch {
 
  private:
   size_t size_;
+  double total_mass_, min_mass_;
+  uint64_t store_size_;
   py::array keys_, weights_, probabilities_, data_, offsets_;
   py::object items_;  // built on first access
 };
@@ -344,11 +350,12 @@ class PyStore {
 
   py::dict Stats() const {
     StoreStats s;
-    double total;
+    double total, min_mass;
     {
       py::gil_scoped_release release;
       s = store_->Stats();
       total = store_->TotalMass();
+      min_mass = store_->MinMass();
     }
     py::dict d;
     d["size"] = s.size;
@@ -357,6 +364,7 @@ class PyStore {
     d["bytes_held"] = s.bytes_held;
     d["bytes_reserved"] = s.bytes_reserved;
     d["total_priority"] = total;
+    d["min_mass"] = min_mass;
     d["inserted"] = s.inserted;
     d["sampled"] = s.sampled;
     d["sample_calls"] = s.sample_calls;
@@ -415,6 +423,12 @@ All arrays view memory owned by the batch: no per-item copies are made.)doc")
       .def_property_readonly("data", &PySampleBatch::data, "uint8 array: every sampled item's bytes, in order")
       .def_property_readonly("offsets", &PySampleBatch::offsets, "uint64 array of n + 1 offsets into data")
       .def_property_readonly("items", &PySampleBatch::items, "list of read-only memoryviews, one per item")
+      .def_property_readonly("total_mass", &PySampleBatch::total_mass,
+                             "sum of priority^alpha the draws were made from (probabilities[i] * total_mass is "
+                             "item i's mass); 0.0 in the uniform fallback (every mass 0)")
+      .def_property_readonly("min_mass", &PySampleBatch::min_mass,
+                             "smallest positive mass, the IS weights' normaliser; 0.0 in the uniform fallback")
+      .def_property_readonly("size", &PySampleBatch::store_size, "items in the store when the batch was drawn")
       .def("__len__", &PySampleBatch::size)
       .def("__repr__", [](const PySampleBatch& b) { return "SampleBatch(n=" + std::to_string(b.size()) + ")"; });
 

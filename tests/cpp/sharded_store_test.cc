@@ -443,6 +443,104 @@ TEST(ShardedStoreTest, SampleResultBuffersAreReusedAcrossCalls) {
   EXPECT_EQ(bytes, r.data.size());
 }
 
+// The batch totals a client combines several stores with: T = sum of masses, m_min = smallest positive mass,
+// N = items, and probability_k * T == m_k, weight_k = (m_k / m_min)^-beta for every draw.
+void ExpectBatchTotals(ShardedStore& store, const std::map<Key, double>& priorities, double alpha) {
+  double total = 0.0, min_mass = kInf;
+  for (const auto& kv : priorities) {
+    const double m = std::pow(kv.second, alpha);
+    total += m;
+    if (m > 0.0) min_mass = std::min(min_mass, m);
+  }
+  const double beta = 0.6;
+  for (int call = 0; call < 20; ++call) {
+    const SampleResult r = Sample(store, 64, beta);
+    EXPECT_NEAR(r.total_mass, total, 1e-12 * total);
+    EXPECT_EQ(r.total_mass, store.TotalMass());
+    EXPECT_DOUBLE_EQ(r.min_mass, min_mass);
+    EXPECT_EQ(r.min_mass, store.MinMass());
+    EXPECT_EQ(r.size, priorities.size());
+    for (size_t j = 0; j < r.keys.size(); ++j) {
+      const auto it = priorities.find(r.keys[j]);
+      ASSERT_NE(it, priorities.end()) << "drew a key not in the store";
+      const double mass = std::pow(it->second, alpha);
+      ASSERT_GT(mass, 0.0) << "drew an item of mass 0";
+      EXPECT_NEAR(r.probabilities[j] * r.total_mass, mass, 1e-13 * mass);
+      EXPECT_NEAR(r.probabilities[j], mass / total, 1e-12 * mass / total);
+      EXPECT_FLOAT_EQ(r.weights[j], static_cast<float>(std::pow(mass / r.min_mass, -beta)));
+    }
+  }
+}
+
+TEST(ShardedStoreTest, BatchTotalsDescribeTheStoreAcrossShardsUpdatesAndErases) {
+  const double alpha = 0.7;
+  ShardedStore store(Config(8, 10000, alpha, 11));
+  std::map<Key, double> priorities;
+  Rng rng(5, 0);
+  for (int call = 0; call < 20; ++call) {  // 20 chunks of 50: round robin over all 8 shards
+    std::vector<double> p;
+    std::vector<std::string> payloads;
+    for (int i = 0; i < 50; ++i) {
+      p.push_back(0.01 + 10.0 * rng.Uniform());
+      payloads.push_back(PayloadFor(call * 50 + i));
+    }
+    const std::vector<Key> keys = Insert(store, p, payloads);
+    for (size_t i = 0; i < keys.size(); ++i) priorities[keys[i]] = p[i];
+  }
+  ASSERT_VALID(store);
+  std::set<uint32_t> shards;
+  for (const auto& kv : priorities) shards.insert(SplitKey(kv.first).shard);
+  ASSERT_EQ(shards.size(), 8u);
+  ExpectBatchTotals(store, priorities, alpha);
+
+  // New priorities, among them a new smallest mass and some zeros (out of the draw, not of the size).
+  std::vector<Key> keys;
+  std::vector<double> p;
+  for (const auto& kv : priorities) {
+    if (keys.size() == 300) break;
+    keys.push_back(kv.first);
+    p.push_back(keys.size() % 10 == 0 ? 0.0 : keys.size() == 7 ? 1e-6 : 20.0 * rng.Uniform() + 1e-3);
+  }
+  ASSERT_EQ(store.UpdatePriorities(keys.data(), p.data(), keys.size()), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) priorities[keys[i]] = p[i];
+  ASSERT_VALID(store);
+  ExpectBatchTotals(store, priorities, alpha);
+
+  // Erase a third, the smallest mass among them: the totals follow.
+  std::vector<Key> gone;
+  size_t i = 0;
+  for (const auto& kv : priorities) {
+    if (i++ % 3 == 0 || kv.second == 1e-6) gone.push_back(kv.first);
+  }
+  ASSERT_EQ(store.Erase(gone.data(), gone.size()), gone.size());
+  for (const Key k : gone) priorities.erase(k);
+  ASSERT_VALID(store);
+  ExpectBatchTotals(store, priorities, alpha);
+}
+
+TEST(ShardedStoreTest, BatchTotalsOfTheUniformFallbackAreZeroMassAndTheSize) {
+  ShardedStore store(Config(4, 100, 0.6, 3));
+  std::vector<std::string> payloads;
+  for (uint64_t i = 0; i < 10; ++i) payloads.push_back(PayloadFor(i));
+  const std::vector<Key> keys = Insert(store, std::vector<double>(10, 0.0), payloads);
+  const SampleResult r = Sample(store, 40, 0.7);
+  EXPECT_EQ(r.total_mass, 0.0);
+  EXPECT_EQ(r.min_mass, 0.0);
+  EXPECT_EQ(store.MinMass(), 0.0);
+  EXPECT_EQ(r.size, 10u);
+  for (size_t j = 0; j < r.keys.size(); ++j) {
+    EXPECT_EQ(r.probabilities[j], 0.1);
+    EXPECT_EQ(r.weights[j], 1.0f);
+  }
+  // One positive mass: back to proportional, with that item's mass as T and m_min.
+  const double two = 2.0;
+  ASSERT_EQ(store.UpdatePriorities(&keys[3], &two, 1), 1u);
+  const SampleResult p = Sample(store, 8, 0.7);
+  EXPECT_EQ(p.total_mass, std::pow(2.0, 0.6));
+  EXPECT_EQ(p.min_mass, std::pow(2.0, 0.6));
+  EXPECT_EQ(p.size, 10u);
+}
+
 TEST(ShardedStoreTest, SameSeedAndCallsGiveTheSameSamples) {
   ShardedStore a(Config(4, 100, 0.6, 42)), b(Config(4, 100, 0.6, 42)), c(Config(4, 100, 0.6, 43));
   std::vector<double> pr;

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -102,6 +103,24 @@ void CheckSample(const SampleResult& r, size_t n, std::vector<std::pair<Key, uin
     return;
   }
   if (r.offsets[0] != 0 || r.offsets[n] != r.data.size()) f->Add("offsets do not span the data");
+  // The batch totals stay consistent with each draw while other threads write: P * T is the drawn item's
+  // mass, at least m_min, and the weight is (mass / m_min)^-beta (beta 0.4 in every sample call here).
+  if (r.size == 0) f->Add("sample result reports an empty store");
+  if (r.total_mass > 0.0) {
+    if (!(r.min_mass > 0.0 && r.min_mass <= r.total_mass)) {
+      f->Add("min_mass " + std::to_string(r.min_mass) + " total_mass " + std::to_string(r.total_mass));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const double mass = r.probabilities[i] * r.total_mass;
+      const double w = std::exp(0.4 * (std::log(r.min_mass) - std::log(mass)));
+      if (!(mass >= r.min_mass * (1 - 1e-12)) || std::fabs(w - r.weights[i]) > 1e-6) {
+        f->Add("draw " + std::to_string(i) + ": P * T = " + std::to_string(mass) + ", m_min " +
+               std::to_string(r.min_mass) + ", weight " + std::to_string(r.weights[i]));
+      }
+    }
+  } else if (r.min_mass != 0.0) {
+    f->Add("uniform batch with min_mass " + std::to_string(r.min_mass));
+  }
   for (size_t i = 0; i < n; ++i) {
     if (r.offsets[i] > r.offsets[i + 1] || r.offsets[i + 1] > r.data.size()) {
       f->Add("offsets out of order");

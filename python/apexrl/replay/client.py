@@ -67,6 +67,12 @@ class SampledBatch:
     probabilities: np.ndarray  # f64[n]
     data: memoryview  # the items concatenated
     offsets: np.ndarray  # u64[n+1]; item i is data[offsets[i]:offsets[i+1]]
+    # The server's store when it drew the batch: probabilities[i] * total_mass is item i's mass p^alpha and
+    # weights[i] = (mass_i / min_mass)^-beta; total_mass = min_mass = 0.0: uniform fallback (every mass 0,
+    # probabilities 1 / size, weights 1). What a client sampling several servers combines them with.
+    total_mass: float  # sum of p^alpha the draws were made from
+    min_mass: float  # smallest positive mass, the weights' normaliser
+    size: int  # items in the store
 
     @property
     def items(self) -> list[memoryview]:
@@ -85,6 +91,11 @@ class ServerInfo:
     max_reply_bytes: int
     spec: TransitionSpec | None  # the server's spec; None when it has none yet
     epoch: int | float | None = None
+    num_shards: int | None = None  # the store's lock-shard count (servers since protocol version 3)
+
+
+def _optional_int(value: int | float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def _spec_json(spec: TransitionSpec | str | None) -> str:
@@ -195,7 +206,8 @@ class ReplayClient(TransportClient):
         try:
             server_spec = TransitionSpec.from_json(text) if text else None
             self._info = ServerInfo(int(info["protocol_version"]), int(info["max_request_bytes"]),
-                                    int(info["max_reply_bytes"]), server_spec, info.get("epoch"))
+                                    int(info["max_reply_bytes"]), server_spec, info.get("epoch"),
+                                    _optional_int(info.get("num_shards")))
         except (KeyError, TypeError, ValueError) as exc:
             self.transport.reset()
             raise ProtocolError(P.Status.BAD_MESSAGE, f"HELLO reply: {type(exc).__name__}: {exc}") from None
@@ -232,7 +244,9 @@ class ReplayClient(TransportClient):
         P.encode_sample(0, n, beta, timeout_ms)  # validate before touching the socket
         reply = self._call(P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms), self.timeout + wait_s)
         a = reply.arrays
-        return SampledBatch(a["keys"], a["weights"], a["probabilities"], a["data"], a["offsets"])
+        totals = a["totals"]
+        return SampledBatch(a["keys"], a["weights"], a["probabilities"], a["data"], a["offsets"],
+                            float(totals[0]), float(totals[1]), int(a["store_size"][0]))
 
     def send_sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> tuple[int, float]:
         """Send a SAMPLE without waiting for its reply -> ``(request id, deadline)`` for :meth:`receive_sample`

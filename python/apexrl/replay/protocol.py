@@ -316,6 +316,30 @@ def _check_offsets(offsets: np.ndarray, data_len: int) -> None:
     raise ValueError(f"offsets[-1] is {offsets[-1]}, must equal len(data)={data_len}")
 
 
+def _totals_ok(totals: np.ndarray) -> bool:
+    """A SAMPLE reply's (total_mass, min_mass): finite, 0 <= min_mass <= total_mass, min_mass > 0 iff
+    total_mass > 0 (both 0: the uniform fallback)."""
+    total, least = totals.tolist()  # a fixed f64[2] frame (length checked before any rule)
+    return math.isfinite(total) and 0.0 <= least <= total and (least > 0.0) == (total > 0.0)
+
+
+def _check_totals(name: str, totals: np.ndarray) -> None:
+    if not _totals_ok(totals):
+        raise ValueError(f"{name} (total_mass, min_mass) is ({totals[0]}, {totals[1]}); both must be finite with "
+                         "0 <= min_mass <= total_mass, and min_mass > 0 exactly when total_mass > 0")
+
+
+def _positive_ok(values: np.ndarray) -> bool:
+    """Every value >= 1 (the frames with this rule are a few elements long: a list beats a numpy reduction)."""
+    return min(values.tolist(), default=1) >= 1
+
+
+def _check_positive(name: str, values: np.ndarray) -> None:
+    if not _positive_ok(values):
+        i = int(np.argmin(values >= 1))
+        raise ValueError(f"{name}[{i}] is {values[i]}, must be >= 1")
+
+
 def _bytes_view(name: str, data: Any) -> memoryview:
     try:
         return memoryview(data).cast("B")
@@ -356,7 +380,8 @@ def split_items(offsets: np.ndarray, data: Any) -> list[memoryview]:
 
 # ------------------------------------------------------------------------------------------- compiled plans
 
-_PRIORITIES, _OFFSETS = 1, 2  # frame rules
+_PRIORITIES, _OFFSETS, _TOTALS, _POSITIVE = 1, 2, 3, 4  # frame rules
+_RULES = {"priorities": _PRIORITIES, "totals": _TOTALS, "positive": _POSITIVE}
 
 
 class _FramePlan(NamedTuple):
@@ -366,7 +391,7 @@ class _FramePlan(NamedTuple):
     dtype: np.dtype | None
     extra: int  # array length is n + extra ...
     fixed: int | None  # ... or this fixed number of elements
-    rule: int  # 0, _PRIORITIES or _OFFSETS
+    rule: int  # 0, _PRIORITIES, _OFFSETS, _TOTALS or _POSITIVE
     ref: int  # _OFFSETS: index of the frame the offsets cut
     max_bytes: int | None
 
@@ -403,8 +428,8 @@ def _compile(spec: S.MessageSpec) -> _Plan:
             else:  # pragma: no cover - a schema error
                 raise ValueError(f"frame {f.name}: length {f.length!r}")
         rule, ref = 0, 0
-        if f.rule == "priorities":
-            rule = _PRIORITIES
+        if f.rule in _RULES:
+            rule = _RULES[f.rule]
         elif f.rule is not None and f.rule.startswith("offsets:"):
             rule, ref = _OFFSETS, 1 + names.index(f.rule.split(":", 1)[1])
         elif f.rule is not None:  # pragma: no cover - a schema error
@@ -426,6 +451,7 @@ _FAST_GLOBALS = {
     "ndarray": np.ndarray, "frombuffer": np.frombuffer, "memoryview": memoryview, "int": int, "type": type,
     "len": len, "pack": _HEADER.pack, "MAGIC": MAGIC, "VERSION": PROTOCOL_VERSION, "MAX_BATCH": MAX_BATCH,
     "U64": _U64, "U32": _U32, "priorities_ok": _priorities_ok, "offsets_ok": _offsets_ok,
+    "totals_ok": _totals_ok, "positive_ok": _positive_ok,
     "finite_non_negative": _finite_non_negative, **{f"D_{k}": v for k, v in _DTYPES.items()},
 }
 
@@ -484,9 +510,10 @@ def _fast_source(plan: _Plan, name: str) -> tuple[str, str] | None:
                 enc.append(f"    if {v}.shape[0] != {length}: return None")
             dec.append(f"    if views[{f.index}].nbytes != ({length}) * {f.dtype.itemsize}: return None")
             dec.append(f"    a{f.index} = frombuffer(views[{f.index}], {d})")
-            if f.rule == _PRIORITIES:
-                enc.append(f"    if not priorities_ok({v}): return None")
-                dec.append(f"    if not priorities_ok(a{f.index}): return None")
+            check = {_PRIORITIES: "priorities_ok", _TOTALS: "totals_ok", _POSITIVE: "positive_ok"}.get(f.rule)
+            if check is not None:
+                enc.append(f"    if not {check}({v}): return None")
+                dec.append(f"    if not {check}(a{f.index}): return None")
             items.append(f"{f.name!r}: a{f.index}")
         else:  # bytes
             enc.append(f"    {v} = memoryview({v}).cast('B')")
@@ -568,6 +595,10 @@ def _encode(plan: _Plan, request_id: Any, values: Sequence[Any] = (), *, count: 
                 arr = _array(f.name, value, f.dtype, n + f.extra)
             if f.rule == _PRIORITIES:
                 _check_priorities(f.name, arr)
+            elif f.rule == _TOTALS:
+                _check_totals(f.name, arr)
+            elif f.rule == _POSITIVE:
+                _check_positive(f.name, arr)
             out.append(arr)
         elif f.type == "bytes":
             out.append(_bytes_view(f.name, value))
@@ -682,10 +713,13 @@ def encode_insert_reply(request_id: int, keys: Any) -> list[Frame]:
 
 
 def encode_sample_reply(
-    request_id: int, keys: Any, weights: Any, probabilities: Any, offsets: Any, data: Any
+    request_id: int, keys: Any, weights: Any, probabilities: Any, offsets: Any, data: Any, totals: Any,
+    store_size: Any,
 ) -> list[Frame]:
-    """SAMPLE OK reply: [header(count=n), keys u64[n], weights f32[n], probabilities f64[n], offsets u64[n+1], data]."""
-    return _encode(_SAMPLE_REPLY_PLAN, request_id, (keys, weights, probabilities, offsets, data))
+    """SAMPLE OK reply: [header(count=n), keys u64[n], weights f32[n], probabilities f64[n], offsets u64[n+1], data,
+    totals f64[2] = (total_mass, min_mass), store_size u64[1]]."""
+    return _encode(_SAMPLE_REPLY_PLAN, request_id,
+                   (keys, weights, probabilities, offsets, data, totals, store_size))
 
 
 def encode_count_reply(op: Op, request_id: int, count: int) -> list[Frame]:
@@ -825,6 +859,11 @@ def _check_frame_values(what: str, f: _FramePlan, arr: np.ndarray, views: list[m
                 _check_priorities(f.name, arr)
             except ValueError as exc:
                 raise _bad(f"{what}: {exc}", Status.INVALID_ARGUMENT) from None
+    elif f.rule in (_TOTALS, _POSITIVE):
+        try:
+            (_check_totals if f.rule == _TOTALS else _check_positive)(f.name, arr)
+        except ValueError as exc:
+            raise _bad(f"{what}: {exc}") from None
     elif not _offsets_ok(arr, views[f.ref].nbytes):
         try:
             _check_offsets(arr, views[f.ref].nbytes)

@@ -41,8 +41,8 @@ __all__ = [
     "peek_ids",
 ]
 
-PROTOCOL_VERSION = 2
-SUPPORTED_VERSIONS = (2,)
+PROTOCOL_VERSION = 3
+SUPPORTED_VERSIONS = (3,)
 MAGIC = b"APXR"
 
 MAX_BATCH = 1 << 20
@@ -160,8 +160,10 @@ class FrameSpec:
     ``type``: an array type of :data:`DTYPES`, ``bytes`` (opaque), ``utf8`` (text) or ``json`` (a UTF-8 strict
     JSON object of ``str -> int | float``). ``length`` (arrays only): ``"n"`` (the header's count), ``"n+1"``,
     or a fixed number of elements. ``rule``: ``"priorities"`` (every value finite and >= 0, else
-    INVALID_ARGUMENT) or ``"offsets:<frame>"`` (starts at 0, non-decreasing, ends at that frame's length,
-    else BAD_MESSAGE). ``max_bytes``: a cap for text frames (over it: BAD_MESSAGE).
+    INVALID_ARGUMENT), ``"offsets:<frame>"`` (starts at 0, non-decreasing, ends at that frame's length,
+    else BAD_MESSAGE), ``"totals"`` (a pair (T, m_min): both finite, 0 <= m_min <= T, m_min > 0 exactly when
+    T > 0, else BAD_MESSAGE) or ``"positive"`` (every value >= 1, else BAD_MESSAGE). ``max_bytes``: a cap for
+    text frames (over it: BAD_MESSAGE).
     """
 
     name: str
@@ -214,6 +216,9 @@ _OFFSETS = FrameSpec("offsets", "u64", "n+1", "offsets:data", meaning="item i is
 _DATA = FrameSpec("data", "bytes", meaning="the items, concatenated")
 _INSERT_ID = FrameSpec("insert_id", "u64", 2, meaning="(session, sequence): a retry reuses it; (0, 0): none")
 _SPEC = FrameSpec("spec", "utf8", max_bytes=MAX_SPEC_BYTES, meaning="a TransitionSpec JSON; empty: none")
+_TOTALS = FrameSpec("totals", "f64", 2, "totals",
+                    meaning="(total_mass, min_mass) of the store the draws were made from; (0, 0): uniform fallback")
+_STORE_SIZE = FrameSpec("store_size", "u64", 1, "positive", meaning="items in the store when sampled")
 
 REQUESTS: dict[Op, MessageSpec] = {
     Op.INSERT: MessageSpec(
@@ -246,8 +251,11 @@ REPLIES: dict[Op, MessageSpec] = {
     Op.INSERT: MessageSpec(Op.INSERT, "reply", (_KEYS,), count="n", meaning="the new items' keys"),
     Op.SAMPLE: MessageSpec(
         Op.SAMPLE, "reply",
-        (_KEYS, FrameSpec("weights", "f32", "n"), FrameSpec("probabilities", "f64", "n"), _OFFSETS, _DATA),
-        count="n", count_min=1, meaning="the sampled items, their keys, IS weights and probabilities",
+        (_KEYS, FrameSpec("weights", "f32", "n"), FrameSpec("probabilities", "f64", "n"), _OFFSETS, _DATA, _TOTALS,
+         _STORE_SIZE),
+        count="n", count_min=1,
+        meaning="the sampled items, their keys, IS weights and probabilities; the store's total mass T, smallest "
+        "positive mass and size when sampled (probabilities × T = the items' masses)",
     ),
     Op.UPDATE_PRIORITIES: MessageSpec(
         Op.UPDATE_PRIORITIES, "reply", count="result", meaning="count: keys still present (evicted keys are skipped)",
@@ -300,6 +308,10 @@ def _rules(spec: MessageSpec) -> str:
     for f in spec.frames:
         if f.rule == "priorities":
             rules.append(f"`{f.name}` finite, ≥ 0")
+        elif f.rule == "totals":
+            rules.append(f"`{f.name}` finite, 0 ≤ min_mass ≤ total_mass, min_mass > 0 iff total_mass > 0")
+        elif f.rule == "positive":
+            rules.append(f"`{f.name}` ≥ 1")
         elif f.rule is not None:
             rules.append(f"`{f.name}` cut `{f.rule.split(':', 1)[1]}`")
     return ", ".join(rules) or "-"

@@ -518,7 +518,8 @@ class ReplayServer:
                     rl.undo(sampled=n)
                     raise
                 out = P.encode_sample_reply(
-                    rid, batch.keys, batch.weights, batch.probabilities, batch.offsets, batch.data
+                    rid, batch.keys, batch.weights, batch.probabilities, batch.offsets, batch.data,
+                    np.array((batch.total_mass, batch.min_mass), dtype="<f8"), np.array((batch.size,), dtype="<u8"),
                 )
             elif op == P.Op.UPDATE_PRIORITIES:
                 n = self.store.update_priorities(req.arrays["keys"], req.arrays["priorities"])
@@ -536,6 +537,8 @@ class ReplayServer:
             else:  # STATS
                 self.counters.count(op, False)  # this STATS request is included in the counters
                 stats: dict[str, Any] = dict(self.store.stats())
+                stats["total_mass"] = stats["total_priority"]  # the names of the SAMPLE reply's totals
+                stats["num_shards"] = stats["shards"]
                 stats.update(self.counters.snapshot())
                 stats["min_size_to_sample"] = int(self.config.min_size_to_sample)
                 stats["workers"] = int(self.config.workers)
@@ -595,15 +598,17 @@ class ReplayServer:
         return P.encode_insert_reply(rid, keys), waited
 
     def hello_info(self) -> dict[str, int | float]:
-        """The HELLO reply's numbers: the limits a client must respect, the protocol version (and the store's
-        epoch when it has one)."""
+        """The HELLO reply's numbers: the limits a client must respect, the protocol version, the store's
+        lock-shard count (and its epoch when it has one)."""
         cfg = self.config
         info: dict[str, int | float] = {
             "protocol_version": P.PROTOCOL_VERSION,
             "max_request_bytes": int(cfg.max_bytes),
             "max_reply_bytes": int(getattr(cfg, "max_reply_bytes", cfg.max_bytes)),
         }
-        epoch = self.store.stats().get("epoch")
+        store_stats = self.store.stats()
+        info["num_shards"] = int(store_stats["shards"])
+        epoch = store_stats.get("epoch")
         if epoch is not None:
             info["epoch"] = _plain(epoch)
         return info
@@ -772,7 +777,8 @@ class _Waitlist:
 
 
 _OK_STATUS = int(P.Status.OK)
-_REPLY_FIXED = P.HEADER_SIZE + 16  # a SAMPLE reply: the header and offsets[0] (and nothing else per reply)
+# A SAMPLE reply's bytes besides its items: the header, offsets[0] (and slack), totals f64[2] and store_size u64[1].
+_REPLY_FIXED = P.HEADER_SIZE + 16 + 24
 _REPLY_PER_ITEM = 8 + 4 + 8 + 8  # key u64, weight f32, probability f64, offset u64
 
 
