@@ -227,8 +227,8 @@ def test_learner_and_actors_over_two_replay_servers(spawn, tmp_path):
     assert read_csv(os.path.join(run_dir, "metrics.csv"))["learner_steps"][-1] == 150
     for i in range(2):  # each server took inserts and samples, and wrote its own snapshot on the stop
         assert os.path.exists(os.path.join(run_dir, f"replay{i}.snap"))
-        log = open(os.path.join(run_dir, "logs", f"server{i}.log"), encoding="utf-8").read()
-        assert "Traceback" not in log
+        with open(os.path.join(run_dir, "logs", f"server{i}.log"), encoding="utf-8") as f:
+            assert "Traceback" not in f.read()
 
 
 _op = st.one_of(

@@ -98,6 +98,13 @@ def _optional_int(value: int | float | None) -> int | None:
     return None if value is None else int(value)
 
 
+def _sampled(reply: P.Reply) -> SampledBatch:
+    a = reply.arrays
+    totals = a["totals"]
+    return SampledBatch(a["keys"], a["weights"], a["probabilities"], a["data"], a["offsets"],
+                        float(totals[0]), float(totals[1]), int(a["store_size"][0]))
+
+
 def _spec_json(spec: TransitionSpec | str | None) -> str:
     if spec is None:
         return ""
@@ -243,10 +250,7 @@ class ReplayClient(TransportClient):
         wait_s, timeout_ms = P.server_wait(timeout)
         P.encode_sample(0, n, beta, timeout_ms)  # validate before touching the socket
         reply = self._call(P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms), self.timeout + wait_s)
-        a = reply.arrays
-        totals = a["totals"]
-        return SampledBatch(a["keys"], a["weights"], a["probabilities"], a["data"], a["offsets"],
-                            float(totals[0]), float(totals[1]), int(a["store_size"][0]))
+        return _sampled(reply)
 
     def send_sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> tuple[int, float]:
         """Send a SAMPLE without waiting for its reply -> ``(request id, deadline)`` for :meth:`receive_sample`
@@ -261,8 +265,7 @@ class ReplayClient(TransportClient):
 
     def receive_sample(self, rid: int, deadline: float) -> SampledBatch:
         """The batch of the SAMPLE :meth:`send_sample` sent as ``rid`` (errors as in :meth:`sample`)."""
-        a = self._receive(P.Op.SAMPLE, rid, deadline).arrays
-        return SampledBatch(a["keys"], a["weights"], a["probabilities"], a["data"], a["offsets"])
+        return _sampled(self._receive(P.Op.SAMPLE, rid, deadline))
 
     def send_stats(self) -> tuple[int, float]:
         """Send a STATS without waiting -> ``(request id, deadline)`` for :meth:`receive_stats`."""

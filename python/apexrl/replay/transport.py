@@ -170,8 +170,8 @@ class Transport:
                 self.reset()
                 raise Interrupted(f"the {self.name} was interrupted")
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
+            if remaining <= 0:  # what is already there still counts (several replies collected in turn)
+                return bool(sock.poll(0, event))
             if sock.poll(max(1, int(min(remaining, POLL_SLICE_S) * 1000 + 0.999)), event):
                 return True
             self._check_handshakes()
