@@ -98,7 +98,8 @@ def _optional_int(value: int | float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _sampled(reply: P.Reply) -> SampledBatch:
+def sampled_batch(reply: P.Reply) -> SampledBatch:
+    """The SampledBatch of a SAMPLE OK reply."""
     a = reply.arrays
     totals = a["totals"]
     return SampledBatch(a["keys"], a["weights"], a["probabilities"], a["data"], a["offsets"],
@@ -250,35 +251,34 @@ class ReplayClient(TransportClient):
         wait_s, timeout_ms = P.server_wait(timeout)
         P.encode_sample(0, n, beta, timeout_ms)  # validate before touching the socket
         reply = self._call(P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms), self.timeout + wait_s)
-        return _sampled(reply)
+        return sampled_batch(reply)
 
-    def send_sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> tuple[int, float]:
-        """Send a SAMPLE without waiting for its reply -> ``(request id, deadline)`` for :meth:`receive_sample`
-        (the deadline is what :meth:`sample` would wait for, on the time.monotonic clock). Lets a caller have
-        samples outstanding at several servers at once."""
-        wait_s, timeout_ms = P.server_wait(timeout)
-        P.encode_sample(0, n, beta, timeout_ms)  # validate before touching the socket
+    # Split calls: send now, collect the reply later, so that a caller (ShardedReplayClient) can have one request
+    # outstanding at each of several servers and the waits overlap. Don't interleave them with the other calls
+    # of the same client from another thread.
+
+    def send(self, build: Callable[[int], list[Any]], what: str, wait_s: float = 0.0) -> tuple[int, float]:
+        """Send ``build(request id)`` without waiting for the reply -> ``(request id, deadline)``: the client
+        timeout plus ``wait_s`` (the server-side wait the request asks for) from now. ReplayTimeout when it
+        could not be sent by then."""
         rid = self.transport.next_request_id()
         deadline = time.monotonic() + self.timeout + wait_s
-        self._send(P.encode_sample(rid, n, beta, timeout_ms), deadline, "SAMPLE")
+        try:
+            self.transport.send(build(rid), self.timeout + wait_s, what)
+        except ReplayTimeout:
+            self._info = None  # the server may have restarted: declare the spec again before the next insert
+            raise
         return rid, deadline
 
-    def receive_sample(self, rid: int, deadline: float) -> SampledBatch:
-        """The batch of the SAMPLE :meth:`send_sample` sent as ``rid`` (errors as in :meth:`sample`)."""
-        return _sampled(self._receive(P.Op.SAMPLE, rid, deadline))
-
-    def send_stats(self) -> tuple[int, float]:
-        """Send a STATS without waiting -> ``(request id, deadline)`` for :meth:`receive_stats`."""
-        rid = self.transport.next_request_id()
-        deadline = time.monotonic() + self.timeout
-        self._send(P.encode_stats(rid), deadline, "STATS")
-        return rid, deadline
-
-    def receive_stats(self, rid: int, deadline: float) -> dict[str, int | float]:
-        """The counters of the STATS :meth:`send_stats` sent as ``rid``."""
-        reply = self._receive(P.Op.STATS, rid, deadline)
-        assert reply.stats is not None
-        return reply.stats
+    def receive(self, op: P.Op, rid: int, deadline: float) -> P.Reply:
+        """The reply of type ``op`` to request ``rid`` (sent with :meth:`send`), or its error raised; ReplayTimeout
+        (socket reset) when none came by ``deadline``."""
+        try:
+            frames = self.transport.wait_reply(rid, deadline, op.name)
+        except ReplayTimeout:
+            self._info = None
+            raise
+        return self._decode(frames, op, rid)
 
     def try_stats(self) -> int | None:
         """Queue a STATS without waiting at all -> its request id, or None when it could not even be queued; the
@@ -297,21 +297,6 @@ class ReplayClient(TransportClient):
                 return reply.stats
             frames = self.transport.receive(0)  # a late reply to an earlier request: discard
         return None
-
-    def _send(self, frames: list[Any], deadline: float, what: str) -> None:
-        try:
-            self.transport.send(frames, max(deadline - time.monotonic(), 0.0), what)
-        except ReplayTimeout:
-            self._info = None
-            raise
-
-    def _receive(self, op: P.Op, rid: int, deadline: float) -> P.Reply:
-        try:
-            frames = self.transport.wait_reply(rid, deadline, op.name)
-        except ReplayTimeout:
-            self._info = None  # the server may have restarted
-            raise
-        return self._decode(frames, op, rid)
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Set new priorities; returns how many keys were still present (evicted keys are skipped)."""

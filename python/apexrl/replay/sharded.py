@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -52,7 +53,7 @@ from apexrl.errors import (
     ServerTimeoutError,
 )
 from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient, SampledBatch
+from apexrl.replay.client import ReplayClient, SampledBatch, sampled_batch
 from apexrl.replay.codec import TransitionSpec
 from apexrl.replay.config import MAX_REPLAY_SERVERS
 from apexrl.replay.inserter import PipelinedInserter
@@ -271,30 +272,44 @@ class ShardedReplayClient:
                 if rid is not None:
                     server.probe = rid, now
 
-    def _stats_of(self, servers: Sequence[_Server]) -> None:
-        """Ask ``servers`` for STATS and wait for the replies (the waits overlap); a server that does not answer
-        is marked down. Raises the first refusal."""
+    def _scatter(self, requests: Sequence[tuple[_Server, P.Op, Callable[[int], list[Any]], float]]
+                 ) -> list[tuple[_Server, P.Reply]]:
+        """Send each ``(server, op, build, wait_s)`` request, then collect the replies (the waits overlap) -> the
+        replies of the servers that answered. A server that does not answer is marked down and left out; the
+        first refusal (an error reply, TIMEOUT included) is raised once every reply is in."""
         pending = []
+        for server, op, build, wait_s in requests:
+            try:
+                pending.append((server, op, *server.client.send(build, op.name, wait_s)))
+            except Interrupted:
+                raise
+            except Exception as exc:
+                if not _is_loss(exc):
+                    raise
+                self._lost(server, exc)
+        got, error = [], None
+        for server, op, rid, deadline in pending:
+            try:
+                got.append((server, server.client.receive(op, rid, deadline)))
+            except Interrupted:
+                raise
+            except Exception as exc:
+                if _is_loss(exc):
+                    self._lost(server, exc)
+                elif error is None:
+                    error = exc
+        if error is not None:
+            raise error
+        return got
+
+    def _stats_of(self, servers: Sequence[_Server]) -> None:
+        """Ask ``servers`` for STATS and wait for the replies; one that does not answer is marked down."""
         for server in servers:
             server.probe = None
-            try:
-                pending.append((server, *server.client.send_stats()))
-            except Interrupted:
-                raise
-            except Exception as exc:
-                if not _is_loss(exc):
-                    raise
-                self._lost(server, exc)
-        for server, rid, deadline in pending:
-            try:
-                self._heard(server, server.client.receive_stats(rid, deadline))
-                self._back(server)
-            except Interrupted:
-                raise
-            except Exception as exc:
-                if not _is_loss(exc):
-                    raise
-                self._lost(server, exc)
+        for server, reply in self._scatter([(s, P.Op.STATS, P.encode_stats, 0.0) for s in servers]):
+            assert reply.stats is not None
+            self._heard(server, reply.stats)
+            self._back(server)
 
     # ------------------------------------------------------------------------------------------ sample
 
@@ -361,36 +376,16 @@ class ShardedReplayClient:
 
     def _scatter_sample(self, live: list[_Server], counts: np.ndarray, beta: float,
                         timeout: float | None) -> list[tuple[_Server, SampledBatch]]:
-        """Send each server its draws, then collect the replies (the waits overlap). A server lost meanwhile
-        contributes nothing (its draws are redrawn by the caller); a refusal or a TIMEOUT reply is raised once
-        every reply is in."""
-        pending = []
-        for server, count in zip(live, counts):
-            if count:
-                try:
-                    pending.append((server, *server.client.send_sample(int(count), beta, timeout)))
-                except Interrupted:
-                    raise
-                except Exception as exc:
-                    if not _is_loss(exc):
-                        raise
-                    self._lost(server, exc)
-        got, error = [], None
-        for server, rid, deadline in pending:
-            try:
-                batch = server.client.receive_sample(rid, deadline)
-            except Interrupted:
-                raise
-            except Exception as exc:
-                if _is_loss(exc):
-                    self._lost(server, exc)
-                elif error is None:
-                    error = exc
-                continue
+        """Each server's draws (see :meth:`_scatter`: a server lost meanwhile contributes nothing, and the
+        caller redraws its share)."""
+        wait_s, timeout_ms = P.server_wait(timeout)
+        requests = [(server, P.Op.SAMPLE, partial(P.encode_sample, n=int(count), beta=beta, timeout_ms=timeout_ms),
+                     wait_s) for server, count in zip(live, counts) if count]
+        got = []
+        for server, reply in self._scatter(requests):
+            batch = sampled_batch(reply)
             server.note(batch.total_mass, batch.min_mass, batch.size)
             got.append((server, batch))
-        if error is not None:
-            raise error
         return got
 
     def _combine(self, parts: list[tuple[_Server, SampledBatch]], beta: float) -> SampledBatch:
@@ -470,27 +465,19 @@ class ShardedReplayClient:
 
     # ------------------------------------------------------------------------------------------ by key
 
-    def _by_server(self, keys: Any, call: Callable[[ReplayClient, np.ndarray, np.ndarray], int],
+    def _by_server(self, op: P.Op, keys: np.ndarray, encode: Callable[[np.ndarray, np.ndarray | None], list[Any]],
                    values: Any = None) -> int:
-        """``call(client, its keys, their values)`` for each server up that some keys name -> the sum; a
-        server lost meanwhile is marked down and its keys count as not present."""
+        """Send each server that is up its share of ``keys`` (and ``values``), ``encode(keys, values)`` -> the sum
+        of the counts they answer; keys of a server that is down, or of none, count as not present."""
         servers, local = self._route(keys)
         values = None if values is None else np.asarray(values)
-        done = 0
-        for index in np.unique(servers):
-            if not 0 <= index < len(self._servers) or not self._servers[index].up:
-                continue  # a key of no server, or of one that is down: not present
-            server = self._servers[index]
-            mine = servers == index
-            try:
-                done += call(server.client, local[mine], None if values is None else values[mine])
-            except Interrupted:
-                raise
-            except Exception as exc:
-                if not _is_loss(exc):
-                    raise
-                self._lost(server, exc)
-        return done
+        requests = []
+        for index in np.unique(servers).tolist():
+            if 0 <= index < len(self._servers) and self._servers[index].up:
+                mine = servers == index
+                frames = encode(local[mine], None if values is None else values[mine])
+                requests.append((self._servers[index], op, partial(P.with_request_id, frames), 0.0))
+        return sum(int(reply.header.count) for _server, reply in self._scatter(requests))
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """New priorities, each sent to the server its key names -> how many keys were still present (those of
@@ -499,7 +486,7 @@ class ShardedReplayClient:
         P.encode_update(0, keys_arr, priorities)  # validate the whole batch before any request
         with self._lock:
             self._refresh()
-            return self._by_server(keys_arr, lambda c, k, v: c.update_priorities(k, v), priorities)
+            return self._by_server(P.Op.UPDATE_PRIORITIES, keys_arr, lambda k, v: P.encode_update(0, k, v), priorities)
 
     def erase(self, keys: Any) -> int:
         """Remove items by key, each at the server its key names -> how many were present."""
@@ -507,24 +494,15 @@ class ShardedReplayClient:
         P.encode_erase(0, keys_arr)
         with self._lock:
             self._refresh()
-            return self._by_server(keys_arr, lambda c, k, _v: c.erase(k))
+            return self._by_server(P.Op.ERASE, keys_arr, lambda k, _v: P.encode_erase(0, k))
 
     def remove_to_fit(self) -> int:
         """Every server up evicts down to its own capacity -> how many were removed in all."""
         with self._lock:
             self._refresh()
-            removed = 0
-            for server in self._servers:
-                if server.up:
-                    try:
-                        removed += server.client.remove_to_fit()
-                    except Interrupted:
-                        raise
-                    except Exception as exc:
-                        if not _is_loss(exc):
-                            raise
-                        self._lost(server, exc)
-            return removed
+            replies = self._scatter([(s, P.Op.REMOVE_TO_FIT, P.encode_remove_to_fit, 0.0)
+                                     for s in self._servers if s.up])
+            return sum(int(reply.header.count) for _server, reply in replies)
 
     def stats(self) -> dict[str, int | float]:
         """The servers' counters added up (a server that is down contributes its last known ones; maxima and
