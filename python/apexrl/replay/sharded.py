@@ -389,8 +389,10 @@ class ShardedReplayClient:
         return got
 
     def _combine(self, parts: list[tuple[_Server, SampledBatch]], beta: float) -> SampledBatch:
-        """One batch from the servers' parts, with the set's keys, probabilities and weights."""
-        live = [s for s in self._servers if s.up]
+        """One batch from the servers' parts, with the set's keys, probabilities and weights (over the servers
+        up, and any that gave a part before it was lost within this call)."""
+        gave = {server.index for server, _batch in parts}
+        live = [s for s in self._servers if s.up or s.index in gave]
         total = sum(s.total_mass for s in live)
         size = sum(s.size for s in live)
         positive = [s.min_mass for s in live if s.min_mass > 0 and s.total_mass > 0]
