@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections import Counter
 
@@ -268,3 +269,30 @@ def test_the_set_behaves_as_one_store_under_random_operations(ops):
             for k, p, w in zip(batch.keys.tolist(), batch.probabilities, batch.weights):
                 assert masses[k] > 0 and p == pytest.approx(masses[k] / total, rel=1e-9)
                 assert w == pytest.approx((masses[k] / smallest) ** -BETA, rel=1e-6)
+
+
+def test_a_run_over_two_servers_keeps_learning_when_one_is_killed(spawn, tmp_path):
+    """kill -9 of one of two replay servers mid-run: the launcher restarts it, the learner never stops."""
+    from apexrl.apex.metrics import read_csv
+    from test_launch import FAST_LEARNER, _pids, _wait_until
+
+    run_dir = str(tmp_path / "run")
+    launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--actors", "2",
+                     "--replay-servers", "2", "--progress-every", "1", f"--learner-args={FAST_LEARNER}")
+    metrics = os.path.join(run_dir, "metrics.csv")
+
+    def steps() -> int:
+        try:
+            return int(read_csv(metrics)["learner_steps"][-1])
+        except (OSError, KeyError, IndexError, ValueError):
+            return 0
+
+    _wait_until(lambda: steps() > 50, 120, "learner steps")
+    os.kill(_pids(run_dir)["server1"], signal.SIGKILL)
+    launcher.wait_for(r"server1 restarted", timeout=60)
+    before = steps()
+    _wait_until(lambda: steps() > before + 200, 120, "learner steps after the restart")
+    launcher.proc.send_signal(signal.SIGINT)
+    assert launcher.proc.wait(120) == 0, launcher.log()
+    assert "learner restarted" not in launcher.log() and "learner exited" not in launcher.log()
+    assert os.path.exists(os.path.join(run_dir, "replay1.snap"))  # the restarted server took inserts and saved

@@ -59,7 +59,7 @@ METRICS_NAME = "metrics.csv"
 BASE_COLUMNS = [
     "time_s", "env_frames", "learner_steps", "eval_return_mean", "eval_return_std", "eval_episodes",
     "learner_steps_per_s", "sampled_per_s", "inserted_per_s", "replay_size", "replay_inserted",
-    "stale_updates", "params_version", "undecodable_items", "checkpoint_failures",
+    "stale_updates", "params_version", "undecodable_items", "checkpoint_failures", "replay_servers_up",
 ]
 
 
@@ -331,6 +331,7 @@ class Learner:
             "params_version": self.params.version,
             "undecodable_items": self.undecodable_items,
             "checkpoint_failures": self.checkpoint_failures,
+            "replay_servers_up": int(stats.get("replay_servers_up", 1)) if stats else None,
         }
         result = self.evaluator.pop_result()
         if result is not None:
