@@ -134,9 +134,10 @@ class SupervisedChild:
         """The process in messages: ``pid 1234``."""
         return f"pid {self.pid}"
 
-    def pump(self) -> None:
+    def pump(self) -> bool:
         """Bring the process's new output into its local log and progress files (a local child writes them
-        itself)."""
+        itself); True when the process's pid became known since the last call (a local one's is at once)."""
+        return False
 
     def describe_exit(self, code: int) -> str:
         return describe_exit(code)
@@ -307,8 +308,8 @@ class Launcher:
         """After the shutdown: release what the placement holds (nothing locally)."""
 
     def _pump(self) -> None:
-        for child in self.children:
-            child.pump()
+        if [child for child in self.children if child.pump()]:  # every child pumped
+            self._write_pids()
 
     def _start(self, child: SupervisedChild) -> None:
         child.start()

@@ -187,9 +187,10 @@ class RayChild(SupervisedChild):
 
     # ------------------------------------------------------------------------------------------ polls
 
-    def pump(self) -> None:
+    def pump(self) -> bool:
         import ray
 
+        started = False
         if self._signal is not None and self.running:
             self.host.signal.remote(self._signal)
         self._signal = None
@@ -197,6 +198,7 @@ class RayChild(SupervisedChild):
             ref, self._start_ref = self._start_ref, None
             try:
                 self._info = ray.get(ref)
+                started = True
                 if self._state == "starting":
                     self._state = "running"
             except ray.exceptions.RayError as e:
@@ -211,6 +213,7 @@ class RayChild(SupervisedChild):
         if self._poll is None and time.monotonic() >= self._next_poll and self._state != "idle":
             self._poll = (self.host.report.remote(), self.starts)
             self._next_poll = time.monotonic() + POLL_EVERY_S
+        return started
 
     def _take(self, report: dict[str, Any], start: int) -> None:
         for kind, text in report["lines"].items():
