@@ -308,7 +308,11 @@ class Launcher:
         """After the shutdown: release what the placement holds (nothing locally)."""
 
     def _pump(self) -> None:
-        if [child for child in self.children if child.pump()]:  # every child pumped
+        started = [child for child in self.children if child.pump()]  # every child pumped
+        for child in started:
+            if child.restarts:  # placed after its restart was announced (a Ray child)
+                self._print(f"{child.spec.name} runs again ({child.where})")
+        if started:
             self._write_pids()
 
     def _start(self, child: SupervisedChild) -> None:
