@@ -1,7 +1,7 @@
 """``apexrl``: the one command a user needs (also ``python -m apexrl``).
 
 ``apexrl run`` starts a whole Ape-X system on this machine (replay server, learner, N actors; see
-:mod:`apexrl.launch.local`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`),
+:mod:`apexrl.launch.local`), or with ``--ray`` on a Ray cluster (:mod:`apexrl.launch.ray_launcher`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`),
 ``apexrl keygen DIR`` writes the CURVE keys that ``--curve-dir DIR`` of every command uses (:mod:`apexrl.security`).
 Flags are validated here, with the same parsers the child processes use, so a run never starts only to have
 its children refuse their flags.
@@ -49,8 +49,9 @@ def _presets_epilog() -> str:
 def _run_kwargs() -> dict:
     return dict(
         description="Run Ape-X on this machine: a replay server, a learner and N actors on free local ports,\n"
-        "with live progress. Crashed processes are restarted; Ctrl-C (or the end of --minutes/--steps)\n"
-        "stops everything cleanly and leaves the run directory (metrics.csv, episodes.csv, checkpoint, logs/).",
+        "with live progress (--ray: on a Ray cluster). Crashed processes are restarted; Ctrl-C (or the end\n"
+        "of --minutes/--steps) stops everything cleanly and leaves the run directory (metrics.csv,\n"
+        "episodes.csv, checkpoint, logs/).",
         epilog=_presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 

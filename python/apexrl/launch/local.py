@@ -25,6 +25,10 @@ On Linux each child also gets SIGTERM if the launcher itself dies (``PR_SET_PDEA
 can within a 2 s grace and exits, see :mod:`apexrl.apex.stopping`).
 
 Single-threaded: signal handlers only set flags or send signals; the loop in :meth:`Launcher.run` does the rest.
+
+The loop runs over :class:`SupervisedChild`; :meth:`Launcher._place` decides where the children run (here:
+:class:`Child`, a local subprocess). :mod:`apexrl.launch.ray_launcher` places them on a Ray cluster instead,
+with the same loop.
 """
 
 from __future__ import annotations

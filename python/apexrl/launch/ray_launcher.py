@@ -30,6 +30,7 @@ needs it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import time
@@ -54,6 +55,9 @@ PLACE_TIMEOUT_S = 120.0
 STOP_WAIT_S = 10.0
 LOST = -signal.SIGKILL
 """The exit status a child reports when its host was lost (killed, or its node died)."""
+LOCAL_OBJECT_STORE = 100 * 2**20
+"""Bytes of Ray's object store for ``--ray local``: only the launcher's small polls use it (Ray's default takes
+30% of the memory)."""
 RAY_MISSING = "--ray needs Ray on this machine: pip install 'apexrl[ray]'"
 
 
@@ -86,22 +90,21 @@ def host_name(launcher_pid: int, child: str) -> str:
     return f"{launcher_pid}.{child}"
 
 
-def connect(address: str, num_cpus: int) -> bool:
-    """Join the cluster at ``address`` (auto, HOST:PORT) or start a private one (local); True when this process
-    started it (and must shut it down)."""
+def connect(address: str, num_cpus: int) -> None:
+    """Join the cluster at ``address`` (auto, HOST:PORT) or start a private one (local; ``ray.shutdown()``
+    stops it)."""
     ray = require_ray(address)
     common: dict[str, Any] = dict(namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
     if address == "local":
         ray.init(num_cpus=num_cpus, resources={REPLAY_RESOURCE: 1.0}, include_dashboard=False,
-                 _node_ip_address="127.0.0.1", **common)
-        return True
+                 object_store_memory=LOCAL_OBJECT_STORE, _node_ip_address="127.0.0.1", **common)
+        return
     if is_loopback(address):
         common["_node_ip_address"] = "127.0.0.1"
     try:
         ray.init(address=address, **common)
     except ConnectionError as e:
         raise PlacementError(f"cannot join the Ray cluster at {address}: {e}") from None
-    return False
 
 
 def _pick_ports(n: int) -> dict[str, Any]:
@@ -266,21 +269,19 @@ class RayLauncher(Launcher):
         super().__init__(plan, server_log_level=server_log_level, out=out)
         self.address = address
         self.actor_cpus = actor_cpus
-        self._owns_cluster = False
-
     def run(self) -> int:
+        ray = None
         try:
-            needed = len(self.plan.servers) + 1 + int(len(self.plan.actors) * self.actor_cpus + 0.999)
-            self._owns_cluster = connect(self.address, max(needed, os.cpu_count() or 1))
+            ray = require_ray(self.address)
+            needed = len(self.plan.servers) + 1 + math.ceil(len(self.plan.actors) * self.actor_cpus)
+            connect(self.address, max(needed, os.cpu_count() or 1))
             return super().run()
         except PlacementError as e:
             self._print(f"apexrl run: error: {e}")
             return 2
         finally:
-            if self._owns_cluster:
-                import ray
-
-                ray.shutdown()
+            if ray is not None and ray.is_initialized():
+                ray.shutdown()  # leaves a joined cluster, stops a private one
 
     def _place(self) -> list[SupervisedChild]:
         ray = require_ray()
