@@ -2,7 +2,8 @@
 
 One cluster (a head with the ``apexrl_replay`` resource and exactly the CPUs of the replay server and the learner,
 and two worker nodes for the actors) and one run of the cartpole preset serve the tests in file order: placement,
-learning, a ``ray.kill`` of an actor's host (it comes back and makes progress again), the removal of a worker
+learning, a ``ray.kill`` of an actor's host (it comes back and makes progress again), a crashed learner
+process (its host starts it again with ``--resume``), the removal of a worker
 node (its actor comes back on the other node, reconnects and makes progress), and the clean stop on SIGINT.
 The first test needs no Ray: without it, ``--ray`` exits 2 naming the extra to install.
 """
@@ -57,6 +58,11 @@ def _pids(run_dir: str) -> dict:
             return json.load(f)
     except (FileNotFoundError, ValueError):
         return {}
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
 
 
 def _records(path: str) -> list[dict]:
@@ -154,8 +160,7 @@ def test_the_run_learns_and_reports_like_a_local_run(ray_run):
     episodes = os.path.join(ray_run.run_dir, "episodes.csv")  # the actors' rows, shipped back from their nodes
     _wait_until(lambda: os.path.exists(episodes) and set(read_csv(episodes)["actor"]) == {0.0, 1.0}, 60,
                 "both actors' episodes in episodes.csv")
-    with open(os.path.join(ray_run.run_dir, "logs", "server.log"), encoding="utf-8") as f:
-        assert "listening on" in f.read()  # the server's log, shipped back from its host
+    assert "listening on" in _read(os.path.join(ray_run.run_dir, "logs", "server.log"))  # shipped from its host
 
 
 @pytest.mark.ray
@@ -167,6 +172,22 @@ def test_a_killed_actor_host_comes_back_and_the_run_goes_on(ray_run):
     ray.kill(ray_run.host("actor0"), no_restart=False)
     ray_run.comes_back("actor0", log_from, before)
     assert ray_run.proc.alive()
+
+
+@pytest.mark.ray
+def test_a_crashed_learner_restarts_in_its_host_with_resume(ray_run):
+    pid = _wait_until(lambda: ray_run.pids().get("children", {}).get("learner"), 60, "the learner's pid")
+    _wait_until(lambda: os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors")), 120,
+                "a checkpoint")
+    log_from = len(ray_run.proc.log())
+    os.kill(pid, signal.SIGKILL)  # the process, not its host (every node of this cluster is this machine)
+    ray_run.proc.wait_for(r"learner exited unexpectedly \(killed by SIGKILL\); restarting", 60, start=log_from)
+    ray_run.proc.wait_for(r"learner restarted \(.*, restart \d+\)", 60, start=log_from)
+    learner_log = os.path.join(ray_run.run_dir, "logs", "learner.log")
+    _wait_until(lambda: "learner resumed from" in _read(learner_log), 120,
+                "the learner to resume from its checkpoint")
+    before = len(ray_run.progress("learner"))
+    _wait_until(lambda: len(ray_run.progress("learner")) > before + 1, 120, "the resumed learner's progress")
 
 
 @pytest.mark.ray
