@@ -131,6 +131,8 @@ class RayChild(SupervisedChild):
         self._lost: str | None = None
         self._info: dict[str, Any] = {}
         self._start_ref = None
+        self._start_args: list[str] | None = None  # of a start not yet confirmed by the host
+        self._retry_start_at = 0.0
         self._poll: tuple[Any, int] | None = None  # (ref, start it belongs to)
         self._next_poll = 0.0
         self._signal: int | None = None
@@ -141,7 +143,8 @@ class RayChild(SupervisedChild):
             self._append("log", f"=== apexrl run: restart {self.starts} at {time.strftime('%H:%M:%S')} ===\n")
         self._code, self._lost, self._info, self._signal = None, None, {}, None
         self._state = "starting"
-        self._start_ref = self.host.start.remote(self.spec.module, args)
+        self._start_args = list(args)
+        self._start_ref = self.host.start.remote(self.spec.module, self._start_args)
         self.starts += 1
         self.restart_at = None
         self._next_poll = 0.0
@@ -174,7 +177,7 @@ class RayChild(SupervisedChild):
 
     @property
     def where(self) -> str:
-        return f"pid {self.pid} on {self._info['ip']}" if self._info.get("pid") else "being placed by Ray"
+        return f"pid {self.pid} on {self._info['ip']}" if self._info.get("pid") else "starting on Ray"
 
     def describe_exit(self, code: int) -> str:
         return f"its Ray actor was lost: {self._lost}" if self._lost else describe_exit(code)
@@ -183,9 +186,13 @@ class RayChild(SupervisedChild):
         """Wait up to ``timeout`` seconds for the host to have started the process; True once it has."""
         import ray
 
-        if self._start_ref is not None:
-            ray.wait([self._start_ref], timeout=timeout)
-        self.pump()
+        deadline = time.monotonic() + timeout
+        while self.pid is None and self.running and time.monotonic() < deadline:
+            if self._start_ref is not None:
+                ray.wait([self._start_ref], timeout=min(POLL_EVERY_S, max(deadline - time.monotonic(), 0)))
+            else:
+                time.sleep(0.1)
+            self.pump()
         return self.pid is not None or not self.running
 
     # ------------------------------------------------------------------------------------------ polls
@@ -201,11 +208,16 @@ class RayChild(SupervisedChild):
             ref, self._start_ref = self._start_ref, None
             try:
                 self._info = ray.get(ref)
-                started = True
+                started, self._start_args = True, None
                 if self._state == "starting":
                     self._state = "running"
+            except ray.exceptions.ActorUnavailableError:  # Ray is still restarting the host: ask again soon
+                self._retry_start_at = time.monotonic() + POLL_EVERY_S
             except ray.exceptions.RayError as e:
                 self._exited(LOST, type(e).__name__)
+        if (self._start_args is not None and self._start_ref is None and self._state == "starting"
+                and time.monotonic() >= self._retry_start_at):  # start is idempotent: safe to send again
+            self._start_ref = self.host.start.remote(self.spec.module, self._start_args)
         if self._poll is not None and ray.wait([self._poll[0]], timeout=0)[0]:
             (ref, start), self._poll = self._poll, None
             try:
@@ -226,12 +238,13 @@ class RayChild(SupervisedChild):
             return  # about an earlier start of the process
         if report["state"] == "exited":
             self._exited(int(report["code"]), None)
-        elif report["state"] == "none" and self._start_ref is None:
+        elif report["state"] == "none" and self._start_args is None:
             self._exited(LOST, "Ray restarted it, without the process")
 
     def _exited(self, code: int, lost: str | None) -> None:
         if self.running:
             self._code, self._lost, self._state = code, lost, "exited"
+            self._start_args = self._start_ref = None
 
     def _append(self, kind: str, text: str) -> None:
         path = self.paths[kind]
