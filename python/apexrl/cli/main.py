@@ -1,7 +1,7 @@
 """``apexrl``: the one command a user needs (also ``python -m apexrl``).
 
 ``apexrl run`` starts a whole Ape-X system on this machine (replay server, learner, N actors; see
-:mod:`apexrl.launch.local`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`),
+:mod:`apexrl.launch.local`), or with ``--ray`` on a Ray cluster (:mod:`apexrl.launch.ray_launcher`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`),
 ``apexrl keygen DIR`` writes the CURVE keys that ``--curve-dir DIR`` of every command uses (:mod:`apexrl.security`).
 Flags are validated here, with the same parsers the child processes use, so a run never starts only to have
 its children refuse their flags.
@@ -49,8 +49,9 @@ def _presets_epilog() -> str:
 def _run_kwargs() -> dict:
     return dict(
         description="Run Ape-X on this machine: a replay server, a learner and N actors on free local ports,\n"
-        "with live progress. Crashed processes are restarted; Ctrl-C (or the end of --minutes/--steps)\n"
-        "stops everything cleanly and leaves the run directory (metrics.csv, episodes.csv, checkpoint, logs/).",
+        "with live progress (--ray: on a Ray cluster). Crashed processes are restarted; Ctrl-C (or the end\n"
+        "of --minutes/--steps) stops everything cleanly and leaves the run directory (metrics.csv,\n"
+        "episodes.csv, checkpoint, logs/).",
         epilog=_presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
@@ -77,6 +78,13 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="replay servers sharing the replay: capacity and minimum size split evenly, one snapshot "
                    "each (RUN_DIR/replay0.snap, ...); the learner samples across them in proportion to their "
                    "priority mass and the actors spread their inserts (default 1)")
+    g = p.add_argument_group("on a Ray cluster (pip install 'apexrl[ray]'; docs/running.md, Several machines on Ray)")
+    g.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="run on Ray: auto (the running cluster), HOST:PORT (that cluster's head) or local (a private "
+                   "one-node cluster on 127.0.0.1); replay server(s) and learner on the node with the resource "
+                   "apexrl_replay, actors spread over the nodes")
+    g.add_argument("--ray-actor-cpus", metavar="N", type=float_arg(positive=True), default=1.0,
+                   help="CPUs Ray reserves for each actor (default 1)")
     g = p.add_argument_group("pass-through flags (quote them; use --learner-args='--flag' for a single flag)")
     g.add_argument("--server-args", default="", help="extra apexrl-replay-server flags, e.g. '--shards 4'")
     g.add_argument("--learner-args", default="",
@@ -171,6 +179,9 @@ def launch_plan(argv: Sequence[str] | None = None):
     o.actor = _pass_through(run_parser, "--actor-args", args.actor_args, actor_cli.build_parser(), actor_cli.OWN)
     try:
         p = plan(args.preset, o)
+        if args.ray is not None and not os.path.isabs(p.run.run_dir):  # the processes run in other folders
+            o.run_dir = os.path.abspath(p.run.run_dir)
+            p = plan(args.preset, o)
     except ValueError as e:
         run_parser.error(str(e))
     if not p.run.resume:
@@ -180,20 +191,32 @@ def launch_plan(argv: Sequence[str] | None = None):
         if held:
             run_parser.error(f"{p.run.run_dir} already holds a run ({', '.join(held)}): pass --resume to continue "
                              "it, or choose another --run-dir or --seed (or remove the directory)")
-    return p, log_level
+    return p, log_level, args
 
 
 def run_main(argv: Sequence[str]) -> int:
     from apexrl.launch.local import Launcher
     from apexrl.launch.presets import PRESETS
 
-    p, log_level = launch_plan(argv)
+    p, log_level, args = launch_plan(argv)
+    if args.ray is not None:
+        from apexrl.launch.ray_launcher import PlacementError, require_ray
+
+        try:
+            require_ray(args.ray)
+        except PlacementError as e:
+            print(f"{PROG} run: error: {e}", file=sys.stderr, flush=True)
+            return 2
     limits = [f"{p.run.minutes:g} min" if p.run.minutes else "no time limit"]
     if p.run.steps:
         limits.append(f"{p.run.steps} learner steps")
     description = PRESETS[p.preset].description if p.preset in PRESETS else "agent defaults"
     print(f"apexrl run: preset {p.preset} [{description}]; agent {p.agent}, env {p.env}, {len(p.actors)} actors, "
           f"seed {p.seed}, {' or '.join(limits)}; run dir {p.run.run_dir}. Ctrl-C stops.", flush=True)
+    if args.ray is not None:
+        from apexrl.launch.ray_launcher import RayLauncher
+
+        return RayLauncher(p, args.ray, actor_cpus=args.ray_actor_cpus, server_log_level=log_level).run()
     return Launcher(p, server_log_level=log_level).run()
 
 

@@ -25,6 +25,10 @@ On Linux each child also gets SIGTERM if the launcher itself dies (``PR_SET_PDEA
 can within a 2 s grace and exits, see :mod:`apexrl.apex.stopping`).
 
 Single-threaded: signal handlers only set flags or send signals; the loop in :meth:`Launcher.run` does the rest.
+
+The loop runs over :class:`SupervisedChild`; :meth:`Launcher._place` decides where the children run (here:
+:class:`Child`, a local subprocess). :mod:`apexrl.launch.ray_launcher` places them on a Ray cluster instead,
+with the same loop.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from typing import TextIO
 from apexrl.launch.plan import PLAN_NAME, RunPlan
 from apexrl.launch.progress import LogTail, Progress, RecordTail, format_duration
 
-__all__ = ["ChildSpec", "Launcher", "free_ports", "server_name"]
+__all__ = ["Child", "ChildSpec", "Launcher", "SupervisedChild", "free_ports", "server_name"]
 
 RESTART_WINDOW_S = 60.0
 MAX_BACKOFF_S = 30.0
@@ -82,15 +86,14 @@ class ChildSpec:
     """Where the child appends its JSON progress records (None: it writes none)."""
 
 
-class Child:
-    """One supervised process: start, restart bookkeeping (exit times, back-off), signals to its group."""
+class SupervisedChild:
+    """What :class:`Launcher`'s loop needs of one child, wherever its process runs: start, poll, signals, and
+    the restart bookkeeping (exit times, back-off). :class:`Child` runs it here as a subprocess; the Ray
+    launcher's child runs it inside a Ray actor on some node (:mod:`apexrl.launch.ray_launcher`)."""
 
-    def __init__(self, spec: ChildSpec, log_path: str, env: dict[str, str], python: str):
+    def __init__(self, spec: ChildSpec, log_path: str):
         self.spec = spec
         self.log_path = log_path
-        self.env = env
-        self.python = python
-        self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.exit_times: collections.deque[float] = collections.deque()
         self.restart_at: float | None = None  # set while waiting out a back-off
@@ -99,6 +102,66 @@ class Child:
     @property
     def restarts(self) -> int:
         return max(self.starts - 1, 0)
+
+    def start(self) -> None:
+        """Start the process (``spec.restart_args`` from the second start on)."""
+        raise NotImplementedError
+
+    def poll(self) -> int | None:
+        """The exit status once the process has exited (negative: killed by that signal), else None."""
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        raise NotImplementedError
+
+    def send(self, sig: int) -> None:
+        """Signal the process's group; must be safe to call from a signal handler."""
+        raise NotImplementedError
+
+    def wait(self) -> None:
+        """After a SIGKILL: until the process is gone."""
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int | None:
+        """The running process's pid (on its own machine), or None."""
+        raise NotImplementedError
+
+    @property
+    def node(self) -> str | None:
+        """The machine the process runs on, where that is not this one."""
+        return None
+
+    @property
+    def where(self) -> str:
+        """The process in messages: ``pid 1234``."""
+        return f"pid {self.pid}"
+
+    def pump(self) -> bool:
+        """Bring the process's new output into its local log and progress files (a local child writes them
+        itself); True when the process's pid became known since the last call (a local one's is at once)."""
+        return False
+
+    def describe_exit(self, code: int) -> str:
+        return describe_exit(code)
+
+    def record_exit(self, now: float) -> int:
+        """Note an exit; returns the exits within the last RESTART_WINDOW_S seconds."""
+        self.exit_times.append(now)
+        while self.exit_times and self.exit_times[0] < now - RESTART_WINDOW_S:
+            self.exit_times.popleft()
+        return len(self.exit_times)
+
+
+class Child(SupervisedChild):
+    """One supervised local subprocess, in its own process group."""
+
+    def __init__(self, spec: ChildSpec, log_path: str, env: dict[str, str], python: str):
+        super().__init__(spec, log_path)
+        self.env = env
+        self.python = python
+        self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         args = self.spec.restart_args if self.starts and self.spec.restart_args is not None else self.spec.args
@@ -114,7 +177,6 @@ class Child:
         self.restart_at = None
 
     def poll(self) -> int | None:
-        """The exit status once the process has exited (negative: killed by that signal), else None."""
         return None if self.proc is None else self.proc.poll()
 
     @property
@@ -128,17 +190,33 @@ class Child:
             except ProcessLookupError:
                 pass
 
-    def record_exit(self, now: float) -> int:
-        """Note an exit; returns the exits within the last RESTART_WINDOW_S seconds."""
-        self.exit_times.append(now)
-        while self.exit_times and self.exit_times[0] < now - RESTART_WINDOW_S:
-            self.exit_times.popleft()
-        return len(self.exit_times)
+    def wait(self) -> None:
+        if self.proc is not None:
+            self.proc.wait()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
 
 
 def server_name(index: int, count: int) -> str:
     """A replay server child's name (and log file): ``server`` when there is one, else ``server0``, ..."""
     return "server" if count == 1 else f"server{index}"
+
+
+def child_specs(placed: RunPlan, plan_path: str, server_log_level: str) -> list[ChildSpec]:
+    """How to start each child of a placed plan saved at ``plan_path``: the one place where a plan becomes
+    processes. The servers come first, then the learner, then the actors."""
+    n = len(placed.servers)
+    specs = [ChildSpec(server_name(i, n), "server", "apexrl.cli.server",
+                       ["--plan", plan_path, "--index", str(i), "--log-level", server_log_level]) for i in range(n)]
+    learner = ["--plan", plan_path]
+    specs.append(ChildSpec("learner", "learner", "apexrl.cli.learner", learner,
+                           restart_args=learner + ["--resume"], progress_path=placed.learner.progress_path))
+    for actor in placed.actors:
+        specs.append(ChildSpec(f"actor{actor.index}", "actor", "apexrl.cli.actor",
+                               ["--plan", plan_path, "--index", str(actor.index)], progress_path=actor.progress_path))
+    return specs
 
 
 def _die_with_parent() -> None:
@@ -181,7 +259,9 @@ class Launcher:
         self.out = out or sys.stdout
         self.tty = bool(getattr(self.out, "isatty", lambda: False)())
         self.progress = Progress(len(plan.actors))
-        self.children: list[Child] = []
+        self.children: list[SupervisedChild] = []
+        self.server_endpoints: list[str] = []  # set by _place
+        self.params_endpoint = ""
         self.tails: dict[str, RecordTail] = {}  # each child's progress records
         self._stop_reason: str | None = None
         self._exit_code = 0
@@ -212,45 +292,57 @@ class Launcher:
 
     # ------------------------------------------------------------------------------------------ children
 
-    def _specs(self, server_ports: list[int], params_port: int) -> list[ChildSpec]:
-        """Place the plan on this machine (127.0.0.1, the given ports), write it to RUN_DIR/plan.json, and say
-        how to start each child from it: the one place where a plan becomes processes. The servers come first."""
-        placed = self.plan.placed(
-            replay=[f"tcp://127.0.0.1:{port}" for port in server_ports], server_port=server_ports,
-            params=f"tcp://127.0.0.1:{params_port}", params_port=params_port, logs=self.log_dir,
-        )
+    def _place(self) -> list[SupervisedChild]:
+        """The children of this run, servers first, placed on this machine (127.0.0.1, free ports)."""
+        *server_ports, params_port = free_ports(len(self.plan.servers) + 1)
+        self.server_endpoints = [f"tcp://127.0.0.1:{port}" for port in server_ports]
+        self.params_endpoint = f"tcp://127.0.0.1:{params_port}"
+        placed = self.plan.placed(replay=self.server_endpoints, server_port=server_ports,
+                                  params=self.params_endpoint, params_port=params_port, logs=self.log_dir)
         path = os.path.join(self.run_dir, PLAN_NAME)
         placed.save(path)
-        learner = ["--plan", path]
-        specs = [ChildSpec(server_name(i, len(server_ports)), "server", "apexrl.cli.server",
-                           ["--plan", path, "--index", str(i), "--log-level", self.server_log_level])
-                 for i in range(len(server_ports))]
-        specs.append(ChildSpec("learner", "learner", "apexrl.cli.learner", learner,
-                               restart_args=learner + ["--resume"], progress_path=placed.learner.progress_path))
-        for actor in placed.actors:
-            specs.append(ChildSpec(f"actor{actor.index}", "actor", "apexrl.cli.actor",
-                                   ["--plan", path, "--index", str(actor.index)], progress_path=actor.progress_path))
-        return specs
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return [Child(spec, os.path.join(self.log_dir, f"{spec.name}.log"), env, self.python)
+                for spec in child_specs(placed, path, self.server_log_level)]
 
-    def _start(self, child: Child) -> None:
+    def _await_started(self, children: list[SupervisedChild]) -> None:
+        """Before the start-up lines name them: until the children's processes run (they do locally)."""
+
+    def _close(self) -> None:
+        """After the shutdown: release what the placement holds (nothing locally)."""
+
+    def _pump(self) -> None:
+        started = [child for child in self.children if child.pump()]  # every child pumped
+        for child in started:
+            if child.restarts:  # placed after its restart was announced (a Ray child)
+                self._print(f"{child.spec.name} runs again ({child.where})")
+        if started:
+            self._write_pids()
+
+    def _start(self, child: SupervisedChild) -> None:
         child.start()
         self._write_pids()
 
     def _write_pids(self) -> None:
-        """RUN_DIR/pids.json: the launcher's and every running child's pid (for tools and tests)."""
-        pids = {"launcher": os.getpid(),
-                "children": {c.spec.name: c.proc.pid for c in self.children if c.proc is not None and c.running}}
+        """RUN_DIR/pids.json: the launcher's and every running child's pid (for tools and tests), and for
+        children on other machines their node."""
+        running = [c for c in self.children if c.pid is not None and c.running]
+        pids: dict = {"launcher": os.getpid(), "children": {c.spec.name: c.pid for c in running}}
+        nodes = {c.spec.name: c.node for c in running if c.node is not None}
+        if nodes:
+            pids["nodes"] = nodes
         tmp = os.path.join(self.run_dir, "pids.json.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(pids, f)
         os.replace(tmp, os.path.join(self.run_dir, "pids.json"))
 
-    def _wait_for_servers(self, servers: list[Child], tails: list[LogTail]) -> Child | None:
+    def _wait_for_servers(self, servers: list[SupervisedChild], tails: list[LogTail]) -> SupervisedChild | None:
         """Until every server's log says it listens (its one fixed start-up line); the first that exits or
         stays silent is returned (None: all listen)."""
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         waiting = dict(zip([s.spec.name for s in servers], zip(servers, tails)))
         while waiting and time.monotonic() < deadline and self._stop_reason is None:
+            self._pump()
             for name, (server, tail) in list(waiting.items()):
                 if any("listening on" in line for line in tail.read()):
                     del waiting[name]
@@ -266,15 +358,13 @@ class Launcher:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         start = time.monotonic()
         try:
-            *server_ports, params_port = free_ports(len(self.plan.servers) + 1)
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            for spec in self._specs(server_ports, params_port):
-                log_path = os.path.join(self.log_dir, f"{spec.name}.log")
-                self.children.append(Child(spec, log_path, env, self.python))
-                if spec.progress_path is not None:
-                    self.tails[spec.name] = RecordTail(spec.progress_path)
-                    self.tails[spec.name].skip_to_end()  # an earlier run's records (--resume) are not this run's
-            k = len(server_ports)
+            self.children = self._place()
+            for child in self.children:
+                path = child.spec.progress_path
+                if path is not None:
+                    self.tails[child.spec.name] = RecordTail(path)
+                    self.tails[child.spec.name].skip_to_end()  # an earlier run's records (--resume) are not this run's
+            k = len(self.server_endpoints)
             servers, rest = self.children[:k], self.children[k:]
             server_logs = [LogTail(server.log_path) for server in servers]
             for server, tail in zip(servers, server_logs):
@@ -287,20 +377,24 @@ class Launcher:
                     self._fail(f"replay server {failed.spec.name} did not start; {failed.log_path}:\n"
                                f"{log_tail(failed.log_path)}")
             else:
-                for port, server in zip(server_ports, servers):
-                    self._print(f"replay server tcp://127.0.0.1:{port} (pid {server.proc.pid})")
+                for endpoint, server in zip(self.server_endpoints, servers):
+                    self._print(f"replay server {endpoint} ({server.where})")
                 for child in rest:
                     self._start(child)
-                self._print(f"learner (pid {rest[0].proc.pid}) serving weights on tcp://127.0.0.1:{params_port}; "
-                            + ", ".join(f"{c.spec.name} (pid {c.proc.pid})" for c in rest[1:]))
+                self._await_started(rest)
+                self._print(f"learner ({rest[0].where}) serving weights on {self.params_endpoint}; "
+                            + ", ".join(f"{c.spec.name} ({c.where})" for c in rest[1:]))
                 if self.plan.server.curve_dir is not None:
                     self._print(f"CURVE on both services (keys in {self.plan.server.curve_dir})")
                 self._print(f"logs in {self.log_dir}")
                 self._supervise(start)
         finally:
-            self._shutdown()
-            for s, h in previous.items():
-                signal.signal(s, h)
+            try:
+                self._shutdown()
+            finally:
+                self._close()
+                for s, h in previous.items():
+                    signal.signal(s, h)
         elapsed = time.monotonic() - start
         self._summary(elapsed)
         return self._exit_code
@@ -312,6 +406,7 @@ class Launcher:
         while self._stop_reason is None:
             now = time.monotonic()
             new_eval = False
+            self._pump()
             for name, tail in self.tails.items():
                 new_eval |= self.progress.feed(name, tail.records())
             for child in self.children:
@@ -333,7 +428,7 @@ class Launcher:
             if now >= child.restart_at:
                 self._start(child)
                 self.progress.restarts += 1
-                self._print(f"{child.spec.name} restarted (pid {child.proc.pid}, restart {child.restarts})")
+                self._print(f"{child.spec.name} restarted ({child.where}, restart {child.restarts})")
             return
         code = child.poll()
         if code is None:
@@ -349,15 +444,15 @@ class Launcher:
             return
         recent = child.record_exit(now)
         if code == 2:
-            self._fail(f"{name} refused its flags ({describe_exit(code)}); {child.log_path}:\n"
+            self._fail(f"{name} refused its flags ({child.describe_exit(code)}); {child.log_path}:\n"
                        f"{log_tail(child.log_path)}")
         elif recent > self.config.max_restarts_per_minute:
-            self._fail(f"{name} exited {recent} times within {RESTART_WINDOW_S:.0f} s ({describe_exit(code)}): "
+            self._fail(f"{name} exited {recent} times within {RESTART_WINDOW_S:.0f} s ({child.describe_exit(code)}): "
                        f"giving up; {child.log_path}:\n{log_tail(child.log_path)}")
         else:
             backoff = min(2.0 ** (recent - 1), MAX_BACKOFF_S)
             child.restart_at = now + backoff
-            self._print(f"{name} exited unexpectedly ({describe_exit(code)}); restarting in {backoff:.0f} s")
+            self._print(f"{name} exited unexpectedly ({child.describe_exit(code)}); restarting in {backoff:.0f} s")
 
     def _fail(self, message: str) -> None:
         self._print(f"apexrl run: error: {message.rstrip()}")
@@ -388,23 +483,26 @@ class Launcher:
             self._wait_all(group, STOP_TIMEOUTS_S[role])
         self._write_pids()
 
-    def _wait_all(self, group: list[Child], timeout: float) -> None:
+    def _wait_all(self, group: list[SupervisedChild], timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while any(c.running for c in group) and time.monotonic() < deadline:
+        while True:
+            self._pump()
+            if not any(c.running for c in group) or time.monotonic() >= deadline:
+                break
             time.sleep(0.1)
         for child in group:
             if child.running:
                 self._print(f"{child.spec.name} did not stop within {timeout:.0f} s: SIGKILL")
                 child.send(signal.SIGKILL)
-            if child.proc is not None:
-                child.proc.wait()
+            child.wait()
             code = child.poll()
             # A child still importing when SIGTERM came dies of it with nothing to lose; any other non-zero
             # status means it did not finish its clean stop (flush, checkpoint, snapshot).
             if code not in (None, 0, -signal.SIGKILL, -signal.SIGTERM) and self._exit_code == 0:
-                self._print(f"{child.spec.name} stopped with {describe_exit(code)}; see {child.log_path}")
+                self._print(f"{child.spec.name} stopped with {child.describe_exit(code)}; see {child.log_path}")
 
     def _summary(self, elapsed: float) -> None:
+        self._pump()
         for name, tail in self.tails.items():
             self.progress.feed(name, tail.records())
         p = self.progress

@@ -1,0 +1,233 @@
+"""``apexrl run --ray``: the run on a real local Ray cluster of three raylets, all on 127.0.0.1.
+
+One cluster (a head with the ``apexrl_replay`` resource and exactly the CPUs of the replay server and the learner,
+and two worker nodes for the actors) and one run of the cartpole preset serve the tests in file order: placement,
+learning, a ``ray.kill`` of an actor's host (it comes back and makes progress again), a crashed learner
+process (its host starts it again with ``--resume``), the removal of a worker
+node (its actor comes back on the other node, reconnects and makes progress), and the clean stop on SIGINT.
+The first test needs no Ray: without it, ``--ray`` exits 2 naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from apexrl.apex.metrics import read_csv
+from conftest import Proc
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray's import: it keeps Ray on 127.0.0.1
+
+FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
+OBJECT_STORE = 80 * 2**20
+NAMESPACE = "apexrl"
+
+
+def test_ray_missing_is_a_clear_error(tmp_path):
+    run_dir = tmp_path / "run"
+    code = ("import sys; sys.modules['ray'] = None; from apexrl.cli.main import main; "
+            f"sys.exit(main(['run', '--ray', 'local', '--run-dir', {str(run_dir)!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "pip install 'apexrl[ray]'" in r.stderr
+    assert not run_dir.exists()
+
+
+# ---------------------------------------------------------------------------------------------- one cluster, one run
+
+
+def _wait_until(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _pids(run_dir: str) -> dict:
+    try:
+        with open(os.path.join(run_dir, "pids.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _records(path: str) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'apexrl[ray]')")
+    from ray.cluster_utils import Cluster
+
+    node = dict(object_store_memory=OBJECT_STORE, node_ip_address="127.0.0.1")
+    c = Cluster(initialize_head=True, head_node_args=dict(
+        num_cpus=2, resources={"apexrl_replay": 1}, include_dashboard=False, **node))
+    try:
+        workers = [c.add_node(num_cpus=2, **node) for _ in range(2)]
+        c.wait_for_nodes()
+        ray.init(address=c.address, _node_ip_address="127.0.0.1", namespace=NAMESPACE, log_to_driver=False)
+        yield c, workers
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+class Run:
+    def __init__(self, proc: Proc, run_dir: str, cluster, workers):
+        self.proc, self.run_dir, self.cluster, self.workers = proc, run_dir, cluster, workers
+        self.seen_pids: set[int] = set()
+
+    def pids(self) -> dict:
+        p = _pids(self.run_dir)
+        self.seen_pids.update(p.get("children", {}).values())
+        return p
+
+    def node_of(self, child: str) -> str | None:
+        return self.pids().get("nodes", {}).get(child)
+
+    def progress(self, child: str) -> list[dict]:
+        return _records(os.path.join(self.run_dir, "logs", f"{child}.progress.jsonl"))
+
+    def host(self, child: str):
+        import ray
+        from apexrl.launch.ray_launcher import host_name
+
+        return ray.get_actor(host_name(self.proc.proc.pid, child), namespace=NAMESPACE)
+
+    def comes_back(self, child: str, log_from: int, records_before: int, timeout: float = 150) -> None:
+        """The child's loss is noticed, it restarts, and its new process sends progress records again."""
+        self.proc.wait_for(rf"{child} exited unexpectedly \(its Ray actor was lost", timeout=timeout, start=log_from)
+        self.proc.wait_for(rf"{child} restarted \(.*, restart \d+\)", timeout=timeout, start=log_from)
+        _wait_until(lambda: len(self.progress(child)) >= records_before + 2, timeout,
+                    f"progress records of the restarted {child}")
+        _wait_until(lambda: self.pids().get("children", {}).get(child), 30, f"{child} in pids.json")
+
+
+@pytest.fixture(scope="module")
+def ray_run(cluster, tmp_path_factory):
+    c, workers = cluster
+    tmp = tmp_path_factory.mktemp("ray_run")
+    run_dir = str(tmp / "run")
+    log_path = str(tmp / "launcher.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "apexrl", "run", "--ray", c.address, "--run-dir", run_dir, "--minutes", "0",
+             "--progress-every", "2", "--actors", "2", f"--learner-args={FAST_LEARNER}"],
+            stdout=log, stderr=subprocess.STDOUT)
+    run = Run(Proc("launcher", proc, log_path), run_dir, c, workers)
+    try:
+        yield run
+    finally:
+        run.proc.kill9()
+
+
+@pytest.mark.ray
+def test_replay_and_learner_on_the_head_actors_on_the_workers(ray_run):
+    ray_run.proc.wait_for(r"learner \(pid \d+ on 127\.0\.0\.1\) serving weights on tcp://127\.0\.0\.1:\d+", 180)
+    head = ray_run.cluster.head_node.node_id
+    workers = {w.node_id for w in ray_run.workers}
+    nodes = _wait_until(lambda: ray_run.pids().get("nodes") if len(ray_run.pids().get("nodes", {})) == 4 else None,
+                        60, "every child's node in pids.json")
+    assert nodes["server"] == head and nodes["learner"] == head
+    assert nodes["actor0"] in workers and nodes["actor1"] in workers
+
+
+@pytest.mark.ray
+def test_the_run_learns_and_reports_like_a_local_run(ray_run):
+    ray_run.proc.wait_for(r"steps [1-9]\d* \(.* episodes [1-9]", timeout=180)  # the live progress line
+    metrics = os.path.join(ray_run.run_dir, "metrics.csv")
+    _wait_until(lambda: os.path.exists(metrics) and max(read_csv(metrics)["learner_steps"], default=0) > 0,
+                60, "learner steps in metrics.csv")
+    episodes = os.path.join(ray_run.run_dir, "episodes.csv")  # the actors' rows, shipped back from their nodes
+    _wait_until(lambda: os.path.exists(episodes) and set(read_csv(episodes)["actor"]) == {0.0, 1.0}, 60,
+                "both actors' episodes in episodes.csv")
+    assert "listening on" in _read(os.path.join(ray_run.run_dir, "logs", "server.log"))  # shipped from its host
+
+
+@pytest.mark.ray
+def test_a_killed_actor_host_comes_back_and_the_run_goes_on(ray_run):
+    import ray
+
+    _wait_until(lambda: ray_run.progress("actor0"), 120, "actor0's progress")
+    log_from, before = len(ray_run.proc.log()), len(ray_run.progress("actor0"))
+    ray.kill(ray_run.host("actor0"), no_restart=False)
+    ray_run.comes_back("actor0", log_from, before)
+    assert ray_run.proc.alive()
+
+
+@pytest.mark.ray
+def test_a_crashed_learner_restarts_in_its_host_with_resume(ray_run):
+    pid = _wait_until(lambda: ray_run.pids().get("children", {}).get("learner"), 60, "the learner's pid")
+    _wait_until(lambda: os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors")), 120,
+                "a checkpoint")
+    log_from = len(ray_run.proc.log())
+    os.kill(pid, signal.SIGKILL)  # the process, not its host (every node of this cluster is this machine)
+    ray_run.proc.wait_for(r"learner exited unexpectedly \(killed by SIGKILL\); restarting", 60, start=log_from)
+    ray_run.proc.wait_for(r"learner restarted \(.*, restart \d+\)", 60, start=log_from)
+    learner_log = os.path.join(ray_run.run_dir, "logs", "learner.log")
+    _wait_until(lambda: "learner resumed from" in _read(learner_log), 120,
+                "the learner to resume from its checkpoint")
+    before = len(ray_run.progress("learner"))
+    _wait_until(lambda: len(ray_run.progress("learner")) > before + 1, 120, "the resumed learner's progress")
+
+
+@pytest.mark.ray
+def test_removing_a_worker_node_moves_its_actor_which_reconnects(ray_run):
+    _wait_until(lambda: ray_run.node_of("actor1"), 60, "actor1's node")
+    lost = ray_run.node_of("actor1")
+    node = next(w for w in ray_run.workers if w.node_id == lost)
+    log_from, before = len(ray_run.proc.log()), len(ray_run.progress("actor1"))
+    ray_run.cluster.remove_node(node)
+    ray_run.comes_back("actor1", log_from, before)
+    moved = _wait_until(lambda: ray_run.node_of("actor1"), 30, "actor1's new node")
+    assert moved != lost and moved != ray_run.cluster.head_node.node_id
+    last = ray_run.progress("actor1")[-1]
+    _wait_until(lambda: ray_run.progress("actor1")[-1]["inserted"] > last["inserted"], 60,
+                "the moved actor1 to insert into the replay")
+
+
+@pytest.mark.ray
+def test_sigint_stops_every_process_and_every_host(ray_run):
+    import ray
+
+    steps = _wait_until(lambda: [r for r in ray_run.progress("learner") if r.get("learner_steps")], 120,
+                        "learner progress")
+    ray_run.proc.signal(signal.SIGINT)
+    assert ray_run.proc.proc.wait(180) == 0, ray_run.proc.log()[-3000:]
+    log = ray_run.proc.log()
+    assert "stopping: received SIGINT" in log and "run finished after" in log
+    assert os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors"))
+    assert steps
+    for pid in ray_run.seen_pids:  # every process any host started (all on this machine here) is gone
+        _wait_until(lambda: not _alive(pid), 30, f"process {pid} to be gone")
+    for child in ("server", "learner", "actor0", "actor1"):
+        with pytest.raises(ValueError):
+            ray_run.host(child)
+    assert ray.is_initialized()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
