@@ -235,6 +235,6 @@ def test_apexrl_run_with_curve_from_the_environment_trains(keys, tmp_path):
     assert read_csv(os.path.join(run_dir, "metrics.csv"))["learner_steps"][-1] == 100
     with open(os.path.join(run_dir, "plan.json"), encoding="utf-8") as f:
         plan = json.load(f)
-    assert plan["server"]["curve_dir"] == plan["learner"]["curve_dir"] == plan["actors"][0]["curve_dir"] == keys
+    assert plan["servers"][0]["curve_dir"] == plan["learner"]["curve_dir"] == plan["actors"][0]["curve_dir"] == keys
     episodes = read_csv(os.path.join(run_dir, "episodes.csv"))
     assert len(episodes["return"]) > 0  # the actor's inserts reached the server through CURVE
