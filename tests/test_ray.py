@@ -1,7 +1,8 @@
 """``apexrl run --ray``: the run on a real local Ray cluster of three raylets, all on 127.0.0.1.
 
-One cluster (a head with the ``apexrl_replay`` resource and exactly the CPUs of the replay server and the learner,
-and two worker nodes for the actors) and one run of the cartpole preset serve the tests in file order: placement,
+One cluster (a head with the ``apexrl_replay`` resource and exactly the CPUs of two replay servers and the
+learner, and two worker nodes for the actors) and one run of the cartpole preset over two replay servers serve the
+tests in file order: placement,
 learning, a ``ray.kill`` of an actor's host (it comes back and makes progress again), a crashed learner
 process (its host starts it again with ``--resume``), the removal of a worker
 node (its actor comes back on the other node, reconnects and makes progress), and the clean stop on SIGINT.
@@ -80,7 +81,7 @@ def cluster():
 
     node = dict(object_store_memory=OBJECT_STORE, node_ip_address="127.0.0.1")
     c = Cluster(initialize_head=True, head_node_args=dict(
-        num_cpus=2, resources={"apexrl_replay": 1}, include_dashboard=False, **node))
+        num_cpus=3, resources={"apexrl_replay": 1}, include_dashboard=False, **node))
     try:
         workers = [c.add_node(num_cpus=2, **node) for _ in range(2)]
         c.wait_for_nodes()
@@ -131,7 +132,7 @@ def ray_run(cluster, tmp_path_factory):
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-u", "-m", "apexrl", "run", "--ray", c.address, "--run-dir", run_dir, "--minutes", "0",
-             "--progress-every", "2", "--actors", "2", f"--learner-args={FAST_LEARNER}"],
+             "--progress-every", "2", "--actors", "2", "--replay-servers", "2", f"--learner-args={FAST_LEARNER}"],
             stdout=log, stderr=subprocess.STDOUT)
     run = Run(Proc("launcher", proc, log_path), run_dir, c, workers)
     try:
@@ -145,9 +146,9 @@ def test_replay_and_learner_on_the_head_actors_on_the_workers(ray_run):
     ray_run.proc.wait_for(r"learner \(pid \d+ on 127\.0\.0\.1\) serving weights on tcp://127\.0\.0\.1:\d+", 180)
     head = ray_run.cluster.head_node.node_id
     workers = {w.node_id for w in ray_run.workers}
-    nodes = _wait_until(lambda: ray_run.pids().get("nodes") if len(ray_run.pids().get("nodes", {})) == 4 else None,
+    nodes = _wait_until(lambda: ray_run.pids().get("nodes") if len(ray_run.pids().get("nodes", {})) == 5 else None,
                         60, "every child's node in pids.json")
-    assert nodes["server"] == head and nodes["learner"] == head
+    assert nodes["server0"] == nodes["server1"] == nodes["learner"] == head
     assert nodes["actor0"] in workers and nodes["actor1"] in workers
 
 
@@ -160,7 +161,8 @@ def test_the_run_learns_and_reports_like_a_local_run(ray_run):
     episodes = os.path.join(ray_run.run_dir, "episodes.csv")  # the actors' rows, shipped back from their nodes
     _wait_until(lambda: os.path.exists(episodes) and set(read_csv(episodes)["actor"]) == {0.0, 1.0}, 60,
                 "both actors' episodes in episodes.csv")
-    assert "listening on" in _read(os.path.join(ray_run.run_dir, "logs", "server.log"))  # shipped from its host
+    for server in ("server0", "server1"):  # their logs, shipped from their host
+        assert "listening on" in _read(os.path.join(ray_run.run_dir, "logs", f"{server}.log"))
 
 
 @pytest.mark.ray
@@ -219,7 +221,7 @@ def test_sigint_stops_every_process_and_every_host(ray_run):
     assert steps
     for pid in ray_run.seen_pids:  # every process any host started (all on this machine here) is gone
         _wait_until(lambda: not _alive(pid), 30, f"process {pid} to be gone")
-    for child in ("server", "learner", "actor0", "actor1"):
+    for child in ("server0", "server1", "learner", "actor0", "actor1"):
         with pytest.raises(ValueError):
             ray_run.host(child)
     assert ray.is_initialized()
