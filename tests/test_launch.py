@@ -175,3 +175,51 @@ def test_episode_curve_sums_frames_over_actors_and_restarts(tmp_path):
     assert frames.tolist() == [30, 50, 55]
     assert time_s.tolist() == [3.0, 5.0, 5.5]
     assert mean.tolist() == [1.5, 2.5, 3.5]
+
+
+def _free_run_of_ports(n: int) -> int:
+    """A port p with p .. p + n - 1 free a moment ago."""
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for i in range(n):
+                socks.append(socket.socket())
+                socks[-1].bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no run of free ports")
+
+
+def test_run_on_fixed_ports_and_a_clear_refusal_when_one_is_taken(spawn, tmp_path):
+    import socket
+
+    base = _free_run_of_ports(3)
+    run_dir = str(tmp_path / "run")
+    launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--steps", "30",
+                     "--actors", "1", "--replay-servers", "2", "--ports", str(base), "--quiet",
+                     f"--learner-args={FAST_LEARNER}")
+    assert launcher.proc.wait(180) == 0, launcher.log()
+    with open(os.path.join(run_dir, "plan.json"), encoding="utf-8") as f:
+        plan = json.load(f)
+    assert [s["port"] for s in plan["servers"]] == [base, base + 1] and plan["learner"]["params_port"] == base + 2
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 1))
+        taken.listen()
+        out = subprocess.run([sys.executable, "-m", "apexrl", "run", "--run-dir", str(tmp_path / "run2"),
+                              "--replay-servers", "2", "--ports", str(base)],
+                             capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"port {base + 1} on 127.0.0.1 is not free" in out.stdout
+    assert not _pids(str(tmp_path / "run2"))  # nothing was started
+    assert "replay server tcp" not in out.stdout and "run finished" not in out.stdout

@@ -74,6 +74,9 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--snapshot-every", type=float_arg(nonneg=True), default=None, metavar="SECONDS",
                    help="seconds between snapshots of the replay to RUN_DIR/replay.snap; a restarted server "
                    "restores it, so a server crash loses at most one interval (default 300; 0: no snapshots)")
+    g.add_argument("--ports", metavar="BASE", type=int_arg(1, 65535), default=0,
+                   help="fixed ports for a firewall: the replay servers listen on BASE, BASE+1, ..., the learner's "
+                   "parameter service on the next one (default: free ports picked at start)")
     g.add_argument("--replay-servers", metavar="K", type=int_arg(1, MAX_REPLAY_SERVERS), default=1,
                    help="replay servers sharing the replay: capacity and minimum size split evenly, one snapshot "
                    "each (RUN_DIR/replay0.snap, ...); the learner samples across them in proportion to their "
@@ -170,7 +173,7 @@ def launch_plan(argv: Sequence[str] | None = None):
     if args.snapshot_every is not None:
         o.snapshot_every = args.snapshot_every
     o.curve_dir, o.insecure = args.curve_dir, args.insecure
-    o.replay_servers = args.replay_servers
+    o.replay_servers, o.port_base = args.replay_servers, args.ports
     o.server = _pass_through(run_parser, "--server-args", args.server_args, server_cli.build_parser(),
                              SERVER_OWN, agent_dests=())
     log_level = o.server.pop("log_level", "WARNING")

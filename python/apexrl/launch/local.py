@@ -49,7 +49,7 @@ from typing import TextIO
 from apexrl.launch.plan import PLAN_NAME, RunPlan
 from apexrl.launch.progress import LogTail, Progress, RecordTail, format_duration
 
-__all__ = ["Child", "ChildSpec", "Launcher", "SupervisedChild", "free_ports", "server_name"]
+__all__ = ["Child", "ChildSpec", "Launcher", "PlacementError", "SupervisedChild", "free_ports", "server_name"]
 
 RESTART_WINDOW_S = 60.0
 MAX_BACKOFF_S = 30.0
@@ -57,14 +57,25 @@ STOP_TIMEOUTS_S = {"actor": 20.0, "learner": 90.0, "server": 30.0}  # the learne
 SERVER_START_TIMEOUT_S = 60.0
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct TCP ports that were free a moment ago (all sockets held open together, so no repeats)."""
+class PlacementError(Exception):
+    """The run cannot be placed (the message says why and what to do); nothing was started."""
+
+
+def free_ports(n: int, host: str = "127.0.0.1", base: int = 0) -> list[int]:
+    """``n`` distinct TCP ports on ``host`` that were free a moment ago (all sockets held open together, so no
+    repeats): any free ones, or with ``base`` exactly ``base .. base + n - 1`` (PlacementError naming the one
+    that is taken)."""
     socks = []
     try:
-        for _ in range(n):
+        for i in range(n):
             s = socket.socket()
-            s.bind((host, 0))
             socks.append(s)
+            try:
+                s.bind((host, base + i if base else 0))
+            except OSError as e:
+                raise PlacementError(f"port {base + i} on {host} is not free ({e.strerror}): --ports {base} takes "
+                                     f"{base}-{base + n - 1} (the replay servers', then the learner's parameter "
+                                     "service)") from None
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
@@ -294,7 +305,7 @@ class Launcher:
 
     def _place(self) -> list[SupervisedChild]:
         """The children of this run, servers first, placed on this machine (127.0.0.1, free ports)."""
-        *server_ports, params_port = free_ports(len(self.plan.servers) + 1)
+        *server_ports, params_port = free_ports(len(self.plan.servers) + 1, base=self.plan.run.port_base)
         self.server_endpoints = [f"tcp://127.0.0.1:{port}" for port in server_ports]
         self.params_endpoint = f"tcp://127.0.0.1:{params_port}"
         placed = self.plan.placed(replay=self.server_endpoints, server_port=server_ports,
@@ -358,7 +369,12 @@ class Launcher:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         start = time.monotonic()
         try:
-            self.children = self._place()
+            try:
+                self.children = self._place()
+            except PlacementError as e:
+                self._print(f"apexrl run: error: {e}")
+                self._exit_code = 2
+                return self._exit_code
             for child in self.children:
                 path = child.spec.progress_path
                 if path is not None:

@@ -78,6 +78,9 @@ class RunSettings:
     """Seconds between progress lines (and between the actors' progress records)."""
     quiet: bool = False
     max_restarts_per_minute: int = field(default=5, metadata=Range.int(0))
+    port_base: int = field(default=0, metadata=Range.int(0, 65535))
+    """The services' TCP ports: the replay servers' from here, then the learner's parameter service (for a
+    firewall); 0: free ports picked at start."""
     """Exits of one process within 60 s beyond which the run is given up."""
 
     def __post_init__(self) -> None:
@@ -115,6 +118,8 @@ class Overrides:
     """Let the server and the parameter service bind beyond loopback without keys."""
     replay_servers: int = 1
     """Replay servers sharing the replay (capacity split evenly; one learner samples across them)."""
+    port_base: int = 0
+    """First of the services' fixed ports (RunSettings.port_base); 0: free ports."""
 
 
 def snapshot_name(index: int, count: int) -> str:
@@ -288,7 +293,11 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         run_dir=o.run_dir or default_run_dir(env, agent, o.seed),
         minutes=preset.minutes if o.minutes is None else o.minutes, steps=o.steps, resume=o.resume,
         progress_every=o.progress_every, quiet=o.quiet, max_restarts_per_minute=o.max_restarts_per_minute,
+        port_base=o.port_base,
     )
+    if o.port_base and o.port_base + o.replay_servers > 65535:
+        raise ValueError(f"--ports {o.port_base} leaves no room for {o.replay_servers} replay server port(s) and the "
+                         "learner's parameter port below 65536")
     learner = LearnerConfig(**{
         **preset.learner, **o.learner, "agent": agent, "env": env, "replay": "", "seed": o.seed,
         "agent_config": agent_config, "run_dir": run.run_dir, "resume": run.resume, "max_steps": run.steps,

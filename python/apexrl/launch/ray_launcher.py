@@ -36,7 +36,13 @@ import signal
 import time
 from typing import Any, TextIO
 
-from apexrl.launch.local import Launcher, SupervisedChild, child_specs, describe_exit
+from apexrl.launch.local import (
+    Launcher,
+    PlacementError,
+    SupervisedChild,
+    child_specs,
+    describe_exit,
+)
 from apexrl.launch.plan import PLAN_NAME, RunPlan
 from apexrl.launch.ray_host import PLAN_ARG, ProcessHost
 
@@ -59,10 +65,6 @@ LOCAL_OBJECT_STORE = 100 * 2**20
 """Bytes of Ray's object store for ``--ray local``: only the launcher's small polls use it (Ray's default takes
 30% of the memory)."""
 RAY_MISSING = "--ray needs Ray on this machine: pip install 'apexrl[ray]'"
-
-
-class PlacementError(Exception):
-    """The run cannot be placed on the cluster (the message says why and what to do)."""
 
 
 def is_loopback(address: str) -> bool:
@@ -107,14 +109,18 @@ def connect(address: str, num_cpus: int) -> None:
         raise PlacementError(f"cannot join the Ray cluster at {address}: {e}") from None
 
 
-def _pick_ports(n: int) -> dict[str, Any]:
-    """On the head: its IP, node id and ``n`` free ports there."""
+def _pick_ports(n: int, base: int = 0) -> dict[str, Any]:
+    """On the head: its IP, node id and ``n`` free ports there (``base ..`` when given), or ``error``."""
     import ray
 
     from apexrl.launch.local import free_ports
 
     ip = ray.util.get_node_ip_address()
-    return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "ports": free_ports(n, ip)}
+    try:
+        ports = free_ports(n, ip, base)
+    except PlacementError as e:  # a plain message: the exception class need not travel back through Ray
+        return {"error": str(e)}
+    return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "ports": ports}
 
 
 class RayChild(SupervisedChild):
@@ -304,11 +310,14 @@ class RayLauncher(Launcher):
                                  f"'{{\"{REPLAY_RESOURCE}\": 1}}'")
         head = self._head_options(num_cpus=0)
         try:
-            where = ray.get(ray.remote(_pick_ports).options(**head).remote(len(self.plan.servers) + 1),
+            where = ray.get(ray.remote(_pick_ports).options(**head).remote(len(self.plan.servers) + 1,
+                                                                            self.plan.run.port_base),
                             timeout=PLACE_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise PlacementError(f"Ray did not place a task on the {REPLAY_RESOURCE} node within "
                                  f"{PLACE_TIMEOUT_S:.0f} s") from None
+        if "error" in where:
+            raise PlacementError(where["error"])
         here = ray.util.get_node_ip_address()
         if where["ip"] != here:
             raise PlacementError(f"run apexrl run --ray on the head node ({where['ip']}, the one with "
