@@ -296,3 +296,14 @@ def test_a_run_over_two_servers_keeps_learning_when_one_is_killed(spawn, tmp_pat
     assert launcher.proc.wait(120) == 0, launcher.log()
     assert "learner restarted" not in launcher.log() and "learner exited" not in launcher.log()
     assert os.path.exists(os.path.join(run_dir, "replay1.snap"))  # the restarted server took inserts and saved
+
+
+def test_learner_and_actor_take_several_replay_endpoints():
+    from apexrl.cli import actor as actor_cli
+    from apexrl.cli import learner as learner_cli
+
+    ends = ["tcp://127.0.0.1:5", "tcp://127.0.0.1:6"]
+    learner = learner_cli.parse_config(["--preset", "cartpole", "--replay", *ends, "--params-port", "0"])
+    actor = actor_cli.parse_config(["--preset", "cartpole", "--replay", ends[0], "--replay", ends[1],
+                                    "--params", "tcp://127.0.0.1:7", "--index", "0", "--num-actors", "1"])
+    assert learner.replay == actor.replay == ",".join(ends)
