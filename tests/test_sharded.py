@@ -303,7 +303,7 @@ def test_learner_and_actor_take_several_replay_endpoints():
     from apexrl.cli import learner as learner_cli
 
     ends = ["tcp://127.0.0.1:5", "tcp://127.0.0.1:6"]
-    learner = learner_cli.parse_config(["--preset", "cartpole", "--replay", *ends, "--params-port", "0"])
-    actor = actor_cli.parse_config(["--preset", "cartpole", "--replay", ends[0], "--replay", ends[1],
+    learner, _ = learner_cli.parse_config(["--preset", "cartpole", "--replay", *ends, "--params-port", "0"])
+    actor, _ = actor_cli.parse_config(["--preset", "cartpole", "--replay", ends[0], "--replay", ends[1],
                                     "--params", "tcp://127.0.0.1:7", "--index", "0", "--num-actors", "1"])
     assert learner.replay == actor.replay == ",".join(ends)
