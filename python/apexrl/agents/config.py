@@ -58,6 +58,9 @@ class DQNConfig:
     """RMSProp epsilon."""
     rms_centered: bool = True
     """Centered RMSProp (normalise by the variance, not the second moment, of the gradient)."""
+    optimizer: str = "rmsprop"
+    """``rmsprop``: PyTorch's RMSprop (divides by sqrt(v) + eps); ``rmsprop_tf``: TensorFlow's, as in the paper
+    (divides by sqrt(v + eps), mean square starting at 1; apexrl.agents.optim.TFRMSProp)."""
     grad_clip_norm: float | None = 40.0
     """Clip the global gradient norm to this; None: no clipping."""
     target_update_period: int = 2500
@@ -80,6 +83,8 @@ class DQNConfig:
         _check_unit(self, "gamma", "rms_decay", "epsilon_base")
         _check_positive_floats(self, "lr", "rms_eps", "priority_eps", "epsilon_alpha")
         _check_positive_floats(self, "grad_clip_norm", "huber_delta", allow_none=True)
+        if self.optimizer not in ("rmsprop", "rmsprop_tf"):
+            raise ValueError(f"DQNConfig.optimizer must be 'rmsprop' or 'rmsprop_tf', got {self.optimizer!r}")
         _check_layers(self, "hidden")
 
 

@@ -19,7 +19,8 @@ gamma^n (0 when the episode terminated, see apexrl.apex.nstep)::
 Loss choice: the paper's loss is the squared n-step TD error, l(x) = x^2 / 2, with the global gradient norm
 clipped to 40; that is the default. ``DQNConfig.huber_delta`` switches to the Huber loss (acme's Ape-X-style
 DQN uses Huber with delta 1), which bounds each sample's gradient to ``w_i * huber_delta``.
-Optimiser: centered RMSProp (lr 0.00025/4, decay 0.95, eps 1.5e-7). The target net is a hard copy of the
+Optimiser: centered RMSProp (lr 0.00025/4, decay 0.95, eps 1.5e-7): PyTorch's by default, TensorFlow's -- the
+paper's -- with ``optimizer="rmsprop_tf"`` (the ``apex-dqn-atari`` preset; apexrl.agents.optim). The target net is a hard copy of the
 online net after every ``target_update_period``-th update.
 
 Actors (``DQNPolicy``) act epsilon-greedily with a fixed epsilon (``epsilon_ladder``) and compute initial
@@ -54,6 +55,7 @@ from apexrl.agents.common import (
     optimizer_tensors,
 )
 from apexrl.agents.config import DQNConfig
+from apexrl.agents.optim import TFRMSProp
 from apexrl.nets import MLP, NatureTorso, build_seeded
 from apexrl.replay.codec import FieldSpec, TransitionSpec
 
@@ -153,13 +155,7 @@ class DQNLearner:
         generator = torch.Generator().manual_seed(seed)
         self.q_net = build_seeded(lambda: make_q_network(env_spec, config), generator, self.device)
         self.target_q_net = copy.deepcopy(self.q_net).requires_grad_(False)
-        self.optimizer = torch.optim.RMSprop(
-            self.q_net.parameters(),
-            lr=config.lr,
-            alpha=config.rms_decay,
-            eps=config.rms_eps,
-            centered=config.rms_centered,
-        )
+        self.optimizer = _optimizer(self.q_net.parameters(), config)
         self.steps = 0
 
     def _td_loss(self, delta: Tensor, weights: Tensor) -> Tensor:
@@ -237,9 +233,18 @@ class DQNLearner:
         check_steps(d["steps"])
         load_module_tensors("q_net", self.q_net, d)
         load_module_tensors("target_q_net", self.target_q_net, d)
-        self.optimizer = torch.optim.RMSprop(self.q_net.parameters(), **_hyper(self.optimizer))
+        self.optimizer = type(self.optimizer)(self.q_net.parameters(), **_hyper(self.optimizer))
         load_optimizer_tensors("q_net", self.optimizer, d)
         self.steps = int(d["steps"])  # checked >= 0 above
+
+
+def _optimizer(params, config: DQNConfig) -> torch.optim.Optimizer:
+    """Centered RMSProp as the config says: PyTorch's, or TensorFlow's (the paper's; apexrl.agents.optim)."""
+    if config.optimizer == "rmsprop_tf":
+        return TFRMSProp(params, lr=config.lr, decay=config.rms_decay, eps=config.rms_eps,
+                         centered=config.rms_centered)
+    return torch.optim.RMSprop(params, lr=config.lr, alpha=config.rms_decay, eps=config.rms_eps,
+                               centered=config.rms_centered)
 
 
 def _hyper(opt: torch.optim.Optimizer) -> dict:

@@ -71,6 +71,7 @@ PRESETS: dict[str, Preset] = {
             actor=dict(flush_every=50, params_every_frames=400),
             actors=8,
             minutes=60.0,
+            agent_overrides=dict(optimizer="rmsprop_tf"),  # the paper's (TensorFlow's) centered RMSProp
         ),
         Preset(
             name="apex-dpg-control",
