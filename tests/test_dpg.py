@@ -125,7 +125,8 @@ def test_policy_initial_priorities_use_local_actor_and_critic():
 
 @pytest.mark.parametrize("clip", [1.0, 0.25])
 def test_actor_gradients_clipped_elementwise(clip):
-    learner = DPGLearner(CONT, dataclasses.replace(SMALL, critic_lr=1e-12, actor_grad_clip=clip), seed=0)
+    learner = DPGLearner(CONT, dataclasses.replace(SMALL, critic_lr=1e-12, actor_grad_clip=clip, dqda_clip=None),
+                         seed=0)
     with torch.no_grad():
         learner.critic.out.weight.mul_(3000.0)  # steep Q: large actor gradients
     batch = random_batch(np.random.default_rng(0), n=32)
@@ -142,8 +143,30 @@ def test_actor_gradients_clipped_elementwise(clip):
         torch.testing.assert_close(p.grad, g.clamp(-clip, clip), rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.parametrize("clip", [1.0, 2.2])  # |dQ/da| is 1.8-2.5 here: all clipped, or some
+def test_dqda_is_clipped_before_it_flows_into_the_actor(clip):
+    learner = DPGLearner(CONT, dataclasses.replace(SMALL, critic_lr=1e-12, dqda_clip=clip), seed=0)
+    with torch.no_grad():
+        learner.critic.out.weight.mul_(3000.0)  # steep Q: dQ/da far beyond the clip for some elements
+    batch = random_batch(np.random.default_rng(0), n=32)
+    reference = copy.deepcopy(learner)
+    learner.update(batch, np.ones(32))
+    # Independently: dQ/da per sample through the (1e-12-step) updated critic, clipped, then the actor gradient
+    # of -mean_i (clipped dQ/da_i . pi(s_i)) with dQ/da held fixed -- the chain rule with a clipped middle.
+    obs = torch.from_numpy(batch["obs"])
+    action = reference.actor(obs)
+    dqda = torch.autograd.grad(reference.critic(obs, action).sum(), action, retain_graph=True)[0]
+    assert (dqda.abs() > clip).any()
+    loss = -(dqda.clamp(-clip, clip).detach() * action).sum(-1).mean()
+    want = torch.autograd.grad(loss, list(reference.actor.parameters()), retain_graph=True)
+    unclipped = torch.autograd.grad(-(dqda.detach() * action).sum(-1).mean(), list(reference.actor.parameters()))
+    for p, g, raw in zip(learner.actor.parameters(), want, unclipped):
+        torch.testing.assert_close(p.grad, g, rtol=1e-3, atol=1e-7)
+    assert any(not torch.allclose(g, raw) for g, raw in zip(want, unclipped))
+
+
 def test_actor_grad_clip_none_keeps_raw_gradients():
-    learner = DPGLearner(CONT, dataclasses.replace(SMALL, actor_grad_clip=None), seed=0)
+    learner = DPGLearner(CONT, dataclasses.replace(SMALL, actor_grad_clip=None, dqda_clip=None), seed=0)
     with torch.no_grad():
         learner.critic.out.weight.mul_(3000.0)
     learner.update(random_batch(np.random.default_rng(0), n=32), np.ones(32))
@@ -270,8 +293,9 @@ def test_transition_spec_and_config():
     c = DPGConfig()
     assert (c.n_step, c.batch_size, c.actor_lr, c.critic_lr, c.target_update_period, c.noise_sigma) == (
         5, 256, 1e-4, 1e-4, 100, 0.3)
-    assert (c.critic_hidden, c.actor_hidden, c.actor_grad_clip) == ((400, 300), (300, 200), 1.0)
-    for bad in [dict(critic_hidden=(400,)), dict(noise_sigma=-1.0), dict(actor_grad_clip=0.0), dict(gamma=2.0)]:
+    assert (c.critic_hidden, c.actor_hidden, c.dqda_clip, c.actor_grad_clip) == ((400, 300), (300, 200), 1.0, None)
+    for bad in [dict(critic_hidden=(400,)), dict(noise_sigma=-1.0), dict(actor_grad_clip=0.0), dict(gamma=2.0),
+                dict(dqda_clip=-1.0)]:
         with pytest.raises(ValueError):
             DPGConfig(**bad)
     with pytest.raises(ValueError, match="continuous"):

@@ -114,14 +114,19 @@ class DPGConfig:
     """Std of the Gaussian exploration noise added to actions by actors (none in evaluation)."""
     priority_eps: float = 1e-6
     """Added to |TD error| so that every priority is > 0."""
-    actor_grad_clip: float | None = 1.0
-    """Clip every element of the actor's gradient to [-c, c]; None: no clipping."""
+    dqda_clip: float | None = 1.0
+    """Clip every element of dQ/da -- the gradient the critic passes into the actor's action -- to [-c, c]
+    (the paper's "gradient used to update the actor network is clipped to [-1, 1], element-wise", as DeepMind's
+    trfl ``dpg(dqda_clipping=1)`` and Acme's D4PG implement it); None: no clipping."""
+    actor_grad_clip: float | None = None
+    """Also clip every element of the actor's *parameter* gradient to [-c, c] (an earlier reading of the
+    paper); None (default): no clipping."""
 
     def __post_init__(self) -> None:
         _check_positive_ints(self, "n_step", "batch_size", "target_update_period")
         _check_unit(self, "gamma")
         _check_positive_floats(self, "actor_lr", "critic_lr", "adam_eps", "priority_eps")
-        _check_positive_floats(self, "actor_grad_clip", allow_none=True)
+        _check_positive_floats(self, "actor_grad_clip", "dqda_clip", allow_none=True)
         if isinstance(self.noise_sigma, bool) or not isinstance(self.noise_sigma, (int, float)) or not (
             math.isfinite(self.noise_sigma) and self.noise_sigma >= 0
         ):

@@ -15,8 +15,8 @@ Learner update on a batch (s, a, R, D, s') with IS weights w (R the n-step retur
     td_target     = R + D * q_next_target
     delta         = td_target - Q(s, a)
     critic_loss   = mean_i w_i * delta_i^2 / 2                       -> Adam step of the critic
-    actor_loss    = -mean_i Q(s_i, pi(s_i))     (updated critic)     -> actor gradient clipped elementwise
-                                                                        to [-1, 1], Adam step of the actor
+    actor_loss    = -mean_i Q(s_i, pi(s_i))     (updated critic)     -> Adam step of the actor, with
+                    dQ/da clipped elementwise to [-1, 1] before it flows into the actor (``dqda_clip``)
     priorities    = |delta| + priority_eps
 
 The actor loss is not IS-weighted (the IS correction is for the TD targets' sampling bias; the paper and D4PG
@@ -179,10 +179,16 @@ class DPGLearner:
         critic_loss.backward()
         self.critic_optimizer.step()
 
-        # Actor: ascend Q(s, pi(s)) through the updated critic; gradients clipped elementwise.
-        actor_loss = -self.critic(obs, self.actor(obs)).mean()
+        # Actor: ascend Q(s, pi(s)) through the updated critic. The gradient of -mean Q with respect to each
+        # action, -dQ/da / B, is clipped elementwise (dqda_clip) before it flows on into the actor.
+        action = self.actor(obs)
+        q_pi = self.critic(obs, action)
+        actor_loss = -q_pi.mean()
+        dqda = torch.autograd.grad(q_pi.sum(), action, retain_graph=True)[0]
+        if self.config.dqda_clip is not None:
+            dqda = dqda.clamp(-self.config.dqda_clip, self.config.dqda_clip)
         actor_params = list(self.actor.parameters())
-        grads = torch.autograd.grad(actor_loss, actor_params)
+        grads = torch.autograd.grad(action, actor_params, grad_outputs=-dqda / action.shape[0])
         clip = self.config.actor_grad_clip
         for p, g in zip(actor_params, grads):
             p.grad = g if clip is None else g.clamp(-clip, clip)
