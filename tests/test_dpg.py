@@ -308,3 +308,14 @@ def test_default_networks_shapes():
     assert shapes["actor/body.layers.0.weight"] == (300, 5) and shapes["actor/body.layers.4.weight"] == (2, 200)
     assert shapes["critic/obs_layer.weight"] == (400, 5) and shapes["critic/joint_layer.weight"] == (300, 402)
     assert shapes["critic/out.weight"] == (1, 300)
+
+
+def test_the_paper_preset_clips_dqda_and_the_tuned_ones_say_they_clip_parameter_gradients():
+    from apexrl.launch.presets import get_preset
+
+    paper = get_preset("apex-dpg-control").agent_config()
+    assert (paper.dqda_clip, paper.actor_grad_clip) == (1.0, None)
+    for name in ("cartpole-swingup", "pendulum"):
+        tuned = get_preset(name)
+        assert (tuned.agent_config().dqda_clip, tuned.agent_config().actor_grad_clip) == (None, 1.0)
+        assert "parameter-gradient clipping" in tuned.description

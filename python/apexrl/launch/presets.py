@@ -100,10 +100,12 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             name="cartpole-swingup",
-            description="Ape-X DPG sized for dmc:cartpole-swingup on a 2-core machine",
+            description="Ape-X DPG sized for dmc:cartpole-swingup on a 2-core machine (tuned: n=3, critic lr 3e-4, "
+                        "parameter-gradient clipping)",
             agent="dpg",
             env="dmc:cartpole-swingup",
-            agent_overrides=dict(n_step=3, critic_lr=3e-4, actor_lr=1e-4),
+            # Its measured result (bench/README.md) is with the actor's parameter gradients clipped, not dQ/da.
+            agent_overrides=dict(n_step=3, critic_lr=3e-4, actor_lr=1e-4, dqda_clip=None, actor_grad_clip=1.0),
             replay=ReplaySettings(capacity=300_000, eviction="prioritized", alpha_evict=-0.4),
             learner=dict(min_replay_size=10_000, publish_every=10, checkpoint_every=5_000, eval_every=60.0,
                          eval_episodes=10, metrics_every=10.0),
@@ -113,10 +115,14 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             name="pendulum",
-            description="Ape-X DPG sized for gym:Pendulum-v1 (quick continuous-control check)",
+            description="Ape-X DPG sized for gym:Pendulum-v1 (quick continuous-control check; tuned: "
+                        "parameter-gradient clipping)",
             agent="dpg",
             env="gym:Pendulum-v1",
-            agent_overrides=dict(n_step=3, batch_size=128, critic_lr=1e-3, actor_lr=1e-4),
+            # Pendulum's rewards (down to -16 a step) make |dQ/da| >> 1: clipping it to 1 learnt worse in a 5-minute
+            # side-by-side run (eval -957 vs -117 at the end); the actor's parameter gradients are clipped instead.
+            agent_overrides=dict(n_step=3, batch_size=128, critic_lr=1e-3, actor_lr=1e-4, dqda_clip=None,
+                                 actor_grad_clip=1.0),
             replay=ReplaySettings(capacity=100_000, eviction="fifo"),
             learner=dict(min_replay_size=2_000, publish_every=5, checkpoint_every=2_000, eval_every=30.0,
                          eval_episodes=5, metrics_every=5.0),
