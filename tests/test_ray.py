@@ -16,11 +16,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from apexrl.apex.metrics import read_csv
 from conftest import Proc
+from test_apex_processes import wait_until
+from test_launch import _alive
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray's import: it keeps Ray on 127.0.0.1
@@ -41,16 +42,6 @@ def test_ray_missing_is_a_clear_error(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- one cluster, one run
-
-
-def _wait_until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _pids(run_dir: str) -> dict:
@@ -118,9 +109,9 @@ class Run:
         """The child's loss is noticed, it restarts, and its new process sends progress records again."""
         self.proc.wait_for(rf"{child} exited unexpectedly \(its Ray actor was lost", timeout=timeout, start=log_from)
         self.proc.wait_for(rf"{child} restarted \(.*, restart \d+\)", timeout=timeout, start=log_from)
-        _wait_until(lambda: len(self.progress(child)) >= records_before + 2, timeout,
+        wait_until(lambda: len(self.progress(child)) >= records_before + 2, timeout,
                     f"progress records of the restarted {child}")
-        _wait_until(lambda: self.pids().get("children", {}).get(child), 30, f"{child} in pids.json")
+        wait_until(lambda: self.pids().get("children", {}).get(child), 30, f"{child} in pids.json")
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +137,7 @@ def test_replay_and_learner_on_the_head_actors_on_the_workers(ray_run):
     ray_run.proc.wait_for(r"learner \(pid \d+ on 127\.0\.0\.1\) serving weights on tcp://127\.0\.0\.1:\d+", 180)
     head = ray_run.cluster.head_node.node_id
     workers = {w.node_id for w in ray_run.workers}
-    nodes = _wait_until(lambda: ray_run.pids().get("nodes") if len(ray_run.pids().get("nodes", {})) == 5 else None,
+    nodes = wait_until(lambda: ray_run.pids().get("nodes") if len(ray_run.pids().get("nodes", {})) == 5 else None,
                         60, "every child's node in pids.json")
     assert nodes["server0"] == nodes["server1"] == nodes["learner"] == head
     assert nodes["actor0"] in workers and nodes["actor1"] in workers
@@ -156,10 +147,10 @@ def test_replay_and_learner_on_the_head_actors_on_the_workers(ray_run):
 def test_the_run_learns_and_reports_like_a_local_run(ray_run):
     ray_run.proc.wait_for(r"steps [1-9]\d* \(.* episodes [1-9]", timeout=180)  # the live progress line
     metrics = os.path.join(ray_run.run_dir, "metrics.csv")
-    _wait_until(lambda: os.path.exists(metrics) and max(read_csv(metrics)["learner_steps"], default=0) > 0,
+    wait_until(lambda: os.path.exists(metrics) and max(read_csv(metrics)["learner_steps"], default=0) > 0,
                 60, "learner steps in metrics.csv")
     episodes = os.path.join(ray_run.run_dir, "episodes.csv")  # the actors' rows, shipped back from their nodes
-    _wait_until(lambda: os.path.exists(episodes) and set(read_csv(episodes)["actor"]) == {0.0, 1.0}, 60,
+    wait_until(lambda: os.path.exists(episodes) and set(read_csv(episodes)["actor"]) == {0.0, 1.0}, 60,
                 "both actors' episodes in episodes.csv")
     for server in ("server0", "server1"):  # their logs, shipped from their host
         assert "listening on" in _read(os.path.join(ray_run.run_dir, "logs", f"{server}.log"))
@@ -169,7 +160,7 @@ def test_the_run_learns_and_reports_like_a_local_run(ray_run):
 def test_a_killed_actor_host_comes_back_and_the_run_goes_on(ray_run):
     import ray
 
-    _wait_until(lambda: ray_run.progress("actor0"), 120, "actor0's progress")
+    wait_until(lambda: ray_run.progress("actor0"), 120, "actor0's progress")
     log_from, before = len(ray_run.proc.log()), len(ray_run.progress("actor0"))
     ray.kill(ray_run.host("actor0"), no_restart=False)
     ray_run.comes_back("actor0", log_from, before)
@@ -178,32 +169,32 @@ def test_a_killed_actor_host_comes_back_and_the_run_goes_on(ray_run):
 
 @pytest.mark.ray
 def test_a_crashed_learner_restarts_in_its_host_with_resume(ray_run):
-    pid = _wait_until(lambda: ray_run.pids().get("children", {}).get("learner"), 60, "the learner's pid")
-    _wait_until(lambda: os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors")), 120,
+    pid = wait_until(lambda: ray_run.pids().get("children", {}).get("learner"), 60, "the learner's pid")
+    wait_until(lambda: os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors")), 120,
                 "a checkpoint")
     log_from = len(ray_run.proc.log())
     os.kill(pid, signal.SIGKILL)  # the process, not its host (every node of this cluster is this machine)
     ray_run.proc.wait_for(r"learner exited unexpectedly \(killed by SIGKILL\); restarting", 60, start=log_from)
     ray_run.proc.wait_for(r"learner restarted \(.*, restart \d+\)", 60, start=log_from)
     learner_log = os.path.join(ray_run.run_dir, "logs", "learner.log")
-    _wait_until(lambda: "learner resumed from" in _read(learner_log), 120,
+    wait_until(lambda: "learner resumed from" in _read(learner_log), 120,
                 "the learner to resume from its checkpoint")
     before = len(ray_run.progress("learner"))
-    _wait_until(lambda: len(ray_run.progress("learner")) > before + 1, 120, "the resumed learner's progress")
+    wait_until(lambda: len(ray_run.progress("learner")) > before + 1, 120, "the resumed learner's progress")
 
 
 @pytest.mark.ray
 def test_removing_a_worker_node_moves_its_actor_which_reconnects(ray_run):
-    _wait_until(lambda: ray_run.node_of("actor1"), 60, "actor1's node")
+    wait_until(lambda: ray_run.node_of("actor1"), 60, "actor1's node")
     lost = ray_run.node_of("actor1")
     node = next(w for w in ray_run.workers if w.node_id == lost)
     log_from, before = len(ray_run.proc.log()), len(ray_run.progress("actor1"))
     ray_run.cluster.remove_node(node)
     ray_run.comes_back("actor1", log_from, before)
-    moved = _wait_until(lambda: ray_run.node_of("actor1"), 30, "actor1's new node")
+    moved = wait_until(lambda: ray_run.node_of("actor1"), 30, "actor1's new node")
     assert moved != lost and moved != ray_run.cluster.head_node.node_id
     last = ray_run.progress("actor1")[-1]
-    _wait_until(lambda: ray_run.progress("actor1")[-1]["inserted"] > last["inserted"], 60,
+    wait_until(lambda: ray_run.progress("actor1")[-1]["inserted"] > last["inserted"], 60,
                 "the moved actor1 to insert into the replay")
 
 
@@ -211,7 +202,7 @@ def test_removing_a_worker_node_moves_its_actor_which_reconnects(ray_run):
 def test_sigint_stops_every_process_and_every_host(ray_run):
     import ray
 
-    steps = _wait_until(lambda: [r for r in ray_run.progress("learner") if r.get("learner_steps")], 120,
+    steps = wait_until(lambda: [r for r in ray_run.progress("learner") if r.get("learner_steps")], 120,
                         "learner progress")
     ray_run.proc.signal(signal.SIGINT)
     assert ray_run.proc.proc.wait(180) == 0, ray_run.proc.log()[-3000:]
@@ -220,16 +211,8 @@ def test_sigint_stops_every_process_and_every_host(ray_run):
     assert os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors"))
     assert steps
     for pid in ray_run.seen_pids:  # every process any host started (all on this machine here) is gone
-        _wait_until(lambda: not _alive(pid), 30, f"process {pid} to be gone")
+        wait_until(lambda: not _alive(pid), 30, f"process {pid} to be gone")
     for child in ("server0", "server1", "learner", "actor0", "actor1"):
         with pytest.raises(ValueError):
             ray_run.host(child)
     assert ray.is_initialized()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

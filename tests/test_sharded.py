@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections import Counter
 
 import numpy as np
@@ -29,6 +28,7 @@ from apexrl.replay.sharded import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_apex_processes import wait_until
 from test_sampling_stats import P_VALUE_FLOOR, chi2_sf
 
 ALPHA, BETA = 0.6, 0.4
@@ -166,16 +166,6 @@ def test_a_server_with_more_lock_shards_than_the_keys_leave_room_for_is_refused(
             sharded.sample(4)
 
 
-def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_killed_server_degrades_sampling_to_the_others_and_comes_back(start_server):
     procs = [start_server("--seed", str(i)) for i in range(3)]
     endpoints = [p.endpoint for p in procs]
@@ -198,7 +188,7 @@ def test_a_killed_server_degrades_sampling_to_the_others_and_comes_back(start_se
         assert {int(k[0] & np.uint64(0xFF)) >> 6 for k in more} == {0, 2}
         # Back on the same port (empty: it had no snapshot): probed, and it takes part again.
         procs[1] = start_server("--seed", "1", port=procs[1].port)
-        _wait(lambda: sharded.stats()["replay_servers_up"] == 3, 60, "server 1 back")
+        wait_until(lambda: sharded.stats()["replay_servers_up"] == 3, 60, "server 1 back", interval=0.05)
         owners = {int(sharded.insert(np.ones(2), [b"n"] * 2)[0] & np.uint64(0xFF)) >> 6 for _ in range(6)}
         assert owners == {0, 1, 2}
         assert _stats(endpoints[1])["size"] == 4
@@ -274,7 +264,7 @@ def test_the_set_behaves_as_one_store_under_random_operations(ops):
 def test_a_run_over_two_servers_keeps_learning_when_one_is_killed(spawn, tmp_path):
     """kill -9 of one of two replay servers mid-run: the launcher restarts it, the learner never stops."""
     from apexrl.apex.metrics import read_csv
-    from test_launch import FAST_LEARNER, _pids, _wait_until
+    from test_launch import FAST_LEARNER, _pids
 
     run_dir = str(tmp_path / "run")
     launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--actors", "2",
@@ -287,11 +277,11 @@ def test_a_run_over_two_servers_keeps_learning_when_one_is_killed(spawn, tmp_pat
         except (OSError, KeyError, IndexError, ValueError):
             return 0
 
-    _wait_until(lambda: steps() > 50, 120, "learner steps")
+    wait_until(lambda: steps() > 50, 120, "learner steps")
     os.kill(_pids(run_dir)["server1"], signal.SIGKILL)
     launcher.wait_for(r"server1 restarted", timeout=60)
     before = steps()
-    _wait_until(lambda: steps() > before + 200, 120, "learner steps after the restart")
+    wait_until(lambda: steps() > before + 200, 120, "learner steps after the restart")
     launcher.proc.send_signal(signal.SIGINT)
     assert launcher.proc.wait(120) == 0, launcher.log()
     assert "learner restarted" not in launcher.log() and "learner exited" not in launcher.log()

@@ -34,7 +34,6 @@ with the same loop.
 from __future__ import annotations
 
 import collections
-import ctypes
 import json
 import os
 import shutil
@@ -46,6 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
+from apexrl.launch.orphans import die_with_parent
 from apexrl.launch.plan import PLAN_NAME, RunPlan
 from apexrl.launch.progress import LogTail, Progress, RecordTail, format_duration
 
@@ -182,7 +182,7 @@ class Child(SupervisedChild):
                 log.flush()
             self.proc = subprocess.Popen(
                 [self.python, "-m", self.spec.module, *args], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+                stdin=subprocess.DEVNULL, env=self.env, start_new_session=True, preexec_fn=die_with_parent,
             )
         self.starts += 1
         self.restart_at = None
@@ -228,15 +228,6 @@ def child_specs(placed: RunPlan, plan_path: str, server_log_level: str) -> list[
         specs.append(ChildSpec(f"actor{actor.index}", "actor", "apexrl.cli.actor",
                                ["--plan", plan_path, "--index", str(actor.index)], progress_path=actor.progress_path))
     return specs
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux for SIGTERM when the launcher dies (no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
 
 
 def describe_exit(code: int) -> str:

@@ -12,20 +12,21 @@ the host with the same constructor arguments, maybe on another node, and it star
 launcher's supervisor sees the loss and starts the process again with the child's restart flags. Every method
 is cheap and none is retried (``max_task_retries=0``): ``start`` on a running process returns it unchanged.
 
-Only the standard library is imported here (Ray's own module for the node's id), so a host stays small.
+Only the standard library and apexrl.launch.orphans are imported here (and Ray's own module for the node's id), so a
+host stays small.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from typing import Any
+
+from apexrl.launch.orphans import die_with_parent
 
 __all__ = ["MAX_SHIP_BYTES", "PLAN_ARG", "ProcessHost", "localize_plan"]
 
@@ -44,15 +45,6 @@ def localize_plan(plan: dict[str, Any], role: str, index: int, files: dict[str, 
         plan["actors"][index]["progress_path"] = files["progress"]
         plan["actors"][index]["episodes_csv"] = files["episodes"]
     return plan
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the host's process dies (Linux; no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
 
 
 class ProcessHost:
@@ -76,7 +68,7 @@ class ProcessHost:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=self.dir,
-                    start_new_session=True, preexec_fn=_die_with_parent,
+                    start_new_session=True, preexec_fn=die_with_parent,
                 )
         return self.where()
 

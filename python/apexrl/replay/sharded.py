@@ -138,8 +138,7 @@ class _Server:
 
     def note_stats(self, stats: dict[str, int | float]) -> None:
         self.stats = stats
-        self.note(float(stats.get("total_mass", stats.get("total_priority", 0.0))),
-                  float(stats.get("min_mass", 0.0)), int(stats.get("size", 0)))
+        self.note(float(stats["total_mass"]), float(stats["min_mass"]), int(stats["size"]))
 
 
 def _is_loss(exc: BaseException) -> bool:
