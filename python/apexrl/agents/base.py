@@ -40,8 +40,13 @@ class Policy(Protocol):
     transition_spec: TransitionSpec
     """Fields of the transitions this policy's actor inserts (the learner decodes with the same spec)."""
 
+    exploration: float
+    """How much this actor explores (epsilon, noise sigma, ...): smaller is greedier. Written to episodes.csv;
+    ``apexrl plot`` draws the greediest actor's training returns."""
+
     def act(self, obs: np.ndarray, explore: bool = True) -> Any:
-        """The action for one observation; ``explore=False`` is the evaluation action (greedy, noiseless)."""
+        """The action for one observation; ``explore=False`` is the evaluation action (DQN: epsilon 0.001 as
+        in the evaluation protocol; DPG: noiseless)."""
         ...
 
     def initial_priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:

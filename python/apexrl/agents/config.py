@@ -77,10 +77,13 @@ class DQNConfig:
     """Exploration ladder: actor i of N uses epsilon_base ** (1 + epsilon_alpha * i / (N - 1))."""
     epsilon_alpha: float = 7.0
     """Exponent range of the exploration ladder (see epsilon_base)."""
+    eval_epsilon: float = 0.001
+    """Epsilon of evaluation episodes (``act(explore=False)``): 0.001 is the Ape-X / Rainbow evaluation
+    protocol, which keeps a deterministic policy from looping forever; 0: strictly greedy."""
 
     def __post_init__(self) -> None:
         _check_positive_ints(self, "n_step", "batch_size", "target_update_period", "atari_stream_hidden")
-        _check_unit(self, "gamma", "rms_decay", "epsilon_base")
+        _check_unit(self, "gamma", "rms_decay", "epsilon_base", "eval_epsilon")
         _check_positive_floats(self, "lr", "rms_eps", "priority_eps", "epsilon_alpha")
         _check_positive_floats(self, "grad_clip_norm", "huber_delta", allow_none=True)
         if self.optimizer not in ("rmsprop", "rmsprop_tf"):

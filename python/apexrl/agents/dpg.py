@@ -278,6 +278,11 @@ class DPGPolicy:
         self.critic.requires_grad_(False)
         self.rng = np.random.default_rng(seed)
 
+    @property
+    def exploration(self) -> float:
+        """This actor's noise sigma: smaller is greedier (``apexrl plot`` picks the greediest actor by it)."""
+        return self.sigma
+
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool = True) -> np.ndarray:
         """Action for one observation: float32 ``(action_dim,)`` in [-1, 1]; noise only when ``explore``."""

@@ -282,10 +282,17 @@ class DQNPolicy:
         self.q_net.requires_grad_(False)
         self.rng = np.random.default_rng(seed)
 
+    @property
+    def exploration(self) -> float:
+        """This actor's epsilon: smaller is greedier (``apexrl plot`` picks the greediest actor by it)."""
+        return self.epsilon
+
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool = True) -> int:
-        """Epsilon-greedy action for one observation (greedy when ``explore`` is False)."""
-        if explore and self.rng.random() < self.epsilon:
+        """Epsilon-greedy action for one observation; ``explore=False`` uses ``config.eval_epsilon`` (0.001,
+        the evaluation protocol) instead of the actor's epsilon."""
+        eps = self.epsilon if explore else self.config.eval_epsilon
+        if eps > 0 and self.rng.random() < eps:
             return int(self.rng.integers(self.env_spec.num_actions))
         q = self.q_net(_obs_tensor(np.asarray(obs)[None], self.device))
         return int(q.argmax(dim=1).item())

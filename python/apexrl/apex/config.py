@@ -77,6 +77,10 @@ class ActorConfig:
             raise ValueError(f"ActorConfig.index {self.index} must be < num_actors {self.num_actors}")
 
 
+IS_WEIGHT_MODES = ("global_min", "batch_max")
+"""Normalisations of the importance-sampling weights (LearnerConfig.is_weights)."""
+
+
 @dataclass
 class LearnerConfig:
     agent: str
@@ -99,6 +103,12 @@ class LearnerConfig:
     """The agent's config (an instance of its ``config_class``; None: its defaults)."""
     beta: float = field(default=0.4, metadata=Range.float(0.0))
     """Importance-sampling exponent β."""
+    is_weights: str = "global_min"
+    """How IS weights (N·P(k))^-β are normalised: ``global_min`` divides by the weight of the replay's
+    lowest-probability item, so every weight is <= 1 everywhere in the replay (Schaul et al. 2016, Ape-X);
+    ``batch_max`` divides by the largest weight of the batch, so each batch's largest weight is exactly 1 (as
+    most open-source PER code does). global_min gives smaller steps when the replay holds rare, low-priority
+    items; batch_max keeps the step size independent of the rest of the replay."""
     prefetch: int = field(default=16, metadata=Range.int(1, 1024))
     """Decoded batches kept ready by the sampler thread."""
     min_replay_size: int = field(default=50_000, metadata=Range.int(0, STORE_INT_MAX))
@@ -137,6 +147,8 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.is_weights not in IS_WEIGHT_MODES:
+            raise ValueError(f"is_weights must be one of {', '.join(IS_WEIGHT_MODES)}, got {self.is_weights!r}")
         _check_agent(self)
         check_exposure(self.params_bind, self.curve_dir, self.insecure, "params_bind")
         if self.curve_dir is not None:

@@ -60,7 +60,13 @@ BASE_COLUMNS = [
     "time_s", "env_frames", "learner_steps", "eval_return_mean", "eval_return_std", "eval_episodes",
     "learner_steps_per_s", "sampled_per_s", "inserted_per_s", "replay_size", "replay_inserted",
     "stale_updates", "params_version", "undecodable_items", "checkpoint_failures", "replay_servers_up",
+    "eval_return_se", "eval_learner_steps", "eval_env_frames", "eval_time_s", "replay_ratio", "is_weight_mean",
 ]
+"""metrics.csv's fixed columns (the agent's metric_names follow). ``eval_*``: the evaluation that finished in
+the interval, credited to the learner step, env frames and time at which its weights were taken
+(``eval_learner_steps``, ``eval_env_frames``, ``eval_time_s``; plot against these, not the row's own).
+``replay_ratio``: transitions sampled per transition inserted in the interval (the samples-per-insert the rate
+limiter enforces when the preset sets one); ``is_weight_mean``: mean IS weight the learner trained with."""
 
 
 _TEXT_KEYS = ("time_s", "learner_steps", "env_frames", "learner_steps_per_s", "replay_size", "inserted_per_s",
@@ -122,6 +128,7 @@ class Learner:
             "time_s": self.time_offset + elapsed,
             "frames_base": self.frames_base,
             "last_inserted": self._last_inserted,
+            "env_frames": (self.frames_base + self._last_inserted) * self.env_spec.frames_per_step,
             "agent_config": json.loads(json.dumps(dataclasses.asdict(self.config.agent_config), default=list)),
             "extra": self.config.extra,
         }
@@ -236,8 +243,11 @@ class Learner:
                 usable = self._usable(batch) if batch is not None else None
                 if usable is not None:  # None also when every item of the batch was undecodable
                     fields, keys, weights = usable
+                    if cfg.is_weights == "batch_max":
+                        weights = weights / weights.max()
                     priorities, metrics = self.agent.update(fields, weights)
                     means.add(metrics)
+                    means.add({"is_weight_mean": float(weights.mean())})
                     self._send_priorities(updater, keys, priorities)
                     steps = self.agent.steps
                     if steps % cfg.remove_to_fit_every == 0:
@@ -248,7 +258,9 @@ class Learner:
                         self.save(time.monotonic() - start)
                 now = time.monotonic()
                 if cfg.eval_every > 0 and now - last_eval >= cfg.eval_every and not self.evaluator.busy:
-                    self.evaluator.start(self.agent.policy_state_dict())
+                    frames = self._env_frames(self._replay_stats())
+                    self.evaluator.start(self.agent.policy_state_dict(), self.agent.steps, frames,
+                                         self.time_offset + now - start)
                     last_eval = now
                 if now - last_row >= cfg.metrics_every:
                     stats = self._replay_stats()
@@ -318,12 +330,14 @@ class Learner:
         frames = self._env_frames(stats)
         inserted = int(stats["inserted"]) if stats else row_inserted
         steps = self.agent.steps
+        sampled = (steps - row_steps) * self.config.agent_config.batch_size
         row: dict[str, Any] = {
             "time_s": round(self.time_offset + elapsed, 3),
             "env_frames": frames,
             "learner_steps": steps,
             "learner_steps_per_s": (steps - row_steps) / interval,
-            "sampled_per_s": (steps - row_steps) * self.config.agent_config.batch_size / interval,
+            "sampled_per_s": sampled / interval,
+            "replay_ratio": sampled / (inserted - row_inserted) if inserted > row_inserted else None,
             "inserted_per_s": max(inserted - row_inserted, 0) / interval,
             "replay_size": int(stats["size"]) if stats else None,
             "replay_inserted": inserted if stats else None,
@@ -335,7 +349,9 @@ class Learner:
         }
         result = self.evaluator.pop_result()
         if result is not None:
-            row["eval_return_mean"], row["eval_return_std"], row["eval_episodes"] = result
+            row.update(eval_return_mean=result.mean, eval_return_std=result.std, eval_return_se=result.se,
+                       eval_episodes=result.episodes, eval_learner_steps=result.learner_steps,
+                       eval_env_frames=result.env_frames, eval_time_s=round(result.time_s, 3))
         if self._csv is None:
             names = sorted(self.agent.metric_names)
             self._csv = CSVWriter(os.path.join(self.run_dir, METRICS_NAME), BASE_COLUMNS + names)

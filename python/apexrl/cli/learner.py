@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from apexrl.apex.config import LearnerConfig
+from apexrl.apex.config import IS_WEIGHT_MODES, LearnerConfig
 from apexrl.cli.args import (
     add_agent_arguments,
     add_curve_arguments,
@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="logging level (stderr)")
     g = p.add_argument_group("learner settings (default: the preset's)")
     g.add_argument("--beta", type=field_arg(LearnerConfig, "beta"), default=None, help="importance-sampling exponent β")
+    g.add_argument("--is-weights", choices=IS_WEIGHT_MODES, default=None,
+                   help="IS-weight normalisation: global_min (divide by the replay's largest weight, the paper's) "
+                   "or batch_max (by the batch's largest); default: the preset's, else global_min")
     g.add_argument("--min-replay-size", type=field_arg(LearnerConfig, "min_replay_size"), default=None,
                    help="transitions the replay must hold before the first update")
     g.add_argument("--prefetch", type=field_arg(LearnerConfig, "prefetch"), default=None,
@@ -78,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SETTINGS = ("beta", "min_replay_size", "prefetch", "publish_every", "checkpoint_every", "remove_to_fit_every",
+SETTINGS = ("beta", "is_weights", "min_replay_size", "prefetch", "publish_every", "checkpoint_every", "remove_to_fit_every",
             "metrics_every", "eval_every", "eval_episodes")
 """Flags whose default is the preset's."""
 OWN = ("device", "torch_threads", "max_minutes", "params_bind", *SETTINGS)

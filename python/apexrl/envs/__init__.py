@@ -46,11 +46,12 @@ def _resolve(name: str) -> tuple[ModuleType, str]:
     raise _unknown(name)
 
 
-def make_env(name: str, seed: int) -> Env:
+def make_env(name: str, seed: int, *, evaluation: bool = False) -> Env:
     """A new, seeded environment; call `reset()` before stepping it. Same name and seed -> same episodes for
-    the same actions."""
+    the same actions. ``evaluation=True``: the evaluation protocol's episode limit where it differs from
+    training (Atari: 108,000 frames instead of 50,000)."""
     family, key = _resolve(name)
-    return family.make(key, seed)
+    return family.make(key, seed, evaluation=evaluation)
 
 
 def env_spec(name: str) -> EnvSpec:

@@ -8,7 +8,8 @@ One agent step (`frames_per_step` = 4):
   last; at the start of an episode the slots before the first frame are zeros;
 - `reward` is the sum of the 4 frames' scores clipped to [-1, 1]; `raw_reward` is the unclipped sum;
 - `terminated` is game over (losing a life is not a terminal); an episode longer than 50 000 frames
-  (12 500 agent steps, counted after the no-op start) ends with `truncated`;
+  (12 500 agent steps, counted after the no-op start) ends with `truncated`; evaluation environments
+  (`make_env(..., evaluation=True)`) allow 108 000 frames, the evaluation protocol's cap;
 - each episode starts with a random number of no-op frames, 0 to 29 (ale-py draws below `noop_max` = 30)
   from the seeded generator;
 - no sticky actions (repeat_action_probability = 0), the game's minimal action set, no FIRE on reset.
@@ -35,6 +36,8 @@ STACK = 4
 SIZE = 84
 NOOP_MAX = 30
 MAX_EPISODE_FRAMES = 50_000
+EVAL_EPISODE_FRAMES = 108_000
+"""Evaluation episodes are capped at 108,000 frames (30 minutes of play at 60 Hz), the Ape-X / Rainbow protocol."""
 
 
 def _ale_py():
@@ -136,8 +139,9 @@ class AtariEnv(Env):
             self._env = None
 
 
-def make(game: str, seed: int) -> AtariEnv:
-    return AtariEnv(game, seed)
+def make(game: str, seed: int, *, evaluation: bool = False) -> AtariEnv:
+    """``evaluation``: episodes capped at EVAL_EPISODE_FRAMES instead of MAX_EPISODE_FRAMES (same no-op starts)."""
+    return AtariEnv(game, seed, max_episode_frames=EVAL_EPISODE_FRAMES if evaluation else MAX_EPISODE_FRAMES)
 
 
 @functools.lru_cache(maxsize=None)

@@ -115,7 +115,8 @@ class DmcEnv(Env):
         self._env.close()
 
 
-def make(name: str, seed: int) -> DmcEnv:
+def make(name: str, seed: int, *, evaluation: bool = False) -> DmcEnv:
+    """Evaluation episodes are the training ones (same time limit)."""
     return DmcEnv(name, seed)
 
 

@@ -73,7 +73,8 @@ class GymEnv(Env):
         self._env.close()
 
 
-def make(task: str, seed: int) -> GymEnv:
+def make(task: str, seed: int, *, evaluation: bool = False) -> GymEnv:
+    """Evaluation episodes are the training ones (same time limit)."""
     return GymEnv(task, seed)
 
 
