@@ -139,7 +139,7 @@ def test_a_third_agent_runs_end_to_end_through_apexrl_run(plugin_path, tmp_path)
     assert "random: random actions" in " ".join(helptext.split())  # the CLI lists the registry's names
     run_dir = str(tmp_path / "run")
     out = subprocess.run(
-        [sys.executable, "-m", "apexrl", "run", "--agent", "random", "--env", "gym:CartPole-v1", "--actors", "1",
+        [sys.executable, "-m", "apexrl", "run", "--final-eval", "0", "--agent", "random", "--env", "gym:CartPole-v1", "--actors", "1",
          "--steps", "40", "--minutes", "4", "--run-dir", run_dir, "--progress-every", "2",
          "--learner-args", "--min-replay-size 200 --eval-every 0 --metrics-every 1"],
         env=env, capture_output=True, text=True, timeout=300,

@@ -109,12 +109,29 @@ def test_run_restarts_a_killed_actor_and_stops_everything_on_sigint(spawn, tmp_p
 def test_run_stops_by_itself_at_steps(spawn, tmp_path):
     run_dir = str(tmp_path / "run")
     launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--steps", "200",
-                     "--actors", "1", "--quiet", f"--learner-args={FAST_LEARNER}")
+                     "--final-eval", "3", "--actors", "1", "--quiet", f"--learner-args={FAST_LEARNER}")
     assert launcher.proc.wait(120) == 0, launcher.log()
     assert "stopping: reached --steps 200" in launcher.log()
     assert read_csv(os.path.join(run_dir, "metrics.csv"))["learner_steps"][-1] == 200
     assert os.path.exists(os.path.join(run_dir, "checkpoint.safetensors"))
     assert not any(_alive(pid) for pid in _pids(run_dir).values())
+    # The run reached its end, so the launcher evaluated the final checkpoint (--final-eval 3).
+    with open(os.path.join(run_dir, "final_eval.json"), encoding="utf-8") as f:
+        final = json.load(f)
+    assert final["episodes"] == 3 and len(final["returns"]) == 3 and final["learner_steps"] == 200
+    assert final["mean"] == pytest.approx(sum(final["returns"]) / 3)
+    assert "final evaluation: return" in launcher.log()
+
+
+def test_a_stopped_run_gets_no_final_evaluation(spawn, tmp_path):
+    run_dir = str(tmp_path / "run")
+    launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--final-eval", "3",
+                     "--actors", "1", "--quiet", f"--learner-args={FAST_LEARNER}")
+    _wait_until(lambda: os.path.exists(os.path.join(run_dir, "metrics.csv")), 120, "metrics.csv")
+    launcher.proc.send_signal(signal.SIGINT)
+    assert launcher.proc.wait(60) == 0, launcher.log()
+    assert "received SIGINT" in launcher.log() and "final evaluation" not in launcher.log()
+    assert not os.path.exists(os.path.join(run_dir, "final_eval.json"))
 
 
 @pytest.mark.parametrize(
@@ -206,7 +223,7 @@ def test_run_on_fixed_ports_and_a_clear_refusal_when_one_is_taken(spawn, tmp_pat
 
     base = _free_run_of_ports(3)
     run_dir = str(tmp_path / "run")
-    launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--steps", "30",
+    launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--steps", "30", "--final-eval", "0",
                      "--actors", "1", "--replay-servers", "2", "--ports", str(base), "--quiet",
                      f"--learner-args={FAST_LEARNER}")
     assert launcher.proc.wait(180) == 0, launcher.log()

@@ -122,7 +122,7 @@ def ray_run(cluster, tmp_path_factory):
     log_path = str(tmp / "launcher.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "apexrl", "run", "--ray", c.address, "--run-dir", run_dir, "--minutes", "0",
+            [sys.executable, "-u", "-m", "apexrl", "run", "--ray", c.address, "--run-dir", run_dir, "--minutes", "0", "--final-eval", "0",
              "--progress-every", "2", "--actors", "2", "--replay-servers", "2", f"--learner-args={FAST_LEARNER}"],
             stdout=log, stderr=subprocess.STDOUT)
     run = Run(Proc("launcher", proc, log_path), run_dir, c, workers)

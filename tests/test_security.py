@@ -227,7 +227,7 @@ def test_binding_beyond_loopback_without_keys_is_refused_unless_insecure(keys):
 def test_apexrl_run_with_curve_from_the_environment_trains(keys, tmp_path):
     run_dir = str(tmp_path / "run")
     env = {**os.environ, ENV_VAR: keys}
-    out = _apexrl("run", "--run-dir", run_dir, "--minutes", "4", "--steps", "100", "--actors", "1", "--quiet",
+    out = _apexrl("run", "--run-dir", run_dir, "--minutes", "4", "--steps", "100", "--final-eval", "0", "--actors", "1", "--quiet",
                   f"--learner-args={FAST_LEARNER}", env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"CURVE on both services (keys in {keys})" in out.stdout

@@ -212,7 +212,7 @@ def test_learner_and_actors_over_two_replay_servers(spawn, tmp_path):
     from test_launch import FAST_LEARNER
 
     run_dir = str(tmp_path / "run")
-    launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--steps", "150",
+    launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--steps", "150", "--final-eval", "0",
                      "--actors", "2", "--replay-servers", "2", "--quiet", f"--learner-args={FAST_LEARNER}")
     assert launcher.proc.wait(180) == 0, launcher.log()
     assert read_csv(os.path.join(run_dir, "metrics.csv"))["learner_steps"][-1] == 150

@@ -74,6 +74,17 @@ _TEXT_KEYS = ("time_s", "learner_steps", "env_frames", "learner_steps_per_s", "r
 """The metrics row's fields on the learner's stdout line (all of them go to its progress file)."""
 
 
+def normalise_is_weights(weights: np.ndarray, mode: str) -> np.ndarray:
+    """The IS weights the agent trains with. The replay returns ``(N·P(k))^-β / max_j (N·P(j))^-β`` over the
+    whole replay (``global_min``: the max is the weight of its lowest-probability item); ``batch_max`` rescales
+    them so that the batch's largest weight is 1."""
+    if mode == "global_min":
+        return weights
+    if mode == "batch_max":
+        return weights / weights.max()
+    raise ValueError(f"unknown IS-weight normalisation {mode!r}")
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -243,8 +254,7 @@ class Learner:
                 usable = self._usable(batch) if batch is not None else None
                 if usable is not None:  # None also when every item of the batch was undecodable
                     fields, keys, weights = usable
-                    if cfg.is_weights == "batch_max":
-                        weights = weights / weights.max()
+                    weights = normalise_is_weights(weights, cfg.is_weights)
                     priorities, metrics = self.agent.update(fields, weights)
                     means.add(metrics)
                     means.add({"is_weight_mean": float(weights.mean())})

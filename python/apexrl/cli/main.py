@@ -63,6 +63,9 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--minutes", type=float_arg(nonneg=True), default=None,
                    help="stop after this many minutes of wall time (default: the preset's; 0: no limit)")
     g.add_argument("--steps", type=int_arg(0), default=0, help="stop after this many learner steps (0: no limit)")
+    g.add_argument("--final-eval", metavar="EPISODES", type=int_arg(0, 100_000), default=None,
+                   help="when the run reaches --minutes/--steps, evaluate the final checkpoint over this many episodes "
+                   "(apexrl evaluate; RUN_DIR/final_eval.json) (default: the preset's, 30; 0: none)")
     g.add_argument("--run-dir", default=None, help="run directory (default runs/<env>/<agent>/<seed>)")
     g.add_argument("--resume", action="store_true",
                    help="continue the run directory's checkpoint (the learner starts with --resume)")
@@ -168,6 +171,7 @@ def launch_plan(argv: Sequence[str] | None = None):
     args = run_parser.parse_args(argv)
     o = agent_overrides(args)
     o.actors, o.minutes, o.steps, o.run_dir = args.actors, args.minutes, args.steps, args.run_dir
+    o.final_eval = args.final_eval
     o.resume, o.progress_every, o.quiet, o.max_restarts_per_minute = (args.resume, args.progress_every, args.quiet,
                                                                       args.max_restarts)
     if args.snapshot_every is not None:

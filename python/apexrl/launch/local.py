@@ -47,6 +47,9 @@ from typing import TextIO
 
 from apexrl.launch.orphans import die_with_parent
 from apexrl.launch.plan import PLAN_NAME, RunPlan
+
+FINAL_EVAL_NAME = "final_eval.json"
+"""What ``apexrl evaluate --json`` writes at the end of a run that reached its length."""
 from apexrl.launch.progress import LogTail, Progress, RecordTail, format_duration
 
 __all__ = ["Child", "ChildSpec", "Launcher", "PlacementError", "SupervisedChild", "free_ports", "server_name"]
@@ -266,6 +269,7 @@ class Launcher:
         self.params_endpoint = ""
         self.tails: dict[str, RecordTail] = {}  # each child's progress records
         self._stop_reason: str | None = None
+        self._reached_end = False  # stopped by --minutes/--steps (not a signal or an error): final evaluation
         self._exit_code = 0
         self._signals = 0
         self._status_shown = False  # a TTY status line is on screen (without newline)
@@ -404,7 +408,36 @@ class Launcher:
                     signal.signal(s, h)
         elapsed = time.monotonic() - start
         self._summary(elapsed)
+        if self._reached_end and self._exit_code == 0 and self.config.final_eval_episodes > 0:
+            self._final_evaluation(self.config.final_eval_episodes)
         return self._exit_code
+
+    def _final_evaluation(self, episodes: int) -> None:
+        """``apexrl evaluate`` of the final checkpoint into RUN_DIR/final_eval.json (the evaluation protocol's
+        closing evaluation). Its failure or a Ctrl-C is reported and leaves the run's exit status alone: the run
+        itself finished and its checkpoint is there to evaluate again."""
+        out = os.path.join(self.run_dir, FINAL_EVAL_NAME)
+        log_path = os.path.join(self.log_dir, "final_eval.log")
+        cmd = [self.python, "-m", "apexrl", "evaluate", self.run_dir, "--episodes", str(episodes),
+               "--seed", str(self.plan.learner.seed), "--json", out]
+        self._print(f"final evaluation: {episodes} episodes of the last checkpoint (Ctrl-C skips it)")
+        try:
+            with open(log_path, "ab") as log:
+                done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
+        except KeyboardInterrupt:
+            self._print("final evaluation skipped (interrupted); run it later with: "
+                        f"apexrl evaluate {self.run_dir} --episodes {episodes}")
+            return
+        if done.returncode != 0:
+            self._print(f"final evaluation failed (exit status {done.returncode}); {log_path}:\n{log_tail(log_path)}")
+            return
+        try:
+            with open(out, encoding="utf-8") as f:
+                result = json.load(f)
+            self._print(f"final evaluation: return {result['mean']:.1f} ± {result['se']:.1f} (SE) over "
+                        f"{result['episodes']} episodes at learner step {result['learner_steps']} -> {out}")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self._print(f"final evaluation wrote no readable {out}: {e}")
 
     def _supervise(self, start: float) -> None:
         cfg = self.config
@@ -422,6 +455,7 @@ class Launcher:
                     return
             if limit_s is not None and now - start >= limit_s:
                 self._stop_reason = f"reached --minutes {cfg.minutes:g}"
+                self._reached_end = True
             elif new_eval or now >= next_status:
                 self._status(self.progress.line(now - start, limit_s, cfg.steps or None), commit=new_eval)
                 next_status = now + cfg.progress_every
@@ -444,6 +478,7 @@ class Launcher:
         if code == 0 and child.spec.role == "learner":  # it stops by itself only at --max-steps/--max-minutes
             self._stop_reason = (f"reached --steps {self.config.steps}" if self.config.steps
                                  else "the learner finished")
+            self._reached_end = True
             return
         if code == 0 and child.spec.role == "actor":  # finished its --max-steps (given in --actor-args)
             child.finished = True

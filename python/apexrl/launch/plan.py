@@ -78,10 +78,13 @@ class RunSettings:
     """Seconds between progress lines (and between the actors' progress records)."""
     quiet: bool = False
     max_restarts_per_minute: int = field(default=5, metadata=Range.int(0))
+    """Exits of one process within 60 s beyond which the run is given up."""
     port_base: int = field(default=0, metadata=Range.int(0, 65535))
     """The services' TCP ports: the replay servers' from here, then the learner's parameter service (for a
     firewall); 0: free ports picked at start."""
-    """Exits of one process within 60 s beyond which the run is given up."""
+    final_eval_episodes: int = field(default=0, metadata=Range.int(0, 100_000))
+    """Evaluation episodes of the final checkpoint once the run reached its --minutes/--steps
+    (``apexrl evaluate``, written to RUN_DIR/final_eval.json); 0: none."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -105,6 +108,8 @@ class Overrides:
     actors: int | None = None
     minutes: float | None = None
     steps: int = 0
+    final_eval: int | None = None
+    """Episodes of the final evaluation (None: the preset's)."""
     run_dir: str | None = None
     resume: bool = False
     progress_every: float = 5.0
@@ -294,6 +299,7 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         minutes=preset.minutes if o.minutes is None else o.minutes, steps=o.steps, resume=o.resume,
         progress_every=o.progress_every, quiet=o.quiet, max_restarts_per_minute=o.max_restarts_per_minute,
         port_base=o.port_base,
+        final_eval_episodes=preset.final_eval_episodes if o.final_eval is None else o.final_eval,
     )
     if o.port_base and o.port_base + o.replay_servers > 65535:
         raise ValueError(f"--ports {o.port_base} leaves no room for {o.replay_servers} replay server port(s) and the "
