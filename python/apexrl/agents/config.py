@@ -1,6 +1,6 @@
 """Agent hyper-parameters. Defaults are the Ape-X paper's (Horgan et al. 2018, appendix).
 
-Both configs are frozen dataclasses: make small-task presets with ``dataclasses.replace(DQNConfig(), lr=1e-3)``.
+All configs are frozen dataclasses: make small-task presets with ``dataclasses.replace(DQNConfig(), lr=1e-3)``.
 Invalid values raise ValueError at construction.
 """
 
@@ -138,4 +138,71 @@ class DPGConfig:
             )
 
 
-__all__ = ["DPGConfig", "DQNConfig"]
+@dataclass(frozen=True)
+class D4PGConfig:
+    """D4PG (Barth-Maron et al. 2018): DPG's actor, a categorical critic, n-step targets, Adam, hard target
+    copies, and a Gaussian-noise ladder across actors (paper defaults, Control Suite support [-150, 150])."""
+
+    n_step: int = 5
+    """n of the n-step return (the paper's 5)."""
+    gamma: float = 0.99
+    """Discount per agent step."""
+    batch_size: int = 256
+    """Transitions per learner update (the paper's 256)."""
+    actor_lr: float = 1e-4
+    """Adam learning rate of the actor (the paper's 1e-4)."""
+    critic_lr: float = 1e-4
+    """Adam learning rate of the critic (the paper's 1e-4)."""
+    adam_eps: float = 1e-8
+    """Adam epsilon, both optimisers."""
+    critic_hidden: tuple[int, int] = (400, 300)
+    """Critic torso: obs -> 400 -> tanh -> [concat action] -> 300 -> tanh -> num_atoms logits."""
+    actor_hidden: tuple[int, ...] = (300, 200)
+    """Actor layers: obs -> 300 -> tanh -> 200 -> tanh -> action_dim -> tanh (DPG's actor)."""
+    num_atoms: int = 51
+    """Atoms of the categorical value distribution, evenly spaced on [v_min, v_max]."""
+    v_min: float = -150.0
+    """Lowest atom (Acme's Control Suite value; returns-to-go there lie in [0, 100])."""
+    v_max: float = 150.0
+    """Highest atom."""
+    target_update_period: int = 100
+    """Learner updates between hard copies of actor and critic into their target networks."""
+    noise_sigma_max: float = 0.3
+    """Exploration ladder: actor 0 of N adds Gaussian noise of this std (also the only actor's, N = 1)."""
+    noise_sigma_min: float = 0.05
+    """Actor N - 1's noise std; the actors between are spaced geometrically (see ``apexrl.agents.d4pg``)."""
+    priority_eps: float = 1e-6
+    """Added to the per-item cross-entropy so that every priority is > 0."""
+    dqda_clip: float | None = 1.0
+    """Clip every element of dQ/da (the gradient the critic passes into the actor's action) to [-c, c];
+    None: no clipping."""
+    actor_grad_clip: float | None = None
+    """Also clip every element of the actor's parameter gradient to [-c, c]; None (default): no clipping."""
+
+    def __post_init__(self) -> None:
+        _check_positive_ints(self, "n_step", "batch_size", "target_update_period", "num_atoms")
+        _check_unit(self, "gamma")
+        _check_positive_floats(self, "actor_lr", "critic_lr", "adam_eps", "priority_eps", "noise_sigma_max",
+                               "noise_sigma_min")
+        _check_positive_floats(self, "actor_grad_clip", "dqda_clip", allow_none=True)
+        _check_layers(self, "critic_hidden", "actor_hidden")
+        if len(self.critic_hidden) != 2:
+            raise ValueError(
+                f"D4PGConfig.critic_hidden must have two layers (the action enters the second), got {self.critic_hidden}"
+            )
+        if self.num_atoms < 2:
+            raise ValueError(f"D4PGConfig.num_atoms must be >= 2, got {self.num_atoms}")
+        for name in ("v_min", "v_max"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"D4PGConfig.{name} must be a finite number, got {v!r}")
+        if not self.v_min < self.v_max:
+            raise ValueError(f"D4PGConfig needs v_min < v_max, got v_min={self.v_min!r}, v_max={self.v_max!r}")
+        if self.noise_sigma_min > self.noise_sigma_max:
+            raise ValueError(
+                f"D4PGConfig needs noise_sigma_min <= noise_sigma_max, got {self.noise_sigma_min!r} > "
+                f"{self.noise_sigma_max!r}"
+            )
+
+
+__all__ = ["D4PGConfig", "DPGConfig", "DQNConfig"]

@@ -130,6 +130,36 @@ PRESETS: dict[str, Preset] = {
             actors=2,
             minutes=10.0,
         ),
+        Preset(
+            name="apex-d4pg-control",
+            description="D4PG with the paper's settings (n=5, 51 atoms on [-150, 150], batch 256, Adam 1e-4; "
+                        "apex-dpg-control's replay; Control Suite: cartpole-swingup by default)",
+            agent="d4pg",
+            env="dmc:cartpole-swingup",
+            replay=ReplaySettings(capacity=1_000_000, eviction="prioritized", alpha_evict=-0.4),
+            learner=dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=120.0,
+                         eval_episodes=5, metrics_every=30.0),
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=2,
+            minutes=45.0,
+        ),
+        Preset(
+            name="d4pg-cartpole-swingup",
+            description="D4PG sized for dmc:cartpole-swingup on a 2-core machine (vs the paper: n=3, critic lr "
+                        "3e-4, support [0, 100], sigma ladder 0.3..0.1, parameter-gradient clipping, smaller replay)",
+            agent="d4pg",
+            env="dmc:cartpole-swingup",
+            # The DPG cartpole-swingup preset's tuning; the support is exactly the range of returns-to-go of
+            # per-step rewards in [0, 1] at gamma 0.99, so the 51 atoms are 2 apart rather than 6.
+            agent_overrides=dict(n_step=3, critic_lr=3e-4, actor_lr=1e-4, dqda_clip=None, actor_grad_clip=1.0,
+                                 v_min=0.0, v_max=100.0, noise_sigma_max=0.3, noise_sigma_min=0.1),
+            replay=ReplaySettings(capacity=300_000, eviction="prioritized", alpha_evict=-0.4),
+            learner=dict(min_replay_size=10_000, publish_every=10, checkpoint_every=5_000, eval_every=60.0,
+                         eval_episodes=10, metrics_every=10.0),
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=2,
+            minutes=20.0,
+        ),
     ]
 }
 
