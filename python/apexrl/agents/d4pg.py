@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from apexrl.agents.base import AgentDef
-from apexrl.agents.common import check_batch, finite_priorities
+from apexrl.agents.common import check_actor_index, check_batch, finite_priorities
 from apexrl.agents.config import D4PGConfig
 from apexrl.agents.dpg import (
     FINAL_LAYER_INIT,
@@ -102,10 +102,7 @@ def sigma_ladder(i: int, n: int, sigma_min: float, sigma_max: float) -> float:
     Raises:
       ValueError: ``n < 1`` or ``i`` outside ``[0, n)``.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"number of actors n must be an int >= 1, got {n!r}")
-    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
-        raise ValueError(f"actor index i must be an int in [0, {n}), got {i!r}")
+    check_actor_index(i, n)
     if n == 1:
         return float(sigma_max)
     return float(sigma_max * (sigma_min / sigma_max) ** (i / (n - 1)))
