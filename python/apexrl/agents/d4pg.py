@@ -21,16 +21,17 @@ b_j = (Tz_j - v_min) / dz between atoms l = floor(b_j) and u = ceil(b_j); its ma
 (b_j - l) to u, all of it to l when b_j lands on an atom (l == u). At a terminal (D = 0) all mass lands at
 clip(R).
 
-Priorities are the per-item cross-entropy, as Acme's D4PG does: it is the quantity the critic minimises, so it
-plays the role |TD error| plays in DPG. The cross-entropy includes the target's entropy and so never reaches 0;
-a "distance" such as KL would not, but the paper names no choice and Acme's is the reference implementation.
+Priorities are the per-item cross-entropy CE_i (per item, Acme's D4PG critic loss): the quantity the critic
+minimises, so it plays the role |TD error| plays in DPG; the paper does not say what it prioritised by. (CE
+includes the target's entropy, so unlike the KL divergence it never reaches 0; priority_eps is then a guard.)
 
-Targets are hard copies every ``target_update_period`` (100) updates, as the paper's D4PG ("target networks
-... updated every 100 steps") and Acme's. The actor loss is not IS-weighted (as DPG's). Exploration: actor i of
-N adds Gaussian noise N(0, sigma_i^2) with sigma_i on a geometric ladder from ``noise_sigma_max`` (actor 0) to
-``noise_sigma_min`` (actor N - 1); a single actor uses ``noise_sigma_max`` (0.3, the paper's and Acme's fixed
-sigma). Evaluation is noiseless. Actors (``D4PGPolicy``) compute initial priorities with their local actor and
-critic standing in for the targets.
+Targets are hard copies every ``target_update_period`` (100) updates: the paper's Algorithm 1 copies the
+online networks into the targets every t_target steps (no Polyak averaging), and Acme's D4PG copies every 100.
+The actor loss is not IS-weighted (as DPG's). Exploration: actor i of N adds Gaussian noise N(0, sigma_i^2),
+sigma_i on a geometric ladder from ``noise_sigma_max`` (actor 0) down to ``noise_sigma_min`` (actor N - 1); a
+single actor uses ``noise_sigma_max`` (0.3: Acme's fixed D4PG sigma, and DPG's here). Evaluation is noiseless.
+Actors (``D4PGPolicy``) compute initial priorities with their local actor and critic standing in for the
+targets.
 """
 
 from __future__ import annotations
