@@ -99,9 +99,12 @@ def test_paper_presets_hold_the_papers_replay_ratio_and_evaluation_protocol(tmp_
     dpg = plan("apex-dpg-control", Overrides(run_dir=str(tmp_path)))
     assert dpg.server.samples_per_insert == pytest.approx(22_000 / 14_000)
     assert dpg.learner.agent_config.n_step == 5 and dpg.learner.agent_config.dqda_clip == 1.0
-    for p in (dqn, dpg):
+    d4pg = plan("apex-d4pg-control", Overrides(run_dir=str(tmp_path)))
+    assert d4pg.server == dataclasses.replace(dpg.server, seed=d4pg.server.seed)  # the DPG paper preset's replay
+    assert d4pg.learner.agent_config.n_step == 5 and d4pg.learner.agent_config.num_atoms == 51
+    for p in (dqn, dpg, d4pg):
         assert p.learner.eval_episodes >= 10 and p.run.final_eval_episodes >= 30
-    for name in ("cartpole", "cartpole-swingup", "pendulum"):
+    for name in ("cartpole", "cartpole-swingup", "pendulum", "d4pg-cartpole-swingup"):
         assert "tuned" in get_preset(name).description  # small-machine presets say they are not the paper's
     assert plan("cartpole", Overrides(run_dir=str(tmp_path), final_eval=0)).run.final_eval_episodes == 0
 

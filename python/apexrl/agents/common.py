@@ -36,13 +36,18 @@ def epsilon_ladder(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> flo
     Raises:
       ValueError: ``n < 1`` or ``i`` outside ``[0, n)``.
     """
+    check_actor_index(i, n)
+    if n == 1:
+        return float(base)
+    return float(base ** (1.0 + alpha * i / (n - 1)))
+
+
+def check_actor_index(i: int, n: int) -> None:
+    """ValueError unless ``n >= 1`` and ``0 <= i < n`` (both ints): an actor's place on an exploration ladder."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"number of actors n must be an int >= 1, got {n!r}")
     if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
         raise ValueError(f"actor index i must be an int in [0, {n}), got {i!r}")
-    if n == 1:
-        return float(base)
-    return float(base ** (1.0 + alpha * i / (n - 1)))
 
 
 # -- flat named tensors ----------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Agent hyper-parameters. Defaults are the Ape-X paper's (Horgan et al. 2018, appendix).
 
-Both configs are frozen dataclasses: make small-task presets with ``dataclasses.replace(DQNConfig(), lr=1e-3)``.
+All configs are frozen dataclasses: make small-task presets with ``dataclasses.replace(DQNConfig(), lr=1e-3)``.
 Invalid values raise ValueError at construction.
 """
 
@@ -92,11 +92,11 @@ class DQNConfig:
 
 
 @dataclass(frozen=True)
-class DPGConfig:
-    """Ape-X DPG: deterministic actor, Q critic, n-step targets, Adam, hard target copies (paper defaults)."""
+class _ActorCriticConfig:
+    """What DPG and D4PG share: deterministic actor, critic, n-step targets, Adam, hard target copies."""
 
     n_step: int = 5
-    """n of the n-step return (5 as in D4PG; the paper also reports 3)."""
+    """n of the n-step return (5 as in D4PG; the Ape-X paper also reports 3 for DPG)."""
     gamma: float = 0.99
     """Discount per agent step."""
     batch_size: int = 256
@@ -104,19 +104,17 @@ class DPGConfig:
     actor_lr: float = 1e-4
     """Adam learning rate of the actor (policy) network."""
     critic_lr: float = 1e-4
-    """Adam learning rate of the critic (Q) network."""
+    """Adam learning rate of the critic network."""
     adam_eps: float = 1e-8
     """Adam epsilon, both optimisers."""
     critic_hidden: tuple[int, int] = (400, 300)
-    """Critic layers: obs -> 400 -> tanh -> [concat action] -> 300 -> tanh -> 1."""
+    """Critic torso: obs -> 400 -> tanh -> [concat action] -> 300 -> tanh -> head (DPG: 1 value; D4PG: atoms)."""
     actor_hidden: tuple[int, ...] = (300, 200)
     """Actor layers: obs -> 300 -> tanh -> 200 -> tanh -> action_dim -> tanh."""
     target_update_period: int = 100
     """Learner updates between hard copies of actor and critic into their target networks."""
-    noise_sigma: float = 0.3
-    """Std of the Gaussian exploration noise added to actions by actors (none in evaluation)."""
     priority_eps: float = 1e-6
-    """Added to |TD error| so that every priority is > 0."""
+    """Added to every new priority (DPG: |TD error|; D4PG: cross-entropy) so that it is > 0."""
     dqda_clip: float | None = 1.0
     """Clip every element of dQ/da -- the gradient the critic passes into the actor's action -- to [-c, c]
     (the paper's "gradient used to update the actor network is clipped to [-1, 1], element-wise", as DeepMind's
@@ -130,15 +128,61 @@ class DPGConfig:
         _check_unit(self, "gamma")
         _check_positive_floats(self, "actor_lr", "critic_lr", "adam_eps", "priority_eps")
         _check_positive_floats(self, "actor_grad_clip", "dqda_clip", allow_none=True)
+        _check_layers(self, "critic_hidden", "actor_hidden")
+        if len(self.critic_hidden) != 2:
+            raise ValueError(f"{type(self).__name__}.critic_hidden must have two layers (the action enters the "
+                             f"second), got {self.critic_hidden}")
+
+
+@dataclass(frozen=True)
+class DPGConfig(_ActorCriticConfig):
+    """Ape-X DPG: deterministic actor, Q critic, n-step targets, Adam, hard target copies (paper defaults)."""
+
+    noise_sigma: float = 0.3
+    """Std of the Gaussian exploration noise added to actions by actors (none in evaluation)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.noise_sigma, bool) or not isinstance(self.noise_sigma, (int, float)) or not (
             math.isfinite(self.noise_sigma) and self.noise_sigma >= 0
         ):
             raise ValueError(f"DPGConfig.noise_sigma must be a finite number >= 0, got {self.noise_sigma!r}")
-        _check_layers(self, "critic_hidden", "actor_hidden")
-        if len(self.critic_hidden) != 2:
+
+
+@dataclass(frozen=True)
+class D4PGConfig(_ActorCriticConfig):
+    """D4PG (Barth-Maron et al. 2018): DPG's actor and hyper-parameters (n=5, batch 256, Adam 1e-4 -- the D4PG
+    paper's), a categorical critic, and a Gaussian-noise ladder across actors (support: Acme's Control Suite
+    [-150, 150])."""
+
+    num_atoms: int = 51
+    """Atoms of the categorical value distribution, evenly spaced on [v_min, v_max]."""
+    v_min: float = -150.0
+    """Lowest atom (Acme's Control Suite value; returns-to-go there lie in [0, 100])."""
+    v_max: float = 150.0
+    """Highest atom."""
+    noise_sigma_max: float = 0.3
+    """Exploration ladder: actor 0 of N adds Gaussian noise of this std (also the only actor's, N = 1)."""
+    noise_sigma_min: float = 0.05
+    """Actor N - 1's noise std; the actors between are spaced geometrically (see ``apexrl.agents.d4pg``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive_ints(self, "num_atoms")
+        _check_positive_floats(self, "noise_sigma_max", "noise_sigma_min")
+        if self.num_atoms < 2:
+            raise ValueError(f"D4PGConfig.num_atoms must be >= 2, got {self.num_atoms}")
+        for name in ("v_min", "v_max"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"D4PGConfig.{name} must be a finite number, got {v!r}")
+        if not self.v_min < self.v_max:
+            raise ValueError(f"D4PGConfig needs v_min < v_max, got v_min={self.v_min!r}, v_max={self.v_max!r}")
+        if self.noise_sigma_min > self.noise_sigma_max:
             raise ValueError(
-                f"DPGConfig.critic_hidden must have two layers (the action enters the second), got {self.critic_hidden}"
+                f"D4PGConfig needs noise_sigma_min <= noise_sigma_max, got {self.noise_sigma_min!r} > "
+                f"{self.noise_sigma_max!r}"
             )
 
 
-__all__ = ["DPGConfig", "DQNConfig"]
+__all__ = ["D4PGConfig", "DPGConfig", "DQNConfig"]

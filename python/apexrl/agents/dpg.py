@@ -56,7 +56,7 @@ from apexrl.replay.codec import TransitionSpec
 if TYPE_CHECKING:
     from apexrl.envs import EnvSpec
 
-__all__ = ["DPGActor", "DPGCritic", "DPGLearner", "DPGPolicy", "dpg_transition_spec"]
+__all__ = ["DPGActor", "DPGCritic", "DPGLearner", "DPGPolicy", "actor_step", "dpg_transition_spec"]
 
 FINAL_LAYER_INIT = 3e-3
 """Final layers start in U(-3e-3, 3e-3) (DDPG)."""
@@ -113,12 +113,41 @@ def dpg_transition_spec(env_spec: EnvSpec) -> TransitionSpec:
     return TransitionSpec.dpg(*_dims(env_spec))
 
 
-def _build(env_spec: EnvSpec, config: DPGConfig, seed: int, device: torch.device) -> tuple[DPGActor, DPGCritic]:
+def _dpg_critic(obs_dim: int, action_dim: int, config: DPGConfig) -> nn.Module:
+    return DPGCritic(obs_dim, action_dim, config.critic_hidden)
+
+
+def _build(
+    env_spec: EnvSpec, config: DPGConfig, seed: int, device: torch.device, make_critic=_dpg_critic
+) -> tuple[DPGActor, nn.Module]:
+    """The actor and ``make_critic(obs_dim, action_dim, config)`` (D4PG passes its distributional critic)."""
     obs_dim, action_dim = _dims(env_spec)
     generator = torch.Generator().manual_seed(seed)
     actor = build_seeded(lambda: DPGActor(obs_dim, action_dim, config.actor_hidden), generator, device)
-    critic = build_seeded(lambda: DPGCritic(obs_dim, action_dim, config.critic_hidden), generator, device)
+    critic = build_seeded(lambda: make_critic(obs_dim, action_dim, config), generator, device)
     return actor, critic
+
+
+def actor_step(
+    actor: nn.Module, q_of, obs: Tensor, optimizer: torch.optim.Optimizer, dqda_clip: float | None,
+    param_clip: float | None,
+) -> Tensor:
+    """One Adam step of ``actor`` ascending ``mean_i q_of(s_i, pi(s_i))``; returns the loss ``-mean Q``.
+
+    The gradient of -mean Q with respect to each action, -dQ/da / B, is clipped elementwise (``dqda_clip``)
+    before it flows on into the actor; ``param_clip`` also clips the actor's parameter gradients.
+    """
+    action = actor(obs)
+    q_pi = q_of(obs, action)
+    dqda = torch.autograd.grad(q_pi.sum(), action, retain_graph=True)[0]
+    if dqda_clip is not None:
+        dqda = dqda.clamp(-dqda_clip, dqda_clip)
+    params = list(actor.parameters())
+    grads = torch.autograd.grad(action, params, grad_outputs=-dqda / action.shape[0])
+    for p, g in zip(params, grads):
+        p.grad = g if param_clip is None else g.clamp(-param_clip, param_clip)
+    optimizer.step()
+    return -q_pi.detach().mean()
 
 
 def _f32(x: np.ndarray, device: torch.device) -> Tensor:
@@ -137,6 +166,9 @@ class DPGLearner:
 
     metric_names = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")
     """Keys of the metrics dict ``update`` returns (columns of the learner's metrics.csv)."""
+    label = "DPG"
+    """Names the agent in error messages (D4PG subclasses this learner)."""
+    make_critic = staticmethod(_dpg_critic)
 
     def __init__(
         self, env_spec: EnvSpec, config: DPGConfig | None = None, device: str | torch.device = "cpu", seed: int = 0
@@ -145,7 +177,7 @@ class DPGLearner:
         self.env_spec = env_spec
         self.device = torch.device(device)
         self.transition_spec = dpg_transition_spec(env_spec)
-        self.actor, self.critic = _build(env_spec, config, seed, self.device)
+        self.actor, self.critic = _build(env_spec, config, seed, self.device, self.make_critic)
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self._make_optimizers()
@@ -179,20 +211,9 @@ class DPGLearner:
         critic_loss.backward()
         self.critic_optimizer.step()
 
-        # Actor: ascend Q(s, pi(s)) through the updated critic. The gradient of -mean Q with respect to each
-        # action, -dQ/da / B, is clipped elementwise (dqda_clip) before it flows on into the actor.
-        action = self.actor(obs)
-        q_pi = self.critic(obs, action)
-        actor_loss = -q_pi.mean()
-        dqda = torch.autograd.grad(q_pi.sum(), action, retain_graph=True)[0]
-        if self.config.dqda_clip is not None:
-            dqda = dqda.clamp(-self.config.dqda_clip, self.config.dqda_clip)
-        actor_params = list(self.actor.parameters())
-        grads = torch.autograd.grad(action, actor_params, grad_outputs=-dqda / action.shape[0])
-        clip = self.config.actor_grad_clip
-        for p, g in zip(actor_params, grads):
-            p.grad = g if clip is None else g.clamp(-clip, clip)
-        self.actor_optimizer.step()
+        # Actor: ascend Q(s, pi(s)) through the updated critic, dQ/da clipped (dqda_clip).
+        c = self.config
+        actor_loss = actor_step(self.actor, self.critic, obs, self.actor_optimizer, c.dqda_clip, c.actor_grad_clip)
 
         self.steps += 1
         if self.steps % self.config.target_update_period == 0:
@@ -237,7 +258,7 @@ class DPGLearner:
         if isinstance(d, Mapping):
             expected.update(expected_optimizer_tensors("actor", self.actor_optimizer, d))
             expected.update(expected_optimizer_tensors("critic", self.critic_optimizer, d))
-        check_tensors(expected, d, "DPG checkpoint")
+        check_tensors(expected, d, f"{self.label} checkpoint")
         check_steps(d["steps"])
         for name, net in self._nets().items():
             load_module_tensors(name, net, d)
@@ -257,6 +278,9 @@ class DPGPolicy:
       device: torch device of the local networks (actors normally run on the CPU).
     """
 
+    label = "DPG"
+    make_critic = staticmethod(_dpg_critic)
+
     def __init__(
         self,
         env_spec: EnvSpec,
@@ -273,7 +297,7 @@ class DPGPolicy:
         if not (np.isfinite(self.sigma) and self.sigma >= 0):
             raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r}")
         self.transition_spec = dpg_transition_spec(env_spec)
-        self.actor, self.critic = _build(env_spec, config, seed, self.device)
+        self.actor, self.critic = _build(env_spec, config, seed, self.device, self.make_critic)
         self.actor.requires_grad_(False)
         self.critic.requires_grad_(False)
         self.rng = np.random.default_rng(seed)
@@ -309,7 +333,7 @@ class DPGPolicy:
     def load_policy_state_dict(self, d: Mapping[str, torch.Tensor]) -> None:
         """Load the learner's ``policy_state_dict``; ValueError naming wrong names/shapes changes nothing."""
         expected = {**module_layout("actor", self.actor), **module_layout("critic", self.critic)}
-        check_tensors(expected, d, "DPG policy weights")
+        check_tensors(expected, d, f"{self.label} policy weights")
         load_module_tensors("actor", self.actor, d)
         load_module_tensors("critic", self.critic, d)
 
