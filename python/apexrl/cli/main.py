@@ -123,13 +123,39 @@ def _fill_plot_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _evaluate_kwargs() -> dict:
+    return dict(description="Score RUN_DIR/checkpoint.safetensors with N evaluation episodes (DQN: epsilon 0.001, "
+                "DPG/D4PG: no noise; Atari capped at 108,000 frames) and print mean ± standard error, with the "
+                "learner step, env frames and time the checkpoint was taken at. Exit status 2 when the run "
+                "cannot be evaluated (missing directory, checkpoint, agent or video package).")
+
+
+def _fill_evaluate_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory holding checkpoint.safetensors")
+    p.add_argument("--episodes", type=int_arg(1, 100_000), default=10, help="evaluation episodes (default 10)")
+    p.add_argument("--seed", type=int_arg(0, 2**63 - 1), default=None,
+                   help="seed of the evaluation environment and policy (default: the run's seed * 10007 + 5003, "
+                   "the learner's evaluation stream)")
+    p.add_argument("--video", metavar="FILE", default=None,
+                   help="also write the first episode as FILE.gif (Pillow) or FILE.mp4 (imageio-ffmpeg); pip install "
+                   "'apexrl[video]'")
+    p.add_argument("--json", metavar="PATH", default=None,
+                   help="write the result as JSON (agent, env, preset, checkpoint, learner_steps, env_frames, time_s, "
+                   "episodes, mean, std, se, returns, seed)")
+    p.add_argument("--device", default="cpu",
+                   help="torch device the checkpoint's learner is loaded on (default cpu; the policy acts on CPU)")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser (its --help lists the commands); each command parses with its own parser."""
     p = argparse.ArgumentParser(prog=PROG, description="Ape-X: distributed prioritized experience replay.")
-    sub = p.add_subparsers(dest="command", metavar="{run,plot,keygen}")
+    sub = p.add_subparsers(dest="command", metavar="{run,plot,evaluate,bench-suite,keygen}")
     _fill_run_parser(sub.add_parser("run", help="run a replay server, a learner and N actors on this machine",
                                     **_run_kwargs()))
     _fill_plot_parser(sub.add_parser("plot", help="PNG learning curves of run directories", **_plot_kwargs()))
+    _fill_evaluate_parser(sub.add_parser("evaluate", help="score a run's checkpoint (mean ± SE), optionally on video",
+                                         **_evaluate_kwargs()))
     _fill_keygen_parser(sub.add_parser("keygen", help="write CURVE keys for --curve-dir", **_keygen_kwargs()))
     return p
 
@@ -236,6 +262,26 @@ def plot_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def evaluate_main(argv: Sequence[str]) -> int:
+    from apexrl.evaluate import EvaluateError, evaluate_run, write_json
+
+    args = _fill_evaluate_parser(argparse.ArgumentParser(prog=f"{PROG} evaluate", **_evaluate_kwargs())).parse_args(argv)
+    try:
+        result = evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed, video=args.video,
+                              device=args.device)
+        if args.json:
+            write_json(result, args.json)
+    except (EvaluateError, OSError) as e:
+        print(f"{PROG} evaluate: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(result.summary(), flush=True)
+    if args.video:
+        print(f"wrote {args.video} (the first episode)", flush=True)
+    if args.json:
+        print(f"wrote {args.json}", flush=True)
+    return 0
+
+
 def keygen_main(argv: Sequence[str]) -> int:
     from apexrl.security import CurveKeyError, keygen
 
@@ -260,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return plot_main(argv[1:])
     if argv and argv[0] == "keygen":
         return keygen_main(argv[1:])
+    if argv and argv[0] == "evaluate":
+        return evaluate_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)  # --help, or an unknown command: argparse says which
     if args.command is None:
