@@ -110,6 +110,10 @@ def _evaluate(run_dir: str, path: str, episodes: int, seed: int | None, writer: 
     from apexrl.apex.evaluator import EvalResult, play_episodes
     from apexrl.envs import make_env
 
+    try:
+        torch_device = torch.device(device)
+    except RuntimeError as e:
+        raise EvaluateError(f"--device {device!r}: {e}") from None
     tensors, meta = _load(path)
     try:
         agent_def = get_agent(str(meta.get("agent")))
@@ -130,7 +134,7 @@ def _evaluate(run_dir: str, path: str, episodes: int, seed: int | None, writer: 
         raise EvaluateError(str(e)) from None
     try:
         torch.set_num_threads(1)
-        learner = agent_def.make_learner(environment.spec, cfg, torch.device(device), seed)
+        learner = agent_def.make_learner(environment.spec, cfg, torch_device, seed)
         try:
             learner.load_state_dict(tensors)
         except (ValueError, KeyError, RuntimeError) as e:

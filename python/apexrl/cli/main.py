@@ -2,7 +2,8 @@
 
 ``apexrl run`` starts a whole Ape-X system on this machine (replay server, learner, N actors; see
 :mod:`apexrl.launch.local`), or with ``--ray`` on a Ray cluster (:mod:`apexrl.launch.ray_launcher`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`),
-``apexrl keygen DIR`` writes the CURVE keys that ``--curve-dir DIR`` of every command uses (:mod:`apexrl.security`).
+``apexrl evaluate RUN_DIR`` scores a checkpoint (:mod:`apexrl.evaluate`), ``apexrl bench-suite`` runs tasks x seeds
+(:mod:`apexrl.suite`), ``apexrl keygen DIR`` writes the CURVE keys that ``--curve-dir DIR`` of every command uses (:mod:`apexrl.security`).
 Flags are validated here, with the same parsers the child processes use, so a run never starts only to have
 its children refuse their flags.
 """
