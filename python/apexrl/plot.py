@@ -1,8 +1,15 @@
 """PNG learning curves of run directories (``apexrl plot``).
 
 Two panels: return against env frames and against wall time. Each run contributes the learner's evaluation
-return (``metrics.csv``, ``eval_return_mean``: greedy/noiseless episodes) and, when ``episodes.csv`` exists,
-the actors' training-episode returns as a moving mean (exploring policies, so below the evaluation curve).
+return (``metrics.csv``, ``eval_return_mean``: greedy/noiseless episodes, placed at the frames and time their
+weights were taken, ``eval_env_frames``/``eval_time_s``, or the row's own in files without them), the greediest
+actor's training-episode returns as a moving mean (``episodes.csv``: the actor with the smallest
+``exploration``; files without that column: the highest actor index, the greediest of DQN's epsilon ladder),
+and ``final_eval.json`` (``apexrl evaluate --json``) as a marker with its standard error.
+
+Runs of one configuration (same agent, env and preset, from ``plan.json`` or the checkpoint) are seeds: they are
+drawn as one mean ± standard-error band across seeds (:func:`seed_band`: each seed interpolated onto a common
+grid spanning the range every seed covers).
 
 Actors write their own time and frame counters, which restart with a restarted actor; the run-wide frame
 count of an episode is therefore the sum of every actor's frame increments up to that row (rows are appended
@@ -22,7 +29,7 @@ import numpy as np
 
 from apexrl.apex.metrics import read_csv
 
-__all__ = ["PlotError", "episode_curve", "plot_runs"]
+__all__ = ["PlotError", "episode_curve", "eval_curve", "greediest_actor", "plot_runs", "seed_band"]
 
 METRICS = "metrics.csv"
 EPISODES = "episodes.csv"
@@ -51,16 +58,60 @@ def _load_metrics(run_dir: str) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
 
 
-def episode_curve(path: str, metrics: dict[str, np.ndarray], smooth: int
+def eval_curve(metrics: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(env frames, wall time, return) of each evaluation in ``metrics.csv``, at the frames and time its weights
+    were taken (``eval_env_frames``/``eval_time_s``; the row's own where those are empty)."""
+    ok = ~np.isnan(metrics["eval_return_mean"])
+
+    def credited(name: str, fallback: str) -> np.ndarray:
+        own = metrics[fallback][ok]
+        if name not in metrics:
+            return own
+        x = metrics[name][ok]
+        return np.where(np.isnan(x), own, x)
+
+    return credited("eval_env_frames", "env_frames"), credited("eval_time_s", "time_s"), metrics["eval_return_mean"][ok]
+
+
+def _episode_rows(path: str) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return [r for r in csv.DictReader(f) if r.get("return") not in (None, "")]
+
+
+def greediest_actor(rows: Sequence[dict[str, str]]) -> str | None:
+    """The actor whose latest ``exploration`` is smallest (ties: the higher index); without that column the
+    highest actor index (DQN's epsilon ladder falls with the index). None without rows."""
+    latest: dict[str, float] = {}
+    for r in rows:
+        try:
+            latest[r["actor"]] = float(r.get("exploration") or "nan")
+        except (KeyError, TypeError, ValueError):
+            continue
+    if not latest:
+        return None
+
+    def index(a: str) -> float:
+        try:
+            return float(a)
+        except ValueError:
+            return -1.0
+
+    known = {a: e for a, e in latest.items() if not np.isnan(e)}
+    if known:
+        return min(known, key=lambda a: (known[a], -index(a)))
+    return max(latest, key=index)
+
+
+def episode_curve(path: str, metrics: dict[str, np.ndarray], smooth: int, greediest: bool = False
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(run-wide env frames, wall time, moving-mean return) per episode of ``episodes.csv``; None if absent
-    or empty."""
+    """(run-wide env frames, wall time, moving-mean return) per episode of ``episodes.csv`` (``greediest``:
+    only the greediest actor's episodes, still at run-wide frames); None if absent or empty."""
     if not os.path.exists(path):
         return None
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("return") not in (None, "")]
+    rows = _episode_rows(path)
     if not rows:
         return None
+    keep = greediest_actor(rows) if greediest else None
     last: dict[str, int] = {}
     total, frames, returns = 0, [], []
     for r in rows:
@@ -71,8 +122,9 @@ def episode_curve(path: str, metrics: dict[str, np.ndarray], smooth: int
         prev = last.get(actor, 0)
         total += f_now - prev if f_now >= prev else f_now  # a restarted actor counts from 0 again
         last[actor] = f_now
-        frames.append(total)
-        returns.append(ret)
+        if keep is None or actor == keep:
+            frames.append(total)
+            returns.append(ret)
     if not frames:
         return None
     x = np.asarray(frames, dtype=np.float64)
@@ -86,16 +138,6 @@ def episode_curve(path: str, metrics: dict[str, np.ndarray], smooth: int
     return x, t, mean
 
 
-def _labels(run_dirs: Sequence[str]) -> list[str]:
-    """The part of each path that tells the runs apart (the whole path for a single run)."""
-    paths = [os.path.normpath(d) for d in run_dirs]
-    if len(paths) == 1:
-        return paths
-    common = os.path.commonpath([os.path.abspath(p) for p in paths])
-    labels = [os.path.relpath(os.path.abspath(p), common) for p in paths]
-    return paths if len(set(labels)) < len(labels) or "." in labels else labels
-
-
 def _pyplot():
     try:
         import matplotlib
@@ -107,33 +149,100 @@ def _pyplot():
     return plt
 
 
+def seed_band(curves: Sequence[tuple[np.ndarray, np.ndarray]], points: int = 100
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grid, mean, standard error) across seeds of the curves ``(x, y)``: each is interpolated linearly onto
+    ``points`` x values spanning the range every curve covers; SE = std(ddof=1) / sqrt(seeds) (0 for one seed).
+    Empty arrays when the curves share no range."""
+    curves = [(np.asarray(x, np.float64), np.asarray(y, np.float64)) for x, y in curves if len(x)]
+    if not curves:
+        return np.empty(0), np.empty(0), np.empty(0)
+    lo, hi = max(x.min() for x, _ in curves), min(x.max() for x, _ in curves)
+    if lo > hi:
+        return np.empty(0), np.empty(0), np.empty(0)
+    grid = np.linspace(lo, hi, points if hi > lo else 1)
+    ys = np.stack([np.interp(grid, x[np.argsort(x, kind="stable")], y[np.argsort(x, kind="stable")])
+                   for x, y in curves])
+    se = ys.std(axis=0, ddof=1) / np.sqrt(len(ys)) if len(ys) > 1 else np.zeros_like(grid)
+    return grid, ys.mean(axis=0), se
+
+
+def _groups(run_dirs: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """Run directories grouped by configuration (agent, env, preset), in order of first appearance; a run whose
+    configuration is unknown is a group of its own."""
+    from apexrl.rundir import RunDirError, identity
+
+    groups: dict[object, list[str]] = {}
+    names: dict[object, str] = {}
+    for d in run_dirs:
+        try:
+            ident = identity(d)
+            key: object = ident.config_key()
+            names[key] = f"{ident.env} {ident.agent}" + (f" ({ident.preset})" if ident.preset else "")
+        except RunDirError:
+            key = ("dir", d)
+            names[key] = os.path.normpath(d)
+        groups.setdefault(key, []).append(d)
+    return [(names[k], v) for k, v in groups.items()]
+
+
+def _final(run_dir: str) -> dict | None:
+    from apexrl.rundir import RunDirError, final_eval
+
+    try:
+        return final_eval(run_dir)
+    except RunDirError as e:
+        raise PlotError(str(e)) from None
+
+
 def plot_runs(run_dirs: Sequence[str], out: str | None = None, smooth: int = 20) -> str:
     """Write the curves of ``run_dirs`` to ``out`` (default RUN_DIR/curves.png for one run, curves.png for
-    several); returns the path written. Raises :class:`PlotError`."""
+    several); runs of one configuration are drawn as a mean ± SE band across seeds. Returns the path written.
+    Raises :class:`PlotError`."""
     if not run_dirs:
         raise PlotError("give at least one run directory")
-    data = [(d, _load_metrics(d)) for d in run_dirs]  # every directory is checked before drawing
+    metrics = {d: _load_metrics(d) for d in run_dirs}  # every directory is checked before drawing
     plt = _pyplot()
     out = out or (os.path.join(run_dirs[0], "curves.png") if len(run_dirs) == 1 else "curves.png")
     fig, (ax_frames, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    groups = _groups(run_dirs)
     drawn = 0
-    for i, ((run_dir, m), label) in enumerate(zip(data, _labels(run_dirs))):
-        color = colors[i % len(colors)]
-        name = "" if len(run_dirs) == 1 else f"{label}: "
-        ok = ~np.isnan(m["eval_return_mean"])
-        if ok.any():
-            for ax, x in ((ax_frames, m["env_frames"]), (ax_time, m["time_s"] / 60.0)):
-                ax.plot(x[ok], m["eval_return_mean"][ok], "o-", color=color, markersize=3,
-                        label=f"{name}evaluation")
-            drawn += 1
-        curve = episode_curve(os.path.join(run_dir, EPISODES), m, smooth)
-        if curve is not None:
-            frames, time_s, mean = curve
-            for ax, x in ((ax_frames, frames), (ax_time, time_s / 60.0)):
-                ax.plot(x, mean, "-", color=color, alpha=0.45, linewidth=1.2,
-                        label=f"{name}actors (moving mean of {smooth} episodes)")
-            drawn += 1
+    for gi, (name, dirs) in enumerate(groups):
+        color = colors[gi % len(colors)]
+        prefix = "" if len(groups) == 1 else f"{name}: "
+        seeds = f" (mean ± SE of {len(dirs)} seeds)" if len(dirs) > 1 else ""
+        evals = [eval_curve(metrics[d]) for d in dirs]
+        episodes = [c for c in (episode_curve(os.path.join(d, EPISODES), metrics[d], smooth, greediest=True)
+                                for d in dirs) if c is not None]
+        for axis, (ax, scale) in enumerate(((ax_frames, 1.0), (ax_time, 60.0))):
+            label_eval = f"{prefix}evaluation{seeds}"
+            if len(dirs) == 1:
+                f, t, y = evals[0]
+                if len(y):
+                    ax.plot((f, t)[axis] / scale, y, "o-", color=color, markersize=3, label=label_eval)
+                    drawn += 1
+            else:
+                grid, mean, se = seed_band([((f, t)[axis], y) for f, t, y in evals])
+                if len(grid):
+                    ax.plot(grid / scale, mean, "-", color=color, label=label_eval)
+                    ax.fill_between(grid / scale, mean - se, mean + se, color=color, alpha=0.25)
+                    drawn += 1
+            label_act = f"{prefix}greediest actor (moving mean of {smooth} episodes){seeds}"
+            grid, mean, se = seed_band([(c[axis][~np.isnan(c[axis])], c[2][~np.isnan(c[axis])]) for c in episodes])
+            if len(grid):
+                ax.plot(grid / scale, mean, "--", color=color, alpha=0.6, linewidth=1.2, label=label_act)
+                if len(episodes) > 1:
+                    ax.fill_between(grid / scale, mean - se, mean + se, color=color, alpha=0.1)
+                drawn += 1
+            for k, d in enumerate(dirs):
+                fe = _final(d)
+                if fe is None:
+                    continue
+                x = float(fe.get(("env_frames", "time_s")[axis]) or 0.0) / scale
+                ax.errorbar([x], [fe["mean"]], yerr=[fe["se"]], fmt="s", color=color, capsize=4, markersize=6,
+                            label=f"{prefix}final evaluation ({int(fe['episodes'])} episodes)" if k == 0 else None)
+                drawn += 1
     if not drawn:
         ax_frames.text(0.5, 0.5, "no evaluation or episode yet", ha="center", transform=ax_frames.transAxes)
     ax_frames.set_xlabel("env frames")
@@ -154,4 +263,3 @@ def plot_runs(run_dirs: Sequence[str], out: str | None = None, smooth: int = 20)
     finally:
         plt.close(fig)
     return out
-

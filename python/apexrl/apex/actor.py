@@ -84,7 +84,8 @@ class Actor:
             self._episodes_file = open(config.episodes_csv, "a", newline="", encoding="utf-8")
             self._episodes_csv = csv.writer(self._episodes_file, lineterminator="\n")
             if new:
-                self._episodes_csv.writerow(["time_s", "actor", "env_frames", "episode", "return", "length"])
+                self._episodes_csv.writerow(["time_s", "actor", "env_frames", "episode", "return", "length",
+                                             "exploration"])
                 self._episodes_file.flush()
 
     # ------------------------------------------------------------------------------------------ control
@@ -208,7 +209,8 @@ class Actor:
         self._returns.append(ret)
         if self._episodes_csv is not None:
             self._episodes_csv.writerow([f"{elapsed:.3f}", self.config.index, self.counters["frames"],
-                                         self.counters["episodes"], f"{ret:.6g}", length])
+                                         self.counters["episodes"], f"{ret:.6g}", length,
+                                         f"{float(self.policy.exploration):.6g}"])
             self._episodes_file.flush()  # type: ignore[union-attr]
 
     def _log_progress(self, elapsed: float) -> None:

@@ -17,7 +17,7 @@ from apexrl.replay.config import STORE_INT_MAX
 from apexrl.security import check_exposure, load_client_keys, load_server_keys
 from apexrl.validate import Range, check_fields
 
-__all__ = ["MAX_ACTORS", "RUN_SEED_MAX", "ActorConfig", "LearnerConfig", "config_from_dict", "config_to_dict",
+__all__ = ["MAX_ACTORS", "RUN_SEED_MAX", "ActorConfig", "LearnerConfig", "agent_config_from_dict", "config_from_dict", "config_to_dict",
            "default_run_dir"]
 
 MAX_ACTORS = 4096
@@ -60,7 +60,8 @@ class ActorConfig:
     log_every: float = field(default=10.0, metadata=Range.float(0.0, lo_open=True))
     """Seconds between progress lines on stdout."""
     episodes_csv: str | None = None
-    """If set, append one row per finished episode (time_s, env_frames, episode, return, length) here."""
+    """If set, append one row per finished episode (time_s, actor, env_frames, episode, return, length,
+    exploration: the policy's epsilon or sigma, smaller is greedier) here."""
     torch_threads: int = field(default=1, metadata=Range.int(1, 256))
     """torch intra-op threads (actors are many small processes: one thread each)."""
     progress_path: str | None = None
@@ -187,6 +188,11 @@ def _tupled(cls: type, d: dict[str, Any]) -> dict[str, Any]:
             for k, v in d.items()}
 
 
+def agent_config_from_dict(config_class: type, d: dict[str, Any]) -> Any:
+    """An agent's config from its :func:`config_to_dict` form (lists back to tuples; validated)."""
+    return config_class(**_tupled(config_class, d))
+
+
 def config_from_dict(cls: type, d: dict[str, Any]) -> Any:
     """Inverse of :func:`config_to_dict` for :class:`ActorConfig` and :class:`LearnerConfig` (validated)."""
     from apexrl.agents import get_agent
@@ -195,5 +201,5 @@ def config_from_dict(cls: type, d: dict[str, Any]) -> Any:
     agent_config = d.pop("agent_config", None)
     if agent_config is not None:
         config_class = get_agent(d["agent"]).config_class
-        agent_config = config_class(**_tupled(config_class, agent_config))
+        agent_config = agent_config_from_dict(config_class, agent_config)
     return cls(**d, agent_config=agent_config)

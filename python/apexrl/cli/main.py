@@ -2,7 +2,8 @@
 
 ``apexrl run`` starts a whole Ape-X system on this machine (replay server, learner, N actors; see
 :mod:`apexrl.launch.local`), or with ``--ray`` on a Ray cluster (:mod:`apexrl.launch.ray_launcher`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`),
-``apexrl keygen DIR`` writes the CURVE keys that ``--curve-dir DIR`` of every command uses (:mod:`apexrl.security`).
+``apexrl evaluate RUN_DIR`` scores a checkpoint (:mod:`apexrl.evaluate`), ``apexrl bench-suite`` runs tasks x seeds
+(:mod:`apexrl.suite`), ``apexrl keygen DIR`` writes the CURVE keys that ``--curve-dir DIR`` of every command uses (:mod:`apexrl.security`).
 Flags are validated here, with the same parsers the child processes use, so a run never starts only to have
 its children refuse their flags.
 """
@@ -126,13 +127,66 @@ def _fill_plot_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _evaluate_kwargs() -> dict:
+    return dict(description="Score RUN_DIR/checkpoint.safetensors with N evaluation episodes (DQN: epsilon 0.001, "
+                "DPG/D4PG: no noise; Atari capped at 108,000 frames) and print mean ± standard error, with the "
+                "learner step, env frames and time the checkpoint was taken at. Exit status 2 when the run "
+                "cannot be evaluated (missing directory, checkpoint, agent or video package).")
+
+
+def _fill_evaluate_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory holding checkpoint.safetensors")
+    p.add_argument("--episodes", type=int_arg(1, 100_000), default=10, help="evaluation episodes (default 10)")
+    p.add_argument("--seed", type=int_arg(0, 2**63 - 1), default=None,
+                   help="seed of the evaluation environment and policy (default: the run's seed * 10007 + 5003, "
+                   "the learner's evaluation stream)")
+    p.add_argument("--video", metavar="FILE", default=None,
+                   help="also write the first episode as FILE.gif (Pillow) or FILE.mp4 (imageio-ffmpeg); pip install "
+                   "'apexrl[video]'")
+    p.add_argument("--json", metavar="PATH", default=None,
+                   help="write the result as JSON (agent, env, preset, checkpoint, learner_steps, env_frames, time_s, "
+                   "episodes, mean, std, se, returns, seed)")
+    p.add_argument("--device", default="cpu",
+                   help="torch device the checkpoint's learner is loaded on (default cpu; the policy acts on CPU)")
+    return p
+
+
+def _suite_kwargs() -> dict:
+    return dict(description="Run each task x seed one after another as `apexrl run` (run directories "
+                "OUT/<task>/<agent>/<seed>), evaluate each (apexrl evaluate --json RUN_DIR/final_eval.json), and "
+                "write OUT/suite.csv and OUT/suite.md (mean ± SE over seeds beside the Control Suite paper's D4PG "
+                "and DDPG scores). Resumable: a task x seed whose final_eval.json exists is not rerun; one with an "
+                "unfinished run is continued with --resume. Ctrl-C stops the current run cleanly and still writes "
+                "the tables for what finished.")
+
+
+def _fill_suite_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--tasks", nargs="+", required=True, metavar="TASK", help="environments, e.g. dmc:walker-stand")
+    p.add_argument("--seeds", type=int_arg(1, 1000), default=3, help="seeds 0..N-1 per task (default 3)")
+    p.add_argument("--minutes", type=float_arg(nonneg=True), required=True,
+                   help="wall-time minutes of each run (0: no limit, then give --steps)")
+    p.add_argument("--steps", type=int_arg(0), default=0, help="also stop each run at this many learner steps")
+    p.add_argument("--agent", default=None, help="agent (default: the preset's or the env's default)")
+    p.add_argument("--preset", default=None, help="preset (default: the default for the env)")
+    p.add_argument("--actors", type=int_arg(1, 256), default=None, help="actors per run (default: the preset's)")
+    p.add_argument("--episodes", type=int_arg(1, 100_000), default=10,
+                   help="episodes of each final evaluation (default 10)")
+    p.add_argument("--out", default="suite", help="output directory (default ./suite)")
+    p.add_argument("--run-args", default="", help="extra `apexrl run` flags for every run, quoted")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser (its --help lists the commands); each command parses with its own parser."""
     p = argparse.ArgumentParser(prog=PROG, description="Ape-X: distributed prioritized experience replay.")
-    sub = p.add_subparsers(dest="command", metavar="{run,plot,keygen}")
+    sub = p.add_subparsers(dest="command", metavar="{run,plot,evaluate,bench-suite,keygen}")
     _fill_run_parser(sub.add_parser("run", help="run a replay server, a learner and N actors on this machine",
                                     **_run_kwargs()))
     _fill_plot_parser(sub.add_parser("plot", help="PNG learning curves of run directories", **_plot_kwargs()))
+    _fill_evaluate_parser(sub.add_parser("evaluate", help="score a run's checkpoint (mean ± SE), optionally on video",
+                                         **_evaluate_kwargs()))
+    _fill_suite_parser(sub.add_parser("bench-suite", help="runs x seeds, final evaluations, CSV and Markdown tables",
+                                      **_suite_kwargs()))
     _fill_keygen_parser(sub.add_parser("keygen", help="write CURVE keys for --curve-dir", **_keygen_kwargs()))
     return p
 
@@ -240,6 +294,40 @@ def plot_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def evaluate_main(argv: Sequence[str]) -> int:
+    from apexrl.evaluate import EvaluateError, evaluate_run, write_json
+
+    args = _fill_evaluate_parser(argparse.ArgumentParser(prog=f"{PROG} evaluate", **_evaluate_kwargs())).parse_args(argv)
+    try:
+        result = evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed, video=args.video,
+                              device=args.device)
+        if args.json:
+            write_json(result, args.json)
+    except (EvaluateError, OSError) as e:
+        print(f"{PROG} evaluate: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(result.summary(), flush=True)
+    if args.video:
+        print(f"wrote {args.video} (the first episode)", flush=True)
+    if args.json:
+        print(f"wrote {args.json}", flush=True)
+    return 0
+
+
+def suite_main(argv: Sequence[str]) -> int:
+    from apexrl.suite import run_suite
+
+    parser = _fill_suite_parser(argparse.ArgumentParser(prog=f"{PROG} bench-suite", **_suite_kwargs()))
+    args = parser.parse_args(argv)
+    if args.minutes == 0 and args.steps == 0:
+        parser.error("--minutes 0 needs --steps N (else the runs never end)")
+    try:
+        return run_suite(args.tasks, args.seeds, args.minutes, args.out, agent=args.agent, preset=args.preset,
+                         actors=args.actors, episodes=args.episodes, steps=args.steps, run_args=args.run_args)
+    except ValueError as e:
+        parser.error(str(e))
+
+
 def keygen_main(argv: Sequence[str]) -> int:
     from apexrl.security import CurveKeyError, keygen
 
@@ -264,6 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return plot_main(argv[1:])
     if argv and argv[0] == "keygen":
         return keygen_main(argv[1:])
+    if argv and argv[0] == "evaluate":
+        return evaluate_main(argv[1:])
+    if argv and argv[0] == "bench-suite":
+        return suite_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)  # --help, or an unknown command: argparse says which
     if args.command is None:

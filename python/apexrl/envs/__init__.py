@@ -16,9 +16,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from apexrl.envs.base import Env, EnvSpec, StepResult
+from apexrl.envs.base import Env, EnvSpec, RenderError, StepResult
 
-__all__ = ["Env", "EnvSpec", "StepResult", "make_env", "env_spec", "env_names"]
+__all__ = ["Env", "EnvSpec", "RenderError", "StepResult", "make_env", "env_spec", "env_names"]
 
 _FAMILIES = {"gym:": "apexrl.envs.gym", "atari:": "apexrl.envs.atari", "dmc:": "apexrl.envs.dmc"}
 

@@ -27,7 +27,7 @@ import functools
 
 import numpy as np
 
-from apexrl.envs.base import Env, EnvSpec, StepResult, backend_seed
+from apexrl.envs.base import Env, EnvSpec, RenderError, StepResult, backend_seed
 
 PREFIX = "atari:"
 INSTALL_HINT = "pip install 'apexrl[atari]'"
@@ -111,6 +111,7 @@ class AtariEnv(Env):
             use_fire_reset=False,          # not part of the paper's preprocessing
         )
         self._action = np.zeros(1, np.int64)
+        self._last: np.ndarray | None = None  # the newest observation, for render()
         super().__init__(EnvSpec(
             name=PREFIX + game,
             obs_shape=(STACK, SIZE, SIZE),
@@ -124,14 +125,26 @@ class AtariEnv(Env):
     def _reset(self) -> np.ndarray:
         obs, _ = self._env.reset(seed=self._seed)
         self._seed = None
-        return obs[0].copy()
+        self._last = obs[0].copy()
+        return self._last
 
     def _step(self, action) -> StepResult:
         self._action[0] = self._discrete_action(action)
         obs, reward, terminated, truncated, _ = self._env.step(self._action)
         raw = float(reward[0])
         term = bool(terminated[0])
-        return StepResult(obs[0].copy(), clip_reward(raw), term, bool(truncated[0]) and not term, raw)
+        self._last = obs[0].copy()  # shared with the caller, who never writes into it
+        return StepResult(self._last, clip_reward(raw), term, bool(truncated[0]) and not term, raw)
+
+    render_fps = 60.0 / FRAME_SKIP
+
+    def render(self) -> np.ndarray:
+        """What the agent sees, not the console's colour screen (ale-py's vector env returns only the
+        preprocessed frames): the newest 84x84 grey frame, scaled 4x (nearest) to 336x336, as RGB."""
+        if self._last is None:
+            raise RenderError(f"{self.spec.name}: render() before reset()")
+        big = np.repeat(np.repeat(self._last[-1], 4, axis=0), 4, axis=1)
+        return np.stack([big] * 3, axis=-1)
 
     def close(self) -> None:
         if self._env is not None:

@@ -60,12 +60,18 @@ class StepResult(NamedTuple):
     """Unclipped score, for reporting episode returns."""
 
 
+class RenderError(RuntimeError):
+    """The environment cannot draw a frame here (missing package or OpenGL backend; the message says which)."""
+
+
 class Env:
     """One environment instance. Subclasses implement `_reset` and `_step`; this class enforces the episode
     protocol (reset before the first step and after every episode end), so that no backend silently
     auto-resets or steps a finished episode."""
 
     spec: EnvSpec
+    render_fps: float = 30.0
+    """Agent steps per second of real time, the frame rate of a video of ``render()`` frames."""
 
     def __init__(self, spec: EnvSpec):
         self.spec = spec
@@ -87,6 +93,10 @@ class Env:
 
     def close(self) -> None:
         """Releases the backend's resources. Idempotent."""
+
+    def render(self) -> np.ndarray:
+        """The current state as an HxWx3 uint8 RGB image (videos); RenderError when it cannot be drawn."""
+        raise RenderError(f"{self.spec.name} cannot render frames")
 
     def _reset(self) -> np.ndarray:
         raise NotImplementedError

@@ -11,8 +11,10 @@
   because the state is not terminal and the n-step target bootstraps through it. Tasks without a time limit
   (lqr-*) are truncated by us after 1000 steps.
 
-The suite is imported lazily with MUJOCO_GL defaulting to "disable": we never render, and the default
-backend search tries GLFW, which warns about a missing DISPLAY on headless machines.
+The suite is imported lazily with MUJOCO_GL defaulting to "disable": training never renders, and the default
+backend search tries GLFW, which warns about a missing DISPLAY on headless machines. ``render()`` (videos)
+needs an offscreen backend chosen before the first import: ``MUJOCO_GL=egl`` (``apexrl evaluate --video``
+sets it; on Debian the packages libegl1 and libgl1-mesa-dri) or ``osmesa``.
 """
 
 from __future__ import annotations
@@ -23,11 +25,19 @@ import os
 
 import numpy as np
 
-from apexrl.envs.base import Env, EnvSpec, StepResult, backend_seed, rescale_action
+from apexrl.envs.base import (
+    Env,
+    EnvSpec,
+    RenderError,
+    StepResult,
+    backend_seed,
+    rescale_action,
+)
 
 PREFIX = "dmc:"
 INSTALL_HINT = "pip install 'apexrl[control]'"
 DEFAULT_EPISODE_STEPS = 1000
+RENDER_HEIGHT, RENDER_WIDTH = 240, 320
 
 
 def _suite():
@@ -82,6 +92,7 @@ class DmcEnv(Env):
         limit = float(getattr(self._env, "_step_limit", math.inf))
         self._own_limit = not math.isfinite(limit)
         self._steps = 0
+        self.render_fps = 1.0 / float(self._env.control_timestep())
         obs_dim = sum(int(np.prod(self._env.observation_spec()[k].shape)) for k in self._keys)
         super().__init__(EnvSpec(
             name=PREFIX + name,
@@ -110,6 +121,18 @@ class DmcEnv(Env):
         truncated = (ts.last() and not terminated) or (
             self._own_limit and not terminated and self._steps >= self.spec.max_episode_steps)
         return StepResult(self._flatten(ts.observation), reward, bool(terminated), bool(truncated), reward)
+
+    def render(self) -> np.ndarray:
+        """Camera 0 of the task, RENDER_HEIGHT x RENDER_WIDTH, drawn offscreen."""
+        backend = os.environ.get("MUJOCO_GL", "")
+        if backend == "disable":
+            raise RenderError(f"{self.spec.name}: rendering is off (MUJOCO_GL=disable); set MUJOCO_GL=egl (or osmesa) "
+                              "before the first dmc environment is made")
+        try:
+            return self._env.physics.render(height=RENDER_HEIGHT, width=RENDER_WIDTH, camera_id=0)
+        except Exception as e:  # each OpenGL backend fails in its own way
+            raise RenderError(f"{self.spec.name}: offscreen rendering with MUJOCO_GL={backend or '(unset)'} failed "
+                              f"({type(e).__name__}: {e}); on Debian: apt-get install libegl1 libgl1-mesa-dri") from None
 
     def close(self) -> None:
         self._env.close()

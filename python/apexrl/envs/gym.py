@@ -8,9 +8,18 @@ Observations are float32 vectors. Terminal and truncation come straight from gym
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-from apexrl.envs.base import Env, EnvSpec, StepResult, backend_seed, rescale_action
+from apexrl.envs.base import (
+    Env,
+    EnvSpec,
+    RenderError,
+    StepResult,
+    backend_seed,
+    rescale_action,
+)
 
 PREFIX = "gym:"
 TASKS = ("CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0")
@@ -37,7 +46,9 @@ class GymEnv(Env):
 
         # The passive env checker only warns (and pytest turns warnings into errors); our own Env checks the
         # reset/step protocol instead.
-        self._env = gymnasium.make(task, disable_env_checker=True)
+        # rgb_array costs nothing until render() is called (pygame is imported then).
+        self._env = gymnasium.make(task, disable_env_checker=True, render_mode="rgb_array")
+        self.render_fps = float(self._env.metadata.get("render_fps") or 30)
         self._seed: int | None = backend_seed(seed)
         space = self._env.action_space
         discrete = isinstance(space, gymnasium.spaces.Discrete)
@@ -68,6 +79,18 @@ class GymEnv(Env):
         terminated = bool(terminated)
         return StepResult(np.array(obs, dtype=np.float32), float(reward), terminated,
                           bool(truncated) and not terminated, float(reward))
+
+    def render(self) -> np.ndarray:
+        """gymnasium's own drawing of the task (needs pygame: the ``video`` extra)."""
+        import gymnasium
+
+        # Offscreen: no window, no sound device (SDL complains about a missing one on headless machines).
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+        try:
+            return np.asarray(self._env.render(), dtype=np.uint8)
+        except gymnasium.error.DependencyNotInstalled as e:
+            raise RenderError(f"{self.spec.name}: rendering needs pygame: pip install 'apexrl[video]' ({e})") from None
 
     def close(self) -> None:
         self._env.close()

@@ -1,0 +1,87 @@
+"""``apexrl plot`` over seeds: the band across seeds, the greediest actor, evaluations at the frames their weights
+were taken, on CSVs written by hand; one smoke test that the PNG is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from apexrl.apex.metrics import read_csv
+from apexrl.plot import episode_curve, eval_curve, greediest_actor, seed_band
+
+METRICS_HEADER = "time_s,env_frames,learner_steps,eval_return_mean,eval_return_se,eval_env_frames,eval_time_s\n"
+
+
+def _run(tmp_path, name: str, metrics_rows: str, episodes: str | None = None, seed: int = 0,
+         final: dict | None = None) -> str:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "metrics.csv").write_text(METRICS_HEADER + metrics_rows)
+    if episodes is not None:
+        (d / "episodes.csv").write_text(episodes)
+    (d / "plan.json").write_text(json.dumps({"preset": "cartpole", "learner": {"agent": "dqn", "env": "gym:CartPole-v1",
+                                                                               "seed": seed}}))
+    if final is not None:
+        (d / "final_eval.json").write_text(json.dumps(final))
+    return str(d)
+
+
+def test_seed_band_is_the_mean_and_standard_error_on_the_common_range():
+    a = (np.array([0.0, 100.0, 200.0]), np.array([0.0, 10.0, 20.0]))
+    b = (np.array([50.0, 150.0, 250.0]), np.array([10.0, 10.0, 10.0]))
+    grid, mean, se = seed_band([a, b], points=3)
+    assert grid.tolist() == [50.0, 125.0, 200.0]  # where both seeds have data
+    ya = np.array([5.0, 12.5, 20.0])
+    yb = np.array([10.0, 10.0, 10.0])
+    assert mean == pytest.approx((ya + yb) / 2)
+    assert se == pytest.approx(np.abs(ya - yb) / 2)  # std(ddof=1)/sqrt(2) of two values = |a-b|/2
+    g1, m1, s1 = seed_band([a], points=3)
+    assert g1.tolist() == [0.0, 100.0, 200.0] and m1.tolist() == [0.0, 10.0, 20.0] and s1.tolist() == [0, 0, 0]
+    assert all(len(v) == 0 for v in seed_band([a, (np.array([300.0, 400.0]), np.array([1.0, 2.0]))]))
+
+
+def test_evaluations_are_placed_at_the_frames_and_time_of_their_weights(tmp_path):
+    d = _run(tmp_path, "r", "10,1000,50,,,,\n20,2000,100,7.5,0.5,1500,15\n30,3000,150,9,1,,\n")
+    frames, time_s, y = eval_curve({k: np.asarray(v) for k, v in read_csv(os.path.join(d, "metrics.csv")).items()})
+    assert frames.tolist() == [1500, 3000]  # the row's own where the credit is missing (old files)
+    assert time_s.tolist() == [15, 30]
+    assert y.tolist() == [7.5, 9]
+
+
+def test_the_greediest_actor_has_the_smallest_exploration_or_else_the_highest_index(tmp_path):
+    rows = [{"actor": "0", "exploration": "0.4", "return": "1"}, {"actor": "1", "exploration": "0.0016", "return": "2"},
+            {"actor": "2", "exploration": "0.05", "return": "3"}]
+    assert greediest_actor(rows) == "1"
+    assert greediest_actor([{k: v for k, v in r.items() if k != "exploration"} for r in rows]) == "2"
+    assert greediest_actor([]) is None
+
+    episodes = ("time_s,actor,env_frames,episode,return,length,exploration\n"
+                "1,0,10,1,100,10,0.4\n1,1,20,1,7,20,0.01\n2,0,30,2,200,20,0.4\n2,1,50,2,9,30,0.01\n")
+    d = _run(tmp_path, "r", "1,0,0,,,,\n9,100,10,,,,\n", episodes)
+    m = {k: np.asarray(v) for k, v in read_csv(os.path.join(d, "metrics.csv")).items()}
+    frames, time_s, mean = episode_curve(os.path.join(d, "episodes.csv"), m, smooth=1, greediest=True)
+    assert frames.tolist() == [30.0, 80.0]  # run-wide frames (actor 0's count too), actor 1's episodes only
+    assert mean.tolist() == [7.0, 9.0]
+
+
+def test_plot_of_several_seeds_writes_a_png_with_the_final_evaluations(tmp_path):
+    rows = "10,1000,50,5,1,1000,10\n20,2000,100,8,1,2000,20\n"
+    episodes = "time_s,actor,env_frames,episode,return,length,exploration\n1,0,500,1,3,500,0.4\n2,0,1500,2,5,1000,0.4\n"
+    final = {"mean": 9.0, "se": 0.5, "episodes": 10, "env_frames": 2100, "time_s": 21.0}
+    dirs = [_run(tmp_path, f"s{i}", rows, episodes, seed=i, final=final) for i in range(3)]
+    out = str(tmp_path / "seeds.png")
+    done = subprocess.run([sys.executable, "-m", "apexrl", "plot", *dirs, "--out", out, "--smooth", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_refuses_a_final_eval_without_numbers(tmp_path):
+    d = _run(tmp_path, "r", "10,1000,50,5,1,1000,10\n", final={"mean": "high"})
+    done = subprocess.run([sys.executable, "-m", "apexrl", "plot", d], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "final_eval.json has no number 'mean'" in done.stderr
