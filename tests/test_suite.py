@@ -53,6 +53,14 @@ def test_a_tiny_suite_writes_rows_and_table_and_does_not_rerun_finished_seeds(tm
     assert again.returncode == 0, again.stderr
     assert "already evaluated" in again.stdout and "replay server" not in again.stdout
 
+    # Trained but not evaluated (say, Ctrl-C during the final evaluation): evaluated again, not trained again.
+    os.remove(os.path.join(run_dir, "final_eval.json"))
+    third = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "finished training earlier" in third.stdout and "replay server" not in third.stdout
+    with open(os.path.join(run_dir, "final_eval.json")) as f:
+        assert json.load(f)["learner_steps"] == 100
+
 
 def test_bad_suite_flags_exit_2_naming_the_value(tmp_path):
     done = subprocess.run([sys.executable, "-m", "apexrl", "bench-suite", "--tasks", "gym:Nope-v0", "--minutes", "1",

@@ -4,7 +4,8 @@ scores.
 
 Run directories are ``DIR/<task>/<agent>/<seed>`` (":" in a task name becomes "-"). Resumable: a task x seed
 whose ``final_eval.json`` exists is not run again; one whose directory holds an unfinished run (a checkpoint
-but no final evaluation) is continued with ``--resume``. Ctrl-C (or SIGTERM) stops the current run cleanly (the
+but no final evaluation) is continued with ``--resume`` for what is left of its ``--minutes``/``--steps``, or
+only evaluated when its checkpoint shows it had finished training. Ctrl-C (or SIGTERM) stops the current run cleanly (the
 launcher checkpoints it) and the tables are still written for what finished.
 """
 
@@ -22,7 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from apexrl.durable import write_atomically
-from apexrl.rundir import CHECKPOINT, FINAL_EVAL, RunDirError, final_eval
+from apexrl.rundir import (
+    CHECKPOINT,
+    FINAL_EVAL,
+    RunDirError,
+    checkpoint_meta,
+    final_eval,
+)
 
 __all__ = ["PAPER_SCORES", "SUITE_COLUMNS", "SuiteError", "SuiteRun", "markdown_table", "run_suite", "suite_rows"]
 
@@ -166,6 +173,20 @@ def _apexrl(args: list[str], stop: _Stop) -> int:
         stop.child = None
 
 
+def _left(run_dir: str, minutes: float, steps: int) -> tuple[float, bool]:
+    """(minutes left to train, whether training is over) for a run directory that holds a checkpoint: its
+    learner's time and steps, from the checkpoint's metadata, against the suite's ``--minutes`` and ``--steps``."""
+    try:
+        meta = checkpoint_meta(os.path.join(run_dir, CHECKPOINT))
+        trained_min, trained_steps = float(meta.get("time_s", 0.0)) / 60.0, int(meta.get("learner_steps", 0))
+    except (RunDirError, TypeError, ValueError):
+        return minutes, False  # unreadable: resume it and let the learner say what is wrong
+    # The learner's clock starts after the launcher's start-up (10-20 s): within a minute of --minutes is done.
+    if (steps and trained_steps >= steps) or (minutes and trained_min >= minutes - 1.0):
+        return 0.0, True
+    return (minutes - trained_min if minutes else 0.0), False
+
+
 def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent: str | None = None,
               preset: str | None = None, actors: int | None = None, episodes: int = 10, steps: int = 0,
               run_args: str = "") -> int:
@@ -181,16 +202,26 @@ def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent:
             if os.path.exists(os.path.join(r.run_dir, FINAL_EVAL)):
                 print(f"bench-suite: {r.task} seed {r.seed} already evaluated ({r.run_dir}); not rerun", flush=True)
                 continue
-            args = ["run", "--env", r.task, "--agent", r.agent, "--preset", r.preset, "--seed", str(r.seed),
-                    "--run-dir", r.run_dir, "--minutes", f"{minutes:g}", "--quiet", *shlex.split(run_args)]
-            if actors:
-                args += ["--actors", str(actors)]
-            if steps:
-                args += ["--steps", str(steps)]
-            if os.path.exists(os.path.join(r.run_dir, CHECKPOINT)):
-                args.append("--resume")
-            print(f"bench-suite: {r.task} {r.agent} seed {r.seed} -> {r.run_dir}", flush=True)
-            code = _apexrl(args, stop)
+            left, done, resume = minutes, False, os.path.exists(os.path.join(r.run_dir, CHECKPOINT))
+            if resume:  # an interrupted run: train only for what is left of its minutes and steps
+                left, done = _left(r.run_dir, minutes, steps)
+                if done:
+                    print(f"bench-suite: {r.task} seed {r.seed} finished training earlier ({r.run_dir}); "
+                          "evaluating it", flush=True)
+            if not done:
+                args = ["run", "--env", r.task, "--agent", r.agent, "--preset", r.preset, "--seed", str(r.seed),
+                        "--run-dir", r.run_dir, "--minutes", f"{left:g}", "--final-eval", str(episodes), "--quiet",
+                        *shlex.split(run_args)]
+                if actors:
+                    args += ["--actors", str(actors)]
+                if steps:
+                    args += ["--steps", str(steps)]
+                if resume:
+                    args.append("--resume")
+                print(f"bench-suite: {r.task} {r.agent} seed {r.seed} -> {r.run_dir}", flush=True)
+                code = _apexrl(args, stop)
+            else:
+                code = 0
             if stop.requested:
                 break
             if code != 0:
@@ -198,7 +229,7 @@ def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent:
                       f"(logs in {r.run_dir}/logs); going on", file=sys.stderr, flush=True)
                 failed += 1
                 continue
-            if not os.path.exists(os.path.join(r.run_dir, FINAL_EVAL)):  # the launcher may have written it
+            if not os.path.exists(os.path.join(r.run_dir, FINAL_EVAL)):  # the launcher's own did not happen
                 code = _apexrl(["evaluate", r.run_dir, "--episodes", str(episodes), "--json",
                                 os.path.join(r.run_dir, FINAL_EVAL)], stop)
                 if stop.requested:

@@ -418,8 +418,7 @@ class Launcher:
         itself finished and its checkpoint is there to evaluate again."""
         out = os.path.join(self.run_dir, FINAL_EVAL_NAME)
         log_path = os.path.join(self.log_dir, "final_eval.log")
-        cmd = [self.python, "-m", "apexrl", "evaluate", self.run_dir, "--episodes", str(episodes),
-               "--seed", str(self.plan.learner.seed), "--json", out]
+        cmd = [self.python, "-m", "apexrl", "evaluate", self.run_dir, "--episodes", str(episodes), "--json", out]
         self._print(f"final evaluation: {episodes} episodes of the last checkpoint (Ctrl-C skips it)")
         try:
             with open(log_path, "ab") as log:
