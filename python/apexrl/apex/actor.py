@@ -81,6 +81,9 @@ class Actor:
         if config.episodes_csv:
             os.makedirs(os.path.dirname(os.path.abspath(config.episodes_csv)), exist_ok=True)
             new = not os.path.exists(config.episodes_csv) or os.path.getsize(config.episodes_csv) == 0
+            # A plugin agent's policy may not say how much it explores: the column stays empty then.
+            exploration = getattr(self.policy, "exploration", None)
+            self._exploration = "" if exploration is None else f"{float(exploration):.6g}"
             self._episodes_file = open(config.episodes_csv, "a", newline="", encoding="utf-8")
             self._episodes_csv = csv.writer(self._episodes_file, lineterminator="\n")
             if new:
@@ -209,8 +212,7 @@ class Actor:
         self._returns.append(ret)
         if self._episodes_csv is not None:
             self._episodes_csv.writerow([f"{elapsed:.3f}", self.config.index, self.counters["frames"],
-                                         self.counters["episodes"], f"{ret:.6g}", length,
-                                         f"{float(self.policy.exploration):.6g}"])
+                                         self.counters["episodes"], f"{ret:.6g}", length, self._exploration])
             self._episodes_file.flush()  # type: ignore[union-attr]
 
     def _log_progress(self, elapsed: float) -> None:
