@@ -69,11 +69,12 @@ def test_video_records_the_first_scored_episode_without_changing_the_returns(run
 
 
 def test_dmc_renders_offscreen_with_egl():
-    code = ("import os; os.environ.setdefault('MUJOCO_GL', 'egl')\n"
-            "from apexrl.envs import make_env\n"
+    code = ("from apexrl.envs import make_env\n"
             "e = make_env('dmc:cartpole-swingup', 0); e.reset(); f = e.render()\n"
             "print(f.shape, f.dtype, int(f.std() > 0), e.render_fps)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # Explicitly: this test process may hold MUJOCO_GL=disable (set by apexrl.envs.dmc for training).
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MUJOCO_GL": "egl"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["(240,", "320,", "3)", "uint8", "1", "100.0"]
 
@@ -121,3 +122,16 @@ def test_episodes_csv_says_how_much_each_actor_explores(run_dir):
         rows = list(csv.DictReader(f))
     eps = {r["actor"]: float(r["exploration"]) for r in rows}
     assert eps == {"0": pytest.approx(0.4), "1": pytest.approx(0.4 ** 8)}  # DQN's ladder for 2 actors
+
+
+@pytest.mark.parametrize(("before", "after"), [(None, "egl"), ("disable", "egl"), ("osmesa", "osmesa")])
+def test_video_picks_egl_unless_the_user_chose_a_backend(monkeypatch, before, after):
+    """A MUJOCO_GL=disable inherited from apexrl's own training processes is not a user's choice."""
+    from apexrl.video import prepare_rendering
+
+    if before is None:
+        monkeypatch.delenv("MUJOCO_GL", raising=False)
+    else:
+        monkeypatch.setenv("MUJOCO_GL", before)
+    prepare_rendering("dmc:cartpole-swingup")
+    assert os.environ["MUJOCO_GL"] == after

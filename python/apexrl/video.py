@@ -29,9 +29,10 @@ class VideoError(Exception):
 
 def prepare_rendering(env_name: str) -> None:
     """dm_control renders offscreen through EGL on a headless machine; MUJOCO_GL is read when dm_control is
-    first imported, so it is set (unless the user chose one) before any dmc environment exists."""
-    if env_name.startswith("dmc:"):
-        os.environ.setdefault("MUJOCO_GL", "egl")
+    first imported, so it is set (unless the user chose a backend) before any dmc environment exists. "disable"
+    counts as unset: apexrl's own processes set it for training (apexrl.envs.dmc) and children inherit it."""
+    if env_name.startswith("dmc:") and os.environ.get("MUJOCO_GL", "disable") == "disable":
+        os.environ["MUJOCO_GL"] = "egl"
 
 
 class _Writer:

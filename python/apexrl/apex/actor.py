@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from apexrl.agents import get_agent
-from apexrl.apex.config import ActorConfig
+from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
 from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
@@ -87,8 +87,7 @@ class Actor:
             self._episodes_file = open(config.episodes_csv, "a", newline="", encoding="utf-8")
             self._episodes_csv = csv.writer(self._episodes_file, lineterminator="\n")
             if new:
-                self._episodes_csv.writerow(["time_s", "actor", "env_frames", "episode", "return", "length",
-                                             "exploration"])
+                self._episodes_csv.writerow(EPISODE_COLUMNS)
                 self._episodes_file.flush()
 
     # ------------------------------------------------------------------------------------------ control

@@ -17,7 +17,7 @@ from apexrl.replay.config import STORE_INT_MAX
 from apexrl.security import check_exposure, load_client_keys, load_server_keys
 from apexrl.validate import Range, check_fields
 
-__all__ = ["MAX_ACTORS", "RUN_SEED_MAX", "ActorConfig", "LearnerConfig", "agent_config_from_dict", "config_from_dict", "config_to_dict",
+__all__ = ["EPISODE_COLUMNS", "MAX_ACTORS", "RUN_SEED_MAX", "ActorConfig", "LearnerConfig", "agent_config_from_dict", "config_from_dict", "config_to_dict",
            "default_run_dir"]
 
 MAX_ACTORS = 4096
@@ -25,6 +25,10 @@ MAX_ACTORS = 4096
 RUN_SEED_MAX = 2**32 - 1
 """A run's seed is 32-bit, so every seed derived from it (actor i: seed * 10007 + i, the store's, the learner's)
 fits the 64-bit generators of numpy, torch and the store."""
+
+
+EPISODE_COLUMNS = ("time_s", "actor", "env_frames", "episode", "return", "length", "exploration")
+"""The header of an actor's episodes.csv (``--episodes-csv``); the Ray launcher writes the same one."""
 
 
 @dataclass

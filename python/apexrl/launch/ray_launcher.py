@@ -36,6 +36,7 @@ import signal
 import time
 from typing import Any, TextIO
 
+from apexrl.apex.config import EPISODE_COLUMNS
 from apexrl.launch.local import (
     Launcher,
     PlacementError,
@@ -259,7 +260,7 @@ class RayChild(SupervisedChild):
         if kind == "episodes":
             text = "".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith("time_s,"))
             if not os.path.exists(path) or os.path.getsize(path) == 0:
-                text = "time_s,actor,env_frames,episode,return,length\n" + text
+                text = ",".join(EPISODE_COLUMNS) + "\n" + text
         with open(path, "a", encoding="utf-8") as f:
             f.write(text)
 
