@@ -114,8 +114,9 @@ def _fill_keygen_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _plot_kwargs() -> dict:
-    return dict(description="Write PNG learning curves from run directories: evaluation return (metrics.csv) "
-                "and the actors' smoothed episode returns (episodes.csv) against env frames and wall time.")
+    return dict(description="Write PNG learning curves from run directories: evaluation return (metrics.csv, at the "
+                "frames and time its weights were taken) and the greediest actor's smoothed episode returns "
+                "(episodes.csv) against env frames and wall time; seeds of one configuration as mean ± SE bands.")
 
 
 def _fill_plot_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
