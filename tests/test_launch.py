@@ -194,6 +194,37 @@ def test_episode_curve_sums_frames_over_actors_and_restarts(tmp_path):
     assert mean.tolist() == [1.5, 2.5, 3.5]
 
 
+def test_resume_upgrades_an_older_episodes_csv_and_actors_refuse_a_foreign_one(tmp_path):
+    from apexrl.apex.actor import _check_episodes_header
+    from apexrl.apex.config import EPISODE_COLUMNS
+    from apexrl.cli.main import upgrade_episodes_csv
+
+    path = tmp_path / "episodes.csv"
+    path.write_text("time_s,actor,env_frames,episode,return,length\n1,0,10,1,1.5,10\n2,1,2")  # torn last row
+    with pytest.raises(ValueError, match="has columns"):
+        _check_episodes_header(str(path))
+    upgrade_episodes_csv(str(path))
+    _check_episodes_header(str(path))  # now the actors append to it
+    assert path.read_text() == ",".join(EPISODE_COLUMNS) + "\n1,0,10,1,1.5,10,\n"
+    episodes = read_csv(str(path))
+    assert episodes["return"] == [1.5] and episodes["exploration"][0] != episodes["exploration"][0]  # NaN
+    path.write_text("when,who\n1,0\n")
+    with pytest.raises(ValueError, match="has columns 'when,who'"):
+        upgrade_episodes_csv(str(path))
+    upgrade_episodes_csv(str(tmp_path / "absent.csv"))  # nothing to upgrade
+    assert not (tmp_path / "absent.csv").exists()
+
+
+def test_run_resume_refuses_a_foreign_episodes_csv_with_the_reason(tmp_path, capsys):
+    from apexrl.cli.main import launch_plan
+
+    (tmp_path / "episodes.csv").write_text("when,who\n1,0\n")
+    with pytest.raises(SystemExit) as e:
+        launch_plan(["--preset", "cartpole", "--run-dir", str(tmp_path), "--resume"])
+    assert e.value.code == 2 and "episodes.csv has columns 'when,who'" in capsys.readouterr().err
+    assert (tmp_path / "episodes.csv").read_text() == "when,who\n1,0\n"  # refused: nothing changed
+
+
 def _free_run_of_ports(n: int) -> int:
     """A port p with p .. p + n - 1 free a moment ago."""
     import socket

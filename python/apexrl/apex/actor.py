@@ -81,6 +81,8 @@ class Actor:
         if config.episodes_csv:
             os.makedirs(os.path.dirname(os.path.abspath(config.episodes_csv)), exist_ok=True)
             new = not os.path.exists(config.episodes_csv) or os.path.getsize(config.episodes_csv) == 0
+            if not new:
+                _check_episodes_header(config.episodes_csv)
             # A plugin agent's policy may not say how much it explores: the column stays empty then.
             exploration = getattr(self.policy, "exploration", None)
             self._exploration = "" if exploration is None else f"{float(exploration):.6g}"
@@ -234,3 +236,13 @@ def run_actor(config: ActorConfig) -> dict[str, int]:
             return actor.run()
     finally:
         actor.close()
+
+
+def _check_episodes_header(path: str) -> None:
+    """Rows are appended in EPISODE_COLUMNS' order: refuse a file whose header says otherwise (one from an older
+    version: ``apexrl run --resume`` upgrades it before starting the actors)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        header = f.readline().strip()
+    if header != ",".join(EPISODE_COLUMNS):
+        raise ValueError(f"{path} has columns {header!r}, expected {','.join(EPISODE_COLUMNS)!r}: use another "
+                         "--episodes-csv (apexrl run --resume upgrades an older run's file itself)")

@@ -253,7 +253,23 @@ def launch_plan(argv: Sequence[str] | None = None):
         if held:
             run_parser.error(f"{p.run.run_dir} already holds a run ({', '.join(held)}): pass --resume to continue "
                              "it, or choose another --run-dir or --seed (or remove the directory)")
+    else:
+        try:
+            upgrade_episodes_csv(os.path.join(p.run.run_dir, "episodes.csv"))
+        except ValueError as e:
+            run_parser.error(str(e))
     return p, log_level, args
+
+
+def upgrade_episodes_csv(path: str) -> None:
+    """Before a resumed run's actors append to it: give an ``episodes.csv`` written by an older version the
+    current header (its rows get the new columns empty), so old and new rows read as one table; a torn last
+    line is dropped. ValueError when the file has columns this version does not write."""
+    from apexrl.apex.config import EPISODE_COLUMNS
+    from apexrl.apex.metrics import CSVWriter
+
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        CSVWriter(path, EPISODE_COLUMNS).close()
 
 
 def run_main(argv: Sequence[str]) -> int:
