@@ -21,9 +21,10 @@ b_j = (Tz_j - v_min) / dz between atoms l = floor(b_j) and u = ceil(b_j); its ma
 (b_j - l) to u, all of it to l when b_j lands on an atom (l == u). At a terminal (D = 0) all mass lands at
 clip(R).
 
-Priorities are the per-item cross-entropy CE_i (per item, Acme's D4PG critic loss): the quantity the critic
-minimises, so it plays the role |TD error| plays in DPG; the paper does not say what it prioritised by. (CE
-includes the target's entropy, so unlike the KL divergence it never reaches 0; priority_eps is then a guard.)
+Priorities are the per-item cross-entropy CE_i: the quantity the critic minimises (Acme's categorical loss is
+the same softmax cross-entropy against the projected target, which its D4PG learner averages over the batch),
+so it plays the role |TD error| plays in DPG. (CE includes the target's entropy, so unlike the KL divergence it
+never reaches 0; priority_eps is then a guard.)
 
 Targets are hard copies every ``target_update_period`` (100) updates: the paper's Algorithm 1 copies the
 online networks into the targets every t_target steps (no Polyak averaging), and Acme's D4PG copies every 100.
