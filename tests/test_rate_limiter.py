@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from apexrl.cli.server import parse_args
 from apexrl.errors import ReplayTimeout
 from apexrl.replay.client import ReplayClient, ServerTimeoutError
@@ -277,57 +279,35 @@ def test_server_config_validates_the_rate_limiter(kwargs, match):
 
 
 def test_the_rules_in_one_place():
-    from apexrl.replay.rate_limiter import RateLimiter
+    from apexrl._core import NativeRateLimiter as RateLimiter
 
     rl = RateLimiter(spi=2.0, eb=10.0, min_size=5)
     assert not rl.big_enough(4) and rl.big_enough(5)
-    assert rl.insert_ok(100, size=4, inserted=0, sampled=0)  # filling up is never limited
-    assert rl.insert_ok(5, size=5, inserted=0, sampled=0) and not rl.insert_ok(6, size=5, inserted=0, sampled=0)
-    assert not rl.sample_ok(1, size=4, inserted=10, sampled=0)  # below min size
-    assert rl.sample_ok(10, size=5, inserted=0, sampled=0) and not rl.sample_ok(11, size=5, inserted=0, sampled=0)
+    assert rl.insert_ok(100, 4, 0, 0)  # filling up is never limited
+    assert rl.insert_ok(5, 5, 0, 0) and not rl.insert_ok(6, 5, 0, 0)
+    assert not rl.sample_ok(1, 4, 10, 0)  # below min size
+    assert rl.sample_ok(10, 5, 0, 0) and not rl.sample_ok(11, 5, 0, 0)
     assert rl.try_insert(5, 5) and not rl.try_insert(1, 10)
     assert rl.counts() == (5, 0)
-    unlimited = RateLimiter(spi=None, eb=None, min_size=0)
+    rl.undo(inserted=5)
+    assert rl.counts() == (0, 0)
+    unlimited = RateLimiter(spi=None, eb=0.0, min_size=0)
     assert unlimited.big_enough(1) and not unlimited.big_enough(0)
     assert unlimited.insert_ok(10**6, 10, 0, 0) and unlimited.sample_ok(10**6, 1, 0, 0)
-
-
-def test_release_looks_only_at_the_heads_and_simulates_admissions_in_order():
-    from collections import deque
-    from dataclasses import dataclass
-
-    from apexrl.replay.rate_limiter import RateLimiter
-    from apexrl.replay.schema import Op
-
-    @dataclass(eq=False)
-    class W:
-        op: int
-        n: int
-        deadline: float = 1e9
-        live: bool = True
-
-    rl = RateLimiter(spi=1.0, eb=4.0, min_size=1)
-    assert rl.try_insert(4, 10)  # I = 4, S = 0: samples of up to 8 items in all may go
-    s1, s2, s3, i1 = W(Op.SAMPLE, 5), W(Op.SAMPLE, 5), W(Op.SAMPLE, 3), W(Op.INSERT, 1)
-    samples, inserts = deque([s1, s2, s3]), deque([i1])
-    # i1 must wait for a sample (5 - 0 > 4); s1 goes (S = 5), then i1 (I = 5); s2 (10 > 9) blocks the queue
-    assert rl.release(inserts, samples, size=10) == [s1, i1]
-    assert list(samples) == [s2, s3] and not inserts
-    assert rl.examined_max == 4  # released + the two heads that stayed: s3 was never looked at
-    assert rl.counts() == (4, 0)  # nothing is counted until the request is served
-    s2.live = False  # answered meanwhile (timed out): discarded from the head, s3 goes
-    assert rl.release(inserts, samples, size=10) == [s3] and not samples
-    assert rl.stats()["deferred_examined_max"] == 4
+    assert rl.describe() == "0 items inserted and 0 sampled, samples_per_insert=2.0, error_buffer=10.0"
 
 
 @pytest.mark.parametrize("n, m, ok", [(150, 0, True), (200, 0, True), (201, 0, False), (0, 200, True),
                                       (0, 201, False), (100, 100, True), (256, 50, False)])
 def test_one_deadlock_rule_for_the_run_plan_and_the_server(n, m, ok):
-    from apexrl.replay.rate_limiter import RateLimiter, deadlock_reason
+    from apexrl._core import NativeRateLimiter as RateLimiter
+    from apexrl._core import serve_deadlock_reason
+    from apexrl.replay.rate_limiter import deadlock_reason
     from apexrl.replay.schema import Op
 
     reason = deadlock_reason(n, m, 1.0, 100.0)
     assert (reason is None) == ok
+    assert serve_deadlock_reason(n, m, 1.0, 100.0) == reason  # the native copy of the arithmetic agrees
     if not ok:
         assert "exceeds 2 x error_buffer = 200" in reason and "samples_per_insert=1, error_buffer=100" in reason
     rl = RateLimiter(spi=1.0, eb=100.0, min_size=1)
@@ -337,3 +317,13 @@ def test_one_deadlock_rule_for_the_run_plan_and_the_server(n, m, ok):
     if n == 0:
         assert (rl.never_admitted(int(Op.INSERT), m, 100) is None) == ok
         assert rl.never_admitted(int(Op.INSERT), m, 0) is None  # filling up is never limited
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 5000), m=st.integers(0, 5000), spi=st.floats(0.01, 64), eb=st.floats(1, 4000))
+def test_the_native_deadlock_arithmetic_is_the_run_plans(n, m, spi, eb):
+    """The server's native copy of deadlock_reason gives the run plan's answers, message included."""
+    from apexrl._core import serve_deadlock_reason
+    from apexrl.replay.rate_limiter import deadlock_reason
+
+    assert serve_deadlock_reason(n, m, spi, eb) == deadlock_reason(n, m, spi, eb)

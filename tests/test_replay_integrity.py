@@ -22,7 +22,8 @@ from apexrl.replay import protocol as P
 from apexrl.replay.client import InsertTooLargeError, ReplayClient
 from apexrl.replay.codec import FieldSpec, TransitionSpec
 from apexrl.replay.config import ServerConfig
-from apexrl.replay.insert_guard import InsertWindow, spec_sidecar
+from apexrl._core import NativeInsertWindow as InsertWindow
+from apexrl.replay.insert_guard import spec_sidecar
 from apexrl.replay.server import ReplayServer
 from test_apex_processes import start_learner, wait_until
 
@@ -318,31 +319,57 @@ def test_the_client_reuses_an_insert_id_across_retries(server):
 
 def test_the_window_is_bounded_by_count_and_by_bytes():
     window = InsertWindow(max_ids=3, max_bytes=10_000)
+    now = time.monotonic()
     for i in range(5):
-        req = object()
-        assert window.claim((1, i), req, time.monotonic() + 1)[0] == "new"
-        window.finish((1, i), req, np.arange(2, dtype=np.uint64))
-    assert window.stats() == {"duplicate_inserts": 0, "insert_ids_remembered": 3, "insert_ids_forgotten": 2}
-    state, keys = window.claim((1, 4), object(), 0.0)
-    assert state == "done" and keys.tolist() == [0, 1]
-    assert window.claim((1, 0), object(), time.monotonic() + 1)[0] == "new"  # forgotten: stored again
+        assert window.claim("", 1, i, i, now + 1, now)[0] == "new"
+        window.finish("", 1, i, i, [0, 1])
+    stats = window.stats()
+    assert (stats["duplicate_inserts"], stats["insert_ids_remembered"], stats["insert_ids_forgotten"]) == (0, 3, 2)
+    assert stats["insert_ids_pending"] == 0
+    state, keys = window.claim("", 1, 4, 99, 0.0, now)
+    assert state == "done" and keys == [0, 1]
+    assert window.claim("", 1, 0, 100, now + 1, now)[0] == "new"  # forgotten: stored again
     big = InsertWindow(max_ids=100, max_bytes=10_000)
     for i in range(3):
-        big.claim((2, i), None, 0.0)
-        big.finish((2, i), None, np.zeros(500, dtype=np.uint64))  # 4,000 bytes of keys each
+        big.claim("", 2, i, i, 0.0, now)
+        big.finish("", 2, i, i, [0] * 500)  # 4,000 bytes of keys each
     assert big.stats()["insert_ids_remembered"] == 2
 
 
 def test_a_duplicate_of_a_request_still_waiting_is_held_back_not_stored():
-    window = InsertWindow()
-    owner, retry = object(), object()
-    assert window.claim((3, 1), owner, time.monotonic() + 60)[0] == "new"
-    assert window.claim((3, 1), retry, time.monotonic() + 60)[0] == "busy"
-    window.release((3, 1), owner)  # the first request failed without storing: the retry may store
-    assert window.claim((3, 1), retry, time.monotonic() + 60)[0] == "new"
-    window.finish((3, 1), retry, np.array([9], np.uint64))
-    state, keys = window.claim((3, 1), owner, 0.0)
-    assert state == "done" and keys.tolist() == [9]
+    window = InsertWindow(max_ids=65536, max_bytes=64 << 20)
+    owner, retry = 1, 2
+    now = time.monotonic()
+    assert window.claim("", 3, 1, owner, now + 60, now)[0] == "new"
+    assert window.claim("", 3, 1, retry, now + 60, now)[0] == "busy"
+    assert window.stats()["insert_ids_pending"] == 1
+    window.release("", 3, 1, owner)  # the first request failed without storing: the retry may store
+    assert window.claim("", 3, 1, retry, now + 60, now)[0] == "new"
+    window.finish("", 3, 1, retry, [9])
+    state, keys = window.claim("", 3, 1, owner, 0.0, now)
+    assert state == "done" and keys == [9]
+    assert window.stats()["insert_ids_pending"] == 0
+
+
+def test_an_owner_past_its_deadline_never_blocks_a_retry():
+    window = InsertWindow(max_ids=16, max_bytes=1 << 20)
+    now = time.monotonic()
+    assert window.claim("", 4, 1, 1, now + 2, now)[0] == "new"
+    assert window.claim("", 4, 1, 2, now + 2, now + 1)[0] == "busy"
+    assert window.claim("", 4, 1, 2, now + 5, now + 3)[0] == "new"  # the first owner's (clipped) deadline passed
+
+
+def test_each_client_identity_has_its_own_window():
+    """One identity's 65,536 new ids never push out another's (the insert id window is per identity)."""
+    window = InsertWindow(max_ids=4, max_bytes=1 << 20)
+    now = time.monotonic()
+    window.claim("learner", 1, 1, 1, now + 1, now)
+    window.finish("learner", 1, 1, 1, [42])
+    for i in range(50):
+        window.claim("actor:a", 9, i, 100 + i, now + 1, now)
+        window.finish("actor:a", 9, i, 100 + i, [i])
+    assert window.claim("learner", 1, 1, 999, now + 1, now) == ("done", [42])
+    assert window.claim("actor:a", 1, 1, 1000, now + 1, now)[0] == "new"  # ids are per identity
 
 
 def test_the_protocol_doc_describes_the_window_bounds():

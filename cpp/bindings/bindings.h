@@ -4,10 +4,18 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
+
+#include "apexrl/sharded_store.h"
+
 namespace apexrl::bindings {
 
 void RegisterErrors(pybind11::module_& m);
 void RegisterStore(pybind11::module_& m);
+void RegisterServe(pybind11::module_& m);
+
+// The native store behind a PrioritizedStore object (TypeError if it is not one).
+std::shared_ptr<ShardedStore> StoreOf(const pybind11::handle& store);
 
 }  // namespace apexrl::bindings
 

@@ -259,7 +259,7 @@ class PySampleBatch {
 
 class PyStore {
  public:
-  explicit PyStore(std::unique_ptr<ShardedStore> store) : store_(std::move(store)) {}
+  explicit PyStore(std::shared_ptr<ShardedStore> store) : store_(std::move(store)) {}
 
   static std::unique_ptr<PyStore> Create(const py::object& capacity, const py::object& alpha, const py::object& shards,
                                          const std::string& eviction, const py::object& alpha_evict,
@@ -402,14 +402,18 @@ class PyStore {
 
   ShardedStore& store() { return *store_; }
   const ShardedStore& store() const { return *store_; }
+  // Shared with a serving loop, which may outlive the Python object's last reference during shutdown.
+  const std::shared_ptr<ShardedStore>& shared() const { return store_; }
 
  private:
-  std::unique_ptr<ShardedStore> store_;
+  std::shared_ptr<ShardedStore> store_;
 };
 
 std::string FsPath(const py::object& path) { return py::str(py::module_::import("os").attr("fspath")(path)); }
 
 }  // namespace
+
+std::shared_ptr<ShardedStore> StoreOf(const py::handle& store) { return store.cast<PyStore&>().shared(); }
 
 void RegisterStore(py::module_& m) {
   py::class_<PySampleBatch>(m, "SampleBatch", R"doc(

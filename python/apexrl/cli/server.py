@@ -76,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-message-mb", type=field_arg(ServerConfig, "max_message_mb"), default=256,
                    help="largest accepted request in MiB (bigger: TOO_LARGE reply or disconnect)")
     p.add_argument("--workers", type=field_arg(ServerConfig, "workers"), default=2,
-                   help="worker threads for large samples, remove_to_fit and stats")
+                   help="native worker threads for large samples, REMOVE_TO_FIT and ERASE (default 2)")
     p.add_argument("--inline-sample-max", metavar="N", type=field_arg(ServerConfig, "inline_sample_max"), default=1024,
-                   help="samples of at most N items are served by the receiving thread (default 1024)")
+                   help="samples of at most N items are served by the native loop's own thread, larger ones by the "
+                   "workers (default 1024)")
     p.add_argument("--samples-per-insert", metavar="SPI", type=field_arg(ServerConfig, "samples_per_insert"),
                    default=None,
                    help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)")
@@ -100,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-reply-mb", metavar="MIB", type=field_arg(ServerConfig, "max_reply_mb"), default=None,
                    help="largest SAMPLE reply in MiB, estimated before sampling (TOO_LARGE; default "
                    "--max-message-mb)")
+    p.add_argument("--max-unread-mb", metavar="MIB", type=field_arg(ServerConfig, "max_unread_mb"), default=256,
+                   help="most MiB of replies one client may leave unread in the server; a SAMPLE over it is "
+                   "refused TIMEOUT (default 256)")
     p.add_argument("--handshake-timeout", metavar="SECONDS", dest="handshake_s",
                    type=field_arg(ServerConfig, "handshake_s"), default=5.0,
                    help="close connections that have not completed the ZeroMQ handshake by then (0: never; default 5)")
@@ -161,7 +165,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         samples_per_insert=args.samples_per_insert, error_buffer=args.error_buffer, spec=args.spec,
         curve_dir=args.curve_dir, insecure=args.insecure,
         max_wait_s=args.max_wait_s, max_waiting=args.max_waiting, max_waiting_per_peer=args.max_waiting_per_peer,
-        max_waiting_mb=args.max_waiting_mb, max_reply_mb=args.max_reply_mb, handshake_s=args.handshake_s,
+        max_waiting_mb=args.max_waiting_mb, max_reply_mb=args.max_reply_mb, max_unread_mb=args.max_unread_mb, handshake_s=args.handshake_s,
         heartbeat_s=args.heartbeat_s,
     )
 
@@ -191,7 +195,7 @@ def serve(config: ServerConfig, log_level: str = "INFO") -> int:
     except (SnapshotLoadError, ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 1
-    except Exception as exc:  # zmq.ZMQError (address in use, bad bind address), ...
+    except Exception as exc:  # zmq.ZMQError (address in use, bad bind address), NativeLoopError, ...
         print(f"{PROG}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"{PROG} listening on {server.endpoint}", flush=True)

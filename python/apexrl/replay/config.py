@@ -71,6 +71,9 @@ class ServerConfig:
     """Most MiB of waiting INSERTs held at once; more are answered TIMEOUT at once."""
     max_reply_mb: float | None = field(default=None, metadata=Range.float(0.0, lo_open=True, optional=True))
     """Largest SAMPLE reply in MiB (estimated before sampling; over it: TOO_LARGE); None: max_message_mb."""
+    max_unread_mb: float = field(default=256, metadata=Range.float(0.0, lo_open=True))
+    """Most MiB of replies one client may have sent to it and not yet taken (queued in the server's libzmq); a
+    SAMPLE that would go over it is refused TIMEOUT."""
     handshake_s: float = field(default=5.0, metadata=Range.float(0.0))
     """ZMQ_HANDSHAKE_IVL: a connection that has not completed the ZMTP handshake by then is closed (0: never)."""
     heartbeat_s: float = field(default=10.0, metadata=Range.float(0.0))
@@ -134,6 +137,10 @@ class ServerConfig:
     @property
     def max_reply_bytes(self) -> int:
         return int((self.max_message_mb if self.max_reply_mb is None else self.max_reply_mb) * (1 << 20))
+
+    @property
+    def max_unread_bytes(self) -> int:
+        return int(self.max_unread_mb * (1 << 20))
 
     @property
     def max_waiting_bytes(self) -> int:

@@ -1,0 +1,103 @@
+#include "apexrl/serve/rate_limiter.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "apexrl/serve/wire.h"
+
+namespace apexrl::serve {
+namespace {
+
+constexpr double kEps = 1e-9;
+
+std::string G(double v) {  // Python's format(v, "g")
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+std::optional<std::string> DeadlockReason(double n, double m, double spi, double eb) {
+  const double need = n + m * spi;
+  if (need <= 2 * eb + kEps) return std::nullopt;
+  std::string what;
+  if (n != 0) what = "a sample of " + G(n);
+  if (m != 0) what += std::string(what.empty() ? "" : " plus ") + "an insert of " + G(m) + " x samples_per_insert " + G(spi);
+  return "rate limiter deadlock: " + what + " = " + G(need) + " exceeds 2 x error_buffer = " + G(2 * eb) + ", so " +
+         (n != 0 && m != 0 ? "samples and inserts can both be blocked for good" : "it could never be admitted") +
+         " (samples_per_insert=" + G(spi) + ", error_buffer=" + G(eb) + "); raise the error buffer to at least " +
+         G(need / 2) + " or use smaller batches";
+}
+
+RateLimiter::RateLimiter(double spi, double eb, uint64_t min_size)
+    : spi_(spi > 0 ? spi : 0.0), eb_(spi > 0 ? eb : 0.0), need_(std::max<uint64_t>(min_size, 1)) {}
+
+bool RateLimiter::InsertOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const {
+  if (!limited() || n == 0 || size < need_) return true;
+  return static_cast<double>(inserted + n) * spi_ - static_cast<double>(sampled) <= eb_ + kEps;
+}
+
+bool RateLimiter::SampleOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const {
+  if (size < need_) return false;
+  return !limited() || static_cast<double>(sampled + n) <= static_cast<double>(inserted) * spi_ + eb_ + kEps;
+}
+
+bool RateLimiter::TryInsert(uint64_t n, uint64_t size) {
+  ScopedLock<Mutex> lock(mu_);
+  if (!InsertOk(n, size, inserted_, sampled_)) return false;
+  inserted_ += n;
+  return true;
+}
+
+bool RateLimiter::TrySample(uint64_t n, uint64_t size) {
+  ScopedLock<Mutex> lock(mu_);
+  if (!SampleOk(n, size, inserted_, sampled_)) return false;
+  sampled_ += n;
+  return true;
+}
+
+void RateLimiter::Undo(uint64_t inserted, uint64_t sampled) {
+  ScopedLock<Mutex> lock(mu_);
+  inserted_ -= inserted;
+  sampled_ -= sampled;
+}
+
+std::optional<std::string> RateLimiter::NeverAdmitted(uint16_t op, uint64_t n, uint64_t size) const {
+  if (!limited() || n == 0) return std::nullopt;
+  uint64_t inserted, sampled;
+  Counts(&inserted, &sampled);
+  if (op == kInsert) {
+    if (InsertOk(n, size, inserted, sampled)) return std::nullopt;
+    return DeadlockReason(0, static_cast<double>(n), spi_, eb_);
+  }
+  if (!BigEnough(size) || SampleOk(n, size, inserted, sampled)) return std::nullopt;
+  return DeadlockReason(static_cast<double>(n), 0, spi_, eb_);
+}
+
+void RateLimiter::CountWait(uint16_t op) {
+  ScopedLock<Mutex> lock(mu_);
+  (op == kInsert ? waits_insert_ : waits_sample_) += 1;
+}
+
+void RateLimiter::Counts(uint64_t* inserted, uint64_t* sampled) const {
+  ScopedLock<Mutex> lock(mu_);
+  *inserted = inserted_;
+  *sampled = sampled_;
+}
+
+void RateLimiter::Waits(uint64_t* inserts, uint64_t* samples) const {
+  ScopedLock<Mutex> lock(mu_);
+  *inserts = waits_insert_;
+  *samples = waits_sample_;
+}
+
+std::string RateLimiter::Describe() const {
+  uint64_t inserted, sampled;
+  Counts(&inserted, &sampled);
+  return std::to_string(inserted) + " items inserted and " + std::to_string(sampled) +
+         " sampled, samples_per_insert=" + (limited() ? PyFloatRepr(spi_) : "None") +
+         ", error_buffer=" + PyFloatRepr(eb_);
+}
+
+}  // namespace apexrl::serve

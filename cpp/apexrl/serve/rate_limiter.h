@@ -1,0 +1,69 @@
+// The replay server's admission rules: the minimum size to sample and Reverb's SampleToInsertRatio.
+//
+// With samples_per_insert (spi) set, the limiter counts the items inserted (I) and sampled (S) since the
+// server started. With eb = error_buffer:
+//   * a SAMPLE of n may be served when the store holds >= min_size_to_sample items (at least 1) and
+//     S + n <= I * spi + eb;
+//   * an INSERT of n may be served when the store holds fewer than min_size_to_sample items (filling up is
+//     never limited), or when (I + n) * spi - S <= eb.
+// Without spi only the minimum size applies (to SAMPLEs). Deadlock freedom: with d = I * spi - S, a SAMPLE of
+// n is blocked iff d < n - eb and an INSERT of m iff d > eb - m * spi; both at once needs n + m * spi > 2 * eb
+// (DeadlockReason). The run plan checks batches with the Python twin of DeadlockReason
+// (apexrl.replay.rate_limiter.deadlock_reason); tests/test_rate_limiter.py holds the two to the same answers.
+#ifndef APEXRL_SERVE_RATE_LIMITER_H_
+#define APEXRL_SERVE_RATE_LIMITER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "apexrl/mutex.h"
+#include "apexrl/thread_annotations.h"
+
+namespace apexrl::serve {
+
+// None when SAMPLEs of n items and INSERTs of m items can always make progress together, else why not.
+std::optional<std::string> DeadlockReason(double n, double m, double spi, double eb);
+
+class RateLimiter {
+ public:
+  // spi <= 0: no ratio limit. min_size is raised to 1.
+  RateLimiter(double spi, double eb, uint64_t min_size);
+
+  bool limited() const { return spi_ > 0; }
+  double spi() const { return spi_; }
+  double eb() const { return eb_; }
+  uint64_t need() const { return need_; }
+  bool BigEnough(uint64_t size) const { return size >= need_; }
+
+  // The two rules, for given counts.
+  bool InsertOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const;
+  bool SampleOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const;
+
+  // Admit (and count) a request if its rule allows it now; Undo takes an admission back.
+  bool TryInsert(uint64_t n, uint64_t size) EXCLUDES(mu_);
+  bool TrySample(uint64_t n, uint64_t size) EXCLUDES(mu_);
+  void Undo(uint64_t inserted, uint64_t sampled) EXCLUDES(mu_);
+
+  // Why a request (op kInsert or kSample) of n items, not admitted now, could never be admitted; or none.
+  std::optional<std::string> NeverAdmitted(uint16_t op, uint64_t n, uint64_t size) const EXCLUDES(mu_);
+
+  void CountWait(uint16_t op) EXCLUDES(mu_);
+  void Counts(uint64_t* inserted, uint64_t* sampled) const EXCLUDES(mu_);
+  void Waits(uint64_t* inserts, uint64_t* samples) const EXCLUDES(mu_);
+  std::string Describe() const EXCLUDES(mu_);
+
+ private:
+  const double spi_;
+  const double eb_;
+  const uint64_t need_;
+  mutable Mutex mu_;
+  uint64_t inserted_ GUARDED_BY(mu_) = 0;
+  uint64_t sampled_ GUARDED_BY(mu_) = 0;
+  uint64_t waits_insert_ GUARDED_BY(mu_) = 0;
+  uint64_t waits_sample_ GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace apexrl::serve
+
+#endif  // APEXRL_SERVE_RATE_LIMITER_H_

@@ -1,0 +1,199 @@
+// ServeLoop: the replay server's request path in native code.
+//
+//   clients (DEALER) ──tcp──► ROUTER socket ◄──► loop thread ──jobs──► worker 0..W-1 (large SAMPLEs,
+//                                                   ▲   │                REMOVE_TO_FIT, ERASE)
+//                                                   │   └─control──► Python thread (HELLO, STATS)
+//                                                   └──── replies (eventfd wake-up) ◄──┘
+//
+// Python creates and configures the socket (bind, CURVE, ZAP, HWMs, ZMQ_MAXMSGSIZE, ROUTER_MANDATORY) and
+// hands it over; from Start() to the end of Stop() the loop thread alone touches it. The loop decodes and
+// validates every request (wire.h), serves INSERT, UPDATE_PRIORITIES and SAMPLEs of at most
+// inline_sample_max items itself (one store call, then the reply), hands the other data ops to the workers,
+// and the rare control ops to Python through a queue (NextControl / ControlReply), so that HELLO's spec
+// handling and STATS's JSON keep one definition in Python. Every rule of the former Python loop is here: the
+// spec check of each item, exactly-once insert ids (InsertWindow), the rate limiter and minimum size with
+// deferred requests (bounded in count, bytes, per peer, and in time by max_wait_s), early refusals, reply
+// size caps, roles per client identity. No call holds the GIL.
+//
+// Replies leave without copies: their buffers are handed to libzmq with a free callback, which is also how
+// the loop knows exactly how many reply bytes each peer has not taken yet (sent and still queued in libzmq);
+// a SAMPLE that would take a peer over max_unread_bytes is refused.
+#ifndef APEXRL_SERVE_SERVE_LOOP_H_
+#define APEXRL_SERVE_SERVE_LOOP_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "apexrl/serve/insert_window.h"
+#include "apexrl/serve/item_check.h"
+#include "apexrl/serve/rate_limiter.h"
+#include "apexrl/serve/wire.h"
+#include "apexrl/serve/zmq_api.h"
+#include "apexrl/sharded_store.h"
+
+namespace apexrl::serve {
+
+struct LoopConfig {
+  uint64_t max_bytes = 256ull << 20;        // largest request (0: none)
+  uint64_t max_reply_bytes = 256ull << 20;  // largest SAMPLE reply
+  uint32_t workers = 2;
+  uint64_t inline_sample_max = 1024;
+  double max_wait_s = 60.0;
+  uint64_t max_waiting = 16384;
+  uint64_t max_waiting_per_peer = 1024;
+  uint64_t max_waiting_bytes = 256ull << 20;
+  uint64_t max_unread_bytes = 256ull << 20;  // per peer
+  double samples_per_insert = 0.0;           // 0: no rate limit
+  double error_buffer = 0.0;
+  uint64_t min_size_to_sample = 1;
+  uint64_t dedup_max_ids = 65536;            // per client identity
+  uint64_t dedup_max_bytes = 64ull << 20;
+  // Roles: the part of a client's ZAP User-Id before ':' names its role; role -> bit mask of the ops it may
+  // send (bit op). Empty: every client may send everything (no CURVE, or no roles configured).
+  std::map<std::string, uint32_t> role_ops;
+};
+
+// A request for Python (HELLO, STATS) or a line to log (op 0: level in `identity`, text in frames[0]).
+struct ControlRequest {
+  std::string peer;
+  std::string identity;
+  uint16_t op = 0;
+  std::vector<std::string> frames;
+};
+
+struct LoopStat {
+  std::string name;
+  double value;
+  bool integer;
+};
+
+struct Pending;
+struct Deferred;
+struct Reply;
+class Waitlist;
+
+class ServeLoop {
+ public:
+  ServeLoop(ZmqApi api, void* socket, std::shared_ptr<ShardedStore> store, LoopConfig config);
+  ~ServeLoop();
+  ServeLoop(const ServeLoop&) = delete;
+  ServeLoop& operator=(const ServeLoop&) = delete;
+
+  void Start();
+  // Stop reading; answer waiting and queued requests SHUTTING_DOWN; let requests in service (workers, Python)
+  // finish and deliver; join every thread. The socket is then Python's again. Idempotent.
+  void Stop();
+
+  // Python's side of the control queue: the next control request (false after `timeout_s` without one,
+  // or when the loop has stopped; `closed` tells which). Replies go back through ControlReply.
+  bool NextControl(double timeout_s, ControlRequest* out, bool* closed);
+  void ControlReply(const std::string& peer, std::vector<std::string> frames);
+
+  // The run's item layout once known (HELLO or configuration); inserts are checked against it from then on.
+  void SetLayout(ItemLayout layout);
+
+  std::vector<LoopStat> Stats() const;
+
+ private:
+  friend class Waitlist;
+  // The loop thread's steps (the former Python broker's methods).
+  void Run();
+  void ReadFrontBurst();
+  bool Receive(Pending* p);
+  void Dispatch(std::unique_ptr<Pending> p, bool front);
+  bool EarlyRefusal(const Pending& p, uint16_t* status, std::string* message);
+  void Deliver(std::unique_ptr<Pending> p, Reply reply);
+  void Defer(std::unique_ptr<Pending> p, bool front);
+  void Expire(Deferred* e);
+  void SendFinished();
+  void ReleaseDeferred();
+  void RefusePending();
+  void Tidy();
+  // Serving (loop thread or a worker): the reply, or nothing when the request must wait.
+  bool Serve(Pending* p, Reply* reply);
+  bool ServeInsert(Pending* p, Reply* reply, bool can_wait);
+  bool RateLimited(Pending* p, Reply* reply, bool can_wait);
+  void Worker();
+  // Sending (loop thread only): false when the peer left (its waiting requests are dropped).
+  bool Send(const std::string& peer, Reply reply);
+  bool Error(const Pending& p, uint16_t status, const std::string& message);
+  void Count(uint16_t op, bool error);
+  void Log(const char* level, std::string text);
+  void Wake();
+  void ForgetOwner(const Pending& p);
+
+  const ZmqApi api_;
+  void* const socket_;
+  const std::shared_ptr<ShardedStore> store_;
+  const LoopConfig config_;
+  RateLimiter limiter_;
+  InsertWindow window_;
+  std::unique_ptr<Waitlist> waiting_;
+  int wake_fd_ = -1;
+
+  std::mutex layout_mu_;
+  std::shared_ptr<const ItemLayout> layout_;
+
+  std::thread loop_thread_;
+  std::vector<std::thread> workers_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> started_{false};
+  std::atomic<bool> stopped_{false};
+
+  // Jobs for the workers, and what comes back to the loop thread (workers' results, Python's replies).
+  std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  std::deque<std::unique_ptr<Pending>> jobs_;
+  bool jobs_closed_ = false;
+  std::mutex done_mu_;
+  struct Finished {
+    std::unique_ptr<Pending> pending;  // null: a control reply
+    std::string peer;
+    bool deferred = false;
+    std::unique_ptr<Reply> reply;
+  };
+  std::deque<Finished> done_;
+  std::mutex control_mu_;
+  std::condition_variable control_cv_;
+  std::deque<ControlRequest> control_;
+  bool control_closed_ = false;
+
+  // Loop thread only.
+  uint64_t outstanding_ = 0;  // requests with the workers or Python
+  uint64_t max_outstanding_;
+  bool recheck_ = false;
+  uint64_t max_item_ = 0;
+  uint64_t serial_ = 0;
+  std::map<std::string, std::shared_ptr<std::atomic<int64_t>>> unread_;  // per peer routing id
+  double last_tidy_ = 0;
+  int64_t trimmed_at_ = 0;
+  std::vector<const uint8_t*> item_ptrs_;
+  std::vector<uint64_t> item_sizes_;
+
+  // Counters (any thread).
+  std::atomic<uint64_t> requests_[kMaxReplayOp + 1] = {};
+  std::atomic<uint64_t> errors_[kMaxReplayOp + 1] = {};
+  std::atomic<uint64_t> erased_items_{0};
+  std::atomic<uint64_t> replies_dropped_{0};
+  std::atomic<uint64_t> replies_refused_{0};
+  std::atomic<uint64_t> refused_unread_{0};
+  std::atomic<uint64_t> refused_role_{0};
+  std::atomic<uint64_t> spec_refused_{0};
+  std::atomic<uint64_t> max_item_seen_{0};
+  std::atomic<uint64_t> waiting_stats_[8] = {};
+  std::shared_ptr<std::atomic<int64_t>> unread_total_;
+  std::atomic<int64_t> unread_peak_peer_{0};
+};
+
+}  // namespace apexrl::serve
+
+#endif  // APEXRL_SERVE_SERVE_LOOP_H_

@@ -1,0 +1,336 @@
+#include "apexrl/serve/wire.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+namespace apexrl::serve {
+namespace {
+
+struct RawHeader {
+  uint16_t version, op;
+  uint64_t request_id;
+  uint16_t status, flags;
+  uint32_t count;
+  double param;
+  uint32_t timeout_ms, reserved;
+};
+
+RawHeader ReadHeader(const uint8_t* p) {
+  RawHeader h;
+  std::memcpy(&h.version, p + 4, 2);
+  std::memcpy(&h.op, p + 6, 2);
+  std::memcpy(&h.request_id, p + 8, 8);
+  std::memcpy(&h.status, p + 16, 2);
+  std::memcpy(&h.flags, p + 18, 2);
+  std::memcpy(&h.count, p + 20, 4);
+  std::memcpy(&h.param, p + 24, 8);
+  std::memcpy(&h.timeout_ms, p + 32, 4);
+  std::memcpy(&h.reserved, p + 36, 4);
+  return h;
+}
+
+// How each data op uses the header and its frames (schema.REQUESTS).
+struct Plan {
+  size_t frames;      // header included
+  bool count_used;    // count is n (else must be 0)
+  uint32_t count_min;
+  bool beta;          // param is beta (else must be 0.0)
+  bool timeout;       // timeout_ms used (else must be 0)
+};
+
+Plan PlanOf(uint16_t op) {
+  switch (op) {
+    case kInsert: return {5, true, 0, false, true};
+    case kSample: return {1, true, 1, true, true};
+    case kUpdatePriorities: return {3, true, 0, false, false};
+    case kRemoveToFit: return {1, false, 0, false, false};
+    case kErase: return {2, true, 0, false, false};
+    default: return {0, false, 0, false, false};
+  }
+}
+
+std::string Str(uint64_t v) { return std::to_string(v); }
+
+Refusal Refuse(Status status, std::string message) {
+  Refusal r;
+  r.status = status;
+  r.message = std::move(message);
+  return r;
+}
+
+// frame `name` of `n` elements of 8 bytes (float64 or uint64)
+bool FrameSizeOk(const FrameView& f, uint64_t n, const std::string& what, const char* name, const char* type,
+                 Refusal* r) {
+  if (f.size == n * 8) return true;
+  *r = Refuse(kBadMessage, what + " frame " + name + " is " + Str(f.size) + " bytes, expected " + Str(n * 8) + " (" +
+                               Str(n) + " x " + type + ")");
+  return false;
+}
+
+// Every value finite and >= 0 (-0.0 included), as protocol._check_priorities.
+bool PrioritiesOk(const uint8_t* p, uint64_t n, const std::string& what, Refusal* r) {
+  for (uint64_t i = 0; i < n; ++i) {
+    const double v = LoadF64(p, i);
+    if (!(std::isfinite(v) && v >= 0.0)) {
+      *r = Refuse(kInvalidArgument, what + ": priorities[" + Str(i) + "] is " + PyFloatRepr(v) +
+                                        ", priorities must be finite and >= 0");
+      return false;
+    }
+  }
+  return true;
+}
+
+// offsets start at 0, never decrease, end at the data frame's length (protocol._check_offsets' order).
+bool OffsetsOk(const uint8_t* p, uint64_t n1, uint64_t data_len, const std::string& what, Refusal* r) {
+  const uint64_t first = LoadU64(p, 0), last = LoadU64(p, n1 - 1);
+  bool monotone = true;
+  for (uint64_t i = 1; i < n1 && monotone; ++i) monotone = LoadU64(p, i) >= LoadU64(p, i - 1);
+  if (first == 0 && last == data_len && monotone) return true;
+  if (first != 0) {
+    *r = Refuse(kBadMessage, what + ": offsets[0] is " + Str(first) + ", must be 0");
+  } else if (!monotone) {
+    uint64_t i = 1;
+    while (LoadU64(p, i) >= LoadU64(p, i - 1)) ++i;
+    *r = Refuse(kBadMessage, what + ": offsets must be non-decreasing, offsets[" + Str(i) + "]=" + Str(LoadU64(p, i)) +
+                                 " < offsets[" + Str(i - 1) + "]=" + Str(LoadU64(p, i - 1)));
+  } else {
+    *r = Refuse(kBadMessage, what + ": offsets[-1] is " + Str(last) + ", must equal len(data)=" + Str(data_len));
+  }
+  return false;
+}
+
+Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
+  if (f.size < 6 || std::memcmp(f.data, kMagic, 4) != 0) {
+    return Refuse(kBadMessage, "header magic is " + PyBytesRepr(f.data, f.size < 4 ? f.size : 4) + " (frame of " +
+                                   Str(f.size) + " bytes), expected b'APXR'");
+  }
+  uint16_t version;
+  std::memcpy(&version, f.data + 4, 2);
+  if (version != kProtocolVersion) {
+    return Refuse(kUnsupportedVersion, "protocol version " + Str(version) + " is not supported; supported versions: " +
+                                           Str(kProtocolVersion));
+  }
+  if (f.size != kHeaderSize) {
+    return Refuse(kBadMessage, "header frame is " + Str(f.size) + " bytes, expected " + Str(kHeaderSize));
+  }
+  *h = ReadHeader(f.data);
+  if (h->flags != 0) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%#06x", h->flags);
+    return Refuse(kBadMessage, std::string("header flags is ") + buf + ", must be 0");
+  }
+  if (h->reserved != 0) {
+    static const char* hex = "0123456789abcdef";
+    std::string s;
+    for (size_t i = 36; i < 40; ++i) s += {hex[f.data[i] >> 4], hex[f.data[i] & 15]};
+    return Refuse(kBadMessage, "header reserved bytes are " + s + ", must be zero");
+  }
+  if (h->op < 1 || h->op > kMaxReplayOp) {
+    return Refuse(kUnknownOp, "header op " + Str(h->op) + " is unknown; known ops: [1, 2, 3, 4, 5, 6, 7]");
+  }
+  if (h->status > kMaxStatus) {
+    return Refuse(kBadMessage, "header status " + Str(h->status) + " is unknown; known: [0, 1, 2, 3, 4, 5, 6, 7, 8]");
+  }
+  return Refusal{};
+}
+
+Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
+  const Plan plan = PlanOf(h.op);
+  const std::string what = std::string(OpName(h.op)) + " request";
+  if (msg.count != plan.frames) {
+    return Refuse(kBadMessage, what + " must have " + Str(plan.frames) + " frames (header included), got " +
+                                   Str(msg.count));
+  }
+  const uint64_t n = h.count;
+  if (n != 0 && !plan.count_used) return Refuse(kBadMessage, what + " header count is " + Str(n) + ", must be 0");
+  if (!plan.beta && h.param != 0.0) {
+    return Refuse(kBadMessage, what + " header param is " + PyFloatRepr(h.param) + ", must be 0.0");
+  }
+  if (h.timeout_ms != 0 && !plan.timeout) {
+    return Refuse(kBadMessage, what + " header timeout_ms is " + Str(h.timeout_ms) + ", must be 0");
+  }
+  if (plan.count_used) {
+    if (n > kMaxBatch) return Refuse(kTooLarge, what + " count is " + Str(n) + ", exceeds MAX_BATCH=" + Str(kMaxBatch));
+    if (n < plan.count_min) {
+      return Refuse(kInvalidArgument, what + " count is " + Str(n) + ", must be >= " + Str(plan.count_min));
+    }
+  }
+  if (plan.beta && !(std::isfinite(h.param) && h.param >= 0.0)) {
+    return Refuse(kInvalidArgument, what + " beta (header param) is " + PyFloatRepr(h.param) +
+                                        ", must be finite and >= 0");
+  }
+  out->op = h.op;
+  out->request_id = h.request_id;
+  out->count = h.count;
+  out->beta = plan.beta ? h.param : 0.0;
+  out->timeout_ms = h.timeout_ms;
+  const FrameView* f = msg.frames;
+  Refusal r;
+  switch (h.op) {
+    case kInsert:
+      if (!FrameSizeOk(f[1], n, what, "priorities", "float64", &r)) return r;
+      if (!PrioritiesOk(f[1].data, n, what, &r)) return r;
+      if (!FrameSizeOk(f[2], n + 1, what, "offsets", "uint64", &r)) return r;
+      if (!OffsetsOk(f[2].data, n + 1, f[3].size, what, &r)) return r;
+      if (!FrameSizeOk(f[4], 2, what, "insert_id", "uint64", &r)) return r;
+      out->priorities = f[1].data;
+      out->offsets = f[2].data;
+      out->data = f[3].data;
+      out->data_size = f[3].size;
+      out->insert_session = LoadU64(f[4].data, 0);
+      out->insert_sequence = LoadU64(f[4].data, 1);
+      break;
+    case kUpdatePriorities:
+      if (!FrameSizeOk(f[1], n, what, "keys", "uint64", &r)) return r;
+      if (!FrameSizeOk(f[2], n, what, "priorities", "float64", &r)) return r;
+      if (!PrioritiesOk(f[2].data, n, what, &r)) return r;
+      out->keys = f[1].data;
+      out->priorities = f[2].data;
+      break;
+    case kErase:
+      if (!FrameSizeOk(f[1], n, what, "keys", "uint64", &r)) return r;
+      out->keys = f[1].data;
+      break;
+    default:
+      break;
+  }
+  return Refusal{};
+}
+
+}  // namespace
+
+const char* OpName(uint16_t op) {
+  switch (op) {
+    case kInsert: return "INSERT";
+    case kSample: return "SAMPLE";
+    case kUpdatePriorities: return "UPDATE_PRIORITIES";
+    case kRemoveToFit: return "REMOVE_TO_FIT";
+    case kStats: return "STATS";
+    case kHello: return "HELLO";
+    case kErase: return "ERASE";
+    default: return "UNKNOWN";
+  }
+}
+
+Refusal Decode(const Message& msg, uint64_t max_bytes, Request* out) {
+  Refusal r;
+  RawHeader h{};
+  if (msg.count == 0 || msg.kept == 0) {
+    r = Refuse(kBadMessage, "message has no frames, expected at least the header");
+  } else if (max_bytes != 0 && msg.total_bytes > max_bytes) {
+    r = Refuse(kTooLarge, "message is " + Str(msg.total_bytes) + " bytes, exceeds max_bytes=" + Str(max_bytes));
+  } else {
+    r = DecodeHeader(msg.frames[0], &h);
+    if (r.ok() && h.status != kOk) {
+      r = Refuse(kBadMessage, std::string(OpName(h.op)) + " request header status is " + Str(h.status) +
+                                  ", must be OK (0)");
+    }
+    if (r.ok()) {
+      if (h.op == kHello || h.op == kStats) {  // served in Python, which decodes the body
+        out->op = h.op;
+        out->request_id = h.request_id;
+        return r;
+      }
+      r = DecodeBody(msg, h, out);
+    }
+  }
+  if (!r.ok() && msg.kept > 0) {  // echo op and request id when frame 0 starts like a header (schema.peek_ids)
+    const FrameView& f0 = msg.frames[0];
+    if (f0.size >= 16 && std::memcmp(f0.data, kMagic, 4) == 0) {
+      std::memcpy(&r.op, f0.data + 6, 2);
+      std::memcpy(&r.request_id, f0.data + 8, 8);
+    }
+  }
+  return r;
+}
+
+std::string EncodeHeader(uint16_t op, uint64_t request_id, uint16_t status, uint32_t count) {
+  std::string s(kHeaderSize, '\0');
+  char* p = s.data();
+  const uint16_t version = kProtocolVersion;
+  std::memcpy(p, kMagic, 4);
+  std::memcpy(p + 4, &version, 2);
+  std::memcpy(p + 6, &op, 2);
+  std::memcpy(p + 8, &request_id, 8);
+  std::memcpy(p + 16, &status, 2);
+  std::memcpy(p + 20, &count, 4);
+  return s;  // flags, param, timeout_ms and reserved are 0
+}
+
+std::string PyFloatRepr(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  // Shortest round-trip digits, in scientific form; then laid out as Python's repr does.
+  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);
+  const bool neg = sci[0] == '-';
+  if (neg) sci.erase(0, 1);
+  const size_t e = sci.find('e');
+  std::string digits = sci.substr(0, e);
+  const int exp = std::stoi(sci.substr(e + 1));
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  std::string out;
+  if (exp >= -5 + 1 && exp < 16) {  // Python: fixed notation for 1e-4 <= |v| < 1e16
+    if (exp >= 0) {
+      if (digits.size() <= static_cast<size_t>(exp) + 1) {
+        out = digits + std::string(exp + 1 - digits.size(), '0') + ".0";
+      } else {
+        out = digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
+      }
+    } else {
+      out = "0." + std::string(-exp - 1, '0') + digits;
+    }
+  } else {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char ebuf[16];
+    std::snprintf(ebuf, sizeof ebuf, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    out += ebuf;
+  }
+  return neg ? "-" + out : out;
+}
+
+std::string PyBytesRepr(const uint8_t* p, size_t n) {
+  bool single = false, dbl = false;
+  for (size_t i = 0; i < n; ++i) {
+    single |= p[i] == '\'';
+    dbl |= p[i] == '"';
+  }
+  const char quote = (single && !dbl) ? '"' : '\'';
+  std::string s = "b";
+  s += quote;
+  static const char* hex = "0123456789abcdef";
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t c = p[i];
+    if (c == quote || c == '\\') {
+      s += '\\';
+      s += static_cast<char>(c);
+    } else if (c == '\t') {
+      s += "\\t";
+    } else if (c == '\n') {
+      s += "\\n";
+    } else if (c == '\r') {
+      s += "\\r";
+    } else if (c < 32 || c >= 127) {
+      s += {'\\', 'x', hex[c >> 4], hex[c & 15]};
+    } else {
+      s += static_cast<char>(c);
+    }
+  }
+  s += quote;
+  return s;
+}
+
+std::string ClipMessage(std::string message) {
+  if (message.size() <= kMaxErrorMessage) return message;
+  size_t cut = kMaxErrorMessage;
+  while (cut > 0 && (static_cast<uint8_t>(message[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+  message.resize(cut);
+  return message;
+}
+
+}  // namespace apexrl::serve

@@ -1,0 +1,117 @@
+// The replay service's wire protocol in C++: the 40-byte header, the statuses, the request decoder of the
+// data ops and the reply encoders. The contract is python/apexrl/replay/schema.py (docs/protocol.md prints it);
+// tests/test_native_protocol.py holds these constants to the schema and this decoder to the Python decoder
+// (same status, same echoed op and request id, same message) on valid and mutated messages.
+#ifndef APEXRL_SERVE_WIRE_H_
+#define APEXRL_SERVE_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace apexrl::serve {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire is little-endian; so must the host be");
+
+inline constexpr char kMagic[4] = {'A', 'P', 'X', 'R'};
+inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr size_t kHeaderSize = 40;
+inline constexpr uint32_t kMaxBatch = 1u << 20;
+inline constexpr size_t kMaxErrorMessage = 64 * 1024;
+
+enum Op : uint16_t {
+  kInsert = 1,
+  kSample = 2,
+  kUpdatePriorities = 3,
+  kRemoveToFit = 4,
+  kStats = 5,
+  kHello = 6,
+  kErase = 7,
+};
+inline constexpr uint16_t kMaxReplayOp = 7;  // the replay service answers ops 1..7
+const char* OpName(uint16_t op);             // "INSERT", ...; "UNKNOWN" outside 1..7
+
+enum Status : uint16_t {
+  kOk = 0,
+  kBadMessage = 1,
+  kUnsupportedVersion = 2,
+  kUnknownOp = 3,
+  kTooLarge = 4,
+  kInvalidArgument = 5,
+  kTimeout = 6,
+  kShuttingDown = 7,
+  kInternal = 8,
+};
+inline constexpr uint16_t kMaxStatus = 8;
+
+struct FrameView {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+// A request as received: the frames kept (at most kMaxKeptFrames), how many it had, their total bytes.
+inline constexpr size_t kMaxKeptFrames = 8;
+struct Message {
+  const FrameView* frames = nullptr;
+  size_t kept = 0;
+  size_t count = 0;
+  uint64_t total_bytes = 0;
+};
+
+// A decoded request. Array pointers view the frames and may be unaligned: read them with Load*().
+struct Request {
+  uint16_t op = 0;
+  uint64_t request_id = 0;
+  uint32_t count = 0;
+  double beta = 0.0;
+  uint32_t timeout_ms = 0;
+  const uint8_t* priorities = nullptr;  // f64[count]: INSERT, UPDATE_PRIORITIES
+  const uint8_t* offsets = nullptr;     // u64[count + 1]: INSERT
+  const uint8_t* data = nullptr;        // INSERT items, concatenated
+  uint64_t data_size = 0;
+  const uint8_t* keys = nullptr;        // u64[count]: UPDATE_PRIORITIES, ERASE
+  uint64_t insert_session = 0;          // INSERT insert_id; (0, 0): none
+  uint64_t insert_sequence = 0;
+};
+
+// Why a request was refused before it was served: the status, the message, and the op and request id to
+// echo (those of frame 0 when its first 16 bytes are readable, else 0).
+struct Refusal {
+  Status status = kOk;
+  std::string message;
+  uint16_t op = 0;
+  uint64_t request_id = 0;
+  bool ok() const { return status == kOk; }
+};
+
+// Validates every header field and, for the data ops (INSERT, SAMPLE, UPDATE_PRIORITIES, REMOVE_TO_FIT,
+// ERASE), every frame and value rule of the schema, in the Python decoder's order. HELLO and STATS are
+// checked up to their header only (their bodies are decoded in Python, which serves them). max_bytes caps
+// the message's total size (0: none).
+Refusal Decode(const Message& msg, uint64_t max_bytes, Request* out);
+
+inline uint64_t LoadU64(const uint8_t* p, size_t i) {
+  uint64_t v;
+  __builtin_memcpy(&v, p + 8 * i, 8);
+  return v;
+}
+inline double LoadF64(const uint8_t* p, size_t i) {
+  double v;
+  __builtin_memcpy(&v, p + 8 * i, 8);
+  return v;
+}
+
+// Frame 0 of a reply (status OK unless given).
+std::string EncodeHeader(uint16_t op, uint64_t request_id, uint16_t status, uint32_t count);
+
+// Python's repr() of a float ("1.0", "nan", "1e+300") and of bytes (b'AP\x00\x01'), so that messages read the
+// same whichever side wrote them.
+std::string PyFloatRepr(double v);
+std::string PyBytesRepr(const uint8_t* p, size_t n);
+// Cuts an error message to kMaxErrorMessage bytes at a UTF-8 character boundary.
+std::string ClipMessage(std::string message);
+
+}  // namespace apexrl::serve
+
+#endif  // APEXRL_SERVE_WIRE_H_

@@ -1,0 +1,240 @@
+// The replay server's serving loop (apexrl._core.ServeLoop) and, for tests that hold the native code to the
+// Python definitions, its decoder, item check, rate limiter and insert window.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apexrl/errors.h"
+#include "apexrl/serve/insert_window.h"
+#include "apexrl/serve/item_check.h"
+#include "apexrl/serve/rate_limiter.h"
+#include "apexrl/serve/serve_loop.h"
+#include "apexrl/serve/wire.h"
+#include "apexrl/serve/zmq_api.h"
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace apexrl::bindings {
+namespace {
+
+using serve::ControlRequest;
+using serve::ItemLayout;
+using serve::LoopConfig;
+using serve::ServeLoop;
+
+std::string Bytes(const py::handle& obj) {
+  py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request();
+  return std::string(static_cast<const char*>(info.ptr), static_cast<size_t>(info.size * info.itemsize));
+}
+
+ItemLayout Layout(uint32_t fingerprint, uint64_t header_bytes, std::vector<std::string> names,
+                  std::vector<bool> empty, std::string repr) {
+  if (names.size() != empty.size()) throw InvalidArgument("compressed names and empties differ in length");
+  ItemLayout l;
+  l.fingerprint = fingerprint;
+  l.header_bytes = header_bytes;
+  l.compressed_names = std::move(names);
+  l.compressed_empty = std::move(empty);
+  l.repr = std::move(repr);
+  return l;
+}
+
+// Decodes a request as the loop does: (status, op, request_id, message); status 0 and the decoded op for a
+// good request.
+py::tuple Decode(const py::list& frames, uint64_t max_bytes) {
+  std::vector<std::string> owned;
+  for (const auto& f : frames) owned.push_back(Bytes(f));
+  std::vector<serve::FrameView> views;
+  serve::Message msg;
+  for (size_t i = 0; i < owned.size() && i < serve::kMaxKeptFrames; ++i) {
+    views.push_back({reinterpret_cast<const uint8_t*>(owned[i].data()), owned[i].size()});
+  }
+  for (const auto& s : owned) msg.total_bytes += s.size();
+  msg.frames = views.data();
+  msg.kept = views.size();
+  msg.count = owned.size();
+  serve::Request req;
+  const serve::Refusal r = serve::Decode(msg, max_bytes, &req);
+  if (r.ok()) return py::make_tuple(0, req.op, req.request_id, std::string());
+  return py::make_tuple(static_cast<int>(r.status), r.op, r.request_id, r.message);
+}
+
+}  // namespace
+
+void RegisterServe(py::module_& m) {
+  py::class_<ServeLoop>(m, "ServeLoop", R"doc(
+The replay server's request path (cpp/apexrl/serve/serve_loop.h). Built over a configured zmq ROUTER socket
+(its address, Socket.underlying) and the path of the libzmq that pyzmq loaded; from start() to the end of
+stop() only the loop's thread touches the socket. HELLO and STATS come to Python through next_control() and
+go back through control_reply(). Use apexrl.replay.server.ReplayServer.)doc")
+      .def(py::init([](uintptr_t socket, const std::string& libzmq, const py::object& store, uint64_t max_bytes,
+                       uint64_t max_reply_bytes, uint32_t workers, uint64_t inline_sample_max, double max_wait_s,
+                       uint64_t max_waiting, uint64_t max_waiting_per_peer, uint64_t max_waiting_bytes,
+                       uint64_t max_unread_bytes, double samples_per_insert, double error_buffer,
+                       uint64_t min_size_to_sample, uint64_t dedup_max_ids, uint64_t dedup_max_bytes,
+                       std::map<std::string, uint32_t> role_ops) {
+             LoopConfig c;
+             c.max_bytes = max_bytes;
+             c.max_reply_bytes = max_reply_bytes;
+             c.workers = workers;
+             c.inline_sample_max = inline_sample_max;
+             c.max_wait_s = max_wait_s;
+             c.max_waiting = max_waiting;
+             c.max_waiting_per_peer = max_waiting_per_peer;
+             c.max_waiting_bytes = max_waiting_bytes;
+             c.max_unread_bytes = max_unread_bytes;
+             c.samples_per_insert = samples_per_insert;
+             c.error_buffer = error_buffer;
+             c.min_size_to_sample = min_size_to_sample;
+             c.dedup_max_ids = dedup_max_ids;
+             c.dedup_max_bytes = dedup_max_bytes;
+             c.role_ops = std::move(role_ops);
+             serve::ZmqApi api;
+             try {
+               api = serve::ZmqApi::Bind(libzmq);
+             } catch (const std::runtime_error& e) {
+               throw py::import_error(e.what());
+             }
+             return std::make_unique<ServeLoop>(api, reinterpret_cast<void*>(socket), StoreOf(store), std::move(c));
+           }),
+           py::arg("socket"), py::arg("libzmq"), py::arg("store"), py::kw_only(), py::arg("max_bytes"),
+           py::arg("max_reply_bytes"), py::arg("workers"), py::arg("inline_sample_max"), py::arg("max_wait_s"),
+           py::arg("max_waiting"), py::arg("max_waiting_per_peer"), py::arg("max_waiting_bytes"),
+           py::arg("max_unread_bytes"), py::arg("samples_per_insert"), py::arg("error_buffer"),
+           py::arg("min_size_to_sample"), py::arg("dedup_max_ids"), py::arg("dedup_max_bytes"),
+           py::arg("role_ops") = std::map<std::string, uint32_t>{})
+      .def("start", &ServeLoop::Start)
+      .def("stop", &ServeLoop::Stop, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "next_control",
+          [](ServeLoop& loop, double timeout_s) -> py::object {
+            ControlRequest c;
+            bool closed = false, got;
+            {
+              py::gil_scoped_release release;
+              got = loop.NextControl(timeout_s, &c, &closed);
+            }
+            if (!got) return closed ? py::object(py::str("closed")) : py::object(py::none());
+            py::list frames;
+            for (const auto& f : c.frames) frames.append(py::bytes(f));
+            return py::make_tuple(py::bytes(c.peer), c.identity, c.op, frames);
+          },
+          py::arg("timeout_s"),
+          "(peer, identity, op, frames) of the next HELLO/STATS, or (b'', LEVEL, 0, [text]) of a line to log; None "
+          "after timeout_s; 'closed' once the loop has stopped and nothing is left")
+      .def(
+          "control_reply",
+          [](ServeLoop& loop, const py::bytes& peer, const py::list& frames) {
+            std::vector<std::string> out;
+            for (const auto& f : frames) out.push_back(Bytes(f));
+            loop.ControlReply(std::string(peer), std::move(out));
+          },
+          py::arg("peer"), py::arg("frames"))
+      .def(
+          "set_layout",
+          [](ServeLoop& loop, uint32_t fingerprint, uint64_t header_bytes, std::vector<std::string> names,
+             std::vector<bool> empty, std::string repr) {
+            loop.SetLayout(Layout(fingerprint, header_bytes, std::move(names), std::move(empty), std::move(repr)));
+          },
+          py::arg("fingerprint"), py::arg("header_bytes"), py::arg("compressed_names"), py::arg("compressed_empty"),
+          py::arg("repr"))
+      .def("stats", [](const ServeLoop& loop) {
+        py::dict d;
+        for (const auto& s : loop.Stats()) {
+          if (s.integer) {
+            d[py::str(s.name)] = py::int_(static_cast<long long>(s.value));
+          } else {
+            d[py::str(s.name)] = py::float_(s.value);
+          }
+        }
+        return d;
+      });
+
+  // ------------------------------------------------------------------ the pieces, for tests against Python
+  m.def("serve_decode", &Decode, py::arg("frames"), py::arg("max_bytes") = 0,
+        "(status, op, request_id, message) the serving loop's decoder gives a request");
+  m.def(
+      "serve_first_bad_item",
+      [](uint32_t fingerprint, uint64_t header_bytes, std::vector<std::string> names, std::vector<bool> empty,
+         std::string repr, const py::object& data, const py::object& offsets) -> py::object {
+        const std::string d = Bytes(data), o = Bytes(offsets);
+        if (o.size() % 8 != 0 || o.size() < 8) throw InvalidArgument("offsets must be n + 1 >= 1 u64 values");
+        const ItemLayout l = Layout(fingerprint, header_bytes, std::move(names), std::move(empty), std::move(repr));
+        auto why = serve::FirstBadItem(l, reinterpret_cast<const uint8_t*>(d.data()),
+                                       reinterpret_cast<const uint8_t*>(o.data()), o.size() / 8 - 1);
+        if (!why) return py::none();
+        return py::str(*why);
+      },
+      "the message naming the first bad item of a batch (offsets already valid), or None");
+  m.def("serve_constants", [] {
+    py::dict d;
+    d["MAGIC"] = py::bytes(serve::kMagic, 4);
+    d["PROTOCOL_VERSION"] = serve::kProtocolVersion;
+    d["HEADER_SIZE"] = serve::kHeaderSize;
+    d["MAX_BATCH"] = serve::kMaxBatch;
+    d["MAX_ERROR_MESSAGE"] = serve::kMaxErrorMessage;
+    py::dict ops, statuses;
+    for (uint16_t op = 1; op <= serve::kMaxReplayOp; ++op) ops[py::str(serve::OpName(op))] = op;
+    d["OPS"] = ops;
+    d["MAX_STATUS"] = serve::kMaxStatus;
+    return d;
+  });
+  m.def("serve_deadlock_reason", &serve::DeadlockReason, py::arg("n"), py::arg("m"), py::arg("spi"), py::arg("eb"));
+
+  py::class_<serve::RateLimiter>(m, "NativeRateLimiter", "The serving loop's rate limiter (tests).")
+      .def(py::init([](const py::object& spi, double eb, uint64_t min_size) {
+             return std::make_unique<serve::RateLimiter>(spi.is_none() ? 0.0 : spi.cast<double>(), eb, min_size);
+           }),
+           py::arg("spi"), py::arg("eb"), py::arg("min_size"))
+      .def("big_enough", &serve::RateLimiter::BigEnough)
+      .def("insert_ok", &serve::RateLimiter::InsertOk)
+      .def("sample_ok", &serve::RateLimiter::SampleOk)
+      .def("try_insert", &serve::RateLimiter::TryInsert)
+      .def("try_sample", &serve::RateLimiter::TrySample)
+      .def("undo", &serve::RateLimiter::Undo, py::arg("inserted") = 0, py::arg("sampled") = 0)
+      .def("never_admitted", [](const serve::RateLimiter& rl, uint16_t op, uint64_t n,
+                                uint64_t size) { return rl.NeverAdmitted(op, n, size); })
+      .def("counts", [](const serve::RateLimiter& rl) {
+        uint64_t i, s;
+        rl.Counts(&i, &s);
+        return py::make_tuple(i, s);
+      })
+      .def("describe", &serve::RateLimiter::Describe);
+
+  py::class_<serve::InsertWindow>(m, "NativeInsertWindow", "The serving loop's exactly-once insert window (tests).")
+      .def(py::init<uint64_t, uint64_t>(), py::arg("max_ids"), py::arg("max_bytes"))
+      .def(
+          "claim",
+          [](serve::InsertWindow& w, const std::string& identity, uint64_t session, uint64_t sequence, uint64_t owner,
+             double deadline, double now) -> py::object {
+            std::vector<Key> keys;
+            switch (w.TryClaim(serve::InsertId{identity, session, sequence}, owner, deadline, now, &keys)) {
+              case serve::InsertWindow::Claim::kDone: return py::make_tuple("done", keys);
+              case serve::InsertWindow::Claim::kBusy: return py::make_tuple("busy", py::none());
+              default: return py::make_tuple("new", py::none());
+            }
+          })
+      .def("release", [](serve::InsertWindow& w, const std::string& identity, uint64_t session, uint64_t sequence,
+                         uint64_t owner) { w.Release(serve::InsertId{identity, session, sequence}, owner); })
+      .def("finish", [](serve::InsertWindow& w, const std::string& identity, uint64_t session, uint64_t sequence,
+                        uint64_t owner, const std::vector<Key>& keys) {
+        w.Finish(serve::InsertId{identity, session, sequence}, owner, keys.data(), keys.size());
+      })
+      .def("stats", [](const serve::InsertWindow& w) {
+        const auto s = w.Stats();
+        py::dict d;
+        d["duplicate_inserts"] = s.duplicates;
+        d["insert_ids_remembered"] = s.remembered;
+        d["insert_ids_forgotten"] = s.forgotten;
+        d["insert_ids_bytes"] = s.bytes;
+        d["insert_ids_pending"] = s.pending;
+        return d;
+      });
+}
+
+}  // namespace apexrl::bindings

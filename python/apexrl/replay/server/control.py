@@ -1,0 +1,100 @@
+"""The rare requests the native loop hands to Python: HELLO (the run's spec, the server's limits) and STATS.
+
+They keep one definition each here: the protocol module decodes and encodes them, :class:`SpecGate` keeps the
+spec (and tells the loop the item layout to check inserts against), and STATS merges the store's counters
+with the loop's. Runs on the server's control thread; the loop sends the replies.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from apexrl import PrioritizedStore
+from apexrl.errors import ProtocolError
+from apexrl.replay import protocol as P
+from apexrl.replay.codec import TransitionSpec
+from apexrl.replay.config import ServerConfig
+from apexrl.replay.insert_guard import SpecGate
+
+__all__ = ["ControlHandler", "item_layout"]
+
+log = logging.getLogger("apexrl.replay.server")
+
+
+def item_layout(spec: TransitionSpec) -> dict[str, Any]:
+    """What the loop's item check needs of a spec (cpp/apexrl/serve/item_check.h): the codec's layout."""
+    compressed = [f for f in spec.fields if f.compress]
+    return {"fingerprint": spec.fingerprint, "header_bytes": 4 + spec.raw_item_bytes,
+            "compressed_names": [f.name for f in compressed], "compressed_empty": [f.nbytes == 0 for f in compressed],
+            "repr": repr(spec)}
+
+
+def _plain(v: Any) -> int | float:
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return 0.0
+    return v
+
+
+class ControlHandler:
+    """Serves HELLO and STATS for one server (``loop`` is its native ServeLoop)."""
+
+    def __init__(self, config: ServerConfig, store: PrioritizedStore, spec_gate: SpecGate, loop: Any):
+        self.config, self.store, self.spec_gate, self.loop = config, store, spec_gate, loop
+
+    def serve(self, frames: list[bytes]) -> list[Any]:
+        """The reply frames to one HELLO or STATS request (an error reply for a bad one)."""
+        try:
+            req = P.decode_request(frames, self.config.max_bytes)
+        except ProtocolError as exc:
+            return P.encode_protocol_error(exc)
+        op, rid = int(req.header.op), req.request_id
+        try:
+            if op == P.Op.HELLO:
+                before = self.spec_gate.spec
+                spec = self.spec_gate.declare(req.arrays["spec"])
+                if spec is not None and before is None:
+                    self.loop.set_layout(**item_layout(spec))
+                return P.encode_hello_reply(rid, self.hello_info(), spec.to_json() if spec is not None else "")
+            if op == P.Op.STATS:
+                return P.encode_stats_reply(rid, self.stats())
+            return P.encode_error(op, rid, P.Status.UNKNOWN_OP, f"op {op} is not served here")
+        except ValueError as exc:
+            return P.encode_error(op, rid, P.Status.INVALID_ARGUMENT, str(exc) or type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - the server must keep serving
+            log.exception("internal error serving %s request %d", P.Op(op).name, rid)
+            return P.encode_error(op, rid, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def stats(self) -> dict[str, int | float]:
+        """The store's counters and the loop's, as STATS returns them (this STATS request included)."""
+        stats: dict[str, Any] = dict(self.store.stats())
+        stats["total_mass"] = stats["total_priority"]  # the names of the SAMPLE reply's totals
+        stats["num_shards"] = stats["shards"]
+        loop = self.loop.stats()
+        loop["requests_stats"] += 1  # the loop counts a control request when its reply goes out
+        loop["requests_total"] += 1
+        stats.update(loop)
+        spec = self.spec_gate.spec
+        stats["spec_declared"] = int(spec is not None)
+        stats["spec_fingerprint"] = spec.fingerprint if spec is not None else 0
+        return {k: _plain(v) for k, v in stats.items()}
+
+    def hello_info(self) -> dict[str, int | float]:
+        """The HELLO reply's numbers: the limits a client must respect, the protocol version, the store's
+        lock-shard count and its key epoch."""
+        cfg = self.config
+        store_stats = self.store.stats()
+        info: dict[str, int | float] = {
+            "protocol_version": P.PROTOCOL_VERSION,
+            "max_request_bytes": int(cfg.max_bytes),
+            "max_reply_bytes": int(cfg.max_reply_bytes),
+            "num_shards": int(store_stats["shards"]),
+        }
+        if store_stats.get("epoch") is not None:
+            info["epoch"] = _plain(store_stats["epoch"])
+        return info

@@ -1,0 +1,284 @@
+"""ReplayServer: the thin Python side of the replay server.
+
+It opens the store (restoring the snapshot, choosing the key epoch), creates and configures the ROUTER socket
+(bind address, CURVE keys and the ZAP allow-list, high-water marks, ZMQ_MAXMSGSIZE, ROUTER_MANDATORY, idle
+connection limits) and hands it to the native serving loop (``apexrl._core.ServeLoop``,
+cpp/apexrl/serve/serve_loop.h), which serves every data request with the GIL released. Python keeps what is
+rare: HELLO and STATS (:mod:`.control`, on a control thread fed by the loop's queue, which also carries the
+loop's log lines), the periodic and final snapshots, and start/stop. docs/architecture.md draws the threads.
+
+Size caps: ``max_bytes = max_message_mb * 2**20`` is enforced twice. ``zmq.MAXMSGSIZE`` makes libzmq drop a
+peer that sends a bigger *frame* before allocating it (no reply is possible; the client sees a timeout). The
+loop refuses a message whose frames *together* are over it with a TOO_LARGE reply. Replies: a SAMPLE whose
+reply would be over ``max_reply_mb`` is refused TOO_LARGE, and one that would take a client's unread replies
+(sent, not yet taken by the client) over ``max_unread_mb`` is refused TIMEOUT.
+
+Shutdown (:meth:`ReplayServer.stop`): the loop stops reading; requests waiting or still queued in the socket
+are answered SHUTTING_DOWN, requests in service finish and are answered; then the final snapshot (if
+configured) and the sockets close. A failed final save raises :class:`SnapshotSaveError` saying how many items
+were not saved; a failed periodic save is logged and the previous snapshot kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from apexrl import PrioritizedStore, _core
+from apexrl.replay import protocol as P
+from apexrl.replay.config import ServerConfig, check_snapshot_dir
+from apexrl.replay.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
+from apexrl.replay.server.control import ControlHandler, item_layout
+from apexrl.replay.server.epoch import SnapshotLoadError, SnapshotSaveError, choose_epoch
+from apexrl.replay.server.native import NativeLoopError, libzmq_path
+from apexrl.security import secure_server_socket
+
+__all__ = ["ReplayServer"]
+
+log = logging.getLogger("apexrl.replay.server")
+
+RCVHWM = 64
+"""ZMQ_RCVHWM of the replay socket: messages libzmq queues from one peer before TCP back-pressure holds the peer
+back (nothing is lost). The send side has no message-count limit (ZMQ_SNDHWM 0): the loop caps the *bytes* of
+the replies each peer leaves unread (``max_unread_mb``), which libzmq cannot, and drops a reply that would go
+over it (``replies_dropped``)."""
+
+_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR}
+
+
+class ReplayServer:
+    """A replay server; ``start()`` binds and returns at once (native threads serve), ``stop()`` shuts down.
+
+    Usable as a context manager. ``endpoint`` is the bound ``tcp://host:port`` (real port when port=0).
+    """
+
+    def __init__(self, config: ServerConfig):
+        config.validate()
+        self.config = config
+        self.store = self._open_store(config)
+        self.spec_gate = SpecGate(config.spec, config.snapshot)  # the run's TransitionSpec, once known
+        self.endpoint: str | None = None
+        self._ctx: zmq.Context | None = None
+        self._socket: zmq.Socket | None = None
+        self._loop: Any = None
+        self._control: threading.Thread | None = None
+        self._snapshotter: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._snapshot_lock = threading.Lock()
+        self._saved_items: int | None = len(self.store) if config.snapshot is not None and os.path.exists(
+            config.snapshot) else None  # items in the last snapshot written (or loaded)
+        self._started = False
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    @staticmethod
+    def _open_store(config: ServerConfig) -> PrioritizedStore:
+        """The store of this life, with a key epoch no earlier life of this server used (docs/protocol.md, "Keys")."""
+        path = config.snapshot
+        restore = path is not None and os.path.exists(path)
+        epoch = choose_epoch(path)
+        if restore:
+            try:
+                store = PrioritizedStore.load(path, epoch)
+            except Exception as exc:  # SnapshotError, OSError, ...
+                raise SnapshotLoadError(
+                    f"cannot load snapshot {os.fspath(path)!r}: {type(exc).__name__}: {exc} "
+                    "(move or delete the file to start with an empty store)"
+                ) from exc
+            log.info("restored %d items from snapshot %s; new keys carry epoch %d", len(store), os.fspath(path),
+                     store.epoch)
+            for name in ("capacity", "max_size", "alpha", "eviction", "alpha_evict", "shards"):
+                wanted = getattr(config, name)
+                if name == "max_size" and wanted is None:
+                    wanted = 2 * config.capacity
+                if getattr(store, name) != wanted:
+                    log.warning("snapshot %s has %s=%r, configuration says %r: the snapshot's value is used",
+                                os.fspath(path), name, getattr(store, name), wanted)
+            return store
+        log.info("new store; its keys carry epoch %d", epoch)
+        return PrioritizedStore(capacity=config.capacity, max_size=config.max_size, alpha=config.alpha,
+                                shards=config.shards, eviction=config.eviction, alpha_evict=config.alpha_evict,
+                                seed=config.seed, epoch=epoch)
+
+    def _open_socket(self) -> zmq.Socket:
+        cfg = self.config
+        assert self._ctx is not None
+        front = self._ctx.socket(zmq.ROUTER)
+        self._socket = front
+        secure_server_socket(front, cfg.curve_dir)  # CURVE + allow-list when keys are configured
+        front.setsockopt(zmq.LINGER, 2000)
+        front.setsockopt(zmq.MAXMSGSIZE, cfg.max_bytes)
+        front.setsockopt(zmq.SNDHWM, 0)
+        front.setsockopt(zmq.RCVHWM, RCVHWM)
+        # Sends never block and fail visibly: EHOSTUNREACH tells the loop a peer left (its waiting requests are
+        # dropped).
+        front.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        limit_idle_connections(front, cfg)
+        port = "*" if int(cfg.port) == 0 else str(int(cfg.port))
+        host = f"[{cfg.bind}]" if ":" in cfg.bind else cfg.bind
+        if ":" in cfg.bind:
+            front.setsockopt(zmq.IPV6, 1)
+        front.bind(f"tcp://{host}:{port}")
+        self.endpoint = front.getsockopt_string(zmq.LAST_ENDPOINT)
+        return front
+
+    def _make_loop(self, front: zmq.Socket) -> Any:
+        cfg = self.config
+        try:
+            loop = _core.ServeLoop(
+                front.underlying, libzmq_path(), self.store, max_bytes=cfg.max_bytes,
+                max_reply_bytes=cfg.max_reply_bytes, workers=cfg.workers, inline_sample_max=cfg.inline_sample_max,
+                max_wait_s=cfg.max_wait_s, max_waiting=cfg.max_waiting, max_waiting_per_peer=cfg.max_waiting_per_peer,
+                max_waiting_bytes=cfg.max_waiting_bytes, max_unread_bytes=cfg.max_unread_bytes,
+                samples_per_insert=cfg.samples_per_insert or 0.0, error_buffer=cfg.effective_error_buffer or 0.0,
+                min_size_to_sample=cfg.min_size_to_sample, dedup_max_ids=DEDUP_MAX_IDS,
+                dedup_max_bytes=DEDUP_MAX_BYTES)
+        except ImportError as exc:
+            raise NativeLoopError(f"the replay server's native loop cannot start: {exc}") from None
+        if self.spec_gate.spec is not None:
+            loop.set_layout(**item_layout(self.spec_gate.spec))
+        return loop
+
+    def start(self) -> ReplayServer:
+        """Bind and start serving; ValueError when the snapshot path could never be written, NativeLoopError
+        when the native loop cannot bind pyzmq's libzmq."""
+        if self._started:
+            raise RuntimeError("server already started")
+        cfg = self.config
+        if cfg.snapshot is not None:
+            check_snapshot_dir(cfg.snapshot)
+        self._started = True
+        self._ctx = zmq.Context()
+        try:
+            front = self._open_socket()
+            self._loop = self._make_loop(front)
+        except Exception:
+            self._close()
+            raise
+        handler = ControlHandler(cfg, self.store, self.spec_gate, self._loop)
+        self._control = threading.Thread(target=self._control_loop, args=(handler,), name="apexrl-control",
+                                         daemon=True)
+        self._control.start()
+        self._loop.start()
+        if cfg.snapshot is not None and cfg.snapshot_every is not None:
+            self._snapshotter = threading.Thread(target=self._snapshot_loop, name="apexrl-snapshot", daemon=True)
+            self._snapshotter.start()
+        log.info("listening on %s (native loop, %d workers)", self.endpoint, cfg.workers)
+        return self
+
+    def _control_loop(self, handler: ControlHandler) -> None:
+        """Serve the loop's control queue (HELLO, STATS, log lines) until the loop has stopped."""
+        loop = self._loop
+        while True:
+            item = loop.next_control(0.5)
+            if item is None:
+                continue
+            if item == "closed":
+                return
+            peer, identity, op, frames = item
+            if op == 0:  # a line the loop logs
+                log.log(_LEVELS.get(identity, logging.ERROR), "%s", frames[0].decode("utf-8", "replace"))
+                continue
+            try:
+                reply = handler.serve(frames)
+            except Exception as exc:  # noqa: BLE001 - handler.serve catches everything; belt and braces
+                log.exception("control request failed")
+                reply = P.encode_error(op, 0, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
+            loop.control_reply(peer, [bytes(memoryview(f)) for f in reply])
+
+    def __enter__(self) -> ReplayServer:
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -------------------------------------------------------------------------------------- snapshots
+
+    def save_snapshot(self) -> None:
+        """Write the snapshot now (atomic: the store writes a temporary file and renames it, so a failed save
+        keeps the previous snapshot). Raises what the store raises (OSError, SnapshotError)."""
+        if self.config.snapshot is None:
+            raise ValueError("no snapshot path configured")
+        with self._snapshot_lock:
+            t0 = time.monotonic()
+            n = len(self.store)
+            self.store.save(self.config.snapshot)
+            self._saved_items = n
+            log.info("snapshot of %d items saved to %s in %.3fs", n, os.fspath(self.config.snapshot),
+                     time.monotonic() - t0)
+
+    def _snapshot_loop(self) -> None:
+        assert self.config.snapshot_every is not None
+        while not self._stopping.wait(self.config.snapshot_every):
+            try:
+                self.save_snapshot()
+            except Exception as exc:  # keep serving: the previous snapshot stays; the next period tries again
+                log.error("periodic snapshot to %s failed (the previous snapshot, of %s items, is kept; "
+                          "retrying in %gs): %s: %s", os.fspath(self.config.snapshot),
+                          "no" if self._saved_items is None else self._saved_items, self.config.snapshot_every,
+                          type(exc).__name__, exc)
+
+    # --------------------------------------------------------------------------------------- shutdown
+
+    def stats(self) -> dict[str, int | float]:
+        """The loop's counters (requests, errors, waiting requests, rate limiter, insert ids, unread replies)."""
+        return dict(self._loop.stats()) if self._loop is not None else {}
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Graceful stop: finish in-flight requests, save the snapshot (if configured), close. Idempotent."""
+        if not self._started or self._stopped.is_set():
+            return
+        self._stopping.set()
+        if self._loop is not None:
+            self._loop.stop()  # the control thread keeps serving what the loop waits for
+        if self._control is not None:
+            self._control.join(timeout)
+        if self._snapshotter is not None:
+            self._snapshotter.join(timeout)
+        try:
+            if self.config.snapshot is not None:
+                self._final_snapshot()
+        finally:
+            self._stopped.set()
+            self._close()
+            log.info("stopped")
+
+    def _close(self) -> None:
+        if self._socket is not None and not self._socket.closed:
+            self._socket.close()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def _final_snapshot(self) -> None:
+        """The snapshot at stop; SnapshotSaveError (no traceback worth showing) saying what is lost if it fails."""
+        try:
+            self.save_snapshot()
+        except Exception as exc:
+            held = len(self.store)
+            kept = ("no previous snapshot exists" if self._saved_items is None
+                    else f"the previous snapshot holds {self._saved_items} items")
+            raise SnapshotSaveError(
+                f"final snapshot to {os.fspath(self.config.snapshot)!r} failed ({type(exc).__name__}: {exc}): "
+                f"the {held} items held now were not saved; {kept}"
+            ) from exc
+
+
+def limit_idle_connections(sock: zmq.Socket, cfg: ServerConfig) -> None:
+    """Close connections that hold a file descriptor and do nothing: ZMQ_HANDSHAKE_IVL closes one that has not
+    completed the ZMTP handshake in ``handshake_s`` (a raw TCP connection that never sends); ZMTP heartbeats
+    close one whose peer stopped answering for 3 x ``heartbeat_s`` (a host that vanished without a FIN)."""
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_s * 1000))
+    if cfg.heartbeat_s > 0:
+        ivl = int(cfg.heartbeat_s * 1000)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, min(3 * ivl, 6_553_500))
