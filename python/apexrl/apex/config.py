@@ -29,7 +29,7 @@ RUN_SEED_MAX = 2**32 - 1
 fits the 64-bit generators of numpy, torch and the store."""
 
 
-EPISODE_COLUMNS = ("time_s", "actor", "env_frames", "episode", "return", "length", "exploration")
+EPISODE_COLUMNS = ("time_s", "actor", "env_frames", "episode", "return", "length", "exploration", "env")
 """The header of an actor's episodes.csv (``--episodes-csv``); the Ray launcher writes the same one."""
 
 
@@ -70,7 +70,8 @@ class ActorConfig:
     """Seconds between progress lines on stdout."""
     episodes_csv: str | None = None
     """If set, append one row per finished episode (time_s, actor, env_frames, episode, return, length,
-    exploration: the policy's epsilon or sigma, smaller is greedier) here."""
+    exploration: that environment's epsilon or sigma, smaller is greedier; env: the environment's index within
+    this actor) here."""
     torch_threads: int = field(default=1, metadata=Range.int(1, 256))
     """torch intra-op threads (actors are many small processes: one thread each)."""
     progress_path: str | None = None
