@@ -3,9 +3,9 @@ were taken, on CSVs written by hand; one smoke test that the PNG is written."""
 
 from __future__ import annotations
 
-import json
 import csv
 import io
+import json
 import os
 import subprocess
 import sys

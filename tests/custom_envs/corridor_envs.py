@@ -3,6 +3,8 @@ PYTHONPATH). Importing the module registers them, as gymnasium's "module:EnvId" 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import gymnasium
 import numpy as np
 from gymnasium import spaces
@@ -12,7 +14,7 @@ class Corridor(gymnasium.Env):
     """Walk right along a corridor of LENGTH cells to the goal (reward 1, terminal); a step costs 0.01. The
     observation is a Dict (position one-hot, a 2x2 Box of noise), so it exercises flattening. 20-step limit."""
 
-    metadata = {"render_modes": []}
+    metadata: ClassVar[dict] = {"render_modes": []}
     LENGTH = 5
 
     def __init__(self):

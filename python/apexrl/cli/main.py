@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from apexrl.apex.config import ActorConfig
 from apexrl.cli.args import (
     add_agent_arguments,
     add_curve_arguments,
@@ -26,7 +27,6 @@ from apexrl.cli.args import (
     given_flags,
     int_arg,
 )
-from apexrl.apex.config import ActorConfig
 from apexrl.replay.config import MAX_REPLAY_SERVERS
 
 AGENT_DESTS = ("agent", "env", "preset", "seed", "n_step", "gamma", "batch_size", "target_update_period")

@@ -88,9 +88,8 @@ def _resolve(name: str) -> tuple[EnvFamily, str]:
     """Splits a name into its family and the id within the family; ValueError if there is no such family."""
     if isinstance(name, str) and ":" in name:
         prefix, key = name.split(":", 1)
-        if prefix in _BUILTIN or prefix in _load_plugins():
-            if key:
-                return get_family(prefix), key
+        if key and (prefix in _BUILTIN or prefix in _load_plugins()):
+            return get_family(prefix), key
     raise _unknown(name)
 
 

@@ -27,7 +27,15 @@ import functools
 
 import numpy as np
 
-from apexrl.envs.base import Env, EnvFamily, EnvSpec, RenderError, StepResult, UnknownEnvError, backend_seed
+from apexrl.envs.base import (
+    Env,
+    EnvFamily,
+    EnvSpec,
+    RenderError,
+    StepResult,
+    UnknownEnvError,
+    backend_seed,
+)
 
 PREFIX = "atari:"
 INSTALL_HINT = "pip install 'apexrl[atari]'"

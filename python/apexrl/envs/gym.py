@@ -156,7 +156,7 @@ def make(task: str, seed: int, *, evaluation: bool = False) -> GymEnv:
     return GymEnv(task, seed)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def spec(task: str) -> EnvSpec:
     env = GymEnv(task, 0)
     env.close()
