@@ -31,8 +31,9 @@ PAPER_FRAMES_PER_ACTOR = 139
 """Ape-X paper (Atari): 360 actors, ~50K environment frames/s in all, so ~139 frames/s per actor."""
 
 
-def start_server(log_dir: str) -> tuple[subprocess.Popen, str]:
-    log = open(os.path.join(log_dir, "server.log"), "wb")
+def start_server(log_dir: str, name: str) -> tuple[subprocess.Popen, str]:
+    """A replay server of its own per environment (a server keeps the first transition spec declared to it)."""
+    log = open(os.path.join(log_dir, f"server-{name.replace(':', '-')}.log"), "wb")  # noqa: SIM115 (the child's)
     proc = subprocess.Popen([sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--bind", "127.0.0.1",
                              "--capacity", "200000", "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=log)
     ready, _, _ = select.select([proc.stdout], [], [], 60)
@@ -110,19 +111,20 @@ def main() -> None:
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        server, endpoint = start_server(tmp)
+        servers = {env: start_server(tmp, env) for env in args.envs}
         try:
             results: dict[tuple[str, str], list[float]] = {}
             for _ in range(args.rounds):
                 for env in args.envs:
                     results.setdefault((env, "env alone"), []).append(env_rate(env, 1, args.seconds))
                     for k in args.ks:
-                        rate = actor_rate(env, k, endpoint, args.seconds, args.warmup)
+                        rate = actor_rate(env, k, servers[env][1], args.seconds, args.warmup)
                         results.setdefault((env, f"K={k}"), []).append(rate)
                         print(f"  {env} K={k}: {rate:.0f} steps/s", file=sys.stderr, flush=True)
         finally:
-            server.terminate()
-            server.wait(30)
+            for server, _ in servers.values():
+                server.terminate()
+                server.wait(30)
     print(f"\nOne actor process, {os.cpu_count()} cores, median of {args.rounds} rounds of {args.seconds:g} s:\n")
     print("| environment | configuration | agent steps/s | frames/s | vs K=1 |")
     print("|---|---|---:|---:|---:|")
