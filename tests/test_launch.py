@@ -205,9 +205,13 @@ def test_resume_upgrades_an_older_episodes_csv_and_actors_refuse_a_foreign_one(t
         _check_episodes_header(str(path))
     upgrade_episodes_csv(str(path))
     _check_episodes_header(str(path))  # now the actors append to it
-    assert path.read_text() == ",".join(EPISODE_COLUMNS) + "\n1,0,10,1,1.5,10,\n"
+    assert path.read_text() == ",".join(EPISODE_COLUMNS) + "\n1,0,10,1,1.5,10,,\n"
     episodes = read_csv(str(path))
     assert episodes["return"] == [1.5] and episodes["exploration"][0] != episodes["exploration"][0]  # NaN
+    # A file from before the env column (vectorised actors): its rows get an empty env.
+    path.write_text("time_s,actor,env_frames,episode,return,length,exploration\n1,0,10,1,1.5,10,0.4\n")
+    upgrade_episodes_csv(str(path))
+    assert path.read_text() == ",".join(EPISODE_COLUMNS) + "\n1,0,10,1,1.5,10,0.4,\n"
     path.write_text("when,who\n1,0\n")
     with pytest.raises(ValueError, match="has columns 'when,who'"):
         upgrade_episodes_csv(str(path))

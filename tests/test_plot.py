@@ -3,6 +3,8 @@ were taken, on CSVs written by hand; one smoke test that the PNG is written."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import subprocess
@@ -66,6 +68,19 @@ def test_the_greediest_actor_has_the_smallest_exploration_or_else_the_highest_in
     frames, time_s, mean = episode_curve(os.path.join(d, "episodes.csv"), m, smooth=1, greediest=True)
     assert frames.tolist() == [30.0, 80.0]  # run-wide frames (actor 0's count too), actor 1's episodes only
     assert mean.tolist() == [7.0, 9.0]
+
+
+def test_with_vectorised_actors_the_greediest_environment_of_any_actor_is_drawn(tmp_path):
+    # Actor 0 steps two environments (exploration 0.4 and 0.01), actor 1 one (0.1): actor 0's env 1 is greediest.
+    episodes = ("time_s,actor,env_frames,episode,return,length,exploration,env\n"
+                "1,0,10,1,100,10,0.4,0\n1,0,20,2,7,10,0.01,1\n1,1,15,1,50,15,0.1,0\n2,0,40,3,9,20,0.01,1\n")
+    rows = list(csv.DictReader(io.StringIO(episodes)))
+    assert greediest_actor(rows) == "0/1"
+    assert greediest_actor([{k: v for k, v in r.items() if k != "env"} for r in rows]) == "0"  # old files
+    d = _run(tmp_path, "r", "1,0,0,,,,\n9,100,10,,,,\n", episodes)
+    m = {k: np.asarray(v) for k, v in read_csv(os.path.join(d, "metrics.csv")).items()}
+    frames, _, mean = episode_curve(os.path.join(d, "episodes.csv"), m, smooth=1, greediest=True)
+    assert frames.tolist() == [20.0, 55.0] and mean.tolist() == [7.0, 9.0]
 
 
 def test_plot_of_several_seeds_writes_a_png_with_the_final_evaluations(tmp_path):

@@ -78,27 +78,34 @@ def _episode_rows(path: str) -> list[dict[str, str]]:
         return [r for r in csv.DictReader(f) if r.get("return") not in (None, "")]
 
 
+def _slot(r: dict[str, str]) -> str:
+    """The row's actor, and with a non-empty ``env`` column (vectorised actors) its environment: "3/1"."""
+    env = r.get("env") or ""
+    return f"{r['actor']}/{env}" if env else r["actor"]
+
+
 def greediest_actor(rows: Sequence[dict[str, str]]) -> str | None:
-    """The actor whose latest ``exploration`` is smallest (ties: the higher index); without that column the
-    highest actor index (DQN's epsilon ladder falls with the index). None without rows."""
+    """The actor (with vectorised actors, the actor's environment, "ACTOR/ENV") whose latest ``exploration`` is
+    smallest (ties: the higher index); without that column the highest actor index (DQN's epsilon ladder falls
+    with the index). None without rows."""
     latest: dict[str, float] = {}
     for r in rows:
         try:
-            latest[r["actor"]] = float(r.get("exploration") or "nan")
+            latest[_slot(r)] = float(r.get("exploration") or "nan")
         except (KeyError, TypeError, ValueError):
             continue
     if not latest:
         return None
 
-    def index(a: str) -> float:
+    def index(a: str) -> tuple[float, float]:
         try:
-            return float(a)
+            return tuple(float(x) for x in (a.split("/") + ["0"])[:2])  # type: ignore[return-value]
         except ValueError:
-            return -1.0
+            return (-1.0, -1.0)
 
     known = {a: e for a, e in latest.items() if not np.isnan(e)}
     if known:
-        return min(known, key=lambda a: (known[a], -index(a)))
+        return min(known, key=lambda a: (known[a], tuple(-x for x in index(a))))
     return max(latest, key=index)
 
 
@@ -122,7 +129,7 @@ def episode_curve(path: str, metrics: dict[str, np.ndarray], smooth: int, greedi
         prev = last.get(actor, 0)
         total += f_now - prev if f_now >= prev else f_now  # a restarted actor counts from 0 again
         last[actor] = f_now
-        if keep is None or actor == keep:
+        if keep is None or _slot(r) == keep:
             frames.append(total)
             returns.append(ret)
     if not frames:

@@ -12,7 +12,7 @@ learner decodes them with the same spec, so fields, dtypes and compression are t
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from apexrl.envs import EnvSpec
     from apexrl.replay.codec import TransitionSpec
 
-__all__ = ["AGENTS", "ENTRY_POINT_GROUP", "Agent", "AgentDef", "Policy", "agent_names", "get_agent"]
+__all__ = ["AGENTS", "ENTRY_POINT_GROUP", "Agent", "AgentDef", "Policy", "PolicyBatch", "agent_names", "batch_policy",
+           "get_agent"]
 
 ENTRY_POINT_GROUP = "apexrl.agents"
 """Entry points of this group name an :class:`AgentDef` of another distribution (loaded on first lookup)."""
@@ -48,6 +49,12 @@ class Policy(Protocol):
         """The action for one observation; ``explore=False`` is the evaluation action (DQN: epsilon 0.001 as
         in the evaluation protocol; DPG: noiseless)."""
         ...
+
+    # A policy that acts for the K environments of a vectorised actor (``AgentDef.make_batch_policy``) also has
+    #   explorations: Sequence[float]      one per environment (written to episodes.csv)
+    #   act_batch(obs, explore=True)       obs stacked (K, *obs_shape) -> K actions, one forward pass, each
+    #                                      environment with its own exploration
+    # An agent without ``make_batch_policy`` gets :class:`PolicyBatch`: K of its policies, one ``act`` each.
 
     def initial_priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """Priorities (float64, finite, >= 0) of a batch of transitions, computed with the local networks."""
@@ -110,6 +117,10 @@ class AgentDef:
     make_policy: Callable[[EnvSpec, Any, int, int, int], Policy]
     """``(env_spec, config, index, num_actors, seed) -> Policy`` for actor ``index`` of ``num_actors`` (its
     exploration); the evaluation process asks for actor 0 of 1 and acts with ``explore=False``."""
+    make_batch_policy: Callable[[EnvSpec, Any, Sequence[int], int, int], Policy] | None = None
+    """Optional ``(env_spec, config, slots, num_slots, seed) -> Policy`` with ``act_batch`` and ``explorations``
+    for the environments ``slots`` of the run's ``num_slots`` (actors x environments per actor): one policy and
+    one batched forward pass for a vectorised actor. None: :func:`batch_policy` wraps ``make_policy``."""
 
     def accepts(self, env_spec: EnvSpec) -> str | None:
         """None when the agent runs on ``env_spec``, else the reason it does not."""
@@ -118,6 +129,51 @@ class AgentDef:
         except ValueError as e:
             return str(e)
         return None
+
+
+class PolicyBatch:
+    """The default batched policy for an agent without ``make_batch_policy``: one policy per environment, each
+    made for its own exploration slot, each acting on its own observation with ``act`` (no batched forward
+    pass). Weights load into every one; priorities come from the first (they share the weights)."""
+
+    def __init__(self, policies: Sequence[Policy]):
+        if not policies:
+            raise ValueError("PolicyBatch needs at least one policy")
+        self.policies = list(policies)
+        self.transition_spec = self.policies[0].transition_spec
+
+    @property
+    def explorations(self) -> list[float | None]:
+        return [getattr(p, "exploration", None) for p in self.policies]
+
+    def act_batch(self, obs: np.ndarray, explore: bool = True) -> list[Any]:
+        if len(obs) != len(self.policies):
+            raise ValueError(f"{len(obs)} observations for {len(self.policies)} environments")
+        return [p.act(o, explore=explore) for p, o in zip(self.policies, obs)]
+
+    def act(self, obs: np.ndarray, explore: bool = True) -> Any:
+        return self.policies[0].act(obs, explore=explore)
+
+    def initial_priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        return self.policies[0].initial_priorities(batch)
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.policies[0].policy_state_dict()
+
+    def load_policy_state_dict(self, d: Mapping[str, torch.Tensor]) -> None:
+        self.policies[0].load_policy_state_dict(d)  # ValueError here changes nothing anywhere
+        for p in self.policies[1:]:
+            p.load_policy_state_dict(d)
+
+
+def batch_policy(agent: AgentDef, env_spec: EnvSpec, config: Any, index: int, num_actors: int, k: int,
+                 seed: int) -> Any:
+    """The policy of actor ``index`` of ``num_actors`` stepping ``k`` environments: environment ``j`` explores as
+    slot ``index * k + j`` of ``num_actors * k`` (so with k = 1 exactly as ``make_policy(index, num_actors)``)."""
+    slots = [index * k + j for j in range(k)]
+    if agent.make_batch_policy is not None:
+        return agent.make_batch_policy(env_spec, config, slots, num_actors * k, seed)
+    return PolicyBatch([agent.make_policy(env_spec, config, s, num_actors * k, seed + j) for j, s in enumerate(slots)])
 
 
 class _Registry(dict):

@@ -37,7 +37,7 @@ targets.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -224,10 +224,12 @@ class D4PGPolicy(DPGPolicy):
         sigma: float | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        sigmas: Sequence[float] | None = None,
     ):
         config = config or D4PGConfig()
-        super().__init__(env_spec, config, sigma=config.noise_sigma_max if sigma is None else sigma, seed=seed,
-                         device=device)
+        if sigma is None and sigmas is None:
+            sigma = config.noise_sigma_max
+        super().__init__(env_spec, config, sigma=sigma, seed=seed, device=device, sigmas=sigmas)
 
     @property
     def exploration(self) -> float:
@@ -254,6 +256,13 @@ def _policy(env_spec: EnvSpec, config: D4PGConfig, index: int, num_actors: int, 
     return D4PGPolicy(env_spec, config, sigma=sigma, seed=seed)
 
 
+def _batch_policy(env_spec: EnvSpec, config: D4PGConfig, slots: Sequence[int], num_slots: int,
+                  seed: int) -> D4PGPolicy:
+    """The sigma ladder runs over every environment of the run (``slots`` of ``num_slots``)."""
+    sigmas = [sigma_ladder(s, num_slots, config.noise_sigma_min, config.noise_sigma_max) for s in slots]
+    return D4PGPolicy(env_spec, config, sigmas=sigmas, seed=seed)
+
+
 AGENT = AgentDef(
     name="d4pg",
     description="D4PG: deterministic actor, categorical (51-atom) critic, n-step targets (continuous actions)",
@@ -261,4 +270,5 @@ AGENT = AgentDef(
     check_env=_dims,
     make_learner=lambda env_spec, config, device, seed: D4PGLearner(env_spec, config, device=device, seed=seed),
     make_policy=_policy,
+    make_batch_policy=_batch_policy,
 )

@@ -28,7 +28,7 @@ compute initial priorities with their local actor and critic standing in for the
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -289,13 +289,19 @@ class DPGPolicy:
         sigma: float | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        sigmas: Sequence[float] | None = None,
     ):
         self.config = config = config or DPGConfig()
         self.env_spec = env_spec
         self.device = torch.device(device)
+        if sigmas is not None and sigma is None:
+            sigma = sigmas[0]
         self.sigma = float(config.noise_sigma if sigma is None else sigma)
-        if not (np.isfinite(self.sigma) and self.sigma >= 0):
-            raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r}")
+        self.sigmas = np.asarray([self.sigma] if sigmas is None else sigmas, np.float64)
+        """One noise std per environment of a vectorised actor (``act_batch``)."""
+        if not (np.isfinite(self.sigma) and self.sigma >= 0 and np.all(np.isfinite(self.sigmas))
+                and np.all(self.sigmas >= 0)):
+            raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r} / {sigmas!r}")
         self.transition_spec = dpg_transition_spec(env_spec)
         self.actor, self.critic = _build(env_spec, config, seed, self.device, self.make_critic)
         self.actor.requires_grad_(False)
@@ -306,6 +312,22 @@ class DPGPolicy:
     def exploration(self) -> float:
         """This actor's noise sigma: smaller is greedier (``apexrl plot`` picks the greediest actor by it)."""
         return self.sigma
+
+    @property
+    def explorations(self) -> list[float]:
+        return self.sigmas.tolist()
+
+    @torch.inference_mode()
+    def act_batch(self, obs: np.ndarray, explore: bool = True) -> list[np.ndarray]:
+        """Actions for a stack of observations in one forward pass: environment ``j`` adds noise of std
+        ``sigmas[j]`` (``explore=False``: none)."""
+        obs = np.asarray(obs)
+        if explore and len(obs) != len(self.sigmas):
+            raise ValueError(f"{len(obs)} observations for {len(self.sigmas)} sigmas")
+        actions = self.actor(_f32(obs, self.device)).cpu().numpy().astype(np.float64)
+        if explore:
+            actions += self.sigmas[:, None] * self.rng.standard_normal(actions.shape)
+        return list(np.clip(actions, -1.0, 1.0).astype(np.float32))
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool = True) -> np.ndarray:
@@ -343,6 +365,11 @@ def _policy(env_spec: EnvSpec, config: DPGConfig, index: int, num_actors: int, s
     return DPGPolicy(env_spec, config, sigma=config.noise_sigma, seed=seed)
 
 
+def _batch_policy(env_spec: EnvSpec, config: DPGConfig, slots: Sequence[int], num_slots: int,
+                  seed: int) -> DPGPolicy:
+    return DPGPolicy(env_spec, config, sigmas=[config.noise_sigma] * len(slots), seed=seed)
+
+
 AGENT = AgentDef(
     name="dpg",
     description="Ape-X DPG: deterministic actor-critic, n-step targets (continuous actions)",
@@ -350,4 +377,5 @@ AGENT = AgentDef(
     check_env=_dims,
     make_learner=lambda env_spec, config, device, seed: DPGLearner(env_spec, config, device=device, seed=seed),
     make_policy=_policy,
+    make_batch_policy=_batch_policy,
 )

@@ -31,7 +31,7 @@ network (they have no target net), so their target reduces to ``R + D * max_a Q(
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -269,13 +269,18 @@ class DQNPolicy:
         epsilon: float | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        epsilons: Sequence[float] | None = None,
     ):
         self.config = config = config or DQNConfig()
         self.env_spec = env_spec
         self.device = torch.device(device)
+        if epsilons is not None and epsilon is None:
+            epsilon = epsilons[0]
         self.epsilon = float(config.epsilon_base if epsilon is None else epsilon)
-        if not 0.0 <= self.epsilon <= 1.0:
-            raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
+        self.epsilons = np.asarray([self.epsilon] if epsilons is None else epsilons, np.float64)
+        """One epsilon per environment of a vectorised actor (``act_batch``)."""
+        if not (0.0 <= self.epsilon <= 1.0 and np.all((self.epsilons >= 0) & (self.epsilons <= 1))):
+            raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r} / {epsilons!r}")
         self.transition_spec = dqn_transition_spec(env_spec)
         generator = torch.Generator().manual_seed(seed)
         self.q_net = build_seeded(lambda: make_q_network(env_spec, config), generator, self.device)
@@ -286,6 +291,24 @@ class DQNPolicy:
     def exploration(self) -> float:
         """This actor's epsilon: smaller is greedier (``apexrl plot`` picks the greediest actor by it)."""
         return self.epsilon
+
+    @property
+    def explorations(self) -> list[float]:
+        return self.epsilons.tolist()
+
+    @torch.inference_mode()
+    def act_batch(self, obs: np.ndarray, explore: bool = True) -> list[int]:
+        """Epsilon-greedy actions for a stack of observations, one per environment, in one forward pass:
+        environment ``j`` explores with ``epsilons[j]`` (``explore=False``: ``config.eval_epsilon`` for all)."""
+        obs = np.asarray(obs)
+        k = len(obs)
+        if explore and k != len(self.epsilons):
+            raise ValueError(f"{k} observations for {len(self.epsilons)} epsilons")
+        eps = self.epsilons if explore else np.full(k, self.config.eval_epsilon)
+        greedy = self.q_net(_obs_tensor(obs, self.device)).argmax(dim=1).cpu().numpy()
+        random = self.rng.random(k) < eps
+        actions = np.where(random, self.rng.integers(self.env_spec.num_actions, size=k), greedy)
+        return [int(a) for a in actions]
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool = True) -> int:
@@ -325,6 +348,13 @@ def _policy(env_spec: EnvSpec, config: DQNConfig, index: int, num_actors: int, s
     return DQNPolicy(env_spec, config, epsilon=eps, seed=seed)
 
 
+def _batch_policy(env_spec: EnvSpec, config: DQNConfig, slots: Sequence[int], num_slots: int,
+                  seed: int) -> DQNPolicy:
+    """A vectorised actor's environments take the epsilon ladder's rungs ``slots`` of ``num_slots``."""
+    eps = [epsilon_ladder(s, num_slots, config.epsilon_base, config.epsilon_alpha) for s in slots]
+    return DQNPolicy(env_spec, config, epsilons=eps, seed=seed)
+
+
 AGENT = AgentDef(
     name="dqn",
     description="Ape-X DQN: dueling double-Q network, n-step targets (discrete actions)",
@@ -332,4 +362,5 @@ AGENT = AgentDef(
     check_env=_check_env,
     make_learner=lambda env_spec, config, device, seed: DQNLearner(env_spec, config, device=device, seed=seed),
     make_policy=_policy,
+    make_batch_policy=_batch_policy,
 )

@@ -1,12 +1,14 @@
-"""The Ape-X actor: one environment, a local copy of the policy, an n-step buffer and a local batch.
+"""The Ape-X actor: K environments (``envs_per_actor``, usually 1), a local copy of the policy, one n-step buffer
+per environment and a local batch.
 
-Loop (Horgan et al. 2018, Algorithm 1)::
+Loop (Horgan et al. 2018, Algorithm 1, over K environments in lockstep)::
 
-    s = env.reset()
+    s_j = env_j.reset()                                   for j < K
     repeat:
-        a = π(s) with exploration (ε_i-greedy for DQN, Gaussian σ for DPG)
-        s', r, terminated, truncated = env.step(a)
-        n-step buffer ← (a, r, s')          → completed n-step transitions go to the local batch
+        a_j = π(s_j) with env j's exploration             one batched forward pass for all K (K = 1: ``act``)
+        s'_j, r_j, terminated_j, truncated_j = env_j.step(a_j)
+        n-step buffer j ← (a_j, r_j, s'_j)  → completed n-step transitions go to the local batch
+        an environment whose episode ended is reset on its own (its row in episodes.csv names it: ``env``)
         every B transitions: priorities = |δ| from the actor's own networks; INSERT(batch, priorities)
         every `params_every_frames` frames: ask the learner for newer weights (non-blocking beyond a timeout)
 
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from apexrl.agents import get_agent
+from apexrl.agents.base import batch_policy
 from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
 from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
 from apexrl.apex.report import ProgressReporter
@@ -58,12 +61,22 @@ class Actor:
         self.config = config
         self.seed = config.seed * 10007 + config.index
         torch.set_num_threads(config.torch_threads)
-        self.env = make_env(config.env, seed=self.seed)
+        k = config.envs_per_actor
+        self.envs = [make_env(config.env, seed=env_seed(self.seed, j)) for j in range(k)]
+        self.env = self.envs[0]
         self.spec = self.env.spec
-        self.policy = get_agent(config.agent).make_policy(self.spec, config.agent_config, config.index,
-                                                          config.num_actors, self.seed)
+        agent = get_agent(config.agent)
+        # K = 1 acts exactly as before batching existed (``act``); K > 1 through one batched policy whose
+        # environment j explores as slot index*K + j of num_actors*K.
+        if k == 1:
+            self.policy = agent.make_policy(self.spec, config.agent_config, config.index, config.num_actors, self.seed)
+            explorations = [getattr(self.policy, "exploration", None)]
+        else:
+            self.policy = batch_policy(agent, self.spec, config.agent_config, config.index, config.num_actors, k,
+                                       self.seed)
+            explorations = list(self.policy.explorations)
         self.transition_spec = self.policy.transition_spec
-        self.nstep = NStepBuffer(config.agent_config.n_step, config.agent_config.gamma)
+        self.nsteps = [NStepBuffer(config.agent_config.n_step, config.agent_config.gamma) for _ in range(k)]
         self.replay = connect_replay(config.replay, timeout=config.replay_timeout, spec=self.transition_spec,
                                    curve=config.curve_dir)
         self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
@@ -84,8 +97,7 @@ class Actor:
             if not new:
                 _check_episodes_header(config.episodes_csv)
             # A plugin agent's policy may not say how much it explores: the column stays empty then.
-            exploration = getattr(self.policy, "exploration", None)
-            self._exploration = "" if exploration is None else f"{float(exploration):.6g}"
+            self._explorations = ["" if e is None else f"{float(e):.6g}" for e in explorations]
             self._episodes_file = open(config.episodes_csv, "a", newline="", encoding="utf-8")
             self._episodes_csv = csv.writer(self._episodes_file, lineterminator="\n")
             if new:
@@ -100,7 +112,8 @@ class Actor:
     def close(self) -> None:
         self.replay.close()
         self.params.close()
-        self.env.close()
+        for env in self.envs:
+            env.close()
         self.report.close()
         if self._episodes_file is not None:
             self._episodes_file.close()
@@ -169,27 +182,36 @@ class Actor:
 
     # ------------------------------------------------------------------------------------------ loop
 
+    def _act(self, obs: list[np.ndarray]) -> list:
+        if len(obs) == 1:
+            return [self.policy.act(obs[0], explore=True)]
+        return list(self.policy.act_batch(np.stack(obs), explore=True))
+
     def run(self) -> dict[str, int]:
         cfg = self.config
         self._wait_first_params()
         start = last_log = time.monotonic()
-        obs = self.env.reset()
-        self.nstep.add_first(obs)
-        ep_return, ep_len = 0.0, 0
+        obs = [env.reset() for env in self.envs]
+        for nstep, o in zip(self.nsteps, obs):
+            nstep.add_first(o)
+        k = len(self.envs)
+        ep_return, ep_len = [0.0] * k, [0] * k
         while not self._stop.is_set():
-            action = self.policy.act(obs, explore=True)
-            step = self.env.step(action)
-            self._local.extend(self.nstep.add(action, step.reward, step.obs, step.terminated, step.truncated))
-            self.counters["steps"] += 1
-            self.counters["frames"] += self.spec.frames_per_step
-            ep_return += step.raw_reward
-            ep_len += 1
-            obs = step.obs
-            if step.terminated or step.truncated:
-                self._end_episode(ep_return, ep_len, time.monotonic() - start)
-                ep_return, ep_len = 0.0, 0
-                obs = self.env.reset()
-                self.nstep.add_first(obs)
+            actions = self._act(obs)
+            for j, env in enumerate(self.envs):
+                step = env.step(actions[j])
+                self._local.extend(self.nsteps[j].add(actions[j], step.reward, step.obs, step.terminated,
+                                                      step.truncated))
+                self.counters["steps"] += 1
+                self.counters["frames"] += self.spec.frames_per_step
+                ep_return[j] += step.raw_reward
+                ep_len[j] += 1
+                obs[j] = step.obs
+                if step.terminated or step.truncated:
+                    self._end_episode(j, ep_return[j], ep_len[j], time.monotonic() - start)
+                    ep_return[j], ep_len[j] = 0.0, 0
+                    obs[j] = env.reset()
+                    self.nsteps[j].add_first(obs[j])
             if len(self._local) >= cfg.flush_every:
                 self._flush()
             try:
@@ -202,18 +224,20 @@ class Actor:
                 last_log = now
             if cfg.max_steps and self.counters["steps"] >= cfg.max_steps:
                 break
-        # A clean stop keeps every step taken: the open episode ends here as a truncation.
-        self._local.extend(self.nstep.truncate())
+        # A clean stop keeps every step taken: each open episode ends here as a truncation.
+        for nstep in self.nsteps:
+            self._local.extend(nstep.truncate())
         self._flush()
         self._log_progress(time.monotonic() - start)
         return {**self.counters, "params_version": self.poller.version}
 
-    def _end_episode(self, ret: float, length: int, elapsed: float) -> None:
+    def _end_episode(self, env: int, ret: float, length: int, elapsed: float) -> None:
         self.counters["episodes"] += 1
         self._returns.append(ret)
         if self._episodes_csv is not None:
             self._episodes_csv.writerow([f"{elapsed:.3f}", self.config.index, self.counters["frames"],
-                                         self.counters["episodes"], f"{ret:.6g}", length, self._exploration])
+                                         self.counters["episodes"], f"{ret:.6g}", length, self._explorations[env],
+                                         env])
             self._episodes_file.flush()  # type: ignore[union-attr]
 
     def _log_progress(self, elapsed: float) -> None:
@@ -236,6 +260,14 @@ def run_actor(config: ActorConfig) -> dict[str, int]:
             return actor.run()
     finally:
         actor.close()
+
+
+def env_seed(actor_seed: int, j: int) -> int:
+    """The seed of an actor's environment ``j``: the actor's own for the first (as before vectorised actors),
+    then 63-bit seeds drawn from (actor seed, j), distinct from every actor's and from each other."""
+    if j == 0:
+        return actor_seed
+    return int(np.random.SeedSequence([actor_seed, j]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def _check_episodes_header(path: str) -> None:

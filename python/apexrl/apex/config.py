@@ -22,12 +22,14 @@ __all__ = ["EPISODE_COLUMNS", "MAX_ACTORS", "RUN_SEED_MAX", "ActorConfig", "Lear
 
 MAX_ACTORS = 4096
 """Most actors one run addresses (the exploration ladder and the actors' seeds are per index)."""
+MAX_ENVS_PER_ACTOR = 1024
+"""Most environments one actor steps in lockstep."""
 RUN_SEED_MAX = 2**32 - 1
 """A run's seed is 32-bit, so every seed derived from it (actor i: seed * 10007 + i, the store's, the learner's)
 fits the 64-bit generators of numpy, torch and the store."""
 
 
-EPISODE_COLUMNS = ("time_s", "actor", "env_frames", "episode", "return", "length", "exploration")
+EPISODE_COLUMNS = ("time_s", "actor", "env_frames", "episode", "return", "length", "exploration", "env")
 """The header of an actor's episodes.csv (``--episodes-csv``); the Ray launcher writes the same one."""
 
 
@@ -45,6 +47,9 @@ class ActorConfig:
     """This actor's index i in [0, num_actors): sets ε_i = 0.4^(1 + 7·i/(N−1)) and the seed offset."""
     num_actors: int = field(default=1, metadata=Range.int(1, MAX_ACTORS))
     """N, the number of actors in the run."""
+    envs_per_actor: int = field(default=1, metadata=Range.int(1, MAX_ENVS_PER_ACTOR))
+    """K, environments this actor steps in lockstep with one batched forward pass; environment j of actor i
+    explores as slot i·K + j of the run's N·K (the ε/σ ladder runs over every environment of the run)."""
     seed: int = field(default=0, metadata=Range.int(0, RUN_SEED_MAX))
     """Base seed; the actor uses seed * 10007 + index for its environment and exploration."""
     agent_config: Any = None
@@ -65,7 +70,8 @@ class ActorConfig:
     """Seconds between progress lines on stdout."""
     episodes_csv: str | None = None
     """If set, append one row per finished episode (time_s, actor, env_frames, episode, return, length,
-    exploration: the policy's epsilon or sigma, smaller is greedier) here."""
+    exploration: that environment's epsilon or sigma, smaller is greedier; env: the environment's index within
+    this actor) here."""
     torch_threads: int = field(default=1, metadata=Range.int(1, 256))
     """torch intra-op threads (actors are many small processes: one thread each)."""
     progress_path: str | None = None

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--index", type=field_arg(ActorConfig, "index"),
                    help="this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1)) (required)")
     g.add_argument("--num-actors", type=field_arg(ActorConfig, "num_actors"), help="N, actors in the run (required)")
+    g.add_argument("--envs-per-actor", metavar="K", type=field_arg(ActorConfig, "envs_per_actor"), default=None,
+                   help="environments stepped in lockstep with one batched forward pass, each with its own n-step "
+                   "buffer, seed and exploration (slot index*K + j of num_actors*K) (default: the preset's, 1)")
     g.add_argument("--flush-every", type=field_arg(ActorConfig, "flush_every"), default=None,
                    help="transitions per insert request (default: the preset's, 50)")
     g.add_argument("--params-every-frames", type=field_arg(ActorConfig, "params_every_frames"), default=None,
@@ -63,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SETTINGS = ("flush_every", "params_every_frames")
+SETTINGS = ("flush_every", "params_every_frames", "envs_per_actor")
 """Flags whose default is the preset's."""
-OWN = ("max_steps", "wait_for_params", *SETTINGS)
+OWN = ("max_steps", "wait_for_params", "flush_every", "params_every_frames")
 """ActorConfig fields `apexrl run --actor-args` may set (the launcher sets the others)."""
 
 

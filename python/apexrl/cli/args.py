@@ -133,10 +133,14 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
                    help="; ".join(f"{n}: {AGENTS[n].description}" for n in names)
                    + " (default: the preset's, or the first that accepts --env)")
     g.add_argument("--env", type=_env, default=None,
-                   help="environment, e.g. gym:CartPole-v1, atari:Pong, dmc:cartpole-swingup; default: the preset's")
+                   help="environment FAMILY:ID: gym:<any gymnasium id> (gym:CartPole-v1, gym:HalfCheetah-v5, your own "
+                   "as gym:<module>:<id>), atari:<Game>, dmc:<domain>-<task>, or a family an apexrl.envs entry point "
+                   "adds; default: the preset's")
     g.add_argument("--preset", type=_preset, default=None,
                    help=f"settings preset: {', '.join(PRESETS)} (default: by agent and env family: "
-                        "apex-dqn-atari, cartpole, apex-dpg-control or pendulum)")
+                        "apex-dqn-atari, cartpole, apex-dpg-control or pendulum; with --env and no --agent the "
+                        "agent comes from the action space: dqn for Discrete, dpg for Box, so a gym: task without "
+                        "a preset of its own runs with cartpole's or pendulum's settings)")
     g.add_argument("--seed", type=field_arg(LearnerConfig, "seed"), default=0, help="random seed (default 0)")
     g.add_argument("--n-step", type=int_arg(1, 100), default=None, help="n of the n-step return (preset's)")
     g.add_argument("--gamma", type=float_arg(nonneg=True, hi=1.0), default=None, help="discount γ (preset's)")

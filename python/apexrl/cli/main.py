@@ -17,10 +17,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from apexrl.apex.config import ActorConfig
 from apexrl.cli.args import (
     add_agent_arguments,
     add_curve_arguments,
     agent_overrides,
+    field_arg,
     float_arg,
     given_flags,
     int_arg,
@@ -61,6 +63,9 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_agent_arguments(p)
     g = p.add_argument_group("run")
     g.add_argument("--actors", type=int_arg(1, 256), default=None, help="number of actors (default: the preset's)")
+    g.add_argument("--envs-per-actor", metavar="K", type=field_arg(ActorConfig, "envs_per_actor"), default=None,
+                   help="environments each actor steps in lockstep with one batched forward pass; the exploration "
+                   "ladder runs over all actors x K environments (default: the preset's, 1)")
     g.add_argument("--minutes", type=float_arg(nonneg=True), default=None,
                    help="stop after this many minutes of wall time (default: the preset's; 0: no limit)")
     g.add_argument("--steps", type=int_arg(0), default=0, help="stop after this many learner steps (0: no limit)")
@@ -239,6 +244,8 @@ def launch_plan(argv: Sequence[str] | None = None):
     o.learner = _pass_through(run_parser, "--learner-args", args.learner_args, learner_cli.build_parser(),
                               learner_cli.OWN)
     o.actor = _pass_through(run_parser, "--actor-args", args.actor_args, actor_cli.build_parser(), actor_cli.OWN)
+    if args.envs_per_actor is not None:
+        o.actor["envs_per_actor"] = args.envs_per_actor
     try:
         p = plan(args.preset, o)
         if args.ray is not None and not os.path.isabs(p.run.run_dir):  # the processes run in other folders
@@ -272,30 +279,43 @@ def upgrade_episodes_csv(path: str) -> None:
         CSVWriter(path, EPISODE_COLUMNS).close()
 
 
-def run_main(argv: Sequence[str]) -> int:
-    from apexrl.launch.local import Launcher
+def run_banner(p) -> str:
+    """The line ``apexrl run`` (and ``apexrl.run``) prints before starting: what runs, how long, where."""
     from apexrl.launch.presets import PRESETS
 
-    p, log_level, args = launch_plan(argv)
-    if args.ray is not None:
-        from apexrl.launch.ray_launcher import PlacementError, require_ray
-
-        try:
-            require_ray(args.ray)
-        except PlacementError as e:
-            print(f"{PROG} run: error: {e}", file=sys.stderr, flush=True)
-            return 2
     limits = [f"{p.run.minutes:g} min" if p.run.minutes else "no time limit"]
     if p.run.steps:
         limits.append(f"{p.run.steps} learner steps")
     description = PRESETS[p.preset].description if p.preset in PRESETS else "agent defaults"
-    print(f"apexrl run: preset {p.preset} [{description}]; agent {p.agent}, env {p.env}, {len(p.actors)} actors, "
-          f"seed {p.seed}, {' or '.join(limits)}; run dir {p.run.run_dir}. Ctrl-C stops.", flush=True)
-    if args.ray is not None:
-        from apexrl.launch.ray_launcher import RayLauncher
+    k = p.actors[0].envs_per_actor
+    envs = f" x {k} environments" if k > 1 else ""
+    return (f"apexrl run: preset {p.preset} [{description}]; agent {p.agent}, env {p.env}, {len(p.actors)} "
+            f"actors{envs}, seed {p.seed}, {' or '.join(limits)}; run dir {p.run.run_dir}.")
 
-        return RayLauncher(p, args.ray, actor_cpus=args.ray_actor_cpus, server_log_level=log_level).run()
-    return Launcher(p, server_log_level=log_level).run()
+
+def make_launcher(p, log_level: str, args: argparse.Namespace, out=None):
+    """The launcher of a parsed ``apexrl run`` (local, or Ray with ``--ray``); PlacementError when Ray is missing."""
+    from apexrl.launch.local import Launcher
+
+    if args.ray is not None:
+        from apexrl.launch.ray_launcher import RayLauncher, require_ray
+
+        require_ray(args.ray)
+        return RayLauncher(p, args.ray, actor_cpus=args.ray_actor_cpus, server_log_level=log_level)
+    return Launcher(p, server_log_level=log_level, out=out)
+
+
+def run_main(argv: Sequence[str]) -> int:
+    from apexrl.launch.local import PlacementError
+
+    p, log_level, args = launch_plan(argv)
+    try:
+        launcher = make_launcher(p, log_level, args)
+    except PlacementError as e:
+        print(f"{PROG} run: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(run_banner(p) + " Ctrl-C stops.", flush=True)
+    return launcher.run()
 
 
 def plot_main(argv: Sequence[str]) -> int:

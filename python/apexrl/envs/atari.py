@@ -27,7 +27,15 @@ import functools
 
 import numpy as np
 
-from apexrl.envs.base import Env, EnvSpec, RenderError, StepResult, backend_seed
+from apexrl.envs.base import (
+    Env,
+    EnvFamily,
+    EnvSpec,
+    RenderError,
+    StepResult,
+    UnknownEnvError,
+    backend_seed,
+)
 
 PREFIX = "atari:"
 INSTALL_HINT = "pip install 'apexrl[atari]'"
@@ -68,18 +76,23 @@ def _games() -> dict[str, str]:
             if ale_py.ALEInterface.isSupportedROM(ale_py.roms.get_rom_path(rom))}
 
 
-def names() -> list[str]:
-    return [PREFIX + g for g in _games()] if available() else []
+EXAMPLES = ("atari:Pong", "atari:Breakout", "atari:SpaceInvaders")
+
+
+def examples() -> list[str]:
+    return list(EXAMPLES) if available() else []
 
 
 def describe() -> str:
-    if not available():
-        return f"atari:<Game> (e.g. atari:Pong; needs {INSTALL_HINT})"
-    return f"atari:<Game> (e.g. atari:Pong; games: {', '.join(_games())})"
+    needs = "" if available() else f"; needs {INSTALL_HINT}"
+    return f"atari:<Game> (any single-player ALE game, e.g. {', '.join(EXAMPLES)}{needs})"
 
 
-def is_known(game: str) -> bool:
-    return game in _games()
+def _known(game: str) -> str:
+    """``game``, or UnknownEnvError listing the games (ImportError naming the extra without ale-py)."""
+    if game not in _games():
+        raise UnknownEnvError(f"ale-py has no single-player game {game!r}; games: {', '.join(_games())}")
+    return game
 
 
 def clip_reward(r: float) -> float:
@@ -154,11 +167,16 @@ class AtariEnv(Env):
 
 def make(game: str, seed: int, *, evaluation: bool = False) -> AtariEnv:
     """``evaluation``: episodes capped at EVAL_EPISODE_FRAMES instead of MAX_EPISODE_FRAMES (same no-op starts)."""
-    return AtariEnv(game, seed, max_episode_frames=EVAL_EPISODE_FRAMES if evaluation else MAX_EPISODE_FRAMES)
+    return AtariEnv(_known(game), seed,
+                    max_episode_frames=EVAL_EPISODE_FRAMES if evaluation else MAX_EPISODE_FRAMES)
 
 
 @functools.lru_cache(maxsize=None)
 def spec(game: str) -> EnvSpec:
     # The action count is the game's minimal action set, known only once the ROM is loaded.
-    with AtariEnv(game, 0) as env:
+    with AtariEnv(_known(game), 0) as env:
         return env.spec
+
+
+FAMILY = EnvFamily("atari", describe, examples, lambda game, seed, evaluation: make(game, seed, evaluation=evaluation),
+                   spec)

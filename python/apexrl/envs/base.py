@@ -19,6 +19,7 @@ An `Env` is single-threaded: one instance belongs to one thread.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -58,6 +59,34 @@ class StepResult(NamedTuple):
     """Time limit: the n-step target bootstraps through it."""
     raw_reward: float
     """Unclipped score, for reporting episode returns."""
+
+
+class UnknownEnvError(ValueError):
+    """A family does not know the id (``make_env`` adds the list of families to the message)."""
+
+
+class UnsupportedSpaceError(ValueError):
+    """The environment exists but its observation or action space is not one apexrl supports (the message names
+    the space and what is supported)."""
+
+
+@dataclass(frozen=True)
+class EnvFamily:
+    """One family of environment names, ``"<name>:<id>"``. The built-in families are ``gym``, ``atari`` and
+    ``dmc``; another distribution adds one with an ``apexrl.envs`` entry point naming an ``EnvFamily``."""
+
+    name: str
+    """The prefix before the colon, e.g. ``"gym"``."""
+    describe: Callable[[], str]
+    """One line for ``--help`` and the unknown-environment message: the name pattern with examples (and the pip
+    extra it needs when that is missing)."""
+    examples: Callable[[], list[str]]
+    """A few valid full names (``apexrl.envs.env_names()``); empty when the family's package is missing."""
+    make: Callable[[str, int, bool], Env]
+    """``(id, seed, evaluation) -> Env``; UnknownEnvError for an id the family does not know, ImportError naming
+    the pip extra when its package is missing."""
+    spec: Callable[[str], EnvSpec]
+    """``id -> EnvSpec``, with the same errors as ``make``."""
 
 
 class RenderError(RuntimeError):

@@ -27,9 +27,11 @@ import numpy as np
 
 from apexrl.envs.base import (
     Env,
+    EnvFamily,
     EnvSpec,
     RenderError,
     StepResult,
+    UnknownEnvError,
     backend_seed,
     rescale_action,
 )
@@ -62,18 +64,23 @@ def _tasks() -> tuple[str, ...]:
     return tuple(f"{domain}-{task}" for domain, task in _suite().ALL_TASKS)
 
 
-def names() -> list[str]:
-    return [PREFIX + t for t in _tasks()] if available() else []
+EXAMPLES = ("dmc:cartpole-swingup", "dmc:walker-walk", "dmc:humanoid-run")
+
+
+def examples() -> list[str]:
+    return list(EXAMPLES) if available() else []
 
 
 def describe() -> str:
-    if not available():
-        return f"dmc:<domain>-<task> (e.g. dmc:cartpole-swingup; needs {INSTALL_HINT})"
-    return f"dmc:<domain>-<task> (e.g. dmc:cartpole-swingup; tasks: {', '.join(_tasks())})"
+    needs = "" if available() else f"; needs {INSTALL_HINT}"
+    return f"dmc:<domain>-<task> (any Control Suite task, e.g. {', '.join(EXAMPLES)}{needs})"
 
 
-def is_known(task: str) -> bool:
-    return task in _tasks()
+def _known(task: str) -> str:
+    """``task``, or UnknownEnvError listing the suite's tasks (ImportError naming the extra without dm-control)."""
+    if task not in _tasks():
+        raise UnknownEnvError(f"the Control Suite has no task {task!r}; tasks: {', '.join(_tasks())}")
+    return task
 
 
 class DmcEnv(Env):
@@ -140,10 +147,14 @@ class DmcEnv(Env):
 
 def make(name: str, seed: int, *, evaluation: bool = False) -> DmcEnv:
     """Evaluation episodes are the training ones (same time limit)."""
-    return DmcEnv(name, seed)
+    return DmcEnv(_known(name), seed)
 
 
 @functools.lru_cache(maxsize=None)
 def spec(name: str) -> EnvSpec:
-    with DmcEnv(name, 0) as env:
+    with DmcEnv(_known(name), 0) as env:
         return env.spec
+
+
+FAMILY = EnvFamily("dmc", describe, examples, lambda task, seed, evaluation: make(task, seed, evaluation=evaluation),
+                   spec)

@@ -25,6 +25,8 @@ On Linux each child also gets SIGTERM if the launcher itself dies (``PR_SET_PDEA
 can within a 2 s grace and exits, see :mod:`apexrl.apex.stopping`).
 
 Single-threaded: signal handlers only set flags or send signals; the loop in :meth:`Launcher.run` does the rest.
+:meth:`Launcher.run` may run off the main thread (``apexrl.run`` in a notebook or a sweep script): it installs no
+signal handlers there, and another thread ends the run with :meth:`Launcher.stop`.
 
 The loop runs over :class:`SupervisedChild`; :meth:`Launcher._place` decides where the children run (here:
 :class:`Child`, a local subprocess). :mod:`apexrl.launch.ray_launcher` places them on a Ray cluster instead,
@@ -41,6 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TextIO
@@ -273,6 +276,13 @@ class Launcher:
         self._exit_code = 0
         self._signals = 0
         self._status_shown = False  # a TTY status line is on screen (without newline)
+        self.final_eval: dict | None = None
+        """RUN_DIR/final_eval.json as the final evaluation wrote it (None: none ran or it failed)."""
+
+    def stop(self, reason: str = "stop requested") -> None:
+        """Ask a running :meth:`run` (on another thread) to stop cleanly, as SIGINT would; no final evaluation."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
 
     # ------------------------------------------------------------------------------------------ output
 
@@ -361,7 +371,9 @@ class Launcher:
 
     def run(self) -> int:
         os.makedirs(self.log_dir, exist_ok=True)
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        # Python allows signal handlers only on the main thread; elsewhere the caller stops the run with stop().
+        on_main = threading.current_thread() is threading.main_thread()
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
         start = time.monotonic()
         try:
             try:
@@ -435,6 +447,7 @@ class Launcher:
                 result = json.load(f)
             self._print(f"final evaluation: return {result['mean']:.1f} ± {result['se']:.1f} (SE) over "
                         f"{result['episodes']} episodes at learner step {result['learner_steps']} -> {out}")
+            self.final_eval = result
         except (OSError, ValueError, KeyError, TypeError) as e:
             self._print(f"final evaluation wrote no readable {out}: {e}")
 
