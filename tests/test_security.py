@@ -238,3 +238,113 @@ def test_apexrl_run_with_curve_from_the_environment_trains(keys, tmp_path):
     assert plan["servers"][0]["curve_dir"] == plan["learner"]["curve_dir"] == plan["actors"][0]["curve_dir"] == keys
     episodes = read_csv(os.path.join(run_dir, "episodes.csv"))
     assert len(episodes["return"]) > 0  # the actor's inserts reached the server through CURVE
+
+
+# ------------------------------------------------------------------------------------------ ZAP fails closed
+
+
+def _wait_event(monitor, wanted: set[int], timeout: float = 30.0) -> int:
+    """The first socket-monitor event in ``wanted`` (others are skipped); fails after ``timeout`` seconds."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if monitor.poll(200):
+            event = recv_monitor_message(monitor)["event"]
+            if event in wanted:
+                return event
+    raise AssertionError(f"no monitor event in {wanted} within {timeout}s")
+
+
+def _crash_zap_handler(ctx, endpoint: str, keys: str, monkeypatch):
+    """Make the ZAP handler of ``ctx`` die as a bug would (its next answer raises; a throwaway client's handshake
+    asks it one); returns (the dead handler, that client's socket) once its thread is gone."""
+    import zmq
+    from apexrl.security import ZapHandler
+
+    handler = ZapHandler.of(ctx)
+    assert handler is not None and handler.alive()
+
+    def boom(msg):
+        raise RuntimeError("injected ZAP handler fault")
+
+    monkeypatch.setattr(handler, "_answer", boom)
+    trigger = ctx.socket(zmq.DEALER)
+    trigger.setsockopt(zmq.LINGER, 0)
+    trigger.curve_publickey, trigger.curve_secretkey = zmq.curve_keypair()
+    trigger.curve_serverkey = load_client_keys(keys).server_public
+    trigger.connect(endpoint)
+    deadline = time.monotonic() + 30
+    while handler.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not handler.alive(), "the ZAP handler did not die"
+    return handler, trigger
+
+
+@pytest.mark.parametrize("enforce", [True, False], ids=["enforced", "libzmq-default"])
+def test_a_dead_zap_handler_refuses_even_an_authorized_key(keys, monkeypatch, caplog, enforce):
+    """secure_server_socket sets ZMQ_ZAP_ENFORCE_DOMAIN: once its ZAP handler is gone a fresh connection with an
+    authorized key is refused. The control case (the option turned back off) shows libzmq's default, which
+    lets every key in: the failure this option exists for."""
+    import zmq
+    from apexrl.security import secure_client_socket, secure_server_socket
+
+    ctx = zmq.Context()
+    failures: list[str] = []
+    server = ctx.socket(zmq.ROUTER)
+    try:
+        secure_server_socket(server, keys, on_zap_failure=failures.append)
+        assert server.getsockopt(zmq.ZAP_ENFORCE_DOMAIN) == 1
+        if not enforce:
+            server.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 0)
+        server.setsockopt(zmq.LINGER, 0)
+        server.bind("tcp://127.0.0.1:0")
+        endpoint = server.getsockopt_string(zmq.LAST_ENDPOINT)
+        monitor = server.get_monitor_socket()
+
+        _, trigger = _crash_zap_handler(ctx, endpoint, keys, monkeypatch)
+        assert len(failures) == 1 and "injected ZAP handler fault" in failures[0]
+        assert any(r.levelname == "CRITICAL" and "ZAP handler crashed" in r.getMessage() for r in caplog.records)
+
+        client = ctx.socket(zmq.DEALER)  # the right keys, a fresh connection
+        client.setsockopt(zmq.LINGER, 0)
+        secure_client_socket(client, keys)
+        client.connect(endpoint)
+        client.send(b"hello")
+        event = _wait_event(monitor, {zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                                      zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH})
+        if enforce:
+            assert event != zmq.EVENT_HANDSHAKE_SUCCEEDED
+            assert not server.poll(500)  # and nothing of the client's arrives
+        else:
+            assert event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+            assert server.poll(30_000) and server.recv_multipart()[-1] == b"hello"
+        for s in (client, trigger, monitor):
+            s.close(linger=0)
+        server.disable_monitor()
+    finally:
+        server.close(linger=0)
+        ctx.term()
+
+
+def test_the_parameter_service_stops_with_a_critical_line_when_its_zap_handler_dies(keys, monkeypatch, caplog):
+    torch = pytest.importorskip("torch")
+    import threading
+
+    from apexrl.params.service import ParamClient, ParamServer
+
+    told = threading.Event()
+    with ParamServer(curve=keys, on_failure=lambda reason: told.set()) as server:
+        server.publish({"w": torch.zeros(2)})
+        with ParamClient(server.endpoint, timeout=30, curve=keys) as good:
+            assert good.fetch(0)[0] == 1
+        _, trigger = _crash_zap_handler(server._ctx, server.endpoint, keys, monkeypatch)
+        assert told.wait(30), "the service was not told that its ZAP handler died"
+        assert "ZAP handler is gone" in server.failure and "injected ZAP handler fault" in server.failure
+        deadline = time.monotonic() + 30
+        while server._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server._thread.is_alive()  # the serving thread ended by itself
+        assert any(r.levelname == "CRITICAL" and r.name == "apexrl.params.service" and "stops" in r.getMessage()
+                   for r in caplog.records)
+        trigger.close(linger=0)

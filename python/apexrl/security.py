@@ -10,9 +10,12 @@ A key directory (``apexrl keygen DIR``) holds, in pyzmq's certificate format (``
     authorized/*.key    public keys of the clients allowed to connect (keygen puts client.key there)
 
 A server socket (:func:`secure_server_socket`) turns on CURVE with the server's key pair and asks a ZAP
-handler (one thread per ZeroMQ context, :class:`_ZapHandler`) about every connecting client: a client whose
+handler (one thread per ZeroMQ context, :class:`ZapHandler`) about every connecting client: a client whose
 public key is not in ``authorized/`` is refused during the handshake, before any request reaches the
-service. A client socket (:func:`secure_client_socket`) needs its own key pair and the server's public key.
+service. It fails closed: the socket sets ZMQ_ZAP_ENFORCE_DOMAIN, so if the handler thread is gone libzmq
+refuses every client (without that option it would let every key in), and the service is told to stop
+(``on_zap_failure``). A client socket (:func:`secure_client_socket`) needs its own key pair and the server's
+public key.
 
 Secret key files must not be readable by group or others: they are refused (like ssh refuses such private
 keys), so a key copied with the wrong mode is noticed before it is relied upon.
@@ -31,6 +34,7 @@ import stat
 import tempfile
 import threading
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Union
 
 import zmq
@@ -45,6 +49,7 @@ __all__ = [
     "ClientKeys",
     "CurveKeyError",
     "ServerKeys",
+    "ZapHandler",
     "check_exposure",
     "client_keys",
     "curve_dir_from_env",
@@ -240,20 +245,28 @@ def check_exposure(bind: str, curve_dir: PathLike | None, insecure: bool, what: 
 # ------------------------------------------------------------------------------------------ sockets
 
 
-def secure_server_socket(sock: zmq.Socket, curve: ServerKeys | PathLike | None) -> ServerKeys | None:
+def secure_server_socket(sock: zmq.Socket, curve: ServerKeys | PathLike | None, *,
+                         on_zap_failure: Callable[[str], None] | None = None) -> ServerKeys | None:
     """Turn on CURVE and the allow-list on a server socket (before it binds); no-op for ``curve=None``.
 
     Starts the ZAP handler of the socket's context if it has none yet; the handler's thread ends, closing its
-    socket, when the context is terminated (so ``ctx.term()`` of the owner works unchanged).
+    socket, when the context is terminated (so ``ctx.term()`` of the owner works unchanged). Sets
+    ZMQ_ZAP_ENFORCE_DOMAIN: while the handler is gone every client is refused. ``on_zap_failure(reason)`` is
+    called (from the dying handler thread) if it ever crashes: the service should log it and stop, since it
+    can accept nobody any more (:meth:`ZapHandler.on_failure`).
     """
     keys = server_keys(curve)
     if keys is None:
         return None
-    domain = _ZapHandler.register(sock.context, keys.allowed)
+    handler, domain = ZapHandler.register(sock.context, keys.allowed)
+    if on_zap_failure is not None:
+        handler.on_failure(on_zap_failure)
     sock.setsockopt(zmq.CURVE_SERVER, 1)
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
     sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
     sock.setsockopt(zmq.ZAP_DOMAIN, domain)
+    # Fail closed: without it libzmq lets every CURVE client in when no ZAP handler is bound (a dead thread).
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
     return keys
 
 
@@ -268,18 +281,26 @@ def secure_client_socket(sock: zmq.Socket, curve: ClientKeys | PathLike | None) 
     return keys
 
 
-class _ZapHandler:
+class ZapHandler:
     """The ZAP handler of one ZeroMQ context: allows a CURVE client iff its public key is on the allow-list
-    of the domain (one domain per secured socket) it connects to; refuses everything else."""
+    of the domain (one domain per secured socket) it connects to; refuses everything else.
+
+    Every secured socket sets ZMQ_ZAP_ENFORCE_DOMAIN, so while no handler is bound (its thread is gone)
+    libzmq refuses every client instead of letting every key in. A service learns of that through
+    :meth:`alive` (poll it) or :meth:`on_failure` (a callback from the dying thread; ``on_zap_failure`` of
+    :func:`secure_server_socket`) and stops.
+    """
 
     _lock = threading.Lock()
-    _by_context: dict[int, _ZapHandler] = {}
+    _by_context: dict[int, ZapHandler] = {}
 
     def __init__(self, ctx: zmq.Context):
         self.ctx = ctx
         self.domains: dict[bytes, frozenset[bytes]] = {}
         self.allowed = 0
         self.denied = 0
+        self.failure: str | None = None  # why the thread ended, when it was not the context's termination
+        self._callbacks: list[Callable[[str], None]] = []
         self._logged: set[bytes] = set()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -289,30 +310,63 @@ class _ZapHandler:
         self._thread.start()
 
     @classmethod
-    def register(cls, ctx: zmq.Context, allowed: frozenset[bytes]) -> bytes:
-        """The ZAP domain under which ``allowed`` (Z85 public keys) is the allow-list in ``ctx``."""
+    def register(cls, ctx: zmq.Context, allowed: frozenset[bytes]) -> tuple[ZapHandler, bytes]:
+        """The handler of ``ctx`` (started if it has none, or a dead one) and the ZAP domain under which
+        ``allowed`` (Z85 public keys) is the allow-list."""
         with cls._lock:
             handler = cls._by_context.get(id(ctx))
-            if handler is None or handler.ctx is not ctx or not handler._thread.is_alive():
-                handler = cls._by_context[id(ctx)] = _ZapHandler(ctx)
+            if handler is None or handler.ctx is not ctx or not handler.alive():
+                handler = cls._by_context[id(ctx)] = ZapHandler(ctx)
             domain = f"apexrl-{len(handler.domains)}".encode()
             handler.domains[domain] = frozenset(z85.decode(k) for k in allowed)
-            return domain
+            return handler, domain
+
+    @classmethod
+    def of(cls, ctx: zmq.Context) -> ZapHandler | None:
+        """The live handler of ``ctx``, or None (none was started, or it is gone)."""
+        with cls._lock:
+            handler = cls._by_context.get(id(ctx))
+        return handler if handler is not None and handler.ctx is ctx else None
+
+    def alive(self) -> bool:
+        """True while the handler thread answers ZAP requests."""
+        return self._thread.is_alive()
+
+    def on_failure(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` once if the thread ends for any reason but its context's termination
+        (at once, in this thread, if it already did); otherwise in the dying handler thread."""
+        with self._lock:
+            if self.failure is None:
+                self._callbacks.append(callback)
+                return
+            reason = self.failure
+        callback(reason)
 
     def _serve(self, sock: zmq.Socket) -> None:
+        reason: str | None = None
         try:
             while True:
                 if sock.poll(_ZAP_POLL_MS):
                     sock.send_multipart(self._answer(sock.recv_multipart()))
         except zmq.ContextTerminated:
             pass
-        except Exception:  # pragma: no cover - a bug; refusing every later client is the safe failure
-            log.exception("ZAP handler crashed: no client can authenticate any more")
+        except BaseException as exc:  # a bug: every later client is refused (ZMQ_ZAP_ENFORCE_DOMAIN)
+            reason = f"{type(exc).__name__}: {exc}"
+            log.critical("ZAP handler crashed (%s): every CURVE client is refused from now on", reason,
+                         exc_info=True)
         finally:
-            sock.close(linger=0)
+            sock.close(linger=0)  # unbinds ZAP_ENDPOINT: libzmq then refuses every handshake
             with self._lock:
                 if self._by_context.get(id(self.ctx)) is self:
                     del self._by_context[id(self.ctx)]
+                if reason is not None:
+                    self.failure = reason
+                callbacks, self._callbacks = self._callbacks, []
+            for callback in callbacks if reason is not None else ():
+                try:
+                    callback(reason)
+                except Exception:  # noqa: BLE001 - one service's callback must not keep the others from theirs
+                    log.exception("a ZAP failure callback raised")
 
     def _answer(self, msg: list[bytes]) -> list[bytes]:
         """The reply to one ZAP request (RFC 27): envelope, version, request id, status, text, user, metadata."""

@@ -122,7 +122,9 @@ class Learner:
         self._undecodable_seen: set[str] = set()  # messages already logged
         if config.resume:
             self._resume()
-        self.params = ParamServer(bind=config.params_bind, port=config.params_port, curve=config.curve_dir).start()
+        self.failure: str | None = None  # why the learner stopped on its own (its parameter service failed)
+        self.params = ParamServer(bind=config.params_bind, port=config.params_port, curve=config.curve_dir,
+                                  on_failure=self._service_failed).start()
         self.replay = connect_replay(config.replay, timeout=config.replay_timeout, curve=config.curve_dir)
         self.evaluator = Evaluator(config)
         self.report = ProgressReporter("learner", config.progress_path)
@@ -178,6 +180,12 @@ class Learner:
         self.checkpoint_step = int(self.agent.steps)
         self.checkpoint_error = None
         return True
+
+    def _service_failed(self, reason: str) -> None:
+        """The parameter service stopped (its ZAP handler died): actors get no weights, so stop with an error
+        (the final checkpoint is written as on SIGTERM)."""
+        self.failure = reason
+        self.stop()
 
     def stop(self) -> None:
         if self._stop_time is None:
@@ -375,7 +383,7 @@ class Learner:
                 "seconds": time.monotonic() - start, "checkpoint": self.checkpoint_path,
                 "checkpoint_step": self.checkpoint_step, "checkpoint_error": self.checkpoint_error,
                 "checkpoint_failures": self.checkpoint_failures, "unconfirmed_updates": self.unconfirmed_updates,
-                "undecodable_items": self.undecodable_items}
+                "undecodable_items": self.undecodable_items, "failure": self.failure}
 
     def close(self) -> None:
         self.evaluator.close(timeout=self._time_left(5.0))

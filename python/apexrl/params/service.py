@@ -142,10 +142,12 @@ class ParamServer:
     refuse bigger replies with their own cap, default the same). Requests are capped by ZMQ_MAXMSGSIZE
     (``PARAMS_MAX_REQUEST_BYTES`` bytes per frame): libzmq disconnects a peer that sends a bigger frame.
     ``curve`` (a key directory or :class:`~apexrl.security.ServerKeys`) turns on CURVE and the client allow-list.
+    If its ZAP handler dies (nobody could authenticate any more) the service logs a CRITICAL line, stops,
+    sets :attr:`failure` and calls ``on_failure(reason)`` (from another thread): the learner stops with it.
     """
 
     def __init__(self, bind: str = "127.0.0.1", port: int = 0, max_message_mb: float = 512, *,
-                 curve: ServerKeys | str | None = None):
+                 curve: ServerKeys | str | None = None, on_failure: Callable[[str], None] | None = None):
         if not 0 <= int(port) <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         if not (max_message_mb > 0 and math.isfinite(max_message_mb)):
@@ -162,6 +164,8 @@ class ParamServer:
         self._ctx: zmq.Context | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self.failure: str | None = None  # why the service stopped on its own (its ZAP handler died)
+        self._on_failure = on_failure
         self._counts = {"requests": 0, "params": 0, "unchanged": 0, "not_ready": 0, "errors": 0, "dropped": 0,
                         "parked": 0}
 
@@ -184,7 +188,8 @@ class ParamServer:
         self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         try:
-            secure_server_socket(sock, self.curve)  # CURVE + allow-list when keys are configured
+            # CURVE + allow-list when keys are configured; fails closed when the ZAP handler dies.
+            secure_server_socket(sock, self.curve, on_zap_failure=self._zap_failed)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, PARAMS_MAX_REQUEST_BYTES)
             # Sends never block and fail visibly (EAGAIN: the peer's queue is full; EHOSTUNREACH: it left): the
@@ -279,6 +284,15 @@ class ParamServer:
             log.exception("parameter server thread crashed")
         finally:
             sock.close(linger=0)
+
+    def _zap_failed(self, reason: str) -> None:
+        """The ZAP handler died: every client is refused now, so say so loudly and stop serving."""
+        log.critical("parameter service on %s stops: its ZAP handler is gone (%s), no client can authenticate",
+                     self._endpoint, reason)
+        self.failure = f"the parameter service's ZAP handler is gone ({reason})"
+        self._stop.set()
+        if self._on_failure is not None:
+            self._on_failure(self.failure)
 
     def _dropped(self) -> None:
         with self._lock:
