@@ -348,3 +348,35 @@ def test_the_parameter_service_stops_with_a_critical_line_when_its_zap_handler_d
         assert any(r.levelname == "CRITICAL" and r.name == "apexrl.params.service" and "stops" in r.getMessage()
                    for r in caplog.records)
         trigger.close(linger=0)
+
+
+# ------------------------------------------------------------------------------------------ key files
+
+
+def test_key_directories_are_private_and_loaders_refuse_ones_others_could_change(keys):
+    """keygen makes DIR and DIR/authorized 0700; a key directory or key file writable by group or others, or owned
+    by another user, is refused with the reason (nothing is loaded), as ssh refuses such files."""
+    auth = os.path.join(keys, "authorized")
+    for d in (keys, auth):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+    for path, loader in ((keys, load_server_keys), (keys, load_client_keys), (auth, load_server_keys)):
+        os.chmod(path, 0o770)
+        with pytest.raises(CurveKeyError, match=rf"{path} is writable by group or others \(mode 0770\): run "
+                                                rf"`chmod go-w {path}`"):
+            loader(keys)
+        os.chmod(path, 0o700)
+    for name, loader in (("server.key", load_client_keys), ("authorized/client.key", load_server_keys)):
+        path = os.path.join(keys, name)
+        os.chmod(path, 0o646)
+        with pytest.raises(CurveKeyError, match="writable by group or others"):
+            loader(keys)
+        os.chmod(path, 0o644)
+    if os.geteuid() == 0:  # only root can give a file to another user
+        for name, loader in (("client.key_secret", load_client_keys), ("server.key", load_client_keys),
+                             ("authorized/client.key", load_server_keys), ("", load_server_keys)):
+            path = os.path.join(keys, name) if name else keys
+            os.chown(path, 65534, -1)
+            with pytest.raises(CurveKeyError, match=r"is owned by uid 65534, not by this user \(uid 0\) or root"):
+                loader(keys)
+            os.chown(path, 0, -1)
+    load_server_keys(keys), load_client_keys(keys)  # restored: loads again

@@ -18,7 +18,9 @@ refuses every client (without that option it would let every key in), and the se
 public key.
 
 Secret key files must not be readable by group or others: they are refused (like ssh refuses such private
-keys), so a key copied with the wrong mode is noticed before it is relied upon.
+keys), so a key copied with the wrong mode is noticed before it is relied upon. Key directories (0700 when
+keygen creates them) and key files must be owned by the user (or root) and not writable by group or others:
+whoever can write there could swap the server's key or add a client to the allow-list.
 
 Binding beyond loopback without keys is refused unless ``insecure`` is set (:func:`check_exposure`, called
 by ServerConfig and LearnerConfig validation: every CLI refuses it with exit status 2).
@@ -112,7 +114,10 @@ def keygen(directory: PathLike) -> list[str]:
     if held:
         raise CurveKeyError(f"{directory} already holds keys ({', '.join(held)}): remove them or choose another "
                             "directory (keys are never overwritten)")
-    os.makedirs(os.path.join(directory, AUTHORIZED), exist_ok=True)
+    for d in (directory, os.path.join(directory, AUTHORIZED)):  # 0700: only the owner lists or adds keys
+        if not os.path.isdir(d):
+            os.makedirs(d, mode=0o700)
+            os.chmod(d, 0o700)
     # Written in a private (0700) temporary directory, then moved into place: a secret is never readable by
     # others, not even for a moment.
     with tempfile.TemporaryDirectory(dir=directory, prefix=".keygen-") as tmp:
@@ -142,13 +147,37 @@ def _write_key(path: str, public: bytes, secret: bytes | None, mode: int) -> Non
     os.chmod(path, mode)  # exactly ``mode``, whatever the umask
 
 
+def _check_trusted(path: str, st: os.stat_result) -> None:
+    """CurveKeyError unless ``path`` (a key file or key directory) is owned by this user (or root) and not
+    writable by group or others: whoever can write there can swap a key or add one to the allow-list."""
+    if st.st_uid not in (os.geteuid(), 0):
+        raise CurveKeyError(f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}) or root: "
+                            "another user could replace the keys; copy them into a directory of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CurveKeyError(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
+                            f"run `chmod go-w {path}`")
+
+
+def _check_dir(path: str) -> None:
+    """:func:`_check_trusted` for a key directory (a missing one is reported by the first file read in it)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CurveKeyError(f"cannot read the key directory {path}: {e.strerror}") from None
+    _check_trusted(path, st)
+
+
 def _read_pair(path: str) -> tuple[bytes, bytes]:
-    """(public, secret) of a secret key file; CurveKeyError if missing, malformed or group/other-readable."""
+    """(public, secret) of a secret key file; CurveKeyError if missing, malformed, group/other-readable, or
+    not owned by this user."""
     try:
         st = os.stat(path)
     except OSError as e:
         raise CurveKeyError(f"cannot read CURVE secret key {path}: {e.strerror} (create keys with "
                             "`apexrl keygen DIR`)") from None
+    _check_trusted(path, st)
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise CurveKeyError(f"CURVE secret key {path} is accessible by group or others (mode "
                             f"{stat.S_IMODE(st.st_mode):04o}): run `chmod 600 {path}`")
@@ -159,6 +188,11 @@ def _read_pair(path: str) -> tuple[bytes, bytes]:
 
 
 def _read(path: str) -> tuple[bytes, bytes | None]:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise CurveKeyError(f"cannot read CURVE key {path}: {e.strerror}") from None
+    _check_trusted(path, st)
     try:
         public, secret = load_certificate(path)
     except (OSError, ValueError) as e:
@@ -172,8 +206,10 @@ def _read(path: str) -> tuple[bytes, bytes | None]:
 def load_server_keys(directory: PathLike) -> ServerKeys:
     """The server's key pair and ``authorized/*.key`` of ``directory``; CurveKeyError naming what is missing."""
     directory = os.path.abspath(os.fspath(directory))
+    _check_dir(directory)
     public, secret = _read_pair(os.path.join(directory, f"{SERVER}.key_secret"))
     auth_dir = os.path.join(directory, AUTHORIZED)
+    _check_dir(auth_dir)
     try:
         names = sorted(n for n in os.listdir(auth_dir) if n.endswith(".key"))
     except OSError as e:
@@ -187,6 +223,7 @@ def load_server_keys(directory: PathLike) -> ServerKeys:
 def load_client_keys(directory: PathLike) -> ClientKeys:
     """The client's key pair and the server's public key of ``directory``; CurveKeyError naming what is missing."""
     directory = os.path.abspath(os.fspath(directory))
+    _check_dir(directory)
     public, secret = _read_pair(os.path.join(directory, f"{CLIENT}.key_secret"))
     server_public, _ = _read(os.path.join(directory, f"{SERVER}.key"))
     return ClientKeys(public=public, secret=secret, server_public=server_public, directory=directory)

@@ -52,6 +52,7 @@ from apexrl.apex.evaluator import Evaluator
 from apexrl.apex.metrics import CSVWriter, Mean
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
+from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
 from apexrl.replay.sharded import connect as connect_replay
 
@@ -108,7 +109,7 @@ class Learner:
         self.config = config
         torch.set_num_threads(config.torch_threads)
         self.run_dir = config.run_dir or default_run_dir(config.env, config.agent, config.seed)
-        os.makedirs(self.run_dir, exist_ok=True)
+        make_private_dirs(self.run_dir)  # 0700 when created here
         self.checkpoint_path = os.path.join(self.run_dir, CHECKPOINT_NAME)
         self.device = resolve_device(config.device)
         self.env_spec = env_spec(config.env)
