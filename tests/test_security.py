@@ -365,7 +365,7 @@ def test_key_directories_are_private_and_loaders_refuse_ones_others_could_change
                                                 rf"`chmod go-w {path}`"):
             loader(keys)
         os.chmod(path, 0o700)
-    for name, loader in (("server.key", load_client_keys), ("authorized/client.key", load_server_keys)):
+    for name, loader in (("server.key", load_client_keys), ("authorized/learner.key", load_server_keys)):
         path = os.path.join(keys, name)
         os.chmod(path, 0o646)
         with pytest.raises(CurveKeyError, match="writable by group or others"):
@@ -373,10 +373,95 @@ def test_key_directories_are_private_and_loaders_refuse_ones_others_could_change
         os.chmod(path, 0o644)
     if os.geteuid() == 0:  # only root can give a file to another user
         for name, loader in (("client.key_secret", load_client_keys), ("server.key", load_client_keys),
-                             ("authorized/client.key", load_server_keys), ("", load_server_keys)):
+                             ("authorized/learner.key", load_server_keys), ("", load_server_keys)):
             path = os.path.join(keys, name) if name else keys
             os.chown(path, 65534, -1)
             with pytest.raises(CurveKeyError, match=r"is owned by uid 65534, not by this user \(uid 0\) or root"):
                 loader(keys)
             os.chown(path, 0, -1)
     load_server_keys(keys), load_client_keys(keys)  # restored: loads again
+
+
+# ------------------------------------------------------------------------------------------ identities and roles
+
+
+def test_keygen_issues_one_key_per_actor_host_that_holds_no_server_secret(keys, start_server):
+    out = _apexrl("keygen", keys, "--role", "actor", "--name", "host3")
+    assert out.returncode == 0, out.stderr
+    node = os.path.join(keys, "actors", "host3")
+    assert sorted(os.listdir(node)) == ["client.key", "client.key_secret", "server.key"]  # never a server secret
+    assert stat.S_IMODE(os.stat(node).st_mode) == 0o700
+    assert f"copy {node} to the actor's host" in out.stdout
+    assert sorted(os.listdir(os.path.join(keys, "authorized"))) == ["actor.host3.key", "learner.key"]
+    server, actor, learner = load_server_keys(keys), load_client_keys(node), load_client_keys(keys)
+    assert dict(server.identities) == {learner.public: "learner", actor.public: "actor:host3"}
+    assert actor.server_public == server.public and actor.public != learner.public
+
+    before = sorted(os.listdir(os.path.join(keys, "authorized")))
+    for args, message in ((("--role", "actor", "--name", "host3"), "already holds keys"),
+                          (("--role", "actor"), "an actor key needs --name"),
+                          (("--role", "actor", "--name", "../evil"), "an actor key needs --name"),
+                          (("--role", "learner", "--name", "x"), "has no --name")):
+        out = _apexrl("keygen", keys, *args)
+        assert out.returncode == 1 and message in out.stderr, (args, out.stderr)
+    assert sorted(os.listdir(os.path.join(keys, "authorized"))) == before  # nothing written
+    out = _apexrl("keygen", os.path.join(os.path.dirname(keys), "empty"), "--role", "actor", "--name", "a")
+    assert out.returncode == 1 and "holds no server keys: create them first" in out.stderr
+
+    srv = start_server("--curve-dir", keys)  # the actor's directory is all an actor host needs
+    with ReplayClient(srv.endpoint, timeout=30, curve=node) as client:
+        assert len(client.insert(np.ones(2), [b"a", b"b"])) == 2 and client.stats()["size"] == 2
+
+
+def test_roles_name_the_ops_each_client_may_send():
+    from apexrl.replay.schema import Op
+    from apexrl.security import ROLE_OPS, may, role_of, user_id_of_file
+
+    assert ROLE_OPS["actor"] == {Op.HELLO, Op.INSERT, Op.STATS, Op.GET_PARAMS}
+    assert ROLE_OPS["learner"] == set(Op)
+    assert [role_of(u) for u in ("learner", "actor:host3", "client")] == ["learner", "actor", "learner"]
+    for bad in ("actor", "actor:", "guest:x", "learner:x", ""):
+        with pytest.raises(ValueError, match="unknown client identity"):
+            role_of(bad)
+        assert not may(bad, Op.GET_PARAMS)
+    assert may("actor:h", Op.INSERT) and not may("actor:h", Op.SAMPLE) and not may("actor:h", Op.ERASE)
+    assert may("learner", Op.SAMPLE) and may("client", Op.UPDATE_PRIORITIES)
+    assert [user_id_of_file(n) for n in ("learner.key", "actor.h.example.org.key", "client.key", "alice.key",
+                                         "actor..key", "learner.key_secret")] == \
+        ["learner", "actor:h.example.org", "client", None, None, None]
+
+
+def test_an_allow_list_file_without_a_role_is_refused_and_an_old_client_key_keeps_working(keys):
+    auth = os.path.join(keys, "authorized")
+    os.rename(os.path.join(auth, "learner.key"), os.path.join(auth, "client.key"))  # a directory made before roles
+    assert set(load_server_keys(keys).identities.values()) == {"client"}
+    shutil.copy(os.path.join(auth, "client.key"), os.path.join(auth, "alice.key"))
+    with pytest.raises(CurveKeyError, match=r"alice.key: an allow-list file is named learner.key, actor.NAME.key"):
+        load_server_keys(keys)
+
+
+def test_the_parameter_service_reads_the_user_id_and_refuses_an_identity_without_the_right(keys):
+    """An actor's key fetches weights; an identity whose role may not (here one the ZAP handler was given
+    directly: the loader refuses such file names) gets a clear error and nothing else."""
+    torch = pytest.importorskip("torch")
+    import dataclasses
+
+    import zmq
+    from apexrl.errors import ServerError
+    from apexrl.params.service import ParamClient, ParamServer
+
+    assert _apexrl("keygen", keys, "--role", "actor", "--name", "a1").returncode == 0
+    server_keys = load_server_keys(keys)
+    guest_public, guest_secret = zmq.curve_keypair()
+    with_guest = dataclasses.replace(server_keys, allowed=server_keys.allowed | {guest_public},
+                                     identities={**server_keys.identities, guest_public: "guest:x"})
+    guest = ClientKeys(guest_public, guest_secret, server_keys.public, keys)
+    with ParamServer(curve=with_guest) as server:
+        server.publish({"w": torch.ones(3)})
+        with ParamClient(server.endpoint, timeout=30, curve=os.path.join(keys, "actors", "a1")) as actor:
+            assert actor.fetch(0)[0] == 1
+        with ParamClient(server.endpoint, timeout=30, curve=guest) as intruder:
+            with pytest.raises(ServerError, match=r"permission denied: client 'guest:x' may not send GET_PARAMS"):
+                intruder.fetch(0)
+        stats = server.stats()
+        assert stats["forbidden"] == 1 and stats["params"] == 1

@@ -5,9 +5,15 @@ A key directory (``apexrl keygen DIR``) holds, in pyzmq's certificate format (``
 
     server.key          the server's public key              every client needs it
     server.key_secret   the server's key pair (mode 0600)     the replay server and the learner
-    client.key          the client's public key
-    client.key_secret   the client's key pair (mode 0600)     actors and the learner (a replay client)
-    authorized/*.key    public keys of the clients allowed to connect (keygen puts client.key there)
+    client.key          the learner's public key
+    client.key_secret   the learner's key pair (mode 0600)    the learner (a replay client)
+    authorized/*.key    public keys of the clients allowed to connect, named by identity: learner.key,
+                        actor.NAME.key (client.key: a directory made before roles)
+    actors/NAME/        one actor host's directory (keygen --role actor --name NAME): server.key and its
+                        own client.key(_secret), never a server secret
+
+The ZAP handler gives each connection its key's identity as the ZMQ User-Id (``learner``, ``actor:NAME``);
+:data:`ROLE_OPS` says which ops each role may send (:func:`role_of`, :func:`may`).
 
 A server socket (:func:`secure_server_socket`) turns on CURVE with the server's key pair and asks a ZAP
 handler (one thread per ZeroMQ context, :class:`ZapHandler`) about every connecting client: a client whose
@@ -32,20 +38,26 @@ import datetime
 import ipaddress
 import logging
 import os
+import re
 import stat
 import tempfile
 import threading
 from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Union
 
 import zmq
 from zmq.auth.certs import load_certificate
 from zmq.utils import z85
 
+from apexrl.replay.schema import Op
+
 __all__ = [
+    "ACTOR",
     "AUTHORIZED",
     "CLIENT",
+    "LEARNER",
+    "ROLE_OPS",
     "ENV_VAR",
     "SERVER",
     "ClientKeys",
@@ -59,9 +71,12 @@ __all__ = [
     "keygen",
     "load_client_keys",
     "load_server_keys",
+    "may",
+    "role_of",
     "secure_client_socket",
     "secure_server_socket",
     "server_keys",
+    "user_id_of_file",
 ]
 
 log = logging.getLogger("apexrl.security")
@@ -71,6 +86,51 @@ ENV_VAR = "APEXRL_CURVE_DIR"
 SERVER, CLIENT, AUTHORIZED = "server", "client", "authorized"
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27), one per context
 _ZAP_POLL_MS = 200
+
+
+# ------------------------------------------------------------------------------------------ roles
+
+LEARNER, ACTOR = "learner", "actor"
+ROLE_OPS: dict[str, frozenset[int]] = {
+    LEARNER: frozenset(int(op) for op in Op),
+    ACTOR: frozenset({int(Op.HELLO), int(Op.INSERT), int(Op.STATS), int(Op.GET_PARAMS)}),
+}
+"""The ops (:class:`apexrl.replay.schema.Op` values) each role may send, on either service: an actor inserts
+experience, says hello, reads STATS (the sharded client needs it) and fetches weights; the learner may do
+everything. The one definition both services enforce (see :func:`may`)."""
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+"""An actor's name (its host, say): also part of a file name, so no '/' and no leading '.' or '-'."""
+
+
+def role_of(user_id: str) -> str:
+    """The role of a ZAP User-Id: ``learner`` -> learner, ``actor:NAME`` -> actor, ``client`` (the shared key of
+    a key directory made before roles) -> learner. ValueError for anything else."""
+    if user_id in (LEARNER, CLIENT):
+        return LEARNER
+    role, sep, name = user_id.partition(":")
+    if role == ACTOR and sep and _NAME.fullmatch(name):
+        return ACTOR
+    raise ValueError(f"unknown client identity {user_id!r}")
+
+
+def may(user_id: str, op: int) -> bool:
+    """Whether the client ``user_id`` may send ``op`` (False for an unknown identity)."""
+    try:
+        return int(op) in ROLE_OPS[role_of(user_id)]
+    except ValueError:
+        return False
+
+
+def user_id_of_file(file_name: str) -> str | None:
+    """The User-Id of an ``authorized/`` file: ``learner.key`` -> ``learner``, ``actor.host3.key`` ->
+    ``actor:host3``, ``client.key`` -> ``client``; None when the name says no role."""
+    stem = file_name[:-len(".key")] if file_name.endswith(".key") else None
+    if stem in (LEARNER, CLIENT):
+        return stem
+    if stem is not None and stem.startswith(ACTOR + ".") and _NAME.fullmatch(stem[len(ACTOR) + 1:]):
+        return f"{ACTOR}:{stem[len(ACTOR) + 1:]}"
+    return None
 
 
 class CurveKeyError(ValueError):
@@ -85,6 +145,8 @@ class ServerKeys:
     secret: bytes
     allowed: frozenset[bytes]
     directory: str
+    identities: Mapping[bytes, str] | None = None
+    """User-Id of each allowed key (from its file name in ``authorized/``); None: every key is ``learner``."""
 
 
 @dataclass(frozen=True)
@@ -103,21 +165,53 @@ PathLike = Union[str, "os.PathLike[str]"]
 # ------------------------------------------------------------------------------------------ key files
 
 
-def keygen(directory: PathLike) -> list[str]:
-    """Write a server and a client key pair into ``directory`` (created if needed) and authorize the client;
-    returns the paths written. CurveKeyError if the directory already holds keys (never overwritten)."""
+def keygen(directory: PathLike, role: str = LEARNER, name: str | None = None) -> list[str]:
+    """Issue keys into ``directory``; returns the paths written (keys are never overwritten).
+
+    ``role="learner"`` (the default): a new directory with the server's key pair and the learner's client
+    pair (``client.key(_secret)``, authorized as ``authorized/learner.key``, User-Id ``learner``): what the
+    replay server and the learner use. ``role="actor"``, ``name="host3"``: one more client pair, for one actor
+    host, into ``directory/actors/host3/`` with a copy of ``server.key`` (copy that directory to the host and
+    give it as its ``--curve-dir``: it holds no server secret), authorized as ``authorized/actor.host3.key``
+    (User-Id ``actor:host3``); ``directory`` must hold the server's keys already. CurveKeyError (nothing
+    written) if a target exists, the name is not valid, or the role is unknown.
+    """
     directory = os.fspath(directory)
+    if role not in ROLE_OPS:
+        raise CurveKeyError(f"unknown role {role!r}; roles: {', '.join(ROLE_OPS)}")
+    if role == LEARNER:
+        if name is not None:
+            raise CurveKeyError("the learner's key has no --name (a run has one learner)")
+        return _keygen_server_and_learner(directory)
+    if name is None or not _NAME.fullmatch(name):
+        raise CurveKeyError(f"an actor key needs --name: letters, digits, '.', '_' or '-', not starting with '.' "
+                            f"or '-' (e.g. its host name), got {name!r}")
+    server_public = os.path.join(directory, f"{SERVER}.key")
+    if not os.path.exists(server_public) or not os.path.isdir(os.path.join(directory, AUTHORIZED)):
+        raise CurveKeyError(f"{directory} holds no server keys: create them first with `apexrl keygen {directory}`")
+    node = os.path.join(directory, "actors", name)
+    targets = [os.path.join(node, f"{SERVER}.key"), os.path.join(node, f"{CLIENT}.key"),
+               os.path.join(node, f"{CLIENT}.key_secret"), os.path.join(directory, AUTHORIZED, f"{role}.{name}.key")]
+    _refuse_existing(directory, targets)
+    _private_dirs(os.path.join(directory, "actors"), node)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".keygen-") as tmp:
+        public, secret = zmq.curve_keypair()
+        _write_key(os.path.join(tmp, "server.key"), _read(server_public)[0], None, 0o644)
+        _write_key(os.path.join(tmp, "client.key"), public, None, 0o644)
+        _write_key(os.path.join(tmp, "client.key_secret"), public, secret, 0o600)
+        _write_key(os.path.join(tmp, "authorized.key"), public, None, 0o644)
+        for src, dst in zip(("server.key", "client.key", "client.key_secret", "authorized.key"), targets,
+                            strict=True):
+            os.replace(os.path.join(tmp, src), dst)
+    return targets
+
+
+def _keygen_server_and_learner(directory: str) -> list[str]:
     targets = [os.path.join(directory, n) for n in (f"{SERVER}.key", f"{SERVER}.key_secret", f"{CLIENT}.key",
                                                     f"{CLIENT}.key_secret")]
-    targets.append(os.path.join(directory, AUTHORIZED, f"{CLIENT}.key"))
-    held = [p for p in targets if os.path.exists(p)]
-    if held:
-        raise CurveKeyError(f"{directory} already holds keys ({', '.join(held)}): remove them or choose another "
-                            "directory (keys are never overwritten)")
-    for d in (directory, os.path.join(directory, AUTHORIZED)):  # 0700: only the owner lists or adds keys
-        if not os.path.isdir(d):
-            os.makedirs(d, mode=0o700)
-            os.chmod(d, 0o700)
+    targets.append(os.path.join(directory, AUTHORIZED, f"{LEARNER}.key"))
+    _refuse_existing(directory, [*targets, os.path.join(directory, AUTHORIZED, f"{CLIENT}.key")])
+    _private_dirs(directory, os.path.join(directory, AUTHORIZED))
     # Written in a private (0700) temporary directory, then moved into place: a secret is never readable by
     # others, not even for a moment.
     with tempfile.TemporaryDirectory(dir=directory, prefix=".keygen-") as tmp:
@@ -131,6 +225,20 @@ def keygen(directory: PathLike) -> list[str]:
                              "authorized.key"), targets, strict=True):
             os.replace(os.path.join(tmp, src), dst)
     return targets
+
+
+def _refuse_existing(directory: str, targets: list[str]) -> None:
+    held = [p for p in targets if os.path.exists(p)]
+    if held:
+        raise CurveKeyError(f"{directory} already holds keys ({', '.join(held)}): remove them or choose another "
+                            "directory or name (keys are never overwritten)")
+
+
+def _private_dirs(*dirs: str) -> None:
+    for d in dirs:  # 0700: only the owner lists or adds keys
+        if not os.path.isdir(d):
+            os.makedirs(d, mode=0o700)
+            os.chmod(d, 0o700)
 
 
 def _write_key(path: str, public: bytes, secret: bytes | None, mode: int) -> None:
@@ -216,8 +324,19 @@ def load_server_keys(directory: PathLike) -> ServerKeys:
         raise CurveKeyError(f"cannot read the allow-list {auth_dir}: {e.strerror}") from None
     if not names:
         raise CurveKeyError(f"the allow-list {auth_dir} holds no client key (*.key): no client could connect")
-    allowed = frozenset(_read(os.path.join(auth_dir, n))[0] for n in names)
-    return ServerKeys(public=public, secret=secret, allowed=allowed, directory=directory)
+    identities: dict[bytes, str] = {}
+    for n in names:
+        user_id = user_id_of_file(n)
+        if user_id is None:
+            raise CurveKeyError(f"{os.path.join(auth_dir, n)}: an allow-list file is named learner.key, "
+                                "actor.NAME.key (its role, see `apexrl keygen --role`) or client.key (a key "
+                                "directory made before roles; the learner's rights): rename it")
+        key = _read(os.path.join(auth_dir, n))[0]
+        if key in identities:
+            raise CurveKeyError(f"{auth_dir}: the same key is authorized as {identities[key]!r} and {user_id!r}")
+        identities[key] = user_id
+    return ServerKeys(public=public, secret=secret, allowed=frozenset(identities), directory=directory,
+                      identities=identities)
 
 
 def load_client_keys(directory: PathLike) -> ClientKeys:
@@ -295,7 +414,7 @@ def secure_server_socket(sock: zmq.Socket, curve: ServerKeys | PathLike | None, 
     keys = server_keys(curve)
     if keys is None:
         return None
-    handler, domain = ZapHandler.register(sock.context, keys.allowed)
+    handler, domain = ZapHandler.register(sock.context, keys.identities or dict.fromkeys(keys.allowed, LEARNER))
     if on_zap_failure is not None:
         handler.on_failure(on_zap_failure)
     sock.setsockopt(zmq.CURVE_SERVER, 1)
@@ -333,7 +452,7 @@ class ZapHandler:
 
     def __init__(self, ctx: zmq.Context):
         self.ctx = ctx
-        self.domains: dict[bytes, frozenset[bytes]] = {}
+        self.domains: dict[bytes, dict[bytes, bytes]] = {}  # domain -> raw public key -> User-Id
         self.allowed = 0
         self.denied = 0
         self.failure: str | None = None  # why the thread ended, when it was not the context's termination
@@ -347,15 +466,15 @@ class ZapHandler:
         self._thread.start()
 
     @classmethod
-    def register(cls, ctx: zmq.Context, allowed: frozenset[bytes]) -> tuple[ZapHandler, bytes]:
+    def register(cls, ctx: zmq.Context, allowed: Mapping[bytes, str]) -> tuple[ZapHandler, bytes]:
         """The handler of ``ctx`` (started if it has none, or a dead one) and the ZAP domain under which
-        ``allowed`` (Z85 public keys) is the allow-list."""
+        ``allowed`` (Z85 public key -> User-Id) is the allow-list."""
         with cls._lock:
             handler = cls._by_context.get(id(ctx))
             if handler is None or handler.ctx is not ctx or not handler.alive():
                 handler = cls._by_context[id(ctx)] = ZapHandler(ctx)
             domain = f"apexrl-{len(handler.domains)}".encode()
-            handler.domains[domain] = frozenset(z85.decode(k) for k in allowed)
+            handler.domains[domain] = {z85.decode(k): user.encode() for k, user in allowed.items()}
             return handler, domain
 
     @classmethod
@@ -413,11 +532,12 @@ class ZapHandler:
             return msg  # not a ZAP request (libzmq is the only peer of this socket): echo, it is dropped
         envelope, body = msg[:delim + 1], msg[delim + 1:]
         request_id = body[1] if len(body) > 1 else b""
-        ok = (len(body) >= 7 and body[0] == b"1.0" and body[5] == b"CURVE"
-              and body[6] in self.domains.get(body[2], ()))
-        if ok:
+        user = None
+        if len(body) >= 7 and body[0] == b"1.0" and body[5] == b"CURVE":
+            user = self.domains.get(body[2], {}).get(body[6])
+        if user is not None:  # its User-Id: every message of the connection carries it (role_of, may)
             self.allowed += 1
-            return [*envelope, b"1.0", request_id, b"200", b"OK", b"", b""]
+            return [*envelope, b"1.0", request_id, b"200", b"OK", user, b""]
         self.denied += 1
         self._log_denial(body)
         return [*envelope, b"1.0", request_id, b"400", b"client key not authorized", b"", b""]

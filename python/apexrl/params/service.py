@@ -51,7 +51,7 @@ from apexrl.params.tensors import TensorSpec, describe_mismatch, spec_of
 from apexrl.replay import protocol as P
 from apexrl.replay.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
 from apexrl.replay.transport import Transport, TransportClient
-from apexrl.security import ClientKeys, ServerKeys, secure_server_socket, server_keys
+from apexrl.security import ClientKeys, ServerKeys, may, secure_server_socket, server_keys
 
 __all__ = [
     "FetchStatus",
@@ -167,7 +167,7 @@ class ParamServer:
         self.failure: str | None = None  # why the service stopped on its own (its ZAP handler died)
         self._on_failure = on_failure
         self._counts = {"requests": 0, "params": 0, "unchanged": 0, "not_ready": 0, "errors": 0, "dropped": 0,
-                        "parked": 0}
+                        "parked": 0, "forbidden": 0}
 
     @property
     def endpoint(self) -> str:
@@ -230,8 +230,9 @@ class ParamServer:
             return self._version
 
     def stats(self) -> dict[str, int]:
-        """Request counters (requests, params, unchanged, not_ready, errors, dropped), parked (weights replies
-        waiting for the previous one to the same peer to leave), version and bytes."""
+        """Request counters (requests, params, unchanged, not_ready, errors, dropped, forbidden: refused by the
+        client's role), parked (weights replies waiting for the previous one to the same peer to leave),
+        version and bytes."""
         with self._lock:
             out = dict(self._counts)
             out["version"] = self._version
@@ -272,7 +273,7 @@ class ParamServer:
                         msg = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    reply, kind = self._answer(msg[1:])
+                    reply, kind = self._answer(msg[1:], self._user_id(msg))
                     with self._lock:  # counted before sending: stats() never lags a reply already received
                         self._counts["requests"] += 1
                         self._counts[kind] += 1
@@ -298,13 +299,26 @@ class ParamServer:
         with self._lock:
             self._counts["dropped"] += 1
 
-    def _answer(self, frames: list[Any]) -> tuple[list[Any], str]:
+    def _user_id(self, msg: list[Any]) -> str | None:
+        """The CURVE client's User-Id (set by the ZAP handler: ``learner``, ``actor:NAME``), None without CURVE."""
+        if self.curve is None or len(msg) < 2:
+            return None
+        try:
+            return msg[1].get("User-Id")
+        except zmq.ZMQError:  # a message without metadata: no identity, no rights
+            return ""
+
+    def _answer(self, frames: list[Any], user: str | None = None) -> tuple[list[Any], str]:
         """The reply frames for one request and the counter to bump; never raises."""
         try:
             req = P.decode_request(frames, PARAMS_MAX_REQUEST_BYTES, service="params")
         except ProtocolError as exc:
             return P.encode_protocol_error(exc), "errors"
         rid = req.request_id
+        if user is not None and not may(user, req.header.op):  # the roles of apexrl.security.ROLE_OPS
+            return P.encode_error(req.header.op, rid, Status.INVALID_ARGUMENT,
+                                  f"permission denied: client {user!r} may not send {Op(req.header.op).name} "
+                                  "(see ROLE_OPS in apexrl.security)"), "forbidden"
         try:
             held = tuple(req.arrays["held"].tolist())  # (version, server_id) the requester holds
             current = self._current  # one atomic read: (version, bytes) always belong together
