@@ -465,3 +465,42 @@ def test_the_parameter_service_reads_the_user_id_and_refuses_an_identity_without
                 intruder.fetch(0)
         stats = server.stats()
         assert stats["forbidden"] == 1 and stats["params"] == 1
+
+
+# ------------------------------------------------------------------------------------------ connections
+
+
+def test_the_parameter_service_closes_a_connection_that_never_completes_its_handshake():
+    """limit_idle_connections (the replay server's settings) on the parameter service: a raw TCP peer that
+    never speaks ZMTP is disconnected after the handshake interval (5 s) instead of holding a descriptor."""
+    pytest.importorskip("torch")
+    import socket
+
+    from apexrl.params.service import ParamServer
+
+    with ParamServer() as server:
+        host, port = server.endpoint.removeprefix("tcp://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            t0 = time.monotonic()
+            while s.recv(4096):  # libzmq's greeting, then EOF when it gives up on us
+                pass
+            assert 3 < time.monotonic() - t0 < 30
+
+
+def test_exposure_without_curve_is_warned_and_the_open_file_limit_is_raised(caplog):
+    import logging
+
+    from apexrl.security import warn_if_exposed
+
+    with caplog.at_level(logging.INFO, logger="apexrl.security"):
+        assert warn_if_exposed("0.0.0.0", None, "the replay server")
+        assert not warn_if_exposed("127.0.0.1", None, "x") and not warn_if_exposed("0.0.0.0", "/keys", "x")
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "the replay server listens on 0.0.0.0 WITHOUT CURVE" in warned[0].getMessage()
+    code = ("import resource, logging; from apexrl.security import raise_nofile_limit as r; "
+            "h = resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, h), h)); soft, hard = r('test'); "
+            "assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft and (soft == hard or hard == -1), soft; "
+            "print('ok', soft)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stdout + out.stderr

@@ -58,6 +58,7 @@ __all__ = [
     "CLIENT",
     "LEARNER",
     "ROLE_OPS",
+    "SERVICE_HWM",
     "ENV_VAR",
     "SERVER",
     "ClientKeys",
@@ -69,14 +70,17 @@ __all__ = [
     "curve_dir_from_env",
     "is_loopback",
     "keygen",
+    "limit_idle_connections",
     "load_client_keys",
     "load_server_keys",
     "may",
+    "raise_nofile_limit",
     "role_of",
     "secure_client_socket",
     "secure_server_socket",
     "server_keys",
     "user_id_of_file",
+    "warn_if_exposed",
 ]
 
 log = logging.getLogger("apexrl.security")
@@ -399,6 +403,53 @@ def check_exposure(bind: str, curve_dir: PathLike | None, insecure: bool, what: 
 
 
 # ------------------------------------------------------------------------------------------ sockets
+
+SERVICE_HWM = 100
+"""ZMQ_SNDHWM/ZMQ_RCVHWM of the parameter service's ROUTER: messages queued per peer (libzmq counts messages,
+not bytes; a weights reply is large, and the service parks at most two of them per peer anyway)."""
+
+
+def limit_idle_connections(sock: zmq.Socket, handshake_s: float = 5.0, heartbeat_s: float = 10.0) -> None:
+    """Close connections that hold a file descriptor and do nothing (both services, before bind): one that has
+    not completed the ZMTP handshake in ``handshake_s`` (a raw TCP connection that never sends; 0: no limit),
+    and, with ZMTP heartbeats every ``heartbeat_s`` (0: none), one whose peer stopped answering for three of
+    them (a host that vanished without a FIN). libzmq has no per-socket connection cap: these, the process's
+    file-descriptor limit (:func:`raise_nofile_limit`) and the network in front of the port bound connections."""
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(handshake_s * 1000))
+    if heartbeat_s > 0:
+        ivl = int(heartbeat_s * 1000)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, min(3 * ivl, 6_553_500))
+
+
+def raise_nofile_limit(what: str) -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (every connection costs a descriptor) and log both at INFO
+    for ``what`` (the service); returns (soft, hard). Never raises: a limit that cannot be raised is logged."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("%s: could not raise the open-file limit from %d to %d: %s", what, soft, target, e)
+    log.info("%s: open-file limit %s (hard %s): it bounds the connections, with the handshake and heartbeat "
+             "timeouts; libzmq has no per-socket connection cap", what, soft, hard)
+    return soft, hard
+
+
+def warn_if_exposed(bind: str, curve: object, what: str) -> bool:
+    """Log a WARNING when ``what`` listens on ``bind`` beyond loopback without CURVE (``--insecure``): anyone who
+    can reach it can use it. Returns whether it did."""
+    if curve is not None or is_loopback(bind):
+        return False
+    log.warning("%s listens on %s WITHOUT CURVE (--insecure): every host that can reach it can use it, "
+                "unauthenticated and unencrypted", what, bind)
+    return True
+
 
 
 def secure_server_socket(sock: zmq.Socket, curve: ServerKeys | PathLike | None, *,

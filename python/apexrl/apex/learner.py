@@ -55,6 +55,7 @@ from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
 from apexrl.replay.sharded import connect as connect_replay
+from apexrl.security import raise_nofile_limit
 
 log = logging.getLogger("apexrl.apex.learner")
 
@@ -132,6 +133,7 @@ class Learner:
         if config.resume:
             self._resume()
         self.failure: str | None = None  # why the learner stopped on its own (its parameter service failed)
+        raise_nofile_limit("learner")  # the parameter service holds one descriptor per actor
         self.params = ParamServer(bind=config.params_bind, port=config.params_port, curve=config.curve_dir,
                                   on_failure=self._service_failed).start()
         self.replay = connect_replay(config.replay, timeout=config.replay_timeout, curve=config.curve_dir)

@@ -51,7 +51,16 @@ from apexrl.params.tensors import TensorSpec, describe_mismatch, spec_of
 from apexrl.replay import protocol as P
 from apexrl.replay.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
 from apexrl.replay.transport import Transport, TransportClient
-from apexrl.security import ClientKeys, ServerKeys, may, secure_server_socket, server_keys
+from apexrl.security import (
+    SERVICE_HWM,
+    ClientKeys,
+    ServerKeys,
+    limit_idle_connections,
+    may,
+    secure_server_socket,
+    server_keys,
+    warn_if_exposed,
+)
 
 __all__ = [
     "FetchStatus",
@@ -192,6 +201,9 @@ class ParamServer:
             secure_server_socket(sock, self.curve, on_zap_failure=self._zap_failed)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, PARAMS_MAX_REQUEST_BYTES)
+            sock.setsockopt(zmq.SNDHWM, SERVICE_HWM)  # low: libzmq counts messages, not bytes
+            sock.setsockopt(zmq.RCVHWM, SERVICE_HWM)
+            limit_idle_connections(sock)  # the replay server's handshake and heartbeat settings
             # Sends never block and fail visibly (EAGAIN: the peer's queue is full; EHOSTUNREACH: it left): the
             # reply is dropped and counted. Weights replies are limited per peer by _WeightsSender.
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -202,6 +214,7 @@ class ParamServer:
                 host = self.bind
             sock.bind(f"tcp://{host}:{self.port}")
             self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            warn_if_exposed(self.bind, self.curve, f"the parameter service ({self._endpoint})")
         except BaseException:
             sock.close(linger=0)
             self._ctx.term()
