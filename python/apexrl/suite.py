@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from apexrl.durable import write_atomically
+from apexrl.durable import make_private_dirs, write_atomically
 from apexrl.rundir import (
     CHECKPOINT,
     FINAL_EVAL,
@@ -143,7 +143,7 @@ def _csv_text(rows: Sequence[dict]) -> str:
 
 
 def write_tables(out: str, rows: Sequence[dict]) -> tuple[str, str]:
-    os.makedirs(out, exist_ok=True)
+    make_private_dirs(out)
     csv_path, md_path = os.path.join(out, "suite.csv"), os.path.join(out, "suite.md")
     write_atomically(csv_path, _csv_text(rows))
     write_atomically(md_path, "# apexrl bench-suite\n\n" + markdown_table(rows))

@@ -2,7 +2,8 @@
 
 Frames come from ``Env.render()`` (HxWx3 uint8). GIF is written with Pillow, MP4 with imageio-ffmpeg (which
 ships its own ffmpeg binary): both in the ``video`` extra. The file appears only when complete: frames go to a
-temporary file next to it that is renamed at the end and removed on any failure.
+temporary file next to it (created exclusively, never through a link, mode 0600) that is renamed at the end
+and removed on any failure.
 
 A GIF holds its frames in memory until it is written, so at most ``MAX_GIF_FRAMES`` frames are kept (later
 frames are dropped and the count said); GIF frame delays are in hundredths of a second and most viewers slow
@@ -15,6 +16,8 @@ import os
 from typing import Any
 
 import numpy as np
+
+from apexrl.durable import create_private, open_private
 
 __all__ = ["VideoError", "open_writer", "prepare_rendering"]
 
@@ -98,7 +101,8 @@ class _Gif(_Writer):
         stride = max(1, round(self.fps / GIF_FPS))
         frames = self._frames[::stride]
         duration = max(20, round(1000.0 * stride / self.fps / 10) * 10)
-        frames[0].save(self.tmp, format="GIF", save_all=True, append_images=frames[1:], duration=duration, loop=0)
+        with open_private(self.tmp, text=False) as f:  # exclusive, no symlink, 0600 (apexrl.durable)
+            frames[0].save(f, format="GIF", save_all=True, append_images=frames[1:], duration=duration, loop=0)
 
 
 class _Mp4(_Writer):
@@ -114,6 +118,7 @@ class _Mp4(_Writer):
         if self._gen is None:
             # yuv420p needs even sizes: drop an odd last row/column rather than rescale.
             self._size = (frame.shape[1] // 2 * 2, frame.shape[0] // 2 * 2)
+            os.close(create_private(self.tmp))  # ffmpeg then writes into this private file, not through a link
             self._gen = self._ffmpeg.write_frames(self.tmp, self._size, fps=self.fps, codec="libx264",
                                                   pix_fmt_out="yuv420p", macro_block_size=1, quality=7,
                                                   ffmpeg_log_level="error")

@@ -334,7 +334,8 @@ void ServeLoop::ReadFrontBurst() {
       auto it = config_.role_ops.find(role);
       if (it == config_.role_ops.end() || !(it->second & (1u << op))) {
         refused_role_.fetch_add(1, std::memory_order_relaxed);
-        Error(*p, kInvalidArgument, "client '" + p->identity + "' (role '" + role + "') may not send " + OpName(op));
+        Error(*p, kInvalidArgument,
+              "permission denied: client '" + p->identity + "' (role '" + role + "') may not send " + OpName(op));
         continue;
       }
     }

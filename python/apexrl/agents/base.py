@@ -86,6 +86,13 @@ class Agent(Protocol):
         """One step on a decoded batch with IS weights; returns (new priorities float64, metrics)."""
         ...
 
+    def invalid_items(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray | None, str | None]:
+        """Which items of a decoded batch ``update`` must not train on (a bool mask, and a message naming the
+        first), or (None, None): the values this agent accepts (action indices, bounds, finiteness; see
+        :mod:`apexrl.agents.validity`). The learner erases such items from the replay instead of crashing.
+        An agent without this method gets :func:`apexrl.agents.validity.finite` on every field."""
+        ...
+
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """What ``Policy.load_policy_state_dict`` loads."""
         ...

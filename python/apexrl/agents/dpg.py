@@ -51,6 +51,7 @@ from apexrl.agents.common import (
 )
 from apexrl.agents.config import DPGConfig
 from apexrl.nets import MLP, build_seeded
+from apexrl.agents.validity import finite, in_range, invalid_items
 from apexrl.replay.codec import TransitionSpec
 
 if TYPE_CHECKING:
@@ -182,6 +183,14 @@ class DPGLearner:
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self._make_optimizers()
         self.steps = 0
+
+    _rules = (in_range("action", -1, 1), finite("reward"), in_range("discount", 0, 1), finite("obs"),
+              finite("next_obs"))
+
+    def invalid_items(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray | None, str | None]:
+        """Items ``update`` must not see: an action outside the actions' bounds [-1, 1] (or NaN), a non-finite
+        reward or observation, a discount outside [0, 1] (it is gamma^n or 0). D4PG inherits them."""
+        return invalid_items(batch, self._rules)
 
     def _make_optimizers(self) -> None:
         c = self.config

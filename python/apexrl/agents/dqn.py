@@ -56,6 +56,7 @@ from apexrl.agents.common import (
 )
 from apexrl.agents.config import DQNConfig
 from apexrl.agents.optim import TFRMSProp
+from apexrl.agents.validity import finite, in_range, invalid_items
 from apexrl.nets import MLP, NatureTorso, build_seeded
 from apexrl.replay.codec import FieldSpec, TransitionSpec
 
@@ -157,6 +158,13 @@ class DQNLearner:
         self.target_q_net = copy.deepcopy(self.q_net).requires_grad_(False)
         self.optimizer = _optimizer(self.q_net.parameters(), config)
         self.steps = 0
+        self._rules = (in_range("action", 0, env_spec.num_actions - 1), finite("reward"), in_range("discount", 0, 1),
+                       finite("obs"), finite("next_obs"))
+
+    def invalid_items(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray | None, str | None]:
+        """Items ``update`` must not see: an action without a Q output (outside [0, num_actions)), a non-finite
+        reward or observation, a discount outside [0, 1] (it is gamma^n or 0)."""
+        return invalid_items(batch, self._rules)
 
     def _td_loss(self, delta: Tensor, weights: Tensor) -> Tensor:
         """mean_i w_i * l(delta_i) with l the squared (1/2 x^2) or Huber loss."""

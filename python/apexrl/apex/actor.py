@@ -39,6 +39,7 @@ from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
 from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
+from apexrl.durable import append_private, make_private_dirs
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
 from apexrl.replay.client import ServerTimeoutError
 from apexrl.replay.sharded import connect as connect_replay
@@ -92,13 +93,13 @@ class Actor:
         self._episodes_file = None
         self._episodes_csv = None
         if config.episodes_csv:
-            os.makedirs(os.path.dirname(os.path.abspath(config.episodes_csv)), exist_ok=True)
+            make_private_dirs(os.path.dirname(os.path.abspath(config.episodes_csv)))
             new = not os.path.exists(config.episodes_csv) or os.path.getsize(config.episodes_csv) == 0
             if not new:
                 _check_episodes_header(config.episodes_csv)
             # A plugin agent's policy may not say how much it explores: the column stays empty then.
             self._explorations = ["" if e is None else f"{float(e):.6g}" for e in explorations]
-            self._episodes_file = open(config.episodes_csv, "a", newline="", encoding="utf-8")
+            self._episodes_file = append_private(config.episodes_csv, newline="", encoding="utf-8")
             self._episodes_csv = csv.writer(self._episodes_file, lineterminator="\n")
             if new:
                 self._episodes_csv.writerow(EPISODE_COLUMNS)

@@ -19,7 +19,9 @@ low-priority child process with a snapshot of the weights, so training does not 
 An item the learner cannot decode (a foreign or corrupted one, which a replay server without a spec lets
 through) does not stop it: the item is erased from the replay, counted (``undecodable_items`` in metrics.csv,
 the progress file and the summary) and the step trains on the rest of the batch (or is skipped when nothing
-is left).
+is left). So is an item that decodes but holds values the agent cannot train on (``Agent.invalid_items``: an
+action index out of range, a NaN reward, ...), counted as ``invalid_items``; the divergence check on the
+update's own TD errors stays.
 
 ``env_frames`` in metrics.csv is the number of transitions the replay server has received times the
 environment's frames per agent step: every agent step of every actor yields exactly one n-step transition.
@@ -43,14 +45,17 @@ import numpy as np
 import torch
 
 from apexrl.agents import Agent, get_agent
+from apexrl.agents.validity import all_finite
 from apexrl.apex.checkpoint import load_checkpoint, save_checkpoint
 from apexrl.apex.config import LearnerConfig, default_run_dir
 from apexrl.apex.evaluator import Evaluator
 from apexrl.apex.metrics import CSVWriter, Mean
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
+from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
 from apexrl.replay.sharded import connect as connect_replay
+from apexrl.security import raise_nofile_limit
 
 log = logging.getLogger("apexrl.apex.learner")
 
@@ -61,12 +66,15 @@ BASE_COLUMNS = [
     "learner_steps_per_s", "sampled_per_s", "inserted_per_s", "replay_size", "replay_inserted",
     "stale_updates", "params_version", "undecodable_items", "checkpoint_failures", "replay_servers_up",
     "eval_return_se", "eval_learner_steps", "eval_env_frames", "eval_time_s", "replay_ratio", "is_weight_mean",
+    "invalid_items",
 ]
 """metrics.csv's fixed columns (the agent's metric_names follow). ``eval_*``: the evaluation that finished in
 the interval, credited to the learner step, env frames and time at which its weights were taken
 (``eval_learner_steps``, ``eval_env_frames``, ``eval_time_s``; plot against these, not the row's own).
 ``replay_ratio``: transitions sampled per transition inserted in the interval (the samples-per-insert the rate
-limiter enforces when the preset sets one); ``is_weight_mean``: mean IS weight the learner trained with."""
+limiter enforces when the preset sets one); ``is_weight_mean``: mean IS weight the learner trained with;
+``undecodable_items`` / ``invalid_items``: sampled items erased because they did not decode / held values the
+agent cannot train on (this run)."""
 
 
 _TEXT_KEYS = ("time_s", "learner_steps", "env_frames", "learner_steps_per_s", "replay_size", "inserted_per_s",
@@ -102,13 +110,14 @@ class Learner:
         self.config = config
         torch.set_num_threads(config.torch_threads)
         self.run_dir = config.run_dir or default_run_dir(config.env, config.agent, config.seed)
-        os.makedirs(self.run_dir, exist_ok=True)
+        make_private_dirs(self.run_dir)  # 0700 when created here
         self.checkpoint_path = os.path.join(self.run_dir, CHECKPOINT_NAME)
         self.device = resolve_device(config.device)
         self.env_spec = env_spec(config.env)
         self.agent: Agent = get_agent(config.agent).make_learner(self.env_spec, config.agent_config, self.device,
                                                                   config.seed)
         self.transition_spec = self.agent.transition_spec
+        self._invalid = getattr(self.agent, "invalid_items", all_finite)  # the agent's value rules
         self._stop = threading.Event()
         self._stop_time: float | None = None
         self.checkpoint_failures = 0
@@ -119,10 +128,14 @@ class Learner:
         self.frames_base = 0  # env frames counted before the replay server's counters were reset
         self._last_inserted = 0
         self.undecodable_items = 0  # sampled items that did not decode, erased from the replay (this run)
-        self._undecodable_seen: set[str] = set()  # messages already logged
+        self.invalid_items = 0  # sampled items with values the agent cannot train on, erased (this run)
+        self._erase_logged: set[str] = set()  # messages already logged
         if config.resume:
             self._resume()
-        self.params = ParamServer(bind=config.params_bind, port=config.params_port, curve=config.curve_dir).start()
+        self.failure: str | None = None  # why the learner stopped on its own (its parameter service failed)
+        raise_nofile_limit("learner")  # the parameter service holds one descriptor per actor
+        self.params = ParamServer(bind=config.params_bind, port=config.params_port, curve=config.curve_dir,
+                                  on_failure=self._service_failed).start()
         self.replay = connect_replay(config.replay, timeout=config.replay_timeout, curve=config.curve_dir)
         self.evaluator = Evaluator(config)
         self.report = ProgressReporter("learner", config.progress_path)
@@ -178,6 +191,12 @@ class Learner:
         self.checkpoint_step = int(self.agent.steps)
         self.checkpoint_error = None
         return True
+
+    def _service_failed(self, reason: str) -> None:
+        """The parameter service stopped (its ZAP handler died): actors get no weights, so stop with an error
+        (the final checkpoint is written as on SIGTERM)."""
+        self.failure = reason
+        self.stop()
 
     def stop(self) -> None:
         if self._stop_time is None:
@@ -297,30 +316,48 @@ class Learner:
         self.save(now - start)
         return self._summary(start, steps_at_start)
 
-    def _decode(self, raw: Any) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
-        """The sampler's decode hook (its thread): the good items' fields, and which items did not decode."""
-        return self.transition_spec.decode_valid(raw.data, raw.offsets)
+    def _decode(self, raw: Any) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None, np.ndarray | None,
+                                          str | None]:
+        """The sampler's decode hook (its thread): the good items' fields, which items did not decode, and
+        which of the decoded ones hold values the agent cannot train on."""
+        fields, bad, message = self.transition_spec.decode_valid(raw.data, raw.offsets)
+        invalid, why = self._invalid(fields) if fields and len(next(iter(fields.values()))) else (None, None)
+        return fields, bad, message, invalid, why
 
     def _usable(self, batch: Any) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray] | None:
-        """(fields, keys, IS weights) of the items of ``batch`` that decoded (None if none did); the others are
-        erased from the replay and counted."""
-        fields, bad, message = batch.decoded
-        if bad is None:
+        """(fields, keys, IS weights) of the items of ``batch`` that decoded into values the agent accepts (None
+        if none did); the others are erased from the replay and counted."""
+        fields, bad, message, invalid, why = batch.decoded
+        if bad is None and invalid is None:
             return fields, batch.keys, batch.weights
-        bad_keys = np.ascontiguousarray(batch.keys[bad])
-        self.undecodable_items += int(bad_keys.shape[0])
-        if message not in self._undecodable_seen and len(self._undecodable_seen) < 100:
-            self._undecodable_seen.add(message)
-            log.warning("erasing %d undecodable item(s) from the replay (%s); training on the rest of the batch",
-                        bad_keys.shape[0], message)
+        decoded = np.flatnonzero(~bad) if bad is not None else np.arange(len(batch.keys))
+        erase = np.zeros(len(batch.keys), dtype=bool)
+        if bad is not None:
+            erase |= bad
+            self.undecodable_items += int(bad.sum())
+            self._log_erasure(int(bad.sum()), "undecodable", message)
+        if invalid is not None:
+            erase[decoded[invalid]] = True
+            self.invalid_items += int(invalid.sum())
+            self._log_erasure(int(invalid.sum()), "invalid", why)
+            fields = {k: v[~invalid] for k, v in fields.items()}
+        bad_keys = np.ascontiguousarray(batch.keys[erase])
         try:
             self.replay.erase(bad_keys)
         except ApexRLError as e:  # sampled again later, then erased again
-            log.warning("could not erase %d undecodable item(s): %s", bad_keys.shape[0], e)
-        keep = ~bad
+            log.warning("could not erase %d item(s): %s", bad_keys.shape[0], e)
+        keep = ~erase
         if not keep.any():
             return None
         return fields, batch.keys[keep], batch.weights[keep]
+
+    def _log_erasure(self, n: int, kind: str, message: str | None) -> None:
+        """One warning per distinct reason (at most 100): a hostile actor cannot flood the log."""
+        key = f"{kind}: {message}"
+        if key not in self._erase_logged and len(self._erase_logged) < 100:
+            self._erase_logged.add(key)
+            log.warning("erasing %d %s item(s) from the replay (%s); training on the rest of the batch", n, kind,
+                        message)
 
     def _send_priorities(self, updater: Any, keys: np.ndarray, priorities: np.ndarray) -> None:
         try:
@@ -354,6 +391,7 @@ class Learner:
             "stale_updates": int(stats.get("stale_updates", 0)) if stats else None,
             "params_version": self.params.version,
             "undecodable_items": self.undecodable_items,
+            "invalid_items": self.invalid_items,
             "checkpoint_failures": self.checkpoint_failures,
             "replay_servers_up": int(stats.get("replay_servers_up", 1)) if stats else None,
         }
@@ -375,7 +413,8 @@ class Learner:
                 "seconds": time.monotonic() - start, "checkpoint": self.checkpoint_path,
                 "checkpoint_step": self.checkpoint_step, "checkpoint_error": self.checkpoint_error,
                 "checkpoint_failures": self.checkpoint_failures, "unconfirmed_updates": self.unconfirmed_updates,
-                "undecodable_items": self.undecodable_items}
+                "undecodable_items": self.undecodable_items, "invalid_items": self.invalid_items,
+                "failure": self.failure}
 
     def close(self) -> None:
         self.evaluator.close(timeout=self._time_left(5.0))

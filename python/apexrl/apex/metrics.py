@@ -17,6 +17,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from apexrl.durable import append_private, make_private_dirs, write_atomically
+
 __all__ = ["CSVWriter", "Mean", "read_csv"]
 
 
@@ -26,12 +28,12 @@ class CSVWriter:
             raise ValueError(f"duplicate metric columns in {list(columns)}")
         self.path = path
         self.columns = list(columns)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        if os.path.exists(path) and os.path.getsize(path) > 0:
+        make_private_dirs(os.path.dirname(os.path.abspath(path)))
+        existing = os.path.exists(path) and os.path.getsize(path) > 0
+        if existing:
             self._check_existing()
-            self._file = open(path, "a", newline="", encoding="utf-8")
-        else:
-            self._file = open(path, "w", newline="", encoding="utf-8")
+        self._file = append_private(path, newline="", encoding="utf-8")  # created 0600, never through a link
+        if not existing:
             self._file.write(",".join(self.columns) + "\n")
             self._file.flush()
 
@@ -61,12 +63,7 @@ class CSVWriter:
             if len(r) == len(old):
                 cells = dict(zip(old, r))
                 out.writerow([cells.get(c, "") for c in self.columns])
-        tmp = f"{self.path}.tmp.{os.getpid()}"
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            f.write(buf.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomically(self.path, buf.getvalue())
 
     def write(self, row: Mapping[str, Any]) -> None:
         unknown = set(row) - set(self.columns)

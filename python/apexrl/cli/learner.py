@@ -138,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 1
+    if summary["failure"] is not None:
+        print(f"{PROG}: error: {summary['failure']}; checkpoint {summary['checkpoint']}", file=sys.stderr,
+              flush=True)
+        return 1
     if summary["checkpoint_error"] is not None:  # the last save failed: say what is not in any checkpoint
         kept = summary["checkpoint_step"]
         print(f"{PROG}: error: the final checkpoint could not be written to {summary['checkpoint']} "

@@ -107,14 +107,19 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _keygen_kwargs() -> dict:
-    return dict(description="Write a CURVE server key pair and a client key pair into DIR (secret keys with mode "
-                "0600) and put the client's public key in DIR/authorized/, the server's allow-list. Give the "
-                "directory to every process with --curve-dir DIR (or APEXRL_CURVE_DIR=DIR); see the security "
-                "section of docs/running.md for which files each machine needs.")
+    return dict(description="Issue CURVE keys, one per role or host (secret keys with mode 0600, directories 0700). "
+                "`keygen DIR`: the server's key pair and the learner's client pair, authorized in DIR/authorized/ "
+                "(the replay server and the learner use DIR). `keygen DIR --role actor --name HOST`: a key for one "
+                "actor host in DIR/actors/HOST/ (copy that directory to the host: it holds no server secret), "
+                "authorized in DIR/authorized/. Actors may only HELLO, INSERT, STATS and GET_PARAMS. See the "
+                "security section of docs/running.md.")
 
 
 def _fill_keygen_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("dir", metavar="DIR", help="directory for the keys (created if needed; keys are never overwritten)")
+    p.add_argument("--role", choices=("learner", "actor"), default="learner",
+                   help="learner (default: a new DIR with the server's keys) or actor (one more key in DIR)")
+    p.add_argument("--name", default=None, help="the actor's name, e.g. its host name (required with --role actor)")
     return p
 
 
@@ -371,13 +376,19 @@ def keygen_main(argv: Sequence[str]) -> int:
     parser = _fill_keygen_parser(argparse.ArgumentParser(prog=f"{PROG} keygen", **_keygen_kwargs()))
     args = parser.parse_args(argv)
     try:
-        paths = keygen(args.dir)
+        paths = keygen(args.dir, args.role, args.name)
     except (CurveKeyError, OSError) as e:
         print(f"{PROG} keygen: error: {e}", file=sys.stderr, flush=True)
         return 1
     print("wrote " + ", ".join(paths), flush=True)
-    print(f"give every process --curve-dir {os.path.abspath(args.dir)} (or APEXRL_CURVE_DIR); copy only the files "
-          "each machine needs (docs/running.md, Security)", flush=True)
+    if args.role == "actor":
+        node = os.path.dirname(os.path.abspath(paths[0]))
+        print(f"copy {node} to the actor's host and give it --curve-dir with that copy; restart the servers "
+              f"(the allow-list is read at start)", flush=True)
+    else:
+        print(f"give the replay server and the learner --curve-dir {os.path.abspath(args.dir)} (or APEXRL_CURVE_DIR); "
+              f"issue each actor host its own key with `{PROG} keygen {args.dir} --role actor --name HOST` "
+              "(docs/running.md, Security)", flush=True)
     return 0
 
 

@@ -189,6 +189,10 @@ def serve(config: ServerConfig, log_level: str = "INFO") -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    from apexrl.security import raise_nofile_limit, warn_if_exposed
+
+    raise_nofile_limit(PROG)
+    warn_if_exposed(config.bind, config.curve_dir, PROG)
     try:
         server = ReplayServer(config)
         server.start()
@@ -199,9 +203,13 @@ def serve(config: ServerConfig, log_level: str = "INFO") -> int:
         print(f"{PROG}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"{PROG} listening on {server.endpoint}", flush=True)
+    status = 0
     try:
         while not stop.wait(0.5):
-            pass
+            if server.failed.is_set():  # e.g. its ZAP handler died: refuse to go on serving
+                print(f"{PROG}: error: {server.failure}", file=sys.stderr, flush=True)
+                status = 1
+                break
     finally:
         try:
             server.stop()
@@ -209,7 +217,7 @@ def serve(config: ServerConfig, log_level: str = "INFO") -> int:
             logging.getLogger("apexrl.replay.server").error("%s", exc)
             print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
             return 1
-    return 0
+    return status
 
 
 if __name__ == "__main__":

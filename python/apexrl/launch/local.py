@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
+from apexrl.durable import make_private_dirs, write_atomically
 from apexrl.launch.orphans import die_with_parent
 from apexrl.launch.plan import PLAN_NAME, RunPlan
 
@@ -347,10 +348,7 @@ class Launcher:
         nodes = {c.spec.name: c.node for c in running if c.node is not None}
         if nodes:
             pids["nodes"] = nodes
-        tmp = os.path.join(self.run_dir, "pids.json.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(pids, f)
-        os.replace(tmp, os.path.join(self.run_dir, "pids.json"))
+        write_atomically(os.path.join(self.run_dir, "pids.json"), json.dumps(pids))
 
     def _wait_for_servers(self, servers: list[SupervisedChild], tails: list[LogTail]) -> SupervisedChild | None:
         """Until every server's log says it listens (its one fixed start-up line); the first that exits or
@@ -370,7 +368,7 @@ class Launcher:
     # ------------------------------------------------------------------------------------------ run
 
     def run(self) -> int:
-        os.makedirs(self.log_dir, exist_ok=True)
+        make_private_dirs(self.log_dir)  # and the run directory: 0700 when created here
         # Python allows signal handlers only on the main thread; elsewhere the caller stops the run with stop().
         on_main = threading.current_thread() is threading.main_thread()
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if on_main else {}

@@ -45,6 +45,7 @@ from apexrl.apex.config import (
     config_to_dict,
     default_run_dir,
 )
+from apexrl.durable import write_atomically
 from apexrl.launch.presets import Preset, default_preset_for, get_preset
 from apexrl.replay.config import MAX_REPLAY_SERVERS, ServerConfig
 from apexrl.replay.rate_limiter import deadlock_reason
@@ -220,10 +221,7 @@ class RunPlan:
             raise ValueError(f"not a run plan: {type(e).__name__}: {e}") from None
 
     def save(self, path: str) -> None:
-        tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(self.to_json())
-        os.replace(tmp, path)
+        write_atomically(path, self.to_json())
 
     @classmethod
     def load(cls, path: str) -> RunPlan:

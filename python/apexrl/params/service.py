@@ -51,7 +51,16 @@ from apexrl.params.tensors import TensorSpec, describe_mismatch, spec_of
 from apexrl.replay import protocol as P
 from apexrl.replay.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
 from apexrl.replay.transport import Transport, TransportClient
-from apexrl.security import ClientKeys, ServerKeys, secure_server_socket, server_keys
+from apexrl.security import (
+    SERVICE_HWM,
+    ClientKeys,
+    ServerKeys,
+    limit_idle_connections,
+    may,
+    secure_server_socket,
+    server_keys,
+    warn_if_exposed,
+)
 
 __all__ = [
     "FetchStatus",
@@ -142,10 +151,12 @@ class ParamServer:
     refuse bigger replies with their own cap, default the same). Requests are capped by ZMQ_MAXMSGSIZE
     (``PARAMS_MAX_REQUEST_BYTES`` bytes per frame): libzmq disconnects a peer that sends a bigger frame.
     ``curve`` (a key directory or :class:`~apexrl.security.ServerKeys`) turns on CURVE and the client allow-list.
+    If its ZAP handler dies (nobody could authenticate any more) the service logs a CRITICAL line, stops,
+    sets :attr:`failure` and calls ``on_failure(reason)`` (from another thread): the learner stops with it.
     """
 
     def __init__(self, bind: str = "127.0.0.1", port: int = 0, max_message_mb: float = 512, *,
-                 curve: ServerKeys | str | None = None):
+                 curve: ServerKeys | str | None = None, on_failure: Callable[[str], None] | None = None):
         if not 0 <= int(port) <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         if not (max_message_mb > 0 and math.isfinite(max_message_mb)):
@@ -162,8 +173,10 @@ class ParamServer:
         self._ctx: zmq.Context | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self.failure: str | None = None  # why the service stopped on its own (its ZAP handler died)
+        self._on_failure = on_failure
         self._counts = {"requests": 0, "params": 0, "unchanged": 0, "not_ready": 0, "errors": 0, "dropped": 0,
-                        "parked": 0}
+                        "parked": 0, "forbidden": 0}
 
     @property
     def endpoint(self) -> str:
@@ -184,9 +197,13 @@ class ParamServer:
         self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         try:
-            secure_server_socket(sock, self.curve)  # CURVE + allow-list when keys are configured
+            # CURVE + allow-list when keys are configured; fails closed when the ZAP handler dies.
+            secure_server_socket(sock, self.curve, on_zap_failure=self._zap_failed)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, PARAMS_MAX_REQUEST_BYTES)
+            sock.setsockopt(zmq.SNDHWM, SERVICE_HWM)  # low: libzmq counts messages, not bytes
+            sock.setsockopt(zmq.RCVHWM, SERVICE_HWM)
+            limit_idle_connections(sock)  # the replay server's handshake and heartbeat settings
             # Sends never block and fail visibly (EAGAIN: the peer's queue is full; EHOSTUNREACH: it left): the
             # reply is dropped and counted. Weights replies are limited per peer by _WeightsSender.
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -197,6 +214,7 @@ class ParamServer:
                 host = self.bind
             sock.bind(f"tcp://{host}:{self.port}")
             self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            warn_if_exposed(self.bind, self.curve, f"the parameter service ({self._endpoint})")
         except BaseException:
             sock.close(linger=0)
             self._ctx.term()
@@ -225,8 +243,9 @@ class ParamServer:
             return self._version
 
     def stats(self) -> dict[str, int]:
-        """Request counters (requests, params, unchanged, not_ready, errors, dropped), parked (weights replies
-        waiting for the previous one to the same peer to leave), version and bytes."""
+        """Request counters (requests, params, unchanged, not_ready, errors, dropped, forbidden: refused by the
+        client's role), parked (weights replies waiting for the previous one to the same peer to leave),
+        version and bytes."""
         with self._lock:
             out = dict(self._counts)
             out["version"] = self._version
@@ -267,7 +286,7 @@ class ParamServer:
                         msg = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    reply, kind = self._answer(msg[1:])
+                    reply, kind = self._answer(msg[1:], self._user_id(msg))
                     with self._lock:  # counted before sending: stats() never lags a reply already received
                         self._counts["requests"] += 1
                         self._counts[kind] += 1
@@ -280,17 +299,39 @@ class ParamServer:
         finally:
             sock.close(linger=0)
 
+    def _zap_failed(self, reason: str) -> None:
+        """The ZAP handler died: every client is refused now, so say so loudly and stop serving."""
+        log.critical("parameter service on %s stops: its ZAP handler is gone (%s), no client can authenticate",
+                     self._endpoint, reason)
+        self.failure = f"the parameter service's ZAP handler is gone ({reason})"
+        self._stop.set()
+        if self._on_failure is not None:
+            self._on_failure(self.failure)
+
     def _dropped(self) -> None:
         with self._lock:
             self._counts["dropped"] += 1
 
-    def _answer(self, frames: list[Any]) -> tuple[list[Any], str]:
+    def _user_id(self, msg: list[Any]) -> str | None:
+        """The CURVE client's User-Id (set by the ZAP handler: ``learner``, ``actor:NAME``), None without CURVE."""
+        if self.curve is None or len(msg) < 2:
+            return None
+        try:
+            return msg[1].get("User-Id")
+        except zmq.ZMQError:  # a message without metadata: no identity, no rights
+            return ""
+
+    def _answer(self, frames: list[Any], user: str | None = None) -> tuple[list[Any], str]:
         """The reply frames for one request and the counter to bump; never raises."""
         try:
             req = P.decode_request(frames, PARAMS_MAX_REQUEST_BYTES, service="params")
         except ProtocolError as exc:
             return P.encode_protocol_error(exc), "errors"
         rid = req.request_id
+        if user is not None and not may(user, req.header.op):  # the roles of apexrl.security.ROLE_OPS
+            return P.encode_error(req.header.op, rid, Status.INVALID_ARGUMENT,
+                                  f"permission denied: client {user!r} may not send {Op(req.header.op).name} "
+                                  "(see ROLE_OPS in apexrl.security)"), "forbidden"
         try:
             held = tuple(req.arrays["held"].tolist())  # (version, server_id) the requester holds
             current = self._current  # one atomic read: (version, bytes) always belong together

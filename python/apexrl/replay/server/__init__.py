@@ -11,7 +11,7 @@ from __future__ import annotations
 from apexrl.replay.config import ServerConfig, check_snapshot_dir
 from apexrl.replay.server.epoch import SnapshotLoadError, SnapshotSaveError
 from apexrl.replay.server.native import NativeLoopError
-from apexrl.replay.server.replay_server import RCVHWM, ReplayServer, limit_idle_connections
+from apexrl.replay.server.replay_server import RCVHWM, ReplayServer, role_masks
 
 __all__ = ["RCVHWM", "NativeLoopError", "ReplayServer", "ServerConfig", "SnapshotLoadError", "SnapshotSaveError",
-           "check_snapshot_dir", "limit_idle_connections"]
+           "check_snapshot_dir", "role_masks"]

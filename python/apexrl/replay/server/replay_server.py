@@ -36,7 +36,7 @@ from apexrl.replay.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
 from apexrl.replay.server.control import ControlHandler, item_layout
 from apexrl.replay.server.epoch import SnapshotLoadError, SnapshotSaveError, choose_epoch
 from apexrl.replay.server.native import NativeLoopError, libzmq_path
-from apexrl.security import secure_server_socket
+from apexrl.security import ACTOR, CLIENT, LEARNER, ROLE_OPS, limit_idle_connections, secure_server_socket
 
 __all__ = ["ReplayServer"]
 
@@ -47,6 +47,15 @@ RCVHWM = 64
 back (nothing is lost). The send side has no message-count limit (ZMQ_SNDHWM 0): the loop caps the *bytes* of
 the replies each peer leaves unread (``max_unread_mb``), which libzmq cannot, and drops a reply that would go
 over it (``replies_dropped``)."""
+
+def role_masks() -> dict[str, int]:
+    """security.ROLE_OPS as the loop takes it: the role (a ZAP User-Id before ':') -> bit mask of its ops. The
+    shared key of a key directory made before roles (User-Id ``client``) has the learner's rights."""
+    masks = {role: sum(1 << op for op in ops) for role, ops in ROLE_OPS.items()}
+    masks[CLIENT] = masks[LEARNER]
+    assert ACTOR in masks
+    return masks
+
 
 _LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR}
 
@@ -74,6 +83,13 @@ class ReplayServer:
         self._saved_items: int | None = len(self.store) if config.snapshot is not None and os.path.exists(
             config.snapshot) else None  # items in the last snapshot written (or loaded)
         self._started = False
+        self.failure: str | None = None  # set when the server must stop (its ZAP handler died)
+        self.failed = threading.Event()
+
+    def _on_zap_failure(self, reason: str) -> None:
+        self.failure = f"the ZAP handler died ({reason}): the replay server stops rather than serve unauthenticated"
+        log.critical("%s", self.failure)
+        self.failed.set()
 
     # ------------------------------------------------------------------------------------------ setup
 
@@ -111,7 +127,8 @@ class ReplayServer:
         assert self._ctx is not None
         front = self._ctx.socket(zmq.ROUTER)
         self._socket = front
-        secure_server_socket(front, cfg.curve_dir)  # CURVE + allow-list when keys are configured
+        # CURVE + allow-list when keys are configured; a dead ZAP handler stops the server (ZAP fails closed)
+        secure_server_socket(front, cfg.curve_dir, on_zap_failure=self._on_zap_failure)
         front.setsockopt(zmq.LINGER, 2000)
         front.setsockopt(zmq.MAXMSGSIZE, cfg.max_bytes)
         front.setsockopt(zmq.SNDHWM, 0)
@@ -119,7 +136,7 @@ class ReplayServer:
         # Sends never block and fail visibly: EHOSTUNREACH tells the loop a peer left (its waiting requests are
         # dropped).
         front.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        limit_idle_connections(front, cfg)
+        limit_idle_connections(front, cfg.handshake_s, cfg.heartbeat_s)
         port = "*" if int(cfg.port) == 0 else str(int(cfg.port))
         host = f"[{cfg.bind}]" if ":" in cfg.bind else cfg.bind
         if ":" in cfg.bind:
@@ -138,7 +155,7 @@ class ReplayServer:
                 max_waiting_bytes=cfg.max_waiting_bytes, max_unread_bytes=cfg.max_unread_bytes,
                 samples_per_insert=cfg.samples_per_insert or 0.0, error_buffer=cfg.effective_error_buffer or 0.0,
                 min_size_to_sample=cfg.min_size_to_sample, dedup_max_ids=DEDUP_MAX_IDS,
-                dedup_max_bytes=DEDUP_MAX_BYTES)
+                dedup_max_bytes=DEDUP_MAX_BYTES, role_ops=role_masks() if cfg.curve_dir is not None else {})
         except ImportError as exc:
             raise NativeLoopError(f"the replay server's native loop cannot start: {exc}") from None
         if self.spec_gate.spec is not None:
@@ -270,15 +287,3 @@ class ReplayServer:
                 f"final snapshot to {os.fspath(self.config.snapshot)!r} failed ({type(exc).__name__}: {exc}): "
                 f"the {held} items held now were not saved; {kept}"
             ) from exc
-
-
-def limit_idle_connections(sock: zmq.Socket, cfg: ServerConfig) -> None:
-    """Close connections that hold a file descriptor and do nothing: ZMQ_HANDSHAKE_IVL closes one that has not
-    completed the ZMTP handshake in ``handshake_s`` (a raw TCP connection that never sends); ZMTP heartbeats
-    close one whose peer stopped answering for 3 x ``heartbeat_s`` (a host that vanished without a FIN)."""
-    sock.setsockopt(zmq.HANDSHAKE_IVL, int(cfg.handshake_s * 1000))
-    if cfg.heartbeat_s > 0:
-        ivl = int(cfg.heartbeat_s * 1000)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, min(3 * ivl, 6_553_500))
