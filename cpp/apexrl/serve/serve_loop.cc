@@ -75,6 +75,9 @@ struct Pending {
   uint64_t serial = 0;  // owner number for the insert window
 };
 
+Deferred::Deferred() = default;
+Deferred::~Deferred() = default;
+
 // One reply's frames and the buffers they view (sent without copies).
 struct Reply {
   enum Source : uint8_t { kPart, kSampleKeys, kWeights, kProbabilities, kOffsets, kData, kKeys };

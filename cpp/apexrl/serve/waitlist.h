@@ -24,6 +24,8 @@ namespace apexrl::serve {
 struct Pending;
 
 struct Deferred {
+  Deferred();
+  ~Deferred();  // in serve_loop.cc, where Pending is complete
   std::unique_ptr<Pending> p;
   uint16_t op = 0;
   uint64_t n = 0;
