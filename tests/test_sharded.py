@@ -297,3 +297,24 @@ def test_learner_and_actor_take_several_replay_endpoints():
     actor, _ = actor_cli.parse_config(["--preset", "cartpole", "--replay", ends[0], "--replay", ends[1],
                                     "--params", "tcp://127.0.0.1:7", "--index", "0", "--num-actors", "1"])
     assert learner.replay == actor.replay == ",".join(ends)
+
+
+def test_the_inserter_pipelines_over_every_server_and_returns_the_sets_keys(servers):
+    """Through inserter() a set of servers keeps requests in flight to all of them at once (it is a
+    PipelinedReplay); every batch is stored once, round robin, and the keys it acknowledges are the set's."""
+    from apexrl.replay.api import PipelinedReplay
+
+    endpoints = servers(2, shards=2)
+    acked: list[np.ndarray] = []
+    with ShardedReplayClient(endpoints) as sharded:
+        assert isinstance(sharded, PipelinedReplay)
+        with sharded.inserter(max_in_flight=8, on_ack=lambda keys, _s: acked.append(keys.copy())) as ins:
+            for b in range(40):
+                ins.insert(np.ones(5), [f"b{b}i{i}".encode() for i in range(5)])
+            ins.flush()
+            assert ins.stats()["acked"] == 40 and ins.stats()["failed"] == 0
+        keys = np.concatenate(acked)
+        assert len(set(keys.tolist())) == 200
+        assert sharded.update_priorities(keys, np.full(200, 2.0)) == 200  # every key routes to its server
+    sizes = [_stats(e)["size"] for e in endpoints]
+    assert sizes == [100, 100], sizes

@@ -17,7 +17,8 @@ their lock shard, and the client puts the server's index into the high ``server_
 may have at most ``max_lock_shards(K)`` lock shards; a server with more is refused at its first reply). Updates
 and erases are routed by those bits; a key naming no server is counted as not present, like a stale key.
 
-Inserts go round robin over the servers that are up, a batch whole to one server. Retries of a batch (same
+Inserts go round robin over the servers that are up, a batch whole to one server; through :meth:`inserter`
+they are pipelined, requests in flight to every server at once (the set is a PipelinedReplay). Retries of a batch (same
 ``insert_id``) go to the server its first attempt went to, so the server stores it once -- unless that server
 stopped answering meanwhile: then the batch is sent to the next server, and it may end up stored twice
 (at-least-once across a server's loss, never lost).
@@ -45,6 +46,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import zmq
 
 from apexrl.errors import (
     Interrupted,
@@ -184,6 +186,8 @@ class ShardedReplayClient:
         except BaseException:
             self.close()
             raise
+        self._pipe_ids = itertools.count(1)  # request ids of pipelined inserts, over all servers
+        self._pipe: dict[tuple[int, int], int] = {}  # (server index, its request id) -> the set's request id
         self.servers_lost = 0  # times a server was marked down
         self.redrawn = 0  # draws of a lost server redrawn from the others
 
@@ -464,6 +468,80 @@ class ShardedReplayClient:
                 self._back(server)
             return self._global_keys(server.index, keys)
 
+    # ------------------------------------------------------------------------- pipelined inserts (inserter)
+
+    def prepare_insert(self, priorities: Any, data: Any, offsets: Any, *, timeout: float | None = None,
+                       insert_id: tuple[int, int] | None = None) -> tuple[int, list[Any]]:
+        """Validate one insert and pick its server (round robin over those up, as :meth:`insert`) -> the message
+        for :meth:`send_insert`."""
+        with self._lock:
+            self._refresh()
+            insert_id = self.next_insert_id() if insert_id is None else insert_id
+            server = self._insert_target(insert_id)
+            if server.heard_at is None:  # first contact: check its lock shards before it issues keys
+                self._stats_of([server])
+                if not server.up:
+                    raise ReplayTimeout(f"replay server {server.client.endpoint} did not answer")
+            return server.index, server.client.prepare_insert(priorities, data, offsets, timeout=timeout,
+                                                              insert_id=insert_id)
+
+    def insert_limit(self) -> int:
+        """The most bytes one INSERT may have on every server (the smallest announced limit)."""
+        with self._lock:
+            return min(s.client.insert_limit() for s in (s for s in self._servers if s.up) or self._servers)
+
+    def send_insert(self, message: tuple[int, list[Any]]) -> tuple[int, int]:
+        """Send a prepared insert to its server without waiting -> ``(the set's request id, items)``."""
+        index, frames = message
+        with self._lock:
+            server = self._servers[index]
+            try:
+                rid, n = server.client.send_insert(frames)
+            except ReplayTimeout as exc:
+                self._lost(server, exc)
+                raise
+            pipe_id = next(self._pipe_ids)
+            self._pipe[(index, rid)] = pipe_id
+            return pipe_id, n
+
+    def receive_insert(self, wait: float) -> tuple[int, Any] | None:
+        """The next reply of any server to a pipelined insert within ``wait`` seconds -> ``(the set's request
+        id, the set's keys or the error)``; None if none came."""
+        deadline = time.monotonic() + max(0.0, wait)
+        with self._lock:
+            while True:
+                waiting = sorted({index for index, _rid in self._pipe})
+                for index in waiting:
+                    server = self._servers[index]
+                    got = server.client.receive_insert(0)
+                    if got is None:
+                        continue
+                    rid, result = got
+                    pipe_id = self._pipe.pop((index, rid), None)
+                    if pipe_id is None:
+                        continue  # a late reply to a request forgotten meanwhile
+                    if not isinstance(result, BaseException):
+                        if not server.up:
+                            self._back(server)
+                        result = self._global_keys(index, result)
+                    return pipe_id, result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not waiting:
+                    return None
+                poller = zmq.Poller()
+                for index in waiting:
+                    sock = self._servers[index].client.transport.pollable()
+                    if sock is not None:
+                        poller.register(sock, zmq.POLLIN)
+                poller.poll(max(1, int(remaining * 1000)))
+
+    def forget_inserts(self) -> None:
+        """Drop every insert reply still due, from every server (each client resets its connection)."""
+        with self._lock:
+            for index in sorted({index for index, _rid in self._pipe}):
+                self._servers[index].client.forget_inserts()
+            self._pipe.clear()
+
     # ------------------------------------------------------------------------------------------ by key
 
     def _by_server(self, op: P.Op, keys: np.ndarray, encode: Callable[[np.ndarray, np.ndarray | None], list[Any]],
@@ -568,8 +646,8 @@ class ShardedReplayClient:
 
     def inserter(self, max_in_flight: int = 8, *, timeout: float | None = None,
                  on_ack: Callable[[np.ndarray, float], Any] | None = None) -> PipelinedInserter:
-        """A :class:`PipelinedInserter` over the set (its own clients), as :meth:`ReplayClient.inserter`; the set
-        is no PipelinedReplay, so it sends one insert at a time (``max_in_flight`` only bounds its queue)."""
+        """A :class:`PipelinedInserter` over the set (its own clients), as :meth:`ReplayClient.inserter`: up to
+        ``max_in_flight`` inserts in flight, spread round robin over the servers."""
         return PipelinedInserter(self._same_endpoints, max_in_flight=max_in_flight, timeout=timeout, on_ack=on_ack,
                                  client_timeout=self.timeout)
 

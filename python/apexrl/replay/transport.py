@@ -140,6 +140,11 @@ class Transport:
                    f"{self._peer} does not use CURVE")
         return f"; the connection handshake failed {self._handshake_failures} times: {why}"
 
+    def pollable(self) -> zmq.Socket | None:
+        """The socket of the current connection, to poll together with others' (None before the first send or
+        after a reset); receive with :meth:`receive`."""
+        return self._sock
+
     def _socket(self) -> zmq.Socket:
         """The socket to use now (connecting a new one after a reset); ServerClosedError once closed."""
         if self._ctx is None:
