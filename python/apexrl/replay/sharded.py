@@ -442,19 +442,25 @@ class ShardedReplayClient:
             self._routes.popitem(last=False)
         return server
 
+    def _insert_server(self, insert_id: tuple[int, int]) -> _Server:
+        """The server a batch goes to, heard from at least once (its lock shards checked before it issues keys);
+        ReplayTimeout when it does not answer that first contact."""
+        self._refresh()
+        server = self._insert_target(insert_id)
+        if server.heard_at is None:
+            self._stats_of([server])
+            if not server.up:
+                raise ReplayTimeout(f"replay server {server.client.endpoint} did not answer")
+        return server
+
     def insert(self, priorities: Any, items: Sequence[Any] | None = None, *, data: Any = None, offsets: Any = None,
                timeout: float | None = None, insert_id: tuple[int, int] | None = None) -> np.ndarray:
         """Insert a batch, whole, into one server (round robin over those up) -> the set's keys; arguments and
         errors as :meth:`ReplayClient.insert`. A server that does not answer is marked down and the error
         raised: retry with the same ``insert_id`` and the batch goes to another server."""
         with self._lock:
-            self._refresh()
             insert_id = self.next_insert_id() if insert_id is None else insert_id
-            server = self._insert_target(insert_id)
-            if server.heard_at is None:  # first contact: check its lock shards before it issues keys
-                self._stats_of([server])
-                if not server.up:
-                    raise ReplayTimeout(f"replay server {server.client.endpoint} did not answer")
+            server = self._insert_server(insert_id)
             try:
                 keys = server.client.insert(priorities, items, data=data, offsets=offsets, timeout=timeout,
                                             insert_id=insert_id)
@@ -475,13 +481,8 @@ class ShardedReplayClient:
         """Validate one insert and pick its server (round robin over those up, as :meth:`insert`) -> the message
         for :meth:`send_insert`."""
         with self._lock:
-            self._refresh()
             insert_id = self.next_insert_id() if insert_id is None else insert_id
-            server = self._insert_target(insert_id)
-            if server.heard_at is None:  # first contact: check its lock shards before it issues keys
-                self._stats_of([server])
-                if not server.up:
-                    raise ReplayTimeout(f"replay server {server.client.endpoint} did not answer")
+            server = self._insert_server(insert_id)
             return server.index, server.client.prepare_insert(priorities, data, offsets, timeout=timeout,
                                                               insert_id=insert_id)
 
