@@ -78,6 +78,7 @@ struct LoopStat {
 
 struct Pending;
 struct Deferred;
+class SamplePool;
 struct Reply;
 class Waitlist;
 
@@ -192,6 +193,7 @@ class ServeLoop {
   std::atomic<uint64_t> waiting_stats_[8] = {};
   std::shared_ptr<std::atomic<int64_t>> unread_total_;
   std::atomic<int64_t> unread_peak_peer_{0};
+  std::shared_ptr<SamplePool> pool_;  // shared with the replies libzmq still holds
 };
 
 }  // namespace apexrl::serve
