@@ -588,6 +588,71 @@ def run_conns(kind: str, connections: int, processes: int, rate: float, seconds:
             "server_cpu_s": cpu1 - cpu0, "server_cpu_us_per_request": 1e6 * (cpu1 - cpu0) / max(1, replied)}
 
 
+REVERB_WORKER = os.path.join(os.path.dirname(HERE), "reverb_worker.py")
+
+
+def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict:
+    """One window of Reverb (bench/reverb_worker.py under ``reverb_python``): its server with a 2M prioritized
+    table, k actor processes writing the same 632-byte items (flush every 50), one learner sampling 512 and
+    mutating 512 priorities."""
+    outdir = os.path.dirname(payload)
+    server = subprocess.Popen([reverb_python, REVERB_WORKER, "server", "--capacity", "2000000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    procs: list[subprocess.Popen] = []
+    try:
+        assert server.stdout is not None
+        port = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = server.stdout.readline()
+            if not line:
+                break
+            if "reverb listening on" in line:
+                port = line.split()[-1]
+                break
+        if port is None:
+            raise RuntimeError("reverb server did not report its port")
+        start_at = time.time() + 8.0  # TensorFlow imports slowly
+        common = ["--port", port, "--start-at", repr(start_at), "--seconds", str(seconds)]
+        for a in range(k):
+            procs.append(subprocess.Popen([reverb_python, REVERB_WORKER, "actor", "--payload", payload, "--seed",
+                                           str(a), "--out", os.path.join(outdir, f"rv_actor{a}.json"), *common],
+                                          stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([reverb_python, REVERB_WORKER, "learner", "--out",
+                                       os.path.join(outdir, "rv_learner.json"), *common], stderr=subprocess.DEVNULL))
+        while time.time() < start_at:
+            time.sleep(0.001)
+        cpu0 = cpu_seconds(server.pid)
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+        cpu1 = cpu_seconds(server.pid)
+        results = []
+        for p, name in zip(procs, [f"rv_actor{a}.json" for a in range(k)] + ["rv_learner.json"]):
+            if p.wait() != 0:
+                raise RuntimeError(f"reverb worker exited with {p.returncode}")
+            with open(os.path.join(outdir, name)) as f:
+                results.append(json.load(f))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
+    requests = sum(r["requests"] for r in results)
+    return {"kind": "reverb", "curve": False, "inserted_per_s": sum(r["items"] / r["elapsed"] for r in results[:-1]),
+            "sampled_per_s": results[-1]["items"] / results[-1]["elapsed"], "requests": requests,
+            "server_cpu_s": cpu1 - cpu0, "cpu_window_s": seconds,
+            "server_cpu_us_per_request": 1e6 * (cpu1 - cpu0) / max(1, requests)}
+
+
 def rss_1m(n: int) -> dict:
     batches = dpg_batches(99)
     server = Server(max(n, 2_000_000))
@@ -858,7 +923,14 @@ def side_by_side(args: argparse.Namespace) -> None:
               f"process(es) x {INSERT_BATCH} items/request ({args.insert_mode}), 1 learner sampling {SAMPLE_BATCH} + "
               f"updating {SAMPLE_BATCH}, capacity 2M, prefill {args.prefill}, {args.rounds} rounds x "
               f"{args.seconds:g} s windows", flush=True)
+        reverb = reverb_line(args)
+        print("- " + reverb, flush=True)
         for rnd in range(args.rounds):
+            if reverb.startswith("inserts vs Reverb: measured"):
+                r = run_reverb(k, path, args.seconds, args.reverb_python)
+                r["round"] = rnd
+                print(json.dumps(r), flush=True)
+                rows.append(r)
             for curve_dir in curve_dirs:
                 for kind in kinds:
                     r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
@@ -933,7 +1005,17 @@ def side_by_side(args: argparse.Namespace) -> None:
             missing = sum(r["sent"] - r["replied"] for r in mine)
             print(f"| {kind} | " + " | ".join(cells) + f" | {rat} | "
                   f"{median([r['offered_per_s'] for r in mine]):,.0f} | {missing} |")
-    notes.append(reverb_line(args))
+    if any(r["kind"] == "reverb" for r in rows):
+        rv = {r["round"]: r for r in rows if r["kind"] == "reverb"}
+        for kind in kinds:
+            mine = {r["round"]: r for r in rows if r["kind"] == kind and not r["curve"]}
+            both = sorted(set(rv) & set(mine))
+            notes.append(f"inserts vs Reverb, {kind}: inserted/s {median([mine[i]['inserted_per_s'] / rv[i]['inserted_per_s'] for i in both]):.2f}x "
+                         f"Reverb's (Reverb: median {median([rv[i]['inserted_per_s'] for i in both]):,.0f} inserted/s, "
+                         f"{median([rv[i]['sampled_per_s'] for i in both]):,.0f} sampled/s with its learner on "
+                         "client.sample)")
+    else:
+        notes.append(reverb)
     print()
     for line in notes:
         print("- " + line)
@@ -945,15 +1027,14 @@ def reverb_line(args: argparse.Namespace) -> str:
         return ("inserts vs Reverb: column skipped: no --reverb-python given (dm-reverb needs its own environment "
                 "with TensorFlow; see bench/README.md)")
     try:
-        out = subprocess.run([args.reverb_python, "-c", "import reverb; print(reverb.__version__)"],
+        out = subprocess.run([args.reverb_python, "-c", "import importlib.metadata as m, reverb; print(m.version('dm-reverb'))"],
                              capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"inserts vs Reverb: column skipped: {args.reverb_python} could not run ({exc})"
     if out.returncode != 0:
         return (f"inserts vs Reverb: column skipped: {args.reverb_python} cannot import reverb: "
                 f"{out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
-    return (f"inserts vs Reverb: column skipped: reverb {out.stdout.strip()} imports, but this bench has no "
-            "Reverb workers yet")
+    return f"inserts vs Reverb: measured with {args.reverb_python} (dm-reverb {out.stdout.strip()})"
 
 
 def curve_wire_speed(curve_dir: str, sizes=(32_000, 324_000), seconds: float = 1.0) -> list[str]:
