@@ -56,6 +56,13 @@ def rss_of(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc/PID/stat, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(lat: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(lat), q)) * 1e3 if lat else float("nan")
 
@@ -63,9 +70,16 @@ def pct(lat: list[float], q: float) -> float:
 class Server:
     """A replay server subprocess; SIGTERM on close, SIGKILL if it does not exit."""
 
-    def __init__(self, capacity: int, extra: list[str] | None = None):
-        cmd = [sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--capacity", str(capacity),
-               "--log-level", "WARNING", *(extra or [])]
+    def __init__(self, capacity: int, extra: list[str] | None = None, kind: str = "native",
+                 python: str | None = None):
+        """``kind``: "native" (this tree's server), "old" (``python -m apexrl.cli.server`` of the interpreter
+        ``python``, e.g. an older tree's venv) or "floor" (the do-nothing pyzmq server of this file)."""
+        if kind == "floor":
+            cmd = [sys.executable, HERE, "--worker", "floor", *(extra or [])]
+        else:
+            cmd = [python or sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--capacity", str(capacity),
+                   "--log-level", "WARNING", *(extra or [])]
+        self.kind = kind
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.endpoint = None
         deadline = time.monotonic() + 60
@@ -214,6 +228,7 @@ def actor_main(args: argparse.Namespace) -> None:
     lat: list[float] = []
     n = 0
     i = 0
+    removes = 0
     pipelined = args.insert_mode == "pipelined"
     with connect(args.endpoint, timeout=30, curve=args.curve_dir) as c:
         # pipelined: up to --max-in-flight inserts unanswered; latency = send to acknowledgement
@@ -233,6 +248,7 @@ def actor_main(args: argparse.Namespace) -> None:
             i += 1
             if args.seed == 0 and i % 100 == 0:
                 c.remove_to_fit()
+                removes += 1
             if time.time() >= end:
                 break
         if ins is not None:
@@ -241,7 +257,7 @@ def actor_main(args: argparse.Namespace) -> None:
             assert st["acked_items"] == n and st["failed"] == 0, st
         elapsed = time.time() - args.start_at
     with open(args.out, "w") as f:  # a file, not stdout: a large result would fill the pipe and deadlock
-        json.dump({"items": n, "elapsed": elapsed, "lat": lat}, f)
+        json.dump({"items": n, "elapsed": elapsed, "lat": lat, "requests": i + removes}, f)
 
 
 def learner_main(args: argparse.Namespace) -> None:
@@ -273,7 +289,145 @@ def learner_main(args: argparse.Namespace) -> None:
         elapsed = time.time() - args.start_at
         ustats = up.stats()
     with open(args.out, "w") as f:
-        json.dump({"items": n, "elapsed": elapsed, "lat": lat, "decode_s": dec_s, "updater": ustats}, f)
+        json.dump({"items": n, "elapsed": elapsed, "lat": lat, "decode_s": dec_s, "updater": ustats,
+                   "requests": len(lat) + ustats["sent"] + ustats["failed"]}, f)
+
+
+def conns_main(args: argparse.Namespace) -> None:
+    """--sockets DEALER sockets in this process, each an active client connection: INSERTs of 50 pre-encoded items
+    sent round robin over the sockets at --rate requests/s in total (paced, so the offered load does not depend
+    on the number of sockets), every reply received; then up to 10 s to collect the late ones."""
+    import zmq
+
+    from apexrl.replay import protocol as P
+
+    batches = load_batches(args.payload)
+    rng = np.random.default_rng(args.seed)
+    prios = [rng.uniform(0.1, 2.0, INSERT_BATCH) for _ in range(16)]
+    session = int(rng.integers(1, 1 << 62))
+    ctx = zmq.Context()
+    socks = []
+    for _ in range(args.sockets):
+        sk = ctx.socket(zmq.DEALER)
+        sk.setsockopt(zmq.LINGER, 0)
+        sk.connect(args.endpoint)
+        socks.append(sk)
+    poller = zmq.Poller()
+    for sk in socks:
+        poller.register(sk, zmq.POLLIN)
+    sent = replied = errors = 0
+    seq = 0
+
+    def drain(timeout_ms: float) -> None:
+        nonlocal replied, errors
+        for sk, _ev in poller.poll(max(0.0, timeout_ms)):
+            while True:
+                try:
+                    frames = sk.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                replied += 1
+                if frames[0].buffer[16:18] != b"\0\0":  # status != OK
+                    errors += 1
+
+    while time.time() < args.start_at:
+        time.sleep(0.001)
+    period = 1.0 / args.rate
+    t0 = time.perf_counter()
+    end = t0 + args.seconds
+    next_send = t0
+    while True:
+        now = time.perf_counter()
+        if now >= end:
+            break
+        if now >= next_send:
+            d, o = batches[sent % len(batches)]
+            seq += 1
+            frames = P.encode_insert(seq, prios[sent % 16], d, o, 0, (session, seq))
+            socks[sent % len(socks)].send_multipart(frames, copy=False)
+            sent += 1
+            next_send += period
+        else:
+            drain(1e3 * (next_send - now))
+    send_end = time.perf_counter()
+    deadline = time.perf_counter() + 10
+    while replied < sent and time.perf_counter() < deadline:
+        drain(50)
+    for sk in socks:
+        sk.close(0)
+    ctx.term()
+    with open(args.out, "w") as f:
+        json.dump({"sent": sent, "replied": replied, "errors": errors, "send_s": send_end - t0}, f)
+
+
+def floor_main(args: argparse.Namespace) -> None:
+    """The bare-ZeroMQ floor: a pyzmq ROUTER that does no work. Every request gets a canned, valid reply of the
+    size the replay server would send (INSERT n: header + keys 8n; SAMPLE n: header + keys 8n, weights 4n,
+    probabilities 8n, offsets 8(n+1), n items of --item-bytes, totals 16, store_size 8; UPDATE_PRIORITIES,
+    REMOVE_TO_FIT, ERASE: header only; HELLO and STATS: small JSON), only the request id patched in. Stops on
+    SIGTERM, or by itself after --lifetime seconds."""
+    import zmq
+
+    from apexrl.replay import protocol as P
+
+    item_bytes = args.item_bytes
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    canned: dict[tuple[int, int], list[bytes]] = {}
+
+    def reply_of(op: int, n: int) -> list[bytes]:
+        key = (op, n if op in (P.Op.INSERT, P.Op.SAMPLE) else 0)
+        frames = canned.get(key)
+        if frames is None:
+            if op == P.Op.INSERT:
+                frames = P.encode_insert_reply(0, np.arange(n, dtype=np.uint64))
+            elif op == P.Op.SAMPLE:
+                frames = P.encode_sample_reply(
+                    0, np.arange(n, dtype=np.uint64), np.ones(n, np.float32), np.full(n, 1.0 / 2e6),
+                    np.arange(n + 1, dtype=np.uint64) * item_bytes, bytes(n * item_bytes), (1.0, 0.5), (2_000_000,))
+            elif op in (P.Op.UPDATE_PRIORITIES, P.Op.REMOVE_TO_FIT, P.Op.ERASE):
+                frames = P.encode_count_reply(P.Op(op), 0, 0)
+            elif op == P.Op.HELLO:
+                frames = P.encode_hello_reply(0, {"protocol_version": P.PROTOCOL_VERSION,
+                                                  "max_request_bytes": 256 << 20, "max_reply_bytes": 256 << 20,
+                                                  "num_shards": 8})
+            else:  # STATS: what the bench reads afterwards
+                frames = P.encode_stats_reply(0, {"size": 2_000_000, "bytes_held": 2_000_000 * item_bytes})
+            frames = [bytes(memoryview(f).cast("B")) if not isinstance(f, bytes) else f for f in frames]
+            canned[key] = frames
+        return frames
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    if args.curve_dir:
+        from apexrl.security import secure_server_socket
+
+        secure_server_socket(sock, args.curve_dir)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    print(f"floor server listening on tcp://127.0.0.1:{port}", flush=True)
+    deadline = time.monotonic() + args.lifetime
+    served = 0
+    while not stop and time.monotonic() < deadline:
+        if not sock.poll(100):
+            continue
+        for _ in range(1000):  # drain what is queued, then look at the stop flag again
+            try:
+                msg = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            hdr = msg[1].buffer
+            op, n = int.from_bytes(hdr[6:8], "little"), int.from_bytes(hdr[20:24], "little")
+            frames = reply_of(op, n)
+            head = bytearray(frames[0])
+            head[8:16] = hdr[8:16]  # the request id
+            sock.send_multipart([msg[0], head, *frames[1:]], copy=False)
+            served += 1
+    sock.close(0)
+    ctx.term()
 
 
 # ------------------------------------------------------------------------------------------------ driver
@@ -308,9 +462,13 @@ def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items
 
 def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float,
                actor_flags: list[str], spec_json: str | None = None,
-               curve_dir: str | None = None, servers: int = 1) -> dict:
+               curve_dir: str | None = None, servers: int = 1, kind: str = "native",
+               server_python: str | None = None, item_bytes: int = 632) -> dict:
     """One timed window: `servers` replay servers splitting `capacity` (the workers reach them through one
-    ShardedReplayClient each when there are several), k actor processes and one learner process."""
+    ShardedReplayClient each when there are several), k actor processes and one learner process. ``kind``:
+    which server (see :class:`Server`). The servers' CPU time (utime + stime) is read when the workers start
+    their clocks and again when the last one has exited (every reply received): ``server_cpu_us_per_request``
+    divides it by the requests the workers sent in that time (inserts, remove_to_fit, samples, updates)."""
     outdir = os.path.dirname(payload)
     from apexrl.replay.sharded import connect
 
@@ -319,7 +477,12 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
     procs: list[subprocess.Popen] = []
     try:
         for i in range(servers):
-            group.append(Server(-(-capacity // servers), flags + ["--seed", str(i)]))
+            if kind == "floor":
+                fl = ["--item-bytes", str(item_bytes)] + ([] if curve_dir is None else ["--curve-dir", curve_dir])
+                group.append(Server(0, fl, kind="floor"))
+            else:
+                group.append(Server(-(-capacity // servers), flags + ["--seed", str(i)], kind=kind,
+                                    python=server_python))
         endpoint = ",".join(s.endpoint for s in group)
         t0 = time.perf_counter()
         prefill(endpoint, batches, prefill_n, curve_dir=curve_dir)
@@ -333,11 +496,16 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
                                            *common, *actor_flags]))
         procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "learner",
                                        "--out", os.path.join(outdir, "learner.json"), *common]))
-        # Server RSS sampled during the run (peak) and after.
+        # Server RSS sampled during the run (peak) and after; server CPU from the workers' start to their end.
         peak = 0
+        while time.time() < start_at:
+            time.sleep(0.001)
+        cpu0 = sum(cpu_seconds(s.pid) for s in group)
         while any(p.poll() is None for p in procs):
             peak = max(peak, sum(rss_of(s.pid) for s in group))
-            time.sleep(0.2)
+            time.sleep(0.05)
+        cpu1 = sum(cpu_seconds(s.pid) for s in group)
+        cpu_window = time.time() - start_at
         results = []
         names = [f"actor{a}.json" for a in range(k)] + ["learner.json"]
         for p, name in zip(procs, names):
@@ -359,6 +527,7 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
             server.close()
     actors, learner = results[:-1], results[-1]
     ins_lat = [x for a in actors for x in a["lat"]]
+    requests = sum(r["requests"] for r in results)
     size = int(st.get("size", 0))
     return {
         "shape": shape, "servers": servers, "actors": k, "spec": bool(spec_json), "curve": curve_dir is not None, "prefill": prefill_n, "prefill_s": prefill_s,
@@ -369,8 +538,119 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
         "decode_ms_per_batch": 1e3 * learner["decode_s"] / max(1, len(learner["lat"])),
         "server_rss_gb": rss / 1e9, "server_peak_rss_gb": peak / 1e9,
         "size": size, "bytes_per_item": (st.get("bytes_held", 0) / size) if size else float("nan"),
-        "updater": learner["updater"],
+        "updater": learner["updater"], "kind": kind,
+        "requests": requests, "server_cpu_s": cpu1 - cpu0, "cpu_window_s": cpu_window,
+        "server_cpu_us_per_request": 1e6 * (cpu1 - cpu0) / max(1, requests),
     }
+
+
+def run_conns(kind: str, connections: int, processes: int, rate: float, seconds: float, payload: str,
+              server_python: str | None = None) -> dict:
+    """One window of the connection-count measure: a fresh server of ``kind``, ``processes`` client processes
+    holding ``connections`` DEALER sockets in all, INSERTs of 50 at ``rate`` requests/s in total (paced). The
+    server's CPU time from the start of the clients' clocks to their end (every reply received) / replies."""
+    outdir = os.path.dirname(payload)
+    server = Server(2_000_000, ["--item-bytes", "632"] if kind == "floor" else [], kind=kind, python=server_python)
+    procs: list[subprocess.Popen] = []
+    try:
+        start_at = time.time() + 2.0 + connections / 200  # time to import and connect every socket
+        per = [connections // processes + (1 if i < connections % processes else 0) for i in range(processes)]
+        for i, m in enumerate(per):
+            procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "conns", "--payload", payload,
+                                           "--endpoint", server.endpoint, "--start-at", repr(start_at),
+                                           "--seconds", str(seconds), "--sockets", str(m),
+                                           "--rate", str(rate / processes), "--seed", str(i),
+                                           "--out", os.path.join(outdir, f"conns{i}.json")]))
+        while time.time() < start_at:
+            time.sleep(0.001)
+        cpu0 = cpu_seconds(server.pid)
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+        cpu1 = cpu_seconds(server.pid)
+        results = []
+        for i, p in enumerate(procs):
+            if p.wait() != 0:
+                raise RuntimeError(f"connection worker exited with {p.returncode}")
+            with open(os.path.join(outdir, f"conns{i}.json")) as f:
+                results.append(json.load(f))
+    except BaseException:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        raise
+    finally:
+        server.close()
+    sent, replied = sum(r["sent"] for r in results), sum(r["replied"] for r in results)
+    return {"kind": kind, "connections": connections, "sent": sent, "replied": replied,
+            "errors": sum(r["errors"] for r in results),
+            "offered_per_s": sent / max(r["send_s"] for r in results),
+            "server_cpu_s": cpu1 - cpu0, "server_cpu_us_per_request": 1e6 * (cpu1 - cpu0) / max(1, replied)}
+
+
+REVERB_WORKER = os.path.join(os.path.dirname(HERE), "reverb_worker.py")
+
+
+def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict:
+    """One window of Reverb (bench/reverb_worker.py under ``reverb_python``): its server with a 2M prioritized
+    table, k actor processes writing the same 632-byte items (flush every 50), one learner sampling 512 and
+    mutating 512 priorities."""
+    outdir = os.path.dirname(payload)
+    server = subprocess.Popen([reverb_python, REVERB_WORKER, "server", "--capacity", "2000000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    procs: list[subprocess.Popen] = []
+    try:
+        assert server.stdout is not None
+        port = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = server.stdout.readline()
+            if not line:
+                break
+            if "reverb listening on" in line:
+                port = line.split()[-1]
+                break
+        if port is None:
+            raise RuntimeError("reverb server did not report its port")
+        start_at = time.time() + 8.0  # TensorFlow imports slowly
+        common = ["--port", port, "--start-at", repr(start_at), "--seconds", str(seconds)]
+        for a in range(k):
+            procs.append(subprocess.Popen([reverb_python, REVERB_WORKER, "actor", "--payload", payload, "--seed",
+                                           str(a), "--out", os.path.join(outdir, f"rv_actor{a}.json"), *common],
+                                          stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([reverb_python, REVERB_WORKER, "learner", "--out",
+                                       os.path.join(outdir, "rv_learner.json"), *common], stderr=subprocess.DEVNULL))
+        while time.time() < start_at:
+            time.sleep(0.001)
+        cpu0 = cpu_seconds(server.pid)
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+        cpu1 = cpu_seconds(server.pid)
+        results = []
+        for p, name in zip(procs, [f"rv_actor{a}.json" for a in range(k)] + ["rv_learner.json"]):
+            if p.wait() != 0:
+                raise RuntimeError(f"reverb worker exited with {p.returncode}")
+            with open(os.path.join(outdir, name)) as f:
+                results.append(json.load(f))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
+    requests = sum(r["requests"] for r in results)
+    return {"kind": "reverb", "curve": False, "inserted_per_s": sum(r["items"] / r["elapsed"] for r in results[:-1]),
+            "sampled_per_s": results[-1]["items"] / results[-1]["elapsed"], "requests": requests,
+            "server_cpu_s": cpu1 - cpu0, "cpu_window_s": seconds,
+            "server_cpu_us_per_request": 1e6 * (cpu1 - cpu0) / max(1, requests)}
 
 
 def rss_1m(n: int) -> dict:
@@ -470,8 +750,29 @@ def main() -> None:
     p.add_argument("--curve", choices=("off", "on", "both"), default="off",
                    help="CURVE encryption + allow-list: off (default), on, or both (each configuration plain, then "
                         "with CURVE, and their ratio)")
+    p.add_argument("--floor", action="store_true",
+                   help="side by side mode (DPG): the bare-ZeroMQ floor (a pyzmq server that does no work) measured in "
+                        "the same run, every figure as a fraction of it, and the server's CPU per request beside the "
+                        "floor's; windows interleaved over --rounds")
+    p.add_argument("--server-python", metavar="PATH", default=None,
+                   help="side by side mode: also an older server, `PATH -m apexrl.cli.server` (e.g. the venv python of "
+                        "a worktree of an earlier commit), as an extra column")
+    p.add_argument("--rounds", type=int, default=3, help="side by side mode: rounds of interleaved windows (default 3)")
+    p.add_argument("--connections", type=int, nargs="*", default=[],
+                   help="side by side mode: the servers' CPU per request with each number of active client "
+                        "connections (e.g. 4 256) at the same paced total load (--conn-rate)")
+    p.add_argument("--conn-rate", type=float, default=2000.0,
+                   help="connections measure: INSERTs of 50 per second in total (default 2000)")
+    p.add_argument("--conn-processes", type=int, default=4,
+                   help="connections measure: client processes the sockets are spread over (default 4)")
+    p.add_argument("--reverb-python", metavar="PATH", default=None,
+                   help="side by side mode: an interpreter that imports dm-reverb, for the inserts-vs-Reverb column")
     # worker mode
-    p.add_argument("--worker", choices=("actor", "learner"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=("actor", "learner", "floor", "conns"), help=argparse.SUPPRESS)
+    p.add_argument("--item-bytes", type=int, default=632, help=argparse.SUPPRESS)
+    p.add_argument("--lifetime", type=float, default=1800.0, help=argparse.SUPPRESS)
+    p.add_argument("--sockets", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--rate", type=float, default=100.0, help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
     p.add_argument("--payload", help=argparse.SUPPRESS)
     p.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
@@ -484,6 +785,12 @@ def main() -> None:
         return actor_main(args)
     if args.worker == "learner":
         return learner_main(args)
+    if args.worker == "floor":
+        return floor_main(args)
+    if args.worker == "conns":
+        return conns_main(args)
+    if args.floor or args.server_python or args.connections:
+        return side_by_side(args)
 
     if args.quick:
         args.seconds, args.prefill, args.atari_transitions, args.atari_prefill = 1.0, 20_000, 400, 5_000
@@ -584,6 +891,150 @@ def main() -> None:
     print()
     for line in extra + curve_ratios(rows) + server_ratios(rows):
         print("- " + line)
+
+
+def median(xs: list[float]) -> float:
+    return float(np.median(np.asarray(xs))) if xs else float("nan")
+
+
+def side_by_side(args: argparse.Namespace) -> None:
+    """Floor / old server / this tree's server in one run, windows interleaved (A B C A B C ...), DPG."""
+    kinds = ["floor"] * bool(args.floor) + ["old"] * bool(args.server_python) + ["native"]
+    names = {"floor": "bare ZeroMQ floor (pyzmq, no work)", "old": f"old server ({args.server_python})",
+             "native": "native server (this tree)"}
+    k = max(args.actors)
+    actor_flags = ["--insert-mode", args.insert_mode, "--max-in-flight", str(args.max_in_flight)]
+    t_start = time.perf_counter()
+    rows: list[dict] = []
+    conn_rows: list[dict] = []
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        curve_dirs: list[str | None] = [None] * (args.curve in ("off", "both"))
+        if args.curve in ("on", "both"):
+            from apexrl.security import keygen
+
+            keygen(os.path.join(tmp, "keys"))
+            curve_dirs.append(os.path.join(tmp, "keys"))
+        batches = dpg_batches(0)
+        path = os.path.join(tmp, "dpg.npz")
+        save_batches(path, batches)
+        item_bytes = batches[0][0].size // INSERT_BATCH
+        print(f"side by side: {', '.join(names[x] for x in kinds)}; DPG {item_bytes} B/item, {k} inserter "
+              f"process(es) x {INSERT_BATCH} items/request ({args.insert_mode}), 1 learner sampling {SAMPLE_BATCH} + "
+              f"updating {SAMPLE_BATCH}, capacity 2M, prefill {args.prefill}, {args.rounds} rounds x "
+              f"{args.seconds:g} s windows", flush=True)
+        reverb = reverb_line(args)
+        print("- " + reverb, flush=True)
+        for rnd in range(args.rounds):
+            if reverb.startswith("inserts vs Reverb: measured"):
+                r = run_reverb(k, path, args.seconds, args.reverb_python)
+                r["round"] = rnd
+                print(json.dumps(r), flush=True)
+                rows.append(r)
+            for curve_dir in curve_dirs:
+                for kind in kinds:
+                    r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
+                                   None, curve_dir, 1, kind, args.server_python, item_bytes)
+                    r["round"] = rnd
+                    del r["updater"]
+                    print(json.dumps(r), flush=True)
+                    rows.append(r)
+            for kind in kinds if args.connections else ():
+                for conns in args.connections:
+                    r = run_conns(kind, conns, args.conn_processes, args.conn_rate, args.seconds, path,
+                                  args.server_python)
+                    r["round"] = rnd
+                    print(json.dumps(r), flush=True)
+                    conn_rows.append(r)
+
+    print(f"\n## bench_wire side by side ({args.rounds} rounds x {args.seconds:g} s windows interleaved, total "
+          f"{time.perf_counter() - t_start:.0f} s; {k} inserter processes x {INSERT_BATCH}/request through "
+          f"client.inserter(max_in_flight={args.max_in_flight}), 1 learner sample {SAMPLE_BATCH} + update "
+          f"{SAMPLE_BATCH}; loopback; cpus {os.cpu_count()}; medians over rounds, ratios taken per round then the "
+          "median)\n")
+    if rows:
+        print("| server | CURVE | inserted/s | sampled/s | inserted / floor | sampled / floor | server CPU us/request "
+              "| CPU / floor's | requests/s |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for curve in sorted({r["curve"] for r in rows}):
+            for kind in kinds:
+                mine = [r for r in rows if r["kind"] == kind and r["curve"] == curve]
+                floor = {r["round"]: r for r in rows if r["kind"] == "floor" and r["curve"] == curve}
+
+                def ratio(field: str) -> str:
+                    xs = [r[field] / floor[r["round"]][field] for r in mine if r["round"] in floor]
+                    return f"{median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})" if xs else "-"
+
+                def med(field: str, fmt: str = ",.0f") -> str:
+                    xs = [r[field] for r in mine]
+                    return f"{median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+
+                rps = [r["requests"] / r["cpu_window_s"] for r in mine]
+                print(f"| {kind} | {'on' if curve else 'off'} | {med('inserted_per_s')} | {med('sampled_per_s')} | "
+                      f"{ratio('inserted_per_s')} | {ratio('sampled_per_s')} | "
+                      f"{med('server_cpu_us_per_request', '.1f')} | {ratio('server_cpu_us_per_request')} | "
+                      f"{median(rps):,.0f} |")
+        if args.server_python:
+            for curve in sorted({r["curve"] for r in rows}):
+                new = {r["round"]: r for r in rows if r["kind"] == "native" and r["curve"] == curve}
+                old = {r["round"]: r for r in rows if r["kind"] == "old" and r["curve"] == curve}
+                both = sorted(set(new) & set(old))
+                parts = []
+                for field, label in (("inserted_per_s", "inserted/s"), ("sampled_per_s", "sampled/s"),
+                                     ("server_cpu_us_per_request", "server CPU per request")):
+                    parts.append(f"{label} {median([new[i][field] / old[i][field] for i in both]):.2f}")
+                notes.append(f"native / old, CURVE {'on' if curve else 'off'}, median of per-round ratios: "
+                             + ", ".join(parts))
+    if conn_rows:
+        print(f"\nServer CPU per request with N active client connections, same paced total load "
+              f"({args.conn_rate:,.0f} INSERTs of {INSERT_BATCH} per second over {args.conn_processes} client "
+              f"processes, sockets round robin):\n")
+        hi, lo = max(args.connections), min(args.connections)
+        print("| server | " + " | ".join(f"{n} conns: CPU us/request" for n in args.connections)
+              + f" | {hi} / {lo} | offered requests/s | replies missing |")
+        print("|---|" + "---|" * (len(args.connections) + 3))
+        for kind in kinds:
+            mine = [r for r in conn_rows if r["kind"] == kind]
+            cells = [f"{median([r['server_cpu_us_per_request'] for r in mine if r['connections'] == n]):.1f}"
+                     for n in args.connections]
+            by_round = {}
+            for r in mine:
+                by_round.setdefault(r["round"], {})[r["connections"]] = r["server_cpu_us_per_request"]
+            ratios = [v[hi] / v[lo] for v in by_round.values() if hi in v and lo in v]
+            rat = f"{median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
+            missing = sum(r["sent"] - r["replied"] for r in mine)
+            print(f"| {kind} | " + " | ".join(cells) + f" | {rat} | "
+                  f"{median([r['offered_per_s'] for r in mine]):,.0f} | {missing} |")
+    if any(r["kind"] == "reverb" for r in rows):
+        rv = {r["round"]: r for r in rows if r["kind"] == "reverb"}
+        for kind in kinds:
+            mine = {r["round"]: r for r in rows if r["kind"] == kind and not r["curve"]}
+            both = sorted(set(rv) & set(mine))
+            notes.append(f"inserts vs Reverb, {kind}: inserted/s {median([mine[i]['inserted_per_s'] / rv[i]['inserted_per_s'] for i in both]):.2f}x "
+                         f"Reverb's (Reverb: median {median([rv[i]['inserted_per_s'] for i in both]):,.0f} inserted/s, "
+                         f"{median([rv[i]['sampled_per_s'] for i in both]):,.0f} sampled/s with its learner on "
+                         "client.sample)")
+    else:
+        notes.append(reverb)
+    print()
+    for line in notes:
+        print("- " + line)
+
+
+def reverb_line(args: argparse.Namespace) -> str:
+    """Why the inserts-vs-Reverb column is absent (it is measured only with an interpreter that imports reverb)."""
+    if args.reverb_python is None:
+        return ("inserts vs Reverb: column skipped: no --reverb-python given (dm-reverb needs its own environment "
+                "with TensorFlow; see bench/README.md)")
+    try:
+        out = subprocess.run([args.reverb_python, "-c", "import importlib.metadata as m, reverb; print(m.version('dm-reverb'))"],
+                             capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"inserts vs Reverb: column skipped: {args.reverb_python} could not run ({exc})"
+    if out.returncode != 0:
+        return (f"inserts vs Reverb: column skipped: {args.reverb_python} cannot import reverb: "
+                f"{out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+    return f"inserts vs Reverb: measured with {args.reverb_python} (dm-reverb {out.stdout.strip()})"
 
 
 def curve_wire_speed(curve_dir: str, sizes=(32_000, 324_000), seconds: float = 1.0) -> list[str]:

@@ -1,0 +1,94 @@
+"""Reverb's side of bench_wire's inserts-vs-Reverb column; run with an interpreter that imports dm-reverb (its own
+venv: dm-reverb 0.14 needs TensorFlow 2.15). Imports nothing from apexrl.
+
+    PY reverb_worker.py server --capacity N --lifetime S        # prints "reverb listening on PORT"
+    PY reverb_worker.py actor  --port P --payload NPZ --start-at T --seconds S --out JSON
+    PY reverb_worker.py learner --port P --start-at T --seconds S --out JSON
+
+The table is what the apexrl server holds: prioritized (alpha 0.6), FIFO removal, max_size N, MinSize(1). An
+actor writes the bench's pre-encoded DPG items (632 B each, as uint8 arrays) through a TrajectoryWriter, one item
+per step, and flushes every 50 (one round trip per 50, like one apexrl INSERT). The learner samples 512 with
+``client.sample`` and sends 512 new priorities with ``mutate_priorities``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+
+import numpy as np
+
+BATCH, SAMPLE = 50, 512
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=("server", "actor", "learner"))
+    p.add_argument("--capacity", type=int, default=2_000_000)
+    p.add_argument("--lifetime", type=float, default=600.0)
+    p.add_argument("--port", type=int)
+    p.add_argument("--payload")
+    p.add_argument("--start-at", type=float)
+    p.add_argument("--seconds", type=float)
+    p.add_argument("--out")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import reverb
+
+    if args.mode == "server":
+        table = reverb.Table(name="t", sampler=reverb.selectors.Prioritized(0.6), remover=reverb.selectors.Fifo(),
+                             max_size=args.capacity, rate_limiter=reverb.rate_limiters.MinSize(1))
+        server = reverb.Server(tables=[table])
+        print(f"reverb listening on {server.port}", flush=True)
+        stop = []
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+        deadline = time.monotonic() + args.lifetime
+        while not stop and time.monotonic() < deadline:
+            time.sleep(0.1)
+        server.stop()
+        return
+
+    client = reverb.Client(f"localhost:{args.port}")
+    rng = np.random.default_rng(args.seed)
+    n = requests = 0
+    if args.mode == "actor":
+        z = np.load(args.payload)
+        items = []
+        for i in range(len(z.files) // 2):
+            d, o = z[f"d{i}"], z[f"o{i}"]
+            items.append([np.asarray(d[o[j]:o[j + 1]], np.uint8) for j in range(len(o) - 1)])
+        prios = rng.uniform(0.1, 2.0, 4096)
+        with client.trajectory_writer(num_keep_alive_refs=1) as w:
+            while time.time() < args.start_at:
+                time.sleep(0.001)
+            end = args.start_at + args.seconds
+            b = 0
+            while time.time() < end:
+                for j, item in enumerate(items[b % len(items)]):
+                    w.append({"x": item})
+                    w.create_item("t", priority=float(prios[(n + j) % 4096]), trajectory=w.history["x"][-1])
+                w.flush()
+                n += len(items[b % len(items)])
+                b += 1
+                requests += 1
+    else:
+        while time.time() < args.start_at:
+            time.sleep(0.001)
+        end = args.start_at + args.seconds
+        while time.time() < end:
+            keys = [s[0].info.key for s in client.sample("t", num_samples=SAMPLE)]
+            client.mutate_priorities("t", updates={int(k): float(v) for k, v in
+                                                   zip(keys, rng.uniform(0.1, 2.0, len(keys)))})
+            n += len(keys)
+            requests += 2
+    elapsed = time.time() - args.start_at
+    with open(args.out, "w") as f:
+        json.dump({"items": n, "elapsed": elapsed, "requests": requests}, f)
+
+
+if __name__ == "__main__":
+    main()
