@@ -33,7 +33,7 @@ AGENT_DESTS = ("agent", "env", "preset", "seed", "n_step", "gamma", "batch_size"
 SERVER_OWN = ("bind", "capacity", "alpha", "eviction", "alpha_evict", "shards", "seed", "min_size_to_sample",
               "snapshot", "snapshot_every", "max_message_mb", "workers", "inline_sample_max", "samples_per_insert",
               "error_buffer", "spec", "max_size", "max_wait_s", "max_waiting", "max_waiting_per_peer", "max_waiting_mb",
-              "max_reply_mb", "handshake_s", "heartbeat_s", "log_level")
+              "max_reply_mb", "max_unread_mb", "handshake_s", "heartbeat_s", "log_level")
 """apexrl-replay-server flags `apexrl run --server-args` may set (its --seed overrides the run's)."""
 
 PROG = "apexrl"

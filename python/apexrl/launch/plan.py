@@ -11,6 +11,8 @@ store's where they reach it), then checks the rules *between* processes:
   the server lets it sample at, and the run would stall);
 * with a rate limiter, a learner batch n and an actor insert m must satisfy ``n + m * spi <= 2 * error_buffer``
   (when neither side may move the run deadlocks; the server's documentation derives the bound);
+* every replay server is given the run's TransitionSpec (:func:`run_spec`), so no client can declare another
+  one first (the server refuses any other spec, and every insert that does not fit it);
 * CURVE is on for every process or for none (one key directory, ``Overrides.curve_dir``: a server with keys
   refuses plain clients, a client with keys cannot reach a plain server).
 
@@ -53,8 +55,8 @@ from apexrl.replay.sharded import max_lock_shards
 from apexrl.validate import Range, check_fields
 
 __all__ = ["DEFAULT_SNAPSHOT_EVERY", "MAX_REPLAY_SERVERS", "PLAN_NAME", "SNAPSHOT_NAME", "Overrides", "RunPlan",
-           "RunSettings", "default_run_dir", "plan", "resolve_preset", "server_config_from_plan", "snapshot_name",
-           "split_server"]
+           "RunSettings", "default_run_dir", "plan", "resolve_preset", "run_spec", "server_config_from_plan",
+           "snapshot_name", "split_server"]
 
 PLAN_NAME = "plan.json"
 SNAPSHOT_NAME = "replay.snap"
@@ -313,9 +315,16 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
                if o.snapshot_every > 0 else {})
     if not 1 <= o.replay_servers <= MAX_REPLAY_SERVERS:
         raise ValueError(f"replay_servers must be in 1..{MAX_REPLAY_SERVERS}, got {o.replay_servers}")
+    spec = run_spec(agent, env, agent_config, o.seed)
+    if o.server.get("spec") is not None:
+        from apexrl.replay.insert_guard import load_spec
+
+        if load_spec(o.server["spec"]) != load_spec(spec):
+            raise ValueError(f"--spec {o.server['spec']!r} is not the spec of {agent} on {env} ({spec}): the run's "
+                             "actors would insert nothing the server accepts; leave --spec out (the run pins its own)")
     server = ServerConfig(**{
         **dataclasses.asdict(preset.replay), "min_size_to_sample": learner.min_replay_size, "seed": o.seed,
-        **durable, **o.server, "curve_dir": curve_dir, "insecure": o.insecure,
+        **durable, **o.server, "spec": spec, "curve_dir": curve_dir, "insecure": o.insecure,
     })
     servers = [split_server(server, i, o.replay_servers) for i in range(o.replay_servers)]
     num_actors = o.actors or preset.actors
@@ -330,6 +339,16 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
     p = RunPlan(preset=preset.name, servers=servers, learner=learner, actors=actors, run=run)
     check_rules(p)
     return p
+
+
+def run_spec(agent: str, env: str, agent_config: Any, seed: int = 0) -> str:
+    """The TransitionSpec JSON the run's actors insert with (actor 0's policy says it: the agent and the
+    environment define it). The plan pins it on every replay server (``ServerConfig.spec``, the server's
+    ``--spec``), so no client can declare another spec first."""
+    from apexrl.agents import get_agent
+    from apexrl.envs import env_spec
+
+    return get_agent(agent).make_policy(env_spec(env), agent_config, 0, 1, seed).transition_spec.to_json()
 
 
 def check_rules(p: RunPlan) -> None:
