@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -186,3 +187,24 @@ def test_the_plan_pins_the_runs_transition_spec_on_every_replay_server(tmp_path)
                      "discount": np.ones(2, "f4"), "next_obs": np.zeros((2, 4), "f4")}
             data, offsets = actors_spec.encode(batch)
             assert len(actor.insert(np.ones(2), data=data, offsets=offsets)) == 2
+
+
+def test_the_actors_of_a_plan_use_their_own_actor_key_when_the_key_directory_has_one(tmp_path):
+    import dataclasses
+
+    from apexrl.security import keygen
+
+    keys = str(tmp_path / "keys")
+    keygen(keys)
+    p = plan("cartpole", Overrides(run_dir=str(tmp_path / "run"), actors=2, curve_dir=keys))
+    assert p.server.curve_dir == p.learner.curve_dir == keys and {a.curve_dir for a in p.actors} == {keys}
+    keygen(keys, "actor", "run")
+    p = plan("cartpole", Overrides(run_dir=str(tmp_path / "run"), actors=2, curve_dir=keys))
+    assert p.server.curve_dir == p.learner.curve_dir == keys
+    assert {a.curve_dir for a in p.actors} == {os.path.join(keys, "actors", "run")}
+    keygen(str(tmp_path / "other"))
+    stray = dataclasses.replace(p.actors[1], curve_dir=str(tmp_path / "other"))
+    from apexrl.launch.plan import check_rules
+
+    with pytest.raises(ValueError, match="every process of a run uses the same CURVE keys"):
+        check_rules(dataclasses.replace(p, actors=[p.actors[0], stray]))
