@@ -89,6 +89,12 @@ class Rss:
         return max(self._polled_max, self._status("VmHWM")) if self._hwm_ok else self._polled_max
 
 
+def rss_back(rss: Rss, baseline: float) -> float:
+    """Wait until the RSS is back within AFTER_MARGIN of ``baseline``; returns it."""
+    return wait_until("RSS back near the baseline",
+                      lambda: (lambda r: r if r <= baseline + AFTER_MARGIN else None)(rss.now()))
+
+
 def report(name: str, **mib: float) -> str:
     line = f"RSS {name}: " + ", ".join(f"{k} {v:.1f} MiB" for k, v in mib.items())
     print(line)
@@ -178,8 +184,7 @@ def test_a_peer_that_never_reads_its_sample_replies_holds_at_most_max_unread_mb(
         # the peer leaves: libzmq frees what it held, the count returns to 0 and the memory to the OS
         hog.close(linger=0)
         wait_until("unread_reply_bytes back to 0", lambda: good.stats()["unread_reply_bytes"] == 0)
-        after = wait_until("RSS back near the baseline", lambda: (lambda r: r if r <= baseline + AFTER_MARGIN else None)(
-            rss.now()))
+        after = rss_back(rss, baseline)
         report("unread replies", baseline=baseline, peak=peak, held=held, cap=cap, margin=margin, after=after)
         assert len(good.sample(16)) == 16
 
@@ -232,8 +237,7 @@ def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(st
         assert s["deferred_bytes"] == 0 and s["size"] == 100 and s["deferred_refused"] > 0, s
         assert peak <= baseline + cap + margin, report("expired inserts", baseline=baseline, peak=peak, cap=cap,
                                                        margin=margin)
-        after = wait_until("RSS back near the baseline", lambda: (lambda r: r if r <= baseline + AFTER_MARGIN else None)(
-            rss.now()))
+        after = rss_back(rss, baseline)
         report("expired inserts", baseline=baseline, peak=peak, cap=cap, margin=margin, after=after)
 
         # the released ids are free again: once samples make room, a retry with an expired id is stored
@@ -408,8 +412,7 @@ def test_an_unfinished_multipart_message_is_buffered_by_libzmq_and_freed_when_it
         finally:
             peer.close()
         peak = rss.peak()
-        after = wait_until("RSS back near the baseline", lambda: (lambda r: r if r <= baseline + AFTER_MARGIN else None)(
-            rss.now()))
+        after = rss_back(rss, baseline)
         report("unfinished multipart", baseline=baseline, peak=peak, held=held, sent=frames, after=after)
         assert len(good.sample(4)) == 4 and good.stats()["size"] == 5
     assert server.alive()

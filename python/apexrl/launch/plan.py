@@ -55,9 +55,9 @@ from apexrl.replay.rate_limiter import deadlock_reason
 from apexrl.replay.sharded import max_lock_shards
 from apexrl.validate import Range, check_fields
 
-__all__ = ["DEFAULT_SNAPSHOT_EVERY", "MAX_REPLAY_SERVERS", "PLAN_NAME", "SNAPSHOT_NAME", "Overrides", "RUN_ACTOR_KEY",
-           "RunPlan", "RunSettings", "actor_curve_dir", "default_run_dir", "plan", "resolve_preset", "run_spec", "server_config_from_plan",
-           "snapshot_name", "split_server"]
+__all__ = ["DEFAULT_SNAPSHOT_EVERY", "MAX_REPLAY_SERVERS", "PLAN_NAME", "RUN_ACTOR_KEY", "SNAPSHOT_NAME", "Overrides",
+           "RunPlan", "RunSettings", "actor_curve_dir", "default_run_dir", "plan", "resolve_preset", "run_spec",
+           "server_config_from_plan", "snapshot_name", "split_server"]
 
 PLAN_NAME = "plan.json"
 SNAPSHOT_NAME = "replay.snap"
