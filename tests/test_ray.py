@@ -41,6 +41,53 @@ def test_ray_missing_is_a_clear_error(tmp_path):
     assert not run_dir.exists()
 
 
+def test_joining_a_cluster_beyond_loopback_needs_ray_token_authentication(tmp_path):
+    """The decision (no cluster needed): loopback and ``local`` are fine; beyond loopback RAY_AUTH_MODE=token
+    with a token at hand is needed, else a refusal, or with --insecure a loud warning."""
+    from apexrl.launch.ray_launcher import ray_auth_problem
+
+    home, nowhere = str(tmp_path / "home"), str(tmp_path / "no-cluster")
+    check = lambda address, env, insecure=False: ray_auth_problem(address, insecure, env, home, nowhere)  # noqa: E731
+    for address in ("local", "127.0.0.1:6379", "localhost:6379", "[::1]:6379"):
+        assert check(address, {}) is None, address
+    assert check("auto", {"RAY_ADDRESS": "127.0.0.1:6379"}) is None
+    verdict, message = check("10.0.0.5:6379", {})
+    assert verdict == "refuse" and "token authentication is off (RAY_AUTH_MODE=unset)" in message
+    assert "refusing to join the Ray cluster at 10.0.0.5:6379" in message and "--insecure" in message
+    verdict, message = check("10.0.0.5:6379", {"RAY_AUTH_MODE": "disabled"}, insecure=True)
+    assert verdict == "warn"
+    assert message.startswith("WARNING: joining the Ray cluster at 10.0.0.5:6379 although it is not on loopback")
+    verdict, message = check("auto", {})  # no address to be found: not known to be loopback
+    assert verdict == "refuse" and "the Ray cluster at auto" in message
+    verdict, message = check("auto", {"RAY_ADDRESS": "ray://10.0.0.5:10001"})
+    assert verdict == "refuse" and "(10.0.0.5:10001)" in message
+    verdict, message = check("10.0.0.5:6379", {"RAY_AUTH_MODE": "token"})
+    assert verdict == "refuse" and "RAY_AUTH_MODE=token but no token here" in message
+    assert check("10.0.0.5:6379", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "t0k3n"}) is None
+    token = tmp_path / "token"
+    token.write_text("t0k3n")
+    assert check("10.0.0.5:6379", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}) is None
+    os.makedirs(os.path.join(home, ".ray"))
+    with open(os.path.join(home, ".ray", "auth_token"), "w", encoding="utf-8") as f:
+        f.write("t0k3n")
+    assert check("10.0.0.5:6379", {"RAY_AUTH_MODE": "token"}) is None
+    with open(nowhere, "w", encoding="utf-8") as f:  # what `auto` joins when RAY_ADDRESS is unset
+        f.write("127.0.0.1:6380\n")
+    assert check("auto", {}) is None
+
+
+def test_apexrl_run_refuses_a_cluster_beyond_loopback_without_token_auth_before_contacting_it(tmp_path):
+    pytest.importorskip("ray")
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    # 192.0.2.1 (TEST-NET-1) is never contacted: the refusal comes first
+    r = subprocess.run([sys.executable, "-m", "apexrl", "run", "--ray", "192.0.2.1:6379", "--run-dir", str(run_dir)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "refusing to join the Ray cluster at 192.0.2.1:6379: it is not on loopback" in r.stdout
+    assert "RAY_AUTH_MODE=token" in r.stdout and "Traceback" not in r.stderr
+
+
 # ---------------------------------------------------------------------------------------------- one cluster, one run
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -147,3 +148,63 @@ def test_the_server_cli_runs_the_plans_server_by_index(tmp_path):
     out = subprocess.run([sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--index", "1"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--index selects a server of --plan" in out.stderr
+
+
+def test_the_plan_pins_the_runs_transition_spec_on_every_replay_server(tmp_path):
+    """The launcher gives every replay server the run's spec (the server's --spec), so no client can declare
+    another first: a HELLO with a foreign spec is refused, the actors' own spec is accepted."""
+    import dataclasses
+
+    import numpy as np
+    from apexrl.agents import get_agent
+    from apexrl.envs import env_spec
+    from apexrl.errors import ServerError
+    from apexrl.replay.client import ReplayClient
+    from apexrl.replay.codec import FieldSpec, TransitionSpec
+    from apexrl.replay.server import ReplayServer
+
+    p = plan("cartpole", Overrides(run_dir=str(tmp_path), replay_servers=2))
+    actors_spec = get_agent(p.agent).make_policy(env_spec(p.env), p.actors[0].agent_config, 0, 1, 0).transition_spec
+    assert [TransitionSpec.from_json(s.spec) for s in p.servers] == [actors_spec] * 2
+    path = str(tmp_path / "plan.json")
+    p.save(path)
+    assert TransitionSpec.from_json(RunPlan.load(path).servers[1].spec) == actors_spec
+
+    foreign = TransitionSpec([FieldSpec("obs", "f4", (3,)), FieldSpec("action", "i4")])
+    with pytest.raises(ValueError, match="is not the spec of dqn on gym:CartPole-v1"):
+        plan("cartpole", Overrides(run_dir=str(tmp_path), server={"spec": foreign.to_json()}))
+    assert plan("cartpole", Overrides(run_dir=str(tmp_path), server={"spec": actors_spec.to_json()})).server.spec
+
+    with ReplayServer(dataclasses.replace(p.servers[0], port=0, snapshot=None, snapshot_every=None)) as server:
+        with ReplayClient(server.endpoint, timeout=30) as intruder:
+            with pytest.raises(ServerError, match="declared spec .* differs from the server's spec"):
+                intruder.hello(foreign)
+            assert intruder.stats()["spec_declared"] == 1
+            assert intruder.stats()["spec_fingerprint"] == actors_spec.fingerprint
+        with ReplayClient(server.endpoint, timeout=30) as actor:
+            actor.hello(actors_spec)
+            batch = {"obs": np.zeros((2, 4), "f4"), "action": np.zeros(2, "i4"), "reward": np.zeros(2, "f4"),
+                     "discount": np.ones(2, "f4"), "next_obs": np.zeros((2, 4), "f4")}
+            data, offsets = actors_spec.encode(batch)
+            assert len(actor.insert(np.ones(2), data=data, offsets=offsets)) == 2
+
+
+def test_the_actors_of_a_plan_use_their_own_actor_key_when_the_key_directory_has_one(tmp_path):
+    import dataclasses
+
+    from apexrl.security import keygen
+
+    keys = str(tmp_path / "keys")
+    keygen(keys)
+    p = plan("cartpole", Overrides(run_dir=str(tmp_path / "run"), actors=2, curve_dir=keys))
+    assert p.server.curve_dir == p.learner.curve_dir == keys and {a.curve_dir for a in p.actors} == {keys}
+    keygen(keys, "actor", "run")
+    p = plan("cartpole", Overrides(run_dir=str(tmp_path / "run"), actors=2, curve_dir=keys))
+    assert p.server.curve_dir == p.learner.curve_dir == keys
+    assert {a.curve_dir for a in p.actors} == {os.path.join(keys, "actors", "run")}
+    keygen(str(tmp_path / "other"))
+    stray = dataclasses.replace(p.actors[1], curve_dir=str(tmp_path / "other"))
+    from apexrl.launch.plan import check_rules
+
+    with pytest.raises(ValueError, match="every process of a run uses the same CURVE keys"):
+        check_rules(dataclasses.replace(p, actors=[p.actors[0], stray]))

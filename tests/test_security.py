@@ -235,7 +235,12 @@ def test_apexrl_run_with_curve_from_the_environment_trains(keys, tmp_path):
     assert read_csv(os.path.join(run_dir, "metrics.csv"))["learner_steps"][-1] == 100
     with open(os.path.join(run_dir, "plan.json"), encoding="utf-8") as f:
         plan = json.load(f)
-    assert plan["servers"][0]["curve_dir"] == plan["learner"]["curve_dir"] == plan["actors"][0]["curve_dir"] == keys
+    assert plan["servers"][0]["curve_dir"] == plan["learner"]["curve_dir"] == keys
+    # the actors got their own key (role actor: insert, not sample or evict), issued by apexrl run
+    assert plan["actors"][0]["curve_dir"] == os.path.join(keys, "actors", "run")
+    assert "issued the actors' own key (role actor)" in out.stdout
+    assert sorted(os.listdir(os.path.join(keys, "authorized"))) == ["actor.run.key", "learner.key"]
+    assert sorted(os.listdir(os.path.join(keys, "actors", "run"))) == ["client.key", "client.key_secret", "server.key"]
     episodes = read_csv(os.path.join(run_dir, "episodes.csv"))
     assert len(episodes["return"]) > 0  # the actor's inserts reached the server through CURVE
 

@@ -33,7 +33,7 @@ AGENT_DESTS = ("agent", "env", "preset", "seed", "n_step", "gamma", "batch_size"
 SERVER_OWN = ("bind", "capacity", "alpha", "eviction", "alpha_evict", "shards", "seed", "min_size_to_sample",
               "snapshot", "snapshot_every", "max_message_mb", "workers", "inline_sample_max", "samples_per_insert",
               "error_buffer", "spec", "max_size", "max_wait_s", "max_waiting", "max_waiting_per_peer", "max_waiting_mb",
-              "max_reply_mb", "handshake_s", "heartbeat_s", "log_level")
+              "max_reply_mb", "max_unread_mb", "handshake_s", "heartbeat_s", "log_level")
 """apexrl-replay-server flags `apexrl run --server-args` may set (its --seed overrides the run's)."""
 
 PROG = "apexrl"
@@ -224,6 +224,29 @@ def _pass_through(run_parser: argparse.ArgumentParser, flag: str, text: str, chi
     return given
 
 
+def issue_run_actor_key(curve_dir: str) -> str | None:
+    """Give a local run's actors their own key: ``DIR/actors/run`` (role actor), issued once with `apexrl keygen
+    DIR --role actor --name run` when DIR holds the server's keys; returns its path, or None when DIR cannot
+    have one (the actors then use the learner's key, as :func:`apexrl.launch.plan.actor_curve_dir` says)."""
+    from apexrl.launch.plan import RUN_ACTOR_KEY
+    from apexrl.security import AUTHORIZED, CurveKeyError, keygen
+
+    node = os.path.join(curve_dir, "actors", RUN_ACTOR_KEY)
+    if os.path.isdir(node):
+        return node
+    if not (os.path.exists(os.path.join(curve_dir, "server.key_secret"))
+            and os.path.isdir(os.path.join(curve_dir, AUTHORIZED))):
+        return None
+    try:
+        keygen(curve_dir, "actor", RUN_ACTOR_KEY)
+    except (CurveKeyError, OSError) as e:
+        print(f"{PROG} run: the actors use the learner's key: could not issue their own in {node}: {e}",
+              file=sys.stderr, flush=True)
+        return None
+    print(f"{PROG} run: issued the actors' own key (role actor) in {node}", flush=True)
+    return node
+
+
 def launch_plan(argv: Sequence[str] | None = None):
     """Parse ``apexrl run`` flags into a validated :class:`~apexrl.launch.plan.RunPlan` (exit 2 with the reason on
     a bad flag, setting or combination)."""
@@ -251,6 +274,8 @@ def launch_plan(argv: Sequence[str] | None = None):
     o.actor = _pass_through(run_parser, "--actor-args", args.actor_args, actor_cli.build_parser(), actor_cli.OWN)
     if args.envs_per_actor is not None:
         o.actor["envs_per_actor"] = args.envs_per_actor
+    if o.curve_dir is not None and args.ray is None:
+        issue_run_actor_key(o.curve_dir)
     try:
         p = plan(args.preset, o)
         if args.ray is not None and not os.path.isabs(p.run.run_dir):  # the processes run in other folders

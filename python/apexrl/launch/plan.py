@@ -11,8 +11,11 @@ store's where they reach it), then checks the rules *between* processes:
   the server lets it sample at, and the run would stall);
 * with a rate limiter, a learner batch n and an actor insert m must satisfy ``n + m * spi <= 2 * error_buffer``
   (when neither side may move the run deadlocks; the server's documentation derives the bound);
+* every replay server is given the run's TransitionSpec (:func:`run_spec`), so no client can declare another
+  one first (the server refuses any other spec, and every insert that does not fit it);
 * CURVE is on for every process or for none (one key directory, ``Overrides.curve_dir``: a server with keys
-  refuses plain clients, a client with keys cannot reach a plain server).
+  refuses plain clients, a client with keys cannot reach a plain server); the actors use their own actor key
+  ``DIR/actors/run`` when it exists (:func:`actor_curve_dir`; ``apexrl run`` issues it), the learner's else.
 
 Several replay servers (``Overrides.replay_servers``, ``apexrl run --replay-servers K``): one ServerConfig per
 server, equal but for what :func:`split_server` divides -- the capacity (and ``max_size``) and the minimum size
@@ -52,9 +55,9 @@ from apexrl.replay.rate_limiter import deadlock_reason
 from apexrl.replay.sharded import max_lock_shards
 from apexrl.validate import Range, check_fields
 
-__all__ = ["DEFAULT_SNAPSHOT_EVERY", "MAX_REPLAY_SERVERS", "PLAN_NAME", "SNAPSHOT_NAME", "Overrides", "RunPlan",
-           "RunSettings", "default_run_dir", "plan", "resolve_preset", "server_config_from_plan", "snapshot_name",
-           "split_server"]
+__all__ = ["DEFAULT_SNAPSHOT_EVERY", "MAX_REPLAY_SERVERS", "PLAN_NAME", "RUN_ACTOR_KEY", "SNAPSHOT_NAME", "Overrides",
+           "RunPlan", "RunSettings", "actor_curve_dir", "default_run_dir", "plan", "resolve_preset", "run_spec",
+           "server_config_from_plan", "snapshot_name", "split_server"]
 
 PLAN_NAME = "plan.json"
 SNAPSHOT_NAME = "replay.snap"
@@ -313,9 +316,16 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
                if o.snapshot_every > 0 else {})
     if not 1 <= o.replay_servers <= MAX_REPLAY_SERVERS:
         raise ValueError(f"replay_servers must be in 1..{MAX_REPLAY_SERVERS}, got {o.replay_servers}")
+    spec = run_spec(agent, env, agent_config, o.seed)
+    if o.server.get("spec") is not None:
+        from apexrl.replay.insert_guard import load_spec
+
+        if load_spec(o.server["spec"]) != load_spec(spec):
+            raise ValueError(f"--spec {o.server['spec']!r} is not the spec of {agent} on {env} ({spec}): the run's "
+                             "actors would insert nothing the server accepts; leave --spec out (the run pins its own)")
     server = ServerConfig(**{
         **dataclasses.asdict(preset.replay), "min_size_to_sample": learner.min_replay_size, "seed": o.seed,
-        **durable, **o.server, "curve_dir": curve_dir, "insecure": o.insecure,
+        **durable, **o.server, "spec": spec, "curve_dir": curve_dir, "insecure": o.insecure,
     })
     servers = [split_server(server, i, o.replay_servers) for i in range(o.replay_servers)]
     num_actors = o.actors or preset.actors
@@ -323,7 +333,7 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         ActorConfig(**{
             **preset.actor, "log_every": run.progress_every, **o.actor, "agent": agent, "env": env, "replay": "",
             "params": "", "index": i, "num_actors": num_actors, "seed": o.seed, "agent_config": agent_config,
-            "episodes_csv": os.path.join(run.run_dir, "episodes.csv"), "curve_dir": curve_dir,
+            "episodes_csv": os.path.join(run.run_dir, "episodes.csv"), "curve_dir": actor_curve_dir(curve_dir),
         })
         for i in range(num_actors)
     ]
@@ -332,12 +342,39 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
     return p
 
 
+RUN_ACTOR_KEY = "run"
+"""Name of the actor key ``apexrl run`` gives its actors (``DIR/actors/run``, User-Id ``actor:run``)."""
+
+
+def actor_curve_dir(curve_dir: str | None) -> str | None:
+    """The key directory of a run's actors: ``DIR/actors/run`` when it exists (an actor key, role ``actor``: it
+    may insert, not sample, update, evict or erase), else ``DIR`` itself (the learner's key, every right)."""
+    if curve_dir is None:
+        return None
+    node = os.path.join(curve_dir, "actors", RUN_ACTOR_KEY)
+    return node if os.path.isdir(node) else curve_dir
+
+
+def run_spec(agent: str, env: str, agent_config: Any, seed: int = 0) -> str:
+    """The TransitionSpec JSON the run's actors insert with (actor 0's policy says it: the agent and the
+    environment define it). The plan pins it on every replay server (``ServerConfig.spec``, the server's
+    ``--spec``), so no client can declare another spec first."""
+    from apexrl.agents import get_agent
+    from apexrl.envs import env_spec
+
+    return get_agent(agent).make_policy(env_spec(env), agent_config, 0, 1, seed).transition_spec.to_json()
+
+
 def check_rules(p: RunPlan) -> None:
     """The rules between the processes' settings (module docstring); ValueError with the arithmetic."""
     s, batch = p.server, p.learner.agent_config.batch_size
-    dirs = {"server": s.curve_dir, "learner": p.learner.curve_dir, **{f"actor{a.index}": a.curve_dir for a in p.actors}}
-    if len(set(dirs.values())) > 1:
-        raise ValueError(f"every process of a run uses the same CURVE keys or none; got curve_dir {dirs}")
+    dirs = {"server": s.curve_dir, "learner": p.learner.curve_dir,
+            **{f"actor{a.index}": a.curve_dir for a in p.actors}}
+    actor_dir = actor_curve_dir(s.curve_dir)
+    if ({s.curve_dir, p.learner.curve_dir} != {s.curve_dir} or any(a.curve_dir not in (s.curve_dir, actor_dir)
+                                                                    for a in p.actors)):
+        raise ValueError(f"every process of a run uses the same CURVE keys (the actors: their own actor key in "
+                         f"DIR/actors/{RUN_ACTOR_KEY} when there is one) or none; got curve_dir {dirs}")
     capacity = sum(server.capacity for server in p.servers)
     if p.learner.min_replay_size > capacity:
         raise ValueError(f"the learner's min_replay_size {p.learner.min_replay_size} exceeds the replay capacity "

@@ -18,6 +18,8 @@ Placement:
   dies comes back on another and reconnects.
 * The services bind the head's IP (127.0.0.1 for ``--ray local`` and a test cluster); beyond loopback they need
   the CURVE keys (``--curve-dir``, the same path on every node) unless ``--insecure``.
+* Joining a cluster beyond loopback needs Ray's token authentication (``RAY_AUTH_MODE=token`` and a token):
+  without it the launcher refuses (:func:`ray_auth_problem`), or with ``--insecure`` warns loudly and goes on.
 * This launcher runs on the head: the learner writes ``metrics.csv`` and checkpoints to ``RUN_DIR`` there, the
   servers their snapshots. The actors' ``episodes.csv`` rows come back with their polls, into
   ``RUN_DIR/episodes.csv``.
@@ -33,7 +35,9 @@ import dataclasses
 import math
 import os
 import signal
+import sys
 import time
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from apexrl.apex.config import EPISODE_COLUMNS
@@ -86,6 +90,57 @@ def require_ray(address: str | None = None):
     except ImportError as e:
         raise PlacementError(f"{RAY_MISSING} ({e})") from None
     return ray
+
+
+RAY_CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"
+"""Where Ray records the address of the cluster started last on this machine (what ``auto`` joins without
+RAY_ADDRESS)."""
+
+
+def resolve_address(address: str, environ: Mapping[str, str] | None = None,
+                    current_cluster: str = RAY_CURRENT_CLUSTER) -> str | None:
+    """The HOST:PORT ``address`` stands for: itself, or for ``auto`` RAY_ADDRESS or the cluster Ray recorded on
+    this machine; None when ``auto`` names none we can read."""
+    if address != "auto":
+        return address
+    env = os.environ if environ is None else environ
+    if env.get("RAY_ADDRESS"):
+        return env["RAY_ADDRESS"].removeprefix("ray://")
+    try:
+        with open(current_cluster, encoding="utf-8") as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None
+
+
+def ray_auth_problem(address: str, insecure: bool, environ: Mapping[str, str] | None = None,
+                     home: str | None = None, current_cluster: str = RAY_CURRENT_CLUSTER) -> tuple[str, str] | None:
+    """Whether joining the Ray cluster at ``address`` is safe: None (``local``, a loopback cluster, or token
+    authentication on with a token at hand), else ``(verdict, message)`` with verdict ``refuse``, or ``warn``
+    when ``insecure`` (``--insecure``) accepts the risk. Whoever can reach a Ray cluster without authentication
+    can run any code on every node, the learner's included (its keys, checkpoints and run directory): a cluster
+    beyond loopback needs RAY_AUTH_MODE=token and a token (RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH or
+    ~/.ray/auth_token) on every node and here."""
+    env = os.environ if environ is None else environ
+    resolved = resolve_address(address, env, current_cluster)
+    if address == "local" or (resolved is not None and is_loopback(resolved)):
+        return None
+    where = f"the Ray cluster at {address}" + (f" ({resolved})" if resolved not in (None, address) else "")
+    if env.get("RAY_AUTH_MODE", "").strip().lower() == "token":
+        token_path = env.get("RAY_AUTH_TOKEN_PATH") or os.path.join(
+            home if home is not None else os.path.expanduser("~"), ".ray", "auth_token")
+        if env.get("RAY_AUTH_TOKEN") or os.path.isfile(token_path):
+            return None
+        problem = (f"RAY_AUTH_MODE=token but no token here (set RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH, or write "
+                   f"{token_path})")
+    else:
+        problem = (f"it is not on loopback and token authentication is off (RAY_AUTH_MODE="
+                   f"{env.get('RAY_AUTH_MODE', 'unset')!s}): whoever can reach it can run any code on every node, "
+                   "the learner's included. Start the cluster and this launcher with RAY_AUTH_MODE=token and a "
+                   "token (docs/running.md, \"Security\")")
+    if insecure:
+        return "warn", f"WARNING: joining {where} although {problem} (--insecure)"
+    return "refuse", f"refusing to join {where}: {problem}; or pass --insecure to accept the risk"
 
 
 def host_name(launcher_pid: int, child: str) -> str:
@@ -292,6 +347,12 @@ class RayLauncher(Launcher):
     def run(self) -> int:
         ray = None
         try:
+            verdict = ray_auth_problem(self.address, self.plan.server.insecure)
+            if verdict is not None and verdict[0] == "refuse":
+                raise PlacementError(verdict[1])
+            if verdict is not None:
+                self._print(verdict[1])
+                print(f"apexrl run: {verdict[1]}", file=sys.stderr, flush=True)
             ray = require_ray(self.address)
             needed = len(self.plan.servers) + 1 + math.ceil(len(self.plan.actors) * self.actor_cpus)
             connect(self.address, max(needed, os.cpu_count() or 1))
