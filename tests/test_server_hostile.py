@@ -576,3 +576,44 @@ def test_many_clients_threads_and_processes_exact_accounting(start_server):
     assert stats["requests_hello"] <= len(results) + 1
     assert stats["requests_total"] == 1 + sum(r["requests"] for r in results) + 1 + stats["requests_hello"]
     assert server.alive()
+
+
+def test_out_of_descriptors_is_said_plainly_and_the_server_recovers(tmp_path):
+    """At its descriptor limit the server cannot accept connections (libzmq then retries accept() at full
+    speed): it logs a WARNING saying so and what to do, keeps serving its existing client, and accepts again
+    once descriptors are free."""
+    import resource
+    import socket
+
+    log_path = tmp_path / "server.log"
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--handshake-timeout", "1"],
+                                stdout=subprocess.PIPE, stderr=log, preexec_fn=few_descriptors)
+    try:
+        endpoint = proc.stdout.readline().decode().strip().rsplit(" ", 1)[1]
+        port = int(endpoint.rsplit(":", 1)[1])
+        with ReplayClient(endpoint, timeout=20) as good:
+            good.insert(np.ones(2), [b"a", b"b"])
+            raw = []
+            try:
+                for _ in range(80):  # more TCP connections than descriptors
+                    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                    raw.append(s)
+                wait_until(lambda: "cannot accept new connections" in log_path.read_text(), 60,
+                           "the descriptor warning")
+                assert good.stats()["size"] == 2  # the connected client is still served
+            finally:
+                for s in raw:
+                    s.close()
+        with ReplayClient(endpoint, timeout=30) as fresh:  # descriptors free again: a new client is accepted
+            assert fresh.stats()["size"] == 2
+        text = log_path.read_text()
+        assert "Too many open files" in text and "ulimit -Hn" in text, text
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+        proc.stdout.close()

@@ -29,6 +29,7 @@ class ByteBuffer {
   uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
   void clear() { size_ = 0; }
 
   void reserve(size_t n) {

@@ -161,25 +161,35 @@ Reply SampleReply(uint64_t rid, std::unique_ptr<SampleResult> s) {
 
 // Sample results whose reply libzmq has sent, kept for the next SAMPLE: their buffers are reused as they are
 // (no allocation, no fresh pages for ~n x item bytes per request). Filled by libzmq's I/O thread, emptied by
-// the loop and the workers.
+// the loop and the workers; bounded in bytes.
 class SamplePool {
  public:
-  static constexpr size_t kKeep = 16;
+  // What the pool may hold: enough for a learner's prefetch of DPG-sized batches, little beside the store.
+  static constexpr size_t kMaxBytes = size_t{4} << 20;
   std::unique_ptr<SampleResult> Take() {
     std::lock_guard<std::mutex> lock(mu_);
     if (free_.empty()) return std::make_unique<SampleResult>();
     auto r = std::move(free_.back());
     free_.pop_back();
+    bytes_ -= Footprint(*r);
     return r;
   }
   void Give(std::unique_ptr<SampleResult> r) {
+    const size_t b = Footprint(*r);
     std::lock_guard<std::mutex> lock(mu_);
-    if (free_.size() < kKeep) free_.push_back(std::move(r));
+    if (bytes_ + b > kMaxBytes) return;  // freed: a peer's large replies do not stay after it left
+    bytes_ += b;
+    free_.push_back(std::move(r));
   }
 
  private:
+  static size_t Footprint(const SampleResult& r) {
+    return r.data.capacity() + r.keys.capacity() * sizeof(Key) + r.weights.capacity() * sizeof(float) +
+           r.probabilities.capacity() * sizeof(double) + r.offsets.capacity() * sizeof(uint64_t);
+  }
   std::mutex mu_;
   std::vector<std::unique_ptr<SampleResult>> free_;
+  size_t bytes_ = 0;
 };
 
 namespace {

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message  # at import: the watcher runs when no descriptor is left
 
 from apexrl import PrioritizedStore, _core
 from apexrl.replay import protocol as P
@@ -57,6 +58,9 @@ def role_masks() -> dict[str, int]:
     return masks
 
 
+ACCEPT_LOG_S = 10.0
+"""Least seconds between two warnings about connections that cannot be accepted."""
+
 _LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR}
 
 
@@ -76,6 +80,8 @@ class ReplayServer:
         self._socket: zmq.Socket | None = None
         self._loop: Any = None
         self._control: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
+        self._monitor: zmq.Socket | None = None
         self._snapshotter: threading.Thread | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -84,6 +90,7 @@ class ReplayServer:
             config.snapshot) else None  # items in the last snapshot written (or loaded)
         self._started = False
         self.failure: str | None = None  # set when the server must stop (its ZAP handler died)
+        self.accept_failures = 0  # connections libzmq could not accept (set when the server stops)
         self.failed = threading.Event()
 
     def _on_zap_failure(self, reason: str) -> None:
@@ -143,6 +150,9 @@ class ReplayServer:
             front.setsockopt(zmq.IPV6, 1)
         front.bind(f"tcp://{host}:{port}")
         self.endpoint = front.getsockopt_string(zmq.LAST_ENDPOINT)
+        # Failed accepts are reported to a thread of ours (a monitor is its own socket): at the descriptor limit
+        # libzmq's listener retries accept() at full speed, which the server can only say plainly (below).
+        self._monitor = front.get_monitor_socket(zmq.EVENT_ACCEPT_FAILED)
         return front
 
     def _make_loop(self, front: zmq.Socket) -> Any:
@@ -182,6 +192,8 @@ class ReplayServer:
         self._control = threading.Thread(target=self._control_loop, args=(handler,), name="apexrl-control",
                                          daemon=True)
         self._control.start()
+        self._watcher = threading.Thread(target=self._watch_accepts, name="apexrl-accepts", daemon=True)
+        self._watcher.start()
         self._loop.start()
         if cfg.snapshot is not None and cfg.snapshot_every is not None:
             self._snapshotter = threading.Thread(target=self._snapshot_loop, name="apexrl-snapshot", daemon=True)
@@ -208,6 +220,27 @@ class ReplayServer:
                 log.exception("control request failed")
                 reply = P.encode_error(op, 0, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
             loop.control_reply(peer, [bytes(memoryview(f)) for f in reply])
+
+    def _watch_accepts(self) -> None:
+        """Log a WARNING (at most every ACCEPT_LOG_S) while new connections cannot be accepted: out of file
+        descriptors, libzmq's listener busy-loops on its listening socket until descriptors free up."""
+        monitor = self._monitor
+        assert monitor is not None
+        failed, logged_at = 0, -ACCEPT_LOG_S
+        while not self._stopping.is_set():
+            if not monitor.poll(250):
+                continue
+            event = recv_monitor_message(monitor)
+            failed += 1
+            now = time.monotonic()
+            if now - logged_at >= ACCEPT_LOG_S:
+                errno_value = int(event.get("value", 0))
+                why = os.strerror(errno_value) if errno_value else "unknown error"
+                log.warning("cannot accept new connections (%s; %d failed accepts so far): libzmq retries at full "
+                            "speed while this lasts. Raise the hard descriptor limit (ulimit -Hn; the server "
+                            "already raised its soft limit to it) or connect fewer clients", why, failed)
+                logged_at = now
+        self.accept_failures = failed
 
     def __enter__(self) -> ReplayServer:
         if not self._started:
@@ -258,6 +291,8 @@ class ReplayServer:
             self._loop.stop()  # the control thread keeps serving what the loop waits for
         if self._control is not None:
             self._control.join(timeout)
+        if self._watcher is not None:
+            self._watcher.join(timeout)
         if self._snapshotter is not None:
             self._snapshotter.join(timeout)
         try:
@@ -269,6 +304,11 @@ class ReplayServer:
             log.info("stopped")
 
     def _close(self) -> None:
+        if self._socket is not None and not self._socket.closed and self._monitor is not None:
+            self._socket.disable_monitor()
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
         if self._socket is not None and not self._socket.closed:
             self._socket.close()
         if self._ctx is not None:
