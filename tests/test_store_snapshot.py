@@ -372,3 +372,23 @@ def test_a_snapshot_error_does_not_disturb_a_later_good_load(small_snapshot, tmp
     good = load_bytes(tmp_path, small_snapshot)
     good.check_invariants()
     assert len(good) == 4
+
+
+def test_a_snapshot_is_written_for_its_owner_alone_and_never_through_a_planted_link(tmp_path):
+    """The C++ writer creates its temporary exclusively (O_EXCL | O_NOFOLLOW) at mode 0600: the snapshot holds
+    the run's experience, and a link planted at a temporary's name is refused, not followed."""
+    import os
+
+    store = PrioritizedStore(capacity=10, seed=0)
+    store.insert(np.ones(2), [b"a", b"b"])
+    path = tmp_path / "replay.snap"
+    store.save(path)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    for n in range(4096):  # the next temporaries' names: <path>.tmp.<pid>.<n> (n counts this process's saves)
+        os.symlink(victim, f"{path}.tmp.{os.getpid()}.{n}")
+    with pytest.raises(SnapshotError, match="cannot create snapshot"):
+        for _ in range(4096):
+            store.save(path)
+    assert victim.read_bytes() == b"keep"

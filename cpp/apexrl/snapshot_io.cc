@@ -71,8 +71,17 @@ std::string TemporaryName(const std::string& path) {
 
 SnapshotWriter::SnapshotWriter(const std::string& path) : path_(path), tmp_path_(TemporaryName(path)) {
   RemoveOrphanedTemporaries(path);
-  file_ = std::fopen(tmp_path_.c_str(), "wb");
-  if (file_ == nullptr) throw SnapshotError(OsError("cannot create snapshot", tmp_path_));
+  // Created exclusively, never through a link planted at its name, readable by the owner alone: the snapshot
+  // holds the run's experience.
+  const int fd = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) throw SnapshotError(OsError("cannot create snapshot", tmp_path_));
+  file_ = ::fdopen(fd, "wb");
+  if (file_ == nullptr) {
+    const std::string why = OsError("cannot open snapshot", tmp_path_);
+    ::close(fd);
+    std::remove(tmp_path_.c_str());
+    throw SnapshotError(why);
+  }
   std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
 }
 
