@@ -54,7 +54,7 @@ class Actor:
     """Runs :meth:`run` until :meth:`stop` (or SIGTERM/SIGINT via :func:`run_actor`) or ``max_steps``."""
 
     def __init__(self, config: ActorConfig):
-        from apexrl.envs import make_env
+        from apexrl.envs import make_vec_env
         from apexrl.params.service import ParamClient, ParamPoller
 
         if not 0 <= config.index < config.num_actors:
@@ -63,9 +63,11 @@ class Actor:
         self.seed = config.seed * 10007 + config.index
         torch.set_num_threads(config.torch_threads)
         k = config.envs_per_actor
-        self.envs = [make_env(config.env, seed=env_seed(self.seed, j)) for j in range(k)]
-        self.env = self.envs[0]
-        self.spec = self.env.spec
+        # K environments stepped together: the family's batched backend where it has one (Atari: ale-py's vector
+        # environment and its threads), else one after the other in this thread; environment j as make_env with
+        # env_seed(seed, j).
+        self.envs = make_vec_env(config.env, [env_seed(self.seed, j) for j in range(k)])
+        self.spec = self.envs.spec
         agent = get_agent(config.agent)
         # K = 1 acts exactly as before batching existed (``act``); K > 1 through one batched policy whose
         # environment j explores as slot index*K + j of num_actors*K.
@@ -113,8 +115,7 @@ class Actor:
     def close(self) -> None:
         self.replay.close()
         self.params.close()
-        for env in self.envs:
-            env.close()
+        self.envs.close()
         self.report.close()
         if self._episodes_file is not None:
             self._episodes_file.close()
@@ -183,36 +184,39 @@ class Actor:
 
     # ------------------------------------------------------------------------------------------ loop
 
-    def _act(self, obs: list[np.ndarray]) -> list:
+    def _act(self, obs: np.ndarray) -> list:
         if len(obs) == 1:
             return [self.policy.act(obs[0], explore=True)]
-        return list(self.policy.act_batch(np.stack(obs), explore=True))
+        return list(self.policy.act_batch(obs, explore=True))
 
     def run(self) -> dict[str, int]:
         cfg = self.config
         self._wait_first_params()
         start = last_log = time.monotonic()
-        obs = [env.reset() for env in self.envs]
+        obs = self.envs.reset()
         for nstep, o in zip(self.nsteps, obs):
             nstep.add_first(o)
-        k = len(self.envs)
-        ep_return, ep_len = [0.0] * k, [0] * k
+        k = self.envs.num_envs
+        ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
         while not self._stop.is_set():
             actions = self._act(obs)
-            for j, env in enumerate(self.envs):
-                step = env.step(actions[j])
-                self._local.extend(self.nsteps[j].add(actions[j], step.reward, step.obs, step.terminated,
-                                                      step.truncated))
-                self.counters["steps"] += 1
-                self.counters["frames"] += self.spec.frames_per_step
-                ep_return[j] += step.raw_reward
-                ep_len[j] += 1
-                obs[j] = step.obs
-                if step.terminated or step.truncated:
-                    self._end_episode(j, ep_return[j], ep_len[j], time.monotonic() - start)
-                    ep_return[j], ep_len[j] = 0.0, 0
-                    obs[j] = env.reset()
-                    self.nsteps[j].add_first(obs[j])
+            step = self.envs.step(actions)
+            ended = step.final_obs  # environments whose episode ended: their last observation (reset already)
+            for j, nstep in enumerate(self.nsteps):
+                if j in ended:
+                    self._local.extend(nstep.add(actions[j], step.reward[j], ended[j], step.terminated[j],
+                                                 step.truncated[j]))
+                    nstep.add_first(step.obs[j])
+                else:
+                    self._local.extend(nstep.add(actions[j], step.reward[j], step.obs[j], False, False))
+            self.counters["steps"] += k
+            self.counters["frames"] += k * self.spec.frames_per_step
+            ep_return += step.raw_reward
+            ep_len += 1
+            for j in sorted(ended):
+                self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - start)
+                ep_return[j], ep_len[j] = 0.0, 0
+            obs = step.obs
             if len(self._local) >= cfg.flush_every:
                 self._flush()
             try:
