@@ -56,6 +56,9 @@ def actor_rate(env: str, k: int, endpoint: str, seconds: float, warmup: float) -
     marks: list[tuple[float, int]] = []
 
     def clock() -> None:
+        # The warm-up starts at the first step: making and seeding K Atari games (ROM loads) takes seconds.
+        while actor.counters["steps"] == 0 and not actor._stop.is_set():
+            time.sleep(0.01)
         time.sleep(warmup)
         marks.append((time.perf_counter(), actor.counters["steps"]))
         time.sleep(seconds)

@@ -201,9 +201,14 @@ def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, tmp_pat
                          episodes_csv=str(tmp_path / "episodes.csv"), log_every=3600.0)
     actor = Actor(config)
     taken = []
-    act_batch = actor.policy.act_batch
-    monkeypatch.setattr(actor.policy, "act_batch", lambda obs, explore=True: taken.append(act_batch(obs, explore))
-                        or taken[-1])
+    act_batch_values = actor.policy.act_batch_values  # a DQN actor keeps the acting pass's Q-values
+
+    def record(obs, explore=True):
+        actions, values = act_batch_values(obs, explore)
+        taken.append(actions)
+        return actions, values
+
+    monkeypatch.setattr(actor.policy, "act_batch_values", record)
     try:
         actor.run()
     finally:
@@ -238,7 +243,10 @@ def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, tmp_pat
         want = np.stack([np.asarray(getattr(tr, name), got[name].dtype) for tr in expected])
         assert np.array_equal(got[name], want), name
     assert all(len(b["obs"]) >= 7 for b in replays[0].batches[:-1])
-    assert np.all(np.concatenate(replays[0].priorities) > 0)
+    # Priorities from the acting pass's Q-values (and one pass over the last observations of episodes): those of
+    # the policy's own formula on the inserted batch, the weights being unchanged (no learner).
+    for batch, priorities in zip(replays[0].batches, replays[0].priorities):
+        np.testing.assert_allclose(priorities, actor.policy.initial_priorities(batch), rtol=1e-5, atol=1e-6)
 
     with open(tmp_path / "episodes.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -36,7 +36,7 @@ import torch
 from apexrl.agents import get_agent
 from apexrl.agents.base import batch_policy
 from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
-from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
+from apexrl.apex.nstep import NStepBuffer, Transition
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
@@ -79,7 +79,17 @@ class Actor:
                                        self.seed)
             explorations = list(self.policy.explorations)
         self.transition_spec = self.policy.transition_spec
-        self.nsteps = [NStepBuffer(config.agent_config.n_step, config.agent_config.gamma) for _ in range(k)]
+        n = config.agent_config.n_step
+        self.nsteps = [NStepBuffer(n, config.agent_config.gamma) for _ in range(k)]
+        # The n-step buffers hold handles into one ring of observations (and of the Q-values the acting forward
+        # pass computed, where the policy hands them out): each flush gathers its observations in one indexing
+        # and scores them without another forward pass. A flush happens at most n * ceil(B / K) steps after the
+        # previous one (in any n steps each environment completes a transition), and no handle is older than
+        # that plus n steps; each step stores K observations and up to K last ones.
+        scores = k > 1 and all(hasattr(self.policy, a) for a in ("act_batch_values", "values",
+                                                                 "priorities_from_values"))
+        steps = n * (-(-config.flush_every // k) + 2) + 8
+        self.frames = _ObsRing(2 * k * steps, self.spec, scores)
         self.replay = connect_replay(config.replay, timeout=config.replay_timeout, spec=self.transition_spec,
                                    curve=config.curve_dir)
         self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
@@ -144,8 +154,13 @@ class Actor:
         """Insert the local batch with the actor's own priorities, retrying until the server takes it."""
         if not self._local:
             return
-        batch = stack_transitions(self._local, self.transition_spec)
-        priorities = np.asarray(self.policy.initial_priorities(batch), dtype=np.float64)
+        batch, obs_rows, next_rows = self._stack(self._local)
+        if self.frames.scores:
+            obs_v, next_v = self.frames.values(obs_rows, next_rows, self.policy.values)
+            priorities = self.policy.priorities_from_values(batch, obs_v, next_v)
+        else:
+            priorities = self.policy.initial_priorities(batch)
+        priorities = np.asarray(priorities, dtype=np.float64)
         data, offsets = self.transition_spec.encode(batch)
         delay, warned_at = _RETRY_MIN, 0.0
         insert_id = self.replay.next_insert_id()  # every retry of this batch: stored once
@@ -176,6 +191,26 @@ class Actor:
         self.counters["inserted"] += len(self._local)
         self._local.clear()
 
+    def _stack(self, ts: list[Transition]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """What ``stack_transitions`` makes of the transitions with their observations, a field at a time (the
+        observations gathered from the ring in one indexing each); and the ring rows of obs and next_obs."""
+        obs_rows = self.frames.rows([t.obs for t in ts])
+        next_rows = self.frames.rows([t.next_obs for t in ts])
+        spec, n = self.transition_spec, len(ts)
+        unknown = [name for name in spec.names if name not in Transition._fields]
+        if unknown:
+            raise ValueError(f"spec fields {unknown} are not n-step transition fields {list(Transition._fields)}")
+        batch: dict[str, np.ndarray] = {}
+        for f in spec.fields:
+            if f.name in ("obs", "next_obs"):
+                value = self.frames.obs[obs_rows if f.name == "obs" else next_rows]
+            else:
+                value = np.asarray([getattr(t, f.name) for t in ts])
+            if value.shape != (n, *f.shape):
+                raise ValueError(f"field {f.name!r} has shape {value.shape[1:]} per transition, expected {f.shape}")
+            batch[f.name] = value.astype(f.dtype.newbyteorder("="), copy=False)
+        return batch, obs_rows, next_rows
+
     def _report_unsent(self, why: str) -> None:
         self.counters["not_inserted"] += len(self._local)
         log.warning("actor %d: stopping with %d transitions not inserted (%s)", self.config.index,
@@ -184,9 +219,13 @@ class Actor:
 
     # ------------------------------------------------------------------------------------------ loop
 
-    def _act(self, obs: np.ndarray) -> list:
+    def _act(self, obs: np.ndarray, handles: np.ndarray) -> list:
         if len(obs) == 1:
             return [self.policy.act(obs[0], explore=True)]
+        if self.frames.scores:
+            actions, values = self.policy.act_batch_values(obs, explore=True)
+            self.frames.set_values(handles, values)
+            return list(actions)
         return list(self.policy.act_batch(obs, explore=True))
 
     def run(self) -> dict[str, int]:
@@ -194,26 +233,32 @@ class Actor:
         self._wait_first_params()
         start = last_log = time.monotonic()
         obs = self.envs.reset()
-        for nstep, o in zip(self.nsteps, obs):
-            nstep.add_first(o)
+        handles = self.frames.put(obs)
+        for nstep, h in zip(self.nsteps, handles.tolist()):
+            nstep.add_first(h)
         k = self.envs.num_envs
         ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
         while not self._stop.is_set():
-            actions = self._act(obs)
+            actions = self._act(obs, handles)
             step = self.envs.step(actions)
-            ended = step.final_obs  # environments whose episode ended: their last observation (reset already)
+            handles = self.frames.put(step.obs)
+            nexts = handles.tolist()
+            # Environments whose episode ended: their last observation is the n-step targets' (reset already).
+            ended = sorted(step.final_obs)
+            if ended:
+                for j, h in zip(ended, self.frames.put(np.stack([step.final_obs[j] for j in ended])).tolist()):
+                    nexts[j] = h
+            terminated, truncated = step.terminated.tolist(), step.truncated.tolist()
+            rewards = step.reward.tolist()
             for j, nstep in enumerate(self.nsteps):
-                if j in ended:
-                    self._local.extend(nstep.add(actions[j], step.reward[j], ended[j], step.terminated[j],
-                                                 step.truncated[j]))
-                    nstep.add_first(step.obs[j])
-                else:
-                    self._local.extend(nstep.add(actions[j], step.reward[j], step.obs[j], False, False))
+                self._local.extend(nstep.add(actions[j], rewards[j], nexts[j], terminated[j], truncated[j]))
+            for j in ended:
+                self.nsteps[j].add_first(int(handles[j]))
             self.counters["steps"] += k
             self.counters["frames"] += k * self.spec.frames_per_step
             ep_return += step.raw_reward
             ep_len += 1
-            for j in sorted(ended):
+            for j in ended:
                 self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - start)
                 ep_return[j], ep_len[j] = 0.0, 0
             obs = step.obs
@@ -255,6 +300,52 @@ class Actor:
             "params_version": p["version"], "insert_retries": c["insert_retries"],
             "rate_limited": c["rate_limited"], "param_timeouts": p["timeouts"], "param_mismatches": p["mismatches"],
         })
+
+
+class _ObsRing:
+    """The last ``capacity`` observations an actor produced, by handle (a running count), and the Q-values of
+    those it acted on (``scores``: the policy scores transitions from them)."""
+
+    def __init__(self, capacity: int, spec, scores: bool):
+        self.capacity = capacity
+        self.obs = np.zeros((capacity, *spec.obs_shape), spec.obs_dtype)
+        self.scores = scores
+        self._values: np.ndarray | None = None
+        self._has = np.zeros(capacity, bool)
+        self._next = 0
+
+    def put(self, obs: np.ndarray) -> np.ndarray:
+        """Store a stack of observations; their handles."""
+        handles = np.arange(self._next, self._next + len(obs))
+        rows = handles % self.capacity
+        self.obs[rows] = obs
+        self._has[rows] = False
+        self._next += len(obs)
+        return handles
+
+    def rows(self, handles: list[int]) -> np.ndarray:
+        h = np.asarray(handles, np.int64)
+        if h.size and h.min() < self._next - self.capacity:
+            raise RuntimeError(f"observation {int(h.min())} was overwritten (ring of {self.capacity}, next {self._next})")
+        return h % self.capacity
+
+    def set_values(self, handles: np.ndarray, values: np.ndarray) -> None:
+        if self._values is None:
+            self._values = np.zeros((self.capacity, *values.shape[1:]), values.dtype)
+        rows = handles % self.capacity
+        self._values[rows] = values
+        self._has[rows] = True
+
+    def values(self, obs_rows: np.ndarray, next_rows: np.ndarray, compute) -> tuple[np.ndarray, np.ndarray]:
+        """The values of the observations at these rows; ``compute(obs)`` for those never acted on."""
+        missing = np.unique(np.concatenate([obs_rows, next_rows])[~self._has[np.concatenate([obs_rows, next_rows])]])
+        if missing.size:
+            values = np.asarray(compute(self.obs[missing]))
+            if self._values is None:
+                self._values = np.zeros((self.capacity, *values.shape[1:]), values.dtype)
+            self._values[missing] = values
+            self._has[missing] = True
+        return self._values[obs_rows], self._values[next_rows]
 
 
 def run_actor(config: ActorConfig) -> dict[str, int]:
