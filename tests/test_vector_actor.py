@@ -175,8 +175,8 @@ class _RecordingReplay:
         pass
 
 
-@pytest.mark.parametrize("env", ["atari:Pong", "gym:CartPole-v1"])
-def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("env", "k"), [("atari:Pong", 3), ("gym:CartPole-v1", 3), ("gym:CartPole-v1", 1)])
+def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, k, tmp_path, monkeypatch):
     """Bit for bit: the transitions (frame stacks included) and episodes.csv rows of an actor stepping K
     environments in one vector environment are those of K single environments stepped in turn with the same
     seeds and actions, across episode ends (autoresets) and the final truncation."""
@@ -194,21 +194,26 @@ def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, tmp_pat
     replays = []
     monkeypatch.setattr(actor_mod, "connect_replay",
                         lambda *a, spec, **kw: replays.append(_RecordingReplay(spec)) or replays[-1])
-    k, loops = 3, 70
+    loops = 70
     config = ActorConfig(agent="dqn", env=env, replay="tcp://127.0.0.1:9", params="tcp://127.0.0.1:9", index=1,
                          num_actors=2, seed=4, envs_per_actor=k, wait_for_params=0.0, params_every_frames=10**15,
                          params_timeout=0.05, flush_every=7, max_steps=k * loops,
                          episodes_csv=str(tmp_path / "episodes.csv"), log_every=3600.0)
     actor = Actor(config)
     taken = []
-    act_batch_values = actor.policy.act_batch_values  # a DQN actor keeps the acting pass's Q-values
+    if k == 1:  # one environment acts with act, as before vectorised actors
+        act = actor.policy.act
+        monkeypatch.setattr(actor.policy, "act", lambda obs, explore=True: taken.append([act(obs, explore)])
+                            or taken[-1][0])
+    else:
+        act_batch_values = actor.policy.act_batch_values  # a DQN actor keeps the acting pass's Q-values
 
-    def record(obs, explore=True):
-        actions, values = act_batch_values(obs, explore)
-        taken.append(actions)
-        return actions, values
+        def record(obs, explore=True):
+            actions, values = act_batch_values(obs, explore)
+            taken.append(actions)
+            return actions, values
 
-    monkeypatch.setattr(actor.policy, "act_batch_values", record)
+        monkeypatch.setattr(actor.policy, "act_batch_values", record)
     try:
         actor.run()
     finally:

@@ -3,14 +3,18 @@ per environment and a local batch.
 
 Loop (Horgan et al. 2018, Algorithm 1, over K environments in lockstep)::
 
-    s_j = env_j.reset()                                   for j < K
+    s = envs.reset()                                      K environments (apexrl.envs.make_vec_env)
     repeat:
         a_j = π(s_j) with env j's exploration             one batched forward pass for all K (K = 1: ``act``)
-        s'_j, r_j, terminated_j, truncated_j = env_j.step(a_j)
-        n-step buffer j ← (a_j, r_j, s'_j)  → completed n-step transitions go to the local batch
-        an environment whose episode ended is reset on its own (its row in episodes.csv names it: ``env``)
+        s', r, terminated, truncated = envs.step(a)       an environment whose episode ended resets itself
+        n-step buffer j ← (a_j, r_j, s'_j)  → completed n-step transitions go to the local batch (s'_j: the
+                                              episode's last observation where it ended; episodes.csv: ``env``)
         every B transitions: priorities = |δ| from the actor's own networks; INSERT(batch, priorities)
         every `params_every_frames` frames: ask the learner for newer weights (non-blocking beyond a timeout)
+
+The n-step buffers hold handles into one ring of observations, so a flush gathers its obs and next_obs in one
+indexing each. A batched policy that hands out the values of its acting pass (``act_batch_values``; Ape-X DQN)
+scores the batch from them (``priorities_from_values``) instead of two more forward passes over it.
 
 Failures: when the replay server does not answer, the actor keeps the batch and retries with back-off
 (stepping pauses meanwhile, so nothing is dropped and memory stays bounded); every attempt of one batch
@@ -36,7 +40,7 @@ import torch
 from apexrl.agents import get_agent
 from apexrl.agents.base import batch_policy
 from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
-from apexrl.apex.nstep import NStepBuffer, Transition
+from apexrl.apex.nstep import Transition, VecNStep
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
@@ -80,8 +84,8 @@ class Actor:
             explorations = list(self.policy.explorations)
         self.transition_spec = self.policy.transition_spec
         n = config.agent_config.n_step
-        self.nsteps = [NStepBuffer(n, config.agent_config.gamma) for _ in range(k)]
-        # The n-step buffers hold handles into one ring of observations (and of the Q-values the acting forward
+        self.nstep = VecNStep(k, n, config.agent_config.gamma)  # K n-step adders over arrays
+        # The n-step adder holds handles into one ring of observations (and of the Q-values the acting forward
         # pass computed, where the policy hands them out): each flush gathers its observations in one indexing
         # and scores them without another forward pass. A flush happens at most n * ceil(B / K) steps after the
         # previous one (in any n steps each environment completes a transition), and no handle is older than
@@ -97,7 +101,8 @@ class Actor:
         self.poller = ParamPoller(self.params, self.policy.load_policy_state_dict,
                                   every_frames=config.params_every_frames)
         self._stop = threading.Event()
-        self._local: list[Transition] = []
+        self._local: list[dict[str, np.ndarray]] = []  # VecNStep's chunks of transitions
+        self._local_count = 0
         self.counters = {"steps": 0, "frames": 0, "episodes": 0, "inserted": 0, "insert_retries": 0,
                          "rate_limited": 0, "not_inserted": 0}
         self._returns: list[float] = []
@@ -188,15 +193,16 @@ class Actor:
             if self._stop.is_set():
                 self._report_unsent("the replay server did not take them before the stop")
                 return
-        self.counters["inserted"] += len(self._local)
+        self.counters["inserted"] += self._local_count
         self._local.clear()
+        self._local_count = 0
 
-    def _stack(self, ts: list[Transition]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    def _stack(self, chunks: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """What ``stack_transitions`` makes of the transitions with their observations, a field at a time (the
         observations gathered from the ring in one indexing each); and the ring rows of obs and next_obs."""
-        obs_rows = self.frames.rows([t.obs for t in ts])
-        next_rows = self.frames.rows([t.next_obs for t in ts])
-        spec, n = self.transition_spec, len(ts)
+        cols = {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
+        obs_rows, next_rows = self.frames.rows(cols["obs"]), self.frames.rows(cols["next_obs"])
+        spec, n = self.transition_spec, len(obs_rows)
         unknown = [name for name in spec.names if name not in Transition._fields]
         if unknown:
             raise ValueError(f"spec fields {unknown} are not n-step transition fields {list(Transition._fields)}")
@@ -205,17 +211,23 @@ class Actor:
             if f.name in ("obs", "next_obs"):
                 value = self.frames.obs[obs_rows if f.name == "obs" else next_rows]
             else:
-                value = np.asarray([getattr(t, f.name) for t in ts])
+                value = cols[f.name]
             if value.shape != (n, *f.shape):
                 raise ValueError(f"field {f.name!r} has shape {value.shape[1:]} per transition, expected {f.shape}")
             batch[f.name] = value.astype(f.dtype.newbyteorder("="), copy=False)
         return batch, obs_rows, next_rows
 
+    def _add(self, chunk: dict[str, np.ndarray] | None) -> None:
+        if chunk is not None:
+            self._local.append(chunk)
+            self._local_count += len(chunk["obs"])
+
     def _report_unsent(self, why: str) -> None:
-        self.counters["not_inserted"] += len(self._local)
+        self.counters["not_inserted"] += self._local_count
         log.warning("actor %d: stopping with %d transitions not inserted (%s)", self.config.index,
-                    len(self._local), why)
+                    self._local_count, why)
         self._local.clear()
+        self._local_count = 0
 
     # ------------------------------------------------------------------------------------------ loop
 
@@ -234,26 +246,22 @@ class Actor:
         start = last_log = time.monotonic()
         obs = self.envs.reset()
         handles = self.frames.put(obs)
-        for nstep, h in zip(self.nsteps, handles.tolist()):
-            nstep.add_first(h)
         k = self.envs.num_envs
+        self.nstep.add_first(np.arange(k), handles)
         ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
         while not self._stop.is_set():
             actions = self._act(obs, handles)
             step = self.envs.step(actions)
             handles = self.frames.put(step.obs)
-            nexts = handles.tolist()
             # Environments whose episode ended: their last observation is the n-step targets' (reset already).
             ended = sorted(step.final_obs)
+            nexts = handles
             if ended:
-                for j, h in zip(ended, self.frames.put(np.stack([step.final_obs[j] for j in ended])).tolist()):
-                    nexts[j] = h
-            terminated, truncated = step.terminated.tolist(), step.truncated.tolist()
-            rewards = step.reward.tolist()
-            for j, nstep in enumerate(self.nsteps):
-                self._local.extend(nstep.add(actions[j], rewards[j], nexts[j], terminated[j], truncated[j]))
-            for j in ended:
-                self.nsteps[j].add_first(int(handles[j]))
+                nexts = handles.copy()
+                nexts[ended] = self.frames.put(np.stack([step.final_obs[j] for j in ended]))
+            self._add(self.nstep.add(actions, step.reward, nexts, step.terminated, step.truncated))
+            if ended:
+                self.nstep.add_first(ended, handles[ended])
             self.counters["steps"] += k
             self.counters["frames"] += k * self.spec.frames_per_step
             ep_return += step.raw_reward
@@ -262,7 +270,7 @@ class Actor:
                 self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - start)
                 ep_return[j], ep_len[j] = 0.0, 0
             obs = step.obs
-            if len(self._local) >= cfg.flush_every:
+            if self._local_count >= cfg.flush_every:
                 self._flush()
             try:
                 self.poller.maybe_fetch(self.counters["frames"])
@@ -275,8 +283,7 @@ class Actor:
             if cfg.max_steps and self.counters["steps"] >= cfg.max_steps:
                 break
         # A clean stop keeps every step taken: each open episode ends here as a truncation.
-        for nstep in self.nsteps:
-            self._local.extend(nstep.truncate())
+        self._add(self.nstep.truncate())
         self._flush()
         self._log_progress(time.monotonic() - start)
         return {**self.counters, "params_version": self.poller.version}
