@@ -40,7 +40,7 @@ import torch
 from apexrl.agents import get_agent
 from apexrl.agents.base import batch_policy
 from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
-from apexrl.apex.nstep import Transition, VecNStep
+from apexrl.apex.nstep import NStepBuffer, Transition, VecNStep, stack_transitions
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
@@ -93,7 +93,7 @@ class Actor:
         scores = k > 1 and all(hasattr(self.policy, a) for a in ("act_batch_values", "values",
                                                                  "priorities_from_values"))
         steps = n * (-(-config.flush_every // k) + 2) + 8
-        self.frames = _ObsRing(2 * k * steps, self.spec, scores)
+        self.frames = _ObsRing(2 * k * steps if k > 1 else 0, self.spec, scores)
         self.replay = connect_replay(config.replay, timeout=config.replay_timeout, spec=self.transition_spec,
                                    curve=config.curve_dir)
         self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
@@ -101,7 +101,7 @@ class Actor:
         self.poller = ParamPoller(self.params, self.policy.load_policy_state_dict,
                                   every_frames=config.params_every_frames)
         self._stop = threading.Event()
-        self._local: list[dict[str, np.ndarray]] = []  # VecNStep's chunks of transitions
+        self._local: list = []  # K = 1: Transitions; K > 1: VecNStep's chunks of transitions
         self._local_count = 0
         self.counters = {"steps": 0, "frames": 0, "episodes": 0, "inserted": 0, "insert_retries": 0,
                          "rate_limited": 0, "not_inserted": 0}
@@ -159,11 +159,15 @@ class Actor:
         """Insert the local batch with the actor's own priorities, retrying until the server takes it."""
         if not self._local:
             return
-        batch, obs_rows, next_rows = self._stack(self._local)
-        if self.frames.scores:
+        if self.envs.num_envs == 1:  # Transitions with their observations
+            batch = stack_transitions(self._local, self.transition_spec)
+            priorities = self.policy.initial_priorities(batch)
+        elif self.frames.scores:
+            batch, obs_rows, next_rows = self._stack(self._local)
             obs_v, next_v = self.frames.values(obs_rows, next_rows, self.policy.values)
             priorities = self.policy.priorities_from_values(batch, obs_v, next_v)
         else:
+            batch = self._stack(self._local)[0]
             priorities = self.policy.initial_priorities(batch)
         priorities = np.asarray(priorities, dtype=np.float64)
         data, offsets = self.transition_spec.encode(batch)
@@ -241,9 +245,45 @@ class Actor:
         return list(self.policy.act_batch(obs, explore=True))
 
     def run(self) -> dict[str, int]:
-        cfg = self.config
         self._wait_first_params()
-        start = last_log = time.monotonic()
+        self._start = self._last_log = time.monotonic()
+        (self._run_one if self.envs.num_envs == 1 else self._run_vector)()
+        self._log_progress(time.monotonic() - self._start)
+        return {**self.counters, "params_version": self.poller.version}
+
+    def _run_one(self) -> None:
+        """K = 1: one Env, one NStepBuffer, ``act`` per step and Transitions in the local batch (as before
+        vectorised actors; the array machinery of K > 1 only costs time here)."""
+        env, nstep = self.envs.envs[0], NStepBuffer(self.nstep.n, self.nstep.gamma)
+        obs = env.reset()
+        nstep.add_first(obs)
+        ep_return, ep_len = 0.0, 0
+        while not self._stop.is_set():
+            action = self.policy.act(obs, explore=True)
+            step = env.step(action)
+            added = nstep.add(action, step.reward, step.obs, step.terminated, step.truncated)
+            self._local.extend(added)
+            self._local_count += len(added)
+            self.counters["steps"] += 1
+            self.counters["frames"] += self.spec.frames_per_step
+            ep_return += step.raw_reward
+            ep_len += 1
+            obs = step.obs
+            if step.terminated or step.truncated:
+                self._end_episode(0, ep_return, ep_len, time.monotonic() - self._start)
+                ep_return, ep_len = 0.0, 0
+                obs = env.reset()
+                nstep.add_first(obs)
+            if self._after_step():
+                break
+        # A clean stop keeps every step taken: the open episode ends here as a truncation.
+        added = nstep.truncate()
+        self._local.extend(added)
+        self._local_count += len(added)
+        self._flush()
+
+    def _run_vector(self) -> None:
+        """K > 1: a VecEnv, one batched act, the n-step adder over arrays, observations in the ring."""
         obs = self.envs.reset()
         handles = self.frames.put(obs)
         k = self.envs.num_envs
@@ -267,26 +307,29 @@ class Actor:
             ep_return += step.raw_reward
             ep_len += 1
             for j in ended:
-                self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - start)
+                self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - self._start)
                 ep_return[j], ep_len[j] = 0.0, 0
             obs = step.obs
-            if self._local_count >= cfg.flush_every:
-                self._flush()
-            try:
-                self.poller.maybe_fetch(self.counters["frames"])
-            except Interrupted:  # stopping: the learner did not answer within the grace period
-                break
-            now = time.monotonic()
-            if now - last_log >= cfg.log_every:
-                self._log_progress(now - start)
-                last_log = now
-            if cfg.max_steps and self.counters["steps"] >= cfg.max_steps:
+            if self._after_step():
                 break
         # A clean stop keeps every step taken: each open episode ends here as a truncation.
         self._add(self.nstep.truncate())
         self._flush()
-        self._log_progress(time.monotonic() - start)
-        return {**self.counters, "params_version": self.poller.version}
+
+    def _after_step(self) -> bool:
+        """Flush, poll for weights and log as due; True when the loop must end."""
+        cfg = self.config
+        if self._local_count >= cfg.flush_every:
+            self._flush()
+        try:
+            self.poller.maybe_fetch(self.counters["frames"])
+        except Interrupted:  # stopping: the learner did not answer within the grace period
+            return True
+        now = time.monotonic()
+        if now - self._last_log >= cfg.log_every:
+            self._log_progress(now - self._start)
+            self._last_log = now
+        return bool(cfg.max_steps and self.counters["steps"] >= cfg.max_steps)
 
     def _end_episode(self, env: int, ret: float, length: int, elapsed: float) -> None:
         self.counters["episodes"] += 1
