@@ -2,11 +2,12 @@
 inserts to a live replay server on 127.0.0.1 included, beside the environments alone (random actions, no policy,
 no inserts) as the ceiling. Frames/s count 4 per Atari agent step (action repeat).
 
-Each configuration runs a real :class:`~apexrl.apex.actor.Actor` in this process for ``--seconds`` (after a warm-up
-of ``--warmup`` seconds that is not counted) against a replay server child process; no learner runs, so the actor
-acts with its own initial weights and never polls for new ones (polling a missing learner would only add its
-timeouts; its one poll at the start times out in 50 ms, within the warm-up). The configurations alternate (round-robin over ``--rounds``) so that load from elsewhere on a shared
-machine hits all of them alike; each figure is the median of its rounds. From the repository root::
+Each configuration runs a real :class:`~apexrl.apex.actor.Actor` in this process for ``--seconds`` after a warm-up
+of ``--warmup`` seconds from its first step (not counted; making and seeding 64 Atari games takes seconds), against
+a replay server child process; no learner runs, so the actor acts with its own initial weights and never polls for
+new ones (polling a missing learner would only add its timeouts; its one poll at the start times out in 50 ms).
+The configurations alternate (round-robin over ``--rounds``) so that load from elsewhere on a shared machine hits
+all of them alike; each figure is the median of its rounds. From the repository root::
 
     python bench/bench_actor.py                                  # CartPole, cartpole-swingup, Pong; K = 1 4 16 64
     python bench/bench_actor.py --envs gym:CartPole-v1 --ks 1 16 --seconds 3 --rounds 1     # quick look
@@ -56,6 +57,9 @@ def actor_rate(env: str, k: int, endpoint: str, seconds: float, warmup: float) -
     marks: list[tuple[float, int]] = []
 
     def clock() -> None:
+        # The warm-up starts at the first step: making and seeding K Atari games (ROM loads) takes seconds.
+        while actor.counters["steps"] == 0 and not actor._stop.is_set():
+            time.sleep(0.01)
         time.sleep(warmup)
         marks.append((time.perf_counter(), actor.counters["steps"]))
         time.sleep(seconds)

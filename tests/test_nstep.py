@@ -281,3 +281,43 @@ def test_non_finite_reward():
     with pytest.raises(ValueError, match="reward must be finite"):
         buf.add(0, float("nan"), obs(1), False, False)
     assert len(buf) == 0
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_vec_nstep_gives_k_buffers_transitions_in_their_order(n):
+    """VecNStep over K environments = K NStepBuffers fed one environment after another: same values (bit for
+    bit), same order, across terminations, truncations and the final truncate()."""
+    from apexrl.apex.nstep import VecNStep
+
+    k, gamma, rng = 4, 0.97, np.random.default_rng(n)
+    vec, buffers = VecNStep(k, n, gamma), [NStepBuffer(n, gamma) for _ in range(k)]
+    handle = iter(range(10**6))
+    first = [next(handle) for _ in range(k)]
+    vec.add_first(range(k), first)
+    for b, h in zip(buffers, first):
+        b.add_first(h)
+    got, want = [], []
+    for _ in range(200):
+        actions = rng.integers(5, size=k)
+        rewards = rng.normal(size=k) * 10
+        ends = rng.random(k)
+        terminated, truncated = ends < 0.06, (ends >= 0.06) & (ends < 0.1)
+        nexts = np.array([next(handle) for _ in range(k)])
+        for j, b in enumerate(buffers):
+            want += b.add(int(actions[j]), rewards[j], int(nexts[j]), terminated[j], truncated[j])
+        out = vec.add(actions, rewards, nexts, terminated, truncated)
+        if out is not None:
+            got += [Transition(*row) for row in zip(*(out[f].tolist() for f in Transition._fields))]
+        ended = np.flatnonzero(terminated | truncated)
+        if ended.size:
+            starts = [next(handle) for _ in ended]
+            vec.add_first(ended, starts)
+            for j, h in zip(ended, starts):
+                buffers[j].add_first(h)
+    for b in buffers:
+        want += b.truncate()
+    tail = vec.truncate()
+    assert (tail is None) == (n == 1)  # n = 1: nothing is ever pending
+    if tail is not None:
+        got += [Transition(*row) for row in zip(*(tail[f].tolist() for f in Transition._fields))]
+    assert len(want) == 200 * k and got == want

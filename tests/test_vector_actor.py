@@ -111,3 +111,150 @@ def test_apexrl_run_refuses_bad_arguments_and_stops_on_request(tmp_path):
         r = apexrl.run(env="gym:CartPole-v1", actors=1, run_dir=str(tmp_path / "run"), stop=stop, out=f)
     assert r.exit_status == 0 and r.final_eval is None
     assert "stopping: stop requested" in (tmp_path / "out.txt").read_text()
+
+
+# -- Atari through ale-py's vector environment --------------------------------------------------------------------
+
+def _random_actions(steps, k, n, seed=0):
+    return np.random.default_rng(seed).integers(n, size=(steps, k))
+
+
+def test_atari_vector_env_plays_the_single_games_episodes_across_autoresets():
+    pytest.importorskip("ale_py")
+    from apexrl.envs.atari import AtariEnv, AtariVecEnv
+
+    seeds, cap, steps = [7, 123456789, 2**40 + 3], 160, 100  # 40 agent steps per episode: two autoresets each
+    vec = AtariVecEnv("Pong", seeds, max_episode_frames=cap, num_threads=2)
+    singles = [AtariEnv("Pong", s, max_episode_frames=cap) for s in seeds]
+    try:
+        actions = _random_actions(steps, len(seeds), vec.spec.num_actions)
+        obs = vec.reset()
+        assert vec.spec == singles[0].spec
+        for j, env in enumerate(singles):
+            assert np.array_equal(obs[j], env.reset())
+        ends = 0
+        for t in range(steps):
+            step = vec.step(actions[t])
+            for j, env in enumerate(singles):
+                r = env.step(int(actions[t, j]))
+                assert (step.reward[j], step.raw_reward[j]) == (r.reward, r.raw_reward)
+                assert (step.terminated[j], step.truncated[j]) == (r.terminated, r.truncated)
+                if r.terminated or r.truncated:
+                    ends += 1
+                    assert np.array_equal(step.final_obs[j], r.obs)  # the last frame stack, not the reset one
+                    assert np.array_equal(step.obs[j], env.reset())  # no-op start drawn as the single game's
+                else:
+                    assert j not in step.final_obs and np.array_equal(step.obs[j], r.obs)
+        assert ends == 2 * len(seeds)
+        with pytest.raises(ValueError, match="out of range"):
+            vec.step(np.full(len(seeds), vec.spec.num_actions))
+    finally:
+        vec.close()
+        for env in singles:
+            env.close()
+
+
+class _RecordingReplay:
+    """Stands in for the replay client: keeps every insert's decoded transitions and priorities."""
+
+    def __init__(self, spec):
+        self.spec, self.batches, self.priorities, self._id = spec, [], [], 0
+
+    def next_insert_id(self):
+        self._id += 1
+        return (1, self._id)
+
+    def insert(self, priorities, *, data, offsets, timeout, insert_id):
+        self.batches.append(self.spec.decode(data, offsets))
+        self.priorities.append(np.asarray(priorities))
+
+    def interrupt(self):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(("env", "k"), [("atari:Pong", 3), ("gym:CartPole-v1", 3), ("gym:CartPole-v1", 1)])
+def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, k, tmp_path, monkeypatch):
+    """Bit for bit: the transitions (frame stacks included) and episodes.csv rows of an actor stepping K
+    environments in one vector environment are those of K single environments stepped in turn with the same
+    seeds and actions, across episode ends (autoresets) and the final truncation."""
+    import apexrl.apex.actor as actor_mod
+    from apexrl.apex.actor import Actor
+    from apexrl.apex.config import ActorConfig
+    from apexrl.apex.nstep import NStepBuffer
+    from apexrl.envs import make_env
+
+    if env.startswith("atari"):
+        pytest.importorskip("ale_py")
+        import apexrl.envs.atari as atari
+
+        monkeypatch.setattr(atari, "MAX_EPISODE_FRAMES", 120)  # 30 agent steps per episode
+    replays = []
+    monkeypatch.setattr(actor_mod, "connect_replay",
+                        lambda *a, spec, **kw: replays.append(_RecordingReplay(spec)) or replays[-1])
+    loops = 70
+    config = ActorConfig(agent="dqn", env=env, replay="tcp://127.0.0.1:9", params="tcp://127.0.0.1:9", index=1,
+                         num_actors=2, seed=4, envs_per_actor=k, wait_for_params=0.0, params_every_frames=10**15,
+                         params_timeout=0.05, flush_every=7, max_steps=k * loops,
+                         episodes_csv=str(tmp_path / "episodes.csv"), log_every=3600.0)
+    actor = Actor(config)
+    taken = []
+    if k == 1:  # one environment acts with act, as before vectorised actors
+        act = actor.policy.act
+        monkeypatch.setattr(actor.policy, "act", lambda obs, explore=True: taken.append([act(obs, explore)])
+                            or taken[-1][0])
+    else:
+        act_batch_values = actor.policy.act_batch_values  # a DQN actor keeps the acting pass's Q-values
+
+        def record(obs, explore=True):
+            actions, values = act_batch_values(obs, explore)
+            taken.append(actions)
+            return actions, values
+
+        monkeypatch.setattr(actor.policy, "act_batch_values", record)
+    try:
+        actor.run()
+    finally:
+        actor.close()
+    assert len(taken) == loops
+
+    # The reference: K single environments stepped in turn, as an actor did before vectorising.
+    envs = [make_env(env, actor_mod.env_seed(actor.seed, j)) for j in range(k)]
+    buffers = [NStepBuffer(actor.config.agent_config.n_step, actor.config.agent_config.gamma) for _ in range(k)]
+    expected, episodes = [], []
+    ret, length = [0.0] * k, [0] * k
+    for j, e in enumerate(envs):
+        buffers[j].add_first(e.reset())
+    for t, actions in enumerate(taken):
+        for j, e in enumerate(envs):
+            r = e.step(actions[j])
+            expected += buffers[j].add(actions[j], r.reward, r.obs, r.terminated, r.truncated)
+            ret[j] += r.raw_reward
+            length[j] += 1
+            if r.terminated or r.truncated:
+                episodes.append((j, ret[j], length[j]))
+                ret[j], length[j] = 0.0, 0
+                buffers[j].add_first(e.reset())
+    for b in buffers:
+        expected += b.truncate()
+    for e in envs:
+        e.close()
+
+    got = {name: np.concatenate([b[name] for b in replays[0].batches]) for name in replays[0].spec.names}
+    assert len(got["obs"]) == len(expected) == k * loops
+    for name in replays[0].spec.names:
+        want = np.stack([np.asarray(getattr(tr, name), got[name].dtype) for tr in expected])
+        assert np.array_equal(got[name], want), name
+    assert all(len(b["obs"]) >= 7 for b in replays[0].batches[:-1])
+    # Priorities from the acting pass's Q-values (and one pass over the last observations of episodes): those of
+    # the policy's own formula on the inserted batch, the weights being unchanged (no learner).
+    for batch, priorities in zip(replays[0].batches, replays[0].priorities):
+        np.testing.assert_allclose(priorities, actor.policy.initial_priorities(batch), rtol=1e-5, atol=1e-6)
+
+    with open(tmp_path / "episodes.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(episodes) >= k  # every environment crossed at least one episode end
+    assert sorted((int(r["env"]), r["return"], int(r["length"])) for r in rows) == \
+        sorted((j, f"{ret:.6g}", length) for j, ret, length in episodes)

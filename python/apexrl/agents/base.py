@@ -55,6 +55,11 @@ class Policy(Protocol):
     #   act_batch(obs, explore=True)       obs stacked (K, *obs_shape) -> K actions, one forward pass, each
     #                                      environment with its own exploration
     # An agent without ``make_batch_policy`` gets :class:`PolicyBatch`: K of its policies, one ``act`` each.
+    # A batched policy may also score transitions from the values of its acting forward pass (no second pass over
+    # every observation at each insert; Ape-X DQN does, see apexrl.agents.dqn):
+    #   act_batch_values(obs, explore=True) -> (actions, values)   values: (K, V) float32, one row per observation
+    #   values(obs) -> (M, V)                                      for observations never acted on
+    #   priorities_from_values(batch, obs_values, next_values)     = initial_priorities(batch) for those weights
 
     def initial_priorities(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """Priorities (float64, finite, >= 0) of a batch of transitions, computed with the local networks."""

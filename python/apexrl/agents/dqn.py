@@ -304,19 +304,45 @@ class DQNPolicy:
     def explorations(self) -> list[float]:
         return self.epsilons.tolist()
 
-    @torch.inference_mode()
     def act_batch(self, obs: np.ndarray, explore: bool = True) -> list[int]:
         """Epsilon-greedy actions for a stack of observations, one per environment, in one forward pass:
         environment ``j`` explores with ``epsilons[j]`` (``explore=False``: ``config.eval_epsilon`` for all)."""
+        return self.act_batch_values(obs, explore)[0]
+
+    @torch.inference_mode()
+    def act_batch_values(self, obs: np.ndarray, explore: bool = True) -> tuple[list[int], np.ndarray]:
+        """``act_batch``'s actions and the Q-values of that forward pass, (K, num_actions) float32: a vectorised
+        actor keeps them to score its transitions (``priorities_from_values``) without another forward pass."""
         obs = np.asarray(obs)
         k = len(obs)
         if explore and k != len(self.epsilons):
             raise ValueError(f"{k} observations for {len(self.epsilons)} epsilons")
         eps = self.epsilons if explore else np.full(k, self.config.eval_epsilon)
-        greedy = self.q_net(_obs_tensor(obs, self.device)).argmax(dim=1).cpu().numpy()
+        q = self.q_net(_obs_tensor(obs, self.device))
+        greedy = q.argmax(dim=1).cpu().numpy()
         random = self.rng.random(k) < eps
         actions = np.where(random, self.rng.integers(self.env_spec.num_actions, size=k), greedy)
-        return [int(a) for a in actions]
+        return [int(a) for a in actions], q.cpu().numpy()
+
+    @torch.inference_mode()
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        """Q-values of a stack of observations, (M, num_actions) float32 (observations never acted on: the last
+        one of an episode, the open ones at a stop)."""
+        return self.q_net(_obs_tensor(np.asarray(obs), self.device)).cpu().numpy()
+
+    @torch.inference_mode()
+    def priorities_from_values(self, batch: Mapping[str, np.ndarray], obs_values: np.ndarray,
+                               next_values: np.ndarray) -> np.ndarray:
+        """``initial_priorities`` from Q-values already computed (``act_batch_values``, ``values``) of the
+        batch's ``obs`` and ``next_obs``, in the same float32 arithmetic: the same priorities when the weights
+        are those the values came from. ``batch`` needs ``action``, ``reward`` and ``discount`` only."""
+        dev = self.device
+        q = torch.as_tensor(obs_values, device=dev)
+        q = q.gather(1, as_tensor(batch["action"], dev, torch.int64).unsqueeze(1)).squeeze(1)
+        q_next = torch.as_tensor(next_values, device=dev).max(dim=1).values
+        reward = as_tensor(batch["reward"], dev, torch.float32)
+        td_target = reward + as_tensor(batch["discount"], dev, torch.float32) * q_next
+        return finite_priorities((td_target - q).abs(), self.config.priority_eps)
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool = True) -> int:

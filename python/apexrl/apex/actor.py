@@ -3,14 +3,18 @@ per environment and a local batch.
 
 Loop (Horgan et al. 2018, Algorithm 1, over K environments in lockstep)::
 
-    s_j = env_j.reset()                                   for j < K
+    s = envs.reset()                                      K environments (apexrl.envs.make_vec_env)
     repeat:
         a_j = π(s_j) with env j's exploration             one batched forward pass for all K (K = 1: ``act``)
-        s'_j, r_j, terminated_j, truncated_j = env_j.step(a_j)
-        n-step buffer j ← (a_j, r_j, s'_j)  → completed n-step transitions go to the local batch
-        an environment whose episode ended is reset on its own (its row in episodes.csv names it: ``env``)
+        s', r, terminated, truncated = envs.step(a)       an environment whose episode ended resets itself
+        n-step buffer j ← (a_j, r_j, s'_j)  → completed n-step transitions go to the local batch (s'_j: the
+                                              episode's last observation where it ended; episodes.csv: ``env``)
         every B transitions: priorities = |δ| from the actor's own networks; INSERT(batch, priorities)
         every `params_every_frames` frames: ask the learner for newer weights (non-blocking beyond a timeout)
+
+The n-step buffers hold handles into one ring of observations, so a flush gathers its obs and next_obs in one
+indexing each. A batched policy that hands out the values of its acting pass (``act_batch_values``; Ape-X DQN)
+scores the batch from them (``priorities_from_values``) instead of two more forward passes over it.
 
 Failures: when the replay server does not answer, the actor keeps the batch and retries with back-off
 (stepping pauses meanwhile, so nothing is dropped and memory stays bounded); every attempt of one batch
@@ -36,7 +40,7 @@ import torch
 from apexrl.agents import get_agent
 from apexrl.agents.base import batch_policy
 from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
-from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
+from apexrl.apex.nstep import NStepBuffer, Transition, VecNStep, stack_transitions
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
@@ -54,7 +58,7 @@ class Actor:
     """Runs :meth:`run` until :meth:`stop` (or SIGTERM/SIGINT via :func:`run_actor`) or ``max_steps``."""
 
     def __init__(self, config: ActorConfig):
-        from apexrl.envs import make_env
+        from apexrl.envs import make_vec_env
         from apexrl.params.service import ParamClient, ParamPoller
 
         if not 0 <= config.index < config.num_actors:
@@ -63,9 +67,11 @@ class Actor:
         self.seed = config.seed * 10007 + config.index
         torch.set_num_threads(config.torch_threads)
         k = config.envs_per_actor
-        self.envs = [make_env(config.env, seed=env_seed(self.seed, j)) for j in range(k)]
-        self.env = self.envs[0]
-        self.spec = self.env.spec
+        # K environments stepped together: the family's batched backend where it has one (Atari: ale-py's vector
+        # environment and its threads), else one after the other in this thread; environment j as make_env with
+        # env_seed(seed, j).
+        self.envs = make_vec_env(config.env, [env_seed(self.seed, j) for j in range(k)])
+        self.spec = self.envs.spec
         agent = get_agent(config.agent)
         # K = 1 acts exactly as before batching existed (``act``); K > 1 through one batched policy whose
         # environment j explores as slot index*K + j of num_actors*K.
@@ -77,7 +83,17 @@ class Actor:
                                        self.seed)
             explorations = list(self.policy.explorations)
         self.transition_spec = self.policy.transition_spec
-        self.nsteps = [NStepBuffer(config.agent_config.n_step, config.agent_config.gamma) for _ in range(k)]
+        n = config.agent_config.n_step
+        self.nstep = VecNStep(k, n, config.agent_config.gamma)  # K n-step adders over arrays
+        # The n-step adder holds handles into one ring of observations (and of the Q-values the acting forward
+        # pass computed, where the policy hands them out): each flush gathers its observations in one indexing
+        # and scores them without another forward pass. A flush happens at most n * ceil(B / K) steps after the
+        # previous one (in any n steps each environment completes a transition), and no handle is older than
+        # that plus n steps; each step stores K observations and up to K last ones.
+        scores = k > 1 and all(hasattr(self.policy, a) for a in ("act_batch_values", "values",
+                                                                 "priorities_from_values"))
+        steps = n * (-(-config.flush_every // k) + 2) + 8
+        self.frames = _ObsRing(2 * k * steps if k > 1 else 0, self.spec, scores)
         self.replay = connect_replay(config.replay, timeout=config.replay_timeout, spec=self.transition_spec,
                                    curve=config.curve_dir)
         self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
@@ -85,7 +101,8 @@ class Actor:
         self.poller = ParamPoller(self.params, self.policy.load_policy_state_dict,
                                   every_frames=config.params_every_frames)
         self._stop = threading.Event()
-        self._local: list[Transition] = []
+        self._local: list = []  # K = 1: Transitions; K > 1: VecNStep's chunks of transitions
+        self._local_count = 0
         self.counters = {"steps": 0, "frames": 0, "episodes": 0, "inserted": 0, "insert_retries": 0,
                          "rate_limited": 0, "not_inserted": 0}
         self._returns: list[float] = []
@@ -113,8 +130,7 @@ class Actor:
     def close(self) -> None:
         self.replay.close()
         self.params.close()
-        for env in self.envs:
-            env.close()
+        self.envs.close()
         self.report.close()
         if self._episodes_file is not None:
             self._episodes_file.close()
@@ -143,8 +159,17 @@ class Actor:
         """Insert the local batch with the actor's own priorities, retrying until the server takes it."""
         if not self._local:
             return
-        batch = stack_transitions(self._local, self.transition_spec)
-        priorities = np.asarray(self.policy.initial_priorities(batch), dtype=np.float64)
+        if self.envs.num_envs == 1:  # Transitions with their observations
+            batch = stack_transitions(self._local, self.transition_spec)
+            priorities = self.policy.initial_priorities(batch)
+        elif self.frames.scores:
+            batch, obs_rows, next_rows = self._stack(self._local)
+            obs_v, next_v = self.frames.values(obs_rows, next_rows, self.policy.values)
+            priorities = self.policy.priorities_from_values(batch, obs_v, next_v)
+        else:
+            batch = self._stack(self._local)[0]
+            priorities = self.policy.initial_priorities(batch)
+        priorities = np.asarray(priorities, dtype=np.float64)
         data, offsets = self.transition_spec.encode(batch)
         delay, warned_at = _RETRY_MIN, 0.0
         insert_id = self.replay.next_insert_id()  # every retry of this batch: stored once
@@ -172,65 +197,139 @@ class Actor:
             if self._stop.is_set():
                 self._report_unsent("the replay server did not take them before the stop")
                 return
-        self.counters["inserted"] += len(self._local)
+        self.counters["inserted"] += self._local_count
         self._local.clear()
+        self._local_count = 0
+
+    def _stack(self, chunks: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """What ``stack_transitions`` makes of the transitions with their observations, a field at a time (the
+        observations gathered from the ring in one indexing each); and the ring rows of obs and next_obs."""
+        cols = {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
+        obs_rows, next_rows = self.frames.rows(cols["obs"]), self.frames.rows(cols["next_obs"])
+        spec, n = self.transition_spec, len(obs_rows)
+        unknown = [name for name in spec.names if name not in Transition._fields]
+        if unknown:
+            raise ValueError(f"spec fields {unknown} are not n-step transition fields {list(Transition._fields)}")
+        batch: dict[str, np.ndarray] = {}
+        for f in spec.fields:
+            if f.name in ("obs", "next_obs"):
+                value = self.frames.obs[obs_rows if f.name == "obs" else next_rows]
+            else:
+                value = cols[f.name]
+            if value.shape != (n, *f.shape):
+                raise ValueError(f"field {f.name!r} has shape {value.shape[1:]} per transition, expected {f.shape}")
+            batch[f.name] = value.astype(f.dtype.newbyteorder("="), copy=False)
+        return batch, obs_rows, next_rows
+
+    def _add(self, chunk: dict[str, np.ndarray] | None) -> None:
+        if chunk is not None:
+            self._local.append(chunk)
+            self._local_count += len(chunk["obs"])
 
     def _report_unsent(self, why: str) -> None:
-        self.counters["not_inserted"] += len(self._local)
+        self.counters["not_inserted"] += self._local_count
         log.warning("actor %d: stopping with %d transitions not inserted (%s)", self.config.index,
-                    len(self._local), why)
+                    self._local_count, why)
         self._local.clear()
+        self._local_count = 0
 
     # ------------------------------------------------------------------------------------------ loop
 
-    def _act(self, obs: list[np.ndarray]) -> list:
+    def _act(self, obs: np.ndarray, handles: np.ndarray) -> list:
         if len(obs) == 1:
             return [self.policy.act(obs[0], explore=True)]
-        return list(self.policy.act_batch(np.stack(obs), explore=True))
+        if self.frames.scores:
+            actions, values = self.policy.act_batch_values(obs, explore=True)
+            self.frames.set_values(handles, values)
+            return list(actions)
+        return list(self.policy.act_batch(obs, explore=True))
 
     def run(self) -> dict[str, int]:
-        cfg = self.config
         self._wait_first_params()
-        start = last_log = time.monotonic()
-        obs = [env.reset() for env in self.envs]
-        for nstep, o in zip(self.nsteps, obs):
-            nstep.add_first(o)
-        k = len(self.envs)
-        ep_return, ep_len = [0.0] * k, [0] * k
+        self._start = self._last_log = time.monotonic()
+        (self._run_one if self.envs.num_envs == 1 else self._run_vector)()
+        self._log_progress(time.monotonic() - self._start)
+        return {**self.counters, "params_version": self.poller.version}
+
+    def _run_one(self) -> None:
+        """K = 1: one Env, one NStepBuffer, ``act`` per step and Transitions in the local batch (as before
+        vectorised actors; the array machinery of K > 1 only costs time here)."""
+        env, nstep = self.envs.envs[0], NStepBuffer(self.nstep.n, self.nstep.gamma)
+        obs = env.reset()
+        nstep.add_first(obs)
+        ep_return, ep_len = 0.0, 0
         while not self._stop.is_set():
-            actions = self._act(obs)
-            for j, env in enumerate(self.envs):
-                step = env.step(actions[j])
-                self._local.extend(self.nsteps[j].add(actions[j], step.reward, step.obs, step.terminated,
-                                                      step.truncated))
-                self.counters["steps"] += 1
-                self.counters["frames"] += self.spec.frames_per_step
-                ep_return[j] += step.raw_reward
-                ep_len[j] += 1
-                obs[j] = step.obs
-                if step.terminated or step.truncated:
-                    self._end_episode(j, ep_return[j], ep_len[j], time.monotonic() - start)
-                    ep_return[j], ep_len[j] = 0.0, 0
-                    obs[j] = env.reset()
-                    self.nsteps[j].add_first(obs[j])
-            if len(self._local) >= cfg.flush_every:
-                self._flush()
-            try:
-                self.poller.maybe_fetch(self.counters["frames"])
-            except Interrupted:  # stopping: the learner did not answer within the grace period
+            action = self.policy.act(obs, explore=True)
+            step = env.step(action)
+            added = nstep.add(action, step.reward, step.obs, step.terminated, step.truncated)
+            self._local.extend(added)
+            self._local_count += len(added)
+            self.counters["steps"] += 1
+            self.counters["frames"] += self.spec.frames_per_step
+            ep_return += step.raw_reward
+            ep_len += 1
+            obs = step.obs
+            if step.terminated or step.truncated:
+                self._end_episode(0, ep_return, ep_len, time.monotonic() - self._start)
+                ep_return, ep_len = 0.0, 0
+                obs = env.reset()
+                nstep.add_first(obs)
+            if self._after_step():
                 break
-            now = time.monotonic()
-            if now - last_log >= cfg.log_every:
-                self._log_progress(now - start)
-                last_log = now
-            if cfg.max_steps and self.counters["steps"] >= cfg.max_steps:
+        # A clean stop keeps every step taken: the open episode ends here as a truncation.
+        added = nstep.truncate()
+        self._local.extend(added)
+        self._local_count += len(added)
+        self._flush()
+
+    def _run_vector(self) -> None:
+        """K > 1: a VecEnv, one batched act, the n-step adder over arrays, observations in the ring."""
+        obs = self.envs.reset()
+        handles = self.frames.put(obs)
+        k = self.envs.num_envs
+        self.nstep.add_first(np.arange(k), handles)
+        ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
+        while not self._stop.is_set():
+            actions = self._act(obs, handles)
+            step = self.envs.step(actions)
+            handles = self.frames.put(step.obs)
+            # Environments whose episode ended: their last observation is the n-step targets' (reset already).
+            ended = sorted(step.final_obs)
+            nexts = handles
+            if ended:
+                nexts = handles.copy()
+                nexts[ended] = self.frames.put(np.stack([step.final_obs[j] for j in ended]))
+            self._add(self.nstep.add(actions, step.reward, nexts, step.terminated, step.truncated))
+            if ended:
+                self.nstep.add_first(ended, handles[ended])
+            self.counters["steps"] += k
+            self.counters["frames"] += k * self.spec.frames_per_step
+            ep_return += step.raw_reward
+            ep_len += 1
+            for j in ended:
+                self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - self._start)
+                ep_return[j], ep_len[j] = 0.0, 0
+            obs = step.obs
+            if self._after_step():
                 break
         # A clean stop keeps every step taken: each open episode ends here as a truncation.
-        for nstep in self.nsteps:
-            self._local.extend(nstep.truncate())
+        self._add(self.nstep.truncate())
         self._flush()
-        self._log_progress(time.monotonic() - start)
-        return {**self.counters, "params_version": self.poller.version}
+
+    def _after_step(self) -> bool:
+        """Flush, poll for weights and log as due; True when the loop must end."""
+        cfg = self.config
+        if self._local_count >= cfg.flush_every:
+            self._flush()
+        try:
+            self.poller.maybe_fetch(self.counters["frames"])
+        except Interrupted:  # stopping: the learner did not answer within the grace period
+            return True
+        now = time.monotonic()
+        if now - self._last_log >= cfg.log_every:
+            self._log_progress(now - self._start)
+            self._last_log = now
+        return bool(cfg.max_steps and self.counters["steps"] >= cfg.max_steps)
 
     def _end_episode(self, env: int, ret: float, length: int, elapsed: float) -> None:
         self.counters["episodes"] += 1
@@ -251,6 +350,52 @@ class Actor:
             "params_version": p["version"], "insert_retries": c["insert_retries"],
             "rate_limited": c["rate_limited"], "param_timeouts": p["timeouts"], "param_mismatches": p["mismatches"],
         })
+
+
+class _ObsRing:
+    """The last ``capacity`` observations an actor produced, by handle (a running count), and the Q-values of
+    those it acted on (``scores``: the policy scores transitions from them)."""
+
+    def __init__(self, capacity: int, spec, scores: bool):
+        self.capacity = capacity
+        self.obs = np.zeros((capacity, *spec.obs_shape), spec.obs_dtype)
+        self.scores = scores
+        self._values: np.ndarray | None = None
+        self._has = np.zeros(capacity, bool)
+        self._next = 0
+
+    def put(self, obs: np.ndarray) -> np.ndarray:
+        """Store a stack of observations; their handles."""
+        handles = np.arange(self._next, self._next + len(obs))
+        rows = handles % self.capacity
+        self.obs[rows] = obs
+        self._has[rows] = False
+        self._next += len(obs)
+        return handles
+
+    def rows(self, handles: list[int]) -> np.ndarray:
+        h = np.asarray(handles, np.int64)
+        if h.size and h.min() < self._next - self.capacity:
+            raise RuntimeError(f"observation {int(h.min())} was overwritten (ring of {self.capacity}, next {self._next})")
+        return h % self.capacity
+
+    def set_values(self, handles: np.ndarray, values: np.ndarray) -> None:
+        if self._values is None:
+            self._values = np.zeros((self.capacity, *values.shape[1:]), values.dtype)
+        rows = handles % self.capacity
+        self._values[rows] = values
+        self._has[rows] = True
+
+    def values(self, obs_rows: np.ndarray, next_rows: np.ndarray, compute) -> tuple[np.ndarray, np.ndarray]:
+        """The values of the observations at these rows; ``compute(obs)`` for those never acted on."""
+        missing = np.unique(np.concatenate([obs_rows, next_rows])[~self._has[np.concatenate([obs_rows, next_rows])]])
+        if missing.size:
+            values = np.asarray(compute(self.obs[missing]))
+            if self._values is None:
+                self._values = np.zeros((self.capacity, *values.shape[1:]), values.dtype)
+            self._values[missing] = values
+            self._has[missing] = True
+        return self._values[obs_rows], self._values[next_rows]
 
 
 def run_actor(config: ActorConfig) -> dict[str, int]:

@@ -42,7 +42,7 @@ import numpy as np
 
 from apexrl.replay.codec import TransitionSpec
 
-__all__ = ["NStepBuffer", "Transition", "stack_transitions"]
+__all__ = ["NStepBuffer", "Transition", "VecNStep", "stack_transitions"]
 
 class Transition(NamedTuple):
     """One n-step transition (see the module docstring for the formulas)."""
@@ -174,3 +174,112 @@ def stack_transitions(ts: Sequence[Transition], spec: TransitionSpec) -> dict[st
             arr[j] = value
         out[f.name] = arr
     return out
+
+
+class VecNStep:
+    """The n-step transitions of K environments stepped in lockstep, computed over arrays: exactly those (same
+    values, same order) of K :class:`NStepBuffer` fed one environment after another at every step, without a
+    Python call per environment and step. Observations are opaque int handles (the actor's observation ring).
+
+    ``add`` returns the step's transitions as a dict of arrays named like :class:`Transition`'s fields (``obs`` and
+    ``next_obs`` handles), environment 0's first, an ended episode's longest horizon first; None when there are
+    none. Call order per environment as for NStepBuffer: ``add_first`` (for the environments given), ``add`` for
+    all K, ``add_first`` again for those whose episode ended.
+    """
+
+    def __init__(self, k: int, n: int, gamma: float):
+        NStepBuffer(n, gamma)  # the same argument checks
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self.k, self.n, self.gamma = int(k), int(n), float(gamma)
+        self._gk = [self.gamma**i for i in range(self.n)]
+        self._discounts = np.array([self.gamma**m for m in range(self.n + 1)])
+        self._obs = np.zeros((self.k, self.n + 1), np.int64)  # pending s_t ... and the latest at [j, len[j]]
+        self._rew = np.zeros((self.k, self.n))
+        self._act: np.ndarray | None = None  # (K, n, *action shape), allocated at the first add
+        self._len = np.zeros(self.k, np.int64)
+        self._open = np.zeros(self.k, bool)
+        self._all = np.arange(self.k)
+
+    def add_first(self, envs: Sequence[int] | np.ndarray, handles: Sequence[int] | np.ndarray) -> None:
+        envs = np.asarray(envs, np.int64)
+        if self._open[envs].any():
+            raise RuntimeError("VecNStep.add_first for an environment whose episode is still open")
+        self._obs[envs, 0] = handles
+        self._len[envs] = 0
+        self._open[envs] = True
+
+    def _horizon(self, j: int, start: int, m: int) -> float:
+        reward = 0.0
+        for i in range(m):  # NStepBuffer's order of additions, so the float sums are the same
+            reward += self._gk[i] * float(self._rew[j, start + i])
+        return reward
+
+    def add(self, actions: Sequence[Any] | np.ndarray, rewards: np.ndarray, next_handles: np.ndarray,
+            terminated: np.ndarray, truncated: np.ndarray) -> dict[str, np.ndarray] | None:
+        if not self._open.all():
+            raise RuntimeError("VecNStep.add with an environment whose episode is not open: add_first it first")
+        rewards = np.asarray(rewards, np.float64)
+        if not np.all(np.isfinite(rewards)):
+            raise ValueError(f"reward must be finite, got {rewards.tolist()}")
+        a = np.asarray(actions)
+        if self._act is None:
+            self._act = np.zeros((self.k, self.n, *a.shape[1:]), a.dtype)
+        ar, length = self._all, self._len
+        self._act[ar, length] = a
+        self._rew[ar, length] = rewards
+        length += 1
+        self._obs[ar, length] = next_handles
+        terminated = np.asarray(terminated, bool)
+        ended = terminated | np.asarray(truncated, bool)
+        full = ~ended & (length == self.n)
+        counts = np.where(ended, length, full)
+        total = int(counts.sum())
+        if total == 0:
+            return None
+        at = np.cumsum(counts) - counts  # each environment's first row
+        out = {"obs": np.empty(total, np.int64), "action": np.empty((total, *self._act.shape[2:]), self._act.dtype),
+               "reward": np.empty(total), "discount": np.empty(total), "next_obs": np.empty(total, np.int64)}
+        if full.any():
+            rows, envs = at[full], ar[full]
+            out["obs"][rows] = self._obs[envs, 0]
+            out["action"][rows] = self._act[envs, 0]
+            reward = np.zeros(len(envs))
+            for i in range(self.n):
+                reward = reward + self._gk[i] * self._rew[envs, i]
+            out["reward"][rows] = reward
+            out["discount"][rows] = self._discounts[self.n]
+            out["next_obs"][rows] = self._obs[envs, self.n]
+            self._obs[envs, : self.n] = self._obs[envs, 1:]
+            self._act[envs, : self.n - 1] = self._act[envs, 1:]
+            self._rew[envs, : self.n - 1] = self._rew[envs, 1:]
+            length[envs] = self.n - 1
+        for j in np.flatnonzero(ended).tolist():
+            m_all, row = int(length[j]), int(at[j])
+            for i in range(m_all):  # longest horizon first, as NStepBuffer
+                m = m_all - i
+                out["obs"][row + i] = self._obs[j, i]
+                out["action"][row + i] = self._act[j, i]
+                out["reward"][row + i] = self._horizon(j, i, m)
+                out["discount"][row + i] = 0.0 if terminated[j] else self._discounts[m]
+                out["next_obs"][row + i] = self._obs[j, m_all]
+            length[j] = 0
+            self._open[j] = False
+        return out
+
+    def truncate(self) -> dict[str, np.ndarray] | None:
+        """End every open episode here as a truncation (``NStepBuffer.truncate`` per environment, in order)."""
+        rows: list[tuple] = []
+        for j in np.flatnonzero(self._open).tolist():
+            m_all = int(self._len[j])
+            for i in range(m_all):
+                m = m_all - i
+                rows.append((self._obs[j, i], self._act[j, i], self._horizon(j, i, m), self._discounts[m],
+                             self._obs[j, m_all]))
+            self._len[j] = 0
+            self._open[j] = False
+        if not rows:
+            return None
+        obs, action, reward, discount, next_obs = zip(*rows)
+        return {"obs": np.array(obs, np.int64), "action": np.array(action), "reward": np.array(reward),
+                "discount": np.array(discount), "next_obs": np.array(next_obs, np.int64)}

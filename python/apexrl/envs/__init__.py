@@ -20,19 +20,24 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Sequence
 
 from apexrl.envs.base import (
     Env,
     EnvFamily,
     EnvSpec,
     RenderError,
+    SerialVecEnv,
     StepResult,
     UnknownEnvError,
     UnsupportedSpaceError,
+    VecEnv,
+    VecStep,
 )
 
-__all__ = ["ENTRY_POINT_GROUP", "Env", "EnvFamily", "EnvSpec", "RenderError", "StepResult", "UnknownEnvError",
-           "UnsupportedSpaceError", "env_families", "env_names", "env_spec", "get_family", "make_env"]
+__all__ = ["ENTRY_POINT_GROUP", "Env", "EnvFamily", "EnvSpec", "RenderError", "SerialVecEnv", "StepResult",
+           "UnknownEnvError", "UnsupportedSpaceError", "VecEnv", "VecStep", "env_families", "env_names", "env_spec",
+           "get_family", "make_env", "make_vec_env"]
 
 ENTRY_POINT_GROUP = "apexrl.envs"
 """Entry points of this group name an :class:`EnvFamily` of another distribution (loaded on first lookup)."""
@@ -100,6 +105,30 @@ def make_env(name: str, seed: int, *, evaluation: bool = False) -> Env:
     family, key = _resolve(name)
     try:
         return family.make(key, seed, evaluation)
+    except UnknownEnvError as e:
+        raise _unknown(name, str(e)) from None
+
+
+def make_vec_env(name: str, seeds: Sequence[int]) -> VecEnv:
+    """K training environments of ``name`` stepped together (a vectorised actor's), environment ``j`` seeded with
+    ``seeds[j]`` and producing the episodes of ``make_env(name, seeds[j])``. The family's batched backend where it
+    has one (Atari: ale-py's vector environment with its threads), else :class:`SerialVecEnv`."""
+    family, key = _resolve(name)
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("make_vec_env needs at least one seed")
+    try:
+        if family.make_vector is not None and len(seeds) > 1:
+            return family.make_vector(key, seeds)
+        envs: list[Env] = []
+        try:
+            for seed in seeds:
+                envs.append(family.make(key, seed, False))
+        except BaseException:
+            for env in envs:
+                env.close()
+            raise
+        return SerialVecEnv(envs)
     except UnknownEnvError as e:
         raise _unknown(name, str(e)) from None
 

@@ -14,16 +14,20 @@ One agent step (`frames_per_step` = 4):
   from the seeded generator;
 - no sticky actions (repeat_action_probability = 0), the game's minimal action set, no FIRE on reset.
 
-The backend is ale-py's `AtariVectorEnv` with a single environment and one worker thread: it does the frame
-skip, max-pool, grey conversion, resize and stacking in C++, which measured ~1.5x the agent steps/s of driving
-`ALEInterface` from Python with a numpy resize, and needs no OpenCV. The actor owns one environment per
-process, so a batch of one is what it needs; the batching itself would only help an actor stepping several
-environments at once.
+The backend is ale-py's `AtariVectorEnv`: it does the frame skip, max-pool, grey conversion, resize and stacking
+in C++, which measured ~1.5x the agent steps/s of driving `ALEInterface` from Python with a numpy resize, and
+needs no OpenCV. `AtariEnv` (evaluation, and an actor with one environment) holds a vector environment of one;
+a vectorised actor (`--envs-per-actor K`) gets `AtariVecEnv`: one vector environment of K games stepped by its
+worker threads (one per core, at most K), each game resetting itself within the step that ends its episode
+(ale-py's "SameStep" autoreset, the last observation coming back as `final_obs`). Game `j` of `AtariVecEnv`
+plays exactly the episodes of `AtariEnv` with the same seed for the same actions (tests/test_vector_actor.py).
 """
 
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,6 +38,8 @@ from apexrl.envs.base import (
     RenderError,
     StepResult,
     UnknownEnvError,
+    VecEnv,
+    VecStep,
     backend_seed,
 )
 
@@ -100,6 +106,37 @@ def clip_reward(r: float) -> float:
     return -1.0 if r < -1.0 else 1.0 if r > 1.0 else float(r)
 
 
+def _vector_env(game: str, num_envs: int, num_threads: int, max_episode_frames: int, noop_max: int,
+                autoreset_mode: str):
+    from ale_py.vector_env import AtariVectorEnv
+
+    return AtariVectorEnv(
+        _games()[game], num_envs,
+        num_threads=num_threads,
+        max_num_frames_per_episode=max_episode_frames,
+        repeat_action_probability=0.0,
+        full_action_space=False,
+        img_height=SIZE, img_width=SIZE, grayscale=True, stack_num=STACK,
+        frameskip=FRAME_SKIP, maxpool=True, noop_max=noop_max,
+        episodic_life=False,           # a lost life is not a terminal in Ape-X
+        reward_clipping=False,         # we clip ourselves to keep the raw score
+        use_fire_reset=False,          # not part of the paper's preprocessing
+        autoreset_mode=autoreset_mode,
+    )
+
+
+def _spec(game: str, num_actions: int, max_episode_frames: int) -> EnvSpec:
+    return EnvSpec(
+        name=PREFIX + game,
+        obs_shape=(STACK, SIZE, SIZE),
+        obs_dtype=np.dtype(np.uint8),
+        num_actions=num_actions,
+        action_dim=None,
+        frames_per_step=FRAME_SKIP,
+        max_episode_steps=max_episode_frames // FRAME_SKIP,
+    )
+
+
 class AtariEnv(Env):
     """One Atari game with the preprocessing described in the module docstring. The first reset seeds the
     emulator and the no-op generator; later resets continue those streams, so the same seed gives the same
@@ -108,32 +145,13 @@ class AtariEnv(Env):
     def __init__(self, game: str, seed: int, *, max_episode_frames: int = MAX_EPISODE_FRAMES,
                  noop_max: int = NOOP_MAX):
         """`max_episode_frames` and `noop_max` differ from the paper's values only in tests."""
-        from ale_py.vector_env import AtariVectorEnv
-
         self._seed: int | None = backend_seed(seed)
-        self._env = AtariVectorEnv(
-            _games()[game], 1,
-            num_threads=1,                 # one actor process steps one game; more threads only compete
-            max_num_frames_per_episode=max_episode_frames,
-            repeat_action_probability=0.0,
-            full_action_space=False,
-            img_height=SIZE, img_width=SIZE, grayscale=True, stack_num=STACK,
-            frameskip=FRAME_SKIP, maxpool=True, noop_max=noop_max,
-            episodic_life=False,           # a lost life is not a terminal in Ape-X
-            reward_clipping=False,         # we clip ourselves to keep the raw score
-            use_fire_reset=False,          # not part of the paper's preprocessing
-        )
+        # One game, one worker thread; its own resets (NextStep: the env never resets itself here, since the Env
+        # protocol ends each episode with an explicit reset()).
+        self._env = _vector_env(game, 1, 1, max_episode_frames, noop_max, "NextStep")
         self._action = np.zeros(1, np.int64)
         self._last: np.ndarray | None = None  # the newest observation, for render()
-        super().__init__(EnvSpec(
-            name=PREFIX + game,
-            obs_shape=(STACK, SIZE, SIZE),
-            obs_dtype=np.dtype(np.uint8),
-            num_actions=int(self._env.single_action_space.n),
-            action_dim=None,
-            frames_per_step=FRAME_SKIP,
-            max_episode_steps=max_episode_frames // FRAME_SKIP,
-        ))
+        super().__init__(_spec(game, int(self._env.single_action_space.n), max_episode_frames))
 
     def _reset(self) -> np.ndarray:
         obs, _ = self._env.reset(seed=self._seed)
@@ -165,6 +183,52 @@ class AtariEnv(Env):
             self._env = None
 
 
+class AtariVecEnv(VecEnv):
+    """K games in one ale-py vector environment (see the module docstring); game ``j`` seeded as
+    ``AtariEnv(game, seeds[j])``. ``num_threads``: ale-py's worker threads, by default one per core this process
+    may run on, at most K."""
+
+    def __init__(self, game: str, seeds: Sequence[int], *, max_episode_frames: int = MAX_EPISODE_FRAMES,
+                 noop_max: int = NOOP_MAX, num_threads: int | None = None):
+        if not seeds:
+            raise ValueError("AtariVecEnv needs at least one seed")
+        self.num_envs = k = len(seeds)
+        self._seeds = np.array([backend_seed(s) for s in seeds], np.int64)
+        if num_threads is None:
+            num_threads = min(k, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        self._env = _vector_env(game, k, num_threads, max_episode_frames, noop_max, "SameStep")
+        self.spec = _spec(game, int(self._env.single_action_space.n), max_episode_frames)
+
+    def reset(self) -> np.ndarray:
+        obs, _ = self._env.reset(seed=self._seeds)
+        return np.array(obs)  # fresh: ale-py may reuse its buffers
+
+    def step(self, actions: Sequence) -> VecStep:
+        a = np.asarray(actions)
+        n = self.spec.num_actions
+        if a.shape != (self.num_envs,) or a.dtype.kind not in "iu":
+            raise ValueError(f"{self.spec.name}: expected {self.num_envs} int actions, got {a.dtype} {a.shape}")
+        if a.size and (a.min() < 0 or a.max() >= n):
+            raise ValueError(f"{self.spec.name}: an action out of range [0, {n}) in {a.tolist()}")
+        obs, reward, terminated, truncated, info = self._env.step(a.astype(np.int64))
+        raw = np.asarray(reward, np.float64)
+        terminated = np.array(terminated, bool)
+        truncated = np.array(truncated, bool) & ~terminated
+        ended = np.flatnonzero(terminated | truncated)
+        final = {int(j): np.array(info["final_obs"][j]) for j in ended}
+        return VecStep(np.array(obs), np.clip(raw, -1.0, 1.0), terminated, truncated, raw, final)
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+def make_vector(game: str, seeds: Sequence[int]) -> AtariVecEnv:
+    """A vectorised actor's K training games (MAX_EPISODE_FRAMES cap, read at each call like ``make``'s)."""
+    return AtariVecEnv(_known(game), seeds, max_episode_frames=MAX_EPISODE_FRAMES)
+
+
 def make(game: str, seed: int, *, evaluation: bool = False) -> AtariEnv:
     """``evaluation``: episodes capped at EVAL_EPISODE_FRAMES instead of MAX_EPISODE_FRAMES (same no-op starts)."""
     return AtariEnv(_known(game), seed,
@@ -179,4 +243,4 @@ def spec(game: str) -> EnvSpec:
 
 
 FAMILY = EnvFamily("atari", describe, examples, lambda game, seed, evaluation: make(game, seed, evaluation=evaluation),
-                   spec)
+                   spec, make_vector)

@@ -19,7 +19,7 @@ An `Env` is single-threaded: one instance belongs to one thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -87,6 +87,11 @@ class EnvFamily:
     the pip extra when its package is missing."""
     spec: Callable[[str], EnvSpec]
     """``id -> EnvSpec``, with the same errors as ``make``."""
+    make_vector: Callable[[str, Sequence[int]], VecEnv] | None = None
+    """Optional ``(id, seeds) -> VecEnv``: K training environments (one per seed) stepped together by a backend
+    that batches them (Atari: ale-py's vector environment and its threads). Environment ``j`` must produce exactly
+    the episodes of ``make(id, seeds[j], False)`` for the same actions. None: :class:`SerialVecEnv` steps K
+    ``make`` environments in turn."""
 
 
 class RenderError(RuntimeError):
@@ -170,3 +175,83 @@ def backend_seed(seed: int) -> int:
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     return int(np.random.SeedSequence(int(seed)).generate_state(1, np.uint32)[0] >> 1)
+
+
+class VecStep(NamedTuple):
+    """One agent step of the K environments of a :class:`VecEnv`: arrays with a leading dim K."""
+
+    obs: np.ndarray
+    """(K, *obs_shape): the observations to act on next. Where an episode ended this step, the first observation
+    of the environment's next episode (it was reset within the step)."""
+    reward: np.ndarray
+    """(K,) float64 training rewards (Atari: clipped)."""
+    terminated: np.ndarray
+    """(K,) bool."""
+    truncated: np.ndarray
+    """(K,) bool; never set together with ``terminated``."""
+    raw_reward: np.ndarray
+    """(K,) float64 unclipped scores."""
+    final_obs: dict[int, np.ndarray]
+    """The last observation of each environment whose episode ended this step (its key), the one
+    ``StepResult.obs`` holds for a single environment: the n-step targets bootstrap from it."""
+
+
+class VecEnv:
+    """K environments of one spec stepped in lockstep, each resetting on its own when its episode ends (so there
+    is no reset between steps). Every array returned is fresh; rows are views into it. Single-threaded."""
+
+    spec: EnvSpec
+    num_envs: int
+
+    def reset(self) -> np.ndarray:
+        """Starts every environment's first episode; (K, *obs_shape). Call once, before the first step."""
+        raise NotImplementedError
+
+    def step(self, actions: Sequence) -> VecStep:
+        """One agent step of every environment, ``actions[j]`` for environment ``j``."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases the backends. Idempotent."""
+
+    def __enter__(self) -> VecEnv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SerialVecEnv(VecEnv):
+    """K :class:`Env` instances stepped one after the other in this thread (the default for every family)."""
+
+    def __init__(self, envs: Sequence[Env]):
+        if not envs:
+            raise ValueError("a vector environment needs at least one environment")
+        self.envs = list(envs)
+        self.spec = self.envs[0].spec
+        self.num_envs = len(self.envs)
+
+    def reset(self) -> np.ndarray:
+        return np.stack([env.reset() for env in self.envs])
+
+    def step(self, actions: Sequence) -> VecStep:
+        k = self.num_envs
+        if len(actions) != k:
+            raise ValueError(f"{len(actions)} actions for {k} environments")
+        obs = [None] * k
+        reward, raw = np.empty(k), np.empty(k)
+        terminated, truncated = np.zeros(k, bool), np.zeros(k, bool)
+        final: dict[int, np.ndarray] = {}
+        for j, env in enumerate(self.envs):
+            r = env.step(actions[j])
+            reward[j], raw[j], terminated[j], truncated[j] = r.reward, r.raw_reward, r.terminated, r.truncated
+            if r.terminated or r.truncated:
+                final[j] = r.obs
+                obs[j] = env.reset()
+            else:
+                obs[j] = r.obs
+        return VecStep(np.stack(obs), reward, terminated, truncated, raw, final)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
