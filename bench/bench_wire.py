@@ -63,6 +63,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def await_workers(procs: list[subprocess.Popen], names: list[str], outdir: str, start_at: float, pids: list[int],
+                  what: str = "worker", on_poll=None) -> tuple[float, list[dict]]:
+    """Wait for the workers' common start, then for every worker to exit -> (the CPU seconds the processes
+    ``pids`` used in between, each worker's JSON result, in ``names`` order); RuntimeError if one failed."""
+    while time.time() < start_at:
+        time.sleep(0.001)
+    cpu0 = sum(cpu_seconds(pid) for pid in pids)
+    while any(p.poll() is None for p in procs):
+        if on_poll is not None:
+            on_poll()
+        time.sleep(0.05)
+    cpu = sum(cpu_seconds(pid) for pid in pids) - cpu0
+    results = []
+    for p, name in zip(procs, names):
+        if p.wait() != 0:
+            raise RuntimeError(f"{what} exited with {p.returncode}")
+        with open(os.path.join(outdir, name)) as f:
+            results.append(json.load(f))
+    return cpu, results
+
+
 def pct(lat: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(lat), q)) * 1e3 if lat else float("nan")
 
@@ -497,22 +518,14 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
         procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "learner",
                                        "--out", os.path.join(outdir, "learner.json"), *common]))
         # Server RSS sampled during the run (peak) and after; server CPU from the workers' start to their end.
-        peak = 0
-        while time.time() < start_at:
-            time.sleep(0.001)
-        cpu0 = sum(cpu_seconds(s.pid) for s in group)
-        while any(p.poll() is None for p in procs):
-            peak = max(peak, sum(rss_of(s.pid) for s in group))
-            time.sleep(0.05)
-        cpu1 = sum(cpu_seconds(s.pid) for s in group)
+        peak = [0]
+
+        def sample_rss() -> None:
+            peak[0] = max(peak[0], sum(rss_of(s.pid) for s in group))
+
+        server_cpu, results = await_workers(procs, [f"actor{a}.json" for a in range(k)] + ["learner.json"], outdir,
+                                            start_at, [s.pid for s in group], on_poll=sample_rss)
         cpu_window = time.time() - start_at
-        results = []
-        names = [f"actor{a}.json" for a in range(k)] + ["learner.json"]
-        for p, name in zip(procs, names):
-            if p.wait() != 0:
-                raise RuntimeError(f"worker exited with {p.returncode}")
-            with open(os.path.join(outdir, name)) as f:
-                results.append(json.load(f))
         with connect(endpoint, timeout=30, curve=curve_dir) as c:
             st = c.stats()
         rss = sum(rss_of(s.pid) for s in group)
@@ -536,11 +549,11 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
         "sample_p50_ms": pct(learner["lat"], 50), "sample_p99_ms": pct(learner["lat"], 99),
         "insert_p50_ms": pct(ins_lat, 50), "insert_p99_ms": pct(ins_lat, 99),
         "decode_ms_per_batch": 1e3 * learner["decode_s"] / max(1, len(learner["lat"])),
-        "server_rss_gb": rss / 1e9, "server_peak_rss_gb": peak / 1e9,
+        "server_rss_gb": rss / 1e9, "server_peak_rss_gb": peak[0] / 1e9,
         "size": size, "bytes_per_item": (st.get("bytes_held", 0) / size) if size else float("nan"),
         "updater": learner["updater"], "kind": kind,
-        "requests": requests, "server_cpu_s": cpu1 - cpu0, "cpu_window_s": cpu_window,
-        "server_cpu_us_per_request": 1e6 * (cpu1 - cpu0) / max(1, requests),
+        "requests": requests, "server_cpu_s": server_cpu, "cpu_window_s": cpu_window,
+        "server_cpu_us_per_request": 1e6 * server_cpu / max(1, requests),
     }
 
 
@@ -561,18 +574,8 @@ def run_conns(kind: str, connections: int, processes: int, rate: float, seconds:
                                            "--seconds", str(seconds), "--sockets", str(m),
                                            "--rate", str(rate / processes), "--seed", str(i),
                                            "--out", os.path.join(outdir, f"conns{i}.json")]))
-        while time.time() < start_at:
-            time.sleep(0.001)
-        cpu0 = cpu_seconds(server.pid)
-        while any(p.poll() is None for p in procs):
-            time.sleep(0.05)
-        cpu1 = cpu_seconds(server.pid)
-        results = []
-        for i, p in enumerate(procs):
-            if p.wait() != 0:
-                raise RuntimeError(f"connection worker exited with {p.returncode}")
-            with open(os.path.join(outdir, f"conns{i}.json")) as f:
-                results.append(json.load(f))
+        server_cpu, results = await_workers(procs, [f"conns{i}.json" for i in range(len(procs))], outdir, start_at,
+                                            [server.pid], what="connection worker")
     except BaseException:
         for p in procs:
             if p.poll() is None:
@@ -585,7 +588,7 @@ def run_conns(kind: str, connections: int, processes: int, rate: float, seconds:
     return {"kind": kind, "connections": connections, "sent": sent, "replied": replied,
             "errors": sum(r["errors"] for r in results),
             "offered_per_s": sent / max(r["send_s"] for r in results),
-            "server_cpu_s": cpu1 - cpu0, "server_cpu_us_per_request": 1e6 * (cpu1 - cpu0) / max(1, replied)}
+            "server_cpu_s": server_cpu, "server_cpu_us_per_request": 1e6 * server_cpu / max(1, replied)}
 
 
 REVERB_WORKER = os.path.join(os.path.dirname(HERE), "reverb_worker.py")
@@ -620,18 +623,8 @@ def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict
                                           stderr=subprocess.DEVNULL))
         procs.append(subprocess.Popen([reverb_python, REVERB_WORKER, "learner", "--out",
                                        os.path.join(outdir, "rv_learner.json"), *common], stderr=subprocess.DEVNULL))
-        while time.time() < start_at:
-            time.sleep(0.001)
-        cpu0 = cpu_seconds(server.pid)
-        while any(p.poll() is None for p in procs):
-            time.sleep(0.05)
-        cpu1 = cpu_seconds(server.pid)
-        results = []
-        for p, name in zip(procs, [f"rv_actor{a}.json" for a in range(k)] + ["rv_learner.json"]):
-            if p.wait() != 0:
-                raise RuntimeError(f"reverb worker exited with {p.returncode}")
-            with open(os.path.join(outdir, name)) as f:
-                results.append(json.load(f))
+        server_cpu, results = await_workers(procs, [f"rv_actor{a}.json" for a in range(k)] + ["rv_learner.json"],
+                                            outdir, start_at, [server.pid], what="reverb worker")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -649,8 +642,8 @@ def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict
     requests = sum(r["requests"] for r in results)
     return {"kind": "reverb", "curve": False, "inserted_per_s": sum(r["items"] / r["elapsed"] for r in results[:-1]),
             "sampled_per_s": results[-1]["items"] / results[-1]["elapsed"], "requests": requests,
-            "server_cpu_s": cpu1 - cpu0, "cpu_window_s": seconds,
-            "server_cpu_us_per_request": 1e6 * (cpu1 - cpu0) / max(1, requests)}
+            "server_cpu_s": server_cpu, "cpu_window_s": seconds,
+            "server_cpu_us_per_request": 1e6 * server_cpu / max(1, requests)}
 
 
 def rss_1m(n: int) -> dict:

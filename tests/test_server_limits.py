@@ -43,18 +43,19 @@ def stats_until(client: ReplayClient, what: str, cond, timeout: float = DEADLINE
     return wait_until(what, lambda: (lambda s: s if cond(s) else None)(client.stats()), timeout)
 
 
-def replies(sock: zmq.Socket, count: int, timeout: float = DEADLINE) -> list[tuple[int, int, str]]:
-    """(request_id, status, message) of ``count`` replies read from a raw DEALER."""
+def replies(sock: zmq.Socket, count: int, timeout: float = DEADLINE, *, frames: bool = False) -> list[tuple]:
+    """(request_id, status, message) of ``count`` replies read from a raw DEALER (and each reply's frames, as a
+    fourth element, with ``frames``)."""
     out = []
     deadline = time.monotonic() + timeout
     while len(out) < count:
         left = deadline - time.monotonic()
         if left <= 0 or not sock.poll(int(left * 1000)):
-            raise AssertionError(f"got {len(out)} of {count} replies: {out[-3:]}")
-        frames = sock.recv_multipart()
-        _m, _v, _op, rid, status, _f, _c, _p, _t = struct.unpack("<4sHHQHHIdI4x", frames[0])
-        message = frames[1].decode() if status != 0 and len(frames) > 1 else ""
-        out.append((rid, status, message))
+            raise AssertionError(f"got {len(out)} of {count} replies: {[o[:3] for o in out[-3:]]}")
+        got = sock.recv_multipart()
+        _m, _v, _op, rid, status, _f, _c, _p, _t = struct.unpack("<4sHHQHHIdI4x", got[0])
+        message = got[1].decode() if status != 0 and len(got) > 1 else ""
+        out.append((rid, status, message, got) if frames else (rid, status, message))
     return out
 
 

@@ -30,6 +30,7 @@ import zmq
 from apexrl.errors import ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient
+from test_server_limits import replies
 
 MiB = 1 << 20
 DEADLINE = 60.0
@@ -129,17 +130,7 @@ def dealers():
 
 def read_replies(sock: zmq.Socket, count: int, timeout: float = DEADLINE) -> list[tuple[int, int, str, list[bytes]]]:
     """(request_id, status, error message, frames) of ``count`` replies."""
-    out = []
-    deadline = time.monotonic() + timeout
-    while len(out) < count:
-        left = deadline - time.monotonic()
-        if left <= 0 or not sock.poll(int(left * 1000)):
-            raise AssertionError(f"got {len(out)} of {count} replies; last: {[o[:3] for o in out[-3:]]}")
-        frames = sock.recv_multipart()
-        _m, _v, _op, rid, status, _f, _c, _p, _t = struct.unpack("<4sHHQHHIdI4x", frames[0])
-        message = frames[1].decode() if status != 0 and len(frames) > 1 else ""
-        out.append((rid, status, message, frames))
-    return out
+    return replies(sock, count, timeout, frames=True)
 
 
 def insert_frames(rid: int, items: list[bytes], insert_id=(0, 0), timeout_ms: int = 0) -> list:

@@ -825,13 +825,13 @@ bool ServeLoop::Send(const std::string& peer, Reply reply) {
   const size_t frames = reply.layout.size();
   // The byte cap on what a peer leaves unread (libzmq's high-water marks count messages, not bytes): a peer
   // that does not read loses the replies that would take it over the cap. One reply always fits.
+  const int64_t bytes = static_cast<int64_t>(reply.Bytes());
   const int64_t unread = slot->load(std::memory_order_relaxed);
-  if (unread > 0 && static_cast<uint64_t>(unread) + reply.Bytes() > config_.max_unread_bytes) {
+  if (unread > 0 && static_cast<uint64_t>(unread + bytes) > config_.max_unread_bytes) {
     replies_dropped_.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
-  auto* hold = new Hold{std::move(reply), slot, unread_total_, pool_, 0, {}};
-  hold->bytes = static_cast<int64_t>(hold->reply.Bytes());
+  auto* hold = new Hold{std::move(reply), slot, unread_total_, pool_, bytes, {}};
   hold->refs.store(static_cast<int>(frames));
   const int64_t now_unread = slot->fetch_add(hold->bytes) + hold->bytes;
   unread_peak_peer_.store(std::max(unread_peak_peer_.load(std::memory_order_relaxed), now_unread),
