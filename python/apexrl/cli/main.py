@@ -169,8 +169,9 @@ def _fill_evaluate_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser
 def _suite_kwargs() -> dict:
     return dict(description="Run each task x seed one after another as `apexrl run` (run directories "
                 "OUT/<task>/<agent>/<seed>), evaluate each (apexrl evaluate --json RUN_DIR/final_eval.json), and "
-                "write OUT/suite.csv and OUT/suite.md (mean ± SE over seeds beside the Control Suite paper's D4PG "
-                "and DDPG scores). Resumable: a task x seed whose final_eval.json exists is not rerun; one with an "
+                "write OUT/suite.csv and OUT/suite.md (mean ± SE over seeds, with the env frames and wall time of the "
+                "runs, beside the Control Suite paper's published A3C, DDPG and D4PG scores after 10^8 steps). "
+                "Resumable: a task x seed whose final_eval.json exists is not rerun; one with an "
                 "unfinished run is continued with --resume. Ctrl-C stops the current run cleanly and still writes "
                 "the tables for what finished.")
 
