@@ -113,3 +113,52 @@ def test_without_the_tensorboard_package_both_commands_exit_2_naming_the_extra(t
         assert done.returncode == 2, done.stdout + done.stderr
         assert "--tensorboard needs the tensorboard package: pip install 'apexrl[tensorboard]'" in done.stderr
         assert not os.path.exists(board) and not os.path.exists(run_dir)
+
+
+def test_the_mirror_adds_complete_rows_once_and_a_resumed_run_only_its_new_rows(tmp_path):
+    from apexrl.apex.config import EPISODE_COLUMNS
+    from apexrl.apex.metrics import CSVWriter
+    from apexrl.tensorboard import RunMirror
+
+    run_dir, board = str(tmp_path / "run"), str(tmp_path / "tb")
+    metrics = CSVWriter(os.path.join(run_dir, "metrics.csv"), ["time_s", "learner_steps", "loss", "eval_return_mean",
+                                                               "eval_learner_steps"])
+    metrics.write({"time_s": 1.0, "learner_steps": 10, "loss": 0.5})
+    episodes = open(os.path.join(run_dir, "episodes.csv"), "w", encoding="utf-8")
+    episodes.write(",".join(EPISODE_COLUMNS) + "\n0.5,0,200,1,21.0,200,0.4,gym:CartPole-v1\n0.7,1,30")
+    episodes.flush()  # the second row is torn (its actor is writing it): it waits for its newline
+
+    mirror = RunMirror(board, run_dir)
+    mirror.poll()
+    assert _scalars(board) == {"learner/time_s": [(10, 1.0)], "learner/loss": [(10, 0.5)],
+                               "episodes/return/actor_0": [(200, 21.0)], "episodes/length/actor_0": [(200, 200.0)]}
+    episodes.write("0,1,30.0,30,0.1,gym:CartPole-v1\n")
+    episodes.close()
+    metrics.write({"time_s": 2.0, "learner_steps": 20, "loss": 0.25, "eval_return_mean": 9.5,
+                   "eval_learner_steps": 12})
+    mirror.close()
+    got = _scalars(board)
+    assert got["learner/loss"] == [(10, 0.5), (20, 0.25)] and got["eval/return_mean"] == [(12, 9.5)]
+    assert got["episodes/return/actor_1"] == [(300, 30.0)]  # "0.7,1,30" + "0,1,30.0,...": 300 frames
+
+    # A resumed run with the same DIR: the rows already in the event file are not added again.
+    metrics.write({"time_s": 3.0, "learner_steps": 30, "loss": 0.125})
+    metrics.close()
+    again = RunMirror(board, run_dir)
+    again.close()
+    assert _scalars(board)["learner/loss"] == [(10, 0.5), (20, 0.25)]
+    # ...but a new DIR gets the whole history from the CSV files.
+    fresh = str(tmp_path / "tb2")
+    RunMirror(fresh, run_dir).close()
+    assert _scalars(fresh)["learner/loss"] == [(10, 0.5), (20, 0.25), (30, 0.125)]
+
+
+def test_a_tensorboard_path_that_is_a_file_is_refused_before_anything_starts(tmp_path):
+    import apexrl
+    import pytest
+
+    path = tmp_path / "not-a-dir"
+    path.write_text("x")
+    with pytest.raises(ValueError, match="--tensorboard .*not-a-dir: not a directory"):
+        apexrl.run(run_dir=str(tmp_path / "run"), tensorboard=str(path))
+    assert not os.path.exists(tmp_path / "run")

@@ -29,7 +29,8 @@ from typing import Any
 from apexrl.apex.metrics import cell_text
 from apexrl.durable import make_private_dirs
 
-__all__ = ["EXTRA", "CSVFollower", "MetricsBoard", "RunMirror", "TensorBoardMissing", "require_tensorboard"]
+__all__ = ["EXTRA", "CSVFollower", "MetricsBoard", "RunMirror", "TensorBoardMissing", "check_logdir",
+           "require_tensorboard"]
 
 EXTRA = "tensorboard"
 """The package extra that installs TensorBoard: ``pip install 'apexrl[tensorboard]'``."""
@@ -48,6 +49,14 @@ def require_tensorboard(flag: str = "--tensorboard") -> None:
     except ImportError as e:
         raise TensorBoardMissing(f"{flag} needs the tensorboard package: pip install 'apexrl[{EXTRA}]' "
                                  f"({type(e).__name__}: {e})") from None
+
+
+def check_logdir(path: str, flag: str = "--tensorboard") -> None:
+    """What a command checks before it starts: TensorBoardMissing without the package, ValueError when ``path``
+    exists and is not a directory (nothing is created here)."""
+    require_tensorboard(flag)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: not a directory")
 
 
 def _number(text: str | None) -> float | None:

@@ -96,11 +96,11 @@ def parse_config(argv: Sequence[str] | None = None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.tensorboard is not None:
-        from apexrl.tensorboard import TensorBoardMissing, require_tensorboard
+        from apexrl.tensorboard import TensorBoardMissing, check_logdir
 
         try:
-            require_tensorboard()
-        except TensorBoardMissing as e:
+            check_logdir(args.tensorboard)
+        except (TensorBoardMissing, ValueError) as e:
             parser.error(str(e))
     try:
         if args.plan is not None:

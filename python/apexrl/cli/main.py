@@ -263,11 +263,11 @@ def launch_plan(argv: Sequence[str] | None = None):
     run_parser = _fill_run_parser(argparse.ArgumentParser(prog=f"{PROG} run", **_run_kwargs()))
     args = run_parser.parse_args(argv)
     if args.tensorboard is not None:
-        from apexrl.tensorboard import TensorBoardMissing, require_tensorboard
+        from apexrl.tensorboard import TensorBoardMissing, check_logdir
 
         try:
-            require_tensorboard()
-        except TensorBoardMissing as e:
+            check_logdir(args.tensorboard)
+        except (TensorBoardMissing, ValueError) as e:
             run_parser.error(str(e))
     o = agent_overrides(args)
     o.actors, o.minutes, o.steps, o.run_dir = args.actors, args.minutes, args.steps, args.run_dir

@@ -372,14 +372,19 @@ class Launcher:
 
     def run(self) -> int:
         make_private_dirs(self.log_dir)  # and the run directory: 0700 when created here
+        if self.tensorboard is not None:
+            from apexrl.tensorboard import RunMirror
+
+            try:
+                self._board = RunMirror(self.tensorboard, self.run_dir)
+            except OSError as e:
+                self._print(f"apexrl run: error: --tensorboard {self.tensorboard}: {e}")
+                self._exit_code = 2
+                return self._exit_code
         # Python allows signal handlers only on the main thread; elsewhere the caller stops the run with stop().
         on_main = threading.current_thread() is threading.main_thread()
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
         start = time.monotonic()
-        if self.tensorboard is not None:
-            from apexrl.tensorboard import RunMirror
-
-            self._board = RunMirror(self.tensorboard, self.run_dir)
         try:
             try:
                 self.children = self._place()
