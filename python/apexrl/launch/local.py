@@ -426,10 +426,10 @@ class Launcher:
                 self._shutdown()
             finally:
                 self._close()
-                if self._board is not None:  # the rows the stopped processes wrote last
-                    self._board.close()
                 for s, h in previous.items():
                     signal.signal(s, h)
+                if self._board is not None:  # the rows the stopped processes wrote last
+                    self._board.close()
         elapsed = time.monotonic() - start
         self._summary(elapsed)
         if self._reached_end and self._exit_code == 0 and self.config.final_eval_episodes > 0:
