@@ -148,6 +148,9 @@ class LearnerConfig:
     """torch intra-op threads on CPU."""
     progress_path: str | None = None
     """If set, append one JSON progress record per metrics row here (the launcher reads them)."""
+    tensorboard: str | None = None
+    """If set, also write each metrics row to a TensorBoard event file in this directory (apexrl.tensorboard;
+    needs the ``tensorboard`` extra)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form JSON values recorded in the checkpoint metadata (e.g. the preset name)."""
     curve_dir: str | None = None

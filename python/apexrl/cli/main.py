@@ -78,6 +78,10 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--progress-every", type=float_arg(positive=True), default=5.0,
                    help="seconds between progress lines (default 5)")
     g.add_argument("--quiet", action="store_true", help="no progress lines, only events and the summary")
+    g.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="also write the rows of RUN_DIR/metrics.csv (learner and evaluations) and episodes.csv (every "
+                   "actor's episode returns) to a TensorBoard event file in DIR as they come, to watch the run live "
+                   "(tensorboard --logdir DIR); the CSV files stay the record; pip install 'apexrl[tensorboard]'")
     g.add_argument("--max-restarts", type=int_arg(0), default=5,
                    help="restarts of one process within a minute before the run is given up (default 5)")
     g.add_argument("--snapshot-every", type=float_arg(nonneg=True), default=None, metavar="SECONDS",
@@ -165,8 +169,9 @@ def _fill_evaluate_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser
 def _suite_kwargs() -> dict:
     return dict(description="Run each task x seed one after another as `apexrl run` (run directories "
                 "OUT/<task>/<agent>/<seed>), evaluate each (apexrl evaluate --json RUN_DIR/final_eval.json), and "
-                "write OUT/suite.csv and OUT/suite.md (mean ± SE over seeds beside the Control Suite paper's D4PG "
-                "and DDPG scores). Resumable: a task x seed whose final_eval.json exists is not rerun; one with an "
+                "write OUT/suite.csv and OUT/suite.md (mean ± SE over seeds, with the env frames and wall time of the "
+                "runs, beside the Control Suite paper's published A3C, DDPG and D4PG scores after 10^8 steps). "
+                "Resumable: a task x seed whose final_eval.json exists is not rerun; one with an "
                 "unfinished run is continued with --resume. Ctrl-C stops the current run cleanly and still writes "
                 "the tables for what finished.")
 
@@ -257,6 +262,13 @@ def launch_plan(argv: Sequence[str] | None = None):
 
     run_parser = _fill_run_parser(argparse.ArgumentParser(prog=f"{PROG} run", **_run_kwargs()))
     args = run_parser.parse_args(argv)
+    if args.tensorboard is not None:
+        from apexrl.tensorboard import TensorBoardMissing, check_logdir
+
+        try:
+            check_logdir(args.tensorboard)
+        except (TensorBoardMissing, ValueError) as e:
+            run_parser.error(str(e))
     o = agent_overrides(args)
     o.actors, o.minutes, o.steps, o.run_dir = args.actors, args.minutes, args.steps, args.run_dir
     o.final_eval = args.final_eval
@@ -331,8 +343,9 @@ def make_launcher(p, log_level: str, args: argparse.Namespace, out=None):
         from apexrl.launch.ray_launcher import RayLauncher, require_ray
 
         require_ray(args.ray)
-        return RayLauncher(p, args.ray, actor_cpus=args.ray_actor_cpus, server_log_level=log_level)
-    return Launcher(p, server_log_level=log_level, out=out)
+        return RayLauncher(p, args.ray, actor_cpus=args.ray_actor_cpus, server_log_level=log_level,
+                           tensorboard=args.tensorboard)
+    return Launcher(p, server_log_level=log_level, out=out, tensorboard=args.tensorboard)
 
 
 def run_main(argv: Sequence[str]) -> int:
