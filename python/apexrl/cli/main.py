@@ -309,11 +309,22 @@ def launch_plan(argv: Sequence[str] | None = None):
             p = plan(args.preset, o)
     except ValueError as e:
         run_parser.error(str(e))
+    if args.record_dataset is not None:
+        from apexrl.envs import env_spec
+        from apexrl.offline.record import check_recording
+
+        try:
+            check_recording(args.record_dataset, env_spec(p.env), len(p.actors))
+        except ValueError as e:
+            run_parser.error(str(e))
     if p.run.offline is not None:
         from apexrl.offline.loader import check_offline
 
         try:
-            check_offline(p)
+            steps = check_offline(p, min_replay_given="min_replay_size" in o.learner)
+            if "min_replay_size" not in o.learner:  # learning starts once the whole dataset is in the replay
+                o.learner["min_replay_size"] = steps
+                p = plan(args.preset, o)
         except (ValueError, ImportError) as e:
             run_parser.error(str(e))
     if not p.run.resume:

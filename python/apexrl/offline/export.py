@@ -8,7 +8,7 @@ shards) from the snapshot's documented layout (below) and decoded with the Trans
 
 The ``.npz`` layout (docs/offline.md), N items, one array per name::
 
-    keys          uint64 (N,)   each item's key when the snapshot was saved (shard | slot << 8 | tag << 36)
+    keys          uint64 (N,)   each item's key when the snapshot was saved (shard + (slot << 8) + (tag << 36))
     priorities    float64 (N,)  each item's priority (not priority^alpha)
     insertion     uint64 (N,)   each item's insertion number in the saved store (increasing: the rows' order)
     spec          str ()        the TransitionSpec JSON the items were decoded with
@@ -140,6 +140,8 @@ def export_snapshot(snapshot: str, out: str, spec: str | None = None) -> int:
     not decode with the spec."""
     from apexrl.replay.insert_guard import load_spec, spec_sidecar
 
+    if not os.path.isfile(snapshot):
+        raise ExportError(f"snapshot {os.fspath(snapshot)!r} does not exist (or is not a file)")
     spec_path = spec if spec is not None else spec_sidecar(snapshot)
     if spec is None and not os.path.isfile(spec_path):
         raise ExportError(f"the spec sidecar {spec_path!r} of snapshot {os.fspath(snapshot)!r} does not exist "

@@ -17,7 +17,9 @@ DATASET (:func:`open_dataset`) is a Minari data directory (holding ``metadata.js
 Before anything starts (:func:`check_offline`), the dataset is refused with the reason when its spaces are not
 the task's (:func:`space_mismatch`: observations a Box of the task's shape and dtype; actions Discrete with the
 task's count, or a Box of the task's size in [-1, 1], apexrl's action units), when the replay capacity cannot hold
-all its transitions (one per step), or when it holds fewer than the learner's ``min_replay_size``.
+all its transitions (one per step), or when it holds fewer than a ``--min-replay-size`` given in
+``--learner-args``. Without one, the learner's ``min_replay_size`` is the dataset's transition count: it starts
+learning once the whole dataset is in the replay.
 
 A restarted loader (or the loader of a resumed run, whose server restored its snapshot) inserts only what the
 replay does not hold yet: transitions go in a fixed order and nothing is evicted (the capacity holds them all),
@@ -125,9 +127,9 @@ def dataset_steps(storages: Sequence[Any], spec: Any, source: str) -> int:
     return total
 
 
-def check_offline(p: Any) -> int:
-    """Refuse a run plan's ``--offline`` dataset that cannot train this run (module docstring); the number of
-    transitions it gives."""
+def check_offline(p: Any, min_replay_given: bool = True) -> int:
+    """Refuse a run plan's ``--offline`` dataset that cannot train this run (module docstring; the learner's
+    ``min_replay_size`` only where ``min_replay_given``); the number of transitions it gives."""
     from apexrl.envs import env_spec
 
     source = p.run.offline
@@ -136,7 +138,7 @@ def check_offline(p: Any) -> int:
     if steps > capacity:
         raise ValueError(f"--offline: {source} gives {steps} transitions, more than the replay capacity {capacity}: "
                          f"raise it with --server-args '--capacity {steps}' (the loader never evicts)")
-    if steps < p.learner.min_replay_size:
+    if min_replay_given and steps < p.learner.min_replay_size:
         raise ValueError(f"--offline: {source} gives {steps} transitions, fewer than the learner's min_replay_size "
                          f"{p.learner.min_replay_size}: lower it with --learner-args '--min-replay-size {steps}'")
     return steps

@@ -15,7 +15,7 @@ as the actor's n-step adder ends it. Observations are stored uncompressed (no JP
 spaces is lossy).
 
 Episodes are buffered and written every ``WRITE_EVERY_S`` seconds (and when the actor closes), so an actor
-killed by SIGKILL loses at most that much of its recording.
+killed by SIGKILL loses the episodes it had not written yet (at most that many seconds of them).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 from apexrl.durable import make_private_dirs
 from apexrl.offline import require_minari
 
-__all__ = ["EpisodeRecorder", "WRITE_EVERY_S", "actor_dataset_dir", "env_spaces"]
+__all__ = ["EpisodeRecorder", "WRITE_EVERY_S", "actor_dataset_dir", "check_recording", "env_spaces"]
 
 WRITE_EVERY_S = 5.0
 """Seconds between writes of finished episodes to the dataset file."""
@@ -55,6 +55,27 @@ def env_spaces(spec: Any) -> tuple[Any, Any]:
     if spec.num_actions is not None:
         return obs, spaces.Discrete(int(spec.num_actions))
     return obs, spaces.Box(-1.0, 1.0, (int(spec.action_dim),), np.float32)
+
+
+def check_recording(root: str, spec: Any, num_actors: int) -> None:
+    """Before a run starts: ValueError when an actor's directory under ``root`` holds something its recorder
+    would refuse (another dataset's spaces, or files that are no Minari dataset)."""
+    from minari.dataset.minari_storage import MinariStorage
+
+    observation_space, action_space = env_spaces(spec)
+    for index in range(num_actors):
+        path = actor_dataset_dir(root, index)
+        if not os.path.isdir(path) or not os.listdir(path):
+            continue
+        try:
+            storage = MinariStorage.read(path)
+        except Exception as e:  # noqa: BLE001 - Minari raises what h5py and json raise
+            raise ValueError(f"--record-dataset: {path} holds no readable Minari dataset: {type(e).__name__}: "
+                             f"{e}") from None
+        if storage.observation_space != observation_space or storage.action_space != action_space:
+            raise ValueError(f"--record-dataset: {path} holds episodes of other spaces (observations "
+                             f"{storage.observation_space}, actions {storage.action_space}; {spec.name} has "
+                             f"{observation_space}, {action_space}): choose another DIR")
 
 
 def _dataset_id(env: str, index: int) -> str:
