@@ -116,18 +116,36 @@ def test_recording_appends_after_a_restart_and_refuses_other_spaces(tmp_path):
         EpisodeRecorder(str(tmp_path), 0, env_spec("gym:Acrobot-v1"), 1)
 
 
-def test_offline_refuses_a_dataset_whose_spaces_do_not_match_the_task(tmp_path):
+def _refused(capsys, *argv: str) -> str:
+    """``apexrl run ARGV``'s refusal (exit 2), in this process: its message."""
+    from apexrl.cli.main import launch_plan
+
+    with pytest.raises(SystemExit) as exit_info:
+        launch_plan(list(argv[1:]))
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_offline_refuses_a_dataset_whose_spaces_do_not_match_the_task(tmp_path, capsys):
     spec = env_spec("gym:CartPole-v1")
-    recorder = EpisodeRecorder(str(tmp_path), 0, spec, 1)
+    recorder = EpisodeRecorder(str(tmp_path / "data"), 0, spec, 1)
     recorder.start(0, np.zeros(4, np.float32))
-    recorder.step([1], [1.0], [np.ones((1, 4), np.float32)[0]], [True], [False])
+    recorder.step([1], [1.0], [np.ones(4, np.float32)], [True], [False])
     recorder.close()
-    out = _apexrl("run", "--run-dir", str(tmp_path / "run"), "--offline", str(tmp_path), "--env", "gym:Acrobot-v1")
-    assert out.returncode == 2
-    assert "does not match the task" in out.stderr and "shape (6,)" in out.stderr, out.stderr
-    assert not os.path.exists(tmp_path / "run")
-    out = _apexrl("run", "--run-dir", str(tmp_path / "run"), "--offline", "apexrl-test/none-v0")
-    assert out.returncode == 2 and "never downloads" in out.stderr, out.stderr
+    run = str(tmp_path / "run")
+    err = _refused(capsys, "run", "--run-dir", run, "--offline", str(tmp_path / "data"), "--env", "gym:Acrobot-v1")
+    assert "does not match the task" in err and "shape (6,)" in err, err
+    assert "never downloads" in _refused(capsys, "run", "--run-dir", run, "--offline", "apexrl-test/none-v0")
+    assert "leave out --actors" in _refused(capsys, "run", "--run-dir", run, "--offline", str(tmp_path / "data"),
+                                            "--actors", "2")
+    err = _refused(capsys, "run", "--run-dir", run, "--offline", str(tmp_path / "data"),
+                   "--learner-args=--min-replay-size 5")
+    assert "gives 1 transitions, fewer than the learner's min_replay_size 5" in err, err
+    # A recording directory of another task is refused before anything starts (not by crash-looping actors).
+    err = _refused(capsys, "run", "--run-dir", run, "--record-dataset", str(tmp_path / "data"), "--env",
+                   "gym:Acrobot-v1")
+    assert "holds episodes of other spaces" in err, err
+    assert not os.path.exists(run)
     # Continuous actions must be in apexrl's [-1, 1] units.
     from gymnasium import spaces
 
@@ -135,14 +153,16 @@ def test_offline_refuses_a_dataset_whose_spaces_do_not_match_the_task(tmp_path):
     obs, act = env_spaces(pendulum)
     assert space_mismatch(obs, act, pendulum) is None
     assert "[-1, 1]" in space_mismatch(obs, spaces.Box(-2.0, 2.0, (1,), np.float32), pendulum)
-    assert "Discrete(2)" in space_mismatch(*env_spaces(spec)[:1], spaces.Discrete(3), spec)
+    assert "Discrete(2)" in space_mismatch(env_spaces(spec)[0], spaces.Discrete(3), spec)
 
 
-def test_a_missing_minari_is_refused_naming_the_extra(tmp_path):
-    code = ("import sys; sys.modules['minari'] = None; from apexrl.cli.main import main; "
-            f"sys.exit(main(['run', '--run-dir', {str(tmp_path / 'run')!r}, '--record-dataset', 'x']))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "pip install 'apexrl[offline]'" in out.stderr, out.stderr
+def test_a_missing_minari_is_refused_naming_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "minari", None)  # import minari raises ImportError
+    err = _refused(capsys, "run", "--run-dir", str(tmp_path / "run"), "--record-dataset", str(tmp_path / "x"))
+    assert "pip install 'apexrl[offline]'" in err, err
+    err = _refused(capsys, "run", "--run-dir", str(tmp_path / "run"), "--offline", str(tmp_path))
+    assert "pip install 'apexrl[offline]'" in err, err
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="holds no Minari dataset"):
         open_dataset(str(tmp_path))
 
