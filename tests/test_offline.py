@@ -20,7 +20,7 @@ from apexrl.apex.metrics import read_csv
 from apexrl.apex.nstep import stack_transitions
 from apexrl.envs import env_spec, make_env
 from apexrl.offline.export import ExportError, export_snapshot, load_export
-from apexrl.offline.loader import episode_transitions, open_dataset, space_mismatch
+from apexrl.offline.loader import episode_transitions, open_dataset, space_mismatch, transition_batches
 from apexrl.offline.record import EpisodeRecorder, env_spaces
 from apexrl.replay.codec import FieldSpec, TransitionSpec
 from apexrl.replay.insert_guard import spec_sidecar
@@ -29,6 +29,8 @@ minari = pytest.importorskip("minari", reason="pip install 'apexrl[offline]'")
 
 FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
 OFFLINE_LEARNER = "--eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
+CARTPOLE_SPEC = TransitionSpec([FieldSpec("obs", "f4", (4,)), FieldSpec("action", "i4"), FieldSpec("reward", "f4"),
+                                FieldSpec("discount", "f4"), FieldSpec("next_obs", "f4", (4,))])
 ARRAYS = ("observations", "actions", "rewards", "terminations", "truncations")
 
 
@@ -112,6 +114,17 @@ def test_recording_appends_after_a_restart_and_refuses_other_spaces(tmp_path):
         recorder.close()
     lengths = [len(ep.rewards) for ep in _episodes(str(tmp_path / "actor0"))]
     assert sum(lengths) == 12 and len(lengths) >= 2
+    # A restarted loader skips the transitions the replay holds: batches after `skip` are the rest, in order.
+    storages = open_dataset(str(tmp_path))
+    def rows(skip: int) -> np.ndarray:
+        batches = list(transition_batches(storages, 3, 0.9, CARTPOLE_SPEC, skip=skip, batch=4))
+        return np.concatenate([np.column_stack([b["obs"], b["reward"], b["discount"]]) for b in batches])
+
+    whole = rows(0)
+    assert len(whole) == 12
+    for skip in (1, 5, 11):
+        np.testing.assert_array_equal(rows(skip), whole[skip:])
+    assert list(transition_batches(storages, 3, 0.9, CARTPOLE_SPEC, skip=12)) == []
     with pytest.raises(ValueError, match="other spaces"):
         EpisodeRecorder(str(tmp_path), 0, env_spec("gym:Acrobot-v1"), 1)
 

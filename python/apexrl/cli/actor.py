@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         counters = run_actor(config)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, ImportError) as exc:  # ImportError: --record-dataset without Minari
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"actor {config.index} done: {counters['steps']} steps, {counters['inserted']} inserted, "
