@@ -8,10 +8,12 @@ actor's own n-step adder computes them.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -27,7 +29,7 @@ from apexrl.replay.insert_guard import spec_sidecar
 
 minari = pytest.importorskip("minari", reason="pip install 'apexrl[offline]'")
 
-FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
+FAST_LEARNER = "--min-replay-size 250 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
 OFFLINE_LEARNER = "--eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
 CARTPOLE_SPEC = TransitionSpec([FieldSpec("obs", "f4", (4,)), FieldSpec("action", "i4"), FieldSpec("reward", "f4"),
                                 FieldSpec("discount", "f4"), FieldSpec("next_obs", "f4", (4,))])
@@ -45,11 +47,15 @@ def _episodes(path: str) -> list:
 
 def test_record_a_cartpole_run_train_offline_from_it_and_export_its_replay(tmp_path):
     data, run1, run2 = str(tmp_path / "data"), str(tmp_path / "run1"), str(tmp_path / "run2")
+    # Each actor plays 150 steps (75 per environment) and exits; the learner cannot start before both inserted.
     out = _apexrl("run", "--run-dir", run1, "--minutes", "0", "--steps", "30", "--final-eval", "0", "--actors", "2",
-                  "--envs-per-actor", "2", "--quiet", "--record-dataset", data, f"--learner-args={FAST_LEARNER}")
+                  "--envs-per-actor", "2", "--quiet", "--record-dataset", data, "--actor-args=--max-steps 150",
+                  f"--learner-args={FAST_LEARNER}")
     assert out.returncode == 0, out.stdout + out.stderr
     assert sorted(os.listdir(data)) == ["actor0", "actor1"]  # one dataset per actor: nobody clobbers another
-    csv = read_csv(os.path.join(run1, "episodes.csv"))
+    # episodes.csv read row by row: two actors starting at the same moment may both write its header.
+    with open(os.path.join(run1, "episodes.csv"), encoding="utf-8") as f:
+        rows = [row for row in csv.DictReader(f) if row["actor"] != "actor"]
     total = 0
     for actor in (0, 1):
         episodes = _episodes(os.path.join(data, f"actor{actor}"))
@@ -65,11 +71,12 @@ def test_record_a_cartpole_run_train_offline_from_it_and_export_its_replay(tmp_p
         # Every finished episode in episodes.csv is in the dataset; at most one per environment more (the
         # episodes still open at the stop, recorded as truncated where the actor stopped).
         lengths = sorted(len(ep.rewards) for ep in episodes)
-        finished = sorted(int(n) for a, n in zip(csv["actor"], csv["length"]) if int(a) == actor)
+        finished = sorted(int(row["length"]) for row in rows if int(row["actor"]) == actor)
         rest = list(lengths)
         for n in finished:
             rest.remove(n)
         assert len(rest) <= 2
+        assert sum(lengths) == 150
         total += sum(lengths)
 
     # The learner's min_replay_size becomes the dataset's size: it learns once the whole dataset is in.
@@ -165,8 +172,42 @@ def test_offline_refuses_a_dataset_whose_spaces_do_not_match_the_task(tmp_path, 
     pendulum = env_spec("gym:Pendulum-v1")
     obs, act = env_spaces(pendulum)
     assert space_mismatch(obs, act, pendulum) is None
+    assert space_mismatch(spaces.Box(-np.inf, np.inf, (3,), np.float64), act, pendulum) is None  # cast to float32
+    assert "dtype uint8" in space_mismatch(spaces.Box(0, 255, (3,), np.uint8), act, pendulum)
     assert "[-1, 1]" in space_mismatch(obs, spaces.Box(-2.0, 2.0, (1,), np.float32), pendulum)
     assert "Discrete(2)" in space_mismatch(env_spaces(spec)[0], spaces.Discrete(3), spec)
+
+
+def test_a_dataset_made_by_minari_itself_is_found_by_id_in_the_local_store(tmp_path, monkeypatch):
+    import gymnasium as gym
+    from minari.data_collector.episode_buffer import EpisodeBuffer
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    env = gym.make("CartPole-v1")  # gymnasium's own spaces (bounded Box), as a user's dataset has them
+    obs, _ = env.reset(seed=1)
+    observations, actions, rewards, term, trunc = [obs], [], [], [], []
+    while not (term and term[-1]):
+        action = len(actions) % 2
+        obs, reward, terminated, truncated, _ = env.step(action)
+        observations.append(obs)
+        actions.append(action)
+        rewards.append(reward)
+        term.append(terminated)
+        trunc.append(truncated)
+    episode = EpisodeBuffer(observations=np.stack(observations), actions=np.array(actions), rewards=np.array(rewards),
+                            terminations=np.array(term), truncations=np.array(trunc))
+    with warnings.catch_warnings():  # Minari's advice on metadata a test dataset leaves out (eval_env, ...)
+        warnings.simplefilter("ignore", UserWarning)
+        minari.create_dataset_from_buffers("apexrl-test/cartpole/alternating-v0", [episode], env="CartPole-v1",
+                                           algorithm_name="alternating", data_format="hdf5")
+    storages = open_dataset("apexrl-test/cartpole/alternating-v0")
+    spec = env_spec("gym:CartPole-v1")
+    from apexrl.offline.loader import dataset_steps
+
+    assert dataset_steps(storages, spec, "id") == len(actions)
+    ts = episode_transitions(next(iter(storages[0].get_episodes([0]))), 3, 0.9)
+    assert len(ts) == len(actions) and ts[-1].discount == 0.0  # it terminated: no bootstrap
+    np.testing.assert_array_equal(np.stack([t.obs for t in ts]), np.stack(observations[:-1]))
 
 
 def test_a_missing_minari_is_refused_naming_the_extra(tmp_path, capsys, monkeypatch):

@@ -15,7 +15,8 @@ DATASET (:func:`open_dataset`) is a Minari data directory (holding ``metadata.js
 ``~/.minari/datasets``). Nothing is ever downloaded: ``minari download ID`` does that.
 
 Before anything starts (:func:`check_offline`), the dataset is refused with the reason when its spaces are not
-the task's (:func:`space_mismatch`: observations a Box of the task's shape and dtype; actions Discrete with the
+the task's (:func:`space_mismatch`: observations a Box of the task's shape and dtype, any float precision for a
+float task; actions Discrete with the
 task's count, or a Box of the task's size in [-1, 1], apexrl's action units), when the replay capacity cannot hold
 all its transitions (one per step), or when it holds fewer than a ``--min-replay-size`` given in
 ``--learner-args``. Without one, the learner's ``min_replay_size`` is the dataset's transition count: it starts
@@ -97,8 +98,11 @@ def space_mismatch(observation_space: Any, action_space: Any, spec: Any) -> str 
     want = f"the task {spec.name} has observations of shape {tuple(spec.obs_shape)} and dtype {np.dtype(spec.obs_dtype)}"
     if not isinstance(observation_space, spaces.Box):
         return f"its observation space is {observation_space}, not a Box; {want}"
-    if (tuple(observation_space.shape) != tuple(spec.obs_shape)
-            or np.dtype(observation_space.dtype) != np.dtype(spec.obs_dtype)):
+    have, task = np.dtype(observation_space.dtype), np.dtype(spec.obs_dtype)
+    # Floating observations of another precision (a gymnasium dataset's float64) are cast, as the apexrl
+    # environment casts its own.
+    same_kind = have == task or (np.issubdtype(have, np.floating) and np.issubdtype(task, np.floating))
+    if tuple(observation_space.shape) != tuple(spec.obs_shape) or not same_kind:
         return f"its observations have shape {observation_space.shape} and dtype {observation_space.dtype}; {want}"
     if spec.num_actions is not None:
         if not isinstance(action_space, spaces.Discrete) or int(action_space.n) != spec.num_actions \
