@@ -33,6 +33,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -192,8 +193,10 @@ def transition_batches(storages: Sequence[Any], n: int, gamma: float, spec: Any,
         yield stack_transitions(pending, spec)
 
 
-def load(p: Any, stop: Any = None) -> int:
-    """Insert the dataset of placed run plan ``p`` into its replay (what is not there yet); the count inserted."""
+def load(p: Any, stop: threading.Event | None = None) -> int:
+    """Insert the dataset of placed run plan ``p`` into its replay (what is not there yet); the count inserted
+    (fewer when ``stop`` is set meanwhile)."""
+    stop = stop or threading.Event()
     from apexrl.agents import get_agent
     from apexrl.envs import env_spec
     from apexrl.errors import ReplayTimeout, ServerClosedError
@@ -220,14 +223,15 @@ def load(p: Any, stop: Any = None) -> int:
             data, offsets = spec.encode(batch)
             insert_id, delay = replay.next_insert_id(), 0.05
             while True:
-                if stop is not None and stop.is_set():
+                if stop.is_set():
                     return inserted
                 try:
                     replay.insert(priorities, data=data, offsets=offsets, timeout=5.0, insert_id=insert_id)
                     break
                 except (ServerTimeoutError, ReplayTimeout, ServerClosedError) as e:
                     log.warning("replay unavailable (%s); retrying", e)
-                    time.sleep(delay)
+                    if stop.wait(delay):
+                        return inserted
                     delay = min(2 * delay, 2.0)
             inserted += len(priorities)
         log.info("loaded %d transitions in %.1f s", inserted, time.monotonic() - started)
@@ -237,8 +241,6 @@ def load(p: Any, stop: Any = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import threading
-
     from apexrl.apex.stopping import StopOnSignal
     from apexrl.launch.plan import RunPlan
 
