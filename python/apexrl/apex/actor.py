@@ -109,6 +109,11 @@ class Actor:
         self.report = ProgressReporter("actor", config.progress_path, prefix=False)
         self._episodes_file = None
         self._episodes_csv = None
+        self.recorder = None  # --record-dataset: the episodes played, as a Minari dataset (apexrl.offline.record)
+        if config.record_dataset:
+            from apexrl.offline.record import EpisodeRecorder
+
+            self.recorder = EpisodeRecorder(config.record_dataset, config.index, self.spec, k)
         if config.episodes_csv:
             make_private_dirs(os.path.dirname(os.path.abspath(config.episodes_csv)))
             new = not os.path.exists(config.episodes_csv) or os.path.getsize(config.episodes_csv) == 0
@@ -132,6 +137,8 @@ class Actor:
         self.params.close()
         self.envs.close()
         self.report.close()
+        if self.recorder is not None:
+            self.recorder.close()
         if self._episodes_file is not None:
             self._episodes_file.close()
 
@@ -257,11 +264,16 @@ class Actor:
         env, nstep = self.envs.envs[0], NStepBuffer(self.nstep.n, self.nstep.gamma)
         obs = env.reset()
         nstep.add_first(obs)
+        rec = self.recorder
+        if rec is not None:
+            rec.start(0, obs)
         ep_return, ep_len = 0.0, 0
         while not self._stop.is_set():
             action = self.policy.act(obs, explore=True)
             step = env.step(action)
             added = nstep.add(action, step.reward, step.obs, step.terminated, step.truncated)
+            if rec is not None:
+                rec.step([action], [step.reward], [step.obs], [step.terminated], [step.truncated])
             self._local.extend(added)
             self._local_count += len(added)
             self.counters["steps"] += 1
@@ -274,6 +286,8 @@ class Actor:
                 ep_return, ep_len = 0.0, 0
                 obs = env.reset()
                 nstep.add_first(obs)
+                if rec is not None:
+                    rec.start(0, obs)
             if self._after_step():
                 break
         # A clean stop keeps every step taken: the open episode ends here as a truncation.
@@ -288,6 +302,9 @@ class Actor:
         handles = self.frames.put(obs)
         k = self.envs.num_envs
         self.nstep.add_first(np.arange(k), handles)
+        rec = self.recorder
+        for j in range(k if rec is not None else 0):
+            rec.start(j, obs[j])
         ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
         while not self._stop.is_set():
             actions = self._act(obs, handles)
@@ -302,6 +319,11 @@ class Actor:
             self._add(self.nstep.add(actions, step.reward, nexts, step.terminated, step.truncated))
             if ended:
                 self.nstep.add_first(ended, handles[ended])
+            if rec is not None:  # the episode's final observation where one ended, then its new start
+                rec.step(actions, step.reward, [step.final_obs.get(j, o) for j, o in enumerate(step.obs)],
+                         step.terminated, step.truncated)
+                for j in ended:
+                    rec.start(j, step.obs[j])
             self.counters["steps"] += k
             self.counters["frames"] += k * self.spec.frames_per_step
             ep_return += step.raw_reward

@@ -78,6 +78,8 @@ class ActorConfig:
     """If set, append one JSON progress record per ``log_every`` here (the launcher reads them)."""
     curve_dir: str | None = None
     """Key directory of `apexrl keygen`: both connections use CURVE with its client keys (None: plain TCP)."""
+    record_dataset: str | None = None
+    """If set, record the episodes played as a Minari dataset in ``DIR/actor<index>/`` (apexrl.offline.record)."""
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -234,6 +234,8 @@ def child_specs(placed: RunPlan, plan_path: str, server_log_level: str) -> list[
     for actor in placed.actors:
         specs.append(ChildSpec(f"actor{actor.index}", "actor", "apexrl.cli.actor",
                                ["--plan", plan_path, "--index", str(actor.index)], progress_path=actor.progress_path))
+    if placed.run.offline is not None:  # in place of actors: fills the replay from the dataset, then exits 0
+        specs.append(ChildSpec("loader", "actor", "apexrl.offline.loader", ["--plan", plan_path]))
     return specs
 
 
