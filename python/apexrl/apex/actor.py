@@ -29,6 +29,7 @@ or is given up after the grace period, and the actor says how many transitions i
 from __future__ import annotations
 
 import csv
+import fcntl
 import logging
 import os
 import threading
@@ -116,16 +117,15 @@ class Actor:
             self.recorder = EpisodeRecorder(config.record_dataset, config.index, self.spec, k)
         if config.episodes_csv:
             make_private_dirs(os.path.dirname(os.path.abspath(config.episodes_csv)))
-            new = not os.path.exists(config.episodes_csv) or os.path.getsize(config.episodes_csv) == 0
-            if not new:
-                _check_episodes_header(config.episodes_csv)
             # A plugin agent's policy may not say how much it explores: the column stays empty then.
             self._explorations = ["" if e is None else f"{float(e):.6g}" for e in explorations]
             self._episodes_file = append_private(config.episodes_csv, newline="", encoding="utf-8")
             self._episodes_csv = csv.writer(self._episodes_file, lineterminator="\n")
-            if new:
-                self._episodes_csv.writerow(EPISODE_COLUMNS)
-                self._episodes_file.flush()
+            try:
+                _start_episodes_file(self._episodes_file, self._episodes_csv, config.episodes_csv)
+            except BaseException:
+                self._episodes_file.close()
+                raise
 
     # ------------------------------------------------------------------------------------------ control
 
@@ -436,6 +436,21 @@ def env_seed(actor_seed: int, j: int) -> int:
     if j == 0:
         return actor_seed
     return int(np.random.SeedSequence([actor_seed, j]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _start_episodes_file(file, writer, path: str) -> None:
+    """Write the header to an empty episodes file, else check the one there. The actors of a run share the file
+    and start together: the check and the write happen under an exclusive lock, so that only one of them can
+    see the file empty and write the header."""
+    fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+    try:
+        if os.fstat(file.fileno()).st_size == 0:
+            writer.writerow(EPISODE_COLUMNS)
+            file.flush()
+        else:
+            _check_episodes_header(path)
+    finally:
+        fcntl.flock(file.fileno(), fcntl.LOCK_UN)
 
 
 def _check_episodes_header(path: str) -> None:
