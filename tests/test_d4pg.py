@@ -217,6 +217,29 @@ def test_dqda_is_clipped_before_it_flows_into_the_actor(clip):
     assert any(not torch.allclose(g, raw) for g, raw in zip(want, unclipped))
 
 
+def test_acmes_options_apply_to_d4pg():
+    cfg = dataclasses.replace(SMALL, critic_lr=1e-12, dqda_clip=None, dqda_clip_norm=1.0, grad_clip_norm=0.1,
+                              actor_loss_state="next_obs", actor_weights="target", target_update_period=1000)
+    learner = D4PGLearner(CONT, cfg, seed=0)
+    with torch.no_grad():
+        learner.critic.out.weight.mul_(3000.0)
+    batch = random_batch(np.random.default_rng(0), n=32)
+    reference = copy.deepcopy(learner)
+    _, metrics = learner.update(batch, np.ones(32))
+    for net in (learner.critic, learner.actor):  # both networks' global gradient norms clipped to 0.1
+        norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in net.parameters()]))
+        assert float(norm) <= 0.1 * (1 + 1e-4)
+    sent = learner.policy_state_dict()  # the target networks, still the initial weights
+    assert all(torch.equal(sent[f"actor/{k}"], v) for k, v in learner.target_actor.state_dict().items())
+    assert not torch.equal(sent["actor/body.layers.0.weight"], learner.actor.state_dict()["body.layers.0.weight"])
+    # the actor's loss is -mean Q(s', pi(s')) (a 1e-12 critic step leaves the critic as it was)
+    nxt, obs = torch.from_numpy(batch["next_obs"]), torch.from_numpy(batch["obs"])
+    with torch.no_grad():
+        at_next = -reference.critic.q(nxt, reference.actor(nxt)).mean().item()
+        at_obs = -reference.critic.q(obs, reference.actor(obs)).mean().item()
+    assert metrics["actor_loss"] == pytest.approx(at_next, rel=1e-4) and at_next != pytest.approx(at_obs, rel=1e-4)
+
+
 # -- exploration ------------------------------------------------------------------------------------------------
 
 
@@ -241,7 +264,7 @@ def test_sigma_ladder_linear_and_the_control_suite_presets_spread():
     assert [AGENTS["d4pg"].make_policy(CONT, linear, i, 32, 0).sigma for i in range(32)] == pytest.approx(
         [(32 - i) / 32 for i in range(32)])
     acme = PRESETS["d4pg-acme"].agent_config()
-    assert {AGENTS["d4pg"].make_policy(CONT, acme, i, 4, 0).sigma for i in range(4)} == {0.3}  # sigma 0.3 on every actor
+    assert {AGENTS["d4pg"].make_policy(CONT, acme, i, 4, 0).sigma for i in range(4)} == {0.3}  # on every actor
 
 
 def test_actors_get_the_ladder_and_expose_it_as_exploration():
@@ -385,8 +408,10 @@ FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics
 
 
 def test_a_short_real_run(spawn, tmp_path):
+    """Acme's preset through real processes: uniform replay at 32 samples per insert, actors on the target
+    networks, the actor's loss at the next state, dQ/da norm and gradient norm clipping."""
     run_dir = str(tmp_path / "run")
-    launcher = spawn("launcher", "apexrl", "run", "--agent", "d4pg", "--env", "dmc:cartpole-swingup",
+    launcher = spawn("launcher", "apexrl", "run", "--preset", "d4pg-acme", "--env", "dmc:cartpole-swingup",
                      "--run-dir", run_dir, "--minutes", "0", "--steps", "50", "--actors", "2", "--quiet",
                      "--batch-size", "32", f"--learner-args={FAST_LEARNER}")
     assert launcher.proc.wait(300) == 0, launcher.log()

@@ -34,9 +34,9 @@ online networks into the targets every t_target steps (no Polyak averaging), and
 The actor loss is not IS-weighted (as DPG's); the options DPG has (``dqda_clip_norm``, ``grad_clip_norm``,
 ``actor_loss_state``, ``actor_weights``) apply the same way. Exploration: actor i of N adds Gaussian noise
 N(0, sigma_i^2), sigma_i on a ladder from ``noise_sigma_max`` (actor 0) down to ``noise_sigma_min`` (actor
-N - 1), geometric or linear (``noise_sigma_spacing``); a single actor uses ``noise_sigma_max``. The default is 0.3 on every actor (Acme's fixed D4PG
-sigma); ``apex-d4pg-control`` spreads sigma from 1 down to 1/32 (the Control Suite paper's range).
-Evaluation is noiseless.
+N - 1), geometric or linear (``noise_sigma_spacing``); a single actor uses ``noise_sigma_max``. The default
+is 0.3 on every actor (Acme's fixed D4PG sigma); ``apex-d4pg-control`` spreads sigma from 1 down to 1/32
+(the Control Suite paper's range). Evaluation is noiseless.
 Actors (``D4PGPolicy``) compute initial priorities with their local actor and critic standing in for the
 targets.
 """

@@ -22,7 +22,7 @@ a command line override single fields (see ``apexrl-learner --help``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = ["OFF", "PRESETS", "Preset", "ReplaySettings", "default_preset_for", "env_family", "get_preset"]
@@ -82,16 +82,14 @@ class Preset:
 
     def agent_config(self, **overrides: Any) -> Any:
         """The agent's config: its class's defaults, then the preset's overrides, then ``overrides`` (None
-        values ignored, :data:`OFF` sets None); ValueError from the config class on a bad value, or naming a field the agent does not
-        have."""
-        import dataclasses
-
+        values ignored, :data:`OFF` sets None); ValueError from the config class on a bad value, or naming a
+        field the agent does not have."""
         from apexrl.agents import get_agent
 
         values = {**self.agent_overrides, **{k: v for k, v in overrides.items() if v is not None}}
         values = {k: None if v == OFF else v for k, v in values.items()}
         config_class = get_agent(self.agent).config_class
-        known = {f.name for f in dataclasses.fields(config_class)}
+        known = {f.name for f in fields(config_class)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"agent {self.agent} has no setting {', '.join(unknown)} (preset {self.name}); "
