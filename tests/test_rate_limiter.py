@@ -349,3 +349,21 @@ def test_the_native_deadlock_arithmetic_is_the_run_plans(n, m, spi, eb):
     from apexrl.replay.rate_limiter import deadlock_reason
 
     assert serve_deadlock_reason(n, m, spi, eb) == deadlock_reason(n, m, spi, eb)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 300), size=st.integers(0, 400), inserted=st.integers(0, 2000), sampled=st.integers(0, 4000),
+       spi=st.floats(0.05, 40), eb=st.floats(1, 500), m=st.integers(0, 300))
+def test_the_native_rules_are_the_documented_ones(n, size, inserted, sampled, spi, eb, m):
+    """apexrl.replay.rate_limiter's docstring states the rules with Reverb's min-size offset; the native limiter
+    applies exactly those."""
+    from apexrl._core import NativeRateLimiter as RateLimiter
+
+    eb = max(eb, spi)
+    need = max(m, 1)
+    rl = RateLimiter(spi=spi, eb=eb, min_size=m)
+    eps = 1e-9
+    insert_ok = n == 0 or size < need or (inserted + n - need) * spi - sampled <= eb + eps
+    sample_ok = size >= need and sampled + n <= (inserted - need) * spi + eb + eps
+    assert rl.insert_ok(n, size, inserted, sampled) == insert_ok
+    assert rl.sample_ok(n, size, inserted, sampled) == sample_ok
