@@ -126,3 +126,20 @@ def test_bad_agent_flag_values_exit_2(flags, reason):
     out = subprocess.run([sys.executable, "-m", "apexrl.cli.learner", "--preset", "apex-d4pg-control", *flags],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and reason in out.stderr, out.stderr
+
+
+def test_d4pg_acmes_replay_samples_uniformly_with_unit_weights():
+    """alpha 0 (d4pg-acme): every priority counts as 1, so sampling is uniform and every IS weight is 1."""
+    import numpy as np
+    from apexrl import PrioritizedStore
+
+    r = PRESETS["d4pg-acme"].replay
+    store = PrioritizedStore(capacity=100, alpha=r.alpha, shards=1, eviction=r.eviction, seed=0)
+    store.insert(np.array([1e-6, 1.0, 100.0, 0.0]), [b"a", b"b", b"c", b"d"])
+    counts = {}
+    for _ in range(40):
+        batch = store.sample(100, beta=0.4)
+        assert np.all(batch.weights == 1.0) and np.allclose(batch.probabilities, 0.25)
+        for item in batch.items:
+            counts[bytes(item)] = counts.get(bytes(item), 0) + 1
+    assert set(counts) == {b"a", b"b", b"c", b"d"} and min(counts.values()) > 850  # 1000 expected each

@@ -275,8 +275,9 @@ PRESETS: dict[str, Preset] = {
                                               "min_replay_size")},
                      "eval_episodes": "Ape-X", "actors": "apexrl"},
             unmatched=(
-                "Acme's example networks (layer-normalised MLPs, wider than these) are not used: the actor is "
-                "300-200 and the critic 400-300, tanh, as Ape-X DPG's",
+                "Acme's networks (layer-normalised MLPs; its critic takes the action with the observation at its "
+                "input) are not used: the actor (300-200) and the critic (400-300) are Ape-X DPG's tanh networks, "
+                "the action entering the critic's second layer",
                 "Acme computes the critic's and the actor's losses from the same parameters before either step; "
                 "apexrl steps the critic first and takes the actor's loss through the updated critic",
                 "Acme's actors insert at priority 1; apexrl's actors still compute initial priorities (unused: "
