@@ -137,7 +137,7 @@ class _ActorCriticConfig:
     ``dpg(dqda_clipping=c)``); None: no element-wise clipping. Exclusive with ``dqda_clip_norm``."""
     dqda_clip_norm: float | None = None
     """Scale each sample's dQ/da down to an L2 norm of at most c (trfl's ``dpg(dqda_clipping=c,
-    clip_norm=True)``, which Acme's D4PG uses with c = 1); None: no norm clipping. Exclusive with
+    clip_norm=True)``, which Acme's TensorFlow D4PG uses with c = 1); None: no norm clipping. Exclusive with
     ``dqda_clip``."""
     actor_grad_clip: float | None = None
     """Also clip every element of the actor's *parameter* gradient to [-c, c] (an earlier reading of the

@@ -25,7 +25,8 @@ SOURCES: dict[str, str] = {
     "Ape-X": "Horgan et al. 2018, Distributed Prioritized Experience Replay (ICLR 2018), appendix",
     "D4PG": "Barth-Maron et al. 2018, Distributed Distributional Deterministic Policy Gradients (ICLR 2018)",
     "Control Suite": "Tassa et al. 2018, DeepMind Control Suite (arXiv:1801.00690), its D4PG paragraph",
-    "Acme": "Acme's D4PG (Hoffman et al. 2020, arXiv:2006.00979; acme/agents/jax/d4pg: config, builder, learner)",
+    "Acme": "Acme's D4PG (Hoffman et al. 2020, arXiv:2006.00979): the TensorFlow agent (acme/agents/tf/d4pg) "
+            "and the settings its JAX agent shares (acme/agents/jax/d4pg: config, builder)",
     "Dueling": "Wang et al. 2016, Dueling Network Architectures for Deep Reinforcement Learning",
     "tuned": "tuned here on a 2-core machine; the measured results are in bench/README.md",
     "apexrl": "apexrl's own choice: the source the preset follows does not give it",

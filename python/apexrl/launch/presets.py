@@ -251,7 +251,8 @@ PRESETS: dict[str, Preset] = {
             description="D4PG with Acme's settings (51 atoms, uniform replay, 32 samples per insert, sigma 0.3, "
                         "dQ/da norm clipping, gradient norm 40, actors on the target networks)",
             source="Acme's D4PG (Hoffman et al. 2020, Acme: a research framework for distributed reinforcement "
-                   "learning; acme/agents/jax/d4pg: its config, builder and learner)",
+                   "learning): its TensorFlow agent, acme/agents/tf/d4pg, and the config and replay table its JAX "
+                   "agent shares",
             agent="d4pg",
             env="dmc:cartpole-swingup",
             agent_overrides=dict(num_atoms=51, v_min=-150.0, v_max=150.0, n_step=5, gamma=0.99, batch_size=256,
@@ -283,6 +284,8 @@ PRESETS: dict[str, Preset] = {
                 "Acme's actors insert at priority 1; apexrl's actors still compute initial priorities (unused: "
                 "uniform sampling ignores them)",
                 "Acme inserts transitions one at a time; apexrl's actors insert 50 at a time",
+                "Acme's JAX agent clips dQ/da element-wise (rlax) where its TensorFlow agent, followed here, clips "
+                "each sample's norm",
             ),
         ),
         Preset(
