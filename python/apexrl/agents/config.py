@@ -204,8 +204,9 @@ class D4PGConfig(_ActorCriticConfig):
     noise_sigma_max: float = 0.3
     """Exploration ladder: actor 0 of N adds Gaussian noise of this std (also the only actor's, N = 1)."""
     noise_sigma_min: float = 0.3
-    """Actor N - 1's noise std; the actors between are spaced geometrically (``apexrl.agents.d4pg.sigma_ladder``).
-    Equal to ``noise_sigma_max`` (the default, Acme's 0.3): every actor the same sigma."""
+    """Actor N - 1's noise std; the actors between are spaced as ``noise_sigma_spacing`` says
+    (``apexrl.agents.d4pg.sigma_ladder``). Equal to ``noise_sigma_max`` (the default, Acme's 0.3): every actor
+    the same sigma."""
     noise_sigma_spacing: str = "geometric"
     """How the actors between share the range: ``geometric`` (equal ratios, as the DQN epsilon ladder) or
     ``linear`` (equal steps)."""
