@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("learner settings (default: the preset's)")
     g.add_argument("--beta", type=field_arg(LearnerConfig, "beta"), default=None, help="importance-sampling exponent β")
     g.add_argument("--is-weights", choices=IS_WEIGHT_MODES, default=None,
-                   help="IS-weight normalisation: global_min (divide by the replay's largest weight, the paper's) "
+                   help="IS-weight normalisation (the Ape-X paper does not say which): global_min (divide by the "
+                   "replay's largest weight) "
                    "or batch_max (by the batch's largest); default: the preset's, else global_min")
     g.add_argument("--min-replay-size", type=field_arg(LearnerConfig, "min_replay_size"), default=None,
                    help="transitions the replay must hold before the first update")

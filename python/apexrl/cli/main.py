@@ -42,12 +42,9 @@ ACTOR_LOG_EVERY = 5.0
 
 
 def _presets_epilog() -> str:
-    from apexrl.launch.presets import PRESETS
+    from apexrl.launch.preset_table import epilog
 
-    width = max(map(len, PRESETS))
-    rows = [f"  {p.name:<{width}}  {p.description} [{p.env}, {p.actors} actors, {p.minutes:g} min]"
-            for p in PRESETS.values()]
-    return "presets:\n" + "\n".join(rows) + "\n\nwith no flags: --preset cartpole (2 actors, 5 minutes)"
+    return epilog()
 
 
 def _run_kwargs() -> dict:

@@ -63,7 +63,9 @@ PLAN_NAME = "plan.json"
 SNAPSHOT_NAME = "replay.snap"
 DEFAULT_SNAPSHOT_EVERY = 300.0
 """Seconds between the replay server's snapshots in a run (``apexrl run --snapshot-every``)."""
-AGENT_FIELDS = ("n_step", "gamma", "batch_size", "target_update_period")
+AGENT_FIELDS = ("n_step", "gamma", "batch_size", "target_update_period", "dqda_clip", "dqda_clip_norm",
+                "grad_clip_norm", "actor_loss_state", "actor_weights", "noise_sigma_max", "noise_sigma_min",
+                "noise_sigma_spacing")
 """Agent settings a run's command line may override (actors and learner always get the same values)."""
 
 
