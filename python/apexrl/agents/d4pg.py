@@ -288,7 +288,8 @@ def _batch_policy(env_spec: EnvSpec, config: D4PGConfig, slots: Sequence[int], n
 
 AGENT = AgentDef(
     name="d4pg",
-    description="D4PG: deterministic actor, categorical critic (51 atoms unless the preset says), n-step targets (continuous actions)",
+    description=("D4PG: deterministic actor, categorical critic (51 atoms unless the preset says), n-step targets "
+                 "(continuous actions)"),
     config_class=D4PGConfig,
     check_env=_dims,
     make_learner=lambda env_spec, config, device, seed: D4PGLearner(env_spec, config, device=device, seed=seed),
