@@ -161,3 +161,112 @@ def test_batch_decoder_refuses_bad_arguments() -> None:
         BatchDecoder("atari", 4)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="batch_size"):
         BatchDecoder(spec, 0)
+
+
+# ---------------------------------------------------------------------------- the sampler's decode threads
+
+
+class RecordingClient:
+    """A real ReplayClient that records the order in which it returned sampled batches."""
+
+    def __init__(self, endpoint: str, order: list[int]):
+        from apexrl.replay.client import ReplayClient
+
+        self._client = ReplayClient(endpoint, timeout=10)
+        self.endpoint = endpoint
+        self._order = order
+
+    def sample(self, *args, **kwargs):
+        batch = self._client.sample(*args, **kwargs)
+        self._order.append(id(batch))
+        return batch
+
+    def interrupt(self) -> None:
+        self._client.interrupt()
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def test_decode_threads_fill_a_bounded_ring_and_keep_the_sampled_order(start_server) -> None:
+    import threading
+
+    from apexrl.replay.client import ReplayClient
+    from apexrl.replay.sampler import PrefetchingSampler
+
+    spec, data, offsets = _atari(64)
+    want = spec.decode(data, offsets)
+    server = start_server()
+    with ReplayClient(server.endpoint, timeout=10) as client:
+        keys = client.insert(np.ones(64), data=data, offsets=offsets)
+    row = {k: i for i, k in enumerate(keys.tolist())}
+    order: list[int] = []
+    first_waits = threading.Event()
+    second_done = threading.Event()
+    native = BatchDecoder(spec, 8)
+
+    class HoldFirst:
+        """Decodes the first sampled batch only once another thread has decoded a later one."""
+
+        def allocate(self):
+            return native.allocate()
+
+        def decode_into(self, raw, slot):
+            if id(raw) == order[0]:
+                first_waits.set()
+                assert second_done.wait(30), "no other decode thread finished a later batch"
+            out = native.decode_into(raw, slot)
+            if id(raw) != order[0]:
+                second_done.set()
+            return {"fields": out, "keys": raw.keys.copy(), "raw": id(raw)}
+
+    prefetch = 4
+    with PrefetchingSampler(lambda: RecordingClient(server.endpoint, order), 8, prefetch=prefetch,
+                            decoder=HoldFirst(), decode_threads=3) as sampler:
+        seen = []
+        for _ in range(30):
+            batch = sampler.next(timeout=30)
+            assert np.array_equal(batch.decoded["keys"], batch.keys)
+            idx = [row[k] for k in batch.keys.tolist()]
+            for name in spec.names:  # checked now: the slot is reused after the next next()
+                np.testing.assert_array_equal(batch.decoded["fields"][name], want[name][idx])
+            seen.append(batch.decoded["raw"])
+        assert first_waits.is_set() and second_done.is_set()
+        assert seen == order[:30]  # the consumer got them in the order they were sampled
+        stats = sampler.stats()
+        assert 2 <= stats["slots"] <= prefetch + 1
+        assert stats["max_queued"] <= prefetch
+    assert len(order) >= 30
+
+
+def test_a_decode_thread_error_reaches_the_consumer_and_stops_every_thread(start_server) -> None:
+    from apexrl.replay.client import ReplayClient
+
+    spec, data, offsets = _atari(16)
+    broken = data.copy()
+    broken[int(offsets[3])] ^= 1
+    server = start_server()
+    with ReplayClient(server.endpoint, timeout=10) as client:
+        client.insert(np.ones(16), data=broken, offsets=offsets)
+        sampler = client.sampler(16, prefetch=2, decoder=BatchDecoder(spec, 16), decode_threads=2)
+        with pytest.raises(ValueError, match="spec fingerprint"):
+            sampler.next(timeout=30)
+        assert not sampler._thread.is_alive() and not any(t.is_alive() for t in sampler._workers)
+        with pytest.raises(StopIteration):
+            sampler.next(timeout=1)
+        sampler.close()
+
+
+def test_sampler_refuses_bad_decode_arguments(start_server) -> None:
+    from apexrl.replay.sampler import PrefetchingSampler
+
+    def never():  # the factory is not reached: arguments are checked first
+        raise AssertionError("connected")
+
+    spec = TransitionSpec.atari(frames=2, height=12, width=12)
+    with pytest.raises(ValueError, match="decode_threads"):
+        PrefetchingSampler(never, 4, decode=spec.decode_batch, decode_threads=0)
+    with pytest.raises(ValueError, match="not both"):
+        PrefetchingSampler(never, 4, decode=spec.decode_batch, decoder=BatchDecoder(spec, 4))
+    with pytest.raises(TypeError, match="allocate"):
+        PrefetchingSampler(never, 4, decoder=spec)  # type: ignore[arg-type]
