@@ -270,3 +270,21 @@ def test_sampler_refuses_bad_decode_arguments(start_server) -> None:
         PrefetchingSampler(never, 4, decode=spec.decode_batch, decoder=BatchDecoder(spec, 4))
     with pytest.raises(TypeError, match="allocate"):
         PrefetchingSampler(never, 4, decoder=spec)  # type: ignore[arg-type]
+
+
+def test_decode_threads_flag_on_the_learner_and_on_apexrl_run(tmp_path, capsys) -> None:
+    from apexrl.cli import learner as learner_cli
+    from apexrl.cli.main import launch_plan
+
+    base = ["--preset", "cartpole", "--replay", "tcp://127.0.0.1:5555", "--params-port", "0"]
+    assert learner_cli.parse_config(base)[0].decode_threads == 1
+    assert learner_cli.parse_config([*base, "--decode-threads", "3"])[0].decode_threads == 3
+    with pytest.raises(SystemExit):
+        learner_cli.parse_config([*base, "--decode-threads", "0"])
+    run = ["--preset", "cartpole", "--run-dir", str(tmp_path / "run")]
+    assert launch_plan(run)[0].learner.decode_threads == 1
+    assert launch_plan([*run, "--decode-threads", "2"])[0].learner.decode_threads == 2
+    assert launch_plan([*run, "--learner-args", "--decode-threads 4"])[0].learner.decode_threads == 4
+    with pytest.raises(SystemExit):
+        launch_plan([*run, "--decode-threads", "2", "--learner-args", "--decode-threads 4"])
+    assert "not both" in capsys.readouterr().err
