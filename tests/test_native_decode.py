@@ -288,3 +288,24 @@ def test_decode_threads_flag_on_the_learner_and_on_apexrl_run(tmp_path, capsys) 
     with pytest.raises(SystemExit):
         launch_plan([*run, "--decode-threads", "2", "--learner-args", "--decode-threads 4"])
     assert "not both" in capsys.readouterr().err
+
+
+def test_empty_batch_allocates_each_field_and_refuses_a_bad_size() -> None:
+    spec, data, offsets = _atari(3)
+    out = spec.empty_batch(3)
+    assert {k: (v.shape, v.dtype) for k, v in out.items()} == {
+        f.name: ((3, *f.shape), f.dtype.newbyteorder("=")) for f in spec.fields}
+    with pytest.raises(ValueError, match="n must be"):
+        spec.empty_batch(-1)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="page-locked memory needs a CUDA device")
+def test_pinned_batches_are_page_locked_and_decode_like_the_others() -> None:
+    import torch
+
+    spec, data, offsets = _atari(4)
+    slot = BatchDecoder(spec, 4, pin_memory=True).allocate()
+    got = spec.decode_into(data, offsets, slot)
+    for name, arr in spec.decode(data, offsets).items():
+        np.testing.assert_array_equal(got[name], arr)
+        assert torch.from_numpy(slot[name]).is_pinned()
