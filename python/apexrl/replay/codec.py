@@ -777,8 +777,9 @@ class TransitionSpec:
                                  f"(>= {n}, *{f.shape}), got {what}")
             targets.append(a)
         if not np.little_endian:  # pragma: no cover - no big-endian CI; the native decoder copies wire bytes
+            decoded = self.decode(data, offsets)
             for f, a in zip(self._fields, targets):
-                a[:n] = self.decode(buf, np.concatenate([starts, starts[-1:] + sizes[-1:]]) if n else [0])[f.name]
+                a[:n] = decoded[f.name]
             return {f.name: a[:n] for f, a in zip(self._fields, targets)}
         if self._layout is None:
             from apexrl import _core  # noqa: PLC0415 - the extension, only where items are decoded natively
