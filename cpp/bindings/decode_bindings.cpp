@@ -36,7 +36,9 @@ DecodeLayout MakeLayout(uint32_t fingerprint, const std::vector<std::tuple<std::
 
 void DecodeItemsPy(const DecodeLayout& layout, const py::array& data, const py::array& starts,
                    const py::array& sizes, const py::list& outs) {
-  if (!py::isinstance<ByteArray>(data) || data.ndim() != 1) throw py::type_error("data must be a contiguous 1-D uint8 array");
+  if (!py::isinstance<ByteArray>(data) || data.ndim() != 1) {
+    throw py::type_error("data must be a contiguous 1-D uint8 array");
+  }
   if (!py::isinstance<Int64Array>(starts) || !py::isinstance<Int64Array>(sizes) || starts.ndim() != 1 ||
       sizes.ndim() != 1 || starts.size() != sizes.size()) {
     throw py::type_error("starts and sizes must be contiguous 1-D int64 arrays of one length");

@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SETTINGS = ("beta", "is_weights", "min_replay_size", "prefetch", "decode_threads", "publish_every", "checkpoint_every", "remove_to_fit_every",
-            "metrics_every", "eval_every", "eval_episodes")
+SETTINGS = ("beta", "is_weights", "min_replay_size", "prefetch", "decode_threads", "publish_every", "checkpoint_every",
+            "remove_to_fit_every", "metrics_every", "eval_every", "eval_episodes")
 """Flags whose default is the preset's."""
 OWN = ("device", "torch_threads", "max_minutes", "params_bind", *SETTINGS)
 """LearnerConfig fields `apexrl run --learner-args` may set (the launcher sets the others)."""
