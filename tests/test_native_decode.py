@@ -309,3 +309,28 @@ def test_pinned_batches_are_page_locked_and_decode_like_the_others() -> None:
     for name, arr in spec.decode(data, offsets).items():
         np.testing.assert_array_equal(got[name], arr)
         assert torch.from_numpy(slot[name]).is_pinned()
+
+
+def test_the_binding_refuses_items_outside_the_buffer_and_short_outputs() -> None:
+    from apexrl import _core
+
+    spec, data, offsets = _atari(2)
+    spec.decode_into(data, offsets, spec.empty_batch(2))  # builds the layout
+    layout = spec._layout
+    starts = offsets[:-1].astype(np.int64)
+    sizes = np.diff(offsets).astype(np.int64)
+    outs = [spec.empty_batch(2)[f.name] for f in spec.fields]
+    with pytest.raises(ValueError, match="item 1: outside the"):
+        _core.decode_items(layout, data, starts, sizes + np.array([0, 1]), outs)
+    with pytest.raises(ValueError, match="item 0: outside the"):
+        _core.decode_items(layout, data, starts - np.array([1, 0]), sizes, outs)
+    with pytest.raises(ValueError, match="'obs' holds"):
+        _core.decode_items(layout, data, starts, sizes, [outs[0][:1], *outs[1:]])
+    with pytest.raises(ValueError, match="expected 5 output arrays"):
+        _core.decode_items(layout, data, starts, sizes, outs[:4])
+    with pytest.raises(TypeError, match="uint8"):
+        _core.decode_items(layout, data.astype(np.int8), starts, sizes, outs)
+    with pytest.raises(TypeError, match="int64"):
+        _core.decode_items(layout, data, starts.astype(np.int32), sizes, outs)
+    _core.decode_items(layout, data, starts, sizes, outs)  # the same arguments, whole, decode
+    np.testing.assert_array_equal(outs[0], spec.decode(data, offsets)["obs"])
