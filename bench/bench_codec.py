@@ -1,7 +1,18 @@
 """Throughput of the transition codec (apexrl.replay.codec) for the DPG-humanoid and Atari presets, in-process.
 
-    python bench/bench_codec.py                  # batch 512, about 10 s
+    python bench/bench_codec.py                  # batch 512, about 10 s, then the sampled section (about 1 min)
     python bench/bench_codec.py --seconds 0.3    # quick look
+    python bench/bench_codec.py --only sampled --threads 1,2,4,8 --rounds 6
+
+Sampled section (--only sampled): real Pong frames (ale_py, random actions; as bench_wire.py makes them) are
+encoded with TransitionSpec.atari() into a native PrioritizedStore; then T threads each loop "sample --batch
+items from the store, decode them natively into this thread's preallocated batch" (what the learner's sampler
+decode threads do, without the network), for T in --threads, run in interleaved windows (1, 2, 4, 8, 1, 2, ...)
+so that load from other processes falls on every T alike. Reported: sampled-and-decoded items/s per T (median
+of --rounds windows), its ratio to T = 1 (the median of the per-round ratios), and the same loop with today's
+Python decoder (TransitionSpec.decode, one thread) for comparison. --learner adds the DQN learner's own
+steps/s: the agent's update fed by a PrefetchingSampler over a real replay server on 127.0.0.1, for
+--learner-threads decode threads and with today's Python decode hook, in interleaved windows.
 
 For each preset: encode a batch of --batch transitions into store items (one uint8 buffer + offsets), and decode
 such a batch back into stacked arrays (what the learner does with a SampleBatch). Figures are the median of
@@ -13,7 +24,10 @@ bench_wire.py measures with real Pong frames.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -55,12 +69,168 @@ def seconds_per_call(fn: Callable[[], object], seconds: float, windows: int) -> 
     return statistics.median(results)
 
 
+def pong_store(transitions: int, seed: int = 0):
+    """A PrioritizedStore holding `transitions` real Pong transitions encoded with TransitionSpec.atari()."""
+    from apexrl import PrioritizedStore
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_wire import pong_transitions  # noqa: PLC0415 - the same real frames the wire bench uses
+
+    spec = TransitionSpec.atari()
+    batch, source = pong_transitions(transitions, seed)
+    store = PrioritizedStore(capacity=transitions, alpha=0.6, shards=8, seed=seed)
+    for start in range(0, transitions, 500):
+        part = {k: v[start : start + 500] for k, v in batch.items()}
+        data, offsets = spec.encode(part)
+        store.insert(np.random.default_rng(start).uniform(0.5, 2.0, len(part["action"])), data, offsets)
+    return spec, store, source
+
+
+def sampled_window(spec: TransitionSpec, store, n: int, threads: int, seconds: float, mode: str) -> float:
+    """Items/s sampled and decoded by `threads` threads in one window of `seconds`; mode native, python, or
+    copy (the control: no decoding, each thread copies a decoded batch's bytes with numpy, without the GIL)."""
+    stop = threading.Event()
+    counts = [0] * threads
+    slots = [spec.empty_batch(n) for _ in range(threads)]
+    sources = [spec.decode(*_sampled(store, n)) for _ in range(threads)] if mode == "copy" else []
+    ready = threading.Barrier(threads + 1)
+
+    def loop(i: int) -> None:
+        slot = slots[i]
+        ready.wait()
+        while not stop.is_set():
+            if mode == "copy":
+                for name, src in sources[i].items():
+                    np.copyto(slot[name], src)
+            else:
+                b = store.sample(n, 0.4)
+                if mode == "native":
+                    spec.decode_into(b.data, b.offsets, slot)
+                else:
+                    spec.decode(b.data, b.offsets)
+            counts[i] += n
+
+    workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    ready.wait()
+    start = time.perf_counter()
+    time.sleep(seconds)
+    done = sum(counts)
+    elapsed = time.perf_counter() - start
+    stop.set()
+    for w in workers:
+        w.join()
+    return done / elapsed
+
+
+def _sampled(store, n: int):
+    b = store.sample(n, 0.4)
+    return b.data, b.offsets
+
+
+def run_sampled(args: argparse.Namespace) -> None:
+    threads = [int(t) for t in args.threads.split(",")]
+    spec, store, source = pong_store(args.transitions)
+    n = args.batch
+    print(f"\nsampled and decoded, batch {n}, {len(store)} transitions of {source}; {os.cpu_count()} CPUs; "
+          f"{args.rounds} interleaved rounds of {args.window:g} s windows")
+    b = store.sample(n, 0.4)
+    ref = spec.decode(b.data, b.offsets)
+    got = spec.decode_into(b.data, b.offsets, spec.empty_batch(n))
+    assert all(np.array_equal(ref[k], got[k]) for k in spec.names)
+    print(f"item bytes: {int(b.offsets[-1]) / n:,.0f} per transition (raw {spec.transition_bytes:,})")
+    rates: dict[str, list[float]] = {}
+    configs = [("python decode", 1, "python")]
+    configs += [(f"native decode, {t} thr", t, "native") for t in threads]
+    configs += [(f"control: copy, {t} thr", t, "copy") for t in threads]
+    for _ in range(args.rounds):
+        for label, t, mode in configs:
+            rates.setdefault(label, []).append(sampled_window(spec, store, n, t, args.window, mode))
+    print(f"{'configuration':<26}{'items/s (median)':>18}{'x its 1 thread':>16}{'min..max items/s':>24}")
+    for label, _t, mode in configs:
+        r = rates[label]
+        base = rates[configs[1][0] if mode != "copy" else configs[1 + len(threads)][0]]
+        ratio = statistics.median(x / y for x, y in zip(r, base))
+        print(f"{label:<26}{statistics.median(r):>18,.0f}{ratio:>16.2f}{min(r):>13,.0f}..{max(r):<10,.0f}")
+    print("ratios: median over rounds of (T threads / 1 thread in the same round); python decode is against native 1 "
+          "thread. The control copies decoded bytes with numpy (GIL released, no decoding): its ratio is what the "
+          "machine's free cores and memory allow at that moment.")
+
+
+def run_learner_steps(args: argparse.Namespace) -> None:
+    """The DQN learner's own steps/s on Pong-shaped batches: agent.update fed by a PrefetchingSampler over a real
+    replay server on 127.0.0.1, natively decoding with T threads into its ring, T in --learner-threads."""
+    import torch
+
+    from apexrl.agents import get_agent
+    from apexrl.envs import env_spec
+    from apexrl.replay import ReplayClient
+    from apexrl.replay.codec import BatchDecoder
+    from apexrl.replay.server import ReplayServer
+    from apexrl.replay.config import ServerConfig
+
+    torch.set_num_threads(1)
+    spec, store, source = pong_store(args.transitions)
+    env = env_spec("atari:Pong")
+    agent_def = get_agent("dqn")
+    config = agent_def.config_class(batch_size=args.batch)
+    agent = agent_def.make_learner(env, config, torch.device("cpu"), 0)
+    assert agent.transition_spec == spec, (agent.transition_spec, spec)
+    server = ReplayServer(ServerConfig(bind="127.0.0.1", port=0, capacity=args.transitions)).start()
+    try:
+        with ReplayClient(server.endpoint, timeout=30) as client:
+            for _ in range(-(-args.transitions // 500)):
+                b = store.sample(500, 0.4)
+                client.insert(np.ones(500), data=np.frombuffer(b.data, np.uint8), offsets=b.offsets)
+            threads = [int(t) for t in args.learner_threads.split(",")]
+            configs: list[tuple[str, dict]] = [("python decode hook (before)", {"decode": spec.decode_batch})]
+            configs += [(f"native, {t} decode thread(s)", {"decoder": BatchDecoder(spec, args.batch),
+                                                          "decode_threads": t}) for t in threads]
+            steps: dict[str, list[float]] = {}
+            for _ in range(args.learner_rounds):
+                for label, hook in configs:
+                    with client.sampler(args.batch, prefetch=8, **hook) as sampler:
+                        sampler.next(timeout=60)
+                        done, start = 0, time.perf_counter()
+                        while time.perf_counter() - start < args.learner_window:
+                            batch = sampler.next(timeout=60)
+                            agent.update(batch.decoded, batch.weights)
+                            done += 1
+                        steps.setdefault(label, []).append(done / (time.perf_counter() - start))
+            print(f"\nDQN learner steps/s (CPU, torch 1 thread, batch {args.batch}, {args.learner_rounds} interleaved "
+                  f"rounds of {args.learner_window:g} s):")
+            base = steps[configs[1][0]]
+            for label, _hook in configs:
+                r = steps[label]
+                ratio = statistics.median(x / y for x, y in zip(r, base))
+                print(f"  {label:<30} {statistics.median(r):6.2f} steps/s (x{ratio:.2f} of native 1 thread; "
+                      f"{min(r):.2f}..{max(r):.2f})")
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=2.0, help="timing budget per operation and preset")
     parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--only", choices=("codec", "sampled"), default=None, help="one section (default: both)")
+    parser.add_argument("--threads", default="1,2,4,8", help="decode thread counts of the sampled section")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the sampled section")
+    parser.add_argument("--window", type=float, default=1.0, help="seconds per window of the sampled section")
+    parser.add_argument("--transitions", type=int, default=3000, help="real Pong transitions in the store")
+    parser.add_argument("--learner", action="store_true", help="also the DQN learner's own steps/s")
+    parser.add_argument("--learner-threads", default="1,2", help="decode thread counts of the learner section")
+    parser.add_argument("--learner-window", type=float, default=10.0, help="seconds per learner window")
+    parser.add_argument("--learner-rounds", type=int, default=2, help="interleaved rounds of the learner section")
     args = parser.parse_args()
+    if args.only != "codec":
+        run_sampled(args)
+        if args.learner:
+            run_learner_steps(args)
+    if args.only == "sampled":
+        return
 
     rng = np.random.default_rng(0)
     presets = [

@@ -3,8 +3,9 @@
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Native core of apexrl: the lock-sharded prioritized replay store and the replay server's serving loop "
-          "(use the apexrl package).";
+          "and the transition decoder (use the apexrl package).";
   apexrl::bindings::RegisterErrors(m);
   apexrl::bindings::RegisterStore(m);
   apexrl::bindings::RegisterServe(m);
+  apexrl::bindings::RegisterDecode(m);
 }

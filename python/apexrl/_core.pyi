@@ -1,4 +1,4 @@
-# Type stub of the native extension; keep in step with cpp/bindings/store_bindings.cpp.
+# Type stub of the native extension; keep in step with cpp/bindings/store_bindings.cpp and decode_bindings.cpp.
 from __future__ import annotations
 
 import os
@@ -83,3 +83,17 @@ class PrioritizedStore:
     def eviction(self) -> str: ...
     @property
     def total_priority(self) -> float: ...
+
+class DecodeLayout:
+    """What the native decoder needs of a TransitionSpec (built by the spec; immutable)."""
+    def __init__(self, fingerprint: int, fields: Sequence[tuple[str, int, bool]], spec_repr: str) -> None: ...
+    @property
+    def header_bytes(self) -> int: ...
+
+def decode_items(
+    layout: DecodeLayout,
+    data: npt.NDArray[np.uint8],
+    starts: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    outs: list[npt.NDArray[Any]],
+) -> None: ...

@@ -125,6 +125,10 @@ class LearnerConfig:
     docs/running.md, "IS weights"."""
     prefetch: int = field(default=16, metadata=Range.int(1, 1024))
     """Decoded batches kept ready by the sampler thread."""
+    decode_threads: int = field(default=1, metadata=Range.int(1, 64))
+    """Threads that decode sampled batches (natively, with the GIL released) into the sampler's ring of
+    preallocated batches, in page-locked memory when the learner is on a GPU; more threads use more cores for
+    image observations."""
     min_replay_size: int = field(default=50_000, metadata=Range.int(0, STORE_INT_MAX))
     """Wait until the replay holds this many transitions before the first update."""
     remove_to_fit_every: int = field(default=100, metadata=Range.int(1))

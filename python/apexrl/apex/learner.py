@@ -54,6 +54,7 @@ from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
+from apexrl.replay.codec import BatchDecoder
 from apexrl.replay.sharded import connect as connect_replay
 from apexrl.security import raise_nofile_limit
 
@@ -267,7 +268,7 @@ class Learner:
         self._env_frames(stats)
         row_steps, row_inserted = self.agent.steps, (stats or {}).get("inserted", 0)
         sampler = self.replay.sampler(cfg.agent_config.batch_size, beta=cfg.beta, prefetch=cfg.prefetch,
-                                      decode=self._decode, timeout=1.0)
+                                      decoder=_LearnerDecoder(self), decode_threads=cfg.decode_threads, timeout=1.0)
         updater = self.replay.updater()
         try:
             while not self._stop.is_set():
@@ -321,11 +322,10 @@ class Learner:
         self.save(now - start)
         return self._summary(start, steps_at_start)
 
-    def _decode(self, raw: Any) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None, np.ndarray | None,
-                                          str | None]:
-        """The sampler's decode hook (its thread): the good items' fields, which items did not decode, and
-        which of the decoded ones hold values the agent cannot train on."""
-        fields, bad, message = self.transition_spec.decode_valid(raw.data, raw.offsets)
+    def _checked(self, decoded: tuple[dict[str, np.ndarray], np.ndarray | None, str | None]) -> tuple[
+            dict[str, np.ndarray], np.ndarray | None, str | None, np.ndarray | None, str | None]:
+        """``decode_valid``'s triple plus which of the decoded items hold values the agent cannot train on."""
+        fields, bad, message = decoded
         invalid, why = self._invalid(fields) if fields and len(next(iter(fields.values()))) else (None, None)
         return fields, bad, message, invalid, why
 
@@ -442,3 +442,22 @@ def run_learner(config: LearnerConfig) -> dict[str, Any]:
             return learner.run()
     finally:
         learner.close()
+
+
+class _LearnerDecoder:
+    """The learner's sampler hook (its decode threads): natively into the sampler's ring of preallocated
+    batches (page-locked on a GPU), the good items' fields, which items did not decode, and which decoded ones
+    the agent cannot train on. A slot is reused once the learner has taken the next batch: an update is done
+    with its batch by then (its priorities are read back from the device)."""
+
+    def __init__(self, learner: Learner):
+        self._learner = learner
+        self._native = BatchDecoder(learner.transition_spec, learner.config.agent_config.batch_size, valid=True,
+                                    pin_memory=learner.device.type == "cuda")
+
+    def allocate(self) -> dict[str, np.ndarray]:
+        return self._native.allocate()
+
+    def decode_into(self, raw: Any, slot: dict[str, np.ndarray]) -> tuple[
+            dict[str, np.ndarray], np.ndarray | None, str | None, np.ndarray | None, str | None]:
+        return self._learner._checked(self._native.decode_into(raw, slot))

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from apexrl.apex.config import ActorConfig
+from apexrl.apex.config import ActorConfig, LearnerConfig
 from apexrl.cli.args import (
     add_agent_arguments,
     add_curve_arguments,
@@ -64,6 +64,9 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--envs-per-actor", metavar="K", type=field_arg(ActorConfig, "envs_per_actor"), default=None,
                    help="environments each actor steps in lockstep with one batched forward pass; the exploration "
                    "ladder runs over all actors x K environments (default: the preset's, 1)")
+    g.add_argument("--decode-threads", metavar="N", type=field_arg(LearnerConfig, "decode_threads"), default=None,
+                   help="the learner's threads decoding sampled batches side by side (natively, without the GIL); "
+                   "more use more cores for Atari frames (default 1; as --learner-args='--decode-threads N')")
     g.add_argument("--minutes", type=float_arg(nonneg=True), default=None,
                    help="stop after this many minutes of wall time (default: the preset's; 0: no limit)")
     g.add_argument("--steps", type=int_arg(0), default=0, help="stop after this many learner steps (0: no limit)")
@@ -308,6 +311,10 @@ def launch_plan(argv: Sequence[str] | None = None):
     o.actor = _pass_through(run_parser, "--actor-args", args.actor_args, actor_cli.build_parser(), actor_cli.OWN)
     if args.envs_per_actor is not None:
         o.actor["envs_per_actor"] = args.envs_per_actor
+    if args.decode_threads is not None:
+        if "decode_threads" in o.learner:
+            run_parser.error("give --decode-threads once: to `apexrl run` or in --learner-args, not both")
+        o.learner["decode_threads"] = args.decode_threads
     _offline_flags(run_parser, args, o)
     if o.curve_dir is not None and args.ray is None:
         issue_run_actor_key(o.curve_dir)

@@ -1,7 +1,7 @@
 """The replay service: wire protocol, transition codec, the ZeroMQ replay server and its clients.
 
-Never imports torch (a test checks it): a replay server, or a tool that only talks to one, starts in a
-fraction of a second and runs where torch is not installed.
+Never imports torch (a test checks it), except on first use of ``ReplayDataset`` (a torch dataset): a replay
+server, or a tool that only talks to one, starts in a fraction of a second and runs where torch is not installed.
 
 The names below are imported on first use, so that importing one submodule (``apexrl.replay.schema``, which
 ``apexrl.errors`` imports) does not import the others (which import ``apexrl.errors``).
@@ -12,13 +12,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["FieldSpec", "ReplayClient", "ReplayServer", "SampledBatch", "ServerConfig", "ShardedReplayClient",
-           "TransitionSpec", "connect"]
+__all__ = ["FieldSpec", "ReplayClient", "ReplayDataset", "ReplayServer", "SampledBatch", "ServerConfig",
+           "ShardedReplayClient", "TransitionSpec", "connect"]
 
 _HOMES = {
     "FieldSpec": "apexrl.replay.codec",
     "TransitionSpec": "apexrl.replay.codec",
     "ReplayClient": "apexrl.replay.client",
+    "ReplayDataset": "apexrl.replay.dataset",  # the one name that imports torch
     "SampledBatch": "apexrl.replay.client",
     "ReplayServer": "apexrl.replay.server",
     "ServerConfig": "apexrl.replay.config",

@@ -38,7 +38,7 @@ from apexrl.errors import (
 from apexrl.replay import protocol as P
 from apexrl.replay.codec import TransitionSpec
 from apexrl.replay.inserter import InsertTooLargeError, PipelinedInserter
-from apexrl.replay.sampler import LearnerBatch, PrefetchingSampler
+from apexrl.replay.sampler import LearnerBatch, PrefetchingSampler, SlotDecoder
 from apexrl.replay.schema import peek_ids
 from apexrl.replay.transport import Transport, TransportClient
 from apexrl.replay.updater import AsyncUpdater
@@ -379,17 +379,22 @@ class ReplayClient(TransportClient):
         prefetch: int = 16,
         decode: Callable[[SampledBatch], Any] | None = None,
         timeout: float | None = None,
+        *,
+        decoder: SlotDecoder | None = None,
+        decode_threads: int = 1,
     ) -> PrefetchingSampler:
         """A :class:`PrefetchingSampler`: an iterator of :class:`LearnerBatch` fed by a background thread.
 
         The thread owns its own client (same endpoint and timeout; this client is not used) and keeps up to
-        ``prefetch`` batches ready. ``decode`` (e.g. ``spec.decode_batch``) runs in that thread. ``timeout``
+        ``prefetch`` batches ready. ``decode`` (e.g. ``spec.decode_batch``) or ``decoder`` (e.g. a
+        :class:`~apexrl.replay.codec.BatchDecoder`, into a ring of preallocated batches) runs in
+        ``decode_threads`` threads of their own. ``timeout``
         is the per-request server-side wait for ``min_size_to_sample`` as in :meth:`sample`. ReplayTimeouts
         (server down or restarting, store too small) are retried until the sampler is closed; see
         :class:`PrefetchingSampler`.
         """
         return PrefetchingSampler(self._same_endpoint, batch_size, beta=beta, prefetch=prefetch, decode=decode,
-                                  timeout=timeout)
+                                  timeout=timeout, decoder=decoder, decode_threads=decode_threads)
 
     def inserter(
         self,

@@ -44,6 +44,7 @@ __all__ = [
     "MAX_ITEM_BYTES",
     "MAX_NDIM",
     "MAX_SPEC_JSON_BYTES",
+    "BatchDecoder",
     "FieldSpec",
     "TransitionSpec",
 ]
@@ -192,6 +193,7 @@ class TransitionSpec:
         "_header_bytes",
         "_fingerprint_bytes",
         "_packed",
+        "_layout",
     )
 
     def __init__(self, fields: Sequence[FieldSpec]):
@@ -226,6 +228,7 @@ class TransitionSpec:
         self._fingerprint = zlib.crc32(self._json.encode("ascii")) & 0xFFFFFFFF
         self._fingerprint_bytes = np.frombuffer(self._fingerprint.to_bytes(4, "little"), dtype=np.uint8)
         self._packed = np.zeros(1, dtype=np.uint64)  # offsets of packed fixed-size items, grown on demand
+        self._layout: Any = None  # the native decoder's DecodeLayout, built on first decode_into
 
     # -- description -------------------------------------------------------------------------------------------
 
@@ -730,6 +733,103 @@ class TransitionSpec:
                 bad[good[i]] = True
                 good = np.delete(good, i)
 
+    def empty_batch(self, n: int, *, pin_memory: bool = False) -> dict[str, np.ndarray]:
+        """Arrays for ``decode_into`` to fill: ``{name: empty (n, *shape) array of the field's native dtype}``.
+        ``pin_memory=True`` allocates them in page-locked memory through torch (imported only then), so a
+        learner on a GPU copies them to the device asynchronously."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an integer >= 0, got {n!r}")
+        out: dict[str, np.ndarray] = {}
+        for f in self._fields:
+            dtype = f.dtype.newbyteorder("=")
+            if pin_memory:
+                import torch  # noqa: PLC0415 - only a learner on a GPU pins its batches
+
+                nbytes = n * f.nbytes
+                out[f.name] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy().view(dtype).reshape(
+                    n, *f.shape)
+            else:
+                out[f.name] = np.empty((n, *f.shape), dtype=dtype)
+        return out
+
+    def decode_into(self, data: Any, offsets: Any, out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``decode``, written into preallocated arrays instead of fresh ones, by the native decoder with the
+        GIL released (so several threads decode side by side).
+
+        ``out`` maps every field name to a writable C-contiguous array of shape ``(m, *field.shape)``, ``m >= n``,
+        of the field's native dtype (:meth:`empty_batch` makes them). Returns ``{name: out[name][:n]}``: views,
+        valid until ``out`` is written again. The same checks as ``decode``, in the same order, and the same
+        ValueError messages (lz4 is the same library version's ``LZ4_decompress_safe``); after an error the
+        rows of ``out`` are unspecified. A ValueError also when ``out`` does not fit the spec."""
+        buf, starts, sizes = self._check_buffer(data, offsets)
+        n = starts.size
+        targets = []
+        if not isinstance(out, Mapping) or set(out) != set(self._by_name):
+            got = sorted(map(str, out)) if isinstance(out, Mapping) else type(out).__name__
+            raise ValueError(f"out must map exactly the fields {list(self.names)}, got {got}")
+        for f in self._fields:
+            a = out[f.name]
+            dtype = f.dtype.newbyteorder("=")
+            if (not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape[1:] != f.shape or a.ndim == 0
+                    or a.shape[0] < n or not a.flags.c_contiguous or not a.flags.writeable):
+                what = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+                raise ValueError(f"out[{f.name!r}]: expected a writable C-contiguous {dtype} array of shape "
+                                 f"(>= {n}, *{f.shape}), got {what}")
+            targets.append(a)
+        if not np.little_endian:  # pragma: no cover - no big-endian CI; the native decoder copies wire bytes
+            decoded = self.decode(data, offsets)
+            for f, a in zip(self._fields, targets):
+                a[:n] = decoded[f.name]
+            return {f.name: a[:n] for f, a in zip(self._fields, targets)}
+        if self._layout is None:
+            from apexrl import _core  # noqa: PLC0415 - the extension, only where items are decoded natively
+
+            self._layout = _core.DecodeLayout(self._fingerprint, [(f.name, f.nbytes, f.compress) for f in self._fields],
+                                              repr(self))
+        from apexrl._core import decode_items  # noqa: PLC0415 - cached by the import system after the first call
+
+        decode_items(self._layout, buf, starts.astype(np.int64, copy=False), sizes.astype(np.int64, copy=False),
+                     targets)
+        return {f.name: a[:n] for f, a in zip(self._fields, targets)}
+
+    def decode_valid_into(
+        self, data: Any, offsets: Any, out: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
+        """``decode_valid`` through ``decode_into``: when every item decodes, ``(views of out, None, None)``;
+        otherwise the good items go through ``decode_valid`` (fresh arrays; a rare, slow path)."""
+        try:
+            return self.decode_into(data, offsets, out), None, None
+        except ValueError:
+            return self.decode_valid(data, offsets)
+
     def decode_batch(self, batch: _ItemBatch) -> dict[str, np.ndarray]:
         """``decode(batch.data, batch.offsets)``, for a ``SampleBatch`` (keys and weights stay on the batch)."""
         return self.decode(batch.data, batch.offsets)
+
+
+class BatchDecoder:
+    """The decode hook a :class:`~apexrl.replay.sampler.PrefetchingSampler`'s decode threads call: ``allocate``
+    makes one slot of its ring of preallocated batches, ``decode_into(raw, slot)`` decodes a sampled batch
+    (anything with ``data`` and ``offsets``) into it, natively with the GIL released.
+
+    ``valid=True`` returns ``decode_valid``'s triple (arrays, bad mask or None, first error or None) instead of
+    raising on a bad item, for a learner that must survive foreign or corrupted items. ``pin_memory=True``
+    allocates page-locked slots (a learner on a GPU)."""
+
+    def __init__(self, spec: TransitionSpec, batch_size: int, *, valid: bool = False, pin_memory: bool = False):
+        if not isinstance(spec, TransitionSpec):
+            raise TypeError(f"spec must be a TransitionSpec, got {type(spec).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        self.spec = spec
+        self.batch_size = batch_size
+        self.valid = bool(valid)
+        self.pin_memory = bool(pin_memory)
+
+    def allocate(self) -> dict[str, np.ndarray]:
+        return self.spec.empty_batch(self.batch_size, pin_memory=self.pin_memory)
+
+    def decode_into(self, raw: _ItemBatch, out: dict[str, np.ndarray]) -> Any:
+        if self.valid:
+            return self.spec.decode_valid_into(raw.data, raw.offsets, out)
+        return self.spec.decode_into(raw.data, raw.offsets, out)

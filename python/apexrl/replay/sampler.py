@@ -1,4 +1,4 @@
-"""PrefetchingSampler: a learner's iterator of sampled batches, fed by a background thread.
+"""PrefetchingSampler: a learner's iterator of sampled batches, fed by a sampling thread and decode threads.
 
 Written against :class:`~apexrl.replay.api.Replay` (see that module for why it takes a factory).
 """
@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from apexrl.errors import Interrupted, ReplayTimeout, ServerShuttingDownError
 from apexrl.replay import protocol as P
 from apexrl.replay.api import BackgroundHelper, ReplayFactory, close_replay
 
-__all__ = ["LearnerBatch", "PrefetchingSampler"]
+__all__ = ["LearnerBatch", "PrefetchingSampler", "SlotDecoder"]
 
 _RETRY_BACKOFF_MIN = 0.02
 _RETRY_BACKOFF_MAX = 0.5
@@ -39,14 +39,38 @@ class LearnerBatch:
         return int(self.keys.shape[0])
 
 
+class SlotDecoder(Protocol):
+    """A decode hook that writes into preallocated batches (e.g. :class:`~apexrl.replay.codec.BatchDecoder`).
+
+    ``allocate()`` makes one slot of the sampler's ring; ``decode_into(raw, slot)`` decodes a sampled batch into
+    that slot and returns what the consumer receives as ``LearnerBatch.decoded``. ``decode_into`` is called from
+    several threads at once (each with its own slot), so it must be thread-safe; it should release the GIL
+    while it works (the native decoder does) for the threads to run side by side."""
+
+    def allocate(self) -> Any: ...
+
+    def decode_into(self, raw: Any, slot: Any) -> Any: ...
+
+
 class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
     """Keeps up to ``prefetch`` sampled batches ready for a learner, as the Ape-X learner does.
 
     ``connect()`` is called once, here, for the Replay the background thread samples from (its own
-    connection: a ZeroMQ socket must not be shared between threads). The thread waits for room in a bounded
-    queue, samples ``batch_size`` items, applies ``decode`` (if given), and queues a :class:`LearnerBatch`. At
-    most ``prefetch`` batches are ever queued, and no request is sent while the queue is full, so at most
-    ``prefetch`` batches exist ahead of the consumer.
+    connection: a ZeroMQ socket must not be shared between threads). The sampling thread waits until fewer
+    than ``prefetch`` batches are ahead of the consumer, samples ``batch_size`` items and, without a decode
+    hook, queues a :class:`LearnerBatch`. At most ``prefetch`` batches (sampled, being decoded or ready) ever
+    exist ahead of the consumer, and no request is sent while there are that many.
+
+    With a decode hook, ``decode_threads`` more threads decode the sampled batches side by side while the
+    sampling thread fetches the next ones; the consumer still receives the batches in the order they were
+    sampled. Two kinds of hook:
+
+    * ``decode(raw)``, any callable: its result becomes ``LearnerBatch.decoded``.
+    * ``decoder``, a :class:`SlotDecoder`: ``decoder.decode_into(raw, slot)`` writes each batch into a slot of
+      a ring of at most ``prefetch + 1`` preallocated batches (``decoder.allocate()``, made as needed), so a
+      learner allocates nothing per batch; a :class:`~apexrl.replay.codec.BatchDecoder` decodes natively with
+      the GIL released, so the threads use more cores. **A slot is reused**: the arrays of a batch stay valid
+      until the consumer's next ``next()``; copy what must outlive it.
 
     Failures:
 
@@ -54,13 +78,13 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
       a store still below min_size_to_sample) and SHUTTING_DOWN replies are **retried until closed**, with a
       short back-off: the learner simply keeps waiting for a (re)starting server. ``retries`` counts them
       and ``last_retry_error`` keeps the latest.
-    * Any other error in the background thread (a :class:`~apexrl.errors.ServerError`, an exception from
-      ``decode``, ...) stops the thread and is re-raised by the consumer's next ``next()`` (queued batches
+    * Any other error in a background thread (a :class:`~apexrl.errors.ServerError`, an exception from the
+      decode hook, ...) stops every thread and is re-raised by the consumer's next ``next()`` (batches ahead
       are discarded); after that the iterator is exhausted.
 
-    ``close()`` (or leaving the ``with`` block) stops the thread promptly -- even while it waits on the
-    server (the Replay is interrupted, when it is :class:`~apexrl.replay.api.Interruptible`) or on a full
-    queue -- joins it, and the thread closes its Replay; iterating a closed sampler ends.
+    ``close()`` (or leaving the ``with`` block) stops the threads promptly -- even while the sampling thread
+    waits on the server (the Replay is interrupted, when it is :class:`~apexrl.replay.api.Interruptible`) or for
+    room -- joins them, and the sampling thread closes its Replay; iterating a closed sampler ends.
     """
 
     def __init__(
@@ -72,40 +96,83 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         prefetch: int = 16,
         decode: Callable[[Any], Any] | None = None,
         timeout: float | None = None,
+        decoder: SlotDecoder | None = None,
+        decode_threads: int = 1,
     ):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}")
+        if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) or not 1 <= decode_threads <= 64:
+            raise ValueError(f"decode_threads must be an integer from 1 to 64, got {decode_threads!r}")
         _wait_s, timeout_ms = P.server_wait(timeout)
         P.encode_sample(0, batch_size, beta, timeout_ms)  # validate here, in the caller's thread
         if decode is not None and not callable(decode):
             raise TypeError("decode must be callable or None")
+        if decoder is not None:
+            if decode is not None:
+                raise ValueError("give decode or decoder, not both")
+            if not callable(getattr(decoder, "allocate", None)) or not callable(getattr(decoder, "decode_into", None)):
+                raise TypeError("decoder must have allocate() and decode_into(raw, slot) methods")
         self.batch_size = batch_size
         self.beta = float(beta)
         self.prefetch = prefetch
+        self.decode_threads = decode_threads
         self._timeout = timeout
         self._decode = decode
+        self._decoder = decoder
         self._cond = threading.Condition()
-        self._queue: deque[LearnerBatch] = deque()
+        self._jobs: deque[tuple[int, Any]] = deque()  # sampled, waiting for a decode thread: (sequence, raw)
+        self._ready: dict[int, LearnerBatch] = {}  # by sequence number
+        self._slot_of: dict[int, Any] = {}  # the ring slot of each ready batch (decoder only)
+        self._free_slots: list[Any] = []
+        self._held_slot: Any = None  # the slot of the batch the consumer holds now
+        self._sampled = 0  # sequence number of the next sampled batch
+        self._taken = 0  # sequence number of the next batch for the consumer
+        self._decoding = 0  # batches a decode thread is working on
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._done = False  # the worker has finished (error, or closed)
+        self._done = False  # the sampling thread has finished (error, or closed)
         self._closed = False
         self.retries = 0
         self.last_retry_error: BaseException | None = None
-        self.fetched = 0  # batches sampled (and decoded) by the worker
-        self.max_queued = 0  # high-water mark of the queue (never above prefetch)
+        self.fetched = 0  # batches sampled (and decoded) and ready
+        self.max_queued = 0  # high-water mark of the ready batches (never above prefetch)
+        self.slots = 0  # ring slots allocated so far (at most prefetch + 1)
+        self._workers: list[threading.Thread] = []
+        if decode is not None or decoder is not None:
+            for i in range(decode_threads):
+                t = threading.Thread(target=self._decode_loop, name=f"apexrl-decode-{i}", daemon=True)
+                self._workers.append(t)
         self._start(connect, "apexrl-sampler")
+        for t in self._workers:
+            t.start()
 
-    # ------------------------------------------------------------------------------------------ worker
+    # ------------------------------------------------------------------------------------------ workers
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._stop.set()
+            self._cond.notify_all()
+
+    def _publish(self, seq: int, item: LearnerBatch, slot: Any = None) -> None:
+        """Hand batch ``seq`` to the consumer (called with the lock held)."""
+        self._ready[seq] = item
+        if slot is not None:
+            self._slot_of[seq] = slot
+        self.fetched += 1
+        self.max_queued = max(self.max_queued, len(self._ready))
+        self._cond.notify_all()
 
     def _run(self) -> None:
         replay = self._replay
         backoff = _RETRY_BACKOFF_MIN
         n, beta, timeout = self.batch_size, self.beta, self._timeout
+        decoding = bool(self._workers)
         try:
             while not self._stop.is_set():
-                with self._cond:  # wait for room before sampling: at most `prefetch` batches exist
-                    while len(self._queue) >= self.prefetch and not self._stop.is_set():
+                with self._cond:  # wait for room before sampling: at most `prefetch` batches exist ahead
+                    while self._sampled - self._taken >= self.prefetch and not self._stop.is_set():
                         self._cond.wait()
                 if self._stop.is_set():
                     break
@@ -118,27 +185,61 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
                     backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
                     continue
                 backoff = _RETRY_BACKOFF_MIN
-                if self._decode is not None:
-                    item = LearnerBatch(raw.keys, raw.weights, raw.probabilities, None, self._decode(raw))
-                else:
-                    item = LearnerBatch(raw.keys, raw.weights, raw.probabilities, raw, None)
                 with self._cond:
                     if self._stop.is_set():
                         break
-                    self._queue.append(item)
-                    self.fetched += 1
-                    self.max_queued = max(self.max_queued, len(self._queue))
-                    self._cond.notify_all()
+                    seq, self._sampled = self._sampled, self._sampled + 1
+                    if decoding:
+                        self._jobs.append((seq, raw))
+                        self._cond.notify_all()
+                    else:
+                        self._publish(seq, LearnerBatch(raw.keys, raw.weights, raw.probabilities, raw, None))
         except Interrupted:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            with self._cond:
-                self._error = exc
+            self._fail(exc)
         finally:
             close_replay(replay)
             with self._cond:
                 self._done = True
                 self._cond.notify_all()
+
+    def _decode_loop(self) -> None:
+        decoder = self._decoder
+        while True:
+            with self._cond:
+                while not self._jobs and not self._stop.is_set() and not self._done:
+                    self._cond.wait()
+                if self._stop.is_set() or not self._jobs:
+                    return
+                seq, raw = self._jobs.popleft()
+                self._decoding += 1
+                slot = self._free_slots.pop() if decoder is not None and self._free_slots else None
+                if decoder is not None and slot is None:
+                    self.slots += 1
+            try:
+                if decoder is not None:
+                    if slot is None:
+                        slot = decoder.allocate()
+                    decoded = decoder.decode_into(raw, slot)
+                else:
+                    decoded = self._decode(raw)  # type: ignore[misc]
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                with self._cond:
+                    self._decoding -= 1
+                self._fail(exc)
+                return
+            with self._cond:
+                self._decoding -= 1
+                if self._stop.is_set():
+                    return
+                self._publish(seq, LearnerBatch(raw.keys, raw.weights, raw.probabilities, None, decoded), slot)
+
+    def _join(self) -> None:
+        self._interrupt_and_join()
+        for t in self._workers:
+            if t.is_alive() and t is not threading.current_thread():
+                t.join()
 
     # ---------------------------------------------------------------------------------------- consumer
 
@@ -149,27 +250,34 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         return self.next()
 
     def next(self, timeout: float | None = None) -> LearnerBatch:
-        """The next batch; waits up to ``timeout`` seconds (None: forever) -> ReplayTimeout when exceeded.
+        """The next batch, in the order they were sampled; waits up to ``timeout`` seconds (None: forever) ->
+        ReplayTimeout when exceeded. With a ``decoder``, the previous batch's slot is reused from now on.
 
-        Raises the background thread's error (once), StopIteration once closed or failed.
+        Raises a background thread's error (once, after stopping the threads), StopIteration once closed or
+        failed.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
                 if self._error is not None:
                     exc, self._error = self._error, None
-                    self._queue.clear()
+                    self._drop()
                     self._closed = True
                     self._stop.set()
                     self._cond.notify_all()
-                    raise exc
+                    break
                 if self._closed:
                     raise StopIteration
-                if self._queue:
-                    item = self._queue.popleft()
+                item = self._ready.pop(self._taken, None)
+                if item is not None:
+                    slot = self._slot_of.pop(self._taken, None)
+                    if self._held_slot is not None:
+                        self._free_slots.append(self._held_slot)
+                    self._held_slot = slot
+                    self._taken += 1
                     self._cond.notify_all()
                     return item
-                if self._done:
+                if self._done and not self._jobs and not self._decoding:
                     raise StopIteration
                 if deadline is None:
                     self._cond.wait()
@@ -178,17 +286,27 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
                     if remaining <= 0:
                         raise ReplayTimeout(f"no batch from {self.endpoint} within {timeout:.3f}s")
                     self._cond.wait(remaining)
+        self._join()
+        raise exc
+
+    def _drop(self) -> None:
+        """Forget every batch ahead of the consumer (called with the lock held)."""
+        self._jobs.clear()
+        self._ready.clear()
+        self._slot_of.clear()
 
     def qsize(self) -> int:
         """Batches ready now."""
         with self._cond:
-            return len(self._queue)
+            return len(self._ready)
 
     def stats(self) -> dict[str, int]:
+        """queued (ready batches), max_queued, slots (ring slots allocated), fetched, retries."""
         with self._cond:
             return {
-                "queued": len(self._queue),
+                "queued": len(self._ready),
                 "max_queued": self.max_queued,
+                "slots": self.slots,
                 "fetched": self.fetched,
                 "retries": self.retries,
             }
@@ -202,9 +320,9 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         self._stop.set()
         with self._cond:
             self._closed = True
-            self._queue.clear()
+            self._drop()
             self._cond.notify_all()
-        self._interrupt_and_join()
+        self._join()
 
     def __enter__(self) -> PrefetchingSampler:
         return self

@@ -59,7 +59,7 @@ from apexrl.replay.client import ReplayClient, SampledBatch, sampled_batch
 from apexrl.replay.codec import TransitionSpec
 from apexrl.replay.config import MAX_REPLAY_SERVERS
 from apexrl.replay.inserter import PipelinedInserter
-from apexrl.replay.sampler import PrefetchingSampler
+from apexrl.replay.sampler import PrefetchingSampler, SlotDecoder
 from apexrl.replay.schema import Status
 from apexrl.replay.updater import AsyncUpdater
 from apexrl.security import ClientKeys
@@ -640,10 +640,11 @@ class ShardedReplayClient:
 
     def sampler(self, batch_size: int, beta: float = 0.4, prefetch: int = 16,
                 decode: Callable[[SampledBatch], Any] | None = None,
-                timeout: float | None = None) -> PrefetchingSampler:
+                timeout: float | None = None, *, decoder: SlotDecoder | None = None,
+                decode_threads: int = 1) -> PrefetchingSampler:
         """A :class:`PrefetchingSampler` over the set (its own clients), as :meth:`ReplayClient.sampler`."""
         return PrefetchingSampler(self._same_endpoints, batch_size, beta=beta, prefetch=prefetch, decode=decode,
-                                  timeout=timeout)
+                                  timeout=timeout, decoder=decoder, decode_threads=decode_threads)
 
     def inserter(self, max_in_flight: int = 8, *, timeout: float | None = None,
                  on_ack: Callable[[np.ndarray, float], Any] | None = None) -> PipelinedInserter:
