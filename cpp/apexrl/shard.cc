@@ -282,7 +282,7 @@ void Shard::CopyOut(const Slot* slots, size_t k, double share, double total, con
   }
   // Each chunk once per call, in order of first reference.
   ++copy_stamp_;
-  std::vector<uint32_t>& item_chunks = *sink.item_chunks;
+  std::vector<uint64_t>& item_chunks = *sink.item_chunks;
   for (size_t i = 0; i < k; ++i) {
     const SlotRef& r = refs_[slots[i]];
     sink.item_chunk_offsets[first + i] = item_chunks.size();

@@ -56,7 +56,7 @@ struct SampleSink {
   // into the batch's chunks, chunk c's bytes chunk_data[chunk_offsets[c] .. chunk_offsets[c + 1]).
   // The caller writes the final end offsets.
   uint64_t* item_chunk_offsets;
-  std::vector<uint32_t>* item_chunks;
+  std::vector<uint64_t>* item_chunks;
   ByteBuffer* chunk_data;
   std::vector<uint64_t>* chunk_offsets;  // starts, appended
 };

@@ -61,7 +61,7 @@ struct SampleResult {
   // item_chunk_offsets[i + 1]) (in the order it was inserted with), indices c of chunks whose bytes are
   // chunk_data[chunk_offsets[c] .. chunk_offsets[c + 1]). Empty (offsets all 0) for items without chunks.
   std::vector<uint64_t> item_chunk_offsets;  // size n + 1
-  std::vector<uint32_t> item_chunks;
+  std::vector<uint64_t> item_chunks;
   ByteBuffer chunk_data;
   std::vector<uint64_t> chunk_offsets;  // size (number of chunks) + 1
 };

@@ -496,7 +496,7 @@ All arrays view memory owned by the batch: no per-item copies are made.)doc")
       .def_property_readonly("item_chunk_offsets", &PySampleBatch::item_chunk_offsets,
                              "uint64 array of n + 1 offsets into item_chunks (all 0 for items without chunks)")
       .def_property_readonly("item_chunks", &PySampleBatch::item_chunks,
-                             "uint32 array: item i's chunks, as indices into this batch's chunks, are "
+                             "uint64 array: item i's chunks, as indices into this batch's chunks, are "
                              "item_chunks[item_chunk_offsets[i]:item_chunk_offsets[i + 1]]")
       .def_property_readonly("chunk_data", &PySampleBatch::chunk_data,
                              "uint8 array: the bytes of every chunk the batch references, each once")

@@ -98,7 +98,7 @@ class ShardHarness {
     const std::string pad(first * 3, '#');  // what earlier draws would have written
     if (!pad.empty()) std::memcpy(data.Extend(pad.size()), pad.data(), pad.size());
     std::vector<uint64_t> item_chunk_offsets(n + 1, 0);
-    std::vector<uint32_t> item_chunks;
+    std::vector<uint64_t> item_chunks;
     ByteBuffer chunk_data;
     std::vector<uint64_t> chunk_offsets;
     const SampleSink sink{keys.data(), masses.data(),        probabilities.data(), &data,         offsets.data(),

@@ -200,13 +200,13 @@ class PipelinedInserter(_ClosingContext):
         limit_of = getattr(self._replay, "insert_limit", None)
         if limit_of is None:
             return [(priorities, data, offsets)]
-        _header, prio, offs, view, _id = P.encode_insert(0, priorities, data, offsets)  # validated views
+        _header, prio, offs, view = P.encode_insert(0, priorities, data, offsets)[:4]  # validated views
         n = offs.shape[0] - 1
         if n < 1 or P.insert_message_bytes(n, int(offs[-1])) <= (limit := limit_of()):
             return [(priorities, data, offsets)]
-        # Bytes of items [0, i) plus their priority and offset entries; a part [lo, hi) costs
-        # cost[hi] - cost[lo] + the fixed part of a message.
-        cost = offs.astype(np.int64) + 16 * np.arange(n + 1, dtype=np.int64)
+        # Bytes of items [0, i) plus their priority, offset and (empty) item_chunk_offsets entries; a part
+        # [lo, hi) costs cost[hi] - cost[lo] + the fixed part of a message.
+        cost = offs.astype(np.int64) + 24 * np.arange(n + 1, dtype=np.int64)
         fixed = P.insert_message_bytes(0, 0)
         parts, lo = [], 0
         while lo < n:
