@@ -54,6 +54,7 @@ from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
+from apexrl.replay.frames import decode_valid, frame_codec
 from apexrl.replay.sharded import connect as connect_replay
 from apexrl.security import raise_nofile_limit
 
@@ -117,6 +118,7 @@ class Learner:
         self.agent: Agent = get_agent(config.agent).make_learner(self.env_spec, config.agent_config, self.device,
                                                                   config.seed)
         self.transition_spec = self.agent.transition_spec
+        self.frame_codec = frame_codec(self.transition_spec)  # frame stacks stored once (Atari), else None
         self._invalid = getattr(self.agent, "invalid_items", all_finite)  # the agent's value rules
         self._stop = threading.Event()
         self._stop_time: float | None = None
@@ -320,7 +322,7 @@ class Learner:
                                           str | None]:
         """The sampler's decode hook (its thread): the good items' fields, which items did not decode, and
         which of the decoded ones hold values the agent cannot train on."""
-        fields, bad, message = self.transition_spec.decode_valid(raw.data, raw.offsets)
+        fields, bad, message = decode_valid(self.transition_spec, self.frame_codec, raw)
         invalid, why = self._invalid(fields) if fields and len(next(iter(fields.values()))) else (None, None)
         return fields, bad, message, invalid, why
 

@@ -1,0 +1,236 @@
+"""Atari frames stored once: stacked-frame transitions <-> items that reference shared frame chunks.
+
+An Atari transition holds two stacks of ``S`` frames (obs and next_obs, ``(S, H, W)`` uint8, oldest first), but
+consecutive observations of one environment share ``S - 1`` frames, so storing both stacks in every item stores
+each frame about ``2 S`` times. :class:`FrameStackCodec` stores each distinct frame of an insert batch once:
+
+- **encode** (actor, once per insert): the batch's frames are de-duplicated by content; frames are linked into
+  chains by the stacks they appear in (frame ``i`` of a stack is followed by frame ``i + 1``), so a chain is one
+  environment's frames in time order, whatever the number of environments and however their transitions
+  interleave; the chains, concatenated, are cut into chunks of at most ``chunk_frames`` frames, each chunk
+  lz4-compressed as one block (consecutive frames compress together 7-9x where one frame alone gains 1.5-2.6x).
+  Item ``i`` keeps its action, reward and discount and, for each stack, ``S`` u16 frame references: ``slot << 8 |
+  index`` (frame ``index`` of the item's ``slot``-th chunk) or ``0xFFFF`` for an all-zero frame (the zero
+  padding before an episode's first frame, rebuilt as zeros, not stored).
+- **decode** (learner, once per sampled batch): every chunk of the batch decompressed once into one frame
+  table, the stacks gathered from it with one fancy index each. The result is bit for bit the batch that was
+  encoded (frames equal by content are interchangeable).
+
+The items are those of :attr:`FrameStackCodec.item_spec`, a plain :class:`TransitionSpec` (``obs_frames`` and
+``next_obs_frames`` u16[S] beside the other fields), which the server checks and fingerprints like any other.
+Chunks never span two insert batches: each encode makes its own. Never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lz4.block
+import numpy as np
+
+from apexrl.replay import protocol as P
+from apexrl.replay.codec import FieldSpec, TransitionSpec
+
+__all__ = ["CHUNK_FRAMES", "PAD", "FrameStackCodec", "applies", "decode_valid", "frame_codec", "wire_spec"]
+
+CHUNK_FRAMES = 16
+"""Frames per chunk: lz4's 64 KiB window spans ~9 of 84x84, so 16 already gets most of the gain."""
+PAD = 0xFFFF
+"""A frame reference that stands for an all-zero frame."""
+_STACKS = ("obs", "next_obs")
+_MAX_CHUNKS_PER_ITEM = 16  # the store's kMaxChunksPerItem; an item needs at most 2 S <= 16 chunks
+
+
+class FrameStackCodec:
+    """Encodes batches of ``spec`` (with ``obs``/``next_obs`` u8 stacks) into items of :attr:`item_spec` plus
+    frame chunks, and decodes sampled items with their chunks back into ``spec``'s batches."""
+
+    def __init__(self, spec: TransitionSpec, chunk_frames: int = CHUNK_FRAMES):
+        if not applies(spec):
+            raise ValueError(f"{spec!r} has no obs/next_obs uint8 frame stacks of the same shape")
+        if not 1 <= chunk_frames <= 255:
+            raise ValueError(f"chunk_frames must be in [1, 255], got {chunk_frames}")
+        self.spec = spec
+        self.chunk_frames = chunk_frames
+        self.stack, self.height, self.width = spec["obs"].shape
+        self.frame_bytes = self.height * self.width
+        fields = []
+        for f in spec.fields:
+            if f.name in _STACKS:
+                fields.append(FieldSpec(f"{f.name}_frames", "<u2", (self.stack,)))
+            else:
+                fields.append(f)
+        self.item_spec = TransitionSpec(fields)
+
+    # -- encode ------------------------------------------------------------------------------------------------
+
+    def encode(self, batch: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, P.FrameChunks]:
+        """``(data, offsets, chunks)`` of the n transitions of ``batch`` (a batch of :attr:`spec`): the items of
+        :attr:`item_spec` and the chunks they reference, ready for ``insert(..., chunks=chunks)``."""
+        n, arrays = self.spec._check_batch(batch)
+        s = self.stack
+        stacks = np.concatenate([np.ascontiguousarray(arrays[name], np.uint8).reshape(n * s, self.frame_bytes)
+                                 for name in _STACKS])  # (2 n s, H W): obs stacks, then next_obs stacks
+        ids = np.empty(2 * n * s, np.int64)  # each stack frame's distinct-frame id; -1: all zeros
+        frames: list[bytes] = []
+        seen: dict[bytes, int] = {}
+        zero = bytes(self.frame_bytes)
+        for r in range(2 * n * s):
+            key = stacks[r].tobytes()
+            if key == zero:
+                ids[r] = -1
+                continue
+            i = seen.get(key)
+            if i is None:
+                i = seen[key] = len(frames)
+                frames.append(key)
+            ids[r] = i
+        # Chains: frame i of a stack is followed by frame i + 1 (the first link found for a frame wins).
+        m = len(frames)
+        nxt = np.full(m, -1, np.int64)
+        has_prev = np.zeros(m, bool)
+        grid = ids.reshape(2 * n, s)
+        for row in grid.tolist():
+            for a, b in zip(row, row[1:]):
+                if a >= 0 and b >= 0 and a != b and nxt[a] < 0 and not has_prev[b]:
+                    nxt[a], has_prev[b] = b, True
+        order: list[int] = []
+        placed = np.zeros(m, bool)
+        for head in range(m):
+            if has_prev[head] or placed[head]:
+                continue
+            f = head
+            while f >= 0 and not placed[f]:
+                placed[f] = True
+                order.append(f)
+                f = int(nxt[f])
+        for f in range(m):  # frames on a cycle (possible only with repeated content): in id order
+            if not placed[f]:
+                order.append(f)
+        where = np.empty(m, np.int64)  # distinct frame -> position in the concatenated chains
+        where[np.asarray(order, np.int64)] = np.arange(m)
+        chunks = [lz4.block.compress(b"".join(frames[f] for f in order[c:c + self.chunk_frames]))
+                  for c in range(0, m, self.chunk_frames)]
+        # Each item's chunks (its slots) and its u16 references.
+        pos = np.where(ids >= 0, where[np.maximum(ids, 0)], -1).reshape(2, n, s)
+        refs_out = np.full((2, n, s), PAD, np.uint16)
+        item_refs: list[list[int]] = []
+        for i in range(n):
+            slots: dict[int, int] = {}
+            for k in range(2):
+                for j in range(s):
+                    p = int(pos[k, i, j])
+                    if p < 0:
+                        continue
+                    c = p // self.chunk_frames
+                    slot = slots.setdefault(c, len(slots))
+                    refs_out[k, i, j] = slot << 8 | (p - c * self.chunk_frames)
+            item_refs.append(list(slots))
+        items = {name: arrays[name] for name in self.spec.names if name not in _STACKS}
+        items["obs_frames"] = refs_out[0]
+        items["next_obs_frames"] = refs_out[1]
+        data, offsets = self.item_spec.encode(items)
+        return data, offsets, P.pack_chunks(chunks, item_refs)
+
+    # -- decode ------------------------------------------------------------------------------------------------
+
+    def decode(self, data: Any, offsets: Any, chunks: P.FrameChunks | None) -> dict[str, np.ndarray]:
+        """The batch of :attr:`spec` that sampled items (``data``/``offsets`` of :attr:`item_spec`) and their
+        ``chunks`` hold. ValueError naming the first item that does not decode."""
+        fields, bad, message = self.decode_valid(data, offsets, chunks)
+        if bad is not None:
+            raise ValueError(message)
+        return fields
+
+    def decode_valid(self, data: Any, offsets: Any, chunks: P.FrameChunks | None
+                     ) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
+        """As :meth:`TransitionSpec.decode_valid`: (the fields of the items that decode, a mask of those that do
+        not or None, the first reason), so a learner can erase what it cannot use and train on the rest."""
+        fields, bad, message = self.item_spec.decode_valid(data, offsets)
+        n_all = len(offsets) - 1
+        good = np.flatnonzero(~bad) if bad is not None else np.arange(n_all)
+        fc = chunks if chunks is not None else P.FrameChunks.none(n_all)
+        # Every chunk of the batch decompressed once, into one table; row `zero` is the all-zero frame.
+        table_parts, base, sizes = [], [], []
+        total = 0
+        chunk_bad = np.zeros(max(len(fc.chunk_offsets) - 1, 0), bool)
+        for c, blob in enumerate(fc.chunks()):
+            try:
+                stored = int.from_bytes(bytes(blob[:4]), "little") if len(blob) >= 4 else -1
+                if stored % self.frame_bytes or not 0 < stored <= 255 * self.frame_bytes:  # before allocating
+                    raise ValueError(f"a chunk of {stored} bytes")
+                raw = lz4.block.decompress(blob)
+                if len(raw) != stored:
+                    raise ValueError(f"{len(raw)} bytes")
+            except Exception:  # noqa: BLE001 - a corrupted chunk: its items are bad
+                raw = b""
+                chunk_bad[c] = True
+            base.append(total)
+            sizes.append(len(raw) // self.frame_bytes)
+            total += sizes[-1]
+            table_parts.append(raw)
+        table = np.zeros((total + 1, self.height, self.width), np.uint8)
+        if total:
+            table[:total] = np.frombuffer(b"".join(table_parts), np.uint8).reshape(total, self.height, self.width)
+        zero = total
+        base_a, sizes_a = np.asarray(base + [0], np.int64), np.asarray(sizes + [0], np.int64)
+        ok = np.ones(len(good), bool)
+        rows = {}
+        item_chunks = np.asarray(fc.item_chunks, np.int64)
+        ico = np.asarray(fc.item_chunk_offsets, np.int64)
+        for name in _STACKS:
+            ref = fields.pop(f"{name}_frames").astype(np.int64)  # (n_good, S)
+            slot, index = ref >> 8, ref & 0xFF
+            pad = ref == PAD
+            first, count = ico[good], ico[good + 1] - ico[good]
+            valid_slot = pad | (slot < count[:, None])
+            chunk = np.where(valid_slot & ~pad, item_chunks[np.minimum(first[:, None] + slot, len(item_chunks) - 1)]
+                             if len(item_chunks) else 0, len(base))
+            valid = valid_slot & (pad | ((index < sizes_a[chunk]) & ~np.append(chunk_bad, False)[chunk]))
+            ok &= valid.all(axis=1)
+            rows[name] = np.where(pad | ~valid, zero, base_a[chunk] + index)
+        if not ok.all():
+            first_bad = int(good[np.argmin(ok)])
+            reason = f"item {first_bad}: a frame reference names no frame of its chunks"
+            bad = np.zeros(n_all, bool) if bad is None else bad.copy()
+            bad[good[~ok]] = True
+            message = message or reason
+            for key in list(fields):
+                fields[key] = fields[key][ok]
+            for name in _STACKS:
+                rows[name] = rows[name][ok]
+        for name in _STACKS:
+            fields[name] = table[rows[name]]
+        return {name: fields[name] for name in self.spec.names}, bad, message
+
+
+def applies(spec: TransitionSpec) -> bool:
+    """Whether ``spec`` has the frame stacks this codec stores once (``obs`` and ``next_obs``, uint8 (S, H, W))."""
+    try:
+        obs, nxt = spec["obs"], spec["next_obs"]
+    except KeyError:
+        return False
+    return (obs.dtype == np.uint8 and nxt.dtype == np.uint8 and len(obs.shape) == 3 and obs.shape == nxt.shape
+            and 2 * obs.shape[0] <= _MAX_CHUNKS_PER_ITEM and obs.shape[0] >= 1 and 0 < obs.shape[1] * obs.shape[2])
+
+
+def frame_codec(spec: TransitionSpec) -> FrameStackCodec | None:
+    """The frame codec of an agent's spec when it has frame stacks (Atari), else None (items as the spec's)."""
+    return FrameStackCodec(spec) if applies(spec) else None
+
+
+def wire_spec(spec: TransitionSpec) -> TransitionSpec:
+    """The spec of the items the replay holds for an agent's ``spec``: the frame codec's item spec, or ``spec``."""
+    codec = frame_codec(spec)
+    return codec.item_spec if codec is not None else spec
+
+
+def decode_valid(spec: TransitionSpec, codec: FrameStackCodec | None, batch: Any
+                 ) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
+    """The one decode of a sampled batch (``data``, ``offsets`` and, for frame stacks, ``chunks``), whichever
+    layout its items have: (fields of the items that decode, mask of those that do not or None, first reason).
+    ``codec``: ``frame_codec(spec)``, made once by the caller."""
+    if codec is None:
+        return spec.decode_valid(batch.data, batch.offsets)
+    return codec.decode_valid(batch.data, batch.offsets, getattr(batch, "chunks", None))
