@@ -34,8 +34,9 @@ from apexrl.replay.codec import FieldSpec, TransitionSpec
 
 __all__ = ["CHUNK_FRAMES", "PAD", "FrameStackCodec", "applies", "decode_valid", "frame_codec", "wire_spec"]
 
-CHUNK_FRAMES = 16
-"""Frames per chunk: lz4's 64 KiB window spans ~9 of 84x84, so 16 already gets most of the gain."""
+CHUNK_FRAMES = 8
+"""Frames per chunk. Measured on Pong (bench/README.md): 8 holds 133 B per transition (16: 125, 4: 154) and a
+sampled item drags in less of a chunk it does not need than with 16 (smaller replies, less to decompress)."""
 PAD = 0xFFFF
 """A frame reference that stands for an all-zero frame."""
 _STACKS = ("obs", "next_obs")
@@ -151,57 +152,69 @@ class FrameStackCodec:
         n_all = len(offsets) - 1
         good = np.flatnonzero(~bad) if bad is not None else np.arange(n_all)
         fc = chunks if chunks is not None else P.FrameChunks.none(n_all)
-        # Every chunk of the batch decompressed once, into one table; row `zero` is the all-zero frame.
-        table_parts, base, sizes = [], [], []
-        total = 0
-        chunk_bad = np.zeros(max(len(fc.chunk_offsets) - 1, 0), bool)
-        for c, blob in enumerate(fc.chunks()):
-            try:
-                stored = int.from_bytes(bytes(blob[:4]), "little") if len(blob) >= 4 else -1
-                if stored % self.frame_bytes or not 0 < stored <= 255 * self.frame_bytes:  # before allocating
-                    raise ValueError(f"a chunk of {stored} bytes")
-                raw = lz4.block.decompress(blob)
-                if len(raw) != stored:
-                    raise ValueError(f"{len(raw)} bytes")
-            except Exception:  # noqa: BLE001 - a corrupted chunk: its items are bad
-                raw = b""
-                chunk_bad[c] = True
-            base.append(total)
-            sizes.append(len(raw) // self.frame_bytes)
-            total += sizes[-1]
-            table_parts.append(raw)
-        table = np.zeros((total + 1, self.height, self.width), np.uint8)
-        if total:
-            table[:total] = np.frombuffer(b"".join(table_parts), np.uint8).reshape(total, self.height, self.width)
-        zero = total
-        base_a, sizes_a = np.asarray(base + [0], np.int64), np.asarray(sizes + [0], np.int64)
-        ok = np.ones(len(good), bool)
-        rows = {}
+        # Each frame reference -> (chunk, index in it), checked; then every chunk decompressed once and its frames
+        # copied straight to the stack slots that reference them (no intermediate frame table). A chunk's
+        # stored size is checked before lz4 allocates anything: a whole number of frames, at most 255.
+        co = np.asarray(fc.chunk_offsets, np.int64)
+        nchunks = max(len(co) - 1, 0)
+        blob = np.frombuffer(fc.chunk_data, np.uint8) if nchunks else np.zeros(0, np.uint8)
+        lengths = np.diff(co) if nchunks else np.zeros(0, np.int64)
+        prefix = np.zeros(nchunks, np.int64)
+        has = lengths >= 4
+        if has.any():
+            at = co[:-1][has]
+            prefix[has] = (blob[at].astype(np.int64) | blob[at + 1].astype(np.int64) << 8
+                           | blob[at + 2].astype(np.int64) << 16 | blob[at + 3].astype(np.int64) << 24)
+        chunk_ok = has & (prefix % self.frame_bytes == 0) & (prefix > 0) & (prefix <= 255 * self.frame_bytes)
+        frames_in = np.append(np.where(chunk_ok, prefix // self.frame_bytes, 0), 0)  # [nchunks]: none
+        s_ = self.stack
+        refs = np.stack([fields.pop(f"{name}_frames").astype(np.int64) for name in _STACKS])  # (2, n_good, S)
+        slot, index, pad = refs >> 8, refs & 0xFF, refs == PAD
         item_chunks = np.asarray(fc.item_chunks, np.int64)
         ico = np.asarray(fc.item_chunk_offsets, np.int64)
-        for name in _STACKS:
-            ref = fields.pop(f"{name}_frames").astype(np.int64)  # (n_good, S)
-            slot, index = ref >> 8, ref & 0xFF
-            pad = ref == PAD
-            first, count = ico[good], ico[good + 1] - ico[good]
-            valid_slot = pad | (slot < count[:, None])
-            chunk = np.where(valid_slot & ~pad, item_chunks[np.minimum(first[:, None] + slot, len(item_chunks) - 1)]
-                             if len(item_chunks) else 0, len(base))
-            valid = valid_slot & (pad | ((index < sizes_a[chunk]) & ~np.append(chunk_bad, False)[chunk]))
-            ok &= valid.all(axis=1)
-            rows[name] = np.where(pad | ~valid, zero, base_a[chunk] + index)
+        first, count = ico[good], ico[good + 1] - ico[good]
+        at = first[None, :, None] + slot
+        named = ~pad & (slot < count[None, :, None]) & (at < len(item_chunks))
+        chunk = np.where(named, item_chunks[np.clip(at, 0, max(len(item_chunks) - 1, 0))] if len(item_chunks)
+                         else nchunks, nchunks)
+        chunk = np.where((chunk >= 0) & (chunk < nchunks), chunk, nchunks)
+        valid = pad | (named & (index < frames_in[chunk]))
+        ok = valid.reshape(2, len(good), s_).all(axis=(0, 2))
+        out = np.zeros((2 * len(good) * s_, self.height * self.width), np.uint8)  # pads stay zero
+        use = (valid & ~pad & ok[None, :, None]).reshape(-1)
+        targets = np.flatnonzero(use)
+        chunk_t, index_t = chunk.reshape(-1)[targets], index.reshape(-1)[targets]
+        order = np.argsort(chunk_t, kind="stable")
+        chunk_t, index_t, targets = chunk_t[order], index_t[order], targets[order]
+        cuts = np.flatnonzero(np.diff(chunk_t)) + 1
+        view = memoryview(fc.chunk_data).cast("B") if nchunks else memoryview(b"")
+        decompress = lz4.block.decompress
+        failed = []
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(targets)]):
+            if lo == hi:
+                continue
+            c = int(chunk_t[lo])
+            try:
+                raw = decompress(view[int(co[c]):int(co[c + 1])])
+                if len(raw) != int(prefix[c]):
+                    raise ValueError("chunk size")
+            except Exception:  # noqa: BLE001 - a corrupted chunk: the items using it are bad
+                failed.append(c)
+                continue
+            frames = np.frombuffer(raw, np.uint8).reshape(-1, self.height * self.width)
+            out[targets[lo:hi]] = frames[index_t[lo:hi]]
+        if failed:
+            ok &= ~np.isin(chunk, failed).reshape(2, len(good), s_).any(axis=(0, 2))
+        out = out.reshape(2, len(good), s_, self.height, self.width)
+        for k, name in enumerate(_STACKS):
+            fields[name] = out[k]
         if not ok.all():
-            first_bad = int(good[np.argmin(ok)])
-            reason = f"item {first_bad}: a frame reference names no frame of its chunks"
+            reason = f"item {int(good[np.argmin(ok)])}: a frame reference names no frame of its chunks"
             bad = np.zeros(n_all, bool) if bad is None else bad.copy()
             bad[good[~ok]] = True
             message = message or reason
             for key in list(fields):
                 fields[key] = fields[key][ok]
-            for name in _STACKS:
-                rows[name] = rows[name][ok]
-        for name in _STACKS:
-            fields[name] = table[rows[name]]
         return {name: fields[name] for name in self.spec.names}, bad, message
 
 
