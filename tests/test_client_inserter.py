@@ -80,7 +80,7 @@ def test_server_errors_are_counted_and_raised_later_and_the_failing_batch_is_not
         assert c.stats()["size"] == 110
         # a failure pending at the next insert() is raised there, and that batch is not sent
         ins = c.inserter(max_in_flight=8)
-        for b in range(5):  # the first fits the budget (110 + 50 - 60 <= 100), the other four do not
+        for b in range(5):  # the first fits the budget (110 + 50 - 1 - 60 <= 100), the other four do not
             try:
                 ins.insert(np.ones(50), batch(f"s{b}", 50))
             except ServerTimeoutError:  # a failure of an earlier batch came back already: this one was not sent

@@ -1,5 +1,6 @@
-"""D4PG against hand-worked projections and losses, the clipped actor gradient, the sigma ladder, state round
-trips, and a short real run through the registry."""
+"""D4PG against hand-worked projections, losses and KL priorities, the clipped actor gradient (element-wise and by
+norm), the global-norm gradient clip, the actor's loss state and weights, the sigma ladder, state round trips,
+and a short real run through the registry."""
 
 from __future__ import annotations
 
@@ -125,6 +126,8 @@ HAND_BATCH = {
 }
 HAND_WEIGHTS = np.array([1.0, 0.5, 2.0])
 HAND_CE = np.array([1.75, 1.5, 2.0]) * LN2
+# The projected targets m = (0.25, 0.5, 0.25), (0.5, 0.5, 0), (0, 0.5, 0.5) have entropies 1.5, 1 and 1 ln2:
+HAND_KL = HAND_CE - np.array([1.5, 1.0, 1.0]) * LN2  # (0.25, 0.5, 1) ln2
 
 
 def set_constant_critic(critic, probs) -> None:
@@ -142,10 +145,11 @@ def test_critic_loss_priorities_and_q_by_hand():
     learner = hand_learner(priority_eps=1e-3)
     priorities, metrics = learner.update(HAND_BATCH, HAND_WEIGHTS)
     assert priorities.dtype == np.float64
-    np.testing.assert_allclose(priorities, HAND_CE + 1e-3, rtol=1e-5)
+    # Priorities are KL(m || p) = CE - H(m), not the cross-entropy the critic minimises (that floors at H(m)).
+    np.testing.assert_allclose(priorities, HAND_KL + 1e-3, rtol=1e-5)
     assert metrics["critic_loss"] == pytest.approx(np.mean(HAND_WEIGHTS * HAND_CE), rel=1e-5)
     assert metrics["q_mean"] == pytest.approx(0.75, rel=1e-5)
-    assert metrics["priority_mean"] == pytest.approx(np.mean(HAND_CE) + 1e-3, rel=1e-5)
+    assert metrics["priority_mean"] == pytest.approx(np.mean(HAND_KL) + 1e-3, rel=1e-5)
     assert list(metrics) == list(D4PGLearner.metric_names)
 
 
@@ -164,14 +168,15 @@ def test_is_weights_scale_the_critic_loss_and_its_gradient():
 
 
 def test_policy_initial_priorities_use_local_actor_and_critic():
-    # Local critic p = (0.5, 0.25, 0.25) stands in for the target too:
-    #   item 1 m = p: CE = entropy = 1.5 ln2; item 2 m = (0.5, 0.5, 0): 1.5 ln2;
-    #   item 3 Tz = (1, 1.5, 2): m = (0, 0.5 + 0.125, 0.125 + 0.25): CE = -ln 0.25 = 2 ln2.
+    # Local critic p = (0.5, 0.25, 0.25) stands in for the target too; priority = KL(m || p) = CE - H(m):
+    #   item 1 m = p: CE = H = 1.5 ln2, KL 0; item 2 m = (0.5, 0.5, 0): CE 1.5 ln2, H ln2, KL 0.5 ln2;
+    #   item 3 Tz = (1, 1.5, 2): m = (0, 0.625, 0.375): CE = -ln 0.25 = 2 ln2, H = -(0.625 ln 0.625 + 0.375 ln 0.375).
     policy = D4PGPolicy(ONE_D, dataclasses.replace(TINY, priority_eps=1e-3), seed=0)
     set_constant_critic(policy.critic, [0.5, 0.25, 0.25])
     got = policy.initial_priorities(HAND_BATCH)
     assert got.dtype == np.float64
-    np.testing.assert_allclose(got, np.array([1.5, 1.5, 2.0]) * LN2 + 1e-3, rtol=1e-5)
+    h3 = -(0.625 * math.log(0.625) + 0.375 * math.log(0.375))
+    np.testing.assert_allclose(got, np.array([0.0, 0.5 * LN2, 2 * LN2 - h3]) + 1e-3, rtol=1e-5, atol=1e-7)
 
 
 def test_a_learner_and_a_policy_with_the_same_weights_give_the_same_priorities_once_targets_match():
@@ -212,6 +217,29 @@ def test_dqda_is_clipped_before_it_flows_into_the_actor(clip):
     assert any(not torch.allclose(g, raw) for g, raw in zip(want, unclipped))
 
 
+def test_acmes_options_apply_to_d4pg():
+    cfg = dataclasses.replace(SMALL, critic_lr=1e-12, dqda_clip=None, dqda_clip_norm=1.0, grad_clip_norm=0.1,
+                              actor_loss_state="next_obs", actor_weights="target", target_update_period=1000)
+    learner = D4PGLearner(CONT, cfg, seed=0)
+    with torch.no_grad():
+        learner.critic.out.weight.mul_(3000.0)
+    batch = random_batch(np.random.default_rng(0), n=32)
+    reference = copy.deepcopy(learner)
+    _, metrics = learner.update(batch, np.ones(32))
+    for net in (learner.critic, learner.actor):  # both networks' global gradient norms clipped to 0.1
+        norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in net.parameters()]))
+        assert float(norm) <= 0.1 * (1 + 1e-4)
+    sent = learner.policy_state_dict()  # the target networks, still the initial weights
+    assert all(torch.equal(sent[f"actor/{k}"], v) for k, v in learner.target_actor.state_dict().items())
+    assert not torch.equal(sent["actor/body.layers.0.weight"], learner.actor.state_dict()["body.layers.0.weight"])
+    # the actor's loss is -mean Q(s', pi(s')) (a 1e-12 critic step leaves the critic as it was)
+    nxt, obs = torch.from_numpy(batch["next_obs"]), torch.from_numpy(batch["obs"])
+    with torch.no_grad():
+        at_next = -reference.critic.q(nxt, reference.actor(nxt)).mean().item()
+        at_obs = -reference.critic.q(obs, reference.actor(obs)).mean().item()
+    assert metrics["actor_loss"] == pytest.approx(at_next, rel=1e-4) and at_next != pytest.approx(at_obs, rel=1e-4)
+
+
 # -- exploration ------------------------------------------------------------------------------------------------
 
 
@@ -222,6 +250,21 @@ def test_sigma_ladder_is_geometric_from_max_to_min():
     for bad in [(3, 3), (-1, 3), (0, 0)]:
         with pytest.raises(ValueError):
             sigma_ladder(*bad, 0.05, 0.3)
+    with pytest.raises(ValueError, match="geometric or linear"):
+        sigma_ladder(0, 2, 0.05, 0.3, "cubic")
+
+
+def test_sigma_ladder_linear_and_the_control_suite_presets_spread():
+    assert [sigma_ladder(i, 5, 0.1, 0.5, "linear") for i in range(5)] == pytest.approx([0.5, 0.4, 0.3, 0.2, 0.1])
+    assert sigma_ladder(0, 1, 0.1, 0.5, "linear") == 0.5
+    cfg = PRESETS["apex-d4pg-control"].agent_config()
+    sigmas = [AGENTS["d4pg"].make_policy(CONT, cfg, i, 6, 0).sigma for i in range(6)]
+    assert sigmas == pytest.approx([1, 1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32])  # 1/32 to 1, fixed per actor
+    linear = dataclasses.replace(cfg, noise_sigma_spacing="linear")
+    assert [AGENTS["d4pg"].make_policy(CONT, linear, i, 32, 0).sigma for i in range(32)] == pytest.approx(
+        [(32 - i) / 32 for i in range(32)])
+    acme = PRESETS["d4pg-acme"].agent_config()
+    assert {AGENTS["d4pg"].make_policy(CONT, acme, i, 4, 0).sigma for i in range(4)} == {0.3}  # on every actor
 
 
 def test_actors_get_the_ladder_and_expose_it_as_exploration():
@@ -316,21 +359,43 @@ def test_config_defaults_and_refusals():
     c = D4PGConfig()
     assert (c.n_step, c.batch_size, c.actor_lr, c.critic_lr, c.target_update_period) == (5, 256, 1e-4, 1e-4, 100)
     assert (c.num_atoms, c.v_min, c.v_max, c.dqda_clip, c.critic_hidden) == (51, -150.0, 150.0, 1.0, (400, 300))
+    # No 0.3 -> 0.05 ladder by default (it has no source): Acme's sigma 0.3 on every actor.
+    assert (c.noise_sigma_max, c.noise_sigma_min, c.noise_sigma_spacing) == (0.3, 0.3, "geometric")
     assert D4PGLearner(CONT, SMALL).transition_spec == TransitionSpec.dpg(5, 2)
     for bad in [dict(num_atoms=1), dict(v_min=1.0, v_max=1.0), dict(v_max=math.inf), dict(noise_sigma_min=0.0),
-                dict(noise_sigma_min=0.5, noise_sigma_max=0.3), dict(critic_hidden=(400,)), dict(gamma=2.0)]:
+                dict(noise_sigma_min=0.5, noise_sigma_max=0.3), dict(critic_hidden=(400,)), dict(gamma=2.0),
+                dict(noise_sigma_spacing="log"), dict(dqda_clip_norm=1.0)]:
         with pytest.raises(ValueError):
             D4PGConfig(**bad)
 
 
 def test_presets_use_d4pg():
-    paper, tuned = PRESETS["apex-d4pg-control"], PRESETS["d4pg-cartpole-swingup"]
-    assert list(PRESETS)[-2:] == ["apex-d4pg-control", "d4pg-cartpole-swingup"]
+    from apexrl.launch.plan import Overrides, plan
+
+    paper, acme, tuned = PRESETS["apex-d4pg-control"], PRESETS["d4pg-acme"], PRESETS["d4pg-cartpole-swingup"]
+    assert list(PRESETS)[-3:] == ["apex-d4pg-control", "d4pg-acme", "d4pg-cartpole-swingup"]
+    # The Control Suite paper's: 101 atoms on [-150, 150], n = 5, batch 256, Adam 1e-4, hard copies every 100,
+    # sigma from 1 to 1/32, prioritized sampling 0.6 and eviction 0.6 (apexrl's sign: -0.6).
     c = paper.agent_config()
     assert isinstance(c, D4PGConfig) and (c.n_step, c.num_atoms, c.batch_size, c.v_min, c.v_max) == (
-        5, 51, 256, -150.0, 150.0)
-    assert paper.replay == PRESETS["apex-dpg-control"].replay
+        5, 101, 256, -150.0, 150.0)
+    assert (c.actor_lr, c.critic_lr, c.target_update_period, c.noise_sigma_max, c.noise_sigma_min) == (
+        1e-4, 1e-4, 100, 1.0, 1 / 32)
+    assert (paper.replay.eviction, paper.replay.alpha, paper.replay.alpha_evict) == ("prioritized", 0.6, -0.6)
+    assert "Tassa et al. 2018" in paper.source and any("alpha_evict = 0.6" in u for u in paper.unmatched)
+    # Acme's: uniform replay with FIFO eviction, 32 samples per insert with Acme's error buffer, min size 1000,
+    # sigma 0.3, dQ/da norm 1, gradient norm 40, actors on the target networks, actor loss at the next state.
+    a = acme.agent_config()
+    assert (a.num_atoms, a.noise_sigma_max, a.noise_sigma_min, a.dqda_clip, a.dqda_clip_norm, a.grad_clip_norm,
+            a.actor_weights, a.actor_loss_state) == (51, 0.3, 0.3, None, 1.0, 40.0, "target", "next_obs")
+    run = plan(acme, Overrides())
+    s = run.server
+    assert (s.alpha, s.eviction, s.samples_per_insert, s.error_buffer) == (0.0, "fifo", 32.0, 1000 * 0.1 * 32)
+    assert s.min_size_to_sample == run.learner.min_replay_size == 1000
+    assert "Acme" in acme.source and acme.unmatched
     assert tuned.agent_config().v_max == 100.0 and tuned.actors == 2
+    assert (tuned.agent_config().noise_sigma_max, tuned.agent_config().noise_sigma_min) == (0.3, 0.1)
+    assert "tuned" in tuned.description and "tuned" in tuned.source
 
 
 def test_the_clis_list_d4pg():
@@ -343,8 +408,10 @@ FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics
 
 
 def test_a_short_real_run(spawn, tmp_path):
+    """Acme's preset through real processes: uniform replay at 32 samples per insert, actors on the target
+    networks, the actor's loss at the next state, dQ/da norm and gradient norm clipping."""
     run_dir = str(tmp_path / "run")
-    launcher = spawn("launcher", "apexrl", "run", "--agent", "d4pg", "--env", "dmc:cartpole-swingup",
+    launcher = spawn("launcher", "apexrl", "run", "--preset", "d4pg-acme", "--env", "dmc:cartpole-swingup",
                      "--run-dir", run_dir, "--minutes", "0", "--steps", "50", "--actors", "2", "--quiet",
                      "--batch-size", "32", f"--learner-args={FAST_LEARNER}")
     assert launcher.proc.wait(300) == 0, launcher.log()

@@ -165,6 +165,87 @@ def test_dqda_is_clipped_before_it_flows_into_the_actor(clip):
     assert any(not torch.allclose(g, raw) for g, raw in zip(want, unclipped))
 
 
+@pytest.mark.parametrize("clip", [1.0, 3.1])  # |dQ/da| is 2.9-3.3 here: every row scaled, or some
+def test_dqda_clip_norm_scales_each_samples_dqda_to_the_norm(clip):
+    learner = DPGLearner(CONT, dataclasses.replace(SMALL, critic_lr=1e-12, dqda_clip=None, dqda_clip_norm=clip),
+                         seed=0)
+    with torch.no_grad():
+        learner.critic.out.weight.mul_(3000.0)
+    batch = random_batch(np.random.default_rng(0), n=32)
+    reference = copy.deepcopy(learner)
+    learner.update(batch, np.ones(32))
+    # Independently: each row of dQ/da scaled by min(1, clip / |row|), then the chain rule (trfl's clip_by_norm).
+    obs = torch.from_numpy(batch["obs"])
+    action = reference.actor(obs)
+    dqda = torch.autograd.grad(reference.critic(obs, action).sum(), action, retain_graph=True)[0]
+    norms = dqda.norm(dim=1)
+    assert (norms > clip).any() and ((norms < clip).any() or clip < 2.9)  # rows scaled (and some kept at 3.1)
+    scaled = torch.stack([row * min(1.0, clip / float(row.norm())) for row in dqda])
+    assert (scaled.norm(dim=1) <= clip * (1 + 1e-5)).all()
+    assert not torch.allclose(scaled, dqda.clamp(-clip, clip))  # not the element-wise clip
+    loss = -(scaled.detach() * action).sum(-1).mean()
+    want = torch.autograd.grad(loss, list(reference.actor.parameters()))
+    for p, g in zip(learner.actor.parameters(), want):
+        torch.testing.assert_close(p.grad, g, rtol=1e-3, atol=1e-7)
+
+
+def test_grad_clip_norm_bounds_each_networks_global_gradient_norm():
+    batch = random_batch(np.random.default_rng(0), n=32)
+
+    def grads(clip):
+        learner = DPGLearner(CONT, dataclasses.replace(SMALL, dqda_clip=None, grad_clip_norm=clip), seed=0)
+        with torch.no_grad():
+            learner.critic.out.weight.mul_(3000.0)
+        learner.update(batch, np.ones(32))
+        return [[p.grad.clone() for p in net.parameters()] for net in (learner.critic, learner.actor)]
+
+    def norm(gs):
+        return float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in gs])))
+
+    raw, clipped = grads(None), grads(0.1)
+    for raw_net, clipped_net in zip(raw, clipped):
+        assert norm(raw_net) > 0.1  # so the clip acts
+        assert norm(clipped_net) == pytest.approx(0.1, rel=1e-4)
+        for r, c in zip(raw_net, clipped_net):  # the same direction, scaled
+            torch.testing.assert_close(c, r * (0.1 / norm(raw_net)), rtol=1e-3, atol=1e-8)
+
+
+def test_the_actor_loss_is_taken_at_next_obs_when_asked():
+    learner = DPGLearner(CONT, dataclasses.replace(SMALL, critic_lr=1e-12, dqda_clip=None,
+                                                   actor_loss_state="next_obs"), seed=0)
+    batch = random_batch(np.random.default_rng(0), n=16)
+    reference = copy.deepcopy(learner)
+    _, metrics = learner.update(batch, np.ones(16))
+    actor_params = list(reference.actor.parameters())
+
+    def grads_at(key):
+        s = torch.from_numpy(batch[key])
+        q = reference.critic(s, reference.actor(s))
+        return -q.mean().item(), torch.autograd.grad(-q.mean(), actor_params)
+
+    (loss_next, want), (_, at_obs) = grads_at("next_obs"), grads_at("obs")
+    assert metrics["actor_loss"] == pytest.approx(loss_next, rel=1e-4)
+    for p, g in zip(learner.actor.parameters(), want):
+        torch.testing.assert_close(p.grad, g, rtol=1e-3, atol=1e-7)
+    assert any(not torch.allclose(g, o) for g, o in zip(want, at_obs))
+
+
+@pytest.mark.parametrize("weights", ["online", "target"])
+def test_actors_get_the_online_or_the_target_networks(weights):
+    learner = DPGLearner(CONT, dataclasses.replace(SMALL, target_update_period=1000, actor_weights=weights), seed=0)
+    learner.update(random_batch(np.random.default_rng(0)), np.ones(8))  # online moves, targets stay
+    sent = learner.policy_state_dict()
+    nets = {"actor": learner.target_actor, "critic": learner.target_critic} if weights == "target" else {
+        "actor": learner.actor, "critic": learner.critic}
+    for name, net in nets.items():
+        for key, value in net.state_dict().items():
+            assert torch.equal(sent[f"{name}/{key}"], value.cpu())
+    online = learner.actor.state_dict()["body.layers.0.weight"]
+    assert torch.equal(sent["actor/body.layers.0.weight"], online) == (weights == "online")
+    policy = DPGPolicy(CONT, dataclasses.replace(SMALL, actor_weights=weights), seed=1)
+    policy.load_policy_state_dict(sent)  # the same names either way
+
+
 def test_actor_grad_clip_none_keeps_raw_gradients():
     learner = DPGLearner(CONT, dataclasses.replace(SMALL, actor_grad_clip=None, dqda_clip=None), seed=0)
     with torch.no_grad():
@@ -292,10 +373,12 @@ def test_transition_spec_and_config():
     assert DPGLearner(CONT, SMALL).transition_spec == TransitionSpec.dpg(5, 2)
     c = DPGConfig()
     assert (c.n_step, c.batch_size, c.actor_lr, c.critic_lr, c.target_update_period, c.noise_sigma) == (
-        5, 256, 1e-4, 1e-4, 100, 0.3)
+        3, 256, 1e-4, 1e-4, 100, 0.3)  # n = 3: the Ape-X paper's (5 is D4PG's)
+    assert (c.dqda_clip_norm, c.grad_clip_norm, c.actor_loss_state, c.actor_weights) == (None, None, "obs", "online")
     assert (c.critic_hidden, c.actor_hidden, c.dqda_clip, c.actor_grad_clip) == ((400, 300), (300, 200), 1.0, None)
     for bad in [dict(critic_hidden=(400,)), dict(noise_sigma=-1.0), dict(actor_grad_clip=0.0), dict(gamma=2.0),
-                dict(dqda_clip=-1.0)]:
+                dict(dqda_clip=-1.0), dict(dqda_clip_norm=0.0), dict(grad_clip_norm=-1.0),
+                dict(dqda_clip=1.0, dqda_clip_norm=1.0), dict(actor_loss_state="s"), dict(actor_weights="best")]:
         with pytest.raises(ValueError):
             DPGConfig(**bad)
     with pytest.raises(ValueError, match="continuous"):
@@ -315,6 +398,7 @@ def test_the_paper_preset_clips_dqda_and_the_tuned_ones_say_they_clip_parameter_
 
     paper = get_preset("apex-dpg-control").agent_config()
     assert (paper.dqda_clip, paper.actor_grad_clip) == (1.0, None)
+    assert paper.n_step == 3  # the Ape-X paper: "hyperparameters are otherwise as per DQN"
     for name in ("cartpole-swingup", "pendulum"):
         tuned = get_preset(name)
         assert (tuned.agent_config().dqda_clip, tuned.agent_config().actor_grad_clip) == (None, 1.0)

@@ -1,4 +1,8 @@
-"""The server's SampleToInsertRatio rate limiter (--samples-per-insert / --error-buffer), with real processes."""
+"""The server's SampleToInsertRatio rate limiter (--samples-per-insert / --error-buffer), with real processes.
+
+As Reverb's, the limiter measures the ratio from the minimum size on: with m = min_size_to_sample (the server's
+default is 1) a SAMPLE of n may go while S + n <= (I - m) * spi + eb, an INSERT of n while
+(I + n - m) * spi - S <= eb (apexrl.replay.rate_limiter)."""
 
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ class Background:
 def test_a_sampler_too_far_ahead_waits_and_is_released_by_inserts(start_server):
     server = start_server("--samples-per-insert", "1", "--error-buffer", "4")
     with ReplayClient(server.endpoint, timeout=5) as client:
-        client.insert(np.ones(4), items(4))  # I = 4: samples allowed while S + n <= 4 + 4
+        client.insert(np.ones(5), items(5))  # I = 5 (m = 1): samples allowed while S + n <= (5 - 1) + 4
         assert len(client.sample(8)) == 8  # S = 8: at the bound
         with pytest.raises(ServerTimeoutError, match="rate limited"):
             client.sample(1)  # timeout 0: answered at once
@@ -68,24 +72,24 @@ def test_a_sampler_too_far_ahead_waits_and_is_released_by_inserts(start_server):
             waiting = Background(lambda: c2.sample(2, timeout=6))
             time.sleep(0.4)
             assert not waiting.done()
-            client.insert(np.ones(1), items(1, "a"))  # I = 5: S + 2 = 10 > 9, still blocked
+            client.insert(np.ones(1), items(1, "a"))  # I = 6: S + 2 = 10 > 9, still blocked
             time.sleep(0.3)
             assert not waiting.done()
             t0 = time.monotonic()
-            client.insert(np.ones(1), items(1, "b"))  # I = 6: 10 <= 10, released
+            client.insert(np.ones(1), items(1, "b"))  # I = 7: 10 <= 10, released
             assert len(waiting.join()) == 2
             assert time.monotonic() - t0 < 1.0
         s = client.stats()
-    assert s["rate_limiter_inserted_items"] == 6 and s["rate_limiter_sampled_items"] == 10
+    assert s["rate_limiter_inserted_items"] == 7 and s["rate_limiter_sampled_items"] == 10
     assert s["rate_limiter_waits_sample"] == 1 and s["rate_limiter_waits_insert"] == 0
 
 
 def test_an_inserter_too_far_ahead_waits_and_is_released_by_samples(start_server):
     server = start_server("--samples-per-insert", "1", "--error-buffer", "4")
     with ReplayClient(server.endpoint, timeout=5) as client:
-        client.insert(np.ones(5), items(5))  # filling up (store below min size): never limited; I = 5
+        client.insert(np.ones(6), items(6))  # filling up (store below min size): never limited; I = 6
         with pytest.raises(ServerTimeoutError, match="rate limited"):
-            client.insert(np.ones(1), items(1, "now"))  # (5 + 1) * 1 - 0 > 4, timeout 0
+            client.insert(np.ones(1), items(1, "now"))  # (6 + 1 - 1) * 1 - 0 > 4, timeout 0
         with ReplayClient(server.endpoint, timeout=5) as c2:
             waiting = Background(lambda: c2.insert(np.ones(1), items(1, "w"), timeout=6))
             time.sleep(0.4)
@@ -98,7 +102,7 @@ def test_an_inserter_too_far_ahead_waits_and_is_released_by_samples(start_server
             assert waiting.join().shape == (1,)
             assert time.monotonic() - t0 < 1.0
         s = client.stats()
-    assert s["size"] == 6 and s["rate_limiter_inserted_items"] == 6 and s["rate_limiter_sampled_items"] == 2
+    assert s["size"] == 7 and s["rate_limiter_inserted_items"] == 7 and s["rate_limiter_sampled_items"] == 2
     assert s["rate_limiter_waits_insert"] == 1 and s["rate_limiter_waits_sample"] == 0
     assert s["errors_insert"] == 1  # the timeout-0 insert
 
@@ -106,8 +110,8 @@ def test_an_inserter_too_far_ahead_waits_and_is_released_by_samples(start_server
 def test_waiting_requests_hold_no_worker(start_server):
     server = start_server("--samples-per-insert", "1", "--error-buffer", "2", "--workers", "1")
     with ReplayClient(server.endpoint, timeout=5) as client:
-        client.insert(np.ones(1), items(1))
-        client.sample(3)  # S = 3 = 1 + 2
+        client.insert(np.ones(2), items(2))
+        client.sample(3)  # S = 3 = (2 - 1) + 2
         clients = [ReplayClient(server.endpoint, timeout=5) for _ in range(3)]
         try:
             waiting = [Background(lambda c=c: c.sample(1, timeout=6)) for c in clients]
@@ -115,7 +119,7 @@ def test_waiting_requests_hold_no_worker(start_server):
             assert not any(w.done() for w in waiting)
             t0 = time.monotonic()
             client.stats()  # the only worker is free
-            client.insert(np.ones(3), items(3, "r"))  # I = 4: room for 3 more samples
+            client.insert(np.ones(3), items(3, "r"))  # I = 5: room for 3 more samples
             for w in waiting:
                 assert len(w.join()) == 1
             assert time.monotonic() - t0 < 1.5
@@ -129,11 +133,11 @@ def test_waiting_requests_hold_no_worker(start_server):
 def test_a_blocked_request_times_out_at_its_deadline_not_before(start_server, side):
     server = start_server("--samples-per-insert", "2", "--error-buffer", "2")
     with ReplayClient(server.endpoint, timeout=5) as client:
-        client.insert(np.ones(1), items(1))  # I = 1 (filling up)
-        if side == "insert":  # (1 + 1) * 2 - 0 = 4 > 2
+        client.insert(np.ones(2), items(2))  # I = 2 (filling up)
+        if side == "insert":  # (2 + 1 - 1) * 2 - 0 = 4 > 2
             call = lambda: client.insert(np.ones(1), items(1, "late"), timeout=0.4)  # noqa: E731
         else:
-            client.sample(4)  # S = 4 = 1 * 2 + 2
+            client.sample(4)  # S = 4 = (2 - 1) * 2 + 2
             call = lambda: client.sample(1, timeout=0.4)  # noqa: E731
         t0 = time.monotonic()
         with pytest.raises(ReplayTimeout, match="rate limited") as info:
@@ -143,7 +147,7 @@ def test_a_blocked_request_times_out_at_its_deadline_not_before(start_server, si
         assert 0.4 <= elapsed < 2.0
         s = client.stats()
     assert s[f"rate_limiter_waits_{side}"] == 1 and s[f"errors_{side}"] == 1
-    assert s["size"] == 1
+    assert s["size"] == 2
 
 
 def test_min_size_still_applies_and_filling_up_is_not_limited(start_server):
@@ -157,9 +161,9 @@ def test_min_size_still_applies_and_filling_up_is_not_limited(start_server):
             time.sleep(0.3)
             assert not waiting.done()
             client.insert(np.ones(7), items(7, "b"))  # size 3 < 4: still not limited although 10 > 2
-            assert len(waiting.join()) == 2  # S = 2 <= 10 + 2
+            assert len(waiting.join()) == 2  # S = 2 <= (10 - 4) + 2
         with pytest.raises(ServerTimeoutError, match="rate limited"):
-            client.insert(np.ones(1), items(1, "c"))  # at min size now: 11 - 2 > 2
+            client.insert(np.ones(1), items(1, "c"))  # at min size now: (11 - 4) - 2 > 2
         s = client.stats()
     assert s["size"] == 10 and s["rate_limiter_inserted_items"] == 10
     # waiting for min size is not a rate-limiter wait; a timeout-0 refusal did not wait (it is an error)
@@ -205,7 +209,7 @@ def test_concurrent_inserter_and_sampler_keep_the_ratio(start_server):
     inserted, sampled = s["rate_limiter_inserted_items"], s["rate_limiter_sampled_items"]
     assert (inserted, sampled) == (counts["inserted"], counts["sampled"])
     assert sampled > 50 and inserted > 10  # both sides moved: no deadlock
-    assert sampled <= inserted * 4 + 16 and inserted * 4 - sampled <= 16
+    assert sampled <= (inserted - 1) * 4 + 16 and (inserted - 1) * 4 - sampled <= 16
     assert s["errors_total"] == counts["late_timeouts"]
 
 
@@ -284,17 +288,35 @@ def test_the_rules_in_one_place():
     rl = RateLimiter(spi=2.0, eb=10.0, min_size=5)
     assert not rl.big_enough(4) and rl.big_enough(5)
     assert rl.insert_ok(100, 4, 0, 0)  # filling up is never limited
-    assert rl.insert_ok(5, 5, 0, 0) and not rl.insert_ok(6, 5, 0, 0)
+    # counted from the min size on: (I + n - 5) * 2 - S <= 10 and S + n <= (I - 5) * 2 + 10
+    assert rl.insert_ok(10, 5, 0, 0) and not rl.insert_ok(11, 5, 0, 0)
     assert not rl.sample_ok(1, 4, 10, 0)  # below min size
-    assert rl.sample_ok(10, 5, 0, 0) and not rl.sample_ok(11, 5, 0, 0)
-    assert rl.try_insert(5, 5) and not rl.try_insert(1, 10)
-    assert rl.counts() == (5, 0)
-    rl.undo(inserted=5)
+    assert rl.sample_ok(10, 5, 5, 0) and not rl.sample_ok(11, 5, 5, 0)
+    assert rl.sample_ok(12, 6, 6, 0) and not rl.sample_ok(13, 6, 6, 0)
+    assert rl.try_insert(10, 5) and not rl.try_insert(1, 10)
+    assert rl.counts() == (10, 0)
+    rl.undo(inserted=10)
     assert rl.counts() == (0, 0)
     unlimited = RateLimiter(spi=None, eb=0.0, min_size=0)
     assert unlimited.big_enough(1) and not unlimited.big_enough(0)
     assert unlimited.insert_ok(10**6, 10, 0, 0) and unlimited.sample_ok(10**6, 1, 0, 0)
     assert rl.describe() == "0 items inserted and 0 sampled, samples_per_insert=2.0, error_buffer=10.0"
+
+
+def test_filling_up_to_the_min_size_gives_the_learner_no_head_start():
+    """Reverb's offset: the ratio counts from min_size_to_sample on, so a learner that starts at 50 000 items
+    (apex-dpg-control: spi 1.57, error buffer 2560) may sample one error buffer ahead of the ratio, not m x spi (78 571) more."""
+    from apexrl._core import NativeRateLimiter as RateLimiter
+
+    spi, eb, m = 22_000 / 14_000, 2560.0, 50_000
+    rl = RateLimiter(spi=spi, eb=eb, min_size=m)
+    assert rl.try_insert(m, 0)  # the fill-up: never limited
+    assert rl.sample_ok(2560, m, m, 0) and not rl.sample_ok(2561, m, m, 0)
+    assert rl.try_sample(2560, m) and not rl.try_sample(1, m)
+    assert rl.try_insert(1, m) and rl.try_sample(1, m)  # each insert then allows spi samples
+    # inserts may run ahead of the ratio by the error buffer only: (m + 1 + k - m) * spi - 2561 <= 2560
+    k = int((2 * eb + 1) / spi) - 1
+    assert rl.insert_ok(k, m + 1, m + 1, 2561) and not rl.insert_ok(k + 1, m + 1, m + 1, 2561)
 
 
 @pytest.mark.parametrize("n, m, ok", [(150, 0, True), (200, 0, True), (201, 0, False), (0, 200, True),
@@ -311,7 +333,7 @@ def test_one_deadlock_rule_for_the_run_plan_and_the_server(n, m, ok):
     if not ok:
         assert "exceeds 2 x error_buffer = 200" in reason and "samples_per_insert=1, error_buffer=100" in reason
     rl = RateLimiter(spi=1.0, eb=100.0, min_size=1)
-    assert rl.try_insert(100, 0)  # I * spi - S = 100 = error_buffer, store at min size
+    assert rl.try_insert(101, 0)  # (I - min size) * spi - S = 100 = error_buffer, store at min size
     if m == 0:
         assert (rl.never_admitted(int(Op.SAMPLE), n, 100) is None) == ok
     if n == 0:
@@ -327,3 +349,21 @@ def test_the_native_deadlock_arithmetic_is_the_run_plans(n, m, spi, eb):
     from apexrl.replay.rate_limiter import deadlock_reason
 
     assert serve_deadlock_reason(n, m, spi, eb) == deadlock_reason(n, m, spi, eb)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 300), size=st.integers(0, 400), inserted=st.integers(0, 2000), sampled=st.integers(0, 4000),
+       spi=st.floats(0.05, 40), eb=st.floats(1, 500), m=st.integers(0, 300))
+def test_the_native_rules_are_the_documented_ones(n, size, inserted, sampled, spi, eb, m):
+    """apexrl.replay.rate_limiter's docstring states the rules with Reverb's min-size offset; the native limiter
+    applies exactly those."""
+    from apexrl._core import NativeRateLimiter as RateLimiter
+
+    eb = max(eb, spi)
+    need = max(m, 1)
+    rl = RateLimiter(spi=spi, eb=eb, min_size=m)
+    eps = 1e-9
+    insert_ok = n == 0 or size < need or (inserted + n - need) * spi - sampled <= eb + eps
+    sample_ok = size >= need and sampled + n <= (inserted - need) * spi + eb + eps
+    assert rl.insert_ok(n, size, inserted, sampled) == insert_ok
+    assert rl.sample_ok(n, size, inserted, sampled) == sample_ok

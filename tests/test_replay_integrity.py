@@ -284,7 +284,7 @@ def test_a_retry_after_a_client_timeout_while_the_insert_waited_is_stored_once(m
     again with the same id; once the learner samples, the batch is stored once and the retry gets its keys."""
     server = make_server(samples_per_insert=1.0, error_buffer=10.0, min_size_to_sample=1)
     with ReplayClient(server.endpoint, timeout=20) as learner:
-        learner.insert(np.ones(10), [b"%d" % i for i in range(10)])  # I = 10: the rate limiter is now at its bound
+        learner.insert(np.ones(10), [b"%d" % i for i in range(10)])  # I = 10: an insert of 5 is over the bound (14 > 10)
         data, offsets = P.pack_items([b"a", b"b", b"c", b"d", b"e"])
         insert_id = (0x5EED, 1)
         first = raw(server.endpoint)

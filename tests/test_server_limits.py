@@ -121,7 +121,7 @@ def test_waiting_inserts_hold_at_most_max_waiting_mb(start_server, raw_socket):
     """Rate-limited INSERTs hold their data while they wait (150 x 1 MiB held 150 MB): capped."""
     srv = start_server("--samples-per-insert", "1", "--error-buffer", "100", "--max-waiting-mb", "1")
     with ReplayClient(srv.endpoint, timeout=30) as client:
-        insert(client, 100)  # I * spi - S = 100 = error_buffer: the next insert must wait for samples
+        insert(client, 101)  # (I - min size) * spi - S = 100 = error_buffer: the next insert must wait
         sock = raw_socket(srv.endpoint)
         big = b"x" * (256 << 10)
         data, offsets = P.pack_items([big])
@@ -150,7 +150,7 @@ def test_a_request_the_rate_limiter_could_never_admit_is_refused_at_once(start_s
         assert "256" in msg and "2 x error_buffer = 200" in msg and "samples_per_insert=1" in msg, msg
         with pytest.raises(ServerError, match=r"insert of 201 x samples_per_insert 1 = 201 exceeds 2 x error_buffer"):
             client.insert(np.ones(201), [b"i"] * 201, timeout=20)
-        assert len(client.sample(150)) == 150  # within the bound: served
+        assert len(client.sample(149)) == 149  # within the bound, (50 - min size 1) * 1 + 100: served
         assert client.stats()["size"] == 50
 
 

@@ -204,7 +204,7 @@ def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(st
                           "--max-wait", "1")
     rss = Rss(server.pid)
     with ReplayClient(server.endpoint, timeout=30) as good:
-        good.insert(np.ones(100), [b"seed"] * 100)  # I * spi - S = 100 = error_buffer: every insert must wait
+        good.insert(np.ones(101), [b"seed"] * 101)  # (I - 1) * spi - S = 100 = error_buffer: every insert waits
         before = good.stats()
         baseline = rss.now()
         rss.reset_peak()
@@ -225,7 +225,7 @@ def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(st
         s = wait_until("every insert id released", lambda: (lambda s: s if s["insert_ids_pending"] == 0
                                                             and s["deferred"] == 0 else None)(good.stats()))
         peak = rss.peak()
-        assert s["deferred_bytes"] == 0 and s["size"] == 100 and s["deferred_refused"] > 0, s
+        assert s["deferred_bytes"] == 0 and s["size"] == 101 and s["deferred_refused"] > 0, s
         assert peak <= baseline + cap + margin, report("expired inserts", baseline=baseline, peak=peak, cap=cap,
                                                        margin=margin)
         after = rss_back(rss, baseline)
@@ -236,7 +236,7 @@ def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(st
         hog.send_multipart(insert_frames(9001, [b"retry"], (0xA77AC, 1), 5000))
         [(rid, status, message, frames)] = read_replies(hog, 1)
         assert (rid, status) == (9001, P.Status.OK), message
-        assert good.stats()["size"] == 101
+        assert good.stats()["size"] == 102
 
 
 # ------------------------------------------------------- (c) one identity floods the insert-id window

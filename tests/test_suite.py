@@ -1,5 +1,6 @@
-"""``apexrl bench-suite``: a real tiny suite (CartPole, short runs), its CSV rows and Markdown table, the resume
-rule; the table's arithmetic on hand-made rows."""
+"""``apexrl bench-suite``: a real tiny suite (CartPole, short runs), its CSV rows and Markdown table with the
+published-score columns, the resume rule; the table's arithmetic and the published scores beside ours on hand-made
+rows; the published scores the package carries."""
 
 from __future__ import annotations
 
@@ -9,24 +10,58 @@ import os
 import subprocess
 import sys
 
-from apexrl.suite import PAPER_NOTE, markdown_table
+import pytest
+from apexrl.envs import dmc
+from apexrl.suite import (
+    PAPER_AGENTS,
+    PAPER_NOTE,
+    SUITE_TABLE_HEADER,
+    format_frames,
+    markdown_table,
+    published_scores,
+)
 
 FAST = ("--learner-args='--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 "
         "--checkpoint-every 100'")
 
 
-def _row(task, seed, mean, agent="d4pg", preset="p"):
-    return {"task": task, "agent": agent, "preset": preset, "seed": seed, "minutes": 20.0, "final_return_mean": mean}
+def _row(task, seed, mean, agent="d4pg", preset="p", frames=1_000_000, time_s=1200.0):
+    return {"task": task, "agent": agent, "preset": preset, "seed": seed, "minutes": 20.0, "final_return_mean": mean,
+            "env_frames": frames, "time_s": time_s}
 
 
-def test_markdown_table_has_mean_and_se_over_seeds_beside_the_paper():
-    md = markdown_table([_row("dmc:walker-stand", 0, 900.0), _row("dmc:walker-stand", 1, 940.0),
-                         _row("dmc:walker-stand", 2, 920.0), _row("dmc:cartpole-swingup", 0, 800.0)])
+def test_markdown_table_has_mean_and_se_over_seeds_budgets_and_the_published_scores():
+    md = markdown_table([_row("dmc:walker-stand", 0, 900.0, frames=3_000_000, time_s=2400.0),
+                         _row("dmc:walker-stand", 1, 940.0, frames=3_200_000, time_s=2700.0),
+                         _row("dmc:walker-stand", 2, 920.0, frames=3_400_000, time_s=2700.0),
+                         _row("dmc:cartpole-swingup", 0, 800.0), _row("gym:CartPole-v1", 0, 500.0, "dqn")])
     lines = md.splitlines()
-    # SE over seeds: std(ddof=1) of (900, 940, 920) = 20, / sqrt(3) = 11.547
-    assert "| dmc:walker-stand | d4pg (p) | 3 | 20 | 920.0 ± 11.5 | 993.1 | 969.8 |" in lines
-    assert "| dmc:cartpole-swingup | d4pg (p) | 1 | 20 | 800.0 (one seed) | n/a | n/a |" in lines
-    assert PAPER_NOTE in md and "10^8" in PAPER_NOTE
+    assert lines[0] == SUITE_TABLE_HEADER
+    # SE over seeds: std(ddof=1) of (900, 940, 920) = 20, / sqrt(3) = 11.547; frames and minutes are means over seeds
+    assert ("| dmc:walker-stand | d4pg (p) | 3 | 3.20M | 43.3 | 920.0 ± 11.5 | 378.4 ± 3.5 | 969.8 ± 0.3 | "
+            "993.1 ± 0.3 |") in lines
+    assert ("| dmc:cartpole-swingup | d4pg (p) | 1 | 1.00M | 20.0 | 800.0 (one seed) | 558.4 ± 6.8 | 521.7 ± 6.1 | "
+            "845.5 ± 1.2 |") in lines
+    assert "| gym:CartPole-v1 | dqn (p) | 1 | 1.00M | 20.0 | 500.0 (one seed) | n/a | n/a | n/a |" in lines
+    assert PAPER_NOTE in md and "10^8" in PAPER_NOTE and "Table 1" in PAPER_NOTE
+
+
+def test_the_published_scores_hold_every_task_of_both_tables():
+    after_steps, after_hours = published_scores("1e8_steps"), published_scores("24_hours")
+    assert len(after_steps) == len(after_hours) == 28 and set(after_steps) == set(after_hours)
+    for table in (after_steps, after_hours):
+        for task, scores in table.items():
+            assert task.startswith("dmc:") and set(scores) == set(PAPER_AGENTS)
+            assert all(0.0 <= s.mean <= 1000.0 and s.se >= 0.0 for s in scores.values()), task
+    # Figures as the paper prints them (Table 1 and Table 2), and task names as dm_control spells them.
+    walker = after_steps["dmc:walker-stand"]
+    assert (walker["d4pg"].mean, walker["ddpg"].mean, walker["a3c"].mean) == (993.1, 969.8, 378.4)
+    assert after_steps["dmc:cheetah-run"]["d4pg"].mean == 736.7 and after_hours["dmc:cheetah-run"]["d4pg"].mean == 814.6
+    # The 28 tasks are dm_control's benchmarking set, named as apexrl's dmc: environments name them.
+    suite = dmc._suite()
+    assert set(after_steps) == {f"dmc:{domain}-{task}" for domain, task in suite.BENCHMARKING}
+    with pytest.raises(ValueError, match="1e8_steps"):
+        published_scores("10_minutes")
 
 
 def test_a_tiny_suite_writes_rows_and_table_and_does_not_rerun_finished_seeds(tmp_path):
@@ -45,9 +80,14 @@ def test_a_tiny_suite_writes_rows_and_table_and_does_not_rerun_finished_seeds(tm
     assert (row["task"], row["agent"], row["preset"], row["seed"]) == ("gym:CartPole-v1", "dqn", "cartpole", "0")
     assert row["run_dir"] == run_dir and row["episodes"] == "2" and int(row["learner_steps"]) == 100
     assert float(row["final_return_mean"]) == fe["mean"] and int(row["env_frames"]) == fe["env_frames"] > 0
+    assert float(row["time_s"]) == pytest.approx(fe["time_s"], rel=1e-5) and fe["time_s"] > 0
+    assert all(row[f"paper_{a}_{s}"] == "" for a in ("a3c", "ddpg", "d4pg") for s in ("mean", "se"))  # not published
     with open(os.path.join(out, "suite.md")) as f:
-        md = f.read()
-    assert f"| gym:CartPole-v1 | dqn (cartpole) | 1 | 0 | {fe['mean']:.1f} (one seed) | n/a | n/a |" in md
+        md = f.read().splitlines()
+    # Our env frames and wall time beside the published columns (n/a: gym's CartPole is not in the paper's table).
+    assert md[2:4] == [SUITE_TABLE_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    assert (f"| gym:CartPole-v1 | dqn (cartpole) | 1 | {format_frames(fe['env_frames'])} | {fe['time_s'] / 60:.1f} | "
+            f"{fe['mean']:.1f} (one seed) | n/a | n/a | n/a |") in md
 
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr

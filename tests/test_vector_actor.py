@@ -39,10 +39,11 @@ def test_a_batched_act_explores_per_environment():
 
     d4pg = get_agent("d4pg")
     pend = env_spec("gym:Pendulum-v1")
-    config = d4pg.config_class()
+    config = d4pg.config_class(noise_sigma_max=1.0, noise_sigma_min=1 / 32)  # apex-d4pg-control's spread
     policy = d4pg.make_batch_policy(pend, config, [0, 1, 2], 3, 0)
     assert policy.explorations == pytest.approx([sigma_ladder(s, 3, config.noise_sigma_min, config.noise_sigma_max)
                                                  for s in range(3)])
+    assert len(set(policy.explorations)) == 3
     policy.sigmas = np.array([0.0, 0.5, 0.0])
     a = np.array(policy.act_batch(np.zeros((3, 3), np.float32)))
     mean = policy.act(np.zeros(3, np.float32), explore=False)

@@ -1,6 +1,6 @@
 """``apexrl bench-suite``: every task x seed as an ``apexrl run``, one after another, then a final evaluation of
 each, gathered into ``DIR/suite.csv`` and a Markdown table ``DIR/suite.md`` beside the Control Suite paper's
-scores.
+published scores (:func:`published_scores`), with each run's env frames and wall time so the budgets show.
 
 Run directories are ``DIR/<task>/<agent>/<seed>`` (":" in a task name becomes "-"). Resumable: a task x seed
 whose ``final_eval.json`` exists is not run again; one whose directory holds an unfinished run (a checkpoint
@@ -12,6 +12,8 @@ launcher checkpoints it) and the tables are still written for what finished.
 from __future__ import annotations
 
 import csv
+import functools
+import importlib.resources
 import io
 import math
 import os
@@ -31,22 +33,62 @@ from apexrl.rundir import (
     final_eval,
 )
 
-__all__ = ["PAPER_SCORES", "SUITE_COLUMNS", "SuiteError", "SuiteRun", "markdown_table", "run_suite", "suite_rows"]
+__all__ = ["PAPER_AGENTS", "PAPER_NOTE", "PUBLISHED_TABLES", "SUITE_COLUMNS", "SUITE_TABLE_HEADER", "PublishedScore",
+           "SuiteError", "SuiteRun", "format_frames", "markdown_table", "published_scores", "run_suite", "suite_row",
+           "suite_rows"]
 
 SUITE_COLUMNS = ("task", "agent", "preset", "seed", "minutes", "learner_steps", "env_frames", "final_return_mean",
-                 "final_return_se", "episodes", "best_eval_return", "run_dir")
+                 "final_return_se", "episodes", "best_eval_return", "run_dir", "time_s", "paper_a3c_mean",
+                 "paper_a3c_se", "paper_ddpg_mean", "paper_ddpg_se", "paper_d4pg_mean", "paper_d4pg_se")
+"""suite.csv's columns. ``time_s``: the learner's wall time when its final checkpoint was taken; ``paper_*``:
+the task's published scores after 10^8 environment steps (:func:`published_scores`), empty for other tasks."""
 
-PAPER_SCORES: dict[str, tuple[float | None, float | None]] = {
-    "dmc:walker-stand": (993.1, 969.8),
-}
-"""(D4PG, DDPG) mean returns after 10^8 steps from the DeepMind Control Suite paper (Tassa et al. 2018, the
-table of final returns of the agents learning from state features). Only numbers checked against that table
-are listed: walker-stand's, as quoted in issue #12; every other task shows "n/a" until its numbers are
-checked."""
+SCORES_FILE = "control_suite_scores.csv"
+"""Package data (``apexrl/data/``): the Control Suite paper's published returns, see :func:`published_scores`."""
+PUBLISHED_TABLES = {"1e8_steps": "Table 1, after 10^8 environment steps",
+                    "24_hours": "Table 2, after 24 hours of training"}
+PAPER_AGENTS = ("a3c", "ddpg", "d4pg", "d4pg_pixels")
+"""The agents of the paper's tables, as the CSV's column prefixes (d4pg_pixels: D4PG learning from pixels)."""
+SUITE_PAPER_AGENTS = ("a3c", "ddpg", "d4pg")
+"""The published agents the suite's tables show (all learning from state features, as apexrl's agents do)."""
 
-PAPER_NOTE = ("Paper: D4PG and DDPG columns are the DeepMind Control Suite paper's (Tassa et al. 2018) returns "
-              "after 10^8 environment steps, learning from state features; ours are after the minutes given. "
-              "n/a: not checked against the paper's table.")
+
+@dataclass(frozen=True)
+class PublishedScore:
+    """One agent's published return on one task: the mean and standard error the paper prints."""
+
+    mean: float
+    se: float
+
+
+def published_scores(table: str = "1e8_steps") -> dict[str, dict[str, PublishedScore]]:
+    """The DeepMind Control Suite paper's published returns (Tassa et al. 2018, arXiv:1801.00690): per task
+    (apexrl's env name, ``dmc:<domain>-<task>``) and agent (:data:`PAPER_AGENTS`), the mean and standard error
+    over 100 evaluation episodes per seed (D4PG 5 seeds, A3C and DDPG 15). ``table``: ``1e8_steps`` (the paper's
+    Table 1, after 10^8 environment steps) or ``24_hours`` (Table 2, after 24 hours of training). All 28 tasks
+    of the suite's benchmarking set; the paper prints cheetah-run's row as "walk"."""
+    if table not in PUBLISHED_TABLES:
+        raise ValueError(f"unknown published table {table!r}; choose from {', '.join(PUBLISHED_TABLES)}")
+    return _load_published()[table]
+
+
+@functools.cache
+def _load_published() -> dict[str, dict[str, dict[str, PublishedScore]]]:
+    text = importlib.resources.files("apexrl").joinpath("data", SCORES_FILE).read_text(encoding="utf-8")
+    rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
+    out: dict[str, dict[str, dict[str, PublishedScore]]] = {t: {} for t in PUBLISHED_TABLES}
+    for r in rows:
+        task = f"dmc:{r['domain']}-{r['task']}"
+        if r["table"] not in out or task in out[r["table"]]:
+            raise ValueError(f"{SCORES_FILE}: unexpected row {r['table']},{r['domain']},{r['task']}")
+        out[r["table"]][task] = {a: PublishedScore(float(r[f"{a}_mean"]), float(r[f"{a}_se"])) for a in PAPER_AGENTS}
+    return out
+
+
+PAPER_NOTE = ("Published: A3C, DDPG and D4PG (learning from state features) after 10^8 environment steps, mean ± "
+              "SE, from Table 1 of the DeepMind Control Suite paper (Tassa et al. 2018); n/a: a task not in that "
+              "table. Ours: mean ± SE over seeds of each seed's final evaluation, after the env frames (on Control "
+              "Suite tasks one frame is one environment step) and learner wall time shown (means over seeds).")
 
 
 class SuiteError(Exception):
@@ -90,6 +132,15 @@ def _best_eval(run_dir: str) -> float:
     return max(values) if values else math.nan
 
 
+def suite_row(run: SuiteRun, fe: dict, minutes: float) -> dict:
+    """The suite.csv row (SUITE_COLUMNS) of one run and its final evaluation (``final_eval.json``'s fields)."""
+    return {"task": run.task, "agent": run.agent, "preset": run.preset, "seed": run.seed, "minutes": minutes,
+            "learner_steps": int(fe.get("learner_steps", 0)), "env_frames": int(fe.get("env_frames", 0)),
+            "final_return_mean": float(fe["mean"]), "final_return_se": float(fe["se"]),
+            "episodes": int(fe["episodes"]), "best_eval_return": _best_eval(run.run_dir), "run_dir": run.run_dir,
+            "time_s": float(fe.get("time_s", math.nan)), **_paper_cells(run.task)}
+
+
 def suite_rows(runs: Sequence[SuiteRun], minutes: float) -> list[dict]:
     """One row per run that has its final evaluation (SUITE_COLUMNS)."""
     rows = []
@@ -99,36 +150,58 @@ def suite_rows(runs: Sequence[SuiteRun], minutes: float) -> list[dict]:
         except RunDirError as e:
             print(f"bench-suite: {e}; left out", file=sys.stderr, flush=True)
             continue
-        if fe is None:
-            continue
-        rows.append({"task": r.task, "agent": r.agent, "preset": r.preset, "seed": r.seed, "minutes": minutes,
-                     "learner_steps": int(fe.get("learner_steps", 0)), "env_frames": int(fe.get("env_frames", 0)),
-                     "final_return_mean": float(fe["mean"]), "final_return_se": float(fe["se"]),
-                     "episodes": int(fe["episodes"]), "best_eval_return": _best_eval(r.run_dir),
-                     "run_dir": r.run_dir})
+        if fe is not None:
+            rows.append(suite_row(r, fe, minutes))
     return rows
+
+
+def _paper_cells(task: str) -> dict[str, float]:
+    scores = published_scores().get(task)
+    cells = {}
+    for a in SUITE_PAPER_AGENTS:
+        s = scores[a] if scores else None
+        cells[f"paper_{a}_mean"] = s.mean if s else math.nan
+        cells[f"paper_{a}_se"] = s.se if s else math.nan
+    return cells
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def _mean_se(xs: Sequence[float]) -> tuple[float, float]:
+    mean = sum(xs) / len(xs)
+    se = (math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) / math.sqrt(len(xs)) if len(xs) > 1
+          else math.nan)
+    return mean, se
+
+
+def format_frames(n: float) -> str:
+    """Env frames as the suite's table shows them: 12,345 below 100k, else 1.23M."""
+    return "n/a" if math.isnan(n) else f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n:,.0f}"
+
+
+SUITE_TABLE_HEADER = ("| task | agent (preset) | seeds | env frames | wall time (min) | final return (mean ± SE "
+                      "over seeds) | published A3C | published DDPG | published D4PG |")
+
+
 def markdown_table(rows: Sequence[dict]) -> str:
-    """Per task and agent: mean ± SE over seeds of the final evaluation returns, beside the paper's scores."""
+    """Per task and agent: mean ± SE over seeds of the final evaluation returns, with the env frames and wall
+    time the runs trained for (means over seeds), beside the task's published scores (mean ± SE)."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["task"], r["agent"], r["preset"]), []).append(r)
-    lines = ["| task | agent (preset) | seeds | minutes | final return (mean ± SE over seeds) | paper D4PG | paper DDPG |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [SUITE_TABLE_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    published = published_scores()
     for (task, agent, preset), rs in groups.items():
-        means = [r["final_return_mean"] for r in rs]
-        mean = sum(means) / len(means)
-        se = (math.sqrt(sum((m - mean) ** 2 for m in means) / (len(means) - 1)) / math.sqrt(len(means))
-              if len(means) > 1 else math.nan)
+        mean, se = _mean_se([r["final_return_mean"] for r in rs])
         ours = f"{mean:.1f} ± {se:.1f}" if not math.isnan(se) else f"{mean:.1f} (one seed)"
-        d4pg, ddpg = PAPER_SCORES.get(task, (None, None))
-        minutes = ", ".join(sorted({f"{float(r['minutes']):g}" for r in rs}))
-        lines.append(f"| {task} | {agent} ({preset}) | {len(rs)} | {minutes} | {ours} | {_fmt(d4pg)} | {_fmt(ddpg)} |")
+        frames = _mean_se([float(r.get("env_frames", math.nan)) for r in rs])[0]
+        minutes = _mean_se([float(r.get("time_s", math.nan)) / 60.0 for r in rs])[0]
+        paper = published.get(task)
+        cells = [f"{paper[a].mean:.1f} ± {paper[a].se:.1f}" if paper else "n/a" for a in SUITE_PAPER_AGENTS]
+        lines.append(f"| {task} | {agent} ({preset}) | {len(rs)} | {format_frames(frames)} | {_fmt(minutes)} | "
+                     f"{ours} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + PAPER_NOTE + "\n"
 
 

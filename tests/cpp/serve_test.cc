@@ -29,11 +29,12 @@ DeferredPtr Wait(uint16_t op, uint64_t n, uint64_t seq, const std::string& who =
 
 TEST(Waitlist, ReleaseLooksOnlyAtTheHeadsAndSimulatesAdmissionsInOrder) {
   RateLimiter rl(1.0, 4.0, 1);
-  ASSERT_TRUE(rl.TryInsert(4, 10));  // I = 4, S = 0: samples of up to 8 items in all may go
+  ASSERT_TRUE(rl.TryInsert(5, 10));  // I = 5, S = 0: samples of up to (5 - 1) + 4 = 8 items in all may go
   Waitlist w(100, 100, 1 << 20);
   auto s1 = Wait(kSample, 5, 1), s2 = Wait(kSample, 5, 2), s3 = Wait(kSample, 3, 3), i1 = Wait(kInsert, 1, 4);
   for (auto& e : {s1, s2, s3, i1}) EXPECT_EQ(w.Add(e, false), nullptr);
-  // i1 must wait for a sample (5 - 0 > 4); s1 goes (S = 5), then i1 (I = 5); s2 (10 > 9) blocks the queue.
+  // i1 must wait for a sample ((5 + 1 - 1) - 0 > 4); s1 goes (S = 5), then i1 (I = 6); s2 (10 > 9) blocks the
+  // queue.
   auto ready = w.Release(rl, 10);
   ASSERT_EQ(ready.size(), 2u);
   EXPECT_EQ(ready[0], s1);
@@ -42,7 +43,7 @@ TEST(Waitlist, ReleaseLooksOnlyAtTheHeadsAndSimulatesAdmissionsInOrder) {
   EXPECT_EQ(w.examined_max, 4u);  // released + the two heads that stayed: s3 was never looked at
   uint64_t inserted, sampled;
   rl.Counts(&inserted, &sampled);
-  EXPECT_EQ(inserted, 4u);  // nothing is counted until a request is served
+  EXPECT_EQ(inserted, 5u);  // nothing is counted until a request is served
   EXPECT_EQ(sampled, 0u);
 }
 

@@ -35,12 +35,14 @@ RateLimiter::RateLimiter(double spi, double eb, uint64_t min_size)
 
 bool RateLimiter::InsertOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const {
   if (!limited() || n == 0 || size < need_) return true;
-  return static_cast<double>(inserted + n) * spi_ - static_cast<double>(sampled) <= eb_ + kEps;
+  return (static_cast<double>(inserted + n) - static_cast<double>(need_)) * spi_ - static_cast<double>(sampled) <=
+         eb_ + kEps;
 }
 
 bool RateLimiter::SampleOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const {
   if (size < need_) return false;
-  return !limited() || static_cast<double>(sampled + n) <= static_cast<double>(inserted) * spi_ + eb_ + kEps;
+  return !limited() || static_cast<double>(sampled + n) <=
+                            (static_cast<double>(inserted) - static_cast<double>(need_)) * spi_ + eb_ + kEps;
 }
 
 bool RateLimiter::TryInsert(uint64_t n, uint64_t size) {

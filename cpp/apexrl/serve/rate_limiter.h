@@ -1,15 +1,18 @@
 // The replay server's admission rules: the minimum size to sample and Reverb's SampleToInsertRatio.
 //
 // With samples_per_insert (spi) set, the limiter counts the items inserted (I) and sampled (S) since the
-// server started. With eb = error_buffer:
-//   * a SAMPLE of n may be served when the store holds >= min_size_to_sample items (at least 1) and
-//     S + n <= I * spi + eb;
-//   * an INSERT of n may be served when the store holds fewer than min_size_to_sample items (filling up is
-//     never limited), or when (I + n) * spi - S <= eb.
-// Without spi only the minimum size applies (to SAMPLEs). Deadlock freedom: with d = I * spi - S, a SAMPLE of
-// n is blocked iff d < n - eb and an INSERT of m iff d > eb - m * spi; both at once needs n + m * spi > 2 * eb
-// (DeadlockReason). The run plan checks batches with the Python twin of DeadlockReason
-// (apexrl.replay.rate_limiter.deadlock_reason); tests/test_rate_limiter.py holds the two to the same answers.
+// server started. As Reverb's limiter does, it measures the ratio from the minimum size on: with
+// m = min_size_to_sample (at least 1), eb = error_buffer and the offset d = (I - m) * spi - S,
+//   * a SAMPLE of n may be served when the store holds >= m items and S + n <= (I - m) * spi + eb
+//     (d - n >= -eb);
+//   * an INSERT of n may be served when the store holds fewer than m items (filling up is never limited),
+//     or when (I + n - m) * spi - S <= eb (d + n * spi <= eb).
+// So the m items of the fill-up give the learner no head start: at min size d = 0 and the learner may sample
+// eb items ahead of the ratio, not m * spi + eb. Without spi only the minimum size applies (to SAMPLEs).
+// Deadlock freedom: a SAMPLE of n is blocked iff d < n - eb and an INSERT of m' iff d > eb - m' * spi; both
+// at once needs n + m' * spi > 2 * eb (DeadlockReason; the offset shifts d, not this bound). The run plan
+// checks batches with the Python twin of DeadlockReason (apexrl.replay.rate_limiter.deadlock_reason);
+// tests/test_rate_limiter.py holds the two to the same answers.
 #ifndef APEXRL_SERVE_RATE_LIMITER_H_
 #define APEXRL_SERVE_RATE_LIMITER_H_
 
@@ -27,7 +30,7 @@ std::optional<std::string> DeadlockReason(double n, double m, double spi, double
 
 class RateLimiter {
  public:
-  // spi <= 0: no ratio limit. min_size is raised to 1.
+  // spi <= 0: no ratio limit. min_size is raised to 1; it is also the offset of the ratio (see above).
   RateLimiter(double spi, double eb, uint64_t min_size);
 
   bool limited() const { return spi_ > 0; }
@@ -36,7 +39,7 @@ class RateLimiter {
   uint64_t need() const { return need_; }
   bool BigEnough(uint64_t size) const { return size >= need_; }
 
-  // The two rules, for given counts.
+  // The two rules, for given counts (size: items in the store before the request).
   bool InsertOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const;
   bool SampleOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const;
 

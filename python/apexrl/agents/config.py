@@ -1,4 +1,6 @@
-"""Agent hyper-parameters. Defaults are the Ape-X paper's (Horgan et al. 2018, appendix).
+"""Agent hyper-parameters. DQN's and DPG's defaults are the Ape-X paper's (Horgan et al. 2018, appendix); D4PG's
+are the D4PG paper's where it gives them and Acme's elsewhere (D4PGConfig). Each preset of
+``apexrl.launch.presets`` says which source each of its settings follows.
 
 All configs are frozen dataclasses: make small-task presets with ``dataclasses.replace(DQNConfig(), lr=1e-3)``.
 Invalid values raise ValueError at construction.
@@ -31,6 +33,20 @@ def _check_unit(cfg: object, *names: str) -> None:
         v = getattr(cfg, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
             raise ValueError(f"{type(cfg).__name__}.{name} must be in [0, 1], got {v!r}")
+
+
+def _check_choice(cfg: object, name: str, choices: tuple[str, ...]) -> None:
+    v = getattr(cfg, name)
+    if v not in choices:
+        raise ValueError(f"{type(cfg).__name__}.{name} must be one of {', '.join(choices)}; got {v!r}")
+
+
+ACTOR_LOSS_STATES = ("obs", "next_obs")
+"""``_ActorCriticConfig.actor_loss_state`` values."""
+ACTOR_WEIGHTS = ("online", "target")
+"""``_ActorCriticConfig.actor_weights`` values."""
+SIGMA_SPACINGS = ("geometric", "linear")
+"""``D4PGConfig.noise_sigma_spacing`` values."""
 
 
 def _check_layers(cfg: object, *names: str) -> None:
@@ -96,7 +112,7 @@ class _ActorCriticConfig:
     """What DPG and D4PG share: deterministic actor, critic, n-step targets, Adam, hard target copies."""
 
     n_step: int = 5
-    """n of the n-step return (5 as in D4PG; the Ape-X paper also reports 3 for DPG)."""
+    """n of the n-step return (5: D4PG's, Barth-Maron et al. 2018; the Ape-X paper's DPG uses 3, as DQN)."""
     gamma: float = 0.99
     """Discount per agent step."""
     batch_size: int = 256
@@ -114,29 +130,52 @@ class _ActorCriticConfig:
     target_update_period: int = 100
     """Learner updates between hard copies of actor and critic into their target networks."""
     priority_eps: float = 1e-6
-    """Added to every new priority (DPG: |TD error|; D4PG: cross-entropy) so that it is > 0."""
+    """Added to every new priority (DPG: |TD error|; D4PG: the KL divergence) so that it is > 0."""
     dqda_clip: float | None = 1.0
-    """Clip every element of dQ/da -- the gradient the critic passes into the actor's action -- to [-c, c]
-    (the paper's "gradient used to update the actor network is clipped to [-1, 1], element-wise", as DeepMind's
-    trfl ``dpg(dqda_clipping=1)`` and Acme's D4PG implement it); None: no clipping."""
+    """Clip every *element* of dQ/da -- the gradient the critic passes into the actor's action -- to [-c, c]
+    (the Ape-X paper's "gradient used to update the actor network is clipped to [-1, 1], element-wise", trfl's
+    ``dpg(dqda_clipping=c)``); None: no element-wise clipping. Exclusive with ``dqda_clip_norm``."""
+    dqda_clip_norm: float | None = None
+    """Scale each sample's dQ/da down to an L2 norm of at most c (trfl's ``dpg(dqda_clipping=c,
+    clip_norm=True)``, which Acme's TensorFlow D4PG uses with c = 1); None: no norm clipping. Exclusive with
+    ``dqda_clip``."""
     actor_grad_clip: float | None = None
     """Also clip every element of the actor's *parameter* gradient to [-c, c] (an earlier reading of the
-    paper); None (default): no clipping."""
+    paper, kept by the tuned presets); None (default): no clipping."""
+    grad_clip_norm: float | None = None
+    """Clip the global L2 norm of each network's parameter gradient -- the critic's, and the actor's after
+    ``dqda_clip``/``actor_grad_clip`` -- to this (Acme's D4PG: 40 on both); None (default): no clipping."""
+    actor_loss_state: str = "obs"
+    """State at which the actor ascends Q(s, pi(s)): ``obs``, the transition's first observation (the DPG and
+    Ape-X papers' s_t), or ``next_obs``, its last one (the state the n-step target bootstraps from; Acme's D4PG
+    learner computes the policy loss there)."""
+    actor_weights: str = "online"
+    """Weights the learner sends to actors (and evaluates): ``online``, the networks it trains, or ``target``,
+    their target copies (Acme's D4PG learner serves its target networks to its actors)."""
 
     def __post_init__(self) -> None:
         _check_positive_ints(self, "n_step", "batch_size", "target_update_period")
         _check_unit(self, "gamma")
         _check_positive_floats(self, "actor_lr", "critic_lr", "adam_eps", "priority_eps")
-        _check_positive_floats(self, "actor_grad_clip", "dqda_clip", allow_none=True)
+        _check_positive_floats(self, "actor_grad_clip", "dqda_clip", "dqda_clip_norm", "grad_clip_norm",
+                               allow_none=True)
         _check_layers(self, "critic_hidden", "actor_hidden")
         if len(self.critic_hidden) != 2:
             raise ValueError(f"{type(self).__name__}.critic_hidden must have two layers (the action enters the "
                              f"second), got {self.critic_hidden}")
+        if self.dqda_clip is not None and self.dqda_clip_norm is not None:
+            raise ValueError(f"{type(self).__name__}: set dqda_clip (element-wise) or dqda_clip_norm (per-sample "
+                             f"L2 norm), not both; got {self.dqda_clip!r} and {self.dqda_clip_norm!r}")
+        _check_choice(self, "actor_loss_state", ACTOR_LOSS_STATES)
+        _check_choice(self, "actor_weights", ACTOR_WEIGHTS)
 
 
 @dataclass(frozen=True)
 class DPGConfig(_ActorCriticConfig):
     """Ape-X DPG: deterministic actor, Q critic, n-step targets, Adam, hard target copies (paper defaults)."""
+
+    n_step: int = 3
+    """n of the n-step return: 3, the Ape-X paper's ("hyperparameters are otherwise as per DQN"; 5 is D4PG's)."""
 
     noise_sigma: float = 0.3
     """Std of the Gaussian exploration noise added to actions by actors (none in evaluation)."""
@@ -152,8 +191,9 @@ class DPGConfig(_ActorCriticConfig):
 @dataclass(frozen=True)
 class D4PGConfig(_ActorCriticConfig):
     """D4PG (Barth-Maron et al. 2018): DPG's actor and hyper-parameters (n=5, batch 256, Adam 1e-4 -- the D4PG
-    paper's), a categorical critic, and a Gaussian-noise ladder across actors (support: Acme's Control Suite
-    [-150, 150])."""
+    paper's), a categorical critic (51 atoms on [-150, 150]: Acme's Control Suite support) and Gaussian noise of
+    std 0.3 on every actor (Acme's); the presets ``apex-d4pg-control`` and ``d4pg-acme`` set the Control Suite
+    paper's and Acme's settings in full."""
 
     num_atoms: int = 51
     """Atoms of the categorical value distribution, evenly spaced on [v_min, v_max]."""
@@ -163,12 +203,18 @@ class D4PGConfig(_ActorCriticConfig):
     """Highest atom."""
     noise_sigma_max: float = 0.3
     """Exploration ladder: actor 0 of N adds Gaussian noise of this std (also the only actor's, N = 1)."""
-    noise_sigma_min: float = 0.05
-    """Actor N - 1's noise std; the actors between are spaced geometrically (see ``apexrl.agents.d4pg``)."""
+    noise_sigma_min: float = 0.3
+    """Actor N - 1's noise std; the actors between are spaced as ``noise_sigma_spacing`` says
+    (``apexrl.agents.d4pg.sigma_ladder``). Equal to ``noise_sigma_max`` (the default, Acme's 0.3): every actor
+    the same sigma."""
+    noise_sigma_spacing: str = "geometric"
+    """How the actors between share the range: ``geometric`` (equal ratios, as the DQN epsilon ladder) or
+    ``linear`` (equal steps)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_positive_ints(self, "num_atoms")
+        _check_choice(self, "noise_sigma_spacing", SIGMA_SPACINGS)
         _check_positive_floats(self, "noise_sigma_max", "noise_sigma_min")
         if self.num_atoms < 2:
             raise ValueError(f"D4PGConfig.num_atoms must be >= 2, got {self.num_atoms}")
@@ -185,4 +231,29 @@ class D4PGConfig(_ActorCriticConfig):
             )
 
 
-__all__ = ["D4PGConfig", "DPGConfig", "DQNConfig"]
+_AC_SOURCES = dict(
+    n_step="Ape-X", gamma="Ape-X", batch_size="Ape-X", actor_lr="Ape-X", critic_lr="Ape-X", adam_eps="apexrl",
+    critic_hidden="Ape-X", actor_hidden="Ape-X", target_update_period="Ape-X", priority_eps="apexrl",
+    dqda_clip="Ape-X", dqda_clip_norm="Ape-X", actor_grad_clip="Ape-X", grad_clip_norm="Ape-X",
+    actor_loss_state="Ape-X", actor_weights="Ape-X",
+)
+FIELD_SOURCES: dict[type, dict[str, str]] = {
+    DQNConfig: dict(
+        n_step="Ape-X", gamma="Ape-X", batch_size="Ape-X", lr="Ape-X", rms_decay="Ape-X", rms_eps="Ape-X",
+        rms_centered="Ape-X", optimizer="apexrl", grad_clip_norm="Ape-X", target_update_period="Ape-X",
+        priority_eps="apexrl", huber_delta="Ape-X", hidden="apexrl", atari_stream_hidden="Dueling",
+        epsilon_base="Ape-X", epsilon_alpha="Ape-X", eval_epsilon="Ape-X",
+    ),
+    DPGConfig: dict(_AC_SOURCES, noise_sigma="apexrl"),
+    D4PGConfig: dict(
+        _AC_SOURCES, n_step="D4PG", batch_size="D4PG", actor_lr="D4PG", critic_lr="D4PG", num_atoms="Acme",
+        v_min="Acme", v_max="Acme", noise_sigma_max="Acme", noise_sigma_min="Acme", noise_sigma_spacing="apexrl",
+    ),
+}
+"""Where each config class's default values come from (keys of ``apexrl.launch.preset_table.SOURCES``); the
+presets say where the values they set come from, and the generated presets table (docs/running.md) prints
+both."""
+
+
+__all__ = ["ACTOR_LOSS_STATES", "ACTOR_WEIGHTS", "D4PGConfig", "DPGConfig", "DQNConfig", "FIELD_SOURCES",
+           "SIGMA_SPACINGS"]

@@ -16,8 +16,15 @@ Learner update on a batch (s, a, R, D, s') with IS weights w (R the n-step retur
     delta         = td_target - Q(s, a)
     critic_loss   = mean_i w_i * delta_i^2 / 2                       -> Adam step of the critic
     actor_loss    = -mean_i Q(s_i, pi(s_i))     (updated critic)     -> Adam step of the actor, with
-                    dQ/da clipped elementwise to [-1, 1] before it flows into the actor (``dqda_clip``)
+                    dQ/da clipped before it flows into the actor
     priorities    = |delta| + priority_eps
+
+dQ/da is clipped element-wise to [-1, 1] by default (``dqda_clip``: the Ape-X paper's "clipped to [-1, 1],
+element-wise", trfl's ``dqda_clipping``), or per sample to an L2 norm of at most c (``dqda_clip_norm``: trfl's
+``clip_norm=True``, Acme's D4PG). ``actor_grad_clip`` clips the actor's parameter gradients element-wise and
+``grad_clip_norm`` both networks' gradients by global norm (Acme: 40). ``actor_loss_state="next_obs"`` takes
+the actor's loss at s' instead of s (Acme's D4PG); ``actor_weights="target"`` sends actors the target networks
+instead of the online ones (Acme's D4PG).
 
 The actor loss is not IS-weighted (the IS correction is for the TD targets' sampling bias; the paper and D4PG
 weight only the critic). Target networks are hard copies, refreshed after every ``target_update_period``-th
@@ -57,7 +64,8 @@ from apexrl.replay.codec import TransitionSpec
 if TYPE_CHECKING:
     from apexrl.envs import EnvSpec
 
-__all__ = ["DPGActor", "DPGCritic", "DPGLearner", "DPGPolicy", "actor_step", "dpg_transition_spec"]
+__all__ = ["DPGActor", "DPGCritic", "DPGLearner", "DPGPolicy", "actor_step", "clip_dqda", "critic_step",
+           "dpg_transition_spec"]
 
 FINAL_LAYER_INIT = 3e-3
 """Final layers start in U(-3e-3, 3e-3) (DDPG)."""
@@ -129,26 +137,51 @@ def _build(
     return actor, critic
 
 
-def actor_step(
-    actor: nn.Module, q_of, obs: Tensor, optimizer: torch.optim.Optimizer, dqda_clip: float | None,
-    param_clip: float | None,
-) -> Tensor:
+def clip_dqda(dqda: Tensor, config: DPGConfig) -> Tensor:
+    """dQ/da ``(B, action_dim)`` clipped as ``config`` says: every element to [-dqda_clip, dqda_clip], or each
+    row scaled to an L2 norm of at most ``dqda_clip_norm`` (``row * c / max(|row|, c)``, trfl's
+    ``clip_by_norm``)."""
+    if config.dqda_clip is not None:
+        dqda = dqda.clamp(-config.dqda_clip, config.dqda_clip)
+    if config.dqda_clip_norm is not None:
+        c = config.dqda_clip_norm
+        dqda = dqda * (c / dqda.norm(dim=-1, keepdim=True).clamp_min(c))
+    return dqda
+
+
+def actor_step(actor: nn.Module, q_of, obs: Tensor, optimizer: torch.optim.Optimizer, config: DPGConfig) -> Tensor:
     """One Adam step of ``actor`` ascending ``mean_i q_of(s_i, pi(s_i))``; returns the loss ``-mean Q``.
 
-    The gradient of -mean Q with respect to each action, -dQ/da / B, is clipped elementwise (``dqda_clip``)
-    before it flows on into the actor; ``param_clip`` also clips the actor's parameter gradients.
+    The gradient of -mean Q with respect to each action, -dQ/da / B, is clipped (:func:`clip_dqda`) before it
+    flows on into the actor; ``actor_grad_clip`` then clips the actor's parameter gradients element-wise and
+    ``grad_clip_norm`` their global norm.
     """
     action = actor(obs)
     q_pi = q_of(obs, action)
-    dqda = torch.autograd.grad(q_pi.sum(), action, retain_graph=True)[0]
-    if dqda_clip is not None:
-        dqda = dqda.clamp(-dqda_clip, dqda_clip)
+    dqda = clip_dqda(torch.autograd.grad(q_pi.sum(), action, retain_graph=True)[0], config)
     params = list(actor.parameters())
     grads = torch.autograd.grad(action, params, grad_outputs=-dqda / action.shape[0])
+    param_clip = config.actor_grad_clip
     for p, g in zip(params, grads):
         p.grad = g if param_clip is None else g.clamp(-param_clip, param_clip)
+    if config.grad_clip_norm is not None:
+        nn.utils.clip_grad_norm_(params, config.grad_clip_norm)
     optimizer.step()
     return -q_pi.detach().mean()
+
+
+def critic_step(critic: nn.Module, loss: Tensor, optimizer: torch.optim.Optimizer, config: DPGConfig) -> None:
+    """One Adam step of ``critic`` down ``loss``, its gradient's global norm clipped to ``grad_clip_norm``."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if config.grad_clip_norm is not None:
+        nn.utils.clip_grad_norm_(critic.parameters(), config.grad_clip_norm)
+    optimizer.step()
+
+
+def actor_obs(batch_obs: Tensor, batch_next_obs: Tensor, config: DPGConfig) -> Tensor:
+    """The states the actor's loss is taken at (``actor_loss_state``)."""
+    return batch_next_obs if config.actor_loss_state == "next_obs" else batch_obs
 
 
 def _f32(x: np.ndarray, device: torch.device) -> Tensor:
@@ -216,13 +249,11 @@ class DPGLearner:
         q = self.critic(obs, action)
         delta = td_target - q
         critic_loss = (w * 0.5 * delta.square()).mean()
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_optimizer.step()
-
-        # Actor: ascend Q(s, pi(s)) through the updated critic, dQ/da clipped (dqda_clip).
         c = self.config
-        actor_loss = actor_step(self.actor, self.critic, obs, self.actor_optimizer, c.dqda_clip, c.actor_grad_clip)
+        critic_step(self.critic, critic_loss, self.critic_optimizer, c)
+
+        # Actor: ascend Q(s, pi(s)) through the updated critic, dQ/da clipped (dqda_clip / dqda_clip_norm).
+        actor_loss = actor_step(self.actor, self.critic, actor_obs(obs, next_obs, c), self.actor_optimizer, c)
 
         self.steps += 1
         if self.steps % self.config.target_update_period == 0:
@@ -238,7 +269,10 @@ class DPGLearner:
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """Actor and critic weights (``actor/...``, ``critic/...``), CPU: what ``DPGPolicy`` loads. Actors need
-        the critic too, for their initial priorities."""
+        the critic too, for their initial priorities. ``actor_weights="target"``: the target networks' weights
+        under the same names."""
+        if self.config.actor_weights == "target":
+            return {**module_tensors("actor", self.target_actor), **module_tensors("critic", self.target_critic)}
         return {**module_tensors("actor", self.actor), **module_tensors("critic", self.critic)}
 
     def _nets(self) -> dict[str, nn.Module]:

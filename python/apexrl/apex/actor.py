@@ -29,6 +29,7 @@ or is given up after the grace period, and the actor says how many transitions i
 from __future__ import annotations
 
 import csv
+import fcntl
 import logging
 import os
 import threading
@@ -112,18 +113,22 @@ class Actor:
         self.report = ProgressReporter("actor", config.progress_path, prefix=False)
         self._episodes_file = None
         self._episodes_csv = None
+        self.recorder = None  # --record-dataset: the episodes played, as a Minari dataset (apexrl.offline.record)
+        if config.record_dataset:
+            from apexrl.offline.record import EpisodeRecorder
+
+            self.recorder = EpisodeRecorder(config.record_dataset, config.index, self.spec, k)
         if config.episodes_csv:
             make_private_dirs(os.path.dirname(os.path.abspath(config.episodes_csv)))
-            new = not os.path.exists(config.episodes_csv) or os.path.getsize(config.episodes_csv) == 0
-            if not new:
-                _check_episodes_header(config.episodes_csv)
             # A plugin agent's policy may not say how much it explores: the column stays empty then.
             self._explorations = ["" if e is None else f"{float(e):.6g}" for e in explorations]
             self._episodes_file = append_private(config.episodes_csv, newline="", encoding="utf-8")
             self._episodes_csv = csv.writer(self._episodes_file, lineterminator="\n")
-            if new:
-                self._episodes_csv.writerow(EPISODE_COLUMNS)
-                self._episodes_file.flush()
+            try:
+                _start_episodes_file(self._episodes_file, self._episodes_csv, config.episodes_csv)
+            except BaseException:
+                self._episodes_file.close()
+                raise
 
     # ------------------------------------------------------------------------------------------ control
 
@@ -135,6 +140,8 @@ class Actor:
         self.params.close()
         self.envs.close()
         self.report.close()
+        if self.recorder is not None:
+            self.recorder.close()
         if self._episodes_file is not None:
             self._episodes_file.close()
 
@@ -263,11 +270,16 @@ class Actor:
         env, nstep = self.envs.envs[0], NStepBuffer(self.nstep.n, self.nstep.gamma)
         obs = env.reset()
         nstep.add_first(obs)
+        rec = self.recorder
+        if rec is not None:
+            rec.start(0, obs)
         ep_return, ep_len = 0.0, 0
         while not self._stop.is_set():
             action = self.policy.act(obs, explore=True)
             step = env.step(action)
             added = nstep.add(action, step.reward, step.obs, step.terminated, step.truncated)
+            if rec is not None:
+                rec.step([action], [step.reward], [step.obs], [step.terminated], [step.truncated])
             self._local.extend(added)
             self._local_count += len(added)
             self.counters["steps"] += 1
@@ -280,6 +292,8 @@ class Actor:
                 ep_return, ep_len = 0.0, 0
                 obs = env.reset()
                 nstep.add_first(obs)
+                if rec is not None:
+                    rec.start(0, obs)
             if self._after_step():
                 break
         # A clean stop keeps every step taken: the open episode ends here as a truncation.
@@ -294,6 +308,9 @@ class Actor:
         handles = self.frames.put(obs)
         k = self.envs.num_envs
         self.nstep.add_first(np.arange(k), handles)
+        rec = self.recorder
+        for j in range(k if rec is not None else 0):
+            rec.start(j, obs[j])
         ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
         while not self._stop.is_set():
             actions = self._act(obs, handles)
@@ -308,6 +325,11 @@ class Actor:
             self._add(self.nstep.add(actions, step.reward, nexts, step.terminated, step.truncated))
             if ended:
                 self.nstep.add_first(ended, handles[ended])
+            if rec is not None:  # the episode's final observation where one ended, then its new start
+                rec.step(actions, step.reward, [step.final_obs.get(j, o) for j, o in enumerate(step.obs)],
+                         step.terminated, step.truncated)
+                for j in ended:
+                    rec.start(j, step.obs[j])
             self.counters["steps"] += k
             self.counters["frames"] += k * self.spec.frames_per_step
             ep_return += step.raw_reward
@@ -420,6 +442,21 @@ def env_seed(actor_seed: int, j: int) -> int:
     if j == 0:
         return actor_seed
     return int(np.random.SeedSequence([actor_seed, j]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _start_episodes_file(file, writer, path: str) -> None:
+    """Write the header to an empty episodes file, else check the one there. The actors of a run share the file
+    and start together: the check and the write happen under an exclusive lock, so that only one of them can
+    see the file empty and write the header."""
+    fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+    try:
+        if os.fstat(file.fileno()).st_size == 0:
+            writer.writerow(EPISODE_COLUMNS)
+            file.flush()
+        else:
+            _check_episodes_header(path)
+    finally:
+        fcntl.flock(file.fileno(), fcntl.LOCK_UN)
 
 
 def _check_episodes_header(path: str) -> None:

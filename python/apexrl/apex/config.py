@@ -78,6 +78,8 @@ class ActorConfig:
     """If set, append one JSON progress record per ``log_every`` here (the launcher reads them)."""
     curve_dir: str | None = None
     """Key directory of `apexrl keygen`: both connections use CURVE with its client keys (None: plain TCP)."""
+    record_dataset: str | None = None
+    """If set, record the episodes played as a Minari dataset in ``DIR/actor<index>/`` (apexrl.offline.record)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -115,11 +117,12 @@ class LearnerConfig:
     beta: float = field(default=0.4, metadata=Range.float(0.0))
     """Importance-sampling exponent β."""
     is_weights: str = "global_min"
-    """How IS weights (N·P(k))^-β are normalised: ``global_min`` divides by the weight of the replay's
-    lowest-probability item, so every weight is <= 1 everywhere in the replay (Schaul et al. 2016, Ape-X);
+    """How IS weights (N·P(k))^-β are normalised (the Ape-X paper does not say): ``global_min`` divides by the
+    weight of the replay's lowest-probability item, so every weight is <= 1 everywhere in the replay;
     ``batch_max`` divides by the largest weight of the batch, so each batch's largest weight is exactly 1 (as
     most open-source PER code does). global_min gives smaller steps when the replay holds rare, low-priority
-    items; batch_max keeps the step size independent of the rest of the replay."""
+    items; batch_max keeps the step size independent of the rest of the replay. The default and its reason:
+    docs/running.md, "IS weights"."""
     prefetch: int = field(default=16, metadata=Range.int(1, 1024))
     """Decoded batches kept ready by the sampler thread."""
     min_replay_size: int = field(default=50_000, metadata=Range.int(0, STORE_INT_MAX))
@@ -148,6 +151,9 @@ class LearnerConfig:
     """torch intra-op threads on CPU."""
     progress_path: str | None = None
     """If set, append one JSON progress record per metrics row here (the launcher reads them)."""
+    tensorboard: str | None = None
+    """If set, also write each metrics row to a TensorBoard event file in this directory (apexrl.tensorboard;
+    needs the ``tensorboard`` extra)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form JSON values recorded in the checkpoint metadata (e.g. the preset name)."""
     curve_dir: str | None = None

@@ -142,6 +142,11 @@ class Learner:
         self.evaluator = Evaluator(config)
         self.report = ProgressReporter("learner", config.progress_path)
         self._csv: CSVWriter | None = None
+        self._board = None  # metrics rows to TensorBoard too (config.tensorboard)
+        if config.tensorboard:
+            from apexrl.tensorboard import MetricsBoard
+
+            self._board = MetricsBoard(config.tensorboard)
 
     # ------------------------------------------------------------------------------------------ state
 
@@ -407,6 +412,8 @@ class Learner:
             self._csv = CSVWriter(os.path.join(self.run_dir, METRICS_NAME), BASE_COLUMNS + names)
         row.update({k: v for k, v in metrics.items() if k in self._csv.columns})
         self._csv.write(row)
+        if self._board is not None:
+            self._board.add_metrics_row({c: row.get(c) for c in self._csv.columns})
         self.report.emit(row, text_keys=_TEXT_KEYS)
         return steps, inserted
 
@@ -425,6 +432,8 @@ class Learner:
         self.report.close()
         if self._csv is not None:
             self._csv.close()
+        if self._board is not None:
+            self._board.close()
 
 
 def run_learner(config: LearnerConfig) -> dict[str, Any]:

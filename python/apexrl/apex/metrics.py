@@ -19,7 +19,7 @@ from typing import Any
 
 from apexrl.durable import append_private, make_private_dirs, write_atomically
 
-__all__ = ["CSVWriter", "Mean", "read_csv"]
+__all__ = ["CSVWriter", "Mean", "cell_text", "read_csv"]
 
 
 class CSVWriter:
@@ -70,7 +70,7 @@ class CSVWriter:
         if unknown:
             raise ValueError(f"unknown metric column(s) {sorted(unknown)}")
         buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerow([_cell(row.get(c)) for c in self.columns])
+        csv.writer(buf, lineterminator="\n").writerow([cell_text(row.get(c)) for c in self.columns])
         self._file.write(buf.getvalue())
         self._file.flush()
 
@@ -79,7 +79,8 @@ class CSVWriter:
             self._file.close()
 
 
-def _cell(v: Any) -> str:
+def cell_text(v: Any) -> str:
+    """A value as metrics.csv writes it: floats to six significant digits, None and NaN as an empty cell."""
     if v is None:
         return ""
     if isinstance(v, float):

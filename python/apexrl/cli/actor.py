@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-steps", type=field_arg(ActorConfig, "max_steps"), default=0,
                    help="stop after this many agent steps (0: none)")
     g.add_argument("--episodes-csv", default=None, help="append one row per finished episode to this CSV")
+    g.add_argument("--record-dataset", metavar="DIR", type=os.path.abspath, default=None,
+                   help="record the episodes played (observations, actions, rewards, terminations, truncations) as "
+                   "a Minari dataset in DIR/actor<INDEX>/, appending to one there; pip install 'apexrl[offline]' "
+                   "(docs/offline.md)")
     g.add_argument("--wait-for-params", type=field_arg(ActorConfig, "wait_for_params"), default=120.0,
                    help="seconds to wait for the learner's first weights (default 120)")
     g.add_argument("--log-every", type=field_arg(ActorConfig, "log_every"), default=10.0,
@@ -83,12 +88,19 @@ def parse_config(argv: Sequence[str] | None = None):
             if getattr(args, flag) is None:
                 parser.error(f"--{flag.replace('_', '-')} is required (or give --plan)")
         preset, agent_config = resolve_agent(args, parser)
+        if args.record_dataset is not None:
+            from apexrl.offline import require_minari
+
+            try:
+                require_minari()
+            except ImportError as e:
+                parser.error(f"--record-dataset: {e}")
         settings = {**preset.actor, **{k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}}
         config = ActorConfig(
             agent=args.agent, env=args.env, replay=",".join(args.replay), params=args.params, index=args.index,
             num_actors=args.num_actors, seed=args.seed, agent_config=agent_config, max_steps=args.max_steps,
             episodes_csv=args.episodes_csv, wait_for_params=args.wait_for_params, log_every=args.log_every,
-            curve_dir=args.curve_dir, **settings,
+            curve_dir=args.curve_dir, record_dataset=args.record_dataset, **settings,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -119,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         counters = run_actor(config)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, ImportError) as exc:  # ImportError: --record-dataset without Minari
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"actor {config.index} done: {counters['steps']} steps, {counters['inserted']} inserted, "

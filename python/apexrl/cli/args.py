@@ -91,6 +91,15 @@ def refuse_beside_plan(parser: argparse.ArgumentParser, argv: Sequence[str] | No
         parser.error(f"--plan takes every setting from the plan; also given: {', '.join(extra)}")
 
 
+def _clip_arg(text: str) -> float | str:
+    """A clip threshold: a finite number > 0, or ``none`` (off; :data:`apexrl.launch.presets.OFF`)."""
+    from apexrl.launch.presets import OFF
+
+    if text.strip().lower() == OFF:
+        return OFF
+    return float_arg(positive=True)(text)
+
+
 def _agent(text: str) -> str:
     from apexrl.agents import get_agent
 
@@ -148,6 +157,30 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
                    help="learner batch size (preset's: 512 DQN, 256 DPG)")
     g.add_argument("--target-update-period", type=int_arg(1), default=None,
                    help="learner steps between target-network copies (preset's)")
+    from apexrl.agents.config import ACTOR_LOSS_STATES, ACTOR_WEIGHTS, SIGMA_SPACINGS
+
+    g.add_argument("--dqda-clip", metavar="C|none", type=_clip_arg, default=None,
+                   help="DPG/D4PG: clip every element of dQ/da to [-C, C] before it flows into the actor; none: "
+                   "off (preset's; the Ape-X paper's 1)")
+    g.add_argument("--dqda-clip-norm", metavar="C|none", type=_clip_arg, default=None,
+                   help="DPG/D4PG: scale each sample's dQ/da to an L2 norm of at most C instead (Acme's D4PG: 1); "
+                   "none: off (preset's). Give --dqda-clip none with it unless the preset has no element clip")
+    g.add_argument("--grad-clip-norm", metavar="C|none", type=_clip_arg, default=None,
+                   help="clip the global L2 norm of each network's gradient to C; none: off (preset's: DQN 40 as "
+                   "the Ape-X paper; DPG/D4PG off, d4pg-acme 40 as Acme)")
+    g.add_argument("--actor-loss-state", choices=ACTOR_LOSS_STATES, default=None,
+                   help="DPG/D4PG: state of the actor's loss -Q(s, pi(s)): obs (the transition's first, the "
+                   "papers') or next_obs (its last, Acme's D4PG) (preset's)")
+    g.add_argument("--actor-weights", choices=ACTOR_WEIGHTS, default=None,
+                   help="DPG/D4PG: weights the learner sends actors and evaluates: online, or target (its target "
+                   "networks, as Acme's D4PG) (preset's)")
+    g.add_argument("--noise-sigma-max", metavar="SIGMA", type=float_arg(positive=True), default=None,
+                   help="D4PG: exploration noise std of actor 0 (preset's)")
+    g.add_argument("--noise-sigma-min", metavar="SIGMA", type=float_arg(positive=True), default=None,
+                   help="D4PG: exploration noise std of the last actor (preset's); equal to --noise-sigma-max: "
+                   "the same sigma on every actor")
+    g.add_argument("--noise-sigma-spacing", choices=SIGMA_SPACINGS, default=None,
+                   help="D4PG: how the actors between share the sigma range: geometric or linear (preset's)")
 
 
 def agent_overrides(args: argparse.Namespace) -> Overrides:

@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_arguments(p)
     g = p.add_argument_group("endpoints")
     g.add_argument("--plan", metavar="PLAN_JSON", default=None,
-                   help="take every setting from a run plan written by `apexrl run` (then only --resume and "
-                   "--log-level may be given besides)")
+                   help="take every setting from a run plan written by `apexrl run` (then only --resume, "
+                   "--tensorboard and --log-level may be given besides)")
     g.add_argument("--replay", type=tcp_endpoint, nargs="+", action="extend", metavar="ENDPOINT",
                    help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
                    "replay spread over several servers")
@@ -52,12 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-minutes", type=field_arg(LearnerConfig, "max_minutes"), default=0.0,
                    help="stop after this many minutes of training (0: none)")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    g.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="also write each metrics.csv row to a TensorBoard event file in DIR, to watch the run live "
+                   "(tensorboard --logdir DIR); metrics.csv stays the record; pip install 'apexrl[tensorboard]'")
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
                    help="logging level (stderr)")
     g = p.add_argument_group("learner settings (default: the preset's)")
     g.add_argument("--beta", type=field_arg(LearnerConfig, "beta"), default=None, help="importance-sampling exponent β")
     g.add_argument("--is-weights", choices=IS_WEIGHT_MODES, default=None,
-                   help="IS-weight normalisation: global_min (divide by the replay's largest weight, the paper's) "
+                   help="IS-weight normalisation (the Ape-X paper does not say which): global_min (divide by the "
+                   "replay's largest weight) "
                    "or batch_max (by the batch's largest); default: the preset's, else global_min")
     g.add_argument("--min-replay-size", type=field_arg(LearnerConfig, "min_replay_size"), default=None,
                    help="transitions the replay must hold before the first update")
@@ -92,6 +96,13 @@ def parse_config(argv: Sequence[str] | None = None):
     """(LearnerConfig, parsed flags); exit 2 with the reason on a bad flag or setting."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.tensorboard is not None:
+        from apexrl.tensorboard import TensorBoardMissing, check_logdir
+
+        try:
+            check_logdir(args.tensorboard)
+        except (TensorBoardMissing, ValueError) as e:
+            parser.error(str(e))
     try:
         if args.plan is not None:
             return config_from_plan(parser, args, argv), args
@@ -105,7 +116,7 @@ def parse_config(argv: Sequence[str] | None = None):
             params_bind=args.params_bind, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
             agent_config=agent_config, max_steps=args.max_steps, max_minutes=args.max_minutes, device=args.device,
             torch_threads=args.torch_threads, extra={"preset": preset.name}, curve_dir=args.curve_dir,
-            insecure=args.insecure, **settings,
+            insecure=args.insecure, tensorboard=args.tensorboard, **settings,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -113,16 +124,18 @@ def parse_config(argv: Sequence[str] | None = None):
 
 
 def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None):
-    """The learner's config in ``--plan`` (``--resume`` added when given)."""
+    """The learner's config in ``--plan`` (``--resume`` and ``--tensorboard`` added when given)."""
     import dataclasses
 
     from apexrl.launch.plan import RunPlan
 
-    refuse_beside_plan(parser, argv, "resume")
+    refuse_beside_plan(parser, argv, "resume", "tensorboard")
     try:
         config = RunPlan.load(args.plan).learner
     except OSError as e:
         parser.error(f"--plan: {e}")
+    if args.tensorboard is not None:
+        config = dataclasses.replace(config, tensorboard=args.tensorboard)
     return dataclasses.replace(config, resume=True) if args.resume else config
 
 

@@ -3,7 +3,8 @@
 ``apexrl run`` starts a whole Ape-X system on this machine (replay server, learner, N actors; see
 :mod:`apexrl.launch.local`), or with ``--ray`` on a Ray cluster (:mod:`apexrl.launch.ray_launcher`), ``apexrl plot`` turns run directories into PNG learning curves (:mod:`apexrl.plot`),
 ``apexrl evaluate RUN_DIR`` scores a checkpoint (:mod:`apexrl.evaluate`), ``apexrl bench-suite`` runs tasks x seeds
-(:mod:`apexrl.suite`), ``apexrl keygen DIR`` writes the CURVE keys that ``--curve-dir DIR`` of every command uses (:mod:`apexrl.security`).
+(:mod:`apexrl.suite`), ``apexrl keygen DIR`` writes the CURVE keys that ``--curve-dir DIR`` of every command uses (:mod:`apexrl.security`),
+``apexrl export SNAPSHOT --out FILE`` writes a replay snapshot's items to ``.npz`` (:mod:`apexrl.offline.export`).
 Flags are validated here, with the same parsers the child processes use, so a run never starts only to have
 its children refuse their flags.
 """
@@ -41,12 +42,9 @@ ACTOR_LOG_EVERY = 5.0
 
 
 def _presets_epilog() -> str:
-    from apexrl.launch.presets import PRESETS
+    from apexrl.launch.preset_table import epilog
 
-    width = max(map(len, PRESETS))
-    rows = [f"  {p.name:<{width}}  {p.description} [{p.env}, {p.actors} actors, {p.minutes:g} min]"
-            for p in PRESETS.values()]
-    return "presets:\n" + "\n".join(rows) + "\n\nwith no flags: --preset cartpole (2 actors, 5 minutes)"
+    return epilog()
 
 
 def _run_kwargs() -> dict:
@@ -78,6 +76,10 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--progress-every", type=float_arg(positive=True), default=5.0,
                    help="seconds between progress lines (default 5)")
     g.add_argument("--quiet", action="store_true", help="no progress lines, only events and the summary")
+    g.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="also write the rows of RUN_DIR/metrics.csv (learner and evaluations) and episodes.csv (every "
+                   "actor's episode returns) to a TensorBoard event file in DIR as they come, to watch the run live "
+                   "(tensorboard --logdir DIR); the CSV files stay the record; pip install 'apexrl[tensorboard]'")
     g.add_argument("--max-restarts", type=int_arg(0), default=5,
                    help="restarts of one process within a minute before the run is given up (default 5)")
     g.add_argument("--snapshot-every", type=float_arg(nonneg=True), default=None, metavar="SECONDS",
@@ -90,6 +92,14 @@ def _fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="replay servers sharing the replay: capacity and minimum size split evenly, one snapshot "
                    "each (RUN_DIR/replay0.snap, ...); the learner samples across them in proportion to their "
                    "priority mass and the actors spread their inserts (default 1)")
+    g = p.add_argument_group("offline data (pip install 'apexrl[offline]'; docs/offline.md)")
+    g.add_argument("--record-dataset", metavar="DIR", type=os.path.abspath, default=None,
+                   help="each actor records the episodes it plays as a Minari dataset in DIR/actor<I>/ (appending to "
+                   "one there)")
+    g.add_argument("--offline", metavar="DATASET", default=None,
+                   help="train with no actors from a Minari dataset on disk: a dataset directory, a --record-dataset "
+                   "DIR, or the id of a dataset in Minari's local store (never downloaded); its episodes become "
+                   "the run's n-step transitions, loaded into the replay with priorities")
     g = p.add_argument_group("on a Ray cluster (pip install 'apexrl[ray]'; docs/running.md, Several machines on Ray)")
     g.add_argument("--ray", metavar="ADDRESS", default=None,
                    help="run on Ray: auto (the running cluster), HOST:PORT (that cluster's head) or local (a private "
@@ -165,8 +175,9 @@ def _fill_evaluate_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser
 def _suite_kwargs() -> dict:
     return dict(description="Run each task x seed one after another as `apexrl run` (run directories "
                 "OUT/<task>/<agent>/<seed>), evaluate each (apexrl evaluate --json RUN_DIR/final_eval.json), and "
-                "write OUT/suite.csv and OUT/suite.md (mean ± SE over seeds beside the Control Suite paper's D4PG "
-                "and DDPG scores). Resumable: a task x seed whose final_eval.json exists is not rerun; one with an "
+                "write OUT/suite.csv and OUT/suite.md (mean ± SE over seeds, with the env frames and wall time of the "
+                "runs, beside the Control Suite paper's published A3C, DDPG and D4PG scores after 10^8 steps). "
+                "Resumable: a task x seed whose final_eval.json exists is not rerun; one with an "
                 "unfinished run is continued with --resume. Ctrl-C stops the current run cleanly and still writes "
                 "the tables for what finished.")
 
@@ -187,10 +198,24 @@ def _fill_suite_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _export_kwargs() -> dict:
+    return dict(description="Write a replay snapshot's items (decoded with the spec kept beside it, SNAPSHOT.spec.json), "
+                "their keys and priorities to an .npz file, oldest first; layout in docs/offline.md. Exit status 2 "
+                "when the snapshot or its spec is missing or corrupt (nothing is written then).")
+
+
+def _fill_export_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("snapshot", metavar="SNAPSHOT", help="a replay server's snapshot, e.g. RUN_DIR/replay.snap")
+    p.add_argument("--out", metavar="FILE", required=True, help="the .npz file to write (replaced if it exists)")
+    p.add_argument("--spec", metavar="SPEC_JSON", default=None,
+                   help="decode with this TransitionSpec (JSON text or file) instead of SNAPSHOT.spec.json")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser (its --help lists the commands); each command parses with its own parser."""
     p = argparse.ArgumentParser(prog=PROG, description="Ape-X: distributed prioritized experience replay.")
-    sub = p.add_subparsers(dest="command", metavar="{run,plot,evaluate,bench-suite,keygen}")
+    sub = p.add_subparsers(dest="command", metavar="{run,plot,evaluate,bench-suite,keygen,export}")
     _fill_run_parser(sub.add_parser("run", help="run a replay server, a learner and N actors on this machine",
                                     **_run_kwargs()))
     _fill_plot_parser(sub.add_parser("plot", help="PNG learning curves of run directories", **_plot_kwargs()))
@@ -199,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     _fill_suite_parser(sub.add_parser("bench-suite", help="runs x seeds, final evaluations, CSV and Markdown tables",
                                       **_suite_kwargs()))
     _fill_keygen_parser(sub.add_parser("keygen", help="write CURVE keys for --curve-dir", **_keygen_kwargs()))
+    _fill_export_parser(sub.add_parser("export", help="a replay snapshot's items and priorities as .npz",
+                                       **_export_kwargs()))
     return p
 
 
@@ -257,6 +284,13 @@ def launch_plan(argv: Sequence[str] | None = None):
 
     run_parser = _fill_run_parser(argparse.ArgumentParser(prog=f"{PROG} run", **_run_kwargs()))
     args = run_parser.parse_args(argv)
+    if args.tensorboard is not None:
+        from apexrl.tensorboard import TensorBoardMissing, check_logdir
+
+        try:
+            check_logdir(args.tensorboard)
+        except (TensorBoardMissing, ValueError) as e:
+            run_parser.error(str(e))
     o = agent_overrides(args)
     o.actors, o.minutes, o.steps, o.run_dir = args.actors, args.minutes, args.steps, args.run_dir
     o.final_eval = args.final_eval
@@ -274,6 +308,7 @@ def launch_plan(argv: Sequence[str] | None = None):
     o.actor = _pass_through(run_parser, "--actor-args", args.actor_args, actor_cli.build_parser(), actor_cli.OWN)
     if args.envs_per_actor is not None:
         o.actor["envs_per_actor"] = args.envs_per_actor
+    _offline_flags(run_parser, args, o)
     if o.curve_dir is not None and args.ray is None:
         issue_run_actor_key(o.curve_dir)
     try:
@@ -283,6 +318,24 @@ def launch_plan(argv: Sequence[str] | None = None):
             p = plan(args.preset, o)
     except ValueError as e:
         run_parser.error(str(e))
+    if args.record_dataset is not None:
+        from apexrl.envs import env_spec
+        from apexrl.offline.record import check_recording
+
+        try:
+            check_recording(args.record_dataset, env_spec(p.env), len(p.actors))
+        except ValueError as e:
+            run_parser.error(str(e))
+    if p.run.offline is not None:
+        from apexrl.offline.loader import check_offline
+
+        try:
+            steps = check_offline(p, min_replay_given="min_replay_size" in o.learner)
+            if "min_replay_size" not in o.learner:  # learning starts once the whole dataset is in the replay
+                o.learner["min_replay_size"] = steps
+                p = plan(args.preset, o)
+        except (ValueError, ImportError) as e:
+            run_parser.error(str(e))
     if not p.run.resume:
         names = ["metrics.csv", "checkpoint.safetensors",
                  *(snapshot_name(i, k) for k in (1, len(p.servers)) for i in range(k))]
@@ -296,6 +349,25 @@ def launch_plan(argv: Sequence[str] | None = None):
         except ValueError as e:
             run_parser.error(str(e))
     return p, log_level, args
+
+
+def _offline_flags(run_parser: argparse.ArgumentParser, args: argparse.Namespace, o) -> None:
+    """``--record-dataset`` and ``--offline`` into the overrides; exit 2 when they cannot work."""
+    if args.record_dataset is not None:
+        from apexrl.offline import require_minari
+
+        try:
+            require_minari()
+        except ImportError as e:
+            run_parser.error(f"--record-dataset: {e}")
+        o.actor["record_dataset"] = args.record_dataset
+    if args.offline is not None:
+        clash = [flag for flag, given in (("--record-dataset", args.record_dataset), ("--actors", args.actors),
+                                          ("--envs-per-actor", args.envs_per_actor), ("--actor-args", args.actor_args),
+                                          ("--ray", args.ray)) if given]
+        if clash:
+            run_parser.error(f"--offline runs no actors (and only locally): leave out {', '.join(clash)}")
+        o.offline = args.offline
 
 
 def upgrade_episodes_csv(path: str) -> None:
@@ -317,10 +389,13 @@ def run_banner(p) -> str:
     if p.run.steps:
         limits.append(f"{p.run.steps} learner steps")
     description = PRESETS[p.preset].description if p.preset in PRESETS else "agent defaults"
-    k = p.actors[0].envs_per_actor
-    envs = f" x {k} environments" if k > 1 else ""
-    return (f"apexrl run: preset {p.preset} [{description}]; agent {p.agent}, env {p.env}, {len(p.actors)} "
-            f"actors{envs}, seed {p.seed}, {' or '.join(limits)}; run dir {p.run.run_dir}.")
+    if p.run.offline is not None:
+        who = f"no actors: offline from {p.run.offline}"
+    else:
+        k = p.actors[0].envs_per_actor
+        who = f"{len(p.actors)} actors" + (f" x {k} environments" if k > 1 else "")
+    return (f"apexrl run: preset {p.preset} [{description}]; agent {p.agent}, env {p.env}, {who}, seed {p.seed}, "
+            f"{' or '.join(limits)}; run dir {p.run.run_dir}.")
 
 
 def make_launcher(p, log_level: str, args: argparse.Namespace, out=None):
@@ -331,8 +406,9 @@ def make_launcher(p, log_level: str, args: argparse.Namespace, out=None):
         from apexrl.launch.ray_launcher import RayLauncher, require_ray
 
         require_ray(args.ray)
-        return RayLauncher(p, args.ray, actor_cpus=args.ray_actor_cpus, server_log_level=log_level)
-    return Launcher(p, server_log_level=log_level, out=out)
+        return RayLauncher(p, args.ray, actor_cpus=args.ray_actor_cpus, server_log_level=log_level,
+                           tensorboard=args.tensorboard)
+    return Launcher(p, server_log_level=log_level, out=out, tensorboard=args.tensorboard)
 
 
 def run_main(argv: Sequence[str]) -> int:
@@ -395,6 +471,19 @@ def suite_main(argv: Sequence[str]) -> int:
         parser.error(str(e))
 
 
+def export_main(argv: Sequence[str]) -> int:
+    from apexrl.offline.export import ExportError, export_snapshot
+
+    args = _fill_export_parser(argparse.ArgumentParser(prog=f"{PROG} export", **_export_kwargs())).parse_args(argv)
+    try:
+        n = export_snapshot(args.snapshot, args.out, spec=args.spec)
+    except (ExportError, OSError) as e:
+        print(f"{PROG} export: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(f"wrote {n} items to {args.out}", flush=True)
+    return 0
+
+
 def keygen_main(argv: Sequence[str]) -> int:
     from apexrl.security import CurveKeyError, keygen
 
@@ -425,6 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return plot_main(argv[1:])
     if argv and argv[0] == "keygen":
         return keygen_main(argv[1:])
+    if argv and argv[0] == "export":
+        return export_main(argv[1:])
     if argv and argv[0] == "evaluate":
         return evaluate_main(argv[1:])
     if argv and argv[0] == "bench-suite":

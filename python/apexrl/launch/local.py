@@ -234,6 +234,8 @@ def child_specs(placed: RunPlan, plan_path: str, server_log_level: str) -> list[
     for actor in placed.actors:
         specs.append(ChildSpec(f"actor{actor.index}", "actor", "apexrl.cli.actor",
                                ["--plan", plan_path, "--index", str(actor.index)], progress_path=actor.progress_path))
+    if placed.run.offline is not None:  # in place of actors: fills the replay from the dataset, then exits 0
+        specs.append(ChildSpec("loader", "actor", "apexrl.offline.loader", ["--plan", plan_path]))
     return specs
 
 
@@ -258,8 +260,11 @@ class Launcher:
     """Runs one local Ape-X system until its limits or a signal; :meth:`run` returns the exit status."""
 
     def __init__(self, plan: RunPlan, *, server_log_level: str = "WARNING", python: str = sys.executable,
-                 out: TextIO | None = None):
+                 out: TextIO | None = None, tensorboard: str | None = None):
         self.plan = plan
+        self.tensorboard = tensorboard
+        """Directory of the TensorBoard event file mirroring metrics.csv and episodes.csv (None: none)."""
+        self._board = None  # its apexrl.tensorboard.RunMirror while running
         self.config = plan.run
         self.run_dir = plan.run.run_dir
         self.log_dir = os.path.join(self.run_dir, "logs")
@@ -369,6 +374,15 @@ class Launcher:
 
     def run(self) -> int:
         make_private_dirs(self.log_dir)  # and the run directory: 0700 when created here
+        if self.tensorboard is not None:
+            from apexrl.tensorboard import RunMirror
+
+            try:
+                self._board = RunMirror(self.tensorboard, self.run_dir)
+            except OSError as e:
+                self._print(f"apexrl run: error: --tensorboard {self.tensorboard}: {e}")
+                self._exit_code = 2
+                return self._exit_code
         # Python allows signal handlers only on the main thread; elsewhere the caller stops the run with stop().
         on_main = threading.current_thread() is threading.main_thread()
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
@@ -416,6 +430,8 @@ class Launcher:
                 self._close()
                 for s, h in previous.items():
                     signal.signal(s, h)
+                if self._board is not None:  # the rows the stopped processes wrote last
+                    self._board.close()
         elapsed = time.monotonic() - start
         self._summary(elapsed)
         if self._reached_end and self._exit_code == 0 and self.config.final_eval_episodes > 0:
@@ -459,6 +475,8 @@ class Launcher:
             self._pump()
             for name, tail in self.tails.items():
                 new_eval |= self.progress.feed(name, tail.records())
+            if self._board is not None:
+                self._board.poll()
             for child in self.children:
                 self._check(child, now)
                 if self._stop_reason is not None:

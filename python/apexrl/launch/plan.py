@@ -63,7 +63,9 @@ PLAN_NAME = "plan.json"
 SNAPSHOT_NAME = "replay.snap"
 DEFAULT_SNAPSHOT_EVERY = 300.0
 """Seconds between the replay server's snapshots in a run (``apexrl run --snapshot-every``)."""
-AGENT_FIELDS = ("n_step", "gamma", "batch_size", "target_update_period")
+AGENT_FIELDS = ("n_step", "gamma", "batch_size", "target_update_period", "dqda_clip", "dqda_clip_norm",
+                "grad_clip_norm", "actor_loss_state", "actor_weights", "noise_sigma_max", "noise_sigma_min",
+                "noise_sigma_spacing")
 """Agent settings a run's command line may override (actors and learner always get the same values)."""
 
 
@@ -89,6 +91,9 @@ class RunSettings:
     final_eval_episodes: int = field(default=0, metadata=Range.int(0, 100_000))
     """Evaluation episodes of the final checkpoint once the run reached its --minutes/--steps
     (``apexrl evaluate``, written to RUN_DIR/final_eval.json); 0: none."""
+    offline: str | None = None
+    """``apexrl run --offline DATASET``: no actors; a loader child fills the replay from this Minari dataset
+    (apexrl.offline.loader)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -129,6 +134,8 @@ class Overrides:
     """Replay servers sharing the replay (capacity split evenly; one learner samples across them)."""
     port_base: int = 0
     """First of the services' fixed ports (RunSettings.port_base); 0: free ports."""
+    offline: str | None = None
+    """A Minari dataset (path or local id) to train from with no actors (RunSettings.offline)."""
 
 
 def snapshot_name(index: int, count: int) -> str:
@@ -301,6 +308,7 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         progress_every=o.progress_every, quiet=o.quiet, max_restarts_per_minute=o.max_restarts_per_minute,
         port_base=o.port_base,
         final_eval_episodes=preset.final_eval_episodes if o.final_eval is None else o.final_eval,
+        offline=o.offline if o.offline is None or not os.path.exists(o.offline) else os.path.abspath(o.offline),
     )
     if o.port_base and o.port_base + o.replay_servers > 65535:
         raise ValueError(f"--ports {o.port_base} leaves no room for {o.replay_servers} replay server port(s) and the "
@@ -323,12 +331,18 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         if load_spec(o.server["spec"]) != load_spec(spec):
             raise ValueError(f"--spec {o.server['spec']!r} is not the spec of {agent} on {env} ({spec}): the run's "
                              "actors would insert nothing the server accepts; leave --spec out (the run pins its own)")
+    offline = {}
+    if o.offline is not None:  # no actors insert: a rate limiter would stop the learner once the data is in
+        if o.server.get("samples_per_insert") is not None:
+            raise ValueError("--offline runs no actors: --samples-per-insert would stop the learner once the "
+                             "dataset is loaded; leave it out")
+        offline = {"samples_per_insert": None}
     server = ServerConfig(**{
         **dataclasses.asdict(preset.replay), "min_size_to_sample": learner.min_replay_size, "seed": o.seed,
-        **durable, **o.server, "spec": spec, "curve_dir": curve_dir, "insecure": o.insecure,
+        **durable, **o.server, **offline, "spec": spec, "curve_dir": curve_dir, "insecure": o.insecure,
     })
     servers = [split_server(server, i, o.replay_servers) for i in range(o.replay_servers)]
-    num_actors = o.actors or preset.actors
+    num_actors = 0 if o.offline is not None else o.actors or preset.actors
     actors = [
         ActorConfig(**{
             **preset.actor, "log_every": run.progress_every, **o.actor, "agent": agent, "env": env, "replay": "",

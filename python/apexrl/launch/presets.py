@@ -1,13 +1,20 @@
 """Named presets: coherent settings for the replay server, the learner, the actors and the agent.
 
-``apex-dqn-atari`` and ``apex-dpg-control`` are the Ape-X paper's settings (Horgan et al. 2018,
-appendix), replay ratio included: the replay server's samples-per-insert rate limiter holds the learner to the
-paper's sampled/inserted ratio whatever the number of cores (DQN: 19 batches of 512 per second against 12,500
-inserts, 0.78; DPG: about 22,000 sampled against 14,000 inserted per second, 1.57), and evaluation follows
-the paper's protocol (10 episodes per point, 30 at the end). The small presets are tuned, and say what differs
-in their descriptions: they shrink what only pays off at the paper's scale (replay size, warm-up, batch, target
-period) and let the learner sample as fast as it can, so that a 2-core machine learns CartPole, Pendulum or
-cartpole-swingup in minutes.
+Every preset says what it follows: ``source`` cites the paper or code base, ``sources`` names the source of
+each setting it sets (the agent config classes name the sources of their defaults,
+``apexrl.agents.config.FIELD_SOURCES``) and ``unmatched`` lists the details of that source it does not match.
+``apexrl.launch.preset_table`` prints all of it as the presets table of docs/running.md and the epilog of
+``apexrl run --help``; tests/test_preset_table.py fails when the documentation and the presets disagree.
+
+- ``apex-dqn-atari`` and ``apex-dpg-control``: the Ape-X paper's settings (Horgan et al. 2018, appendix),
+  replay ratio included: the replay server's samples-per-insert rate limiter holds the learner to the paper's
+  sampled/inserted ratio whatever the number of cores (DQN: 19 batches of 512 per second against 12,500
+  inserts, 0.78; DPG: about 22,000 sampled against 14,000 inserted per second, 1.57), and evaluation follows
+  the paper's protocol (10 episodes per point, 30 at the end).
+- ``apex-d4pg-control``: the Control Suite paper's D4PG (Tassa et al. 2018); ``d4pg-acme``: Acme's D4PG.
+- The small presets are tuned, and say what differs in their descriptions: they shrink what only pays off at
+  the paper's scale (replay size, warm-up, batch, target period) and let the learner sample as fast as it can,
+  so that a 2-core machine learns CartPole, Pendulum or cartpole-swingup in minutes.
 
 Every process of a run resolves the same preset, so the actors' networks match the learner's; flags given on
 a command line override single fields (see ``apexrl-learner --help``).
@@ -15,10 +22,15 @@ a command line override single fields (see ``apexrl-learner --help``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["PRESETS", "Preset", "ReplaySettings", "default_preset_for", "env_family", "get_preset"]
+__all__ = ["OFF", "PRESETS", "Preset", "ReplaySettings", "default_preset_for", "env_family", "get_preset"]
+
+
+OFF = "none"
+"""An override that sets an optional agent setting to None (``--dqda-clip none``): None itself means "not
+given" in :meth:`Preset.agent_config`."""
 
 
 @dataclass(frozen=True)
@@ -58,14 +70,31 @@ class Preset:
     final_eval_episodes: int = 30
     """Episodes of the evaluation of the final checkpoint when a run reaches its length (the Ape-X evaluation
     protocol's final evaluation has at least 30)."""
+    source: str = ""
+    """What the preset follows, with the citation (``tuned``: a preset tuned here, bench/README.md)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Source (a key of ``apexrl.launch.preset_table.SOURCES``) of each setting the preset sets, by setting name
+    (agent config fields, ``capacity``, ``eviction``, ``alpha``, ``alpha_evict``, ``samples_per_insert``,
+    ``error_buffer``, ``min_replay_size``, ``eval_episodes``, ``final_eval_episodes``, ``actors``, ...);
+    ``"*"``: the source of every setting the preset sets and does not name."""
+    unmatched: tuple[str, ...] = ()
+    """Details of its source the preset does not match, one sentence each."""
 
     def agent_config(self, **overrides: Any) -> Any:
         """The agent's config: its class's defaults, then the preset's overrides, then ``overrides`` (None
-        values ignored); ValueError from the config class on a bad value."""
+        values ignored, :data:`OFF` sets None); ValueError from the config class on a bad value, or naming a
+        field the agent does not have."""
         from apexrl.agents import get_agent
 
         values = {**self.agent_overrides, **{k: v for k, v in overrides.items() if v is not None}}
-        return get_agent(self.agent).config_class(**values)
+        values = {k: None if v == OFF else v for k, v in values.items()}
+        config_class = get_agent(self.agent).config_class
+        known = {f.name for f in fields(config_class)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"agent {self.agent} has no setting {', '.join(unknown)} (preset {self.name}); "
+                             f"its settings: {', '.join(sorted(known))}")
+        return config_class(**values)
 
 
 DQN_SAMPLES_PER_INSERT = 19 * 512 / 12_500
@@ -73,12 +102,20 @@ DQN_SAMPLES_PER_INSERT = 19 * 512 / 12_500
 DPG_SAMPLES_PER_INSERT = 22_000 / 14_000
 """Ape-X DPG: ~22,000 transitions sampled against ~14,000 inserted per second."""
 
+APEX = "Ape-X paper (Horgan et al. 2018, Distributed Prioritized Experience Replay, appendix)"
 PAPER_DPG_REPLAY = ReplaySettings(capacity=1_000_000, eviction="prioritized", alpha_evict=-0.4,
                                   samples_per_insert=DPG_SAMPLES_PER_INSERT,
                                   error_buffer=10 * 256)  # ten learner batches of slack
 PAPER_DPG_LEARNER = dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=120.0,
                          eval_episodes=10, metrics_every=30.0)
-"""Replay and learner settings of the paper's Ape-X DPG (apex-dpg-control), shared by apex-d4pg-control."""
+"""Replay and learner settings of the paper's Ape-X DPG (apex-dpg-control); apex-d4pg-control shares the
+learner's."""
+PAPER_DPG_SOURCES = dict(capacity="Ape-X", eviction="Ape-X", alpha_evict="Ape-X", samples_per_insert="Ape-X",
+                         error_buffer="apexrl", min_replay_size="Ape-X", eval_episodes="Ape-X", actors="apexrl")
+ACME_MIN_REPLAY = 1000
+ACME_SAMPLES_PER_INSERT = 32.0
+ACME_ERROR_BUFFER = ACME_MIN_REPLAY * 0.1 * ACME_SAMPLES_PER_INSERT
+"""Acme's D4PG error buffer: min_replay_size x samples_per_insert_tolerance_rate (0.1) x samples_per_insert."""
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -86,6 +123,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="apex-dqn-atari",
             description="Ape-X DQN with the paper's settings (Atari: Pong by default)",
+            source=f"Ape-X DQN as in the {APEX}; the replay ratio is the paper's measured one",
             agent="dqn",
             env="atari:Pong",
             replay=ReplaySettings(capacity=2_000_000, eviction="fifo", samples_per_insert=DQN_SAMPLES_PER_INSERT,
@@ -96,23 +134,35 @@ PRESETS: dict[str, Preset] = {
             actors=8,
             minutes=60.0,
             agent_overrides=dict(optimizer="rmsprop_tf"),  # the paper's (TensorFlow's) centered RMSProp
+            sources=dict(optimizer="Ape-X", capacity="Ape-X", eviction="Ape-X", samples_per_insert="Ape-X",
+                         error_buffer="apexrl", min_replay_size="Ape-X", eval_episodes="Ape-X",
+                         actors="apexrl"),
+            unmatched=("360 actors in the paper, 8 here by default (the rate limiter keeps the paper's replay "
+                       "ratio whatever the number)",),
         ),
         Preset(
             name="apex-dpg-control",
             description="Ape-X DPG with the paper's settings (Control Suite: cartpole-swingup by default)",
+            source=f"Ape-X DPG as in the {APEX}: n = 3 (\"hyperparameters are otherwise as per DQN\"; 5 is "
+                   "D4PG's); the replay ratio is the paper's measured one",
             agent="dpg",
             env="dmc:cartpole-swingup",
-            agent_overrides=dict(n_step=5),
+            agent_overrides=dict(n_step=3),
             replay=PAPER_DPG_REPLAY,
             learner=PAPER_DPG_LEARNER,
             actor=dict(flush_every=50, params_every_frames=400),
             actors=2,
             minutes=45.0,
+            sources=dict(PAPER_DPG_SOURCES, n_step="Ape-X"),
+            unmatched=("the paper's exploration noise is not given here: sigma 0.3, Acme's",
+                       "a few actors on one machine rather than the paper's many (the rate limiter keeps its "
+                       "replay ratio)"),
         ),
         Preset(
             name="cartpole",
             description="Ape-X DQN tuned for gym:CartPole-v1 on a laptop (batch 128, lr 5e-4, target period 200, "
                         "128x128 MLP, 100k replay, greedy evaluation, no replay-ratio limit)",
+            source="tuned here for gym:CartPole-v1 on a laptop (results: bench/README.md); otherwise Ape-X DQN",
             agent="dqn",
             env="gym:CartPole-v1",
             agent_overrides=dict(batch_size=128, lr=5e-4, target_update_period=200, hidden=(128, 128),
@@ -123,11 +173,13 @@ PRESETS: dict[str, Preset] = {
             actor=dict(flush_every=50, params_every_frames=200),
             actors=2,
             minutes=5.0,
+            sources={"*": "tuned"},
         ),
         Preset(
             name="cartpole-swingup",
             description="Ape-X DPG tuned for dmc:cartpole-swingup on a 2-core machine (n=3, critic lr 3e-4, "
                         "parameter-gradient clipping, 300k replay, no replay-ratio limit)",
+            source="tuned here for dmc:cartpole-swingup on a 2-core machine (bench/README.md); otherwise Ape-X DPG",
             agent="dpg",
             env="dmc:cartpole-swingup",
             # Its measured result (bench/README.md) is with the actor's parameter gradients clipped, not dQ/da.
@@ -138,11 +190,13 @@ PRESETS: dict[str, Preset] = {
             actor=dict(flush_every=50, params_every_frames=400),
             actors=2,
             minutes=45.0,
+            sources={"*": "tuned", "n_step": "Ape-X", "actor_lr": "Ape-X", "alpha_evict": "Ape-X"},
         ),
         Preset(
             name="pendulum",
             description="Ape-X DPG tuned for gym:Pendulum-v1 (quick continuous-control check: n=3, batch 128, "
                         "critic lr 1e-3, parameter-gradient clipping, no replay-ratio limit)",
+            source="tuned here for gym:Pendulum-v1 (a quick continuous-control check); otherwise Ape-X DPG",
             agent="dpg",
             env="gym:Pendulum-v1",
             # Pendulum's rewards (down to -16 a step) make |dQ/da| >> 1: clipping it to 1 learnt worse in a 5-minute
@@ -155,23 +209,91 @@ PRESETS: dict[str, Preset] = {
             actor=dict(flush_every=50, params_every_frames=200),
             actors=2,
             minutes=10.0,
+            sources={"*": "tuned", "n_step": "Ape-X", "actor_lr": "Ape-X"},
         ),
         Preset(
             name="apex-d4pg-control",
-            description="D4PG with the paper's settings (n=5, 51 atoms on [-150, 150], batch 256, Adam 1e-4; "
-                        "apex-dpg-control's replay; Control Suite: cartpole-swingup by default)",
+            description="D4PG with the Control Suite paper's settings (101 atoms on [-150, 150], n=5, batch 256, "
+                        "Adam 1e-4, sigma 1..1/32 across actors; Control Suite: cartpole-swingup by default)",
+            source="D4PG as the Control Suite paper benchmarks it (Tassa et al. 2018, DeepMind Control Suite, "
+                   "its D4PG paragraph); what that paragraph does not give follows Ape-X DPG",
             agent="d4pg",
             env="dmc:cartpole-swingup",
-            replay=PAPER_DPG_REPLAY,
+            agent_overrides=dict(num_atoms=101, v_min=-150.0, v_max=150.0, n_step=5, batch_size=256, actor_lr=1e-4,
+                                 critic_lr=1e-4, target_update_period=100, noise_sigma_max=1.0,
+                                 noise_sigma_min=1 / 32),
+            # The paper prints alpha_evict = 0.6 for an eviction that removes low-priority items first; apexrl draws
+            # eviction victims with probability proportional to p ** alpha_evict, so the same rule is -0.6.
+            replay=ReplaySettings(capacity=1_000_000, eviction="prioritized", alpha=0.6, alpha_evict=-0.6,
+                                  samples_per_insert=DPG_SAMPLES_PER_INSERT, error_buffer=10 * 256),
             learner=PAPER_DPG_LEARNER,
             actor=dict(flush_every=50, params_every_frames=400),
             actors=2,
             minutes=45.0,
+            sources=dict(PAPER_DPG_SOURCES, num_atoms="Control Suite", v_min="Control Suite",
+                         v_max="Control Suite", n_step="Control Suite", batch_size="Control Suite",
+                         actor_lr="Control Suite", critic_lr="Control Suite",
+                         target_update_period="Control Suite", noise_sigma_max="Control Suite",
+                         noise_sigma_min="Control Suite", alpha="Control Suite", alpha_evict="Control Suite"),
+            unmatched=(
+                "the paper prints alpha_evict = 0.6 for eviction that favours low priorities; apexrl evicts with "
+                "probability proportional to p^alpha_evict, so the same rule is alpha_evict = -0.6",
+                "the paper gives sigma's range across actors (1/32 to 1), not its spacing: apexrl spaces it "
+                "geometrically from 1 (actor 0) to 1/32 (the last actor); noise_sigma_spacing=linear is the other "
+                "reading",
+                "the replay capacity, the replay ratio (1.57) and the warm-up (50 000) are Ape-X DPG's: the "
+                "paragraph gives none",
+                "a few actors on one machine rather than the paper's many",
+            ),
+        ),
+        Preset(
+            name="d4pg-acme",
+            description="D4PG with Acme's settings (51 atoms, uniform replay, 32 samples per insert, sigma 0.3, "
+                        "dQ/da norm clipping, gradient norm 40, actors on the target networks)",
+            source="Acme's D4PG (Hoffman et al. 2020, Acme: a research framework for distributed reinforcement "
+                   "learning): its TensorFlow agent, acme/agents/tf/d4pg, and the config and replay table its JAX "
+                   "agent shares",
+            agent="d4pg",
+            env="dmc:cartpole-swingup",
+            agent_overrides=dict(num_atoms=51, v_min=-150.0, v_max=150.0, n_step=5, gamma=0.99, batch_size=256,
+                                 actor_lr=1e-4, critic_lr=1e-4, target_update_period=100, noise_sigma_max=0.3,
+                                 noise_sigma_min=0.3, dqda_clip=None, dqda_clip_norm=1.0, grad_clip_norm=40.0,
+                                 actor_weights="target", actor_loss_state="next_obs"),
+            # Uniform sampling (alpha 0: every priority^0 = 1, every IS weight 1) and FIFO eviction, as Acme's
+            # Reverb table (Uniform sampler, Fifo remover).
+            replay=ReplaySettings(capacity=1_000_000, eviction="fifo", alpha=0.0,
+                                  samples_per_insert=ACME_SAMPLES_PER_INSERT, error_buffer=ACME_ERROR_BUFFER),
+            learner=dict(min_replay_size=ACME_MIN_REPLAY, publish_every=10, checkpoint_every=10_000,
+                         eval_every=120.0, eval_episodes=10, metrics_every=30.0),
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=2,
+            minutes=45.0,
+            sources={**{k: "Acme" for k in ("num_atoms", "v_min", "v_max", "n_step", "gamma", "batch_size",
+                                              "actor_lr", "critic_lr", "target_update_period", "noise_sigma_max",
+                                              "noise_sigma_min", "dqda_clip", "dqda_clip_norm", "grad_clip_norm",
+                                              "actor_weights", "actor_loss_state", "capacity", "eviction",
+                                              "alpha", "samples_per_insert", "error_buffer",
+                                              "min_replay_size")},
+                     "eval_episodes": "Ape-X", "actors": "apexrl"},
+            unmatched=(
+                "Acme's networks (layer-normalised MLPs; its critic takes the action with the observation at its "
+                "input) are not used: the actor (300-200) and the critic (400-300) are Ape-X DPG's tanh networks, "
+                "the action entering the critic's second layer",
+                "Acme computes the critic's and the actor's losses from the same parameters before either step; "
+                "apexrl steps the critic first and takes the actor's loss through the updated critic",
+                "Acme's actors insert at priority 1; apexrl's actors still compute initial priorities (unused: "
+                "uniform sampling ignores them)",
+                "Acme inserts transitions one at a time; apexrl's actors insert 50 at a time",
+                "Acme's JAX agent clips dQ/da element-wise (rlax) where its TensorFlow agent, followed here, clips "
+                "each sample's norm",
+            ),
         ),
         Preset(
             name="d4pg-cartpole-swingup",
             description="D4PG tuned for dmc:cartpole-swingup on a 2-core machine (vs the paper: n=3, critic lr "
-                        "3e-4, support [0, 100], sigma ladder 0.3..0.1, parameter-gradient clipping, smaller replay)",
+                        "3e-4, support [0, 100], tuned sigma ladder 0.3..0.1, parameter-gradient clipping, smaller "
+                        "replay)",
+            source="tuned here for dmc:cartpole-swingup on a 2-core machine (bench/README.md); otherwise D4PG",
             agent="d4pg",
             env="dmc:cartpole-swingup",
             # The DPG cartpole-swingup preset's tuning; the support is exactly the range of returns-to-go of
@@ -184,6 +306,7 @@ PRESETS: dict[str, Preset] = {
             actor=dict(flush_every=50, params_every_frames=400),
             actors=2,
             minutes=20.0,
+            sources={"*": "tuned", "actor_lr": "D4PG", "alpha_evict": "Ape-X"},
         ),
     ]
 }

@@ -340,8 +340,8 @@ class RayLauncher(Launcher):
     placed)."""
 
     def __init__(self, plan: RunPlan, address: str, *, actor_cpus: float = 1.0, server_log_level: str = "WARNING",
-                 out: TextIO | None = None):
-        super().__init__(plan, server_log_level=server_log_level, out=out)
+                 out: TextIO | None = None, tensorboard: str | None = None):
+        super().__init__(plan, server_log_level=server_log_level, out=out, tensorboard=tensorboard)
         self.address = address
         self.actor_cpus = actor_cpus
     def run(self) -> int:

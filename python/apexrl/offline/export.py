@@ -1,0 +1,191 @@
+"""``apexrl export SNAPSHOT --out FILE``: a replay snapshot's items, keys and priorities as one ``.npz`` file.
+
+The snapshot is checked whole by the native store first (``PrioritizedStore.load``: magic, version, every length,
+every priority and the CRC-32C of the whole file), so a truncated or corrupted file is refused with the store's
+own reason before anything is written. Its items are then read in insertion order (oldest first, across the lock
+shards) from the snapshot's documented layout (below) and decoded with the TransitionSpec kept beside it
+(``SNAPSHOT.spec.json``, which the replay server writes with every snapshot).
+
+The ``.npz`` layout (docs/offline.md), N items, one array per name::
+
+    keys          uint64 (N,)   each item's key when the snapshot was saved (shard + (slot << 8) + (tag << 36))
+    priorities    float64 (N,)  each item's priority (not priority^alpha)
+    insertion     uint64 (N,)   each item's insertion number in the saved store (increasing: the rows' order)
+    spec          str ()        the TransitionSpec JSON the items were decoded with
+    store         str ()        the saved store's settings as JSON (capacity, max_size, alpha, shards, ...)
+    <field>       (N, *shape)   one array per field of the spec (obs, action, reward, discount, next_obs for the
+                                built-in agents), in the spec's dtype
+
+Snapshot layout (format version 2, little-endian, written by ``ShardedStore::Save`` and ``Shard::Serialize``)::
+
+    "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards |
+    u32 eviction | f64 alpha_evict | u64 seed |
+    per shard: u32 index | u64 num_slots | u32 tag[num_slots] | u64 num_live |
+               per item, oldest first: u32 slot | u64 seq | f64 priority | u32 size | size bytes |
+               u64 counters[6] | u64 max_seq
+    u64 next_seq | u64 next_shard | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys |
+    "APXRLEND" | u32 crc32c
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ExportError", "RESERVED", "SNAPSHOT_VERSION", "export_snapshot", "read_snapshot"]
+
+SNAPSHOT_VERSION = 2
+"""The snapshot format this reader knows (``kSnapshotVersion`` in cpp/apexrl/sharded_store.cc)."""
+RESERVED = ("keys", "priorities", "insertion", "spec", "store")
+"""Names of the ``.npz`` arrays that are not transition fields."""
+_MAGIC, _END = b"APXRLST1", b"APXRLEND"
+_EVICTION = {0: "fifo", 1: "prioritized", 2: "lowest_priority"}
+_SHARD_BITS, _SLOT_BITS = 8, 28
+
+
+class ExportError(Exception):
+    """The snapshot or its spec sidecar is missing, unreadable or corrupt (the message says which and why)."""
+
+
+@dataclass
+class SnapshotItems:
+    """A snapshot's live items, oldest first."""
+
+    keys: np.ndarray
+    priorities: np.ndarray
+    insertion: np.ndarray
+    data: np.ndarray
+    offsets: np.ndarray
+    store: dict
+
+
+def read_snapshot(path: str) -> SnapshotItems:
+    """The live items of snapshot ``path`` (checked by the native store first); ExportError when it is missing,
+    corrupt or of another version."""
+    from apexrl._core import PrioritizedStore, SnapshotError
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ExportError(f"snapshot {path!r} does not exist (or is not a file)")
+    try:
+        PrioritizedStore.load(path)  # the whole file: structure, ranges and checksum
+    except (SnapshotError, ValueError, OSError) as e:
+        raise ExportError(f"snapshot {path!r} cannot be read: {e}") from None
+    with open(path, "rb") as f:
+        buf = f.read()
+    try:
+        return _parse(buf)
+    except (struct.error, ValueError) as e:  # the store read it, so this reader is out of step with the writer
+        raise ExportError(f"snapshot {path!r}: unexpected layout ({e}); this reader knows format version "
+                          f"{SNAPSHOT_VERSION}") from None
+
+
+def _parse(buf: bytes) -> SnapshotItems:
+    if buf[:8] != _MAGIC:
+        raise ValueError("not a snapshot (bad magic)")
+    version, epoch, capacity, max_size, alpha, shards, eviction, alpha_evict, seed = struct.unpack_from(
+        "<IIQQdIIdQ", buf, 8)
+    if version != SNAPSHOT_VERSION:
+        raise ValueError(f"format version {version}")
+    pos = 8 + struct.calcsize("<IIQQdIIdQ")
+    keys: list[int] = []
+    prios: list[float] = []
+    seqs: list[int] = []
+    chunks: list[bytes] = []
+    sizes: list[int] = []
+    item = struct.Struct("<IQdI")
+    for expect in range(shards):
+        index, num_slots = struct.unpack_from("<IQ", buf, pos)
+        if index != expect:
+            raise ValueError(f"shard {index} where {expect} was expected")
+        pos += 12
+        tags = np.frombuffer(buf, dtype="<u4", count=num_slots, offset=pos)
+        pos += 4 * num_slots
+        (num_live,) = struct.unpack_from("<Q", buf, pos)
+        pos += 8
+        for _ in range(num_live):
+            slot, seq, priority, size = item.unpack_from(buf, pos)
+            pos += item.size
+            chunks.append(buf[pos:pos + size])
+            sizes.append(size)
+            pos += size
+            keys.append((int(tags[slot]) << (_SHARD_BITS + _SLOT_BITS)) | (slot << _SHARD_BITS) | index)
+            prios.append(priority)
+            seqs.append(seq)
+        pos += 7 * 8  # six counters and max_seq
+    pos += 5 * 8
+    if buf[pos:pos + 8] != _END or len(buf) != pos + 12:
+        raise ValueError("the end marker is not where the items end")
+    order = np.argsort(np.asarray(seqs, np.uint64), kind="stable")
+    offsets = np.zeros(len(sizes) + 1, np.uint64)
+    np.cumsum(np.asarray(sizes, np.uint64)[order], out=offsets[1:])
+    store = {"version": version, "epoch": epoch, "capacity": capacity, "max_size": max_size, "alpha": alpha,
+             "shards": shards, "eviction": _EVICTION.get(eviction, str(eviction)), "alpha_evict": alpha_evict,
+             "seed": seed}
+    return SnapshotItems(
+        keys=np.asarray(keys, np.uint64)[order], priorities=np.asarray(prios, np.float64)[order],
+        insertion=np.asarray(seqs, np.uint64)[order],
+        data=np.frombuffer(b"".join(chunks[i] for i in order.tolist()), np.uint8), offsets=offsets, store=store)
+
+
+def export_snapshot(snapshot: str, out: str, spec: str | None = None) -> int:
+    """Write snapshot ``snapshot``'s items to ``out`` (``.npz``, layout in the module docstring), decoded with
+    ``spec`` (a spec JSON file or text; default the sidecar ``SNAPSHOT.spec.json``). Returns the item count.
+    ExportError before anything is written when the snapshot or the spec is missing or corrupt, or an item does
+    not decode with the spec."""
+    from apexrl.replay.insert_guard import load_spec, spec_sidecar
+
+    if not os.path.isfile(snapshot):
+        raise ExportError(f"snapshot {os.fspath(snapshot)!r} does not exist (or is not a file)")
+    spec_path = spec if spec is not None else spec_sidecar(snapshot)
+    if spec is None and not os.path.isfile(spec_path):
+        raise ExportError(f"the spec sidecar {spec_path!r} of snapshot {os.fspath(snapshot)!r} does not exist "
+                          "(the replay server writes it beside every snapshot); give the spec with --spec")
+    try:
+        transition_spec = load_spec(spec_path)
+    except ValueError as e:
+        raise ExportError(f"spec of {os.fspath(snapshot)!r}: {e}") from None
+    clash = sorted(set(transition_spec.names) & set(RESERVED))
+    if clash:
+        raise ExportError(f"spec fields {clash} clash with the export's own arrays {list(RESERVED)}")
+    items = read_snapshot(snapshot)
+    try:
+        fields = transition_spec.decode(items.data, items.offsets)
+    except ValueError as e:
+        raise ExportError(f"snapshot {os.fspath(snapshot)!r} does not decode with spec {spec_path!r}: {e}") from None
+    arrays = {"keys": items.keys, "priorities": items.priorities, "insertion": items.insertion,
+              "spec": np.array(transition_spec.to_json()), "store": np.array(json.dumps(items.store)), **fields}
+    out = os.fspath(out)
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise ExportError(f"--out {out!r}: directory {parent!r} does not exist")
+    tmp = f"{out}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return len(items.keys)
+
+
+def load_export(path: str) -> dict[str, np.ndarray]:
+    """An export's arrays by name (``spec`` and ``store`` as str); ValueError when ``path`` is not one."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            out = {name: z[name] for name in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path!r} is not an apexrl export: {e}") from None
+    missing = [name for name in RESERVED if name not in out]
+    if missing:
+        raise ValueError(f"{path!r} is not an apexrl export: no {missing}")
+    for name in ("spec", "store"):
+        out[name] = str(out[name])
+    return out
