@@ -84,8 +84,11 @@ def test_frame_codec_applies_to_frame_stacks_only():
     assert frame_codec(TransitionSpec.dpg(3, 2)) is None
     assert wire_spec(TransitionSpec.dpg(3, 2)) == TransitionSpec.dpg(3, 2)
     item = wire_spec(TransitionSpec.atari())
-    assert item.names == ("obs_frames", "action", "reward", "discount", "next_obs_frames")
+    assert item.names == ("obs_frames", "action", "reward", "discount", "next_obs_frames", "frame")
     assert item.fixed_item_bytes == 4 + 8 + 4 + 4 + 4 + 8
+    codec = FrameStackCodec.from_item_spec(item)  # the item spec alone (a snapshot's sidecar) is enough
+    assert codec is not None and codec.spec == TransitionSpec.atari() and codec.item_spec == item
+    assert FrameStackCodec.from_item_spec(TransitionSpec.atari()) is None
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +157,27 @@ def test_sampled_pong_stacks_equal_the_inserted_ones_across_episodes(pong, start
                 seen.add(key)
         starts = [k for k, t in expected.items() if not t["obs"][0].any()]
         assert any(k in seen for k in starts)  # zero-padded starts were sampled and rebuilt exactly
+
+
+def test_export_rebuilds_the_stacks_of_an_atari_snapshot(tmp_path):
+    """`apexrl export` of a snapshot whose items reference frame chunks: the agent's fields, stacks rebuilt."""
+    from apexrl import PrioritizedStore
+    from apexrl.offline.export import export_snapshot, load_export
+    from apexrl.replay.insert_guard import spec_sidecar
+
+    codec = FrameStackCodec(SPEC, chunk_frames=4)
+    store = PrioritizedStore(capacity=1000, shards=2)
+    batches = [synthetic_batch(np.random.default_rng(seed), envs=2, steps=12) for seed in (5, 6)]
+    for batch in batches:
+        data, offsets, fc = codec.encode(batch)
+        store.insert(np.ones(len(offsets) - 1), data, offsets, chunks=fc.chunks(), item_chunks=fc.item_chunks,
+                     item_chunk_offsets=fc.item_chunk_offsets)
+    path = str(tmp_path / "replay.snap")
+    store.save(path)
+    with open(spec_sidecar(path), "w") as f:
+        f.write(codec.item_spec.to_json())
+    n = export_snapshot(path, str(tmp_path / "replay.npz"))
+    z = load_export(str(tmp_path / "replay.npz"))
+    assert n == sum(len(b["obs"]) for b in batches) and TransitionSpec.from_json(z["spec"]) == SPEC
+    for name in SPEC.names:  # oldest first: the batches in insertion order
+        assert np.array_equal(z[name], np.concatenate([b[name] for b in batches])), name

@@ -17,7 +17,9 @@ each frame about ``2 S`` times. :class:`FrameStackCodec` stores each distinct fr
   encoded (frames equal by content are interchangeable).
 
 The items are those of :attr:`FrameStackCodec.item_spec`, a plain :class:`TransitionSpec` (``obs_frames`` and
-``next_obs_frames`` u16[S] beside the other fields), which the server checks and fingerprints like any other.
+``next_obs_frames`` u16[S] beside the other fields, and a zero-byte ``frame`` field of shape (0, H, W) that
+records the frame size), which the server checks and fingerprints like any other; :meth:`FrameStackCodec.
+from_item_spec` rebuilds the codec from it alone (a snapshot's spec sidecar is enough to decode its items).
 Chunks never span two insert batches: each encode makes its own. Never imports torch.
 """
 
@@ -62,7 +64,30 @@ class FrameStackCodec:
                 fields.append(FieldSpec(f"{f.name}_frames", "<u2", (self.stack,)))
             else:
                 fields.append(f)
+        fields.append(FieldSpec("frame", "u1", (0, self.height, self.width)))  # zero bytes: the frame size
         self.item_spec = TransitionSpec(fields)
+
+    @classmethod
+    def from_item_spec(cls, item_spec: TransitionSpec) -> FrameStackCodec | None:
+        """The codec whose :attr:`item_spec` is ``item_spec`` (None when it is no frame codec's item spec)."""
+        names = item_spec.names
+        if "frame" not in names or not all(f"{name}_frames" in names for name in _STACKS):
+            return None
+        _zero, height, width = (item_spec["frame"].shape + (0, 0, 0))[:3]
+        stack = item_spec["obs_frames"].shape[0] if item_spec["obs_frames"].shape else 0
+        fields = []
+        for f in item_spec.fields:
+            if f.name == "frame":
+                continue
+            if f.name.endswith("_frames") and f.name[:-len("_frames")] in _STACKS:
+                fields.append(FieldSpec(f.name[:-len("_frames")], "u1", (stack, height, width), compress=True))
+            else:
+                fields.append(f)
+        try:
+            codec = cls(TransitionSpec(fields))
+        except ValueError:
+            return None
+        return codec if codec.item_spec == item_spec else None
 
     # -- encode ------------------------------------------------------------------------------------------------
 
@@ -131,6 +156,7 @@ class FrameStackCodec:
         items = {name: arrays[name] for name in self.spec.names if name not in _STACKS}
         items["obs_frames"] = refs_out[0]
         items["next_obs_frames"] = refs_out[1]
+        items["frame"] = np.zeros((n, 0, self.height, self.width), np.uint8)
         data, offsets = self.item_spec.encode(items)
         return data, offsets, P.pack_chunks(chunks, item_refs)
 
@@ -149,6 +175,7 @@ class FrameStackCodec:
         """As :meth:`TransitionSpec.decode_valid`: (the fields of the items that decode, a mask of those that do
         not or None, the first reason), so a learner can erase what it cannot use and train on the rest."""
         fields, bad, message = self.item_spec.decode_valid(data, offsets)
+        fields.pop("frame", None)
         n_all = len(offsets) - 1
         good = np.flatnonzero(~bad) if bad is not None else np.arange(n_all)
         fc = chunks if chunks is not None else P.FrameChunks.none(n_all)
