@@ -207,7 +207,8 @@ class FrameStackCodec:
         chunk = np.where((chunk >= 0) & (chunk < nchunks), chunk, nchunks)
         valid = pad | (named & (index < frames_in[chunk]))
         ok = valid.reshape(2, len(good), s_).all(axis=(0, 2))
-        out = np.zeros((2 * len(good) * s_, self.height * self.width), np.uint8)  # pads stay zero
+        out = np.empty((2 * len(good) * s_, self.height * self.width), np.uint8)
+        out[np.flatnonzero(pad.reshape(-1))] = 0  # zero frames; every other slot of a kept item is copied below
         use = (valid & ~pad & ok[None, :, None]).reshape(-1)
         targets = np.flatnonzero(use)
         chunk_t, index_t = chunk.reshape(-1)[targets], index.reshape(-1)[targets]
@@ -215,21 +216,26 @@ class FrameStackCodec:
         chunk_t, index_t, targets = chunk_t[order], index_t[order], targets[order]
         cuts = np.flatnonzero(np.diff(chunk_t)) + 1
         view = memoryview(fc.chunk_data).cast("B") if nchunks else memoryview(b"")
+        dst = memoryview(out.reshape(-1))
+        fb = self.frame_bytes
         decompress = lz4.block.decompress
         failed = []
+        # Frame copies as memoryview slices: cheaper than a numpy gather per chunk for the few frames of each.
+        t_list, i_list, co_list, prefix_list = targets.tolist(), index_t.tolist(), co.tolist(), prefix.tolist()
         for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(targets)]):
             if lo == hi:
                 continue
             c = int(chunk_t[lo])
             try:
-                raw = decompress(view[int(co[c]):int(co[c + 1])])
-                if len(raw) != int(prefix[c]):
+                raw = decompress(view[co_list[c]:co_list[c + 1]])
+                if len(raw) != prefix_list[c]:
                     raise ValueError("chunk size")
             except Exception:  # noqa: BLE001 - a corrupted chunk: the items using it are bad
                 failed.append(c)
                 continue
-            frames = np.frombuffer(raw, np.uint8).reshape(-1, self.height * self.width)
-            out[targets[lo:hi]] = frames[index_t[lo:hi]]
+            src = memoryview(raw)
+            for t, i in zip(t_list[lo:hi], i_list[lo:hi]):
+                dst[t * fb:(t + 1) * fb] = src[i * fb:(i + 1) * fb]
         if failed:
             ok &= ~np.isin(chunk, failed).reshape(2, len(good), s_).any(axis=(0, 2))
         out = out.reshape(2, len(good), s_, self.height, self.width)
