@@ -107,3 +107,17 @@ def test_snapshot_keeps_the_chunks(start_server, tmp_path):
         assert client.stats()["chunks"] == len(chunks)
         expected = {k: (item, [chunks[c] for c in r]) for k, item, r in zip(keys.tolist(), items, refs)}
         check_sample(client.sample(12), expected)
+
+
+def test_the_reply_estimate_counts_the_chunks_an_item_brings(start_server):
+    """Items of a few bytes that each reference a 300 KB chunk: a SAMPLE of 8 would be ~2.4 MB, over a 1 MiB
+    reply cap, and is refused before sampling by the estimate (which counts the chunks), not after."""
+    server = start_server("--capacity", "100", "--max-reply-mb", "1")
+    rng = np.random.default_rng(0)
+    chunks = [rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes() for _ in range(8)]
+    items = [bytes([i]) * 4 for i in range(8)]
+    with ReplayClient(server.endpoint) as client:
+        client.insert(np.ones(8), items, chunks=P.pack_chunks(chunks, [[i] for i in range(8)]))
+        with pytest.raises(ServerError, match=r"SAMPLE of 8 items refused: its reply would be about"):
+            client.sample(8)
+        assert len(client.sample(2)) == 2  # ~600 KB: under the cap
