@@ -10,6 +10,9 @@ and sends 512 new priorities through an ``AsyncUpdater`` (non-blocking, max_pend
     python bench/bench_wire.py --quick         # smoke run, a few seconds
     python bench/bench_wire.py --spec-check both   # each configuration with and without a server --spec
     python bench/bench_wire.py --curve both    # every configuration without and with CURVE, and the ratio
+    python bench/bench_wire.py --only atari --games Pong,Breakout,MsPacman --before-python OLD/.venv/bin/python
+                                               # Atari frames stored once: this tree against an older one,
+                                               # whole stack (server, actors, learner) each, windows interleaved
 
 Shapes:
   DPG    TransitionSpec.dpg(67, 21) (632-byte items), capacity 2M, prefilled with --prefill (200k) items
@@ -165,8 +168,13 @@ def downsample_84(gray: np.ndarray) -> np.ndarray:
     return np.clip(cols + 0.5, 0, 255).astype(np.uint8)
 
 
-def pong_transitions(n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], str]:
-    """n Atari transitions from real Pong frames (random actions), or synthetic ones if ale_py is missing."""
+def rom_name(game: str) -> str:
+    """ale-py's ROM name of a game: MsPacman -> ms_pacman."""
+    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(game))
+
+
+def pong_transitions(n: int, seed: int = 0, game: str = "Pong") -> tuple[dict[str, np.ndarray], str]:
+    """n Atari transitions from real frames of `game` (random actions), or synthetic ones if ale_py is missing."""
     rng = np.random.default_rng(seed)
     try:
         from ale_py import ALEInterface, LoggerMode, roms
@@ -176,7 +184,7 @@ def pong_transitions(n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], str]
         ale.setInt("random_seed", seed)
         ale.setInt("frame_skip", 1)
         ale.setFloat("repeat_action_probability", 0.0)
-        ale.loadROM(roms.get_rom_path("pong"))
+        ale.loadROM(roms.get_rom_path(rom_name(game)))
         actions = ale.getMinimalActionSet()
         frames, acts, rews, dones = [], [], [], []
         # DQN-style: action repeat 4, max over the last 2 raw frames, grayscale, 84x84.
@@ -195,7 +203,7 @@ def pong_transitions(n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], str]
             dones.append(done)
             if done:
                 ale.reset_game()
-        source = "REAL Pong frames (ale_py, random actions, action repeat 4, numpy area-average 84x84, no cv2)"
+        source = f"REAL {game} frames (ale_py, random actions, action repeat 4, numpy area-average 84x84, no cv2)"
     except Exception as exc:  # noqa: BLE001
         msg = f"!!! ale_py unavailable ({type(exc).__name__}: {exc}): USING SYNTHETIC FRAMES, NOT REAL PONG !!!"
         print("\n" + "!" * len(msg) + "\n" + msg + "\n" + "!" * len(msg) + "\n", flush=True)
@@ -224,17 +232,28 @@ def pong_transitions(n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], str]
     return batch, source
 
 
-def save_batches(path: str, batches: list[tuple[np.ndarray, np.ndarray]]) -> None:
+def save_batches(path: str, batches: list[tuple]) -> None:
+    """(data, offsets) batches, or (data, offsets, FrameChunks) ones (Atari frames stored once)."""
     arrs = {}
-    for i, (d, o) in enumerate(batches):
-        arrs[f"d{i}"], arrs[f"o{i}"] = d, o
+    for i, b in enumerate(batches):
+        arrs[f"d{i}"], arrs[f"o{i}"] = b[0], b[1]
+        if len(b) > 2:
+            fc = b[2]
+            arrs[f"r{i}"], arrs[f"ro{i}"] = fc.item_chunks, fc.item_chunk_offsets
+            arrs[f"c{i}"], arrs[f"co{i}"] = np.frombuffer(fc.chunk_data, np.uint8), fc.chunk_offsets
     np.savez(path, **arrs)
 
 
-def load_batches(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
+def load_batches(path: str) -> list[tuple]:
+    """What save_batches wrote: chunks come back as the 4-tuple of FrameChunks' frames."""
     z = np.load(path)
-    n = len(z.files) // 2
-    return [(z[f"d{i}"], z[f"o{i}"]) for i in range(n)]
+    n = sum(1 for f in z.files if f.startswith("d"))
+    if f"r0" not in z.files:
+        return [(z[f"d{i}"], z[f"o{i}"]) for i in range(n)]
+    from apexrl.replay.protocol import FrameChunks  # only a tree with frame chunks writes them
+
+    return [(z[f"d{i}"], z[f"o{i}"], FrameChunks(z[f"r{i}"], z[f"ro{i}"], z[f"c{i}"].tobytes(), z[f"co{i}"]))
+            for i in range(n)]
 
 
 # ---------------------------------------------------------------------------------------------- workers
@@ -258,12 +277,13 @@ def actor_main(args: argparse.Namespace) -> None:
             time.sleep(0.001)
         end = args.start_at + args.seconds
         while True:
-            d, o = batches[i % len(batches)]
+            d, o, *fc = batches[i % len(batches)]
+            more = {"chunks": fc[0]} if fc else {}  # a batch's own frame chunks, sent with it
             if ins is not None:
-                ins.insert(prios[i % 16], data=d, offsets=o)
+                ins.insert(prios[i % 16], data=d, offsets=o, **more)
             else:
                 t0 = time.perf_counter()
-                c.insert(prios[i % 16], data=d, offsets=o)
+                c.insert(prios[i % 16], data=d, offsets=o, **more)
                 lat.append(time.perf_counter() - t0)
             n += INSERT_BATCH
             i += 1
@@ -286,6 +306,14 @@ def learner_main(args: argparse.Namespace) -> None:
     from apexrl.replay.sharded import connect
 
     spec = TransitionSpec.atari() if args.shape == "atari" else TransitionSpec.dpg(67, 21)
+    codec = None
+    if args.shape == "atari":
+        try:  # a tree that stores Atari frames once decodes through its one decode function
+            from apexrl.replay.frames import decode_valid, frame_codec
+
+            codec = frame_codec(spec)
+        except ImportError:
+            pass
     rng = np.random.default_rng(1234)
     lat: list[float] = []
     dec_s = 0.0
@@ -300,7 +328,11 @@ def learner_main(args: argparse.Namespace) -> None:
             t1 = time.perf_counter()
             lat.append(t1 - t0)
             if args.shape == "atari":
-                out = spec.decode_batch(b)
+                if codec is not None and getattr(b, "chunks", None) is not None:  # items referencing chunks
+                    out, bad, message = decode_valid(spec, codec, b)
+                    assert bad is None, message
+                else:
+                    out = spec.decode_batch(b)
                 assert out["obs"].shape == (SAMPLE_BATCH, 4, 84, 84)
                 dec_s += time.perf_counter() - t1
             up.update(b.keys, rng.uniform(0.1, 2.0, SAMPLE_BATCH))
@@ -454,13 +486,21 @@ def floor_main(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------ driver
 
 
-def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items: int, chunk: int = 20,
+def prefill(endpoint: str, batches: list[tuple], n_items: int, chunk: int = 20,
             curve_dir: str | None = None) -> None:
     """Insert n_items by sending `chunk` pre-encoded 50-item batches concatenated per request (round robin over
-    the servers when `endpoint` names several)."""
+    the servers when `endpoint` names several); batches with frame chunks one per request, with their chunks."""
     from apexrl.replay.sharded import connect
 
     rng = np.random.default_rng(7)
+    if len(batches[0]) > 2:
+        with connect(endpoint, timeout=120, curve=curve_dir) as c:
+            done = k = 0
+            while done < n_items:
+                d, o, fc = batches[k % len(batches)]
+                c.insert(rng.uniform(0.1, 2.0, len(o) - 1), data=d, offsets=o, chunks=fc)
+                done, k = done + len(o) - 1, k + 1
+        return
     big = []
     for j in range(0, len(batches), chunk):
         part = batches[j : j + chunk]
@@ -484,13 +524,17 @@ def prefill(endpoint: str, batches: list[tuple[np.ndarray, np.ndarray]], n_items
 def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float,
                actor_flags: list[str], spec_json: str | None = None,
                curve_dir: str | None = None, servers: int = 1, kind: str = "native",
-               server_python: str | None = None, item_bytes: int = 632) -> dict:
+               server_python: str | None = None, item_bytes: int = 632, worker_python: str | None = None) -> dict:
     """One timed window: `servers` replay servers splitting `capacity` (the workers reach them through one
     ShardedReplayClient each when there are several), k actor processes and one learner process. ``kind``:
     which server (see :class:`Server`). The servers' CPU time (utime + stime) is read when the workers start
     their clocks and again when the last one has exited (every reply received): ``server_cpu_us_per_request``
-    divides it by the requests the workers sent in that time (inserts, remove_to_fit, samples, updates)."""
+    divides it by the requests the workers sent in that time (inserts, remove_to_fit, samples, updates).
+    ``worker_python``: the whole stack (server, prefill, actors, learner) under that interpreter (an older tree)."""
     outdir = os.path.dirname(payload)
+    py = worker_python or sys.executable
+    if worker_python is not None:
+        kind, server_python = "old", worker_python
     from apexrl.replay.sharded import connect
 
     flags = (["--spec", spec_json] if spec_json else []) + ([] if curve_dir is None else ["--curve-dir", curve_dir])
@@ -506,16 +550,20 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
                                     python=server_python))
         endpoint = ",".join(s.endpoint for s in group)
         t0 = time.perf_counter()
-        prefill(endpoint, batches, prefill_n, curve_dir=curve_dir)
+        if worker_python is not None:  # that tree's client speaks that tree's protocol
+            subprocess.run([py, HERE, "--worker", "prefill", "--payload", payload, "--endpoint", endpoint,
+                            "--items", str(prefill_n)], check=True)
+        else:
+            prefill(endpoint, batches, prefill_n, curve_dir=curve_dir)
         prefill_s = time.perf_counter() - t0
         start_at = time.time() + 2.0  # time for the workers to import and connect
         common = ["--endpoint", endpoint, "--start-at", repr(start_at), "--seconds", str(seconds),
                   "--shape", shape, *([] if curve_dir is None else ["--curve-dir", curve_dir])]
         for a in range(k):
-            procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "actor", "--payload", payload,
+            procs.append(subprocess.Popen([py, HERE, "--worker", "actor", "--payload", payload,
                                            "--seed", str(a), "--out", os.path.join(outdir, f"actor{a}.json"),
                                            *common, *actor_flags]))
-        procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "learner",
+        procs.append(subprocess.Popen([py, HERE, "--worker", "learner",
                                        "--out", os.path.join(outdir, "learner.json"), *common]))
         # Server RSS sampled during the run (peak) and after; server CPU from the workers' start to their end.
         peak = [0]
@@ -526,8 +574,14 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
         server_cpu, results = await_workers(procs, [f"actor{a}.json" for a in range(k)] + ["learner.json"], outdir,
                                             start_at, [s.pid for s in group], on_poll=sample_rss)
         cpu_window = time.time() - start_at
-        with connect(endpoint, timeout=30, curve=curve_dir) as c:
-            st = c.stats()
+        if worker_python is not None:  # asked in that tree's protocol
+            stats_path = os.path.join(outdir, "stats.json")
+            subprocess.run([py, HERE, "--worker", "stats", "--endpoint", endpoint, "--out", stats_path], check=True)
+            with open(stats_path) as f:
+                st = json.load(f)
+        else:
+            with connect(endpoint, timeout=30, curve=curve_dir) as c:
+                st = c.stats()
         rss = sum(rss_of(s.pid) for s in group)
     except BaseException:
         for p in procs:
@@ -761,7 +815,15 @@ def main() -> None:
     p.add_argument("--reverb-python", metavar="PATH", default=None,
                    help="side by side mode: an interpreter that imports dm-reverb, for the inserts-vs-Reverb column")
     # worker mode
-    p.add_argument("--worker", choices=("actor", "learner", "floor", "conns"), help=argparse.SUPPRESS)
+    p.add_argument("--games", default="Pong",
+                   help="Atari: comma-separated games whose real frames the Atari windows use (default Pong), "
+                        "e.g. Pong,Breakout,MsPacman")
+    p.add_argument("--before-python", metavar="PATH", default=None,
+                   help="Atari: also run every window with the whole stack (server, prefill, actors, learner) of "
+                        "this interpreter (an older tree's venv, its own item layout), interleaved with this tree's "
+                        "over --rounds rounds, and print after / before ratios")
+    p.add_argument("--worker", choices=("actor", "learner", "floor", "conns", "prefill", "stats"), help=argparse.SUPPRESS)
+    p.add_argument("--items", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--item-bytes", type=int, default=632, help=argparse.SUPPRESS)
     p.add_argument("--lifetime", type=float, default=1800.0, help=argparse.SUPPRESS)
     p.add_argument("--sockets", type=int, default=1, help=argparse.SUPPRESS)
@@ -782,6 +844,16 @@ def main() -> None:
         return floor_main(args)
     if args.worker == "conns":
         return conns_main(args)
+    if args.worker == "prefill":
+        return prefill(args.endpoint, load_batches(args.payload), args.items)
+    if args.worker == "stats":
+        from apexrl.replay.sharded import connect
+
+        with connect(args.endpoint, timeout=30) as c, open(args.out, "w") as f:
+            json.dump(c.stats(), f)
+        return None
+    if args.before_python:
+        return frames_before_after(args)
     if args.floor or args.server_python or args.connections:
         return side_by_side(args)
 
@@ -888,6 +960,58 @@ def main() -> None:
 
 def median(xs: list[float]) -> float:
     return float(np.median(np.asarray(xs))) if xs else float("nan")
+
+
+def frames_before_after(args: argparse.Namespace) -> None:
+    """Atari, per game: this tree (frames stored once: items + frame chunks) against --before-python's tree
+    (both stacks in every item), whole stacks, windows interleaved (before, after, before, after, ...)."""
+    from apexrl.replay.codec import TransitionSpec
+    from apexrl.replay.frames import frame_codec
+
+    if args.quick:
+        args.seconds, args.atari_transitions, args.atari_prefill = 2.0, 400, 2_000
+    spec, k = TransitionSpec.atari(), max(args.actors)
+    codec = frame_codec(spec)
+    actor_flags = ["--insert-mode", args.insert_mode, "--max-in-flight", str(args.max_in_flight)]
+    rows: list[dict] = []
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for game in args.games.split(","):
+            batch, source = pong_transitions(args.atari_transitions, game=game)
+            print(f"{game}: {args.atari_transitions} transitions from {source}", flush=True)
+            n = args.atari_transitions - args.atari_transitions % INSERT_BATCH
+            parts = [{f: v[j : j + INSERT_BATCH] for f, v in batch.items()} for j in range(0, n, INSERT_BATCH)]
+            payloads = {}
+            for side, encode in (("before", spec.encode), ("after", codec.encode)):
+                os.makedirs(os.path.join(tmp, game, side), exist_ok=True)
+                path = os.path.join(tmp, game, side, "atari.npz")
+                batches = [encode(part) for part in parts]
+                save_batches(path, batches)
+                payloads[side] = (path, batches)
+            for _round in range(args.rounds):
+                for side in ("before", "after"):
+                    path, batches = payloads[side]
+                    r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds,
+                                   actor_flags, worker_python=args.before_python if side == "before" else None)
+                    r.update(game=game, side=side)
+                    print(json.dumps({key: v for key, v in r.items() if key != "updater"}), flush=True)
+                    rows.append(r)
+    med = lambda game, side, f: float(np.median([r[f] for r in rows if r["game"] == game and r["side"] == side]))  # noqa: E731
+    print(f"\n## bench_wire --only atari, frames stored once ({args.rounds} rounds x {args.seconds:g} s windows, "
+          f"before / after interleaved, {k} actors + 1 learner, total {time.perf_counter() - t_start:.0f} s; "
+          f"before: {args.before_python}; medians)\n")
+    print("| game | tree | inserted/s | sampled+decoded/s | decode ms/512 | bytes held/item | after / before: "
+          "inserted, sampled+decoded, bytes held |")
+    print("|---|---|---|---|---|---|---|")
+    for game in args.games.split(","):
+        for side in ("before", "after"):
+            ratio = ""
+            if side == "after":
+                ratio = " / ".join(f"{med(game, 'after', f) / med(game, 'before', f):.2f}"
+                                   for f in ("inserted_per_s", "sampled_per_s", "bytes_per_item"))
+            print(f"| {game} | {side} | {med(game, side, 'inserted_per_s'):,.0f} | "
+                  f"{med(game, side, 'sampled_per_s'):,.0f} | {med(game, side, 'decode_ms_per_batch'):.1f} | "
+                  f"{med(game, side, 'bytes_per_item'):.0f} | {ratio} |")
 
 
 def side_by_side(args: argparse.Namespace) -> None:

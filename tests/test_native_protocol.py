@@ -47,6 +47,8 @@ def seeds() -> list[list[bytes]]:
     data, offsets = P.pack_items([b"abc", b"", b"defgh"])
     return [
         raw(P.encode_insert(7, np.array([1.0, 0.0, 2.5]), data, offsets, timeout_ms=100, insert_id=(5, 9))),
+        raw(P.encode_insert(7, np.array([1.0, 0.0, 2.5]), data, offsets, timeout_ms=100, insert_id=(5, 9),
+                            chunks=P.pack_chunks([b"chunk0", b"", b"chunk two"], [[0], [], [2, 1, 0]]))),
         raw(P.encode_sample(8, 512, 0.4, timeout_ms=1000)),
         raw(P.encode_update(9, np.array([1, 2], np.uint64), np.array([0.5, 3.0]))),
         raw(P.encode_remove_to_fit(10)),

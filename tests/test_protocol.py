@@ -199,16 +199,16 @@ HEADER_CASES = {
     "op 65535": (raw_header(op=65535), Status.UNKNOWN_OP, r"op 65535 is unknown"),
     "status 9": (raw_header(status=9), Status.BAD_MESSAGE, r"status 9 is unknown"),
 }
-for _version in (0, 1, 2, 4, 255, 65535):
+for _version in (0, 1, 2, 3, 5, 255, 65535):
     HEADER_CASES[f"version {_version}"] = (
         raw_header(version=_version),
         Status.UNSUPPORTED_VERSION,
-        rf"protocol version {_version} is not supported; supported versions: 3",
+        rf"protocol version {_version} is not supported; supported versions: 4",
     )
-HEADER_CASES["version 4 with a longer header"] = (
-    raw_header(version=4) + b"\0" * 8,
+HEADER_CASES["version 5 with a longer header"] = (
+    raw_header(version=5) + b"\0" * 8,
     Status.UNSUPPORTED_VERSION,
-    r"version 4 is not supported",
+    r"version 5 is not supported",
 )
 
 
@@ -282,12 +282,47 @@ REQUEST_CASES = {
     "insert with too few frames": (
         as_bytes(insert_frames(2)[0])[:3],
         Status.BAD_MESSAGE,
-        r"INSERT request must have 5 frames \(header included\), got 3",
+        r"INSERT request must have 9 frames \(header included\), got 3",
     ),
     "insert with an extra frame": (
         as_bytes(insert_frames(2)[0]) + [b""],
         Status.BAD_MESSAGE,
-        r"must have 5 frames .* got 6",
+        r"must have 9 frames .* got 10",
+    ),
+    "insert item_chunks not whole u64s": (
+        _insert_with(f5=b"\0" * 12),
+        Status.BAD_MESSAGE,
+        r"frame item_chunks is 12 bytes, not a whole number of 8-byte uint64 elements",
+    ),
+    "insert item_chunk_offsets too short": (
+        _insert_with(f6=u64(0, 0)),
+        Status.BAD_MESSAGE,
+        r"frame item_chunk_offsets is 16 bytes, expected 24 \(3 x uint64\)",
+    ),
+    "insert item_chunk_offsets past item_chunks": (
+        _insert_with(f6=u64(0, 0, 1)),
+        Status.BAD_MESSAGE,
+        r"item_chunk_offsets\[-1\] is 1, must equal len\(item_chunks\)=0",
+    ),
+    "insert item_chunk_offsets decreasing": (
+        _insert_with(f5=u64(0, 0), f6=u64(0, 2, 1), f7=b"abc", f8=u64(0, 3)),
+        Status.BAD_MESSAGE,
+        r"item_chunk_offsets must be non-decreasing, item_chunk_offsets\[2\]=1 < item_chunk_offsets\[1\]=2",
+    ),
+    "insert chunk_offsets empty": (
+        _insert_with(f8=b""),
+        Status.BAD_MESSAGE,
+        r"chunk_offsets has no entries, must hold at least one \(chunk_offsets\[0\] = 0\)",
+    ),
+    "insert chunk_offsets past chunk_data": (
+        _insert_with(f7=b"abc", f8=u64(0, 5)),
+        Status.BAD_MESSAGE,
+        r"chunk_offsets\[-1\] is 5, must equal len\(chunk_data\)=3",
+    ),
+    "insert chunk_offsets starting above 0": (
+        _insert_with(f7=b"abc", f8=u64(1, 3)),
+        Status.BAD_MESSAGE,
+        r"chunk_offsets\[0\] is 1, must be 0",
     ),
     "insert count above MAX_BATCH": (
         _insert_with(header=dict(count=MAX_BATCH + 1)),
@@ -419,7 +454,7 @@ def _sample_reply(n=2, totals=(2.0, 1.0), store_size=(2,)):
     data, offsets = pack_items([b"x" * i for i in range(n)])
     frames = as_bytes(encode_sample_reply(5, np.arange(n), np.ones(n), np.full(n, 1 / n), offsets, data, [2.0, 1.0], [2]))
     # the totals as given, even ones the encoder would refuse
-    return [*frames[:6], struct.pack("<2d", *totals), struct.pack(f"<{len(store_size)}Q", *store_size)]
+    return [*frames[:6], struct.pack("<2d", *totals), struct.pack(f"<{len(store_size)}Q", *store_size), *frames[8:]]
 
 
 def _bad_totals(totals, store_size=(2,)):
@@ -444,8 +479,9 @@ REPLY_CASES = {
         r"INSERT reply frame keys is 8 bytes, expected 16",
     ),
     "insert reply without keys": ([raw_header(op=1, count=0)], Op.INSERT, 5, Status.BAD_MESSAGE, r"must have 2 frames"),
-    "sample reply missing data": (_sample_reply()[:5], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"SAMPLE reply must have 8 frames"),
-    "sample reply of protocol 2 (no totals)": (_sample_reply()[:6], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"must have 8 frames"),
+    "sample reply missing data": (_sample_reply()[:5], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"SAMPLE reply must have 12 frames"),
+    "sample reply of protocol 2 (no totals)": (_sample_reply()[:6], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"must have 12 frames"),
+    "sample reply of protocol 3 (no chunks)": (_sample_reply()[:8], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"must have 12 frames"),
     "sample reply totals NaN": (*_bad_totals((float("nan"), 1.0)), r"totals \(total_mass, min_mass\) is \(nan, 1.0\)"),
     "sample reply totals inf": (*_bad_totals((float("inf"), 1.0)), r"is \(inf, 1.0\); both must be finite"),
     "sample reply negative total": (*_bad_totals((-1.0, 0.0)), r"is \(-1.0, 0.0\)"),
@@ -456,10 +492,10 @@ REPLY_CASES = {
     "sample reply min_mass without mass": (*_bad_totals((0.0, 1e-300)), r"is \(0.0, 1e-300\)"),
     "sample reply store_size 0": (*_bad_totals((2.0, 1.0), (0,)), r"store_size\[0\] is 0, must be >= 1"),
     "sample reply totals short": (
-        _sample_reply()[:6] + [f64(1.0), u64(2)], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"frame totals is 8 bytes, expected 16",
+        _sample_reply()[:6] + [f64(1.0), u64(2)] + _sample_reply()[8:], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"frame totals is 8 bytes, expected 16",
     ),
     "sample reply store_size long": (
-        _sample_reply()[:7] + [u64(2, 2)], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"frame store_size is 16 bytes, expected 8",
+        _sample_reply()[:7] + [u64(2, 2)] + _sample_reply()[8:], Op.SAMPLE, 5, Status.BAD_MESSAGE, r"frame store_size is 16 bytes, expected 8",
     ),
     "sample reply short weights": (
         _sample_reply()[:2] + [b"\0" * 4] + _sample_reply()[3:],
@@ -483,11 +519,11 @@ REPLY_CASES = {
         r"offsets\[-1\] is 5, must equal len\(data\)=1",
     ),
     "sample reply of 0": (
-        [raw_header(op=2, count=0), b"", b"", b"", u64(0), b"", f64(1.0, 1.0), u64(1)],
+        [raw_header(op=2, count=0), b"", b"", b"", u64(0), b"", f64(1.0, 1.0), u64(1), b"", u64(0), b"", u64(0)],
         Op.SAMPLE, 5, Status.INVALID_ARGUMENT, r"must be >= 1",
     ),
     "sample reply above MAX_BATCH": (
-        [raw_header(op=2, count=MAX_BATCH + 1), b"", b"", b"", b"", b"", b"", b""],
+        [raw_header(op=2, count=MAX_BATCH + 1), *[b""] * 11],
         Op.SAMPLE,
         5,
         Status.TOO_LARGE,
@@ -507,7 +543,7 @@ REPLY_CASES = {
     "error reply without a message": ([raw_header(op=5, status=8)], Op.STATS, 5, Status.BAD_MESSAGE, r"INTERNAL error reply must have 2 frames"),
     "error reply with invalid UTF-8": ([raw_header(op=5, status=8), b"\xc3"], Op.STATS, 5, Status.BAD_MESSAGE, r"message is not valid UTF-8"),
     "error reply with a count": ([raw_header(op=5, status=8, count=3), b"x"], Op.STATS, 5, Status.BAD_MESSAGE, r"count is 3, must be 0"),
-    "reply of an unsupported version": ([raw_header(op=5, version=1), b"{}"], Op.STATS, 5, Status.UNSUPPORTED_VERSION, r"version 1 is not supported; supported versions: 3"),
+    "reply of an unsupported version": ([raw_header(op=5, version=1), b"{}"], Op.STATS, 5, Status.UNSUPPORTED_VERSION, r"version 1 is not supported; supported versions: 4"),
 }
 
 
@@ -772,9 +808,11 @@ def test_fast_encoders_produce_the_full_encoding():
 # ------------------------------------------------------------------ driven by the schema: every message kind
 
 _ITEMS, _ITEM_OFFSETS = b"abcdefgh", np.array([0, 3, 3, 8], np.uint64)
+# Frame chunks of the 3 items: item 0 references chunk 0, item 1 none, item 2 chunks 0 and 1.
+_CHUNKS = (np.array([0, 0, 1], np.uint64), np.array([0, 1, 1, 3], np.uint64), b"XYZzz", np.array([0, 3, 5], np.uint64))
 VALID_VALUES = {  # (kind, op) -> (frame values in the schema's order, header fields): a valid message
-    ("request", Op.INSERT): ((np.array([1.0, 0.0, 2.5]), _ITEM_OFFSETS, _ITEMS, np.array([3, 4], np.uint64)),
-                             {"timeout_ms": 9}),
+    ("request", Op.INSERT): ((np.array([1.0, 0.0, 2.5]), _ITEM_OFFSETS, _ITEMS, np.array([3, 4], np.uint64),
+                              *_CHUNKS), {"timeout_ms": 9}),
     ("request", Op.SAMPLE): ((), {"count": 3, "param": 0.4, "timeout_ms": 5}),
     ("request", Op.UPDATE_PRIORITIES): ((np.array([1, 2, 3], np.uint64), np.array([0.5, -0.0, 2.0])), {}),
     ("request", Op.REMOVE_TO_FIT): ((), {}),
@@ -785,7 +823,7 @@ VALID_VALUES = {  # (kind, op) -> (frame values in the schema's order, header fi
     ("reply", Op.INSERT): ((np.array([4, 5, 6], np.uint64),), {}),
     ("reply", Op.SAMPLE): (
         (np.array([4, 5, 6], np.uint64), np.ones(3, np.float32), np.full(3, 0.5), _ITEM_OFFSETS, _ITEMS,
-         np.array([2.0, 0.5]), np.array([2], np.uint64)), {}
+         np.array([2.0, 0.5]), np.array([2], np.uint64), *_CHUNKS), {}
     ),
     ("reply", Op.UPDATE_PRIORITIES): ((), {"count": 2}),
     ("reply", Op.REMOVE_TO_FIT): ((), {"count": 0}),

@@ -69,6 +69,11 @@ inline constexpr KeyParts SplitKey(Key key) {
 inline constexpr double kMaxMass = 1e250;
 // The most items one Insert or Sample call takes (a larger request is refused, naming both numbers).
 inline constexpr uint64_t kMaxBatchItems = uint64_t{1} << 24;
+// Frame chunks (shard.h): blobs an insert batch carries beside its items, each referenced by one or more of
+// the batch's items and kept while any of them lives. An item references at most kMaxChunksPerItem chunks.
+inline constexpr uint32_t kMaxChunksPerItem = 16;
+// The most chunks one shard holds at a time (chunk ids are 32-bit; this keeps a margin below 2^32).
+inline constexpr uint64_t kMaxChunksPerShard = uint64_t{1} << 28;
 
 // The sampling mass of a priority: priority^alpha (alpha = 0 gives every item mass 1, i.e. uniform sampling,
 // zero priorities included). The one place this is computed, so stored leaves and checks always agree.

@@ -39,7 +39,11 @@ Shard::Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> polic
 Shard::~Shard() {
   // The arena frees its slabs; items above its size classes were malloc'd one by one and go back here.
   for (Slot s : live_) {
-    if (refs_[s].size > PayloadArena::kLargeItem) arena_.Free(refs_[s].data, refs_[s].size);
+    const uint32_t block = ItemBlockSize(refs_[s].size, refs_[s].num_chunks);
+    if (block > PayloadArena::kLargeItem) arena_.Free(refs_[s].data, block);
+  }
+  for (const ChunkRef& c : chunk_refs_) {
+    if (c.data != nullptr && c.size > PayloadArena::kLargeItem) arena_.Free(c.data, c.size);
   }
 }
 
@@ -88,12 +92,54 @@ Slot Shard::TakeSlot() {
   return slot;
 }
 
+void Shard::EnsureChunks(size_t extra) {
+  if (free_chunk_ids_.size() >= extra) return;
+  const uint64_t needed = num_chunk_ids_ + (extra - free_chunk_ids_.size());
+  if (needed > kMaxChunksPerShard) {
+    throw InvalidArgument("shard " + std::to_string(index_) + " cannot hold more than " +
+                          std::to_string(kMaxChunksPerShard) + " chunks");
+  }
+  if (needed <= chunk_refs_.size()) return;
+  const size_t capacity = static_cast<size_t>(
+      std::min<uint64_t>(kMaxChunksPerShard, std::max<uint64_t>(needed, chunk_refs_.size() + chunk_refs_.size() / 2)));
+  chunk_refs_.resize(capacity);
+  chunk_stamp_.resize(capacity, 0);
+  chunk_out_.resize(capacity, 0);
+  free_chunk_ids_.reserve(capacity);
+}
+
+uint32_t Shard::TakeChunkId() {
+  if (!free_chunk_ids_.empty()) {
+    const uint32_t id = free_chunk_ids_.back();
+    free_chunk_ids_.pop_back();
+    return id;
+  }
+  return static_cast<uint32_t>(num_chunk_ids_++);
+}
+
+void Shard::ReleaseChunk(uint32_t id) {
+  ChunkRef& c = chunk_refs_[id];
+  if (--c.refs > 0) return;
+  arena_.Free(c.data, c.size);
+  bytes_held_ -= c.size;
+  chunk_bytes_held_ -= c.size;
+  --live_chunks_;
+  c.data = nullptr;
+  c.size = 0;
+  free_chunk_ids_.push_back(id);
+}
+
 void Shard::Remove(Slot slot) {
   SlotRef& r = refs_[slot];
-  arena_.Free(r.data, r.size);
+  if (r.num_chunks > 0) {
+    const uint32_t* ids = ChunkIds(r);
+    for (uint32_t j = 0; j < r.num_chunks; ++j) ReleaseChunk(ids[j]);
+  }
+  arena_.Free(r.data, ItemBlockSize(r.size, r.num_chunks));
   bytes_held_ -= r.size;
   r.data = nullptr;
   r.size = 0;
+  r.num_chunks = 0;
   removed_.push_back(slot);  // its leaf is zeroed by FinishRemovals(), in one batch
   policy_->OnErase(slot);
   const uint32_t pos = refs_[slot].live_pos;
@@ -117,10 +163,12 @@ void Shard::Publish() {
   min_positive_.store(tree_.MinPositive(), std::memory_order_relaxed);
   bytes_.store(bytes_held_, std::memory_order_relaxed);
   reserved_.store(arena_.reserved_bytes(), std::memory_order_relaxed);
+  chunks_.store(live_chunks_, std::memory_order_relaxed);
+  chunk_bytes_.store(chunk_bytes_held_, std::memory_order_relaxed);
 }
 
 bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys,
-                   bool block) {
+                   bool block, const PreparedChunk* chunks, size_t m) {
   if (block) {
     mu_.lock();
   } else if (!mu_.try_lock()) {
@@ -128,15 +176,34 @@ bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* s
   }
   ScopedLock lock(mu_, std::adopt_lock);
   EnsureSlots(n);
+  EnsureChunks(m);
   thread_local std::vector<uint8_t*> blocks;
-  blocks.resize(n);
-  for (size_t i = 0; i < n; ++i) {  // all allocation first: a bad_alloc leaves the shard unchanged
+  blocks.resize(n + m);
+  // All allocation first: a bad_alloc leaves the shard unchanged. Blocks 0..n-1 are the items', n.. the chunks'.
+  auto block_size = [items, chunks, n](size_t i) {
+    return i < n ? ItemBlockSize(items[i].size, items[i].num_chunks) : chunks[i - n].size;
+  };
+  for (size_t i = 0; i < n + m; ++i) {
     try {
-      blocks[i] = arena_.Allocate(items[i].size);
+      blocks[i] = arena_.Allocate(block_size(i));
     } catch (...) {
-      for (size_t j = 0; j < i; ++j) arena_.Free(blocks[j], items[j].size);
+      for (size_t j = 0; j < i; ++j) arena_.Free(blocks[j], block_size(j));
       throw;
     }
+  }
+  thread_local std::vector<uint32_t> chunk_ids;
+  chunk_ids.resize(m);
+  for (size_t c = 0; c < m; ++c) {
+    const uint32_t id = TakeChunkId();
+    ChunkRef& ref = chunk_refs_[id];
+    ref.data = blocks[n + c];
+    ref.size = chunks[c].size;
+    ref.refs = 0;
+    if (ref.size > 0) std::memcpy(ref.data, chunks[c].data, ref.size);
+    chunk_ids[c] = id;
+    bytes_held_ += ref.size;
+    chunk_bytes_held_ += ref.size;
+    ++live_chunks_;
   }
   const uint64_t seq0 = seq_counter->fetch_add(n, std::memory_order_relaxed) + 1;
   scratch_slots_.resize(n);
@@ -147,7 +214,15 @@ bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* s
     SlotRef& r = refs_[slot];
     r.data = blocks[i];
     r.size = item.size;
+    r.num_chunks = item.num_chunks;
     if (item.size > 0) std::memcpy(r.data, item.data, item.size);
+    if (item.num_chunks > 0) {
+      uint32_t* ids = ChunkIds(r);
+      for (uint32_t j = 0; j < item.num_chunks; ++j) {
+        ids[j] = chunk_ids[item.chunks[j]];
+        ++chunk_refs_[ids[j]].refs;
+      }
+    }
     refs_[slot].priority = item.priority;
     seq_[slot] = seq0 + i;
     refs_[slot].live_pos = static_cast<uint32_t>(live_.size());
@@ -157,6 +232,13 @@ bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* s
     keys[i] = MakeKey(index_, slot, r.tag);
     scratch_slots_[i] = slot;
     scratch_values_[i] = item.mass;
+  }
+  // The caller checked that every chunk is referenced; one that is not would never be freed.
+  for (size_t c = 0; c < m; ++c) {
+    if (chunk_refs_[chunk_ids[c]].refs == 0) {
+      ++chunk_refs_[chunk_ids[c]].refs;
+      ReleaseChunk(chunk_ids[c]);
+    }
   }
   tree_.SetBatch(scratch_slots_.data(), scratch_values_.data(), n);
   counters_.inserted += n;
@@ -197,6 +279,26 @@ void Shard::CopyOut(const Slot* slots, size_t k, double share, double total, con
     if (r.size > 0) std::memcpy(dst, r.data, r.size);
     dst += r.size;
     offset += r.size;
+  }
+  // Each chunk once per call, in order of first reference.
+  ++copy_stamp_;
+  std::vector<uint64_t>& item_chunks = *sink.item_chunks;
+  for (size_t i = 0; i < k; ++i) {
+    const SlotRef& r = refs_[slots[i]];
+    sink.item_chunk_offsets[first + i] = item_chunks.size();
+    if (r.num_chunks == 0) continue;
+    const uint32_t* ids = ChunkIds(r);
+    for (uint32_t j = 0; j < r.num_chunks; ++j) {
+      const uint32_t id = ids[j];
+      if (chunk_stamp_[id] != copy_stamp_) {
+        chunk_stamp_[id] = copy_stamp_;
+        chunk_out_[id] = static_cast<uint32_t>(sink.chunk_offsets->size());
+        const ChunkRef& c = chunk_refs_[id];
+        sink.chunk_offsets->push_back(sink.chunk_data->size());
+        if (c.size > 0) std::memcpy(sink.chunk_data->Extend(c.size), c.data, c.size);
+      }
+      item_chunks.push_back(chunk_out_[id]);
+    }
   }
   counters_.sampled += k;
 }
@@ -324,6 +426,7 @@ void Shard::Validate() const {
   };
   size_t live = 0, retired = 0;
   uint64_t bytes = 0;
+  std::vector<uint32_t> chunk_refs(num_chunk_ids_, 0);
   for (size_t s = 0; s < num_slots_; ++s) {
     const SlotRef& r = refs_[s];
     if (refs_[s].live_pos != kNotLive) {
@@ -332,6 +435,15 @@ void Shard::Validate() const {
       if (r.data == nullptr) fail("live slot without a payload");
       if (!ValidTag(r.tag)) fail("live slot with an invalid tag");
       bytes += r.size;
+      if (r.num_chunks > kMaxChunksPerItem) fail("item references too many chunks");
+      for (uint32_t j = 0; j < r.num_chunks; ++j) {
+        const uint32_t id = ChunkIds(r)[j];
+        if (id >= num_chunk_ids_) fail("item references a chunk id never issued");
+        for (uint32_t q = 0; q < j; ++q) {
+          if (ChunkIds(r)[q] == id) fail("item references a chunk twice");
+        }
+        ++chunk_refs[id];
+      }
       if (tree_.Get(s) != PriorityMass(refs_[s].priority, alpha_)) fail("tree leaf differs from priority^alpha");
       if (seq_[s] > max_seq_) fail("insertion number above the shard's maximum");
     } else {
@@ -346,7 +458,27 @@ void Shard::Validate() const {
   }
   if (live != live_.size()) fail("live count differs from live list");
   if (live + free_.size() + retired != num_slots_) fail("slots lost: live + free + retired != created");
-  if (bytes != bytes_held_) fail("byte count differs from the sum of item sizes");
+  size_t live_chunks = 0;
+  uint64_t chunk_bytes = 0;
+  for (size_t id = 0; id < num_chunk_ids_; ++id) {
+    const ChunkRef& c = chunk_refs_[id];
+    if (c.refs != chunk_refs[id]) {
+      fail("chunk " + std::to_string(id) + " counts " + std::to_string(c.refs) + " references, items hold " +
+           std::to_string(chunk_refs[id]));
+    }
+    if (c.refs > 0) {
+      if (c.data == nullptr) fail("referenced chunk without bytes");
+      ++live_chunks;
+      chunk_bytes += c.size;
+    } else if (c.data != nullptr) {
+      fail("chunk " + std::to_string(id) + " kept with no item referencing it");
+    }
+  }
+  if (live_chunks + free_chunk_ids_.size() != num_chunk_ids_) fail("chunk ids lost: live + free != issued");
+  if (live_chunks != live_chunks_ || chunk_bytes != chunk_bytes_held_) fail("chunk count or bytes differ");
+  bytes += chunk_bytes;
+  if (bytes != bytes_held_) fail("byte count differs from the sum of item and chunk sizes");
+  if (chunks_.load() != live_chunks_ || chunk_bytes_.load() != chunk_bytes_held_) fail("published chunks are stale");
   if (size_.load() != live || bytes_.load() != bytes_held_ || total_.load() != tree_.Total()) {
     fail("published size/bytes/total are stale");
   }
@@ -354,10 +486,14 @@ void Shard::Validate() const {
   if (std::string e = policy_->CheckConsistency(live); !e.empty()) fail(e);
 }
 
-// Snapshot layout of one shard (little-endian, inside the store's checksummed stream):
+// Snapshot layout of one shard, format 3 (little-endian, inside the store's checksummed stream):
 //   u32 index | u64 num_slots | u32 tag[num_slots]
-//   | u64 num_live | num_live x (u32 slot, u64 seq, f64 priority, u32 size, size bytes), oldest first
+//   | u64 num_chunks | num_chunks x (u32 id, u32 size, size bytes), ids increasing
+//   | u64 num_live | num_live x (u32 slot, u64 seq, f64 priority, u32 size, u32 num_chunks,
+//                               u32 chunk_id[num_chunks], size bytes), oldest first
 //   | u64 x 6 counters | u64 max_seq
+// Format 2 (before frame chunks) is the same without the chunk table and without the items' num_chunks and
+// chunk ids; it still loads. Chunk ids are kept, reference counts are rebuilt from the items.
 // Every slot below num_slots that holds no item is free after a load: the restored store has a new epoch,
 // so even slots retired in the saved life can issue tags again (see common.h).
 namespace {
@@ -385,14 +521,25 @@ class BlockWriter {
 
 void Shard::Serialize(ByteBuffer* out) const {
   ScopedLock lock(mu_);
-  constexpr size_t kPerItem = sizeof(uint32_t) + sizeof(uint64_t) + sizeof(double) + sizeof(uint32_t);
+  constexpr size_t kPerItem = sizeof(uint32_t) + sizeof(uint64_t) + sizeof(double) + 2 * sizeof(uint32_t);
+  size_t refs = 0;
+  for (Slot s : live_) refs += refs_[s].num_chunks;
   const size_t size = sizeof(uint32_t) + sizeof(uint64_t) + num_slots_ * sizeof(Tag) + sizeof(uint64_t) +
-                      live_.size() * kPerItem + bytes_held_ + 7 * sizeof(uint64_t);
+                      live_chunks_ * 2 * sizeof(uint32_t) + sizeof(uint64_t) + live_.size() * kPerItem +
+                      refs * sizeof(uint32_t) + bytes_held_ + 7 * sizeof(uint64_t);
   out->clear();
   BlockWriter w(out->Extend(size));
   w.Put<uint32_t>(index_);
   w.Put<uint64_t>(num_slots_);
   for (size_t s = 0; s < num_slots_; ++s) w.Put<uint32_t>(refs_[s].tag);
+  w.Put<uint64_t>(live_chunks_);
+  for (size_t id = 0; id < num_chunk_ids_; ++id) {
+    const ChunkRef& c = chunk_refs_[id];
+    if (c.refs == 0) continue;
+    w.Put<uint32_t>(static_cast<uint32_t>(id));
+    w.Put<uint32_t>(c.size);
+    w.Write(c.data, c.size);
+  }
   std::vector<Slot> order(live_.begin(), live_.end());
   // The analysis checks a lambda as a function of its own, which holds no lock: hand it the numbers through
   // a pointer taken here, under the lock, rather than `this`.
@@ -404,6 +551,8 @@ void Shard::Serialize(ByteBuffer* out) const {
     w.Put<uint64_t>(seq_[s]);
     w.Put<double>(refs_[s].priority);
     w.Put<uint32_t>(refs_[s].size);
+    w.Put<uint32_t>(refs_[s].num_chunks);
+    if (refs_[s].num_chunks > 0) w.Write(ChunkIds(refs_[s]), refs_[s].num_chunks * sizeof(uint32_t));
     w.Write(refs_[s].data, refs_[s].size);
   }
   for (uint64_t c : {counters_.inserted, counters_.sampled, counters_.updated, counters_.stale_updates,
@@ -418,7 +567,7 @@ void Shard::Write(SnapshotWriter& out) const {
   out.Write(block.data(), block.size());
 }
 
-void Shard::Read(SnapshotReader& in) {
+void Shard::Read(SnapshotReader& in, uint32_t version) {
   ScopedLock lock(mu_);
   if (in.Get<uint32_t>() != index_) in.Fail("shard index out of sequence");
   const uint64_t num_slots = in.Get<uint64_t>();
@@ -432,6 +581,35 @@ void Shard::Read(SnapshotReader& in) {
     if (!ValidTag(tag)) in.Fail("bad slot tag " + std::to_string(tag));
     refs_[s].tag = tag;
   }
+  std::vector<uint8_t> chunk_seen;  // 1: stored, 2: stored and referenced
+  if (version >= 3) {
+    const uint64_t num_chunks = in.Get<uint64_t>();
+    if (num_chunks > kMaxChunksPerShard || num_chunks * 2 * sizeof(uint32_t) > in.remaining()) {
+      in.Fail("impossible chunk count " + std::to_string(num_chunks));
+    }
+    int64_t previous_id = -1;
+    for (uint64_t c = 0; c < num_chunks; ++c) {
+      const uint32_t id = in.Get<uint32_t>();
+      const uint32_t size = in.Get<uint32_t>();
+      if (id >= kMaxChunksPerShard || static_cast<int64_t>(id) <= previous_id) in.Fail("bad chunk id");
+      if (size > in.remaining()) in.Fail("truncated: chunk bytes missing");
+      previous_id = id;
+      if (id >= num_chunk_ids_) {
+        EnsureChunks(id + 1 - num_chunk_ids_);
+        num_chunk_ids_ = id + 1;
+        chunk_seen.resize(num_chunk_ids_, 0);
+      }
+      ChunkRef& ref = chunk_refs_[id];
+      ref.data = arena_.Allocate(size);  // the arena owns it, so a failed load frees it with the shard
+      ref.size = size;
+      ref.refs = 0;
+      in.Read(ref.data, size);
+      chunk_seen[id] = 1;
+      bytes_held_ += size;
+      chunk_bytes_held_ += size;
+      ++live_chunks_;
+    }
+  }
   const uint64_t num_live = in.Get<uint64_t>();
   if (num_live > num_slots_) in.Fail("more items than slots");
   std::vector<uint8_t> seen(num_slots_, 0);
@@ -441,6 +619,16 @@ void Shard::Read(SnapshotReader& in) {
     const uint64_t seq = in.Get<uint64_t>();
     const double priority = in.Get<double>();
     const uint32_t size = in.Get<uint32_t>();
+    uint32_t ids[kMaxChunksPerItem];
+    const uint32_t num_chunks = version >= 3 ? in.Get<uint32_t>() : 0;
+    if (num_chunks > kMaxChunksPerItem) in.Fail("item references " + std::to_string(num_chunks) + " chunks");
+    for (uint32_t j = 0; j < num_chunks; ++j) {
+      ids[j] = in.Get<uint32_t>();
+      if (ids[j] >= chunk_seen.size() || chunk_seen[ids[j]] == 0) in.Fail("item references a missing chunk");
+      for (uint32_t q = 0; q < j; ++q) {
+        if (ids[q] == ids[j]) in.Fail("item references a chunk twice");
+      }
+    }
     if (s >= num_slots_ || seen[s]) in.Fail("bad item slot");
     if (seq <= previous_seq) in.Fail("items out of insertion order");
     const double mass = PriorityMass(priority, alpha_);
@@ -448,9 +636,15 @@ void Shard::Read(SnapshotReader& in) {
     if (size > in.remaining()) in.Fail("truncated: item bytes missing");
     seen[s] = 1;
     previous_seq = seq;
-    uint8_t* data = arena_.Allocate(size);  // the arena owns it, so a failed load frees it with the shard
+    uint8_t* data = arena_.Allocate(ItemBlockSize(size, num_chunks));  // the arena owns it (see above)
     refs_[s].data = data;
     refs_[s].size = size;
+    refs_[s].num_chunks = num_chunks;
+    for (uint32_t j = 0; j < num_chunks; ++j) {
+      ChunkIds(refs_[s])[j] = ids[j];
+      ++chunk_refs_[ids[j]].refs;
+      chunk_seen[ids[j]] = 2;
+    }
     in.Read(data, size);
     refs_[s].priority = priority;
     seq_[s] = seq;
@@ -469,6 +663,13 @@ void Shard::Read(SnapshotReader& in) {
   counters_.erased = in.Get<uint64_t>();
   max_seq_ = in.Get<uint64_t>();
   if (previous_seq > max_seq_) in.Fail("item newer than the shard's maximum insertion number");
+  for (size_t id = 0; id < chunk_seen.size(); ++id) {
+    if (chunk_seen[id] == 1) in.Fail("chunk " + std::to_string(id) + " is referenced by no item");
+  }
+  free_chunk_ids_.clear();
+  for (size_t id = num_chunk_ids_; id-- > 0;) {
+    if (chunk_seen[id] == 0) free_chunk_ids_.push_back(static_cast<uint32_t>(id));
+  }
   // Free slots, the lowest reused first (LIFO); only a slot retired in this epoch stays out, which needs a
   // snapshot of an earlier life with this same epoch (epochs cycle after kMaxEpoch lives).
   free_.clear();

@@ -31,6 +31,17 @@ struct PreparedItem {
   uint32_t size;
   double priority;  // validated: finite, >= 0
   double mass;      // priority^alpha, finite
+  // The chunks of the same Insert call this item references (indices into its chunk array; distinct, at most
+  // kMaxChunksPerItem), in the item's own order: a sample returns them in this order.
+  const uint32_t* chunks = nullptr;
+  uint32_t num_chunks = 0;
+};
+
+// A chunk to insert beside the items of one Insert call (validated by the caller: every chunk is referenced
+// by at least one of the call's items). The shard copies its bytes.
+struct PreparedChunk {
+  const uint8_t* data;
+  uint32_t size;
 };
 
 // Where Sample() writes its draws: position i of each array is draw i of the whole batch.
@@ -40,6 +51,14 @@ struct SampleSink {
   double* probabilities;  // P(item) for one draw
   ByteBuffer* data;       // item bytes appended in draw order
   uint64_t* offsets;      // offsets[i] = where item i starts in data; the caller writes the final end offset
+  // The chunks the draws reference, each once per shard visited (a sample pass visits a shard once, so once
+  // per batch): draw i's chunks are item_chunks[item_chunk_offsets[i] .. item_chunk_offsets[i + 1]), indices
+  // into the batch's chunks, chunk c's bytes chunk_data[chunk_offsets[c] .. chunk_offsets[c + 1]).
+  // The caller writes the final end offsets.
+  uint64_t* item_chunk_offsets;
+  std::vector<uint64_t>* item_chunks;
+  ByteBuffer* chunk_data;
+  std::vector<uint64_t>* chunk_offsets;  // starts, appended
 };
 
 struct ShardCounters {
@@ -78,12 +97,12 @@ class Shard {
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
 
-  // Copies the items in and writes their keys. If `block` is false and the lock is held
-  // by another thread, returns false and changes nothing (the caller tries another shard).
+  // Copies the items (and the `m` chunks they reference) in and writes their keys. If `block` is false and
+  // the lock is held by another thread, returns false and changes nothing (the caller tries another shard).
   // `seq_counter` issues the store-wide insertion numbers, taken under this shard's lock so they increase
-  // along the shard's FIFO list.
-  bool Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys, bool block)
-      EXCLUDES(mu_);
+  // along the shard's FIFO list. A chunk lives while any item referencing it lives (a reference count).
+  bool Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys, bool block,
+              const PreparedChunk* chunks = nullptr, size_t m = 0) EXCLUDES(mu_);
 
   // Draws k items: draw i lands on the item where the prefix sum of masses passes fractions[i] * total.
   // `share` is the probability that one draw of the whole store came to this shard. Writes draws
@@ -111,7 +130,9 @@ class Shard {
   size_t size() const { return size_.load(std::memory_order_relaxed); }
   double total() const { return total_.load(std::memory_order_relaxed); }
   double min_positive() const { return min_positive_.load(std::memory_order_relaxed); }
-  uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
+  uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }  // items' and chunks' bytes
+  size_t chunks() const { return chunks_.load(std::memory_order_relaxed); }
+  uint64_t chunk_bytes() const { return chunk_bytes_.load(std::memory_order_relaxed); }
   uint64_t reserved_bytes() const { return reserved_.load(std::memory_order_relaxed); }
   ShardCounters counters() const EXCLUDES(mu_);
   // Takes back k draws from the `sampled` counter: the store discarded a batch pass they were part of.
@@ -125,8 +146,9 @@ class Shard {
   // the lock (a memcpy per item, no I/O), Write serializes and then writes the block with the lock released.
   void Serialize(ByteBuffer* out) const EXCLUDES(mu_);
   void Write(SnapshotWriter& out) const EXCLUDES(mu_);
-  // Fills an empty shard from a snapshot (structure checked; the caller verifies the checksum at the end).
-  void Read(SnapshotReader& in) EXCLUDES(mu_);
+  // Fills an empty shard from a snapshot of format `version` (2: no chunks; 3: chunks; structure checked,
+  // the caller verifies the checksum at the end).
+  void Read(SnapshotReader& in, uint32_t version) EXCLUDES(mu_);
 
  private:
   // Everything per slot but the tree leaf and the FIFO links, in one 32-byte record (two per cache line), so a
@@ -137,8 +159,22 @@ class Shard {
     Tag tag = 0;  // of the slot's current item, or of its last one while free (0: never issued)
     double priority = 0.0;
     uint32_t live_pos = kNotLive;  // index in live_, or kNotLive
-    uint32_t unused = 0;
+    // Chunks the item references; their ids follow the item's bytes in its block (ChunkIds()).
+    uint32_t num_chunks = 0;
   };
+  // One stored chunk; free while refs == 0 (data null).
+  struct ChunkRef {
+    uint8_t* data = nullptr;
+    uint32_t size = 0;
+    uint32_t refs = 0;  // live items referencing it
+  };
+  // An item's block: its bytes, then (when it references chunks) its chunk ids, 4-byte aligned.
+  static uint32_t ItemBlockSize(uint32_t size, uint32_t num_chunks) {
+    return num_chunks == 0 ? size : ((size + 3u) & ~3u) + 4u * num_chunks;
+  }
+  static uint32_t* ChunkIds(const SlotRef& r) {
+    return reinterpret_cast<uint32_t*>(r.data + ((r.size + 3u) & ~3u));
+  }
 
   bool Live(Slot slot, Tag tag) const REQUIRES(mu_);
   // A free slot whose next tag would pass kMaxGeneration in this epoch: never reused in this life.
@@ -148,6 +184,9 @@ class Shard {
   // Unlinks a live slot everywhere, frees it (or retires it), and returns its bytes to the arena. Its tree leaf
   // is zeroed by the FinishRemovals() the caller must make before releasing the lock.
   void Remove(Slot slot) REQUIRES(mu_);
+  void ReleaseChunk(uint32_t id) REQUIRES(mu_);  // one reference fewer; frees the chunk at zero
+  uint32_t TakeChunkId() REQUIRES(mu_);
+  void EnsureChunks(size_t extra) REQUIRES(mu_);
   void FinishRemovals() REQUIRES(mu_);
   void CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink,
                size_t first) REQUIRES(mu_);
@@ -169,7 +208,16 @@ class Shard {
   const std::unique_ptr<EvictionPolicy> policy_ PT_GUARDED_BY(mu_);  // never null
   ShardCounters counters_ GUARDED_BY(mu_);
   uint64_t max_seq_ GUARDED_BY(mu_) = 0;
-  uint64_t bytes_held_ GUARDED_BY(mu_) = 0;
+  uint64_t bytes_held_ GUARDED_BY(mu_) = 0;         // items' and chunks' bytes
+  std::vector<ChunkRef> chunk_refs_ GUARDED_BY(mu_);  // by chunk id
+  std::vector<uint32_t> free_chunk_ids_ GUARDED_BY(mu_);
+  size_t num_chunk_ids_ GUARDED_BY(mu_) = 0;  // ids ever used; ids >= this are untouched
+  size_t live_chunks_ GUARDED_BY(mu_) = 0;
+  uint64_t chunk_bytes_held_ GUARDED_BY(mu_) = 0;
+  // Sampling: chunk id -> its index in the batch being copied out, valid where chunk_stamp_ == copy_stamp_.
+  std::vector<uint64_t> chunk_stamp_ GUARDED_BY(mu_);
+  std::vector<uint32_t> chunk_out_ GUARDED_BY(mu_);
+  uint64_t copy_stamp_ GUARDED_BY(mu_) = 0;
   std::vector<Slot> scratch_slots_ GUARDED_BY(mu_);
   std::vector<Slot> removed_ GUARDED_BY(mu_);
   std::vector<double> zeros_ GUARDED_BY(mu_);
@@ -180,6 +228,8 @@ class Shard {
   std::atomic<double> min_positive_;
   std::atomic<uint64_t> bytes_{0};
   std::atomic<uint64_t> reserved_{0};
+  std::atomic<size_t> chunks_{0};
+  std::atomic<uint64_t> chunk_bytes_{0};
 };
 
 }  // namespace apexrl

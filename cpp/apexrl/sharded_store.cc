@@ -23,7 +23,9 @@ constexpr size_t kInsertChunk = 64;
 constexpr char kMagic[8] = {'A', 'P', 'X', 'R', 'L', 'S', 'T', '1'};
 constexpr char kEndMagic[8] = {'A', 'P', 'X', 'R', 'L', 'E', 'N', 'D'};
 // Version 2: keys carry an epoch (slot tags instead of generations, the saved epoch and max_size).
-constexpr uint32_t kSnapshotVersion = 2;
+// Version 3: frame chunks (a chunk table per shard, chunk ids per item). Version 2 files still load.
+constexpr uint32_t kSnapshotVersion = 3;
+constexpr uint32_t kOldestReadableVersion = 2;
 constexpr uint64_t kEvictionStream = 0x5EED0E71C7ull;
 
 // The shortest of %.15g / %.17g that reads back as v: 1e+308, not 1.0000000000000001e+308.
@@ -108,8 +110,12 @@ void ShardedStore::ComputeMasses(const double* priorities, size_t n, double* mas
 }
 
 void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, const uint64_t* sizes, size_t n,
-                          Key* keys) {
-  if (n == 0) return;
+                          Key* keys, const ChunkBatch* chunks) {
+  const bool with_chunks = chunks != nullptr && (chunks->count > 0 || chunks->item_chunk_offsets != nullptr);
+  if (n == 0) {
+    if (with_chunks && chunks->count > 0) throw InvalidArgument("chunks sent without items: no item references them");
+    return;
+  }
   if (n > kMaxBatchItems) throw InvalidArgument(BatchTooLarge("cannot insert", n));
   std::vector<double> masses(n);
   ComputeMasses(priorities, n, masses.data());
@@ -124,6 +130,60 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
     items[i] = PreparedItem{data[i], static_cast<uint32_t>(sizes[i]), priorities[i], masses[i]};
   }
   const size_t num_shards = shards_.size();
+  if (with_chunks) {
+    // Validate everything before any change: references in range, distinct per item, every chunk used.
+    const size_t m = chunks->count;
+    if (m > kMaxBatchItems) throw InvalidArgument(BatchTooLarge("cannot insert chunks for", m));
+    const uint64_t* off = chunks->item_chunk_offsets;
+    if (off == nullptr) throw InvalidArgument("chunks sent without the items' chunk references");
+    if (off[0] != 0) throw InvalidArgument("item_chunk_offsets must start at 0");
+    std::vector<uint8_t> used(m, 0);
+    std::vector<PreparedChunk> prepared(m);
+    for (size_t c = 0; c < m; ++c) {
+      if (chunks->sizes[c] > std::numeric_limits<uint32_t>::max()) {
+        throw InvalidArgument("chunks[" + std::to_string(c) + "] is " + std::to_string(chunks->sizes[c]) +
+                              " bytes; a chunk may hold at most 4294967295 bytes");
+      }
+      prepared[c] = PreparedChunk{chunks->data[c], static_cast<uint32_t>(chunks->sizes[c])};
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (off[i + 1] < off[i]) throw InvalidArgument("item_chunk_offsets must not decrease");
+      const uint64_t k = off[i + 1] - off[i];
+      if (k > kMaxChunksPerItem) {
+        throw InvalidArgument("items[" + std::to_string(i) + "] references " + std::to_string(k) +
+                              " chunks; an item may reference at most " + std::to_string(kMaxChunksPerItem));
+      }
+      const uint32_t* refs = chunks->item_chunks + off[i];
+      for (uint64_t j = 0; j < k; ++j) {
+        if (refs[j] >= m) {
+          throw InvalidArgument("items[" + std::to_string(i) + "] references chunk " + std::to_string(refs[j]) +
+                                " of " + std::to_string(m));
+        }
+        for (uint64_t q = 0; q < j; ++q) {
+          if (refs[q] == refs[j]) {
+            throw InvalidArgument("items[" + std::to_string(i) + "] references chunk " + std::to_string(refs[j]) +
+                                  " twice");
+          }
+        }
+        used[refs[j]] = 1;
+      }
+      items[i].chunks = refs;
+      items[i].num_chunks = static_cast<uint32_t>(k);
+    }
+    for (size_t c = 0; c < m; ++c) {
+      if (!used[c]) throw InvalidArgument("chunks[" + std::to_string(c) + "] is referenced by no item");
+    }
+    // The whole call into one shard, so that its chunks' reference counts live under one lock.
+    const uint64_t start = next_shard_.fetch_add(1, std::memory_order_relaxed);
+    bool inserted = false;
+    for (size_t t = 0; t < num_shards && !inserted; ++t) {
+      inserted = shards_[(start + t) % num_shards]->Insert(items.data(), n, &next_seq_, keys, false,
+                                                           prepared.data(), m);
+    }
+    if (!inserted) shards_[start % num_shards]->Insert(items.data(), n, &next_seq_, keys, true, prepared.data(), m);
+    if (Size() > config_.max_size) RemoveToFit();
+    return;
+  }
   size_t done = 0;
   while (done < n) {
     const size_t m = std::min(kInsertChunk, n - done);
@@ -160,6 +220,7 @@ void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
   out->weights.resize(n);
   out->probabilities.resize(n);
   out->offsets.resize(n + 1);
+  out->item_chunk_offsets.resize(n + 1);
   SampleScratch& scratch = sample_scratch;
   scratch.masses.resize(n);
   {
@@ -178,6 +239,8 @@ void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
     if (pass >= 64) throw std::runtime_error("sample: the store kept changing under the draw; try again");
   }
   out->offsets[n] = out->data.size();
+  out->item_chunk_offsets[n] = out->item_chunks.size();
+  out->chunk_offsets.push_back(out->chunk_data.size());
 
   // w = (N P(k))^-beta / max_j w_j = (m_k / m_min)^-beta, computed as exp(beta * (log m_min - log m_k)):
   // a ratio of masses spanning denormals to kMaxMass would overflow, a difference of logs cannot. m_min is
@@ -201,14 +264,24 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
   scratch.counts.resize(num_shards);
   std::vector<double>& totals = scratch.totals;
   out->data.clear();
+  out->item_chunks.clear();
+  out->chunk_data.clear();
+  out->chunk_offsets.clear();
   scratch.done.clear();
   // A discarded pass takes its draws back from the shards' counters, so `sampled` counts delivered draws.
   auto discard = [&]() {
     for (const auto& [s, k] : scratch.done) shards_[s]->UncountSampled(k);
     return false;
   };
-  const SampleSink sink{out->keys.data(), scratch.masses.data(), out->probabilities.data(), &out->data,
-                        out->offsets.data()};
+  const SampleSink sink{out->keys.data(),
+                        scratch.masses.data(),
+                        out->probabilities.data(),
+                        &out->data,
+                        out->offsets.data(),
+                        out->item_chunk_offsets.data(),
+                        &out->item_chunks,
+                        &out->chunk_data,
+                        &out->chunk_offsets};
 
   double total = 0.0, min_mass = kInf;
   uint64_t items = 0;
@@ -417,6 +490,8 @@ StoreStats ShardedStore::Stats() const {
     st.erased += c.erased;
     st.size += shard->size();
     st.bytes_held += shard->bytes();
+    st.chunks += shard->chunks();
+    st.chunk_bytes += shard->chunk_bytes();
     st.bytes_reserved += shard->reserved_bytes();
   }
   st.stale_updates += invalid_shard_keys_.load(std::memory_order_relaxed);
@@ -429,7 +504,7 @@ void ShardedStore::Validate() const {
   for (const auto& shard : shards_) shard->Validate();
 }
 
-// Snapshot layout, version 2 (little-endian; CRC-32C of every preceding byte at the end):
+// Snapshot layout, version 3 (little-endian; CRC-32C of every preceding byte at the end):
 //   "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards | u32 eviction
 //   | f64 alpha_evict | u64 seed | shards x Shard block (shard.cc) | u64 next_seq | u64 next_shard
 //   | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys | "APXRLEND" | u32 crc32c
@@ -460,18 +535,20 @@ void ShardedStore::Save(const std::string& path) const {
 
 namespace {
 
-// Reads the magic and version; returns the saved epoch.
-uint32_t ReadHeader(SnapshotReader& in) {
+// Reads the magic and version; returns the saved epoch (and the version through `version`).
+uint32_t ReadHeader(SnapshotReader& in, uint32_t* version_out = nullptr) {
   char magic[8];
   if (in.remaining() < sizeof(magic)) in.Fail("too short to be an apexrl store snapshot");
   in.Read(magic, sizeof(magic));
   if (std::memcmp(magic, kMagic, sizeof(magic)) != 0) in.Fail("not an apexrl store snapshot (bad magic)");
   const uint32_t version = in.Get<uint32_t>();
-  if (version != kSnapshotVersion) {
-    in.Fail("snapshot format version " + std::to_string(version) + "; this build reads version " +
-            std::to_string(kSnapshotVersion) +
-            (version < kSnapshotVersion ? " (older snapshots have keys without an epoch and cannot be restored)" : ""));
+  if (version < kOldestReadableVersion || version > kSnapshotVersion) {
+    in.Fail("snapshot format version " + std::to_string(version) + "; this build reads versions " +
+            std::to_string(kOldestReadableVersion) + " to " + std::to_string(kSnapshotVersion) +
+            (version < kOldestReadableVersion ? " (older snapshots have keys without an epoch and cannot be restored)"
+                                              : " (written by a newer apexrl)"));
   }
+  if (version_out != nullptr) *version_out = version;
   const uint32_t epoch = in.Get<uint32_t>();
   if (epoch < 1 || epoch > kMaxEpoch) in.Fail("bad epoch " + std::to_string(epoch));
   return epoch;
@@ -490,7 +567,8 @@ std::unique_ptr<ShardedStore> ShardedStore::Load(const std::string& path) {
 
 std::unique_ptr<ShardedStore> ShardedStore::Load(const std::string& path, uint32_t epoch) {
   SnapshotReader in(path);
-  const uint32_t saved_epoch = ReadHeader(in);
+  uint32_t version = 0;
+  const uint32_t saved_epoch = ReadHeader(in, &version);
   if (epoch < 1 || epoch > kMaxEpoch) {
     throw InvalidArgument("epoch must be in [1, " + std::to_string(kMaxEpoch) + "], got " + std::to_string(epoch));
   }
@@ -517,7 +595,7 @@ std::unique_ptr<ShardedStore> ShardedStore::Load(const std::string& path, uint32
   }
   uint64_t max_seq = 0;
   for (const auto& shard : store->shards_) {
-    shard->Read(in);
+    shard->Read(in, version);
     max_seq = std::max(max_seq, shard->max_seq());
   }
   store->next_seq_ = std::max(in.Get<uint64_t>(), max_seq);

@@ -36,6 +36,16 @@ struct StoreConfig {
   uint32_t epoch = 1;
 };
 
+// The chunks an Insert call carries beside its items (see "Frame chunks" below). Item i references
+// item_chunks[item_chunk_offsets[i] .. item_chunk_offsets[i + 1]), indices into data/sizes.
+struct ChunkBatch {
+  const uint8_t* const* data = nullptr;
+  const uint64_t* sizes = nullptr;
+  size_t count = 0;
+  const uint32_t* item_chunks = nullptr;
+  const uint64_t* item_chunk_offsets = nullptr;  // n + 1 entries, starting at 0, non-decreasing
+};
+
 // One sampled batch. Item i's bytes are data[offsets[i] .. offsets[i+1]).
 struct SampleResult {
   std::vector<Key> keys;
@@ -47,11 +57,20 @@ struct SampleResult {
   double total_mass = 0.0;  // T: sum of p^alpha the draws were made from; 0 in the uniform fallback
   double min_mass = 0.0;    // m_min: smallest positive mass, the weights' normaliser; 0 in the fallback
   uint64_t size = 0;        // N: items in the store when sampled
+  // The chunks the sampled items reference, each once: item i's are item_chunks[item_chunk_offsets[i] ..
+  // item_chunk_offsets[i + 1]) (in the order it was inserted with), indices c of chunks whose bytes are
+  // chunk_data[chunk_offsets[c] .. chunk_offsets[c + 1]). Empty (offsets all 0) for items without chunks.
+  std::vector<uint64_t> item_chunk_offsets;  // size n + 1
+  std::vector<uint64_t> item_chunks;
+  ByteBuffer chunk_data;
+  std::vector<uint64_t> chunk_offsets;  // size (number of chunks) + 1
 };
 
 struct StoreStats {
   uint64_t size = 0;
-  uint64_t bytes_held = 0;      // item bytes stored
+  uint64_t bytes_held = 0;      // item and chunk bytes stored (each chunk once)
+  uint64_t chunks = 0;          // chunks stored
+  uint64_t chunk_bytes = 0;     // their bytes (part of bytes_held)
   uint64_t bytes_reserved = 0;  // memory the shards' payload arenas hold for them
   uint64_t inserted = 0;
   uint64_t sampled = 0;  // items drawn
@@ -84,6 +103,12 @@ struct StoreStats {
 //  * Keys of removed items are stale forever: updates skip and count them, erase ignores them. So are keys
 //    of another epoch (an earlier life of a restarted store) unless their item was restored from a snapshot.
 //  * Masses are at most kMaxMass, so no total overflows; probabilities are finite and sum to 1.
+//  * Frame chunks: an Insert call may carry chunks (blobs, e.g. lz4-compressed runs of Atari frames) beside
+//    its items; each item names the chunks it references (at most kMaxChunksPerItem, distinct), every chunk
+//    is referenced by at least one item of its call, and a call with chunks goes whole to one shard (its
+//    chunks never span shards or calls). A chunk is reference-counted by the live items naming it and freed
+//    when the last one is evicted or erased; bytes_held counts it once. A sample returns each referenced
+//    chunk once per batch. Sampling and eviction look at items only: chunks change neither.
 //  * FIFO eviction removes the globally oldest items (insertion numbers are store-wide), lowest-priority
 //    eviction the globally lowest priorities (equal ones in no particular order); prioritized eviction
 //    splits the victims among shards by their eviction mass and each shard draws its share. Each shard's
@@ -108,7 +133,9 @@ class ShardedStore {
   // Inserts n <= kMaxBatchItems items (item i: sizes[i] bytes at data[i]) with their priorities; writes n
   // keys. Each mass priority^alpha must be <= kMaxMass. If the store then holds more than max_size items it
   // runs RemoveToFit() before returning (the new items may be among the victims; their keys are then stale).
-  void Insert(const double* priorities, const uint8_t* const* data, const uint64_t* sizes, size_t n, Key* keys);
+  // `chunks` (optional): the chunks the items reference; see "Frame chunks" above.
+  void Insert(const double* priorities, const uint8_t* const* data, const uint64_t* sizes, size_t n, Key* keys,
+              const ChunkBatch* chunks = nullptr);
   // Draws 1 <= n <= kMaxBatchItems items (with replacement) into `out`, reusing its buffers. beta >= 0.
   void Sample(size_t n, double beta, SampleResult* out);
   // Returns how many keys still addressed an item (the rest are counted as stale updates).

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -222,6 +223,23 @@ class PySampleBatch {
     probabilities_ = View(r, r->probabilities.data(), r->probabilities.size());
     offsets_ = View(r, r->offsets.data(), r->offsets.size());
     data_ = View(r, r->data.data(), r->data.size());
+    item_chunk_offsets_ = View(r, r->item_chunk_offsets.data(), r->item_chunk_offsets.size());
+    item_chunks_ = View(r, r->item_chunks.data(), r->item_chunks.size());
+    chunk_data_ = View(r, r->chunk_data.data(), r->chunk_data.size());
+    chunk_offsets_ = View(r, r->chunk_offsets.data(), r->chunk_offsets.size());
+  }
+  py::array item_chunk_offsets() const { return item_chunk_offsets_; }
+  py::array item_chunks() const { return item_chunks_; }
+  py::array chunk_data() const { return chunk_data_; }
+  py::array chunk_offsets() const { return chunk_offsets_; }
+  // One bytes object per chunk.
+  py::list chunks() const {
+    const auto* o = static_cast<const uint64_t*>(chunk_offsets_.data());
+    const auto* d = static_cast<const char*>(chunk_data_.data());
+    const size_t c = static_cast<size_t>(chunk_offsets_.size()) - 1;
+    py::list out(c);
+    for (size_t i = 0; i < c; ++i) out[i] = py::bytes(d + o[i], static_cast<size_t>(o[i + 1] - o[i]));
+    return out;
   }
   size_t size() const { return size_; }
   py::array keys() const { return keys_; }
@@ -254,6 +272,7 @@ class PySampleBatch {
   double total_mass_, min_mass_;
   uint64_t store_size_;
   py::array keys_, weights_, probabilities_, data_, offsets_;
+  py::array item_chunk_offsets_, item_chunks_, chunk_data_, chunk_offsets_;
   py::object items_;  // built on first access
 };
 
@@ -291,7 +310,9 @@ class PyStore {
     return std::make_unique<PyStore>(std::make_unique<ShardedStore>(c));
   }
 
-  py::array_t<uint64_t> Insert(const py::object& priorities, const py::object& items, const py::object& offsets) {
+  py::array_t<uint64_t> Insert(const py::object& priorities, const py::object& items, const py::object& offsets,
+                               const py::object& chunks, const py::object& item_chunks,
+                               const py::object& item_chunk_offsets) {
     auto prio = As1D<double>(priorities, "priorities", "fiu");
     const size_t n = static_cast<size_t>(prio.size());
     if (n > kMaxBatchItems) {  // before unpacking n items
@@ -300,12 +321,56 @@ class PyStore {
     }
     ItemBuffers buffers;
     UnpackItems(items, offsets, n, &buffers);
+    const bool with_chunks = !chunks.is_none();
+    if (with_chunks == item_chunk_offsets.is_none() || item_chunks.is_none() != item_chunk_offsets.is_none()) {
+      throw InvalidArgument("chunks, item_chunks and item_chunk_offsets go together: pass all three or none");
+    }
+    ItemBuffers chunk_buffers;
+    ChunkBatch batch;
+    py::array_t<uint32_t, py::array::c_style> refs;
+    py::array_t<uint64_t, py::array::c_style> ref_offsets;
+    if (with_chunks) {
+      if (py::isinstance<py::bytes>(chunks) || py::isinstance<py::str>(chunks) || !py::isinstance<py::sequence>(chunks)) {
+        throw InvalidArgument("chunks must be a sequence of bytes-like objects, got " + TypeName(chunks));
+      }
+      auto seq = py::reinterpret_borrow<py::sequence>(chunks);
+      if (static_cast<uint64_t>(seq.size()) > kMaxBatchItems) {
+        throw InvalidArgument("cannot insert " + std::to_string(seq.size()) + " chunks in one call; the limit is " +
+                              std::to_string(kMaxBatchItems));
+      }
+      for (size_t c = 0; c < static_cast<size_t>(seq.size()); ++c) {
+        chunk_buffers.Add(seq[c], "chunks[" + std::to_string(c) + "]");
+      }
+      ref_offsets = As1D<uint64_t>(item_chunk_offsets, "item_chunk_offsets", "iu");
+      if (static_cast<size_t>(ref_offsets.size()) != n + 1) {
+        throw InvalidArgument("item_chunk_offsets must hold len(priorities) + 1 = " + std::to_string(n + 1) +
+                              " entries, got " + std::to_string(ref_offsets.size()));
+      }
+      auto raw = As1D<uint64_t>(item_chunks, "item_chunks", "iu");
+      const uint64_t* o = ref_offsets.data();
+      for (size_t i = 0; i < n; ++i) {
+        if (o[i + 1] < o[i]) throw InvalidArgument("item_chunk_offsets must not decrease");
+      }
+      if (o[0] != 0 || o[n] != static_cast<uint64_t>(raw.size())) {
+        throw InvalidArgument("item_chunk_offsets must run from 0 to len(item_chunks) = " + std::to_string(raw.size()));
+      }
+      refs = py::array_t<uint32_t, py::array::c_style>(raw.size());
+      for (py::ssize_t j = 0; j < raw.size(); ++j) {
+        // Out of range for a chunk index either way; the store names the item.
+        refs.mutable_data()[j] = static_cast<uint32_t>(std::min<uint64_t>(raw.data()[j], UINT32_MAX));
+      }
+      batch.data = chunk_buffers.data.data();
+      batch.sizes = chunk_buffers.sizes.data();
+      batch.count = chunk_buffers.data.size();
+      batch.item_chunks = refs.data();
+      batch.item_chunk_offsets = o;
+    }
     py::array_t<uint64_t> keys(static_cast<py::ssize_t>(n));
     const double* p = prio.data();
     Key* k = keys.mutable_data();
     {
       py::gil_scoped_release release;  // safe: only raw pointers into buffers this frame keeps alive
-      store_->Insert(p, buffers.data.data(), buffers.sizes.data(), n, k);
+      store_->Insert(p, buffers.data.data(), buffers.sizes.data(), n, k, with_chunks ? &batch : nullptr);
     }
     return keys;
   }
@@ -362,6 +427,8 @@ class PyStore {
     d["capacity"] = store_->config().capacity;
     d["shards"] = store_->config().shards;
     d["bytes_held"] = s.bytes_held;
+    d["chunks"] = s.chunks;
+    d["chunk_bytes"] = s.chunk_bytes;
     d["bytes_reserved"] = s.bytes_reserved;
     d["total_priority"] = total;
     d["min_mass"] = min_mass;
@@ -426,6 +493,16 @@ All arrays view memory owned by the batch: no per-item copies are made.)doc")
                              "float64 probability of each sampled item for one draw")
       .def_property_readonly("data", &PySampleBatch::data, "uint8 array: every sampled item's bytes, in order")
       .def_property_readonly("offsets", &PySampleBatch::offsets, "uint64 array of n + 1 offsets into data")
+      .def_property_readonly("item_chunk_offsets", &PySampleBatch::item_chunk_offsets,
+                             "uint64 array of n + 1 offsets into item_chunks (all 0 for items without chunks)")
+      .def_property_readonly("item_chunks", &PySampleBatch::item_chunks,
+                             "uint64 array: item i's chunks, as indices into this batch's chunks, are "
+                             "item_chunks[item_chunk_offsets[i]:item_chunk_offsets[i + 1]]")
+      .def_property_readonly("chunk_data", &PySampleBatch::chunk_data,
+                             "uint8 array: the bytes of every chunk the batch references, each once")
+      .def_property_readonly("chunk_offsets", &PySampleBatch::chunk_offsets,
+                             "uint64 array of (number of chunks) + 1 offsets into chunk_data")
+      .def_property_readonly("chunks", &PySampleBatch::chunks, "list of bytes, one per chunk")
       .def_property_readonly("items", &PySampleBatch::items, "list of read-only memoryviews, one per item")
       .def_property_readonly("total_mass", &PySampleBatch::total_mass,
                              "sum of priority^alpha the draws were made from (probabilities[i] * total_mass is "
@@ -449,7 +526,12 @@ heavy methods release the GIL.)doc")
            py::arg("shards") = 8, py::arg("eviction") = "fifo", py::arg("alpha_evict") = -0.4,
            py::arg("seed") = 0, py::arg("max_size") = py::none(), py::arg("epoch") = 1)
       .def("insert", &PyStore::Insert, py::arg("priorities"), py::arg("items"), py::arg("offsets") = py::none(),
-           "Insert items with priorities; returns their uint64 keys (in order).")
+           py::arg("chunks") = py::none(), py::arg("item_chunks") = py::none(),
+           py::arg("item_chunk_offsets") = py::none(),
+           "Insert items with priorities; returns their uint64 keys (in order). With `chunks` (a sequence of "
+           "bytes-like blobs, e.g. compressed frames), item i references chunks item_chunks[item_chunk_offsets[i]:"
+           "item_chunk_offsets[i + 1]] (distinct, at most 16; every chunk referenced by some item): the call goes "
+           "to one shard, and each chunk is kept, counted once in bytes_held, while an item referencing it lives.")
       .def("sample", &PyStore::Sample, py::arg("n"), py::arg("beta") = 0.4,
            "Draw n items (with replacement, stratified, proportional to priority^alpha).")
       .def("update_priorities", &PyStore::UpdatePriorities, py::arg("keys"), py::arg("priorities"),

@@ -97,7 +97,12 @@ class ShardHarness {
     ByteBuffer data;
     const std::string pad(first * 3, '#');  // what earlier draws would have written
     if (!pad.empty()) std::memcpy(data.Extend(pad.size()), pad.data(), pad.size());
-    const SampleSink sink{keys.data(), masses.data(), probabilities.data(), &data, offsets.data()};
+    std::vector<uint64_t> item_chunk_offsets(n + 1, 0);
+    std::vector<uint64_t> item_chunks;
+    ByteBuffer chunk_data;
+    std::vector<uint64_t> chunk_offsets;
+    const SampleSink sink{keys.data(), masses.data(),        probabilities.data(), &data,         offsets.data(),
+                          item_chunk_offsets.data(), &item_chunks, &chunk_data,          &chunk_offsets};
     const bool ok = uniform_rng != nullptr ? shard_.SampleUniform(k, *uniform_rng, share, sink, first)
                                            : shard_.Sample(fractions.data(), k, share, sink, first);
     for (size_t i = 0; i < first; ++i) {  // positions before `first` untouched
@@ -631,7 +636,7 @@ TEST_F(ShardFileTest, WriteThenReadRestoresItemsKeysAndCounters) {
   ShardHarness b(2, 0.6, EvictionKind::kFifo);
   {
     SnapshotReader in(path);
-    b.shard().Read(in);
+    b.shard().Read(in, 3);
     in.VerifyChecksum();
   }
   ASSERT_VALID(b.shard());
@@ -699,7 +704,7 @@ TEST_F(ShardFileTest, ReadWithANewEpochKeepsRestoredKeysAndStalesEveryOtherKeyOf
   ShardHarness b(1, 1.0, EvictionKind::kFifo, -0.4, 64, /*epoch=*/4);
   {
     SnapshotReader in(path);
-    b.shard().Read(in);
+    b.shard().Read(in, 3);
     in.VerifyChecksum();
   }
   ASSERT_VALID(b.shard());

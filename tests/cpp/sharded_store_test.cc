@@ -1273,7 +1273,7 @@ TEST_F(SnapshotTest, WrongMagicOrVersionOrForeignFileThrowsSnapshotError) {
   WriteAll(Path("magic.snap"), magic);
   EXPECT_EQ(LoadOutcome(Path("magic.snap")), "");
   std::string version = bytes;
-  version[8] = 3;  // u32 version right after the magic
+  version[8] = 4;  // u32 version right after the magic: one this build does not know
   WriteAll(Path("version.snap"), version);
   EXPECT_EQ(LoadOutcome(Path("version.snap")), "");
   try {
@@ -1514,6 +1514,160 @@ TEST_F(SnapshotTest, SaveIntoAMissingDirectoryThrowsSnapshotErrorNamingTheReason
   }
   EXPECT_EQ(ShardedStore::Load(Path("s.snap"))->Size(), 1u);
   EXPECT_EQ(Files(), std::set<std::string>{"s.snap"});
+}
+
+
+// ---------------------------------------------------------------------------------------------------------
+// Frame chunks: kept while an item references them, returned once per sample, in snapshots
+
+namespace {
+
+struct ChunkedBatch {
+  std::vector<std::string> items, chunks;
+  std::vector<uint32_t> refs;
+  std::vector<uint64_t> ref_offsets{0};
+};
+
+std::vector<Key> InsertChunked(ShardedStore& store, const ChunkedBatch& b) {
+  std::vector<const uint8_t*> items, chunks;
+  std::vector<uint64_t> sizes, chunk_sizes;
+  for (const auto& s : b.items) {
+    items.push_back(reinterpret_cast<const uint8_t*>(s.data()));
+    sizes.push_back(s.size());
+  }
+  for (const auto& s : b.chunks) {
+    chunks.push_back(reinterpret_cast<const uint8_t*>(s.data()));
+    chunk_sizes.push_back(s.size());
+  }
+  ChunkBatch batch;
+  batch.data = chunks.data();
+  batch.sizes = chunk_sizes.data();
+  batch.count = chunks.size();
+  batch.item_chunks = b.refs.data();
+  batch.item_chunk_offsets = b.ref_offsets.data();
+  std::vector<double> priorities(b.items.size(), 1.0);
+  std::vector<Key> keys(b.items.size());
+  store.Insert(priorities.data(), items.data(), sizes.data(), items.size(), keys.data(), &batch);
+  return keys;
+}
+
+// Items "a" {0}, "b" {0, 1}, "c" {1}, of chunks X (100 B) and Y (50 B), tagged with `tag`.
+ChunkedBatch ThreeItems(char tag) {
+  ChunkedBatch b;
+  b.items = {std::string(1, tag) + "a", std::string(1, tag) + "b", std::string(1, tag) + "c"};
+  b.chunks = {std::string(100, tag), std::string(50, static_cast<char>(tag + 1))};
+  b.refs = {0, 0, 1, 1};
+  b.ref_offsets = {0, 1, 3, 4};
+  return b;
+}
+
+// Every draw's chunks, as bytes, checked against `want` (item bytes -> its chunks' bytes); each chunk once.
+void ExpectChunks(const SampleResult& r, const std::map<std::string, std::vector<std::string>>& want) {
+  const size_t c = r.chunk_offsets.size() - 1;
+  std::set<std::string> distinct;
+  for (size_t j = 0; j < c; ++j) {
+    distinct.insert(std::string(reinterpret_cast<const char*>(r.chunk_data.data()) + r.chunk_offsets[j],
+                                r.chunk_offsets[j + 1] - r.chunk_offsets[j]));
+  }
+  EXPECT_EQ(distinct.size(), c) << "a chunk came twice";
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    std::vector<std::string> got;
+    for (uint64_t j = r.item_chunk_offsets[i]; j < r.item_chunk_offsets[i + 1]; ++j) {
+      const uint64_t k = r.item_chunks[j];
+      ASSERT_LT(k, c);
+      got.emplace_back(reinterpret_cast<const char*>(r.chunk_data.data()) + r.chunk_offsets[k],
+                       r.chunk_offsets[k + 1] - r.chunk_offsets[k]);
+    }
+    EXPECT_EQ(got, want.at(ItemBytes(r, i)));
+  }
+}
+
+}  // namespace
+
+TEST_F(SnapshotTest, ChunksLiveWhileAnItemNeedsThemAndSurviveASnapshot) {
+  StoreConfig config;
+  config.capacity = 100;
+  config.shards = 4;
+  ShardedStore store(config);
+  const std::vector<Key> a = InsertChunked(store, ThreeItems('p'));
+  const std::vector<Key> b = InsertChunked(store, ThreeItems('r'));
+  std::map<std::string, std::vector<std::string>> want;
+  for (char t : {'p', 'r'}) {
+    const ChunkedBatch x = ThreeItems(t);
+    want[x.items[0]] = {x.chunks[0]};
+    want[x.items[1]] = {x.chunks[0], x.chunks[1]};
+    want[x.items[2]] = {x.chunks[1]};
+  }
+  StoreStats st = store.Stats();
+  EXPECT_EQ(st.chunks, 4u);
+  EXPECT_EQ(st.chunk_bytes, 300u);
+  EXPECT_EQ(st.bytes_held, 300u + 6 * 2);
+  SampleResult r;
+  for (int i = 0; i < 5; ++i) {
+    store.Sample(16, 0.4, &r);
+    ExpectChunks(r, want);
+  }
+  store.Save(Path("chunks.snap"));
+  std::unique_ptr<ShardedStore> loaded = ShardedStore::Load(Path("chunks.snap"));
+  loaded->Validate();
+  EXPECT_EQ(loaded->Stats().chunks, 4u);
+  loaded->Sample(16, 0.4, &r);
+  ExpectChunks(r, want);
+
+  ASSERT_EQ(store.Erase(&a[0], 1), 1u);  // X of batch p still held by item b
+  EXPECT_EQ(store.Stats().chunks, 4u);
+  ASSERT_EQ(store.Erase(&a[1], 1), 1u);
+  EXPECT_EQ(store.Stats().chunks, 3u);
+  ASSERT_EQ(store.Erase(&a[2], 1), 1u);
+  st = store.Stats();
+  EXPECT_EQ(st.chunks, 2u);
+  EXPECT_EQ(st.chunk_bytes, 150u);
+  store.Validate();
+}
+
+TEST(ShardedStoreTest, BadChunkReferencesAreRefusedAndChangeNothing) {
+  StoreConfig config;
+  config.capacity = 100;
+  ShardedStore store(config);
+  InsertChunked(store, ThreeItems('k'));
+  const StoreStats before = store.Stats();
+  auto refused = [&](ChunkedBatch b, const char* what) {
+    try {
+      InsertChunked(store, b);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  ChunkedBatch unused = ThreeItems('u');
+  unused.refs = {0, 0, 0};  // every item chunk 0 only
+  unused.ref_offsets = {0, 1, 2, 3};
+  refused(unused, "chunks[1] is referenced by no item");
+  ChunkedBatch range = ThreeItems('v');
+  range.refs = {0, 0, 1, 7};
+  refused(range, "items[2] references chunk 7 of 2");
+  ChunkedBatch twice = ThreeItems('w');
+  twice.refs = {0, 1, 1, 1};
+  refused(twice, "items[1] references chunk 1 twice");
+  const StoreStats after = store.Stats();
+  EXPECT_EQ(after.size, before.size);
+  EXPECT_EQ(after.chunks, before.chunks);
+  EXPECT_EQ(after.bytes_held, before.bytes_held);
+  store.Validate();
+}
+
+TEST(ShardedStoreTest, EvictionFreesAChunkWithItsLastItem) {
+  StoreConfig config;
+  config.capacity = 3;
+  config.max_size = 1000;
+  config.shards = 2;
+  ShardedStore store(config);
+  for (char t : {'a', 'b', 'c'}) InsertChunked(store, ThreeItems(t));
+  EXPECT_EQ(store.Stats().chunks, 6u);
+  EXPECT_EQ(store.RemoveToFit(), 6u);  // FIFO: batches a and b go, and their chunks with them
+  EXPECT_EQ(store.Stats().chunks, 2u);
+  EXPECT_EQ(store.Stats().chunk_bytes, 150u);
+  store.Validate();
 }
 
 }  // namespace

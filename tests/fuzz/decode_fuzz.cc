@@ -2,10 +2,12 @@
 // UndefinedBehaviorSanitizer (CI: .ci/run). A seed corpus of valid requests of every op is mutated for a
 // bounded time (bit flips, byte changes, truncation, extension, frame splits/merges/drops, header field
 // overwrites with edge values); each mutant goes through Decode and, when it decodes, through FirstBadItem
-// with a compressed and a fixed-size layout. Any sanitizer report aborts the process: a failing test. No
+// with a compressed and a fixed-size layout, and an INSERT that carries frame chunks into a real store (its
+// references read the way the loop reads them; the store refuses bad ones). Any sanitizer report aborts the process: a failing test. No
 // libzmq is involved: the decoder sees frames exactly as the loop hands them over.
 //
 //   decode_fuzz SECONDS [SEED]
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -15,8 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "apexrl/errors.h"
 #include "apexrl/serve/item_check.h"
 #include "apexrl/serve/wire.h"
+#include "apexrl/sharded_store.h"
 
 using apexrl::serve::Decode;
 using apexrl::serve::FrameView;
@@ -53,8 +57,15 @@ std::vector<Frames> Seeds() {
     data += item;
     offsets.push_back(data.size());
   }
+  // Without chunks (empty item_chunks, item_chunk_offsets all 0, chunk_offsets [0]) ...
   seeds.push_back({Header(1, 3, 0, 100), Array(std::vector<double>{1, 0.5, 2}), Array(offsets), data,
-                   Array(std::vector<uint64_t>{9, 1})});
+                   Array(std::vector<uint64_t>{9, 1}), std::string(), Array(std::vector<uint64_t>{0, 0, 0, 0}),
+                   std::string(), Array(std::vector<uint64_t>{0})});
+  // ... and with two chunks, items referencing {0}, {0, 1}, {1}.
+  seeds.push_back({Header(1, 3, 0, 100), Array(std::vector<double>{1, 0.5, 2}), Array(offsets), data,
+                   Array(std::vector<uint64_t>{9, 2}), Array(std::vector<uint64_t>{0, 0, 1, 1}),
+                   Array(std::vector<uint64_t>{0, 1, 3, 4}), std::string(40, 'c'),
+                   Array(std::vector<uint64_t>{0, 16, 40})});
   seeds.push_back({Header(2, 512, 0.4, 1000)});
   seeds.push_back({Header(3, 2, 0, 0), Array(std::vector<uint64_t>{1, 2}), Array(std::vector<double>{0.1, 3})});
   seeds.push_back({Header(4, 0, 0, 0)});
@@ -101,7 +112,44 @@ void Mutate(Frames* f, std::mt19937_64& rng) {
   }
 }
 
-void Run(const Frames& f, const ItemLayout* layouts, size_t nlayouts) {
+// The loop's reading of an INSERT's frame chunks (serve_loop.cc, ServeInsert), into a real store.
+void InsertWithChunks(const Request& q, apexrl::ShardedStore* store) {
+  using apexrl::serve::LoadU64;
+  std::vector<const uint8_t*> items(q.count), chunks(q.num_chunks);
+  std::vector<uint64_t> sizes(q.count), chunk_sizes(q.num_chunks), ref_offsets(q.count + 1);
+  std::vector<uint32_t> refs(q.num_refs);
+  std::vector<double> priorities(q.count, 1.0);
+  for (uint64_t i = 0; i < q.count; ++i) {
+    items[i] = q.data + LoadU64(q.offsets, i);
+    sizes[i] = LoadU64(q.offsets, i + 1) - LoadU64(q.offsets, i);
+  }
+  for (uint64_t c = 0; c < q.num_chunks; ++c) {
+    chunks[c] = q.chunk_data + LoadU64(q.chunk_offsets, c);
+    chunk_sizes[c] = LoadU64(q.chunk_offsets, c + 1) - LoadU64(q.chunk_offsets, c);
+  }
+  for (uint64_t j = 0; j < q.num_refs; ++j) {
+    refs[j] = static_cast<uint32_t>(std::min<uint64_t>(LoadU64(q.item_chunks, j), 0xFFFFFFFFu));
+  }
+  for (uint64_t i = 0; i <= q.count; ++i) ref_offsets[i] = LoadU64(q.item_chunk_offsets, i);
+  apexrl::ChunkBatch batch;
+  batch.data = chunks.data();
+  batch.sizes = chunk_sizes.data();
+  batch.count = q.num_chunks;
+  batch.item_chunks = refs.data();
+  batch.item_chunk_offsets = ref_offsets.data();
+  std::vector<apexrl::Key> keys(q.count);
+  try {
+    store->Insert(priorities.data(), items.data(), sizes.data(), q.count, keys.data(), &batch);
+  } catch (const apexrl::InvalidArgument&) {
+    return;  // refused whole
+  }
+  if (store->Size() > 0) {
+    apexrl::SampleResult r;
+    store->Sample(4, 0.4, &r);
+  }
+}
+
+void Run(const Frames& f, const ItemLayout* layouts, size_t nlayouts, apexrl::ShardedStore* store) {
   std::vector<FrameView> views;
   Message m;
   for (size_t i = 0; i < f.size() && i < apexrl::serve::kMaxKeptFrames; ++i) {
@@ -120,6 +168,7 @@ void Run(const Frames& f, const ItemLayout* layouts, size_t nlayouts) {
       auto why = apexrl::serve::FirstBadItem(layouts[k], q.data, q.offsets, q.count);
       sink = why ? why->size() : 0;
     }
+    if (q.num_chunks > 0 || q.num_refs > 0) InsertWithChunks(q, store);
   }
 }
 
@@ -137,15 +186,19 @@ int main(int argc, char** argv) {
   layouts[1].fingerprint = 0x11223344;
   layouts[1].header_bytes = 12;
   layouts[1].repr = "TransitionSpec(fixed)";
+  apexrl::StoreConfig config;
+  config.capacity = 64;
+  config.shards = 2;
+  apexrl::ShardedStore store(config);
   const auto seeds = Seeds();
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   uint64_t runs = 0;
-  for (const auto& s : seeds) Run(s, layouts, 2);
+  for (const auto& s : seeds) Run(s, layouts, 2, &store);
   while (std::chrono::steady_clock::now() < end) {
     for (int i = 0; i < 1000; ++i, ++runs) {
       Frames f = seeds[rng() % seeds.size()];
       Mutate(&f, rng);
-      Run(f, layouts, 2);
+      Run(f, layouts, 2, &store);
     }
   }
   std::printf("decode_fuzz: %llu mutated messages, no sanitizer report\n", static_cast<unsigned long long>(runs));

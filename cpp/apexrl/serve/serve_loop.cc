@@ -23,8 +23,10 @@ namespace {
 
 constexpr int kFrontBurst = 16;       // requests read per round before finished replies are sent
 constexpr uint64_t kJobsPerWorker = 8;
-constexpr uint64_t kReplyFixed = kHeaderSize + 16 + 24;  // a SAMPLE reply's bytes besides its items
-constexpr uint64_t kReplyPerItem = 8 + 4 + 8 + 8;        // key, weight, probability, offset
+// A SAMPLE reply's bytes besides its items: header, the end offsets, totals, store_size, chunk_offsets' end.
+constexpr uint64_t kReplyFixed = kHeaderSize + 16 + 24 + 16;
+// Key, weight, probability, offset, item_chunk_offsets entry.
+constexpr uint64_t kReplyPerItem = 8 + 4 + 8 + 8 + 8;
 constexpr int64_t kTrimAfterBytes = 32ll << 20;          // give freed reply memory back to the OS past this
 constexpr double kStopGraceS = 30.0;  // longest Stop waits for requests in service (workers, Python)
 
@@ -80,7 +82,10 @@ Deferred::~Deferred() = default;
 
 // One reply's frames and the buffers they view (sent without copies).
 struct Reply {
-  enum Source : uint8_t { kPart, kSampleKeys, kWeights, kProbabilities, kOffsets, kData, kKeys };
+  enum Source : uint8_t {
+    kPart, kSampleKeys, kWeights, kProbabilities, kOffsets, kData, kKeys,
+    kItemChunks, kItemChunkOffsets, kChunkData, kChunkOffsets
+  };
   uint16_t op = 0;
   uint16_t status = kOk;
   std::vector<std::string> parts;
@@ -105,6 +110,10 @@ struct Reply {
       case kOffsets: return bytes(sample->offsets);
       case kData: return FrameView{sample->data.data(), sample->data.size()};
       case kKeys: return bytes(keys);
+      case kItemChunks: return bytes(sample->item_chunks);
+      case kItemChunkOffsets: return bytes(sample->item_chunk_offsets);
+      case kChunkData: return FrameView{sample->chunk_data.data(), sample->chunk_data.size()};
+      case kChunkOffsets: return bytes(sample->chunk_offsets);
     }
     return FrameView{};
   }
@@ -153,6 +162,9 @@ Reply SampleReply(uint64_t rid, std::unique_ptr<SampleResult> s) {
   r.Add(Part(totals, sizeof totals));
   const uint64_t size = s->size;
   r.Add(Part(&size, sizeof size));
+  for (auto src : {Reply::kItemChunks, Reply::kItemChunkOffsets, Reply::kChunkData, Reply::kChunkOffsets}) {
+    r.layout.emplace_back(src, 0);
+  }
   r.sample = std::move(s);
   return r;
 }
@@ -185,7 +197,9 @@ class SamplePool {
  private:
   static size_t Footprint(const SampleResult& r) {
     return r.data.capacity() + r.keys.capacity() * sizeof(Key) + r.weights.capacity() * sizeof(float) +
-           r.probabilities.capacity() * sizeof(double) + r.offsets.capacity() * sizeof(uint64_t);
+           r.probabilities.capacity() * sizeof(double) + r.offsets.capacity() * sizeof(uint64_t) +
+           r.chunk_data.capacity() + (r.item_chunks.capacity() + r.item_chunk_offsets.capacity() +
+                                      r.chunk_offsets.capacity()) * sizeof(uint64_t);
   }
   std::mutex mu_;
   std::vector<std::unique_ptr<SampleResult>> free_;
@@ -468,8 +482,15 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
 void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
   const Request& q = p->req;
   if (q.op == kInsert && reply.status == kOk) {
+    // An item's share of a reply: its bytes, and at most every chunk it references (8 bytes of reference and
+    // of chunk offset each) when no other draw of the batch brought them.
     for (uint64_t i = 0; i < q.count; ++i) {
-      max_item_ = std::max(max_item_, LoadU64(q.offsets, i + 1) - LoadU64(q.offsets, i));
+      uint64_t bytes = LoadU64(q.offsets, i + 1) - LoadU64(q.offsets, i);
+      for (uint64_t j = LoadU64(q.item_chunk_offsets, i); j < LoadU64(q.item_chunk_offsets, i + 1); ++j) {
+        const uint64_t c = LoadU64(q.item_chunks, j);  // in range: the store accepted the batch
+        bytes += LoadU64(q.chunk_offsets, c + 1) - LoadU64(q.chunk_offsets, c) + 16;
+      }
+      max_item_ = std::max(max_item_, bytes);
     }
     max_item_seen_.store(max_item_, std::memory_order_relaxed);
   } else if (q.op == kSample && reply.status == kOk) {
@@ -777,9 +798,32 @@ bool ServeLoop::ServeInsert(Pending* p, Reply* reply, bool can_wait) {
     item_ptrs_[i] = q.data + at;
     item_sizes_[i] = LoadU64(q.offsets, i + 1) - at;
   }
+  // Frame chunks, when the request has any: the store checks the references (INVALID_ARGUMENT otherwise).
+  ChunkBatch chunks;
+  const bool with_chunks = q.num_chunks > 0 || q.num_refs > 0;
+  if (with_chunks) {
+    chunk_ptrs_.resize(q.num_chunks);
+    chunk_sizes_.resize(q.num_chunks);
+    for (uint64_t c = 0; c < q.num_chunks; ++c) {
+      const uint64_t at = LoadU64(q.chunk_offsets, c);
+      chunk_ptrs_[c] = q.chunk_data + at;
+      chunk_sizes_[c] = LoadU64(q.chunk_offsets, c + 1) - at;
+    }
+    chunk_refs_.resize(q.num_refs);
+    for (uint64_t j = 0; j < q.num_refs; ++j) {
+      chunk_refs_[j] = static_cast<uint32_t>(std::min<uint64_t>(LoadU64(q.item_chunks, j), 0xFFFFFFFFu));
+    }
+    chunk_ref_offsets_ = Aligned<uint64_t>(q.item_chunk_offsets, q.count + 1);
+    chunks.data = chunk_ptrs_.data();
+    chunks.sizes = chunk_sizes_.data();
+    chunks.count = q.num_chunks;
+    chunks.item_chunks = chunk_refs_.data();
+    chunks.item_chunk_offsets = chunk_ref_offsets_.data();
+  }
   std::vector<Key> keys(q.count);
   try {
-    store_->Insert(priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count, keys.data());
+    store_->Insert(priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count, keys.data(),
+                   with_chunks ? &chunks : nullptr);
   } catch (...) {
     limiter_.Undo(q.count, 0);
     throw;

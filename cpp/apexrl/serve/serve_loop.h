@@ -179,6 +179,10 @@ class ServeLoop {
   int64_t trimmed_at_ = 0;
   std::vector<const uint8_t*> item_ptrs_;
   std::vector<uint64_t> item_sizes_;
+  std::vector<const uint8_t*> chunk_ptrs_;  // an INSERT's frame chunks (loop thread only, like the two above)
+  std::vector<uint64_t> chunk_sizes_;
+  std::vector<uint32_t> chunk_refs_;
+  std::vector<uint64_t> chunk_ref_offsets_;
 
   // Counters (any thread).
   std::atomic<uint64_t> requests_[kMaxReplayOp + 1] = {};

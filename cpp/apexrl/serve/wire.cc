@@ -43,7 +43,7 @@ struct Plan {
 
 Plan PlanOf(uint16_t op) {
   switch (op) {
-    case kInsert: return {5, true, 0, false, true};
+    case kInsert: return {9, true, 0, false, true};
     case kSample: return {1, true, 1, true, true};
     case kUpdatePriorities: return {3, true, 0, false, false};
     case kRemoveToFit: return {1, false, 0, false, false};
@@ -84,21 +84,36 @@ bool PrioritiesOk(const uint8_t* p, uint64_t n, const std::string& what, Refusal
 }
 
 // offsets start at 0, never decrease, end at the data frame's length (protocol._check_offsets' order).
-bool OffsetsOk(const uint8_t* p, uint64_t n1, uint64_t data_len, const std::string& what, Refusal* r) {
+bool OffsetsOk(const uint8_t* p, uint64_t n1, uint64_t data_len, const std::string& what, Refusal* r,
+               const std::string& name = "offsets", const char* cut = "data") {
+  if (n1 == 0) {
+    *r = Refuse(kBadMessage, what + ": " + name + " has no entries, must hold at least one (" + name + "[0] = 0)");
+    return false;
+  }
   const uint64_t first = LoadU64(p, 0), last = LoadU64(p, n1 - 1);
   bool monotone = true;
   for (uint64_t i = 1; i < n1 && monotone; ++i) monotone = LoadU64(p, i) >= LoadU64(p, i - 1);
   if (first == 0 && last == data_len && monotone) return true;
   if (first != 0) {
-    *r = Refuse(kBadMessage, what + ": offsets[0] is " + Str(first) + ", must be 0");
+    *r = Refuse(kBadMessage, what + ": " + name + "[0] is " + Str(first) + ", must be 0");
   } else if (!monotone) {
     uint64_t i = 1;
     while (LoadU64(p, i) >= LoadU64(p, i - 1)) ++i;
-    *r = Refuse(kBadMessage, what + ": offsets must be non-decreasing, offsets[" + Str(i) + "]=" + Str(LoadU64(p, i)) +
-                                 " < offsets[" + Str(i - 1) + "]=" + Str(LoadU64(p, i - 1)));
+    *r = Refuse(kBadMessage, what + ": " + name + " must be non-decreasing, " + name + "[" + Str(i) +
+                                 "]=" + Str(LoadU64(p, i)) + " < " + name + "[" + Str(i - 1) +
+                                 "]=" + Str(LoadU64(p, i - 1)));
   } else {
-    *r = Refuse(kBadMessage, what + ": offsets[-1] is " + Str(last) + ", must equal len(data)=" + Str(data_len));
+    *r = Refuse(kBadMessage, what + ": " + name + "[-1] is " + Str(last) + ", must equal len(" + cut +
+                                 ")=" + Str(data_len));
   }
+  return false;
+}
+
+// An array frame of any length: a whole number of 8-byte elements.
+bool WholeU64s(const FrameView& f, const std::string& what, const char* name, Refusal* r) {
+  if (f.size % 8 == 0) return true;
+  *r = Refuse(kBadMessage, what + " frame " + name + " is " + Str(f.size) +
+                               " bytes, not a whole number of 8-byte uint64 elements");
   return false;
 }
 
@@ -176,6 +191,18 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
       if (!FrameSizeOk(f[2], n + 1, what, "offsets", "uint64", &r)) return r;
       if (!OffsetsOk(f[2].data, n + 1, f[3].size, what, &r)) return r;
       if (!FrameSizeOk(f[4], 2, what, "insert_id", "uint64", &r)) return r;
+      if (!WholeU64s(f[5], what, "item_chunks", &r)) return r;
+      if (!FrameSizeOk(f[6], n + 1, what, "item_chunk_offsets", "uint64", &r)) return r;
+      if (!OffsetsOk(f[6].data, n + 1, f[5].size / 8, what, &r, "item_chunk_offsets", "item_chunks")) return r;
+      if (!WholeU64s(f[8], what, "chunk_offsets", &r)) return r;
+      if (!OffsetsOk(f[8].data, f[8].size / 8, f[7].size, what, &r, "chunk_offsets", "chunk_data")) return r;
+      out->item_chunks = f[5].data;
+      out->num_refs = f[5].size / 8;
+      out->item_chunk_offsets = f[6].data;
+      out->chunk_data = f[7].data;
+      out->chunk_data_size = f[7].size;
+      out->chunk_offsets = f[8].data;
+      out->num_chunks = f[8].size / 8 - 1;
       out->priorities = f[1].data;
       out->offsets = f[2].data;
       out->data = f[3].data;

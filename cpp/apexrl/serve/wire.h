@@ -15,7 +15,7 @@ namespace apexrl::serve {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire is little-endian; so must the host be");
 
 inline constexpr char kMagic[4] = {'A', 'P', 'X', 'R'};
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kHeaderSize = 40;
 inline constexpr uint32_t kMaxBatch = 1u << 20;
 inline constexpr size_t kMaxErrorMessage = 64 * 1024;
@@ -51,7 +51,7 @@ struct FrameView {
 };
 
 // A request as received: the frames kept (at most kMaxKeptFrames), how many it had, their total bytes.
-inline constexpr size_t kMaxKeptFrames = 8;
+inline constexpr size_t kMaxKeptFrames = 12;
 struct Message {
   const FrameView* frames = nullptr;
   size_t kept = 0;
@@ -73,6 +73,16 @@ struct Request {
   const uint8_t* keys = nullptr;        // u64[count]: UPDATE_PRIORITIES, ERASE
   uint64_t insert_session = 0;          // INSERT insert_id; (0, 0): none
   uint64_t insert_sequence = 0;
+  // INSERT frame chunks: item i references item_chunks[item_chunk_offsets[i] .. item_chunk_offsets[i + 1])
+  // (u64 values, not yet range-checked: the store does), chunk c is chunk_data[chunk_offsets[c] ..
+  // chunk_offsets[c + 1]).
+  const uint8_t* item_chunks = nullptr;         // u64[num_refs]
+  uint64_t num_refs = 0;
+  const uint8_t* item_chunk_offsets = nullptr;  // u64[count + 1]
+  const uint8_t* chunk_data = nullptr;
+  uint64_t chunk_data_size = 0;
+  const uint8_t* chunk_offsets = nullptr;       // u64[num_chunks + 1]
+  uint64_t num_chunks = 0;
 };
 
 // Why a request was refused before it was served: the status, the message, and the op and request id to

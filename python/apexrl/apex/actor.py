@@ -47,6 +47,7 @@ from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
 from apexrl.replay.client import ServerTimeoutError
+from apexrl.replay.frames import frame_codec, wire_spec
 from apexrl.replay.sharded import connect as connect_replay
 
 log = logging.getLogger("apexrl.apex.actor")
@@ -84,6 +85,8 @@ class Actor:
                                        self.seed)
             explorations = list(self.policy.explorations)
         self.transition_spec = self.policy.transition_spec
+        # Frame stacks (Atari) go to the replay as items referencing each batch's distinct frames, stored once.
+        self.codec = frame_codec(self.transition_spec)
         n = config.agent_config.n_step
         self.nstep = VecNStep(k, n, config.agent_config.gamma)  # K n-step adders over arrays
         # The n-step adder holds handles into one ring of observations (and of the Q-values the acting forward
@@ -95,7 +98,7 @@ class Actor:
                                                                  "priorities_from_values"))
         steps = n * (-(-config.flush_every // k) + 2) + 8
         self.frames = _ObsRing(2 * k * steps if k > 1 else 0, self.spec, scores)
-        self.replay = connect_replay(config.replay, timeout=config.replay_timeout, spec=self.transition_spec,
+        self.replay = connect_replay(config.replay, timeout=config.replay_timeout, spec=wire_spec(self.transition_spec),
                                    curve=config.curve_dir)
         self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
         # Never stalls on a slow or absent learner; refused weights are counted and logged once.
@@ -177,13 +180,16 @@ class Actor:
             batch = self._stack(self._local)[0]
             priorities = self.policy.initial_priorities(batch)
         priorities = np.asarray(priorities, dtype=np.float64)
-        data, offsets = self.transition_spec.encode(batch)
+        if self.codec is not None:
+            data, offsets, chunks = self.codec.encode(batch)  # the batch's own chunks: none span two inserts
+        else:
+            (data, offsets), chunks = self.transition_spec.encode(batch), None
         delay, warned_at = _RETRY_MIN, 0.0
         insert_id = self.replay.next_insert_id()  # every retry of this batch: stored once
         while True:
             try:
                 self.replay.insert(priorities, data=data, offsets=offsets, timeout=_RATE_LIMIT_WAIT,
-                                   insert_id=insert_id)
+                                   insert_id=insert_id, chunks=chunks)  # a retry carries its chunks again
                 break
             except Interrupted:  # stopping, and the grace period is over: the server did not take it
                 self._report_unsent("the replay server did not answer in time")

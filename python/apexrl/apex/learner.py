@@ -55,6 +55,7 @@ from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
 from apexrl.replay.codec import BatchDecoder
+from apexrl.replay.frames import decode_valid, frame_codec
 from apexrl.replay.sharded import connect as connect_replay
 from apexrl.security import raise_nofile_limit
 
@@ -118,6 +119,7 @@ class Learner:
         self.agent: Agent = get_agent(config.agent).make_learner(self.env_spec, config.agent_config, self.device,
                                                                   config.seed)
         self.transition_spec = self.agent.transition_spec
+        self.frame_codec = frame_codec(self.transition_spec)  # frame stacks stored once (Atari), else None
         self._invalid = getattr(self.agent, "invalid_items", all_finite)  # the agent's value rules
         self._stop = threading.Event()
         self._stop_time: float | None = None
@@ -268,7 +270,7 @@ class Learner:
         self._env_frames(stats)
         row_steps, row_inserted = self.agent.steps, (stats or {}).get("inserted", 0)
         sampler = self.replay.sampler(cfg.agent_config.batch_size, beta=cfg.beta, prefetch=cfg.prefetch,
-                                      decoder=_LearnerDecoder(self), decode_threads=cfg.decode_threads, timeout=1.0)
+                                      decode_threads=cfg.decode_threads, timeout=1.0, **self._decode_hook())
         updater = self.replay.updater()
         try:
             while not self._stop.is_set():
@@ -321,6 +323,14 @@ class Learner:
         self._write_row(now - start, max(now - last_row, 1e-9), means, self._replay_stats(), row_steps, row_inserted)
         self.save(now - start)
         return self._summary(start, steps_at_start)
+
+    def _decode_hook(self) -> dict[str, Any]:
+        """The sampler's decode hook: items in the spec's own layout decode natively into a ring of preallocated
+        batches; frame stacks stored once (Atari) are rebuilt from their chunks by ``frames.decode_valid``
+        (Python; each chunk's lz4 call releases the GIL), in the same decode threads."""
+        if self.frame_codec is None:
+            return {"decoder": _LearnerDecoder(self)}
+        return {"decode": lambda raw: self._checked(decode_valid(self.transition_spec, self.frame_codec, raw))}
 
     def _checked(self, decoded: tuple[dict[str, np.ndarray], np.ndarray | None, str | None]) -> tuple[
             dict[str, np.ndarray], np.ndarray | None, str | None, np.ndarray | None, str | None]:
@@ -445,10 +455,10 @@ def run_learner(config: LearnerConfig) -> dict[str, Any]:
 
 
 class _LearnerDecoder:
-    """The learner's sampler hook (its decode threads): natively into the sampler's ring of preallocated
-    batches (page-locked on a GPU), the good items' fields, which items did not decode, and which decoded ones
-    the agent cannot train on. A slot is reused once the learner has taken the next batch: an update is done
-    with its batch by then (its priorities are read back from the device)."""
+    """The learner's sampler hook (its decode threads) for items in the spec's own layout: natively into the
+    sampler's ring of preallocated batches (page-locked on a GPU), the good items' fields, which items did not
+    decode, and which decoded ones the agent cannot train on. A slot is reused once the learner has taken the
+    next batch: an update is done with its batch by then (its priorities are read back from the device)."""
 
     def __init__(self, learner: Learner):
         self._learner = learner

@@ -370,13 +370,16 @@ def actor_curve_dir(curve_dir: str | None) -> str | None:
 
 
 def run_spec(agent: str, env: str, agent_config: Any, seed: int = 0) -> str:
-    """The TransitionSpec JSON the run's actors insert with (actor 0's policy says it: the agent and the
+    """The TransitionSpec JSON of the items the run's actors insert (actor 0's policy says it: the agent and the
     environment define it). The plan pins it on every replay server (``ServerConfig.spec``, the server's
     ``--spec``), so no client can declare another spec first."""
     from apexrl.agents import get_agent
     from apexrl.envs import env_spec
 
-    return get_agent(agent).make_policy(env_spec(env), agent_config, 0, 1, seed).transition_spec.to_json()
+    from apexrl.replay.frames import wire_spec
+
+    spec = get_agent(agent).make_policy(env_spec(env), agent_config, 0, 1, seed).transition_spec
+    return wire_spec(spec).to_json()  # the items the replay holds: Atari's reference frame chunks
 
 
 def check_rules(p: RunPlan) -> None:

@@ -4,27 +4,34 @@ The snapshot is checked whole by the native store first (``PrioritizedStore.load
 every priority and the CRC-32C of the whole file), so a truncated or corrupted file is refused with the store's
 own reason before anything is written. Its items are then read in insertion order (oldest first, across the lock
 shards) from the snapshot's documented layout (below) and decoded with the TransitionSpec kept beside it
-(``SNAPSHOT.spec.json``, which the replay server writes with every snapshot).
+(``SNAPSHOT.spec.json``, which the replay server writes with every snapshot). Atari items, which reference frame
+chunks stored once (``apexrl.replay.frames``), are decoded into their agent's frame stacks: the export then
+holds the agent's fields (obs, next_obs stacks) and its ``spec`` is the agent's spec.
 
 The ``.npz`` layout (docs/offline.md), N items, one array per name::
 
     keys          uint64 (N,)   each item's key when the snapshot was saved (shard + (slot << 8) + (tag << 36))
     priorities    float64 (N,)  each item's priority (not priority^alpha)
     insertion     uint64 (N,)   each item's insertion number in the saved store (increasing: the rows' order)
-    spec          str ()        the TransitionSpec JSON the items were decoded with
+    spec          str ()        the TransitionSpec JSON of the fields below
     store         str ()        the saved store's settings as JSON (capacity, max_size, alpha, shards, ...)
     <field>       (N, *shape)   one array per field of the spec (obs, action, reward, discount, next_obs for the
                                 built-in agents), in the spec's dtype
 
-Snapshot layout (format version 2, little-endian, written by ``ShardedStore::Save`` and ``Shard::Serialize``)::
+Snapshot layout (format version 3, little-endian, written by ``ShardedStore::Save`` and ``Shard::Serialize``)::
 
     "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards |
     u32 eviction | f64 alpha_evict | u64 seed |
-    per shard: u32 index | u64 num_slots | u32 tag[num_slots] | u64 num_live |
-               per item, oldest first: u32 slot | u64 seq | f64 priority | u32 size | size bytes |
+    per shard: u32 index | u64 num_slots | u32 tag[num_slots] |
+               u64 num_chunks | per chunk: u32 id | u32 size | size bytes |
+               u64 num_live |
+               per item, oldest first: u32 slot | u64 seq | f64 priority | u32 size | u32 num_chunks |
+                                       u32 chunk_id[num_chunks] | size bytes |
                u64 counters[6] | u64 max_seq
     u64 next_seq | u64 next_shard | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys |
     "APXRLEND" | u32 crc32c
+
+Format 2 (before frame chunks) has neither the chunk table nor the items' num_chunks and chunk ids; both read.
 """
 
 from __future__ import annotations
@@ -35,12 +42,16 @@ import struct
 import zipfile
 from dataclasses import dataclass
 
+from typing import Any
+
 import numpy as np
 
-__all__ = ["ExportError", "RESERVED", "SNAPSHOT_VERSION", "export_snapshot", "read_snapshot"]
+__all__ = ["ExportError", "RESERVED", "SNAPSHOT_VERSION", "SNAPSHOT_VERSIONS", "export_snapshot", "read_snapshot"]
 
-SNAPSHOT_VERSION = 2
-"""The snapshot format this reader knows (``kSnapshotVersion`` in cpp/apexrl/sharded_store.cc)."""
+SNAPSHOT_VERSION = 3
+"""The snapshot format the store writes (``kSnapshotVersion`` in cpp/apexrl/sharded_store.cc)."""
+SNAPSHOT_VERSIONS = (2, 3)
+"""The formats this reader knows."""
 RESERVED = ("keys", "priorities", "insertion", "spec", "store")
 """Names of the ``.npz`` arrays that are not transition fields."""
 _MAGIC, _END = b"APXRLST1", b"APXRLEND"
@@ -62,6 +73,7 @@ class SnapshotItems:
     data: np.ndarray
     offsets: np.ndarray
     store: dict
+    chunks: Any = None  # the items' frame chunks (protocol.FrameChunks); None when no item references one
 
 
 def read_snapshot(path: str) -> SnapshotItems:
@@ -81,8 +93,8 @@ def read_snapshot(path: str) -> SnapshotItems:
     try:
         return _parse(buf)
     except (struct.error, ValueError) as e:  # the store read it, so this reader is out of step with the writer
-        raise ExportError(f"snapshot {path!r}: unexpected layout ({e}); this reader knows format version "
-                          f"{SNAPSHOT_VERSION}") from None
+        raise ExportError(f"snapshot {path!r}: unexpected layout ({e}); this reader knows format versions "
+                          f"{list(SNAPSHOT_VERSIONS)}") from None
 
 
 def _parse(buf: bytes) -> SnapshotItems:
@@ -90,7 +102,7 @@ def _parse(buf: bytes) -> SnapshotItems:
         raise ValueError("not a snapshot (bad magic)")
     version, epoch, capacity, max_size, alpha, shards, eviction, alpha_evict, seed = struct.unpack_from(
         "<IIQQdIIdQ", buf, 8)
-    if version != SNAPSHOT_VERSION:
+    if version not in SNAPSHOT_VERSIONS:
         raise ValueError(f"format version {version}")
     pos = 8 + struct.calcsize("<IIQQdIIdQ")
     keys: list[int] = []
@@ -98,6 +110,8 @@ def _parse(buf: bytes) -> SnapshotItems:
     seqs: list[int] = []
     chunks: list[bytes] = []
     sizes: list[int] = []
+    frame_chunks: list[bytes] = []  # every shard's chunks, one table
+    refs: list[list[int]] = []  # per item, indices into frame_chunks
     item = struct.Struct("<IQdI")
     for expect in range(shards):
         index, num_slots = struct.unpack_from("<IQ", buf, pos)
@@ -106,11 +120,27 @@ def _parse(buf: bytes) -> SnapshotItems:
         pos += 12
         tags = np.frombuffer(buf, dtype="<u4", count=num_slots, offset=pos)
         pos += 4 * num_slots
+        table: dict[int, int] = {}  # this shard's chunk id -> index in frame_chunks
+        if version >= 3:
+            (num_chunks,) = struct.unpack_from("<Q", buf, pos)
+            pos += 8
+            for _ in range(num_chunks):
+                cid, csize = struct.unpack_from("<II", buf, pos)
+                pos += 8
+                table[cid] = len(frame_chunks)
+                frame_chunks.append(buf[pos:pos + csize])
+                pos += csize
         (num_live,) = struct.unpack_from("<Q", buf, pos)
         pos += 8
         for _ in range(num_live):
             slot, seq, priority, size = item.unpack_from(buf, pos)
             pos += item.size
+            ids: tuple[int, ...] = ()
+            if version >= 3:
+                (k,) = struct.unpack_from("<I", buf, pos)
+                ids = struct.unpack_from(f"<{k}I", buf, pos + 4)
+                pos += 4 + 4 * k
+            refs.append([table[c] for c in ids])
             chunks.append(buf[pos:pos + size])
             sizes.append(size)
             pos += size
@@ -127,10 +157,16 @@ def _parse(buf: bytes) -> SnapshotItems:
     store = {"version": version, "epoch": epoch, "capacity": capacity, "max_size": max_size, "alpha": alpha,
              "shards": shards, "eviction": _EVICTION.get(eviction, str(eviction)), "alpha_evict": alpha_evict,
              "seed": seed}
+    frames = None
+    if frame_chunks:
+        from apexrl.replay.protocol import pack_chunks
+
+        frames = pack_chunks(frame_chunks, [refs[i] for i in order.tolist()])
     return SnapshotItems(
         keys=np.asarray(keys, np.uint64)[order], priorities=np.asarray(prios, np.float64)[order],
         insertion=np.asarray(seqs, np.uint64)[order],
-        data=np.frombuffer(b"".join(chunks[i] for i in order.tolist()), np.uint8), offsets=offsets, store=store)
+        data=np.frombuffer(b"".join(chunks[i] for i in order.tolist()), np.uint8), offsets=offsets, store=store,
+        chunks=frames)
 
 
 def export_snapshot(snapshot: str, out: str, spec: str | None = None) -> int:
@@ -154,10 +190,20 @@ def export_snapshot(snapshot: str, out: str, spec: str | None = None) -> int:
     if clash:
         raise ExportError(f"spec fields {clash} clash with the export's own arrays {list(RESERVED)}")
     items = read_snapshot(snapshot)
+    from apexrl.replay.frames import FrameStackCodec
+
+    codec = FrameStackCodec.from_item_spec(transition_spec)  # Atari: items referencing frame chunks
     try:
-        fields = transition_spec.decode(items.data, items.offsets)
+        if codec is not None:
+            fields = codec.decode(items.data, items.offsets, items.chunks)
+            transition_spec = codec.spec
+        else:
+            fields = transition_spec.decode(items.data, items.offsets)
     except ValueError as e:
         raise ExportError(f"snapshot {os.fspath(snapshot)!r} does not decode with spec {spec_path!r}: {e}") from None
+    clash = sorted(set(transition_spec.names) & set(RESERVED))
+    if clash:
+        raise ExportError(f"spec fields {clash} clash with the export's own arrays {list(RESERVED)}")
     arrays = {"keys": items.keys, "priorities": items.priorities, "insertion": items.insertion,
               "spec": np.array(transition_spec.to_json()), "store": np.array(json.dumps(items.store)), **fields}
     out = os.fspath(out)

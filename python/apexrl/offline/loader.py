@@ -209,7 +209,10 @@ def load(p: Any, stop: threading.Event | None = None) -> int:
     total = dataset_steps(storages, env_spec(p.env), source)
     policy = get_agent(p.agent).make_policy(env_spec(p.env), cfg, 0, 1, p.seed)
     spec = policy.transition_spec
-    replay = connect(p.learner.replay, timeout=10.0, spec=spec, curve=actor_curve_dir(p.server.curve_dir))
+    from apexrl.replay.frames import frame_codec, wire_spec
+
+    codec = frame_codec(spec)  # Atari: items referencing each batch's frames, stored once (as the actors do)
+    replay = connect(p.learner.replay, timeout=10.0, spec=wire_spec(spec), curve=actor_curve_dir(p.server.curve_dir))
     try:
         held = int(replay.stats()["size"])
         if held >= total:
@@ -220,13 +223,17 @@ def load(p: Any, stop: threading.Event | None = None) -> int:
         inserted, started = 0, time.monotonic()
         for batch in transition_batches(storages, cfg.n_step, cfg.gamma, spec, skip=held):
             priorities = np.asarray(policy.initial_priorities(batch), np.float64)
-            data, offsets = spec.encode(batch)
+            if codec is not None:
+                data, offsets, chunks = codec.encode(batch)
+            else:
+                (data, offsets), chunks = spec.encode(batch), None
             insert_id, delay = replay.next_insert_id(), 0.05
             while True:
                 if stop.is_set():
                     return inserted
                 try:
-                    replay.insert(priorities, data=data, offsets=offsets, timeout=5.0, insert_id=insert_id)
+                    replay.insert(priorities, data=data, offsets=offsets, timeout=5.0, insert_id=insert_id,
+                                  chunks=chunks)
                     break
                 except (ServerTimeoutError, ReplayTimeout, ServerClosedError) as e:
                     log.warning("replay unavailable (%s); retrying", e)

@@ -36,9 +36,11 @@ class Replay(Protocol):
     """
 
     def insert(self, priorities: Any, items: Sequence[Any] | None = None, *, data: Any = None, offsets: Any = None,
-               timeout: float | None = None, insert_id: tuple[int, int] | None = None) -> np.ndarray:
+               timeout: float | None = None, insert_id: tuple[int, int] | None = None,
+               chunks: Any = None) -> np.ndarray:
         """Store items (bytes-like ``items``, or ``data`` + ``offsets``) -> their keys (u64[n]). ``insert_id``:
-        pass the id of a batch's first attempt to each retry of it, so it is stored once (None: a new batch)."""
+        pass the id of a batch's first attempt to each retry of it, so it is stored once (None: a new batch).
+        ``chunks``: the frame chunks the items reference (a ``protocol.FrameChunks``; None: none)."""
         ...
 
     def sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> Any:
@@ -74,7 +76,7 @@ class PipelinedReplay(Protocol):
     plain :class:`Replay` it inserts one call at a time)."""
 
     def prepare_insert(self, priorities: Any, data: Any, offsets: Any, *, timeout: float | None = None,
-                       insert_id: tuple[int, int] | None = None) -> Any:
+                       insert_id: tuple[int, int] | None = None, chunks: Any = None) -> Any:
         """Validate one insert (ValueError, nothing sent) -> the message for :meth:`send_insert`. A replay with
         a request size limit may also offer ``insert_limit() -> int`` (bytes); the inserter then splits a
         batch over it."""

@@ -73,10 +73,17 @@ class SampledBatch:
     total_mass: float  # sum of p^alpha the draws were made from
     min_mass: float  # smallest positive mass, the weights' normaliser
     size: int  # items in the store
+    # The frame chunks the items reference, each once (items without chunks: none, see P.FrameChunks).
+    chunks: P.FrameChunks | None = None
 
     @property
     def items(self) -> list[memoryview]:
         return P.split_items(self.offsets, self.data)
+
+    @property
+    def frame_chunks(self) -> P.FrameChunks:
+        """The batch's chunks (P.FrameChunks.none(n) when it has none)."""
+        return self.chunks if self.chunks is not None else P.FrameChunks.none(len(self))
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
@@ -102,8 +109,11 @@ def sampled_batch(reply: P.Reply) -> SampledBatch:
     """The SampledBatch of a SAMPLE OK reply."""
     a = reply.arrays
     totals = a["totals"]
+    chunks = None
+    if a["item_chunks"].shape[0] or a["chunk_offsets"].shape[0] > 1:
+        chunks = P.FrameChunks(a["item_chunks"], a["item_chunk_offsets"], a["chunk_data"], a["chunk_offsets"])
     return SampledBatch(a["keys"], a["weights"], a["probabilities"], a["data"], a["offsets"],
-                        float(totals[0]), float(totals[1]), int(a["store_size"][0]))
+                        float(totals[0]), float(totals[1]), int(a["store_size"][0]), chunks)
 
 
 def _spec_json(spec: TransitionSpec | str | None) -> str:
@@ -184,6 +194,7 @@ class ReplayClient(TransportClient):
         offsets: Any = None,
         timeout: float | None = None,
         insert_id: tuple[int, int] | None = None,
+        chunks: P.FrameChunks | None = None,
     ) -> np.ndarray:
         """Insert items (a list of bytes-like, or ``data`` + ``offsets``) with their priorities -> keys u64[n].
 
@@ -191,11 +202,12 @@ class ReplayClient(TransportClient):
         the inserters are too far ahead; None (default) answers at once. Raises ServerTimeoutError (a
         ReplayTimeout) when the samplers did not catch up in time. ``insert_id``: the id of this batch's first
         attempt when retrying it (None: a new batch, a new id). InsertTooLargeError (nothing sent) when the
-        request would be over the server's limit.
+        request would be over the server's limit. ``chunks``: frame chunks the items reference
+        (:func:`~apexrl.replay.protocol.pack_chunks`), stored once and kept while an item references them.
         """
         data, offsets = _data_and_offsets(items, data, offsets)
         wait_s, timeout_ms = P.server_wait(timeout)
-        frames = self.prepare_insert(priorities, data, offsets, timeout=timeout, insert_id=insert_id)
+        frames = self.prepare_insert(priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks)
         reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
         return reply.arrays["keys"]
 
@@ -317,12 +329,12 @@ class ReplayClient(TransportClient):
     # --------------------------------------------------------------------------- PipelinedReplay, Interruptible
 
     def prepare_insert(self, priorities: Any, data: Any, offsets: Any, *, timeout: float | None = None,
-                       insert_id: tuple[int, int] | None = None) -> list[Any]:
+                       insert_id: tuple[int, int] | None = None, chunks: P.FrameChunks | None = None) -> list[Any]:
         """Validate and encode one INSERT for :meth:`send_insert` (ValueError for bad arguments,
         InsertTooLargeError over the server's limit; the first call asks the server, see :meth:`hello`)."""
         _wait_s, timeout_ms = P.server_wait(timeout)
         frames = P.encode_insert(0, priorities, data, offsets, timeout_ms,
-                                 self.next_insert_id() if insert_id is None else insert_id)
+                                 self.next_insert_id() if insert_id is None else insert_id, chunks)
         self._check_size(frames)
         return frames
 

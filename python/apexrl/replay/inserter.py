@@ -155,11 +155,12 @@ class PipelinedInserter(_ClosingContext):
     # --------------------------------------------------------------------------------------------- API
 
     def insert(self, priorities: Any, items: Sequence[Any] | None = None, *, data: Any = None,
-               offsets: Any = None) -> None:
+               offsets: Any = None, chunks: P.FrameChunks | None = None) -> None:
         """Send one insert (a list of bytes-like ``items``, or ``data`` + ``offsets``) without waiting for its
         reply; blocks while ``max_in_flight`` requests are unanswered. Raises ValueError for bad arguments,
         ServerClosedError once closed, and any pending failure of an earlier request (then this batch was
-        not sent)."""
+        not sent). ``chunks``: the frame chunks the items reference; such a batch is sent whole (chunks never
+        span two inserts), InsertTooLargeError when it is over the server's limit."""
         if items is not None:
             if data is not None or offsets is not None:
                 raise ValueError("pass either items or data and offsets, not both")
@@ -169,11 +170,14 @@ class PipelinedInserter(_ClosingContext):
         if self._closed:
             raise ServerClosedError("the pipelined inserter is closed")
         if not self._pipelined:
-            self._insert_now(priorities, data, offsets)
+            self._insert_now(priorities, data, offsets, chunks)
             return
         replay = self._replay
-        messages = [replay.prepare_insert(p, d, o, timeout=self._timeout)  # validates every part first
-                    for p, d, o in self._split(priorities, data, offsets)]
+        if chunks is not None:
+            messages = [replay.prepare_insert(priorities, data, offsets, timeout=self._timeout, chunks=chunks)]
+        else:
+            messages = [replay.prepare_insert(p, d, o, timeout=self._timeout)  # validates every part first
+                        for p, d, o in self._split(priorities, data, offsets)]
         for i, message in enumerate(messages):
             self._drain()
             self._raise_pending()
@@ -200,13 +204,13 @@ class PipelinedInserter(_ClosingContext):
         limit_of = getattr(self._replay, "insert_limit", None)
         if limit_of is None:
             return [(priorities, data, offsets)]
-        _header, prio, offs, view, _id = P.encode_insert(0, priorities, data, offsets)  # validated views
+        _header, prio, offs, view = P.encode_insert(0, priorities, data, offsets)[:4]  # validated views
         n = offs.shape[0] - 1
         if n < 1 or P.insert_message_bytes(n, int(offs[-1])) <= (limit := limit_of()):
             return [(priorities, data, offsets)]
-        # Bytes of items [0, i) plus their priority and offset entries; a part [lo, hi) costs
-        # cost[hi] - cost[lo] + the fixed part of a message.
-        cost = offs.astype(np.int64) + 16 * np.arange(n + 1, dtype=np.int64)
+        # Bytes of items [0, i) plus their priority, offset and (empty) item_chunk_offsets entries; a part
+        # [lo, hi) costs cost[hi] - cost[lo] + the fixed part of a message.
+        cost = offs.astype(np.int64) + 24 * np.arange(n + 1, dtype=np.int64)
         fixed = P.insert_message_bytes(0, 0)
         parts, lo = [], 0
         while lo < n:
@@ -223,15 +227,16 @@ class PipelinedInserter(_ClosingContext):
             lo = hi
         return parts
 
-    def _insert_now(self, priorities: Any, data: Any, offsets: Any) -> None:
+    def _insert_now(self, priorities: Any, data: Any, offsets: Any, chunks: P.FrameChunks | None = None) -> None:
         """A plain Replay: one synchronous insert, counted like a pipelined one."""
         self._raise_pending()
-        n = len(P.encode_insert(0, priorities, data, offsets)[1])  # validates
+        n = len(P.encode_insert(0, priorities, data, offsets, chunks=chunks)[1])  # validates
         self._counts["submitted"] += 1
         self._counts["submitted_items"] += n
         t0 = time.monotonic()
         try:
-            keys = self._replay.insert(priorities, data=data, offsets=offsets, timeout=self._timeout)
+            keys = self._replay.insert(priorities, data=data, offsets=offsets, timeout=self._timeout,
+                                       **({"chunks": chunks} if chunks is not None else {}))
         except Exception as exc:  # noqa: BLE001 - counted, raised by the next call as in pipelined mode
             self._fail(n, exc)
             return

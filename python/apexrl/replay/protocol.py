@@ -57,6 +57,7 @@ __all__ = [
     "encode_erase",
     "encode_hello",
     "encode_hello_reply",
+    "FrameChunks",
     "encode_insert",
     "encode_insert_reply",
     "encode_protocol_error",
@@ -66,6 +67,7 @@ __all__ = [
     "encode_stats",
     "encode_stats_reply",
     "encode_update",
+    "pack_chunks",
     "pack_items",
     "server_wait",
     "split_items",
@@ -80,6 +82,10 @@ _U32 = 0xFFFF_FFFF
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
 _DTYPES = {name: np.dtype(code) for name, code in S.DTYPES.items()}
 _U64_DTYPE = _DTYPES["u64"]
+_NO_REFS = np.zeros(0, dtype=_U64_DTYPE)
+_NO_REFS.flags.writeable = False
+_NO_CHUNKS = np.zeros(1, dtype=_U64_DTYPE)  # chunk_offsets of no chunk: [0]
+_NO_CHUNKS.flags.writeable = False
 
 Frame = Union[bytes, memoryview, np.ndarray]
 
@@ -299,21 +305,23 @@ def _check_priorities(name: str, priorities: np.ndarray) -> None:
 
 
 def _offsets_ok(offsets: np.ndarray, data_len: int) -> bool:
-    """Fast check of a 1-D ``<u8`` array of n+1 >= 1 entries: True means _check_offsets passes."""
-    if offsets[0] != 0 or offsets[-1] != data_len:
+    """Fast check of a 1-D ``<u8`` array: True means _check_offsets passes."""
+    if offsets.shape[0] == 0 or offsets[0] != 0 or offsets[-1] != data_len:
         return False
     return offsets.shape[0] <= 2 or bool((offsets[1:] >= offsets[:-1]).all())
 
 
-def _check_offsets(offsets: np.ndarray, data_len: int) -> None:
+def _check_offsets(offsets: np.ndarray, data_len: int, name: str = "offsets", cut: str = "data") -> None:
     if _offsets_ok(offsets, data_len):
         return
+    if offsets.shape[0] == 0:
+        raise ValueError(f"{name} has no entries, must hold at least one ({name}[0] = 0)")
     if offsets[0] != 0:
-        raise ValueError(f"offsets[0] is {offsets[0]}, must be 0")
+        raise ValueError(f"{name}[0] is {offsets[0]}, must be 0")
     if offsets.size > 1 and bool(np.any(offsets[1:] < offsets[:-1])):
         i = int(np.argmax(offsets[1:] < offsets[:-1])) + 1
-        raise ValueError(f"offsets must be non-decreasing, offsets[{i}]={offsets[i]} < offsets[{i - 1}]={offsets[i - 1]}")
-    raise ValueError(f"offsets[-1] is {offsets[-1]}, must equal len(data)={data_len}")
+        raise ValueError(f"{name} must be non-decreasing, {name}[{i}]={offsets[i]} < {name}[{i - 1}]={offsets[i - 1]}")
+    raise ValueError(f"{name}[-1] is {offsets[-1]}, must equal len({cut})={data_len}")
 
 
 def _totals_ok(totals: np.ndarray) -> bool:
@@ -371,6 +379,38 @@ def pack_items(items: Sequence[Any]) -> tuple[bytes, np.ndarray]:
     return b"".join(views), offsets
 
 
+class FrameChunks(NamedTuple):
+    """An INSERT's or a SAMPLE reply's frame chunks: item i references chunks
+    ``item_chunks[item_chunk_offsets[i]:item_chunk_offsets[i+1]]`` (indices c into the message's chunks), chunk c
+    is ``chunk_data[chunk_offsets[c]:chunk_offsets[c+1]]``."""
+
+    item_chunks: np.ndarray  # u64[refs]
+    item_chunk_offsets: np.ndarray  # u64[n+1]
+    chunk_data: Any  # bytes-like
+    chunk_offsets: np.ndarray  # u64[chunks+1]
+
+    @staticmethod
+    def none(n: int) -> FrameChunks:
+        """The frames of ``n`` items that reference no chunk."""
+        return FrameChunks(_NO_REFS, np.zeros(n + 1, dtype=_U64_DTYPE), b"", _NO_CHUNKS)
+
+    def chunks(self) -> list[memoryview]:
+        return split_items(self.chunk_offsets, self.chunk_data)
+
+    def refs(self, i: int) -> np.ndarray:
+        """Item i's chunk indices."""
+        return self.item_chunks[int(self.item_chunk_offsets[i]):int(self.item_chunk_offsets[i + 1])]
+
+
+def pack_chunks(chunks: Sequence[Any], refs: Sequence[Sequence[int]]) -> FrameChunks:
+    """FrameChunks of bytes-like ``chunks`` and, per item, the indices of the chunks it references."""
+    data, chunk_offsets = pack_items(chunks)
+    offsets = np.zeros(len(refs) + 1, dtype=_U64_DTYPE)
+    np.cumsum([len(r) for r in refs], out=offsets[1:])
+    flat = np.fromiter((c for r in refs for c in r), dtype=_U64_DTYPE, count=int(offsets[-1]))
+    return FrameChunks(flat, offsets, data, chunk_offsets)
+
+
 def split_items(offsets: np.ndarray, data: Any) -> list[memoryview]:
     """Zero-copy views of each item of a (validated) offsets/data pair."""
     view = memoryview(data).cast("B")
@@ -391,8 +431,11 @@ class _FramePlan(NamedTuple):
     dtype: np.dtype | None
     extra: int  # array length is n + extra ...
     fixed: int | None  # ... or this fixed number of elements
+    any_length: bool  # ... or any whole number of elements
     rule: int  # 0, _PRIORITIES, _OFFSETS, _TOTALS or _POSITIVE
     ref: int  # _OFFSETS: index of the frame the offsets cut
+    ref_itemsize: int  # _OFFSETS: 1 when that frame is bytes, its element size when it is an array
+    ref_name: str  # _OFFSETS: that frame's name
     max_bytes: int | None
 
 
@@ -417,24 +460,30 @@ def _compile(spec: S.MessageSpec) -> _Plan:
     frames = []
     for i, f in enumerate(spec.frames, start=1):
         dtype = _DTYPES.get(f.type)
-        extra, fixed = 0, None
+        extra, fixed, any_length = 0, None, False
         if dtype is not None:
             if f.length == "n":
                 pass
             elif f.length == "n+1":
                 extra = 1
+            elif f.length == "any":
+                any_length = True
             elif isinstance(f.length, int):
                 fixed = f.length
             else:  # pragma: no cover - a schema error
                 raise ValueError(f"frame {f.name}: length {f.length!r}")
-        rule, ref = 0, 0
+        rule, ref, ref_itemsize, ref_name = 0, 0, 1, ""
         if f.rule in _RULES:
             rule = _RULES[f.rule]
         elif f.rule is not None and f.rule.startswith("offsets:"):
             rule, ref = _OFFSETS, 1 + names.index(f.rule.split(":", 1)[1])
+            ref_dtype = _DTYPES.get(spec.frames[ref - 1].type)
+            ref_itemsize = 1 if ref_dtype is None else ref_dtype.itemsize
+            ref_name = spec.frames[ref - 1].name
         elif f.rule is not None:  # pragma: no cover - a schema error
             raise ValueError(f"frame {f.name}: rule {f.rule!r}")
-        frames.append(_FramePlan(i, f.name, f.type, dtype, extra, fixed, rule, ref, f.max_bytes))
+        frames.append(_FramePlan(i, f.name, f.type, dtype, extra, fixed, any_length, rule, ref, ref_itemsize,
+                                 ref_name, f.max_bytes))
     what = spec.kind if spec.op is None else f"{spec.op.name} {spec.kind}"
     return _Plan(spec.op, what, 1 + len(frames), spec.count, spec.count_min, spec.param, spec.timeout_ms,
                  tuple(frames), all(f.type in S.DTYPES or f.type == "bytes" for f in spec.frames))
@@ -482,12 +531,13 @@ def _fast_source(plan: _Plan, name: str) -> tuple[str, str] | None:
         dec.append("    if n: return None")
     elif plan.count == "n":
         dec.append(f"    if n > MAX_BATCH or n < {plan.count_min}: return None")
-    n_known = plan.count is not None and not any(f.dtype is not None and f.fixed is None for f in plan.frames)
+    n_known = plan.count is not None and not any(
+        f.dtype is not None and f.fixed is None and not f.any_length for f in plan.frames)
     if plan.count == "result" or n_known:
         enc.append("    if type(count) is not int or not 0 <= count <= "
                    f"{'U32' if plan.count == 'result' else 'MAX_BATCH'} or count < {plan.count_min}: return None")
         enc.append("    n = count")
-    elif not any(f.dtype is not None and f.fixed is None for f in plan.frames):
+    elif not any(f.dtype is not None and f.fixed is None and not f.any_length for f in plan.frames):
         enc.append("    n = 0")
     have_n = plan.count == "result" or n_known
     items = []
@@ -500,6 +550,8 @@ def _fast_source(plan: _Plan, name: str) -> tuple[str, str] | None:
             if f.fixed is not None:
                 length = str(f.fixed)
                 enc.append(f"    if {v}.shape[0] != {f.fixed}: return None")
+            elif f.any_length:
+                length = None
             elif not have_n:
                 length = f"n + {f.extra}" if f.extra else "n"
                 enc.append(f"    n = {v}.shape[0] - {f.extra}")
@@ -508,7 +560,10 @@ def _fast_source(plan: _Plan, name: str) -> tuple[str, str] | None:
             else:
                 length = f"n + {f.extra}" if f.extra else "n"
                 enc.append(f"    if {v}.shape[0] != {length}: return None")
-            dec.append(f"    if views[{f.index}].nbytes != ({length}) * {f.dtype.itemsize}: return None")
+            if length is None:
+                dec.append(f"    if views[{f.index}].nbytes % {f.dtype.itemsize}: return None")
+            else:
+                dec.append(f"    if views[{f.index}].nbytes != ({length}) * {f.dtype.itemsize}: return None")
             dec.append(f"    a{f.index} = frombuffer(views[{f.index}], {d})")
             check = {_PRIORITIES: "priorities_ok", _TOTALS: "totals_ok", _POSITIVE: "positive_ok"}.get(f.rule)
             if check is not None:
@@ -520,8 +575,8 @@ def _fast_source(plan: _Plan, name: str) -> tuple[str, str] | None:
             items.append(f"{f.name!r}: views[{f.index}]")
     for f in plan.frames:
         if f.rule == _OFFSETS:
-            enc.append(f"    if not offsets_ok(v{f.index}, v{f.ref}.nbytes): return None")
-            dec.append(f"    if not offsets_ok(a{f.index}, views[{f.ref}].nbytes): return None")
+            enc.append(f"    if not offsets_ok(v{f.index}, v{f.ref}.nbytes // {f.ref_itemsize}): return None")
+            dec.append(f"    if not offsets_ok(a{f.index}, views[{f.ref}].nbytes // {f.ref_itemsize}): return None")
     frames = "".join(f", v{f.index}" for f in plan.frames)
     enc.append(f"    return [pack(MAGIC, VERSION, {op}, rid, 0, 0, n, param, timeout_ms){frames}]")
     dec.append(f"    return {{{', '.join(items)}}}")
@@ -587,6 +642,8 @@ def _encode(plan: _Plan, request_id: Any, values: Sequence[Any] = (), *, count: 
         if f.dtype is not None:
             if f.fixed is not None:
                 arr = _array(f.name, value, f.dtype, f.fixed)
+            elif f.any_length:
+                arr = _array(f.name, value, f.dtype)
             elif n is None:  # the first n-long array sets n
                 arr = _array(f.name, value, f.dtype)
                 n = arr.shape[0] - f.extra
@@ -615,7 +672,7 @@ def _encode(plan: _Plan, request_id: Any, values: Sequence[Any] = (), *, count: 
             out.append(_stats_json(value))
     for f in plan.frames:
         if f.rule == _OFFSETS:
-            _check_offsets(out[f.index], memoryview(out[f.ref]).nbytes)
+            _check_offsets(out[f.index], memoryview(out[f.ref]).nbytes // f.ref_itemsize, f.name, f.ref_name)
     out[0] = _HEADER.pack(MAGIC, PROTOCOL_VERSION, op or 0, request_id, status, 0, n or 0, param, timeout_ms)
     return out
 
@@ -647,14 +704,18 @@ _SAMPLE_REPLY_PLAN = _REPLY_PLANS[Op.SAMPLE]
 
 
 def encode_insert(request_id: int, priorities: Any, data: Any, offsets: Any, timeout_ms: int = 0,
-                  insert_id: Any = NO_INSERT_ID) -> list[Frame]:
-    """INSERT request: [header(count=n, timeout_ms), priorities f64[n], offsets u64[n+1], data, insert_id u64[2]].
+                  insert_id: Any = NO_INSERT_ID, chunks: FrameChunks | None = None) -> list[Frame]:
+    """INSERT request: [header(count=n, timeout_ms), priorities f64[n], offsets u64[n+1], data, insert_id u64[2],
+    item_chunks u64[refs], item_chunk_offsets u64[n+1], chunk_data, chunk_offsets u64[chunks+1]].
 
     ``insert_id`` = (session, sequence): the server stores a batch once per id; a retry sends the same id and
-    gets the first request's keys back. (0, 0) asks for no de-duplication."""
+    gets the first request's keys back. (0, 0) asks for no de-duplication. ``chunks``: the frame chunks the
+    items reference (None: none); a retry carries them again."""
     if type(insert_id) is not np.ndarray:
         insert_id = np.array(insert_id, dtype=_U64_DTYPE) if _is_u64_pair(insert_id) else insert_id
-    return _encode(_INSERT_PLAN, request_id, (priorities, offsets, data, insert_id), timeout_ms=timeout_ms)
+    if chunks is None:
+        chunks = FrameChunks.none(len(offsets) - 1 if hasattr(offsets, "__len__") and len(offsets) else 0)
+    return _encode(_INSERT_PLAN, request_id, (priorities, offsets, data, insert_id, *chunks), timeout_ms=timeout_ms)
 
 
 def _is_u64_pair(value: Any) -> bool:
@@ -662,9 +723,11 @@ def _is_u64_pair(value: Any) -> bool:
             and all(type(v) is int and 0 <= v <= _U64 for v in value))
 
 
-def insert_message_bytes(n: int, data_bytes: int) -> int:
-    """Total bytes of an INSERT request of ``n`` items holding ``data_bytes`` (what a server's size cap sees)."""
-    return HEADER_SIZE + 8 * n + 8 * (n + 1) + data_bytes + 16
+def insert_message_bytes(n: int, data_bytes: int, refs: int = 0, chunks: int = 0, chunk_bytes: int = 0) -> int:
+    """Total bytes of an INSERT request of ``n`` items holding ``data_bytes``, with ``refs`` chunk references to
+    ``chunks`` chunks of ``chunk_bytes`` in all (what a server's size cap sees)."""
+    return (HEADER_SIZE + 8 * n + 8 * (n + 1) + data_bytes + 16 + 8 * refs + 8 * (n + 1) + chunk_bytes
+            + 8 * (chunks + 1))
 
 
 def message_bytes(frames: Sequence[Any]) -> int:
@@ -714,12 +777,15 @@ def encode_insert_reply(request_id: int, keys: Any) -> list[Frame]:
 
 def encode_sample_reply(
     request_id: int, keys: Any, weights: Any, probabilities: Any, offsets: Any, data: Any, totals: Any,
-    store_size: Any,
+    store_size: Any, chunks: FrameChunks | None = None,
 ) -> list[Frame]:
     """SAMPLE OK reply: [header(count=n), keys u64[n], weights f32[n], probabilities f64[n], offsets u64[n+1], data,
-    totals f64[2] = (total_mass, min_mass), store_size u64[1]]."""
+    totals f64[2] = (total_mass, min_mass), store_size u64[1], item_chunks u64[refs], item_chunk_offsets u64[n+1],
+    chunk_data, chunk_offsets u64[chunks+1]] (``chunks`` None: the items reference none)."""
+    if chunks is None:
+        chunks = FrameChunks.none(len(offsets) - 1 if len(offsets) else 0)
     return _encode(_SAMPLE_REPLY_PLAN, request_id,
-                   (keys, weights, probabilities, offsets, data, totals, store_size))
+                   (keys, weights, probabilities, offsets, data, totals, store_size, *chunks))
 
 
 def encode_count_reply(op: Op, request_id: int, count: int) -> list[Frame]:
@@ -834,7 +900,11 @@ def _decode_body_generic(plan: _Plan, h: Header, views: list[memoryview]) -> dic
         dtype = f.dtype
         if dtype is not None:
             length = f.fixed if f.fixed is not None else n + f.extra
-            if view.nbytes != length * dtype.itemsize:
+            if f.any_length:
+                if view.nbytes % dtype.itemsize:
+                    raise _bad(f"{what} frame {f.name} is {view.nbytes} bytes, not a whole number of "
+                               f"{dtype.itemsize}-byte {dtype.name} elements")
+            elif view.nbytes != length * dtype.itemsize:
                 raise _bad(f"{what} frame {f.name} is {view.nbytes} bytes, expected {length * dtype.itemsize} "
                            f"({length} x {dtype.name})")
             arr = np.frombuffer(view, dtype)
@@ -864,9 +934,9 @@ def _check_frame_values(what: str, f: _FramePlan, arr: np.ndarray, views: list[m
             (_check_totals if f.rule == _TOTALS else _check_positive)(f.name, arr)
         except ValueError as exc:
             raise _bad(f"{what}: {exc}") from None
-    elif not _offsets_ok(arr, views[f.ref].nbytes):
+    elif not _offsets_ok(arr, views[f.ref].nbytes // f.ref_itemsize):
         try:
-            _check_offsets(arr, views[f.ref].nbytes)
+            _check_offsets(arr, views[f.ref].nbytes // f.ref_itemsize, f.name, f.ref_name)
         except ValueError as exc:
             raise _bad(f"{what}: {exc}") from None
 

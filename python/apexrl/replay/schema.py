@@ -41,8 +41,8 @@ __all__ = [
     "peek_ids",
 ]
 
-PROTOCOL_VERSION = 3
-SUPPORTED_VERSIONS = (3,)
+PROTOCOL_VERSION = 4
+SUPPORTED_VERSIONS = (4,)
 MAGIC = b"APXR"
 
 MAX_BATCH = 1 << 20
@@ -159,9 +159,9 @@ class FrameSpec:
 
     ``type``: an array type of :data:`DTYPES`, ``bytes`` (opaque), ``utf8`` (text) or ``json`` (a UTF-8 strict
     JSON object of ``str -> int | float``). ``length`` (arrays only): ``"n"`` (the header's count), ``"n+1"``,
-    or a fixed number of elements. ``rule``: ``"priorities"`` (every value finite and >= 0, else
-    INVALID_ARGUMENT), ``"offsets:<frame>"`` (starts at 0, non-decreasing, ends at that frame's length,
-    else BAD_MESSAGE), ``"totals"`` (a pair (T, m_min): both finite, 0 <= m_min <= T, m_min > 0 exactly when
+    ``"any"`` (whatever whole number of elements the frame holds), or a fixed number of elements. ``rule``: ``"priorities"`` (every value finite and >= 0, else
+    INVALID_ARGUMENT), ``"offsets:<frame>"`` (at least one entry, starts at 0, non-decreasing, ends at that
+    frame's length: its bytes, or its elements for an array frame, else BAD_MESSAGE), ``"totals"`` (a pair (T, m_min): both finite, 0 <= m_min <= T, m_min > 0 exactly when
     T > 0, else BAD_MESSAGE) or ``"positive"`` (every value >= 1, else BAD_MESSAGE). ``max_bytes``: a cap for
     text frames (over it: BAD_MESSAGE).
     """
@@ -219,12 +219,23 @@ _SPEC = FrameSpec("spec", "utf8", max_bytes=MAX_SPEC_BYTES, meaning="a Transitio
 _TOTALS = FrameSpec("totals", "f64", 2, "totals",
                     meaning="(total_mass, min_mass) of the store the draws were made from; (0, 0): uniform fallback")
 _STORE_SIZE = FrameSpec("store_size", "u64", 1, "positive", meaning="items in the store when sampled")
+# Frame chunks (Atari frames stored once): blobs beside the items, each item referencing some of them.
+_ITEM_CHUNKS = FrameSpec("item_chunks", "u64", "any",
+                         meaning="the items' chunk references (indices into this message's chunks), concatenated")
+_ITEM_CHUNK_OFFSETS = FrameSpec("item_chunk_offsets", "u64", "n+1", "offsets:item_chunks",
+                                meaning="item i references item_chunks[item_chunk_offsets[i]:item_chunk_offsets[i+1]]")
+_CHUNK_DATA = FrameSpec("chunk_data", "bytes", meaning="the chunks, concatenated")
+_CHUNK_OFFSETS = FrameSpec("chunk_offsets", "u64", "any", "offsets:chunk_data",
+                           meaning="chunk c is chunk_data[chunk_offsets[c]:chunk_offsets[c+1]]")
+_CHUNKS = (_ITEM_CHUNKS, _ITEM_CHUNK_OFFSETS, _CHUNK_DATA, _CHUNK_OFFSETS)
 
 REQUESTS: dict[Op, MessageSpec] = {
     Op.INSERT: MessageSpec(
-        Op.INSERT, "request", (_priorities(), _OFFSETS, _DATA, _INSERT_ID), count="n", timeout_ms=True,
+        Op.INSERT, "request", (_priorities(), _OFFSETS, _DATA, _INSERT_ID, *_CHUNKS), count="n", timeout_ms=True,
         meaning="store n items, once per insert_id; waits up to timeout_ms while the rate limiter holds inserts "
-        "back; refused whole (INVALID_ARGUMENT) if an item does not match the server's spec",
+        "back; refused whole (INVALID_ARGUMENT) if an item does not match the server's spec, or if an item's "
+        "chunk references are out of range, repeated or more than 16, or a chunk is referenced by no item "
+        "(no chunks: item_chunks empty, item_chunk_offsets all 0, chunk_offsets = [0])",
     ),
     Op.SAMPLE: MessageSpec(
         Op.SAMPLE, "request", (), count="n", count_min=1, param="beta", timeout_ms=True,
@@ -252,10 +263,11 @@ REPLIES: dict[Op, MessageSpec] = {
     Op.SAMPLE: MessageSpec(
         Op.SAMPLE, "reply",
         (_KEYS, FrameSpec("weights", "f32", "n"), FrameSpec("probabilities", "f64", "n"), _OFFSETS, _DATA, _TOTALS,
-         _STORE_SIZE),
+         _STORE_SIZE, *_CHUNKS),
         count="n", count_min=1,
         meaning="the sampled items, their keys, IS weights and probabilities; the store's total mass T, smallest "
-        "positive mass and size when sampled (probabilities × T = the items' masses)",
+        "positive mass and size when sampled (probabilities × T = the items' masses); the chunks the items "
+        "reference, each once, with every item's references into them in its own order",
     ),
     Op.UPDATE_PRIORITIES: MessageSpec(
         Op.UPDATE_PRIORITIES, "reply", count="result", meaning="count: keys still present (evicted keys are skipped)",

@@ -401,7 +401,9 @@ class ShardedReplayClient:
         positive = [s.min_mass for s in live if s.min_mass > 0 and s.total_mass > 0]
         min_mass = min(positive) if positive else 0.0
         keys, probabilities, weights, datas, offsets = [], [], [], [], []
-        base = 0
+        refs, ref_offsets, chunk_datas, chunk_offsets = [], [], [], []
+        base = ref_base = chunk_base = chunk_count = 0
+        with_chunks = any(batch.chunks is not None for _server, batch in parts)
         for server, batch in parts:
             keys.append(self._global_keys(server.index, batch.keys))
             p_local = np.asarray(batch.probabilities, dtype=np.float64)
@@ -418,10 +420,26 @@ class ShardedReplayClient:
             datas.append(data)
             offsets.append(np.asarray(batch.offsets[:-1], dtype=np.uint64) + np.uint64(base))
             base += data.nbytes
+            if with_chunks:  # each server's chunks after the ones before, its references shifted to match
+                fc = batch.frame_chunks
+                refs.append(np.asarray(fc.item_chunks, dtype=np.uint64) + np.uint64(chunk_count))
+                ref_offsets.append(np.asarray(fc.item_chunk_offsets[:-1], dtype=np.uint64) + np.uint64(ref_base))
+                ref_base += int(fc.item_chunks.shape[0])
+                cdata = memoryview(fc.chunk_data).cast("B")
+                chunk_datas.append(cdata)
+                chunk_offsets.append(np.asarray(fc.chunk_offsets[:-1], dtype=np.uint64) + np.uint64(chunk_base))
+                chunk_base += cdata.nbytes
+                chunk_count += int(fc.chunk_offsets.shape[0]) - 1
         offsets.append(np.array([base], dtype=np.uint64))
+        chunks = None
+        if with_chunks:
+            ref_offsets.append(np.array([ref_base], dtype=np.uint64))
+            chunk_offsets.append(np.array([chunk_base], dtype=np.uint64))
+            chunks = P.FrameChunks(np.concatenate(refs), np.concatenate(ref_offsets), memoryview(b"".join(chunk_datas)),
+                                   np.concatenate(chunk_offsets))
         return SampledBatch(np.concatenate(keys), np.concatenate(weights).astype(np.float32),
                             np.concatenate(probabilities), memoryview(b"".join(datas)), np.concatenate(offsets),
-                            total_mass=total, min_mass=min_mass, size=size)
+                            total_mass=total, min_mass=min_mass, size=size, chunks=chunks)
 
     # ------------------------------------------------------------------------------------------ insert
 
@@ -454,7 +472,8 @@ class ShardedReplayClient:
         return server
 
     def insert(self, priorities: Any, items: Sequence[Any] | None = None, *, data: Any = None, offsets: Any = None,
-               timeout: float | None = None, insert_id: tuple[int, int] | None = None) -> np.ndarray:
+               timeout: float | None = None, insert_id: tuple[int, int] | None = None,
+               chunks: P.FrameChunks | None = None) -> np.ndarray:
         """Insert a batch, whole, into one server (round robin over those up) -> the set's keys; arguments and
         errors as :meth:`ReplayClient.insert`. A server that does not answer is marked down and the error
         raised: retry with the same ``insert_id`` and the batch goes to another server."""
@@ -463,7 +482,7 @@ class ShardedReplayClient:
             server = self._insert_server(insert_id)
             try:
                 keys = server.client.insert(priorities, items, data=data, offsets=offsets, timeout=timeout,
-                                            insert_id=insert_id)
+                                            insert_id=insert_id, chunks=chunks)
             except Interrupted:
                 raise
             except Exception as exc:
@@ -477,14 +496,15 @@ class ShardedReplayClient:
     # ------------------------------------------------------------------------- pipelined inserts (inserter)
 
     def prepare_insert(self, priorities: Any, data: Any, offsets: Any, *, timeout: float | None = None,
-                       insert_id: tuple[int, int] | None = None) -> tuple[int, list[Any]]:
+                       insert_id: tuple[int, int] | None = None,
+                       chunks: P.FrameChunks | None = None) -> tuple[int, list[Any]]:
         """Validate one insert and pick its server (round robin over those up, as :meth:`insert`) -> the message
         for :meth:`send_insert`."""
         with self._lock:
             insert_id = self.next_insert_id() if insert_id is None else insert_id
             server = self._insert_server(insert_id)
             return server.index, server.client.prepare_insert(priorities, data, offsets, timeout=timeout,
-                                                              insert_id=insert_id)
+                                                              insert_id=insert_id, chunks=chunks)
 
     def insert_limit(self) -> int:
         """The most bytes one INSERT may have on every server (the smallest announced limit)."""
