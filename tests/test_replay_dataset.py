@@ -102,3 +102,31 @@ def test_import_apexrl_replay_stays_free_of_torch_until_replay_dataset_is_used()
         "assert 'torch' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_frame_stacks_stored_once_come_back_raw_with_their_chunks_and_decoded_whole(start_server) -> None:
+    from apexrl.replay import protocol as P
+    from apexrl.replay.frames import frame_codec
+
+    spec = TransitionSpec.atari(frames=2, height=12, width=12)
+    codec = frame_codec(spec)
+    n, rng = 40, np.random.default_rng(1)
+    frames = rng.integers(0, 256, (n + 2, 12, 12), dtype=np.uint8)  # one stream: obs t = frames t, t+1
+    batch = {"obs": np.stack([frames[t:t + 2] for t in range(n)]), "action": np.arange(n, dtype=np.int32),
+             "reward": np.ones(n, np.float32), "discount": np.full(n, 0.99, np.float32),
+             "next_obs": np.stack([frames[t + 1:t + 3] for t in range(n)])}
+    batch["obs"][0, 0] = 0  # an episode start's zero padding
+    data, offsets, chunks = codec.encode(batch)
+    server = start_server("--spec", codec.item_spec.to_json())
+    with ReplayClient(server.endpoint, timeout=10, spec=codec.item_spec) as client:
+        row = {k: i for i, k in enumerate(client.insert(np.ones(n), data=data, offsets=offsets,
+                                                           chunks=chunks).tolist())}
+        raw = next(iter(ReplayDataset(client, 8, prefetch=2)))
+        assert {"item_chunks", "item_chunk_offsets", "chunk_data", "chunk_offsets"} <= set(raw)
+        rebuilt = codec.decode(raw["data"], raw["offsets"], P.FrameChunks(
+            raw["item_chunks"], raw["item_chunk_offsets"], raw["chunk_data"].tobytes(), raw["chunk_offsets"]))
+        decoded = next(iter(ReplayDataset(client, 8, decode=spec, prefetch=2)))
+        for out, keys in ((rebuilt, raw["keys"]), (decoded["fields"], decoded["keys"])):
+            idx = [row[k] for k in keys.tolist()]
+            for name in spec.names:
+                np.testing.assert_array_equal(out[name], batch[name][idx])

@@ -13,6 +13,7 @@ import numpy as np
 import torch.utils.data
 
 from apexrl.replay.codec import TransitionSpec
+from apexrl.replay.frames import frame_codec
 
 __all__ = ["ReplayDataset"]
 
@@ -42,10 +43,15 @@ class ReplayDataset(torch.utils.data.IterableDataset):
     * ``keys`` (u64[n]), ``weights`` (f32[n], the IS weights), ``probabilities`` (f64[n]): always. Send new
       priorities back with the client's ``update_priorities(keys, priorities)``.
     * ``decode=None``: ``data`` (u8, the n items back to back) and ``offsets`` (u64[n + 1]; item ``i`` is
-      ``data[offsets[i]:offsets[i + 1]]``), the raw items as the actors inserted them.
+      ``data[offsets[i]:offsets[i + 1]]``), the raw items as the actors inserted them. A replay of frame
+      stacks stored once (Atari) also returns the frame chunks the items reference, as the protocol's
+      ``FrameChunks`` does: ``item_chunks`` (u64), ``item_chunk_offsets`` (u64[n + 1]), ``chunk_data`` (u8) and
+      ``chunk_offsets`` (u64); ``apexrl.replay.frames.frame_codec(spec).decode`` rebuilds the stacks.
     * ``decode=`` a :class:`~apexrl.replay.TransitionSpec`: ``fields``, a dict of the spec's fields, each
-      ``(n, *shape)``; items are decoded natively, with the GIL released, in ``decode_threads`` threads.
-      A bad item (foreign spec, corrupted) raises ValueError from the iterator.
+      ``(n, *shape)``; items are decoded natively, with the GIL released, in ``decode_threads`` threads. A
+      spec with frame stacks (``TransitionSpec.atari()``, which actors store once) is rebuilt from the
+      sampled chunks (``apexrl.replay.frames``). A bad item (foreign spec, corrupted) raises ValueError from
+      the iterator.
     * ``decode=`` a callable: ``decoded``, what ``decode(sampled_batch)`` returns (run in the decode threads;
       ``sampled_batch`` is a :class:`~apexrl.replay.client.SampledBatch`).
 
@@ -95,8 +101,14 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         decode = self.decode
         if isinstance(decode, TransitionSpec):
             spec = decode
+            codec = frame_codec(spec)
+            stored_once = codec.item_spec.fingerprint if codec is not None else None
 
             def fields(raw: Any) -> dict[str, np.ndarray]:  # fresh arrays per batch: the consumer may keep them
+                # The items say which layout they are in (their fingerprint): frame stacks stored once are
+                # rebuilt from the chunks the sample carries; items in the spec's own layout decode natively.
+                if stored_once is not None and _first_fingerprint(raw) == stored_once:
+                    return codec.decode(raw.data, raw.offsets, getattr(raw, "chunks", None))
                 return spec.decode_into(raw.data, raw.offsets, spec.empty_batch(len(raw)))
 
             return fields
@@ -128,6 +140,12 @@ class ReplayDataset(torch.utils.data.IterableDataset):
                     if mode == "raw":
                         out["data"] = np.frombuffer(batch.raw.data, dtype=np.uint8).copy()
                         out["offsets"] = np.array(batch.raw.offsets, dtype=np.uint64)
+                        chunks = getattr(batch.raw, "chunks", None)
+                        if chunks is not None and len(chunks.chunk_offsets) > 1:
+                            out["item_chunks"] = np.array(chunks.item_chunks, dtype=np.uint64)
+                            out["item_chunk_offsets"] = np.array(chunks.item_chunk_offsets, dtype=np.uint64)
+                            out["chunk_data"] = np.frombuffer(chunks.chunk_data, dtype=np.uint8).copy()
+                            out["chunk_offsets"] = np.array(chunks.chunk_offsets, dtype=np.uint64)
                     else:
                         out[mode] = batch.decoded
                     yield out
@@ -140,3 +158,12 @@ class ReplayDataset(torch.utils.data.IterableDataset):
             type(self.endpoint_or_client).__name__
         return (f"ReplayDataset({target!r}, batch_size={self.batch_size}, beta={self.beta}, "
                 f"decode={self.decode!r}, prefetch={self.prefetch}, decode_threads={self.decode_threads})")
+
+
+def _first_fingerprint(raw: Any) -> int | None:
+    """The spec fingerprint the first sampled item starts with (None for an empty batch or a short item)."""
+    offsets = raw.offsets
+    if len(offsets) < 2 or int(offsets[1]) - int(offsets[0]) < 4:
+        return None
+    start = int(offsets[0])
+    return int.from_bytes(bytes(memoryview(raw.data).cast("B")[start:start + 4]), "little")
