@@ -30,6 +30,7 @@ import zmq
 from apexrl.errors import ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient
+from apexrl.replay.schema import REQUESTS
 from test_server_limits import replies
 
 MiB = 1 << 20
@@ -273,6 +274,7 @@ def test_one_identity_flooding_empty_inserts_cannot_push_out_anothers_insert_ids
     flood, total, window = dealers(server.endpoint, curve=actor), 66_000, 2000
     empty = insert_frames(0, [], (0xF100D, 1))
     header = bytearray(empty[0])
+    at_ids = [f.name for f in REQUESTS[P.Op.INSERT].frames].index("insert_id") + 1  # frame 0 is the header
     ids = np.zeros(2, "<u8")
     ids[0] = 0xF100D
     sent = 0
@@ -282,7 +284,7 @@ def test_one_identity_flooding_empty_inserts_cannot_push_out_anothers_insert_ids
             sent += 1
             struct.pack_into("<Q", header, 8, sent)  # request_id
             ids[1] = sent
-            flood.send_multipart([bytes(header), *empty[1:-1], ids.tobytes()])
+            flood.send_multipart([bytes(header), *empty[1:at_ids], ids.tobytes(), *empty[at_ids + 1:]])
         got = read_replies(flood, batch)
         assert all(st == 0 for _r, st, _m, _f in got), got[0][2]
     with ReplayClient(server.endpoint, timeout=30, curve=keys) as probe:
