@@ -177,7 +177,8 @@ def run_sampled_frames(args: argparse.Namespace) -> None:
     got, bad2, _ = codec.decode_valid_into(b.data, b.offsets, _frame_chunks(b), codec.empty_batch(n))
     assert bad is None and bad2 is None and all(np.array_equal(ref[k], got[k]) for k in codec.spec.names)
     stored = int(b.offsets[-1]) + int(b.chunk_offsets[-1]) if len(b.chunk_offsets) else int(b.offsets[-1])
-    print(f"sampled bytes: {stored / n:,.0f} per transition, items + their chunks (raw {codec.spec.transition_bytes:,})")
+    print(f"sampled bytes: {stored / n:,.0f} per transition, items + their chunks "
+          f"(raw {codec.spec.transition_bytes:,})")
     t0 = time.perf_counter()
     for _ in range(20):
         codec.decode_valid(b.data, b.offsets, _frame_chunks(b))

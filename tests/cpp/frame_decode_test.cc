@@ -24,7 +24,9 @@ uint8_t Pixel(int frame, std::size_t i) { return static_cast<uint8_t>(1 + frame 
 // A chunk of `frames` frames (frame f's pixels from Pixel(first + f, .)): u32 raw size + one lz4 block.
 std::vector<uint8_t> Chunk(int first, int frames) {
   std::vector<uint8_t> raw(static_cast<std::size_t>(frames) * kFrameBytes);
-  for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = Pixel(first + static_cast<int>(i / kFrameBytes), i % kFrameBytes);
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    raw[i] = Pixel(first + static_cast<int>(i / kFrameBytes), i % kFrameBytes);
+  }
   std::vector<char> block(LZ4_compressBound(static_cast<int>(raw.size())));
   const int length = LZ4_compress_default(reinterpret_cast<const char*>(raw.data()), block.data(),
                                           static_cast<int>(raw.size()), static_cast<int>(block.size()));

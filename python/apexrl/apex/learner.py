@@ -459,9 +459,10 @@ def run_learner(config: LearnerConfig) -> dict[str, Any]:
 
 class _LearnerDecoder:
     """The learner's sampler hook (its decode threads): natively (a BatchDecoder, or the FrameBatchDecoder given
-    for frame stacks stored once) into the sampler's ring of preallocated batches (page-locked on a GPU), the good items' fields, which items did not
-    decode, and which decoded ones the agent cannot train on. A slot is reused once the learner has taken the
-    next batch: an update is done with its batch by then (its priorities are read back from the device)."""
+    for frame stacks stored once) into the sampler's ring of preallocated batches (page-locked on a GPU), the
+    good items' fields, which items did not decode, and which decoded ones the agent cannot train on. A slot is
+    reused once the learner has taken the next batch: an update is done with its batch by then (its priorities
+    are read back from the device)."""
 
     def __init__(self, learner: Learner, native: BatchDecoder | FrameBatchDecoder | None = None):
         self._learner = learner
