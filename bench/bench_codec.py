@@ -3,6 +3,7 @@
     python bench/bench_codec.py                  # batch 512, about 10 s, then the sampled section (about 1 min)
     python bench/bench_codec.py --seconds 0.3    # quick look
     python bench/bench_codec.py --only sampled --threads 1,2,4,8 --rounds 6
+    python bench/bench_codec.py --only frames --threads 1,2 --rounds 6   # frames stored once (Atari layout)
 
 Sampled section (--only sampled): real Pong frames (ale_py, random actions; as bench_wire.py makes them) are
 encoded with TransitionSpec.atari() into a native PrioritizedStore; then T threads each loop "sample --batch
@@ -13,6 +14,13 @@ of --rounds windows), its ratio to T = 1 (the median of the per-round ratios), a
 Python decoder (TransitionSpec.decode, one thread) for comparison. --learner adds the DQN learner's own
 steps/s: the agent's update fed by a PrefetchingSampler over a real replay server on 127.0.0.1, for
 --learner-threads decode threads and with today's Python decode hook, in interleaved windows.
+
+Frames stored once (part of the sampled section, or alone with --only frames): the same Pong transitions stored
+as Atari runs store them (apexrl.replay.frames: u16 frame references per item, each insert's frames once in
+lz4 chunks of 8), sampled, and the stacks rebuilt by the native FrameStackCodec.decode_valid_into (GIL
+released, into each thread's preallocated batch; T threads for T in --threads) or by the Python reference
+FrameStackCodec.decode_valid (1 and 2 threads), in interleaved windows, with the copy control as above; ratios
+against native 1 thread.
 
 For each preset: encode a batch of --batch transitions into store items (one uint8 buffer + offsets), and decode
 such a batch back into stacked arrays (what the learner does with a SampleBatch). Figures are the median of
@@ -84,6 +92,119 @@ def pong_store(transitions: int, seed: int = 0):
         data, offsets = spec.encode(part)
         store.insert(np.random.default_rng(start).uniform(0.5, 2.0, len(part["action"])), data, offsets)
     return spec, store, source
+
+
+def pong_frames_store(transitions: int, seed: int = 0):
+    """The same real Pong transitions stored as the actor stores them: frames once (apexrl.replay.frames), each
+    insert of 500 transitions with its own lz4 frame chunks, in a native PrioritizedStore."""
+    from apexrl import PrioritizedStore
+    from apexrl.replay.frames import frame_codec
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_wire import pong_transitions  # noqa: PLC0415 - the same real frames the wire bench uses
+
+    codec = frame_codec(TransitionSpec.atari())
+    batch, source = pong_transitions(transitions, seed)
+    store = PrioritizedStore(capacity=transitions, alpha=0.6, shards=8, seed=seed)
+    for start in range(0, transitions, 500):
+        part = {k: v[start : start + 500] for k, v in batch.items()}
+        data, offsets, fc = codec.encode(part)
+        store.insert(np.random.default_rng(start).uniform(0.5, 2.0, len(part["action"])), data, offsets,
+                     chunks=fc.chunks(), item_chunks=fc.item_chunks, item_chunk_offsets=fc.item_chunk_offsets)
+    return codec, store, source
+
+
+def _frame_chunks(b):
+    from apexrl.replay.protocol import FrameChunks
+
+    return FrameChunks(b.item_chunks, b.item_chunk_offsets, b.chunk_data, b.chunk_offsets)
+
+
+def frames_window(codec, store, n: int, threads: int, seconds: float, mode: str) -> float:
+    """Items/s sampled and rebuilt (frames stored once) by `threads` threads in one window of `seconds`; mode
+    native (FrameStackCodec.decode_valid_into, this thread's preallocated batch), python (decode_valid) or copy
+    (the control: no decoding, each thread copies a rebuilt batch's arrays with numpy, without the GIL)."""
+    stop = threading.Event()
+    counts = [0] * threads
+    slots = [codec.empty_batch(n) for _ in range(threads)]
+    sources = []
+    if mode == "copy":
+        for _ in range(threads):
+            b = store.sample(n, 0.4)
+            sources.append(codec.decode_valid(b.data, b.offsets, _frame_chunks(b))[0])
+    ready = threading.Barrier(threads + 1)
+
+    def loop(i: int) -> None:
+        ready.wait()
+        while not stop.is_set():
+            if mode == "copy":
+                for name, src in sources[i].items():
+                    np.copyto(slots[i][name], src)
+                counts[i] += n
+                continue
+            b = store.sample(n, 0.4)
+            if mode == "native":
+                _fields, bad, _message = codec.decode_valid_into(b.data, b.offsets, _frame_chunks(b), slots[i])
+            else:
+                _fields, bad, _message = codec.decode_valid(b.data, b.offsets, _frame_chunks(b))
+            assert bad is None
+            counts[i] += n
+
+    workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    ready.wait()
+    start = time.perf_counter()
+    time.sleep(seconds)
+    done = sum(counts)
+    elapsed = time.perf_counter() - start
+    stop.set()
+    for w in workers:
+        w.join()
+    return done / elapsed
+
+
+def run_sampled_frames(args: argparse.Namespace) -> None:
+    """The sampled section for frames stored once (the layout Atari runs use): native rebuild with T threads
+    against the Python reference decode (1 and 2 threads), in interleaved windows."""
+    threads = [int(t) for t in args.threads.split(",")]
+    codec, store, source = pong_frames_store(args.transitions)
+    n = args.batch
+    print(f"\nframes stored once: sampled and stacks rebuilt, batch {n}, {len(store)} transitions of {source}; "
+          f"{os.cpu_count()} CPUs; {args.rounds} interleaved rounds of {args.window:g} s windows")
+    b = store.sample(n, 0.4)
+    ref, bad, _ = codec.decode_valid(b.data, b.offsets, _frame_chunks(b))
+    got, bad2, _ = codec.decode_valid_into(b.data, b.offsets, _frame_chunks(b), codec.empty_batch(n))
+    assert bad is None and bad2 is None and all(np.array_equal(ref[k], got[k]) for k in codec.spec.names)
+    stored = int(b.offsets[-1]) + int(b.chunk_offsets[-1]) if len(b.chunk_offsets) else int(b.offsets[-1])
+    print(f"sampled bytes: {stored / n:,.0f} per transition, items + their chunks "
+          f"(raw {codec.spec.transition_bytes:,})")
+    t0 = time.perf_counter()
+    for _ in range(20):
+        codec.decode_valid(b.data, b.offsets, _frame_chunks(b))
+    t1 = time.perf_counter()
+    slot = codec.empty_batch(n)
+    for _ in range(20):
+        codec.decode_valid_into(b.data, b.offsets, _frame_chunks(b), slot)
+    t2 = time.perf_counter()
+    print(f"one batch, decode only (no sampling), mean of 20: python {(t1 - t0) / 20 * 1e3:.2f} ms, "
+          f"native {(t2 - t1) / 20 * 1e3:.2f} ms")
+    configs = [("python decode, 1 thr", 1, "python"), ("python decode, 2 thr", 2, "python")]
+    configs += [(f"native rebuild, {t} thr", t, "native") for t in threads]
+    configs += [(f"control: copy, {t} thr", t, "copy") for t in threads]
+    rates: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for label, t, mode in configs:
+            rates.setdefault(label, []).append(frames_window(codec, store, n, t, args.window, mode))
+    print(f"{'configuration':<26}{'items/s (median)':>18}{'x its 1 thr':>14}{'min..max items/s':>24}")
+    for label, _t, mode in configs:
+        r = rates[label]
+        base = rates[configs[2 + len(threads)][0] if mode == "copy" else configs[2][0]]
+        ratio = statistics.median(x / y for x, y in zip(r, base))
+        print(f"{label:<26}{statistics.median(r):>18,.0f}{ratio:>14.2f}{min(r):>13,.0f}..{max(r):<10,.0f}")
+    print("ratios: median over rounds of (configuration / its 1 thread in the same round; python decode against "
+          "native 1 thread). The control copies a rebuilt batch with numpy (GIL released, no decoding): its ratio "
+          "is what the machine's free cores and memory bandwidth allow at that moment.")
 
 
 def sampled_window(spec: TransitionSpec, store, n: int, threads: int, seconds: float, mode: str) -> float:
@@ -215,7 +336,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=2.0, help="timing budget per operation and preset")
     parser.add_argument("--windows", type=int, default=5)
-    parser.add_argument("--only", choices=("codec", "sampled"), default=None, help="one section (default: both)")
+    parser.add_argument("--only", choices=("codec", "sampled", "frames"), default=None,
+                        help="one section (default: all; sampled includes frames, the frames-stored-once table)")
     parser.add_argument("--threads", default="1,2,4,8", help="decode thread counts of the sampled section")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the sampled section")
     parser.add_argument("--window", type=float, default=1.0, help="seconds per window of the sampled section")
@@ -226,10 +348,12 @@ def main() -> None:
     parser.add_argument("--learner-rounds", type=int, default=2, help="interleaved rounds of the learner section")
     args = parser.parse_args()
     if args.only != "codec":
-        run_sampled(args)
+        if args.only != "frames":
+            run_sampled(args)
+        run_sampled_frames(args)
         if args.learner:
             run_learner_steps(args)
-    if args.only == "sampled":
+    if args.only in ("sampled", "frames"):
         return
 
     rng = np.random.default_rng(0)

@@ -1,6 +1,7 @@
-// DecodeLayout and decode_items: the native item decoder behind TransitionSpec.decode_into. Arguments are
-// checked with the GIL held (types, shapes, every item inside the buffer, every output big enough); the
-// decode itself runs with the GIL released, so several sampler threads decode batches side by side.
+// DecodeLayout and decode_items: the native item decoder behind TransitionSpec.decode_into; rebuild_frame_stacks:
+// the native frame-stack rebuild behind FrameStackCodec.decode_valid_into. Arguments are checked with the GIL
+// held (types, shapes, every item inside the buffer, every output big enough); the decode itself runs with the
+// GIL released, so several sampler threads decode batches side by side.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "apexrl/decode.h"
+#include "apexrl/frame_decode.h"
 #include "bindings.h"
 
 namespace py = pybind11;
@@ -20,6 +22,8 @@ namespace {
 
 using Int64Array = py::array_t<int64_t, py::array::c_style>;
 using ByteArray = py::array_t<uint8_t, py::array::c_style>;
+using U16Array = py::array_t<uint16_t, py::array::c_style>;
+using U64Array = py::array_t<uint64_t, py::array::c_style>;
 
 DecodeLayout MakeLayout(uint32_t fingerprint, const std::vector<std::tuple<std::string, std::size_t, bool>>& fields,
                         std::string spec_repr) {
@@ -80,6 +84,83 @@ void DecodeItemsPy(const DecodeLayout& layout, const py::array& data, const py::
   if (!error.empty()) throw py::value_error(error);
 }
 
+U64Array CheckedU64(const py::array& a, const char* what) {
+  if (!py::isinstance<U64Array>(a) || a.ndim() != 1) {
+    throw py::type_error(std::string(what) + " must be a contiguous 1-D uint64 array");
+  }
+  return py::reinterpret_borrow<U64Array>(a);
+}
+
+py::array_t<uint8_t> RebuildFrameStacksPy(std::size_t depth, std::size_t frame_bytes, const py::array& items,
+                                          const py::list& refs, const py::array& item_chunks,
+                                          const py::array& item_chunk_offsets, const py::buffer& chunk_data,
+                                          const py::array& chunk_offsets, const py::list& outs) {
+  if (depth == 0 || frame_bytes == 0 || frame_bytes > (std::size_t{64} << 20)) {
+    throw py::value_error("depth and frame_bytes must be positive (frame_bytes at most 64 MiB)");
+  }
+  if (!py::isinstance<Int64Array>(items) || items.ndim() != 1) {
+    throw py::type_error("items must be a contiguous 1-D int64 array");
+  }
+  const U64Array ic = CheckedU64(item_chunks, "item_chunks");
+  const U64Array ico = CheckedU64(item_chunk_offsets, "item_chunk_offsets");
+  const U64Array co = CheckedU64(chunk_offsets, "chunk_offsets");
+  if (co.size() > (int64_t{1} << 31)) throw py::value_error("more than 2^31 chunks");
+  const auto n = static_cast<std::size_t>(items.size());
+  const auto* g = static_cast<const int64_t*>(items.data());
+  for (std::size_t j = 0; j < n; ++j) {  // each item's chunk list is inside item_chunk_offsets
+    if (g[j] < 0 || g[j] + 1 >= ico.size()) {
+      throw py::value_error("items[" + std::to_string(j) + "] = " + std::to_string(g[j]) + ": not an item of the " +
+                            std::to_string(ico.size() ? ico.size() - 1 : 0) + " the chunk offsets describe");
+    }
+  }
+  if (refs.size() != outs.size() || refs.empty()) {
+    throw py::value_error("refs and outs must be lists of one array per stack, of one length");
+  }
+  std::vector<U16Array> keep_refs;
+  std::vector<const uint16_t*> ref_ptrs;
+  std::vector<py::array> keep_outs;
+  std::vector<uint8_t*> out_ptrs;
+  for (std::size_t k = 0; k < refs.size(); ++k) {
+    py::array r = py::reinterpret_borrow<py::object>(refs[k]);
+    if (!py::isinstance<U16Array>(r) || static_cast<std::size_t>(r.size()) != n * depth) {
+      throw py::value_error("refs[" + std::to_string(k) + "] must be a contiguous uint16 array of " +
+                            std::to_string(n) + " x " + std::to_string(depth) + " references");
+    }
+    py::array o = py::reinterpret_borrow<py::object>(outs[k]);
+    if (!py::isinstance<ByteArray>(o) || !o.writeable()) {
+      throw py::value_error("outs[" + std::to_string(k) + "] must be a writable C-contiguous uint8 array");
+    }
+    if (static_cast<std::size_t>(o.nbytes()) < n * depth * frame_bytes) {
+      throw py::value_error("outs[" + std::to_string(k) + "] holds " + std::to_string(o.nbytes()) + " bytes, " +
+                            std::to_string(n * depth * frame_bytes) + " needed");
+    }
+    keep_refs.push_back(py::reinterpret_borrow<U16Array>(r));
+    ref_ptrs.push_back(static_cast<const uint16_t*>(r.data()));
+    out_ptrs.push_back(static_cast<uint8_t*>(o.mutable_data()));
+    keep_outs.push_back(std::move(o));
+  }
+  const py::buffer_info blob = chunk_data.request();  // held until return: the bytes stay alive and in place
+  if (blob.ndim > 1 || (blob.ndim == 1 && blob.strides[0] != blob.itemsize)) {
+    throw py::value_error("chunk_data must be a contiguous bytes-like object");
+  }
+  FrameChunkSet set;
+  set.item_chunks = ic.data();
+  set.item_chunks_size = static_cast<std::size_t>(ic.size());
+  set.item_chunk_offsets = ico.data();
+  set.item_chunk_offsets_size = static_cast<std::size_t>(ico.size());
+  set.chunk_data = static_cast<const uint8_t*>(blob.ptr);
+  set.chunk_data_size = static_cast<std::size_t>(blob.size * blob.itemsize);
+  set.chunk_offsets = co.data();
+  set.chunk_offsets_size = static_cast<std::size_t>(co.size());
+  py::array_t<uint8_t> ok(static_cast<py::ssize_t>(n));
+  uint8_t* ok_ptr = ok.mutable_data();
+  {
+    py::gil_scoped_release release;
+    RebuildFrameStacks(depth, frame_bytes, refs.size(), n, g, ref_ptrs.data(), set, out_ptrs.data(), ok_ptr);
+  }
+  return ok;
+}
+
 }  // namespace
 
 void RegisterDecode(py::module_& m) {
@@ -92,6 +173,14 @@ void RegisterDecode(py::module_& m) {
         "Check and decode items [starts[i], starts[i] + sizes[i]) of data into outs (one C-contiguous array per "
         "field, rows of the field's bytes), with the GIL released. ValueError with TransitionSpec.decode's "
         "message on the first bad item.");
+  m.def("rebuild_frame_stacks", &RebuildFrameStacksPy, py::arg("depth"), py::arg("frame_bytes"), py::arg("items"),
+        py::arg("refs"), py::arg("item_chunks"), py::arg("item_chunk_offsets"), py::arg("chunk_data"),
+        py::arg("chunk_offsets"), py::arg("outs"),
+        "Rebuild the frame stacks of the sampled items `items` (indices into the batch's chunk lists) from their "
+        "u16 frame references (refs: one (n, depth) uint16 array per stack) and the batch's frame chunks, into "
+        "outs (one uint8 array per stack, rows of depth * frame_bytes), with the GIL released. Returns a uint8 "
+        "mask: 1 where an item's stacks were rebuilt, 0 where a reference or a chunk it uses is bad (the rules of "
+        "FrameStackCodec.decode_valid).");
 }
 
 }  // namespace apexrl::bindings

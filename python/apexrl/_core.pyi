@@ -97,3 +97,17 @@ def decode_items(
     sizes: npt.NDArray[np.int64],
     outs: list[npt.NDArray[Any]],
 ) -> None: ...
+
+def rebuild_frame_stacks(
+    depth: int,
+    frame_bytes: int,
+    items: npt.NDArray[np.int64],
+    refs: list[npt.NDArray[np.uint16]],
+    item_chunks: npt.NDArray[np.uint64],
+    item_chunk_offsets: npt.NDArray[np.uint64],
+    chunk_data: Any,
+    chunk_offsets: npt.NDArray[np.uint64],
+    outs: list[npt.NDArray[np.uint8]],
+) -> npt.NDArray[np.uint8]:
+    """Frame stacks of sampled items rebuilt from their u16 references and the batch's frame chunks, with the
+    GIL released; returns a mask, 1 where an item's stacks were rebuilt (FrameStackCodec.decode_valid_into)."""

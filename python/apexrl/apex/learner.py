@@ -55,7 +55,7 @@ from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
 from apexrl.replay.codec import BatchDecoder
-from apexrl.replay.frames import decode_valid, frame_codec
+from apexrl.replay.frames import FrameBatchDecoder, frame_codec
 from apexrl.replay.sharded import connect as connect_replay
 from apexrl.security import raise_nofile_limit
 
@@ -325,12 +325,15 @@ class Learner:
         return self._summary(start, steps_at_start)
 
     def _decode_hook(self) -> dict[str, Any]:
-        """The sampler's decode hook: items in the spec's own layout decode natively into a ring of preallocated
-        batches; frame stacks stored once (Atari) are rebuilt from their chunks by ``frames.decode_valid``
-        (Python; each chunk's lz4 call releases the GIL), in the same decode threads."""
+        """The sampler's decode hook: sampled batches decode natively, with the GIL released, into a ring of
+        preallocated batches: items in the spec's own layout by a ``BatchDecoder``, frame stacks stored once
+        (Atari) rebuilt from their chunks by a ``FrameBatchDecoder`` (``frames.decode_valid`` is the Python
+        reference of the same result)."""
         if self.frame_codec is None:
             return {"decoder": _LearnerDecoder(self)}
-        return {"decode": lambda raw: self._checked(decode_valid(self.transition_spec, self.frame_codec, raw))}
+        native = FrameBatchDecoder(self.frame_codec, self.config.agent_config.batch_size, valid=True,
+                                   pin_memory=self.device.type == "cuda")
+        return {"decoder": _LearnerDecoder(self, native)}
 
     def _checked(self, decoded: tuple[dict[str, np.ndarray], np.ndarray | None, str | None]) -> tuple[
             dict[str, np.ndarray], np.ndarray | None, str | None, np.ndarray | None, str | None]:
@@ -455,15 +458,16 @@ def run_learner(config: LearnerConfig) -> dict[str, Any]:
 
 
 class _LearnerDecoder:
-    """The learner's sampler hook (its decode threads) for items in the spec's own layout: natively into the
-    sampler's ring of preallocated batches (page-locked on a GPU), the good items' fields, which items did not
-    decode, and which decoded ones the agent cannot train on. A slot is reused once the learner has taken the
-    next batch: an update is done with its batch by then (its priorities are read back from the device)."""
+    """The learner's sampler hook (its decode threads): natively (a BatchDecoder, or the FrameBatchDecoder given
+    for frame stacks stored once) into the sampler's ring of preallocated batches (page-locked on a GPU), the
+    good items' fields, which items did not decode, and which decoded ones the agent cannot train on. A slot is
+    reused once the learner has taken the next batch: an update is done with its batch by then (its priorities
+    are read back from the device)."""
 
-    def __init__(self, learner: Learner):
+    def __init__(self, learner: Learner, native: BatchDecoder | FrameBatchDecoder | None = None):
         self._learner = learner
-        self._native = BatchDecoder(learner.transition_spec, learner.config.agent_config.batch_size, valid=True,
-                                    pin_memory=learner.device.type == "cuda")
+        self._native = native or BatchDecoder(learner.transition_spec, learner.config.agent_config.batch_size,
+                                              valid=True, pin_memory=learner.device.type == "cuda")
 
     def allocate(self) -> dict[str, np.ndarray]:
         return self._native.allocate()

@@ -12,9 +12,12 @@ each frame about ``2 S`` times. :class:`FrameStackCodec` stores each distinct fr
   Item ``i`` keeps its action, reward and discount and, for each stack, ``S`` u16 frame references: ``slot << 8 |
   index`` (frame ``index`` of the item's ``slot``-th chunk) or ``0xFFFF`` for an all-zero frame (the zero
   padding before an episode's first frame, rebuilt as zeros, not stored).
-- **decode** (learner, once per sampled batch): every chunk of the batch decompressed once into one frame
-  table, the stacks gathered from it with one fancy index each. The result is bit for bit the batch that was
-  encoded (frames equal by content are interchangeable).
+- **decode** (learner, once per sampled batch): every chunk a well-referenced item uses decompressed once, its
+  frames copied straight to the stack slots that reference them. The result is bit for bit the batch that was
+  encoded (frames equal by content are interchangeable). Two implementations with the same result, bad-item
+  mask and first message: :meth:`FrameStackCodec.decode_valid` in Python (the reference), and
+  :meth:`FrameStackCodec.decode_valid_into`, native (cpp/apexrl/frame_decode.h) with the GIL released, into
+  preallocated batches (:class:`FrameBatchDecoder`, the learner's decode threads).
 
 The items are those of :attr:`FrameStackCodec.item_spec`, a plain :class:`TransitionSpec` (``obs_frames`` and
 ``next_obs_frames`` u16[S] beside the other fields, and a zero-byte ``frame`` field of shape (0, H, W) that
@@ -34,7 +37,8 @@ import numpy as np
 from apexrl.replay import protocol as P
 from apexrl.replay.codec import FieldSpec, TransitionSpec
 
-__all__ = ["CHUNK_FRAMES", "PAD", "FrameStackCodec", "applies", "decode_valid", "frame_codec", "wire_spec"]
+__all__ = ["CHUNK_FRAMES", "PAD", "FrameBatchDecoder", "FrameStackCodec", "applies", "decode_valid", "frame_codec",
+           "wire_spec"]
 
 CHUNK_FRAMES = 8
 """Frames per chunk. Measured on Pong (bench/README.md): 8 holds 133 B per transition (16: 125, 4: 154) and a
@@ -201,7 +205,7 @@ class FrameStackCodec:
         ico = np.asarray(fc.item_chunk_offsets, np.int64)
         first, count = ico[good], ico[good + 1] - ico[good]
         at = first[None, :, None] + slot
-        named = ~pad & (slot < count[None, :, None]) & (at < len(item_chunks))
+        named = ~pad & (slot < count[None, :, None]) & (at >= 0) & (at < len(item_chunks))
         chunk = np.where(named, item_chunks[np.clip(at, 0, max(len(item_chunks) - 1, 0))] if len(item_chunks)
                          else nchunks, nchunks)
         chunk = np.where((chunk >= 0) & (chunk < nchunks), chunk, nchunks)
@@ -249,6 +253,92 @@ class FrameStackCodec:
             for key in list(fields):
                 fields[key] = fields[key][ok]
         return {name: fields[name] for name in self.spec.names}, bad, message
+
+
+    def empty_batch(self, n: int, *, pin_memory: bool = False) -> dict[str, np.ndarray]:
+        """Arrays for :meth:`decode_valid_into` to fill: :attr:`spec`'s fields (``pin_memory``: page-locked, as
+        :meth:`TransitionSpec.empty_batch`), plus the item fields that only :attr:`item_spec` has (the frame
+        references, scratch space of the decode)."""
+        out = self.spec.empty_batch(n, pin_memory=pin_memory)
+        for name, a in self.item_spec.empty_batch(n).items():
+            out.setdefault(name, a)
+        return out
+
+    def decode_valid_into(self, data: Any, offsets: Any, chunks: P.FrameChunks | None, out: Mapping[str, np.ndarray]
+                          ) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
+        """:meth:`decode_valid`, natively and into ``out`` (from :meth:`empty_batch`, at least as many rows as
+        items): the item fields by :meth:`TransitionSpec.decode_valid_into`, then the stacks rebuilt from the
+        chunks with the GIL released, so several decode threads work side by side. The same bad mask and first
+        message as :meth:`decode_valid`. When every item decodes, the arrays are views of ``out`` (valid until it
+        is written again); otherwise the good items' rows are copied out (a rare, slow path)."""
+        from apexrl._core import rebuild_frame_stacks  # noqa: PLC0415 - the extension, only where items decode
+
+        missing = [name for name in (*self.spec.names, *self.item_spec.names) if name not in out]
+        if missing:
+            raise ValueError(f"out lacks the arrays {missing} (FrameStackCodec.empty_batch makes them)")
+        fields, bad, message = self.item_spec.decode_valid_into(
+            data, offsets, {name: out[name] for name in self.item_spec.names})
+        fields = dict(fields)
+        fields.pop("frame", None)
+        n_all = len(offsets) - 1
+        good = np.flatnonzero(~bad) if bad is not None else np.arange(n_all, dtype=np.int64)
+        fc = chunks if chunks is not None else P.FrameChunks.none(n_all)
+        shape = (self.stack, self.height, self.width)
+        for name in _STACKS:
+            a = out[name]
+            if (not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.shape[1:] != shape or a.ndim != 4
+                    or a.shape[0] < good.size or not a.flags.c_contiguous or not a.flags.writeable):
+                what = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+                raise ValueError(f"out[{name!r}]: expected a writable C-contiguous uint8 array of shape "
+                                 f"(>= {good.size}, *{shape}), got {what}")
+        refs = [np.ascontiguousarray(fields.pop(f"{name}_frames"), np.uint16) for name in _STACKS]
+        chunk_data = fc.chunk_data if len(fc.chunk_data) else b""
+        ok = rebuild_frame_stacks(
+            self.stack, self.frame_bytes, good.astype(np.int64, copy=False), refs,
+            np.ascontiguousarray(fc.item_chunks, np.uint64), np.ascontiguousarray(fc.item_chunk_offsets, np.uint64),
+            chunk_data, np.ascontiguousarray(fc.chunk_offsets, np.uint64), [out[name] for name in _STACKS],
+        ).view(bool)
+        for name in _STACKS:
+            fields[name] = out[name][:good.size]
+        if not ok.all():
+            reason = f"item {int(good[np.argmin(ok)])}: a frame reference names no frame of its chunks"
+            bad = np.zeros(n_all, bool) if bad is None else bad.copy()
+            bad[good[~ok]] = True
+            message = message or reason
+            for key in list(fields):
+                fields[key] = fields[key][ok]
+        return {name: fields[name] for name in self.spec.names}, bad, message
+
+
+class FrameBatchDecoder:
+    """:class:`~apexrl.replay.codec.BatchDecoder` for items of a :class:`FrameStackCodec`: the decode hook of a
+    :class:`~apexrl.replay.sampler.PrefetchingSampler` whose sampled batches carry frame chunks (Atari).
+    ``allocate`` makes one slot of the sampler's ring (:meth:`FrameStackCodec.empty_batch`), ``decode_into(raw,
+    slot)`` rebuilds a sampled batch (``data``, ``offsets``, ``chunks``) into it natively with the GIL released.
+
+    ``valid=True`` returns :meth:`FrameStackCodec.decode_valid_into`'s triple (arrays, bad mask or None, first
+    error or None) instead of raising on a bad item. ``pin_memory=True`` allocates page-locked stacks."""
+
+    def __init__(self, codec: FrameStackCodec, batch_size: int, *, valid: bool = False, pin_memory: bool = False):
+        if not isinstance(codec, FrameStackCodec):
+            raise TypeError(f"codec must be a FrameStackCodec, got {type(codec).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        self.codec = codec
+        self.batch_size = batch_size
+        self.valid = bool(valid)
+        self.pin_memory = bool(pin_memory)
+
+    def allocate(self) -> dict[str, np.ndarray]:
+        return self.codec.empty_batch(self.batch_size, pin_memory=self.pin_memory)
+
+    def decode_into(self, raw: Any, out: dict[str, np.ndarray]) -> Any:
+        fields, bad, message = self.codec.decode_valid_into(raw.data, raw.offsets, getattr(raw, "chunks", None), out)
+        if self.valid:
+            return fields, bad, message
+        if bad is not None:
+            raise ValueError(message)
+        return fields
 
 
 def applies(spec: TransitionSpec) -> bool:
