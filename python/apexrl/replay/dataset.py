@@ -49,7 +49,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
       ``chunk_offsets`` (u64); ``apexrl.replay.frames.frame_codec(spec).decode`` rebuilds the stacks.
     * ``decode=`` a :class:`~apexrl.replay.TransitionSpec`: ``fields``, a dict of the spec's fields, each
       ``(n, *shape)``; items are decoded natively, with the GIL released, in ``decode_threads`` threads. A
-      spec with frame stacks (``TransitionSpec.atari()``, which actors store once) is rebuilt from the
+      spec with frame stacks (``TransitionSpec.atari()``, which actors store once) is rebuilt natively from the
       sampled chunks (``apexrl.replay.frames``). A bad item (foreign spec, corrupted) raises ValueError from
       the iterator.
     * ``decode=`` a callable: ``decoded``, what ``decode(sampled_batch)`` returns (run in the decode threads;
@@ -108,7 +108,11 @@ class ReplayDataset(torch.utils.data.IterableDataset):
                 # The items say which layout they are in (their fingerprint): frame stacks stored once are
                 # rebuilt from the chunks the sample carries; items in the spec's own layout decode natively.
                 if stored_once is not None and _first_fingerprint(raw) == stored_once:
-                    return codec.decode(raw.data, raw.offsets, getattr(raw, "chunks", None))
+                    fields, bad, message = codec.decode_valid_into(raw.data, raw.offsets, getattr(raw, "chunks", None),
+                                                                   codec.empty_batch(len(raw)))
+                    if bad is not None:
+                        raise ValueError(message)
+                    return {name: fields[name] for name in spec.names}
                 return spec.decode_into(raw.data, raw.offsets, spec.empty_batch(len(raw)))
 
             return fields
