@@ -9,11 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_apex_processes import start_actor, start_learner
+from test_launch import _wait_until
 
 FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
 
@@ -48,16 +48,6 @@ def _expected_from_metrics(rows: list[dict[str, str]]) -> dict[str, list[tuple[i
             else:
                 out.setdefault(f"learner/{name}", []).append((int(r["learner_steps"]), _f32(text)))
     return out
-
-
-def _wait_until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def test_run_shows_metrics_evaluations_and_episodes_live_and_the_event_file_equals_the_csvs(spawn, tmp_path):

@@ -245,6 +245,15 @@ class FrameStackCodec:
         out = out.reshape(2, len(good), s_, self.height, self.width)
         for k, name in enumerate(_STACKS):
             fields[name] = out[k]
+        return self._keep_rebuilt(fields, ok, good, n_all, bad, message)
+
+
+    def _keep_rebuilt(self, fields: dict[str, np.ndarray], ok: np.ndarray, good: np.ndarray, n_all: int,
+                      bad: np.ndarray | None, message: str | None
+                      ) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None]:
+        """``decode_valid``'s triple once the stacks are rebuilt: ``ok[j]`` says whether item ``good[j]``'s frame
+        references all named frames; the items whose did not join the bad ones (the first named in the message
+        if none was before), and only the others' rows are kept."""
         if not ok.all():
             reason = f"item {int(good[np.argmin(ok)])}: a frame reference names no frame of its chunks"
             bad = np.zeros(n_all, bool) if bad is None else bad.copy()
@@ -253,7 +262,6 @@ class FrameStackCodec:
             for key in list(fields):
                 fields[key] = fields[key][ok]
         return {name: fields[name] for name in self.spec.names}, bad, message
-
 
     def empty_batch(self, n: int, *, pin_memory: bool = False) -> dict[str, np.ndarray]:
         """Arrays for :meth:`decode_valid_into` to fill: :attr:`spec`'s fields (``pin_memory``: page-locked, as
@@ -300,14 +308,7 @@ class FrameStackCodec:
         ).view(bool)
         for name in _STACKS:
             fields[name] = out[name][:good.size]
-        if not ok.all():
-            reason = f"item {int(good[np.argmin(ok)])}: a frame reference names no frame of its chunks"
-            bad = np.zeros(n_all, bool) if bad is None else bad.copy()
-            bad[good[~ok]] = True
-            message = message or reason
-            for key in list(fields):
-                fields[key] = fields[key][ok]
-        return {name: fields[name] for name in self.spec.names}, bad, message
+        return self._keep_rebuilt(fields, ok, good, n_all, bad, message)
 
 
 class FrameBatchDecoder:
