@@ -120,6 +120,24 @@ def _frame_chunks(b):
     return FrameChunks(b.item_chunks, b.item_chunk_offsets, b.chunk_data, b.chunk_offsets)
 
 
+def _timed_threads(loop: Callable[[int], None], threads: int, seconds: float, ready: threading.Barrier,
+                   stop: threading.Event, counts: list[int]) -> float:
+    """Run ``loop(i)`` in ``threads`` threads (each waits at ``ready``, counts its items in ``counts[i]`` and ends
+    at ``stop``): the items/s of all of them over one window of ``seconds``."""
+    workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    ready.wait()
+    start = time.perf_counter()
+    time.sleep(seconds)
+    done = sum(counts)
+    elapsed = time.perf_counter() - start
+    stop.set()
+    for w in workers:
+        w.join()
+    return done / elapsed
+
+
 def frames_window(codec, store, n: int, threads: int, seconds: float, mode: str) -> float:
     """Items/s sampled and rebuilt (frames stored once) by `threads` threads in one window of `seconds`; mode
     native (FrameStackCodec.decode_valid_into, this thread's preallocated batch), python (decode_valid) or copy
@@ -150,18 +168,7 @@ def frames_window(codec, store, n: int, threads: int, seconds: float, mode: str)
             assert bad is None
             counts[i] += n
 
-    workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
-    for w in workers:
-        w.start()
-    ready.wait()
-    start = time.perf_counter()
-    time.sleep(seconds)
-    done = sum(counts)
-    elapsed = time.perf_counter() - start
-    stop.set()
-    for w in workers:
-        w.join()
-    return done / elapsed
+    return _timed_threads(loop, threads, seconds, ready, stop, counts)
 
 
 def run_sampled_frames(args: argparse.Namespace) -> None:
@@ -231,18 +238,7 @@ def sampled_window(spec: TransitionSpec, store, n: int, threads: int, seconds: f
                     spec.decode(b.data, b.offsets)
             counts[i] += n
 
-    workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
-    for w in workers:
-        w.start()
-    ready.wait()
-    start = time.perf_counter()
-    time.sleep(seconds)
-    done = sum(counts)
-    elapsed = time.perf_counter() - start
-    stop.set()
-    for w in workers:
-        w.join()
-    return done / elapsed
+    return _timed_threads(loop, threads, seconds, ready, stop, counts)
 
 
 def _sampled(store, n: int):
