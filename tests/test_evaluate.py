@@ -117,8 +117,23 @@ def test_errors_exit_2_with_one_clear_line_and_write_nothing(run_dir, tmp_path, 
     assert not os.path.exists(out)
 
 
-def test_episodes_csv_says_how_much_each_actor_explores(run_dir):
-    with open(os.path.join(run_dir, "episodes.csv"), newline="") as f:
+def test_episodes_csv_says_how_much_each_actor_explores(start_server, tmp_path):
+    # Both actors of a run of 2, in turn, into one file; 501 steps each: CartPole-v1 ends an episode within 500
+    # (a short run's second actor may still be starting when the run stops, so a run is not used here).
+    from apexrl.apex.actor import Actor
+    from apexrl.apex.config import ActorConfig
+
+    server, path = start_server(), str(tmp_path / "episodes.csv")
+    for index in (0, 1):
+        actor = Actor(ActorConfig(agent="dqn", env="gym:CartPole-v1", replay=server.endpoint,
+                                  params="tcp://127.0.0.1:9", index=index, num_actors=2, episodes_csv=path,
+                                  max_steps=501, wait_for_params=0.0, params_timeout=0.05,
+                                  params_every_frames=10**15, log_every=3600.0))
+        try:
+            actor.run()
+        finally:
+            actor.close()
+    with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     eps = {r["actor"]: float(r["exploration"]) for r in rows}
     assert eps == {"0": pytest.approx(0.4), "1": pytest.approx(0.4 ** 8)}  # DQN's ladder for 2 actors
