@@ -66,6 +66,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    """Kill and reap the worker processes still running (a window that failed part way)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def await_workers(procs: list[subprocess.Popen], names: list[str], outdir: str, start_at: float, pids: list[int],
                   what: str = "worker", on_poll=None) -> tuple[float, list[dict]]:
     """Wait for the workers' common start, then for every worker to exit -> (the CPU seconds the processes
@@ -584,10 +592,7 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
                 st = c.stats()
         rss = sum(rss_of(s.pid) for s in group)
     except BaseException:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(procs)
         raise
     finally:
         for server in group:
@@ -631,10 +636,7 @@ def run_conns(kind: str, connections: int, processes: int, rate: float, seconds:
         server_cpu, results = await_workers(procs, [f"conns{i}.json" for i in range(len(procs))], outdir, start_at,
                                             [server.pid], what="connection worker")
     except BaseException:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(procs)
         raise
     finally:
         server.close()
@@ -680,10 +682,7 @@ def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict
         server_cpu, results = await_workers(procs, [f"rv_actor{a}.json" for a in range(k)] + ["rv_learner.json"],
                                             outdir, start_at, [server.pid], what="reverb worker")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(procs)
         if server.poll() is None:
             server.send_signal(signal.SIGTERM)
             try:
