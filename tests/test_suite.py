@@ -16,33 +16,44 @@ from apexrl.suite import (
     PAPER_AGENTS,
     PAPER_NOTE,
     SUITE_TABLE_HEADER,
+    SUITE_TABLE_RULE,
+    SuiteRun,
+    first_reaching,
     format_frames,
     markdown_table,
     published_scores,
+    suite_row,
 )
 
 FAST = ("--learner-args='--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 "
         "--checkpoint-every 100'")
 
 
-def _row(task, seed, mean, agent="d4pg", preset="p", frames=1_000_000, time_s=1200.0):
+def _row(task, seed, mean, agent="d4pg", preset="p", frames=1_000_000, time_s=1200.0, best=float("nan"),
+         t80=float("nan")):
+    paper = published_scores().get(task)
     return {"task": task, "agent": agent, "preset": preset, "seed": seed, "minutes": 20.0, "final_return_mean": mean,
-            "env_frames": frames, "time_s": time_s}
+            "env_frames": frames, "time_s": time_s, "best_eval_return": best, "time_to_80pct_d4pg_s": t80,
+            "paper_d4pg_mean": paper["d4pg"].mean if paper else float("nan")}
 
 
 def test_markdown_table_has_mean_and_se_over_seeds_budgets_and_the_published_scores():
-    md = markdown_table([_row("dmc:walker-stand", 0, 900.0, frames=3_000_000, time_s=2400.0),
-                         _row("dmc:walker-stand", 1, 940.0, frames=3_200_000, time_s=2700.0),
-                         _row("dmc:walker-stand", 2, 920.0, frames=3_400_000, time_s=2700.0),
-                         _row("dmc:cartpole-swingup", 0, 800.0), _row("gym:CartPole-v1", 0, 500.0, "dqn")])
+    md = markdown_table([_row("dmc:walker-stand", 0, 900.0, frames=3_000_000, time_s=2400.0, best=950.0, t80=600.0),
+                         _row("dmc:walker-stand", 1, 940.0, frames=3_200_000, time_s=2700.0, best=960.0, t80=1200.0),
+                         _row("dmc:walker-stand", 2, 920.0, frames=3_400_000, time_s=2700.0, best=970.0),
+                         _row("dmc:cartpole-swingup", 0, 800.0, best=810.0),
+                         _row("gym:CartPole-v1", 0, 500.0, "dqn")])
     lines = md.splitlines()
-    assert lines[0] == SUITE_TABLE_HEADER
-    # SE over seeds: std(ddof=1) of (900, 940, 920) = 20, / sqrt(3) = 11.547; frames and minutes are means over seeds
-    assert ("| dmc:walker-stand | d4pg (p) | 3 | 3.20M | 43.3 | 920.0 ± 11.5 | 378.4 ± 3.5 | 969.8 ± 0.3 | "
-            "993.1 ± 0.3 |") in lines
-    assert ("| dmc:cartpole-swingup | d4pg (p) | 1 | 1.00M | 20.0 | 800.0 (one seed) | 558.4 ± 6.8 | 521.7 ± 6.1 | "
-            "845.5 ± 1.2 |") in lines
-    assert "| gym:CartPole-v1 | dqn (p) | 1 | 1.00M | 20.0 | 500.0 (one seed) | n/a | n/a | n/a |" in lines
+    assert lines[:2] == [SUITE_TABLE_HEADER, SUITE_TABLE_RULE]
+    assert SUITE_TABLE_HEADER.count("|") == SUITE_TABLE_RULE.count("|")
+    # SE over seeds: std(ddof=1) of (900, 940, 920) = 20, / sqrt(3) = 11.547; frames and minutes are means over
+    # seeds; the best periodic evaluation is the seeds' mean; 80 % of D4PG: the mean over the 2 seeds that got there.
+    assert ("| dmc:walker-stand | d4pg (p) | 3 | 3.20M | 43.3 | 920.0 ± 11.5 | 900.0 to 940.0 | 960.0 | "
+            "15.0 (2/3 seeds) | 378.4 ± 3.5 | 969.8 ± 0.3 | 993.1 ± 0.3 |") in lines
+    assert ("| dmc:cartpole-swingup | d4pg (p) | 1 | 1.00M | 20.0 | 800.0 (one seed) | n/a | 810.0 | "
+            "not reached (0/1) | 558.4 ± 6.8 | 521.7 ± 6.1 | 845.5 ± 1.2 |") in lines
+    assert ("| gym:CartPole-v1 | dqn (p) | 1 | 1.00M | 20.0 | 500.0 (one seed) | n/a | n/a | n/a | n/a | n/a | "
+            "n/a |") in lines
     assert PAPER_NOTE in md and "10^8" in PAPER_NOTE and "Table 1" in PAPER_NOTE
 
 
@@ -85,9 +96,11 @@ def test_a_tiny_suite_writes_rows_and_table_and_does_not_rerun_finished_seeds(tm
     with open(os.path.join(out, "suite.md")) as f:
         md = f.read().splitlines()
     # Our env frames and wall time beside the published columns (n/a: gym's CartPole is not in the paper's table).
-    assert md[2:4] == [SUITE_TABLE_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    assert (f"| gym:CartPole-v1 | dqn (cartpole) | 1 | {format_frames(fe['env_frames'])} | {fe['time_s'] / 60:.1f} | "
-            f"{fe['mean']:.1f} (one seed) | n/a | n/a | n/a |") in md
+    assert md[2:4] == [SUITE_TABLE_HEADER, SUITE_TABLE_RULE]
+    assert any(line.startswith(f"| gym:CartPole-v1 | dqn (cartpole) | 1 | {format_frames(fe['env_frames'])} | "
+                               f"{fe['time_s'] / 60:.1f} | {fe['mean']:.1f} (one seed) | n/a | ") and
+               line.endswith("| n/a | n/a | n/a | n/a |") for line in md), md
+    assert row["time_to_80pct_d4pg_s"] == row["env_frames_to_80pct_d4pg"] == ""  # no published score
 
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
@@ -100,6 +113,27 @@ def test_a_tiny_suite_writes_rows_and_table_and_does_not_rerun_finished_seeds(tm
     assert "finished training earlier" in third.stdout and "replay server" not in third.stdout
     with open(os.path.join(run_dir, "final_eval.json")) as f:
         assert json.load(f)["learner_steps"] == 100
+
+
+def _metrics(path, rows):
+    header = "time_s,env_frames,eval_return_mean,eval_time_s,eval_env_frames"
+    with open(path, "w") as f:
+        f.write(header + "\n" + "".join(",".join("" if v is None else str(v) for v in r) + "\n" for r in rows))
+
+
+def test_first_reaching_names_the_weights_of_the_first_evaluation_at_the_target(tmp_path):
+    # Rows without an evaluation are skipped; an evaluation names the weights it scored (eval_time_s/_env_frames).
+    _metrics(tmp_path / "metrics.csv", [(10, 1000, None, None, None), (20, 2000, 500.0, 15, 1500),
+                                        (30, 3000, 690.0, 25, 2500), (40, 4000, 650.0, 35, 3500)])
+    assert first_reaching(str(tmp_path), 676.4) == (25.0, 2500.0)
+    assert first_reaching(str(tmp_path), 500.0) == (15.0, 1500.0)  # at the target counts
+    assert all(x != x for x in first_reaching(str(tmp_path), 700.0))  # never: NaNs
+    assert all(x != x for x in first_reaching(str(tmp_path / "none"), 1.0))  # no metrics.csv: NaNs
+    # The suite row: 80 % of cartpole-swingup's published D4PG mean (845.5 -> 676.4).
+    fe = {"mean": 700.0, "se": 5.0, "episodes": 30, "env_frames": 4000, "learner_steps": 9, "time_s": 40.0}
+    row = suite_row(SuiteRun("dmc:cartpole-swingup", "d4pg", "p", 0, str(tmp_path)), fe, 1.0)
+    assert (row["time_to_80pct_d4pg_s"], row["env_frames_to_80pct_d4pg"]) == (25.0, 2500.0)
+    assert row["best_eval_return"] == 690.0
 
 
 def test_bad_suite_flags_exit_2_naming_the_value(tmp_path):

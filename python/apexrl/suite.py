@@ -33,15 +33,23 @@ from apexrl.rundir import (
     final_eval,
 )
 
-__all__ = ["PAPER_AGENTS", "PAPER_NOTE", "PUBLISHED_TABLES", "SUITE_COLUMNS", "SUITE_TABLE_HEADER", "PublishedScore",
-           "SuiteError", "SuiteRun", "format_frames", "markdown_table", "published_scores", "run_suite", "suite_row",
-           "suite_rows"]
+__all__ = ["PAPER_AGENTS", "PAPER_NOTE", "PUBLISHED_TABLES", "SUITE_COLUMNS", "SUITE_TABLE_HEADER", "SUITE_TABLE_RULE",
+           "TARGET_FRACTION", "PublishedScore", "SuiteError", "SuiteRun", "first_reaching", "format_frames",
+           "markdown_table", "published_scores", "run_suite", "suite_row", "suite_rows"]
 
 SUITE_COLUMNS = ("task", "agent", "preset", "seed", "minutes", "learner_steps", "env_frames", "final_return_mean",
                  "final_return_se", "episodes", "best_eval_return", "run_dir", "time_s", "paper_a3c_mean",
-                 "paper_a3c_se", "paper_ddpg_mean", "paper_ddpg_se", "paper_d4pg_mean", "paper_d4pg_se")
+                 "paper_a3c_se", "paper_ddpg_mean", "paper_ddpg_se", "paper_d4pg_mean", "paper_d4pg_se",
+                 "time_to_80pct_d4pg_s", "env_frames_to_80pct_d4pg")
 """suite.csv's columns. ``time_s``: the learner's wall time when its final checkpoint was taken; ``paper_*``:
-the task's published scores after 10^8 environment steps (:func:`published_scores`), empty for other tasks."""
+the task's published scores after 10^8 environment steps (:func:`published_scores`), empty for other tasks;
+``best_eval_return``: the best of the run's periodic evaluations (metrics.csv), against ``final_return_*``, the
+final evaluation's; ``time_to_80pct_d4pg_s`` and ``env_frames_to_80pct_d4pg``: the learner's wall time and the
+env frames of the weights of the first periodic evaluation that reached 80 % of the published D4PG mean, empty
+when none did (or the task has no published score)."""
+
+TARGET_FRACTION = 0.8
+"""``time_to_80pct_d4pg_s``: the fraction of the published D4PG score a run's periodic evaluation must reach."""
 
 SCORES_FILE = "control_suite_scores.csv"
 """Package data (``apexrl/data/``): the Control Suite paper's published returns, see :func:`published_scores`."""
@@ -87,8 +95,12 @@ def _load_published() -> dict[str, dict[str, dict[str, PublishedScore]]]:
 
 PAPER_NOTE = ("Published: A3C, DDPG and D4PG (learning from state features) after 10^8 environment steps, mean ± "
               "SE, from Table 1 of the DeepMind Control Suite paper (Tassa et al. 2018); n/a: a task not in that "
-              "table. Ours: mean ± SE over seeds of each seed's final evaluation, after the env frames (on Control "
-              "Suite tasks one frame is one environment step) and learner wall time shown (means over seeds).")
+              "table. Ours: mean ± SE and range over seeds of each seed's final evaluation (of its last checkpoint), "
+              "after the env frames (on Control Suite tasks one frame is one environment step) and learner wall "
+              "time shown (means over seeds); best periodic evaluation: each seed's best evaluation during "
+              "training (fewer episodes), averaged over seeds; first ≥ 80 %: the learner minutes of the weights "
+              "of the first periodic evaluation at 80 % of the published D4PG mean, averaged over the seeds that "
+              "got there.")
 
 
 class SuiteError(Exception):
@@ -132,13 +144,37 @@ def _best_eval(run_dir: str) -> float:
     return max(values) if values else math.nan
 
 
+def first_reaching(run_dir: str, target: float) -> tuple[float, float]:
+    """(learner wall time, env frames) of the weights of the first periodic evaluation in ``run_dir``'s
+    metrics.csv whose mean return reached ``target``; NaNs when none did. An evaluation row names the weights it
+    scored (``eval_time_s``, ``eval_env_frames``); a file from before those columns gives the row's own."""
+    from apexrl.apex.metrics import read_csv
+
+    try:
+        cols = read_csv(os.path.join(run_dir, "metrics.csv"))
+    except (OSError, ValueError):
+        return math.nan, math.nan
+    means = cols.get("eval_return_mean", [])
+    for i, m in enumerate(means):
+        if not math.isnan(m) and m >= target:
+            def at(name: str, fallback: str) -> float:
+                v = cols.get(name, [math.nan] * len(means))[i]
+                return cols.get(fallback, [math.nan] * len(means))[i] if math.isnan(v) else v
+            return at("eval_time_s", "time_s"), at("eval_env_frames", "env_frames")
+    return math.nan, math.nan
+
+
 def suite_row(run: SuiteRun, fe: dict, minutes: float) -> dict:
     """The suite.csv row (SUITE_COLUMNS) of one run and its final evaluation (``final_eval.json``'s fields)."""
+    paper = _paper_cells(run.task)
+    target = TARGET_FRACTION * paper["paper_d4pg_mean"]
+    t80, f80 = first_reaching(run.run_dir, target) if not math.isnan(target) else (math.nan, math.nan)
     return {"task": run.task, "agent": run.agent, "preset": run.preset, "seed": run.seed, "minutes": minutes,
             "learner_steps": int(fe.get("learner_steps", 0)), "env_frames": int(fe.get("env_frames", 0)),
             "final_return_mean": float(fe["mean"]), "final_return_se": float(fe["se"]),
             "episodes": int(fe["episodes"]), "best_eval_return": _best_eval(run.run_dir), "run_dir": run.run_dir,
-            "time_s": float(fe.get("time_s", math.nan)), **_paper_cells(run.task)}
+            "time_s": float(fe.get("time_s", math.nan)), **paper, "time_to_80pct_d4pg_s": t80,
+            "env_frames_to_80pct_d4pg": f80}
 
 
 def suite_rows(runs: Sequence[SuiteRun], minutes: float) -> list[dict]:
@@ -182,26 +218,45 @@ def format_frames(n: float) -> str:
 
 
 SUITE_TABLE_HEADER = ("| task | agent (preset) | seeds | env frames | wall time (min) | final return (mean ± SE "
-                      "over seeds) | published A3C | published DDPG | published D4PG |")
+                      "over seeds) | final return (range over seeds) | best periodic evaluation (mean over seeds) | "
+                      "first ≥ 80 % of published D4PG (min) | published A3C | published DDPG | published D4PG |")
+SUITE_TABLE_RULE = "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+
+
+def _reached_cell(rs: Sequence[dict]) -> str:
+    """Minutes to 80 % of the published D4PG mean: the mean over the seeds that got there, and how many did."""
+    if all(math.isnan(float(r.get("paper_d4pg_mean", math.nan))) for r in rs):
+        return "n/a"
+    times = [float(r.get("time_to_80pct_d4pg_s", math.nan)) / 60.0 for r in rs]
+    got = [t for t in times if not math.isnan(t)]
+    if not got:
+        return f"not reached (0/{len(rs)})"
+    return f"{sum(got) / len(got):.1f} ({len(got)}/{len(rs)} seeds)"
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    """Per task and agent: mean ± SE over seeds of the final evaluation returns, with the env frames and wall
-    time the runs trained for (means over seeds), beside the task's published scores (mean ± SE)."""
+    """Per task and agent: mean ± SE and range over seeds of the final evaluation returns, the mean of the seeds'
+    best periodic evaluations, the minutes to a periodic evaluation at 80 % of the published D4PG score, with the
+    env frames and wall time the runs trained for (means over seeds), beside the task's published scores."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["task"], r["agent"], r["preset"]), []).append(r)
-    lines = [SUITE_TABLE_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [SUITE_TABLE_HEADER, SUITE_TABLE_RULE]
     published = published_scores()
     for (task, agent, preset), rs in groups.items():
-        mean, se = _mean_se([r["final_return_mean"] for r in rs])
+        finals = [r["final_return_mean"] for r in rs]
+        mean, se = _mean_se(finals)
         ours = f"{mean:.1f} ± {se:.1f}" if not math.isnan(se) else f"{mean:.1f} (one seed)"
+        spread = f"{min(finals):.1f} to {max(finals):.1f}" if len(rs) > 1 else "n/a"
+        bests = [float(r.get("best_eval_return", math.nan)) for r in rs]
+        bests = [b for b in bests if not math.isnan(b)]
+        best = _fmt(sum(bests) / len(bests)) if bests else "n/a"
         frames = _mean_se([float(r.get("env_frames", math.nan)) for r in rs])[0]
         minutes = _mean_se([float(r.get("time_s", math.nan)) / 60.0 for r in rs])[0]
         paper = published.get(task)
         cells = [f"{paper[a].mean:.1f} ± {paper[a].se:.1f}" if paper else "n/a" for a in SUITE_PAPER_AGENTS]
         lines.append(f"| {task} | {agent} ({preset}) | {len(rs)} | {format_frames(frames)} | {_fmt(minutes)} | "
-                     f"{ours} | " + " | ".join(cells) + " |")
+                     f"{ours} | {spread} | {best} | {_reached_cell(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + PAPER_NOTE + "\n"
 
 
