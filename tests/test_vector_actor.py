@@ -16,6 +16,8 @@ from apexrl.agents.d4pg import sigma_ladder
 from apexrl.apex.actor import env_seed
 from apexrl.envs import env_spec
 
+CUSTOM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "custom_envs")
+
 
 def test_the_epsilon_ladder_runs_over_every_environment_of_the_run():
     dqn, spec = get_agent("dqn"), env_spec("gym:CartPole-v1")
@@ -188,11 +190,15 @@ class _RecordingReplay:
         pass
 
 
-@pytest.mark.parametrize(("env", "k"), [("atari:Pong", 3), ("gym:CartPole-v1", 3), ("gym:CartPole-v1", 1)])
-def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, k, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("env", "k", "n", "flush"), [("atari:Pong", 3, 3, 7), ("gym:CartPole-v1", 3, 3, 7),
+                                                      ("gym:CartPole-v1", 1, 3, 7), ("gym:CartPole-v1", 5, 9, 1),
+                                                      ("gym:corridor_envs:Corridor-v0", 4, 6, 2)])
+def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, k, n, flush, tmp_path, monkeypatch):
     """Bit for bit: the transitions (frame stacks included) and episodes.csv rows of an actor stepping K
-    environments in one vector environment are those of K single environments stepped in turn with the same
-    seeds and actions, across episode ends (autoresets) and the final truncation."""
+    environments in one vector environment (CartPole: its numpy twin; the corridor: K gymnasium environments in
+    turn) are those of K single environments stepped in turn with the same seeds and actions, across episode ends
+    (autoresets) and the final truncation. Long n-step windows against small inserts check that the actor's ring
+    of observations never drops one a pending transition still needs."""
     import apexrl.apex.actor as actor_mod
     from apexrl.apex.actor import Actor
     from apexrl.apex.config import ActorConfig
@@ -208,9 +214,12 @@ def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, k, tmp_
     monkeypatch.setattr(actor_mod, "connect_replay",
                         lambda *a, spec, **kw: replays.append(_RecordingReplay(spec)) or replays[-1])
     loops = 70
+    if env.startswith("gym:corridor_envs"):
+        monkeypatch.syspath_prepend(CUSTOM)
     config = ActorConfig(agent="dqn", env=env, replay="tcp://127.0.0.1:9", params="tcp://127.0.0.1:9", index=1,
                          num_actors=2, seed=4, envs_per_actor=k, wait_for_params=0.0, params_every_frames=10**15,
-                         params_timeout=0.05, flush_every=7, max_steps=k * loops,
+                         params_timeout=0.05, flush_every=flush, max_steps=k * loops,
+                         agent_config=get_agent("dqn").config_class(n_step=n),
                          episodes_csv=str(tmp_path / "episodes.csv"), log_every=3600.0)
     actor = Actor(config)
     taken = []
@@ -261,7 +270,7 @@ def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, k, tmp_
     for name in names:
         want = np.stack([np.asarray(getattr(tr, name), got[name].dtype) for tr in expected])
         assert np.array_equal(got[name], want), name
-    assert all(len(b["obs"]) >= 7 for b in replays[0].batches[:-1])
+    assert all(len(b["obs"]) >= flush * k for b in replays[0].batches[:-1])  # B per environment: B·K per insert
     # Priorities from the acting pass's Q-values (and one pass over the last observations of episodes): those of
     # the policy's own formula on the inserted batch, the weights being unchanged (no learner).
     for batch, priorities in zip(replays[0].batches, replays[0].priorities):

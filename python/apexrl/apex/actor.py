@@ -9,7 +9,7 @@ Loop (Horgan et al. 2018, Algorithm 1, over K environments in lockstep)::
         s', r, terminated, truncated = envs.step(a)       an environment whose episode ended resets itself
         n-step buffer j ← (a_j, r_j, s'_j)  → completed n-step transitions go to the local batch (s'_j: the
                                               episode's last observation where it ended; episodes.csv: ``env``)
-        every B transitions: priorities = |δ| from the actor's own networks; INSERT(batch, priorities)
+        every B steps (B·K transitions): priorities = |δ| from the actor's own networks; INSERT(batch, priorities)
         every `params_every_frames` frames: ask the learner for newer weights (non-blocking beyond a timeout)
 
 The n-step buffers hold handles into one ring of observations, so a flush gathers its obs and next_obs in one
@@ -48,6 +48,7 @@ from apexrl.durable import append_private, make_private_dirs
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
 from apexrl.replay.client import ServerTimeoutError
 from apexrl.replay.frames import frame_codec, wire_spec
+from apexrl.replay.schema import MAX_BATCH
 from apexrl.replay.sharded import connect as connect_replay
 
 log = logging.getLogger("apexrl.apex.actor")
@@ -89,14 +90,21 @@ class Actor:
         self.codec = frame_codec(self.transition_spec)
         n = config.agent_config.n_step
         self.nstep = VecNStep(k, n, config.agent_config.gamma)  # K n-step adders over arrays
+        # B per environment: K environments are K of the paper's actors, each with its local buffer of B, so one
+        # request carries B·K transitions and each waits at most B of its environment's steps (as with K = 1).
+        self.flush_size = config.flush_every * k
+        if self.flush_size > MAX_BATCH:
+            raise ValueError(f"flush_every {config.flush_every} x envs_per_actor {k} = {self.flush_size} transitions "
+                             f"per insert, more than the protocol's {MAX_BATCH}: lower one of them")
         # The n-step adder holds handles into one ring of observations (and of the Q-values the acting forward
         # pass computed, where the policy hands them out): each flush gathers its observations in one indexing
-        # and scores them without another forward pass. A flush happens at most n * ceil(B / K) steps after the
-        # previous one (in any n steps each environment completes a transition), and no handle is older than
-        # that plus n steps; each step stores K observations and up to K last ones.
+        # and scores them without another forward pass. In S steps each environment completes at least S - (n - 1)
+        # transitions (an n-step buffer holds at most n - 1 pending), so a flush of B·K happens at most B + n - 1
+        # steps after the previous one, and no handle it or a buffer holds is older than that plus n steps; each
+        # step stores K observations and up to K last ones.
         scores = k > 1 and all(hasattr(self.policy, a) for a in ("act_batch_values", "values",
                                                                  "priorities_from_values"))
-        steps = n * (-(-config.flush_every // k) + 2) + 8
+        steps = config.flush_every + 2 * n + 8
         self.frames = _ObsRing(2 * k * steps if k > 1 else 0, self.spec, scores)
         self.replay = connect_replay(config.replay, timeout=config.replay_timeout, spec=wire_spec(self.transition_spec),
                                    curve=config.curve_dir)
@@ -347,7 +355,7 @@ class Actor:
     def _after_step(self) -> bool:
         """Flush, poll for weights and log as due; True when the loop must end."""
         cfg = self.config
-        if self._local_count >= cfg.flush_every:
+        if self._local_count >= self.flush_size:
             self._flush()
         try:
             self.poller.maybe_fetch(self.counters["frames"])

@@ -55,7 +55,9 @@ class ActorConfig:
     agent_config: Any = None
     """The agent's config (an instance of its ``config_class``; None: its defaults); must match the learner's."""
     flush_every: int = field(default=50, metadata=Range.int(1, 100_000))
-    """B: transitions per insert request (the paper's local buffer size)."""
+    """B: transitions per environment per insert request (the paper's local buffer size of one actor). An actor
+    of K environments, K of the paper's actors, inserts every B agent steps: B·K transitions per request, so that
+    a transition waits at most B of its environment's steps before it reaches the replay, whatever K."""
     params_every_frames: int = field(default=400, metadata=Range.int(1))
     """Ask the learner for new weights every this many environment frames."""
     max_steps: int = field(default=0, metadata=Range.int(0))

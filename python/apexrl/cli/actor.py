@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="environments stepped in lockstep with one batched forward pass, each with its own n-step "
                    "buffer, seed and exploration (slot index*K + j of num_actors*K) (default: the preset's, 1)")
     g.add_argument("--flush-every", type=field_arg(ActorConfig, "flush_every"), default=None,
-                   help="transitions per insert request (default: the preset's, 50)")
+                   help="B, transitions per environment per insert request: with K environments the actor inserts "
+                   "every B steps, B*K transitions (default: the preset's, 50)")
     g.add_argument("--params-every-frames", type=field_arg(ActorConfig, "params_every_frames"), default=None,
                    help="env frames between weight requests (default: the preset's, 400 for the paper presets)")
     g.add_argument("--max-steps", type=field_arg(ActorConfig, "max_steps"), default=0,

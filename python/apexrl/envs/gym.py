@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,8 +29,10 @@ from apexrl.envs.base import (
     EnvFamily,
     EnvSpec,
     RenderError,
+    SerialVecEnv,
     StepResult,
     UnknownEnvError,
+    VecEnv,
     backend_seed,
 )
 from apexrl.envs.spaces import ActionMap, observation_flattener
@@ -156,6 +159,25 @@ def make(task: str, seed: int, *, evaluation: bool = False) -> GymEnv:
     return GymEnv(task, seed)
 
 
+def make_vector(task: str, seeds: Sequence[int]) -> VecEnv:
+    """K training environments of ``task``: its numpy twin where it has an exact one (:mod:`apexrl.envs.gym_vector`:
+    CartPole), else K GymEnvs stepped one after another."""
+    from apexrl.envs.gym_vector import vector_twin
+
+    envs = [GymEnv(task, seeds[0])]
+    try:
+        twin = vector_twin(envs[0]._env, envs[0].spec, seeds)
+        if twin is not None:
+            envs[0].close()
+            return twin
+        envs += [GymEnv(task, seed) for seed in seeds[1:]]
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+    return SerialVecEnv(envs)
+
+
 @functools.cache
 def spec(task: str) -> EnvSpec:
     env = GymEnv(task, 0)
@@ -164,4 +186,4 @@ def spec(task: str) -> EnvSpec:
 
 
 FAMILY = EnvFamily("gym", describe, examples, lambda task, seed, evaluation: make(task, seed, evaluation=evaluation),
-                   spec)
+                   spec, make_vector)

@@ -404,7 +404,7 @@ def check_rules(p: RunPlan) -> None:
     if s.samples_per_insert is not None:
         eb, spi = s.effective_error_buffer, s.samples_per_insert
         assert eb is not None
-        insert = max(a.flush_every for a in p.actors)
+        insert = max(a.flush_every * a.envs_per_actor for a in p.actors)  # B per environment
         reason = deadlock_reason(batch, insert, spi, eb, sample="a learner batch", insert="an actor insert",
                                  flag="--error-buffer")
         if reason is not None:
