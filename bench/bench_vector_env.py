@@ -1,5 +1,5 @@
-"""Agent steps/s of K environments stepped in the actor's process (``apexrl.envs.make_vec_env``: one after another,
-Atari aside) against gymnasium's ``AsyncVectorEnv`` (one worker process per environment, shared memory) over the
+"""Agent steps/s of K environments stepped in the actor's process (``apexrl.envs.make_vec_env``: one after another;
+Atari: ale-py's vector environment; CartPole: its numpy twin) against gymnasium's ``AsyncVectorEnv`` (one worker process per environment, shared memory) over the
 same apexrl environments; random actions, no policy. The issue asked to measure both before choosing the actors'
 default for gymnasium and Control Suite tasks. From the repository root::
 
