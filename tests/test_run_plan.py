@@ -72,6 +72,18 @@ def test_plan_refuses_a_rate_limiter_that_cannot_make_progress():
                                                                            "error_buffer": 281}))
 
 
+def test_a_vectorised_actors_flush_goes_in_requests_the_rate_limiter_can_admit():
+    # d4pg-acme: samples_per_insert 32, error buffer 3200, batch 256: one request may carry at most
+    # (2 * 3200 - 256) / 32 = 192 transitions; B = 50 per environment fits, B·K = 200 (K = 4) does not.
+    p = plan("d4pg-acme", Overrides(actors=2, actor={"envs_per_actor": 4}))
+    assert [(a.flush_every, a.envs_per_actor, a.insert_max) for a in p.actors] == [(50, 4, 192)] * 2
+    assert plan("d4pg-acme", Overrides(actor={"envs_per_actor": 3})).actors[0].insert_max == 0  # 150 fits
+    assert plan("apex-dqn-atari", Overrides(actor={"envs_per_actor": 64})).actors[0].insert_max == 0  # no limit hit
+    # A B that alone cannot be admitted is still refused, with the arithmetic.
+    with pytest.raises(ValueError, match=r"an actor insert of 200 x samples_per_insert 32"):
+        plan("d4pg-acme", Overrides(actor={"flush_every": 200}))
+
+
 def test_plan_refuses_a_warm_up_larger_than_the_replay():
     with pytest.raises(ValueError, match="min_replay_size 200000 exceeds the replay capacity 100000"):
         plan("cartpole", Overrides(learner={"min_replay_size": 200_000}))

@@ -176,6 +176,7 @@ class _RecordingReplay:
         return (1, self._id)
 
     def insert(self, priorities, *, data, offsets, timeout, insert_id, chunks):
+        assert insert_id == (1, self._id)  # each request its own id, the one just issued
         if self.codec is not None:
             self.batches.append(self.codec.decode(data, offsets, chunks))
         else:
@@ -190,10 +191,12 @@ class _RecordingReplay:
         pass
 
 
-@pytest.mark.parametrize(("env", "k", "n", "flush"), [("atari:Pong", 3, 3, 7), ("gym:CartPole-v1", 3, 3, 7),
-                                                      ("gym:CartPole-v1", 1, 3, 7), ("gym:CartPole-v1", 5, 9, 1),
-                                                      ("gym:corridor_envs:Corridor-v0", 4, 6, 2)])
-def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, k, n, flush, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("env", "k", "n", "flush", "insert_max"),
+                         [("atari:Pong", 3, 3, 7, 0), ("gym:CartPole-v1", 3, 3, 7, 0), ("gym:CartPole-v1", 1, 3, 7, 0),
+                          ("gym:CartPole-v1", 5, 9, 1, 0), ("gym:corridor_envs:Corridor-v0", 4, 6, 2, 0),
+                          ("gym:CartPole-v1", 4, 3, 7, 9)])
+def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, k, n, flush, insert_max, tmp_path,
+                                                                    monkeypatch):
     """Bit for bit: the transitions (frame stacks included) and episodes.csv rows of an actor stepping K
     environments in one vector environment (CartPole: its numpy twin; the corridor: K gymnasium environments in
     turn) are those of K single environments stepped in turn with the same seeds and actions, across episode ends
@@ -218,7 +221,7 @@ def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, k, n, f
         monkeypatch.syspath_prepend(CUSTOM)
     config = ActorConfig(agent="dqn", env=env, replay="tcp://127.0.0.1:9", params="tcp://127.0.0.1:9", index=1,
                          num_actors=2, seed=4, envs_per_actor=k, wait_for_params=0.0, params_every_frames=10**15,
-                         params_timeout=0.05, flush_every=flush, max_steps=k * loops,
+                         params_timeout=0.05, flush_every=flush, max_steps=k * loops, insert_max=insert_max,
                          agent_config=get_agent("dqn").config_class(n_step=n),
                          episodes_csv=str(tmp_path / "episodes.csv"), log_every=3600.0)
     actor = Actor(config)
@@ -270,7 +273,11 @@ def test_a_vectorised_actor_inserts_what_k_single_environments_give(env, k, n, f
     for name in names:
         want = np.stack([np.asarray(getattr(tr, name), got[name].dtype) for tr in expected])
         assert np.array_equal(got[name], want), name
-    assert all(len(b["obs"]) >= flush * k for b in replays[0].batches[:-1])  # B per environment: B·K per insert
+    sizes = [len(b["obs"]) for b in replays[0].batches]
+    if insert_max:  # a flush of B·K = 28 in requests of at most 9: 9, 9, 9 and the rest
+        assert max(sizes) == insert_max and len(sizes) > -(-len(expected) // (flush * k))
+    else:
+        assert all(size >= flush * k for size in sizes[:-1])  # B per environment: B·K per insert
     # Priorities from the acting pass's Q-values (and one pass over the last observations of episodes): those of
     # the policy's own formula on the inserted batch, the weights being unchanged (no learner).
     for batch, priorities in zip(replays[0].batches, replays[0].priorities):

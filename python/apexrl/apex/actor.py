@@ -188,6 +188,22 @@ class Actor:
             batch = self._stack(self._local)[0]
             priorities = self.policy.initial_priorities(batch)
         priorities = np.asarray(priorities, dtype=np.float64)
+        n = len(priorities)
+        step = self.config.insert_max or n
+        for lo in range(0, n, step):  # one request, or several where the rate limiter needs smaller ones
+            part = batch if step >= n else {name: v[lo:lo + step] for name, v in batch.items()}
+            unsent = self._insert(part, priorities[lo:lo + step])
+            if unsent is not None:  # stopping: what the earlier requests carried is stored, the rest is not
+                self.counters["inserted"] += lo
+                self._local_count -= lo
+                self._report_unsent(unsent)
+                return
+        self.counters["inserted"] += self._local_count
+        self._local.clear()
+        self._local_count = 0
+
+    def _insert(self, batch: dict[str, np.ndarray], priorities: np.ndarray) -> str | None:
+        """One insert request, retried until the server takes it; None once taken, else (stopping) why not."""
         if self.codec is not None:
             data, offsets, chunks = self.codec.encode(batch)  # the batch's own chunks: none span two inserts
         else:
@@ -200,8 +216,7 @@ class Actor:
                                    insert_id=insert_id, chunks=chunks)  # a retry carries its chunks again
                 break
             except Interrupted:  # stopping, and the grace period is over: the server did not take it
-                self._report_unsent("the replay server did not answer in time")
-                return
+                return "the replay server did not answer in time"
             except ServerTimeoutError:
                 # The server's rate limiter (--samples-per-insert) holds inserts until the learner catches up.
                 self.counters["rate_limited"] += 1
@@ -216,11 +231,8 @@ class Actor:
                     delay = min(delay * 2, _RETRY_MAX)
                     continue
             if self._stop.is_set():
-                self._report_unsent("the replay server did not take them before the stop")
-                return
-        self.counters["inserted"] += self._local_count
-        self._local.clear()
-        self._local_count = 0
+                return "the replay server did not take them before the stop"
+        return None
 
     def _stack(self, chunks: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """What ``stack_transitions`` makes of the transitions with their observations, a field at a time (the

@@ -58,6 +58,10 @@ class ActorConfig:
     """B: transitions per environment per insert request (the paper's local buffer size of one actor). An actor
     of K environments, K of the paper's actors, inserts every B agent steps: B·K transitions per request, so that
     a transition waits at most B of its environment's steps before it reaches the replay, whatever K."""
+    insert_max: int = field(default=0, metadata=Range.int(0, 1 << 20))  # schema.MAX_BATCH
+    """Most transitions in one insert request; 0: a flush's B·K in one. Over it, a flush goes in several requests,
+    each with its own insert id (exactly-once each). ``apexrl run`` sets it where the replay's rate limiter could
+    never admit a flush of B·K as one request (``--samples-per-insert`` with a small ``--error-buffer``)."""
     params_every_frames: int = field(default=400, metadata=Range.int(1))
     """Ask the learner for new weights every this many environment frames."""
     max_steps: int = field(default=0, metadata=Range.int(0))

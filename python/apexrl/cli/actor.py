@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--flush-every", type=field_arg(ActorConfig, "flush_every"), default=None,
                    help="B, transitions per environment per insert request: with K environments the actor inserts "
                    "every B steps, B*K transitions (default: the preset's, 50)")
+    g.add_argument("--insert-max", type=field_arg(ActorConfig, "insert_max"), default=None,
+                   help="most transitions in one insert request; a larger flush goes in several (default 0: the "
+                   "whole flush in one; apexrl run sets it where the replay's rate limiter needs smaller requests)")
     g.add_argument("--params-every-frames", type=field_arg(ActorConfig, "params_every_frames"), default=None,
                    help="env frames between weight requests (default: the preset's, 400 for the paper presets)")
     g.add_argument("--max-steps", type=field_arg(ActorConfig, "max_steps"), default=0,
@@ -72,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SETTINGS = ("flush_every", "params_every_frames", "envs_per_actor")
+SETTINGS = ("flush_every", "params_every_frames", "envs_per_actor", "insert_max")
 """Flags whose default is the preset's."""
-OWN = ("max_steps", "wait_for_params", "flush_every", "params_every_frames")
+OWN = ("max_steps", "wait_for_params", "flush_every", "params_every_frames", "insert_max")
 """ActorConfig fields `apexrl run --actor-args` may set (the launcher sets the others)."""
 
 

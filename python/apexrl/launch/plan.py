@@ -52,6 +52,7 @@ from apexrl.durable import write_atomically
 from apexrl.launch.presets import Preset, default_preset_for, get_preset
 from apexrl.replay.config import MAX_REPLAY_SERVERS, ServerConfig
 from apexrl.replay.rate_limiter import deadlock_reason
+from apexrl.replay.schema import MAX_BATCH
 from apexrl.replay.sharded import max_lock_shards
 from apexrl.validate import Range, check_fields
 
@@ -351,6 +352,7 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         })
         for i in range(num_actors)
     ]
+    fit_inserts_to_limiter(server, learner.agent_config.batch_size, actors)
     p = RunPlan(preset=preset.name, servers=servers, learner=learner, actors=actors, run=run)
     check_rules(p)
     return p
@@ -382,6 +384,29 @@ def run_spec(agent: str, env: str, agent_config: Any, seed: int = 0) -> str:
     return wire_spec(spec).to_json()  # the items the replay holds: Atari's reference frame chunks
 
 
+def request_size(a: ActorConfig) -> int:
+    """The most transitions one insert request of actor ``a`` carries: its flush, B per environment (B·K), or
+    ``insert_max`` where that is smaller."""
+    return min(a.flush_every * a.envs_per_actor, a.insert_max or a.flush_every * a.envs_per_actor)
+
+
+def fit_inserts_to_limiter(server: ServerConfig, batch: int, actors: list[ActorConfig]) -> None:
+    """Where the rate limiter could never admit a flush of B·K transitions as one request beside a learner batch
+    (``deadlock_reason``) but could admit B, cap the actors' requests (``insert_max``) at the largest size it can:
+    a vectorised actor's flush then goes in several requests. An actor whose B alone is too large is left as is,
+    for :func:`check_rules` to refuse with the arithmetic."""
+    if server.samples_per_insert is None:
+        return
+    eb, spi = server.effective_error_buffer, server.samples_per_insert
+    assert eb is not None
+    largest = int((2 * eb - batch) / spi)  # m with batch + m * spi <= 2 * eb
+    while largest > 0 and deadlock_reason(batch, largest, spi, eb) is not None:  # float edge
+        largest -= 1
+    for a in actors:
+        if a.flush_every <= largest < request_size(a):
+            a.insert_max = min(largest, MAX_BATCH)
+
+
 def check_rules(p: RunPlan) -> None:
     """The rules between the processes' settings (module docstring); ValueError with the arithmetic."""
     s, batch = p.server, p.learner.agent_config.batch_size
@@ -404,7 +429,7 @@ def check_rules(p: RunPlan) -> None:
     if s.samples_per_insert is not None:
         eb, spi = s.effective_error_buffer, s.samples_per_insert
         assert eb is not None
-        insert = max(a.flush_every * a.envs_per_actor for a in p.actors)  # B per environment
+        insert = max(request_size(a) for a in p.actors)
         reason = deadlock_reason(batch, insert, spi, eb, sample="a learner batch", insert="an actor insert",
                                  flag="--error-buffer")
         if reason is not None:
