@@ -137,7 +137,7 @@ def test_a_stopped_run_gets_no_final_evaluation(spawn, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--preset", "nope"], "valid presets: apex-dqn-atari, apex-dpg-control, cartpole"),
+        (["--preset", "nope"], "valid presets: apex-dqn-atari, apex-dqn-atari-cpu, apex-dpg-control, cartpole"),
         (["--env", "gym:NoSuchEnv-v9"], "gym:CartPole-v1"),
         (["--actors", "0"], "must be an int in [1, 256]"),
         (["--minutes", "soon"], "'soon' is not a number"),

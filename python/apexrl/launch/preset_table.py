@@ -35,7 +35,7 @@ SOURCES: dict[str, str] = {
 
 DEFAULT_SOURCES: dict[str, str] = {
     "alpha": "Ape-X", "beta": "Ape-X", "is_weights": "apexrl", "final_eval_episodes": "Ape-X",
-    "flush_every": "Ape-X", "params_every_frames": "Ape-X",
+    "flush_every": "Ape-X", "params_every_frames": "Ape-X", "envs_per_actor": "Ape-X",
 }
 """Sources of the defaults of the replay, learner and actor settings the table lists (the agent's are in
 ``FIELD_SOURCES``). ``is_weights``: the papers do not say how IS weights are normalised (docs/running.md)."""
@@ -54,7 +54,7 @@ DELIBERATE_DIFFERENCES: tuple[str, ...] = (
 
 _REPLAY = ("capacity", "eviction", "alpha", "alpha_evict", "samples_per_insert", "error_buffer")
 _LEARNER = ("min_replay_size", "beta", "is_weights", "eval_episodes")
-_ACTOR = ("flush_every", "params_every_frames")
+_ACTOR = ("flush_every", "params_every_frames", "envs_per_actor")
 
 
 def _fmt(value: Any) -> str:

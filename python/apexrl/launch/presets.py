@@ -141,6 +141,31 @@ PRESETS: dict[str, Preset] = {
                        "ratio whatever the number)",),
         ),
         Preset(
+            name="apex-dqn-atari-cpu",
+            description="Ape-X DQN sized for a CPU-only machine of a few cores (Atari: Pong by default)",
+            source=f"Ape-X DQN as in the {APEX}, sized for a CPU learner: a batch of 64 and 2 actor processes of "
+                   "4 games each; every change is listed as unmatched",
+            agent="dqn",
+            env="atari:Pong",
+            replay=ReplaySettings(capacity=2_000_000, eviction="fifo", samples_per_insert=DQN_SAMPLES_PER_INSERT,
+                                  error_buffer=10 * 64),  # ten learner batches of slack
+            learner=dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=300.0,
+                         eval_episodes=10, metrics_every=30.0),
+            actor=dict(flush_every=50, params_every_frames=400, envs_per_actor=4),
+            actors=2,
+            minutes=60.0,
+            agent_overrides=dict(optimizer="rmsprop_tf", batch_size=64),
+            sources=dict(optimizer="Ape-X", capacity="Ape-X", eviction="Ape-X", samples_per_insert="Ape-X",
+                         error_buffer="apexrl", min_replay_size="Ape-X", eval_episodes="Ape-X",
+                         actors="apexrl", batch_size="apexrl", envs_per_actor="apexrl"),
+            unmatched=("a batch of 64, not the paper's 512: a CPU learner takes a step of 512 in about a second "
+                       "on 2 cores; with the paper's replay ratio kept, each transition is sampled as often, in "
+                       "8x more, smaller steps",
+                       "2 actor processes of 4 games each (--envs-per-actor 4): the 8 environments of "
+                       "apex-dqn-atari's 8 actors, on the same epsilon ladder, in 2 processes; the paper has 360",
+                       "an evaluation every 5 minutes rather than 10, for a curve of an hour's run"),
+        ),
+        Preset(
             name="apex-dpg-control",
             description="Ape-X DPG with the paper's settings (Control Suite: cartpole-swingup by default)",
             source=f"Ape-X DPG as in the {APEX}: n = 3 (\"hyperparameters are otherwise as per DQN\"; 5 is "
