@@ -42,7 +42,8 @@ def test_markdown_table_has_mean_and_se_over_seeds_budgets_and_the_published_sco
                          _row("dmc:walker-stand", 1, 940.0, frames=3_200_000, time_s=2700.0, best=960.0, t80=1200.0),
                          _row("dmc:walker-stand", 2, 920.0, frames=3_400_000, time_s=2700.0, best=970.0),
                          _row("dmc:cartpole-swingup", 0, 800.0, best=810.0),
-                         _row("gym:CartPole-v1", 0, 500.0, "dqn")])
+                         _row("gym:CartPole-v1", 0, 500.0, "dqn"),
+                         _row("dmc:walker-walk", 0, 700.0)])  # no periodic evaluations to look at
     lines = md.splitlines()
     assert lines[:2] == [SUITE_TABLE_HEADER, SUITE_TABLE_RULE]
     assert SUITE_TABLE_HEADER.count("|") == SUITE_TABLE_RULE.count("|")
@@ -54,6 +55,8 @@ def test_markdown_table_has_mean_and_se_over_seeds_budgets_and_the_published_sco
             "not reached (0/1) | 558.4 ± 6.8 | 521.7 ± 6.1 | 845.5 ± 1.2 |") in lines
     assert ("| gym:CartPole-v1 | dqn (p) | 1 | 1.00M | 20.0 | 500.0 (one seed) | n/a | n/a | n/a | n/a | n/a | "
             "n/a |") in lines
+    assert any(line.startswith("| dmc:walker-walk | d4pg (p) | 1 | 1.00M | 20.0 | 700.0 (one seed) | n/a | n/a | n/a | ")
+               for line in lines)
     assert PAPER_NOTE in md and "10^8" in PAPER_NOTE and "Table 1" in PAPER_NOTE
 
 
