@@ -22,6 +22,7 @@ a command line override single fields (see ``apexrl-learner --help``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -103,6 +104,13 @@ DPG_SAMPLES_PER_INSERT = 22_000 / 14_000
 """Ape-X DPG: ~22,000 transitions sampled against ~14,000 inserted per second."""
 
 APEX = "Ape-X paper (Horgan et al. 2018, Distributed Prioritized Experience Replay, appendix)"
+PAPER_DQN_REPLAY = ReplaySettings(capacity=2_000_000, eviction="fifo", samples_per_insert=DQN_SAMPLES_PER_INSERT,
+                                  error_buffer=10 * 512)  # ten learner batches of slack
+PAPER_DQN_LEARNER = dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=600.0,
+                         eval_episodes=10, metrics_every=30.0)
+"""Replay and learner settings of the paper's Ape-X DQN (apex-dqn-atari); apex-dqn-atari-cpu changes a few."""
+PAPER_DQN_SOURCES = dict(optimizer="Ape-X", capacity="Ape-X", eviction="Ape-X", samples_per_insert="Ape-X",
+                         error_buffer="apexrl", min_replay_size="Ape-X", eval_episodes="Ape-X", actors="apexrl")
 PAPER_DPG_REPLAY = ReplaySettings(capacity=1_000_000, eviction="prioritized", alpha_evict=-0.4,
                                   samples_per_insert=DPG_SAMPLES_PER_INSERT,
                                   error_buffer=10 * 256)  # ten learner batches of slack
@@ -126,17 +134,13 @@ PRESETS: dict[str, Preset] = {
             source=f"Ape-X DQN as in the {APEX}; the replay ratio is the paper's measured one",
             agent="dqn",
             env="atari:Pong",
-            replay=ReplaySettings(capacity=2_000_000, eviction="fifo", samples_per_insert=DQN_SAMPLES_PER_INSERT,
-                                  error_buffer=10 * 512),  # ten learner batches of slack
-            learner=dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=600.0,
-                         eval_episodes=10, metrics_every=30.0),
+            replay=PAPER_DQN_REPLAY,
+            learner=PAPER_DQN_LEARNER,
             actor=dict(flush_every=50, params_every_frames=400),
             actors=8,
             minutes=60.0,
             agent_overrides=dict(optimizer="rmsprop_tf"),  # the paper's (TensorFlow's) centered RMSProp
-            sources=dict(optimizer="Ape-X", capacity="Ape-X", eviction="Ape-X", samples_per_insert="Ape-X",
-                         error_buffer="apexrl", min_replay_size="Ape-X", eval_episodes="Ape-X",
-                         actors="apexrl"),
+            sources=PAPER_DQN_SOURCES,
             unmatched=("360 actors in the paper, 8 here by default (the rate limiter keeps the paper's replay "
                        "ratio whatever the number)",),
         ),
@@ -147,17 +151,13 @@ PRESETS: dict[str, Preset] = {
                    "4 games each; every change is listed as unmatched",
             agent="dqn",
             env="atari:Pong",
-            replay=ReplaySettings(capacity=2_000_000, eviction="fifo", samples_per_insert=DQN_SAMPLES_PER_INSERT,
-                                  error_buffer=10 * 64),  # ten learner batches of slack
-            learner=dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=300.0,
-                         eval_episodes=10, metrics_every=30.0),
+            replay=dataclasses.replace(PAPER_DQN_REPLAY, error_buffer=10 * 64),  # ten learner batches of slack
+            learner=dict(PAPER_DQN_LEARNER, eval_every=300.0),
             actor=dict(flush_every=50, params_every_frames=400, envs_per_actor=4),
             actors=2,
             minutes=60.0,
             agent_overrides=dict(optimizer="rmsprop_tf", batch_size=64),
-            sources=dict(optimizer="Ape-X", capacity="Ape-X", eviction="Ape-X", samples_per_insert="Ape-X",
-                         error_buffer="apexrl", min_replay_size="Ape-X", eval_episodes="Ape-X",
-                         actors="apexrl", batch_size="apexrl", envs_per_actor="apexrl"),
+            sources=dict(PAPER_DQN_SOURCES, batch_size="apexrl", envs_per_actor="apexrl"),
             unmatched=("a batch of 64, not the paper's 512: a CPU learner takes a step of 512 in about a second "
                        "on 2 cores; with the paper's replay ratio kept, each transition is sampled as often, in "
                        "8x more, smaller steps",
