@@ -66,6 +66,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# What each server thread does, by its name (/proc/PID/task/TID/comm): the native loop names its threads;
+# libzmq names its I/O threads "ZMQbg/IO/N"; a Python server (old, floor) serves in its main thread ("other").
+THREAD_GROUPS = (("apexrl-serve", "serve"), ("apexrl-worker", "workers"), ("ZMQbg/IO", "zmq_io"))
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """utime + stime of a process's live threads, summed by THREAD_GROUPS ("other" for the rest), in seconds."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        group = next((g for prefix, g in THREAD_GROUPS if name.startswith(prefix)), "other")
+        out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def kill_all(procs: list[subprocess.Popen]) -> None:
     """Kill and reap the worker processes still running (a window that failed part way)."""
     for p in procs:
@@ -75,17 +96,24 @@ def kill_all(procs: list[subprocess.Popen]) -> None:
 
 
 def await_workers(procs: list[subprocess.Popen], names: list[str], outdir: str, start_at: float, pids: list[int],
-                  what: str = "worker", on_poll=None) -> tuple[float, list[dict]]:
+                  what: str = "worker", on_poll=None, by_thread: dict[str, float] | None = None
+                  ) -> tuple[float, list[dict]]:
     """Wait for the workers' common start, then for every worker to exit -> (the CPU seconds the processes
-    ``pids`` used in between, each worker's JSON result, in ``names`` order); RuntimeError if one failed."""
+    ``pids`` used in between, each worker's JSON result, in ``names`` order); RuntimeError if one failed.
+    ``by_thread``: filled with those CPU seconds split by thread group (:func:`thread_cpu_seconds`)."""
     while time.time() < start_at:
         time.sleep(0.001)
     cpu0 = sum(cpu_seconds(pid) for pid in pids)
+    threads0 = [thread_cpu_seconds(pid) for pid in pids]
     while any(p.poll() is None for p in procs):
         if on_poll is not None:
             on_poll()
         time.sleep(0.05)
     cpu = sum(cpu_seconds(pid) for pid in pids) - cpu0
+    if by_thread is not None:
+        for pid, before in zip(pids, threads0):
+            for group, sec in thread_cpu_seconds(pid).items():
+                by_thread[group] = by_thread.get(group, 0.0) + sec - before.get(group, 0.0)
     results = []
     for p, name in zip(procs, names):
         if p.wait() != 0:
@@ -106,6 +134,8 @@ class Server:
                  python: str | None = None):
         """``kind``: "native" (this tree's server), "old" (``python -m apexrl.cli.server`` of the interpreter
         ``python``, e.g. an older tree's venv) or "floor" (the do-nothing pyzmq server of this file)."""
+        if (kind == "old") != (python is not None):  # a "native" window must never run another tree's server
+            raise ValueError(f"a {kind!r} server {'needs' if kind == 'old' else 'takes no'} python interpreter")
         if kind == "floor":
             cmd = [sys.executable, HERE, "--worker", "floor", *(extra or [])]
         else:
@@ -560,7 +590,8 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
         t0 = time.perf_counter()
         if worker_python is not None:  # that tree's client speaks that tree's protocol
             subprocess.run([py, HERE, "--worker", "prefill", "--payload", payload, "--endpoint", endpoint,
-                            "--items", str(prefill_n)], check=True)
+                            "--items", str(prefill_n), *([] if curve_dir is None else ["--curve-dir", curve_dir])],
+                           check=True)
         else:
             prefill(endpoint, batches, prefill_n, curve_dir=curve_dir)
         prefill_s = time.perf_counter() - t0
@@ -579,12 +610,15 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
         def sample_rss() -> None:
             peak[0] = max(peak[0], sum(rss_of(s.pid) for s in group))
 
+        by_thread: dict[str, float] = {}
         server_cpu, results = await_workers(procs, [f"actor{a}.json" for a in range(k)] + ["learner.json"], outdir,
-                                            start_at, [s.pid for s in group], on_poll=sample_rss)
+                                            start_at, [s.pid for s in group], on_poll=sample_rss,
+                                            by_thread=by_thread)
         cpu_window = time.time() - start_at
         if worker_python is not None:  # asked in that tree's protocol
             stats_path = os.path.join(outdir, "stats.json")
-            subprocess.run([py, HERE, "--worker", "stats", "--endpoint", endpoint, "--out", stats_path], check=True)
+            subprocess.run([py, HERE, "--worker", "stats", "--endpoint", endpoint, "--out", stats_path,
+                            *([] if curve_dir is None else ["--curve-dir", curve_dir])], check=True)
             with open(stats_path) as f:
                 st = json.load(f)
         else:
@@ -613,6 +647,8 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
         "updater": learner["updater"], "kind": kind,
         "requests": requests, "server_cpu_s": server_cpu, "cpu_window_s": cpu_window,
         "server_cpu_us_per_request": 1e6 * server_cpu / max(1, requests),
+        "server_cpu_us_per_request_by_thread": {g: 1e6 * sec / max(1, requests)
+                                                for g, sec in sorted(by_thread.items())},
     }
 
 
@@ -622,13 +658,16 @@ def run_conns(kind: str, connections: int, processes: int, rate: float, seconds:
     holding ``connections`` DEALER sockets in all, INSERTs of 50 at ``rate`` requests/s in total (paced). The
     server's CPU time from the start of the clients' clocks to their end (every reply received) / replies."""
     outdir = os.path.dirname(payload)
-    server = Server(2_000_000, ["--item-bytes", "632"] if kind == "floor" else [], kind=kind, python=server_python)
+    server = Server(2_000_000, ["--item-bytes", "632"] if kind == "floor" else [], kind=kind,
+                    python=server_python if kind == "old" else None)
     procs: list[subprocess.Popen] = []
     try:
         start_at = time.time() + 2.0 + connections / 200  # time to import and connect every socket
         per = [connections // processes + (1 if i < connections % processes else 0) for i in range(processes)]
         for i, m in enumerate(per):
-            procs.append(subprocess.Popen([sys.executable, HERE, "--worker", "conns", "--payload", payload,
+            # the old server speaks its own protocol version: its tree's client code sends to it
+            py = server_python if kind == "old" and server_python else sys.executable
+            procs.append(subprocess.Popen([py, HERE, "--worker", "conns", "--payload", payload,
                                            "--endpoint", server.endpoint, "--start-at", repr(start_at),
                                            "--seconds", str(seconds), "--sockets", str(m),
                                            "--rate", str(rate / processes), "--seed", str(i),
@@ -844,11 +883,11 @@ def main() -> None:
     if args.worker == "conns":
         return conns_main(args)
     if args.worker == "prefill":
-        return prefill(args.endpoint, load_batches(args.payload), args.items)
+        return prefill(args.endpoint, load_batches(args.payload), args.items, curve_dir=args.curve_dir)
     if args.worker == "stats":
         from apexrl.replay.sharded import connect
 
-        with connect(args.endpoint, timeout=30) as c, open(args.out, "w") as f:
+        with connect(args.endpoint, timeout=30, curve=args.curve_dir) as c, open(args.out, "w") as f:
             json.dump(c.stats(), f)
         return None
     if args.before_python:
@@ -1049,8 +1088,12 @@ def side_by_side(args: argparse.Namespace) -> None:
                 rows.append(r)
             for curve_dir in curve_dirs:
                 for kind in kinds:
+                    # "old": the whole older stack (server, prefill, actors, learner) under its interpreter, as
+                    # its protocol version differs from this tree's
                     r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
-                                   None, curve_dir, 1, kind, args.server_python, item_bytes)
+                                   None, curve_dir, 1, kind, args.server_python if kind == "old" else None,
+                                   item_bytes,
+                                   worker_python=args.server_python if kind == "old" else None)
                     r["round"] = rnd
                     del r["updater"]
                     print(json.dumps(r), flush=True)
@@ -1101,6 +1144,15 @@ def side_by_side(args: argparse.Namespace) -> None:
                     parts.append(f"{label} {median([new[i][field] / old[i][field] for i in both]):.2f}")
                 notes.append(f"native / old, CURVE {'on' if curve else 'off'}, median of per-round ratios: "
                              + ", ".join(parts))
+        print("\nServer CPU us/request by thread (median over rounds; serve: the native loop's thread, workers: its "
+              "sample workers, zmq_io: libzmq's I/O thread, other: the rest, where a Python server serves):\n")
+        for curve in sorted({r["curve"] for r in rows}):
+            for kind in kinds:
+                mine = [r["server_cpu_us_per_request_by_thread"] for r in rows
+                        if r["kind"] == kind and r["curve"] == curve and "server_cpu_us_per_request_by_thread" in r]
+                groups = sorted({g for m in mine for g in m})
+                print(f"- {kind}, CURVE {'on' if curve else 'off'}: "
+                      + ", ".join(f"{g} {median([m.get(g, 0.0) for m in mine]):.1f}" for g in groups))
     if conn_rows:
         print(f"\nServer CPU per request with N active client connections, same paced total load "
               f"({args.conn_rate:,.0f} INSERTs of {INSERT_BATCH} per second over {args.conn_processes} client "
