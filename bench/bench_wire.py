@@ -59,11 +59,16 @@ def rss_of(pid: int) -> int:
     return 0
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc/PID/stat, in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
+def stat_cpu_seconds(path: str) -> float:
+    """utime + stime from a /proc stat file (a process's: all its threads; a task's: that thread), in seconds."""
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    return stat_cpu_seconds(f"/proc/{pid}/stat")
 
 
 # What each server thread does, by its name (/proc/PID/task/TID/comm): the native loop names its threads;
@@ -78,12 +83,11 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            sec = stat_cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
         except OSError:  # the thread ended meanwhile
             continue
         group = next((g for prefix, g in THREAD_GROUPS if name.startswith(prefix)), "other")
-        out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[group] = out.get(group, 0.0) + sec
     return out
 
 
@@ -658,15 +662,14 @@ def run_conns(kind: str, connections: int, processes: int, rate: float, seconds:
     holding ``connections`` DEALER sockets in all, INSERTs of 50 at ``rate`` requests/s in total (paced). The
     server's CPU time from the start of the clients' clocks to their end (every reply received) / replies."""
     outdir = os.path.dirname(payload)
-    server = Server(2_000_000, ["--item-bytes", "632"] if kind == "floor" else [], kind=kind,
-                    python=server_python if kind == "old" else None)
+    server_python = server_python if kind == "old" else None
+    server = Server(2_000_000, ["--item-bytes", "632"] if kind == "floor" else [], kind=kind, python=server_python)
+    py = server_python or sys.executable  # the old server speaks its own protocol version: its tree's client code
     procs: list[subprocess.Popen] = []
     try:
         start_at = time.time() + 2.0 + connections / 200  # time to import and connect every socket
         per = [connections // processes + (1 if i < connections % processes else 0) for i in range(processes)]
         for i, m in enumerate(per):
-            # the old server speaks its own protocol version: its tree's client code sends to it
-            py = server_python if kind == "old" and server_python else sys.executable
             procs.append(subprocess.Popen([py, HERE, "--worker", "conns", "--payload", payload,
                                            "--endpoint", server.endpoint, "--start-at", repr(start_at),
                                            "--seconds", str(seconds), "--sockets", str(m),
@@ -1091,8 +1094,7 @@ def side_by_side(args: argparse.Namespace) -> None:
                     # "old": the whole older stack (server, prefill, actors, learner) under its interpreter, as
                     # its protocol version differs from this tree's
                     r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
-                                   None, curve_dir, 1, kind, args.server_python if kind == "old" else None,
-                                   item_bytes,
+                                   None, curve_dir, 1, kind, item_bytes=item_bytes,
                                    worker_python=args.server_python if kind == "old" else None)
                     r["round"] = rnd
                     del r["updater"]
