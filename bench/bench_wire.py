@@ -20,7 +20,8 @@ Shapes:
          through ale_py (grayscale 210x160 -> 84x84 by numpy area averaging, no cv2), 4-frame stacks;
          falls back to synthetic frames (announced loudly) when ale_py cannot be imported.
 Reported per configuration: inserted/s (sum over actors), sampled/s (sampled and, for Atari, decoded),
-p50/p99 of the learner's sample request and of the actors' insert requests (ms), server RSS (VmRSS) and
+p50/p99 of the learner's sample request (with ``--sample-threads N|auto``: its wait for each batch from the
+learner's own PrefetchingSampler, N requests in flight) and of the actors' insert requests (ms), server RSS (VmRSS) and
 bytes held per item (stats()["bytes_held"] / size). Separately: server RSS holding 1M DPG items, and the
 cost of the server's spec check (``TransitionSpec.validate_items``) per insert batch, in-process.
 ``--spec-check on|both`` starts the server with ``--spec`` (every insert checked against it): ``both`` runs
@@ -360,13 +361,18 @@ def learner_main(args: argparse.Namespace) -> None:
     lat: list[float] = []
     dec_s = 0.0
     n = 0
+    mode = args.sampling
     with connect(args.endpoint, timeout=30, curve=args.curve_dir) as c, c.updater(max_pending=64) as up:
+        sampler = None
+        if mode != "sync":  # the learner's path: a PrefetchingSampler with that many requests in flight
+            threads = len(args.endpoint.split(",")) if mode == "auto" else int(mode)
+            sampler = c.sampler(SAMPLE_BATCH, BETA, prefetch=16, sample_threads=threads)
         while time.time() < args.start_at:
             time.sleep(0.001)
         end = args.start_at + args.seconds
         while True:
             t0 = time.perf_counter()
-            b = c.sample(SAMPLE_BATCH, BETA)
+            b = c.sample(SAMPLE_BATCH, BETA) if sampler is None else sampler.next().raw  # sampler: the wait for it
             t1 = time.perf_counter()
             lat.append(t1 - t0)
             if args.shape == "atari":
@@ -382,10 +388,15 @@ def learner_main(args: argparse.Namespace) -> None:
             if time.time() >= end:
                 break
         elapsed = time.time() - args.start_at
+        sample_requests = len(lat)
+        if sampler is not None:  # requests sent: the batches fetched and the ones still in flight
+            st = sampler.stats()
+            sample_requests = st["fetched"] + st["in_flight"]
+            sampler.close()
         ustats = up.stats()
     with open(args.out, "w") as f:
         json.dump({"items": n, "elapsed": elapsed, "lat": lat, "decode_s": dec_s, "updater": ustats,
-                   "requests": len(lat) + ustats["sent"] + ustats["failed"]}, f)
+                   "requests": sample_requests + ustats["sent"] + ustats["failed"]}, f)
 
 
 def conns_main(args: argparse.Namespace) -> None:
@@ -566,13 +577,15 @@ def prefill(endpoint: str, batches: list[tuple], n_items: int, chunk: int = 20,
 def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float,
                actor_flags: list[str], spec_json: str | None = None,
                curve_dir: str | None = None, servers: int = 1, kind: str = "native",
-               server_python: str | None = None, item_bytes: int = 632, worker_python: str | None = None) -> dict:
+               server_python: str | None = None, item_bytes: int = 632, worker_python: str | None = None,
+               sampling: str = "sync") -> dict:
     """One timed window: `servers` replay servers splitting `capacity` (the workers reach them through one
     ShardedReplayClient each when there are several), k actor processes and one learner process. ``kind``:
     which server (see :class:`Server`). The servers' CPU time (utime + stime) is read when the workers start
     their clocks and again when the last one has exited (every reply received): ``server_cpu_us_per_request``
     divides it by the requests the workers sent in that time (inserts, remove_to_fit, samples, updates).
-    ``worker_python``: the whole stack (server, prefill, actors, learner) under that interpreter (an older tree)."""
+    ``worker_python``: the whole stack (server, prefill, actors, learner) under that interpreter (an older tree).
+    ``sampling``: how the learner samples (see --sample-threads)."""
     outdir = os.path.dirname(payload)
     py = worker_python or sys.executable
     if worker_python is not None:
@@ -606,7 +619,7 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
             procs.append(subprocess.Popen([py, HERE, "--worker", "actor", "--payload", payload,
                                            "--seed", str(a), "--out", os.path.join(outdir, f"actor{a}.json"),
                                            *common, *actor_flags]))
-        procs.append(subprocess.Popen([py, HERE, "--worker", "learner",
+        procs.append(subprocess.Popen([py, HERE, "--worker", "learner", "--sampling", sampling,
                                        "--out", os.path.join(outdir, "learner.json"), *common]))
         # Server RSS sampled during the run (peak) and after; server CPU from the workers' start to their end.
         peak = [0]
@@ -640,7 +653,7 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
     requests = sum(r["requests"] for r in results)
     size = int(st.get("size", 0))
     return {
-        "shape": shape, "servers": servers, "actors": k, "spec": bool(spec_json), "curve": curve_dir is not None, "prefill": prefill_n, "prefill_s": prefill_s,
+        "shape": shape, "servers": servers, "actors": k, "sampling": sampling, "spec": bool(spec_json), "curve": curve_dir is not None, "prefill": prefill_n, "prefill_s": prefill_s,
         "inserted_per_s": sum(a["items"] / a["elapsed"] for a in actors),
         "sampled_per_s": learner["items"] / learner["elapsed"],
         "sample_p50_ms": pct(learner["lat"], 50), "sample_p99_ms": pct(learner["lat"], 99),
@@ -792,24 +805,33 @@ def spec_runs(spec_check: str) -> list[bool]:
     return {"off": [False], "on": [True], "both": [False, True]}[spec_check]
 
 
+def sampling_mode(text: str) -> str:
+    """--sample-threads value: sync, auto or a thread count from 1 to 16."""
+    if text in ("sync", "auto") or (text.isdigit() and 1 <= int(text) <= 16):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: give sync, auto or a number of threads from 1 to 16")
+
+
 def configs(args: argparse.Namespace, curve_dirs: list[str | None]):
-    """(actors, spec check, CURVE key dir, servers) of each timed window, the server counts innermost so that the
-    windows compared in a ratio run next to each other."""
+    """(actors, spec check, CURVE key dir, learner sampling, servers) of each timed window, the server counts
+    innermost so that the windows compared in a ratio run next to each other."""
     for k in args.actors:
         for checked in spec_runs(args.spec_check):
             for curve_dir in curve_dirs:
-                for servers in args.servers:
-                    yield k, checked, curve_dir, servers
+                for sampling in args.sample_threads:
+                    for servers in args.servers:
+                        yield k, checked, curve_dir, sampling, servers
 
 
 def server_ratios(rows: list[dict]) -> list[str]:
-    """Each K > 1 window against the K = 1 window with the same shape, actors, spec and CURVE."""
+    """Each K > 1 window against the K = 1 window with the same shape, actors, spec, CURVE and learner sampling."""
     out = []
-    same = lambda a, b: all(a[f] == b[f] for f in ("shape", "actors", "spec", "curve"))  # noqa: E731
+    same = lambda a, b: all(a[f] == b[f] for f in ("shape", "actors", "spec", "curve", "sampling"))  # noqa: E731
     for r in rows:
         base = next((b for b in rows if b["servers"] == 1 and same(b, r)), None)
         if r["servers"] > 1 and base is not None:
-            out.append(f"{r['shape']}, {r['actors']} actor(s), {r['servers']} servers / 1: inserted/s "
+            out.append(f"{r['shape']}, {r['actors']} actor(s), learner sampling {r['sampling']}, "
+                       f"{r['servers']} servers / 1: inserted/s "
                        f"{r['inserted_per_s'] / base['inserted_per_s']:.3f}, sampled/s "
                        f"{r['sampled_per_s'] / base['sampled_per_s']:.3f}, sample p50 "
                        f"{r['sample_p50_ms'] / base['sample_p50_ms']:.3f}")
@@ -828,6 +850,11 @@ def main() -> None:
     p.add_argument("--servers", type=int, nargs="+", default=[1],
                    help="replay server counts to run, e.g. 1 2 4: the capacity is split over them and workers use a "
                    "ShardedReplayClient (default 1); the summary gives each K's ratio to K=1")
+    p.add_argument("--sample-threads", metavar="MODE", type=sampling_mode, nargs="+", default=["sync"],
+                   help="how the learner samples, one window each: sync (default: client.sample(), one request "
+                   "at a time, the round trip in every batch), N (the learner's path: client.sampler() with N "
+                   "SAMPLE requests in flight, prefetch 16; its latency is the wait for each batch) or auto "
+                   "(N = the number of servers, the learner's default)")
     p.add_argument("--only", choices=("dpg", "atari"), action="append")
     p.add_argument("--insert-mode", choices=("pipelined", "sync"), default="pipelined",
                    help="actors: client.inserter() with --max-in-flight unanswered inserts (default), or "
@@ -865,6 +892,7 @@ def main() -> None:
                         "over --rounds rounds, and print after / before ratios")
     p.add_argument("--worker", choices=("actor", "learner", "floor", "conns", "prefill", "stats"), help=argparse.SUPPRESS)
     p.add_argument("--items", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--sampling", default="sync", help=argparse.SUPPRESS)
     p.add_argument("--item-bytes", type=int, default=632, help=argparse.SUPPRESS)
     p.add_argument("--lifetime", type=float, default=1800.0, help=argparse.SUPPRESS)
     p.add_argument("--sockets", type=int, default=1, help=argparse.SUPPRESS)
@@ -928,9 +956,9 @@ def main() -> None:
             extra.append(f"DPG spec check (validate_items, fixed-size items): {cost['us_per_batch']:.1f} us per "
                          f"{cost['items_per_batch']}-item insert ({cost['us_per_item']:.2f} us/item)")
             print(extra[-1], flush=True)
-            for k, checked, curve_dir, servers in configs(args, curve_dirs):
+            for k, checked, curve_dir, sampling, servers in configs(args, curve_dirs):
                 r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
-                               dpg.to_json() if checked else None, curve_dir, servers)
+                               dpg.to_json() if checked else None, curve_dir, servers, sampling=sampling)
                 print(json.dumps(r), flush=True)
                 rows.append(r)
         if "atari" in shapes:
@@ -957,9 +985,9 @@ def main() -> None:
             extra.append(f"Atari spec check (validate_items with the lz4 block-length walk): {cost['us_per_batch']:.1f} "
                          f"us per {cost['items_per_batch']}-item insert ({cost['us_per_item']:.2f} us/item)")
             print(extra[-1], flush=True)
-            for k, checked, curve_dir, servers in configs(args, curve_dirs):
+            for k, checked, curve_dir, sampling, servers in configs(args, curve_dirs):
                 r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds,
-                               actor_flags, spec.to_json() if checked else None, curve_dir, servers)
+                               actor_flags, spec.to_json() if checked else None, curve_dir, servers, sampling=sampling)
                 print(json.dumps(r), flush=True)
                 rows.append(r)
         if args.curve == "both":
@@ -976,20 +1004,21 @@ def main() -> None:
     print(f"\n## bench_wire ({args.seconds:g} s windows, total {time.perf_counter() - t_start:.0f} s; "
           f"learner: sample {SAMPLE_BATCH} [+ decode for Atari] + AsyncUpdater.update {SAMPLE_BATCH}; "
           f"actors: insert {INSERT_BATCH}/request, {actor_mode}; cpus {os.cpu_count()})\n")
-    print("| shape | servers | actors | server --spec | CURVE | prefill | inserted/s | sampled/s | sample p50 / p99 ms | insert p50 / p99 ms "
-          "| decode ms/512 | server RSS GB (peak) | bytes/item held |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| shape | servers | actors | learner sampling | server --spec | CURVE | prefill | inserted/s | sampled/s "
+          "| sample p50 / p99 ms | insert p50 / p99 ms | decode ms/512 | server RSS GB (peak) | bytes/item held |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         dec = f"{r['decode_ms_per_batch']:.1f}" if r["shape"] == "atari" else "-"
-        print(f"| {r['shape']} | {r['servers']} | {r['actors']} | {'yes' if r['spec'] else 'no'} | {'on' if r['curve'] else 'off'} | "
+        print(f"| {r['shape']} | {r['servers']} | {r['actors']} | {r['sampling']} | {'yes' if r['spec'] else 'no'} | "
+              f"{'on' if r['curve'] else 'off'} | "
               f"{r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
               f"{r['sampled_per_s']:,.0f} | {r['sample_p50_ms']:.2f} / {r['sample_p99_ms']:.2f} | "
               f"{r['insert_p50_ms']:.2f} / {r['insert_p99_ms']:.2f} | {dec} | "
               f"{r['server_rss_gb']:.3f} ({r['server_peak_rss_gb']:.3f}) | {r['bytes_per_item']:.0f} |")
     for r in rows:
         if r["spec"]:
-            base = next((b for b in rows if not b["spec"] and (b["shape"], b["actors"], b["curve"], b["servers"]) ==
-                         (r["shape"], r["actors"], r["curve"], r["servers"])), None)
+            key = ("shape", "actors", "curve", "servers", "sampling")
+            base = next((b for b in rows if not b["spec"] and all(b[f] == r[f] for f in key)), None)
             if base is not None:
                 curve = ", CURVE on" if r["curve"] else ""
                 extra.append(f"{r['shape']}, {r['actors']} actor(s){curve}: inserted/s with --spec / without = "
@@ -1250,10 +1279,11 @@ def curve_wire_speed(curve_dir: str, sizes=(32_000, 324_000), seconds: float = 1
 
 def curve_ratios(rows: list[dict]) -> list[str]:
     """One line per configuration measured both ways: CURVE's throughput as a fraction of plain TCP's."""
-    plain = {(r["shape"], r["actors"], r["spec"], r["servers"]): r for r in rows if not r["curve"]}
+    key = lambda r: (r["shape"], r["actors"], r["spec"], r["servers"], r.get("sampling"))  # noqa: E731
+    plain = {key(r): r for r in rows if not r["curve"]}
     lines = []
     for r in rows:
-        base = plain.get((r["shape"], r["actors"], r["spec"], r["servers"])) if r["curve"] else None
+        base = plain.get(key(r)) if r["curve"] else None
         if base is not None:
             moved, base_moved = (x["inserted_per_s"] + x["sampled_per_s"] for x in (r, base))
             spec = ", server --spec" if r["spec"] else ""

@@ -96,8 +96,8 @@ def test_sampler_yields_inserted_items_and_ends_after_close(start_server):
                 if i == 9:
                     break
             assert sampler.stats()["retries"] == 0
-        assert sampler.closed and not sampler._thread.is_alive()
-        assert sampler._replay.closed  # the background client (socket and context) was closed
+        assert sampler.closed and not any(t.is_alive() for t in sampler._threads)
+        assert all(r.closed for r in sampler._replays)  # the background client (socket and context) was closed
         with pytest.raises(StopIteration):
             next(sampler)
         assert list(sampler) == []
@@ -142,7 +142,7 @@ def test_close_is_prompt_while_waiting_on_a_dead_server_or_a_full_queue(start_se
         t0 = time.monotonic()
         s.close()
         assert time.monotonic() - t0 < 2.0
-        assert not s._thread.is_alive() and s._replay.closed
+        assert not any(t.is_alive() for t in s._threads) and all(r.closed for r in s._replays)
     # never any server: timeouts are retried (and counted) until closed
     nobody = PrefetchingSampler(connect(f"tcp://127.0.0.1:{free_port()}", 0.2), 4)
     wait_until(lambda: nobody.retries >= 2, what="retries")
@@ -175,7 +175,7 @@ def test_background_errors_are_reraised_in_the_consumer(start_server, error_stub
                 sampler.next(timeout=5)
             with pytest.raises(StopIteration):  # raised once, then exhausted
                 sampler.next(timeout=5)
-            assert not sampler._thread.is_alive()
+            assert not any(t.is_alive() for t in sampler._threads)
 
     with ReplayClient(error_stub, timeout=5) as client, client.sampler(4) as sampler:
         with pytest.raises(ServerError, match="nope") as info:
@@ -264,7 +264,7 @@ def test_async_updates_are_applied_and_arrays_copied(start_server):
         s = client.stats()
         assert s["requests_update_priorities"] == 11
         assert s["total_priority"] == pytest.approx(500.0)
-        assert updater.closed and not updater._thread.is_alive() and updater._replay.closed
+        assert updater.closed and not any(t.is_alive() for t in updater._threads) and all(r.closed for r in updater._replays)
         with pytest.raises(ServerClosedError):
             updater.update(keys[:1], [1.0])
 
@@ -324,4 +324,4 @@ def test_flush_waits_and_max_pending_blocks_on_a_dead_server(start_server):
     assert time.monotonic() - t0 < 2.0
     st = updater.stats()
     assert st == {"submitted": 8, "sent": 5, "updated": 50, "failed": 1, "dropped": 2, "pending": 0}
-    assert not updater._thread.is_alive() and updater._replay.closed
+    assert not any(t.is_alive() for t in updater._threads) and all(r.closed for r in updater._replays)

@@ -251,7 +251,7 @@ def test_a_decode_thread_error_reaches_the_consumer_and_stops_every_thread(start
         sampler = client.sampler(16, prefetch=2, decoder=BatchDecoder(spec, 16), decode_threads=2)
         with pytest.raises(ValueError, match="spec fingerprint"):
             sampler.next(timeout=30)
-        assert not sampler._thread.is_alive() and not any(t.is_alive() for t in sampler._workers)
+        assert not any(t.is_alive() for t in sampler._threads) and not any(t.is_alive() for t in sampler._workers)
         with pytest.raises(StopIteration):
             sampler.next(timeout=1)
         sampler.close()

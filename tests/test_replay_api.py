@@ -158,4 +158,4 @@ def test_close_interrupts_an_interruptible_replay_that_does_not_answer():
     sampler = PrefetchingSampler(lambda: stuck, 4)
     t0 = time.monotonic()
     sampler.close()
-    assert time.monotonic() - t0 < 5.0 and stuck.closed and not sampler._thread.is_alive()
+    assert time.monotonic() - t0 < 5.0 and stuck.closed and not any(t.is_alive() for t in sampler._threads)

@@ -135,6 +135,10 @@ class LearnerConfig:
     """Threads that decode sampled batches (natively, with the GIL released) into the sampler's ring of
     preallocated batches, in page-locked memory when the learner is on a GPU; more threads use more cores for
     image observations."""
+    sample_threads: int = field(default=0, metadata=Range.int(0, 16))
+    """SAMPLE requests the sampler keeps in flight, each thread on a connection of its own; 0: one per replay
+    server (a sharded batch waits for every server's part, so with one request at a time a learner gets one
+    batch per slowest round trip)."""
     min_replay_size: int = field(default=50_000, metadata=Range.int(0, STORE_INT_MAX))
     """Wait until the replay holds this many transitions before the first update."""
     remove_to_fit_every: int = field(default=100, metadata=Range.int(1))

@@ -270,7 +270,8 @@ class Learner:
         self._env_frames(stats)
         row_steps, row_inserted = self.agent.steps, (stats or {}).get("inserted", 0)
         sampler = self.replay.sampler(cfg.agent_config.batch_size, beta=cfg.beta, prefetch=cfg.prefetch,
-                                      decode_threads=cfg.decode_threads, timeout=1.0, **self._decode_hook())
+                                      decode_threads=cfg.decode_threads, sample_threads=self._sample_threads(),
+                                      timeout=1.0, **self._decode_hook())
         updater = self.replay.updater()
         try:
             while not self._stop.is_set():
@@ -323,6 +324,10 @@ class Learner:
         self._write_row(now - start, max(now - last_row, 1e-9), means, self._replay_stats(), row_steps, row_inserted)
         self.save(now - start)
         return self._summary(start, steps_at_start)
+
+    def _sample_threads(self) -> int:
+        """The sampler's threads: the config's, or one per replay server."""
+        return self.config.sample_threads or max(1, len(getattr(self.replay, "endpoints", ())))
 
     def _decode_hook(self) -> dict[str, Any]:
         """The sampler's decode hook: sampled batches decode natively, with the GIL released, into a ring of

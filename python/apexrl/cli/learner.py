@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads decoding sampled batches side by side (natively, without the GIL) into a ring of "
                    "prefetch + 1 preallocated batches, page-locked on a GPU; more use more cores for Atari "
                    "frames (default 1)")
+    g.add_argument("--sample-threads", metavar="N", type=field_arg(LearnerConfig, "sample_threads"), default=None,
+                   help="SAMPLE requests kept in flight, each thread on a connection of its own, so their round "
+                   "trips overlap; 0: one per replay server (default 0: 1 with one server)")
     g.add_argument("--publish-every", type=field_arg(LearnerConfig, "publish_every"), default=None,
                    help="learner steps between weight publishes")
     g.add_argument("--checkpoint-every", type=field_arg(LearnerConfig, "checkpoint_every"), default=None,
@@ -89,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SETTINGS = ("beta", "is_weights", "min_replay_size", "prefetch", "decode_threads", "publish_every", "checkpoint_every",
-            "remove_to_fit_every", "metrics_every", "eval_every", "eval_episodes")
+SETTINGS = ("beta", "is_weights", "min_replay_size", "prefetch", "decode_threads", "sample_threads", "publish_every",
+            "checkpoint_every", "remove_to_fit_every", "metrics_every", "eval_every", "eval_episodes")
 """Flags whose default is the preset's."""
 OWN = ("device", "torch_threads", "max_minutes", "params_bind", *SETTINGS)
 """LearnerConfig fields `apexrl run --learner-args` may set (the launcher sets the others)."""

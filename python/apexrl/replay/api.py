@@ -101,25 +101,39 @@ ReplayFactory = Callable[[], Replay]
 
 
 class BackgroundHelper:
-    """Base of the helpers whose requests run in a thread of their own (sampler, updater): ``connect()`` runs in
-    the caller's thread (so a bad endpoint fails there); only the thread uses the Replay it returns, and closes
-    it when it ends; :meth:`_interrupt_and_join` stops it promptly."""
+    """Base of the helpers whose requests run in threads of their own (sampler, updater): ``connect()`` runs in
+    the caller's thread, once per thread (so a bad endpoint fails there); each thread alone uses the Replay it
+    was given (``_run(replay)``) and closes it when it ends; :meth:`_interrupt_and_join` stops them promptly."""
 
-    _replay: Any
-    _thread: threading.Thread
+    _replays: list[Any]
+    _threads: list[threading.Thread]
     endpoint: str | None
 
-    def _run(self) -> None:  # pragma: no cover - every subclass has its own
+    def _run(self, replay: Any) -> None:  # pragma: no cover - every subclass has its own
         raise NotImplementedError
 
-    def _start(self, connect: ReplayFactory, name: str) -> None:
-        self._replay = connect()
-        self.endpoint = getattr(self._replay, "endpoint", None)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+    def _start(self, connect: ReplayFactory, name: str, count: int = 1) -> None:
+        replays: list[Any] = []
+        try:
+            for _ in range(count):
+                replays.append(connect())
+        except BaseException:
+            for replay in replays:
+                close_replay(replay)
+            raise
+        self._replays = replays
+        self.endpoint = getattr(replays[0], "endpoint", None)
+        self._threads = [threading.Thread(target=self._run, args=(replay,), name=name if count == 1 else f"{name}-{i}",
+                                          daemon=True) for i, replay in enumerate(replays)]
+        for thread in self._threads:
+            thread.start()
 
     def _interrupt_and_join(self) -> None:
-        interrupt_and_join(self._replay, self._thread)
+        for replay in self._replays:
+            if isinstance(replay, Interruptible):
+                replay.interrupt()
+        for replay, thread in zip(self._replays, self._threads):
+            interrupt_and_join(replay, thread)
 
 
 def interrupt_and_join(replay: Any, thread: threading.Thread) -> None:

@@ -394,19 +394,22 @@ class ReplayClient(TransportClient):
         *,
         decoder: SlotDecoder | None = None,
         decode_threads: int = 1,
+        sample_threads: int = 1,
     ) -> PrefetchingSampler:
         """A :class:`PrefetchingSampler`: an iterator of :class:`LearnerBatch` fed by a background thread.
 
         The thread owns its own client (same endpoint and timeout; this client is not used) and keeps up to
         ``prefetch`` batches ready. ``decode`` (e.g. ``spec.decode_batch``) or ``decoder`` (e.g. a
         :class:`~apexrl.replay.codec.BatchDecoder`, into a ring of preallocated batches) runs in
-        ``decode_threads`` threads of their own. ``timeout``
+        ``decode_threads`` threads of their own; ``sample_threads`` keeps that many SAMPLE requests in flight,
+        each thread on a connection of its own. ``timeout``
         is the per-request server-side wait for ``min_size_to_sample`` as in :meth:`sample`. ReplayTimeouts
         (server down or restarting, store too small) are retried until the sampler is closed; see
         :class:`PrefetchingSampler`.
         """
         return PrefetchingSampler(self._same_endpoint, batch_size, beta=beta, prefetch=prefetch, decode=decode,
-                                  timeout=timeout, decoder=decoder, decode_threads=decode_threads)
+                                  timeout=timeout, decoder=decoder, decode_threads=decode_threads,
+                                  sample_threads=sample_threads)
 
     def inserter(
         self,

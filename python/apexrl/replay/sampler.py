@@ -18,8 +18,10 @@ from apexrl.errors import Interrupted, ReplayTimeout, ServerShuttingDownError
 from apexrl.replay import protocol as P
 from apexrl.replay.api import BackgroundHelper, ReplayFactory, close_replay
 
-__all__ = ["LearnerBatch", "PrefetchingSampler", "SlotDecoder"]
+__all__ = ["MAX_SAMPLE_THREADS", "LearnerBatch", "PrefetchingSampler", "SlotDecoder"]
 
+MAX_SAMPLE_THREADS = 16
+"""Most SAMPLE requests a sampler keeps in flight (one connection each)."""
 _RETRY_BACKOFF_MIN = 0.02
 _RETRY_BACKOFF_MAX = 0.5
 
@@ -55,11 +57,18 @@ class SlotDecoder(Protocol):
 class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
     """Keeps up to ``prefetch`` sampled batches ready for a learner, as the Ape-X learner does.
 
-    ``connect()`` is called once, here, for the Replay the background thread samples from (its own
-    connection: a ZeroMQ socket must not be shared between threads). The sampling thread waits until fewer
-    than ``prefetch`` batches are ahead of the consumer, samples ``batch_size`` items and, without a decode
-    hook, queues a :class:`LearnerBatch`. At most ``prefetch`` batches (sampled, being decoded or ready) ever
-    exist ahead of the consumer, and no request is sent while there are that many.
+    ``connect()`` is called here, once for each of the ``sample_threads`` sampling threads, for the Replay that
+    thread samples from (its own connection: a ZeroMQ socket must not be shared between threads). A sampling
+    thread waits until fewer than ``prefetch`` batches are ahead of the consumer, samples ``batch_size`` items
+    and, without a decode hook, queues a :class:`LearnerBatch`. At most ``prefetch`` batches (requested,
+    sampled, being decoded or ready) ever exist ahead of the consumer, and no request is sent while there are
+    that many.
+
+    ``sample_threads`` > 1 keeps that many SAMPLE requests in flight at once, each on its own connection, so
+    the round trips overlap: a learner whose batches come from several replay servers (a
+    :class:`~apexrl.replay.sharded.ShardedReplayClient` waits for every server's part of a batch) or over a
+    slow link gets them at the rate of the servers rather than one round trip at a time. Batches are numbered
+    in the order their replies came and handed to the consumer in that order.
 
     With a decode hook, ``decode_threads`` more threads decode the sampled batches side by side while the
     sampling thread fetches the next ones; the consumer still receives the batches in the order they were
@@ -98,11 +107,15 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         timeout: float | None = None,
         decoder: SlotDecoder | None = None,
         decode_threads: int = 1,
+        sample_threads: int = 1,
     ):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}")
         if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) or not 1 <= decode_threads <= 64:
             raise ValueError(f"decode_threads must be an integer from 1 to 64, got {decode_threads!r}")
+        if (isinstance(sample_threads, bool) or not isinstance(sample_threads, int)
+                or not 1 <= sample_threads <= MAX_SAMPLE_THREADS):
+            raise ValueError(f"sample_threads must be an integer from 1 to {MAX_SAMPLE_THREADS}, got {sample_threads!r}")
         _wait_s, timeout_ms = P.server_wait(timeout)
         P.encode_sample(0, batch_size, beta, timeout_ms)  # validate here, in the caller's thread
         if decode is not None and not callable(decode):
@@ -116,6 +129,7 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         self.beta = float(beta)
         self.prefetch = prefetch
         self.decode_threads = decode_threads
+        self.sample_threads = sample_threads
         self._timeout = timeout
         self._decode = decode
         self._decoder = decoder
@@ -126,11 +140,13 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         self._free_slots: list[Any] = []
         self._held_slot: Any = None  # the slot of the batch the consumer holds now
         self._sampled = 0  # sequence number of the next sampled batch
+        self._requested = 0  # SAMPLE requests in flight (they count against prefetch)
+        self._sampling = sample_threads  # sampling threads still running
         self._taken = 0  # sequence number of the next batch for the consumer
         self._decoding = 0  # batches a decode thread is working on
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._done = False  # the sampling thread has finished (error, or closed)
+        self._done = False  # every sampling thread has finished (error, or closed)
         self._closed = False
         self.retries = 0
         self.last_retry_error: BaseException | None = None
@@ -142,7 +158,7 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
             for i in range(decode_threads):
                 t = threading.Thread(target=self._decode_loop, name=f"apexrl-decode-{i}", daemon=True)
                 self._workers.append(t)
-        self._start(connect, "apexrl-sampler")
+        self._start(connect, "apexrl-sampler", sample_threads)
         for t in self._workers:
             t.start()
 
@@ -150,7 +166,7 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:
-            if self._error is None:
+            if self._error is None and not self._closed:  # the first error only, raised once
                 self._error = exc
             self._stop.set()
             self._cond.notify_all()
@@ -164,28 +180,37 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         self.max_queued = max(self.max_queued, len(self._ready))
         self._cond.notify_all()
 
-    def _run(self) -> None:
-        replay = self._replay
+    def _run(self, replay: Any) -> None:
         backoff = _RETRY_BACKOFF_MIN
         n, beta, timeout = self.batch_size, self.beta, self._timeout
         decoding = bool(self._workers)
         try:
             while not self._stop.is_set():
                 with self._cond:  # wait for room before sampling: at most `prefetch` batches exist ahead
-                    while self._sampled - self._taken >= self.prefetch and not self._stop.is_set():
+                    while (self._sampled + self._requested - self._taken >= self.prefetch
+                           and not self._stop.is_set()):
                         self._cond.wait()
-                if self._stop.is_set():
-                    break
+                    if self._stop.is_set():
+                        break
+                    self._requested += 1
                 try:
                     raw = replay.sample(n, beta, timeout=timeout)
                 except (ReplayTimeout, ServerShuttingDownError) as exc:
-                    self.retries += 1
-                    self.last_retry_error = exc
+                    with self._cond:
+                        self._requested -= 1
+                        self.retries += 1
+                        self.last_retry_error = exc
+                        self._cond.notify_all()
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
                     continue
+                except BaseException:
+                    with self._cond:
+                        self._requested -= 1
+                    raise
                 backoff = _RETRY_BACKOFF_MIN
                 with self._cond:
+                    self._requested -= 1
                     if self._stop.is_set():
                         break
                     seq, self._sampled = self._sampled, self._sampled + 1
@@ -201,7 +226,8 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         finally:
             close_replay(replay)
             with self._cond:
-                self._done = True
+                self._sampling -= 1
+                self._done = self._sampling == 0
                 self._cond.notify_all()
 
     def _decode_loop(self) -> None:
@@ -301,10 +327,12 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
             return len(self._ready)
 
     def stats(self) -> dict[str, int]:
-        """queued (ready batches), max_queued, slots (ring slots allocated), fetched, retries."""
+        """queued (ready batches), in_flight (SAMPLE requests waiting for their reply), max_queued, slots (ring
+        slots allocated), fetched, retries."""
         with self._cond:
             return {
                 "queued": len(self._ready),
+                "in_flight": self._requested,
                 "max_queued": self.max_queued,
                 "slots": self.slots,
                 "fetched": self.fetched,

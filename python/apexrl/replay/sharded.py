@@ -661,10 +661,14 @@ class ShardedReplayClient:
     def sampler(self, batch_size: int, beta: float = 0.4, prefetch: int = 16,
                 decode: Callable[[SampledBatch], Any] | None = None,
                 timeout: float | None = None, *, decoder: SlotDecoder | None = None,
-                decode_threads: int = 1) -> PrefetchingSampler:
-        """A :class:`PrefetchingSampler` over the set (its own clients), as :meth:`ReplayClient.sampler`."""
+                decode_threads: int = 1, sample_threads: int = 1) -> PrefetchingSampler:
+        """A :class:`PrefetchingSampler` over the set (each sampling thread with clients of its own), as
+        :meth:`ReplayClient.sampler`. Each thread's split of the draws follows the totals of its own previous
+        reply; with ``sample_threads`` = the number of servers, a batch waiting for its slowest server no
+        longer holds up the next one."""
         return PrefetchingSampler(self._same_endpoints, batch_size, beta=beta, prefetch=prefetch, decode=decode,
-                                  timeout=timeout, decoder=decoder, decode_threads=decode_threads)
+                                  timeout=timeout, decoder=decoder, decode_threads=decode_threads,
+                                  sample_threads=sample_threads)
 
     def inserter(self, max_in_flight: int = 8, *, timeout: float | None = None,
                  on_ack: Callable[[np.ndarray, float], Any] | None = None) -> PipelinedInserter:

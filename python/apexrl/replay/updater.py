@@ -69,8 +69,7 @@ class AsyncUpdater(BackgroundHelper, _ClosingContext):
         self._counts = {"submitted": 0, "sent": 0, "updated": 0, "failed": 0, "dropped": 0}
         self._start(connect, "apexrl-updater")
 
-    def _run(self) -> None:
-        replay = self._replay
+    def _run(self, replay: Any) -> None:
         try:
             while True:
                 with self._cond:
@@ -141,7 +140,7 @@ class AsyncUpdater(BackgroundHelper, _ClosingContext):
         first pending background error, if any. ReplayTimeout if still outstanding after ``timeout`` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._pending > 0 and self._thread.is_alive():
+            while self._pending > 0 and self._threads[0].is_alive():
                 if deadline is None:
                     self._cond.wait()
                 else:
@@ -175,7 +174,7 @@ class AsyncUpdater(BackgroundHelper, _ClosingContext):
         with self._cond:
             self._closed = True
             self._cond.notify_all()  # wake callers blocked on max_pending
-            while self._pending > 0 and self._thread.is_alive():
+            while self._pending > 0 and self._threads[0].is_alive():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
