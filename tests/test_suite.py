@@ -24,39 +24,45 @@ from apexrl.suite import (
     published_scores,
     suite_row,
 )
+from apexrl.machine import MAX_SPEED_RATIO, speed_mismatch
 
 FAST = ("--learner-args='--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 "
         "--checkpoint-every 100'")
 
 
 def _row(task, seed, mean, agent="d4pg", preset="p", frames=1_000_000, time_s=1200.0, best=float("nan"),
-         t80=float("nan")):
+         t80=float("nan"), step_us=float("nan")):
     paper = published_scores().get(task)
     return {"task": task, "agent": agent, "preset": preset, "seed": seed, "minutes": 20.0, "final_return_mean": mean,
             "env_frames": frames, "time_s": time_s, "best_eval_return": best, "time_to_80pct_d4pg_s": t80,
-            "paper_d4pg_mean": paper["d4pg"].mean if paper else float("nan")}
+            "paper_d4pg_mean": paper["d4pg"].mean if paper else float("nan"), "env_step_cpu_us": step_us}
 
 
 def test_markdown_table_has_mean_and_se_over_seeds_budgets_and_the_published_scores():
-    md = markdown_table([_row("dmc:walker-stand", 0, 900.0, frames=3_000_000, time_s=2400.0, best=950.0, t80=600.0),
-                         _row("dmc:walker-stand", 1, 940.0, frames=3_200_000, time_s=2700.0, best=960.0, t80=1200.0),
-                         _row("dmc:walker-stand", 2, 920.0, frames=3_400_000, time_s=2700.0, best=970.0),
-                         _row("dmc:cartpole-swingup", 0, 800.0, best=810.0),
+    md = markdown_table([_row("dmc:walker-stand", 0, 900.0, frames=3_000_000, time_s=2400.0, best=950.0, t80=600.0,
+                              step_us=86.0),
+                         _row("dmc:walker-stand", 1, 940.0, frames=3_200_000, time_s=2700.0, best=960.0, t80=1200.0,
+                              step_us=130.4),
+                         _row("dmc:walker-stand", 2, 920.0, frames=3_400_000, time_s=2700.0, best=970.0, step_us=90.0),
+                         _row("dmc:cartpole-swingup", 0, 800.0, best=810.0, step_us=203.0),
+                         _row("dmc:cartpole-swingup", 1, 820.0, best=830.0, step_us=205.0),
+                         _row("dmc:cartpole-swingup", 2, 810.0, best=820.0),  # a run from before the record
                          _row("gym:CartPole-v1", 0, 500.0, "dqn"),
                          _row("dmc:walker-walk", 0, 700.0)])  # no periodic evaluations to look at
     lines = md.splitlines()
     assert lines[:2] == [SUITE_TABLE_HEADER, SUITE_TABLE_RULE]
     assert SUITE_TABLE_HEADER.count("|") == SUITE_TABLE_RULE.count("|")
     # SE over seeds: std(ddof=1) of (900, 940, 920) = 20, / sqrt(3) = 11.547; frames and minutes are means over
-    # seeds; the best periodic evaluation is the seeds' mean; 80 % of D4PG: the mean over the 2 seeds that got there.
-    assert ("| dmc:walker-stand | d4pg (p) | 3 | 3.20M | 43.3 | 920.0 ± 11.5 | 900.0 to 940.0 | 960.0 | "
+    # seeds; the best periodic evaluation is the seeds' mean; 80 % of D4PG: the mean over the 2 seeds that got there;
+    # the env step times: their range, one figure when they agree within 5 %, and how many seeds have one.
+    assert ("| dmc:walker-stand | d4pg (p) | 3 | 3.20M | 43.3 | 86 to 130 | 920.0 ± 11.5 | 900.0 to 940.0 | 960.0 | "
             "15.0 (2/3 seeds) | 378.4 ± 3.5 | 969.8 ± 0.3 | 993.1 ± 0.3 |") in lines
-    assert ("| dmc:cartpole-swingup | d4pg (p) | 1 | 1.00M | 20.0 | 800.0 (one seed) | n/a | 810.0 | "
-            "not reached (0/1) | 558.4 ± 6.8 | 521.7 ± 6.1 | 845.5 ± 1.2 |") in lines
-    assert ("| gym:CartPole-v1 | dqn (p) | 1 | 1.00M | 20.0 | 500.0 (one seed) | n/a | n/a | n/a | n/a | n/a | "
+    assert ("| dmc:cartpole-swingup | d4pg (p) | 3 | 1.00M | 20.0 | 203 (2/3 seeds) | 810.0 ± 5.8 | 800.0 to 820.0 | "
+            "820.0 | not reached (0/3) | 558.4 ± 6.8 | 521.7 ± 6.1 | 845.5 ± 1.2 |") in lines
+    assert ("| gym:CartPole-v1 | dqn (p) | 1 | 1.00M | 20.0 | n/a | 500.0 (one seed) | n/a | n/a | n/a | n/a | n/a | "
             "n/a |") in lines
-    assert any(line.startswith("| dmc:walker-walk | d4pg (p) | 1 | 1.00M | 20.0 | 700.0 (one seed) | n/a | n/a | n/a | ")
-               for line in lines)
+    assert any(line.startswith("| dmc:walker-walk | d4pg (p) | 1 | 1.00M | 20.0 | n/a | 700.0 (one seed) | n/a | n/a | "
+                               "n/a | ") for line in lines)
     assert PAPER_NOTE in md and "10^8" in PAPER_NOTE and "Table 1" in PAPER_NOTE
 
 
@@ -100,8 +106,14 @@ def test_a_tiny_suite_writes_rows_and_table_and_does_not_rerun_finished_seeds(tm
         md = f.read().splitlines()
     # Our env frames and wall time beside the published columns (n/a: gym's CartPole is not in the paper's table).
     assert md[2:4] == [SUITE_TABLE_HEADER, SUITE_TABLE_RULE]
+    # The machine's speed at the task, measured before the run, kept in the run directory and the row.
+    with open(os.path.join(run_dir, "machine.json")) as f:
+        records = json.load(f)
+    assert len(records) == 1 and records[0]["env"] == "gym:CartPole-v1" and records[0]["env_step_cpu_us"] > 0
+    assert float(row["env_step_cpu_us"]) == pytest.approx(records[0]["env_step_cpu_us"], rel=1e-5)
     assert any(line.startswith(f"| gym:CartPole-v1 | dqn (cartpole) | 1 | {format_frames(fe['env_frames'])} | "
-                               f"{fe['time_s'] / 60:.1f} | {fe['mean']:.1f} (one seed) | n/a | ") and
+                               f"{fe['time_s'] / 60:.1f} | {records[0]['env_step_cpu_us']:.0f} | "
+                               f"{fe['mean']:.1f} (one seed) | n/a | ") and
                line.endswith("| n/a | n/a | n/a | n/a |") for line in md), md
     assert row["time_to_80pct_d4pg_s"] == row["env_frames_to_80pct_d4pg"] == ""  # no published score
 
@@ -144,3 +156,28 @@ def test_bad_suite_flags_exit_2_naming_the_value(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "gym:Nope-v0" in done.stderr
     assert not os.path.exists(os.path.join(tmp_path, "suite.csv"))
+
+
+def test_speed_mismatch_names_the_runs_more_than_the_ratio_apart():
+    assert speed_mismatch(100.0, {"seed 0": 140.0, "seed 1": 70.0, "seed 2": float("nan")}) is None
+    why = speed_mismatch(100.0, {"seed 0": 151.0, "seed 1": 100.0, "seed 2": 60.0})
+    assert why is not None and "seed 0 151 µs" in why and "seed 2 60 µs" in why and "seed 1" not in why
+    assert "100 µs" in why and str(MAX_SPEED_RATIO) in why
+
+
+def test_a_seed_on_a_machine_of_another_speed_is_refused_before_it_runs(tmp_path):
+    # Seed 0 "finished" on a machine whose CartPole steps took 0.01 µs: no real machine is within 1.5x of that.
+    out = tmp_path / "suite"
+    done_dir = out / "gym-CartPole-v1" / "dqn" / "0"
+    done_dir.mkdir(parents=True)
+    (done_dir / "final_eval.json").write_text(json.dumps({"mean": 500.0, "se": 0.0, "episodes": 2}))
+    (done_dir / "machine.json").write_text(json.dumps([{"env": "gym:CartPole-v1", "env_step_cpu_us": 0.01}]))
+    cmd = [sys.executable, "-m", "apexrl", "bench-suite", "--tasks", "gym:CartPole-v1", "--seeds", "2",
+           "--minutes", "1", "--out", str(out)]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "seed 1 not run" in refused.stderr and "seed 0 0 µs" in refused.stderr
+    assert "--mixed-machines" in refused.stderr
+    assert not (out / "gym-CartPole-v1" / "dqn" / "1").exists()  # nothing started
+    with open(out / "suite.csv", newline="") as f:  # the finished seed is still tabled
+        assert [r["seed"] for r in csv.DictReader(f)] == ["0"]

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from apexrl.durable import make_private_dirs, write_atomically
+from apexrl.machine import machine_record, recorded_step_us, save_record, speed_mismatch
 from apexrl.rundir import (
     CHECKPOINT,
     FINAL_EVAL,
@@ -40,13 +41,15 @@ __all__ = ["PAPER_AGENTS", "PAPER_NOTE", "PUBLISHED_TABLES", "SUITE_COLUMNS", "S
 SUITE_COLUMNS = ("task", "agent", "preset", "seed", "minutes", "learner_steps", "env_frames", "final_return_mean",
                  "final_return_se", "episodes", "best_eval_return", "run_dir", "time_s", "paper_a3c_mean",
                  "paper_a3c_se", "paper_ddpg_mean", "paper_ddpg_se", "paper_d4pg_mean", "paper_d4pg_se",
-                 "time_to_80pct_d4pg_s", "env_frames_to_80pct_d4pg")
+                 "time_to_80pct_d4pg_s", "env_frames_to_80pct_d4pg", "env_step_cpu_us")
 """suite.csv's columns. ``time_s``: the learner's wall time when its final checkpoint was taken; ``paper_*``:
 the task's published scores after 10^8 environment steps (:func:`published_scores`), empty for other tasks;
 ``best_eval_return``: the best of the run's periodic evaluations (metrics.csv), against ``final_return_*``, the
 final evaluation's; ``time_to_80pct_d4pg_s`` and ``env_frames_to_80pct_d4pg``: the learner's wall time and the
 env frames of the weights of the first periodic evaluation that reached 80 % of the published D4PG mean, empty
-when none did (or the task has no published score)."""
+when none did (or the task has no published score); ``env_step_cpu_us``: the machine's CPU time per
+environment step measured before the run (:mod:`apexrl.machine`; the median when it was resumed), empty for a
+run without that record."""
 
 TARGET_FRACTION = 0.8
 """``time_to_80pct_d4pg_s``: the fraction of the published D4PG score a run's periodic evaluation must reach."""
@@ -100,7 +103,8 @@ PAPER_NOTE = ("Published: A3C, DDPG and D4PG (learning from state features) afte
               "time shown (means over seeds); best periodic evaluation: each seed's best evaluation during "
               "training (fewer episodes), averaged over seeds; first ≥ 80 %: the learner minutes of the weights "
               "of the first periodic evaluation at 80 % of the published D4PG mean, averaged over the seeds that "
-              "got there.")
+              "got there; env step: the CPU time of one environment step on the machine each seed ran on, "
+              "measured before its run (runs are wall-time budgets: a slower machine trains for fewer frames).")
 
 
 class SuiteError(Exception):
@@ -174,7 +178,7 @@ def suite_row(run: SuiteRun, fe: dict, minutes: float) -> dict:
             "final_return_mean": float(fe["mean"]), "final_return_se": float(fe["se"]),
             "episodes": int(fe["episodes"]), "best_eval_return": _best_eval(run.run_dir), "run_dir": run.run_dir,
             "time_s": float(fe.get("time_s", math.nan)), **paper, "time_to_80pct_d4pg_s": t80,
-            "env_frames_to_80pct_d4pg": f80}
+            "env_frames_to_80pct_d4pg": f80, "env_step_cpu_us": recorded_step_us(run.run_dir)}
 
 
 def suite_rows(runs: Sequence[SuiteRun], minutes: float) -> list[dict]:
@@ -217,10 +221,22 @@ def format_frames(n: float) -> str:
     return "n/a" if math.isnan(n) else f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n:,.0f}"
 
 
-SUITE_TABLE_HEADER = ("| task | agent (preset) | seeds | env frames | wall time (min) | final return (mean ± SE "
-                      "over seeds) | final return (range over seeds) | best periodic evaluation (mean over seeds) | "
-                      "first ≥ 80 % of published D4PG (min) | published A3C | published DDPG | published D4PG |")
-SUITE_TABLE_RULE = "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+SUITE_TABLE_HEADER = ("| task | agent (preset) | seeds | env frames | wall time (min) | env step (CPU µs) | final "
+                      "return (mean ± SE over seeds) | final return (range over seeds) | best periodic evaluation (mean "
+                      "over seeds) | first ≥ 80 % of published D4PG (min) | published A3C | published DDPG | "
+                      "published D4PG |")
+SUITE_TABLE_RULE = "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+
+
+def _speed_cell(rs: Sequence[dict]) -> str:
+    """The machines' env step times: one figure, or the range over the seeds (n/a for runs without a record)."""
+    values = [float(r.get("env_step_cpu_us", math.nan)) for r in rs]
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return "n/a"
+    low, high = min(values), max(values)
+    known = "" if len(values) == len(rs) else f" ({len(values)}/{len(rs)} seeds)"
+    return (f"{low:.0f}" if high / low < 1.05 else f"{low:.0f} to {high:.0f}") + known
 
 
 def _reached_cell(rs: Sequence[dict]) -> str:
@@ -258,7 +274,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
         paper = published.get(task)
         cells = [f"{paper[a].mean:.1f} ± {paper[a].se:.1f}" if paper else "n/a" for a in SUITE_PAPER_AGENTS]
         lines.append(f"| {task} | {agent} ({preset}) | {len(rs)} | {format_frames(frames)} | {_fmt(minutes)} | "
-                     f"{ours} | {spread} | {best} | {_reached_cell(rs)} | " + " | ".join(cells) + " |")
+                     f"{_speed_cell(rs)} | {ours} | {spread} | {best} | {_reached_cell(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + PAPER_NOTE + "\n"
 
 
@@ -319,9 +335,12 @@ def _left(run_dir: str, minutes: float, steps: int) -> tuple[float, bool]:
 
 def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent: str | None = None,
               preset: str | None = None, actors: int | None = None, episodes: int = 10, steps: int = 0,
-              run_args: str = "") -> int:
-    """Run the suite; returns the exit status (0: every run evaluated, 1: some failed, 130: stopped)."""
+              run_args: str = "", mixed_machines: bool = False) -> int:
+    """Run the suite; returns the exit status (0: every run evaluated, 1: some failed, 130: stopped). SuiteError
+    (nothing run from then on) when a seed would run on a machine of another speed than the task's finished
+    seeds (see :mod:`apexrl.machine`), unless ``mixed_machines``."""
     runs = plan_runs(tasks, seeds, out, agent, preset)
+    speeds: dict[str, dict] = {}  # task -> this machine's record, measured once
     stop = _Stop()
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     failed = 0
@@ -338,7 +357,23 @@ def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent:
                 if done:
                     print(f"bench-suite: {r.task} seed {r.seed} finished training earlier ({r.run_dir}); "
                           "evaluating it", flush=True)
+            record = None
             if not done:
+                if r.task not in speeds:
+                    speeds[r.task] = machine_record(r.task)
+                record = speeds[r.task]
+                others = {f"seed {o.seed}": recorded_step_us(o.run_dir) for o in runs
+                          if (o.task, o.agent, o.preset) == (r.task, r.agent, r.preset) and o.seed != r.seed
+                          and os.path.exists(os.path.join(o.run_dir, FINAL_EVAL))}
+                if resume:
+                    others[f"its own first start (seed {r.seed})"] = recorded_step_us(r.run_dir)
+                why = speed_mismatch(record["env_step_cpu_us"], others)
+                if why is not None:
+                    if not mixed_machines:
+                        raise SuiteError(f"{r.task} seed {r.seed} not run: {why}. Run every seed on one machine "
+                                         "(a new --out), or give --mixed-machines to go on anyway")
+                    print(f"bench-suite: {r.task} seed {r.seed}: {why}; going on (--mixed-machines)",
+                          file=sys.stderr, flush=True)
                 args = ["run", "--env", r.task, "--agent", r.agent, "--preset", r.preset, "--seed", str(r.seed),
                         "--run-dir", r.run_dir, "--minutes", f"{left:g}", "--final-eval", str(episodes), "--quiet",
                         *shlex.split(run_args)]
@@ -348,8 +383,11 @@ def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent:
                     args += ["--steps", str(steps)]
                 if resume:
                     args.append("--resume")
-                print(f"bench-suite: {r.task} {r.agent} seed {r.seed} -> {r.run_dir}", flush=True)
+                print(f"bench-suite: {r.task} {r.agent} seed {r.seed} -> {r.run_dir} (an env step: "
+                      f"{record['env_step_cpu_us']:.0f} µs of CPU here)", flush=True)
                 code = _apexrl(args, stop)
+                if os.path.isdir(r.run_dir):
+                    save_record(r.run_dir, record)
             else:
                 code = 0
             if stop.requested:

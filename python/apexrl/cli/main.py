@@ -198,6 +198,10 @@ def _fill_suite_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="episodes of each final evaluation (default 10)")
     p.add_argument("--out", default="suite", help="output directory (default ./suite)")
     p.add_argument("--run-args", default="", help="extra `apexrl run` flags for every run, quoted")
+    p.add_argument("--mixed-machines", action="store_true",
+                   help="add seeds even on a machine whose environment steps are more than 1.5x faster or slower "
+                   "than where the task's finished seeds ran (default: refuse; runs are wall-time budgets, so their "
+                   "frames would not compare; each run's speed is in RUN_DIR/machine.json and suite.csv)")
     return p
 
 
@@ -465,7 +469,7 @@ def evaluate_main(argv: Sequence[str]) -> int:
 
 
 def suite_main(argv: Sequence[str]) -> int:
-    from apexrl.suite import run_suite
+    from apexrl.suite import SuiteError, run_suite
 
     parser = _fill_suite_parser(argparse.ArgumentParser(prog=f"{PROG} bench-suite", **_suite_kwargs()))
     args = parser.parse_args(argv)
@@ -473,8 +477,9 @@ def suite_main(argv: Sequence[str]) -> int:
         parser.error("--minutes 0 needs --steps N (else the runs never end)")
     try:
         return run_suite(args.tasks, args.seeds, args.minutes, args.out, agent=args.agent, preset=args.preset,
-                         actors=args.actors, episodes=args.episodes, steps=args.steps, run_args=args.run_args)
-    except ValueError as e:
+                         actors=args.actors, episodes=args.episodes, steps=args.steps, run_args=args.run_args,
+                         mixed_machines=args.mixed_machines)
+    except (ValueError, SuiteError) as e:
         parser.error(str(e))
 
 
