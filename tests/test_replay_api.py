@@ -136,7 +136,10 @@ def test_a_failing_replay_call_is_raised_by_the_next_inserter_call():
     ins.close()
 
 
-def test_close_interrupts_an_interruptible_replay_that_does_not_answer():
+@pytest.mark.parametrize("threads", [1, 3])
+def test_close_interrupts_an_interruptible_replay_that_does_not_answer(threads):
+    made = []
+
     class Stuck(LocalReplay):
         def __init__(self) -> None:
             super().__init__()
@@ -153,9 +156,13 @@ def test_close_interrupts_an_interruptible_replay_that_does_not_answer():
         def close(self) -> None:
             self.closed = True
 
-    stuck = Stuck()
-    assert isinstance(stuck, Interruptible)
-    sampler = PrefetchingSampler(lambda: stuck, 4)
+    def connect() -> Stuck:
+        made.append(Stuck())
+        return made[-1]
+
+    sampler = PrefetchingSampler(connect, 4, sample_threads=threads)
+    assert len(made) == threads and isinstance(made[0], Interruptible)  # a connection per thread, made here
     t0 = time.monotonic()
     sampler.close()
-    assert time.monotonic() - t0 < 5.0 and stuck.closed and not any(t.is_alive() for t in sampler._threads)
+    assert time.monotonic() - t0 < 5.0 and all(r.closed for r in made)
+    assert not any(t.is_alive() for t in sampler._threads)

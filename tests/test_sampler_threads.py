@@ -1,6 +1,7 @@
 """PrefetchingSampler with several SAMPLE requests in flight (``sample_threads``): the requests really overlap,
 never more than ``prefetch`` batches exist ahead of the consumer, batches from one or several real servers (on
-127.0.0.1) keep their distribution, and close() or an error stops every thread.
+127.0.0.1) keep their distribution, and an error in one thread stops them all (close() with several threads: in
+test_replay_api.py).
 
 The statistical test fixes every seed (servers, client split and stores), so it draws the same batches on every
 run; the p-value floor guards against a wrong distribution, not against bad luck.
@@ -14,28 +15,32 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from apexrl.errors import Interrupted, ReplayTimeout, ServerError
+from apexrl.errors import ReplayTimeout, ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient
 from apexrl.replay.sampler import MAX_SAMPLE_THREADS, PrefetchingSampler
 from apexrl.replay.sharded import ShardedReplayClient
 from test_apex_processes import wait_until
 from test_replay_api import LocalReplay, filled
-from test_sampling_stats import P_VALUE_FLOOR, chi2_sf
-from test_sharded import ALPHA, BETA, PRIORITIES, _fill, running
+from test_sharded import ALPHA, BETA, _fill, check_draws, running
+
+
+class Overlapping(LocalReplay):
+    """Each sample() waits at ``barrier`` first: it returns only while that many requests are in flight together."""
+
+    def __init__(self, barrier: threading.Barrier, items: int) -> None:
+        super().__init__()
+        self.barrier = barrier
+        self.insert(np.ones(items), [f"item-{i}".encode() for i in range(items)])
+
+    def sample(self, n, beta=0.4, timeout=None):
+        self.barrier.wait()
+        return super().sample(n, beta)
 
 
 def test_sample_threads_keep_that_many_requests_in_flight_at_once():
-    # Each sample() waits at a barrier of 3: it returns only while 3 requests are in flight together.
     barrier = threading.Barrier(3, timeout=30)
-
-    class Overlapping(LocalReplay):
-        def sample(self, n, beta=0.4, timeout=None):
-            barrier.wait()
-            return super().sample(n, beta)
-
-    replay = Overlapping()
-    replay.insert(np.ones(20), [f"item-{i}".encode() for i in range(20)])
+    replay = Overlapping(barrier, 20)
     with PrefetchingSampler(lambda: replay, 4, prefetch=3, sample_threads=3) as sampler:
         for _ in range(9):
             assert len(sampler.next(timeout=60)) == 4
@@ -45,15 +50,7 @@ def test_sample_threads_keep_that_many_requests_in_flight_at_once():
 
 def test_fewer_threads_than_the_overlap_needs_never_get_there():
     # The same barrier, one thread short: the first batch never comes and the broken barrier reaches the consumer.
-    barrier = threading.Barrier(3, timeout=1.0)
-
-    class Overlapping(LocalReplay):
-        def sample(self, n, beta=0.4, timeout=None):
-            barrier.wait()
-            return super().sample(n, beta)
-
-    replay = Overlapping()
-    replay.insert(np.ones(5), [b"a", b"b", b"c", b"d", b"e"])
+    replay = Overlapping(threading.Barrier(3, timeout=1.0), 5)
     with PrefetchingSampler(lambda: replay, 2, prefetch=3, sample_threads=2) as sampler:
         with pytest.raises(threading.BrokenBarrierError):
             sampler.next(timeout=60)
@@ -118,38 +115,6 @@ def test_timeouts_of_every_thread_are_retried_and_counted():
         assert sampler.stats()["retries"] == 6 and sampler.stats()["in_flight"] <= 4
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_close_interrupts_every_thread_waiting_on_a_replay_that_does_not_answer(threads):
-    made = []
-
-    class Stuck(LocalReplay):
-        def __init__(self) -> None:
-            super().__init__()
-            self.interrupted = threading.Event()
-            self.closed = False
-
-        def sample(self, n, beta=0.4, timeout=None):
-            self.interrupted.wait()
-            raise Interrupted("interrupted")
-
-        def interrupt(self) -> None:
-            self.interrupted.set()
-
-        def close(self) -> None:
-            self.closed = True
-
-    def connect() -> Stuck:
-        made.append(Stuck())
-        return made[-1]
-
-    sampler = PrefetchingSampler(connect, 4, sample_threads=threads)
-    assert len(made) == threads  # one connection per thread, made in the caller's thread
-    t0 = time.monotonic()
-    sampler.close()
-    assert time.monotonic() - t0 < 5.0 and all(r.closed for r in made)
-    assert not any(t.is_alive() for t in sampler._threads)
-
-
 @pytest.mark.parametrize("bad", [0, MAX_SAMPLE_THREADS + 1, True, 2.0])
 def test_a_bad_thread_count_is_refused_before_any_connection(bad):
     def never():
@@ -199,26 +164,17 @@ def test_threads_over_one_real_server_hand_out_whole_valid_batches():
 def test_threads_over_sharded_servers_keep_the_global_proportional_distribution():
     with running(3, alpha=ALPHA, shards=4) as endpoints:
         priority_of = _fill(endpoints)
-        masses = {item: p**ALPHA for item, p in priority_of.items()}
-        total = sum(masses.values())
-        items = list(priority_of)
+        total = sum(p**ALPHA for p in priority_of.values())
         counts: Counter[bytes] = Counter()
-        batches, n = 200, 64
         with ShardedReplayClient(endpoints, seed=5) as sharded, \
-                sharded.sampler(n, beta=BETA, prefetch=4, sample_threads=3) as sampler:
-            for _ in range(batches):
+                sharded.sampler(64, beta=BETA, prefetch=4, sample_threads=3) as sampler:
+            for _ in range(200):
                 batch = sampler.next(timeout=30)
                 got = [bytes(it) for it in batch.raw.items]
                 counts.update(got)
-                np.testing.assert_allclose(batch.probabilities, [masses[i] / total for i in got], rtol=1e-9)
-    draws = batches * n
-    observed = np.array([counts[i] for i in items], dtype=float)
-    expected = np.array([draws * masses[i] / total for i in items])
-    chi2 = float(((observed - expected) ** 2 / expected).sum())
-    assert chi2_sf(chi2, len(items) - 1) > P_VALUE_FLOOR, (chi2, observed, expected)
-    for s, row in enumerate(PRIORITIES):
-        share = sum(observed[i] for i, it in enumerate(items) if it.startswith(f"s{s}".encode())) / draws
-        assert share == pytest.approx(sum(p**ALPHA for p in row) / total, abs=0.02)
+                np.testing.assert_allclose(batch.probabilities, [priority_of[i] ** ALPHA / total for i in got],
+                                           rtol=1e-9)
+    check_draws(counts, priority_of)
 
 
 def test_sample_threads_flag_on_the_learner_and_through_apexrl_run(tmp_path):

@@ -124,12 +124,20 @@ def test_draws_follow_the_global_proportional_distribution_with_exact_global_wei
             # The keys name the server that holds each item.
             servers_of = (batch.keys & np.uint64(0xFF)) >> np.uint64(8 - server_bits(3))
             assert [int(s) for s in servers_of] == [int(i[1:2]) for i in got]
-    draws = batches * n
+    check_draws(counts, priority_of)
+
+
+def check_draws(counts: Counter[bytes], priority_of: dict[bytes, float]) -> None:
+    """The items drawn (``counts``) follow the global proportional distribution over the servers of _fill: a
+    chi-square test over the items, and each server's share of the draws is its share of the mass (the split,
+    not only the items)."""
+    items = list(priority_of)
+    masses = {item: p**ALPHA for item, p in priority_of.items()}
+    total, draws = sum(masses.values()), sum(counts.values())
     observed = np.array([counts[i] for i in items], dtype=float)
     expected = np.array([draws * masses[i] / total for i in items])
     chi2 = float(((observed - expected) ** 2 / expected).sum())
     assert chi2_sf(chi2, len(items) - 1) > P_VALUE_FLOOR, (chi2, observed, expected)
-    # Each server's share of the draws is its share of the mass (the split, not only the items).
     for s, row in enumerate(PRIORITIES):
         share = sum(observed[i] for i, it in enumerate(items) if it.startswith(f"s{s}".encode())) / draws
         assert share == pytest.approx(sum(p**ALPHA for p in row) / total, abs=0.02)
