@@ -32,9 +32,11 @@ MAX_SPEED_RATIO = 1.5
 """Most a new seed's env step time may differ (either way) from the finished seeds' before the suite refuses."""
 
 
-def env_step_us(env_name: str, seed: int = 0, cpu_seconds: float = 1.0, min_steps: int = 200) -> float:
+def env_step_us(env_name: str, seed: int = 0, cpu_seconds: float = 1.5, min_steps: int = 300,
+                parts: int = 5) -> float:
     """Microseconds of this process's CPU time per agent step of ``env_name`` (``reset()`` not counted), with
-    uniformly random actions, over at least ``min_steps`` steps and ``cpu_seconds`` of CPU time."""
+    uniformly random actions: the median over ``parts`` stretches, each of at least ``min_steps / parts`` steps
+    and ``cpu_seconds / parts`` of CPU time (a median, as a moment of contention can slow one stretch)."""
     from apexrl.envs import make_env
 
     env = make_env(env_name, seed)
@@ -52,18 +54,21 @@ def env_step_us(env_name: str, seed: int = 0, cpu_seconds: float = 1.0, min_step
             result = env.step(action())
             if result.terminated or result.truncated:
                 env.reset()
-        steps, cpu = 0, 0.0
         over = False
-        while steps < min_steps or cpu < cpu_seconds:
-            if over:
-                env.reset()
-            a = action()
-            t0 = time.process_time()
-            result = env.step(a)
-            cpu += time.process_time() - t0
-            steps += 1
-            over = result.terminated or result.truncated
-        return 1e6 * cpu / steps
+        per_step = []
+        for _ in range(parts):
+            steps, cpu = 0, 0.0
+            while steps < min_steps / parts or cpu < cpu_seconds / parts:
+                if over:
+                    env.reset()
+                a = action()
+                t0 = time.process_time()
+                result = env.step(a)
+                cpu += time.process_time() - t0
+                steps += 1
+                over = result.terminated or result.truncated
+            per_step.append(1e6 * cpu / steps)
+        return statistics.median(per_step)
     finally:
         env.close()
 
