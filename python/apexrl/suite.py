@@ -357,7 +357,6 @@ def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent:
                 if done:
                     print(f"bench-suite: {r.task} seed {r.seed} finished training earlier ({r.run_dir}); "
                           "evaluating it", flush=True)
-            record = None
             if not done:
                 if r.task not in speeds:
                     speeds[r.task] = machine_record(r.task)

@@ -129,18 +129,25 @@ class BackgroundHelper:
             thread.start()
 
     def _interrupt_and_join(self) -> None:
-        for replay in self._replays:
-            if isinstance(replay, Interruptible):
-                replay.interrupt()
-        for replay, thread in zip(self._replays, self._threads):
-            interrupt_and_join(replay, thread)
+        for replay in self._replays:  # every call first, so that the threads stop side by side
+            _interrupt(replay)
+        for thread in self._threads:
+            _join(thread)
 
 
 def interrupt_and_join(replay: Any, thread: threading.Thread) -> None:
     """Abandon ``replay``'s call in progress (when it is Interruptible) and join ``thread`` (unless it is this
     one). The thread closes ``replay`` itself: only the thread that uses a connection closes it."""
+    _interrupt(replay)
+    _join(thread)
+
+
+def _interrupt(replay: Any) -> None:
     if isinstance(replay, Interruptible):
         replay.interrupt()
+
+
+def _join(thread: threading.Thread) -> None:
     if thread.is_alive() and thread is not threading.current_thread():
         thread.join()
 
