@@ -1,5 +1,7 @@
 """One table of every ``apexrl bench-suite`` output committed under ``bench/curves/`` (each ``*/suite.csv``):
-the rows of all presets and tasks together, in the suite's own Markdown format. From the repository root::
+the rows of all presets and tasks together, in the suite's own Markdown format with a first column naming the
+suite directory. Each directory keeps its own rows: two suites of one preset and task (say, run on machines of
+different speeds) are never averaged together. From the repository root::
 
     python bench/suite_tables.py                 # all of them
     python bench/suite_tables.py --glob 'apex-*-cartpole-swingup'
@@ -18,23 +20,34 @@ from apexrl.suite import markdown_table
 TEXT = ("task", "agent", "preset", "run_dir")
 
 
-def read_rows(pattern: str) -> list[dict]:
-    rows = []
-    for path in sorted(glob.glob(os.path.join(pattern, "suite.csv"))):
+def read_rows(pattern: str) -> dict[str, list[dict]]:
+    """Suite directory name -> its suite.csv rows."""
+    suites = {}
+    for path in sorted(glob.glob(os.path.join(pattern, "suite.csv")), key=os.path.dirname):
         with open(path, newline="", encoding="utf-8") as f:
-            for r in csv.DictReader(f):
-                rows.append({k: v if k in TEXT else (float(v) if v else math.nan) for k, v in r.items()})
-    return rows
+            suites[os.path.basename(os.path.dirname(path))] = [
+                {k: v if k in TEXT else (float(v) if v else math.nan) for k, v in r.items()} for r in csv.DictReader(f)]
+    return suites
+
+
+def combined_table(suites: dict[str, list[dict]]) -> str:
+    """One Markdown table: each suite's own rows (``markdown_table`` of that suite alone), a first column naming it."""
+    header, rule, body, note = "", "", [], ""
+    for name, rows in suites.items():
+        table, note = markdown_table(rows).split("\n\n", 1)
+        header, rule, *lines = table.splitlines()
+        body += [f"| {name} {line}" for line in lines]
+    return "\n".join([f"| suite (bench/curves/) {header}", f"|---{rule}", *body]) + "\n\n" + note
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--glob", default="*", help="suite directories under bench/curves (default: all)")
     args = p.parse_args()
-    rows = read_rows(os.path.join(os.path.dirname(os.path.abspath(__file__)), "curves", args.glob))
-    if not rows:
+    suites = read_rows(os.path.join(os.path.dirname(os.path.abspath(__file__)), "curves", args.glob))
+    if not suites:
         raise SystemExit(f"no suite.csv under bench/curves/{args.glob}")
-    print(markdown_table(rows))
+    print(combined_table(suites), end="")
 
 
 if __name__ == "__main__":
