@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from apexrl.durable import make_private_dirs, write_atomically
-from apexrl.machine import machine_record, recorded_step_us, save_record, speed_mismatch
+from apexrl.machine import fastest_record, machine_record, recorded_step_us, save_record, speed_mismatch
 from apexrl.rundir import (
     CHECKPOINT,
     FINAL_EVAL,
@@ -333,6 +333,18 @@ def _left(run_dir: str, minutes: float, steps: int) -> tuple[float, bool]:
     return (minutes - trained_min if minutes else 0.0), False
 
 
+MEASUREMENTS_BEFORE_REFUSING = 3
+"""How many times the suite measures the machine (keeping the fastest) before it refuses a seed for its speed."""
+
+
+def _measured(record: dict) -> str:
+    n = int(record.get("measurements", 1))
+    said = f"the fastest of {n} measurements" if n > 1 else "one measurement"
+    if record.get("other_cpus") is not None:
+        said += f"; other processes used {record['other_cpus']:.2f} of {record.get('cpus')} CPUs during it"
+    return said
+
+
 def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent: str | None = None,
               preset: str | None = None, actors: int | None = None, episodes: int = 10, steps: int = 0,
               run_args: str = "", mixed_machines: bool = False) -> int:
@@ -367,7 +379,12 @@ def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent:
                 if resume:
                     others[f"its own first start (seed {r.seed})"] = recorded_step_us(r.run_dir)
                 why = speed_mismatch(record["env_step_cpu_us"], others)
+                while why is not None and record.get("measurements", 1) < MEASUREMENTS_BEFORE_REFUSING:
+                    # Other work on the machine inflates one measurement: measure again, keep the fastest.
+                    record = speeds[r.task] = fastest_record([record, machine_record(r.task)])
+                    why = speed_mismatch(record["env_step_cpu_us"], others)
                 if why is not None:
+                    why += f" ({_measured(record)})"
                     if not mixed_machines:
                         raise SuiteError(f"{r.task} seed {r.seed} not run: {why}. Run every seed on one machine "
                                          "(a new --out), or give --mixed-machines to go on anyway")
