@@ -15,7 +15,7 @@ import glob
 import math
 import os
 
-from apexrl.suite import markdown_table
+from apexrl.suite import PAPER_NOTE, SUITE_TABLE_HEADER, SUITE_TABLE_RULE, markdown_rows
 
 TEXT = ("task", "agent", "preset", "run_dir")
 
@@ -31,13 +31,10 @@ def read_rows(pattern: str) -> dict[str, list[dict]]:
 
 
 def combined_table(suites: dict[str, list[dict]]) -> str:
-    """One Markdown table: each suite's own rows (``markdown_table`` of that suite alone), a first column naming it."""
-    header, rule, body, note = "", "", [], ""
-    for name, rows in suites.items():
-        table, note = markdown_table(rows).split("\n\n", 1)
-        header, rule, *lines = table.splitlines()
-        body += [f"| {name} {line}" for line in lines]
-    return "\n".join([f"| suite (bench/curves/) {header}", f"|---{rule}", *body]) + "\n\n" + note
+    """One Markdown table: each suite's own rows (grouped within that suite alone), a first column naming it."""
+    body = [f"| {name} {line}" for name, rows in suites.items() for line in markdown_rows(rows)]
+    return "\n".join([f"| suite (bench/curves/) {SUITE_TABLE_HEADER}", f"|---{SUITE_TABLE_RULE}", *body]) + \
+        "\n\n" + PAPER_NOTE + "\n"
 
 
 def main() -> None:

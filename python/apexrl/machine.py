@@ -29,8 +29,8 @@ import numpy as np
 
 from apexrl.durable import write_atomically
 
-__all__ = ["MACHINE_FILE", "MAX_SPEED_RATIO", "env_step_us", "fastest_record", "machine_record", "recorded_step_us", "save_record",
-           "speed_mismatch"]
+__all__ = ["MACHINE_FILE", "MAX_SPEED_RATIO", "env_step_us", "fastest_record", "machine_record", "recorded_step_us",
+           "save_record", "speed_mismatch"]
 
 MACHINE_FILE = "machine.json"
 """A run directory's machine records (a JSON list, one per start of the run)."""

@@ -36,7 +36,7 @@ from apexrl.rundir import (
 
 __all__ = ["PAPER_AGENTS", "PAPER_NOTE", "PUBLISHED_TABLES", "SUITE_COLUMNS", "SUITE_TABLE_HEADER", "SUITE_TABLE_RULE",
            "TARGET_FRACTION", "PublishedScore", "SuiteError", "SuiteRun", "first_reaching", "format_frames",
-           "markdown_table", "published_scores", "run_suite", "suite_row", "suite_rows"]
+           "markdown_rows", "markdown_table", "published_scores", "run_suite", "suite_row", "suite_rows"]
 
 SUITE_COLUMNS = ("task", "agent", "preset", "seed", "minutes", "learner_steps", "env_frames", "final_return_mean",
                  "final_return_se", "episodes", "best_eval_return", "run_dir", "time_s", "paper_a3c_mean",
@@ -256,10 +256,16 @@ def markdown_table(rows: Sequence[dict]) -> str:
     """Per task and agent: mean ± SE and range over seeds of the final evaluation returns, the mean of the seeds'
     best periodic evaluations, the minutes to a periodic evaluation at 80 % of the published D4PG score, with the
     env frames and wall time the runs trained for (means over seeds), beside the task's published scores."""
+    lines = [SUITE_TABLE_HEADER, SUITE_TABLE_RULE, *markdown_rows(rows)]
+    return "\n".join(lines) + "\n\n" + PAPER_NOTE + "\n"
+
+
+def markdown_rows(rows: Sequence[dict]) -> list[str]:
+    """The body lines of :func:`markdown_table` (one per task, agent and preset), for tables that add columns."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["task"], r["agent"], r["preset"]), []).append(r)
-    lines = [SUITE_TABLE_HEADER, SUITE_TABLE_RULE]
+    lines = []
     published = published_scores()
     for (task, agent, preset), rs in groups.items():
         finals = [r["final_return_mean"] for r in rs]
@@ -275,7 +281,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
         cells = [f"{paper[a].mean:.1f} ± {paper[a].se:.1f}" if paper else "n/a" for a in SUITE_PAPER_AGENTS]
         lines.append(f"| {task} | {agent} ({preset}) | {len(rs)} | {format_frames(frames)} | {_fmt(minutes)} | "
                      f"{_speed_cell(rs)} | {ours} | {spread} | {best} | {_reached_cell(rs)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + PAPER_NOTE + "\n"
+    return lines
 
 
 def _csv_text(rows: Sequence[dict]) -> str:

@@ -200,8 +200,8 @@ def _fill_suite_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--run-args", default="", help="extra `apexrl run` flags for every run, quoted")
     p.add_argument("--mixed-machines", action="store_true",
                    help="add seeds even on a machine whose environment steps are more than 1.5x faster or slower "
-                   "than where the task's finished seeds ran (default: measure three times, keep the fastest, then refuse; "
-                   "runs are wall-time budgets, so their frames would not compare; each run's speed is in "
+                   "than where the task's finished seeds ran (default: measure three times, keep the fastest, then "
+                   "refuse; runs are wall-time budgets, so their frames would not compare; each run's speed is in "
                    "RUN_DIR/machine.json and suite.csv; other work on the machine inflates it, so measure it quiet)")
     return p
 
