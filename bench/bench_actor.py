@@ -35,8 +35,23 @@ PAPER_FRAMES_PER_ACTOR = 139
 def start_server(log_dir: str, name: str) -> tuple[subprocess.Popen, str]:
     """A replay server of its own per environment (a server keeps the first transition spec declared to it)."""
     log = open(os.path.join(log_dir, f"server-{name.replace(':', '-')}.log"), "wb")  # noqa: SIM115 (the child's)
-    proc = subprocess.Popen([sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--bind", "127.0.0.1",
-                             "--capacity", "200000", "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=log)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "apexrl.cli.server",
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--capacity",
+            "200000",
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+    )
     ready, _, _ = select.select([proc.stdout], [], [], 60)
     line = proc.stdout.readline().decode() if ready else ""
     if "listening on" not in line:
@@ -50,9 +65,17 @@ def actor_rate(env: str, k: int, endpoint: str, seconds: float, warmup: float) -
     from apexrl.apex.actor import Actor
     from apexrl.apex.config import ActorConfig
 
-    config = ActorConfig(agent=AGENTS.get(env, "dqn"), env=env, replay=endpoint, params="tcp://127.0.0.1:9",
-                         envs_per_actor=k, wait_for_params=0.0, params_every_frames=10**15, params_timeout=0.05,
-                         log_every=3600.0)
+    config = ActorConfig(
+        agent=AGENTS.get(env, "dqn"),
+        env=env,
+        replay=endpoint,
+        params="tcp://127.0.0.1:9",
+        envs_per_actor=k,
+        wait_for_params=0.0,
+        params_every_frames=10**15,
+        params_timeout=0.05,
+        log_every=3600.0,
+    )
     actor = Actor(config)
     marks: list[tuple[float, int]] = []
 

@@ -109,8 +109,14 @@ def pong_frames_store(transitions: int, seed: int = 0):
     for start in range(0, transitions, 500):
         part = {k: v[start : start + 500] for k, v in batch.items()}
         data, offsets, fc = codec.encode(part)
-        store.insert(np.random.default_rng(start).uniform(0.5, 2.0, len(part["action"])), data, offsets,
-                     chunks=fc.chunks(), item_chunks=fc.item_chunks, item_chunk_offsets=fc.item_chunk_offsets)
+        store.insert(
+            np.random.default_rng(start).uniform(0.5, 2.0, len(part["action"])),
+            data,
+            offsets,
+            chunks=fc.chunks(),
+            item_chunks=fc.item_chunks,
+            item_chunk_offsets=fc.item_chunk_offsets,
+        )
     return codec, store, source
 
 
@@ -120,8 +126,14 @@ def _frame_chunks(b):
     return FrameChunks(b.item_chunks, b.item_chunk_offsets, b.chunk_data, b.chunk_offsets)
 
 
-def _timed_threads(loop: Callable[[int], None], threads: int, seconds: float, ready: threading.Barrier,
-                   stop: threading.Event, counts: list[int]) -> float:
+def _timed_threads(
+    loop: Callable[[int], None],
+    threads: int,
+    seconds: float,
+    ready: threading.Barrier,
+    stop: threading.Event,
+    counts: list[int],
+) -> float:
     """Run ``loop(i)`` in ``threads`` threads (each waits at ``ready``, counts its items in ``counts[i]`` and ends
     at ``stop``): the items/s of all of them over one window of ``seconds``."""
     workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
@@ -177,15 +189,18 @@ def run_sampled_frames(args: argparse.Namespace) -> None:
     threads = [int(t) for t in args.threads.split(",")]
     codec, store, source = pong_frames_store(args.transitions)
     n = args.batch
-    print(f"\nframes stored once: sampled and stacks rebuilt, batch {n}, {len(store)} transitions of {source}; "
-          f"{os.cpu_count()} CPUs; {args.rounds} interleaved rounds of {args.window:g} s windows")
+    print(
+        f"\nframes stored once: sampled and stacks rebuilt, batch {n}, {len(store)} transitions of {source}; "
+        f"{os.cpu_count()} CPUs; {args.rounds} interleaved rounds of {args.window:g} s windows"
+    )
     b = store.sample(n, 0.4)
     ref, bad, _ = codec.decode_valid(b.data, b.offsets, _frame_chunks(b))
     got, bad2, _ = codec.decode_valid_into(b.data, b.offsets, _frame_chunks(b), codec.empty_batch(n))
     assert bad is None and bad2 is None and all(np.array_equal(ref[k], got[k]) for k in codec.spec.names)
     stored = int(b.offsets[-1]) + int(b.chunk_offsets[-1]) if len(b.chunk_offsets) else int(b.offsets[-1])
-    print(f"sampled bytes: {stored / n:,.0f} per transition, items + their chunks "
-          f"(raw {codec.spec.transition_bytes:,})")
+    print(
+        f"sampled bytes: {stored / n:,.0f} per transition, items + their chunks (raw {codec.spec.transition_bytes:,})"
+    )
     t0 = time.perf_counter()
     for _ in range(20):
         codec.decode_valid(b.data, b.offsets, _frame_chunks(b))
@@ -194,8 +209,10 @@ def run_sampled_frames(args: argparse.Namespace) -> None:
     for _ in range(20):
         codec.decode_valid_into(b.data, b.offsets, _frame_chunks(b), slot)
     t2 = time.perf_counter()
-    print(f"one batch, decode only (no sampling), mean of 20: python {(t1 - t0) / 20 * 1e3:.2f} ms, "
-          f"native {(t2 - t1) / 20 * 1e3:.2f} ms")
+    print(
+        f"one batch, decode only (no sampling), mean of 20: python {(t1 - t0) / 20 * 1e3:.2f} ms, "
+        f"native {(t2 - t1) / 20 * 1e3:.2f} ms"
+    )
     configs = [("python decode, 1 thr", 1, "python"), ("python decode, 2 thr", 2, "python")]
     configs += [(f"native rebuild, {t} thr", t, "native") for t in threads]
     configs += [(f"control: copy, {t} thr", t, "copy") for t in threads]
@@ -209,9 +226,11 @@ def run_sampled_frames(args: argparse.Namespace) -> None:
         base = rates[configs[2 + len(threads)][0] if mode == "copy" else configs[2][0]]
         ratio = statistics.median(x / y for x, y in zip(r, base))
         print(f"{label:<26}{statistics.median(r):>18,.0f}{ratio:>14.2f}{min(r):>13,.0f}..{max(r):<10,.0f}")
-    print("ratios: median over rounds of (configuration / its 1 thread in the same round; python decode against "
-          "native 1 thread). The control copies a rebuilt batch with numpy (GIL released, no decoding): its ratio "
-          "is what the machine's free cores and memory bandwidth allow at that moment.")
+    print(
+        "ratios: median over rounds of (configuration / its 1 thread in the same round; python decode against "
+        "native 1 thread). The control copies a rebuilt batch with numpy (GIL released, no decoding): its ratio "
+        "is what the machine's free cores and memory bandwidth allow at that moment."
+    )
 
 
 def sampled_window(spec: TransitionSpec, store, n: int, threads: int, seconds: float, mode: str) -> float:
@@ -250,8 +269,10 @@ def run_sampled(args: argparse.Namespace) -> None:
     threads = [int(t) for t in args.threads.split(",")]
     spec, store, source = pong_store(args.transitions)
     n = args.batch
-    print(f"\nsampled and decoded, batch {n}, {len(store)} transitions of {source}; {os.cpu_count()} CPUs; "
-          f"{args.rounds} interleaved rounds of {args.window:g} s windows")
+    print(
+        f"\nsampled and decoded, batch {n}, {len(store)} transitions of {source}; {os.cpu_count()} CPUs; "
+        f"{args.rounds} interleaved rounds of {args.window:g} s windows"
+    )
     b = store.sample(n, 0.4)
     ref = spec.decode(b.data, b.offsets)
     got = spec.decode_into(b.data, b.offsets, spec.empty_batch(n))
@@ -270,9 +291,11 @@ def run_sampled(args: argparse.Namespace) -> None:
         base = rates[configs[1][0] if mode != "copy" else configs[1 + len(threads)][0]]
         ratio = statistics.median(x / y for x, y in zip(r, base))
         print(f"{label:<26}{statistics.median(r):>18,.0f}{ratio:>16.2f}{min(r):>13,.0f}..{max(r):<10,.0f}")
-    print("ratios: median over rounds of (T threads / 1 thread in the same round); python decode is against native 1 "
-          "thread. The control copies decoded bytes with numpy (GIL released, no decoding): its ratio is what the "
-          "machine's free cores and memory allow at that moment.")
+    print(
+        "ratios: median over rounds of (T threads / 1 thread in the same round); python decode is against native 1 "
+        "thread. The control copies decoded bytes with numpy (GIL released, no decoding): its ratio is what the "
+        "machine's free cores and memory allow at that moment."
+    )
 
 
 def run_learner_steps(args: argparse.Namespace) -> None:
@@ -302,8 +325,10 @@ def run_learner_steps(args: argparse.Namespace) -> None:
                 client.insert(np.ones(500), data=np.frombuffer(b.data, np.uint8), offsets=b.offsets)
             threads = [int(t) for t in args.learner_threads.split(",")]
             configs: list[tuple[str, dict]] = [("python decode hook (before)", {"decode": spec.decode_batch})]
-            configs += [(f"native, {t} decode thread(s)", {"decoder": BatchDecoder(spec, args.batch),
-                                                          "decode_threads": t}) for t in threads]
+            configs += [
+                (f"native, {t} decode thread(s)", {"decoder": BatchDecoder(spec, args.batch), "decode_threads": t})
+                for t in threads
+            ]
             steps: dict[str, list[float]] = {}
             for _ in range(args.learner_rounds):
                 for label, hook in configs:
@@ -315,14 +340,18 @@ def run_learner_steps(args: argparse.Namespace) -> None:
                             agent.update(batch.decoded, batch.weights)
                             done += 1
                         steps.setdefault(label, []).append(done / (time.perf_counter() - start))
-            print(f"\nDQN learner steps/s (CPU, torch 1 thread, batch {args.batch}, {args.learner_rounds} interleaved "
-                  f"rounds of {args.learner_window:g} s):")
+            print(
+                f"\nDQN learner steps/s (CPU, torch 1 thread, batch {args.batch}, {args.learner_rounds} interleaved "
+                f"rounds of {args.learner_window:g} s):"
+            )
             base = steps[configs[1][0]]
             for label, _hook in configs:
                 r = steps[label]
                 ratio = statistics.median(x / y for x, y in zip(r, base))
-                print(f"  {label:<30} {statistics.median(r):6.2f} steps/s (x{ratio:.2f} of native 1 thread; "
-                      f"{min(r):.2f}..{max(r):.2f})")
+                print(
+                    f"  {label:<30} {statistics.median(r):6.2f} steps/s (x{ratio:.2f} of native 1 thread; "
+                    f"{min(r):.2f}..{max(r):.2f})"
+                )
     finally:
         server.stop()
 
@@ -332,8 +361,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=2.0, help="timing budget per operation and preset")
     parser.add_argument("--windows", type=int, default=5)
-    parser.add_argument("--only", choices=("codec", "sampled", "frames"), default=None,
-                        help="one section (default: all; sampled includes frames, the frames-stored-once table)")
+    parser.add_argument(
+        "--only",
+        choices=("codec", "sampled", "frames"),
+        default=None,
+        help="one section (default: all; sampled includes frames, the frames-stored-once table)",
+    )
     parser.add_argument("--threads", default="1,2,4,8", help="decode thread counts of the sampled section")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the sampled section")
     parser.add_argument("--window", type=float, default=1.0, help="seconds per window of the sampled section")

@@ -303,8 +303,9 @@ class Worker:
         # One BLAS/OpenMP thread per worker: idle workers' pools otherwise spin on the cores another worker's
         # timing window is using (measured: it halved the sample+update figure of whoever ran next).
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
 
     def read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -369,25 +370,35 @@ def snapshot_stall(megabytes: int = 150, shards: int = 8) -> None:
         save_s = time.perf_counter() - t0
         quiet = longest_sample(lambda: time.sleep(save_s))
         saving = longest_sample(lambda: store.save(path))
-    print(f"{megabytes} MB, {shards} shards: save {save_s * 1e3:.0f} ms; longest sample(32) "
-          f"{saving * 1e3:.1f} ms during a save, {quiet * 1e3:.1f} ms without")
+    print(
+        f"{megabytes} MB, {shards} shards: save {save_s * 1e3:.0f} ms; longest sample(32) "
+        f"{saving * 1e3:.1f} ms during a save, {quiet * 1e3:.1f} ms without"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=2_000_000, help="items in the store (default 2M)")
-    parser.add_argument("--seconds", type=float, default=3.0,
-                        help="measuring time per operation and library, split into --windows windows (default 3)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=3.0,
+        help="measuring time per operation and library, split into --windows windows (default 3)",
+    )
     parser.add_argument("--windows", type=int, default=5, help="alternating timing windows per operation (default 5)")
     parser.add_argument("--only", choices=sorted(ADAPTERS), action="append", help="run only these libraries")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
-    parser.add_argument("--baseline", metavar="PYTHON",
-                        help="also time the apexrl installed for this interpreter (e.g. an older build in another "
-                             "virtualenv), in the same alternating windows: before/after figures from one run")
+    parser.add_argument(
+        "--baseline",
+        metavar="PYTHON",
+        help="also time the apexrl installed for this interpreter (e.g. an older build in another "
+        "virtualenv), in the same alternating windows: before/after figures from one run",
+    )
     parser.add_argument("--worker", choices=sorted(ADAPTERS), help=argparse.SUPPRESS)
-    parser.add_argument("--snapshot-stall", action="store_true",
-                        help="only measure how long save() stalls sampling (a 150 MB store)")
+    parser.add_argument(
+        "--snapshot-stall", action="store_true", help="only measure how long save() stalls sampling (a 150 MB store)"
+    )
     args = parser.parse_args()
     if args.snapshot_stall:
         snapshot_stall()
@@ -431,18 +442,28 @@ def main() -> None:
         r["mt_insert_kept"] = r["mt_insert"] / r["insert"]
         r["mt_sample_kept"] = r["mt_sample"] / r["sample_update"]
 
-    print(f"\n{args.items:,} items of {ITEM_BYTES} B, alpha {ALPHA}, beta {BETA}; rates in items/s "
-          f"(learner: steps/s); median of {args.windows} alternating windows, {args.seconds:g} s per op and library\n")
-    cols = [("insert", "insert 50"), ("sample", "sample 512"), ("update", "update 512"),
-            ("learner", "learner step"), ("mt_insert_kept", "2 thr: insert kept"),
-            ("mt_sample_kept", "2 thr: sample kept"), ("memory_ratio", "RSS / raw bytes")]
+    print(
+        f"\n{args.items:,} items of {ITEM_BYTES} B, alpha {ALPHA}, beta {BETA}; rates in items/s "
+        f"(learner: steps/s); median of {args.windows} alternating windows, {args.seconds:g} s per op and library\n"
+    )
+    cols = [
+        ("insert", "insert 50"),
+        ("sample", "sample 512"),
+        ("update", "update 512"),
+        ("learner", "learner step"),
+        ("mt_insert_kept", "2 thr: insert kept"),
+        ("mt_sample_kept", "2 thr: sample kept"),
+        ("memory_ratio", "RSS / raw bytes"),
+    ]
     print("| library | " + " | ".join(c[1] for c in cols) + " |")
     print("|---|" + "---|" * len(cols))
     for r in results:
         cells = []
         for key, _ in cols:
             v = r[key]
-            cells.append(f"{v:.2f}" if key.endswith(("kept", "ratio")) else f"{v / 1e6:.2f} M" if v > 1e5 else f"{v:,.0f}")
+            cells.append(
+                f"{v:.2f}" if key.endswith(("kept", "ratio")) else f"{v / 1e6:.2f} M" if v > 1e5 else f"{v:,.0f}"
+            )
         print(f"| {r['library']} | " + " | ".join(cells) + " |")
     base = {r["library"]: r for r in results}
     if "apexrl" in base and len(base) > 1:

@@ -27,8 +27,11 @@ class _Apexrl(gymnasium.Env):
         s = self.env.spec
         low, high = (0, 255) if s.obs_dtype == np.uint8 else (-np.inf, np.inf)
         self.observation_space = gymnasium.spaces.Box(low, high, s.obs_shape, s.obs_dtype)
-        self.action_space = (gymnasium.spaces.Discrete(s.num_actions) if s.num_actions
-                             else gymnasium.spaces.Box(-1, 1, (s.action_dim,), np.float32))
+        self.action_space = (
+            gymnasium.spaces.Discrete(s.num_actions)
+            if s.num_actions
+            else gymnasium.spaces.Box(-1, 1, (s.action_dim,), np.float32)
+        )
 
     def reset(self, *, seed=None, options=None):
         return self.env.reset(), {}
@@ -50,8 +53,11 @@ def in_process(name: str, k: int, seconds: float) -> float:
         envs.reset()
         steps, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            envs.step(rng.integers(s.num_actions, size=k).tolist() if s.num_actions
-                      else list(rng.uniform(-1, 1, (k, s.action_dim)).astype(np.float32)))
+            envs.step(
+                rng.integers(s.num_actions, size=k).tolist()
+                if s.num_actions
+                else list(rng.uniform(-1, 1, (k, s.action_dim)).astype(np.float32))
+            )
             steps += k
         return steps / (time.perf_counter() - start)
 
@@ -59,8 +65,10 @@ def in_process(name: str, k: int, seconds: float) -> float:
 def async_vector(name: str, k: int, seconds: float) -> float:
     from apexrl.apex.actor import env_seed
 
-    envs = gymnasium.vector.AsyncVectorEnv([lambda j=j: _Apexrl(name, env_seed(0, j)) for j in range(k)],
-                                           autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP)
+    envs = gymnasium.vector.AsyncVectorEnv(
+        [lambda j=j: _Apexrl(name, env_seed(0, j)) for j in range(k)],
+        autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP,
+    )
     try:
         envs.reset()
         envs.action_space.seed(0)

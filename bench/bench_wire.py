@@ -100,9 +100,16 @@ def kill_all(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def await_workers(procs: list[subprocess.Popen], names: list[str], outdir: str, start_at: float, pids: list[int],
-                  what: str = "worker", on_poll=None, by_thread: dict[str, float] | None = None
-                  ) -> tuple[float, list[dict]]:
+def await_workers(
+    procs: list[subprocess.Popen],
+    names: list[str],
+    outdir: str,
+    start_at: float,
+    pids: list[int],
+    what: str = "worker",
+    on_poll=None,
+    by_thread: dict[str, float] | None = None,
+) -> tuple[float, list[dict]]:
     """Wait for the workers' common start, then for every worker to exit -> (the CPU seconds the processes
     ``pids`` used in between, each worker's JSON result, in ``names`` order); RuntimeError if one failed.
     ``by_thread``: filled with those CPU seconds split by thread group (:func:`thread_cpu_seconds`)."""
@@ -135,8 +142,7 @@ def pct(lat: list[float], q: float) -> float:
 class Server:
     """A replay server subprocess; SIGTERM on close, SIGKILL if it does not exit."""
 
-    def __init__(self, capacity: int, extra: list[str] | None = None, kind: str = "native",
-                 python: str | None = None):
+    def __init__(self, capacity: int, extra: list[str] | None = None, kind: str = "native", python: str | None = None):
         """``kind``: "native" (this tree's server), "old" (``python -m apexrl.cli.server`` of the interpreter
         ``python``, e.g. an older tree's venv) or "floor" (the do-nothing pyzmq server of this file)."""
         if (kind == "old") != (python is not None):  # a "native" window must never run another tree's server
@@ -144,8 +150,18 @@ class Server:
         if kind == "floor":
             cmd = [sys.executable, HERE, "--worker", "floor", *(extra or [])]
         else:
-            cmd = [python or sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--capacity", str(capacity),
-                   "--log-level", "WARNING", *(extra or [])]
+            cmd = [
+                python or sys.executable,
+                "-m",
+                "apexrl.cli.server",
+                "--port",
+                "0",
+                "--capacity",
+                str(capacity),
+                "--log-level",
+                "WARNING",
+                *(extra or []),
+            ]
         self.kind = kind
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.endpoint = None
@@ -295,8 +311,10 @@ def load_batches(path: str) -> list[tuple]:
         return [(z[f"d{i}"], z[f"o{i}"]) for i in range(n)]
     from apexrl.replay.protocol import FrameChunks  # only a tree with frame chunks writes them
 
-    return [(z[f"d{i}"], z[f"o{i}"], FrameChunks(z[f"r{i}"], z[f"ro{i}"], z[f"c{i}"].tobytes(), z[f"co{i}"]))
-            for i in range(n)]
+    return [
+        (z[f"d{i}"], z[f"o{i}"], FrameChunks(z[f"r{i}"], z[f"ro{i}"], z[f"c{i}"].tobytes(), z[f"co{i}"]))
+        for i in range(n)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- workers
@@ -395,8 +413,17 @@ def learner_main(args: argparse.Namespace) -> None:
             sampler.close()
         ustats = up.stats()
     with open(args.out, "w") as f:
-        json.dump({"items": n, "elapsed": elapsed, "lat": lat, "decode_s": dec_s, "updater": ustats,
-                   "requests": sample_requests + ustats["sent"] + ustats["failed"]}, f)
+        json.dump(
+            {
+                "items": n,
+                "elapsed": elapsed,
+                "lat": lat,
+                "decode_s": dec_s,
+                "updater": ustats,
+                "requests": sample_requests + ustats["sent"] + ustats["failed"],
+            },
+            f,
+        )
 
 
 def conns_main(args: argparse.Namespace) -> None:
@@ -490,14 +517,27 @@ def floor_main(args: argparse.Namespace) -> None:
                 frames = P.encode_insert_reply(0, np.arange(n, dtype=np.uint64))
             elif op == P.Op.SAMPLE:
                 frames = P.encode_sample_reply(
-                    0, np.arange(n, dtype=np.uint64), np.ones(n, np.float32), np.full(n, 1.0 / 2e6),
-                    np.arange(n + 1, dtype=np.uint64) * item_bytes, bytes(n * item_bytes), (1.0, 0.5), (2_000_000,))
+                    0,
+                    np.arange(n, dtype=np.uint64),
+                    np.ones(n, np.float32),
+                    np.full(n, 1.0 / 2e6),
+                    np.arange(n + 1, dtype=np.uint64) * item_bytes,
+                    bytes(n * item_bytes),
+                    (1.0, 0.5),
+                    (2_000_000,),
+                )
             elif op in (P.Op.UPDATE_PRIORITIES, P.Op.REMOVE_TO_FIT, P.Op.ERASE):
                 frames = P.encode_count_reply(P.Op(op), 0, 0)
             elif op == P.Op.HELLO:
-                frames = P.encode_hello_reply(0, {"protocol_version": P.PROTOCOL_VERSION,
-                                                  "max_request_bytes": 256 << 20, "max_reply_bytes": 256 << 20,
-                                                  "num_shards": 8})
+                frames = P.encode_hello_reply(
+                    0,
+                    {
+                        "protocol_version": P.PROTOCOL_VERSION,
+                        "max_request_bytes": 256 << 20,
+                        "max_reply_bytes": 256 << 20,
+                        "num_shards": 8,
+                    },
+                )
             else:  # STATS: what the bench reads afterwards
                 frames = P.encode_stats_reply(0, {"size": 2_000_000, "bytes_held": 2_000_000 * item_bytes})
             frames = [bytes(memoryview(f).cast("B")) if not isinstance(f, bytes) else f for f in frames]
@@ -539,8 +579,7 @@ def floor_main(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------ driver
 
 
-def prefill(endpoint: str, batches: list[tuple], n_items: int, chunk: int = 20,
-            curve_dir: str | None = None) -> None:
+def prefill(endpoint: str, batches: list[tuple], n_items: int, chunk: int = 20, curve_dir: str | None = None) -> None:
     """Insert n_items by sending `chunk` pre-encoded 50-item batches concatenated per request (round robin over
     the servers when `endpoint` names several); batches with frame chunks one per request, with their chunks."""
     from apexrl.replay.sharded import connect
@@ -574,11 +613,24 @@ def prefill(endpoint: str, batches: list[tuple], n_items: int, chunk: int = 20,
             k += 1
 
 
-def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill_n: int, seconds: float,
-               actor_flags: list[str], spec_json: str | None = None,
-               curve_dir: str | None = None, servers: int = 1, kind: str = "native",
-               server_python: str | None = None, item_bytes: int = 632, worker_python: str | None = None,
-               sampling: str = "sync") -> dict:
+def run_config(
+    shape: str,
+    k: int,
+    payload: str,
+    batches,
+    capacity: int,
+    prefill_n: int,
+    seconds: float,
+    actor_flags: list[str],
+    spec_json: str | None = None,
+    curve_dir: str | None = None,
+    servers: int = 1,
+    kind: str = "native",
+    server_python: str | None = None,
+    item_bytes: int = 632,
+    worker_python: str | None = None,
+    sampling: str = "sync",
+) -> dict:
     """One timed window: `servers` replay servers splitting `capacity` (the workers reach them through one
     ShardedReplayClient each when there are several), k actor processes and one learner process. ``kind``:
     which server (see :class:`Server`). The servers' CPU time (utime + stime) is read when the workers start
@@ -601,26 +653,77 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
                 fl = ["--item-bytes", str(item_bytes)] + ([] if curve_dir is None else ["--curve-dir", curve_dir])
                 group.append(Server(0, fl, kind="floor"))
             else:
-                group.append(Server(-(-capacity // servers), flags + ["--seed", str(i)], kind=kind,
-                                    python=server_python))
+                group.append(
+                    Server(-(-capacity // servers), flags + ["--seed", str(i)], kind=kind, python=server_python)
+                )
         endpoint = ",".join(s.endpoint for s in group)
         t0 = time.perf_counter()
         if worker_python is not None:  # that tree's client speaks that tree's protocol
-            subprocess.run([py, HERE, "--worker", "prefill", "--payload", payload, "--endpoint", endpoint,
-                            "--items", str(prefill_n), *([] if curve_dir is None else ["--curve-dir", curve_dir])],
-                           check=True)
+            subprocess.run(
+                [
+                    py,
+                    HERE,
+                    "--worker",
+                    "prefill",
+                    "--payload",
+                    payload,
+                    "--endpoint",
+                    endpoint,
+                    "--items",
+                    str(prefill_n),
+                    *([] if curve_dir is None else ["--curve-dir", curve_dir]),
+                ],
+                check=True,
+            )
         else:
             prefill(endpoint, batches, prefill_n, curve_dir=curve_dir)
         prefill_s = time.perf_counter() - t0
         start_at = time.time() + 2.0  # time for the workers to import and connect
-        common = ["--endpoint", endpoint, "--start-at", repr(start_at), "--seconds", str(seconds),
-                  "--shape", shape, *([] if curve_dir is None else ["--curve-dir", curve_dir])]
+        common = [
+            "--endpoint",
+            endpoint,
+            "--start-at",
+            repr(start_at),
+            "--seconds",
+            str(seconds),
+            "--shape",
+            shape,
+            *([] if curve_dir is None else ["--curve-dir", curve_dir]),
+        ]
         for a in range(k):
-            procs.append(subprocess.Popen([py, HERE, "--worker", "actor", "--payload", payload,
-                                           "--seed", str(a), "--out", os.path.join(outdir, f"actor{a}.json"),
-                                           *common, *actor_flags]))
-        procs.append(subprocess.Popen([py, HERE, "--worker", "learner", "--sampling", sampling,
-                                       "--out", os.path.join(outdir, "learner.json"), *common]))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        py,
+                        HERE,
+                        "--worker",
+                        "actor",
+                        "--payload",
+                        payload,
+                        "--seed",
+                        str(a),
+                        "--out",
+                        os.path.join(outdir, f"actor{a}.json"),
+                        *common,
+                        *actor_flags,
+                    ]
+                )
+            )
+        procs.append(
+            subprocess.Popen(
+                [
+                    py,
+                    HERE,
+                    "--worker",
+                    "learner",
+                    "--sampling",
+                    sampling,
+                    "--out",
+                    os.path.join(outdir, "learner.json"),
+                    *common,
+                ]
+            )
+        )
         # Server RSS sampled during the run (peak) and after; server CPU from the workers' start to their end.
         peak = [0]
 
@@ -628,14 +731,32 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
             peak[0] = max(peak[0], sum(rss_of(s.pid) for s in group))
 
         by_thread: dict[str, float] = {}
-        server_cpu, results = await_workers(procs, [f"actor{a}.json" for a in range(k)] + ["learner.json"], outdir,
-                                            start_at, [s.pid for s in group], on_poll=sample_rss,
-                                            by_thread=by_thread)
+        server_cpu, results = await_workers(
+            procs,
+            [f"actor{a}.json" for a in range(k)] + ["learner.json"],
+            outdir,
+            start_at,
+            [s.pid for s in group],
+            on_poll=sample_rss,
+            by_thread=by_thread,
+        )
         cpu_window = time.time() - start_at
         if worker_python is not None:  # asked in that tree's protocol
             stats_path = os.path.join(outdir, "stats.json")
-            subprocess.run([py, HERE, "--worker", "stats", "--endpoint", endpoint, "--out", stats_path,
-                            *([] if curve_dir is None else ["--curve-dir", curve_dir])], check=True)
+            subprocess.run(
+                [
+                    py,
+                    HERE,
+                    "--worker",
+                    "stats",
+                    "--endpoint",
+                    endpoint,
+                    "--out",
+                    stats_path,
+                    *([] if curve_dir is None else ["--curve-dir", curve_dir]),
+                ],
+                check=True,
+            )
             with open(stats_path) as f:
                 st = json.load(f)
         else:
@@ -653,24 +774,46 @@ def run_config(shape: str, k: int, payload: str, batches, capacity: int, prefill
     requests = sum(r["requests"] for r in results)
     size = int(st.get("size", 0))
     return {
-        "shape": shape, "servers": servers, "actors": k, "sampling": sampling, "spec": bool(spec_json), "curve": curve_dir is not None, "prefill": prefill_n, "prefill_s": prefill_s,
+        "shape": shape,
+        "servers": servers,
+        "actors": k,
+        "sampling": sampling,
+        "spec": bool(spec_json),
+        "curve": curve_dir is not None,
+        "prefill": prefill_n,
+        "prefill_s": prefill_s,
         "inserted_per_s": sum(a["items"] / a["elapsed"] for a in actors),
         "sampled_per_s": learner["items"] / learner["elapsed"],
-        "sample_p50_ms": pct(learner["lat"], 50), "sample_p99_ms": pct(learner["lat"], 99),
-        "insert_p50_ms": pct(ins_lat, 50), "insert_p99_ms": pct(ins_lat, 99),
+        "sample_p50_ms": pct(learner["lat"], 50),
+        "sample_p99_ms": pct(learner["lat"], 99),
+        "insert_p50_ms": pct(ins_lat, 50),
+        "insert_p99_ms": pct(ins_lat, 99),
         "decode_ms_per_batch": 1e3 * learner["decode_s"] / max(1, len(learner["lat"])),
-        "server_rss_gb": rss / 1e9, "server_peak_rss_gb": peak[0] / 1e9,
-        "size": size, "bytes_per_item": (st.get("bytes_held", 0) / size) if size else float("nan"),
-        "updater": learner["updater"], "kind": kind,
-        "requests": requests, "server_cpu_s": server_cpu, "cpu_window_s": cpu_window,
+        "server_rss_gb": rss / 1e9,
+        "server_peak_rss_gb": peak[0] / 1e9,
+        "size": size,
+        "bytes_per_item": (st.get("bytes_held", 0) / size) if size else float("nan"),
+        "updater": learner["updater"],
+        "kind": kind,
+        "requests": requests,
+        "server_cpu_s": server_cpu,
+        "cpu_window_s": cpu_window,
         "server_cpu_us_per_request": 1e6 * server_cpu / max(1, requests),
-        "server_cpu_us_per_request_by_thread": {g: 1e6 * sec / max(1, requests)
-                                                for g, sec in sorted(by_thread.items())},
+        "server_cpu_us_per_request_by_thread": {
+            g: 1e6 * sec / max(1, requests) for g, sec in sorted(by_thread.items())
+        },
     }
 
 
-def run_conns(kind: str, connections: int, processes: int, rate: float, seconds: float, payload: str,
-              server_python: str | None = None) -> dict:
+def run_conns(
+    kind: str,
+    connections: int,
+    processes: int,
+    rate: float,
+    seconds: float,
+    payload: str,
+    server_python: str | None = None,
+) -> dict:
     """One window of the connection-count measure: a fresh server of ``kind``, ``processes`` client processes
     holding ``connections`` DEALER sockets in all, INSERTs of 50 at ``rate`` requests/s in total (paced). The
     server's CPU time from the start of the clients' clocks to their end (every reply received) / replies."""
@@ -683,23 +826,56 @@ def run_conns(kind: str, connections: int, processes: int, rate: float, seconds:
         start_at = time.time() + 2.0 + connections / 200  # time to import and connect every socket
         per = [connections // processes + (1 if i < connections % processes else 0) for i in range(processes)]
         for i, m in enumerate(per):
-            procs.append(subprocess.Popen([py, HERE, "--worker", "conns", "--payload", payload,
-                                           "--endpoint", server.endpoint, "--start-at", repr(start_at),
-                                           "--seconds", str(seconds), "--sockets", str(m),
-                                           "--rate", str(rate / processes), "--seed", str(i),
-                                           "--out", os.path.join(outdir, f"conns{i}.json")]))
-        server_cpu, results = await_workers(procs, [f"conns{i}.json" for i in range(len(procs))], outdir, start_at,
-                                            [server.pid], what="connection worker")
+            procs.append(
+                subprocess.Popen(
+                    [
+                        py,
+                        HERE,
+                        "--worker",
+                        "conns",
+                        "--payload",
+                        payload,
+                        "--endpoint",
+                        server.endpoint,
+                        "--start-at",
+                        repr(start_at),
+                        "--seconds",
+                        str(seconds),
+                        "--sockets",
+                        str(m),
+                        "--rate",
+                        str(rate / processes),
+                        "--seed",
+                        str(i),
+                        "--out",
+                        os.path.join(outdir, f"conns{i}.json"),
+                    ]
+                )
+            )
+        server_cpu, results = await_workers(
+            procs,
+            [f"conns{i}.json" for i in range(len(procs))],
+            outdir,
+            start_at,
+            [server.pid],
+            what="connection worker",
+        )
     except BaseException:
         kill_all(procs)
         raise
     finally:
         server.close()
     sent, replied = sum(r["sent"] for r in results), sum(r["replied"] for r in results)
-    return {"kind": kind, "connections": connections, "sent": sent, "replied": replied,
-            "errors": sum(r["errors"] for r in results),
-            "offered_per_s": sent / max(r["send_s"] for r in results),
-            "server_cpu_s": server_cpu, "server_cpu_us_per_request": 1e6 * server_cpu / max(1, replied)}
+    return {
+        "kind": kind,
+        "connections": connections,
+        "sent": sent,
+        "replied": replied,
+        "errors": sum(r["errors"] for r in results),
+        "offered_per_s": sent / max(r["send_s"] for r in results),
+        "server_cpu_s": server_cpu,
+        "server_cpu_us_per_request": 1e6 * server_cpu / max(1, replied),
+    }
 
 
 REVERB_WORKER = os.path.join(os.path.dirname(HERE), "reverb_worker.py")
@@ -710,8 +886,12 @@ def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict
     table, k actor processes writing the same 632-byte items (flush every 50), one learner sampling 512 and
     mutating 512 priorities."""
     outdir = os.path.dirname(payload)
-    server = subprocess.Popen([reverb_python, REVERB_WORKER, "server", "--capacity", "2000000"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen(
+        [reverb_python, REVERB_WORKER, "server", "--capacity", "2000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     procs: list[subprocess.Popen] = []
     try:
         assert server.stdout is not None
@@ -729,13 +909,37 @@ def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict
         start_at = time.time() + 8.0  # TensorFlow imports slowly
         common = ["--port", port, "--start-at", repr(start_at), "--seconds", str(seconds)]
         for a in range(k):
-            procs.append(subprocess.Popen([reverb_python, REVERB_WORKER, "actor", "--payload", payload, "--seed",
-                                           str(a), "--out", os.path.join(outdir, f"rv_actor{a}.json"), *common],
-                                          stderr=subprocess.DEVNULL))
-        procs.append(subprocess.Popen([reverb_python, REVERB_WORKER, "learner", "--out",
-                                       os.path.join(outdir, "rv_learner.json"), *common], stderr=subprocess.DEVNULL))
-        server_cpu, results = await_workers(procs, [f"rv_actor{a}.json" for a in range(k)] + ["rv_learner.json"],
-                                            outdir, start_at, [server.pid], what="reverb worker")
+            procs.append(
+                subprocess.Popen(
+                    [
+                        reverb_python,
+                        REVERB_WORKER,
+                        "actor",
+                        "--payload",
+                        payload,
+                        "--seed",
+                        str(a),
+                        "--out",
+                        os.path.join(outdir, f"rv_actor{a}.json"),
+                        *common,
+                    ],
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        procs.append(
+            subprocess.Popen(
+                [reverb_python, REVERB_WORKER, "learner", "--out", os.path.join(outdir, "rv_learner.json"), *common],
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        server_cpu, results = await_workers(
+            procs,
+            [f"rv_actor{a}.json" for a in range(k)] + ["rv_learner.json"],
+            outdir,
+            start_at,
+            [server.pid],
+            what="reverb worker",
+        )
     finally:
         kill_all(procs)
         if server.poll() is None:
@@ -748,10 +952,16 @@ def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict
         if server.stdout is not None:
             server.stdout.close()
     requests = sum(r["requests"] for r in results)
-    return {"kind": "reverb", "curve": False, "inserted_per_s": sum(r["items"] / r["elapsed"] for r in results[:-1]),
-            "sampled_per_s": results[-1]["items"] / results[-1]["elapsed"], "requests": requests,
-            "server_cpu_s": server_cpu, "cpu_window_s": seconds,
-            "server_cpu_us_per_request": 1e6 * server_cpu / max(1, requests)}
+    return {
+        "kind": "reverb",
+        "curve": False,
+        "inserted_per_s": sum(r["items"] / r["elapsed"] for r in results[:-1]),
+        "sampled_per_s": results[-1]["items"] / results[-1]["elapsed"],
+        "requests": requests,
+        "server_cpu_s": server_cpu,
+        "cpu_window_s": seconds,
+        "server_cpu_us_per_request": 1e6 * server_cpu / max(1, requests),
+    }
 
 
 def rss_1m(n: int) -> dict:
@@ -768,8 +978,12 @@ def rss_1m(n: int) -> dict:
             st = c.stats()
     finally:
         server.close()
-    return {"items": int(st["size"]), "rss_gb": rss / 1e9, "idle_rss_gb": base / 1e9,
-            "bytes_held": int(st.get("bytes_held", 0))}
+    return {
+        "items": int(st["size"]),
+        "rss_gb": rss / 1e9,
+        "idle_rss_gb": base / 1e9,
+        "bytes_held": int(st.get("bytes_held", 0)),
+    }
 
 
 def codec_speed(spec, batch: dict, payload_batches) -> dict:
@@ -784,9 +998,16 @@ def codec_speed(spec, batch: dict, payload_batches) -> dict:
         spec.decode(data, offs)
     dec = (time.perf_counter() - t0) / reps
     raw_bytes = n * 2 * 4 * 84 * 84 + n * 12  # obs + next_obs u8 stacks + action/reward/discount
-    return {"n": n, "raw_bytes": raw_bytes, "item_bytes": int(data.size), "ratio": raw_bytes / data.size,
-            "bytes_per_item": data.size / n, "encode_mb_s": raw_bytes / enc / 1e6,
-            "decode_mb_s": raw_bytes / dec / 1e6, "spec_raw": raw}
+    return {
+        "n": n,
+        "raw_bytes": raw_bytes,
+        "item_bytes": int(data.size),
+        "ratio": raw_bytes / data.size,
+        "bytes_per_item": data.size / n,
+        "encode_mb_s": raw_bytes / enc / 1e6,
+        "decode_mb_s": raw_bytes / dec / 1e6,
+        "spec_raw": raw,
+    }
 
 
 def spec_check_cost(spec, batches, reps: int = 200) -> dict:
@@ -830,11 +1051,13 @@ def server_ratios(rows: list[dict]) -> list[str]:
     for r in rows:
         base = next((b for b in rows if b["servers"] == 1 and same(b, r)), None)
         if r["servers"] > 1 and base is not None:
-            out.append(f"{r['shape']}, {r['actors']} actor(s), learner sampling {r['sampling']}, "
-                       f"{r['servers']} servers / 1: inserted/s "
-                       f"{r['inserted_per_s'] / base['inserted_per_s']:.3f}, sampled/s "
-                       f"{r['sampled_per_s'] / base['sampled_per_s']:.3f}, sample p50 "
-                       f"{r['sample_p50_ms'] / base['sample_p50_ms']:.3f}")
+            out.append(
+                f"{r['shape']}, {r['actors']} actor(s), learner sampling {r['sampling']}, "
+                f"{r['servers']} servers / 1: inserted/s "
+                f"{r['inserted_per_s'] / base['inserted_per_s']:.3f}, sampled/s "
+                f"{r['sampled_per_s'] / base['sampled_per_s']:.3f}, sample p50 "
+                f"{r['sample_p50_ms'] / base['sample_p50_ms']:.3f}"
+            )
     return out
 
 
@@ -847,50 +1070,106 @@ def main() -> None:
     p.add_argument("--atari-prefill", type=int, default=20_000, help="Atari items before timing (default 20k)")
     p.add_argument("--rss-items", type=int, default=1_000_000, help="DPG items for the RSS measure (default 1M)")
     p.add_argument("--actors", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--servers", type=int, nargs="+", default=[1],
-                   help="replay server counts to run, e.g. 1 2 4: the capacity is split over them and workers use a "
-                   "ShardedReplayClient (default 1); the summary gives each K's ratio to K=1")
-    p.add_argument("--sample-threads", metavar="MODE", type=sampling_mode, nargs="+", default=["sync"],
-                   help="how the learner samples, one window each: sync (default: client.sample(), one request "
-                   "at a time, the round trip in every batch), N (the learner's path: client.sampler() with N "
-                   "SAMPLE requests in flight, prefetch 16; its latency is the wait for each batch) or auto "
-                   "(N = the number of servers, the learner's default)")
+    p.add_argument(
+        "--servers",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="replay server counts to run, e.g. 1 2 4: the capacity is split over them and workers use a "
+        "ShardedReplayClient (default 1); the summary gives each K's ratio to K=1",
+    )
+    p.add_argument(
+        "--sample-threads",
+        metavar="MODE",
+        type=sampling_mode,
+        nargs="+",
+        default=["sync"],
+        help="how the learner samples, one window each: sync (default: client.sample(), one request "
+        "at a time, the round trip in every batch), N (the learner's path: client.sampler() with N "
+        "SAMPLE requests in flight, prefetch 16; its latency is the wait for each batch) or auto "
+        "(N = the number of servers, the learner's default)",
+    )
     p.add_argument("--only", choices=("dpg", "atari"), action="append")
-    p.add_argument("--insert-mode", choices=("pipelined", "sync"), default="pipelined",
-                   help="actors: client.inserter() with --max-in-flight unanswered inserts (default), or "
-                        "client.insert() waiting for every reply")
+    p.add_argument(
+        "--insert-mode",
+        choices=("pipelined", "sync"),
+        default="pipelined",
+        help="actors: client.inserter() with --max-in-flight unanswered inserts (default), or "
+        "client.insert() waiting for every reply",
+    )
     p.add_argument("--max-in-flight", type=int, default=16, help="pipelined actors: unanswered inserts (default 16)")
-    p.add_argument("--spec-check", choices=("off", "on", "both"), default="off",
-                   help="start the server with --spec (every insert checked): off (default), on, or both side by side")
-    p.add_argument("--curve", choices=("off", "on", "both"), default="off",
-                   help="CURVE encryption + allow-list: off (default), on, or both (each configuration plain, then "
-                        "with CURVE, and their ratio)")
-    p.add_argument("--floor", action="store_true",
-                   help="side by side mode (DPG): the bare-ZeroMQ floor (a pyzmq server that does no work) measured in "
-                        "the same run, every figure as a fraction of it, and the server's CPU per request beside the "
-                        "floor's; windows interleaved over --rounds")
-    p.add_argument("--server-python", metavar="PATH", default=None,
-                   help="side by side mode: also an older server, `PATH -m apexrl.cli.server` (e.g. the venv python of "
-                        "a worktree of an earlier commit), as an extra column")
+    p.add_argument(
+        "--spec-check",
+        choices=("off", "on", "both"),
+        default="off",
+        help="start the server with --spec (every insert checked): off (default), on, or both side by side",
+    )
+    p.add_argument(
+        "--curve",
+        choices=("off", "on", "both"),
+        default="off",
+        help="CURVE encryption + allow-list: off (default), on, or both (each configuration plain, then "
+        "with CURVE, and their ratio)",
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="side by side mode (DPG): the bare-ZeroMQ floor (a pyzmq server that does no work) measured in "
+        "the same run, every figure as a fraction of it, and the server's CPU per request beside the "
+        "floor's; windows interleaved over --rounds",
+    )
+    p.add_argument(
+        "--server-python",
+        metavar="PATH",
+        default=None,
+        help="side by side mode: also an older server, `PATH -m apexrl.cli.server` (e.g. the venv python of "
+        "a worktree of an earlier commit), as an extra column",
+    )
     p.add_argument("--rounds", type=int, default=3, help="side by side mode: rounds of interleaved windows (default 3)")
-    p.add_argument("--connections", type=int, nargs="*", default=[],
-                   help="side by side mode: the servers' CPU per request with each number of active client "
-                        "connections (e.g. 4 256) at the same paced total load (--conn-rate)")
-    p.add_argument("--conn-rate", type=float, default=2000.0,
-                   help="connections measure: INSERTs of 50 per second in total (default 2000)")
-    p.add_argument("--conn-processes", type=int, default=4,
-                   help="connections measure: client processes the sockets are spread over (default 4)")
-    p.add_argument("--reverb-python", metavar="PATH", default=None,
-                   help="side by side mode: an interpreter that imports dm-reverb, for the inserts-vs-Reverb column")
+    p.add_argument(
+        "--connections",
+        type=int,
+        nargs="*",
+        default=[],
+        help="side by side mode: the servers' CPU per request with each number of active client "
+        "connections (e.g. 4 256) at the same paced total load (--conn-rate)",
+    )
+    p.add_argument(
+        "--conn-rate",
+        type=float,
+        default=2000.0,
+        help="connections measure: INSERTs of 50 per second in total (default 2000)",
+    )
+    p.add_argument(
+        "--conn-processes",
+        type=int,
+        default=4,
+        help="connections measure: client processes the sockets are spread over (default 4)",
+    )
+    p.add_argument(
+        "--reverb-python",
+        metavar="PATH",
+        default=None,
+        help="side by side mode: an interpreter that imports dm-reverb, for the inserts-vs-Reverb column",
+    )
     # worker mode
-    p.add_argument("--games", default="Pong",
-                   help="Atari: comma-separated games whose real frames the Atari windows use (default Pong), "
-                        "e.g. Pong,Breakout,MsPacman")
-    p.add_argument("--before-python", metavar="PATH", default=None,
-                   help="Atari: also run every window with the whole stack (server, prefill, actors, learner) of "
-                        "this interpreter (an older tree's venv, its own item layout), interleaved with this tree's "
-                        "over --rounds rounds, and print after / before ratios")
-    p.add_argument("--worker", choices=("actor", "learner", "floor", "conns", "prefill", "stats"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--games",
+        default="Pong",
+        help="Atari: comma-separated games whose real frames the Atari windows use (default Pong), "
+        "e.g. Pong,Breakout,MsPacman",
+    )
+    p.add_argument(
+        "--before-python",
+        metavar="PATH",
+        default=None,
+        help="Atari: also run every window with the whole stack (server, prefill, actors, learner) of "
+        "this interpreter (an older tree's venv, its own item layout), interleaved with this tree's "
+        "over --rounds rounds, and print after / before ratios",
+    )
+    p.add_argument(
+        "--worker", choices=("actor", "learner", "floor", "conns", "prefill", "stats"), help=argparse.SUPPRESS
+    )
     p.add_argument("--items", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--sampling", default="sync", help=argparse.SUPPRESS)
     p.add_argument("--item-bytes", type=int, default=632, help=argparse.SUPPRESS)
@@ -949,31 +1228,51 @@ def main() -> None:
             batches = dpg_batches(0)
             path = os.path.join(tmp, "dpg.npz")
             save_batches(path, batches)
-            print(f"DPG: TransitionSpec.dpg(67, 21), {batches[0][0].size // INSERT_BATCH} B/item, capacity 2M, "
-                  f"prefill {args.prefill} items", flush=True)
+            print(
+                f"DPG: TransitionSpec.dpg(67, 21), {batches[0][0].size // INSERT_BATCH} B/item, capacity 2M, "
+                f"prefill {args.prefill} items",
+                flush=True,
+            )
             dpg = TransitionSpec.dpg(67, 21)
             cost = spec_check_cost(dpg, batches)
-            extra.append(f"DPG spec check (validate_items, fixed-size items): {cost['us_per_batch']:.1f} us per "
-                         f"{cost['items_per_batch']}-item insert ({cost['us_per_item']:.2f} us/item)")
+            extra.append(
+                f"DPG spec check (validate_items, fixed-size items): {cost['us_per_batch']:.1f} us per "
+                f"{cost['items_per_batch']}-item insert ({cost['us_per_item']:.2f} us/item)"
+            )
             print(extra[-1], flush=True)
             for k, checked, curve_dir, sampling, servers in configs(args, curve_dirs):
-                r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
-                               dpg.to_json() if checked else None, curve_dir, servers, sampling=sampling)
+                r = run_config(
+                    "dpg",
+                    k,
+                    path,
+                    batches,
+                    2_000_000,
+                    args.prefill,
+                    args.seconds,
+                    actor_flags,
+                    dpg.to_json() if checked else None,
+                    curve_dir,
+                    servers,
+                    sampling=sampling,
+                )
                 print(json.dumps(r), flush=True)
                 rows.append(r)
         if "atari" in shapes:
             spec = TransitionSpec.atari()
             t0 = time.perf_counter()
             batch, source = pong_transitions(args.atari_transitions)
-            print(f"Atari: {args.atari_transitions} transitions from {source} in {time.perf_counter() - t0:.1f}s",
-                  flush=True)
+            print(
+                f"Atari: {args.atari_transitions} transitions from {source} in {time.perf_counter() - t0:.1f}s",
+                flush=True,
+            )
             cs = codec_speed(spec, batch, None)
             extra.append(f"Atari source: {source}")
             extra.append(
                 f"Atari codec on those frames ({cs['n']} transitions): raw {cs['raw_bytes'] / cs['n']:.0f} B -> "
                 f"item {cs['bytes_per_item']:.0f} B per transition, compression ratio {cs['ratio']:.1f}x; "
                 f"lz4 encode {cs['encode_mb_s']:.0f} MB/s, decode {cs['decode_mb_s']:.0f} MB/s "
-                "(raw MB, spec.encode / spec.decode, one thread)")
+                "(raw MB, spec.encode / spec.decode, one thread)"
+            )
             print(extra[-1], flush=True)
             n = args.atari_transitions - args.atari_transitions % INSERT_BATCH
             batches = []
@@ -982,12 +1281,26 @@ def main() -> None:
             path = os.path.join(tmp, "atari.npz")
             save_batches(path, batches)
             cost = spec_check_cost(spec, batches, reps=20)
-            extra.append(f"Atari spec check (validate_items with the lz4 block-length walk): {cost['us_per_batch']:.1f} "
-                         f"us per {cost['items_per_batch']}-item insert ({cost['us_per_item']:.2f} us/item)")
+            extra.append(
+                f"Atari spec check (validate_items with the lz4 block-length walk): {cost['us_per_batch']:.1f} "
+                f"us per {cost['items_per_batch']}-item insert ({cost['us_per_item']:.2f} us/item)"
+            )
             print(extra[-1], flush=True)
             for k, checked, curve_dir, sampling, servers in configs(args, curve_dirs):
-                r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds,
-                               actor_flags, spec.to_json() if checked else None, curve_dir, servers, sampling=sampling)
+                r = run_config(
+                    "atari",
+                    k,
+                    path,
+                    batches,
+                    1_000_000,
+                    args.atari_prefill,
+                    args.seconds,
+                    actor_flags,
+                    spec.to_json() if checked else None,
+                    curve_dir,
+                    servers,
+                    sampling=sampling,
+                )
                 print(json.dumps(r), flush=True)
                 rows.append(r)
         if args.curve == "both":
@@ -995,34 +1308,47 @@ def main() -> None:
             print("\n".join(extra[-2:]), flush=True)
     if args.rss_items:
         r = rss_1m(args.rss_items)
-        extra.append(f"Server RSS holding {r['items']:,} DPG items: {r['rss_gb']:.3f} GB "
-                     f"(idle server {r['idle_rss_gb']:.3f} GB; bytes_held {r['bytes_held'] / 1e9:.3f} GB)")
+        extra.append(
+            f"Server RSS holding {r['items']:,} DPG items: {r['rss_gb']:.3f} GB "
+            f"(idle server {r['idle_rss_gb']:.3f} GB; bytes_held {r['bytes_held'] / 1e9:.3f} GB)"
+        )
         print(extra[-1], flush=True)
 
-    actor_mode = (f"pipelined (client.inserter(max_in_flight={args.max_in_flight}); insert latency = send to ack)"
-                  if args.insert_mode == "pipelined" else "sync (client.insert waits for each reply)")
-    print(f"\n## bench_wire ({args.seconds:g} s windows, total {time.perf_counter() - t_start:.0f} s; "
-          f"learner: sample {SAMPLE_BATCH} [+ decode for Atari] + AsyncUpdater.update {SAMPLE_BATCH}; "
-          f"actors: insert {INSERT_BATCH}/request, {actor_mode}; cpus {os.cpu_count()})\n")
-    print("| shape | servers | actors | learner sampling | server --spec | CURVE | prefill | inserted/s | sampled/s "
-          "| sample p50 / p99 ms | insert p50 / p99 ms | decode ms/512 | server RSS GB (peak) | bytes/item held |")
+    actor_mode = (
+        f"pipelined (client.inserter(max_in_flight={args.max_in_flight}); insert latency = send to ack)"
+        if args.insert_mode == "pipelined"
+        else "sync (client.insert waits for each reply)"
+    )
+    print(
+        f"\n## bench_wire ({args.seconds:g} s windows, total {time.perf_counter() - t_start:.0f} s; "
+        f"learner: sample {SAMPLE_BATCH} [+ decode for Atari] + AsyncUpdater.update {SAMPLE_BATCH}; "
+        f"actors: insert {INSERT_BATCH}/request, {actor_mode}; cpus {os.cpu_count()})\n"
+    )
+    print(
+        "| shape | servers | actors | learner sampling | server --spec | CURVE | prefill | inserted/s | sampled/s "
+        "| sample p50 / p99 ms | insert p50 / p99 ms | decode ms/512 | server RSS GB (peak) | bytes/item held |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         dec = f"{r['decode_ms_per_batch']:.1f}" if r["shape"] == "atari" else "-"
-        print(f"| {r['shape']} | {r['servers']} | {r['actors']} | {r['sampling']} | {'yes' if r['spec'] else 'no'} | "
-              f"{'on' if r['curve'] else 'off'} | "
-              f"{r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
-              f"{r['sampled_per_s']:,.0f} | {r['sample_p50_ms']:.2f} / {r['sample_p99_ms']:.2f} | "
-              f"{r['insert_p50_ms']:.2f} / {r['insert_p99_ms']:.2f} | {dec} | "
-              f"{r['server_rss_gb']:.3f} ({r['server_peak_rss_gb']:.3f}) | {r['bytes_per_item']:.0f} |")
+        print(
+            f"| {r['shape']} | {r['servers']} | {r['actors']} | {r['sampling']} | {'yes' if r['spec'] else 'no'} | "
+            f"{'on' if r['curve'] else 'off'} | "
+            f"{r['prefill']:,} | {r['inserted_per_s']:,.0f} | "
+            f"{r['sampled_per_s']:,.0f} | {r['sample_p50_ms']:.2f} / {r['sample_p99_ms']:.2f} | "
+            f"{r['insert_p50_ms']:.2f} / {r['insert_p99_ms']:.2f} | {dec} | "
+            f"{r['server_rss_gb']:.3f} ({r['server_peak_rss_gb']:.3f}) | {r['bytes_per_item']:.0f} |"
+        )
     for r in rows:
         if r["spec"]:
             key = ("shape", "actors", "curve", "servers", "sampling")
             base = next((b for b in rows if not b["spec"] and all(b[f] == r[f] for f in key)), None)
             if base is not None:
                 curve = ", CURVE on" if r["curve"] else ""
-                extra.append(f"{r['shape']}, {r['actors']} actor(s){curve}: inserted/s with --spec / without = "
-                             f"{r['inserted_per_s'] / base['inserted_per_s']:.3f}")
+                extra.append(
+                    f"{r['shape']}, {r['actors']} actor(s){curve}: inserted/s with --spec / without = "
+                    f"{r['inserted_per_s'] / base['inserted_per_s']:.3f}"
+                )
     print()
     for line in extra + curve_ratios(rows) + server_ratios(rows):
         print("- " + line)
@@ -1061,34 +1387,54 @@ def frames_before_after(args: argparse.Namespace) -> None:
             for _round in range(args.rounds):
                 for side in ("before", "after"):
                     path, batches = payloads[side]
-                    r = run_config("atari", k, path, batches, 1_000_000, args.atari_prefill, args.seconds,
-                                   actor_flags, worker_python=args.before_python if side == "before" else None)
+                    r = run_config(
+                        "atari",
+                        k,
+                        path,
+                        batches,
+                        1_000_000,
+                        args.atari_prefill,
+                        args.seconds,
+                        actor_flags,
+                        worker_python=args.before_python if side == "before" else None,
+                    )
                     r.update(game=game, side=side)
                     print(json.dumps({key: v for key, v in r.items() if key != "updater"}), flush=True)
                     rows.append(r)
     med = lambda game, side, f: float(np.median([r[f] for r in rows if r["game"] == game and r["side"] == side]))  # noqa: E731
-    print(f"\n## bench_wire --only atari, frames stored once ({args.rounds} rounds x {args.seconds:g} s windows, "
-          f"before / after interleaved, {k} actors + 1 learner, total {time.perf_counter() - t_start:.0f} s; "
-          f"before: {args.before_python}; medians)\n")
-    print("| game | tree | inserted/s | sampled+decoded/s | decode ms/512 | bytes held/item | after / before: "
-          "inserted, sampled+decoded, bytes held |")
+    print(
+        f"\n## bench_wire --only atari, frames stored once ({args.rounds} rounds x {args.seconds:g} s windows, "
+        f"before / after interleaved, {k} actors + 1 learner, total {time.perf_counter() - t_start:.0f} s; "
+        f"before: {args.before_python}; medians)\n"
+    )
+    print(
+        "| game | tree | inserted/s | sampled+decoded/s | decode ms/512 | bytes held/item | after / before: "
+        "inserted, sampled+decoded, bytes held |"
+    )
     print("|---|---|---|---|---|---|---|")
     for game in args.games.split(","):
         for side in ("before", "after"):
             ratio = ""
             if side == "after":
-                ratio = " / ".join(f"{med(game, 'after', f) / med(game, 'before', f):.2f}"
-                                   for f in ("inserted_per_s", "sampled_per_s", "bytes_per_item"))
-            print(f"| {game} | {side} | {med(game, side, 'inserted_per_s'):,.0f} | "
-                  f"{med(game, side, 'sampled_per_s'):,.0f} | {med(game, side, 'decode_ms_per_batch'):.1f} | "
-                  f"{med(game, side, 'bytes_per_item'):.0f} | {ratio} |")
+                ratio = " / ".join(
+                    f"{med(game, 'after', f) / med(game, 'before', f):.2f}"
+                    for f in ("inserted_per_s", "sampled_per_s", "bytes_per_item")
+                )
+            print(
+                f"| {game} | {side} | {med(game, side, 'inserted_per_s'):,.0f} | "
+                f"{med(game, side, 'sampled_per_s'):,.0f} | {med(game, side, 'decode_ms_per_batch'):.1f} | "
+                f"{med(game, side, 'bytes_per_item'):.0f} | {ratio} |"
+            )
 
 
 def side_by_side(args: argparse.Namespace) -> None:
     """Floor / old server / this tree's server in one run, windows interleaved (A B C A B C ...), DPG."""
     kinds = ["floor"] * bool(args.floor) + ["old"] * bool(args.server_python) + ["native"]
-    names = {"floor": "bare ZeroMQ floor (pyzmq, no work)", "old": f"old server ({args.server_python})",
-             "native": "native server (this tree)"}
+    names = {
+        "floor": "bare ZeroMQ floor (pyzmq, no work)",
+        "old": f"old server ({args.server_python})",
+        "native": "native server (this tree)",
+    }
     k = max(args.actors)
     actor_flags = ["--insert-mode", args.insert_mode, "--max-in-flight", str(args.max_in_flight)]
     t_start = time.perf_counter()
@@ -1106,10 +1452,13 @@ def side_by_side(args: argparse.Namespace) -> None:
         path = os.path.join(tmp, "dpg.npz")
         save_batches(path, batches)
         item_bytes = batches[0][0].size // INSERT_BATCH
-        print(f"side by side: {', '.join(names[x] for x in kinds)}; DPG {item_bytes} B/item, {k} inserter "
-              f"process(es) x {INSERT_BATCH} items/request ({args.insert_mode}), 1 learner sampling {SAMPLE_BATCH} + "
-              f"updating {SAMPLE_BATCH}, capacity 2M, prefill {args.prefill}, {args.rounds} rounds x "
-              f"{args.seconds:g} s windows", flush=True)
+        print(
+            f"side by side: {', '.join(names[x] for x in kinds)}; DPG {item_bytes} B/item, {k} inserter "
+            f"process(es) x {INSERT_BATCH} items/request ({args.insert_mode}), 1 learner sampling {SAMPLE_BATCH} + "
+            f"updating {SAMPLE_BATCH}, capacity 2M, prefill {args.prefill}, {args.rounds} rounds x "
+            f"{args.seconds:g} s windows",
+            flush=True,
+        )
         reverb = reverb_line(args)
         print("- " + reverb, flush=True)
         for rnd in range(args.rounds):
@@ -1122,29 +1471,47 @@ def side_by_side(args: argparse.Namespace) -> None:
                 for kind in kinds:
                     # "old": the whole older stack (server, prefill, actors, learner) under its interpreter, as
                     # its protocol version differs from this tree's
-                    r = run_config("dpg", k, path, batches, 2_000_000, args.prefill, args.seconds, actor_flags,
-                                   None, curve_dir, 1, kind, item_bytes=item_bytes,
-                                   worker_python=args.server_python if kind == "old" else None)
+                    r = run_config(
+                        "dpg",
+                        k,
+                        path,
+                        batches,
+                        2_000_000,
+                        args.prefill,
+                        args.seconds,
+                        actor_flags,
+                        None,
+                        curve_dir,
+                        1,
+                        kind,
+                        item_bytes=item_bytes,
+                        worker_python=args.server_python if kind == "old" else None,
+                    )
                     r["round"] = rnd
                     del r["updater"]
                     print(json.dumps(r), flush=True)
                     rows.append(r)
             for kind in kinds if args.connections else ():
                 for conns in args.connections:
-                    r = run_conns(kind, conns, args.conn_processes, args.conn_rate, args.seconds, path,
-                                  args.server_python)
+                    r = run_conns(
+                        kind, conns, args.conn_processes, args.conn_rate, args.seconds, path, args.server_python
+                    )
                     r["round"] = rnd
                     print(json.dumps(r), flush=True)
                     conn_rows.append(r)
 
-    print(f"\n## bench_wire side by side ({args.rounds} rounds x {args.seconds:g} s windows interleaved, total "
-          f"{time.perf_counter() - t_start:.0f} s; {k} inserter processes x {INSERT_BATCH}/request through "
-          f"client.inserter(max_in_flight={args.max_in_flight}), 1 learner sample {SAMPLE_BATCH} + update "
-          f"{SAMPLE_BATCH}; loopback; cpus {os.cpu_count()}; medians over rounds, ratios taken per round then the "
-          "median)\n")
+    print(
+        f"\n## bench_wire side by side ({args.rounds} rounds x {args.seconds:g} s windows interleaved, total "
+        f"{time.perf_counter() - t_start:.0f} s; {k} inserter processes x {INSERT_BATCH}/request through "
+        f"client.inserter(max_in_flight={args.max_in_flight}), 1 learner sample {SAMPLE_BATCH} + update "
+        f"{SAMPLE_BATCH}; loopback; cpus {os.cpu_count()}; medians over rounds, ratios taken per round then the "
+        "median)\n"
+    )
     if rows:
-        print("| server | CURVE | inserted/s | sampled/s | inserted / floor | sampled / floor | server CPU us/request "
-              "| CPU / floor's | requests/s |")
+        print(
+            "| server | CURVE | inserted/s | sampled/s | inserted / floor | sampled / floor | server CPU us/request "
+            "| CPU / floor's | requests/s |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         for curve in sorted({r["curve"] for r in rows}):
             for kind in kinds:
@@ -1160,59 +1527,83 @@ def side_by_side(args: argparse.Namespace) -> None:
                     return f"{median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
 
                 rps = [r["requests"] / r["cpu_window_s"] for r in mine]
-                print(f"| {kind} | {'on' if curve else 'off'} | {med('inserted_per_s')} | {med('sampled_per_s')} | "
-                      f"{ratio('inserted_per_s')} | {ratio('sampled_per_s')} | "
-                      f"{med('server_cpu_us_per_request', '.1f')} | {ratio('server_cpu_us_per_request')} | "
-                      f"{median(rps):,.0f} |")
+                print(
+                    f"| {kind} | {'on' if curve else 'off'} | {med('inserted_per_s')} | {med('sampled_per_s')} | "
+                    f"{ratio('inserted_per_s')} | {ratio('sampled_per_s')} | "
+                    f"{med('server_cpu_us_per_request', '.1f')} | {ratio('server_cpu_us_per_request')} | "
+                    f"{median(rps):,.0f} |"
+                )
         if args.server_python:
             for curve in sorted({r["curve"] for r in rows}):
                 new = {r["round"]: r for r in rows if r["kind"] == "native" and r["curve"] == curve}
                 old = {r["round"]: r for r in rows if r["kind"] == "old" and r["curve"] == curve}
                 both = sorted(set(new) & set(old))
                 parts = []
-                for field, label in (("inserted_per_s", "inserted/s"), ("sampled_per_s", "sampled/s"),
-                                     ("server_cpu_us_per_request", "server CPU per request")):
+                for field, label in (
+                    ("inserted_per_s", "inserted/s"),
+                    ("sampled_per_s", "sampled/s"),
+                    ("server_cpu_us_per_request", "server CPU per request"),
+                ):
                     parts.append(f"{label} {median([new[i][field] / old[i][field] for i in both]):.2f}")
-                notes.append(f"native / old, CURVE {'on' if curve else 'off'}, median of per-round ratios: "
-                             + ", ".join(parts))
-        print("\nServer CPU us/request by thread (median over rounds; serve: the native loop's thread, workers: its "
-              "sample workers, zmq_io: libzmq's I/O thread, other: the rest, where a Python server serves):\n")
+                notes.append(
+                    f"native / old, CURVE {'on' if curve else 'off'}, median of per-round ratios: " + ", ".join(parts)
+                )
+        print(
+            "\nServer CPU us/request by thread (median over rounds; serve: the native loop's thread, workers: its "
+            "sample workers, zmq_io: libzmq's I/O thread, other: the rest, where a Python server serves):\n"
+        )
         for curve in sorted({r["curve"] for r in rows}):
             for kind in kinds:
-                mine = [r["server_cpu_us_per_request_by_thread"] for r in rows
-                        if r["kind"] == kind and r["curve"] == curve and "server_cpu_us_per_request_by_thread" in r]
+                mine = [
+                    r["server_cpu_us_per_request_by_thread"]
+                    for r in rows
+                    if r["kind"] == kind and r["curve"] == curve and "server_cpu_us_per_request_by_thread" in r
+                ]
                 groups = sorted({g for m in mine for g in m})
-                print(f"- {kind}, CURVE {'on' if curve else 'off'}: "
-                      + ", ".join(f"{g} {median([m.get(g, 0.0) for m in mine]):.1f}" for g in groups))
+                print(
+                    f"- {kind}, CURVE {'on' if curve else 'off'}: "
+                    + ", ".join(f"{g} {median([m.get(g, 0.0) for m in mine]):.1f}" for g in groups)
+                )
     if conn_rows:
-        print(f"\nServer CPU per request with N active client connections, same paced total load "
-              f"({args.conn_rate:,.0f} INSERTs of {INSERT_BATCH} per second over {args.conn_processes} client "
-              f"processes, sockets round robin):\n")
+        print(
+            f"\nServer CPU per request with N active client connections, same paced total load "
+            f"({args.conn_rate:,.0f} INSERTs of {INSERT_BATCH} per second over {args.conn_processes} client "
+            f"processes, sockets round robin):\n"
+        )
         hi, lo = max(args.connections), min(args.connections)
-        print("| server | " + " | ".join(f"{n} conns: CPU us/request" for n in args.connections)
-              + f" | {hi} / {lo} | offered requests/s | replies missing |")
+        print(
+            "| server | "
+            + " | ".join(f"{n} conns: CPU us/request" for n in args.connections)
+            + f" | {hi} / {lo} | offered requests/s | replies missing |"
+        )
         print("|---|" + "---|" * (len(args.connections) + 3))
         for kind in kinds:
             mine = [r for r in conn_rows if r["kind"] == kind]
-            cells = [f"{median([r['server_cpu_us_per_request'] for r in mine if r['connections'] == n]):.1f}"
-                     for n in args.connections]
+            cells = [
+                f"{median([r['server_cpu_us_per_request'] for r in mine if r['connections'] == n]):.1f}"
+                for n in args.connections
+            ]
             by_round = {}
             for r in mine:
                 by_round.setdefault(r["round"], {})[r["connections"]] = r["server_cpu_us_per_request"]
             ratios = [v[hi] / v[lo] for v in by_round.values() if hi in v and lo in v]
             rat = f"{median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
             missing = sum(r["sent"] - r["replied"] for r in mine)
-            print(f"| {kind} | " + " | ".join(cells) + f" | {rat} | "
-                  f"{median([r['offered_per_s'] for r in mine]):,.0f} | {missing} |")
+            print(
+                f"| {kind} | " + " | ".join(cells) + f" | {rat} | "
+                f"{median([r['offered_per_s'] for r in mine]):,.0f} | {missing} |"
+            )
     if any(r["kind"] == "reverb" for r in rows):
         rv = {r["round"]: r for r in rows if r["kind"] == "reverb"}
         for kind in kinds:
             mine = {r["round"]: r for r in rows if r["kind"] == kind and not r["curve"]}
             both = sorted(set(rv) & set(mine))
-            notes.append(f"inserts vs Reverb, {kind}: inserted/s {median([mine[i]['inserted_per_s'] / rv[i]['inserted_per_s'] for i in both]):.2f}x "
-                         f"Reverb's (Reverb: median {median([rv[i]['inserted_per_s'] for i in both]):,.0f} inserted/s, "
-                         f"{median([rv[i]['sampled_per_s'] for i in both]):,.0f} sampled/s with its learner on "
-                         "client.sample)")
+            notes.append(
+                f"inserts vs Reverb, {kind}: inserted/s {median([mine[i]['inserted_per_s'] / rv[i]['inserted_per_s'] for i in both]):.2f}x "
+                f"Reverb's (Reverb: median {median([rv[i]['inserted_per_s'] for i in both]):,.0f} inserted/s, "
+                f"{median([rv[i]['sampled_per_s'] for i in both]):,.0f} sampled/s with its learner on "
+                "client.sample)"
+            )
     else:
         notes.append(reverb)
     print()
@@ -1223,16 +1614,24 @@ def side_by_side(args: argparse.Namespace) -> None:
 def reverb_line(args: argparse.Namespace) -> str:
     """Why the inserts-vs-Reverb column is absent (it is measured only with an interpreter that imports reverb)."""
     if args.reverb_python is None:
-        return ("inserts vs Reverb: column skipped: no --reverb-python given (dm-reverb needs its own environment "
-                "with TensorFlow; see bench/README.md)")
+        return (
+            "inserts vs Reverb: column skipped: no --reverb-python given (dm-reverb needs its own environment "
+            "with TensorFlow; see bench/README.md)"
+        )
     try:
-        out = subprocess.run([args.reverb_python, "-c", "import importlib.metadata as m, reverb; print(m.version('dm-reverb'))"],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [args.reverb_python, "-c", "import importlib.metadata as m, reverb; print(m.version('dm-reverb'))"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"inserts vs Reverb: column skipped: {args.reverb_python} could not run ({exc})"
     if out.returncode != 0:
-        return (f"inserts vs Reverb: column skipped: {args.reverb_python} cannot import reverb: "
-                f"{out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+        return (
+            f"inserts vs Reverb: column skipped: {args.reverb_python} cannot import reverb: "
+            f"{out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}"
+        )
     return f"inserts vs Reverb: measured with {args.reverb_python} (dm-reverb {out.stdout.strip()})"
 
 
@@ -1272,8 +1671,10 @@ def curve_wire_speed(curve_dir: str, sizes=(32_000, 324_000), seconds: float = 1
     lines = []
     for size in sizes:
         plain, curve = rate(False, size), rate(True, size)
-        lines.append(f"one connection, {size // 1000} kB messages: plain {plain:,.0f} MB/s, CURVE {curve:,.0f} MB/s "
-                     f"(ratio {curve / plain:.2f})")
+        lines.append(
+            f"one connection, {size // 1000} kB messages: plain {plain:,.0f} MB/s, CURVE {curve:,.0f} MB/s "
+            f"(ratio {curve / plain:.2f})"
+        )
     return lines
 
 
@@ -1287,10 +1688,12 @@ def curve_ratios(rows: list[dict]) -> list[str]:
         if base is not None:
             moved, base_moved = (x["inserted_per_s"] + x["sampled_per_s"] for x in (r, base))
             spec = ", server --spec" if r["spec"] else ""
-            lines.append(f"CURVE / plain, {r['shape']} with {r['actors']} actor(s){spec}: inserted/s "
-                         f"{r['inserted_per_s'] / base['inserted_per_s']:.2f}, sampled/s "
-                         f"{r['sampled_per_s'] / base['sampled_per_s']:.2f}, inserted + sampled "
-                         f"{moved / base_moved:.2f} (on a shared machine the two sides trade CPU: read the sum)")
+            lines.append(
+                f"CURVE / plain, {r['shape']} with {r['actors']} actor(s){spec}: inserted/s "
+                f"{r['inserted_per_s'] / base['inserted_per_s']:.2f}, sampled/s "
+                f"{r['sampled_per_s'] / base['sampled_per_s']:.2f}, inserted + sampled "
+                f"{moved / base_moved:.2f} (on a shared machine the two sides trade CPU: read the sum)"
+            )
     return lines
 
 

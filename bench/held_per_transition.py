@@ -19,14 +19,31 @@ import sys
 import tempfile
 import time
 
-STATS = ("import json, sys\nfrom apexrl.replay.client import ReplayClient\n"
-         "with ReplayClient(sys.argv[1], timeout=10) as c: print(json.dumps(c.stats()))")
+STATS = (
+    "import json, sys\nfrom apexrl.replay.client import ReplayClient\n"
+    "with ReplayClient(sys.argv[1], timeout=10) as c: print(json.dumps(c.stats()))"
+)
 
 
 def held(python: str, game: str, actors: int, min_size: int, port: int, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
-        cmd = [python, "-m", "apexrl.cli.main", "run", "--preset", "apex-dqn-atari", "--env", f"atari:{game}",
-               "--actors", str(actors), "--ports", str(port), "--run-dir", run_dir, "--quiet"]
+        cmd = [
+            python,
+            "-m",
+            "apexrl.cli.main",
+            "run",
+            "--preset",
+            "apex-dqn-atari",
+            "--env",
+            f"atari:{game}",
+            "--actors",
+            str(actors),
+            "--ports",
+            str(port),
+            "--run-dir",
+            run_dir,
+            "--quiet",
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         endpoint = f"tcp://127.0.0.1:{port}"
         t0 = time.monotonic()
@@ -53,9 +70,15 @@ def held(python: str, game: str, actors: int, min_size: int, port: int, timeout:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
         size = int(last["size"])
-        return {"game": game, "python": python, "size": size, "bytes_held": int(last["bytes_held"]),
-                "per_transition": last["bytes_held"] / size, "chunks": last.get("chunks"),
-                "seconds": time.monotonic() - t0}
+        return {
+            "game": game,
+            "python": python,
+            "size": size,
+            "bytes_held": int(last["bytes_held"]),
+            "per_transition": last["bytes_held"] / size,
+            "chunks": last.get("chunks"),
+            "seconds": time.monotonic() - t0,
+        }
 
 
 def main() -> None:
@@ -63,8 +86,12 @@ def main() -> None:
     p.add_argument("--games", default="Pong,Breakout,MsPacman", help="comma-separated Atari games")
     p.add_argument("--actors", type=int, default=2, help="actors per run (default 2)")
     p.add_argument("--min-size", type=int, default=50_000, help="transitions the server must hold (default 50k)")
-    p.add_argument("--before-python", metavar="PATH", default=None,
-                   help="also run each game with this interpreter (an older tree's venv) and print the ratio")
+    p.add_argument(
+        "--before-python",
+        metavar="PATH",
+        default=None,
+        help="also run each game with this interpreter (an older tree's venv) and print the ratio",
+    )
     p.add_argument("--port", type=int, default=47100, help="base port of the runs (--ports; default 47100)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run before giving up (default 900)")
     args = p.parse_args()
@@ -76,16 +103,21 @@ def main() -> None:
             r["side"] = side
             print(json.dumps(r), flush=True)
             rows.append(r)
-    print(f"\n## bytes held per transition, apexrl run --preset apex-dqn-atari --actors {args.actors}, "
-          f"server STATS once it holds >= {args.min_size:,}\n")
+    print(
+        f"\n## bytes held per transition, apexrl run --preset apex-dqn-atari --actors {args.actors}, "
+        f"server STATS once it holds >= {args.min_size:,}\n"
+    )
     print("| game | tree | transitions | bytes_held / size | before / after |")
     print("|---|---|---|---|---|")
     for game in args.games.split(","):
         by = {r["side"]: r for r in rows if r["game"] == game}
         for side in ("before", "after"):
             if side in by:
-                ratio = (f"{by['before']['per_transition'] / by['after']['per_transition']:.1f}x"
-                         if side == "after" and "before" in by else "")
+                ratio = (
+                    f"{by['before']['per_transition'] / by['after']['per_transition']:.1f}x"
+                    if side == "after" and "before" in by
+                    else ""
+                )
                 print(f"| {game} | {side} | {by[side]['size']:,} | {by[side]['per_transition']:.0f} | {ratio} |")
 
 

@@ -40,8 +40,13 @@ def main() -> None:
     import reverb
 
     if args.mode == "server":
-        table = reverb.Table(name="t", sampler=reverb.selectors.Prioritized(0.6), remover=reverb.selectors.Fifo(),
-                             max_size=args.capacity, rate_limiter=reverb.rate_limiters.MinSize(1))
+        table = reverb.Table(
+            name="t",
+            sampler=reverb.selectors.Prioritized(0.6),
+            remover=reverb.selectors.Fifo(),
+            max_size=args.capacity,
+            rate_limiter=reverb.rate_limiters.MinSize(1),
+        )
         server = reverb.Server(tables=[table])
         print(f"reverb listening on {server.port}", flush=True)
         stop = []
@@ -60,7 +65,7 @@ def main() -> None:
         items = []
         for i in range(len(z.files) // 2):
             d, o = z[f"d{i}"], z[f"o{i}"]
-            items.append([np.asarray(d[o[j]:o[j + 1]], np.uint8) for j in range(len(o) - 1)])
+            items.append([np.asarray(d[o[j] : o[j + 1]], np.uint8) for j in range(len(o) - 1)])
         prios = rng.uniform(0.1, 2.0, 4096)
         with client.trajectory_writer(num_keep_alive_refs=1) as w:
             while time.time() < args.start_at:
@@ -81,8 +86,9 @@ def main() -> None:
         end = args.start_at + args.seconds
         while time.time() < end:
             keys = [s[0].info.key for s in client.sample("t", num_samples=SAMPLE)]
-            client.mutate_priorities("t", updates={int(k): float(v) for k, v in
-                                                   zip(keys, rng.uniform(0.1, 2.0, len(keys)))})
+            client.mutate_priorities(
+                "t", updates={int(k): float(v) for k, v in zip(keys, rng.uniform(0.1, 2.0, len(keys)))}
+            )
             n += len(keys)
             requests += 2
     elapsed = time.time() - args.start_at

@@ -26,15 +26,20 @@ def read_rows(pattern: str) -> dict[str, list[dict]]:
     for path in sorted(glob.glob(os.path.join(pattern, "suite.csv")), key=os.path.dirname):
         with open(path, newline="", encoding="utf-8") as f:
             suites[os.path.basename(os.path.dirname(path))] = [
-                {k: v if k in TEXT else (float(v) if v else math.nan) for k, v in r.items()} for r in csv.DictReader(f)]
+                {k: v if k in TEXT else (float(v) if v else math.nan) for k, v in r.items()} for r in csv.DictReader(f)
+            ]
     return suites
 
 
 def combined_table(suites: dict[str, list[dict]]) -> str:
     """One Markdown table: each suite's own rows (grouped within that suite alone), a first column naming it."""
     body = [f"| {name} {line}" for name, rows in suites.items() for line in markdown_rows(rows)]
-    return "\n".join([f"| suite (bench/curves/) {SUITE_TABLE_HEADER}", f"|---{SUITE_TABLE_RULE}", *body]) + \
-        "\n\n" + PAPER_NOTE + "\n"
+    return (
+        "\n".join([f"| suite (bench/curves/) {SUITE_TABLE_HEADER}", f"|---{SUITE_TABLE_RULE}", *body])
+        + "\n\n"
+        + PAPER_NOTE
+        + "\n"
+    )
 
 
 def main() -> None:

@@ -23,6 +23,15 @@ import pytest
 import zmq
 
 START_TIMEOUT = 20.0
+E2E_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/e2e/ (the whole system as several real processes) carries the ``e2e`` marker:
+    ``pytest -m "not e2e"`` leaves them out, ``pytest -m e2e`` runs only them."""
+    for item in items:
+        if os.path.commonpath([str(item.path), E2E_DIR]) == E2E_DIR:
+            item.add_marker(pytest.mark.e2e)
 
 
 class ServerProc:
@@ -181,8 +190,11 @@ def spawn(tmp_path):
         log_path = str(tmp_path / f"{name}.log")
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})}, preexec_fn=preexec_fn,
+                [sys.executable, "-u", "-m", module, *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                preexec_fn=preexec_fn,
             )
         p = Proc(name, proc, log_path)
         procs.append(p)

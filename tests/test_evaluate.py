@@ -13,8 +13,21 @@ import numpy as np
 import pytest
 
 FAST = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
-JSON_KEYS = {"agent", "env", "preset", "checkpoint", "learner_steps", "env_frames", "time_s", "episodes", "mean", "std",
-             "se", "returns", "seed"}
+JSON_KEYS = {
+    "agent",
+    "env",
+    "preset",
+    "checkpoint",
+    "learner_steps",
+    "env_frames",
+    "time_s",
+    "episodes",
+    "mean",
+    "std",
+    "se",
+    "returns",
+    "seed",
+}
 
 
 def _apexrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -25,8 +38,9 @@ def _apexrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def run_dir(tmp_path_factory):
     """One real CartPole run of 2 actors, stopped at 100 learner steps."""
     d = str(tmp_path_factory.mktemp("evaluate") / "run")
-    done = _apexrl("run", "--run-dir", d, "--minutes", "0", "--steps", "100", "--actors", "2", "--quiet",
-                   f"--learner-args={FAST}")
+    done = _apexrl(
+        "run", "--run-dir", d, "--minutes", "0", "--steps", "100", "--actors", "2", "--quiet", f"--learner-args={FAST}"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return d
 
@@ -38,8 +52,13 @@ def test_evaluate_prints_mean_and_se_and_writes_the_json(run_dir, tmp_path):
     with open(out) as f:
         r = json.load(f)
     assert set(r) == JSON_KEYS
-    assert (r["agent"], r["env"], r["preset"], r["episodes"], r["learner_steps"]) == ("dqn", "gym:CartPole-v1",
-                                                                                       "cartpole", 3, 100)
+    assert (r["agent"], r["env"], r["preset"], r["episodes"], r["learner_steps"]) == (
+        "dqn",
+        "gym:CartPole-v1",
+        "cartpole",
+        3,
+        100,
+    )
     assert r["env_frames"] > 0 and r["time_s"] > 0 and len(r["returns"]) == 3
     assert r["mean"] == pytest.approx(np.mean(r["returns"]))
     assert r["se"] == pytest.approx(np.std(r["returns"], ddof=1) / np.sqrt(3))
@@ -69,12 +88,19 @@ def test_video_records_the_first_scored_episode_without_changing_the_returns(run
 
 
 def test_dmc_renders_offscreen_with_egl():
-    code = ("from apexrl.envs import make_env\n"
-            "e = make_env('dmc:cartpole-swingup', 0); e.reset(); f = e.render()\n"
-            "print(f.shape, f.dtype, int(f.std() > 0), e.render_fps)")
+    code = (
+        "from apexrl.envs import make_env\n"
+        "e = make_env('dmc:cartpole-swingup', 0); e.reset(); f = e.render()\n"
+        "print(f.shape, f.dtype, int(f.std() > 0), e.render_fps)"
+    )
     # Explicitly: this test process may hold MUJOCO_GL=disable (set by apexrl.envs.dmc for training).
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "MUJOCO_GL": "egl"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MUJOCO_GL": "egl"},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["(240,", "320,", "3)", "uint8", "1", "100.0"]
 
@@ -125,10 +151,22 @@ def test_episodes_csv_says_how_much_each_actor_explores(start_server, tmp_path):
 
     server, path = start_server(), str(tmp_path / "episodes.csv")
     for index in (0, 1):
-        actor = Actor(ActorConfig(agent="dqn", env="gym:CartPole-v1", replay=server.endpoint,
-                                  params="tcp://127.0.0.1:9", index=index, num_actors=2, episodes_csv=path,
-                                  max_steps=501, wait_for_params=0.0, params_timeout=0.05,
-                                  params_every_frames=10**15, log_every=3600.0))
+        actor = Actor(
+            ActorConfig(
+                agent="dqn",
+                env="gym:CartPole-v1",
+                replay=server.endpoint,
+                params="tcp://127.0.0.1:9",
+                index=index,
+                num_actors=2,
+                episodes_csv=path,
+                max_steps=501,
+                wait_for_params=0.0,
+                params_timeout=0.05,
+                params_every_frames=10**15,
+                log_every=3600.0,
+            )
+        )
         try:
             actor.run()
         finally:
@@ -136,7 +174,7 @@ def test_episodes_csv_says_how_much_each_actor_explores(start_server, tmp_path):
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     eps = {r["actor"]: float(r["exploration"]) for r in rows}
-    assert eps == {"0": pytest.approx(0.4), "1": pytest.approx(0.4 ** 8)}  # DQN's ladder for 2 actors
+    assert eps == {"0": pytest.approx(0.4), "1": pytest.approx(0.4**8)}  # DQN's ladder for 2 actors
 
 
 @pytest.mark.parametrize(("before", "after"), [(None, "egl"), ("disable", "egl"), ("osmesa", "osmesa")])

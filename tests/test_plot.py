@@ -18,15 +18,17 @@ from apexrl.plot import episode_curve, eval_curve, greediest_actor, seed_band
 METRICS_HEADER = "time_s,env_frames,learner_steps,eval_return_mean,eval_return_se,eval_env_frames,eval_time_s\n"
 
 
-def _run(tmp_path, name: str, metrics_rows: str, episodes: str | None = None, seed: int = 0,
-         final: dict | None = None) -> str:
+def _run(
+    tmp_path, name: str, metrics_rows: str, episodes: str | None = None, seed: int = 0, final: dict | None = None
+) -> str:
     d = tmp_path / name
     d.mkdir()
     (d / "metrics.csv").write_text(METRICS_HEADER + metrics_rows)
     if episodes is not None:
         (d / "episodes.csv").write_text(episodes)
-    (d / "plan.json").write_text(json.dumps({"preset": "cartpole", "learner": {"agent": "dqn", "env": "gym:CartPole-v1",
-                                                                               "seed": seed}}))
+    (d / "plan.json").write_text(
+        json.dumps({"preset": "cartpole", "learner": {"agent": "dqn", "env": "gym:CartPole-v1", "seed": seed}})
+    )
     if final is not None:
         (d / "final_eval.json").write_text(json.dumps(final))
     return str(d)
@@ -55,14 +57,19 @@ def test_evaluations_are_placed_at_the_frames_and_time_of_their_weights(tmp_path
 
 
 def test_the_greediest_actor_has_the_smallest_exploration_or_else_the_highest_index(tmp_path):
-    rows = [{"actor": "0", "exploration": "0.4", "return": "1"}, {"actor": "1", "exploration": "0.0016", "return": "2"},
-            {"actor": "2", "exploration": "0.05", "return": "3"}]
+    rows = [
+        {"actor": "0", "exploration": "0.4", "return": "1"},
+        {"actor": "1", "exploration": "0.0016", "return": "2"},
+        {"actor": "2", "exploration": "0.05", "return": "3"},
+    ]
     assert greediest_actor(rows) == "1"
     assert greediest_actor([{k: v for k, v in r.items() if k != "exploration"} for r in rows]) == "2"
     assert greediest_actor([]) is None
 
-    episodes = ("time_s,actor,env_frames,episode,return,length,exploration\n"
-                "1,0,10,1,100,10,0.4\n1,1,20,1,7,20,0.01\n2,0,30,2,200,20,0.4\n2,1,50,2,9,30,0.01\n")
+    episodes = (
+        "time_s,actor,env_frames,episode,return,length,exploration\n"
+        "1,0,10,1,100,10,0.4\n1,1,20,1,7,20,0.01\n2,0,30,2,200,20,0.4\n2,1,50,2,9,30,0.01\n"
+    )
     d = _run(tmp_path, "r", "1,0,0,,,,\n9,100,10,,,,\n", episodes)
     m = {k: np.asarray(v) for k, v in read_csv(os.path.join(d, "metrics.csv")).items()}
     frames, time_s, mean = episode_curve(os.path.join(d, "episodes.csv"), m, smooth=1, greediest=True)
@@ -72,8 +79,10 @@ def test_the_greediest_actor_has_the_smallest_exploration_or_else_the_highest_in
 
 def test_with_vectorised_actors_the_greediest_environment_of_any_actor_is_drawn(tmp_path):
     # Actor 0 steps two environments (exploration 0.4 and 0.01), actor 1 one (0.1): actor 0's env 1 is greediest.
-    episodes = ("time_s,actor,env_frames,episode,return,length,exploration,env\n"
-                "1,0,10,1,100,10,0.4,0\n1,0,20,2,7,10,0.01,1\n1,1,15,1,50,15,0.1,0\n2,0,40,3,9,20,0.01,1\n")
+    episodes = (
+        "time_s,actor,env_frames,episode,return,length,exploration,env\n"
+        "1,0,10,1,100,10,0.4,0\n1,0,20,2,7,10,0.01,1\n1,1,15,1,50,15,0.1,0\n2,0,40,3,9,20,0.01,1\n"
+    )
     rows = list(csv.DictReader(io.StringIO(episodes)))
     assert greediest_actor(rows) == "0/1"
     assert greediest_actor([{k: v for k, v in r.items() if k != "env"} for r in rows]) == "0"  # old files
@@ -89,8 +98,12 @@ def test_plot_of_several_seeds_writes_a_png_with_the_final_evaluations(tmp_path)
     final = {"mean": 9.0, "se": 0.5, "episodes": 10, "env_frames": 2100, "time_s": 21.0}
     dirs = [_run(tmp_path, f"s{i}", rows, episodes, seed=i, final=final) for i in range(3)]
     out = str(tmp_path / "seeds.png")
-    done = subprocess.run([sys.executable, "-m", "apexrl", "plot", *dirs, "--out", out, "--smooth", "1"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "apexrl", "plot", *dirs, "--out", out, "--smooth", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_apex_processes import start_actor, start_learner
-from test_launch import _wait_until
+from tests.e2e.test_apex_processes import start_actor, start_learner
+from tests.launch.test_launch import _wait_until
 
 FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
 
@@ -52,12 +52,32 @@ def _expected_from_metrics(rows: list[dict[str, str]]) -> dict[str, list[tuple[i
 
 def test_run_shows_metrics_evaluations_and_episodes_live_and_the_event_file_equals_the_csvs(spawn, tmp_path):
     run_dir, board = str(tmp_path / "run"), str(tmp_path / "tb")
-    launcher = spawn("launcher", "apexrl", "run", "--run-dir", run_dir, "--minutes", "0", "--actors", "1",
-                     "--final-eval", "0", "--quiet", "--tensorboard", board, f"--learner-args={FAST_LEARNER}")
+    launcher = spawn(
+        "launcher",
+        "apexrl",
+        "run",
+        "--run-dir",
+        run_dir,
+        "--minutes",
+        "0",
+        "--actors",
+        "1",
+        "--final-eval",
+        "0",
+        "--quiet",
+        "--tensorboard",
+        board,
+        f"--learner-args={FAST_LEARNER}",
+    )
     # Live: the learner's rows, an evaluation and the actor's episodes reach the event file while the run goes on.
-    _wait_until(lambda: launcher.alive() and {"learner/sampled_per_s", "eval/return_mean",
-                                              "episodes/return/actor_0"} <= set(_scalars(board)),
-                180, "learner, evaluation and episode scalars in the event file")
+    _wait_until(
+        lambda: (
+            launcher.alive()
+            and {"learner/sampled_per_s", "eval/return_mean", "episodes/return/actor_0"} <= set(_scalars(board))
+        ),
+        180,
+        "learner, evaluation and episode scalars in the event file",
+    )
     launcher.signal(signal.SIGINT)
     assert launcher.proc.wait(120) == 0, launcher.log()
 
@@ -70,8 +90,7 @@ def test_run_shows_metrics_evaluations_and_episodes_live_and_the_event_file_equa
     assert len(episodes) >= 2
     assert got["episodes/return/actor_0"] == [(int(r["env_frames"]), _f32(r["return"])) for r in episodes]
     assert got["episodes/length/actor_0"] == [(int(r["env_frames"]), _f32(r["length"])) for r in episodes]
-    assert sorted(t for t in got if t.startswith("episodes/")) == ["episodes/length/actor_0",
-                                                                   "episodes/return/actor_0"]
+    assert sorted(t for t in got if t.startswith("episodes/")) == ["episodes/length/actor_0", "episodes/return/actor_0"]
 
 
 def test_learner_writes_each_metrics_row_to_the_event_file(start_server, spawn, tmp_path):
@@ -95,11 +114,14 @@ def test_without_the_tensorboard_package_both_commands_exit_2_naming_the_extra(t
     blocked = "import sys; sys.modules['tensorboard'] = None; from apexrl.cli.{} import main; sys.exit(main({!r}))"
     for module, argv in (
         ("main", ["run", "--run-dir", run_dir, "--tensorboard", board]),
-        ("learner", ["--replay", "tcp://127.0.0.1:1", "--params-port", "0", "--run-dir", run_dir,
-                     "--tensorboard", board]),
+        (
+            "learner",
+            ["--replay", "tcp://127.0.0.1:1", "--params-port", "0", "--run-dir", run_dir, "--tensorboard", board],
+        ),
     ):
-        done = subprocess.run([sys.executable, "-c", blocked.format(module, argv)], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", blocked.format(module, argv)], capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 2, done.stdout + done.stderr
         assert "--tensorboard needs the tensorboard package: pip install 'apexrl[tensorboard]'" in done.stderr
         assert not os.path.exists(board) and not os.path.exists(run_dir)
@@ -111,8 +133,10 @@ def test_the_mirror_adds_complete_rows_once_and_a_resumed_run_only_its_new_rows(
     from apexrl.tensorboard import RunMirror
 
     run_dir, board = str(tmp_path / "run"), str(tmp_path / "tb")
-    metrics = CSVWriter(os.path.join(run_dir, "metrics.csv"), ["time_s", "learner_steps", "loss", "eval_return_mean",
-                                                               "eval_learner_steps"])
+    metrics = CSVWriter(
+        os.path.join(run_dir, "metrics.csv"),
+        ["time_s", "learner_steps", "loss", "eval_return_mean", "eval_learner_steps"],
+    )
     metrics.write({"time_s": 1.0, "learner_steps": 10, "loss": 0.5})
     episodes = open(os.path.join(run_dir, "episodes.csv"), "w", encoding="utf-8")
     episodes.write(",".join(EPISODE_COLUMNS) + "\n0.5,0,200,1,21.0,200,0.4,gym:CartPole-v1\n0.7,1,30")
@@ -120,12 +144,15 @@ def test_the_mirror_adds_complete_rows_once_and_a_resumed_run_only_its_new_rows(
 
     mirror = RunMirror(board, run_dir)
     mirror.poll()
-    assert _scalars(board) == {"learner/time_s": [(10, 1.0)], "learner/loss": [(10, 0.5)],
-                               "episodes/return/actor_0": [(200, 21.0)], "episodes/length/actor_0": [(200, 200.0)]}
+    assert _scalars(board) == {
+        "learner/time_s": [(10, 1.0)],
+        "learner/loss": [(10, 0.5)],
+        "episodes/return/actor_0": [(200, 21.0)],
+        "episodes/length/actor_0": [(200, 200.0)],
+    }
     episodes.write("0,1,30.0,30,0.1,gym:CartPole-v1\n")
     episodes.close()
-    metrics.write({"time_s": 2.0, "learner_steps": 20, "loss": 0.25, "eval_return_mean": 9.5,
-                   "eval_learner_steps": 12})
+    metrics.write({"time_s": 2.0, "learner_steps": 20, "loss": 0.25, "eval_return_mean": 9.5, "eval_learner_steps": 12})
     mirror.close()
     got = _scalars(board)
     assert got["learner/loss"] == [(10, 0.5), (20, 0.25)] and got["eval/return_mean"] == [(12, 9.5)]

@@ -19,18 +19,26 @@ from __future__ import annotations
 
 from apexrl._core import PrioritizedStore, SampleBatch, SnapshotError
 
-__all__ = ["PrioritizedStore", "ReplayClient", "RunResult", "SampleBatch", "ShardedReplayClient", "SnapshotError",
-           "__version__", "run"]
+__all__ = [
+    "PrioritizedStore",
+    "ReplayClient",
+    "RunResult",
+    "SampleBatch",
+    "ShardedReplayClient",
+    "SnapshotError",
+    "__version__",
+    "run",
+]
 
 
 def __getattr__(name: str):
     # The client pulls in pyzmq; import it on first use so `import apexrl` stays light.
     if name == "ReplayClient":
-        from apexrl.replay.client import ReplayClient
+        from apexrl.replay.client.replay_client import ReplayClient
 
         return ReplayClient
     if name == "ShardedReplayClient":
-        from apexrl.replay.sharded import ShardedReplayClient
+        from apexrl.replay.client.sharded import ShardedReplayClient
 
         return ShardedReplayClient
     if name in ("run", "RunResult"):  # the launcher and the agents: imported on first use too
@@ -38,4 +46,6 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     raise AttributeError(f"module 'apexrl' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"

@@ -97,7 +97,6 @@ def decode_items(
     sizes: npt.NDArray[np.int64],
     outs: list[npt.NDArray[Any]],
 ) -> None: ...
-
 def rebuild_frame_stacks(
     depth: int,
     frame_bytes: int,

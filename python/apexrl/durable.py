@@ -19,8 +19,14 @@ import glob
 import os
 from typing import IO
 
-__all__ = ["append_private", "create_private", "make_private_dirs", "open_private", "remove_stale_temporaries",
-           "write_atomically"]
+__all__ = [
+    "append_private",
+    "create_private",
+    "make_private_dirs",
+    "open_private",
+    "remove_stale_temporaries",
+    "write_atomically",
+]
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 

@@ -5,7 +5,7 @@ Imports only the schema (for :class:`Status`); the protocol, transport and clien
 
 from __future__ import annotations
 
-from apexrl.replay.schema import Status
+from apexrl.replay.wire.schema import Status
 
 __all__ = [
     "ApexRLError",

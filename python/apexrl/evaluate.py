@@ -43,15 +43,28 @@ class Evaluation:
 
     def to_json(self) -> dict[str, Any]:
         """The keys of ``--json`` (and of ``RUN_DIR/final_eval.json`` when the launcher asks for it)."""
-        return {"agent": self.agent, "env": self.env, "preset": self.preset, "checkpoint": self.checkpoint,
-                "learner_steps": self.learner_steps, "env_frames": self.env_frames, "time_s": self.time_s,
-                "episodes": len(self.returns), "mean": self.mean, "std": self.std, "se": self.se,
-                "returns": self.returns, "seed": self.seed}
+        return {
+            "agent": self.agent,
+            "env": self.env,
+            "preset": self.preset,
+            "checkpoint": self.checkpoint,
+            "learner_steps": self.learner_steps,
+            "env_frames": self.env_frames,
+            "time_s": self.time_s,
+            "episodes": len(self.returns),
+            "mean": self.mean,
+            "std": self.std,
+            "se": self.se,
+            "returns": self.returns,
+            "seed": self.seed,
+        }
 
     def summary(self) -> str:
-        return (f"{self.env} {self.agent}: {self.mean:.2f} ± {self.se:.2f} (SE) over {len(self.returns)} episodes; "
-                f"checkpoint at learner step {self.learner_steps}, {self.env_frames} env frames, "
-                f"{self.time_s / 60:.1f} min")
+        return (
+            f"{self.env} {self.agent}: {self.mean:.2f} ± {self.se:.2f} (SE) over {len(self.returns)} episodes; "
+            f"checkpoint at learner step {self.learner_steps}, {self.env_frames} env frames, "
+            f"{self.time_s / 60:.1f} min"
+        )
 
 
 def default_seed(run_dir: str) -> int:
@@ -78,8 +91,9 @@ def _agent_config(agent_def: Any, raw: Any) -> Any:
         raise EvaluateError(f"the checkpoint's agent_config does not fit {agent_def.name}: {e}") from None
 
 
-def evaluate_run(run_dir: str, episodes: int = 10, seed: int | None = None, video: str | None = None,
-                 device: str = "cpu") -> Evaluation:
+def evaluate_run(
+    run_dir: str, episodes: int = 10, seed: int | None = None, video: str | None = None, device: str = "cpu"
+) -> Evaluation:
     """Play ``episodes`` evaluation episodes with the checkpoint of ``run_dir``; EvaluateError if it cannot."""
     if not os.path.isdir(run_dir):
         raise EvaluateError(f"{run_dir} is not a directory")
@@ -149,11 +163,24 @@ def _evaluate(run_dir: str, path: str, episodes: int, seed: int | None, writer: 
         returns += play_episodes(environment, policy, episodes - len(returns))
     finally:
         environment.close()
-    r = EvalResult.of(returns, int(meta.get("learner_steps", 0)), int(meta.get("env_frames", 0)),
-                      float(meta.get("time_s", 0.0)))
+    r = EvalResult.of(
+        returns, int(meta.get("learner_steps", 0)), int(meta.get("env_frames", 0)), float(meta.get("time_s", 0.0))
+    )
     preset = (meta.get("extra") or {}).get("preset")
-    return Evaluation(agent_def.name, env_name, preset, os.path.abspath(path), r.learner_steps, r.env_frames,
-                      r.time_s, int(seed), [float(x) for x in returns], r.mean, r.std, r.se)
+    return Evaluation(
+        agent_def.name,
+        env_name,
+        preset,
+        os.path.abspath(path),
+        r.learner_steps,
+        r.env_frames,
+        r.time_s,
+        int(seed),
+        [float(x) for x in returns],
+        r.mean,
+        r.std,
+        r.se,
+    )
 
 
 def write_json(evaluation: Evaluation, path: str) -> None:

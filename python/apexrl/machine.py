@@ -29,8 +29,16 @@ import numpy as np
 
 from apexrl.durable import write_atomically
 
-__all__ = ["MACHINE_FILE", "MAX_SPEED_RATIO", "env_step_us", "fastest_record", "machine_record", "recorded_step_us",
-           "save_record", "speed_mismatch"]
+__all__ = [
+    "MACHINE_FILE",
+    "MAX_SPEED_RATIO",
+    "env_step_us",
+    "fastest_record",
+    "machine_record",
+    "recorded_step_us",
+    "save_record",
+    "speed_mismatch",
+]
 
 MACHINE_FILE = "machine.json"
 """A run directory's machine records (a JSON list, one per start of the run)."""
@@ -38,8 +46,7 @@ MAX_SPEED_RATIO = 1.5
 """Most a new seed's env step time may differ (either way) from the finished seeds' before the suite refuses."""
 
 
-def env_step_us(env_name: str, seed: int = 0, cpu_seconds: float = 1.5, min_steps: int = 300,
-                parts: int = 5) -> float:
+def env_step_us(env_name: str, seed: int = 0, cpu_seconds: float = 1.5, min_steps: int = 300, parts: int = 5) -> float:
     """Microseconds of this process's CPU time per agent step of ``env_name`` (``reset()`` not counted), with
     uniformly random actions: the fastest of ``parts`` stretches, each of at least ``min_steps / parts`` steps
     and ``cpu_seconds / parts`` of CPU time (the fastest, as contention only ever slows a stretch)."""
@@ -114,8 +121,14 @@ def machine_record(env_name: str) -> dict[str, Any]:
     other = None
     if busy0 is not None and busy1 is not None and wall > 0:
         other = round(max(0.0, (busy1 - busy0) - (own1 - own0)) / wall, 2)
-    return {"env": env_name, "env_step_cpu_us": round(step_us, 2), "other_cpus": other, "cpu_model": _cpu_model(),
-            "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {
+        "env": env_name,
+        "env_step_cpu_us": round(step_us, 2),
+        "other_cpus": other,
+        "cpu_model": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def fastest_record(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -141,19 +154,27 @@ def save_record(run_dir: str, record: dict[str, Any]) -> None:
 
 def recorded_step_us(run_dir: str) -> float:
     """The median env step time of ``run_dir``'s records (NaN when it has none)."""
-    values = [float(r["env_step_cpu_us"]) for r in _records(run_dir)
-              if isinstance(r.get("env_step_cpu_us"), (int, float)) and r["env_step_cpu_us"] > 0]
+    values = [
+        float(r["env_step_cpu_us"])
+        for r in _records(run_dir)
+        if isinstance(r.get("env_step_cpu_us"), (int, float)) and r["env_step_cpu_us"] > 0
+    ]
     return statistics.median(values) if values else math.nan
 
 
 def speed_mismatch(step_us: float, others: dict[str, float]) -> str | None:
     """Why a run at ``step_us`` should not join runs measured at ``others`` (label -> their step time): None
     when each is within :data:`MAX_SPEED_RATIO` of it (runs without a record are not compared)."""
-    far = {label: us for label, us in others.items()
-           if not math.isnan(us) and max(us, step_us) / min(us, step_us) > MAX_SPEED_RATIO}
+    far = {
+        label: us
+        for label, us in others.items()
+        if not math.isnan(us) and max(us, step_us) / min(us, step_us) > MAX_SPEED_RATIO
+    }
     if not far:
         return None
     listed = ", ".join(f"{label} {us:.0f} µs" for label, us in sorted(far.items()))
-    return (f"an environment step takes {step_us:.0f} µs of CPU on this machine, against {listed} where the earlier "
-            f"seeds ran (more than {MAX_SPEED_RATIO:g}x apart): runs of the same --minutes would have different "
-            "budgets of env frames and learner steps")
+    return (
+        f"an environment step takes {step_us:.0f} µs of CPU on this machine, against {listed} where the earlier "
+        f"seeds ran (more than {MAX_SPEED_RATIO:g}x apart): runs of the same --minutes would have different "
+        "budgets of env frames and learner steps"
+    )

@@ -44,8 +44,7 @@ def _load_metrics(run_dir: str) -> dict[str, np.ndarray]:
         raise PlotError(f"{run_dir} is not a directory")
     path = os.path.join(run_dir, METRICS)
     if not os.path.exists(path):
-        raise PlotError(f"{run_dir} has no {METRICS} (the learner writes it once it trains; is this a run "
-                        "directory?)")
+        raise PlotError(f"{run_dir} has no {METRICS} (the learner writes it once it trains; is this a run directory?)")
     try:
         cols = read_csv(path)
     except (OSError, ValueError) as e:
@@ -109,8 +108,9 @@ def greediest_actor(rows: Sequence[dict[str, str]]) -> str | None:
     return max(latest, key=index)
 
 
-def episode_curve(path: str, metrics: dict[str, np.ndarray], smooth: int, greediest: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def episode_curve(
+    path: str, metrics: dict[str, np.ndarray], smooth: int, greediest: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(run-wide env frames, wall time, moving-mean return) per episode of ``episodes.csv`` (``greediest``:
     only the greediest actor's episodes, still at run-wide frames); None if absent or empty."""
     if not os.path.exists(path):
@@ -138,7 +138,7 @@ def episode_curve(path: str, metrics: dict[str, np.ndarray], smooth: int, greedi
     y = np.asarray(returns, dtype=np.float64)
     k = min(smooth, len(y))
     mean = np.convolve(y, np.ones(k) / k, mode="valid")  # mean of the last k episodes
-    x = x[k - 1:]
+    x = x[k - 1 :]
     order = np.argsort(metrics["env_frames"], kind="stable")
     # Outside the learner's rows (before its first, after its last) the time is unknown: NaN, not drawn.
     t = np.interp(x, metrics["env_frames"][order], metrics["time_s"][order], left=np.nan, right=np.nan)
@@ -156,8 +156,9 @@ def _pyplot():
     return plt
 
 
-def seed_band(curves: Sequence[tuple[np.ndarray, np.ndarray]], points: int = 100
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def seed_band(
+    curves: Sequence[tuple[np.ndarray, np.ndarray]], points: int = 100
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(grid, mean, standard error) across seeds of the curves ``(x, y)``: each is interpolated linearly onto
     ``points`` x values spanning the range every curve covers; SE = std(ddof=1) / sqrt(seeds) (0 for one seed).
     Empty arrays when the curves share no range."""
@@ -168,8 +169,9 @@ def seed_band(curves: Sequence[tuple[np.ndarray, np.ndarray]], points: int = 100
     if lo > hi:
         return np.empty(0), np.empty(0), np.empty(0)
     grid = np.linspace(lo, hi, points if hi > lo else 1)
-    ys = np.stack([np.interp(grid, x[np.argsort(x, kind="stable")], y[np.argsort(x, kind="stable")])
-                   for x, y in curves])
+    ys = np.stack(
+        [np.interp(grid, x[np.argsort(x, kind="stable")], y[np.argsort(x, kind="stable")]) for x, y in curves]
+    )
     se = ys.std(axis=0, ddof=1) / np.sqrt(len(ys)) if len(ys) > 1 else np.zeros_like(grid)
     return grid, ys.mean(axis=0), se
 
@@ -220,8 +222,11 @@ def plot_runs(run_dirs: Sequence[str], out: str | None = None, smooth: int = 20)
         prefix = "" if len(groups) == 1 else f"{name}: "
         seeds = f" (mean ± SE of {len(dirs)} seeds)" if len(dirs) > 1 else ""
         evals = [eval_curve(metrics[d]) for d in dirs]
-        episodes = [c for c in (episode_curve(os.path.join(d, EPISODES), metrics[d], smooth, greediest=True)
-                                for d in dirs) if c is not None]
+        episodes = [
+            c
+            for c in (episode_curve(os.path.join(d, EPISODES), metrics[d], smooth, greediest=True) for d in dirs)
+            if c is not None
+        ]
         for axis, (ax, scale) in enumerate(((ax_frames, 1.0), (ax_time, 60.0))):
             label_eval = f"{prefix}evaluation{seeds}"
             if len(dirs) == 1:
@@ -247,8 +252,16 @@ def plot_runs(run_dirs: Sequence[str], out: str | None = None, smooth: int = 20)
                 if fe is None:
                     continue
                 x = float(fe.get(("env_frames", "time_s")[axis]) or 0.0) / scale
-                ax.errorbar([x], [fe["mean"]], yerr=[fe["se"]], fmt="s", color=color, capsize=4, markersize=6,
-                            label=f"{prefix}final evaluation ({int(fe['episodes'])} episodes)" if k == 0 else None)
+                ax.errorbar(
+                    [x],
+                    [fe["mean"]],
+                    yerr=[fe["se"]],
+                    fmt="s",
+                    color=color,
+                    capsize=4,
+                    markersize=6,
+                    label=f"{prefix}final evaluation ({int(fe['episodes'])} episodes)" if k == 0 else None,
+                )
                 drawn += 1
     if not drawn:
         ax_frames.text(0.5, 0.5, "no evaluation or episode yet", ha="center", transform=ax_frames.transAxes)

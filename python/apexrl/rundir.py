@@ -13,8 +13,17 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CHECKPOINT", "FINAL_EVAL", "PLAN", "RunDirError", "RunIdentity", "checkpoint_meta", "final_eval",
-           "identity", "run_seed"]
+__all__ = [
+    "CHECKPOINT",
+    "FINAL_EVAL",
+    "PLAN",
+    "RunDirError",
+    "RunIdentity",
+    "checkpoint_meta",
+    "final_eval",
+    "identity",
+    "run_seed",
+]
 
 CHECKPOINT = "checkpoint.safetensors"
 FINAL_EVAL = "final_eval.json"
@@ -69,13 +78,13 @@ def identity(run_dir: str) -> RunIdentity:
         plan = _read_json(plan_path)
         learner = (plan.get("learner") if isinstance(plan, dict) else None) or {}
         if "agent" in learner and "env" in learner:
-            return RunIdentity(str(learner["agent"]), str(learner["env"]), plan.get("preset"),
-                               int(learner.get("seed", 0)))
+            return RunIdentity(
+                str(learner["agent"]), str(learner["env"]), plan.get("preset"), int(learner.get("seed", 0))
+            )
     ckpt = os.path.join(run_dir, CHECKPOINT)
     if os.path.exists(ckpt):
         meta = checkpoint_meta(ckpt)
-        return RunIdentity(str(meta.get("agent")), str(meta.get("env")), (meta.get("extra") or {}).get("preset"),
-                           None)
+        return RunIdentity(str(meta.get("agent")), str(meta.get("env")), (meta.get("extra") or {}).get("preset"), None)
     raise RunDirError(f"{run_dir} has neither {PLAN} nor {CHECKPOINT}: which agent and env ran there is unknown")
 
 

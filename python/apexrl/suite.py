@@ -34,14 +34,51 @@ from apexrl.rundir import (
     final_eval,
 )
 
-__all__ = ["PAPER_AGENTS", "PAPER_NOTE", "PUBLISHED_TABLES", "SUITE_COLUMNS", "SUITE_TABLE_HEADER", "SUITE_TABLE_RULE",
-           "TARGET_FRACTION", "PublishedScore", "SuiteError", "SuiteRun", "first_reaching", "format_frames",
-           "markdown_rows", "markdown_table", "published_scores", "run_suite", "suite_row", "suite_rows"]
+__all__ = [
+    "PAPER_AGENTS",
+    "PAPER_NOTE",
+    "PUBLISHED_TABLES",
+    "SUITE_COLUMNS",
+    "SUITE_TABLE_HEADER",
+    "SUITE_TABLE_RULE",
+    "TARGET_FRACTION",
+    "PublishedScore",
+    "SuiteError",
+    "SuiteRun",
+    "first_reaching",
+    "format_frames",
+    "markdown_rows",
+    "markdown_table",
+    "published_scores",
+    "run_suite",
+    "suite_row",
+    "suite_rows",
+]
 
-SUITE_COLUMNS = ("task", "agent", "preset", "seed", "minutes", "learner_steps", "env_frames", "final_return_mean",
-                 "final_return_se", "episodes", "best_eval_return", "run_dir", "time_s", "paper_a3c_mean",
-                 "paper_a3c_se", "paper_ddpg_mean", "paper_ddpg_se", "paper_d4pg_mean", "paper_d4pg_se",
-                 "time_to_80pct_d4pg_s", "env_frames_to_80pct_d4pg", "env_step_cpu_us")
+SUITE_COLUMNS = (
+    "task",
+    "agent",
+    "preset",
+    "seed",
+    "minutes",
+    "learner_steps",
+    "env_frames",
+    "final_return_mean",
+    "final_return_se",
+    "episodes",
+    "best_eval_return",
+    "run_dir",
+    "time_s",
+    "paper_a3c_mean",
+    "paper_a3c_se",
+    "paper_ddpg_mean",
+    "paper_ddpg_se",
+    "paper_d4pg_mean",
+    "paper_d4pg_se",
+    "time_to_80pct_d4pg_s",
+    "env_frames_to_80pct_d4pg",
+    "env_step_cpu_us",
+)
 """suite.csv's columns. ``time_s``: the learner's wall time when its final checkpoint was taken; ``paper_*``:
 the task's published scores after 10^8 environment steps (:func:`published_scores`), empty for other tasks;
 ``best_eval_return``: the best of the run's periodic evaluations (metrics.csv), against ``final_return_*``, the
@@ -56,8 +93,10 @@ TARGET_FRACTION = 0.8
 
 SCORES_FILE = "control_suite_scores.csv"
 """Package data (``apexrl/data/``): the Control Suite paper's published returns, see :func:`published_scores`."""
-PUBLISHED_TABLES = {"1e8_steps": "Table 1, after 10^8 environment steps",
-                    "24_hours": "Table 2, after 24 hours of training"}
+PUBLISHED_TABLES = {
+    "1e8_steps": "Table 1, after 10^8 environment steps",
+    "24_hours": "Table 2, after 24 hours of training",
+}
 PAPER_AGENTS = ("a3c", "ddpg", "d4pg", "d4pg_pixels")
 """The agents of the paper's tables, as the CSV's column prefixes (d4pg_pixels: D4PG learning from pixels)."""
 SUITE_PAPER_AGENTS = ("a3c", "ddpg", "d4pg")
@@ -96,15 +135,17 @@ def _load_published() -> dict[str, dict[str, dict[str, PublishedScore]]]:
     return out
 
 
-PAPER_NOTE = ("Published: A3C, DDPG and D4PG (learning from state features) after 10^8 environment steps, mean ± "
-              "SE, from Table 1 of the DeepMind Control Suite paper (Tassa et al. 2018); n/a: a task not in that "
-              "table. Ours: mean ± SE and range over seeds of each seed's final evaluation (of its last checkpoint), "
-              "after the env frames (on Control Suite tasks one frame is one environment step) and learner wall "
-              "time shown (means over seeds); best periodic evaluation: each seed's best evaluation during "
-              "training (fewer episodes), averaged over seeds; first ≥ 80 %: the learner minutes of the weights "
-              "of the first periodic evaluation at 80 % of the published D4PG mean, averaged over the seeds that "
-              "got there; env step: the CPU time of one environment step on the machine each seed ran on, "
-              "measured before its run (runs are wall-time budgets: a slower machine trains for fewer frames).")
+PAPER_NOTE = (
+    "Published: A3C, DDPG and D4PG (learning from state features) after 10^8 environment steps, mean ± "
+    "SE, from Table 1 of the DeepMind Control Suite paper (Tassa et al. 2018); n/a: a task not in that "
+    "table. Ours: mean ± SE and range over seeds of each seed's final evaluation (of its last checkpoint), "
+    "after the env frames (on Control Suite tasks one frame is one environment step) and learner wall "
+    "time shown (means over seeds); best periodic evaluation: each seed's best evaluation during "
+    "training (fewer episodes), averaged over seeds; first ≥ 80 %: the learner minutes of the weights "
+    "of the first periodic evaluation at 80 % of the published D4PG mean, averaged over the seeds that "
+    "got there; env step: the CPU time of one environment step on the machine each seed ran on, "
+    "measured before its run (runs are wall-time budgets: a slower machine trains for fewer frames)."
+)
 
 
 class SuiteError(Exception):
@@ -132,8 +173,9 @@ def plan_runs(tasks: Sequence[str], seeds: int, out: str, agent: str | None, pre
     for task in tasks:
         p, agent_name, env = resolve_preset(preset, Overrides(agent=agent, env=task))
         for seed in range(seeds):
-            runs.append(SuiteRun(env, agent_name, p.name, seed,
-                                 os.path.join(out, _task_dir(env), agent_name, str(seed))))
+            runs.append(
+                SuiteRun(env, agent_name, p.name, seed, os.path.join(out, _task_dir(env), agent_name, str(seed)))
+            )
     return runs
 
 
@@ -141,8 +183,9 @@ def _best_eval(run_dir: str) -> float:
     from apexrl.apex.metrics import read_csv
 
     try:
-        values = [v for v in read_csv(os.path.join(run_dir, "metrics.csv")).get("eval_return_mean", [])
-                  if not math.isnan(v)]
+        values = [
+            v for v in read_csv(os.path.join(run_dir, "metrics.csv")).get("eval_return_mean", []) if not math.isnan(v)
+        ]
     except (OSError, ValueError):
         return math.nan
     return max(values) if values else math.nan
@@ -161,9 +204,11 @@ def first_reaching(run_dir: str, target: float) -> tuple[float, float]:
     means = cols.get("eval_return_mean", [])
     for i, m in enumerate(means):
         if not math.isnan(m) and m >= target:
+
             def at(name: str, fallback: str) -> float:
                 v = cols.get(name, [math.nan] * len(means))[i]
                 return cols.get(fallback, [math.nan] * len(means))[i] if math.isnan(v) else v
+
             return at("eval_time_s", "time_s"), at("eval_env_frames", "env_frames")
     return math.nan, math.nan
 
@@ -173,12 +218,25 @@ def suite_row(run: SuiteRun, fe: dict, minutes: float) -> dict:
     paper = _paper_cells(run.task)
     target = TARGET_FRACTION * paper["paper_d4pg_mean"]
     t80, f80 = first_reaching(run.run_dir, target) if not math.isnan(target) else (math.nan, math.nan)
-    return {"task": run.task, "agent": run.agent, "preset": run.preset, "seed": run.seed, "minutes": minutes,
-            "learner_steps": int(fe.get("learner_steps", 0)), "env_frames": int(fe.get("env_frames", 0)),
-            "final_return_mean": float(fe["mean"]), "final_return_se": float(fe["se"]),
-            "episodes": int(fe["episodes"]), "best_eval_return": _best_eval(run.run_dir), "run_dir": run.run_dir,
-            "time_s": float(fe.get("time_s", math.nan)), **paper, "time_to_80pct_d4pg_s": t80,
-            "env_frames_to_80pct_d4pg": f80, "env_step_cpu_us": recorded_step_us(run.run_dir)}
+    return {
+        "task": run.task,
+        "agent": run.agent,
+        "preset": run.preset,
+        "seed": run.seed,
+        "minutes": minutes,
+        "learner_steps": int(fe.get("learner_steps", 0)),
+        "env_frames": int(fe.get("env_frames", 0)),
+        "final_return_mean": float(fe["mean"]),
+        "final_return_se": float(fe["se"]),
+        "episodes": int(fe["episodes"]),
+        "best_eval_return": _best_eval(run.run_dir),
+        "run_dir": run.run_dir,
+        "time_s": float(fe.get("time_s", math.nan)),
+        **paper,
+        "time_to_80pct_d4pg_s": t80,
+        "env_frames_to_80pct_d4pg": f80,
+        "env_step_cpu_us": recorded_step_us(run.run_dir),
+    }
 
 
 def suite_rows(runs: Sequence[SuiteRun], minutes: float) -> list[dict]:
@@ -211,8 +269,7 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 
 def _mean_se(xs: Sequence[float]) -> tuple[float, float]:
     mean = sum(xs) / len(xs)
-    se = (math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) / math.sqrt(len(xs)) if len(xs) > 1
-          else math.nan)
+    se = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
     return mean, se
 
 
@@ -221,10 +278,12 @@ def format_frames(n: float) -> str:
     return "n/a" if math.isnan(n) else f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n:,.0f}"
 
 
-SUITE_TABLE_HEADER = ("| task | agent (preset) | seeds | env frames | wall time (min) | env step (CPU µs) | final "
-                      "return (mean ± SE over seeds) | final return (range over seeds) | best periodic evaluation (mean "
-                      "over seeds) | first ≥ 80 % of published D4PG (min) | published A3C | published DDPG | "
-                      "published D4PG |")
+SUITE_TABLE_HEADER = (
+    "| task | agent (preset) | seeds | env frames | wall time (min) | env step (CPU µs) | final "
+    "return (mean ± SE over seeds) | final return (range over seeds) | best periodic evaluation (mean "
+    "over seeds) | first ≥ 80 % of published D4PG (min) | published A3C | published DDPG | "
+    "published D4PG |"
+)
 SUITE_TABLE_RULE = "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 
@@ -279,8 +338,10 @@ def markdown_rows(rows: Sequence[dict]) -> list[str]:
         minutes = _mean_se([float(r.get("time_s", math.nan)) / 60.0 for r in rs])[0]
         paper = published.get(task)
         cells = [f"{paper[a].mean:.1f} ± {paper[a].se:.1f}" if paper else "n/a" for a in SUITE_PAPER_AGENTS]
-        lines.append(f"| {task} | {agent} ({preset}) | {len(rs)} | {format_frames(frames)} | {_fmt(minutes)} | "
-                     f"{_speed_cell(rs)} | {ours} | {spread} | {best} | {_reached_cell(rs)} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {task} | {agent} ({preset}) | {len(rs)} | {format_frames(frames)} | {_fmt(minutes)} | "
+            f"{_speed_cell(rs)} | {ours} | {spread} | {best} | {_reached_cell(rs)} | " + " | ".join(cells) + " |"
+        )
     return lines
 
 
@@ -289,8 +350,12 @@ def _csv_text(rows: Sequence[dict]) -> str:
     w = csv.DictWriter(buf, fieldnames=SUITE_COLUMNS, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else f"{v:.6g}" if isinstance(v, float) else v)
-                    for k, v in r.items()})
+        w.writerow(
+            {
+                k: ("" if isinstance(v, float) and math.isnan(v) else f"{v:.6g}" if isinstance(v, float) else v)
+                for k, v in r.items()
+            }
+        )
     return buf.getvalue()
 
 
@@ -351,9 +416,19 @@ def _measured(record: dict) -> str:
     return said
 
 
-def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent: str | None = None,
-              preset: str | None = None, actors: int | None = None, episodes: int = 10, steps: int = 0,
-              run_args: str = "", mixed_machines: bool = False) -> int:
+def run_suite(
+    tasks: Sequence[str],
+    seeds: int,
+    minutes: float,
+    out: str,
+    agent: str | None = None,
+    preset: str | None = None,
+    actors: int | None = None,
+    episodes: int = 10,
+    steps: int = 0,
+    run_args: str = "",
+    mixed_machines: bool = False,
+) -> int:
     """Run the suite; returns the exit status (0: every run evaluated, 1: some failed, 130: stopped). SuiteError
     (nothing run from then on) when a seed would run on a machine of another speed than the task's finished
     seeds (see :mod:`apexrl.machine`), unless ``mixed_machines``."""
@@ -373,15 +448,21 @@ def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent:
             if resume:  # an interrupted run: train only for what is left of its minutes and steps
                 left, done = _left(r.run_dir, minutes, steps)
                 if done:
-                    print(f"bench-suite: {r.task} seed {r.seed} finished training earlier ({r.run_dir}); "
-                          "evaluating it", flush=True)
+                    print(
+                        f"bench-suite: {r.task} seed {r.seed} finished training earlier ({r.run_dir}); evaluating it",
+                        flush=True,
+                    )
             if not done:
                 if r.task not in speeds:
                     speeds[r.task] = machine_record(r.task)
                 record = speeds[r.task]
-                others = {f"seed {o.seed}": recorded_step_us(o.run_dir) for o in runs
-                          if (o.task, o.agent, o.preset) == (r.task, r.agent, r.preset) and o.seed != r.seed
-                          and os.path.exists(os.path.join(o.run_dir, FINAL_EVAL))}
+                others = {
+                    f"seed {o.seed}": recorded_step_us(o.run_dir)
+                    for o in runs
+                    if (o.task, o.agent, o.preset) == (r.task, r.agent, r.preset)
+                    and o.seed != r.seed
+                    and os.path.exists(os.path.join(o.run_dir, FINAL_EVAL))
+                }
                 if resume:
                     others[f"its own first start (seed {r.seed})"] = recorded_step_us(r.run_dir)
                 why = speed_mismatch(record["env_step_cpu_us"], others)
@@ -392,21 +473,45 @@ def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent:
                 if why is not None:
                     why += f" ({_measured(record)})"
                     if not mixed_machines:
-                        raise SuiteError(f"{r.task} seed {r.seed} not run: {why}. Run every seed on one machine "
-                                         "(a new --out), or give --mixed-machines to go on anyway")
-                    print(f"bench-suite: {r.task} seed {r.seed}: {why}; going on (--mixed-machines)",
-                          file=sys.stderr, flush=True)
-                args = ["run", "--env", r.task, "--agent", r.agent, "--preset", r.preset, "--seed", str(r.seed),
-                        "--run-dir", r.run_dir, "--minutes", f"{left:g}", "--final-eval", str(episodes), "--quiet",
-                        *shlex.split(run_args)]
+                        raise SuiteError(
+                            f"{r.task} seed {r.seed} not run: {why}. Run every seed on one machine "
+                            "(a new --out), or give --mixed-machines to go on anyway"
+                        )
+                    print(
+                        f"bench-suite: {r.task} seed {r.seed}: {why}; going on (--mixed-machines)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                args = [
+                    "run",
+                    "--env",
+                    r.task,
+                    "--agent",
+                    r.agent,
+                    "--preset",
+                    r.preset,
+                    "--seed",
+                    str(r.seed),
+                    "--run-dir",
+                    r.run_dir,
+                    "--minutes",
+                    f"{left:g}",
+                    "--final-eval",
+                    str(episodes),
+                    "--quiet",
+                    *shlex.split(run_args),
+                ]
                 if actors:
                     args += ["--actors", str(actors)]
                 if steps:
                     args += ["--steps", str(steps)]
                 if resume:
                     args.append("--resume")
-                print(f"bench-suite: {r.task} {r.agent} seed {r.seed} -> {r.run_dir} (an env step: "
-                      f"{record['env_step_cpu_us']:.0f} µs of CPU here)", flush=True)
+                print(
+                    f"bench-suite: {r.task} {r.agent} seed {r.seed} -> {r.run_dir} (an env step: "
+                    f"{record['env_step_cpu_us']:.0f} µs of CPU here)",
+                    flush=True,
+                )
                 code = _apexrl(args, stop)
                 if os.path.isdir(r.run_dir):
                     save_record(r.run_dir, record)
@@ -415,13 +520,19 @@ def run_suite(tasks: Sequence[str], seeds: int, minutes: float, out: str, agent:
             if stop.requested:
                 break
             if code != 0:
-                print(f"bench-suite: the run of {r.task} seed {r.seed} exited {code} "
-                      f"(logs in {r.run_dir}/logs); going on", file=sys.stderr, flush=True)
+                print(
+                    f"bench-suite: the run of {r.task} seed {r.seed} exited {code} "
+                    f"(logs in {r.run_dir}/logs); going on",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 failed += 1
                 continue
             if not os.path.exists(os.path.join(r.run_dir, FINAL_EVAL)):  # the launcher's own did not happen
-                code = _apexrl(["evaluate", r.run_dir, "--episodes", str(episodes), "--json",
-                                os.path.join(r.run_dir, FINAL_EVAL)], stop)
+                code = _apexrl(
+                    ["evaluate", r.run_dir, "--episodes", str(episodes), "--json", os.path.join(r.run_dir, FINAL_EVAL)],
+                    stop,
+                )
                 if stop.requested:
                     break
                 if code != 0:

@@ -29,8 +29,15 @@ from typing import Any
 from apexrl.apex.metrics import cell_text
 from apexrl.durable import make_private_dirs
 
-__all__ = ["EXTRA", "CSVFollower", "MetricsBoard", "RunMirror", "TensorBoardMissing", "check_logdir",
-           "require_tensorboard"]
+__all__ = [
+    "EXTRA",
+    "CSVFollower",
+    "MetricsBoard",
+    "RunMirror",
+    "TensorBoardMissing",
+    "check_logdir",
+    "require_tensorboard",
+]
 
 EXTRA = "tensorboard"
 """The package extra that installs TensorBoard: ``pip install 'apexrl[tensorboard]'``."""
@@ -47,8 +54,9 @@ def require_tensorboard(flag: str = "--tensorboard") -> None:
     try:
         import torch.utils.tensorboard  # noqa: F401  (needs the tensorboard package)
     except ImportError as e:
-        raise TensorBoardMissing(f"{flag} needs the tensorboard package: pip install 'apexrl[{EXTRA}]' "
-                                 f"({type(e).__name__}: {e})") from None
+        raise TensorBoardMissing(
+            f"{flag} needs the tensorboard package: pip install 'apexrl[{EXTRA}]' ({type(e).__name__}: {e})"
+        ) from None
 
 
 def check_logdir(path: str, flag: str = "--tensorboard") -> None:
@@ -91,7 +99,7 @@ class MetricsBoard:
                 continue
             if name.startswith("eval_"):
                 if eval_step is not None:
-                    self._writer.add_scalar(f"eval/{name[len('eval_'):]}", value, int(eval_step))
+                    self._writer.add_scalar(f"eval/{name[len('eval_') :]}", value, int(eval_step))
             elif step is not None:
                 self._writer.add_scalar(f"learner/{name}", value, int(step))
         self._writer.flush()

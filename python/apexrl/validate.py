@@ -45,8 +45,9 @@ class Range:
         return {_KEY: Range("int", lo, hi, optional=optional)}
 
     @staticmethod
-    def float(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-              optional: bool = False) -> Mapping[str, Range]:
+    def float(
+        lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, optional: bool = False
+    ) -> Mapping[str, Range]:
         return {_KEY: Range("float", lo, hi, lo_open=lo_open, optional=optional)}
 
     @staticmethod

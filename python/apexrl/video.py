@@ -119,9 +119,16 @@ class _Mp4(_Writer):
             # yuv420p needs even sizes: drop an odd last row/column rather than rescale.
             self._size = (frame.shape[1] // 2 * 2, frame.shape[0] // 2 * 2)
             os.close(create_private(self.tmp))  # ffmpeg then writes into this private file, not through a link
-            self._gen = self._ffmpeg.write_frames(self.tmp, self._size, fps=self.fps, codec="libx264",
-                                                  pix_fmt_out="yuv420p", macro_block_size=1, quality=7,
-                                                  ffmpeg_log_level="error")
+            self._gen = self._ffmpeg.write_frames(
+                self.tmp,
+                self._size,
+                fps=self.fps,
+                codec="libx264",
+                pix_fmt_out="yuv420p",
+                macro_block_size=1,
+                quality=7,
+                ffmpeg_log_level="error",
+            )
             self._gen.send(None)
         w, h = self._size
         self._gen.send(np.ascontiguousarray(frame[:h, :w]))

@@ -1,6 +1,6 @@
-// DecodeItems on hand-built items: the layout of python/apexrl/replay/codec.py, each rule's message, and
+// DecodeItems on hand-built items: the layout of python/apexrl/replay/wire/codec.py, each rule's message, and
 // corrupted lz4 blocks refused without reading or writing out of bounds (this test also runs under the
-// sanitizers). tests/test_native_decode.py holds it to the Python decoder on random specs.
+// sanitizers). tests/replay/test_native_decode.py holds it to the Python decoder on random specs.
 #include "apexrl/decode.h"
 
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // damage (a size prefix that is not whole frames or over 255 frames or huge, a truncated or garbled lz4 block,
 // chunk offsets past the data or decreasing, references past an item's chunks or a chunk's frames) marks
 // exactly the items that use it, without reading or writing out of bounds: this test also runs in CI's
-// AddressSanitizer and UBSan builds. tests/test_native_frames.py holds it to the Python decoder.
+// AddressSanitizer and UBSan builds. tests/replay/test_native_frames.py holds it to the Python decoder.
 #include "apexrl/frame_decode.h"
 
 #include <gtest/gtest.h>

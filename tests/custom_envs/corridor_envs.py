@@ -18,10 +18,12 @@ class Corridor(gymnasium.Env):
     LENGTH = 5
 
     def __init__(self):
-        self.observation_space = spaces.Dict({
-            "position": spaces.Discrete(self.LENGTH),
-            "noise": spaces.Box(-1.0, 1.0, (2, 2), np.float64),
-        })
+        self.observation_space = spaces.Dict(
+            {
+                "position": spaces.Discrete(self.LENGTH),
+                "noise": spaces.Box(-1.0, 1.0, (2, 2), np.float64),
+            }
+        )
         self.action_space = spaces.Discrete(2, start=-1)  # -1 left, 0 right: a start that is not 0
         self._pos = 0
 

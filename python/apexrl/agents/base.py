@@ -22,10 +22,19 @@ if TYPE_CHECKING:
     import torch
 
     from apexrl.envs import EnvSpec
-    from apexrl.replay.codec import TransitionSpec
+    from apexrl.replay.wire.codec import TransitionSpec
 
-__all__ = ["AGENTS", "ENTRY_POINT_GROUP", "Agent", "AgentDef", "Policy", "PolicyBatch", "agent_names", "batch_policy",
-           "get_agent"]
+__all__ = [
+    "AGENTS",
+    "ENTRY_POINT_GROUP",
+    "Agent",
+    "AgentDef",
+    "Policy",
+    "PolicyBatch",
+    "agent_names",
+    "batch_policy",
+    "get_agent",
+]
 
 ENTRY_POINT_GROUP = "apexrl.agents"
 """Entry points of this group name an :class:`AgentDef` of another distribution (loaded on first lookup)."""
@@ -178,8 +187,9 @@ class PolicyBatch:
             p.load_policy_state_dict(d)
 
 
-def batch_policy(agent: AgentDef, env_spec: EnvSpec, config: Any, index: int, num_actors: int, k: int,
-                 seed: int) -> Any:
+def batch_policy(
+    agent: AgentDef, env_spec: EnvSpec, config: Any, index: int, num_actors: int, k: int, seed: int
+) -> Any:
     """The policy of actor ``index`` of ``num_actors`` stepping ``k`` environments: environment ``j`` explores as
     slot ``index * k + j`` of ``num_actors * k`` (so with k = 1 exactly as ``make_policy(index, num_actors)``)."""
     slots = [index * k + j for j in range(k)]

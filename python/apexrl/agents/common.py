@@ -180,5 +180,3 @@ def finite_priorities(td_abs: torch.Tensor, eps: float) -> np.ndarray:
     if not np.all(np.isfinite(p)):
         raise ValueError(f"non-finite TD errors ({int(np.sum(~np.isfinite(p)))} of {p.size}): the network diverged")
     return p
-
-

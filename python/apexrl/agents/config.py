@@ -157,15 +157,20 @@ class _ActorCriticConfig:
         _check_positive_ints(self, "n_step", "batch_size", "target_update_period")
         _check_unit(self, "gamma")
         _check_positive_floats(self, "actor_lr", "critic_lr", "adam_eps", "priority_eps")
-        _check_positive_floats(self, "actor_grad_clip", "dqda_clip", "dqda_clip_norm", "grad_clip_norm",
-                               allow_none=True)
+        _check_positive_floats(
+            self, "actor_grad_clip", "dqda_clip", "dqda_clip_norm", "grad_clip_norm", allow_none=True
+        )
         _check_layers(self, "critic_hidden", "actor_hidden")
         if len(self.critic_hidden) != 2:
-            raise ValueError(f"{type(self).__name__}.critic_hidden must have two layers (the action enters the "
-                             f"second), got {self.critic_hidden}")
+            raise ValueError(
+                f"{type(self).__name__}.critic_hidden must have two layers (the action enters the "
+                f"second), got {self.critic_hidden}"
+            )
         if self.dqda_clip is not None and self.dqda_clip_norm is not None:
-            raise ValueError(f"{type(self).__name__}: set dqda_clip (element-wise) or dqda_clip_norm (per-sample "
-                             f"L2 norm), not both; got {self.dqda_clip!r} and {self.dqda_clip_norm!r}")
+            raise ValueError(
+                f"{type(self).__name__}: set dqda_clip (element-wise) or dqda_clip_norm (per-sample "
+                f"L2 norm), not both; got {self.dqda_clip!r} and {self.dqda_clip_norm!r}"
+            )
         _check_choice(self, "actor_loss_state", ACTOR_LOSS_STATES)
         _check_choice(self, "actor_weights", ACTOR_WEIGHTS)
 
@@ -182,8 +187,10 @@ class DPGConfig(_ActorCriticConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.noise_sigma, bool) or not isinstance(self.noise_sigma, (int, float)) or not (
-            math.isfinite(self.noise_sigma) and self.noise_sigma >= 0
+        if (
+            isinstance(self.noise_sigma, bool)
+            or not isinstance(self.noise_sigma, (int, float))
+            or not (math.isfinite(self.noise_sigma) and self.noise_sigma >= 0)
         ):
             raise ValueError(f"DPGConfig.noise_sigma must be a finite number >= 0, got {self.noise_sigma!r}")
 
@@ -232,22 +239,56 @@ class D4PGConfig(_ActorCriticConfig):
 
 
 _AC_SOURCES = dict(
-    n_step="Ape-X", gamma="Ape-X", batch_size="Ape-X", actor_lr="Ape-X", critic_lr="Ape-X", adam_eps="apexrl",
-    critic_hidden="Ape-X", actor_hidden="Ape-X", target_update_period="Ape-X", priority_eps="apexrl",
-    dqda_clip="Ape-X", dqda_clip_norm="Ape-X", actor_grad_clip="Ape-X", grad_clip_norm="Ape-X",
-    actor_loss_state="Ape-X", actor_weights="Ape-X",
+    n_step="Ape-X",
+    gamma="Ape-X",
+    batch_size="Ape-X",
+    actor_lr="Ape-X",
+    critic_lr="Ape-X",
+    adam_eps="apexrl",
+    critic_hidden="Ape-X",
+    actor_hidden="Ape-X",
+    target_update_period="Ape-X",
+    priority_eps="apexrl",
+    dqda_clip="Ape-X",
+    dqda_clip_norm="Ape-X",
+    actor_grad_clip="Ape-X",
+    grad_clip_norm="Ape-X",
+    actor_loss_state="Ape-X",
+    actor_weights="Ape-X",
 )
 FIELD_SOURCES: dict[type, dict[str, str]] = {
     DQNConfig: dict(
-        n_step="Ape-X", gamma="Ape-X", batch_size="Ape-X", lr="Ape-X", rms_decay="Ape-X", rms_eps="Ape-X",
-        rms_centered="Ape-X", optimizer="apexrl", grad_clip_norm="Ape-X", target_update_period="Ape-X",
-        priority_eps="apexrl", huber_delta="Ape-X", hidden="apexrl", atari_stream_hidden="Dueling",
-        epsilon_base="Ape-X", epsilon_alpha="Ape-X", eval_epsilon="Ape-X",
+        n_step="Ape-X",
+        gamma="Ape-X",
+        batch_size="Ape-X",
+        lr="Ape-X",
+        rms_decay="Ape-X",
+        rms_eps="Ape-X",
+        rms_centered="Ape-X",
+        optimizer="apexrl",
+        grad_clip_norm="Ape-X",
+        target_update_period="Ape-X",
+        priority_eps="apexrl",
+        huber_delta="Ape-X",
+        hidden="apexrl",
+        atari_stream_hidden="Dueling",
+        epsilon_base="Ape-X",
+        epsilon_alpha="Ape-X",
+        eval_epsilon="Ape-X",
     ),
     DPGConfig: dict(_AC_SOURCES, noise_sigma="apexrl"),
     D4PGConfig: dict(
-        _AC_SOURCES, n_step="D4PG", batch_size="D4PG", actor_lr="D4PG", critic_lr="D4PG", num_atoms="Acme",
-        v_min="Acme", v_max="Acme", noise_sigma_max="Acme", noise_sigma_min="Acme", noise_sigma_spacing="apexrl",
+        _AC_SOURCES,
+        n_step="D4PG",
+        batch_size="D4PG",
+        actor_lr="D4PG",
+        critic_lr="D4PG",
+        num_atoms="Acme",
+        v_min="Acme",
+        v_max="Acme",
+        noise_sigma_max="Acme",
+        noise_sigma_min="Acme",
+        noise_sigma_spacing="apexrl",
     ),
 }
 """Where each config class's default values come from (keys of ``apexrl.launch.preset_table.SOURCES``); the
@@ -255,5 +296,12 @@ presets say where the values they set come from, and the generated presets table
 both."""
 
 
-__all__ = ["ACTOR_LOSS_STATES", "ACTOR_WEIGHTS", "D4PGConfig", "DPGConfig", "DQNConfig", "FIELD_SOURCES",
-           "SIGMA_SPACINGS"]
+__all__ = [
+    "ACTOR_LOSS_STATES",
+    "ACTOR_WEIGHTS",
+    "D4PGConfig",
+    "DPGConfig",
+    "DQNConfig",
+    "FIELD_SOURCES",
+    "SIGMA_SPACINGS",
+]

@@ -278,18 +278,21 @@ def _policy(env_spec: EnvSpec, config: D4PGConfig, index: int, num_actors: int, 
     return D4PGPolicy(env_spec, config, sigma=sigma, seed=seed)
 
 
-def _batch_policy(env_spec: EnvSpec, config: D4PGConfig, slots: Sequence[int], num_slots: int,
-                  seed: int) -> D4PGPolicy:
+def _batch_policy(env_spec: EnvSpec, config: D4PGConfig, slots: Sequence[int], num_slots: int, seed: int) -> D4PGPolicy:
     """The sigma ladder runs over every environment of the run (``slots`` of ``num_slots``)."""
-    sigmas = [sigma_ladder(s, num_slots, config.noise_sigma_min, config.noise_sigma_max, config.noise_sigma_spacing)
-              for s in slots]
+    sigmas = [
+        sigma_ladder(s, num_slots, config.noise_sigma_min, config.noise_sigma_max, config.noise_sigma_spacing)
+        for s in slots
+    ]
     return D4PGPolicy(env_spec, config, sigmas=sigmas, seed=seed)
 
 
 AGENT = AgentDef(
     name="d4pg",
-    description=("D4PG: deterministic actor, categorical critic (51 atoms unless the preset says), n-step targets "
-                 "(continuous actions)"),
+    description=(
+        "D4PG: deterministic actor, categorical critic (51 atoms unless the preset says), n-step targets "
+        "(continuous actions)"
+    ),
     config_class=D4PGConfig,
     check_env=_dims,
     make_learner=lambda env_spec, config, device, seed: D4PGLearner(env_spec, config, device=device, seed=seed),

@@ -59,13 +59,21 @@ from apexrl.agents.common import (
 from apexrl.agents.config import DPGConfig
 from apexrl.nets import MLP, build_seeded
 from apexrl.agents.validity import finite, in_range, invalid_items
-from apexrl.replay.codec import TransitionSpec
+from apexrl.replay.wire.codec import TransitionSpec
 
 if TYPE_CHECKING:
     from apexrl.envs import EnvSpec
 
-__all__ = ["DPGActor", "DPGCritic", "DPGLearner", "DPGPolicy", "actor_step", "clip_dqda", "critic_step",
-           "dpg_transition_spec"]
+__all__ = [
+    "DPGActor",
+    "DPGCritic",
+    "DPGLearner",
+    "DPGPolicy",
+    "actor_step",
+    "clip_dqda",
+    "critic_step",
+    "dpg_transition_spec",
+]
 
 FINAL_LAYER_INIT = 3e-3
 """Final layers start in U(-3e-3, 3e-3) (DDPG)."""
@@ -217,8 +225,13 @@ class DPGLearner:
         self._make_optimizers()
         self.steps = 0
 
-    _rules = (in_range("action", -1, 1), finite("reward"), in_range("discount", 0, 1), finite("obs"),
-              finite("next_obs"))
+    _rules = (
+        in_range("action", -1, 1),
+        finite("reward"),
+        in_range("discount", 0, 1),
+        finite("obs"),
+        finite("next_obs"),
+    )
 
     def invalid_items(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray | None, str | None]:
         """Items ``update`` must not see: an action outside the actions' bounds [-1, 1] (or NaN), a non-finite
@@ -342,8 +355,12 @@ class DPGPolicy:
         self.sigma = float(config.noise_sigma if sigma is None else sigma)
         self.sigmas = np.asarray([self.sigma] if sigmas is None else sigmas, np.float64)
         """One noise std per environment of a vectorised actor (``act_batch``)."""
-        if not (np.isfinite(self.sigma) and self.sigma >= 0 and np.all(np.isfinite(self.sigmas))
-                and np.all(self.sigmas >= 0)):
+        if not (
+            np.isfinite(self.sigma)
+            and self.sigma >= 0
+            and np.all(np.isfinite(self.sigmas))
+            and np.all(self.sigmas >= 0)
+        ):
             raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r} / {sigmas!r}")
         self.transition_spec = dpg_transition_spec(env_spec)
         self.actor, self.critic = _build(env_spec, config, seed, self.device, self.make_critic)
@@ -408,8 +425,7 @@ def _policy(env_spec: EnvSpec, config: DPGConfig, index: int, num_actors: int, s
     return DPGPolicy(env_spec, config, sigma=config.noise_sigma, seed=seed)
 
 
-def _batch_policy(env_spec: EnvSpec, config: DPGConfig, slots: Sequence[int], num_slots: int,
-                  seed: int) -> DPGPolicy:
+def _batch_policy(env_spec: EnvSpec, config: DPGConfig, slots: Sequence[int], num_slots: int, seed: int) -> DPGPolicy:
     return DPGPolicy(env_spec, config, sigmas=[config.noise_sigma] * len(slots), seed=seed)
 
 

@@ -58,7 +58,7 @@ from apexrl.agents.config import DQNConfig
 from apexrl.agents.optim import TFRMSProp
 from apexrl.agents.validity import finite, in_range, invalid_items
 from apexrl.nets import MLP, NatureTorso, build_seeded
-from apexrl.replay.codec import FieldSpec, TransitionSpec
+from apexrl.replay.wire.codec import FieldSpec, TransitionSpec
 
 if TYPE_CHECKING:
     from apexrl.envs import EnvSpec
@@ -158,8 +158,13 @@ class DQNLearner:
         self.target_q_net = copy.deepcopy(self.q_net).requires_grad_(False)
         self.optimizer = _optimizer(self.q_net.parameters(), config)
         self.steps = 0
-        self._rules = (in_range("action", 0, env_spec.num_actions - 1), finite("reward"), in_range("discount", 0, 1),
-                       finite("obs"), finite("next_obs"))
+        self._rules = (
+            in_range("action", 0, env_spec.num_actions - 1),
+            finite("reward"),
+            in_range("discount", 0, 1),
+            finite("obs"),
+            finite("next_obs"),
+        )
 
     def invalid_items(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray | None, str | None]:
         """Items ``update`` must not see: an action without a Q output (outside [0, num_actions)), a non-finite
@@ -249,10 +254,10 @@ class DQNLearner:
 def _optimizer(params, config: DQNConfig) -> torch.optim.Optimizer:
     """Centered RMSProp as the config says: PyTorch's, or TensorFlow's (the paper's; apexrl.agents.optim)."""
     if config.optimizer == "rmsprop_tf":
-        return TFRMSProp(params, lr=config.lr, decay=config.rms_decay, eps=config.rms_eps,
-                         centered=config.rms_centered)
-    return torch.optim.RMSprop(params, lr=config.lr, alpha=config.rms_decay, eps=config.rms_eps,
-                               centered=config.rms_centered)
+        return TFRMSProp(params, lr=config.lr, decay=config.rms_decay, eps=config.rms_eps, centered=config.rms_centered)
+    return torch.optim.RMSprop(
+        params, lr=config.lr, alpha=config.rms_decay, eps=config.rms_eps, centered=config.rms_centered
+    )
 
 
 def _hyper(opt: torch.optim.Optimizer) -> dict:
@@ -331,8 +336,9 @@ class DQNPolicy:
         return self.q_net(_obs_tensor(np.asarray(obs), self.device)).cpu().numpy()
 
     @torch.inference_mode()
-    def priorities_from_values(self, batch: Mapping[str, np.ndarray], obs_values: np.ndarray,
-                               next_values: np.ndarray) -> np.ndarray:
+    def priorities_from_values(
+        self, batch: Mapping[str, np.ndarray], obs_values: np.ndarray, next_values: np.ndarray
+    ) -> np.ndarray:
         """``initial_priorities`` from Q-values already computed (``act_batch_values``, ``values``) of the
         batch's ``obs`` and ``next_obs``, in the same float32 arithmetic: the same priorities when the weights
         are those the values came from. ``batch`` needs ``action``, ``reward`` and ``discount`` only."""
@@ -382,8 +388,7 @@ def _policy(env_spec: EnvSpec, config: DQNConfig, index: int, num_actors: int, s
     return DQNPolicy(env_spec, config, epsilon=eps, seed=seed)
 
 
-def _batch_policy(env_spec: EnvSpec, config: DQNConfig, slots: Sequence[int], num_slots: int,
-                  seed: int) -> DQNPolicy:
+def _batch_policy(env_spec: EnvSpec, config: DQNConfig, slots: Sequence[int], num_slots: int, seed: int) -> DQNPolicy:
     """A vectorised actor's environments take the epsilon ladder's rungs ``slots`` of ``num_slots``."""
     eps = [epsilon_ladder(s, num_slots, config.epsilon_base, config.epsilon_alpha) for s in slots]
     return DQNPolicy(env_spec, config, epsilons=eps, seed=seed)

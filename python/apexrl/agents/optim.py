@@ -29,15 +29,28 @@ class TFRMSProp(torch.optim.Optimizer):
     (default True: the paper's), ``initial_ms`` (TensorFlow's 1.0). Per-parameter state: ``ms``, ``mg``
     (centered), ``mom`` (momentum > 0), all shaped like the parameter."""
 
-    def __init__(self, params: Iterable[torch.Tensor], lr: float, decay: float = 0.9, momentum: float = 0.0,
-                 eps: float = 1e-10, centered: bool = True, initial_ms: float = 1.0):
-        for name, value, ok in (("lr", lr, lr > 0), ("decay", decay, 0 <= decay < 1),
-                                ("momentum", momentum, momentum >= 0), ("eps", eps, eps > 0),
-                                ("initial_ms", initial_ms, initial_ms >= 0)):
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        lr: float,
+        decay: float = 0.9,
+        momentum: float = 0.0,
+        eps: float = 1e-10,
+        centered: bool = True,
+        initial_ms: float = 1.0,
+    ):
+        for name, value, ok in (
+            ("lr", lr, lr > 0),
+            ("decay", decay, 0 <= decay < 1),
+            ("momentum", momentum, momentum >= 0),
+            ("eps", eps, eps > 0),
+            ("initial_ms", initial_ms, initial_ms >= 0),
+        ):
             if not (math.isfinite(value) and ok):
                 raise ValueError(f"TFRMSProp: invalid {name} {value!r}")
-        super().__init__(params, dict(lr=lr, decay=decay, momentum=momentum, eps=eps, centered=centered,
-                                      initial_ms=initial_ms))
+        super().__init__(
+            params, dict(lr=lr, decay=decay, momentum=momentum, eps=eps, centered=centered, initial_ms=initial_ms)
+        )
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 - torch's signature

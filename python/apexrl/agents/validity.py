@@ -28,6 +28,7 @@ class Rule:
 
 def finite(field: str) -> Rule:
     """Every value of the item's ``field`` is finite (integer fields always are)."""
+
     def ok(x: np.ndarray) -> np.ndarray:
         return np.isfinite(x) if x.dtype.kind in "fc" else np.ones(x.shape, dtype=bool)
 

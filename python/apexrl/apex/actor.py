@@ -46,10 +46,10 @@ from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
-from apexrl.replay.client import ServerTimeoutError
-from apexrl.replay.frames import frame_codec, wire_spec
-from apexrl.replay.schema import MAX_BATCH
-from apexrl.replay.sharded import connect as connect_replay
+from apexrl.replay.client.replay_client import ServerTimeoutError
+from apexrl.replay.wire.frames import frame_codec, wire_spec
+from apexrl.replay.wire.schema import MAX_BATCH
+from apexrl.replay.client.sharded import connect as connect_replay
 
 log = logging.getLogger("apexrl.apex.actor")
 
@@ -82,8 +82,9 @@ class Actor:
             self.policy = agent.make_policy(self.spec, config.agent_config, config.index, config.num_actors, self.seed)
             explorations = [getattr(self.policy, "exploration", None)]
         else:
-            self.policy = batch_policy(agent, self.spec, config.agent_config, config.index, config.num_actors, k,
-                                       self.seed)
+            self.policy = batch_policy(
+                agent, self.spec, config.agent_config, config.index, config.num_actors, k, self.seed
+            )
             explorations = list(self.policy.explorations)
         self.transition_spec = self.policy.transition_spec
         # Frame stacks (Atari) go to the replay as items referencing each batch's distinct frames, stored once.
@@ -94,29 +95,41 @@ class Actor:
         # request carries B·K transitions and each waits at most B of its environment's steps (as with K = 1).
         self.flush_size = config.flush_every * k
         if self.flush_size > MAX_BATCH:
-            raise ValueError(f"flush_every {config.flush_every} x envs_per_actor {k} = {self.flush_size} transitions "
-                             f"per insert, more than the protocol's {MAX_BATCH}: lower one of them")
+            raise ValueError(
+                f"flush_every {config.flush_every} x envs_per_actor {k} = {self.flush_size} transitions "
+                f"per insert, more than the protocol's {MAX_BATCH}: lower one of them"
+            )
         # The n-step adder holds handles into one ring of observations (and of the Q-values the acting forward
         # pass computed, where the policy hands them out): each flush gathers its observations in one indexing
         # and scores them without another forward pass. In S steps each environment completes at least S - (n - 1)
         # transitions (an n-step buffer holds at most n - 1 pending), so a flush of B·K happens at most B + n - 1
         # steps after the previous one, and no handle it or a buffer holds is older than that plus n steps; each
         # step stores K observations and up to K last ones.
-        scores = k > 1 and all(hasattr(self.policy, a) for a in ("act_batch_values", "values",
-                                                                 "priorities_from_values"))
+        scores = k > 1 and all(
+            hasattr(self.policy, a) for a in ("act_batch_values", "values", "priorities_from_values")
+        )
         steps = config.flush_every + 2 * n + 8
         self.frames = _ObsRing(2 * k * steps if k > 1 else 0, self.spec, scores)
-        self.replay = connect_replay(config.replay, timeout=config.replay_timeout, spec=wire_spec(self.transition_spec),
-                                   curve=config.curve_dir)
+        self.replay = connect_replay(
+            config.replay, timeout=config.replay_timeout, spec=wire_spec(self.transition_spec), curve=config.curve_dir
+        )
         self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
         # Never stalls on a slow or absent learner; refused weights are counted and logged once.
-        self.poller = ParamPoller(self.params, self.policy.load_policy_state_dict,
-                                  every_frames=config.params_every_frames)
+        self.poller = ParamPoller(
+            self.params, self.policy.load_policy_state_dict, every_frames=config.params_every_frames
+        )
         self._stop = threading.Event()
         self._local: list = []  # K = 1: Transitions; K > 1: VecNStep's chunks of transitions
         self._local_count = 0
-        self.counters = {"steps": 0, "frames": 0, "episodes": 0, "inserted": 0, "insert_retries": 0,
-                         "rate_limited": 0, "not_inserted": 0}
+        self.counters = {
+            "steps": 0,
+            "frames": 0,
+            "episodes": 0,
+            "inserted": 0,
+            "insert_retries": 0,
+            "rate_limited": 0,
+            "not_inserted": 0,
+        }
         self._returns: list[float] = []
         self.report = ProgressReporter("actor", config.progress_path, prefix=False)
         self._episodes_file = None
@@ -160,16 +173,21 @@ class Actor:
         next_log = time.monotonic() + 10.0
         while not self._stop.is_set() and time.monotonic() < deadline:
             if self.poller.fetch_now() is not None:
-                log.info("actor %d: weights version %d from %s", self.config.index, self.poller.version,
-                         self.config.params)
+                log.info(
+                    "actor %d: weights version %d from %s", self.config.index, self.poller.version, self.config.params
+                )
                 return
             if time.monotonic() >= next_log:
                 log.info("actor %d: waiting for the learner's weights at %s", self.config.index, self.config.params)
                 next_log += 10.0
             self._stop.wait(0.2)
         if not self._stop.is_set():
-            log.warning("actor %d: no weights from %s after %.0f s; acting with its own initial weights",
-                        self.config.index, self.config.params, self.config.wait_for_params)
+            log.warning(
+                "actor %d: no weights from %s after %.0f s; acting with its own initial weights",
+                self.config.index,
+                self.config.params,
+                self.config.wait_for_params,
+            )
 
     # ------------------------------------------------------------------------------------------ replay
 
@@ -191,8 +209,8 @@ class Actor:
         n = len(priorities)
         step = self.config.insert_max or n
         for lo in range(0, n, step):  # one request, or several where the rate limiter needs smaller ones
-            part = batch if step >= n else {name: v[lo:lo + step] for name, v in batch.items()}
-            unsent = self._insert(part, priorities[lo:lo + step])
+            part = batch if step >= n else {name: v[lo : lo + step] for name, v in batch.items()}
+            unsent = self._insert(part, priorities[lo : lo + step])
             if unsent is not None:  # stopping: what the earlier requests carried is stored, the rest is not
                 self.counters["inserted"] += lo
                 self._local_count -= lo
@@ -212,8 +230,9 @@ class Actor:
         insert_id = self.replay.next_insert_id()  # every retry of this batch: stored once
         while True:
             try:
-                self.replay.insert(priorities, data=data, offsets=offsets, timeout=_RATE_LIMIT_WAIT,
-                                   insert_id=insert_id, chunks=chunks)  # a retry carries its chunks again
+                self.replay.insert(
+                    priorities, data=data, offsets=offsets, timeout=_RATE_LIMIT_WAIT, insert_id=insert_id, chunks=chunks
+                )  # a retry carries its chunks again
                 break
             except Interrupted:  # stopping, and the grace period is over: the server did not take it
                 return "the replay server did not answer in time"
@@ -225,8 +244,12 @@ class Actor:
                 self.counters["insert_retries"] += 1
                 if time.monotonic() - warned_at >= 30.0:
                     warned_at = time.monotonic()
-                    log.warning("actor %d: replay server %s unavailable (%s); retrying", self.config.index,
-                                self.config.replay, e)
+                    log.warning(
+                        "actor %d: replay server %s unavailable (%s); retrying",
+                        self.config.index,
+                        self.config.replay,
+                        e,
+                    )
                 if not self._stop.wait(delay):
                     delay = min(delay * 2, _RETRY_MAX)
                     continue
@@ -261,8 +284,9 @@ class Actor:
 
     def _report_unsent(self, why: str) -> None:
         self.counters["not_inserted"] += self._local_count
-        log.warning("actor %d: stopping with %d transitions not inserted (%s)", self.config.index,
-                    self._local_count, why)
+        log.warning(
+            "actor %d: stopping with %d transitions not inserted (%s)", self.config.index, self._local_count, why
+        )
         self._local.clear()
         self._local_count = 0
 
@@ -346,8 +370,13 @@ class Actor:
             if ended:
                 self.nstep.add_first(ended, handles[ended])
             if rec is not None:  # the episode's final observation where one ended, then its new start
-                rec.step(actions, step.reward, [step.final_obs.get(j, o) for j, o in enumerate(step.obs)],
-                         step.terminated, step.truncated)
+                rec.step(
+                    actions,
+                    step.reward,
+                    [step.final_obs.get(j, o) for j, o in enumerate(step.obs)],
+                    step.terminated,
+                    step.truncated,
+                )
                 for j in ended:
                     rec.start(j, step.obs[j])
             self.counters["steps"] += k
@@ -383,21 +412,40 @@ class Actor:
         self.counters["episodes"] += 1
         self._returns.append(ret)
         if self._episodes_csv is not None:
-            self._episodes_csv.writerow([f"{elapsed:.3f}", self.config.index, self.counters["frames"],
-                                         self.counters["episodes"], f"{ret:.6g}", length, self._explorations[env],
-                                         env])
+            self._episodes_csv.writerow(
+                [
+                    f"{elapsed:.3f}",
+                    self.config.index,
+                    self.counters["frames"],
+                    self.counters["episodes"],
+                    f"{ret:.6g}",
+                    length,
+                    self._explorations[env],
+                    env,
+                ]
+            )
             self._episodes_file.flush()  # type: ignore[union-attr]
 
     def _log_progress(self, elapsed: float) -> None:
         c, p = self.counters, self.poller.stats()
         recent = self._returns[-10:]
-        self.report.emit({
-            "actor": self.config.index, "time_s": round(elapsed, 1), "steps": c["steps"], "frames": c["frames"],
-            "episodes": c["episodes"], "return_mean10": float(np.mean(recent)) if recent else None,
-            "inserted": c["inserted"], "steps_per_s": round(c["steps"] / max(elapsed, 1e-9), 1),
-            "params_version": p["version"], "insert_retries": c["insert_retries"],
-            "rate_limited": c["rate_limited"], "param_timeouts": p["timeouts"], "param_mismatches": p["mismatches"],
-        })
+        self.report.emit(
+            {
+                "actor": self.config.index,
+                "time_s": round(elapsed, 1),
+                "steps": c["steps"],
+                "frames": c["frames"],
+                "episodes": c["episodes"],
+                "return_mean10": float(np.mean(recent)) if recent else None,
+                "inserted": c["inserted"],
+                "steps_per_s": round(c["steps"] / max(elapsed, 1e-9), 1),
+                "params_version": p["version"],
+                "insert_retries": c["insert_retries"],
+                "rate_limited": c["rate_limited"],
+                "param_timeouts": p["timeouts"],
+                "param_mismatches": p["mismatches"],
+            }
+        )
 
 
 class _ObsRing:
@@ -424,7 +472,9 @@ class _ObsRing:
     def rows(self, handles: list[int]) -> np.ndarray:
         h = np.asarray(handles, np.int64)
         if h.size and h.min() < self._next - self.capacity:
-            raise RuntimeError(f"observation {int(h.min())} was overwritten (ring of {self.capacity}, next {self._next})")
+            raise RuntimeError(
+                f"observation {int(h.min())} was overwritten (ring of {self.capacity}, next {self._next})"
+            )
         return h % self.capacity
 
     def set_values(self, handles: np.ndarray, values: np.ndarray) -> None:
@@ -485,5 +535,7 @@ def _check_episodes_header(path: str) -> None:
     with open(path, encoding="utf-8", errors="replace") as f:
         header = f.readline().strip()
     if header != ",".join(EPISODE_COLUMNS):
-        raise ValueError(f"{path} has columns {header!r}, expected {','.join(EPISODE_COLUMNS)!r}: use another "
-                         "--episodes-csv (apexrl run --resume upgrades an older run's file itself)")
+        raise ValueError(
+            f"{path} has columns {header!r}, expected {','.join(EPISODE_COLUMNS)!r}: use another "
+            "--episodes-csv (apexrl run --resume upgrades an older run's file itself)"
+        )

@@ -60,4 +60,3 @@ def load_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: metadata is not a JSON object")
     return tensors, meta
-

@@ -13,12 +13,21 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from apexrl.replay.config import STORE_INT_MAX
+from apexrl.replay.server.config import STORE_INT_MAX
 from apexrl.security import check_exposure, load_client_keys, load_server_keys
 from apexrl.validate import Range, check_fields
 
-__all__ = ["EPISODE_COLUMNS", "MAX_ACTORS", "RUN_SEED_MAX", "ActorConfig", "LearnerConfig", "agent_config_from_dict", "config_from_dict", "config_to_dict",
-           "default_run_dir"]
+__all__ = [
+    "EPISODE_COLUMNS",
+    "MAX_ACTORS",
+    "RUN_SEED_MAX",
+    "ActorConfig",
+    "LearnerConfig",
+    "agent_config_from_dict",
+    "config_from_dict",
+    "config_to_dict",
+    "default_run_dir",
+]
 
 MAX_ACTORS = 4096
 """Most actors one run addresses (the exploration ladder and the actors' seeds are per index)."""
@@ -200,8 +209,10 @@ def _check_agent(cfg: Any) -> None:
     if cfg.agent_config is None:
         cfg.agent_config = agent.config_class()
     elif not isinstance(cfg.agent_config, agent.config_class):
-        raise ValueError(f"{type(cfg).__name__}.agent_config must be a {agent.config_class.__name__} for agent "
-                         f"{agent.name!r}, got {type(cfg.agent_config).__name__}")
+        raise ValueError(
+            f"{type(cfg).__name__}.agent_config must be a {agent.config_class.__name__} for agent "
+            f"{agent.name!r}, got {type(cfg.agent_config).__name__}"
+        )
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -214,8 +225,7 @@ def _tupled(cls: type, d: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")
     defaults = cls()
-    return {k: tuple(v) if isinstance(getattr(defaults, k), tuple) and isinstance(v, list) else v
-            for k, v in d.items()}
+    return {k: tuple(v) if isinstance(getattr(defaults, k), tuple) and isinstance(v, list) else v for k, v in d.items()}
 
 
 def agent_config_from_dict(config_class: type, d: dict[str, Any]) -> Any:

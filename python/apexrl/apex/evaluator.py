@@ -25,8 +25,9 @@ __all__ = ["EvalResult", "Evaluator", "play_episodes"]
 log = logging.getLogger("apexrl.learner")
 
 
-def play_episodes(environment: Any, policy: Any, episodes: int,
-                  on_frame: Callable[[Any], None] | None = None) -> list[float]:
+def play_episodes(
+    environment: Any, policy: Any, episodes: int, on_frame: Callable[[Any], None] | None = None
+) -> list[float]:
     """Play ``episodes`` whole evaluation episodes (``policy.act(obs, explore=False)``) and return their
     unclipped returns. ``on_frame(environment)`` is called after every reset and step (video recording)."""
     returns = []
@@ -67,8 +68,7 @@ class EvalResult:
         if r.size == 0:
             raise ValueError("an evaluation needs at least one episode")
         se = float(r.std(ddof=1) / math.sqrt(r.size)) if r.size > 1 else 0.0
-        return cls(float(r.mean()), float(r.std()), se, int(r.size), int(learner_steps), int(env_frames),
-                   float(time_s))
+        return cls(float(r.mean()), float(r.std()), se, int(r.size), int(learner_steps), int(env_frames), float(time_s))
 
 
 def _evaluate(conn: Any, agent: str, env: str, agent_config: Any, seed: int, episodes: int, nice: int) -> None:
@@ -137,7 +137,9 @@ class Evaluator:
             ours, theirs = self._ctx.Pipe()
             c = self.config
             self._proc = self._ctx.Process(
-                target=_evaluate, name="apexrl-eval", daemon=True,
+                target=_evaluate,
+                name="apexrl-eval",
+                daemon=True,
                 args=(theirs, c.agent, c.env, c.agent_config, c.seed, c.eval_episodes, self.nice),
             )
             self._proc.start()

@@ -54,9 +54,9 @@ from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
-from apexrl.replay.codec import BatchDecoder
-from apexrl.replay.frames import FrameBatchDecoder, frame_codec
-from apexrl.replay.sharded import connect as connect_replay
+from apexrl.replay.wire.codec import BatchDecoder
+from apexrl.replay.wire.frames import FrameBatchDecoder, frame_codec
+from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.security import raise_nofile_limit
 
 log = logging.getLogger("apexrl.apex.learner")
@@ -64,10 +64,28 @@ log = logging.getLogger("apexrl.apex.learner")
 CHECKPOINT_NAME = "checkpoint.safetensors"
 METRICS_NAME = "metrics.csv"
 BASE_COLUMNS = [
-    "time_s", "env_frames", "learner_steps", "eval_return_mean", "eval_return_std", "eval_episodes",
-    "learner_steps_per_s", "sampled_per_s", "inserted_per_s", "replay_size", "replay_inserted",
-    "stale_updates", "params_version", "undecodable_items", "checkpoint_failures", "replay_servers_up",
-    "eval_return_se", "eval_learner_steps", "eval_env_frames", "eval_time_s", "replay_ratio", "is_weight_mean",
+    "time_s",
+    "env_frames",
+    "learner_steps",
+    "eval_return_mean",
+    "eval_return_std",
+    "eval_episodes",
+    "learner_steps_per_s",
+    "sampled_per_s",
+    "inserted_per_s",
+    "replay_size",
+    "replay_inserted",
+    "stale_updates",
+    "params_version",
+    "undecodable_items",
+    "checkpoint_failures",
+    "replay_servers_up",
+    "eval_return_se",
+    "eval_learner_steps",
+    "eval_env_frames",
+    "eval_time_s",
+    "replay_ratio",
+    "is_weight_mean",
     "invalid_items",
 ]
 """metrics.csv's fixed columns (the agent's metric_names follow). ``eval_*``: the evaluation that finished in
@@ -79,8 +97,16 @@ limiter enforces when the preset sets one); ``is_weight_mean``: mean IS weight t
 agent cannot train on (this run)."""
 
 
-_TEXT_KEYS = ("time_s", "learner_steps", "env_frames", "learner_steps_per_s", "replay_size", "inserted_per_s",
-              "sampled_per_s", "eval_return_mean")
+_TEXT_KEYS = (
+    "time_s",
+    "learner_steps",
+    "env_frames",
+    "learner_steps_per_s",
+    "replay_size",
+    "inserted_per_s",
+    "sampled_per_s",
+    "eval_return_mean",
+)
 """The metrics row's fields on the learner's stdout line (all of them go to its progress file)."""
 
 
@@ -116,8 +142,9 @@ class Learner:
         self.checkpoint_path = os.path.join(self.run_dir, CHECKPOINT_NAME)
         self.device = resolve_device(config.device)
         self.env_spec = env_spec(config.env)
-        self.agent: Agent = get_agent(config.agent).make_learner(self.env_spec, config.agent_config, self.device,
-                                                                  config.seed)
+        self.agent: Agent = get_agent(config.agent).make_learner(
+            self.env_spec, config.agent_config, self.device, config.seed
+        )
         self.transition_spec = self.agent.transition_spec
         self.frame_codec = frame_codec(self.transition_spec)  # frame stacks stored once (Atari), else None
         self._invalid = getattr(self.agent, "invalid_items", all_finite)  # the agent's value rules
@@ -137,8 +164,9 @@ class Learner:
             self._resume()
         self.failure: str | None = None  # why the learner stopped on its own (its parameter service failed)
         raise_nofile_limit("learner")  # the parameter service holds one descriptor per actor
-        self.params = ParamServer(bind=config.params_bind, port=config.params_port, curve=config.curve_dir,
-                                  on_failure=self._service_failed).start()
+        self.params = ParamServer(
+            bind=config.params_bind, port=config.params_port, curve=config.curve_dir, on_failure=self._service_failed
+        ).start()
         self.replay = connect_replay(config.replay, timeout=config.replay_timeout, curve=config.curve_dir)
         self.evaluator = Evaluator(config)
         self.report = ProgressReporter("learner", config.progress_path)
@@ -191,10 +219,18 @@ class Learner:
         except OSError as e:  # ENOSPC, EIO, EFBIG...: training goes on, the next interval tries again
             self.checkpoint_failures += 1
             self.checkpoint_error = f"{type(e).__name__}: {e}"
-            kept = (f"the checkpoint of step {self.checkpoint_step} stays valid" if self.checkpoint_step is not None
-                    else "the previous checkpoint (if any) stays valid")
-            log.warning("checkpoint at step %d not written to %s (%s); %s; retrying at the next interval",
-                        self.agent.steps, self.checkpoint_path, self.checkpoint_error, kept)
+            kept = (
+                f"the checkpoint of step {self.checkpoint_step} stays valid"
+                if self.checkpoint_step is not None
+                else "the previous checkpoint (if any) stays valid"
+            )
+            log.warning(
+                "checkpoint at step %d not written to %s (%s); %s; retrying at the next interval",
+                self.agent.steps,
+                self.checkpoint_path,
+                self.checkpoint_error,
+                kept,
+            )
             return False
         self.checkpoint_step = int(self.agent.steps)
         self.checkpoint_error = None
@@ -269,9 +305,15 @@ class Learner:
         stats = self._replay_stats()
         self._env_frames(stats)
         row_steps, row_inserted = self.agent.steps, (stats or {}).get("inserted", 0)
-        sampler = self.replay.sampler(cfg.agent_config.batch_size, beta=cfg.beta, prefetch=cfg.prefetch,
-                                      decode_threads=cfg.decode_threads, sample_threads=self._sample_threads(),
-                                      timeout=1.0, **self._decode_hook())
+        sampler = self.replay.sampler(
+            cfg.agent_config.batch_size,
+            beta=cfg.beta,
+            prefetch=cfg.prefetch,
+            decode_threads=cfg.decode_threads,
+            sample_threads=self._sample_threads(),
+            timeout=1.0,
+            **self._decode_hook(),
+        )
         updater = self.replay.updater()
         try:
             while not self._stop.is_set():
@@ -297,13 +339,15 @@ class Learner:
                 now = time.monotonic()
                 if cfg.eval_every > 0 and now - last_eval >= cfg.eval_every and not self.evaluator.busy:
                     frames = self._env_frames(self._replay_stats())
-                    self.evaluator.start(self.agent.policy_state_dict(), self.agent.steps, frames,
-                                         self.time_offset + now - start)
+                    self.evaluator.start(
+                        self.agent.policy_state_dict(), self.agent.steps, frames, self.time_offset + now - start
+                    )
                     last_eval = now
                 if now - last_row >= cfg.metrics_every:
                     stats = self._replay_stats()
-                    row_steps, row_inserted = self._write_row(now - start, now - last_row, means, stats,
-                                                              row_steps, row_inserted)
+                    row_steps, row_inserted = self._write_row(
+                        now - start, now - last_row, means, stats, row_steps, row_inserted
+                    )
                     last_row = now
                 if cfg.max_steps and self.agent.steps >= cfg.max_steps:
                     break
@@ -318,8 +362,11 @@ class Learner:
                 log.warning("last priority updates not confirmed: %s", e)
             self.unconfirmed_updates = int(updater.stats().get("dropped", 0))
             if self.unconfirmed_updates:
-                log.warning("stopping with %d of %d pending priority updates not confirmed by the replay server",
-                            self.unconfirmed_updates, pending)
+                log.warning(
+                    "stopping with %d of %d pending priority updates not confirmed by the replay server",
+                    self.unconfirmed_updates,
+                    pending,
+                )
         now = time.monotonic()
         self._write_row(now - start, max(now - last_row, 1e-9), means, self._replay_stats(), row_steps, row_inserted)
         self.save(now - start)
@@ -336,12 +383,14 @@ class Learner:
         reference of the same result)."""
         if self.frame_codec is None:
             return {"decoder": _LearnerDecoder(self)}
-        native = FrameBatchDecoder(self.frame_codec, self.config.agent_config.batch_size, valid=True,
-                                   pin_memory=self.device.type == "cuda")
+        native = FrameBatchDecoder(
+            self.frame_codec, self.config.agent_config.batch_size, valid=True, pin_memory=self.device.type == "cuda"
+        )
         return {"decoder": _LearnerDecoder(self, native)}
 
-    def _checked(self, decoded: tuple[dict[str, np.ndarray], np.ndarray | None, str | None]) -> tuple[
-            dict[str, np.ndarray], np.ndarray | None, str | None, np.ndarray | None, str | None]:
+    def _checked(
+        self, decoded: tuple[dict[str, np.ndarray], np.ndarray | None, str | None]
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None, np.ndarray | None, str | None]:
         """``decode_valid``'s triple plus which of the decoded items hold values the agent cannot train on."""
         fields, bad, message = decoded
         invalid, why = self._invalid(fields) if fields and len(next(iter(fields.values()))) else (None, None)
@@ -379,8 +428,9 @@ class Learner:
         key = f"{kind}: {message}"
         if key not in self._erase_logged and len(self._erase_logged) < 100:
             self._erase_logged.add(key)
-            log.warning("erasing %d %s item(s) from the replay (%s); training on the rest of the batch", n, kind,
-                        message)
+            log.warning(
+                "erasing %d %s item(s) from the replay (%s); training on the rest of the batch", n, kind, message
+            )
 
     def _send_priorities(self, updater: Any, keys: np.ndarray, priorities: np.ndarray) -> None:
         try:
@@ -394,8 +444,15 @@ class Learner:
         except ApexRLError as e:
             log.warning("remove_to_fit failed: %s", e)
 
-    def _write_row(self, elapsed: float, interval: float, means: Mean, stats: dict[str, Any] | None,
-                   row_steps: int, row_inserted: int) -> tuple[int, int]:
+    def _write_row(
+        self,
+        elapsed: float,
+        interval: float,
+        means: Mean,
+        stats: dict[str, Any] | None,
+        row_steps: int,
+        row_inserted: int,
+    ) -> tuple[int, int]:
         metrics = means.pop()
         frames = self._env_frames(stats)
         inserted = int(stats["inserted"]) if stats else row_inserted
@@ -420,9 +477,15 @@ class Learner:
         }
         result = self.evaluator.pop_result()
         if result is not None:
-            row.update(eval_return_mean=result.mean, eval_return_std=result.std, eval_return_se=result.se,
-                       eval_episodes=result.episodes, eval_learner_steps=result.learner_steps,
-                       eval_env_frames=result.env_frames, eval_time_s=round(result.time_s, 3))
+            row.update(
+                eval_return_mean=result.mean,
+                eval_return_std=result.std,
+                eval_return_se=result.se,
+                eval_episodes=result.episodes,
+                eval_learner_steps=result.learner_steps,
+                eval_env_frames=result.env_frames,
+                eval_time_s=round(result.time_s, 3),
+            )
         if self._csv is None:
             names = sorted(self.agent.metric_names)
             self._csv = CSVWriter(os.path.join(self.run_dir, METRICS_NAME), BASE_COLUMNS + names)
@@ -434,12 +497,19 @@ class Learner:
         return steps, inserted
 
     def _summary(self, start: float, steps_at_start: int) -> dict[str, Any]:
-        return {"learner_steps": self.agent.steps, "steps_this_run": self.agent.steps - steps_at_start,
-                "seconds": time.monotonic() - start, "checkpoint": self.checkpoint_path,
-                "checkpoint_step": self.checkpoint_step, "checkpoint_error": self.checkpoint_error,
-                "checkpoint_failures": self.checkpoint_failures, "unconfirmed_updates": self.unconfirmed_updates,
-                "undecodable_items": self.undecodable_items, "invalid_items": self.invalid_items,
-                "failure": self.failure}
+        return {
+            "learner_steps": self.agent.steps,
+            "steps_this_run": self.agent.steps - steps_at_start,
+            "seconds": time.monotonic() - start,
+            "checkpoint": self.checkpoint_path,
+            "checkpoint_step": self.checkpoint_step,
+            "checkpoint_error": self.checkpoint_error,
+            "checkpoint_failures": self.checkpoint_failures,
+            "unconfirmed_updates": self.unconfirmed_updates,
+            "undecodable_items": self.undecodable_items,
+            "invalid_items": self.invalid_items,
+            "failure": self.failure,
+        }
 
     def close(self) -> None:
         self.evaluator.close(timeout=self._time_left(5.0))
@@ -471,12 +541,17 @@ class _LearnerDecoder:
 
     def __init__(self, learner: Learner, native: BatchDecoder | FrameBatchDecoder | None = None):
         self._learner = learner
-        self._native = native or BatchDecoder(learner.transition_spec, learner.config.agent_config.batch_size,
-                                              valid=True, pin_memory=learner.device.type == "cuda")
+        self._native = native or BatchDecoder(
+            learner.transition_spec,
+            learner.config.agent_config.batch_size,
+            valid=True,
+            pin_memory=learner.device.type == "cuda",
+        )
 
     def allocate(self) -> dict[str, np.ndarray]:
         return self._native.allocate()
 
-    def decode_into(self, raw: Any, slot: dict[str, np.ndarray]) -> tuple[
-            dict[str, np.ndarray], np.ndarray | None, str | None, np.ndarray | None, str | None]:
+    def decode_into(
+        self, raw: Any, slot: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None, str | None, np.ndarray | None, str | None]:
         return self._learner._checked(self._native.decode_into(raw, slot))

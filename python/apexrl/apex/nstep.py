@@ -40,9 +40,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from apexrl.replay.codec import TransitionSpec
+from apexrl.replay.wire.codec import TransitionSpec
 
 __all__ = ["NStepBuffer", "Transition", "VecNStep", "stack_transitions"]
+
 
 class Transition(NamedTuple):
     """One n-step transition (see the module docstring for the formulas)."""
@@ -215,8 +216,14 @@ class VecNStep:
             reward += self._gk[i] * float(self._rew[j, start + i])
         return reward
 
-    def add(self, actions: Sequence[Any] | np.ndarray, rewards: np.ndarray, next_handles: np.ndarray,
-            terminated: np.ndarray, truncated: np.ndarray) -> dict[str, np.ndarray] | None:
+    def add(
+        self,
+        actions: Sequence[Any] | np.ndarray,
+        rewards: np.ndarray,
+        next_handles: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> dict[str, np.ndarray] | None:
         if not self._open.all():
             raise RuntimeError("VecNStep.add with an environment whose episode is not open: add_first it first")
         rewards = np.asarray(rewards, np.float64)
@@ -238,8 +245,13 @@ class VecNStep:
         if total == 0:
             return None
         at = np.cumsum(counts) - counts  # each environment's first row
-        out = {"obs": np.empty(total, np.int64), "action": np.empty((total, *self._act.shape[2:]), self._act.dtype),
-               "reward": np.empty(total), "discount": np.empty(total), "next_obs": np.empty(total, np.int64)}
+        out = {
+            "obs": np.empty(total, np.int64),
+            "action": np.empty((total, *self._act.shape[2:]), self._act.dtype),
+            "reward": np.empty(total),
+            "discount": np.empty(total),
+            "next_obs": np.empty(total, np.int64),
+        }
         if full.any():
             rows, envs = at[full], ar[full]
             out["obs"][rows] = self._obs[envs, 0]
@@ -274,12 +286,18 @@ class VecNStep:
             m_all = int(self._len[j])
             for i in range(m_all):
                 m = m_all - i
-                rows.append((self._obs[j, i], self._act[j, i], self._horizon(j, i, m), self._discounts[m],
-                             self._obs[j, m_all]))
+                rows.append(
+                    (self._obs[j, i], self._act[j, i], self._horizon(j, i, m), self._discounts[m], self._obs[j, m_all])
+                )
             self._len[j] = 0
             self._open[j] = False
         if not rows:
             return None
         obs, action, reward, discount, next_obs = zip(*rows)
-        return {"obs": np.array(obs, np.int64), "action": np.array(action), "reward": np.array(reward),
-                "discount": np.array(discount), "next_obs": np.array(next_obs, np.int64)}
+        return {
+            "obs": np.array(obs, np.int64),
+            "action": np.array(action),
+            "reward": np.array(reward),
+            "discount": np.array(discount),
+            "next_obs": np.array(next_obs, np.int64),
+        }

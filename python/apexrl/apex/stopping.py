@@ -35,8 +35,9 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class StopOnSignal:
     """Context manager installing the SIGTERM/SIGINT handlers described in the module docstring."""
 
-    def __init__(self, on_stop: Callable[[], None], interrupt: Sequence[Callable[[], None]],
-                 grace: float = STOP_GRACE_S):
+    def __init__(
+        self, on_stop: Callable[[], None], interrupt: Sequence[Callable[[], None]], grace: float = STOP_GRACE_S
+    ):
         self._on_stop = on_stop
         self._interrupt = list(interrupt)
         self.grace = float(grace)

@@ -36,41 +36,89 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_agent_arguments(p)
     g = p.add_argument_group("endpoints")
-    g.add_argument("--plan", metavar="PLAN_JSON", default=None,
-                   help="take every setting of actor --index from a run plan written by `apexrl run` (then only "
-                   "--index and --log-level may be given besides)")
-    g.add_argument("--replay", type=tcp_endpoint, nargs="+", action="extend", metavar="ENDPOINT",
-                   help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
-                   "replay spread over several servers")
+    g.add_argument(
+        "--plan",
+        metavar="PLAN_JSON",
+        default=None,
+        help="take every setting of actor --index from a run plan written by `apexrl run` (then only "
+        "--index and --log-level may be given besides)",
+    )
+    g.add_argument(
+        "--replay",
+        type=tcp_endpoint,
+        nargs="+",
+        action="extend",
+        metavar="ENDPOINT",
+        help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
+        "replay spread over several servers",
+    )
     g.add_argument("--params", type=tcp_endpoint, help="the learner's parameter service, tcp://HOST:PORT (required)")
     g = p.add_argument_group("actor")
-    g.add_argument("--index", type=field_arg(ActorConfig, "index"),
-                   help="this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1)) (required)")
+    g.add_argument(
+        "--index",
+        type=field_arg(ActorConfig, "index"),
+        help="this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1)) (required)",
+    )
     g.add_argument("--num-actors", type=field_arg(ActorConfig, "num_actors"), help="N, actors in the run (required)")
-    g.add_argument("--envs-per-actor", metavar="K", type=field_arg(ActorConfig, "envs_per_actor"), default=None,
-                   help="environments stepped in lockstep with one batched forward pass, each with its own n-step "
-                   "buffer, seed and exploration (slot index*K + j of num_actors*K) (default: the preset's, 1)")
-    g.add_argument("--flush-every", type=field_arg(ActorConfig, "flush_every"), default=None,
-                   help="B, transitions per environment per insert request: with K environments the actor inserts "
-                   "every B steps, B*K transitions (default: the preset's, 50)")
-    g.add_argument("--insert-max", type=field_arg(ActorConfig, "insert_max"), default=None,
-                   help="most transitions in one insert request; a larger flush goes in several (default 0: the "
-                   "whole flush in one; apexrl run sets it where the replay's rate limiter needs smaller requests)")
-    g.add_argument("--params-every-frames", type=field_arg(ActorConfig, "params_every_frames"), default=None,
-                   help="env frames between weight requests (default: the preset's, 400 for the paper presets)")
-    g.add_argument("--max-steps", type=field_arg(ActorConfig, "max_steps"), default=0,
-                   help="stop after this many agent steps (0: none)")
+    g.add_argument(
+        "--envs-per-actor",
+        metavar="K",
+        type=field_arg(ActorConfig, "envs_per_actor"),
+        default=None,
+        help="environments stepped in lockstep with one batched forward pass, each with its own n-step "
+        "buffer, seed and exploration (slot index*K + j of num_actors*K) (default: the preset's, 1)",
+    )
+    g.add_argument(
+        "--flush-every",
+        type=field_arg(ActorConfig, "flush_every"),
+        default=None,
+        help="B, transitions per environment per insert request: with K environments the actor inserts "
+        "every B steps, B*K transitions (default: the preset's, 50)",
+    )
+    g.add_argument(
+        "--insert-max",
+        type=field_arg(ActorConfig, "insert_max"),
+        default=None,
+        help="most transitions in one insert request; a larger flush goes in several (default 0: the "
+        "whole flush in one; apexrl run sets it where the replay's rate limiter needs smaller requests)",
+    )
+    g.add_argument(
+        "--params-every-frames",
+        type=field_arg(ActorConfig, "params_every_frames"),
+        default=None,
+        help="env frames between weight requests (default: the preset's, 400 for the paper presets)",
+    )
+    g.add_argument(
+        "--max-steps",
+        type=field_arg(ActorConfig, "max_steps"),
+        default=0,
+        help="stop after this many agent steps (0: none)",
+    )
     g.add_argument("--episodes-csv", default=None, help="append one row per finished episode to this CSV")
-    g.add_argument("--record-dataset", metavar="DIR", type=os.path.abspath, default=None,
-                   help="record the episodes played (observations, actions, rewards, terminations, truncations) as "
-                   "a Minari dataset in DIR/actor<INDEX>/, appending to one there; pip install 'apexrl[offline]' "
-                   "(docs/offline.md)")
-    g.add_argument("--wait-for-params", type=field_arg(ActorConfig, "wait_for_params"), default=120.0,
-                   help="seconds to wait for the learner's first weights (default 120)")
-    g.add_argument("--log-every", type=field_arg(ActorConfig, "log_every"), default=10.0,
-                   help="seconds between progress lines (default 10)")
-    g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
-                   help="logging level (stderr)")
+    g.add_argument(
+        "--record-dataset",
+        metavar="DIR",
+        type=os.path.abspath,
+        default=None,
+        help="record the episodes played (observations, actions, rewards, terminations, truncations) as "
+        "a Minari dataset in DIR/actor<INDEX>/, appending to one there; pip install 'apexrl[offline]' "
+        "(docs/offline.md)",
+    )
+    g.add_argument(
+        "--wait-for-params",
+        type=field_arg(ActorConfig, "wait_for_params"),
+        default=120.0,
+        help="seconds to wait for the learner's first weights (default 120)",
+    )
+    g.add_argument(
+        "--log-every",
+        type=field_arg(ActorConfig, "log_every"),
+        default=10.0,
+        help="seconds between progress lines (default 10)",
+    )
+    g.add_argument(
+        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO", help="logging level (stderr)"
+    )
     add_curve_arguments(p, binds=False)
     return p
 
@@ -101,10 +149,21 @@ def parse_config(argv: Sequence[str] | None = None):
                 parser.error(f"--record-dataset: {e}")
         settings = {**preset.actor, **{k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}}
         config = ActorConfig(
-            agent=args.agent, env=args.env, replay=",".join(args.replay), params=args.params, index=args.index,
-            num_actors=args.num_actors, seed=args.seed, agent_config=agent_config, max_steps=args.max_steps,
-            episodes_csv=args.episodes_csv, wait_for_params=args.wait_for_params, log_every=args.log_every,
-            curve_dir=args.curve_dir, record_dataset=args.record_dataset, **settings,
+            agent=args.agent,
+            env=args.env,
+            replay=",".join(args.replay),
+            params=args.params,
+            index=args.index,
+            num_actors=args.num_actors,
+            seed=args.seed,
+            agent_config=agent_config,
+            max_steps=args.max_steps,
+            episodes_csv=args.episodes_csv,
+            wait_for_params=args.wait_for_params,
+            log_every=args.log_every,
+            curve_dir=args.curve_dir,
+            record_dataset=args.record_dataset,
+            **settings,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -129,8 +188,9 @@ def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config, args = parse_config(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     from apexrl.apex.actor import run_actor
 
     try:
@@ -138,8 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, ImportError) as exc:  # ImportError: --record-dataset without Minari
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 1
-    print(f"actor {config.index} done: {counters['steps']} steps, {counters['inserted']} inserted, "
-          f"{counters['not_inserted']} not inserted", flush=True)
+    print(
+        f"actor {config.index} done: {counters['steps']} steps, {counters['inserted']} inserted, "
+        f"{counters['not_inserted']} not inserted",
+        flush=True,
+    )
     return 0
 
 

@@ -59,12 +59,20 @@ def add_curve_arguments(parser: argparse.ArgumentParser, *, binds: bool) -> None
     from apexrl.security import ENV_VAR, curve_dir_from_env
 
     g = parser.add_argument_group("security")
-    g.add_argument("--curve-dir", metavar="DIR", type=os.path.abspath, default=curve_dir_from_env(),
-                   help=f"CURVE-encrypt and authenticate with the keys of `apexrl keygen DIR` (default ${ENV_VAR}; "
-                   "unset: plain TCP)")
+    g.add_argument(
+        "--curve-dir",
+        metavar="DIR",
+        type=os.path.abspath,
+        default=curve_dir_from_env(),
+        help=f"CURVE-encrypt and authenticate with the keys of `apexrl keygen DIR` (default ${ENV_VAR}; "
+        "unset: plain TCP)",
+    )
     if binds:
-        g.add_argument("--insecure", action="store_true",
-                       help="allow binding beyond loopback without --curve-dir (only on a trusted network)")
+        g.add_argument(
+            "--insecure",
+            action="store_true",
+            help="allow binding beyond loopback without --curve-dir (only on a trusted network)",
+        )
 
 
 def field_arg(cls: type, name: str) -> Callable[[str], Any]:
@@ -138,57 +146,115 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
 
     names = agent_names()
     g = parser.add_argument_group("agent (actors and learner must be given the same values)")
-    g.add_argument("--agent", type=_agent, default=None,
-                   help="; ".join(f"{n}: {AGENTS[n].description}" for n in names)
-                   + " (default: the preset's, or the first that accepts --env)")
-    g.add_argument("--env", type=_env, default=None,
-                   help="environment FAMILY:ID: gym:<any gymnasium id> (gym:CartPole-v1, gym:HalfCheetah-v5, your own "
-                   "as gym:<module>:<id>), atari:<Game>, dmc:<domain>-<task>, or a family an apexrl.envs entry point "
-                   "adds; default: the preset's")
-    g.add_argument("--preset", type=_preset, default=None,
-                   help=f"settings preset: {', '.join(PRESETS)} (default: by agent and env family: "
-                        "apex-dqn-atari, cartpole, apex-dpg-control or pendulum; with --env and no --agent the "
-                        "agent comes from the action space: dqn for Discrete, dpg for Box, so a gym: task without "
-                        "a preset of its own runs with cartpole's or pendulum's settings)")
+    g.add_argument(
+        "--agent",
+        type=_agent,
+        default=None,
+        help="; ".join(f"{n}: {AGENTS[n].description}" for n in names)
+        + " (default: the preset's, or the first that accepts --env)",
+    )
+    g.add_argument(
+        "--env",
+        type=_env,
+        default=None,
+        help="environment FAMILY:ID: gym:<any gymnasium id> (gym:CartPole-v1, gym:HalfCheetah-v5, your own "
+        "as gym:<module>:<id>), atari:<Game>, dmc:<domain>-<task>, or a family an apexrl.envs entry point "
+        "adds; default: the preset's",
+    )
+    g.add_argument(
+        "--preset",
+        type=_preset,
+        default=None,
+        help=f"settings preset: {', '.join(PRESETS)} (default: by agent and env family: "
+        "apex-dqn-atari, cartpole, apex-dpg-control or pendulum; with --env and no --agent the "
+        "agent comes from the action space: dqn for Discrete, dpg for Box, so a gym: task without "
+        "a preset of its own runs with cartpole's or pendulum's settings)",
+    )
     g.add_argument("--seed", type=field_arg(LearnerConfig, "seed"), default=0, help="random seed (default 0)")
     g.add_argument("--n-step", type=int_arg(1, 100), default=None, help="n of the n-step return (preset's)")
     g.add_argument("--gamma", type=float_arg(nonneg=True, hi=1.0), default=None, help="discount γ (preset's)")
-    g.add_argument("--batch-size", type=int_arg(1, 1 << 16), default=None,
-                   help="learner batch size (preset's: 512 DQN, 256 DPG)")
-    g.add_argument("--target-update-period", type=int_arg(1), default=None,
-                   help="learner steps between target-network copies (preset's)")
+    g.add_argument(
+        "--batch-size", type=int_arg(1, 1 << 16), default=None, help="learner batch size (preset's: 512 DQN, 256 DPG)"
+    )
+    g.add_argument(
+        "--target-update-period",
+        type=int_arg(1),
+        default=None,
+        help="learner steps between target-network copies (preset's)",
+    )
     from apexrl.agents.config import ACTOR_LOSS_STATES, ACTOR_WEIGHTS, SIGMA_SPACINGS
 
-    g.add_argument("--dqda-clip", metavar="C|none", type=_clip_arg, default=None,
-                   help="DPG/D4PG: clip every element of dQ/da to [-C, C] before it flows into the actor; none: "
-                   "off (preset's; the Ape-X paper's 1)")
-    g.add_argument("--dqda-clip-norm", metavar="C|none", type=_clip_arg, default=None,
-                   help="DPG/D4PG: scale each sample's dQ/da to an L2 norm of at most C instead (Acme's D4PG: 1); "
-                   "none: off (preset's). Give --dqda-clip none with it unless the preset has no element clip")
-    g.add_argument("--grad-clip-norm", metavar="C|none", type=_clip_arg, default=None,
-                   help="clip the global L2 norm of each network's gradient to C; none: off (preset's: DQN 40 as "
-                   "the Ape-X paper; DPG/D4PG off, d4pg-acme 40 as Acme)")
-    g.add_argument("--actor-loss-state", choices=ACTOR_LOSS_STATES, default=None,
-                   help="DPG/D4PG: state of the actor's loss -Q(s, pi(s)): obs (the transition's first, the "
-                   "papers') or next_obs (its last, Acme's D4PG) (preset's)")
-    g.add_argument("--actor-weights", choices=ACTOR_WEIGHTS, default=None,
-                   help="DPG/D4PG: weights the learner sends actors and evaluates: online, or target (its target "
-                   "networks, as Acme's D4PG) (preset's)")
-    g.add_argument("--noise-sigma-max", metavar="SIGMA", type=float_arg(positive=True), default=None,
-                   help="D4PG: exploration noise std of actor 0 (preset's)")
-    g.add_argument("--noise-sigma-min", metavar="SIGMA", type=float_arg(positive=True), default=None,
-                   help="D4PG: exploration noise std of the last actor (preset's); equal to --noise-sigma-max: "
-                   "the same sigma on every actor")
-    g.add_argument("--noise-sigma-spacing", choices=SIGMA_SPACINGS, default=None,
-                   help="D4PG: how the actors between share the sigma range: geometric or linear (preset's)")
+    g.add_argument(
+        "--dqda-clip",
+        metavar="C|none",
+        type=_clip_arg,
+        default=None,
+        help="DPG/D4PG: clip every element of dQ/da to [-C, C] before it flows into the actor; none: "
+        "off (preset's; the Ape-X paper's 1)",
+    )
+    g.add_argument(
+        "--dqda-clip-norm",
+        metavar="C|none",
+        type=_clip_arg,
+        default=None,
+        help="DPG/D4PG: scale each sample's dQ/da to an L2 norm of at most C instead (Acme's D4PG: 1); "
+        "none: off (preset's). Give --dqda-clip none with it unless the preset has no element clip",
+    )
+    g.add_argument(
+        "--grad-clip-norm",
+        metavar="C|none",
+        type=_clip_arg,
+        default=None,
+        help="clip the global L2 norm of each network's gradient to C; none: off (preset's: DQN 40 as "
+        "the Ape-X paper; DPG/D4PG off, d4pg-acme 40 as Acme)",
+    )
+    g.add_argument(
+        "--actor-loss-state",
+        choices=ACTOR_LOSS_STATES,
+        default=None,
+        help="DPG/D4PG: state of the actor's loss -Q(s, pi(s)): obs (the transition's first, the "
+        "papers') or next_obs (its last, Acme's D4PG) (preset's)",
+    )
+    g.add_argument(
+        "--actor-weights",
+        choices=ACTOR_WEIGHTS,
+        default=None,
+        help="DPG/D4PG: weights the learner sends actors and evaluates: online, or target (its target "
+        "networks, as Acme's D4PG) (preset's)",
+    )
+    g.add_argument(
+        "--noise-sigma-max",
+        metavar="SIGMA",
+        type=float_arg(positive=True),
+        default=None,
+        help="D4PG: exploration noise std of actor 0 (preset's)",
+    )
+    g.add_argument(
+        "--noise-sigma-min",
+        metavar="SIGMA",
+        type=float_arg(positive=True),
+        default=None,
+        help="D4PG: exploration noise std of the last actor (preset's); equal to --noise-sigma-max: "
+        "the same sigma on every actor",
+    )
+    g.add_argument(
+        "--noise-sigma-spacing",
+        choices=SIGMA_SPACINGS,
+        default=None,
+        help="D4PG: how the actors between share the sigma range: geometric or linear (preset's)",
+    )
 
 
 def agent_overrides(args: argparse.Namespace) -> Overrides:
     """The run-plan overrides of the agent flags (see :func:`add_agent_arguments`)."""
     from apexrl.launch.plan import AGENT_FIELDS, Overrides
 
-    return Overrides(agent=args.agent, env=args.env, seed=args.seed,
-                     agent_fields={k: getattr(args, k) for k in AGENT_FIELDS if getattr(args, k) is not None})
+    return Overrides(
+        agent=args.agent,
+        env=args.env,
+        seed=args.seed,
+        agent_fields={k: getattr(args, k) for k in AGENT_FIELDS if getattr(args, k) is not None},
+    )
 
 
 def resolve_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Any, Any]:

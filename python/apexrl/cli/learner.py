@@ -34,66 +34,151 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_agent_arguments(p)
     g = p.add_argument_group("endpoints")
-    g.add_argument("--plan", metavar="PLAN_JSON", default=None,
-                   help="take every setting from a run plan written by `apexrl run` (then only --resume, "
-                   "--tensorboard and --log-level may be given besides)")
-    g.add_argument("--replay", type=tcp_endpoint, nargs="+", action="extend", metavar="ENDPOINT",
-                   help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
-                   "replay spread over several servers")
-    g.add_argument("--params-port", type=field_arg(LearnerConfig, "params_port"),
-                   help="port of the parameter service the actors poll (0: pick a free one; required)")
-    g.add_argument("--params-bind", default="127.0.0.1",
-                   help="address the parameter service binds (default 127.0.0.1; 0.0.0.0 = all interfaces)")
+    g.add_argument(
+        "--plan",
+        metavar="PLAN_JSON",
+        default=None,
+        help="take every setting from a run plan written by `apexrl run` (then only --resume, "
+        "--tensorboard and --log-level may be given besides)",
+    )
+    g.add_argument(
+        "--replay",
+        type=tcp_endpoint,
+        nargs="+",
+        action="extend",
+        metavar="ENDPOINT",
+        help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
+        "replay spread over several servers",
+    )
+    g.add_argument(
+        "--params-port",
+        type=field_arg(LearnerConfig, "params_port"),
+        help="port of the parameter service the actors poll (0: pick a free one; required)",
+    )
+    g.add_argument(
+        "--params-bind",
+        default="127.0.0.1",
+        help="address the parameter service binds (default 127.0.0.1; 0.0.0.0 = all interfaces)",
+    )
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", default="", help="metrics.csv and checkpoint (default runs/<env>/<agent>/<seed>)")
     g.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
-    g.add_argument("--max-steps", type=field_arg(LearnerConfig, "max_steps"), default=0,
-                   help="stop after this many learner steps (0: none)")
-    g.add_argument("--max-minutes", type=field_arg(LearnerConfig, "max_minutes"), default=0.0,
-                   help="stop after this many minutes of training (0: none)")
+    g.add_argument(
+        "--max-steps",
+        type=field_arg(LearnerConfig, "max_steps"),
+        default=0,
+        help="stop after this many learner steps (0: none)",
+    )
+    g.add_argument(
+        "--max-minutes",
+        type=field_arg(LearnerConfig, "max_minutes"),
+        default=0.0,
+        help="stop after this many minutes of training (0: none)",
+    )
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    g.add_argument("--tensorboard", metavar="DIR", default=None,
-                   help="also write each metrics.csv row to a TensorBoard event file in DIR, to watch the run live "
-                   "(tensorboard --logdir DIR); metrics.csv stays the record; pip install 'apexrl[tensorboard]'")
-    g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
-                   help="logging level (stderr)")
+    g.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        default=None,
+        help="also write each metrics.csv row to a TensorBoard event file in DIR, to watch the run live "
+        "(tensorboard --logdir DIR); metrics.csv stays the record; pip install 'apexrl[tensorboard]'",
+    )
+    g.add_argument(
+        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO", help="logging level (stderr)"
+    )
     g = p.add_argument_group("learner settings (default: the preset's)")
     g.add_argument("--beta", type=field_arg(LearnerConfig, "beta"), default=None, help="importance-sampling exponent β")
-    g.add_argument("--is-weights", choices=IS_WEIGHT_MODES, default=None,
-                   help="IS-weight normalisation (the Ape-X paper does not say which): global_min (divide by the "
-                   "replay's largest weight) "
-                   "or batch_max (by the batch's largest); default: the preset's, else global_min")
-    g.add_argument("--min-replay-size", type=field_arg(LearnerConfig, "min_replay_size"), default=None,
-                   help="transitions the replay must hold before the first update")
-    g.add_argument("--prefetch", type=field_arg(LearnerConfig, "prefetch"), default=None,
-                   help="decoded batches kept ready")
-    g.add_argument("--decode-threads", metavar="N", type=field_arg(LearnerConfig, "decode_threads"), default=None,
-                   help="threads decoding sampled batches side by side (natively, without the GIL) into a ring of "
-                   "prefetch + 1 preallocated batches, page-locked on a GPU; more use more cores for Atari "
-                   "frames (default 1)")
-    g.add_argument("--sample-threads", metavar="N", type=field_arg(LearnerConfig, "sample_threads"), default=None,
-                   help="SAMPLE requests kept in flight, each thread on a connection of its own, so their round "
-                   "trips overlap; 0: one per replay server (default 0: 1 with one server)")
-    g.add_argument("--publish-every", type=field_arg(LearnerConfig, "publish_every"), default=None,
-                   help="learner steps between weight publishes")
-    g.add_argument("--checkpoint-every", type=field_arg(LearnerConfig, "checkpoint_every"), default=None,
-                   help="learner steps between checkpoints")
-    g.add_argument("--remove-to-fit-every", type=field_arg(LearnerConfig, "remove_to_fit_every"), default=None,
-                   help="learner steps between replay evictions down to capacity")
-    g.add_argument("--metrics-every", type=field_arg(LearnerConfig, "metrics_every"), default=None,
-                   help="seconds between metrics.csv rows")
-    g.add_argument("--eval-every", type=field_arg(LearnerConfig, "eval_every"), default=None,
-                   help="seconds between evaluations (greedy/noiseless episodes; 0: none)")
-    g.add_argument("--eval-episodes", type=field_arg(LearnerConfig, "eval_episodes"), default=None,
-                   help="episodes per evaluation")
-    g.add_argument("--torch-threads", type=field_arg(LearnerConfig, "torch_threads"), default=1,
-                   help="torch CPU threads (default 1)")
+    g.add_argument(
+        "--is-weights",
+        choices=IS_WEIGHT_MODES,
+        default=None,
+        help="IS-weight normalisation (the Ape-X paper does not say which): global_min (divide by the "
+        "replay's largest weight) "
+        "or batch_max (by the batch's largest); default: the preset's, else global_min",
+    )
+    g.add_argument(
+        "--min-replay-size",
+        type=field_arg(LearnerConfig, "min_replay_size"),
+        default=None,
+        help="transitions the replay must hold before the first update",
+    )
+    g.add_argument(
+        "--prefetch", type=field_arg(LearnerConfig, "prefetch"), default=None, help="decoded batches kept ready"
+    )
+    g.add_argument(
+        "--decode-threads",
+        metavar="N",
+        type=field_arg(LearnerConfig, "decode_threads"),
+        default=None,
+        help="threads decoding sampled batches side by side (natively, without the GIL) into a ring of "
+        "prefetch + 1 preallocated batches, page-locked on a GPU; more use more cores for Atari "
+        "frames (default 1)",
+    )
+    g.add_argument(
+        "--sample-threads",
+        metavar="N",
+        type=field_arg(LearnerConfig, "sample_threads"),
+        default=None,
+        help="SAMPLE requests kept in flight, each thread on a connection of its own, so their round "
+        "trips overlap; 0: one per replay server (default 0: 1 with one server)",
+    )
+    g.add_argument(
+        "--publish-every",
+        type=field_arg(LearnerConfig, "publish_every"),
+        default=None,
+        help="learner steps between weight publishes",
+    )
+    g.add_argument(
+        "--checkpoint-every",
+        type=field_arg(LearnerConfig, "checkpoint_every"),
+        default=None,
+        help="learner steps between checkpoints",
+    )
+    g.add_argument(
+        "--remove-to-fit-every",
+        type=field_arg(LearnerConfig, "remove_to_fit_every"),
+        default=None,
+        help="learner steps between replay evictions down to capacity",
+    )
+    g.add_argument(
+        "--metrics-every",
+        type=field_arg(LearnerConfig, "metrics_every"),
+        default=None,
+        help="seconds between metrics.csv rows",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=field_arg(LearnerConfig, "eval_every"),
+        default=None,
+        help="seconds between evaluations (greedy/noiseless episodes; 0: none)",
+    )
+    g.add_argument(
+        "--eval-episodes", type=field_arg(LearnerConfig, "eval_episodes"), default=None, help="episodes per evaluation"
+    )
+    g.add_argument(
+        "--torch-threads",
+        type=field_arg(LearnerConfig, "torch_threads"),
+        default=1,
+        help="torch CPU threads (default 1)",
+    )
     add_curve_arguments(p, binds=True)
     return p
 
 
-SETTINGS = ("beta", "is_weights", "min_replay_size", "prefetch", "decode_threads", "sample_threads", "publish_every",
-            "checkpoint_every", "remove_to_fit_every", "metrics_every", "eval_every", "eval_episodes")
+SETTINGS = (
+    "beta",
+    "is_weights",
+    "min_replay_size",
+    "prefetch",
+    "decode_threads",
+    "sample_threads",
+    "publish_every",
+    "checkpoint_every",
+    "remove_to_fit_every",
+    "metrics_every",
+    "eval_every",
+    "eval_episodes",
+)
 """Flags whose default is the preset's."""
 OWN = ("device", "torch_threads", "max_minutes", "params_bind", *SETTINGS)
 """LearnerConfig fields `apexrl run --learner-args` may set (the launcher sets the others)."""
@@ -119,11 +204,24 @@ def parse_config(argv: Sequence[str] | None = None):
         preset, agent_config = resolve_agent(args, parser)
         settings = {**preset.learner, **{k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}}
         config = LearnerConfig(
-            agent=args.agent, env=args.env, replay=",".join(args.replay), params_port=args.params_port,
-            params_bind=args.params_bind, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
-            agent_config=agent_config, max_steps=args.max_steps, max_minutes=args.max_minutes, device=args.device,
-            torch_threads=args.torch_threads, extra={"preset": preset.name}, curve_dir=args.curve_dir,
-            insecure=args.insecure, tensorboard=args.tensorboard, **settings,
+            agent=args.agent,
+            env=args.env,
+            replay=",".join(args.replay),
+            params_port=args.params_port,
+            params_bind=args.params_bind,
+            run_dir=args.run_dir,
+            resume=args.resume,
+            seed=args.seed,
+            agent_config=agent_config,
+            max_steps=args.max_steps,
+            max_minutes=args.max_minutes,
+            device=args.device,
+            torch_threads=args.torch_threads,
+            extra={"preset": preset.name},
+            curve_dir=args.curve_dir,
+            insecure=args.insecure,
+            tensorboard=args.tensorboard,
+            **settings,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -148,8 +246,9 @@ def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config, args = parse_config(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     from apexrl.apex.checkpoint import CheckpointError
     from apexrl.apex.learner import run_learner
 
@@ -159,15 +258,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 1
     if summary["failure"] is not None:
-        print(f"{PROG}: error: {summary['failure']}; checkpoint {summary['checkpoint']}", file=sys.stderr,
-              flush=True)
+        print(f"{PROG}: error: {summary['failure']}; checkpoint {summary['checkpoint']}", file=sys.stderr, flush=True)
         return 1
     if summary["checkpoint_error"] is not None:  # the last save failed: say what is not in any checkpoint
         kept = summary["checkpoint_step"]
-        print(f"{PROG}: error: the final checkpoint could not be written to {summary['checkpoint']} "
-              f"({summary['checkpoint_error']}); "
-              + (f"the checkpoint of step {kept} stays valid, steps after it are lost" if kept is not None
-                 else "no checkpoint was written"), file=sys.stderr, flush=True)
+        print(
+            f"{PROG}: error: the final checkpoint could not be written to {summary['checkpoint']} "
+            f"({summary['checkpoint_error']}); "
+            + (
+                f"the checkpoint of step {kept} stays valid, steps after it are lost"
+                if kept is not None
+                else "no checkpoint was written"
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     print(f"learner done: {summary['learner_steps']} steps, checkpoint {summary['checkpoint']}", flush=True)
     return 0

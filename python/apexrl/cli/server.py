@@ -19,7 +19,7 @@ from apexrl.cli.args import (
     field_arg,
     refuse_beside_plan,
 )
-from apexrl.replay.config import (
+from apexrl.replay.server.config import (
     EVICTION_POLICIES,
     MAX_SHARDS,
     ServerConfig,
@@ -46,72 +46,173 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Ape-X prioritized replay server (ZeroMQ). SIGTERM/SIGINT: finish requests, snapshot, exit 0.",
     )
-    p.add_argument("--plan", metavar="PLAN_JSON", default=None,
-                   help="take every setting from a run plan written by `apexrl run` (then only --log-level may be "
-                   "given besides, and --index)")
-    p.add_argument("--index", metavar="I", type=int, default=None,
-                   help="with --plan: run the plan's replay server I (0-based; default 0) when it has several")
+    p.add_argument(
+        "--plan",
+        metavar="PLAN_JSON",
+        default=None,
+        help="take every setting from a run plan written by `apexrl run` (then only --log-level may be "
+        "given besides, and --index)",
+    )
+    p.add_argument(
+        "--index",
+        metavar="I",
+        type=int,
+        default=None,
+        help="with --plan: run the plan's replay server I (0-based; default 0) when it has several",
+    )
     p.add_argument("--port", type=field_arg(ServerConfig, "port"), help="TCP port to listen on (0 = pick a free one)")
     p.add_argument("--endpoint", type=_endpoint, help="tcp://HOST:PORT to listen on (instead of --bind/--port)")
     p.add_argument("--bind", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = all)")
-    p.add_argument("--capacity", type=field_arg(ServerConfig, "capacity"), default=1_000_000,
-                   help="soft capacity in items (>= 1)")
-    p.add_argument("--max-size", metavar="ITEMS", type=field_arg(ServerConfig, "max_size"), default=None,
-                   help="hard ceiling in items (>= capacity; default 2 * capacity): inserts beyond it evict down to "
-                   "capacity even if no learner calls REMOVE_TO_FIT")
+    p.add_argument(
+        "--capacity", type=field_arg(ServerConfig, "capacity"), default=1_000_000, help="soft capacity in items (>= 1)"
+    )
+    p.add_argument(
+        "--max-size",
+        metavar="ITEMS",
+        type=field_arg(ServerConfig, "max_size"),
+        default=None,
+        help="hard ceiling in items (>= capacity; default 2 * capacity): inserts beyond it evict down to "
+        "capacity even if no learner calls REMOVE_TO_FIT",
+    )
     p.add_argument("--alpha", type=field_arg(ServerConfig, "alpha"), default=0.6, help="priority exponent alpha (>= 0)")
     p.add_argument("--eviction", choices=EVICTION_POLICIES, default="fifo", help="remove_to_fit policy")
-    p.add_argument("--alpha-evict", type=field_arg(ServerConfig, "alpha_evict"), default=-0.4,
-                   help="exponent of prioritized eviction")
-    p.add_argument("--shards", type=field_arg(ServerConfig, "shards"), default=8,
-                   help=f"number of lock shards of the store (1-{MAX_SHARDS})")
+    p.add_argument(
+        "--alpha-evict",
+        type=field_arg(ServerConfig, "alpha_evict"),
+        default=-0.4,
+        help="exponent of prioritized eviction",
+    )
+    p.add_argument(
+        "--shards",
+        type=field_arg(ServerConfig, "shards"),
+        default=8,
+        help=f"number of lock shards of the store (1-{MAX_SHARDS})",
+    )
     p.add_argument("--seed", type=field_arg(ServerConfig, "seed"), default=0, help="random seed of the store")
-    p.add_argument("--min-size-to-sample", type=field_arg(ServerConfig, "min_size_to_sample"), default=1,
-                   help="SAMPLE waits (up to its timeout) until the store holds this many items")
-    p.add_argument("--snapshot", metavar="PATH", default=None,
-                   help="snapshot file: loaded at start if present, written on shutdown (its directory must exist "
-                   "and be writable; PATH.epoch beside it records the key epoch of each life)")
-    p.add_argument("--snapshot-every", metavar="SECONDS", type=field_arg(ServerConfig, "snapshot_every"), default=None,
-                   help="also write the snapshot every SECONDS (needs --snapshot)")
-    p.add_argument("--max-message-mb", type=field_arg(ServerConfig, "max_message_mb"), default=256,
-                   help="largest accepted request in MiB (bigger: TOO_LARGE reply or disconnect)")
-    p.add_argument("--workers", type=field_arg(ServerConfig, "workers"), default=2,
-                   help="native worker threads for large samples, REMOVE_TO_FIT and ERASE (default 2)")
-    p.add_argument("--inline-sample-max", metavar="N", type=field_arg(ServerConfig, "inline_sample_max"), default=1024,
-                   help="samples of at most N items are served by the native loop's own thread, larger ones by the "
-                   "workers (default 1024)")
-    p.add_argument("--samples-per-insert", metavar="SPI", type=field_arg(ServerConfig, "samples_per_insert"),
-                   default=None,
-                   help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)")
-    p.add_argument("--error-buffer", metavar="ITEMS", type=field_arg(ServerConfig, "error_buffer"), default=None,
-                   help="allowed drift from SPI in sampled items (>= max(1, SPI); default max(1, SPI) * 100)")
-    p.add_argument("--spec", metavar="JSON|PATH", default=None,
-                   help="the run's TransitionSpec (its JSON, or a JSON file): every insert is checked against it "
-                   "(default: the spec the first inserter declares)")
-    p.add_argument("--max-wait", metavar="SECONDS", dest="max_wait_s", type=field_arg(ServerConfig, "max_wait_s"),
-                   default=60.0, help="longest a request waits on the server (a larger timeout_ms is clipped; "
-                   "default 60)")
-    p.add_argument("--max-waiting", metavar="N", type=field_arg(ServerConfig, "max_waiting"), default=16384,
-                   help="most requests waiting at once, all peers together (more: TIMEOUT at once; default 16384)")
-    p.add_argument("--max-waiting-per-peer", metavar="N", type=field_arg(ServerConfig, "max_waiting_per_peer"),
-                   default=1024, help="most waiting requests of one peer; one more and its oldest is answered "
-                   "TIMEOUT (default 1024)")
-    p.add_argument("--max-waiting-mb", metavar="MIB", type=field_arg(ServerConfig, "max_waiting_mb"), default=256,
-                   help="most MiB held by waiting inserts (more: TIMEOUT at once; default 256)")
-    p.add_argument("--max-reply-mb", metavar="MIB", type=field_arg(ServerConfig, "max_reply_mb"), default=None,
-                   help="largest SAMPLE reply in MiB, estimated before sampling (TOO_LARGE; default "
-                   "--max-message-mb)")
-    p.add_argument("--max-unread-mb", metavar="MIB", type=field_arg(ServerConfig, "max_unread_mb"), default=256,
-                   help="most MiB of replies one client may leave unread in the server; a SAMPLE over it is "
-                   "refused TIMEOUT (default 256)")
-    p.add_argument("--handshake-timeout", metavar="SECONDS", dest="handshake_s",
-                   type=field_arg(ServerConfig, "handshake_s"), default=5.0,
-                   help="close connections that have not completed the ZeroMQ handshake by then (0: never; default 5)")
-    p.add_argument("--heartbeat", metavar="SECONDS", dest="heartbeat_s", type=field_arg(ServerConfig, "heartbeat_s"),
-                   default=10.0, help="ping peers this often, close a connection silent 3x as long (0: off; "
-                   "default 10)")
-    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                   help="logging level (stderr)")
+    p.add_argument(
+        "--min-size-to-sample",
+        type=field_arg(ServerConfig, "min_size_to_sample"),
+        default=1,
+        help="SAMPLE waits (up to its timeout) until the store holds this many items",
+    )
+    p.add_argument(
+        "--snapshot",
+        metavar="PATH",
+        default=None,
+        help="snapshot file: loaded at start if present, written on shutdown (its directory must exist "
+        "and be writable; PATH.epoch beside it records the key epoch of each life)",
+    )
+    p.add_argument(
+        "--snapshot-every",
+        metavar="SECONDS",
+        type=field_arg(ServerConfig, "snapshot_every"),
+        default=None,
+        help="also write the snapshot every SECONDS (needs --snapshot)",
+    )
+    p.add_argument(
+        "--max-message-mb",
+        type=field_arg(ServerConfig, "max_message_mb"),
+        default=256,
+        help="largest accepted request in MiB (bigger: TOO_LARGE reply or disconnect)",
+    )
+    p.add_argument(
+        "--workers",
+        type=field_arg(ServerConfig, "workers"),
+        default=2,
+        help="native worker threads for large samples, REMOVE_TO_FIT and ERASE (default 2)",
+    )
+    p.add_argument(
+        "--inline-sample-max",
+        metavar="N",
+        type=field_arg(ServerConfig, "inline_sample_max"),
+        default=1024,
+        help="samples of at most N items are served by the native loop's own thread, larger ones by the "
+        "workers (default 1024)",
+    )
+    p.add_argument(
+        "--samples-per-insert",
+        metavar="SPI",
+        type=field_arg(ServerConfig, "samples_per_insert"),
+        default=None,
+        help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)",
+    )
+    p.add_argument(
+        "--error-buffer",
+        metavar="ITEMS",
+        type=field_arg(ServerConfig, "error_buffer"),
+        default=None,
+        help="allowed drift from SPI in sampled items (>= max(1, SPI); default max(1, SPI) * 100)",
+    )
+    p.add_argument(
+        "--spec",
+        metavar="JSON|PATH",
+        default=None,
+        help="the run's TransitionSpec (its JSON, or a JSON file): every insert is checked against it "
+        "(default: the spec the first inserter declares)",
+    )
+    p.add_argument(
+        "--max-wait",
+        metavar="SECONDS",
+        dest="max_wait_s",
+        type=field_arg(ServerConfig, "max_wait_s"),
+        default=60.0,
+        help="longest a request waits on the server (a larger timeout_ms is clipped; default 60)",
+    )
+    p.add_argument(
+        "--max-waiting",
+        metavar="N",
+        type=field_arg(ServerConfig, "max_waiting"),
+        default=16384,
+        help="most requests waiting at once, all peers together (more: TIMEOUT at once; default 16384)",
+    )
+    p.add_argument(
+        "--max-waiting-per-peer",
+        metavar="N",
+        type=field_arg(ServerConfig, "max_waiting_per_peer"),
+        default=1024,
+        help="most waiting requests of one peer; one more and its oldest is answered TIMEOUT (default 1024)",
+    )
+    p.add_argument(
+        "--max-waiting-mb",
+        metavar="MIB",
+        type=field_arg(ServerConfig, "max_waiting_mb"),
+        default=256,
+        help="most MiB held by waiting inserts (more: TIMEOUT at once; default 256)",
+    )
+    p.add_argument(
+        "--max-reply-mb",
+        metavar="MIB",
+        type=field_arg(ServerConfig, "max_reply_mb"),
+        default=None,
+        help="largest SAMPLE reply in MiB, estimated before sampling (TOO_LARGE; default --max-message-mb)",
+    )
+    p.add_argument(
+        "--max-unread-mb",
+        metavar="MIB",
+        type=field_arg(ServerConfig, "max_unread_mb"),
+        default=256,
+        help="most MiB of replies one client may leave unread in the server; a SAMPLE over it is "
+        "refused TIMEOUT (default 256)",
+    )
+    p.add_argument(
+        "--handshake-timeout",
+        metavar="SECONDS",
+        dest="handshake_s",
+        type=field_arg(ServerConfig, "handshake_s"),
+        default=5.0,
+        help="close connections that have not completed the ZeroMQ handshake by then (0: never; default 5)",
+    )
+    p.add_argument(
+        "--heartbeat",
+        metavar="SECONDS",
+        dest="heartbeat_s",
+        type=field_arg(ServerConfig, "heartbeat_s"),
+        default=10.0,
+        help="ping peers this often, close a connection silent 3x as long (0: off; default 10)",
+    )
+    p.add_argument(
+        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level (stderr)"
+    )
     add_curve_arguments(p, binds=True)
     return p
 
@@ -156,16 +257,33 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The :class:`ServerConfig` of parsed flags (ValueError from its validation)."""
     return ServerConfig(
-        bind=args.bind, port=args.port, capacity=args.capacity, max_size=args.max_size, alpha=args.alpha,
+        bind=args.bind,
+        port=args.port,
+        capacity=args.capacity,
+        max_size=args.max_size,
+        alpha=args.alpha,
         eviction=args.eviction,
-        alpha_evict=args.alpha_evict, shards=args.shards, seed=args.seed,
-        min_size_to_sample=args.min_size_to_sample, snapshot=args.snapshot, snapshot_every=args.snapshot_every,
-        max_message_mb=args.max_message_mb, workers=args.workers,
+        alpha_evict=args.alpha_evict,
+        shards=args.shards,
+        seed=args.seed,
+        min_size_to_sample=args.min_size_to_sample,
+        snapshot=args.snapshot,
+        snapshot_every=args.snapshot_every,
+        max_message_mb=args.max_message_mb,
+        workers=args.workers,
         inline_sample_max=args.inline_sample_max,
-        samples_per_insert=args.samples_per_insert, error_buffer=args.error_buffer, spec=args.spec,
-        curve_dir=args.curve_dir, insecure=args.insecure,
-        max_wait_s=args.max_wait_s, max_waiting=args.max_waiting, max_waiting_per_peer=args.max_waiting_per_peer,
-        max_waiting_mb=args.max_waiting_mb, max_reply_mb=args.max_reply_mb, max_unread_mb=args.max_unread_mb, handshake_s=args.handshake_s,
+        samples_per_insert=args.samples_per_insert,
+        error_buffer=args.error_buffer,
+        spec=args.spec,
+        curve_dir=args.curve_dir,
+        insecure=args.insecure,
+        max_wait_s=args.max_wait_s,
+        max_waiting=args.max_waiting,
+        max_waiting_per_peer=args.max_waiting_per_peer,
+        max_waiting_mb=args.max_waiting_mb,
+        max_reply_mb=args.max_reply_mb,
+        max_unread_mb=args.max_unread_mb,
+        handshake_s=args.handshake_s,
         heartbeat_s=args.heartbeat_s,
     )
 
@@ -177,8 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def serve(config: ServerConfig, log_level: str = "INFO") -> int:
     """Run a replay server until SIGTERM/SIGINT; the exit status (1 if it cannot start)."""
-    logging.basicConfig(level=log_level, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from apexrl.replay.server import ReplayServer, SnapshotLoadError, SnapshotSaveError
 
     stop = threading.Event()

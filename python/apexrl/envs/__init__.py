@@ -35,9 +35,25 @@ from apexrl.envs.base import (
     VecStep,
 )
 
-__all__ = ["ENTRY_POINT_GROUP", "Env", "EnvFamily", "EnvSpec", "RenderError", "SerialVecEnv", "StepResult",
-           "UnknownEnvError", "UnsupportedSpaceError", "VecEnv", "VecStep", "env_families", "env_names", "env_spec",
-           "get_family", "make_env", "make_vec_env"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Env",
+    "EnvFamily",
+    "EnvSpec",
+    "RenderError",
+    "SerialVecEnv",
+    "StepResult",
+    "UnknownEnvError",
+    "UnsupportedSpaceError",
+    "VecEnv",
+    "VecStep",
+    "env_families",
+    "env_names",
+    "env_spec",
+    "get_family",
+    "make_env",
+    "make_vec_env",
+]
 
 ENTRY_POINT_GROUP = "apexrl.envs"
 """Entry points of this group name an :class:`EnvFamily` of another distribution (loaded on first lookup)."""

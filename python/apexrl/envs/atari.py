@@ -20,7 +20,7 @@ needs no OpenCV. `AtariEnv` (evaluation, and an actor with one environment) hold
 a vectorised actor (`--envs-per-actor K`) gets `AtariVecEnv`: one vector environment of K games stepped by its
 worker threads (one per core, at most K), each game resetting itself within the step that ends its episode
 (ale-py's "SameStep" autoreset, the last observation coming back as `final_obs`). Game `j` of `AtariVecEnv`
-plays exactly the episodes of `AtariEnv` with the same seed for the same actions (tests/test_vector_actor.py).
+plays exactly the episodes of `AtariEnv` with the same seed for the same actions (tests/apex/test_vector_actor.py).
 """
 
 from __future__ import annotations
@@ -78,8 +78,11 @@ def _games() -> dict[str, str]:
     ale_py = _ale_py()
     from ale_py.registration import rom_id_to_name
 
-    return {rom_id_to_name(rom): rom for rom in sorted(ale_py.roms.get_all_rom_ids())
-            if ale_py.ALEInterface.isSupportedROM(ale_py.roms.get_rom_path(rom))}
+    return {
+        rom_id_to_name(rom): rom
+        for rom in sorted(ale_py.roms.get_all_rom_ids())
+        if ale_py.ALEInterface.isSupportedROM(ale_py.roms.get_rom_path(rom))
+    }
 
 
 EXAMPLES = ("atari:Pong", "atari:Breakout", "atari:SpaceInvaders")
@@ -106,21 +109,28 @@ def clip_reward(r: float) -> float:
     return -1.0 if r < -1.0 else 1.0 if r > 1.0 else float(r)
 
 
-def _vector_env(game: str, num_envs: int, num_threads: int, max_episode_frames: int, noop_max: int,
-                autoreset_mode: str):
+def _vector_env(
+    game: str, num_envs: int, num_threads: int, max_episode_frames: int, noop_max: int, autoreset_mode: str
+):
     from ale_py.vector_env import AtariVectorEnv
 
     return AtariVectorEnv(
-        _games()[game], num_envs,
+        _games()[game],
+        num_envs,
         num_threads=num_threads,
         max_num_frames_per_episode=max_episode_frames,
         repeat_action_probability=0.0,
         full_action_space=False,
-        img_height=SIZE, img_width=SIZE, grayscale=True, stack_num=STACK,
-        frameskip=FRAME_SKIP, maxpool=True, noop_max=noop_max,
-        episodic_life=False,           # a lost life is not a terminal in Ape-X
-        reward_clipping=False,         # we clip ourselves to keep the raw score
-        use_fire_reset=False,          # not part of the paper's preprocessing
+        img_height=SIZE,
+        img_width=SIZE,
+        grayscale=True,
+        stack_num=STACK,
+        frameskip=FRAME_SKIP,
+        maxpool=True,
+        noop_max=noop_max,
+        episodic_life=False,  # a lost life is not a terminal in Ape-X
+        reward_clipping=False,  # we clip ourselves to keep the raw score
+        use_fire_reset=False,  # not part of the paper's preprocessing
         autoreset_mode=autoreset_mode,
     )
 
@@ -142,8 +152,7 @@ class AtariEnv(Env):
     emulator and the no-op generator; later resets continue those streams, so the same seed gives the same
     sequence of episodes for the same actions."""
 
-    def __init__(self, game: str, seed: int, *, max_episode_frames: int = MAX_EPISODE_FRAMES,
-                 noop_max: int = NOOP_MAX):
+    def __init__(self, game: str, seed: int, *, max_episode_frames: int = MAX_EPISODE_FRAMES, noop_max: int = NOOP_MAX):
         """`max_episode_frames` and `noop_max` differ from the paper's values only in tests."""
         self._seed: int | None = backend_seed(seed)
         # One game, one worker thread; its own resets (NextStep: the env never resets itself here, since the Env
@@ -188,14 +197,23 @@ class AtariVecEnv(VecEnv):
     ``AtariEnv(game, seeds[j])``. ``num_threads``: ale-py's worker threads, by default one per core this process
     may run on, at most K."""
 
-    def __init__(self, game: str, seeds: Sequence[int], *, max_episode_frames: int = MAX_EPISODE_FRAMES,
-                 noop_max: int = NOOP_MAX, num_threads: int | None = None):
+    def __init__(
+        self,
+        game: str,
+        seeds: Sequence[int],
+        *,
+        max_episode_frames: int = MAX_EPISODE_FRAMES,
+        noop_max: int = NOOP_MAX,
+        num_threads: int | None = None,
+    ):
         if not seeds:
             raise ValueError("AtariVecEnv needs at least one seed")
         self.num_envs = k = len(seeds)
         self._seeds = np.array([backend_seed(s) for s in seeds], np.int64)
         if num_threads is None:
-            num_threads = min(k, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+            num_threads = min(
+                k, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            )
         self._env = _vector_env(game, k, num_threads, max_episode_frames, noop_max, "SameStep")
         self.spec = _spec(game, int(self._env.single_action_space.n), max_episode_frames)
 
@@ -231,8 +249,7 @@ def make_vector(game: str, seeds: Sequence[int]) -> AtariVecEnv:
 
 def make(game: str, seed: int, *, evaluation: bool = False) -> AtariEnv:
     """``evaluation``: episodes capped at EVAL_EPISODE_FRAMES instead of MAX_EPISODE_FRAMES (same no-op starts)."""
-    return AtariEnv(_known(game), seed,
-                    max_episode_frames=EVAL_EPISODE_FRAMES if evaluation else MAX_EPISODE_FRAMES)
+    return AtariEnv(_known(game), seed, max_episode_frames=EVAL_EPISODE_FRAMES if evaluation else MAX_EPISODE_FRAMES)
 
 
 @functools.lru_cache(maxsize=None)
@@ -242,5 +259,11 @@ def spec(game: str) -> EnvSpec:
         return env.spec
 
 
-FAMILY = EnvFamily("atari", describe, examples, lambda game, seed, evaluation: make(game, seed, evaluation=evaluation),
-                   spec, make_vector)
+FAMILY = EnvFamily(
+    "atari",
+    describe,
+    examples,
+    lambda game, seed, evaluation: make(game, seed, evaluation=evaluation),
+    spec,
+    make_vector,
+)

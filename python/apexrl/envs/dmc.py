@@ -101,15 +101,17 @@ class DmcEnv(Env):
         self._steps = 0
         self.render_fps = 1.0 / float(self._env.control_timestep())
         obs_dim = sum(int(np.prod(self._env.observation_spec()[k].shape)) for k in self._keys)
-        super().__init__(EnvSpec(
-            name=PREFIX + name,
-            obs_shape=(obs_dim,),
-            obs_dtype=np.dtype(np.float32),
-            num_actions=None,
-            action_dim=int(np.prod(action_spec.shape)),
-            frames_per_step=1,
-            max_episode_steps=DEFAULT_EPISODE_STEPS if self._own_limit else int(limit),
-        ))
+        super().__init__(
+            EnvSpec(
+                name=PREFIX + name,
+                obs_shape=(obs_dim,),
+                obs_dtype=np.dtype(np.float32),
+                num_actions=None,
+                action_dim=int(np.prod(action_spec.shape)),
+                frames_per_step=1,
+                max_episode_steps=DEFAULT_EPISODE_STEPS if self._own_limit else int(limit),
+            )
+        )
 
     def _flatten(self, observation) -> np.ndarray:
         # np.concatenate always allocates, so the result is fresh.
@@ -126,20 +128,25 @@ class DmcEnv(Env):
         reward = float(ts.reward or 0.0)
         terminated = ts.last() and ts.discount == 0.0
         truncated = (ts.last() and not terminated) or (
-            self._own_limit and not terminated and self._steps >= self.spec.max_episode_steps)
+            self._own_limit and not terminated and self._steps >= self.spec.max_episode_steps
+        )
         return StepResult(self._flatten(ts.observation), reward, bool(terminated), bool(truncated), reward)
 
     def render(self) -> np.ndarray:
         """Camera 0 of the task, RENDER_HEIGHT x RENDER_WIDTH, drawn offscreen."""
         backend = os.environ.get("MUJOCO_GL", "")
         if backend == "disable":
-            raise RenderError(f"{self.spec.name}: rendering is off (MUJOCO_GL=disable); set MUJOCO_GL=egl (or osmesa) "
-                              "before the first dmc environment is made")
+            raise RenderError(
+                f"{self.spec.name}: rendering is off (MUJOCO_GL=disable); set MUJOCO_GL=egl (or osmesa) "
+                "before the first dmc environment is made"
+            )
         try:
             return self._env.physics.render(height=RENDER_HEIGHT, width=RENDER_WIDTH, camera_id=0)
         except Exception as e:  # each OpenGL backend fails in its own way
-            raise RenderError(f"{self.spec.name}: offscreen rendering with MUJOCO_GL={backend or '(unset)'} failed "
-                              f"({type(e).__name__}: {e}); on Debian: apt-get install libegl1 libgl1-mesa-dri") from None
+            raise RenderError(
+                f"{self.spec.name}: offscreen rendering with MUJOCO_GL={backend or '(unset)'} failed "
+                f"({type(e).__name__}: {e}); on Debian: apt-get install libegl1 libgl1-mesa-dri"
+            ) from None
 
     def close(self) -> None:
         self._env.close()
@@ -156,5 +163,6 @@ def spec(name: str) -> EnvSpec:
         return env.spec
 
 
-FAMILY = EnvFamily("dmc", describe, examples, lambda task, seed, evaluation: make(task, seed, evaluation=evaluation),
-                   spec)
+FAMILY = EnvFamily(
+    "dmc", describe, examples, lambda task, seed, evaluation: make(task, seed, evaluation=evaluation), spec
+)

@@ -44,8 +44,10 @@ MUJOCO_HINT = "gymnasium's MuJoCo tasks need mujoco and imageio: pip install 'ap
 
 
 def describe() -> str:
-    return (f"gym:<id> (any id gymnasium.make accepts, a module of your own as gym:<module>:<id>; e.g. "
-            f"{', '.join(EXAMPLES)})")
+    return (
+        f"gym:<id> (any id gymnasium.make accepts, a module of your own as gym:<module>:<id>; e.g. "
+        f"{', '.join(EXAMPLES)})"
+    )
 
 
 def examples() -> list[str]:
@@ -111,15 +113,17 @@ class GymEnv(Env):
             raise
         self.render_fps = float(self._env.metadata.get("render_fps") or 30)
         self._seed: int | None = backend_seed(seed)
-        super().__init__(EnvSpec(
-            name=name,
-            obs_shape=(obs_dim,),
-            obs_dtype=np.dtype(np.float32),
-            num_actions=self._actions.num_actions,
-            action_dim=self._actions.action_dim,
-            frames_per_step=1,
-            max_episode_steps=int(self._env.spec.max_episode_steps or DEFAULT_EPISODE_STEPS),
-        ))
+        super().__init__(
+            EnvSpec(
+                name=name,
+                obs_shape=(obs_dim,),
+                obs_dtype=np.dtype(np.float32),
+                num_actions=self._actions.num_actions,
+                action_dim=self._actions.action_dim,
+                frames_per_step=1,
+                max_episode_steps=int(self._env.spec.max_episode_steps or DEFAULT_EPISODE_STEPS),
+            )
+        )
 
     def _reset(self) -> np.ndarray:
         obs, _ = self._env.reset(seed=self._seed)
@@ -133,8 +137,9 @@ class GymEnv(Env):
             a = self._actions.continuous(self._unit_action(action))
         obs, reward, terminated, truncated, _ = self._env.step(a)
         terminated = bool(terminated)
-        return StepResult(self._flatten(obs), float(reward), terminated,
-                          bool(truncated) and not terminated, float(reward))
+        return StepResult(
+            self._flatten(obs), float(reward), terminated, bool(truncated) and not terminated, float(reward)
+        )
 
     def render(self) -> np.ndarray:
         """gymnasium's own drawing of the task (classic control needs pygame: the ``video`` extra)."""
@@ -185,5 +190,6 @@ def spec(task: str) -> EnvSpec:
     return env.spec
 
 
-FAMILY = EnvFamily("gym", describe, examples, lambda task, seed, evaluation: make(task, seed, evaluation=evaluation),
-                   spec, make_vector)
+FAMILY = EnvFamily(
+    "gym", describe, examples, lambda task, seed, evaluation: make(task, seed, evaluation=evaluation), spec, make_vector
+)

@@ -1,6 +1,6 @@
 """Numpy twins of gymnasium environments for vectorised actors: K copies of one task stepped as arrays, each
 producing exactly the episodes of its own :class:`~apexrl.envs.gym.GymEnv` (same seed, same actions: the same
-observations, rewards and ends, bit for bit; ``tests/test_gym_vector.py`` holds them to gymnasium's own classes).
+observations, rewards and ends, bit for bit; ``tests/envs/test_gym_vector.py`` holds them to gymnasium's own classes).
 
 Why: a gymnasium step of a classic-control task costs a few microseconds of arithmetic inside ~8 µs of Python
 calls (wrappers, the action-space check, tuple packing). Stepped one after another, K of them cost K times that
@@ -84,7 +84,8 @@ class CartPoleVecEnv(VecEnv):
 
     def _reset_one(self, j: int) -> None:
         self._x[j], self._x_dot[j], self._theta[j], self._theta_dot[j] = self._rngs[j].uniform(
-            low=-0.05, high=0.05, size=(4,))
+            low=-0.05, high=0.05, size=(4,)
+        )
         self._elapsed[j] = 0
 
     def _obs(self) -> np.ndarray:
@@ -104,8 +105,10 @@ class CartPoleVecEnv(VecEnv):
         # As a single environment: ints and numpy integers, not bools (a list mixing them makes an int array).
         mixed = not isinstance(actions, np.ndarray) and any(isinstance(x, (bool, np.bool_)) for x in actions)
         if mixed or a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer) or a.shape != (k,):
-            bad = next((x for x in actions if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))),
-                       actions[0])
+            bad = next(
+                (x for x in actions if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))),
+                actions[0],
+            )
             raise TypeError(f"{self.spec.name}: discrete action must be an int, got {type(bad).__name__}")
         out = (a < 0) | (a >= 2)
         if out.any():
@@ -122,7 +125,8 @@ class CartPoleVecEnv(VecEnv):
         sintheta = np.sin(theta)
         temp = (force + self._polemass_length * np.square(theta_dot) * sintheta) / self._total_mass
         thetaacc = (self._gravity * sintheta - costheta * temp) / (
-            self._length * (4.0 / 3.0 - self._masspole * np.square(costheta) / self._total_mass))
+            self._length * (4.0 / 3.0 - self._masspole * np.square(costheta) / self._total_mass)
+        )
         xacc = temp - self._polemass_length * thetaacc * costheta / self._total_mass
         tau = self._tau
         if self._euler:
@@ -136,8 +140,12 @@ class CartPoleVecEnv(VecEnv):
             theta_dot = theta_dot + tau * thetaacc
             theta = theta + tau * theta_dot
         self._x, self._x_dot, self._theta, self._theta_dot = x, x_dot, theta, theta_dot
-        terminated = ((x < -self._x_threshold) | (x > self._x_threshold) | (theta < -self._theta_threshold)
-                      | (theta > self._theta_threshold))
+        terminated = (
+            (x < -self._x_threshold)
+            | (x > self._x_threshold)
+            | (theta < -self._theta_threshold)
+            | (theta > self._theta_threshold)
+        )
         reward = np.where(terminated, self._end_reward, self._live_reward)
         self._elapsed += 1
         truncated = (self._elapsed >= self.spec.max_episode_steps) & ~terminated  # gymnasium's TimeLimit

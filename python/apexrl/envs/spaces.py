@@ -21,8 +21,9 @@ import numpy as np
 
 from apexrl.envs.base import UnsupportedSpaceError
 
-OBS_SUPPORTED = ("Box (any shape; no uint8 images outside atari:), Discrete, MultiDiscrete, MultiBinary, "
-                 "and Dict or Tuple of those")
+OBS_SUPPORTED = (
+    "Box (any shape; no uint8 images outside atari:), Discrete, MultiDiscrete, MultiBinary, and Dict or Tuple of those"
+)
 ACTION_SUPPORTED = "Discrete, or Box with finite bounds"
 
 
@@ -66,16 +67,21 @@ class ActionMap:
         self.action_dim: int | None = None
         if isinstance(space, spaces.Discrete):
             self.num_actions, self._start = int(space.n), int(space.start)
-        elif (isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating)
-              and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+        elif (
+            isinstance(space, spaces.Box)
+            and np.issubdtype(space.dtype, np.floating)
+            and np.all(np.isfinite(space.low))
+            and np.all(np.isfinite(space.high))
+        ):
             self.action_dim = int(np.prod(space.shape, dtype=np.int64))
             self._low = np.asarray(space.low, np.float64).reshape(-1)
             self._high = np.asarray(space.high, np.float64).reshape(-1)
             self._shape, self._dtype = space.shape, space.dtype
         else:
             why = " (unbounded)" if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating) else ""
-            raise UnsupportedSpaceError(f"{name}: action space {space}{why} is not supported; actions may be "
-                                        f"{ACTION_SUPPORTED}")
+            raise UnsupportedSpaceError(
+                f"{name}: action space {space}{why} is not supported; actions may be {ACTION_SUPPORTED}"
+            )
 
     def discrete(self, index: int):
         return self._start + index

@@ -80,9 +80,11 @@ def free_ports(n: int, host: str = "127.0.0.1", base: int = 0) -> list[int]:
             try:
                 s.bind((host, base + i if base else 0))
             except OSError as e:
-                raise PlacementError(f"port {base + i} on {host} is not free ({e.strerror}): --ports {base} takes "
-                                     f"{base}-{base + n - 1} (the replay servers', then the learner's parameter "
-                                     "service)") from None
+                raise PlacementError(
+                    f"port {base + i} on {host} is not free ({e.strerror}): --ports {base} takes "
+                    f"{base}-{base + n - 1} (the replay servers', then the learner's parameter "
+                    "service)"
+                ) from None
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
@@ -188,8 +190,13 @@ class Child(SupervisedChild):
                 log.write(f"=== apexrl run: restart {self.starts} at {time.strftime('%H:%M:%S')} ===\n".encode())
                 log.flush()
             self.proc = subprocess.Popen(
-                [self.python, "-m", self.spec.module, *args], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=self.env, start_new_session=True, preexec_fn=die_with_parent,
+                [self.python, "-m", self.spec.module, *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         self.starts += 1
         self.restart_at = None
@@ -226,16 +233,38 @@ def child_specs(placed: RunPlan, plan_path: str, server_log_level: str) -> list[
     """How to start each child of a placed plan saved at ``plan_path``: the one place where a plan becomes
     processes. The servers come first, then the learner, then the actors."""
     n = len(placed.servers)
-    specs = [ChildSpec(server_name(i, n), "server", "apexrl.cli.server",
-                       ["--plan", plan_path, "--index", str(i), "--log-level", server_log_level]) for i in range(n)]
+    specs = [
+        ChildSpec(
+            server_name(i, n),
+            "server",
+            "apexrl.cli.server",
+            ["--plan", plan_path, "--index", str(i), "--log-level", server_log_level],
+        )
+        for i in range(n)
+    ]
     learner = ["--plan", plan_path]
-    specs.append(ChildSpec("learner", "learner", "apexrl.cli.learner", learner,
-                           restart_args=learner + ["--resume"], progress_path=placed.learner.progress_path))
+    specs.append(
+        ChildSpec(
+            "learner",
+            "learner",
+            "apexrl.cli.learner",
+            learner,
+            restart_args=learner + ["--resume"],
+            progress_path=placed.learner.progress_path,
+        )
+    )
     for actor in placed.actors:
-        specs.append(ChildSpec(f"actor{actor.index}", "actor", "apexrl.cli.actor",
-                               ["--plan", plan_path, "--index", str(actor.index)], progress_path=actor.progress_path))
+        specs.append(
+            ChildSpec(
+                f"actor{actor.index}",
+                "actor",
+                "apexrl.cli.actor",
+                ["--plan", plan_path, "--index", str(actor.index)],
+                progress_path=actor.progress_path,
+            )
+        )
     if placed.run.offline is not None:  # in place of actors: fills the replay from the dataset, then exits 0
-        specs.append(ChildSpec("loader", "actor", "apexrl.offline.loader", ["--plan", plan_path]))
+        specs.append(ChildSpec("loader", "actor", "apexrl.cli.loader", ["--plan", plan_path]))
     return specs
 
 
@@ -259,8 +288,15 @@ def log_tail(path: str, lines: int = 15) -> str:
 class Launcher:
     """Runs one local Ape-X system until its limits or a signal; :meth:`run` returns the exit status."""
 
-    def __init__(self, plan: RunPlan, *, server_log_level: str = "WARNING", python: str = sys.executable,
-                 out: TextIO | None = None, tensorboard: str | None = None):
+    def __init__(
+        self,
+        plan: RunPlan,
+        *,
+        server_log_level: str = "WARNING",
+        python: str = sys.executable,
+        out: TextIO | None = None,
+        tensorboard: str | None = None,
+    ):
         self.plan = plan
         self.tensorboard = tensorboard
         """Directory of the TensorBoard event file mirroring metrics.csv and episodes.csv (None: none)."""
@@ -319,13 +355,20 @@ class Launcher:
         *server_ports, params_port = free_ports(len(self.plan.servers) + 1, base=self.plan.run.port_base)
         self.server_endpoints = [f"tcp://127.0.0.1:{port}" for port in server_ports]
         self.params_endpoint = f"tcp://127.0.0.1:{params_port}"
-        placed = self.plan.placed(replay=self.server_endpoints, server_port=server_ports,
-                                  params=self.params_endpoint, params_port=params_port, logs=self.log_dir)
+        placed = self.plan.placed(
+            replay=self.server_endpoints,
+            server_port=server_ports,
+            params=self.params_endpoint,
+            params_port=params_port,
+            logs=self.log_dir,
+        )
         path = os.path.join(self.run_dir, PLAN_NAME)
         placed.save(path)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        return [Child(spec, os.path.join(self.log_dir, f"{spec.name}.log"), env, self.python)
-                for spec in child_specs(placed, path, self.server_log_level)]
+        return [
+            Child(spec, os.path.join(self.log_dir, f"{spec.name}.log"), env, self.python)
+            for spec in child_specs(placed, path, self.server_log_level)
+        ]
 
     def _await_started(self, children: list[SupervisedChild]) -> None:
         """Before the start-up lines name them: until the children's processes run (they do locally)."""
@@ -409,16 +452,20 @@ class Launcher:
             if failed is not None or self._stop_reason is not None:
                 if self._stop_reason is None:
                     assert failed is not None
-                    self._fail(f"replay server {failed.spec.name} did not start; {failed.log_path}:\n"
-                               f"{log_tail(failed.log_path)}")
+                    self._fail(
+                        f"replay server {failed.spec.name} did not start; {failed.log_path}:\n"
+                        f"{log_tail(failed.log_path)}"
+                    )
             else:
                 for endpoint, server in zip(self.server_endpoints, servers):
                     self._print(f"replay server {endpoint} ({server.where})")
                 for child in rest:
                     self._start(child)
                 self._await_started(rest)
-                self._print(f"learner ({rest[0].where}) serving weights on {self.params_endpoint}; "
-                            + ", ".join(f"{c.spec.name} ({c.where})" for c in rest[1:]))
+                self._print(
+                    f"learner ({rest[0].where}) serving weights on {self.params_endpoint}; "
+                    + ", ".join(f"{c.spec.name} ({c.where})" for c in rest[1:])
+                )
                 if self.plan.server.curve_dir is not None:
                     self._print(f"CURVE on both services (keys in {self.plan.server.curve_dir})")
                 self._print(f"logs in {self.log_dir}")
@@ -450,8 +497,10 @@ class Launcher:
             with open(log_path, "ab") as log:
                 done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
         except KeyboardInterrupt:
-            self._print("final evaluation skipped (interrupted); run it later with: "
-                        f"apexrl evaluate {self.run_dir} --episodes {episodes}")
+            self._print(
+                "final evaluation skipped (interrupted); run it later with: "
+                f"apexrl evaluate {self.run_dir} --episodes {episodes}"
+            )
             return
         if done.returncode != 0:
             self._print(f"final evaluation failed (exit status {done.returncode}); {log_path}:\n{log_tail(log_path)}")
@@ -459,8 +508,10 @@ class Launcher:
         try:
             with open(out, encoding="utf-8") as f:
                 result = json.load(f)
-            self._print(f"final evaluation: return {result['mean']:.1f} ± {result['se']:.1f} (SE) over "
-                        f"{result['episodes']} episodes at learner step {result['learner_steps']} -> {out}")
+            self._print(
+                f"final evaluation: return {result['mean']:.1f} ± {result['se']:.1f} (SE) over "
+                f"{result['episodes']} episodes at learner step {result['learner_steps']} -> {out}"
+            )
             self.final_eval = result
         except (OSError, ValueError, KeyError, TypeError) as e:
             self._print(f"final evaluation wrote no readable {out}: {e}")
@@ -504,8 +555,7 @@ class Launcher:
             return
         name = child.spec.name
         if code == 0 and child.spec.role == "learner":  # it stops by itself only at --max-steps/--max-minutes
-            self._stop_reason = (f"reached --steps {self.config.steps}" if self.config.steps
-                                 else "the learner finished")
+            self._stop_reason = f"reached --steps {self.config.steps}" if self.config.steps else "the learner finished"
             self._reached_end = True
             return
         if code == 0 and child.spec.role == "actor":  # finished its --max-steps (given in --actor-args)
@@ -514,11 +564,14 @@ class Launcher:
             return
         recent = child.record_exit(now)
         if code == 2:
-            self._fail(f"{name} refused its flags ({child.describe_exit(code)}); {child.log_path}:\n"
-                       f"{log_tail(child.log_path)}")
+            self._fail(
+                f"{name} refused its flags ({child.describe_exit(code)}); {child.log_path}:\n{log_tail(child.log_path)}"
+            )
         elif recent > self.config.max_restarts_per_minute:
-            self._fail(f"{name} exited {recent} times within {RESTART_WINDOW_S:.0f} s ({child.describe_exit(code)}): "
-                       f"giving up; {child.log_path}:\n{log_tail(child.log_path)}")
+            self._fail(
+                f"{name} exited {recent} times within {RESTART_WINDOW_S:.0f} s ({child.describe_exit(code)}): "
+                f"giving up; {child.log_path}:\n{log_tail(child.log_path)}"
+            )
         else:
             backoff = min(2.0 ** (recent - 1), MAX_BACKOFF_S)
             child.restart_at = now + backoff
@@ -577,8 +630,8 @@ class Launcher:
             self.progress.feed(name, tail.records())
         p = self.progress
         ev = f", last eval return {p.eval_return:.1f}" if p.eval_return is not None else ""
-        self._print(f"run finished after {format_duration(elapsed)}: {p.learner_steps} learner steps{ev}, "
-                    f"{p.restarts} restarts")
+        self._print(
+            f"run finished after {format_duration(elapsed)}: {p.learner_steps} learner steps{ev}, {p.restarts} restarts"
+        )
         self._print(f"run directory: {self.run_dir}")
         self._print(f"plot it:       apexrl plot {self.run_dir}")
-

@@ -1,7 +1,7 @@
 """The typed run plan: every process of an Ape-X run and its settings, validated once, before anything starts.
 
 ``plan(preset, overrides)`` resolves the agent, the environment and the preset, fills one
-:class:`~apexrl.replay.config.ServerConfig`, one :class:`~apexrl.apex.config.LearnerConfig` and N
+:class:`~apexrl.replay.server.config.ServerConfig`, one :class:`~apexrl.apex.config.LearnerConfig` and N
 :class:`~apexrl.apex.config.ActorConfig` (each config class checks its own value ranges, which are the native
 store's where they reach it), then checks the rules *between* processes:
 
@@ -20,7 +20,7 @@ store's where they reach it), then checks the rules *between* processes:
 Several replay servers (``Overrides.replay_servers``, ``apexrl run --replay-servers K``): one ServerConfig per
 server, equal but for what :func:`split_server` divides -- the capacity (and ``max_size``) and the minimum size
 to sample split evenly, one snapshot file and one seed each. The learner and the actors reach them all through a
-:class:`~apexrl.replay.sharded.ShardedReplayClient` (their ``replay`` is the servers' endpoints joined by
+:class:`~apexrl.replay.client.sharded.ShardedReplayClient` (their ``replay`` is the servers' endpoints joined by
 commas), which samples globally proportionally across them; rate limiting stays per server.
 
 Durability by default: the server snapshots its store to ``RUN_DIR/replay.snap`` every ``snapshot_every``
@@ -50,23 +50,49 @@ from apexrl.apex.config import (
 )
 from apexrl.durable import write_atomically
 from apexrl.launch.presets import Preset, default_preset_for, get_preset
-from apexrl.replay.config import MAX_REPLAY_SERVERS, ServerConfig
-from apexrl.replay.rate_limiter import deadlock_reason
-from apexrl.replay.schema import MAX_BATCH
-from apexrl.replay.sharded import max_lock_shards
+from apexrl.replay.server.config import MAX_REPLAY_SERVERS, ServerConfig
+from apexrl.replay.server.rate_limiter import deadlock_reason
+from apexrl.replay.wire.schema import MAX_BATCH
+from apexrl.replay.client.sharded import max_lock_shards
 from apexrl.validate import Range, check_fields
 
-__all__ = ["DEFAULT_SNAPSHOT_EVERY", "MAX_REPLAY_SERVERS", "PLAN_NAME", "RUN_ACTOR_KEY", "SNAPSHOT_NAME", "Overrides",
-           "RunPlan", "RunSettings", "actor_curve_dir", "default_run_dir", "plan", "resolve_preset", "run_spec",
-           "server_config_from_plan", "snapshot_name", "split_server"]
+__all__ = [
+    "DEFAULT_SNAPSHOT_EVERY",
+    "MAX_REPLAY_SERVERS",
+    "PLAN_NAME",
+    "RUN_ACTOR_KEY",
+    "SNAPSHOT_NAME",
+    "Overrides",
+    "RunPlan",
+    "RunSettings",
+    "actor_curve_dir",
+    "default_run_dir",
+    "plan",
+    "resolve_preset",
+    "run_spec",
+    "server_config_from_plan",
+    "snapshot_name",
+    "split_server",
+]
 
 PLAN_NAME = "plan.json"
 SNAPSHOT_NAME = "replay.snap"
 DEFAULT_SNAPSHOT_EVERY = 300.0
 """Seconds between the replay server's snapshots in a run (``apexrl run --snapshot-every``)."""
-AGENT_FIELDS = ("n_step", "gamma", "batch_size", "target_update_period", "dqda_clip", "dqda_clip_norm",
-                "grad_clip_norm", "actor_loss_state", "actor_weights", "noise_sigma_max", "noise_sigma_min",
-                "noise_sigma_spacing")
+AGENT_FIELDS = (
+    "n_step",
+    "gamma",
+    "batch_size",
+    "target_update_period",
+    "dqda_clip",
+    "dqda_clip_norm",
+    "grad_clip_norm",
+    "actor_loss_state",
+    "actor_weights",
+    "noise_sigma_max",
+    "noise_sigma_min",
+    "noise_sigma_spacing",
+)
 """Agent settings a run's command line may override (actors and learner always get the same values)."""
 
 
@@ -94,7 +120,7 @@ class RunSettings:
     (``apexrl evaluate``, written to RUN_DIR/final_eval.json); 0: none."""
     offline: str | None = None
     """``apexrl run --offline DATASET``: no actors; a loader child fills the replay from this Minari dataset
-    (apexrl.offline.loader)."""
+    (apexrl.cli.loader)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -151,8 +177,11 @@ def split_server(config: ServerConfig, index: int, count: int) -> ServerConfig:
     if count == 1:
         return config
     share = lambda v: -(-v // count)  # noqa: E731 - ceil division
-    changes: dict[str, Any] = {"capacity": share(config.capacity), "min_size_to_sample": share(config.min_size_to_sample),
-                               "seed": config.seed * count + index}
+    changes: dict[str, Any] = {
+        "capacity": share(config.capacity),
+        "min_size_to_sample": share(config.min_size_to_sample),
+        "seed": config.seed * count + index,
+    }
     if config.max_size is not None:
         changes["max_size"] = share(config.max_size)
     if config.snapshot is not None:
@@ -189,8 +218,15 @@ class RunPlan:
     def seed(self) -> int:
         return self.learner.seed
 
-    def placed(self, *, replay: str | Sequence[str], server_port: int | Sequence[int], params: str,
-               params_port: int, logs: str | None = None) -> RunPlan:
+    def placed(
+        self,
+        *,
+        replay: str | Sequence[str],
+        server_port: int | Sequence[int],
+        params: str,
+        params_port: int,
+        logs: str | None = None,
+    ) -> RunPlan:
         """This plan with the endpoints of one placement filled in: ``replay`` and ``server_port`` give one
         endpoint and port per replay server (a single one as a plain value), and with ``logs`` each child's
         progress records go to ``logs/NAME.progress.jsonl``. The addresses the servers and the parameter service
@@ -198,25 +234,36 @@ class RunPlan:
         endpoints = [replay] if isinstance(replay, str) else list(replay)
         ports = [server_port] if isinstance(server_port, int) else list(server_port)
         if not len(endpoints) == len(ports) == len(self.servers):
-            raise ValueError(f"{len(self.servers)} replay servers need as many endpoints and ports, got "
-                             f"{len(endpoints)} and {len(ports)}")
+            raise ValueError(
+                f"{len(self.servers)} replay servers need as many endpoints and ports, got "
+                f"{len(endpoints)} and {len(ports)}"
+            )
         replay = ",".join(endpoints)
         progress = (lambda name: os.path.join(logs, f"{name}.progress.jsonl")) if logs else (lambda name: None)
         return dataclasses.replace(
             self,
             servers=[dataclasses.replace(s, port=port) for s, port in zip(self.servers, ports)],
-            learner=dataclasses.replace(self.learner, replay=replay, params_port=params_port,
-                                        progress_path=progress("learner")),
-            actors=[dataclasses.replace(a, replay=replay, params=params, progress_path=progress(f"actor{a.index}"))
-                    for a in self.actors],
+            learner=dataclasses.replace(
+                self.learner, replay=replay, params_port=params_port, progress_path=progress("learner")
+            ),
+            actors=[
+                dataclasses.replace(a, replay=replay, params=params, progress_path=progress(f"actor{a.index}"))
+                for a in self.actors
+            ],
         )
 
     def to_json(self) -> str:
-        return json.dumps({
-            "format": 2, "preset": self.preset, "servers": [config_to_dict(s) for s in self.servers],
-            "learner": config_to_dict(self.learner), "actors": [config_to_dict(a) for a in self.actors],
-            "run": config_to_dict(self.run),
-        }, indent=1)
+        return json.dumps(
+            {
+                "format": 2,
+                "preset": self.preset,
+                "servers": [config_to_dict(s) for s in self.servers],
+                "learner": config_to_dict(self.learner),
+                "actors": [config_to_dict(a) for a in self.actors],
+                "run": config_to_dict(self.run),
+            },
+            indent=1,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> RunPlan:
@@ -225,9 +272,13 @@ class RunPlan:
             d = json.loads(text)
             if d.get("format") not in (1, 2):
                 raise ValueError(f"unknown plan format {d.get('format')!r}")
-            return cls(preset=d["preset"], servers=_servers(d),
-                       learner=config_from_dict(LearnerConfig, d["learner"]),
-                       actors=[config_from_dict(ActorConfig, a) for a in d["actors"]], run=RunSettings(**d["run"]))
+            return cls(
+                preset=d["preset"],
+                servers=_servers(d),
+                learner=config_from_dict(LearnerConfig, d["learner"]),
+                actors=[config_from_dict(ActorConfig, a) for a in d["actors"]],
+                run=RunSettings(**d["run"]),
+            )
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"not a run plan: {type(e).__name__}: {e}") from None
 
@@ -305,51 +356,97 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
     curve_dir = None if o.curve_dir is None else os.path.abspath(o.curve_dir)  # children may run elsewhere
     run = RunSettings(
         run_dir=o.run_dir or default_run_dir(env, agent, o.seed),
-        minutes=preset.minutes if o.minutes is None else o.minutes, steps=o.steps, resume=o.resume,
-        progress_every=o.progress_every, quiet=o.quiet, max_restarts_per_minute=o.max_restarts_per_minute,
+        minutes=preset.minutes if o.minutes is None else o.minutes,
+        steps=o.steps,
+        resume=o.resume,
+        progress_every=o.progress_every,
+        quiet=o.quiet,
+        max_restarts_per_minute=o.max_restarts_per_minute,
         port_base=o.port_base,
         final_eval_episodes=preset.final_eval_episodes if o.final_eval is None else o.final_eval,
         offline=o.offline if o.offline is None or not os.path.exists(o.offline) else os.path.abspath(o.offline),
     )
     if o.port_base and o.port_base + o.replay_servers > 65535:
-        raise ValueError(f"--ports {o.port_base} leaves no room for {o.replay_servers} replay server port(s) and the "
-                         "learner's parameter port below 65536")
-    learner = LearnerConfig(**{
-        **preset.learner, **o.learner, "agent": agent, "env": env, "replay": "", "seed": o.seed,
-        "agent_config": agent_config, "run_dir": run.run_dir, "resume": run.resume, "max_steps": run.steps,
-        "extra": {"preset": preset.name}, "curve_dir": curve_dir, "insecure": o.insecure,
-    })
+        raise ValueError(
+            f"--ports {o.port_base} leaves no room for {o.replay_servers} replay server port(s) and the "
+            "learner's parameter port below 65536"
+        )
+    learner = LearnerConfig(
+        **{
+            **preset.learner,
+            **o.learner,
+            "agent": agent,
+            "env": env,
+            "replay": "",
+            "seed": o.seed,
+            "agent_config": agent_config,
+            "run_dir": run.run_dir,
+            "resume": run.resume,
+            "max_steps": run.steps,
+            "extra": {"preset": preset.name},
+            "curve_dir": curve_dir,
+            "insecure": o.insecure,
+        }
+    )
     if o.snapshot_every < 0:
         raise ValueError(f"snapshot_every must be >= 0 (0: no snapshots), got {o.snapshot_every}")
-    durable = ({"snapshot": os.path.join(run.run_dir, SNAPSHOT_NAME), "snapshot_every": o.snapshot_every}
-               if o.snapshot_every > 0 else {})
+    durable = (
+        {"snapshot": os.path.join(run.run_dir, SNAPSHOT_NAME), "snapshot_every": o.snapshot_every}
+        if o.snapshot_every > 0
+        else {}
+    )
     if not 1 <= o.replay_servers <= MAX_REPLAY_SERVERS:
         raise ValueError(f"replay_servers must be in 1..{MAX_REPLAY_SERVERS}, got {o.replay_servers}")
     spec = run_spec(agent, env, agent_config, o.seed)
     if o.server.get("spec") is not None:
-        from apexrl.replay.insert_guard import load_spec
+        from apexrl.replay.server.insert_guard import load_spec
 
         if load_spec(o.server["spec"]) != load_spec(spec):
-            raise ValueError(f"--spec {o.server['spec']!r} is not the spec of {agent} on {env} ({spec}): the run's "
-                             "actors would insert nothing the server accepts; leave --spec out (the run pins its own)")
+            raise ValueError(
+                f"--spec {o.server['spec']!r} is not the spec of {agent} on {env} ({spec}): the run's "
+                "actors would insert nothing the server accepts; leave --spec out (the run pins its own)"
+            )
     offline = {}
     if o.offline is not None:  # no actors insert: a rate limiter would stop the learner once the data is in
         if o.server.get("samples_per_insert") is not None:
-            raise ValueError("--offline runs no actors: --samples-per-insert would stop the learner once the "
-                             "dataset is loaded; leave it out")
+            raise ValueError(
+                "--offline runs no actors: --samples-per-insert would stop the learner once the "
+                "dataset is loaded; leave it out"
+            )
         offline = {"samples_per_insert": None}
-    server = ServerConfig(**{
-        **dataclasses.asdict(preset.replay), "min_size_to_sample": learner.min_replay_size, "seed": o.seed,
-        **durable, **o.server, **offline, "spec": spec, "curve_dir": curve_dir, "insecure": o.insecure,
-    })
+    server = ServerConfig(
+        **{
+            **dataclasses.asdict(preset.replay),
+            "min_size_to_sample": learner.min_replay_size,
+            "seed": o.seed,
+            **durable,
+            **o.server,
+            **offline,
+            "spec": spec,
+            "curve_dir": curve_dir,
+            "insecure": o.insecure,
+        }
+    )
     servers = [split_server(server, i, o.replay_servers) for i in range(o.replay_servers)]
     num_actors = 0 if o.offline is not None else o.actors or preset.actors
     actors = [
-        ActorConfig(**{
-            **preset.actor, "log_every": run.progress_every, **o.actor, "agent": agent, "env": env, "replay": "",
-            "params": "", "index": i, "num_actors": num_actors, "seed": o.seed, "agent_config": agent_config,
-            "episodes_csv": os.path.join(run.run_dir, "episodes.csv"), "curve_dir": actor_curve_dir(curve_dir),
-        })
+        ActorConfig(
+            **{
+                **preset.actor,
+                "log_every": run.progress_every,
+                **o.actor,
+                "agent": agent,
+                "env": env,
+                "replay": "",
+                "params": "",
+                "index": i,
+                "num_actors": num_actors,
+                "seed": o.seed,
+                "agent_config": agent_config,
+                "episodes_csv": os.path.join(run.run_dir, "episodes.csv"),
+                "curve_dir": actor_curve_dir(curve_dir),
+            }
+        )
         for i in range(num_actors)
     ]
     fit_inserts_to_limiter(server, learner.agent_config.batch_size, actors)
@@ -378,7 +475,7 @@ def run_spec(agent: str, env: str, agent_config: Any, seed: int = 0) -> str:
     from apexrl.agents import get_agent
     from apexrl.envs import env_spec
 
-    from apexrl.replay.frames import wire_spec
+    from apexrl.replay.wire.frames import wire_spec
 
     spec = get_agent(agent).make_policy(env_spec(env), agent_config, 0, 1, seed).transition_spec
     return wire_spec(spec).to_json()  # the items the replay holds: Atari's reference frame chunks
@@ -410,27 +507,34 @@ def fit_inserts_to_limiter(server: ServerConfig, batch: int, actors: list[ActorC
 def check_rules(p: RunPlan) -> None:
     """The rules between the processes' settings (module docstring); ValueError with the arithmetic."""
     s, batch = p.server, p.learner.agent_config.batch_size
-    dirs = {"server": s.curve_dir, "learner": p.learner.curve_dir,
-            **{f"actor{a.index}": a.curve_dir for a in p.actors}}
+    dirs = {"server": s.curve_dir, "learner": p.learner.curve_dir, **{f"actor{a.index}": a.curve_dir for a in p.actors}}
     actor_dir = actor_curve_dir(s.curve_dir)
-    if ({s.curve_dir, p.learner.curve_dir} != {s.curve_dir} or any(a.curve_dir not in (s.curve_dir, actor_dir)
-                                                                    for a in p.actors)):
-        raise ValueError(f"every process of a run uses the same CURVE keys (the actors: their own actor key in "
-                         f"DIR/actors/{RUN_ACTOR_KEY} when there is one) or none; got curve_dir {dirs}")
+    if {s.curve_dir, p.learner.curve_dir} != {s.curve_dir} or any(
+        a.curve_dir not in (s.curve_dir, actor_dir) for a in p.actors
+    ):
+        raise ValueError(
+            f"every process of a run uses the same CURVE keys (the actors: their own actor key in "
+            f"DIR/actors/{RUN_ACTOR_KEY} when there is one) or none; got curve_dir {dirs}"
+        )
     capacity = sum(server.capacity for server in p.servers)
     if p.learner.min_replay_size > capacity:
-        raise ValueError(f"the learner's min_replay_size {p.learner.min_replay_size} exceeds the replay capacity "
-                         f"{capacity}: after its first eviction the learner could never sample again")
+        raise ValueError(
+            f"the learner's min_replay_size {p.learner.min_replay_size} exceeds the replay capacity "
+            f"{capacity}: after its first eviction the learner could never sample again"
+        )
     if len(p.servers) > 1:
         most = max_lock_shards(len(p.servers))
         if s.shards > most:
-            raise ValueError(f"{len(p.servers)} replay servers allow at most {most} lock shards each (--shards), "
-                             f"got {s.shards}: a key carries its server and lock shard in 8 bits")
+            raise ValueError(
+                f"{len(p.servers)} replay servers allow at most {most} lock shards each (--shards), "
+                f"got {s.shards}: a key carries its server and lock shard in 8 bits"
+            )
     if s.samples_per_insert is not None:
         eb, spi = s.effective_error_buffer, s.samples_per_insert
         assert eb is not None
         insert = max(request_size(a) for a in p.actors)
-        reason = deadlock_reason(batch, insert, spi, eb, sample="a learner batch", insert="an actor insert",
-                                 flag="--error-buffer")
+        reason = deadlock_reason(
+            batch, insert, spi, eb, sample="a learner batch", insert="an actor insert", flag="--error-buffer"
+        )
         if reason is not None:
             raise ValueError(reason)

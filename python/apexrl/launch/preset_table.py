@@ -1,6 +1,6 @@
 """What each preset follows, printed from the presets themselves: the presets table of docs/running.md and the
 epilog of ``apexrl run --help`` are both generated here, so neither can drift from ``apexrl.launch.presets``
-(tests/test_preset_table.py fails when docs/running.md differs from :func:`markdown`).
+(tests/launch/test_preset_table.py fails when docs/running.md differs from :func:`markdown`).
 
 Every setting of a preset gets a value and a source: a setting the preset sets takes its source from the
 preset's ``sources`` (or its ``"*"`` entry); one it leaves at the default takes the default's source
@@ -26,7 +26,7 @@ SOURCES: dict[str, str] = {
     "D4PG": "Barth-Maron et al. 2018, Distributed Distributional Deterministic Policy Gradients (ICLR 2018)",
     "Control Suite": "Tassa et al. 2018, DeepMind Control Suite (arXiv:1801.00690), its D4PG paragraph",
     "Acme": "Acme's D4PG (Hoffman et al. 2020, arXiv:2006.00979): the TensorFlow agent (acme/agents/tf/d4pg) "
-            "and the settings its JAX agent shares (acme/agents/jax/d4pg: config, builder)",
+    "and the settings its JAX agent shares (acme/agents/jax/d4pg: config, builder)",
     "Dueling": "Wang et al. 2016, Dueling Network Architectures for Deep Reinforcement Learning",
     "tuned": "tuned here on a 2-core machine; the measured results are in bench/README.md",
     "apexrl": "apexrl's own choice: the source the preset follows does not give it",
@@ -34,8 +34,13 @@ SOURCES: dict[str, str] = {
 """The sources a setting may name, with their citations."""
 
 DEFAULT_SOURCES: dict[str, str] = {
-    "alpha": "Ape-X", "beta": "Ape-X", "is_weights": "apexrl", "final_eval_episodes": "Ape-X",
-    "flush_every": "Ape-X", "params_every_frames": "Ape-X", "envs_per_actor": "Ape-X",
+    "alpha": "Ape-X",
+    "beta": "Ape-X",
+    "is_weights": "apexrl",
+    "final_eval_episodes": "Ape-X",
+    "flush_every": "Ape-X",
+    "params_every_frames": "Ape-X",
+    "envs_per_actor": "Ape-X",
 }
 """Sources of the defaults of the replay, learner and actor settings the table lists (the agent's are in
 ``FIELD_SOURCES``). ``is_weights``: the papers do not say how IS weights are normalised (docs/running.md)."""
@@ -78,8 +83,9 @@ def _source(preset: Preset, name: str, set_by_preset: bool, default_source: str 
         where = "the preset sets it and names no source" if set_by_preset else "its default has no source"
         raise ValueError(f"preset {preset.name}: setting {name} has no source ({where})")
     if source not in SOURCES:
-        raise ValueError(f"preset {preset.name}: setting {name} names source {source!r}, not one of "
-                         f"{', '.join(SOURCES)}")
+        raise ValueError(
+            f"preset {preset.name}: setting {name} names source {source!r}, not one of {', '.join(SOURCES)}"
+        )
     return source
 
 
@@ -112,11 +118,19 @@ def settings(preset: Preset) -> list[tuple[str, str, str, bool]]:
         add(name, value, set_here, DEFAULT_SOURCES.get(name))
     for name in _LEARNER:
         set_here = name in preset.learner
-        add(name, preset.learner[name] if set_here else _field_default(LearnerConfig, name), set_here,
-            DEFAULT_SOURCES.get(name))
+        add(
+            name,
+            preset.learner[name] if set_here else _field_default(LearnerConfig, name),
+            set_here,
+            DEFAULT_SOURCES.get(name),
+        )
     final = _field_default(Preset, "final_eval_episodes")
-    add("final_eval_episodes", preset.final_eval_episodes, preset.final_eval_episodes != final,
-        DEFAULT_SOURCES["final_eval_episodes"])
+    add(
+        "final_eval_episodes",
+        preset.final_eval_episodes,
+        preset.final_eval_episodes != final,
+        DEFAULT_SOURCES["final_eval_episodes"],
+    )
     for name in _ACTOR:
         set_here = name in preset.actor and preset.actor[name] != _field_default(ActorConfig, name)
         add(name, preset.actor.get(name, _field_default(ActorConfig, name)), set_here, DEFAULT_SOURCES.get(name))
@@ -149,9 +163,13 @@ def markdown() -> str:
         names = [row[0] for row in table[group[0].name]]
         for p in group[1:]:
             names += [row[0] for row in table[p.name] if row[0] not in names]
-        out += ["", f"**{agent}** (value and source of every setting; `-`: not used by that preset)", "",
-                "| setting | " + " | ".join(f"`{p.name}`" for p in group) + " |",
-                "|---|" + "---|" * len(group)]
+        out += [
+            "",
+            f"**{agent}** (value and source of every setting; `-`: not used by that preset)",
+            "",
+            "| setting | " + " | ".join(f"`{p.name}`" for p in group) + " |",
+            "|---|" + "---|" * len(group),
+        ]
         for name in names:
             cells = []
             for p in group:
@@ -170,8 +188,9 @@ def markdown() -> str:
 
 
 def _wrapped(text: str, indent: str) -> list[str]:
-    return textwrap.wrap(text, width=110, initial_indent=indent, subsequent_indent=indent + "  ",
-                         break_on_hyphens=False)
+    return textwrap.wrap(
+        text, width=110, initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False
+    )
 
 
 def epilog() -> str:
@@ -193,11 +212,14 @@ def epilog() -> str:
     for agent in dict.fromkeys(p.agent for p in PRESETS.values()):
         config_class = get_agent(agent).config_class
         config, sources = config_class(), FIELD_SOURCES.get(config_class, {})
-        fields = [f"{f.name}={_fmt(getattr(config, f.name))} [{sources.get(f.name, '?')}]"
-                  for f in dataclasses.fields(config_class)]
+        fields = [
+            f"{f.name}={_fmt(getattr(config, f.name))} [{sources.get(f.name, '?')}]"
+            for f in dataclasses.fields(config_class)
+        ]
         lines += _wrapped(f"{agent}: " + ", ".join(fields), "  ")
-    lines += _wrapped("replay, learner and actors: " + ", ".join(f"{k} [{v}]" for k, v in DEFAULT_SOURCES.items()),
-                      "  ")
+    lines += _wrapped(
+        "replay, learner and actors: " + ", ".join(f"{k} [{v}]" for k, v in DEFAULT_SOURCES.items()), "  "
+    )
     lines.append("deliberate differences (every preset):")
     for d in DELIBERATE_DIFFERENCES:
         lines += _wrapped(f"- {d}", "  ")

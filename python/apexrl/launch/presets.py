@@ -4,7 +4,7 @@ Every preset says what it follows: ``source`` cites the paper or code base, ``so
 each setting it sets (the agent config classes name the sources of their defaults,
 ``apexrl.agents.config.FIELD_SOURCES``) and ``unmatched`` lists the details of that source it does not match.
 ``apexrl.launch.preset_table`` prints all of it as the presets table of docs/running.md and the epilog of
-``apexrl run --help``; tests/test_preset_table.py fails when the documentation and the presets disagree.
+``apexrl run --help``; tests/launch/test_preset_table.py fails when the documentation and the presets disagree.
 
 - ``apex-dqn-atari`` and ``apex-dpg-control``: the Ape-X paper's settings (Horgan et al. 2018, appendix),
   replay ratio included: the replay server's samples-per-insert rate limiter holds the learner to the paper's
@@ -36,7 +36,7 @@ given" in :meth:`Preset.agent_config`."""
 
 @dataclass(frozen=True)
 class ReplaySettings:
-    """Fields of :class:`~apexrl.replay.config.ServerConfig` a preset sets (the run plan adds the seed and makes
+    """Fields of :class:`~apexrl.replay.server.config.ServerConfig` a preset sets (the run plan adds the seed and makes
     ``min_size_to_sample`` follow the learner's ``min_replay_size``)."""
 
     capacity: int
@@ -93,8 +93,10 @@ class Preset:
         known = {f.name for f in fields(config_class)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"agent {self.agent} has no setting {', '.join(unknown)} (preset {self.name}); "
-                             f"its settings: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"agent {self.agent} has no setting {', '.join(unknown)} (preset {self.name}); "
+                f"its settings: {', '.join(sorted(known))}"
+            )
         return config_class(**values)
 
 
@@ -104,22 +106,55 @@ DPG_SAMPLES_PER_INSERT = 22_000 / 14_000
 """Ape-X DPG: ~22,000 transitions sampled against ~14,000 inserted per second."""
 
 APEX = "Ape-X paper (Horgan et al. 2018, Distributed Prioritized Experience Replay, appendix)"
-PAPER_DQN_REPLAY = ReplaySettings(capacity=2_000_000, eviction="fifo", samples_per_insert=DQN_SAMPLES_PER_INSERT,
-                                  error_buffer=10 * 512)  # ten learner batches of slack
-PAPER_DQN_LEARNER = dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=600.0,
-                         eval_episodes=10, metrics_every=30.0)
+PAPER_DQN_REPLAY = ReplaySettings(
+    capacity=2_000_000, eviction="fifo", samples_per_insert=DQN_SAMPLES_PER_INSERT, error_buffer=10 * 512
+)  # ten learner batches of slack
+PAPER_DQN_LEARNER = dict(
+    min_replay_size=50_000,
+    publish_every=10,
+    checkpoint_every=10_000,
+    eval_every=600.0,
+    eval_episodes=10,
+    metrics_every=30.0,
+)
 """Replay and learner settings of the paper's Ape-X DQN (apex-dqn-atari); apex-dqn-atari-cpu changes a few."""
-PAPER_DQN_SOURCES = dict(optimizer="Ape-X", capacity="Ape-X", eviction="Ape-X", samples_per_insert="Ape-X",
-                         error_buffer="apexrl", min_replay_size="Ape-X", eval_episodes="Ape-X", actors="apexrl")
-PAPER_DPG_REPLAY = ReplaySettings(capacity=1_000_000, eviction="prioritized", alpha_evict=-0.4,
-                                  samples_per_insert=DPG_SAMPLES_PER_INSERT,
-                                  error_buffer=10 * 256)  # ten learner batches of slack
-PAPER_DPG_LEARNER = dict(min_replay_size=50_000, publish_every=10, checkpoint_every=10_000, eval_every=120.0,
-                         eval_episodes=10, metrics_every=30.0)
+PAPER_DQN_SOURCES = dict(
+    optimizer="Ape-X",
+    capacity="Ape-X",
+    eviction="Ape-X",
+    samples_per_insert="Ape-X",
+    error_buffer="apexrl",
+    min_replay_size="Ape-X",
+    eval_episodes="Ape-X",
+    actors="apexrl",
+)
+PAPER_DPG_REPLAY = ReplaySettings(
+    capacity=1_000_000,
+    eviction="prioritized",
+    alpha_evict=-0.4,
+    samples_per_insert=DPG_SAMPLES_PER_INSERT,
+    error_buffer=10 * 256,
+)  # ten learner batches of slack
+PAPER_DPG_LEARNER = dict(
+    min_replay_size=50_000,
+    publish_every=10,
+    checkpoint_every=10_000,
+    eval_every=120.0,
+    eval_episodes=10,
+    metrics_every=30.0,
+)
 """Replay and learner settings of the paper's Ape-X DPG (apex-dpg-control); apex-d4pg-control shares the
 learner's."""
-PAPER_DPG_SOURCES = dict(capacity="Ape-X", eviction="Ape-X", alpha_evict="Ape-X", samples_per_insert="Ape-X",
-                         error_buffer="apexrl", min_replay_size="Ape-X", eval_episodes="Ape-X", actors="apexrl")
+PAPER_DPG_SOURCES = dict(
+    capacity="Ape-X",
+    eviction="Ape-X",
+    alpha_evict="Ape-X",
+    samples_per_insert="Ape-X",
+    error_buffer="apexrl",
+    min_replay_size="Ape-X",
+    eval_episodes="Ape-X",
+    actors="apexrl",
+)
 ACME_MIN_REPLAY = 1000
 ACME_SAMPLES_PER_INSERT = 32.0
 ACME_ERROR_BUFFER = ACME_MIN_REPLAY * 0.1 * ACME_SAMPLES_PER_INSERT
@@ -141,14 +176,16 @@ PRESETS: dict[str, Preset] = {
             minutes=60.0,
             agent_overrides=dict(optimizer="rmsprop_tf"),  # the paper's (TensorFlow's) centered RMSProp
             sources=PAPER_DQN_SOURCES,
-            unmatched=("360 actors in the paper, 8 here by default (the rate limiter keeps the paper's replay "
-                       "ratio whatever the number)",),
+            unmatched=(
+                "360 actors in the paper, 8 here by default (the rate limiter keeps the paper's replay "
+                "ratio whatever the number)",
+            ),
         ),
         Preset(
             name="apex-dqn-atari-cpu",
             description="Ape-X DQN sized for a CPU-only machine of a few cores (Atari: Pong by default)",
             source=f"Ape-X DQN as in the {APEX}, sized for a CPU learner: a batch of 64 and 2 actor processes of "
-                   "4 games each; every change is listed as unmatched",
+            "4 games each; every change is listed as unmatched",
             agent="dqn",
             env="atari:Pong",
             replay=dataclasses.replace(PAPER_DQN_REPLAY, error_buffer=10 * 64),  # ten learner batches of slack
@@ -158,18 +195,20 @@ PRESETS: dict[str, Preset] = {
             minutes=60.0,
             agent_overrides=dict(optimizer="rmsprop_tf", batch_size=64),
             sources=dict(PAPER_DQN_SOURCES, batch_size="apexrl", envs_per_actor="apexrl"),
-            unmatched=("a batch of 64, not the paper's 512: a CPU learner takes a step of 512 in about a second "
-                       "on 2 cores; with the paper's replay ratio kept, each transition is sampled as often, in "
-                       "8x more, smaller steps",
-                       "2 actor processes of 4 games each (--envs-per-actor 4): the 8 environments of "
-                       "apex-dqn-atari's 8 actors, on the same epsilon ladder, in 2 processes; the paper has 360",
-                       "an evaluation every 5 minutes rather than 10, for a curve of an hour's run"),
+            unmatched=(
+                "a batch of 64, not the paper's 512: a CPU learner takes a step of 512 in about a second "
+                "on 2 cores; with the paper's replay ratio kept, each transition is sampled as often, in "
+                "8x more, smaller steps",
+                "2 actor processes of 4 games each (--envs-per-actor 4): the 8 environments of "
+                "apex-dqn-atari's 8 actors, on the same epsilon ladder, in 2 processes; the paper has 360",
+                "an evaluation every 5 minutes rather than 10, for a curve of an hour's run",
+            ),
         ),
         Preset(
             name="apex-dpg-control",
             description="Ape-X DPG with the paper's settings (Control Suite: cartpole-swingup by default)",
-            source=f"Ape-X DPG as in the {APEX}: n = 3 (\"hyperparameters are otherwise as per DQN\"; 5 is "
-                   "D4PG's); the replay ratio is the paper's measured one",
+            source=f'Ape-X DPG as in the {APEX}: n = 3 ("hyperparameters are otherwise as per DQN"; 5 is '
+            "D4PG's); the replay ratio is the paper's measured one",
             agent="dpg",
             env="dmc:cartpole-swingup",
             agent_overrides=dict(n_step=3),
@@ -179,22 +218,30 @@ PRESETS: dict[str, Preset] = {
             actors=2,
             minutes=45.0,
             sources=dict(PAPER_DPG_SOURCES, n_step="Ape-X"),
-            unmatched=("the paper's exploration noise is not given here: sigma 0.3, Acme's",
-                       "a few actors on one machine rather than the paper's many (the rate limiter keeps its "
-                       "replay ratio)"),
+            unmatched=(
+                "the paper's exploration noise is not given here: sigma 0.3, Acme's",
+                "a few actors on one machine rather than the paper's many (the rate limiter keeps its replay ratio)",
+            ),
         ),
         Preset(
             name="cartpole",
             description="Ape-X DQN tuned for gym:CartPole-v1 on a laptop (batch 128, lr 5e-4, target period 200, "
-                        "128x128 MLP, 100k replay, greedy evaluation, no replay-ratio limit)",
+            "128x128 MLP, 100k replay, greedy evaluation, no replay-ratio limit)",
             source="tuned here for gym:CartPole-v1 on a laptop (results: bench/README.md); otherwise Ape-X DQN",
             agent="dqn",
             env="gym:CartPole-v1",
-            agent_overrides=dict(batch_size=128, lr=5e-4, target_update_period=200, hidden=(128, 128),
-                                 eval_epsilon=0.0),
+            agent_overrides=dict(
+                batch_size=128, lr=5e-4, target_update_period=200, hidden=(128, 128), eval_epsilon=0.0
+            ),
             replay=ReplaySettings(capacity=100_000, eviction="fifo"),
-            learner=dict(min_replay_size=2_000, publish_every=5, checkpoint_every=2_000, eval_every=20.0,
-                         eval_episodes=20, metrics_every=5.0),
+            learner=dict(
+                min_replay_size=2_000,
+                publish_every=5,
+                checkpoint_every=2_000,
+                eval_every=20.0,
+                eval_episodes=20,
+                metrics_every=5.0,
+            ),
             actor=dict(flush_every=50, params_every_frames=200),
             actors=2,
             minutes=5.0,
@@ -203,15 +250,21 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="cartpole-swingup",
             description="Ape-X DPG tuned for dmc:cartpole-swingup on a 2-core machine (n=3, critic lr 3e-4, "
-                        "parameter-gradient clipping, 300k replay, no replay-ratio limit)",
+            "parameter-gradient clipping, 300k replay, no replay-ratio limit)",
             source="tuned here for dmc:cartpole-swingup on a 2-core machine (bench/README.md); otherwise Ape-X DPG",
             agent="dpg",
             env="dmc:cartpole-swingup",
             # Its measured result (bench/README.md) is with the actor's parameter gradients clipped, not dQ/da.
             agent_overrides=dict(n_step=3, critic_lr=3e-4, actor_lr=1e-4, dqda_clip=None, actor_grad_clip=1.0),
             replay=ReplaySettings(capacity=300_000, eviction="prioritized", alpha_evict=-0.4),
-            learner=dict(min_replay_size=10_000, publish_every=10, checkpoint_every=5_000, eval_every=60.0,
-                         eval_episodes=10, metrics_every=10.0),
+            learner=dict(
+                min_replay_size=10_000,
+                publish_every=10,
+                checkpoint_every=5_000,
+                eval_every=60.0,
+                eval_episodes=10,
+                metrics_every=10.0,
+            ),
             actor=dict(flush_every=50, params_every_frames=400),
             actors=2,
             minutes=45.0,
@@ -220,17 +273,24 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="pendulum",
             description="Ape-X DPG tuned for gym:Pendulum-v1 (quick continuous-control check: n=3, batch 128, "
-                        "critic lr 1e-3, parameter-gradient clipping, no replay-ratio limit)",
+            "critic lr 1e-3, parameter-gradient clipping, no replay-ratio limit)",
             source="tuned here for gym:Pendulum-v1 (a quick continuous-control check); otherwise Ape-X DPG",
             agent="dpg",
             env="gym:Pendulum-v1",
             # Pendulum's rewards (down to -16 a step) make |dQ/da| >> 1: clipping it to 1 learnt worse in a 5-minute
             # side-by-side run (eval -957 vs -117 at the end); the actor's parameter gradients are clipped instead.
-            agent_overrides=dict(n_step=3, batch_size=128, critic_lr=1e-3, actor_lr=1e-4, dqda_clip=None,
-                                 actor_grad_clip=1.0),
+            agent_overrides=dict(
+                n_step=3, batch_size=128, critic_lr=1e-3, actor_lr=1e-4, dqda_clip=None, actor_grad_clip=1.0
+            ),
             replay=ReplaySettings(capacity=100_000, eviction="fifo"),
-            learner=dict(min_replay_size=2_000, publish_every=5, checkpoint_every=2_000, eval_every=30.0,
-                         eval_episodes=5, metrics_every=5.0),
+            learner=dict(
+                min_replay_size=2_000,
+                publish_every=5,
+                checkpoint_every=2_000,
+                eval_every=30.0,
+                eval_episodes=5,
+                metrics_every=5.0,
+            ),
             actor=dict(flush_every=50, params_every_frames=200),
             actors=2,
             minutes=10.0,
@@ -239,27 +299,52 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="apex-d4pg-control",
             description="D4PG with the Control Suite paper's settings (101 atoms on [-150, 150], n=5, batch 256, "
-                        "Adam 1e-4, sigma 1..1/32 across actors; Control Suite: cartpole-swingup by default)",
+            "Adam 1e-4, sigma 1..1/32 across actors; Control Suite: cartpole-swingup by default)",
             source="D4PG as the Control Suite paper benchmarks it (Tassa et al. 2018, DeepMind Control Suite, "
-                   "its D4PG paragraph); what that paragraph does not give follows Ape-X DPG",
+            "its D4PG paragraph); what that paragraph does not give follows Ape-X DPG",
             agent="d4pg",
             env="dmc:cartpole-swingup",
-            agent_overrides=dict(num_atoms=101, v_min=-150.0, v_max=150.0, n_step=5, batch_size=256, actor_lr=1e-4,
-                                 critic_lr=1e-4, target_update_period=100, noise_sigma_max=1.0,
-                                 noise_sigma_min=1 / 32),
+            agent_overrides=dict(
+                num_atoms=101,
+                v_min=-150.0,
+                v_max=150.0,
+                n_step=5,
+                batch_size=256,
+                actor_lr=1e-4,
+                critic_lr=1e-4,
+                target_update_period=100,
+                noise_sigma_max=1.0,
+                noise_sigma_min=1 / 32,
+            ),
             # The paper prints alpha_evict = 0.6 for an eviction that removes low-priority items first; apexrl draws
             # eviction victims with probability proportional to p ** alpha_evict, so the same rule is -0.6.
-            replay=ReplaySettings(capacity=1_000_000, eviction="prioritized", alpha=0.6, alpha_evict=-0.6,
-                                  samples_per_insert=DPG_SAMPLES_PER_INSERT, error_buffer=10 * 256),
+            replay=ReplaySettings(
+                capacity=1_000_000,
+                eviction="prioritized",
+                alpha=0.6,
+                alpha_evict=-0.6,
+                samples_per_insert=DPG_SAMPLES_PER_INSERT,
+                error_buffer=10 * 256,
+            ),
             learner=PAPER_DPG_LEARNER,
             actor=dict(flush_every=50, params_every_frames=400),
             actors=2,
             minutes=45.0,
-            sources=dict(PAPER_DPG_SOURCES, num_atoms="Control Suite", v_min="Control Suite",
-                         v_max="Control Suite", n_step="Control Suite", batch_size="Control Suite",
-                         actor_lr="Control Suite", critic_lr="Control Suite",
-                         target_update_period="Control Suite", noise_sigma_max="Control Suite",
-                         noise_sigma_min="Control Suite", alpha="Control Suite", alpha_evict="Control Suite"),
+            sources=dict(
+                PAPER_DPG_SOURCES,
+                num_atoms="Control Suite",
+                v_min="Control Suite",
+                v_max="Control Suite",
+                n_step="Control Suite",
+                batch_size="Control Suite",
+                actor_lr="Control Suite",
+                critic_lr="Control Suite",
+                target_update_period="Control Suite",
+                noise_sigma_max="Control Suite",
+                noise_sigma_min="Control Suite",
+                alpha="Control Suite",
+                alpha_evict="Control Suite",
+            ),
             unmatched=(
                 "the paper prints alpha_evict = 0.6 for eviction that favours low priorities; apexrl evicts with "
                 "probability proportional to p^alpha_evict, so the same rule is alpha_evict = -0.6",
@@ -274,32 +359,81 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="d4pg-acme",
             description="D4PG with Acme's settings (51 atoms, uniform replay, 32 samples per insert, sigma 0.3, "
-                        "dQ/da norm clipping, gradient norm 40, actors on the target networks)",
+            "dQ/da norm clipping, gradient norm 40, actors on the target networks)",
             source="Acme's D4PG (Hoffman et al. 2020, Acme: a research framework for distributed reinforcement "
-                   "learning): its TensorFlow agent, acme/agents/tf/d4pg, and the config and replay table its JAX "
-                   "agent shares",
+            "learning): its TensorFlow agent, acme/agents/tf/d4pg, and the config and replay table its JAX "
+            "agent shares",
             agent="d4pg",
             env="dmc:cartpole-swingup",
-            agent_overrides=dict(num_atoms=51, v_min=-150.0, v_max=150.0, n_step=5, gamma=0.99, batch_size=256,
-                                 actor_lr=1e-4, critic_lr=1e-4, target_update_period=100, noise_sigma_max=0.3,
-                                 noise_sigma_min=0.3, dqda_clip=None, dqda_clip_norm=1.0, grad_clip_norm=40.0,
-                                 actor_weights="target", actor_loss_state="next_obs"),
+            agent_overrides=dict(
+                num_atoms=51,
+                v_min=-150.0,
+                v_max=150.0,
+                n_step=5,
+                gamma=0.99,
+                batch_size=256,
+                actor_lr=1e-4,
+                critic_lr=1e-4,
+                target_update_period=100,
+                noise_sigma_max=0.3,
+                noise_sigma_min=0.3,
+                dqda_clip=None,
+                dqda_clip_norm=1.0,
+                grad_clip_norm=40.0,
+                actor_weights="target",
+                actor_loss_state="next_obs",
+            ),
             # Uniform sampling (alpha 0: every priority^0 = 1, every IS weight 1) and FIFO eviction, as Acme's
             # Reverb table (Uniform sampler, Fifo remover).
-            replay=ReplaySettings(capacity=1_000_000, eviction="fifo", alpha=0.0,
-                                  samples_per_insert=ACME_SAMPLES_PER_INSERT, error_buffer=ACME_ERROR_BUFFER),
-            learner=dict(min_replay_size=ACME_MIN_REPLAY, publish_every=10, checkpoint_every=10_000,
-                         eval_every=120.0, eval_episodes=10, metrics_every=30.0),
+            replay=ReplaySettings(
+                capacity=1_000_000,
+                eviction="fifo",
+                alpha=0.0,
+                samples_per_insert=ACME_SAMPLES_PER_INSERT,
+                error_buffer=ACME_ERROR_BUFFER,
+            ),
+            learner=dict(
+                min_replay_size=ACME_MIN_REPLAY,
+                publish_every=10,
+                checkpoint_every=10_000,
+                eval_every=120.0,
+                eval_episodes=10,
+                metrics_every=30.0,
+            ),
             actor=dict(flush_every=50, params_every_frames=400),
             actors=2,
             minutes=45.0,
-            sources={**{k: "Acme" for k in ("num_atoms", "v_min", "v_max", "n_step", "gamma", "batch_size",
-                                              "actor_lr", "critic_lr", "target_update_period", "noise_sigma_max",
-                                              "noise_sigma_min", "dqda_clip", "dqda_clip_norm", "grad_clip_norm",
-                                              "actor_weights", "actor_loss_state", "capacity", "eviction",
-                                              "alpha", "samples_per_insert", "error_buffer",
-                                              "min_replay_size")},
-                     "eval_episodes": "Ape-X", "actors": "apexrl"},
+            sources={
+                **{
+                    k: "Acme"
+                    for k in (
+                        "num_atoms",
+                        "v_min",
+                        "v_max",
+                        "n_step",
+                        "gamma",
+                        "batch_size",
+                        "actor_lr",
+                        "critic_lr",
+                        "target_update_period",
+                        "noise_sigma_max",
+                        "noise_sigma_min",
+                        "dqda_clip",
+                        "dqda_clip_norm",
+                        "grad_clip_norm",
+                        "actor_weights",
+                        "actor_loss_state",
+                        "capacity",
+                        "eviction",
+                        "alpha",
+                        "samples_per_insert",
+                        "error_buffer",
+                        "min_replay_size",
+                    )
+                },
+                "eval_episodes": "Ape-X",
+                "actors": "apexrl",
+            },
             unmatched=(
                 "Acme's networks (layer-normalised MLPs; its critic takes the action with the observation at its "
                 "input) are not used: the actor (300-200) and the critic (400-300) are Ape-X DPG's tanh networks, "
@@ -316,18 +450,33 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="d4pg-cartpole-swingup",
             description="D4PG tuned for dmc:cartpole-swingup on a 2-core machine (vs the paper: n=3, critic lr "
-                        "3e-4, support [0, 100], tuned sigma ladder 0.3..0.1, parameter-gradient clipping, smaller "
-                        "replay)",
+            "3e-4, support [0, 100], tuned sigma ladder 0.3..0.1, parameter-gradient clipping, smaller "
+            "replay)",
             source="tuned here for dmc:cartpole-swingup on a 2-core machine (bench/README.md); otherwise D4PG",
             agent="d4pg",
             env="dmc:cartpole-swingup",
             # The DPG cartpole-swingup preset's tuning; the support is exactly the range of returns-to-go of
             # per-step rewards in [0, 1] at gamma 0.99, so the 51 atoms are 2 apart rather than 6.
-            agent_overrides=dict(n_step=3, critic_lr=3e-4, actor_lr=1e-4, dqda_clip=None, actor_grad_clip=1.0,
-                                 v_min=0.0, v_max=100.0, noise_sigma_max=0.3, noise_sigma_min=0.1),
+            agent_overrides=dict(
+                n_step=3,
+                critic_lr=3e-4,
+                actor_lr=1e-4,
+                dqda_clip=None,
+                actor_grad_clip=1.0,
+                v_min=0.0,
+                v_max=100.0,
+                noise_sigma_max=0.3,
+                noise_sigma_min=0.1,
+            ),
             replay=ReplaySettings(capacity=300_000, eviction="prioritized", alpha_evict=-0.4),
-            learner=dict(min_replay_size=10_000, publish_every=10, checkpoint_every=5_000, eval_every=60.0,
-                         eval_episodes=10, metrics_every=10.0),
+            learner=dict(
+                min_replay_size=10_000,
+                publish_every=10,
+                checkpoint_every=5_000,
+                eval_every=60.0,
+                eval_episodes=10,
+                metrics_every=10.0,
+            ),
             actor=dict(flush_every=50, params_every_frames=400),
             actors=2,
             minutes=20.0,
@@ -359,5 +508,12 @@ def default_preset_for(agent: str, env: str) -> Preset:
     for preset in PRESETS.values():
         if preset.agent == agent and env_family(preset.env) == env_family(env):
             return preset
-    return Preset(name=f"{agent}-defaults", description=f"{agent_def.description}, default settings",
-                  agent=agent, env=env, replay=ReplaySettings(capacity=1_000_000), actors=2, minutes=10.0)
+    return Preset(
+        name=f"{agent}-defaults",
+        description=f"{agent_def.description}, default settings",
+        agent=agent,
+        env=env,
+        replay=ReplaySettings(capacity=1_000_000),
+        actors=2,
+        minutes=10.0,
+    )

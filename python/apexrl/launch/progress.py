@@ -135,13 +135,17 @@ class Progress:
         if L:
             learner = f"steps {steps} ({float(L.get('learner_steps_per_s') or 0):.0f}/s)"
             size = L.get("replay_size")
-            replay = (f"replay {'-' if size is None else size} +{float(L.get('inserted_per_s') or 0):.0f}/s "
-                      f"sampled {float(L.get('sampled_per_s') or 0):.0f}/s")
+            replay = (
+                f"replay {'-' if size is None else size} +{float(L.get('inserted_per_s') or 0):.0f}/s "
+                f"sampled {float(L.get('sampled_per_s') or 0):.0f}/s"
+            )
         else:
             learner, replay = "learner starting", "replay -"
         ev = f"eval {self.eval_return:.1f}" if self.eval_return is not None else "eval -"
         returns = [a.return_mean10 for a in self.actors if a.return_mean10 is not None]
         ret = f"{sum(returns) / len(returns):.1f}" if returns else "-"
         episodes = sum(a.total_episodes for a in self.actors)
-        return (f"[{t}] {learner} | {replay} | {ev} | actors {len(self.actors)} episodes {episodes} "
-                f"return10 {ret} | restarts {self.restarts}")
+        return (
+            f"[{t}] {learner} | {replay} | {ev} | actors {len(self.actors)} episodes {episodes} "
+            f"return10 {ret} | restarts {self.restarts}"
+        )

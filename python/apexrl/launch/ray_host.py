@@ -66,17 +66,25 @@ class ProcessHost:
             args = [self.plan_path if a == PLAN_ARG else a for a in args]
             with open(self.files["log"], "ab") as log:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=self.dir,
-                    start_new_session=True, preexec_fn=die_with_parent,
+                    [sys.executable, "-m", module, *args],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    cwd=self.dir,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
                 )
         return self.where()
 
     def where(self) -> dict[str, Any]:
         import ray
 
-        return {"pid": None if self.proc is None else self.proc.pid, "node_id": ray.get_runtime_context().get_node_id(),
-                "ip": ray.util.get_node_ip_address()}
+        return {
+            "pid": None if self.proc is None else self.proc.pid,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+        }
 
     def report(self) -> dict[str, Any]:
         """``state`` (none: never started by this host; running; exited, with ``code``) and each file's new

@@ -51,8 +51,16 @@ from apexrl.launch.local import (
 from apexrl.launch.plan import PLAN_NAME, RunPlan
 from apexrl.launch.ray_host import PLAN_ARG, ProcessHost
 
-__all__ = ["HEAD_SHARE", "NAMESPACE", "REPLAY_RESOURCE", "PlacementError", "RayChild", "RayLauncher",
-           "host_name", "require_ray"]
+__all__ = [
+    "HEAD_SHARE",
+    "NAMESPACE",
+    "REPLAY_RESOURCE",
+    "PlacementError",
+    "RayChild",
+    "RayLauncher",
+    "host_name",
+    "require_ray",
+]
 
 REPLAY_RESOURCE = "apexrl_replay"
 """The custom resource that marks the node of the replay server(s) and the learner."""
@@ -97,8 +105,9 @@ RAY_CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"
 RAY_ADDRESS)."""
 
 
-def resolve_address(address: str, environ: Mapping[str, str] | None = None,
-                    current_cluster: str = RAY_CURRENT_CLUSTER) -> str | None:
+def resolve_address(
+    address: str, environ: Mapping[str, str] | None = None, current_cluster: str = RAY_CURRENT_CLUSTER
+) -> str | None:
     """The HOST:PORT ``address`` stands for: itself, or for ``auto`` RAY_ADDRESS or the cluster Ray recorded on
     this machine; None when ``auto`` names none we can read."""
     if address != "auto":
@@ -113,8 +122,13 @@ def resolve_address(address: str, environ: Mapping[str, str] | None = None,
         return None
 
 
-def ray_auth_problem(address: str, insecure: bool, environ: Mapping[str, str] | None = None,
-                     home: str | None = None, current_cluster: str = RAY_CURRENT_CLUSTER) -> tuple[str, str] | None:
+def ray_auth_problem(
+    address: str,
+    insecure: bool,
+    environ: Mapping[str, str] | None = None,
+    home: str | None = None,
+    current_cluster: str = RAY_CURRENT_CLUSTER,
+) -> tuple[str, str] | None:
     """Whether joining the Ray cluster at ``address`` is safe: None (``local``, a loopback cluster, or token
     authentication on with a token at hand), else ``(verdict, message)`` with verdict ``refuse``, or ``warn``
     when ``insecure`` (``--insecure``) accepts the risk. Whoever can reach a Ray cluster without authentication
@@ -128,16 +142,20 @@ def ray_auth_problem(address: str, insecure: bool, environ: Mapping[str, str] | 
     where = f"the Ray cluster at {address}" + (f" ({resolved})" if resolved not in (None, address) else "")
     if env.get("RAY_AUTH_MODE", "").strip().lower() == "token":
         token_path = env.get("RAY_AUTH_TOKEN_PATH") or os.path.join(
-            home if home is not None else os.path.expanduser("~"), ".ray", "auth_token")
+            home if home is not None else os.path.expanduser("~"), ".ray", "auth_token"
+        )
         if env.get("RAY_AUTH_TOKEN") or os.path.isfile(token_path):
             return None
-        problem = (f"RAY_AUTH_MODE=token but no token here (set RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH, or write "
-                   f"{token_path})")
+        problem = (
+            f"RAY_AUTH_MODE=token but no token here (set RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH, or write {token_path})"
+        )
     else:
-        problem = (f"it is not on loopback and token authentication is off (RAY_AUTH_MODE="
-                   f"{env.get('RAY_AUTH_MODE', 'unset')!s}): whoever can reach it can run any code on every node, "
-                   "the learner's included. Start the cluster and this launcher with RAY_AUTH_MODE=token and a "
-                   "token (docs/running.md, \"Security\")")
+        problem = (
+            f"it is not on loopback and token authentication is off (RAY_AUTH_MODE="
+            f"{env.get('RAY_AUTH_MODE', 'unset')!s}): whoever can reach it can run any code on every node, "
+            "the learner's included. Start the cluster and this launcher with RAY_AUTH_MODE=token and a "
+            'token (docs/running.md, "Security")'
+        )
     if insecure:
         return "warn", f"WARNING: joining {where} although {problem} (--insecure)"
     return "refuse", f"refusing to join {where}: {problem}; or pass --insecure to accept the risk"
@@ -154,8 +172,14 @@ def connect(address: str, num_cpus: int) -> None:
     ray = require_ray(address)
     common: dict[str, Any] = dict(namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
     if address == "local":
-        ray.init(num_cpus=num_cpus, resources={REPLAY_RESOURCE: 1.0}, include_dashboard=False,
-                 object_store_memory=LOCAL_OBJECT_STORE, _node_ip_address="127.0.0.1", **common)
+        ray.init(
+            num_cpus=num_cpus,
+            resources={REPLAY_RESOURCE: 1.0},
+            include_dashboard=False,
+            object_store_memory=LOCAL_OBJECT_STORE,
+            _node_ip_address="127.0.0.1",
+            **common,
+        )
         return
     if is_loopback(address):
         common["_node_ip_address"] = "127.0.0.1"
@@ -277,8 +301,12 @@ class RayChild(SupervisedChild):
                 self._retry_start_at = time.monotonic() + POLL_EVERY_S
             except ray.exceptions.RayError as e:
                 self._exited(LOST, type(e).__name__)
-        if (self._start_args is not None and self._start_ref is None and self._state == "starting"
-                and time.monotonic() >= self._retry_start_at):  # start is idempotent: safe to send again
+        if (
+            self._start_args is not None
+            and self._start_ref is None
+            and self._state == "starting"
+            and time.monotonic() >= self._retry_start_at
+        ):  # start is idempotent: safe to send again
             self._start_ref = self.host.start.remote(self.spec.module, self._start_args)
         if self._poll is not None and ray.wait([self._poll[0]], timeout=0)[0]:
             (ref, start), self._poll = self._poll, None
@@ -339,11 +367,20 @@ class RayLauncher(Launcher):
     """Runs one Ape-X system on a Ray cluster; :meth:`run` returns the exit status (2: it could not be
     placed)."""
 
-    def __init__(self, plan: RunPlan, address: str, *, actor_cpus: float = 1.0, server_log_level: str = "WARNING",
-                 out: TextIO | None = None, tensorboard: str | None = None):
+    def __init__(
+        self,
+        plan: RunPlan,
+        address: str,
+        *,
+        actor_cpus: float = 1.0,
+        server_log_level: str = "WARNING",
+        out: TextIO | None = None,
+        tensorboard: str | None = None,
+    ):
         super().__init__(plan, server_log_level=server_log_level, out=out, tensorboard=tensorboard)
         self.address = address
         self.actor_cpus = actor_cpus
+
     def run(self) -> int:
         ray = None
         try:
@@ -367,23 +404,29 @@ class RayLauncher(Launcher):
     def _place(self) -> list[SupervisedChild]:
         ray = require_ray()
         if ray.cluster_resources().get(REPLAY_RESOURCE, 0) < HEAD_SHARE * (len(self.plan.servers) + 1):
-            raise PlacementError(f"no node of the cluster offers the resource {REPLAY_RESOURCE} for the replay "
-                                 f"server(s) and the learner: start the head with ray start --head --resources "
-                                 f"'{{\"{REPLAY_RESOURCE}\": 1}}'")
+            raise PlacementError(
+                f"no node of the cluster offers the resource {REPLAY_RESOURCE} for the replay "
+                f"server(s) and the learner: start the head with ray start --head --resources "
+                f"'{{\"{REPLAY_RESOURCE}\": 1}}'"
+            )
         head = self._head_options(num_cpus=0)
         try:
-            where = ray.get(ray.remote(_pick_ports).options(**head).remote(len(self.plan.servers) + 1,
-                                                                            self.plan.run.port_base),
-                            timeout=PLACE_TIMEOUT_S)
+            where = ray.get(
+                ray.remote(_pick_ports).options(**head).remote(len(self.plan.servers) + 1, self.plan.run.port_base),
+                timeout=PLACE_TIMEOUT_S,
+            )
         except ray.exceptions.GetTimeoutError:
-            raise PlacementError(f"Ray did not place a task on the {REPLAY_RESOURCE} node within "
-                                 f"{PLACE_TIMEOUT_S:.0f} s") from None
+            raise PlacementError(
+                f"Ray did not place a task on the {REPLAY_RESOURCE} node within {PLACE_TIMEOUT_S:.0f} s"
+            ) from None
         if "error" in where:
             raise PlacementError(where["error"])
         here = ray.util.get_node_ip_address()
         if where["ip"] != here:
-            raise PlacementError(f"run apexrl run --ray on the head node ({where['ip']}, the one with "
-                                 f"{REPLAY_RESOURCE}; this is {here}): the learner writes {self.run_dir} there")
+            raise PlacementError(
+                f"run apexrl run --ray on the head node ({where['ip']}, the one with "
+                f"{REPLAY_RESOURCE}; this is {here}): the learner writes {self.run_dir} there"
+            )
         placed = self._placed(where["ip"], where["ports"])
         path = os.path.join(self.run_dir, PLAN_NAME)
         placed.save(path)  # the record of the run; each host writes its own copy on its node
@@ -394,9 +437,16 @@ class RayLauncher(Launcher):
         for spec in child_specs(placed, PLAN_ARG, self.server_log_level):
             index = int(spec.args[spec.args.index("--index") + 1]) if "--index" in spec.args else 0
             host = host_cls.options(name=host_name(os.getpid(), spec.name), **self._options(spec.role)).remote(
-                spec.name, spec.role, index, plan_json)
-            children.append(RayChild(spec, os.path.join(self.log_dir, f"{spec.name}.log"), host,
-                                     episodes if spec.role == "actor" else None))
+                spec.name, spec.role, index, plan_json
+            )
+            children.append(
+                RayChild(
+                    spec,
+                    os.path.join(self.log_dir, f"{spec.name}.log"),
+                    host,
+                    episodes if spec.role == "actor" else None,
+                )
+            )
         return children
 
     def _placed(self, ip: str, ports: list[int]) -> RunPlan:
@@ -404,12 +454,19 @@ class RayLauncher(Launcher):
         *server_ports, params_port = ports
         self.server_endpoints = [f"tcp://{ip}:{port}" for port in server_ports]
         self.params_endpoint = f"tcp://{ip}:{params_port}"
-        placed = self.plan.placed(replay=self.server_endpoints, server_port=server_ports,
-                                  params=self.params_endpoint, params_port=params_port, logs=self.log_dir)
+        placed = self.plan.placed(
+            replay=self.server_endpoints,
+            server_port=server_ports,
+            params=self.params_endpoint,
+            params_port=params_port,
+            logs=self.log_dir,
+        )
         try:
             return dataclasses.replace(
-                placed, servers=[dataclasses.replace(s, bind=ip) for s in placed.servers],
-                learner=dataclasses.replace(placed.learner, params_bind=ip))
+                placed,
+                servers=[dataclasses.replace(s, bind=ip) for s in placed.servers],
+                learner=dataclasses.replace(placed.learner, params_bind=ip),
+            )
         except ValueError as e:  # beyond loopback without keys (apexrl.security.check_exposure)
             raise PlacementError(str(e)) from None
 
@@ -437,8 +494,10 @@ class RayLauncher(Launcher):
         for child in children:
             assert isinstance(child, RayChild)
             if not child.started(max(deadline - time.monotonic(), 0.1)):
-                self._print(f"{child.spec.name} is still waiting for Ray to place it (too few CPUs in the "
-                            f"cluster?); it starts when it can")
+                self._print(
+                    f"{child.spec.name} is still waiting for Ray to place it (too few CPUs in the "
+                    f"cluster?); it starts when it can"
+                )
         self._write_pids()
 
     def _close(self) -> None:

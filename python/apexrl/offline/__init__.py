@@ -17,6 +17,7 @@ def require_minari():
         import h5py  # noqa: F401  (Minari's hdf5 data format, the one apexrl writes)
         import minari
     except ImportError as e:
-        raise ImportError(f"Minari datasets need the {MINARI_EXTRA!r} extra: pip install 'apexrl[{MINARI_EXTRA}]' "
-                          f"({e})") from None
+        raise ImportError(
+            f"Minari datasets need the {MINARI_EXTRA!r} extra: pip install 'apexrl[{MINARI_EXTRA}]' ({e})"
+        ) from None
     return minari

@@ -5,7 +5,7 @@ every priority and the CRC-32C of the whole file), so a truncated or corrupted f
 own reason before anything is written. Its items are then read in insertion order (oldest first, across the lock
 shards) from the snapshot's documented layout (below) and decoded with the TransitionSpec kept beside it
 (``SNAPSHOT.spec.json``, which the replay server writes with every snapshot). Atari items, which reference frame
-chunks stored once (``apexrl.replay.frames``), are decoded into their agent's frame stacks: the export then
+chunks stored once (``apexrl.replay.wire.frames``), are decoded into their agent's frame stacks: the export then
 holds the agent's fields (obs, next_obs stacks) and its ``spec`` is the agent's spec.
 
 The ``.npz`` layout (docs/offline.md), N items, one array per name::
@@ -93,15 +93,17 @@ def read_snapshot(path: str) -> SnapshotItems:
     try:
         return _parse(buf)
     except (struct.error, ValueError) as e:  # the store read it, so this reader is out of step with the writer
-        raise ExportError(f"snapshot {path!r}: unexpected layout ({e}); this reader knows format versions "
-                          f"{list(SNAPSHOT_VERSIONS)}") from None
+        raise ExportError(
+            f"snapshot {path!r}: unexpected layout ({e}); this reader knows format versions {list(SNAPSHOT_VERSIONS)}"
+        ) from None
 
 
 def _parse(buf: bytes) -> SnapshotItems:
     if buf[:8] != _MAGIC:
         raise ValueError("not a snapshot (bad magic)")
     version, epoch, capacity, max_size, alpha, shards, eviction, alpha_evict, seed = struct.unpack_from(
-        "<IIQQdIIdQ", buf, 8)
+        "<IIQQdIIdQ", buf, 8
+    )
     if version not in SNAPSHOT_VERSIONS:
         raise ValueError(f"format version {version}")
     pos = 8 + struct.calcsize("<IIQQdIIdQ")
@@ -128,7 +130,7 @@ def _parse(buf: bytes) -> SnapshotItems:
                 cid, csize = struct.unpack_from("<II", buf, pos)
                 pos += 8
                 table[cid] = len(frame_chunks)
-                frame_chunks.append(buf[pos:pos + csize])
+                frame_chunks.append(buf[pos : pos + csize])
                 pos += csize
         (num_live,) = struct.unpack_from("<Q", buf, pos)
         pos += 8
@@ -141,7 +143,7 @@ def _parse(buf: bytes) -> SnapshotItems:
                 ids = struct.unpack_from(f"<{k}I", buf, pos + 4)
                 pos += 4 + 4 * k
             refs.append([table[c] for c in ids])
-            chunks.append(buf[pos:pos + size])
+            chunks.append(buf[pos : pos + size])
             sizes.append(size)
             pos += size
             keys.append((int(tags[slot]) << (_SHARD_BITS + _SLOT_BITS)) | (slot << _SHARD_BITS) | index)
@@ -149,24 +151,36 @@ def _parse(buf: bytes) -> SnapshotItems:
             seqs.append(seq)
         pos += 7 * 8  # six counters and max_seq
     pos += 5 * 8
-    if buf[pos:pos + 8] != _END or len(buf) != pos + 12:
+    if buf[pos : pos + 8] != _END or len(buf) != pos + 12:
         raise ValueError("the end marker is not where the items end")
     order = np.argsort(np.asarray(seqs, np.uint64), kind="stable")
     offsets = np.zeros(len(sizes) + 1, np.uint64)
     np.cumsum(np.asarray(sizes, np.uint64)[order], out=offsets[1:])
-    store = {"version": version, "epoch": epoch, "capacity": capacity, "max_size": max_size, "alpha": alpha,
-             "shards": shards, "eviction": _EVICTION.get(eviction, str(eviction)), "alpha_evict": alpha_evict,
-             "seed": seed}
+    store = {
+        "version": version,
+        "epoch": epoch,
+        "capacity": capacity,
+        "max_size": max_size,
+        "alpha": alpha,
+        "shards": shards,
+        "eviction": _EVICTION.get(eviction, str(eviction)),
+        "alpha_evict": alpha_evict,
+        "seed": seed,
+    }
     frames = None
     if frame_chunks:
-        from apexrl.replay.protocol import pack_chunks
+        from apexrl.replay.wire.protocol import pack_chunks
 
         frames = pack_chunks(frame_chunks, [refs[i] for i in order.tolist()])
     return SnapshotItems(
-        keys=np.asarray(keys, np.uint64)[order], priorities=np.asarray(prios, np.float64)[order],
+        keys=np.asarray(keys, np.uint64)[order],
+        priorities=np.asarray(prios, np.float64)[order],
         insertion=np.asarray(seqs, np.uint64)[order],
-        data=np.frombuffer(b"".join(chunks[i] for i in order.tolist()), np.uint8), offsets=offsets, store=store,
-        chunks=frames)
+        data=np.frombuffer(b"".join(chunks[i] for i in order.tolist()), np.uint8),
+        offsets=offsets,
+        store=store,
+        chunks=frames,
+    )
 
 
 def export_snapshot(snapshot: str, out: str, spec: str | None = None) -> int:
@@ -174,14 +188,16 @@ def export_snapshot(snapshot: str, out: str, spec: str | None = None) -> int:
     ``spec`` (a spec JSON file or text; default the sidecar ``SNAPSHOT.spec.json``). Returns the item count.
     ExportError before anything is written when the snapshot or the spec is missing or corrupt, or an item does
     not decode with the spec."""
-    from apexrl.replay.insert_guard import load_spec, spec_sidecar
+    from apexrl.replay.server.insert_guard import load_spec, spec_sidecar
 
     if not os.path.isfile(snapshot):
         raise ExportError(f"snapshot {os.fspath(snapshot)!r} does not exist (or is not a file)")
     spec_path = spec if spec is not None else spec_sidecar(snapshot)
     if spec is None and not os.path.isfile(spec_path):
-        raise ExportError(f"the spec sidecar {spec_path!r} of snapshot {os.fspath(snapshot)!r} does not exist "
-                          "(the replay server writes it beside every snapshot); give the spec with --spec")
+        raise ExportError(
+            f"the spec sidecar {spec_path!r} of snapshot {os.fspath(snapshot)!r} does not exist "
+            "(the replay server writes it beside every snapshot); give the spec with --spec"
+        )
     try:
         transition_spec = load_spec(spec_path)
     except ValueError as e:
@@ -190,7 +206,7 @@ def export_snapshot(snapshot: str, out: str, spec: str | None = None) -> int:
     if clash:
         raise ExportError(f"spec fields {clash} clash with the export's own arrays {list(RESERVED)}")
     items = read_snapshot(snapshot)
-    from apexrl.replay.frames import FrameStackCodec
+    from apexrl.replay.wire.frames import FrameStackCodec
 
     codec = FrameStackCodec.from_item_spec(transition_spec)  # Atari: items referencing frame chunks
     try:
@@ -204,8 +220,14 @@ def export_snapshot(snapshot: str, out: str, spec: str | None = None) -> int:
     clash = sorted(set(transition_spec.names) & set(RESERVED))
     if clash:
         raise ExportError(f"spec fields {clash} clash with the export's own arrays {list(RESERVED)}")
-    arrays = {"keys": items.keys, "priorities": items.priorities, "insertion": items.insertion,
-              "spec": np.array(transition_spec.to_json()), "store": np.array(json.dumps(items.store)), **fields}
+    arrays = {
+        "keys": items.keys,
+        "priorities": items.priorities,
+        "insertion": items.insertion,
+        "spec": np.array(transition_spec.to_json()),
+        "store": np.array(json.dumps(items.store)),
+        **fields,
+    }
     out = os.fspath(out)
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):

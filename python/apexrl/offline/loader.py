@@ -1,7 +1,7 @@
 """Training from a Minari dataset with no actors: ``apexrl run --offline DATASET`` (Acme's offline setting).
 
 Minari holds episodes; the replay holds the agent's n-step transitions. The run's *loader* child (in place of
-the actors: ``python -m apexrl.offline.loader --plan RUN_DIR/plan.json``) reads the dataset's episodes, turns
+the actors: ``python -m apexrl.cli.loader --plan RUN_DIR/plan.json``) reads the dataset's episodes, turns
 each into n-step transitions with the run's n and γ through the actor's own adder
 (:class:`apexrl.apex.nstep.NStepBuffer`; an episode that ends neither terminated nor truncated is cut as a
 truncation, as an actor's last one), encodes them with the run's TransitionSpec, scores them with a freshly
@@ -29,7 +29,6 @@ so the first ``size`` are there already.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -73,17 +72,21 @@ def open_dataset(source: str) -> list[Any]:
         subdirs = sorted((d for d in os.listdir(source) if is_data(os.path.join(source, d))), key=_natural)
         if subdirs:
             return [read(os.path.join(source, d)) for d in subdirs]
-        raise ValueError(f"--offline: {source} holds no Minari dataset (no metadata.json in it, in {source}/data or "
-                         "in its subdirectories)")
+        raise ValueError(
+            f"--offline: {source} holds no Minari dataset (no metadata.json in it, in {source}/data or "
+            "in its subdirectories)"
+        )
     if os.path.exists(source):
         raise ValueError(f"--offline: {source} is a file, not a Minari dataset directory")
     # Minari's local store, as minari.storage.get_dataset_path finds it (without creating it, as that does).
     root = os.environ.get("MINARI_DATASETS_PATH") or os.path.join(os.path.expanduser("~"), ".minari", "datasets")
     path = os.path.join(root, source, "data")
     if not is_data(path):
-        raise ValueError(f"--offline: {source!r} is neither a directory nor a dataset in Minari's local store "
-                         f"({os.path.dirname(path)} does not exist); apexrl never downloads: run `minari download "
-                         f"{source}` first (minari {minari.__version__})")
+        raise ValueError(
+            f"--offline: {source!r} is neither a directory nor a dataset in Minari's local store "
+            f"({os.path.dirname(path)} does not exist); apexrl never downloads: run `minari download "
+            f"{source}` first (minari {minari.__version__})"
+        )
     return [read(path)]
 
 
@@ -96,7 +99,9 @@ def space_mismatch(observation_space: Any, action_space: Any, spec: Any) -> str 
     """Why a dataset with these gymnasium spaces cannot train on the task of EnvSpec ``spec`` (None: it can)."""
     from gymnasium import spaces
 
-    want = f"the task {spec.name} has observations of shape {tuple(spec.obs_shape)} and dtype {np.dtype(spec.obs_dtype)}"
+    want = (
+        f"the task {spec.name} has observations of shape {tuple(spec.obs_shape)} and dtype {np.dtype(spec.obs_dtype)}"
+    )
     if not isinstance(observation_space, spaces.Box):
         return f"its observation space is {observation_space}, not a Box; {want}"
     have, task = np.dtype(observation_space.dtype), np.dtype(spec.obs_dtype)
@@ -106,15 +111,20 @@ def space_mismatch(observation_space: Any, action_space: Any, spec: Any) -> str 
     if tuple(observation_space.shape) != tuple(spec.obs_shape) or not same_kind:
         return f"its observations have shape {observation_space.shape} and dtype {observation_space.dtype}; {want}"
     if spec.num_actions is not None:
-        if not isinstance(action_space, spaces.Discrete) or int(action_space.n) != spec.num_actions \
-                or int(action_space.start) != 0:
+        if (
+            not isinstance(action_space, spaces.Discrete)
+            or int(action_space.n) != spec.num_actions
+            or int(action_space.start) != 0
+        ):
             return f"its action space is {action_space}; the task {spec.name} has Discrete({spec.num_actions})"
         return None
     if not isinstance(action_space, spaces.Box) or tuple(action_space.shape) != (spec.action_dim,):
         return f"its action space is {action_space}; the task {spec.name} has Box(-1, 1, ({spec.action_dim},))"
     if not (np.allclose(action_space.low, -1.0) and np.allclose(action_space.high, 1.0)):
-        return (f"its actions are in [{np.min(action_space.low)}, {np.max(action_space.high)}]; apexrl's continuous "
-                "actions are in [-1, 1] (the environment rescales them): rescale the dataset's actions first")
+        return (
+            f"its actions are in [{np.min(action_space.low)}, {np.max(action_space.high)}]; apexrl's continuous "
+            "actions are in [-1, 1] (the environment rescales them): rescale the dataset's actions first"
+        )
     return None
 
 
@@ -141,11 +151,15 @@ def check_offline(p: Any, min_replay_given: bool = True) -> int:
     steps = dataset_steps(open_dataset(source), env_spec(p.env), source)
     capacity = sum(s.capacity for s in p.servers)
     if steps > capacity:
-        raise ValueError(f"--offline: {source} gives {steps} transitions, more than the replay capacity {capacity}: "
-                         f"raise it with --server-args '--capacity {steps}' (the loader never evicts)")
+        raise ValueError(
+            f"--offline: {source} gives {steps} transitions, more than the replay capacity {capacity}: "
+            f"raise it with --server-args '--capacity {steps}' (the loader never evicts)"
+        )
     if min_replay_given and steps < p.learner.min_replay_size:
-        raise ValueError(f"--offline: {source} gives {steps} transitions, fewer than the learner's min_replay_size "
-                         f"{p.learner.min_replay_size}: lower it with --learner-args '--min-replay-size {steps}'")
+        raise ValueError(
+            f"--offline: {source} gives {steps} transitions, fewer than the learner's min_replay_size "
+            f"{p.learner.min_replay_size}: lower it with --learner-args '--min-replay-size {steps}'"
+        )
     return steps
 
 
@@ -158,8 +172,10 @@ def episode_transitions(episode: dict, n: int, gamma: float) -> list:
     rewards, term, trunc = episode["rewards"], episode["terminations"], episode["truncations"]
     steps = len(rewards)
     if len(obs) != steps + 1 or len(actions) != steps:
-        raise ValueError(f"episode {episode.get('id')}: {len(obs)} observations and {len(actions)} actions for "
-                         f"{steps} steps (expected {steps + 1} and {steps})")
+        raise ValueError(
+            f"episode {episode.get('id')}: {len(obs)} observations and {len(actions)} actions for "
+            f"{steps} steps (expected {steps + 1} and {steps})"
+        )
     buf = NStepBuffer(n, gamma)
     buf.add_first(obs[0])
     out: list = []
@@ -171,8 +187,9 @@ def episode_transitions(episode: dict, n: int, gamma: float) -> list:
     return out
 
 
-def transition_batches(storages: Sequence[Any], n: int, gamma: float, spec: Any, skip: int = 0,
-                       batch: int = BATCH) -> Iterator[dict[str, np.ndarray]]:
+def transition_batches(
+    storages: Sequence[Any], n: int, gamma: float, spec: Any, skip: int = 0, batch: int = BATCH
+) -> Iterator[dict[str, np.ndarray]]:
     """The storages' n-step transitions in their fixed order, stacked for ``spec`` in batches of ``batch``,
     without the first ``skip``."""
     from apexrl.apex.nstep import stack_transitions
@@ -201,15 +218,15 @@ def load(p: Any, stop: threading.Event | None = None) -> int:
     from apexrl.envs import env_spec
     from apexrl.errors import ReplayTimeout, ServerClosedError
     from apexrl.launch.plan import actor_curve_dir
-    from apexrl.replay.client import ServerTimeoutError
-    from apexrl.replay.sharded import connect
+    from apexrl.replay.client.replay_client import ServerTimeoutError
+    from apexrl.replay.client.sharded import connect
 
     source, cfg = p.run.offline, p.learner.agent_config
     storages = open_dataset(source)
     total = dataset_steps(storages, env_spec(p.env), source)
     policy = get_agent(p.agent).make_policy(env_spec(p.env), cfg, 0, 1, p.seed)
     spec = policy.transition_spec
-    from apexrl.replay.frames import frame_codec, wire_spec
+    from apexrl.replay.wire.frames import frame_codec, wire_spec
 
     codec = frame_codec(spec)  # Atari: items referencing each batch's frames, stored once (as the actors do)
     replay = connect(p.learner.replay, timeout=10.0, spec=wire_spec(spec), curve=actor_curve_dir(p.server.curve_dir))
@@ -218,8 +235,14 @@ def load(p: Any, stop: threading.Event | None = None) -> int:
         if held >= total:
             log.info("the replay already holds %d items (the dataset gives %d): nothing to load", held, total)
             return 0
-        log.info("loading %d transitions of %s (n=%d, gamma=%g) after the %d the replay holds", total - held, source,
-                 cfg.n_step, cfg.gamma, held)
+        log.info(
+            "loading %d transitions of %s (n=%d, gamma=%g) after the %d the replay holds",
+            total - held,
+            source,
+            cfg.n_step,
+            cfg.gamma,
+            held,
+        )
         inserted, started = 0, time.monotonic()
         for batch in transition_batches(storages, cfg.n_step, cfg.gamma, spec, skip=held):
             priorities = np.asarray(policy.initial_priorities(batch), np.float64)
@@ -232,8 +255,9 @@ def load(p: Any, stop: threading.Event | None = None) -> int:
                 if stop.is_set():
                     return inserted
                 try:
-                    replay.insert(priorities, data=data, offsets=offsets, timeout=5.0, insert_id=insert_id,
-                                  chunks=chunks)
+                    replay.insert(
+                        priorities, data=data, offsets=offsets, timeout=5.0, insert_id=insert_id, chunks=chunks
+                    )
                     break
                 except (ServerTimeoutError, ReplayTimeout, ServerClosedError) as e:
                     log.warning("replay unavailable (%s); retrying", e)
@@ -247,34 +271,7 @@ def load(p: Any, stop: threading.Event | None = None) -> int:
         replay.close()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from apexrl.apex.stopping import StopOnSignal
-    from apexrl.launch.plan import RunPlan
+if __name__ == "__main__":  # the old command line; apexrl.cli.loader is the entry point
+    from apexrl.cli.loader import main
 
-    parser = argparse.ArgumentParser(prog="python -m apexrl.offline.loader",
-                                     description="Insert an --offline run's Minari dataset into its replay "
-                                     "(apexrl run --offline starts it; docs/offline.md).")
-    parser.add_argument("--plan", required=True, metavar="PLAN_JSON", help="the run plan `apexrl run` wrote")
-    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        p = RunPlan.load(args.plan)
-    except (OSError, ValueError) as e:
-        parser.error(f"--plan: {e}")
-    if p.run.offline is None:
-        parser.error(f"--plan {args.plan} is not an --offline run")
-    stop = threading.Event()
-    try:
-        with StopOnSignal(stop.set, []):
-            inserted = load(p, stop)
-    except (ValueError, ImportError) as e:
-        print(f"apexrl offline loader: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    print(f"loader done: {inserted} transitions inserted", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -70,12 +70,15 @@ def check_recording(root: str, spec: Any, num_actors: int) -> None:
         try:
             storage = MinariStorage.read(path)
         except Exception as e:  # noqa: BLE001 - Minari raises what h5py and json raise
-            raise ValueError(f"--record-dataset: {path} holds no readable Minari dataset: {type(e).__name__}: "
-                             f"{e}") from None
+            raise ValueError(
+                f"--record-dataset: {path} holds no readable Minari dataset: {type(e).__name__}: {e}"
+            ) from None
         if storage.observation_space != observation_space or storage.action_space != action_space:
-            raise ValueError(f"--record-dataset: {path} holds episodes of other spaces (observations "
-                             f"{storage.observation_space}, actions {storage.action_space}; {spec.name} has "
-                             f"{observation_space}, {action_space}): choose another DIR")
+            raise ValueError(
+                f"--record-dataset: {path} holds episodes of other spaces (observations "
+                f"{storage.observation_space}, actions {storage.action_space}; {spec.name} has "
+                f"{observation_space}, {action_space}): choose another DIR"
+            )
 
 
 def _dataset_id(env: str, index: int) -> str:
@@ -106,21 +109,31 @@ class EpisodeRecorder:
             try:
                 self.storage = MinariStorage.read(self.path)
             except Exception as e:  # noqa: BLE001 - Minari raises what h5py and json raise
-                raise ValueError(f"--record-dataset: {self.path} holds no readable Minari dataset: "
-                                 f"{type(e).__name__}: {e}") from None
-            if (self.storage.observation_space != self.observation_space
-                    or self.storage.action_space != self.action_space):
-                raise ValueError(f"--record-dataset: {self.path} holds episodes of other spaces (observations "
-                                 f"{self.storage.observation_space}, actions {self.storage.action_space}; this "
-                                 f"actor plays {self.observation_space}, {self.action_space}): choose another DIR")
+                raise ValueError(
+                    f"--record-dataset: {self.path} holds no readable Minari dataset: {type(e).__name__}: {e}"
+                ) from None
+            if (
+                self.storage.observation_space != self.observation_space
+                or self.storage.action_space != self.action_space
+            ):
+                raise ValueError(
+                    f"--record-dataset: {self.path} holds episodes of other spaces (observations "
+                    f"{self.storage.observation_space}, actions {self.storage.action_space}; this "
+                    f"actor plays {self.observation_space}, {self.action_space}): choose another DIR"
+                )
         else:
             if os.listdir(self.path):
                 raise ValueError(f"--record-dataset: {self.path} is not empty and holds no Minari dataset")
-            self.storage = MinariStorage.new(self.path, self.observation_space, self.action_space,
-                                             data_format="hdf5", jpeg_encoding=False)
-            self.storage.update_metadata({"dataset_id": _dataset_id(spec.name, index),
-                                          "minari_version": minari_version,
-                                          "algorithm_name": "apexrl actor (exploration policy)"})
+            self.storage = MinariStorage.new(
+                self.path, self.observation_space, self.action_space, data_format="hdf5", jpeg_encoding=False
+            )
+            self.storage.update_metadata(
+                {
+                    "dataset_id": _dataset_id(spec.name, index),
+                    "minari_version": minari_version,
+                    "algorithm_name": "apexrl actor (exploration policy)",
+                }
+            )
         self._obs: list[list[np.ndarray]] = [[] for _ in range(num_envs)]
         self._act: list[list[Any]] = [[] for _ in range(num_envs)]
         self._rew: list[list[float]] = [[] for _ in range(num_envs)]
@@ -155,9 +168,15 @@ class EpisodeRecorder:
 
         if self._rew[j]:
             act = np.asarray(self._act[j], dtype=self.action_space.dtype)
-            self._done.append(EpisodeBuffer(
-                observations=np.stack(self._obs[j]), actions=act, rewards=np.asarray(self._rew[j], np.float64),
-                terminations=np.asarray(self._term[j], bool), truncations=np.asarray(self._trunc[j], bool)))
+            self._done.append(
+                EpisodeBuffer(
+                    observations=np.stack(self._obs[j]),
+                    actions=act,
+                    rewards=np.asarray(self._rew[j], np.float64),
+                    terminations=np.asarray(self._term[j], bool),
+                    truncations=np.asarray(self._trunc[j], bool),
+                )
+            )
         self._obs[j], self._act[j], self._rew[j], self._term[j], self._trunc[j] = [], [], [], [], []
 
     def write(self) -> None:

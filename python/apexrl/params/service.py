@@ -21,8 +21,8 @@
   answers an error reply (it keeps serving after any garbage); the client checks every field of the reply,
   its size against its own cap, and optionally the names/dtypes/shapes of the tensors (``expected``).
 * **One protocol, one request loop** with the replay service: the messages are the GET_PARAMS kind of
-  :mod:`apexrl.replay.schema` (same header, statuses and validation), and :class:`ParamClient` sends them
-  through the replay client's :class:`~apexrl.replay.transport.Transport`: request ids are matched (a late
+  :mod:`apexrl.replay.wire.schema` (same header, statuses and validation), and :class:`ParamClient` sends them
+  through the replay client's :class:`~apexrl.replay.wire.transport.Transport`: request ids are matched (a late
   reply to a timed-out request is discarded), a timeout raises :class:`ParamsTimeout` and resets the socket,
   so a learner restarted on the same endpoint is reached by the next call.
 * :class:`ParamPoller` is the actor-loop helper: it fetches at most every ``every_frames`` env frames, loads
@@ -48,15 +48,15 @@ import zmq
 
 from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, ServerError
 from apexrl.params.tensors import TensorSpec, describe_mismatch, spec_of
-from apexrl.replay import protocol as P
-from apexrl.replay.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
-from apexrl.replay.transport import Transport, TransportClient
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
+from apexrl.replay.wire.roles import may
+from apexrl.replay.wire.transport import Transport, TransportClient
 from apexrl.security import (
     SERVICE_HWM,
     ClientKeys,
     ServerKeys,
     limit_idle_connections,
-    may,
     secure_server_socket,
     server_keys,
     warn_if_exposed,
@@ -155,8 +155,15 @@ class ParamServer:
     sets :attr:`failure` and calls ``on_failure(reason)`` (from another thread): the learner stops with it.
     """
 
-    def __init__(self, bind: str = "127.0.0.1", port: int = 0, max_message_mb: float = 512, *,
-                 curve: ServerKeys | str | None = None, on_failure: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        bind: str = "127.0.0.1",
+        port: int = 0,
+        max_message_mb: float = 512,
+        *,
+        curve: ServerKeys | str | None = None,
+        on_failure: Callable[[str], None] | None = None,
+    ):
         if not 0 <= int(port) <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         if not (max_message_mb > 0 and math.isfinite(max_message_mb)):
@@ -175,8 +182,16 @@ class ParamServer:
         self._stop = threading.Event()
         self.failure: str | None = None  # why the service stopped on its own (its ZAP handler died)
         self._on_failure = on_failure
-        self._counts = {"requests": 0, "params": 0, "unchanged": 0, "not_ready": 0, "errors": 0, "dropped": 0,
-                        "parked": 0, "forbidden": 0}
+        self._counts = {
+            "requests": 0,
+            "params": 0,
+            "unchanged": 0,
+            "not_ready": 0,
+            "errors": 0,
+            "dropped": 0,
+            "parked": 0,
+            "forbidden": 0,
+        }
 
     @property
     def endpoint(self) -> str:
@@ -301,8 +316,11 @@ class ParamServer:
 
     def _zap_failed(self, reason: str) -> None:
         """The ZAP handler died: every client is refused now, so say so loudly and stop serving."""
-        log.critical("parameter service on %s stops: its ZAP handler is gone (%s), no client can authenticate",
-                     self._endpoint, reason)
+        log.critical(
+            "parameter service on %s stops: its ZAP handler is gone (%s), no client can authenticate",
+            self._endpoint,
+            reason,
+        )
         self.failure = f"the parameter service's ZAP handler is gone ({reason})"
         self._stop.set()
         if self._on_failure is not None:
@@ -328,10 +346,14 @@ class ParamServer:
         except ProtocolError as exc:
             return P.encode_protocol_error(exc), "errors"
         rid = req.request_id
-        if user is not None and not may(user, req.header.op):  # the roles of apexrl.security.ROLE_OPS
-            return P.encode_error(req.header.op, rid, Status.INVALID_ARGUMENT,
-                                  f"permission denied: client {user!r} may not send {Op(req.header.op).name} "
-                                  "(see ROLE_OPS in apexrl.security)"), "forbidden"
+        if user is not None and not may(user, req.header.op):  # the roles of apexrl.replay.wire.roles.ROLE_OPS
+            return P.encode_error(
+                req.header.op,
+                rid,
+                Status.INVALID_ARGUMENT,
+                f"permission denied: client {user!r} may not send {Op(req.header.op).name} "
+                "(see ROLE_OPS in apexrl.security)",
+            ), "forbidden"
         try:
             held = tuple(req.arrays["held"].tolist())  # (version, server_id) the requester holds
             current = self._current  # one atomic read: (version, bytes) always belong together
@@ -342,8 +364,9 @@ class ParamServer:
                 return P.encode_get_params_reply(rid, version, self.server_id), "unchanged"
             return P.encode_get_params_reply(rid, version, self.server_id, blob), "params"
         except Exception as exc:  # noqa: BLE001 - defence in depth: keep serving
-            return P.encode_error(req.header.op, rid, Status.INTERNAL,
-                                  f"internal error: {type(exc).__name__}: {exc}"), "errors"
+            return P.encode_error(
+                req.header.op, rid, Status.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+            ), "errors"
 
 
 class _WeightsSender:
@@ -408,7 +431,7 @@ class ParamClient(TransportClient):
     the server's latest version (0 = nothing published). With ``expected`` (``{name: (dtype, shape)}``, see
     :func:`spec_of`) weights with other names/dtypes/shapes raise ValueError and are not returned.
 
-    Requests go through a :class:`~apexrl.replay.transport.Transport` (the replay client's request loop):
+    Requests go through a :class:`~apexrl.replay.wire.transport.Transport` (the replay client's request loop):
     ``timeout`` (seconds) bounds each call; on expiry :class:`ParamsTimeout` is raised and the socket is
     reset. Replies over ``max_message_mb`` are refused by libzmq before allocation (ZMQ_MAXMSGSIZE: the
     connection is dropped, the call times out) and checked again before parsing. Thread-safe (one lock).
@@ -436,11 +459,18 @@ class ParamClient(TransportClient):
         self.latest_version = 0
         self._given: tuple[int, int] | None = None  # (version, server_id) of the weights last returned
         self._lock = threading.Lock()
-        self.transport = Transport(endpoint, max_message_bytes=self.max_bytes + HEADER_SIZE,
-                                   timeout_error=ParamsTimeout, peer="learner", name="parameter client",
-                                   curve=curve)
-        self._late_hint = (f" (learner unreachable, or weights over this client's max_message_mb="
-                           f"{self.max_bytes / (1 << 20):g} were dropped)")
+        self.transport = Transport(
+            endpoint,
+            max_message_bytes=self.max_bytes + HEADER_SIZE,
+            timeout_error=ParamsTimeout,
+            peer="learner",
+            name="parameter client",
+            curve=curve,
+        )
+        self._late_hint = (
+            f" (learner unreachable, or weights over this client's max_message_mb="
+            f"{self.max_bytes / (1 << 20):g} were dropped)"
+        )
 
     def fetch(self, have_version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
         """New weights as ``(version, tensors)``, or None (see :attr:`last_status`).
@@ -460,7 +490,9 @@ class ParamClient(TransportClient):
             given = self._given
             server_id = given[1] if given is not None and given[0] == have_version else 0
             rid, frames = self.transport.request(
-                lambda rid: P.encode_get_params(rid, have_version, server_id), self.timeout, "GET",
+                lambda rid: P.encode_get_params(rid, have_version, server_id),
+                self.timeout,
+                "GET",
                 self._late_hint,
             )
             try:
@@ -496,8 +528,10 @@ class ParamClient(TransportClient):
             if version == 0:
                 return FetchStatus.NOT_READY, server_id, 0, b""
             if (version, server_id) != held:
-                raise _bad_reply(f"no weights for version {version} of server {server_id}, but this client holds "
-                                 f"version {held[0]} of server {held[1]}")
+                raise _bad_reply(
+                    f"no weights for version {version} of server {server_id}, but this client holds "
+                    f"version {held[0]} of server {held[1]}"
+                )
             return FetchStatus.UNCHANGED, server_id, version, b""
         if weights.nbytes > self.max_bytes:
             raise ProtocolError(
@@ -557,8 +591,15 @@ class ParamPoller:
         self._next_frames: int | None = None  # None: fetch at the next call
         self._failures = 0
         self._warned: set[str] = set()
-        self.counts = {"fetches": 0, "updates": 0, "unchanged": 0, "not_ready": 0, "timeouts": 0, "errors": 0,
-                       "mismatches": 0}
+        self.counts = {
+            "fetches": 0,
+            "updates": 0,
+            "unchanged": 0,
+            "not_ready": 0,
+            "timeouts": 0,
+            "errors": 0,
+            "mismatches": 0,
+        }
 
     def maybe_fetch(self, env_frames: int) -> dict[str, torch.Tensor] | None:
         """New weights (already passed to ``load``) if a fetch was due and brought some, else None."""

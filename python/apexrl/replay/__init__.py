@@ -3,7 +3,7 @@
 Never imports torch (a test checks it), except on first use of ``ReplayDataset`` (a torch dataset): a replay
 server, or a tool that only talks to one, starts in a fraction of a second and runs where torch is not installed.
 
-The names below are imported on first use, so that importing one submodule (``apexrl.replay.schema``, which
+The names below are imported on first use, so that importing one submodule (``apexrl.replay.wire.schema``, which
 ``apexrl.errors`` imports) does not import the others (which import ``apexrl.errors``).
 """
 
@@ -12,19 +12,28 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["FieldSpec", "ReplayClient", "ReplayDataset", "ReplayServer", "SampledBatch", "ServerConfig",
-           "ShardedReplayClient", "TransitionSpec", "connect"]
+__all__ = [
+    "FieldSpec",
+    "ReplayClient",
+    "ReplayDataset",
+    "ReplayServer",
+    "SampledBatch",
+    "ServerConfig",
+    "ShardedReplayClient",
+    "TransitionSpec",
+    "connect",
+]
 
 _HOMES = {
-    "FieldSpec": "apexrl.replay.codec",
-    "TransitionSpec": "apexrl.replay.codec",
-    "ReplayClient": "apexrl.replay.client",
-    "ReplayDataset": "apexrl.replay.dataset",  # the one name that imports torch
-    "SampledBatch": "apexrl.replay.client",
+    "FieldSpec": "apexrl.replay.wire.codec",
+    "TransitionSpec": "apexrl.replay.wire.codec",
+    "ReplayClient": "apexrl.replay.client.replay_client",
+    "ReplayDataset": "apexrl.replay.client.dataset",  # the one name that imports torch
+    "SampledBatch": "apexrl.replay.client.replay_client",
     "ReplayServer": "apexrl.replay.server",
-    "ServerConfig": "apexrl.replay.config",
-    "ShardedReplayClient": "apexrl.replay.sharded",
-    "connect": "apexrl.replay.sharded",
+    "ServerConfig": "apexrl.replay.server.config",
+    "ShardedReplayClient": "apexrl.replay.client.sharded",
+    "connect": "apexrl.replay.client.sharded",
 }
 
 

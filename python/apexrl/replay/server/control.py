@@ -15,10 +15,10 @@ import numpy as np
 
 from apexrl import PrioritizedStore
 from apexrl.errors import ProtocolError
-from apexrl.replay import protocol as P
-from apexrl.replay.codec import TransitionSpec
-from apexrl.replay.config import ServerConfig
-from apexrl.replay.insert_guard import SpecGate
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import TransitionSpec
+from apexrl.replay.server.config import ServerConfig
+from apexrl.replay.server.insert_guard import SpecGate
 
 __all__ = ["ControlHandler", "item_layout"]
 
@@ -28,9 +28,13 @@ log = logging.getLogger("apexrl.replay.server")
 def item_layout(spec: TransitionSpec) -> dict[str, Any]:
     """What the loop's item check needs of a spec (cpp/apexrl/serve/item_check.h): the codec's layout."""
     compressed = [f for f in spec.fields if f.compress]
-    return {"fingerprint": spec.fingerprint, "header_bytes": 4 + spec.raw_item_bytes,
-            "compressed_names": [f.name for f in compressed], "compressed_empty": [f.nbytes == 0 for f in compressed],
-            "repr": repr(spec)}
+    return {
+        "fingerprint": spec.fingerprint,
+        "header_bytes": 4 + spec.raw_item_bytes,
+        "compressed_names": [f.name for f in compressed],
+        "compressed_empty": [f.nbytes == 0 for f in compressed],
+        "repr": repr(spec),
+    }
 
 
 def _plain(v: Any) -> int | float:

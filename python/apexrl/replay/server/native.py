@@ -38,6 +38,7 @@ def libzmq_path() -> str:
     if not found:
         raise NativeLoopError(
             f"pyzmq {zmq.__version__} has no libzmq shared library mapped in this process (a statically linked "
-            "build?); the replay server's native loop needs pyzmq's wheel, which bundles libzmq as a shared library")
+            "build?); the replay server's native loop needs pyzmq's wheel, which bundles libzmq as a shared library"
+        )
     bundled = [p for p in found if "pyzmq.libs" in p]
     return (bundled or found)[0]

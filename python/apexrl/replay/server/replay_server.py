@@ -31,13 +31,14 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message  # at import: the watcher runs when no descriptor is left
 
 from apexrl import PrioritizedStore, _core
-from apexrl.replay import protocol as P
-from apexrl.replay.config import ServerConfig, check_snapshot_dir
-from apexrl.replay.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.server.config import ServerConfig, check_snapshot_dir
+from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
 from apexrl.replay.server.control import ControlHandler, item_layout
 from apexrl.replay.server.epoch import SnapshotLoadError, SnapshotSaveError, choose_epoch
 from apexrl.replay.server.native import NativeLoopError, libzmq_path
-from apexrl.security import CLIENT, LEARNER, ROLE_OPS, limit_idle_connections, secure_server_socket
+from apexrl.replay.wire.roles import ROLE_OPS
+from apexrl.security import CLIENT, LEARNER, limit_idle_connections, secure_server_socket
 
 __all__ = ["ReplayServer"]
 
@@ -48,6 +49,7 @@ RCVHWM = 64
 back (nothing is lost). The send side has no message-count limit (ZMQ_SNDHWM 0): the loop caps the *bytes* of
 the replies each peer leaves unread (``max_unread_mb``), which libzmq cannot, and drops a reply that would go
 over it (``replies_dropped``)."""
+
 
 def role_masks() -> dict[str, int]:
     """security.ROLE_OPS as the loop takes it: the role (a ZAP User-Id before ':') -> bit mask of its ops. The
@@ -85,8 +87,9 @@ class ReplayServer:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._snapshot_lock = threading.Lock()
-        self._saved_items: int | None = len(self.store) if config.snapshot is not None and os.path.exists(
-            config.snapshot) else None  # items in the last snapshot written (or loaded)
+        self._saved_items: int | None = (
+            len(self.store) if config.snapshot is not None and os.path.exists(config.snapshot) else None
+        )  # items in the last snapshot written (or loaded)
         self._started = False
         self.failure: str | None = None  # set when the server must stop (its ZAP handler died)
         self.accept_failures = 0  # connections libzmq could not accept (set when the server stops)
@@ -113,20 +116,33 @@ class ReplayServer:
                     f"cannot load snapshot {os.fspath(path)!r}: {type(exc).__name__}: {exc} "
                     "(move or delete the file to start with an empty store)"
                 ) from exc
-            log.info("restored %d items from snapshot %s; new keys carry epoch %d", len(store), os.fspath(path),
-                     store.epoch)
+            log.info(
+                "restored %d items from snapshot %s; new keys carry epoch %d", len(store), os.fspath(path), store.epoch
+            )
             for name in ("capacity", "max_size", "alpha", "eviction", "alpha_evict", "shards"):
                 wanted = getattr(config, name)
                 if name == "max_size" and wanted is None:
                     wanted = 2 * config.capacity
                 if getattr(store, name) != wanted:
-                    log.warning("snapshot %s has %s=%r, configuration says %r: the snapshot's value is used",
-                                os.fspath(path), name, getattr(store, name), wanted)
+                    log.warning(
+                        "snapshot %s has %s=%r, configuration says %r: the snapshot's value is used",
+                        os.fspath(path),
+                        name,
+                        getattr(store, name),
+                        wanted,
+                    )
             return store
         log.info("new store; its keys carry epoch %d", epoch)
-        return PrioritizedStore(capacity=config.capacity, max_size=config.max_size, alpha=config.alpha,
-                                shards=config.shards, eviction=config.eviction, alpha_evict=config.alpha_evict,
-                                seed=config.seed, epoch=epoch)
+        return PrioritizedStore(
+            capacity=config.capacity,
+            max_size=config.max_size,
+            alpha=config.alpha,
+            shards=config.shards,
+            eviction=config.eviction,
+            alpha_evict=config.alpha_evict,
+            seed=config.seed,
+            epoch=epoch,
+        )
 
     def _open_socket(self) -> zmq.Socket:
         cfg = self.config
@@ -158,13 +174,25 @@ class ReplayServer:
         cfg = self.config
         try:
             loop = _core.ServeLoop(
-                front.underlying, libzmq_path(), self.store, max_bytes=cfg.max_bytes,
-                max_reply_bytes=cfg.max_reply_bytes, workers=cfg.workers, inline_sample_max=cfg.inline_sample_max,
-                max_wait_s=cfg.max_wait_s, max_waiting=cfg.max_waiting, max_waiting_per_peer=cfg.max_waiting_per_peer,
-                max_waiting_bytes=cfg.max_waiting_bytes, max_unread_bytes=cfg.max_unread_bytes,
-                samples_per_insert=cfg.samples_per_insert or 0.0, error_buffer=cfg.effective_error_buffer or 0.0,
-                min_size_to_sample=cfg.min_size_to_sample, dedup_max_ids=DEDUP_MAX_IDS,
-                dedup_max_bytes=DEDUP_MAX_BYTES, role_ops=role_masks() if cfg.curve_dir is not None else {})
+                front.underlying,
+                libzmq_path(),
+                self.store,
+                max_bytes=cfg.max_bytes,
+                max_reply_bytes=cfg.max_reply_bytes,
+                workers=cfg.workers,
+                inline_sample_max=cfg.inline_sample_max,
+                max_wait_s=cfg.max_wait_s,
+                max_waiting=cfg.max_waiting,
+                max_waiting_per_peer=cfg.max_waiting_per_peer,
+                max_waiting_bytes=cfg.max_waiting_bytes,
+                max_unread_bytes=cfg.max_unread_bytes,
+                samples_per_insert=cfg.samples_per_insert or 0.0,
+                error_buffer=cfg.effective_error_buffer or 0.0,
+                min_size_to_sample=cfg.min_size_to_sample,
+                dedup_max_ids=DEDUP_MAX_IDS,
+                dedup_max_bytes=DEDUP_MAX_BYTES,
+                role_ops=role_masks() if cfg.curve_dir is not None else {},
+            )
         except ImportError as exc:
             raise NativeLoopError(f"the replay server's native loop cannot start: {exc}") from None
         if self.spec_gate.spec is not None:
@@ -188,8 +216,7 @@ class ReplayServer:
             self._close()
             raise
         handler = ControlHandler(cfg, self.store, self.spec_gate, self._loop)
-        self._control = threading.Thread(target=self._control_loop, args=(handler,), name="apexrl-control",
-                                         daemon=True)
+        self._control = threading.Thread(target=self._control_loop, args=(handler,), name="apexrl-control", daemon=True)
         self._control.start()
         self._watcher = threading.Thread(target=self._watch_accepts, name="apexrl-accepts", daemon=True)
         self._watcher.start()
@@ -235,9 +262,13 @@ class ReplayServer:
             if now - logged_at >= ACCEPT_LOG_S:
                 errno_value = int(event.get("value", 0))
                 why = os.strerror(errno_value) if errno_value else "unknown error"
-                log.warning("cannot accept new connections (%s; %d failed accepts so far): libzmq retries at full "
-                            "speed while this lasts. Raise the hard descriptor limit (ulimit -Hn; the server "
-                            "already raised its soft limit to it) or connect fewer clients", why, failed)
+                log.warning(
+                    "cannot accept new connections (%s; %d failed accepts so far): libzmq retries at full "
+                    "speed while this lasts. Raise the hard descriptor limit (ulimit -Hn; the server "
+                    "already raised its soft limit to it) or connect fewer clients",
+                    why,
+                    failed,
+                )
                 logged_at = now
         self.accept_failures = failed
 
@@ -261,8 +292,9 @@ class ReplayServer:
             n = len(self.store)
             self.store.save(self.config.snapshot)
             self._saved_items = n
-            log.info("snapshot of %d items saved to %s in %.3fs", n, os.fspath(self.config.snapshot),
-                     time.monotonic() - t0)
+            log.info(
+                "snapshot of %d items saved to %s in %.3fs", n, os.fspath(self.config.snapshot), time.monotonic() - t0
+            )
 
     def _snapshot_loop(self) -> None:
         assert self.config.snapshot_every is not None
@@ -270,10 +302,15 @@ class ReplayServer:
             try:
                 self.save_snapshot()
             except Exception as exc:  # keep serving: the previous snapshot stays; the next period tries again
-                log.error("periodic snapshot to %s failed (the previous snapshot, of %s items, is kept; "
-                          "retrying in %gs): %s: %s", os.fspath(self.config.snapshot),
-                          "no" if self._saved_items is None else self._saved_items, self.config.snapshot_every,
-                          type(exc).__name__, exc)
+                log.error(
+                    "periodic snapshot to %s failed (the previous snapshot, of %s items, is kept; "
+                    "retrying in %gs): %s: %s",
+                    os.fspath(self.config.snapshot),
+                    "no" if self._saved_items is None else self._saved_items,
+                    self.config.snapshot_every,
+                    type(exc).__name__,
+                    exc,
+                )
 
     # --------------------------------------------------------------------------------------- shutdown
 
@@ -320,8 +357,11 @@ class ReplayServer:
             self.save_snapshot()
         except Exception as exc:
             held = len(self.store)
-            kept = ("no previous snapshot exists" if self._saved_items is None
-                    else f"the previous snapshot holds {self._saved_items} items")
+            kept = (
+                "no previous snapshot exists"
+                if self._saved_items is None
+                else f"the previous snapshot holds {self._saved_items} items"
+            )
             raise SnapshotSaveError(
                 f"final snapshot to {os.fspath(self.config.snapshot)!r} failed ({type(exc).__name__}: {exc}): "
                 f"the {held} items held now were not saved; {kept}"

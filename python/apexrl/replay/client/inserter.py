@@ -1,0 +1,310 @@
+"""PipelinedInserter: an actor's inserts that do not wait for their reply.
+
+Written against :class:`~apexrl.replay.client.api.PipelinedReplay`; over a plain :class:`~apexrl.replay.client.api.Replay`
+each insert is one synchronous call (acknowledged at once). See that module for why it takes a factory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from apexrl.errors import ApexRLError, ReplayTimeout, ServerClosedError
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.client.api import PipelinedReplay, ReplayFactory, close_replay
+from apexrl.replay.client.updater import _ClosingContext
+
+__all__ = ["InsertTooLargeError", "PipelinedInserter"]
+
+
+class InsertTooLargeError(ApexRLError, ValueError):
+    """An INSERT over the server's announced request limit, refused before sending: libzmq would drop the
+    connection, and the call would only time out."""
+
+
+class PipelinedInserter(_ClosingContext):
+    """Inserts that do not wait for their reply, for actors: ``insert()`` sends and returns while up to
+    ``max_in_flight`` requests are unanswered, and blocks only when that many are.
+
+    ``connect()`` is called once, here, for the Replay this inserter sends through (its own connection: the
+    replies it waits for must not reach another caller's calls).
+
+    Nothing is lost silently:
+
+    * Every reply is received and matched to its request (by request id): ``stats()`` counts the requests
+      and items ``submitted``, ``acked`` (stored; keys returned) and ``failed``, and ``in_flight``.
+    * An error reply (TOO_LARGE, INVALID_ARGUMENT, a rate-limiter TIMEOUT, SHUTTING_DOWN, ...) is counted in
+      ``failed`` and raised by the next ``insert()``, ``flush()`` or ``close()`` (the first error pending;
+      all are counted). Whenever ``insert()`` raises, its own batch was **not** sent.
+    * A request unanswered ``client_timeout`` seconds after it was sent (plus its server-side ``timeout``)
+      expires: all requests then in flight are counted ``failed`` -- they may or may not have been stored --
+      a :class:`~apexrl.errors.ReplayTimeout` saying how many is raised as above, and the connection is
+      replaced (a restarted server is reached by the next insert).
+    * A batch over the server's announced request limit (``insert_limit()`` of the Replay, from its HELLO)
+      is split into parts that fit, each its own request (``split_requests`` counts the extra ones); an
+      item too big to fit alone raises :class:`InsertTooLargeError` and nothing of the batch is sent.
+    * ``flush()`` waits until every request sent so far was answered or expired, then raises the first
+      pending error; ``close()`` (and leaving the ``with`` block) flushes, closes the Replay and raises it.
+
+    Arguments are validated in the caller (ValueError from ``insert`` itself, nothing sent). Not
+    thread-safe: use one inserter per thread (an actor loop). Replies are read while ``insert``/``flush``
+    run; ``on_ack(keys, seconds)`` is then called with each acknowledged request's keys (u64 view of the
+    reply, copy to keep) and its round-trip time.
+    """
+
+    def __init__(
+        self,
+        connect: ReplayFactory,
+        max_in_flight: int = 8,
+        *,
+        timeout: float | None = None,
+        on_ack: Callable[[np.ndarray, float], Any] | None = None,
+        client_timeout: float = 10.0,
+    ):
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
+        wait_s, _timeout_ms = P.server_wait(timeout)
+        if on_ack is not None and not callable(on_ack):
+            raise TypeError("on_ack must be callable or None")
+        self.max_in_flight = max_in_flight
+        self._timeout = timeout
+        self._on_ack = on_ack
+        self._expiry = client_timeout + wait_s  # seconds after sending that a request expires
+        self._in_flight: dict[int, tuple[int, float]] = {}  # request id -> (items, sent at); in send order
+        self._errors: list[BaseException] = []
+        self._counts = {
+            "submitted": 0,
+            "submitted_items": 0,
+            "acked": 0,
+            "acked_items": 0,
+            "failed": 0,
+            "failed_items": 0,
+            "split_requests": 0,
+        }
+        self._closed = False
+        self._replay = connect()
+        self.endpoint = getattr(self._replay, "endpoint", None)
+        self._pipelined = isinstance(self._replay, PipelinedReplay)
+
+    # ------------------------------------------------------------------------------------------ replies
+
+    def _on_reply(self, rid: int, result: Any, now: float) -> None:
+        entry = self._in_flight.pop(rid, None)
+        if entry is None:
+            return  # a late reply to a request that already expired: it was counted failed then
+        n, sent = entry
+        if isinstance(result, BaseException):
+            self._fail(n, result)
+        else:
+            self._ack(n, result, now - sent)
+
+    def _ack(self, n: int, keys: np.ndarray, seconds: float) -> None:
+        self._counts["acked"] += 1
+        self._counts["acked_items"] += n
+        if self._on_ack is not None:
+            self._on_ack(keys, seconds)
+
+    def _fail(self, n: int, error: BaseException) -> None:
+        self._counts["failed"] += 1
+        self._counts["failed_items"] += n
+        self._errors.append(error)
+
+    def _drain(self) -> None:
+        """Handle every reply already received, without waiting."""
+        while self._in_flight:
+            got = self._replay.receive_insert(0)
+            if got is None:
+                return
+            self._on_reply(*got, time.monotonic())
+
+    def _wait_one(self, until: float | None = None) -> bool:
+        """Wait for a reply until the oldest request expires (or ``until``, if sooner); handle what arrived.
+
+        Returns False only when ``until`` passed first. Expiry fails every request in flight.
+        """
+        _n, oldest = next(iter(self._in_flight.values()))
+        expires = oldest + self._expiry
+        end = expires if until is None else min(until, expires)
+        remaining = end - time.monotonic()
+        if remaining > 0:
+            got = self._replay.receive_insert(remaining)
+            if got is not None:
+                self._on_reply(*got, time.monotonic())
+                self._drain()
+                return True
+        if until is not None and until < expires:
+            return False
+        if time.monotonic() >= expires:
+            self._expire()
+        return True
+
+    def _expire(self) -> None:
+        k = len(self._in_flight)
+        items = sum(n for n, _t in self._in_flight.values())
+        self._in_flight.clear()
+        self._counts["failed"] += k
+        self._counts["failed_items"] += items
+        self._replay.forget_inserts()  # late replies can no longer arrive; a restarted server is reached anew
+        self._errors.append(
+            ReplayTimeout(
+                f"INSERT to {self.endpoint}: {k} request(s) ({items} items) unanswered {self._expiry:.3f}s after "
+                "sending; they may or may not have been stored"
+            )
+        )
+
+    def _raise_pending(self) -> None:
+        if self._errors:
+            exc = self._errors[0]
+            self._errors.clear()
+            raise exc
+
+    # --------------------------------------------------------------------------------------------- API
+
+    def insert(
+        self,
+        priorities: Any,
+        items: Sequence[Any] | None = None,
+        *,
+        data: Any = None,
+        offsets: Any = None,
+        chunks: P.FrameChunks | None = None,
+    ) -> None:
+        """Send one insert (a list of bytes-like ``items``, or ``data`` + ``offsets``) without waiting for its
+        reply; blocks while ``max_in_flight`` requests are unanswered. Raises ValueError for bad arguments,
+        ServerClosedError once closed, and any pending failure of an earlier request (then this batch was
+        not sent). ``chunks``: the frame chunks the items reference; such a batch is sent whole (chunks never
+        span two inserts), InsertTooLargeError when it is over the server's limit."""
+        if items is not None:
+            if data is not None or offsets is not None:
+                raise ValueError("pass either items or data and offsets, not both")
+            data, offsets = P.pack_items(items)
+        elif data is None or offsets is None:
+            raise ValueError("pass items, or both data and offsets")
+        if self._closed:
+            raise ServerClosedError("the pipelined inserter is closed")
+        if not self._pipelined:
+            self._insert_now(priorities, data, offsets, chunks)
+            return
+        replay = self._replay
+        if chunks is not None:
+            messages = [replay.prepare_insert(priorities, data, offsets, timeout=self._timeout, chunks=chunks)]
+        else:
+            messages = [
+                replay.prepare_insert(p, d, o, timeout=self._timeout)  # validates every part first
+                for p, d, o in self._split(priorities, data, offsets)
+            ]
+        for i, message in enumerate(messages):
+            self._drain()
+            self._raise_pending()
+            while len(self._in_flight) >= self.max_in_flight:
+                self._wait_one()
+                self._raise_pending()
+            try:
+                rid, n = replay.send_insert(message)
+            except ReplayTimeout as exc:
+                if self._in_flight:
+                    self._expire()
+                what = (
+                    "this batch was not sent"
+                    if i == 0
+                    else f"parts {i + 1}-{len(messages)} of this batch were not sent"
+                )
+                raise ReplayTimeout(f"{exc}; {what}") from None
+            self._in_flight[rid] = (n, time.monotonic())
+            self._counts["submitted"] += 1
+            self._counts["submitted_items"] += n
+            if i:
+                self._counts["split_requests"] += 1
+
+    def _split(self, priorities: Any, data: Any, offsets: Any) -> list[tuple[Any, Any, Any]]:
+        """The batch as parts that each fit the server's announced request limit (``insert_limit()``, when the
+        Replay has one): one part when it fits; InsertTooLargeError (nothing sent) for an item that cannot fit
+        alone."""
+        limit_of = getattr(self._replay, "insert_limit", None)
+        if limit_of is None:
+            return [(priorities, data, offsets)]
+        _header, prio, offs, view = P.encode_insert(0, priorities, data, offsets)[:4]  # validated views
+        n = offs.shape[0] - 1
+        if n < 1 or P.insert_message_bytes(n, int(offs[-1])) <= (limit := limit_of()):
+            return [(priorities, data, offsets)]
+        # Bytes of items [0, i) plus their priority, offset and (empty) item_chunk_offsets entries; a part
+        # [lo, hi) costs cost[hi] - cost[lo] + the fixed part of a message.
+        cost = offs.astype(np.int64) + 24 * np.arange(n + 1, dtype=np.int64)
+        fixed = P.insert_message_bytes(0, 0)
+        parts, lo = [], 0
+        while lo < n:
+            hi = int(np.searchsorted(cost, cost[lo] + limit - fixed, side="right")) - 1
+            if hi <= lo:
+                size = int(offs[lo + 1] - offs[lo])
+                raise InsertTooLargeError(
+                    f"item {lo} of the batch is {size} bytes: an INSERT of it alone would be "
+                    f"{P.insert_message_bytes(1, size)} bytes, over the server's limit of {limit} bytes "
+                    "(its --max-message-mb); nothing was sent"
+                )
+            start, end = int(offs[lo]), int(offs[hi])
+            parts.append((prio[lo:hi], view[start:end], offs[lo : hi + 1] - offs[lo]))
+            lo = hi
+        return parts
+
+    def _insert_now(self, priorities: Any, data: Any, offsets: Any, chunks: P.FrameChunks | None = None) -> None:
+        """A plain Replay: one synchronous insert, counted like a pipelined one."""
+        self._raise_pending()
+        n = len(P.encode_insert(0, priorities, data, offsets, chunks=chunks)[1])  # validates
+        self._counts["submitted"] += 1
+        self._counts["submitted_items"] += n
+        t0 = time.monotonic()
+        try:
+            keys = self._replay.insert(
+                priorities,
+                data=data,
+                offsets=offsets,
+                timeout=self._timeout,
+                **({"chunks": chunks} if chunks is not None else {}),
+            )
+        except Exception as exc:  # noqa: BLE001 - counted, raised by the next call as in pipelined mode
+            self._fail(n, exc)
+            return
+        self._ack(n, keys, time.monotonic() - t0)
+
+    __call__ = insert
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every request sent so far was answered (or expired), then raise the first pending
+        error, if any. ReplayTimeout if requests are still in flight after ``timeout`` seconds (they stay in
+        flight and are still counted when their replies arrive)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._in_flight:
+            self._drain()
+        while self._in_flight:
+            if not self._wait_one(deadline):
+                self._raise_pending()
+                raise ReplayTimeout(
+                    f"{len(self._in_flight)} insert request(s) to {self.endpoint} still unanswered after {timeout}s"
+                )
+        self._raise_pending()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def stats(self) -> dict[str, int]:
+        """submitted / acked / failed requests (and ``*_items``), ``in_flight``."""
+        return dict(self._counts, in_flight=len(self._in_flight))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Flush (every request answered or expired), close the Replay, then raise the first pending error.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+        finally:
+            close_replay(self._replay)

@@ -1,0 +1,480 @@
+"""The apexrl replay client: the replay service's calls over one :class:`~apexrl.replay.wire.transport.Transport`.
+
+* Every request carries a fresh request id; a reply with another id (a late answer to an earlier request
+  that timed out) is discarded.
+* A reply not received within ``timeout`` seconds raises :class:`~apexrl.errors.ReplayTimeout`, and the
+  client closes its socket and opens a new one: stale replies can never confuse a later call, and a server
+  that was restarted (same endpoint) is reached again by the next call.
+* Error replies raise :class:`~apexrl.errors.ServerError` carrying the server's status and message; TIMEOUT
+  raises :class:`ServerTimeoutError` (a ServerError *and* a ReplayTimeout) and SHUTTING_DOWN raises
+  :class:`ServerShuttingDownError` (a ServerError *and* a ServerClosedError).
+
+A ReplayClient is a :class:`~apexrl.replay.client.api.Replay` (and an Interruptible and a PipelinedReplay), so the
+helpers it hands out -- :meth:`ReplayClient.sampler`, :meth:`ReplayClient.updater`,
+:meth:`ReplayClient.inserter` -- are written against those Protocols and each get a client of their own.
+
+Thread-safety: a client serialises its calls with a lock, so sharing one between threads is safe but the
+calls then run one at a time. For throughput use one client per thread (each has its own socket).
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from apexrl.errors import (
+    ProtocolError,
+    ReplayTimeout,
+    ServerShuttingDownError,
+    ServerTimeoutError,
+    error_of,
+)
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import TransitionSpec
+from apexrl.replay.client.inserter import InsertTooLargeError, PipelinedInserter
+from apexrl.replay.client.sampler import LearnerBatch, PrefetchingSampler, SlotDecoder
+from apexrl.replay.wire.schema import peek_ids
+from apexrl.replay.wire.transport import Transport, TransportClient
+from apexrl.replay.client.updater import AsyncUpdater
+from apexrl.security import ClientKeys
+
+__all__ = [
+    "AsyncUpdater",
+    "InsertTooLargeError",
+    "LearnerBatch",
+    "PipelinedInserter",
+    "PrefetchingSampler",
+    "ReplayClient",
+    "SampledBatch",
+    "ServerInfo",
+    "ServerShuttingDownError",
+    "ServerTimeoutError",
+]
+
+
+@dataclass
+class SampledBatch:
+    """A sampled batch; arrays are read-only views of the received frames (copy before mutating)."""
+
+    keys: np.ndarray  # u64[n]
+    weights: np.ndarray  # f32[n], importance-sampling weights normalised by the max
+    probabilities: np.ndarray  # f64[n]
+    data: memoryview  # the items concatenated
+    offsets: np.ndarray  # u64[n+1]; item i is data[offsets[i]:offsets[i+1]]
+    # The server's store when it drew the batch: probabilities[i] * total_mass is item i's mass p^alpha and
+    # weights[i] = (mass_i / min_mass)^-beta; total_mass = min_mass = 0.0: uniform fallback (every mass 0,
+    # probabilities 1 / size, weights 1). What a client sampling several servers combines them with.
+    total_mass: float  # sum of p^alpha the draws were made from
+    min_mass: float  # smallest positive mass, the weights' normaliser
+    size: int  # items in the store
+    # The frame chunks the items reference, each once (items without chunks: none, see P.FrameChunks).
+    chunks: P.FrameChunks | None = None
+
+    @property
+    def items(self) -> list[memoryview]:
+        return P.split_items(self.offsets, self.data)
+
+    @property
+    def frame_chunks(self) -> P.FrameChunks:
+        """The batch's chunks (P.FrameChunks.none(n) when it has none)."""
+        return self.chunks if self.chunks is not None else P.FrameChunks.none(len(self))
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a replay server announces in its HELLO reply."""
+
+    protocol_version: int
+    max_request_bytes: int
+    max_reply_bytes: int
+    spec: TransitionSpec | None  # the server's spec; None when it has none yet
+    epoch: int | float | None = None
+    num_shards: int | None = None  # the store's lock-shard count (servers since protocol version 3)
+
+
+def _optional_int(value: int | float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def sampled_batch(reply: P.Reply) -> SampledBatch:
+    """The SampledBatch of a SAMPLE OK reply."""
+    a = reply.arrays
+    totals = a["totals"]
+    chunks = None
+    if a["item_chunks"].shape[0] or a["chunk_offsets"].shape[0] > 1:
+        chunks = P.FrameChunks(a["item_chunks"], a["item_chunk_offsets"], a["chunk_data"], a["chunk_offsets"])
+    return SampledBatch(
+        a["keys"],
+        a["weights"],
+        a["probabilities"],
+        a["data"],
+        a["offsets"],
+        float(totals[0]),
+        float(totals[1]),
+        int(a["store_size"][0]),
+        chunks,
+    )
+
+
+def _spec_json(spec: TransitionSpec | str | None) -> str:
+    if spec is None:
+        return ""
+    if isinstance(spec, TransitionSpec):
+        return spec.to_json()
+    if isinstance(spec, str):
+        return TransitionSpec.from_json(spec).to_json()  # ValueError for a bad one, before any request
+    raise TypeError(f"spec must be a TransitionSpec, its JSON or None, got {type(spec).__name__}")
+
+
+def _data_and_offsets(items: Sequence[Any] | None, data: Any, offsets: Any) -> tuple[Any, Any]:
+    if items is not None:
+        if data is not None or offsets is not None:
+            raise ValueError("pass either items or data and offsets, not both")
+        return P.pack_items(items)
+    if data is None or offsets is None:
+        raise ValueError("pass items, or both data and offsets")
+    return data, offsets
+
+
+class ReplayClient(TransportClient):
+    """Client of an apexrl replay server at ``endpoint`` (e.g. ``tcp://127.0.0.1:5555``).
+
+    ``timeout`` (seconds) bounds the wait for each reply (for ``insert`` / ``sample`` it is added to the
+    server-side wait). ``curve`` (a key directory or :class:`~apexrl.security.ClientKeys`) turns on CURVE; the
+    helpers' connections (sampler, updater, inserter) use the same keys. ``spec`` (a :class:`TransitionSpec` or its JSON) is declared to the server (HELLO)
+    before the first insert, and again after a timeout (the server may have restarted); every insert
+    first learns the server's request limit that way and refuses a bigger batch before sending it
+    (:class:`InsertTooLargeError`).
+
+    Inserts are exactly-once across retries: each batch gets an ``insert_id`` (this client's random session
+    nonce, a sequence number); a retry of a batch must pass the id it was first sent with
+    (``insert(..., insert_id=...)``, from :meth:`next_insert_id`), and the server then stores it only once.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        timeout: float = 10.0,
+        *,
+        spec: TransitionSpec | str | None = None,
+        curve: ClientKeys | str | None = None,
+    ):
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.endpoint = endpoint
+        self.timeout = float(timeout)
+        self.spec_json = _spec_json(spec)
+        self._info: ServerInfo | None = None
+        self._session = secrets.randbits(64) or 1
+        self._sequence = itertools.count(1)
+        self.transport = Transport(endpoint, name="replay client", curve=curve)
+
+    # ------------------------------------------------------------------------------------------ calls
+
+    def _call(self, op: P.Op, build: Callable[[int], list[Any]], wait: float) -> P.Reply:
+        """Send build(request_id), wait up to ``wait`` seconds for its reply; the reply, or its error raised."""
+        try:
+            rid, frames = self.transport.request(build, wait, op.name)
+        except ReplayTimeout:
+            self._info = None  # the server may have restarted: declare the spec again before the next insert
+            raise
+        return self._decode(frames, op, rid)
+
+    def _decode(self, frames: list[Any], op: P.Op, rid: int) -> P.Reply:
+        """The reply in ``frames``, or its error raised (a malformed one resets the socket)."""
+        try:
+            reply = P.decode_reply(frames, op, rid)
+        except ProtocolError:
+            self.transport.reset()
+            raise
+        if not reply.ok:
+            raise error_of(reply.status, reply.message or "")
+        return reply
+
+    def insert(
+        self,
+        priorities: Any,
+        items: Sequence[Any] | None = None,
+        *,
+        data: Any = None,
+        offsets: Any = None,
+        timeout: float | None = None,
+        insert_id: tuple[int, int] | None = None,
+        chunks: P.FrameChunks | None = None,
+    ) -> np.ndarray:
+        """Insert items (a list of bytes-like, or ``data`` + ``offsets``) with their priorities -> keys u64[n].
+
+        ``timeout``: seconds the server may hold the insert while its rate limiter (samples_per_insert) says
+        the inserters are too far ahead; None (default) answers at once. Raises ServerTimeoutError (a
+        ReplayTimeout) when the samplers did not catch up in time. ``insert_id``: the id of this batch's first
+        attempt when retrying it (None: a new batch, a new id). InsertTooLargeError (nothing sent) when the
+        request would be over the server's limit. ``chunks``: frame chunks the items reference
+        (:func:`~apexrl.replay.wire.protocol.pack_chunks`), stored once and kept while an item references them.
+        """
+        data, offsets = _data_and_offsets(items, data, offsets)
+        wait_s, timeout_ms = P.server_wait(timeout)
+        frames = self.prepare_insert(priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks)
+        reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
+        return reply.arrays["keys"]
+
+    def next_insert_id(self) -> tuple[int, int]:
+        """A fresh insert id (this client's session nonce, the next sequence number): pass it to every attempt
+        of one batch."""
+        return self._session, next(self._sequence)
+
+    def hello(self, spec: TransitionSpec | str | None = None) -> ServerInfo:
+        """Declare ``spec`` (default: this client's) and learn the server's limits and spec. ServerError
+        (INVALID_ARGUMENT) when the server already has another spec."""
+        spec_json = _spec_json(spec) if spec is not None else self.spec_json
+        reply = self._call(P.Op.HELLO, lambda rid: P.encode_hello(rid, spec_json), self.timeout)
+        info = reply.stats or {}
+        text = reply.arrays["spec"]
+        try:
+            server_spec = TransitionSpec.from_json(text) if text else None
+            self._info = ServerInfo(
+                int(info["protocol_version"]),
+                int(info["max_request_bytes"]),
+                int(info["max_reply_bytes"]),
+                server_spec,
+                info.get("epoch"),
+                _optional_int(info.get("num_shards")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            self.transport.reset()
+            raise ProtocolError(P.Status.BAD_MESSAGE, f"HELLO reply: {type(exc).__name__}: {exc}") from None
+        return self._info
+
+    @property
+    def server_info(self) -> ServerInfo:
+        """The server's HELLO answer (asked for once, and again after a timeout)."""
+        return self._info if self._info is not None else self.hello()
+
+    def erase(self, keys: Any) -> int:
+        """Remove items by key (e.g. ones a learner could not decode); returns how many were present."""
+        frames = P.encode_erase(0, keys)  # validate before touching the socket
+        reply = self._call(P.Op.ERASE, lambda rid: P.with_request_id(frames, rid), self.timeout)
+        return int(reply.header.count)
+
+    def _check_size(self, frames: list[Any]) -> None:
+        limit = self.server_info.max_request_bytes
+        size = P.message_bytes(frames)
+        if size > limit:
+            n = memoryview(frames[1]).nbytes // 8
+            raise InsertTooLargeError(
+                f"INSERT of {n} items is {size} bytes, over the server's limit of {limit} bytes "
+                "(its --max-message-mb): split the batch"
+            )
+
+    def sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> SampledBatch:
+        """Sample n items with IS exponent beta.
+
+        ``timeout``: seconds the server may wait for the store to reach its min_size_to_sample; None (default)
+        answers at once. Raises ServerTimeoutError (a ReplayTimeout) when the store is still too small.
+        """
+        wait_s, timeout_ms = P.server_wait(timeout)
+        P.encode_sample(0, n, beta, timeout_ms)  # validate before touching the socket
+        reply = self._call(P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms), self.timeout + wait_s)
+        return sampled_batch(reply)
+
+    # Split calls: send now, collect the reply later, so that a caller (ShardedReplayClient) can have one request
+    # outstanding at each of several servers and the waits overlap. Don't interleave them with the other calls
+    # of the same client from another thread.
+
+    def send(self, build: Callable[[int], list[Any]], what: str, wait_s: float = 0.0) -> tuple[int, float]:
+        """Send ``build(request id)`` without waiting for the reply -> ``(request id, deadline)``: the client
+        timeout plus ``wait_s`` (the server-side wait the request asks for) from now. ReplayTimeout when it
+        could not be sent by then."""
+        rid = self.transport.next_request_id()
+        deadline = time.monotonic() + self.timeout + wait_s
+        try:
+            self.transport.send(build(rid), self.timeout + wait_s, what)
+        except ReplayTimeout:
+            self._info = None  # the server may have restarted: declare the spec again before the next insert
+            raise
+        return rid, deadline
+
+    def receive(self, op: P.Op, rid: int, deadline: float) -> P.Reply:
+        """The reply of type ``op`` to request ``rid`` (sent with :meth:`send`), or its error raised; ReplayTimeout
+        (socket reset) when none came by ``deadline``."""
+        try:
+            frames = self.transport.wait_reply(rid, deadline, op.name)
+        except ReplayTimeout:
+            self._info = None
+            raise
+        return self._decode(frames, op, rid)
+
+    def try_stats(self) -> int | None:
+        """Queue a STATS without waiting at all -> its request id, or None when it could not even be queued; the
+        reply comes with :meth:`poll_stats`. For probing a server that may be down."""
+        rid = self.transport.next_request_id()
+        return rid if self.transport.try_send(P.encode_stats(rid)) else None
+
+    def poll_stats(self, rid: int) -> dict[str, int | float] | None:
+        """The reply to the STATS sent as ``rid`` if it is already here, else None; never waits and never resets
+        the socket (so a request queued for a server that is down stays queued until it comes back)."""
+        frames = self.transport.receive(0)
+        while frames is not None:
+            if peek_ids(memoryview(frames[0].buffer))[1] == rid:
+                reply = self._decode(frames, P.Op.STATS, rid)
+                assert reply.stats is not None
+                return reply.stats
+            frames = self.transport.receive(0)  # a late reply to an earlier request: discard
+        return None
+
+    def update_priorities(self, keys: Any, priorities: Any) -> int:
+        """Set new priorities; returns how many keys were still present (evicted keys are skipped)."""
+        frames = P.encode_update(0, keys, priorities)  # validate before touching the socket
+        reply = self._call(P.Op.UPDATE_PRIORITIES, lambda rid: P.with_request_id(frames, rid), self.timeout)
+        return int(reply.header.count)
+
+    def remove_to_fit(self) -> int:
+        """Evict down to capacity with the server's policy; returns the number removed."""
+        return int(self._call(P.Op.REMOVE_TO_FIT, P.encode_remove_to_fit, self.timeout).header.count)
+
+    def stats(self) -> dict[str, int | float]:
+        """The store's stats plus the server's per-op request/error counters and min_size_to_sample."""
+        reply = self._call(P.Op.STATS, P.encode_stats, self.timeout)
+        assert reply.stats is not None
+        return reply.stats
+
+    # --------------------------------------------------------------------------- PipelinedReplay, Interruptible
+
+    def prepare_insert(
+        self,
+        priorities: Any,
+        data: Any,
+        offsets: Any,
+        *,
+        timeout: float | None = None,
+        insert_id: tuple[int, int] | None = None,
+        chunks: P.FrameChunks | None = None,
+    ) -> list[Any]:
+        """Validate and encode one INSERT for :meth:`send_insert` (ValueError for bad arguments,
+        InsertTooLargeError over the server's limit; the first call asks the server, see :meth:`hello`)."""
+        _wait_s, timeout_ms = P.server_wait(timeout)
+        frames = P.encode_insert(
+            0, priorities, data, offsets, timeout_ms, self.next_insert_id() if insert_id is None else insert_id, chunks
+        )
+        self._check_size(frames)
+        return frames
+
+    def insert_limit(self) -> int:
+        """The most bytes one INSERT request may have (the server's announced limit)."""
+        return self.server_info.max_request_bytes
+
+    def send_insert(self, message: list[Any]) -> tuple[int, int]:
+        """Send a prepared INSERT without waiting for its reply -> ``(request id, items)``; ReplayTimeout (socket
+        reset) when no server connection came within the client timeout. Collect the reply with
+        :meth:`receive_insert`; don't mix with the other calls on this client (they would discard its reply as
+        a stale one)."""
+        rid = self.transport.next_request_id()
+        self.transport.send(P.with_request_id(message, rid), self.timeout, "INSERT")
+        return rid, len(message[1])
+
+    def receive_insert(self, wait: float) -> tuple[int, Any] | None:
+        """The next INSERT reply within ``wait`` seconds -> ``(request id, keys)``, or ``(request id, exception)``
+        for an error reply or a malformed one; None when none came (frames that are no apexrl reply are
+        skipped)."""
+        frames = self.transport.receive(wait)
+        while frames is not None:
+            _op, rid = peek_ids(memoryview(frames[0].buffer))
+            if rid is not None:
+                try:
+                    reply = P.decode_reply(frames, P.Op.INSERT, rid)
+                except ProtocolError as exc:
+                    return rid, exc
+                if not reply.ok:
+                    return rid, error_of(reply.status, reply.message or "")
+                return rid, reply.arrays["keys"]
+            frames = self.transport.receive(0)
+        return None
+
+    def forget_inserts(self) -> None:
+        """Drop every INSERT reply still due (reset the socket; the next call reconnects and says HELLO)."""
+        self._info = None
+        self.transport.reset()
+
+    def interrupt(self) -> None:
+        """From any thread: the call in progress and every later one raise Interrupted."""
+        self.transport.interrupt()
+
+    # ------------------------------------------------------------------------------------------ helpers
+
+    def _same_endpoint(self) -> ReplayClient:
+        return ReplayClient(
+            self.endpoint, timeout=self.timeout, spec=self.spec_json or None, curve=self.transport.curve
+        )
+
+    def sampler(
+        self,
+        batch_size: int,
+        beta: float = 0.4,
+        prefetch: int = 16,
+        decode: Callable[[SampledBatch], Any] | None = None,
+        timeout: float | None = None,
+        *,
+        decoder: SlotDecoder | None = None,
+        decode_threads: int = 1,
+        sample_threads: int = 1,
+    ) -> PrefetchingSampler:
+        """A :class:`PrefetchingSampler`: an iterator of :class:`LearnerBatch` fed by a background thread.
+
+        The thread owns its own client (same endpoint and timeout; this client is not used) and keeps up to
+        ``prefetch`` batches ready. ``decode`` (e.g. ``spec.decode_batch``) or ``decoder`` (e.g. a
+        :class:`~apexrl.replay.wire.codec.BatchDecoder`, into a ring of preallocated batches) runs in
+        ``decode_threads`` threads of their own; ``sample_threads`` keeps that many SAMPLE requests in flight,
+        each thread on a connection of its own. ``timeout``
+        is the per-request server-side wait for ``min_size_to_sample`` as in :meth:`sample`. ReplayTimeouts
+        (server down or restarting, store too small) are retried until the sampler is closed; see
+        :class:`PrefetchingSampler`.
+        """
+        return PrefetchingSampler(
+            self._same_endpoint,
+            batch_size,
+            beta=beta,
+            prefetch=prefetch,
+            decode=decode,
+            timeout=timeout,
+            decoder=decoder,
+            decode_threads=decode_threads,
+            sample_threads=sample_threads,
+        )
+
+    def inserter(
+        self,
+        max_in_flight: int = 8,
+        *,
+        timeout: float | None = None,
+        on_ack: Callable[[np.ndarray, float], Any] | None = None,
+    ) -> PipelinedInserter:
+        """A :class:`PipelinedInserter`: inserts that do not wait for their reply (for actors).
+
+        Up to ``max_in_flight`` insert requests are outstanding at once; every reply is still received and
+        counted, failures are raised by a later ``insert()`` / ``flush()`` / ``close()``. It owns its own
+        socket (same endpoint and timeout); this client is not used. ``timeout`` is the server-side
+        rate-limiter wait as in :meth:`insert`; ``on_ack(keys, seconds)`` is called for each acknowledged
+        request with its keys and round-trip time.
+        """
+        return PipelinedInserter(
+            self._same_endpoint,
+            max_in_flight=max_in_flight,
+            timeout=timeout,
+            on_ack=on_ack,
+            client_timeout=self.timeout,
+        )
+
+    def updater(self, max_pending: int = 64) -> AsyncUpdater:
+        """An :class:`AsyncUpdater`: non-blocking priority updates sent by a background thread.
+
+        It owns its own client (same endpoint and timeout); this client is not used.
+        """
+        return AsyncUpdater(self._same_endpoint, max_pending=max_pending, close_timeout=self.timeout)
