@@ -352,7 +352,8 @@ def test_hostile_input_is_answered_with_errors_and_the_server_keeps_serving(serv
                 sent += 1
             left = deadline - time.monotonic()
             assert left > 0 and raw.poll(int(left * 1000)), (
-                f"{len(replies)} replies to {sent} requests sent; stats {server.stats()}")
+                f"{len(replies)} replies to {sent} requests sent; stats {server.stats()}"
+            )
             replies.append(raw.recv_multipart())
         statuses = {error_reply_status(frames) for frames in replies}
         assert statuses >= {Status.BAD_MESSAGE, Status.UNSUPPORTED_VERSION, Status.UNKNOWN_OP}
@@ -391,8 +392,7 @@ def test_a_peer_that_floods_without_reading_loses_replies_not_its_requests(serve
         msgs = hostile_messages(random.Random(1))
         for m in msgs:
             raw.send_multipart(m)
-        wait_for("every request read and answered or dropped",
-                 lambda: server.stats()["requests"] == len(msgs))
+        wait_for("every request read and answered or dropped", lambda: server.stats()["requests"] == len(msgs))
         replies: list[list[bytes]] = []
 
         def drained() -> bool:
