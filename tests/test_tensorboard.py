@@ -13,7 +13,7 @@ import sys
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tests.e2e.test_apex_processes import start_actor, start_learner
-from tests.launch.test_launch import _wait_until
+from tests.helpers import wait_until
 
 FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
 
@@ -70,13 +70,14 @@ def test_run_shows_metrics_evaluations_and_episodes_live_and_the_event_file_equa
         f"--learner-args={FAST_LEARNER}",
     )
     # Live: the learner's rows, an evaluation and the actor's episodes reach the event file while the run goes on.
-    _wait_until(
+    wait_until(
         lambda: (
             launcher.alive()
             and {"learner/sampled_per_s", "eval/return_mean", "episodes/return/actor_0"} <= set(_scalars(board))
         ),
         180,
         "learner, evaluation and episode scalars in the event file",
+        interval=0.3,
     )
     launcher.signal(signal.SIGINT)
     assert launcher.proc.wait(120) == 0, launcher.log()

@@ -1,4 +1,5 @@
-# Type stub of the native extension; keep in step with cpp/bindings/store_bindings.cpp and decode_bindings.cpp.
+# Type stub of the native extension; keep in step with cpp/bindings/ (store_bindings.cpp, decode_bindings.cpp,
+# serve_bindings.cpp, errors_bindings.cpp): tests/test_core_stub.py fails when a public name is missing here.
 from __future__ import annotations
 
 import os
@@ -22,6 +23,20 @@ class SampleBatch:
     def data(self) -> npt.NDArray[np.uint8]: ...
     @property
     def offsets(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def item_chunk_offsets(self) -> npt.NDArray[np.uint64]:
+        """n + 1 offsets into item_chunks (all 0 for items without chunks)."""
+    @property
+    def item_chunks(self) -> npt.NDArray[np.uint64]:
+        """Item i's chunks, as indices into this batch's chunks: item_chunks[item_chunk_offsets[i]:...[i + 1]]."""
+    @property
+    def chunk_data(self) -> npt.NDArray[np.uint8]:
+        """The bytes of every chunk the batch references, each once."""
+    @property
+    def chunk_offsets(self) -> npt.NDArray[np.uint64]:
+        """(number of chunks) + 1 offsets into chunk_data."""
+    @property
+    def chunks(self) -> list[bytes]: ...
     @property
     def items(self) -> list[memoryview]: ...
     @property
@@ -52,6 +67,9 @@ class PrioritizedStore:
         priorities: npt.ArrayLike,
         items: Sequence[Any] | npt.NDArray[Any] | bytes | memoryview,
         offsets: npt.ArrayLike | None = None,
+        chunks: Sequence[Any] | None = None,
+        item_chunks: npt.ArrayLike | None = None,
+        item_chunk_offsets: npt.ArrayLike | None = None,
     ) -> npt.NDArray[np.uint64]: ...
     def sample(self, n: int, beta: float = 0.4) -> SampleBatch: ...
     def update_priorities(self, keys: npt.ArrayLike, priorities: npt.ArrayLike) -> int: ...
@@ -110,3 +128,88 @@ def rebuild_frame_stacks(
 ) -> npt.NDArray[np.uint8]:
     """Frame stacks of sampled items rebuilt from their u16 references and the batch's frame chunks, with the
     GIL released; returns a mask, 1 where an item's stacks were rebuilt (FrameStackCodec.decode_valid_into)."""
+
+# ------------------------------------------------------------------ the serving loop (cpp/bindings/serve_bindings.cpp)
+
+class ServeLoop:
+    """The replay server's request path (cpp/apexrl/serve/serve_loop.h), over a configured zmq ROUTER socket (its
+    address, Socket.underlying) and the path of the libzmq that pyzmq loaded. Use
+    apexrl.replay.server.ReplayServer."""
+    def __init__(
+        self,
+        socket: int,
+        libzmq: str,
+        store: PrioritizedStore,
+        *,
+        max_bytes: int,
+        max_reply_bytes: int,
+        workers: int,
+        inline_sample_max: int,
+        max_wait_s: float,
+        max_waiting: int,
+        max_waiting_per_peer: int,
+        max_waiting_bytes: int,
+        max_unread_bytes: int,
+        samples_per_insert: float,
+        error_buffer: float,
+        min_size_to_sample: int,
+        dedup_max_ids: int,
+        dedup_max_bytes: int,
+        role_ops: dict[str, int] = ...,
+    ) -> None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def next_control(self, timeout_s: float) -> tuple[bytes, str, int, list[bytes]] | str | None:
+        """(peer, identity, op, frames) of the next HELLO/STATS, or (b'', LEVEL, 0, [text]) of a line to log;
+        None after timeout_s; 'closed' once the loop has stopped and nothing is left."""
+    def control_reply(self, peer: bytes, frames: list[bytes]) -> None: ...
+    def set_layout(
+        self,
+        fingerprint: int,
+        header_bytes: int,
+        compressed_names: Sequence[str],
+        compressed_empty: Sequence[bool],
+        repr: str,
+    ) -> None: ...
+    def stats(self) -> dict[str, int | float]: ...
+
+# The serving loop's pieces, for tests against their Python definitions.
+def serve_decode(frames: Sequence[bytes], max_bytes: int = 0) -> tuple[int, int, int, str]:
+    """(status, op, request_id, message) the serving loop's decoder gives a request."""
+
+def serve_first_bad_item(
+    fingerprint: int,
+    header_bytes: int,
+    names: Sequence[str],
+    empty: Sequence[bool],
+    repr: str,
+    data: Any,
+    offsets: Any,
+) -> str | None:
+    """The message naming the first bad item of a batch (offsets already valid), or None."""
+
+def serve_constants() -> dict[str, Any]: ...
+def serve_deadlock_reason(n: float, m: float, spi: float, eb: float) -> str | None: ...
+
+class NativeRateLimiter:
+    """The serving loop's rate limiter (tests)."""
+    def __init__(self, spi: float | None, eb: float, min_size: int) -> None: ...
+    def big_enough(self, size: int, /) -> bool: ...
+    def insert_ok(self, n: int, size: int, inserted: int, sampled: int, /) -> bool: ...
+    def sample_ok(self, n: int, size: int, inserted: int, sampled: int, /) -> bool: ...
+    def try_insert(self, n: int, size: int, /) -> bool: ...
+    def try_sample(self, n: int, size: int, /) -> bool: ...
+    def undo(self, inserted: int = 0, sampled: int = 0) -> None: ...
+    def never_admitted(self, op: int, n: int, size: int, /) -> str | None: ...
+    def counts(self) -> tuple[int, int]: ...
+    def describe(self) -> str: ...
+
+class NativeInsertWindow:
+    """The serving loop's exactly-once insert window (tests)."""
+    def __init__(self, max_ids: int, max_bytes: int) -> None: ...
+    def claim(
+        self, identity: str, session: int, sequence: int, owner: int, deadline: float, now: float, /
+    ) -> tuple[str, list[int] | None]: ...
+    def release(self, identity: str, session: int, sequence: int, owner: int, /) -> None: ...
+    def finish(self, identity: str, session: int, sequence: int, owner: int, keys: Sequence[int], /) -> None: ...
+    def stats(self) -> dict[str, int]: ...

@@ -41,9 +41,9 @@ class RunResult:
 
 def _flags() -> dict[str, argparse.Action]:
     """``apexrl run``'s options by keyword name."""
-    from apexrl.cli.main import _fill_run_parser
+    from apexrl.launch.start import fill_run_parser
 
-    parser = _fill_run_parser(argparse.ArgumentParser(add_help=False))
+    parser = fill_run_parser(argparse.ArgumentParser(add_help=False))
     return {a.dest: a for a in parser._actions if a.option_strings}
 
 
@@ -76,7 +76,7 @@ def run(*, stop: threading.Event | None = None, out: TextIO | None = None, **kwa
     (default stdout). Raises ValueError on a bad flag, setting or combination (nothing started), TypeError on an
     unknown keyword.
     """
-    from apexrl.cli.main import launch_plan, make_launcher, run_banner
+    from apexrl.launch.start import launch_plan, make_launcher, run_banner
     from apexrl.launch.local import PlacementError
 
     argv = to_argv(kwargs)

@@ -15,6 +15,7 @@ import pytest
 from apexrl.apex.metrics import read_csv
 from apexrl.replay.client import ReplayClient
 from tests.conftest import free_port
+from tests.helpers import wait_until
 
 # Small, fast settings: the point is the plumbing, not the learning.
 LEARNER_FAST = [
@@ -110,22 +111,12 @@ def evaluated(run_dir: str) -> bool:
     return os.path.exists(path) and any(v == v for v in read_csv(path)["eval_return_mean"])  # v == v: not NaN
 
 
-def wait_until(cond, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def test_smoke_server_learner_two_actors_train_checkpoint_and_exit_zero(start_server, spawn, tmp_path):
     run_dir = str(tmp_path / "run")
     server, learner, actors = start_system(start_server, spawn, run_dir)
 
-    wait_until(lambda: learner_steps(run_dir) >= 300, 120, "300 learner steps in metrics.csv")
-    wait_until(lambda: evaluated(run_dir), 60, "an evaluation in metrics.csv")
+    wait_until(lambda: learner_steps(run_dir) >= 300, 120, "300 learner steps in metrics.csv", interval=0.5)
+    wait_until(lambda: evaluated(run_dir), 60, "an evaluation in metrics.csv", interval=0.5)
     for a in actors:
         a.wait_for(r"params_version=[1-9]", timeout=30)  # actors pulled weights the learner published
         a.wait_for(r"episodes=[1-9]", timeout=30)
@@ -152,12 +143,12 @@ def test_smoke_server_learner_two_actors_train_checkpoint_and_exit_zero(start_se
 def test_killing_an_actor_does_not_stop_learning(start_server, spawn, tmp_path):
     run_dir = str(tmp_path / "run")
     server, learner, actors = start_system(start_server, spawn, run_dir)
-    wait_until(lambda: learner_steps(run_dir) >= 100, 120, "100 learner steps")
+    wait_until(lambda: learner_steps(run_dir) >= 100, 120, "100 learner steps", interval=0.5)
     actors[0].kill9()
     with ReplayClient(server.endpoint, timeout=10) as client:
         inserted = client.stats()["inserted"]
         steps = learner_steps(run_dir)
-        wait_until(lambda: learner_steps(run_dir) >= steps + 200, 60, "learning to go on after the kill")
+        wait_until(lambda: learner_steps(run_dir) >= steps + 200, 60, "learning to go on after the kill", interval=0.5)
         assert client.stats()["inserted"] > inserted  # the surviving actor still feeds the replay
     assert actors[1].terminate() == 0
     assert learner.terminate() == 0
@@ -167,15 +158,17 @@ def test_actors_and_learner_recover_from_a_replay_server_restart(start_server, s
     port = free_port()
     run_dir = str(tmp_path / "run")
     server, learner, actors = start_system(start_server, spawn, run_dir, port=port)
-    wait_until(lambda: learner_steps(run_dir) >= 100, 120, "100 learner steps")
+    wait_until(lambda: learner_steps(run_dir) >= 100, 120, "100 learner steps", interval=0.5)
 
     server.kill9()  # a crash: no snapshot, the new server starts empty
     time.sleep(2.0)
     server = start_server("--capacity", "20000", "--min-size-to-sample", "300", port=port)
     with ReplayClient(server.endpoint, timeout=10) as client:
-        wait_until(lambda: client.stats()["inserted"] > 500, 60, "actors to refill the restarted server")
+        wait_until(lambda: client.stats()["inserted"] > 500, 60, "actors to refill the restarted server", interval=0.5)
         steps = learner_steps(run_dir)
-        wait_until(lambda: learner_steps(run_dir) >= steps + 100, 90, "the learner to train on the new server")
+        wait_until(
+            lambda: learner_steps(run_dir) >= steps + 100, 90, "the learner to train on the new server", interval=0.5
+        )
         assert client.stats()["sampled"] > 0
     for a in actors:
         assert a.terminate() == 0, a.log()
@@ -187,7 +180,7 @@ def test_learner_killed_and_resumed_continues_its_counters_and_weights(start_ser
     params_port = free_port()
     server, learner, actors = start_system(start_server, spawn, run_dir, params_port=params_port)
     ckpt = os.path.join(run_dir, "checkpoint.safetensors")
-    wait_until(lambda: learner_steps(run_dir) >= 120 and os.path.exists(ckpt), 120, "a checkpoint")
+    wait_until(lambda: learner_steps(run_dir) >= 120 and os.path.exists(ckpt), 120, "a checkpoint", interval=0.5)
     learner.kill9()
 
     from apexrl.apex.checkpoint import load_checkpoint
@@ -198,7 +191,7 @@ def test_learner_killed_and_resumed_continues_its_counters_and_weights(start_ser
     learner2, _ = start_learner(spawn, server.endpoint, run_dir, "--resume", name="learner2", params_port=params_port)
     m = learner2.wait_for(r"resumed from \S+ at step (\d+)", timeout=30)
     assert int(m.group(1)) == saved_steps
-    wait_until(lambda: learner_steps(run_dir) >= saved_steps + 100, 90, "the resumed learner to train")
+    wait_until(lambda: learner_steps(run_dir) >= saved_steps + 100, 90, "the resumed learner to train", interval=0.5)
     rows = read_csv(os.path.join(run_dir, "metrics.csv"))
     resumed = [s for s in rows["learner_steps"] if s >= saved_steps]
     assert resumed and min(resumed) >= saved_steps  # counters continue, they do not restart at 0

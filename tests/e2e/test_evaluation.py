@@ -19,8 +19,9 @@ from apexrl.envs import env_spec, make_env
 from apexrl.launch.plan import Overrides, plan
 from apexrl.launch.presets import get_preset
 from apexrl.replay.client import ReplayClient
-from tests.e2e.test_apex_processes import start_actor, start_learner, wait_until
+from tests.e2e.test_apex_processes import start_actor, start_learner
 from tests.torch_helpers import one_thread  # noqa: F401 - autouse fixture
+from tests.helpers import wait_until
 
 # -- statistics ---------------------------------------------------------------------------------------------
 
@@ -131,7 +132,7 @@ def test_learner_credits_evaluations_to_their_weights_and_logs_replay_ratio(star
     def evaluations() -> int:
         return os.path.exists(path) and int(np.sum(~np.isnan(read_csv(path)["eval_learner_steps"])))
 
-    wait_until(lambda: evaluations() >= 3, 180, "three evaluations in metrics.csv")
+    wait_until(lambda: evaluations() >= 3, 180, "three evaluations in metrics.csv", interval=0.5)
     with ReplayClient(server.endpoint, timeout=10) as client:
         stats = client.stats()
     assert actor.terminate() == 0, actor.log()

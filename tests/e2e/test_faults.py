@@ -26,7 +26,7 @@ from apexrl.agents.dqn import dqn_transition_spec
 from apexrl.envs import env_spec
 from apexrl.errors import ApexRLError
 from apexrl.replay.client import ReplayClient
-from tests.e2e.test_apex_processes import wait_until
+from tests.helpers import wait_until
 
 SEED = 20261123
 SNAPSHOT_EVERY = 5.0
@@ -134,14 +134,18 @@ def test_kill9_of_actor_server_and_learner_loses_nothing_acknowledged(spawn, tmp
             inserted_at_kill = _stats_ok(canaries.client) or 0
             os.kill(pid, 9)
             killed_at = time.monotonic()
-            wait_until(lambda: _pids(run_dir).get(name, pid) != pid, 60, f"{name} to be restarted")
+            wait_until(lambda: _pids(run_dir).get(name, pid) != pid, 60, f"{name} to be restarted", interval=0.5)
             if name == "server":
-                restored = wait_until(lambda: _stats_ok(canaries.client), 60, "the restarted server to answer")
+                restored = wait_until(
+                    lambda: _stats_ok(canaries.client), 60, "the restarted server to answer", interval=0.5
+                )
                 # Let the new life insert more than the old one did since its last snapshot, so a key the new
                 # life reissued (the old bug) would address an actor's transition by the time of the check.
                 per_s = inserted_at_kill / max(killed_at - t_launch, 1.0)
                 want = restored + per_s * (2 * SNAPSHOT_EVERY + 10.0)
-                wait_until(lambda: (_stats_ok(canaries.client) or 0) >= want, 90, "actors to refill the server")
+                wait_until(
+                    lambda: (_stats_ok(canaries.client) or 0) >= want, 90, "actors to refill the server", interval=0.5
+                )
                 checked = _check_after_server_restart(canaries, killed_at)
         while launcher.alive():
             canaries.insert()

@@ -25,7 +25,8 @@ from apexrl.replay.config import ServerConfig
 from apexrl._core import NativeInsertWindow as InsertWindow
 from apexrl.replay.insert_guard import spec_sidecar
 from apexrl.replay.server import ReplayServer
-from tests.e2e.test_apex_processes import start_learner, wait_until
+from tests.e2e.test_apex_processes import start_learner
+from tests.helpers import wait_until
 
 CARTPOLE = TransitionSpec(
     [
@@ -318,7 +319,7 @@ def test_a_retry_after_a_client_timeout_while_the_insert_waited_is_stored_once(m
         insert_id = (0x5EED, 1)
         first = raw(server.endpoint)
         first.send_multipart(P.encode_insert(21, np.ones(5), data, offsets, 60_000, insert_id), copy=False)
-        wait_until(lambda: learner.stats()["rate_limiter_waits_insert"] >= 1, 30, "the insert to wait")
+        wait_until(lambda: learner.stats()["rate_limiter_waits_insert"] >= 1, 30, "the insert to wait", interval=0.5)
         first.close(linger=0)  # the client timed out: its socket (and the late reply) is gone
         retry = raw(server.endpoint)
         retry.send_multipart(P.encode_insert(22, np.ones(5), data, offsets, 60_000, insert_id), copy=False)

@@ -18,7 +18,8 @@ import time
 from apexrl.apex.checkpoint import load_checkpoint
 from apexrl.apex.metrics import read_csv
 from tests.conftest import free_port
-from tests.e2e.test_apex_processes import LEARNER_FAST, learner_steps, start_system, wait_until
+from tests.e2e.test_apex_processes import LEARNER_FAST, learner_steps, start_system
+from tests.helpers import wait_until
 
 STOP_WITHIN_S = 5.0
 
@@ -26,7 +27,7 @@ STOP_WITHIN_S = 5.0
 def test_simultaneous_sigterm_every_process_exits_within_five_seconds(start_server, spawn, tmp_path):
     run_dir = str(tmp_path / "run")
     server, learner, actors = start_system(start_server, spawn, run_dir)
-    wait_until(lambda: learner_steps(run_dir) >= 100, 120, "100 learner steps")
+    wait_until(lambda: learner_steps(run_dir) >= 100, 120, "100 learner steps", interval=0.5)
     procs = {"server": server.proc, "learner": learner.proc, **{f"actor{i}": a.proc for i, a in enumerate(actors)}}
     t0 = time.monotonic()
     for p in procs.values():
@@ -59,7 +60,7 @@ def test_checkpoint_on_a_full_disk_keeps_the_previous_one_and_training_goes_on(s
     ckpt = os.path.join(run_dir, "checkpoint.safetensors")
     params_port = free_port()
     server, learner, actors = start_system(start_server, spawn, run_dir, params_port=params_port)
-    wait_until(lambda: os.path.exists(ckpt) and learner_steps(run_dir) >= 100, 120, "a checkpoint")
+    wait_until(lambda: os.path.exists(ckpt) and learner_steps(run_dir) >= 100, 120, "a checkpoint", interval=0.5)
     assert learner.terminate() == 0, learner.log()
     _, meta = load_checkpoint(ckpt)
     saved_step = meta["learner_steps"]

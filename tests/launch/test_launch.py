@@ -14,12 +14,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from apexrl.apex.metrics import read_csv
 from apexrl.launch.progress import Progress
 from apexrl.plot import episode_curve
+from tests.helpers import wait_until
 
 FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -42,16 +42,6 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def _wait_until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def test_run_restarts_a_killed_actor_and_stops_everything_on_sigint(spawn, tmp_path):
@@ -81,14 +71,15 @@ def test_run_restarts_a_killed_actor_and_stops_everything_on_sigint(spawn, tmp_p
     m = launcher.wait_for(r"actor0 restarted \(pid (\d+), restart 1\)", timeout=20)
     new_actor0 = int(m.group(1))
     assert new_actor0 != first_actor0 and _alive(new_actor0)
-    _wait_until(lambda: _pids(run_dir).get("actor0") == new_actor0, 5, "pids.json to show the new actor")
+    wait_until(lambda: _pids(run_dir).get("actor0") == new_actor0, 5, "pids.json to show the new actor", interval=0.3)
     launcher.wait_for(r"restarts 1", timeout=20)  # the progress line counts it
     launcher.wait_for(r"eval -?\d+\.\d", timeout=60)
     actor0_log = os.path.join(run_dir, "logs", "actor0.log")
-    _wait_until(
+    wait_until(
         lambda: "actor=0 time_s=" in _read(actor0_log).split("restart 1 at", 1)[-1],
         60,
         "the restarted actor0 to make progress",
+        interval=0.3,
     )
 
     launcher.signal(signal.SIGINT)
@@ -167,7 +158,7 @@ def test_a_stopped_run_gets_no_final_evaluation(spawn, tmp_path):
         "--quiet",
         f"--learner-args={FAST_LEARNER}",
     )
-    _wait_until(lambda: os.path.exists(os.path.join(run_dir, "metrics.csv")), 120, "metrics.csv")
+    wait_until(lambda: os.path.exists(os.path.join(run_dir, "metrics.csv")), 120, "metrics.csv", interval=0.3)
     launcher.proc.send_signal(signal.SIGINT)
     assert launcher.proc.wait(60) == 0, launcher.log()
     assert "received SIGINT" in launcher.log() and "final evaluation" not in launcher.log()

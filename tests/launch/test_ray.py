@@ -20,8 +20,8 @@ import sys
 import pytest
 from apexrl.apex.metrics import read_csv
 from tests.conftest import Proc
-from tests.e2e.test_apex_processes import wait_until
 from tests.launch.test_launch import _alive
+from tests.helpers import wait_until
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray's import: it keeps Ray on 127.0.0.1
@@ -169,8 +169,9 @@ class Run:
             lambda: len(self.progress(child)) >= records_before + 2,
             timeout,
             f"progress records of the restarted {child}",
+            interval=0.5,
         )
-        wait_until(lambda: self.pids().get("children", {}).get(child), 30, f"{child} in pids.json")
+        wait_until(lambda: self.pids().get("children", {}).get(child), 30, f"{child} in pids.json", interval=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +223,7 @@ def test_replay_and_learner_on_the_head_actors_on_the_workers(ray_run):
         lambda: ray_run.pids().get("nodes") if len(ray_run.pids().get("nodes", {})) == 5 else None,
         60,
         "every child's node in pids.json",
+        interval=0.5,
     )
     assert nodes["server0"] == nodes["server1"] == nodes["learner"] == head
     assert nodes["actor0"] in workers and nodes["actor1"] in workers
@@ -235,12 +237,14 @@ def test_the_run_learns_and_reports_like_a_local_run(ray_run):
         lambda: os.path.exists(metrics) and max(read_csv(metrics)["learner_steps"], default=0) > 0,
         60,
         "learner steps in metrics.csv",
+        interval=0.5,
     )
     episodes = os.path.join(ray_run.run_dir, "episodes.csv")  # the actors' rows, shipped back from their nodes
     wait_until(
         lambda: os.path.exists(episodes) and set(read_csv(episodes)["actor"]) == {0.0, 1.0},
         60,
         "both actors' episodes in episodes.csv",
+        interval=0.5,
     )
     for server in ("server0", "server1"):  # their logs, shipped from their host
         assert "listening on" in _read(os.path.join(ray_run.run_dir, "logs", f"{server}.log"))
@@ -250,7 +254,7 @@ def test_the_run_learns_and_reports_like_a_local_run(ray_run):
 def test_a_killed_actor_host_comes_back_and_the_run_goes_on(ray_run):
     import ray
 
-    wait_until(lambda: ray_run.progress("actor0"), 120, "actor0's progress")
+    wait_until(lambda: ray_run.progress("actor0"), 120, "actor0's progress", interval=0.5)
     log_from, before = len(ray_run.proc.log()), len(ray_run.progress("actor0"))
     ray.kill(ray_run.host("actor0"), no_restart=False)
     ray_run.comes_back("actor0", log_from, before)
@@ -259,33 +263,46 @@ def test_a_killed_actor_host_comes_back_and_the_run_goes_on(ray_run):
 
 @pytest.mark.ray
 def test_a_crashed_learner_restarts_in_its_host_with_resume(ray_run):
-    pid = wait_until(lambda: ray_run.pids().get("children", {}).get("learner"), 60, "the learner's pid")
-    wait_until(lambda: os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors")), 120, "a checkpoint")
+    pid = wait_until(lambda: ray_run.pids().get("children", {}).get("learner"), 60, "the learner's pid", interval=0.5)
+    wait_until(
+        lambda: os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors")),
+        120,
+        "a checkpoint",
+        interval=0.5,
+    )
     log_from = len(ray_run.proc.log())
     os.kill(pid, signal.SIGKILL)  # the process, not its host (every node of this cluster is this machine)
     ray_run.proc.wait_for(r"learner exited unexpectedly \(killed by SIGKILL\); restarting", 60, start=log_from)
     ray_run.proc.wait_for(r"learner restarted \(.*, restart \d+\)", 60, start=log_from)
     learner_log = os.path.join(ray_run.run_dir, "logs", "learner.log")
-    wait_until(lambda: "learner resumed from" in _read(learner_log), 120, "the learner to resume from its checkpoint")
+    wait_until(
+        lambda: "learner resumed from" in _read(learner_log),
+        120,
+        "the learner to resume from its checkpoint",
+        interval=0.5,
+    )
     before = len(ray_run.progress("learner"))
-    wait_until(lambda: len(ray_run.progress("learner")) > before + 1, 120, "the resumed learner's progress")
+    wait_until(
+        lambda: len(ray_run.progress("learner")) > before + 1, 120, "the resumed learner's progress", interval=0.5
+    )
 
 
 @pytest.mark.ray
 def test_removing_a_worker_node_moves_its_actor_which_reconnects(ray_run):
-    wait_until(lambda: ray_run.node_of("actor1"), 60, "actor1's node")
+    wait_until(lambda: ray_run.node_of("actor1"), 60, "actor1's node", interval=0.5)
     lost = ray_run.node_of("actor1")
     node = next(w for w in ray_run.workers if w.node_id == lost)
     log_from, before = len(ray_run.proc.log()), len(ray_run.progress("actor1"))
     ray_run.cluster.remove_node(node)
     ray_run.comes_back("actor1", log_from, before)
-    moved = wait_until(lambda: ray_run.node_of("actor1"), 30, "actor1's new node")
+    moved = wait_until(lambda: ray_run.node_of("actor1"), 30, "actor1's new node", interval=0.5)
     assert moved != lost and moved != ray_run.cluster.head_node.node_id
     last = ray_run.progress("actor1")[-1]
     wait_until(
         lambda: ray_run.progress("actor1")[-1]["inserted"] > last["inserted"],
         60,
         "the moved actor1 to insert into the replay",
+        interval=0.5,
     )
 
 
@@ -294,7 +311,10 @@ def test_sigint_stops_every_process_and_every_host(ray_run):
     import ray
 
     steps = wait_until(
-        lambda: [r for r in ray_run.progress("learner") if r.get("learner_steps")], 120, "learner progress"
+        lambda: [r for r in ray_run.progress("learner") if r.get("learner_steps")],
+        120,
+        "learner progress",
+        interval=0.5,
     )
     ray_run.proc.signal(signal.SIGINT)
     assert ray_run.proc.proc.wait(180) == 0, ray_run.proc.log()[-3000:]
@@ -303,7 +323,7 @@ def test_sigint_stops_every_process_and_every_host(ray_run):
     assert os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors"))
     assert steps
     for pid in ray_run.seen_pids:  # every process any host started (all on this machine here) is gone
-        wait_until(lambda: not _alive(pid), 30, f"process {pid} to be gone")
+        wait_until(lambda: not _alive(pid), 30, f"process {pid} to be gone", interval=0.5)
     for child in ("server0", "server1", "learner", "actor0", "actor1"):
         with pytest.raises(ValueError):
             ray_run.host(child)

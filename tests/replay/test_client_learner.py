@@ -18,6 +18,7 @@ from apexrl.replay.client import (
     ReplayClient,
 )
 from apexrl.replay.codec import TransitionSpec
+from tests.helpers import wait_until
 
 # ------------------------------------------------------------- process helper (copied from test_server_client)
 
@@ -30,13 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(cond, timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def connect(endpoint: str, timeout: float):
@@ -113,14 +107,14 @@ def test_prefetch_bound_is_respected(start_server):
     with ReplayClient(server.endpoint, timeout=5) as client:
         client.insert(np.ones(50), items_for("p", 50))
         with client.sampler(8, prefetch=3) as sampler:
-            wait_until(lambda: sampler.qsize() == 3, what="a full queue")
+            wait_until(lambda: sampler.qsize() == 3, 5.0, "a full queue", interval=0.01)
             time.sleep(0.3)  # the worker must not sample while the queue is full
             st = sampler.stats()
             assert st["queued"] == 3 and st["max_queued"] == 3 and st["fetched"] == 3
             assert client.stats()["requests_sample"] == 3
             for _ in range(5):
                 assert len(sampler.next(timeout=5)) == 8
-            wait_until(lambda: sampler.qsize() == 3, what="a refilled queue")
+            wait_until(lambda: sampler.qsize() == 3, 5.0, "a refilled queue", interval=0.01)
             time.sleep(0.1)
             st = sampler.stats()
             assert st["max_queued"] == 3 and st["fetched"] == 8
@@ -133,10 +127,10 @@ def test_close_is_prompt_while_waiting_on_a_dead_server_or_a_full_queue(start_se
         client.insert(np.ones(20), items_for("c", 20))
     # full queue: the worker waits for room
     full = PrefetchingSampler(connect(server.endpoint, 30), 4, prefetch=2)
-    wait_until(lambda: full.qsize() == 2, what="a full queue")
+    wait_until(lambda: full.qsize() == 2, 5.0, "a full queue", interval=0.01)
     # server gone: the worker waits for a reply that never comes (client timeout 30 s)
     gone = PrefetchingSampler(connect(server.endpoint, 30), 4, prefetch=2)
-    wait_until(lambda: gone.qsize() == 2, what="a full queue")
+    wait_until(lambda: gone.qsize() == 2, 5.0, "a full queue", interval=0.01)
     server.kill()
     gone.next(timeout=5)  # room for one more: the worker now sends to a dead server
     time.sleep(0.3)
@@ -147,7 +141,7 @@ def test_close_is_prompt_while_waiting_on_a_dead_server_or_a_full_queue(start_se
         assert not any(t.is_alive() for t in s._threads) and all(r.closed for r in s._replays)
     # never any server: timeouts are retried (and counted) until closed
     nobody = PrefetchingSampler(connect(f"tcp://127.0.0.1:{free_port()}", 0.2), 4)
-    wait_until(lambda: nobody.retries >= 2, what="retries")
+    wait_until(lambda: nobody.retries >= 2, 5.0, "retries", interval=0.01)
     assert isinstance(nobody.last_retry_error, ReplayTimeout)
     with pytest.raises(ReplayTimeout):
         nobody.next(timeout=0.1)  # the consumer's own optional wait bound
@@ -228,7 +222,7 @@ def test_sampler_keeps_going_after_a_server_restart(start_server, tmp_path):
         assert server.terminate() == 0  # writes the snapshot
         while sampler.qsize():
             sampler.next(timeout=1)
-        wait_until(lambda: sampler.retries >= 1, what="a retry while the server is down")
+        wait_until(lambda: sampler.retries >= 1, 5.0, "a retry while the server is down", interval=0.01)
         restarted = start_server("--snapshot", snap, port=server.port)
         for _ in range(5):
             check_raw(sampler.next(timeout=10), by_key, 8)
@@ -239,7 +233,7 @@ def test_sampler_keeps_going_after_a_server_restart(start_server, tmp_path):
 def test_sampler_waits_for_min_size_to_sample(start_server):
     server = start_server("--min-size-to-sample", "20")
     with ReplayClient(server.endpoint, timeout=5) as client, client.sampler(4, prefetch=2) as sampler:
-        wait_until(lambda: sampler.retries >= 1, what="a TIMEOUT retry")  # store too small: retried
+        wait_until(lambda: sampler.retries >= 1, 5.0, "a TIMEOUT retry", interval=0.01)  # store too small: retried
         assert sampler.qsize() == 0
         client.insert(np.ones(20), items_for("m", 20))
         assert len(sampler.next(timeout=5)) == 4
@@ -302,7 +296,7 @@ def test_async_update_failures_are_reported(start_server):
             updater.flush(timeout=5)  # the error was reported once
             # reported by the next update() as well
             updater.update(np.arange(1000, dtype=np.uint64), np.ones(1000))
-            wait_until(lambda: updater.stats()["failed"] == 2, what="the second failure")
+            wait_until(lambda: updater.stats()["failed"] == 2, 5.0, "the second failure", interval=0.01)
             with pytest.raises(ServerError):
                 updater.update(keys, np.full(10, 3.0))
             updater.update(keys, np.full(10, 3.0))

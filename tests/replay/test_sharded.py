@@ -28,8 +28,8 @@ from apexrl.replay.sharded import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.e2e.test_apex_processes import wait_until
 from tests.store.test_sampling_stats import P_VALUE_FLOOR, chi2_sf
+from tests.helpers import wait_until
 
 ALPHA, BETA = 0.6, 0.4
 # Skewed masses: many light items on server 0, a few heavy ones on server 2.
@@ -316,11 +316,11 @@ def test_a_run_over_two_servers_keeps_learning_when_one_is_killed(spawn, tmp_pat
         except (OSError, KeyError, IndexError, ValueError):
             return 0
 
-    wait_until(lambda: steps() > 50, 120, "learner steps")
+    wait_until(lambda: steps() > 50, 120, "learner steps", interval=0.5)
     os.kill(_pids(run_dir)["server1"], signal.SIGKILL)
     launcher.wait_for(r"server1 restarted", timeout=60)
     before = steps()
-    wait_until(lambda: steps() > before + 200, 120, "learner steps after the restart")
+    wait_until(lambda: steps() > before + 200, 120, "learner steps after the restart", interval=0.5)
     launcher.proc.send_signal(signal.SIGINT)
     assert launcher.proc.wait(120) == 0, launcher.log()
     assert "learner restarted" not in launcher.log() and "learner exited" not in launcher.log()

@@ -20,6 +20,7 @@ from apexrl.cli.server import parse_args
 from apexrl.errors import ReplayTimeout
 from apexrl.replay.client import ReplayClient, ServerTimeoutError
 from apexrl.replay.server import ServerConfig
+from tests.helpers import wait_until
 
 # ------------------------------------------------------------------------------ process helper (copied from
 # tests/server/test_server_client.py on purpose: the test modules stay independent)
@@ -58,6 +59,12 @@ class Background:
         return self.result
 
 
+def waiting_on_the_server(client: ReplayClient, n: int) -> dict:
+    """STATS once ``n`` requests wait in the server (its ``deferred`` count): they reached it and were held,
+    which a sleep on this side cannot tell from requests not sent yet."""
+    return wait_until(lambda: (lambda s: s if s["deferred"] == n else None)(client.stats()), 10, f"{n} waiting")
+
+
 # ------------------------------------------------------------------------------------------------ blocking
 
 
@@ -70,10 +77,10 @@ def test_a_sampler_too_far_ahead_waits_and_is_released_by_inserts(start_server):
             client.sample(1)  # timeout 0: answered at once
         with ReplayClient(server.endpoint, timeout=5) as c2:
             waiting = Background(lambda: c2.sample(2, timeout=6))
-            time.sleep(0.4)
+            waiting_on_the_server(client, 1)
             assert not waiting.done()
             client.insert(np.ones(1), items(1, "a"))  # I = 6: S + 2 = 10 > 9, still blocked
-            time.sleep(0.3)
+            assert client.stats()["deferred"] == 1  # the loop re-examined it after the insert, before STATS
             assert not waiting.done()
             t0 = time.monotonic()
             client.insert(np.ones(1), items(1, "b"))  # I = 7: 10 <= 10, released
@@ -92,10 +99,10 @@ def test_an_inserter_too_far_ahead_waits_and_is_released_by_samples(start_server
             client.insert(np.ones(1), items(1, "now"))  # (6 + 1 - 1) * 1 - 0 > 4, timeout 0
         with ReplayClient(server.endpoint, timeout=5) as c2:
             waiting = Background(lambda: c2.insert(np.ones(1), items(1, "w"), timeout=6))
-            time.sleep(0.4)
+            waiting_on_the_server(client, 1)
             assert not waiting.done()
             client.sample(1)  # S = 1: 6 - 1 = 5 > 4, still blocked
-            time.sleep(0.3)
+            assert client.stats()["deferred"] == 1  # the loop re-examined it after the sample, before STATS
             assert not waiting.done()
             t0 = time.monotonic()
             client.sample(1)  # S = 2: 6 - 2 = 4 <= 4, released
@@ -115,7 +122,7 @@ def test_waiting_requests_hold_no_worker(start_server):
         clients = [ReplayClient(server.endpoint, timeout=5) for _ in range(3)]
         try:
             waiting = [Background(lambda c=c: c.sample(1, timeout=6)) for c in clients]
-            time.sleep(0.4)
+            waiting_on_the_server(client, 3)
             assert not any(w.done() for w in waiting)
             t0 = time.monotonic()
             client.stats()  # the only worker is free
@@ -158,7 +165,7 @@ def test_min_size_still_applies_and_filling_up_is_not_limited(start_server):
         with ReplayClient(server.endpoint, timeout=5) as c2:
             waiting = Background(lambda: c2.sample(2, timeout=6))
             client.insert(np.ones(3), items(3))  # size 3 < 4: not limited
-            time.sleep(0.3)
+            waiting_on_the_server(client, 1)  # the SAMPLE still waits for min size
             assert not waiting.done()
             client.insert(np.ones(7), items(7, "b"))  # size 3 < 4: still not limited although 10 > 2
             assert len(waiting.join()) == 2  # S = 2 <= (10 - 4) + 2
@@ -200,7 +207,8 @@ def test_concurrent_inserter_and_sampler_keep_the_ratio(start_server):
                     return
 
     threads = [Background(inserter), Background(sampler)]
-    time.sleep(1.0)
+    time.sleep(1.0)  # at least a second of both sides, and as long as both need to have moved (a busy machine)
+    wait_until(lambda: counts["sampled"] > 50 and counts["inserted"] > 10, 30, "both sides moving")
     stop.set()
     for t in threads:
         t.join()

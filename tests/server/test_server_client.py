@@ -22,6 +22,7 @@ from apexrl.replay.client import (
     ServerShuttingDownError,
     ServerTimeoutError,
 )
+from tests.helpers import wait_until
 
 
 def recv(sock: zmq.Socket, timeout: float = 5.0) -> list[bytes] | None:
@@ -254,7 +255,7 @@ def test_min_size_to_sample_times_out_then_succeeds(start_server):
         threads = [threading.Thread(target=sampler) for _ in range(4)]
         for t in threads:
             t.start()
-        time.sleep(0.3)
+        wait_until(lambda: client.stats()["deferred"] == 4, 10, "the 4 samplers waiting in the server")
         t0 = time.monotonic()
         client.insert(np.ones(4), items_for("x", 4))
         assert client.stats()["size"] == 4

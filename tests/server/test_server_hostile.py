@@ -24,7 +24,7 @@ import pytest
 from apexrl.errors import ProtocolError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import InsertTooLargeError, ReplayClient
-from tests.e2e.test_apex_processes import wait_until
+from tests.helpers import wait_until
 
 MiB = 1 << 20
 
@@ -306,7 +306,7 @@ def test_frames_over_the_size_cap_neither_crash_nor_inflate_the_server(start_ser
 
     t = threading.Thread(target=good_client, daemon=True)
     t.start()
-    wait_until(lambda: served[0] >= 50, 30, "the good client to be served")
+    wait_until(lambda: served[0] >= 50, 30, "the good client to be served", interval=0.5)
     hog_frame = b"\xab" * (2 * MiB)
 
     def hogs(first_id: int) -> None:
@@ -317,7 +317,7 @@ def test_frames_over_the_size_cap_neither_crash_nor_inflate_the_server(start_ser
             assert hog.poll(100) == 0, "an over-cap frame must not be answered (the peer is disconnected)"
             hog.close(linger=0)
         during = served[0]
-        wait_until(lambda: served[0] > during, 30, "the good client to be served after the hogs")
+        wait_until(lambda: served[0] > during, 30, "the good client to be served after the hogs", interval=0.5)
 
     hogs(1000)  # the first round warms up what any connection costs once (libzmq's buffers, thread arenas)
     rss0, held0 = quiet_rss()
@@ -610,7 +610,10 @@ def test_out_of_descriptors_is_said_plainly_and_the_server_recovers(tmp_path):
                     s = socket.create_connection(("127.0.0.1", port), timeout=5)
                     raw.append(s)
                 wait_until(
-                    lambda: "cannot accept new connections" in log_path.read_text(), 60, "the descriptor warning"
+                    lambda: "cannot accept new connections" in log_path.read_text(),
+                    60,
+                    "the descriptor warning",
+                    interval=0.5,
                 )
                 assert good.stats()["size"] == 2  # the connected client is still served
             finally:

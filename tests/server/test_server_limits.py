@@ -23,24 +23,14 @@ from apexrl import PrioritizedStore
 from apexrl.errors import ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient
+from tests.helpers import wait_until
 
 DEADLINE = 60.0
 U32_MAX = 2**32 - 1
 
 
-def wait_until(what: str, cond, timeout: float = DEADLINE):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def stats_until(client: ReplayClient, what: str, cond, timeout: float = DEADLINE) -> dict:
-    return wait_until(what, lambda: (lambda s: s if cond(s) else None)(client.stats()), timeout)
+    return wait_until(lambda: (lambda s: s if cond(s) else None)(client.stats()), timeout, what)
 
 
 def replies(sock: zmq.Socket, count: int, timeout: float = DEADLINE, *, frames: bool = False) -> list[tuple]:
@@ -223,9 +213,13 @@ def test_a_failing_save_keeps_the_old_snapshot_and_the_server_serving(tmp_path):
         endpoint = line.strip().rsplit(" ", 1)[1]
         with ReplayClient(endpoint, timeout=30) as client:
             insert(client, 10)
-            wait_until("a snapshot of 10 items", lambda: snap.exists() and len(PrioritizedStore.load(str(snap))) == 10)
+            wait_until(
+                lambda: snap.exists() and len(PrioritizedStore.load(str(snap))) == 10,
+                DEADLINE,
+                "a snapshot of 10 items",
+            )
             insert(client, 100, size=4000)  # 400 KB: every later save is over the file size limit
-            wait_until("a failed save", lambda: re.search(r"periodic snapshot.*failed", log_path.read_text()))
+            wait_until(lambda: re.search(r"periodic snapshot.*failed", log_path.read_text()), DEADLINE, "a failed save")
             insert(client, 5)
             assert len(client.sample(20)) == 20 and client.stats()["size"] == 115
         assert len(PrioritizedStore.load(str(snap))) == 10
@@ -299,8 +293,9 @@ def test_a_params_peer_that_never_reads_pins_a_bounded_number_of_replies():
             for rid in range(1, 65):
                 sock.send_multipart(P.encode_get_params(rid, 0, 0))
             s = wait_until(
-                "64 requests answered or dropped",
                 lambda: (lambda s: s if s["requests"] == 64 else None)(server.stats()),
+                DEADLINE,
+                "64 requests answered or dropped",
             )
             queued = s["params"] - s["dropped"]
             assert s["dropped"] >= 48 and queued <= 16 and s["parked"] <= 1, s  # not 64 copies

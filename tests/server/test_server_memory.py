@@ -22,7 +22,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -32,6 +31,7 @@ from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient
 from apexrl.replay.schema import REQUESTS
 from tests.server.test_server_limits import replies
+from tests.helpers import wait_until
 
 MiB = 1 << 20
 DEADLINE = 60.0
@@ -41,19 +41,6 @@ AFTER_MARGIN = 12
 
 
 # ------------------------------------------------------------------------------------------- helpers
-
-
-def wait_until(what: str, cond, timeout: float = DEADLINE, on_poll=None):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if on_poll is not None:
-            on_poll()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
 
 
 class Rss:
@@ -94,7 +81,10 @@ class Rss:
 def rss_back(rss: Rss, baseline: float) -> float:
     """Wait until the RSS is back within AFTER_MARGIN of ``baseline``; returns it."""
     return wait_until(
-        "RSS back near the baseline", lambda: (lambda r: r if r <= baseline + AFTER_MARGIN else None)(rss.now())
+        lambda: (lambda r: r if r <= baseline + AFTER_MARGIN else None)(rss.now()),
+        DEADLINE,
+        "RSS back near the baseline",
+        interval=0.02,
     )
 
 
@@ -161,8 +151,10 @@ def test_a_peer_that_never_reads_its_sample_replies_holds_at_most_max_unread_mb(
         for rid in range(1, 201):
             hog.send_multipart(P.encode_sample(rid, 16, 0.4))
         s = wait_until(
-            "the 200 SAMPLEs served or refused",
             lambda: (lambda s: s if s["requests_sample"] - before["requests_sample"] >= 200 else None)(good.stats()),
+            DEADLINE,
+            "the 200 SAMPLEs served or refused",
+            interval=0.02,
             on_poll=rss.now,
         )
         held = rss.now()
@@ -179,7 +171,9 @@ def test_a_peer_that_never_reads_its_sample_replies_holds_at_most_max_unread_mb(
 
         # the peer leaves: libzmq frees what it held, the count returns to 0 and the memory to the OS
         hog.close(linger=0)
-        wait_until("unread_reply_bytes back to 0", lambda: good.stats()["unread_reply_bytes"] == 0)
+        wait_until(
+            lambda: good.stats()["unread_reply_bytes"] == 0, DEADLINE, "unread_reply_bytes back to 0", interval=0.02
+        )
         after = rss_back(rss, baseline)
         report("unread replies", baseline=baseline, peak=peak, held=held, cap=cap, margin=margin, after=after)
         assert len(good.sample(16)) == 16
@@ -189,7 +183,12 @@ def test_a_peer_that_never_reads_its_sample_replies_holds_at_most_max_unread_mb(
         n0 = good.stats()["requests_sample"]
         for rid in range(1, 61):
             reader.send_multipart(P.encode_sample(rid, 16, 0.4))
-        wait_until("the 60 SAMPLEs served or refused", lambda: good.stats()["requests_sample"] - n0 >= 60)
+        wait_until(
+            lambda: good.stats()["requests_sample"] - n0 >= 60,
+            DEADLINE,
+            "the 60 SAMPLEs served or refused",
+            interval=0.02,
+        )
         got = read_replies(reader, 60)
     statuses = [status for _r, status, _m, _f in got]
     assert [rid for rid, *_ in got] == list(range(1, 61))
@@ -222,10 +221,12 @@ def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(st
                 sent += 1
                 hog.send_multipart(insert_frames(sent, [blob], (0xA77AC, sent), U32_MAX))
             wait_until(
-                f"{sent} inserts taken in",
                 lambda: (lambda s: s["requests_insert"] - before["requests_insert"] + s["deferred"] >= sent)(
                     good.stats()
                 ),
+                DEADLINE,
+                f"{sent} inserts taken in",
+                interval=0.02,
                 on_poll=rss.now,
             )
             assert good.stats()["deferred_bytes"] <= cap * MiB
@@ -234,8 +235,10 @@ def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(st
         assert sorted(rid for rid, *_ in got) == list(range(1, n + 1))
         assert all(st == P.Status.TIMEOUT for _r, st, _m, _f in got), {m for _r, _s, m, _f in got}
         s = wait_until(
-            "every insert id released",
             lambda: (lambda s: s if s["insert_ids_pending"] == 0 and s["deferred"] == 0 else None)(good.stats()),
+            DEADLINE,
+            "every insert id released",
+            interval=0.02,
         )
         peak = rss.peak()
         assert s["deferred_bytes"] == 0 and s["size"] == 101 and s["deferred_refused"] > 0, s
@@ -411,8 +414,10 @@ def test_an_unfinished_multipart_message_is_buffered_by_libzmq_and_freed_when_it
                 peer.send_frame(b"\xcd" * frame, more=True)
             # libzmq holds the parts: the RSS grows by about what was sent (no server counter sees it)
             held = wait_until(
-                "the parts buffered in the server",
                 lambda: (lambda r: r if r >= baseline + frames * 3 // 4 else None)(rss.now()),
+                DEADLINE,
+                "the parts buffered in the server",
+                interval=0.02,
             )
             s = good.stats()
             assert s["requests_insert"] == 1 and s["errors_total"] == 0, s  # the message never reached the loop

@@ -1,0 +1,32 @@
+"""Helpers shared by the test modules (fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(
+    cond: Callable[[], T],
+    timeout: float,
+    what: str = "condition",
+    *,
+    interval: float = 0.05,
+    on_poll: Callable[[], Any] | None = None,
+) -> T:
+    """Poll ``cond()`` every ``interval`` seconds until it returns something truthy and return that; an
+    AssertionError naming ``what`` after ``timeout`` seconds. ``on_poll`` runs after every poll (a test that must
+    keep a peer busy meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if on_poll is not None:
+            on_poll()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
