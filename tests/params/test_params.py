@@ -32,6 +32,8 @@ from apexrl.replay.schema import (
 )
 from apexrl.security import SERVICE_HWM
 
+from tests.helpers import wait_until
+
 HDR = HEADER  # the params service speaks the replay protocol's header
 
 
@@ -322,15 +324,6 @@ def error_reply_status(frames: list[bytes]) -> Status:
     return Status(status)
 
 
-def wait_for(what: str, cond, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
-    return value
-
-
 def test_hostile_input_is_answered_with_errors_and_the_server_keeps_serving(server, client):
     """Every hostile request gets exactly one error reply. The client keeps at most WINDOW requests unanswered,
     well under the service's SERVICE_HWM, so no reply can be dropped for a full queue whatever the timing (the
@@ -392,7 +385,7 @@ def test_a_peer_that_floods_without_reading_loses_replies_not_its_requests(serve
         msgs = hostile_messages(random.Random(1))
         for m in msgs:
             raw.send_multipart(m)
-        wait_for("every request read and answered or dropped", lambda: server.stats()["requests"] == len(msgs))
+        wait_until(lambda: server.stats()["requests"] == len(msgs), 60, "every request read and answered or dropped")
         replies: list[list[bytes]] = []
 
         def drained() -> bool:
@@ -400,7 +393,7 @@ def test_a_peer_that_floods_without_reading_loses_replies_not_its_requests(serve
                 replies.append(raw.recv_multipart())
             return len(replies) + server.stats()["dropped"] >= len(msgs)
 
-        wait_for("replies received + dropped = requests sent", drained)
+        wait_until(drained, 60, "replies received + dropped = requests sent", interval=0.02)
         stats = server.stats()
         assert stats["errors"] == stats["requests"] == len(msgs), stats
         assert len(replies) + stats["dropped"] == len(msgs), (len(replies), stats)
