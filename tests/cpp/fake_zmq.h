@@ -141,7 +141,9 @@ class FakeZmq {
       lock.unlock();
       Kick();
       lock.lock();
-      if (cv_.wait_until(lock, end, [&] { return polls_.load() >= target; })) break;
+      // Kicked again each millisecond: the loop goes round once per kick (a poll entry), else it would sit
+      // out its poll timeout.
+      if (cv_.wait_for(lock, std::chrono::milliseconds(1), [&] { return polls_.load() >= target; })) break;
       if (std::chrono::steady_clock::now() >= end) return false;
     }
     return true;
