@@ -798,12 +798,8 @@ class Fuzz {
   // Issue 34, defect 2: an invalid chunk reference under the rate limiter, with and without a timeout.
   void ScriptBadChunkUnderRateLimiter() {
     g_action = "script: bad chunk reference under the rate limiter";
-    SendInsert("steady-a", "actor:steady-a", InsertContent{std::vector<std::string>(5, "i"), std::vector<double>(5, 1), {}, {}},
-               false, 0, 0, 0);
-    for (int k = 0; k < 6; ++k) {
-      SendInsert("steady-a", "actor:steady-a", InsertContent{std::vector<std::string>(5, "i"), std::vector<double>(5, 1), {}, {}},
-                 false, 0, 0, 0);
-    }
+    const InsertContent five{std::vector<std::string>(5, "i"), std::vector<double>(5, 1), {}, {}};
+    for (int k = 0; k < 7; ++k) SendInsert("steady-a", "actor:steady-a", five, false, 0, 0, 0);  // the limiter fills
     Settle();
     Check();
     for (uint32_t timeout_ms : {0u, 1000u}) {
