@@ -136,6 +136,24 @@ TEST(ServeLoop, EveryRuleOfTheChunksIsCheckedBeforeAdmission) {
   EXPECT_EQ(live.Stat("deferred"), 0);
 }
 
+TEST(ServeLoop, APriorityTheStoreWouldRefuseIsInvalidArgumentUnderTheRateLimiterToo) {
+  StoreConfig store = SmallStore();
+  store.alpha = 1.0;  // a mass is the priority itself: 1e300 is above MAX_MASS = 1e250
+  LoopConfig config = Config();
+  config.samples_per_insert = 1;
+  config.error_buffer = 2;
+  LiveLoop live(store, config);
+  ASSERT_EQ(ParseHeader(live.Request("p", Insert(1, {"a", "b"}, {1, 1}))[0]).status, kOk);
+  ASSERT_EQ(ParseHeader(live.Request("p", Insert(2, {"c", "d", "e"}, {1, 1, 1}))[0]).status, kTimeout);
+  const Frames r = live.Request("p", Insert(3, {"c", "d"}, {1, 1e300}, 0, 0, 60000));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(ParseHeader(r[0]).status, kInvalidArgument) << r[1];
+  EXPECT_NE(r[1].find("priorities[1] = 1e+300 has mass"), std::string::npos) << r[1];
+  EXPECT_EQ(live.Stat("deferred"), 0);
+  // At the limit itself the store takes it (once the limiter does).
+  EXPECT_NO_THROW(live.store->CheckPriorities(std::vector<double>{1e250, 0, 3}.data(), 3));
+}
+
 TEST(ServeLoop, APeerThatLeavesWhileWaitingLosesItsRequestsAndTheLoopServesOn) {
   LoopConfig config = Config();
   config.min_size_to_sample = 3;

@@ -398,8 +398,9 @@ class Fuzz {
         case 1:
         case 2:  // an 8-byte word (a priority, offset, key, chunk reference) at an edge value
           if (x.size() >= 8 && i > 0) {
-            const uint64_t v = Pick({0, 1, 2, 3, 16, 17, 0xFFFFFFFFull, 1ull << 32, 1ull << 40, 1ull << 63,
-                                     ~0ull, 0x7FF0000000000000ull, 0x7FF8000000000000ull});
+            // ... or the bits of inf, nan and 1e300 (a mass above MAX_MASS when alpha is 1).
+            const uint64_t v = Pick({0, 1, 2, 3, 16, 17, 0xFFFFFFFFull, 1ull << 32, 1ull << 40, 1ull << 63, ~0ull,
+                                     0x7FF0000000000000ull, 0x7FF8000000000000ull, 0x7E37E43C8800759Cull});
             std::memcpy(x.data() + 8 * Uniform(0, x.size() / 8 - 1), &v, 8);
           }
           break;

@@ -35,7 +35,8 @@ std::optional<std::string> FirstBadItem(const ItemLayout& layout, const uint8_t*
 // items. The store's rules and messages (ShardedStore::Insert), but on the u64 values sent, so the message
 // names the value sent. The loop runs it once, when the request is decoded: before the insert-id window and
 // the rate limiter, so such a request is INVALID_ARGUMENT whatever the server's state (never TIMEOUT, never the
-// keys of an earlier request with its insert id), and every later step may trust the references.
+// keys of an earlier request with its insert id), and every later step may trust the references. (With it the
+// loop runs the spec check, FirstBadItem, and the store's priority check, ShardedStore::CheckPriorities.)
 std::optional<std::string> FirstBadInsertContent(const Request& q);
 
 }  // namespace apexrl::serve

@@ -449,6 +449,15 @@ void ServeLoop::ReadFrontBurst() {
 bool ServeLoop::InsertContentOk(const Pending& p) {
   const Request& q = p.req;
   std::optional<std::string> why = FirstBadInsertContent(q);
+  if (!why) {  // masses above the store's limit (the decoder checked finite and >= 0)
+    priority_scratch_.resize(q.count);
+    if (q.count != 0) std::memcpy(priority_scratch_.data(), q.priorities, q.count * sizeof(double));
+    try {
+      store_->CheckPriorities(priority_scratch_.data(), q.count);
+    } catch (const InvalidArgument& e) {
+      why = e.what();
+    }
+  }
   if (!why) {
     std::shared_ptr<const ItemLayout> layout;
     {

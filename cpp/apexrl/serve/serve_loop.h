@@ -184,6 +184,7 @@ class ServeLoop {
   std::vector<uint64_t> chunk_sizes_;
   std::vector<uint32_t> chunk_refs_;
   std::vector<uint64_t> chunk_ref_offsets_;
+  std::vector<double> priority_scratch_;  // an INSERT's priorities, aligned, for its check (loop thread only)
 
   // Counters (any thread).
   std::atomic<uint64_t> requests_[kMaxReplayOp + 1] = {};
