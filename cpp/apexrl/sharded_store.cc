@@ -93,19 +93,29 @@ ShardedStore::ShardedStore(const StoreConfig& config) : config_(WithDefaults(con
 
 ShardedStore::~ShardedStore() = default;
 
+double ShardedStore::CheckedMass(size_t i, double p) const {
+  if (!std::isfinite(p) || p < 0.0) {
+    throw InvalidArgument("priorities must be finite and >= 0; priorities[" + std::to_string(i) + "] is " + Num(p));
+  }
+  const double mass = PriorityMass(p, config_.alpha);
+  if (!(mass <= kMaxMass)) {  // also catches an overflow to infinity
+    throw InvalidArgument("priorities[" + std::to_string(i) + "] = " + Num(p) + " has mass priority^alpha = " +
+                          Num(mass) + " (alpha = " + Num(config_.alpha) + "), above the limit MAX_MASS = " +
+                          Num(kMaxMass) + " that keeps the store's total mass finite");
+  }
+  return mass;
+}
+
 void ShardedStore::ComputeMasses(const double* priorities, size_t n, double* masses) const {
+  for (size_t i = 0; i < n; ++i) masses[i] = CheckedMass(i, priorities[i]);
+}
+
+void ShardedStore::CheckPriorities(const double* priorities, size_t n) const {
+  // Below half of MAX_MASS^(1/alpha) no rounding of pow can reach MAX_MASS: only larger priorities pay for it.
+  const double safe = config_.alpha > 0.0 ? std::pow(kMaxMass, 1.0 / config_.alpha) / 2 : HUGE_VAL;
   for (size_t i = 0; i < n; ++i) {
     const double p = priorities[i];
-    if (!std::isfinite(p) || p < 0.0) {
-      throw InvalidArgument("priorities must be finite and >= 0; priorities[" + std::to_string(i) +
-                            "] is " + Num(p));
-    }
-    masses[i] = PriorityMass(p, config_.alpha);
-    if (!(masses[i] <= kMaxMass)) {  // also catches an overflow to infinity
-      throw InvalidArgument("priorities[" + std::to_string(i) + "] = " + Num(p) + " has mass priority^alpha = " +
-                            Num(masses[i]) + " (alpha = " + Num(config_.alpha) + "), above the limit MAX_MASS = " +
-                            Num(kMaxMass) + " that keeps the store's total mass finite");
-    }
+    if (!(p >= 0.0 && p <= safe)) CheckedMass(i, p);
   }
 }
 

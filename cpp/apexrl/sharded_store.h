@@ -136,6 +136,9 @@ class ShardedStore {
   // `chunks` (optional): the chunks the items reference; see "Frame chunks" above.
   void Insert(const double* priorities, const uint8_t* const* data, const uint64_t* sizes, size_t n, Key* keys,
               const ChunkBatch* chunks = nullptr);
+  // Throws InvalidArgument exactly as Insert would for these priorities (not finite, < 0, or a mass above
+  // kMaxMass); changes nothing. The serving loop refuses such an INSERT before the rate limiter sees it.
+  void CheckPriorities(const double* priorities, size_t n) const;
   // Draws 1 <= n <= kMaxBatchItems items (with replacement) into `out`, reusing its buffers. beta >= 0.
   void Sample(size_t n, double beta, SampleResult* out);
   // Returns how many keys still addressed an item (the rest are counted as stale updates).
@@ -174,6 +177,7 @@ class ShardedStore {
   bool SamplePass(size_t n, Rng& rng, SampleResult* out);
   // Validates priorities (finite, >= 0, mass <= kMaxMass) into masses[]; throws naming the first bad one.
   void ComputeMasses(const double* priorities, size_t n, double* masses) const;
+  double CheckedMass(size_t i, double priority) const;  // priorities[i]'s mass, or the refusal naming it
   // Groups key indices by shard (counting sort); keys naming a shard that does not exist go last.
   void GroupByShard(const Key* keys, size_t n, std::vector<uint32_t>* order, std::vector<size_t>* starts) const;
   size_t Excess() const;  // items above capacity now

@@ -2,9 +2,9 @@
 // UndefinedBehaviorSanitizer (CI: .ci/run). A seed corpus of valid requests of every op is mutated for a
 // bounded time (bit flips, byte changes, truncation, extension, frame splits/merges/drops, header field
 // overwrites with edge values); each mutant goes through Decode and, when it decodes, through FirstBadItem
-// with a compressed and a fixed-size layout, and an INSERT that carries frame chunks into a real store (its
-// references read the way the loop reads them; the store refuses bad ones). Any sanitizer report aborts the process: a failing test. No
-// libzmq is involved: the decoder sees frames exactly as the loop hands them over.
+// with a compressed and a fixed-size layout, and an INSERT that carries frame chunks into a real store (the
+// loop's chunk check and the store must refuse the same ones). Any sanitizer report aborts the process: a
+// failing test. No libzmq is involved: the decoder sees frames exactly as the loop hands them over.
 //
 //   decode_fuzz SECONDS [SEED]
 #include <algorithm>
@@ -112,7 +112,9 @@ void Mutate(Frames* f, std::mt19937_64& rng) {
   }
 }
 
-// The loop's reading of an INSERT's frame chunks (serve_loop.cc, ServeInsert), into a real store.
+// An INSERT's frame chunks into a real store, as the loop reads them (serve_loop.cc, ServeInsert), with the
+// references clamped to the store's u32: the loop's check when a request is decoded (FirstBadInsertContent)
+// must refuse exactly what the store refuses, since the loop stores only what passed it.
 void InsertWithChunks(const Request& q, apexrl::ShardedStore* store) {
   using apexrl::serve::LoadU64;
   std::vector<const uint8_t*> items(q.count), chunks(q.num_chunks);
@@ -138,11 +140,22 @@ void InsertWithChunks(const Request& q, apexrl::ShardedStore* store) {
   batch.item_chunks = refs.data();
   batch.item_chunk_offsets = ref_offsets.data();
   std::vector<apexrl::Key> keys(q.count);
+  const auto why = apexrl::serve::FirstBadInsertContent(q);
+  bool refused = false;
   try {
     store->Insert(priorities.data(), items.data(), sizes.data(), q.count, keys.data(), &batch);
-  } catch (const apexrl::InvalidArgument&) {
-    return;  // refused whole
+  } catch (const apexrl::InvalidArgument& e) {
+    refused = true;  // refused whole
+    if (!why) {
+      std::fprintf(stderr, "decode_fuzz: the store refused an INSERT the loop's check passed: %s\n", e.what());
+      std::abort();
+    }
   }
+  if (why && !refused) {
+    std::fprintf(stderr, "decode_fuzz: the store took an INSERT the loop's check refuses: %s\n", why->c_str());
+    std::abort();
+  }
+  if (refused) return;
   if (store->Size() > 0) {
     apexrl::SampleResult r;
     store->Sample(4, 0.4, &r);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "apexrl/serve/wire.h"
+
 namespace apexrl::serve {
 
 struct ItemLayout {
@@ -26,6 +28,16 @@ struct ItemLayout {
 // already checked to start at 0, never decrease and end at data_size.
 std::optional<std::string> FirstBadItem(const ItemLayout& layout, const uint8_t* data, const uint8_t* offsets,
                                         uint64_t n);
+
+// The message naming the first problem of a decoded INSERT's own content that the store would refuse, or
+// nothing: each item's size and chunk references against the request's own chunk frames (in range, distinct,
+// at most kMaxChunksPerItem per item), each chunk's size, every chunk referenced by an item, no chunks without
+// items. The store's rules and messages (ShardedStore::Insert), but on the u64 values sent, so the message
+// names the value sent. The loop runs it once, when the request is decoded: before the insert-id window and
+// the rate limiter, so such a request is INVALID_ARGUMENT whatever the server's state (never TIMEOUT, never the
+// keys of an earlier request with its insert id), and every later step may trust the references. (With it the
+// loop runs the spec check, FirstBadItem, and the store's priority check, ShardedStore::CheckPriorities.)
+std::optional<std::string> FirstBadInsertContent(const Request& q);
 
 }  // namespace apexrl::serve
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "apexrl/errors.h"
 #include "apexrl/serve/waitlist.h"
@@ -93,6 +94,10 @@ struct Reply {
   std::unique_ptr<SampleResult> sample;
   std::vector<Key> keys;
   std::vector<std::pair<Source, size_t>> layout;
+  // An INSERT the store took: its largest item's share of a SAMPLE reply (bytes, and those of the chunks it
+  // references), measured on the batch the store accepted. 0 for every other reply, a repeated insert id's
+  // included: the store did not see that request.
+  uint64_t max_item_bytes = 0;
 
   void Add(std::string s) {
     layout.emplace_back(kPart, parts.size());
@@ -419,6 +424,10 @@ void ServeLoop::ReadFrontBurst() {
         continue;
       }
     }
+    // The request's own content, checked once and before anything keeps state for it (the insert-id window,
+    // the rate limiter, the waiting list): a request the store would refuse is INVALID_ARGUMENT whatever the
+    // server's state, and every later step may trust its chunk references.
+    if (op == kInsert && !InsertContentOk(*p)) continue;
     if (op == kHello || op == kStats) {  // served in Python
       ControlRequest c;
       c.peer = p->peer;
@@ -430,11 +439,38 @@ void ServeLoop::ReadFrontBurst() {
         control_.push_back(std::move(c));
       }
       control_cv_.notify_one();
-      ++outstanding_;
+      in_service_.store(++outstanding_, std::memory_order_relaxed);
       continue;
     }
     Dispatch(std::move(p), false);
   }
+}
+
+bool ServeLoop::InsertContentOk(const Pending& p) {
+  const Request& q = p.req;
+  std::optional<std::string> why = FirstBadInsertContent(q);
+  if (!why) {  // masses above the store's limit (the decoder checked finite and >= 0)
+    priority_scratch_.resize(q.count);
+    if (q.count != 0) std::memcpy(priority_scratch_.data(), q.priorities, q.count * sizeof(double));
+    try {
+      store_->CheckPriorities(priority_scratch_.data(), q.count);
+    } catch (const InvalidArgument& e) {
+      why = e.what();
+    }
+  }
+  if (!why) {
+    std::shared_ptr<const ItemLayout> layout;
+    {
+      std::lock_guard<std::mutex> lock(layout_mu_);
+      layout = layout_;
+    }
+    if (layout && (why = FirstBadItem(*layout, q.data, q.offsets, q.count))) {
+      spec_refused_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  if (!why) return true;
+  Error(p, kInvalidArgument, "INSERT refused, nothing stored: " + *why);
+  return false;
 }
 
 // ---------------------------------------------------------------------------------------------- dispatching
@@ -499,23 +535,18 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
     jobs_.push_back(std::move(p));
   }
   jobs_cv_.notify_one();
-  ++outstanding_;
+  in_service_.store(++outstanding_, std::memory_order_relaxed);
 }
 
 void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
   const Request& q = p->req;
   if (q.op == kInsert && reply.status == kOk) {
-    // An item's share of a reply: its bytes, and at most every chunk it references (8 bytes of reference and
-    // of chunk offset each) when no other draw of the batch brought them.
-    for (uint64_t i = 0; i < q.count; ++i) {
-      uint64_t bytes = LoadU64(q.offsets, i + 1) - LoadU64(q.offsets, i);
-      for (uint64_t j = LoadU64(q.item_chunk_offsets, i); j < LoadU64(q.item_chunk_offsets, i + 1); ++j) {
-        const uint64_t c = LoadU64(q.item_chunks, j);  // in range: the store accepted the batch
-        bytes += LoadU64(q.chunk_offsets, c + 1) - LoadU64(q.chunk_offsets, c) + 16;
-      }
-      max_item_ = std::max(max_item_, bytes);
+    // From what the store took (ServeInsert), never from this request: a repeated insert id's reply stored
+    // nothing, and its frames may differ from those of the request that did.
+    if (reply.max_item_bytes > max_item_) {
+      max_item_ = reply.max_item_bytes;
+      max_item_seen_.store(max_item_, std::memory_order_relaxed);
     }
-    max_item_seen_.store(max_item_, std::memory_order_relaxed);
   } else if (q.op == kSample && reply.status == kOk) {
     const uint64_t size = reply.Bytes();
     if (size > config_.max_reply_bytes) {
@@ -606,7 +637,7 @@ void ServeLoop::SendFinished() {
     done.swap(done_);
   }
   for (Finished& f : done) {
-    --outstanding_;
+    in_service_.store(--outstanding_, std::memory_order_relaxed);
     recheck_ = true;
     if (!f.pending) {  // Python's reply to HELLO / STATS: count it by its header
       const FrameView h = f.reply->Frame(0);
@@ -797,17 +828,7 @@ bool ServeLoop::ServeInsert(Pending* p, Reply* reply, bool can_wait) {
     }
   } guard{window_, id, p->serial, has_id, keep_id};
 
-  std::shared_ptr<const ItemLayout> layout;
-  {
-    std::lock_guard<std::mutex> lock(layout_mu_);
-    layout = layout_;
-  }
-  if (layout) {
-    if (auto why = FirstBadItem(*layout, q.data, q.offsets, q.count)) {
-      spec_refused_.fetch_add(1, std::memory_order_relaxed);
-      throw InvalidArgument("INSERT refused, nothing stored: " + *why);
-    }
-  }
+  // The request's content was checked when it was decoded (InsertContentOk).
   if (!limiter_.TryInsert(q.count, store_->Size())) {
     const bool replied = RateLimited(p, reply, can_wait);
     keep_id = !replied;
@@ -821,7 +842,7 @@ bool ServeLoop::ServeInsert(Pending* p, Reply* reply, bool can_wait) {
     item_ptrs_[i] = q.data + at;
     item_sizes_[i] = LoadU64(q.offsets, i + 1) - at;
   }
-  // Frame chunks, when the request has any: the store checks the references (INVALID_ARGUMENT otherwise).
+  // Frame chunks, when the request has any (references checked against them when it was decoded).
   ChunkBatch chunks;
   const bool with_chunks = q.num_chunks > 0 || q.num_refs > 0;
   if (with_chunks) {
@@ -834,7 +855,7 @@ bool ServeLoop::ServeInsert(Pending* p, Reply* reply, bool can_wait) {
     }
     chunk_refs_.resize(q.num_refs);
     for (uint64_t j = 0; j < q.num_refs; ++j) {
-      chunk_refs_[j] = static_cast<uint32_t>(std::min<uint64_t>(LoadU64(q.item_chunks, j), 0xFFFFFFFFu));
+      chunk_refs_[j] = static_cast<uint32_t>(LoadU64(q.item_chunks, j));  // < num_chunks <= kMaxBatchItems
     }
     chunk_ref_offsets_ = Aligned<uint64_t>(q.item_chunk_offsets, q.count + 1);
     chunks.data = chunk_ptrs_.data();
@@ -853,8 +874,21 @@ bool ServeLoop::ServeInsert(Pending* p, Reply* reply, bool can_wait) {
   }
   keep_id = true;
   if (has_id) window_.Finish(id, p->serial, keys.data(), keys.size());
+  // An item's share of a SAMPLE reply: its bytes, and at most every chunk it references (8 bytes of reference
+  // and of chunk offset each) when no other draw of the batch brought them.
+  uint64_t largest = 0;
+  for (uint64_t i = 0; i < q.count; ++i) {
+    uint64_t bytes = item_sizes_[i];
+    if (with_chunks) {
+      for (uint64_t j = chunk_ref_offsets_[i]; j < chunk_ref_offsets_[i + 1]; ++j) {
+        bytes += chunk_sizes_[chunk_refs_[j]] + 16;
+      }
+    }
+    largest = std::max(largest, bytes);
+  }
   Count(q.op, false);
   *reply = InsertReply(q.request_id, std::move(keys));
+  reply->max_item_bytes = largest;
   return true;
 }
 
@@ -1013,6 +1047,7 @@ std::vector<LoopStat> ServeLoop::Stats() const {
   add("requests_total", static_cast<double>(total_requests));
   add("errors_total", static_cast<double>(total_errors));
   add("erased_items", static_cast<double>(erased_items_.load()));
+  add("requests_in_service", static_cast<double>(in_service_.load()));
   add("workers", config_.workers);
   add("min_size_to_sample", static_cast<double>(config_.min_size_to_sample));
   uint64_t inserted, sampled, wi, ws;

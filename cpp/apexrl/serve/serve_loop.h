@@ -111,6 +111,7 @@ class ServeLoop {
   void ReadFrontBurst();
   bool Receive(Pending* p);
   void Dispatch(std::unique_ptr<Pending> p, bool front);
+  bool InsertContentOk(const Pending& p);
   bool EarlyRefusal(const Pending& p, uint16_t* status, std::string* message);
   void Deliver(std::unique_ptr<Pending> p, Reply reply);
   void Defer(std::unique_ptr<Pending> p, bool front);
@@ -183,11 +184,13 @@ class ServeLoop {
   std::vector<uint64_t> chunk_sizes_;
   std::vector<uint32_t> chunk_refs_;
   std::vector<uint64_t> chunk_ref_offsets_;
+  std::vector<double> priority_scratch_;  // an INSERT's priorities, aligned, for its check (loop thread only)
 
   // Counters (any thread).
   std::atomic<uint64_t> requests_[kMaxReplayOp + 1] = {};
   std::atomic<uint64_t> errors_[kMaxReplayOp + 1] = {};
   std::atomic<uint64_t> erased_items_{0};
+  std::atomic<uint64_t> in_service_{0};  // outstanding_, for Stats (with the workers or Python)
   std::atomic<uint64_t> replies_dropped_{0};
   std::atomic<uint64_t> replies_refused_{0};
   std::atomic<uint64_t> refused_unread_{0};

@@ -1,0 +1,187 @@
+// The serving loop itself, live, on the in-memory socket of fake_zmq.h: requests whose harm depends on the
+// server's state (issue 34). A repeated insert id whose chunk frames reference a chunk the request lacks
+// crashed the loop (the reply-size accounting read the request's chunk offsets at that reference although the
+// store never saw the request); an invalid chunk reference under the rate limiter was TIMEOUT instead of
+// INVALID_ARGUMENT. Both are refused when the request is decoded, before the insert-id window and the limiter.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "live_loop.h"
+
+namespace apexrl::serve::testing {
+namespace {
+
+StoreConfig SmallStore() {
+  StoreConfig c;
+  c.capacity = 1000;
+  c.shards = 2;
+  return c;
+}
+
+LoopConfig Config() {
+  LoopConfig c;
+  c.workers = 1;
+  c.max_wait_s = 5;
+  return c;
+}
+
+const std::vector<std::string> kChunks{std::string(64, 'a'), std::string(64, 'b')};
+
+TEST(ServeLoop, ARepeatedInsertIdWithABadChunkReferenceIsRefusedAndTheLoopServesOn) {
+  LiveLoop live(SmallStore(), Config());
+  const Frames first = live.Request("p", Insert(1, {"x", "yy"}, {1, 1}, 0xA, 1, 0, {{0}, {0, 1}}, kChunks));
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(ParseHeader(first[0]).status, kOk);
+  const std::vector<Key> keys = KeysOf(first[1]);
+  ASSERT_EQ(keys.size(), 2u);
+  const double max_item = live.Stat("max_item_bytes");
+  const StoreStats before = live.store->Stats();
+
+  // 2^40 read far outside the frame (SIGSEGV); 2 and 2^64 - 1 just past or before it (a wrong estimate).
+  uint64_t rid = 2;
+  for (uint64_t bad : {uint64_t{1} << 40, uint64_t{2}, uint64_t{1} << 32, ~uint64_t{0}}) {
+    const Frames again = live.Request("p", Insert(rid, {"x", "yy"}, {1, 1}, 0xA, 1, 0, {{0}, {1, bad}}, kChunks));
+    ASSERT_EQ(again.size(), 2u) << bad;
+    const ReplyHeader h = ParseHeader(again[0]);
+    EXPECT_EQ(h.rid, rid);
+    EXPECT_EQ(h.status, kInvalidArgument) << again[1];
+    EXPECT_NE(again[1].find("items[1] references chunk " + std::to_string(bad) + " of 2"), std::string::npos)
+        << again[1];
+    ++rid;
+  }
+  EXPECT_EQ(live.Stat("max_item_bytes"), max_item);
+  EXPECT_EQ(live.store->Stats().size, before.size);
+  EXPECT_EQ(live.store->Stats().bytes_held, before.bytes_held);
+
+  // A repeated id with larger (valid) items: the first request's keys, and no estimate from this request.
+  const Frames bigger = live.Request(
+      "p", Insert(rid++, {std::string(5000, 'x'), "yy"}, {1, 1}, 0xA, 1, 0, {{0}, {0, 1}}, kChunks));
+  ASSERT_EQ(bigger.size(), 2u);
+  EXPECT_EQ(ParseHeader(bigger[0]).status, kOk);
+  EXPECT_EQ(KeysOf(bigger[1]), keys);
+  EXPECT_EQ(live.Stat("max_item_bytes"), max_item);
+  EXPECT_EQ(live.store->Stats().size, before.size);
+
+  const Frames sample = live.Request("p", Sample(rid++, 4));
+  ASSERT_FALSE(sample.empty());
+  EXPECT_EQ(ParseHeader(sample[0]).status, kOk);
+  EXPECT_TRUE(live.Logs("ERROR").empty());
+}
+
+TEST(ServeLoop, TheReplyEstimateCountsWhatTheStoreTook) {
+  LiveLoop live(SmallStore(), Config());
+  const Frames r = live.Request("p", Insert(1, {"x", "yy"}, {1, 1}, 0, 0, 0, {{0}, {0, 1}}, kChunks));
+  ASSERT_EQ(ParseHeader(r[0]).status, kOk);
+  // Item 1: 2 bytes and both chunks, 16 bytes of reference and offset each.
+  EXPECT_EQ(live.Stat("max_item_bytes"), 2 + 64 + 16 + 64 + 16);
+}
+
+TEST(ServeLoop, AnInvalidChunkReferenceUnderTheRateLimiterIsInvalidArgumentAtOnce) {
+  LoopConfig config = Config();
+  config.samples_per_insert = 1;
+  config.error_buffer = 10;
+  LiveLoop live(SmallStore(), config);
+  const Frames filled = live.Request("p", Insert(1, std::vector<std::string>(11, "item"), std::vector<double>(11, 1)));
+  ASSERT_EQ(ParseHeader(filled[0]).status, kOk);
+  const Frames held = live.Request("p", Insert(2, {"one"}, {1}));
+  ASSERT_EQ(held.size(), 2u);
+  ASSERT_EQ(ParseHeader(held[0]).status, kTimeout) << held[1];  // the limiter holds inserts back
+
+  uint64_t rid = 3;
+  for (uint32_t timeout_ms : {0u, 60000u}) {
+    const Frames bad = live.Request("p", Insert(rid, {"a", "b"}, {1, 1}, 0, 0, timeout_ms, {{0, 1}, {2}}, kChunks));
+    ASSERT_EQ(bad.size(), 2u) << timeout_ms;  // at once: a wait would outlast Request's deadline
+    EXPECT_EQ(ParseHeader(bad[0]).rid, rid);
+    EXPECT_EQ(ParseHeader(bad[0]).status, kInvalidArgument) << bad[1];
+    EXPECT_NE(bad[1].find("items[1] references chunk 2 of 2"), std::string::npos) << bad[1];
+    ++rid;
+  }
+  EXPECT_EQ(live.Stat("rate_limiter_waits_insert"), 0);
+  EXPECT_EQ(live.Stat("deferred"), 0);
+  EXPECT_EQ(live.store->Size(), 11u);
+}
+
+TEST(ServeLoop, EveryRuleOfTheChunksIsCheckedBeforeAdmission) {
+  LoopConfig config = Config();
+  config.samples_per_insert = 1;
+  config.error_buffer = 1;
+  LiveLoop live(SmallStore(), config);
+  ASSERT_EQ(ParseHeader(live.Request("p", Insert(1, {"a", "b"}, {1, 1}))[0]).status, kOk);
+  struct Case {
+    std::vector<std::vector<uint64_t>> refs;
+    std::vector<std::string> chunks;
+    std::string why;
+  };
+  const std::vector<Case> cases{
+      {{{0}, {0}}, kChunks, "chunks[1] is referenced by no item"},
+      {{{0, 0}, {1}}, kChunks, "items[0] references chunk 0 twice"},
+      {{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, {}},
+       std::vector<std::string>(17, "c"), "items[0] references 17 chunks; an item may reference at most 16"},
+  };
+  uint64_t rid = 2;
+  for (const Case& c : cases) {
+    const Frames r = live.Request("p", Insert(rid++, {"a", "b"}, {1, 1}, 0, 0, 60000, c.refs, c.chunks));
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_EQ(ParseHeader(r[0]).status, kInvalidArgument) << r[1];
+    EXPECT_NE(r[1].find(c.why), std::string::npos) << r[1];
+  }
+  // Chunks without items.
+  const Frames none = live.Request("p", Insert(rid++, {}, {}, 0, 0, 60000, {}, {"c"}));
+  ASSERT_EQ(none.size(), 2u);
+  EXPECT_EQ(ParseHeader(none[0]).status, kInvalidArgument);
+  EXPECT_NE(none[1].find("chunks sent without items"), std::string::npos) << none[1];
+  EXPECT_EQ(live.Stat("deferred"), 0);
+}
+
+TEST(ServeLoop, APriorityTheStoreWouldRefuseIsInvalidArgumentUnderTheRateLimiterToo) {
+  StoreConfig store = SmallStore();
+  store.alpha = 1.0;  // a mass is the priority itself: 1e300 is above MAX_MASS = 1e250
+  LoopConfig config = Config();
+  config.samples_per_insert = 1;
+  config.error_buffer = 2;
+  LiveLoop live(store, config);
+  ASSERT_EQ(ParseHeader(live.Request("p", Insert(1, {"a", "b"}, {1, 1}))[0]).status, kOk);
+  ASSERT_EQ(ParseHeader(live.Request("p", Insert(2, {"c", "d", "e"}, {1, 1, 1}))[0]).status, kTimeout);
+  const Frames r = live.Request("p", Insert(3, {"c", "d"}, {1, 1e300}, 0, 0, 60000));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(ParseHeader(r[0]).status, kInvalidArgument) << r[1];
+  EXPECT_NE(r[1].find("priorities[1] = 1e+300 has mass"), std::string::npos) << r[1];
+  EXPECT_EQ(live.Stat("deferred"), 0);
+  // At the limit itself the store takes it (once the limiter does).
+  EXPECT_NO_THROW(live.store->CheckPriorities(std::vector<double>{1e250, 0, 3}.data(), 3));
+}
+
+TEST(ServeLoop, APeerThatLeavesWhileWaitingLosesItsRequestsAndTheLoopServesOn) {
+  LoopConfig config = Config();
+  config.min_size_to_sample = 3;
+  LiveLoop live(SmallStore(), config);
+  FakeZmq& z = FakeZmq::Get();
+  z.Push("gone", Sample(1, 1, 60000));
+  z.Push("gone", Sample(2, 1, 60000));
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (live.Stat("deferred") != 2 && std::chrono::steady_clock::now() < end) z.WaitPolls(1, 1.0);
+  ASSERT_EQ(live.Stat("deferred"), 2);
+  z.Vanish("gone");
+  z.Push("gone", Update(3, {}, {}));  // its reply bounces: the loop learns that the peer left
+  SentReply bounced;
+  ASSERT_TRUE(live.Next([](const SentReply& x) { return x.peer == "gone"; }, &bounced));
+  EXPECT_TRUE(bounced.bounced);
+  EXPECT_EQ(ParseHeader(bounced.frames.empty() ? std::string() : bounced.frames[0]).rid, 0u);  // at its id
+  const Frames r = live.Request("p", Insert(4, {"a", "b", "c"}, {1, 1, 1}));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(ParseHeader(r[0]).status, kOk);
+  const Frames s = live.Request("p", Sample(5, 2));
+  ASSERT_FALSE(s.empty());
+  EXPECT_EQ(ParseHeader(s[0]).status, kOk);
+  SentReply more;
+  EXPECT_FALSE(live.Next([](const SentReply& x) { return x.peer == "gone"; }, &more, 0.2));
+  EXPECT_EQ(live.Stat("deferred"), 0);
+  EXPECT_EQ(live.Stat("deferred_dropped"), 2);
+  EXPECT_EQ(live.store->Size(), 3u);
+}
+
+}  // namespace
+}  // namespace apexrl::serve::testing
