@@ -1,7 +1,7 @@
 // The check the server runs on every INSERT once the run's TransitionSpec is known: each item's size, its
 // spec fingerprint and the walk over its compressed blocks' lengths (the item layout of
 // python/apexrl/replay/codec.py; the lz4 payloads themselves are checked by the learner's decode).
-// tests/test_native_protocol.py holds this to TransitionSpec.validate_items on valid and corrupted batches.
+// tests/server/test_native_protocol.py holds this to TransitionSpec.validate_items on valid and corrupted batches.
 #ifndef APEXRL_SERVE_ITEM_CHECK_H_
 #define APEXRL_SERVE_ITEM_CHECK_H_
 

@@ -12,7 +12,7 @@
 // Deadlock freedom: a SAMPLE of n is blocked iff d < n - eb and an INSERT of m' iff d > eb - m' * spi; both
 // at once needs n + m' * spi > 2 * eb (DeadlockReason; the offset shifts d, not this bound). The run plan
 // checks batches with the Python twin of DeadlockReason (apexrl.replay.rate_limiter.deadlock_reason);
-// tests/test_rate_limiter.py holds the two to the same answers.
+// tests/server/test_rate_limiter.py holds the two to the same answers.
 #ifndef APEXRL_SERVE_RATE_LIMITER_H_
 #define APEXRL_SERVE_RATE_LIMITER_H_
 

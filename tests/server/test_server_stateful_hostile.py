@@ -54,13 +54,15 @@ def chunked_insert(rid: int, refs: list[list[int]], *, insert_id=(0, 0), timeout
     item_chunk_offsets = np.cumsum([0] + [len(r) for r in refs]).astype(np.uint64)
     chunk_data, chunk_offsets = P.pack_items([b"chunk-%d" % c * 8 for c in range(nchunks)])
     chunks = P.FrameChunks(flat, item_chunk_offsets, chunk_data, chunk_offsets)
-    return P.encode_insert(rid, np.ones(len(refs)), data, offsets, timeout_ms=timeout_ms, insert_id=insert_id,
-                           chunks=chunks)
+    return P.encode_insert(
+        rid, np.ones(len(refs)), data, offsets, timeout_ms=timeout_ms, insert_id=insert_id, chunks=chunks
+    )
 
 
 @pytest.mark.parametrize("bad_ref", [2**40, 2, 2**32, 2**64 - 1], ids=["2^40", "2", "2^32", "2^64-1"])
 def test_a_repeated_insert_id_with_a_bad_chunk_reference_is_refused_and_the_server_keeps_serving(
-        start_server, raw_socket, bad_ref):
+    start_server, raw_socket, bad_ref
+):
     srv = start_server()
     peer = Peer(srv, raw_socket(srv.endpoint))
     first = peer.request(chunked_insert(1, [[0], [0, 1]], insert_id=(0xA, 1)), P.Op.INSERT, 1).raise_for_status()
@@ -85,7 +87,8 @@ def test_a_repeated_insert_id_with_a_bad_chunk_reference_is_refused_and_the_serv
 
 @pytest.mark.parametrize("timeout_ms", [0, 1000])
 def test_an_invalid_chunk_reference_under_the_rate_limiter_is_invalid_argument_at_once(
-        start_server, raw_socket, timeout_ms):
+    start_server, raw_socket, timeout_ms
+):
     srv = start_server("--samples-per-insert", "1", "--error-buffer", "10")
     peer = Peer(srv, raw_socket(srv.endpoint))
     data, offsets = P.pack_items([b"x" * 8] * 11)
