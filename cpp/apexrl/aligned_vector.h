@@ -24,9 +24,13 @@ struct AlignedAllocator {
   T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{Alignment})); }
   void deallocate(T* p, size_t) noexcept { ::operator delete(p, std::align_val_t{Alignment}); }
   template <typename U>
-  bool operator==(const AlignedAllocator<U, Alignment>&) const noexcept { return true; }
+  bool operator==(const AlignedAllocator<U, Alignment>&) const noexcept {
+    return true;
+  }
   template <typename U>
-  bool operator!=(const AlignedAllocator<U, Alignment>&) const noexcept { return false; }
+  bool operator!=(const AlignedAllocator<U, Alignment>&) const noexcept {
+    return false;
+  }
 };
 
 template <typename T>

@@ -3,10 +3,10 @@
 #ifndef APEXRL_BYTE_BUFFER_H_
 #define APEXRL_BYTE_BUFFER_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <algorithm>
 #include <new>
 #include <utility>
 

@@ -37,9 +37,8 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
     uint64_t word;
     std::memcpy(&word, p, 8);  // little-endian hosts only (x86-64, aarch64)
     word ^= crc;
-    crc = t[7][word & 0xFF] ^ t[6][(word >> 8) & 0xFF] ^ t[5][(word >> 16) & 0xFF] ^
-          t[4][(word >> 24) & 0xFF] ^ t[3][(word >> 32) & 0xFF] ^ t[2][(word >> 40) & 0xFF] ^
-          t[1][(word >> 48) & 0xFF] ^ t[0][(word >> 56) & 0xFF];
+    crc = t[7][word & 0xFF] ^ t[6][(word >> 8) & 0xFF] ^ t[5][(word >> 16) & 0xFF] ^ t[4][(word >> 24) & 0xFF] ^
+          t[3][(word >> 32) & 0xFF] ^ t[2][(word >> 40) & 0xFF] ^ t[1][(word >> 48) & 0xFF] ^ t[0][(word >> 56) & 0xFF];
     p += 8;
     n -= 8;
   }

@@ -21,8 +21,7 @@ std::string Item(std::size_t i) { return "item " + std::to_string(i) + ": "; }
 std::string Field(std::size_t i, const DecodeField& f) { return Item(i) + "field '" + f.name + "': "; }
 
 // The first rule item i breaks in the walk over its compressed blocks' lengths ("" if none).
-std::string BlockProblem(const DecodeLayout& layout, const uint8_t* buf, int64_t start, int64_t size,
-                         std::size_t i) {
+std::string BlockProblem(const DecodeLayout& layout, const uint8_t* buf, int64_t start, int64_t size, std::size_t i) {
   const int64_t end = start + size;
   int64_t p = start + static_cast<int64_t>(layout.HeaderBytes());
   for (const DecodeField& f : layout.fields) {
@@ -54,8 +53,8 @@ std::size_t DecodeLayout::CompressedFields() const {
   return c;
 }
 
-std::string DecodeItems(const DecodeLayout& layout, const uint8_t* buf, const int64_t* starts,
-                        const int64_t* sizes, std::size_t n, uint8_t* const* outs) {
+std::string DecodeItems(const DecodeLayout& layout, const uint8_t* buf, const int64_t* starts, const int64_t* sizes,
+                        std::size_t n, uint8_t* const* outs) {
   const std::size_t hdr = layout.HeaderBytes();
   const std::size_t compressed = layout.CompressedFields();
   // Rule 1: sizes.

@@ -27,7 +27,7 @@ struct DecodeLayout {
   std::vector<DecodeField> fields;
   std::string spec_repr;  // repr(spec), for the size error's message
 
-  std::size_t HeaderBytes() const;      // 4 + the raw fields' bytes
+  std::size_t HeaderBytes() const;  // 4 + the raw fields' bytes
   std::size_t CompressedFields() const;
 };
 
@@ -36,8 +36,8 @@ struct DecodeLayout {
 // bytes as stored. Checks, for all items, each rule before the next: sizes (a negative size is "offsets
 // decrease"), fingerprints, the walk over the compressed blocks' lengths; then copies and decompresses item by
 // item. Returns "" on success, else the message of the first failure (outs may be partly written).
-std::string DecodeItems(const DecodeLayout& layout, const uint8_t* buf, const int64_t* starts,
-                        const int64_t* sizes, std::size_t n, uint8_t* const* outs);
+std::string DecodeItems(const DecodeLayout& layout, const uint8_t* buf, const int64_t* starts, const int64_t* sizes,
+                        std::size_t n, uint8_t* const* outs);
 
 }  // namespace apexrl
 

@@ -20,8 +20,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 }  // namespace
 
-Shard::Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots,
-             uint32_t epoch)
+Shard::Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots, uint32_t epoch)
     : index_(index),
       alpha_(alpha),
       target_slots_(std::max<size_t>(target_slots, 16)),
@@ -64,10 +63,9 @@ void Shard::EnsureSlots(size_t extra) {
   }
   if (needed <= refs_.size()) return;
   const uint64_t current = refs_.size();
-  const uint64_t grown = current < target_slots_ ? std::min<uint64_t>(current * 2, target_slots_)
-                                                 : current + current / 4;
-  const size_t capacity =
-      static_cast<size_t>(std::min<uint64_t>(kMaxSlotsPerShard, std::max<uint64_t>(needed, grown)));
+  const uint64_t grown =
+      current < target_slots_ ? std::min<uint64_t>(current * 2, target_slots_) : current + current / 4;
+  const size_t capacity = static_cast<size_t>(std::min<uint64_t>(kMaxSlotsPerShard, std::max<uint64_t>(needed, grown)));
   // Everything that can throw (allocation) happens here, before the caller changes anything.
   refs_.resize(capacity);
   seq_.resize(capacity, 0);
@@ -167,8 +165,8 @@ void Shard::Publish() {
   chunk_bytes_.store(chunk_bytes_held_, std::memory_order_relaxed);
 }
 
-bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys,
-                   bool block, const PreparedChunk* chunks, size_t m) {
+bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys, bool block,
+                   const PreparedChunk* chunks, size_t m) {
   if (block) {
     mu_.lock();
   } else if (!mu_.try_lock()) {
@@ -247,8 +245,7 @@ bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* s
   return true;
 }
 
-void Shard::CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink,
-                    size_t first) {
+void Shard::CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink, size_t first) {
   for (size_t i = 0; i < k; ++i) __builtin_prefetch(&refs_[slots[i]]);
   const double scale = share / total;
   uint64_t bytes = 0;

@@ -91,8 +91,7 @@ class Shard {
   // then grow by a quarter, so a store at its soft capacity does not carry 2x slack of per-slot metadata.
   // `policy` (not null; std::invalid_argument otherwise) orders this shard's evictions; the shard owns it.
   // `epoch` (1..kMaxEpoch) goes into the tag of every key this shard issues.
-  Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots,
-        uint32_t epoch = 1);
+  Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots, uint32_t epoch = 1);
   ~Shard();
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
@@ -172,9 +171,7 @@ class Shard {
   static uint32_t ItemBlockSize(uint32_t size, uint32_t num_chunks) {
     return num_chunks == 0 ? size : ((size + 3u) & ~3u) + 4u * num_chunks;
   }
-  static uint32_t* ChunkIds(const SlotRef& r) {
-    return reinterpret_cast<uint32_t*>(r.data + ((r.size + 3u) & ~3u));
-  }
+  static uint32_t* ChunkIds(const SlotRef& r) { return reinterpret_cast<uint32_t*>(r.data + ((r.size + 3u) & ~3u)); }
 
   bool Live(Slot slot, Tag tag) const REQUIRES(mu_);
   // A free slot whose next tag would pass kMaxGeneration in this epoch: never reused in this life.
@@ -188,8 +185,8 @@ class Shard {
   uint32_t TakeChunkId() REQUIRES(mu_);
   void EnsureChunks(size_t extra) REQUIRES(mu_);
   void FinishRemovals() REQUIRES(mu_);
-  void CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink,
-               size_t first) REQUIRES(mu_);
+  void CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink, size_t first)
+      REQUIRES(mu_);
   void Publish() REQUIRES(mu_);
 
   const uint32_t index_;
@@ -200,15 +197,15 @@ class Shard {
 
   AlignedVector<SlotRef> refs_ GUARDED_BY(mu_);
   std::vector<uint64_t> seq_ GUARDED_BY(mu_);
-  std::vector<Slot> live_ GUARDED_BY(mu_);          // dense list of occupied slots (uniform draws, snapshots)
+  std::vector<Slot> live_ GUARDED_BY(mu_);  // dense list of occupied slots (uniform draws, snapshots)
   std::vector<Slot> free_ GUARDED_BY(mu_);
-  size_t num_slots_ GUARDED_BY(mu_) = 0;             // slots ever created; slots >= this are untouched
+  size_t num_slots_ GUARDED_BY(mu_) = 0;  // slots ever created; slots >= this are untouched
   SumMinTree tree_ GUARDED_BY(mu_);
   PayloadArena arena_ GUARDED_BY(mu_);
   const std::unique_ptr<EvictionPolicy> policy_ PT_GUARDED_BY(mu_);  // never null
   ShardCounters counters_ GUARDED_BY(mu_);
   uint64_t max_seq_ GUARDED_BY(mu_) = 0;
-  uint64_t bytes_held_ GUARDED_BY(mu_) = 0;         // items' and chunks' bytes
+  uint64_t bytes_held_ GUARDED_BY(mu_) = 0;           // items' and chunks' bytes
   std::vector<ChunkRef> chunk_refs_ GUARDED_BY(mu_);  // by chunk id
   std::vector<uint32_t> free_chunk_ids_ GUARDED_BY(mu_);
   size_t num_chunk_ids_ GUARDED_BY(mu_) = 0;  // ids ever used; ids >= this are untouched

@@ -42,8 +42,7 @@ void ValidateConfig(const StoreConfig& c) {
     throw InvalidArgument("alpha must be finite and >= 0, got " + Num(c.alpha));
   }
   if (c.shards < 1 || c.shards > kMaxShards) {
-    throw InvalidArgument("shards must be in [1, " + std::to_string(kMaxShards) + "], got " +
-                          std::to_string(c.shards));
+    throw InvalidArgument("shards must be in [1, " + std::to_string(kMaxShards) + "], got " + std::to_string(c.shards));
   }
   if (!IsEvictionKind(c.eviction)) {
     throw InvalidArgument("unknown eviction policy " + std::to_string(static_cast<uint32_t>(c.eviction)));
@@ -85,9 +84,8 @@ ShardedStore::ShardedStore(const StoreConfig& config) : config_(WithDefaults(con
   const size_t target = static_cast<size_t>(std::min<uint64_t>(per_shard + per_shard / 10 + 1024, kMaxSlotsPerShard));
   shards_.reserve(config_.shards);
   for (uint32_t s = 0; s < config_.shards; ++s) {
-    shards_.push_back(
-        std::make_unique<Shard>(s, config_.alpha, MakeEvictionPolicy(config_.eviction, config_.alpha_evict), target,
-                                config_.epoch));
+    shards_.push_back(std::make_unique<Shard>(
+        s, config_.alpha, MakeEvictionPolicy(config_.eviction, config_.alpha_evict), target, config_.epoch));
   }
 }
 
@@ -99,9 +97,10 @@ double ShardedStore::CheckedMass(size_t i, double p) const {
   }
   const double mass = PriorityMass(p, config_.alpha);
   if (!(mass <= kMaxMass)) {  // also catches an overflow to infinity
-    throw InvalidArgument("priorities[" + std::to_string(i) + "] = " + Num(p) + " has mass priority^alpha = " +
-                          Num(mass) + " (alpha = " + Num(config_.alpha) + "), above the limit MAX_MASS = " +
-                          Num(kMaxMass) + " that keeps the store's total mass finite");
+    throw InvalidArgument("priorities[" + std::to_string(i) + "] = " + Num(p) +
+                          " has mass priority^alpha = " + Num(mass) + " (alpha = " + Num(config_.alpha) +
+                          "), above the limit MAX_MASS = " + Num(kMaxMass) +
+                          " that keeps the store's total mass finite");
   }
   return mass;
 }
@@ -187,8 +186,8 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
     const uint64_t start = next_shard_.fetch_add(1, std::memory_order_relaxed);
     bool inserted = false;
     for (size_t t = 0; t < num_shards && !inserted; ++t) {
-      inserted = shards_[(start + t) % num_shards]->Insert(items.data(), n, &next_seq_, keys, false,
-                                                           prepared.data(), m);
+      inserted =
+          shards_[(start + t) % num_shards]->Insert(items.data(), n, &next_seq_, keys, false, prepared.data(), m);
     }
     if (!inserted) shards_[start % num_shards]->Insert(items.data(), n, &next_seq_, keys, true, prepared.data(), m);
     if (Size() > config_.max_size) RemoveToFit();
@@ -260,7 +259,8 @@ void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
   const double min_mass = out->min_mass;
   for (size_t i = 0; i < n; ++i) {
     double w = 1.0;
-    if (masses[i] > 0.0 && min_mass > 0.0 && beta > 0.0) w = std::exp(beta * (std::log(min_mass) - std::log(masses[i])));
+    if (masses[i] > 0.0 && min_mass > 0.0 && beta > 0.0)
+      w = std::exp(beta * (std::log(min_mass) - std::log(masses[i])));
     out->weights[i] = static_cast<float>(std::clamp(w, static_cast<double>(FLT_MIN), 1.0));
   }
 }
@@ -283,15 +283,9 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
     for (const auto& [s, k] : scratch.done) shards_[s]->UncountSampled(k);
     return false;
   };
-  const SampleSink sink{out->keys.data(),
-                        scratch.masses.data(),
-                        out->probabilities.data(),
-                        &out->data,
-                        out->offsets.data(),
-                        out->item_chunk_offsets.data(),
-                        &out->item_chunks,
-                        &out->chunk_data,
-                        &out->chunk_offsets};
+  const SampleSink sink{out->keys.data(),  scratch.masses.data(), out->probabilities.data(),
+                        &out->data,        out->offsets.data(),   out->item_chunk_offsets.data(),
+                        &out->item_chunks, &out->chunk_data,      &out->chunk_offsets};
 
   double total = 0.0, min_mass = kInf;
   uint64_t items = 0;

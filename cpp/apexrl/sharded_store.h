@@ -26,10 +26,10 @@ struct StoreConfig {
   // Hard ceiling (>= capacity; 0: 2 * capacity): an Insert that leaves more items evicts down to capacity
   // itself before returning, so the store stays bounded even if nobody calls RemoveToFit().
   uint64_t max_size = 0;
-  double alpha = 0.6;             // sampling P(k) = p_k^alpha / sum_j p_j^alpha
-  uint32_t shards = 8;            // independent locks; 1..256
+  double alpha = 0.6;   // sampling P(k) = p_k^alpha / sum_j p_j^alpha
+  uint32_t shards = 8;  // independent locks; 1..256
   EvictionKind eviction = EvictionKind::kFifo;
-  double alpha_evict = -0.4;      // prioritized eviction draws victims with probability ~ p^alpha_evict
+  double alpha_evict = -0.4;  // prioritized eviction draws victims with probability ~ p^alpha_evict
   uint64_t seed = 0;
   // 1..kMaxEpoch, carried by every key the store issues (common.h); a restarted store must use an epoch
   // that differs from the lives before it, so their keys can never address its items.
@@ -52,7 +52,7 @@ struct SampleResult {
   std::vector<float> weights;         // importance-sampling weights in (0, 1]
   std::vector<double> probabilities;  // P(item) for one draw: mass / total_mass (1 / size in the fallback)
   ByteBuffer data;
-  std::vector<uint64_t> offsets;      // size n + 1
+  std::vector<uint64_t> offsets;  // size n + 1
   // The store the batch was drawn from (see "Batch totals" below).
   double total_mass = 0.0;  // T: sum of p^alpha the draws were made from; 0 in the uniform fallback
   double min_mass = 0.0;    // m_min: smallest positive mass, the weights' normaliser; 0 in the fallback

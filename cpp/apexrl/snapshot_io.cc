@@ -128,8 +128,8 @@ SnapshotReader::~SnapshotReader() {
 }
 
 void SnapshotReader::Fail(const std::string& what) const {
-  throw SnapshotError("snapshot '" + path_ + "' is not usable: " + what + " (at byte " +
-                      std::to_string(offset_) + " of " + std::to_string(size_) + ")");
+  throw SnapshotError("snapshot '" + path_ + "' is not usable: " + what + " (at byte " + std::to_string(offset_) +
+                      " of " + std::to_string(size_) + ")");
 }
 
 void SnapshotReader::Read(void* data, size_t n) {

@@ -38,8 +38,8 @@ DecodeLayout MakeLayout(uint32_t fingerprint, const std::vector<std::tuple<std::
   return layout;
 }
 
-void DecodeItemsPy(const DecodeLayout& layout, const py::array& data, const py::array& starts,
-                   const py::array& sizes, const py::list& outs) {
+void DecodeItemsPy(const DecodeLayout& layout, const py::array& data, const py::array& starts, const py::array& sizes,
+                   const py::list& outs) {
   if (!py::isinstance<ByteArray>(data) || data.ndim() != 1) {
     throw py::type_error("data must be a contiguous 1-D uint8 array");
   }
@@ -53,8 +53,7 @@ void DecodeItemsPy(const DecodeLayout& layout, const py::array& data, const py::
   const auto buf_size = static_cast<int64_t>(data.size());
   for (std::size_t i = 0; i < n; ++i) {  // every item inside the buffer: DecodeItems reads only there
     if (s[i] < 0 || s[i] > buf_size || (z[i] > 0 && z[i] > buf_size - s[i])) {
-      throw py::value_error("item " + std::to_string(i) + ": outside the " + std::to_string(buf_size) +
-                            "-byte buffer");
+      throw py::value_error("item " + std::to_string(i) + ": outside the " + std::to_string(buf_size) + "-byte buffer");
     }
   }
   if (outs.size() != layout.fields.size()) {

@@ -32,8 +32,8 @@ std::string Bytes(const py::handle& obj) {
   return std::string(static_cast<const char*>(info.ptr), static_cast<size_t>(info.size * info.itemsize));
 }
 
-ItemLayout Layout(uint32_t fingerprint, uint64_t header_bytes, std::vector<std::string> names,
-                  std::vector<bool> empty, std::string repr) {
+ItemLayout Layout(uint32_t fingerprint, uint64_t header_bytes, std::vector<std::string> names, std::vector<bool> empty,
+                  std::string repr) {
   if (names.size() != empty.size()) throw InvalidArgument("compressed names and empties differ in length");
   ItemLayout l;
   l.fingerprint = fingerprint;
@@ -199,32 +199,36 @@ go back through control_reply(). Use apexrl.replay.server.ReplayServer.)doc")
       .def("undo", &serve::RateLimiter::Undo, py::arg("inserted") = 0, py::arg("sampled") = 0)
       .def("never_admitted", [](const serve::RateLimiter& rl, uint16_t op, uint64_t n,
                                 uint64_t size) { return rl.NeverAdmitted(op, n, size); })
-      .def("counts", [](const serve::RateLimiter& rl) {
-        uint64_t i, s;
-        rl.Counts(&i, &s);
-        return py::make_tuple(i, s);
-      })
+      .def("counts",
+           [](const serve::RateLimiter& rl) {
+             uint64_t i, s;
+             rl.Counts(&i, &s);
+             return py::make_tuple(i, s);
+           })
       .def("describe", &serve::RateLimiter::Describe);
 
   py::class_<serve::InsertWindow>(m, "NativeInsertWindow", "The serving loop's exactly-once insert window (tests).")
       .def(py::init<uint64_t, uint64_t>(), py::arg("max_ids"), py::arg("max_bytes"))
-      .def(
-          "claim",
-          [](serve::InsertWindow& w, const std::string& identity, uint64_t session, uint64_t sequence, uint64_t owner,
-             double deadline, double now) -> py::object {
-            std::vector<Key> keys;
-            switch (w.TryClaim(serve::InsertId{identity, session, sequence}, owner, deadline, now, &keys)) {
-              case serve::InsertWindow::Claim::kDone: return py::make_tuple("done", keys);
-              case serve::InsertWindow::Claim::kBusy: return py::make_tuple("busy", py::none());
-              default: return py::make_tuple("new", py::none());
-            }
-          })
+      .def("claim",
+           [](serve::InsertWindow& w, const std::string& identity, uint64_t session, uint64_t sequence, uint64_t owner,
+              double deadline, double now) -> py::object {
+             std::vector<Key> keys;
+             switch (w.TryClaim(serve::InsertId{identity, session, sequence}, owner, deadline, now, &keys)) {
+               case serve::InsertWindow::Claim::kDone:
+                 return py::make_tuple("done", keys);
+               case serve::InsertWindow::Claim::kBusy:
+                 return py::make_tuple("busy", py::none());
+               default:
+                 return py::make_tuple("new", py::none());
+             }
+           })
       .def("release", [](serve::InsertWindow& w, const std::string& identity, uint64_t session, uint64_t sequence,
                          uint64_t owner) { w.Release(serve::InsertId{identity, session, sequence}, owner); })
-      .def("finish", [](serve::InsertWindow& w, const std::string& identity, uint64_t session, uint64_t sequence,
-                        uint64_t owner, const std::vector<Key>& keys) {
-        w.Finish(serve::InsertId{identity, session, sequence}, owner, keys.data(), keys.size());
-      })
+      .def("finish",
+           [](serve::InsertWindow& w, const std::string& identity, uint64_t session, uint64_t sequence, uint64_t owner,
+              const std::vector<Key>& keys) {
+             w.Finish(serve::InsertId{identity, session, sequence}, owner, keys.data(), keys.size());
+           })
       .def("stats", [](const serve::InsertWindow& w) {
         const auto s = w.Stats();
         py::dict d;

@@ -42,8 +42,8 @@ py::array_t<T, py::array::c_style> As1D(const py::handle& obj, const char* name,
   if (a.ndim() != 1) throw InvalidArgument(std::string(name) + " must be 1-D, got shape " + ShapeOf(a));
   const char kind = a.dtype().kind();
   if (a.size() > 0 && std::strchr(kinds, kind) == nullptr) {
-    throw InvalidArgument(std::string(name) + " has dtype " + std::string(py::str(a.dtype())) +
-                          "; expected " + (std::strchr(kinds, 'f') ? "a float" : "an unsigned integer") + " array");
+    throw InvalidArgument(std::string(name) + " has dtype " + std::string(py::str(a.dtype())) + "; expected " +
+                          (std::strchr(kinds, 'f') ? "a float" : "an unsigned integer") + " array");
   }
   if (kind == 'i' && a.size() > 0) {  // signed keys: refuse negatives rather than wrap them around
     auto i64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
@@ -93,12 +93,15 @@ uint32_t AsEpoch(const py::object& epoch) {
 // included); other exporters through the struct-module format, where 'O' is the object code (field names,
 // between colons, are skipped).
 bool HoldsObjects(const py::handle& obj, const char* format) {
-  if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj).dtype().attr("hasobject").cast<bool>();
+  if (py::isinstance<py::array>(obj))
+    return py::reinterpret_borrow<py::array>(obj).dtype().attr("hasobject").cast<bool>();
   if (format == nullptr) return false;
   bool in_name = false;
   for (const char* c = format; *c != '\0'; ++c) {
-    if (*c == ':') in_name = !in_name;
-    else if (!in_name && *c == 'O') return true;
+    if (*c == ':')
+      in_name = !in_name;
+    else if (!in_name && *c == 'O')
+      return true;
   }
   return false;
 }
@@ -151,15 +154,15 @@ void UnpackItems(const py::handle& items, const py::handle& offsets, size_t n, I
     out->sizes.clear();
     auto off = As1D<uint64_t>(offsets, "offsets", "iu");
     if (static_cast<size_t>(off.size()) != n + 1) {
-      throw InvalidArgument("offsets must hold len(priorities) + 1 = " + std::to_string(n + 1) +
-                            " entries, got " + std::to_string(off.size()));
+      throw InvalidArgument("offsets must hold len(priorities) + 1 = " + std::to_string(n + 1) + " entries, got " +
+                            std::to_string(off.size()));
     }
     const uint64_t* o = off.data();
     for (size_t i = 0; i < n; ++i) {
       if (o[i + 1] < o[i]) {
-        throw InvalidArgument("offsets must not decrease: offsets[" + std::to_string(i + 1) + "] = " +
-                              std::to_string(o[i + 1]) + " < offsets[" + std::to_string(i) + "] = " +
-                              std::to_string(o[i]));
+        throw InvalidArgument("offsets must not decrease: offsets[" + std::to_string(i + 1) +
+                              "] = " + std::to_string(o[i + 1]) + " < offsets[" + std::to_string(i) +
+                              "] = " + std::to_string(o[i]));
       }
     }
     if (n > 0 && o[n] > buffer_len) {
@@ -282,8 +285,7 @@ class PyStore {
 
   static std::unique_ptr<PyStore> Create(const py::object& capacity, const py::object& alpha, const py::object& shards,
                                          const std::string& eviction, const py::object& alpha_evict,
-                                         const py::object& seed, const py::object& max_size,
-                                         const py::object& epoch) {
+                                         const py::object& seed, const py::object& max_size, const py::object& epoch) {
     StoreConfig c;
     const int64_t cap = AsInt(capacity, "capacity");
     if (cap < 1) throw InvalidArgument("capacity must be >= 1, got " + std::to_string(cap));
@@ -330,7 +332,8 @@ class PyStore {
     py::array_t<uint32_t, py::array::c_style> refs;
     py::array_t<uint64_t, py::array::c_style> ref_offsets;
     if (with_chunks) {
-      if (py::isinstance<py::bytes>(chunks) || py::isinstance<py::str>(chunks) || !py::isinstance<py::sequence>(chunks)) {
+      if (py::isinstance<py::bytes>(chunks) || py::isinstance<py::str>(chunks) ||
+          !py::isinstance<py::sequence>(chunks)) {
         throw InvalidArgument("chunks must be a sequence of bytes-like objects, got " + TypeName(chunks));
       }
       auto seq = py::reinterpret_borrow<py::sequence>(chunks);
@@ -522,9 +525,9 @@ globally oldest first; "prioritized": victims drawn proportional to p^alpha_evic
 2 * capacity) is hard: an insert that leaves more items evicts down to capacity itself. Keys carry the
 store's epoch (1..4095), so keys of an earlier life of a restarted store address nothing. Thread-safe; the
 heavy methods release the GIL.)doc")
-      .def(py::init(&PyStore::Create), py::arg("capacity") = 1'000'000, py::arg("alpha") = 0.6,
-           py::arg("shards") = 8, py::arg("eviction") = "fifo", py::arg("alpha_evict") = -0.4,
-           py::arg("seed") = 0, py::arg("max_size") = py::none(), py::arg("epoch") = 1)
+      .def(py::init(&PyStore::Create), py::arg("capacity") = 1'000'000, py::arg("alpha") = 0.6, py::arg("shards") = 8,
+           py::arg("eviction") = "fifo", py::arg("alpha_evict") = -0.4, py::arg("seed") = 0,
+           py::arg("max_size") = py::none(), py::arg("epoch") = 1)
       .def("insert", &PyStore::Insert, py::arg("priorities"), py::arg("items"), py::arg("offsets") = py::none(),
            py::arg("chunks") = py::none(), py::arg("item_chunks") = py::none(),
            py::arg("item_chunk_offsets") = py::none(),
@@ -539,17 +542,19 @@ heavy methods release the GIL.)doc")
       .def("erase", &PyStore::Erase, py::arg("keys"), "Remove the items of these keys; returns how many.")
       .def("remove_to_fit", &PyStore::RemoveToFit, "Evict down to capacity; returns how many items were removed.")
       .def("stats", &PyStore::Stats, "Counters and sizes as a dict.")
-      .def("save", [](const PyStore& s, const py::object& path) { s.Save(FsPath(path)); }, py::arg("path"),
-           "Write a versioned, checksummed snapshot (atomically: temporary file, then rename).")
-      .def_static("load", [](const py::object& path, const py::object& epoch) {
-        return PyStore::Load(FsPath(path), epoch);
-      }, py::arg("path"), py::arg("epoch") = py::none(),
-                  "Read a snapshot written by save(); raises SnapshotError if it is truncated, corrupted or of an "
-                  "older format. The restored store issues new keys with `epoch` (1..4095, not the saved one; "
-                  "None: the saved epoch % 4095 + 1): keys of restored items stay valid, keys the saved store "
-                  "issued after the save are stale.")
-      .def_static("snapshot_epoch", [](const py::object& path) { return PyStore::SnapshotEpoch(FsPath(path)); },
-                  py::arg("path"), "The epoch a snapshot was saved under, read from its header only.")
+      .def(
+          "save", [](const PyStore& s, const py::object& path) { s.Save(FsPath(path)); }, py::arg("path"),
+          "Write a versioned, checksummed snapshot (atomically: temporary file, then rename).")
+      .def_static(
+          "load", [](const py::object& path, const py::object& epoch) { return PyStore::Load(FsPath(path), epoch); },
+          py::arg("path"), py::arg("epoch") = py::none(),
+          "Read a snapshot written by save(); raises SnapshotError if it is truncated, corrupted or of an "
+          "older format. The restored store issues new keys with `epoch` (1..4095, not the saved one; "
+          "None: the saved epoch % 4095 + 1): keys of restored items stay valid, keys the saved store "
+          "issued after the save are stale.")
+      .def_static(
+          "snapshot_epoch", [](const py::object& path) { return PyStore::SnapshotEpoch(FsPath(path)); },
+          py::arg("path"), "The epoch a snapshot was saved under, read from its header only.")
       .def_readonly_static("MAX_MASS", &kMaxMass,
                            "Largest accepted priority^alpha; a larger one is refused with ValueError.")
       .def_readonly_static("MAX_EPOCH", &kMaxEpoch, "Epochs are 1..MAX_EPOCH.")
@@ -562,17 +567,20 @@ heavy methods release the GIL.)doc")
       .def_property_readonly("alpha_evict", [](const PyStore& s) { return s.store().config().alpha_evict; })
       .def_property_readonly("shards", [](const PyStore& s) { return s.store().config().shards; })
       .def_property_readonly("seed", [](const PyStore& s) { return s.store().config().seed; })
-      .def_property_readonly("max_size", [](const PyStore& s) { return s.store().config().max_size; },
-                             "Hard ceiling: an insert that leaves more items evicts down to capacity itself.")
-      .def_property_readonly("epoch", [](const PyStore& s) { return s.store().config().epoch; },
-                             "Carried by every key this store issues (1..4095).")
+      .def_property_readonly(
+          "max_size", [](const PyStore& s) { return s.store().config().max_size; },
+          "Hard ceiling: an insert that leaves more items evicts down to capacity itself.")
+      .def_property_readonly(
+          "epoch", [](const PyStore& s) { return s.store().config().epoch; },
+          "Carried by every key this store issues (1..4095).")
       .def_property_readonly("eviction", [](const PyStore& s) { return EvictionKindName(s.store().config().eviction); })
-      .def_property_readonly("total_priority", [](const PyStore& s) { return s.store().TotalMass(); },
-                             "Sum of priority^alpha over every item: the sampling mass.")
+      .def_property_readonly(
+          "total_priority", [](const PyStore& s) { return s.store().TotalMass(); },
+          "Sum of priority^alpha over every item: the sampling mass.")
       .def("__repr__", [](const PyStore& s) {
         const auto& c = s.store().config();
-        return "PrioritizedStore(size=" + std::to_string(s.store().Size()) + ", capacity=" +
-               std::to_string(c.capacity) + ", alpha=" + std::string(py::str(py::float_(c.alpha))) +
+        return "PrioritizedStore(size=" + std::to_string(s.store().Size()) +
+               ", capacity=" + std::to_string(c.capacity) + ", alpha=" + std::string(py::str(py::float_(c.alpha))) +
                ", shards=" + std::to_string(c.shards) + ", eviction='" + EvictionKindName(c.eviction) + "')";
       });
 }

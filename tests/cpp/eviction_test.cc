@@ -93,7 +93,7 @@ TEST(FifoPolicyTest, EraseFromTheMiddleHeadAndTailKeepsTheRestInOrder) {
   FifoPolicy fifo;
   fifo.Grow(16);
   for (Slot s = 0; s < 10; ++s) fifo.OnInsert(s, 0.5, s + 1);  // slot s has seq s + 1
-  fifo.OnErase(4);  // middle
+  fifo.OnErase(4);                                             // middle
   ASSERT_EQ(fifo.CheckConsistency(9), "");
   fifo.OnErase(0);  // head
   ASSERT_EQ(fifo.CheckConsistency(8), "");
@@ -317,8 +317,8 @@ TEST(PrioritizedPolicyTest, ErasedAndReinsertedSlotsCarryTheirNewWeight) {
 uint64_t R(double priority) { return LowestPriorityPolicy::RankOf(priority); }
 
 TEST(LowestPriorityPolicyTest, RanksOrderAsThePrioritiesDo) {
-  const std::vector<double> ascending = {0.0, 4.9e-324, 1e-300, 0.001, 0.5, 1.0, 1.0000000000000002, 3.0, 1e300,
-                                         1.7976931348623157e308};
+  const std::vector<double> ascending = {0.0, 4.9e-324,           1e-300, 0.001, 0.5,
+                                         1.0, 1.0000000000000002, 3.0,    1e300, 1.7976931348623157e308};
   for (size_t i = 1; i < ascending.size(); ++i) EXPECT_LT(R(ascending[i - 1]), R(ascending[i])) << ascending[i];
   EXPECT_EQ(R(-0.0), R(0.0));  // -0.0 passes the store's validation and is the lowest priority, not the highest
   EXPECT_EQ(R(0.0), 0u);
@@ -497,7 +497,7 @@ TEST(OrderedPlannerTest, TakesTheGloballySmallestRanksAcrossShards) {
   auto quotas = Plan(planner, 4, shards, rng);
   EXPECT_EQ(Counts(quotas), (std::vector<size_t>{2, 0, 2}));
   for (const EvictionQuota& q : quotas) EXPECT_EQ(q.max_rank, 8u);  // bounded by the 4th smallest rank
-  quotas = Plan(planner, 7, shards, rng);  // 1 2 3 8 9 10 11
+  quotas = Plan(planner, 7, shards, rng);                           // 1 2 3 8 9 10 11
   EXPECT_EQ(Counts(quotas), (std::vector<size_t>{4, 1, 2}));
   EXPECT_EQ(quotas[1].max_rank, 11u);
   Rng untouched = before;
@@ -605,12 +605,10 @@ TEST(EvictionKindsTest, NamesParseBackAndPickTheirPolicyAndPlanner) {
     EXPECT_NE(MakeEvictionPolicy(kind, -0.4), nullptr);
   }
   EXPECT_NE(dynamic_cast<FifoPolicy*>(MakeEvictionPolicy(EvictionKind::kFifo, -0.4).get()), nullptr);
-  EXPECT_NE(dynamic_cast<PrioritizedPolicy*>(MakeEvictionPolicy(EvictionKind::kPrioritized, -0.4).get()),
-            nullptr);
+  EXPECT_NE(dynamic_cast<PrioritizedPolicy*>(MakeEvictionPolicy(EvictionKind::kPrioritized, -0.4).get()), nullptr);
   EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kFifo), &OrderedEvictionPlanner());
-  EXPECT_NE(
-      dynamic_cast<LowestPriorityPolicy*>(MakeEvictionPolicy(EvictionKind::kLowestPriority, -0.4).get()),
-      nullptr);
+  EXPECT_NE(dynamic_cast<LowestPriorityPolicy*>(MakeEvictionPolicy(EvictionKind::kLowestPriority, -0.4).get()),
+            nullptr);
   EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kPrioritized), &DrawnEvictionPlanner());
   EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kLowestPriority), &OrderedEvictionPlanner());
 }

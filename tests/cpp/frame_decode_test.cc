@@ -39,9 +39,9 @@ std::vector<uint8_t> Chunk(int first, int frames) {
 uint16_t Ref(int slot, int index) { return static_cast<uint16_t>(slot << 8 | index); }
 
 struct Batch {
-  std::vector<std::vector<uint8_t>> chunks;  // each as stored
+  std::vector<std::vector<uint8_t>> chunks;        // each as stored
   std::vector<std::vector<uint64_t>> item_chunks;  // per item, its chunk indices
-  std::vector<std::vector<uint16_t>> refs[2];       // per stack, per item, kDepth references
+  std::vector<std::vector<uint16_t>> refs[2];      // per stack, per item, kDepth references
   std::vector<uint64_t> chunk_offsets_override;
 
   void Add(std::vector<uint64_t> uses, std::vector<uint16_t> obs, std::vector<uint16_t> next) {

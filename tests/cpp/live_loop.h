@@ -39,8 +39,7 @@ std::string Array(const std::vector<T>& v) {
 // no chunks at all).
 inline Frames Insert(uint64_t rid, const std::vector<std::string>& items, const std::vector<double>& priorities,
                      uint64_t session = 0, uint64_t sequence = 0, uint32_t timeout_ms = 0,
-                     const std::vector<std::vector<uint64_t>>& refs = {},
-                     const std::vector<std::string>& chunks = {}) {
+                     const std::vector<std::vector<uint64_t>>& refs = {}, const std::vector<std::string>& chunks = {}) {
   std::string data;
   std::vector<uint64_t> offsets{0};
   for (const auto& it : items) {
@@ -58,9 +57,15 @@ inline Frames Insert(uint64_t rid, const std::vector<std::string>& items, const 
     chunk_data += c;
     chunk_offsets.push_back(chunk_data.size());
   }
-  return {Header(kInsert, rid, static_cast<uint32_t>(items.size()), 0, timeout_ms), Array(priorities),
-          Array(offsets), data, Array(std::vector<uint64_t>{session, sequence}), Array(flat), Array(ref_offsets),
-          chunk_data, Array(chunk_offsets)};
+  return {Header(kInsert, rid, static_cast<uint32_t>(items.size()), 0, timeout_ms),
+          Array(priorities),
+          Array(offsets),
+          data,
+          Array(std::vector<uint64_t>{session, sequence}),
+          Array(flat),
+          Array(ref_offsets),
+          chunk_data,
+          Array(chunk_offsets)};
 }
 
 inline Frames Sample(uint64_t rid, uint32_t n, uint32_t timeout_ms = 0, double beta = 0.4) {

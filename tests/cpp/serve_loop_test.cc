@@ -57,8 +57,8 @@ TEST(ServeLoop, ARepeatedInsertIdWithABadChunkReferenceIsRefusedAndTheLoopServes
   EXPECT_EQ(live.store->Stats().bytes_held, before.bytes_held);
 
   // A repeated id with larger (valid) items: the first request's keys, and no estimate from this request.
-  const Frames bigger = live.Request(
-      "p", Insert(rid++, {std::string(5000, 'x'), "yy"}, {1, 1}, 0xA, 1, 0, {{0}, {0, 1}}, kChunks));
+  const Frames bigger =
+      live.Request("p", Insert(rid++, {std::string(5000, 'x'), "yy"}, {1, 1}, 0xA, 1, 0, {{0}, {0, 1}}, kChunks));
   ASSERT_EQ(bigger.size(), 2u);
   EXPECT_EQ(ParseHeader(bigger[0]).status, kOk);
   EXPECT_EQ(KeysOf(bigger[1]), keys);
@@ -119,7 +119,8 @@ TEST(ServeLoop, EveryRuleOfTheChunksIsCheckedBeforeAdmission) {
       {{{0}, {0}}, kChunks, "chunks[1] is referenced by no item"},
       {{{0, 0}, {1}}, kChunks, "items[0] references chunk 0 twice"},
       {{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, {}},
-       std::vector<std::string>(17, "c"), "items[0] references 17 chunks; an item may reference at most 16"},
+       std::vector<std::string>(17, "c"),
+       "items[0] references 17 chunks; an item may reference at most 16"},
   };
   uint64_t rid = 2;
   for (const Case& c : cases) {

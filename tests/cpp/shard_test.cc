@@ -46,8 +46,8 @@ struct Draw {
 // build PreparedItems and SampleSinks.
 class ShardHarness {
  public:
-  ShardHarness(uint32_t index, double alpha, EvictionKind eviction, double alpha_evict = -0.4,
-               size_t target_slots = 64, uint32_t epoch = 1)
+  ShardHarness(uint32_t index, double alpha, EvictionKind eviction, double alpha_evict = -0.4, size_t target_slots = 64,
+               uint32_t epoch = 1)
       : alpha_(alpha), shard_(index, alpha, MakeEvictionPolicy(eviction, alpha_evict), target_slots, epoch) {}
 
   Shard& shard() { return shard_; }
@@ -58,9 +58,9 @@ class ShardHarness {
     // The shard copies the bytes during Insert; the caller keeps its buffers.
     std::vector<PreparedItem> items(priorities.size());
     for (size_t i = 0; i < items.size(); ++i) {
-      items[i] = PreparedItem{reinterpret_cast<const uint8_t*>(payloads[i].data()),
-                              static_cast<uint32_t>(payloads[i].size()), priorities[i],
-                              PriorityMass(priorities[i], alpha_)};
+      items[i] =
+          PreparedItem{reinterpret_cast<const uint8_t*>(payloads[i].data()), static_cast<uint32_t>(payloads[i].size()),
+                       priorities[i], PriorityMass(priorities[i], alpha_)};
     }
     std::vector<Key> keys(items.size(), 0);
     EXPECT_TRUE(shard_.Insert(items.data(), items.size(), &seq_, keys.data(), true));
@@ -101,8 +101,9 @@ class ShardHarness {
     std::vector<uint64_t> item_chunks;
     ByteBuffer chunk_data;
     std::vector<uint64_t> chunk_offsets;
-    const SampleSink sink{keys.data(), masses.data(),        probabilities.data(), &data,         offsets.data(),
-                          item_chunk_offsets.data(), &item_chunks, &chunk_data,          &chunk_offsets};
+    const SampleSink sink{keys.data(),  masses.data(),  probabilities.data(),
+                          &data,        offsets.data(), item_chunk_offsets.data(),
+                          &item_chunks, &chunk_data,    &chunk_offsets};
     const bool ok = uniform_rng != nullptr ? shard_.SampleUniform(k, *uniform_rng, share, sink, first)
                                            : shard_.Sample(fractions.data(), k, share, sink, first);
     for (size_t i = 0; i < first; ++i) {  // positions before `first` untouched
@@ -120,10 +121,9 @@ class ShardHarness {
       EXPECT_GE(offsets[i], pad.size());
       EXPECT_LE(offsets[i], offsets[i + 1]);
       EXPECT_LE(offsets[i + 1], data.size());
-      out.push_back(Draw{keys[i],
-                         std::string(reinterpret_cast<const char*>(data.data()) + offsets[i],
-                                     offsets[i + 1] - offsets[i]),
-                         masses[i], probabilities[i]});
+      out.push_back(Draw{
+          keys[i], std::string(reinterpret_cast<const char*>(data.data()) + offsets[i], offsets[i + 1] - offsets[i]),
+          masses[i], probabilities[i]});
     }
     EXPECT_EQ(offsets[first], pad.size());
     return out;
@@ -314,7 +314,7 @@ TEST(ShardTest, FreedSlotIsReusedWithABumpedGenerationSoOldKeysTurnStale) {
   ASSERT_EQ(h.Erase({keys[1]}), 1u);
   ASSERT_VALID(h.shard());
   const Key fresh = h.InsertOne(2.0, "fresh");
-  EXPECT_EQ(SplitKey(fresh).slot, SplitKey(keys[1]).slot);  // the freed slot is reused
+  EXPECT_EQ(SplitKey(fresh).slot, SplitKey(keys[1]).slot);    // the freed slot is reused
   EXPECT_EQ(SplitKey(fresh).tag, SplitKey(keys[1]).tag + 1);  // same epoch, next generation
   EXPECT_EQ(SplitKey(fresh).shard, 5u);
   EXPECT_NE(fresh, keys[1]);
@@ -371,9 +371,7 @@ TEST(ShardTest, GrowingPastTheTargetKeepsEveryItem) {
   EXPECT_VALID(h.shard());
 }
 
-TEST(ShardTest, ConstructorRejectsAMissingPolicy) {
-  EXPECT_THROW(Shard(0, 1.0, nullptr, 16), std::invalid_argument);
-}
+TEST(ShardTest, ConstructorRejectsAMissingPolicy) { EXPECT_THROW(Shard(0, 1.0, nullptr, 16), std::invalid_argument); }
 
 TEST(ShardTest, SummarizeOverwritesEveryFieldWithThisShardsState) {
   ShardHarness fifo(0, 1.0, EvictionKind::kFifo);
@@ -425,7 +423,7 @@ TEST(ShardTest, FifoEvictRemovesOldestFirstWithinTheCountAndTheRankBound) {
   EXPECT_EQ(h.shard().counters().evicted, 6u);
   EXPECT_EQ(h.shard().counters().erased, 1u);
   EXPECT_EQ(h.shard().max_seq(), seqs.back());  // the maximum ever stored, not the current one
-  EXPECT_EQ(h.Evict(100, rng), 3u);  // no bound: asking for more than it holds empties it
+  EXPECT_EQ(h.Evict(100, rng), 3u);             // no bound: asking for more than it holds empties it
   EXPECT_EQ(h.shard().size(), 0u);
   EXPECT_EQ(h.Evict(5, rng), 0u);
   ASSERT_VALID(h.shard());
@@ -454,8 +452,8 @@ TEST(ShardTest, EvictOnALowestPriorityShardFollowsCurrentPrioritiesWithinTheBoun
   ShardHarness h(0, 1.0, EvictionKind::kLowestPriority);
   const std::vector<Key> keys = h.Insert({4.0, 1.0, 3.0, 2.0, 5.0}, {"a", "b", "c", "d", "e"});
   ASSERT_EQ(h.Update({keys[4]}, {0.5}), 1u);  // "e" is now the lowest
-  EXPECT_EQ(h.Ranks(3), (std::vector<uint64_t>{LowestPriorityRank(0.5), LowestPriorityRank(1.0),
-                                                LowestPriorityRank(2.0)}));
+  EXPECT_EQ(h.Ranks(3),
+            (std::vector<uint64_t>{LowestPriorityRank(0.5), LowestPriorityRank(1.0), LowestPriorityRank(2.0)}));
   Rng rng(6);
   EXPECT_EQ(h.Evict(10, rng, LowestPriorityRank(1.0)), 2u);  // "e" and "b"; "d" (2.0) is past the bound
   ASSERT_VALID(h.shard());

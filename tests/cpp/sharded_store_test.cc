@@ -302,8 +302,7 @@ TEST_P(SamplingFrequencyTest, DrawsFollowPriorityToTheAlpha) {
   dof -= 1;
   const double chi2 = ChiSquare(counts, p, static_cast<uint64_t>(calls) * batch);
   // Mean dof, sd sqrt(2 dof); 8 sd above the mean is far out in the tail (stratification only lowers it).
-  EXPECT_LT(chi2, static_cast<double>(dof) + 8.0 * std::sqrt(2.0 * static_cast<double>(dof)))
-      << "alpha " << alpha;
+  EXPECT_LT(chi2, static_cast<double>(dof) + 8.0 * std::sqrt(2.0 * static_cast<double>(dof))) << "alpha " << alpha;
   EXPECT_EQ(store.Stats().sampled, static_cast<uint64_t>(calls) * batch);
   ASSERT_VALID(store);
 }
@@ -730,7 +729,7 @@ TEST(ShardedStoreTest, LowestPriorityRemoveToFitRemovesTheGloballyLowestAcrossSh
   // Updates move items in the order: the two lowest become the two highest, and two of the highest sink.
   for (size_t i = 0; i < keys.size(); ++i) {
     double p = priorities[i];
-    if (p <= 2.0) p += 200.0;                  // 1, 2 -> 201, 202
+    if (p <= 2.0) p += 200.0;                 // 1, 2 -> 201, 202
     if (p == 99.0 || p == 100.0) p /= 400.0;  // 99, 100 -> 0.2475, 0.25
     if (p != priorities[i]) {
       ASSERT_EQ(store.UpdatePriorities(&keys[i], &p, 1), 1u);
@@ -993,8 +992,8 @@ TEST_F(SnapshotTest, SaveLoadRoundTripKeepsItemsPrioritiesKeysOrderAndCounters) 
   std::vector<Key> erase = {order[3], order[10], order[20], order[33], order[47]};
   ASSERT_EQ(store.Erase(erase.data(), erase.size()), 5u);
   for (Key k : erase) live.erase(k);
-  std::vector<Key> upd = {order[1], order[5], order[8], order[13], order[21], order[34], order[40], order[44],
-                          order[49], order[3]};
+  std::vector<Key> upd = {order[1],  order[5],  order[8],  order[13], order[21],
+                          order[34], order[40], order[44], order[49], order[3]};
   std::vector<double> upd_p = {2.0, 0.0, 1.5, 3.25, 0.125, 4.0, 0.5, 1.0, 2.5, 9.0};
   ASSERT_EQ(store.UpdatePriorities(upd.data(), upd_p.data(), upd.size()), 9u);  // order[3] is stale
   for (size_t i = 0; i < upd.size(); ++i) {
@@ -1159,9 +1158,7 @@ TEST_F(SnapshotTest, FailedSaveLeavesNoTemporaryFile) {
   ASSERT_VALID(store);
 }
 
-TEST_F(SnapshotTest, MissingFileIsAnIoError) {
-  EXPECT_THROW(ShardedStore::Load(Path("nope.snap")), IoError);
-}
+TEST_F(SnapshotTest, MissingFileIsAnIoError) { EXPECT_THROW(ShardedStore::Load(Path("nope.snap")), IoError); }
 
 // A small snapshot (two shards, a few items, some erased) for the damage tests below.
 std::string SmallSnapshot(const std::string& path) {
@@ -1515,7 +1512,6 @@ TEST_F(SnapshotTest, SaveIntoAMissingDirectoryThrowsSnapshotErrorNamingTheReason
   EXPECT_EQ(ShardedStore::Load(Path("s.snap"))->Size(), 1u);
   EXPECT_EQ(Files(), std::set<std::string>{"s.snap"});
 }
-
 
 // ---------------------------------------------------------------------------------------------------------
 // Frame chunks: kept while an item references them, returned once per sample, in snapshots

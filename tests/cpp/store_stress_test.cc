@@ -319,7 +319,7 @@ void RunStress(ShardedStore& store, const std::string& snapshot_path, Failures* 
       // Never drain the store (the samplers must always find items): erase only while it is over capacity,
       // i.e. race the evictor for items it would remove anyway.
       if (store.Size() > kCapacity) {
-        std::vector<Key> victims = {r.keys[0], r.keys[rng.Below(8)]};  // sometimes the same key twice
+        std::vector<Key> victims = {r.keys[0], r.keys[rng.Below(8)]};     // sometimes the same key twice
         if (!old.empty()) victims.push_back(old[rng.Below(old.size())]);  // long gone by now, usually
         erased += store.Erase(victims.data(), victims.size());
       }
@@ -387,9 +387,9 @@ TEST_P(StoreStressTest, ConcurrentInsertSampleUpdateEvictEraseKeepKeysBoundToThe
   RunStress(store, snapshot, &failures, &o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("[ stress   ] %s eviction: %.2f s, %llu inserted, %llu draws, %llu evicted, %llu erased\n",
-              EvictionKindName(cfg.eviction), seconds,
-              static_cast<unsigned long long>(o.inserted), static_cast<unsigned long long>(o.draws),
-              static_cast<unsigned long long>(o.evicted), static_cast<unsigned long long>(o.erased));
+              EvictionKindName(cfg.eviction), seconds, static_cast<unsigned long long>(o.inserted),
+              static_cast<unsigned long long>(o.draws), static_cast<unsigned long long>(o.evicted),
+              static_cast<unsigned long long>(o.erased));
   std::fflush(stdout);
 
   ASSERT_EQ(failures.count(), 0u) << "failures on worker threads:\n" << failures.Describe();
@@ -480,7 +480,7 @@ INSTANTIATE_TEST_SUITE_P(Eviction, StoreStressTest,
                          ::testing::Values(EvictionKind::kFifo, EvictionKind::kPrioritized),
                          [](const ::testing::TestParamInfo<EvictionKind>& param_info) {
                            return param_info.param == EvictionKind::kFifo ? std::string("Fifo")
-                                                                     : std::string("Prioritized");
+                                                                          : std::string("Prioritized");
                          });
 
 }  // namespace

@@ -287,8 +287,8 @@ TEST(SumTreeTest, FindBatchAgreesWithFindForUnsortedMasses) {
     std::vector<double> masses(513);
     for (double& m : masses) m = rng.Uniform() * total;
     masses[0] = 0.0;
-    masses[1] = total;         // at the total: clamps
-    masses[2] = total * 1.5;   // past it: clamps
+    masses[1] = total;        // at the total: clamps
+    masses[2] = total * 1.5;  // past it: clamps
     std::vector<uint32_t> leaves(masses.size(), 0xDEADBEEFu);
     tree.FindBatch(masses.data(), masses.size(), leaves.data());
     for (size_t k = 0; k < masses.size(); ++k) {

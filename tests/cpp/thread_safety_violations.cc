@@ -17,7 +17,10 @@ class Guarded {
     ++n_;  // expected-warning {{writing variable 'n_' requires holding mutex 'mu_' exclusively}}
   }
   int ReadsAfterTheGuardIsGone() {
-    { ScopedLock lock(mu_); ++n_; }
+    {
+      ScopedLock lock(mu_);
+      ++n_;
+    }
     return n_;  // expected-warning {{reading variable 'n_' requires holding mutex 'mu_'}}
   }
   void CallsWithoutTheLock() {
@@ -29,7 +32,7 @@ class Guarded {
   }
   void IgnoresTryLock() {
     mu_.try_lock();
-    ++n_;         // expected-warning {{writing variable 'n_' requires holding mutex 'mu_' exclusively}}
+    ++n_;          // expected-warning {{writing variable 'n_' requires holding mutex 'mu_' exclusively}}
     mu_.unlock();  // expected-warning {{releasing mutex 'mu_' that was not held}}
   }
   bool AdoptsASuccessfulTryLock() {  // correct: no diagnostic

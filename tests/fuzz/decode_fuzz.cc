@@ -82,26 +82,51 @@ void Mutate(Frames* f, std::mt19937_64& rng) {
     if (f->empty()) f->push_back(std::string());
     std::string& fr = (*f)[pick(f->size())];
     switch (rng() % 10) {
-      case 0: if (!fr.empty()) fr[pick(fr.size())] ^= static_cast<char>(1u << (rng() % 8)); break;
-      case 1: if (!fr.empty()) fr[pick(fr.size())] = static_cast<char>(rng()); break;
-      case 2: fr.resize(pick(fr.size() + 1)); break;
-      case 3: fr.append(pick(64), static_cast<char>(rng())); break;
-      case 4: f->erase(f->begin() + static_cast<long>(pick(f->size()))); break;
-      case 5: f->insert(f->begin() + static_cast<long>(pick(f->size() + 1)), std::string(pick(48), '\0')); break;
+      case 0:
+        if (!fr.empty()) fr[pick(fr.size())] ^= static_cast<char>(1u << (rng() % 8));
+        break;
+      case 1:
+        if (!fr.empty()) fr[pick(fr.size())] = static_cast<char>(rng());
+        break;
+      case 2:
+        fr.resize(pick(fr.size() + 1));
+        break;
+      case 3:
+        fr.append(pick(64), static_cast<char>(rng()));
+        break;
+      case 4:
+        f->erase(f->begin() + static_cast<long>(pick(f->size())));
+        break;
+      case 5:
+        f->insert(f->begin() + static_cast<long>(pick(f->size() + 1)), std::string(pick(48), '\0'));
+        break;
       case 6: {  // a header field set to an edge value
         std::string& h = (*f)[0];
         if (h.size() >= 40) {
           const size_t at[] = {4, 6, 16, 18, 20, 24, 32, 36};
-          const uint64_t edge[] = {0, 1, 0xFFFFFFFFFFFFFFFFull, 0x7FF0000000000000ull, 0xFFF8000000000000ull,
-                                   1u << 20, (1u << 20) + 1, 0x80000000u};
+          const uint64_t edge[] = {0,
+                                   1,
+                                   0xFFFFFFFFFFFFFFFFull,
+                                   0x7FF0000000000000ull,
+                                   0xFFF8000000000000ull,
+                                   1u << 20,
+                                   (1u << 20) + 1,
+                                   0x80000000u};
           const uint64_t v = edge[rng() % 8];
           const size_t pos = at[rng() % 8];
           std::memcpy(h.data() + pos, &v, std::min<size_t>(8, 40 - pos));
         }
         break;
       }
-      case 7: if (f->size() > 1) { (*f)[0] += (*f)[1]; f->erase(f->begin() + 1); } break;
-      case 8: f->push_back(std::string(pick(16), 'x')); break;
+      case 7:
+        if (f->size() > 1) {
+          (*f)[0] += (*f)[1];
+          f->erase(f->begin() + 1);
+        }
+        break;
+      case 8:
+        f->push_back(std::string(pick(16), 'x'));
+        break;
       default: {  // u64 words of a frame overwritten with large or misaligned values
         if (fr.size() >= 8) {
           const uint64_t v = rng() % 3 == 0 ? rng() : rng() % 4096;

@@ -45,8 +45,8 @@
 #include "apexrl/serve/wire.h"
 #include "live_loop.h"
 
-using namespace apexrl;         // NOLINT
-using namespace apexrl::serve;  // NOLINT
+using namespace apexrl;                  // NOLINT
+using namespace apexrl::serve;           // NOLINT
 using namespace apexrl::serve::testing;  // NOLINT
 
 namespace {
@@ -57,20 +57,18 @@ uint64_t g_step = 0;
 std::string g_action;
 
 [[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "loop_fuzz: FAILED (seed %" PRIu64 ", episode %" PRIu64 ", step %" PRIu64 ", %s): %s\n",
-               g_seed, g_episode, g_step, g_action.c_str(), what.c_str());
+  std::fprintf(stderr, "loop_fuzz: FAILED (seed %" PRIu64 ", episode %" PRIu64 ", step %" PRIu64 ", %s): %s\n", g_seed,
+               g_episode, g_step, g_action.c_str(), what.c_str());
   std::fflush(stderr);
   std::abort();
 }
 
-#define CHECK(cond, msg)                                              \
-  do {                                                                \
+#define CHECK(cond, msg)                                             \
+  do {                                                               \
     if (!(cond)) Fail(std::string(#cond) + ": " + std::string(msg)); \
   } while (0)
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 constexpr double kSlackS = 10.0;  // a wait's answer may come this late (sanitizers, a loaded 2-core machine)
 
@@ -347,10 +345,13 @@ class Fuzz {
 
   void ValidRequest(const std::string& peer, const std::string& user) {
     switch (Uniform(0, 9)) {
-      case 0: case 1: case 2:
+      case 0:
+      case 1:
+      case 2:
         ValidInsert(peer, user);
         break;
-      case 3: case 4:
+      case 3:
+      case 4:
         Simple(peer, user, Sample(0, static_cast<uint32_t>(Uniform(1, 8)), RandomTimeout(), Chance(0.5) ? 0.4 : 1),
                kSample);
         break;
@@ -576,14 +577,14 @@ class Fuzz {
         if (s.session != 0 || s.sequence != 0) resolved_.insert({s.user_id, s.session, s.sequence});
         if (fresh == 0) break;  // a repeated insert id: nothing stored
         CHECK(fresh == keys.size(), "an INSERT reply mixes known and new keys");
-        CHECK(keys.size() == q.count, "an INSERT of " + std::to_string(q.count) + " got " +
-                                          std::to_string(keys.size()) + " keys");
+        CHECK(keys.size() == q.count,
+              "an INSERT of " + std::to_string(q.count) + " got " + std::to_string(keys.size()) + " keys");
         std::vector<uint64_t> chunk_ids;
         for (uint64_t c = 0; c < q.num_chunks; ++c) {
           const uint64_t at = LoadU64(q.chunk_offsets, c);
           const uint64_t id = ++chunk_id_;
-          model_chunks_[id] = ModelChunk{std::string(reinterpret_cast<const char*>(q.chunk_data) + at,
-                                                     LoadU64(q.chunk_offsets, c + 1) - at), 0};
+          model_chunks_[id] = ModelChunk{
+              std::string(reinterpret_cast<const char*>(q.chunk_data) + at, LoadU64(q.chunk_offsets, c + 1) - at), 0};
           chunk_ids.push_back(id);
         }
         for (uint64_t i = 0; i < q.count; ++i) {
@@ -626,8 +627,8 @@ class Fuzz {
         // Exact unless a worker's ERASE or REMOVE_TO_FIT of this step may have run first (replies come in the
         // order they are sent, not the order the store saw the requests).
         if (!repeated && Limbo() == 0 && !EvictedSinceCheck() && removals_ == 0) {
-          CHECK(h.count == present, "UPDATE_PRIORITIES found " + std::to_string(h.count) + " of " +
-                                        std::to_string(present) + " live keys");
+          CHECK(h.count == present,
+                "UPDATE_PRIORITIES found " + std::to_string(h.count) + " of " + std::to_string(present) + " live keys");
         }
         break;
       }
@@ -647,8 +648,8 @@ class Fuzz {
         } else if (EvictedSinceCheck()) {
           CHECK(h.count <= present + Limbo(), "ERASE removed more than were live");
         } else if (Limbo() == 0) {
-          CHECK(h.count == present, "ERASE removed " + std::to_string(h.count) + ", " + std::to_string(present) +
-                                        " were live");
+          CHECK(h.count == present,
+                "ERASE removed " + std::to_string(h.count) + ", " + std::to_string(present) + " were live");
         } else {
           CHECK(h.count >= present, "ERASE removed fewer than were live");
         }
@@ -751,10 +752,10 @@ class Fuzz {
     for (const auto& [c, chunk] : model_chunks_) chunk_bytes += chunk.data.size();
     const size_t limbo = Limbo();
     if (limbo == 0) {
-      CHECK(st.size == live_items_.size(), "store size " + std::to_string(st.size) + ", acknowledged and live " +
-                                               std::to_string(live_items_.size()));
-      CHECK(st.bytes_held == bytes + chunk_bytes, "bytes_held " + std::to_string(st.bytes_held) + ", model " +
-                                                      std::to_string(bytes + chunk_bytes));
+      CHECK(st.size == live_items_.size(),
+            "store size " + std::to_string(st.size) + ", acknowledged and live " + std::to_string(live_items_.size()));
+      CHECK(st.bytes_held == bytes + chunk_bytes,
+            "bytes_held " + std::to_string(st.bytes_held) + ", model " + std::to_string(bytes + chunk_bytes));
       CHECK(st.chunks == model_chunks_.size() && st.chunk_bytes == chunk_bytes, "chunks");
     } else {
       CHECK(st.size >= live_items_.size() && st.size <= live_items_.size() + limbo, "store size with limbo");
@@ -850,7 +851,6 @@ int main(int argc, char** argv) {
     fuzz.Run(g_episode < 2 ? 40 : 150);
     requests += fuzz.requests();
   }
-  std::printf("loop_fuzz: %" PRIu64 " episodes, %" PRIu64 " requests, every check held\n", g_episode - first,
-              requests);
+  std::printf("loop_fuzz: %" PRIu64 " episodes, %" PRIu64 " requests, every check held\n", g_episode - first, requests);
   return 0;
 }

@@ -19,17 +19,15 @@ struct KindInfo {
 
 // The one place that ties a kind to its policy and to how the store plans across shards.
 constexpr KindInfo kKinds[] = {
-    {EvictionKind::kFifo, "fifo", [](double) -> std::unique_ptr<EvictionPolicy> {
-       return std::make_unique<FifoPolicy>();
-     },
-     OrderedEvictionPlanner},
-    {EvictionKind::kPrioritized, "prioritized", [](double alpha_evict) -> std::unique_ptr<EvictionPolicy> {
+    {EvictionKind::kFifo, "fifo",
+     [](double) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<FifoPolicy>(); }, OrderedEvictionPlanner},
+    {EvictionKind::kPrioritized, "prioritized",
+     [](double alpha_evict) -> std::unique_ptr<EvictionPolicy> {
        return std::make_unique<PrioritizedPolicy>(alpha_evict);
      },
      DrawnEvictionPlanner},
-    {EvictionKind::kLowestPriority, "lowest_priority", [](double) -> std::unique_ptr<EvictionPolicy> {
-       return std::make_unique<LowestPriorityPolicy>();
-     },
+    {EvictionKind::kLowestPriority, "lowest_priority",
+     [](double) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<LowestPriorityPolicy>(); },
      OrderedEvictionPlanner},
 };
 

@@ -106,16 +106,14 @@ Slot LowestPriorityPolicy::Victim(Rng&, uint64_t max_rank, const std::vector<Slo
 
 std::string LowestPriorityPolicy::CheckConsistency(size_t live_items) const {
   if (heap_.size() != live_items) {
-    return "lowest-priority heap holds " + std::to_string(heap_.size()) + " items, shard " +
-           std::to_string(live_items);
+    return "lowest-priority heap holds " + std::to_string(heap_.size()) + " items, shard " + std::to_string(live_items);
   }
   for (size_t i = 0; i < heap_.size(); ++i) {
     if (pos_[heap_[i].slot] != i) return "lowest-priority heap: position of slot " + std::to_string(heap_[i].slot);
     if (i > 0 && heap_[(i - 1) / 2].rank > heap_[i].rank) return "lowest-priority heap: order broken";
   }
-  const size_t placed = static_cast<size_t>(std::count_if(pos_.begin(), pos_.end(), [](uint32_t p) {
-    return p != kNoSlot;
-  }));
+  const size_t placed =
+      static_cast<size_t>(std::count_if(pos_.begin(), pos_.end(), [](uint32_t p) { return p != kNoSlot; }));
   if (placed != heap_.size()) return "lowest-priority heap: a removed slot still has a position";
   return "";
 }

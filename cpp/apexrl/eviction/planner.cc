@@ -34,8 +34,8 @@ class OrderedPlanner final : public EvictionPlanner {
     }
     for (size_t s = 0; s < shards.size() && ties > 0; ++s) {
       const std::vector<uint64_t>& r = shards[s].ranks;
-      const size_t at = static_cast<size_t>(std::upper_bound(r.begin(), r.end(), cutoff) - r.begin()) -
-                        (*quotas)[s].count;
+      const size_t at =
+          static_cast<size_t>(std::upper_bound(r.begin(), r.end(), cutoff) - r.begin()) - (*quotas)[s].count;
       const size_t take = std::min(at, ties);
       (*quotas)[s].count += take;
       ties -= take;

@@ -14,7 +14,7 @@
 
 namespace apexrl {
 
-inline constexpr Slot kNoSlot = std::numeric_limits<Slot>::max();       // never a real slot (common.h)
+inline constexpr Slot kNoSlot = std::numeric_limits<Slot>::max();           // never a real slot (common.h)
 inline constexpr uint64_t kAnyRank = std::numeric_limits<uint64_t>::max();  // a rank bound that bounds nothing
 
 // A store-wide eviction comes in one of two shapes, and every policy has one of them (kinds.cc says which):

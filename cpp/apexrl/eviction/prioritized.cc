@@ -69,8 +69,7 @@ Slot PrioritizedPolicy::Victim(Rng& rng, uint64_t, const std::vector<Slot>& live
 
 std::string PrioritizedPolicy::CheckConsistency(size_t live_items) const {
   if (tracked_ != live_items) {
-    return "prioritized eviction tracks " + std::to_string(tracked_) + " items, shard " +
-           std::to_string(live_items);
+    return "prioritized eviction tracks " + std::to_string(tracked_) + " items, shard " + std::to_string(live_items);
   }
   for (size_t i = 0; i < urgent_.size(); ++i) {
     if (urgent_pos_[urgent_[i]] != i) return "prioritized eviction: urgent index broken";

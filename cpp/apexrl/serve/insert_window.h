@@ -31,16 +31,17 @@ struct InsertId {
 
 struct InsertIdHash {
   size_t operator()(const InsertId& id) const {
-    return std::hash<std::string>()(id.identity) ^ (id.session * 0x9E3779B97F4A7C15ULL) ^ (id.sequence + 0x632BE59BD9B4E019ULL);
+    return std::hash<std::string>()(id.identity) ^ (id.session * 0x9E3779B97F4A7C15ULL) ^
+           (id.sequence + 0x632BE59BD9B4E019ULL);
   }
 };
 
 struct InsertWindowStats {
-  uint64_t duplicates = 0;   // retries answered from the window
-  uint64_t remembered = 0;   // ids remembered now, all identities
-  uint64_t forgotten = 0;    // ids dropped for the bounds
-  uint64_t bytes = 0;        // bytes the remembered replies take
-  uint64_t pending = 0;      // ids owned by a waiting or in-service request
+  uint64_t duplicates = 0;  // retries answered from the window
+  uint64_t remembered = 0;  // ids remembered now, all identities
+  uint64_t forgotten = 0;   // ids dropped for the bounds
+  uint64_t bytes = 0;       // bytes the remembered replies take
+  uint64_t pending = 0;     // ids owned by a waiting or in-service request
   uint64_t identities = 0;
 };
 
@@ -53,8 +54,7 @@ class InsertWindow {
   enum class Claim { kNew, kDone, kBusy };
   // kDone (keys filled) for an id already stored; kBusy while another live request owns it; else kNew and
   // `owner` (a unique request number) owns the id until Finish or Release. now/deadline: monotonic seconds.
-  Claim TryClaim(const InsertId& id, uint64_t owner, double deadline, double now, std::vector<Key>* keys)
-      EXCLUDES(mu_);
+  Claim TryClaim(const InsertId& id, uint64_t owner, double deadline, double now, std::vector<Key>* keys) EXCLUDES(mu_);
   void Release(const InsertId& id, uint64_t owner) EXCLUDES(mu_);
   void Finish(const InsertId& id, uint64_t owner, const Key* keys, size_t n) EXCLUDES(mu_);
   InsertWindowStats Stats() const EXCLUDES(mu_);

@@ -44,8 +44,7 @@ std::optional<std::string> WalkProblem(const ItemLayout& L, const uint8_t* data,
 
 }  // namespace
 
-std::optional<std::string> FirstBadItem(const ItemLayout& L, const uint8_t* data, const uint8_t* offsets,
-                                        uint64_t n) {
+std::optional<std::string> FirstBadItem(const ItemLayout& L, const uint8_t* data, const uint8_t* offsets, uint64_t n) {
   const bool compressed = !L.compressed_names.empty();
   const uint64_t least = L.header_bytes + 4 * L.compressed_names.size();
   for (uint64_t i = 0; i < n; ++i) {

@@ -23,7 +23,8 @@ std::optional<std::string> DeadlockReason(double n, double m, double spi, double
   if (need <= 2 * eb + kEps) return std::nullopt;
   std::string what;
   if (n != 0) what = "a sample of " + G(n);
-  if (m != 0) what += std::string(what.empty() ? "" : " plus ") + "an insert of " + G(m) + " x samples_per_insert " + G(spi);
+  if (m != 0)
+    what += std::string(what.empty() ? "" : " plus ") + "an insert of " + G(m) + " x samples_per_insert " + G(spi);
   return "rate limiter deadlock: " + what + " = " + G(need) + " exceeds 2 x error_buffer = " + G(2 * eb) + ", so " +
          (n != 0 && m != 0 ? "samples and inserts can both be blocked for good" : "it could never be admitted") +
          " (samples_per_insert=" + G(spi) + ", error_buffer=" + G(eb) + "); raise the error buffer to at least " +
@@ -42,7 +43,7 @@ bool RateLimiter::InsertOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_
 bool RateLimiter::SampleOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const {
   if (size < need_) return false;
   return !limited() || static_cast<double>(sampled + n) <=
-                            (static_cast<double>(inserted) - static_cast<double>(need_)) * spi_ + eb_ + kEps;
+                           (static_cast<double>(inserted) - static_cast<double>(need_)) * spi_ + eb_ + kEps;
 }
 
 bool RateLimiter::TryInsert(uint64_t n, uint64_t size) {

@@ -23,18 +23,16 @@ namespace apexrl::serve {
 
 namespace {
 
-constexpr int kFrontBurst = 16;       // requests read per round before finished replies are sent
+constexpr int kFrontBurst = 16;  // requests read per round before finished replies are sent
 constexpr uint64_t kJobsPerWorker = 8;
 // A SAMPLE reply's bytes besides its items: header, the end offsets, totals, store_size, chunk_offsets' end.
 constexpr uint64_t kReplyFixed = kHeaderSize + 16 + 24 + 16;
 // Key, weight, probability, offset, item_chunk_offsets entry.
 constexpr uint64_t kReplyPerItem = 8 + 4 + 8 + 8 + 8;
-constexpr int64_t kTrimAfterBytes = 32ll << 20;          // give freed reply memory back to the OS past this
-constexpr double kStopGraceS = 30.0;  // longest Stop waits for requests in service (workers, Python)
+constexpr int64_t kTrimAfterBytes = 32ll << 20;  // give freed reply memory back to the OS past this
+constexpr double kStopGraceS = 30.0;             // longest Stop waits for requests in service (workers, Python)
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::string G(double v) {
   char buf[64];
@@ -85,8 +83,17 @@ Deferred::~Deferred() = default;
 // One reply's frames and the buffers they view (sent without copies).
 struct Reply {
   enum Source : uint8_t {
-    kPart, kSampleKeys, kWeights, kProbabilities, kOffsets, kData, kKeys,
-    kItemChunks, kItemChunkOffsets, kChunkData, kChunkOffsets
+    kPart,
+    kSampleKeys,
+    kWeights,
+    kProbabilities,
+    kOffsets,
+    kData,
+    kKeys,
+    kItemChunks,
+    kItemChunkOffsets,
+    kChunkData,
+    kChunkOffsets
   };
   uint16_t op = 0;
   uint16_t status = kOk;
@@ -109,17 +116,28 @@ struct Reply {
       return FrameView{reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(v[0])};
     };
     switch (src) {
-      case kPart: return FrameView{reinterpret_cast<const uint8_t*>(parts[k].data()), parts[k].size()};
-      case kSampleKeys: return bytes(sample->keys);
-      case kWeights: return bytes(sample->weights);
-      case kProbabilities: return bytes(sample->probabilities);
-      case kOffsets: return bytes(sample->offsets);
-      case kData: return FrameView{sample->data.data(), sample->data.size()};
-      case kKeys: return bytes(keys);
-      case kItemChunks: return bytes(sample->item_chunks);
-      case kItemChunkOffsets: return bytes(sample->item_chunk_offsets);
-      case kChunkData: return FrameView{sample->chunk_data.data(), sample->chunk_data.size()};
-      case kChunkOffsets: return bytes(sample->chunk_offsets);
+      case kPart:
+        return FrameView{reinterpret_cast<const uint8_t*>(parts[k].data()), parts[k].size()};
+      case kSampleKeys:
+        return bytes(sample->keys);
+      case kWeights:
+        return bytes(sample->weights);
+      case kProbabilities:
+        return bytes(sample->probabilities);
+      case kOffsets:
+        return bytes(sample->offsets);
+      case kData:
+        return FrameView{sample->data.data(), sample->data.size()};
+      case kKeys:
+        return bytes(keys);
+      case kItemChunks:
+        return bytes(sample->item_chunks);
+      case kItemChunkOffsets:
+        return bytes(sample->item_chunk_offsets);
+      case kChunkData:
+        return FrameView{sample->chunk_data.data(), sample->chunk_data.size()};
+      case kChunkOffsets:
+        return bytes(sample->chunk_offsets);
     }
     return FrameView{};
   }
@@ -204,8 +222,8 @@ class SamplePool {
   static size_t Footprint(const SampleResult& r) {
     return r.data.capacity() + r.keys.capacity() * sizeof(Key) + r.weights.capacity() * sizeof(float) +
            r.probabilities.capacity() * sizeof(double) + r.offsets.capacity() * sizeof(uint64_t) +
-           r.chunk_data.capacity() + (r.item_chunks.capacity() + r.item_chunk_offsets.capacity() +
-                                      r.chunk_offsets.capacity()) * sizeof(uint64_t);
+           r.chunk_data.capacity() +
+           (r.item_chunks.capacity() + r.item_chunk_offsets.capacity() + r.chunk_offsets.capacity()) * sizeof(uint64_t);
   }
   std::mutex mu_;
   std::vector<std::unique_ptr<SampleResult>> free_;
@@ -254,8 +272,8 @@ ServeLoop::ServeLoop(ZmqApi api, void* socket, std::shared_ptr<ShardedStore> sto
       config_(std::move(config)),
       limiter_(config_.samples_per_insert, config_.error_buffer, config_.min_size_to_sample),
       window_(config_.dedup_max_ids, config_.dedup_max_bytes),
-      waiting_(std::make_unique<Waitlist>(config_.max_waiting, config_.max_waiting_per_peer,
-                                          config_.max_waiting_bytes)),
+      waiting_(
+          std::make_unique<Waitlist>(config_.max_waiting, config_.max_waiting_per_peer, config_.max_waiting_bytes)),
       max_outstanding_(kJobsPerWorker * std::max<uint32_t>(config_.workers, 1)),
       unread_total_(std::make_shared<std::atomic<int64_t>>(0)),
       pool_(std::make_shared<SamplePool>()) {
@@ -500,10 +518,11 @@ bool ServeLoop::EarlyRefusal(const Pending& p, uint16_t* status, std::string* me
     if (unread > 0 && static_cast<uint64_t>(unread) + estimate > config_.max_unread_bytes) {
       refused_unread_.fetch_add(1, std::memory_order_relaxed);
       *status = kTimeout;
-      *message = "SAMPLE of " + std::to_string(q.count) + " items refused: this client has " + std::to_string(unread) +
-                 " bytes of replies it has not read yet, and this one (about " + std::to_string(estimate) +
-                 " bytes) would take it over max_unread_mb=" + G(static_cast<double>(config_.max_unread_bytes) / (1 << 20)) +
-                 "; read the replies first";
+      *message =
+          "SAMPLE of " + std::to_string(q.count) + " items refused: this client has " + std::to_string(unread) +
+          " bytes of replies it has not read yet, and this one (about " + std::to_string(estimate) +
+          " bytes) would take it over max_unread_mb=" + G(static_cast<double>(config_.max_unread_bytes) / (1 << 20)) +
+          "; read the replies first";
       return true;
     }
   }
@@ -552,11 +571,11 @@ void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
     if (size > config_.max_reply_bytes) {
       limiter_.Undo(0, q.count);
       replies_refused_.fetch_add(1, std::memory_order_relaxed);  // (counted as served; this tells it apart)
-      Send(p->peer, ErrorReply(kSample, q.request_id, kTooLarge,
-                               "SAMPLE of " + std::to_string(q.count) + " items refused: its reply is " +
-                                   std::to_string(size) + " bytes, over the reply cap of " +
-                                   std::to_string(config_.max_reply_bytes) +
-                                   " bytes (max_reply_mb); sample fewer items per request"));
+      Send(p->peer,
+           ErrorReply(kSample, q.request_id, kTooLarge,
+                      "SAMPLE of " + std::to_string(q.count) + " items refused: its reply is " + std::to_string(size) +
+                          " bytes, over the reply cap of " + std::to_string(config_.max_reply_bytes) +
+                          " bytes (max_reply_mb); sample fewer items per request"));
       return;
     }
   }
@@ -580,17 +599,18 @@ void ServeLoop::Defer(std::unique_ptr<Pending> p, bool front) {
   }
   if (auto full = waiting_->FullReason(*e)) {
     ++waiting_->refused;
-    Error(*e->p, kTimeout, std::string(OpName(e->op)) + " of " + std::to_string(e->n) +
-                               " items not queued: it would have to wait, and " + *full + "; retry later");
+    Error(*e->p, kTimeout,
+          std::string(OpName(e->op)) + " of " + std::to_string(e->n) +
+              " items not queued: it would have to wait, and " + *full + "; retry later");
     ForgetOwner(*e->p);
     return;
   }
   DeferredPtr evicted = waiting_->Add(e, front);
   if (evicted) {
-    Error(*evicted->p, kTimeout, std::string(OpName(evicted->op)) + " of " + std::to_string(evicted->n) +
-                                     " items given up: this peer has more than max_waiting_per_peer=" +
-                                     std::to_string(waiting_->max_peer()) +
-                                     " requests waiting, the oldest is answered");
+    Error(*evicted->p, kTimeout,
+          std::string(OpName(evicted->op)) + " of " + std::to_string(evicted->n) +
+              " items given up: this peer has more than max_waiting_per_peer=" + std::to_string(waiting_->max_peer()) +
+              " requests waiting, the oldest is answered");
     ForgetOwner(*evicted->p);
     evicted->p.reset();  // the husk keeps no data
   }
@@ -601,8 +621,8 @@ void ServeLoop::Expire(Deferred* e) {
   const uint64_t size = store_->Size();
   std::string why;
   if (e->op == kSample && !limiter_.BigEnough(size)) {
-    why = "the store holds " + std::to_string(size) + " items, fewer than min_size_to_sample=" +
-          std::to_string(limiter_.need());
+    why = "the store holds " + std::to_string(size) +
+          " items, fewer than min_size_to_sample=" + std::to_string(limiter_.need());
   } else {
     why = std::string("rate limited until the ") + (e->op == kInsert ? "samplers are" : "inserters are") +
           " caught up (" + limiter_.Describe() + ")";
@@ -613,8 +633,9 @@ void ServeLoop::Expire(Deferred* e) {
     clip = ", the server's max_wait_s=" + G(config_.max_wait_s) + " (timeout_ms=" + std::to_string(q.timeout_ms) +
            " clipped)";
   }
-  if (!Error(*e->p, kTimeout, std::string(OpName(e->op)) + " of " + std::to_string(e->n) + " items: " + why +
-                                  ", after waiting " + std::to_string(waited_ms) + " ms" + clip)) {
+  if (!Error(*e->p, kTimeout,
+             std::string(OpName(e->op)) + " of " + std::to_string(e->n) + " items: " + why + ", after waiting " +
+                 std::to_string(waited_ms) + " ms" + clip)) {
     ++waiting_->dropped;  // its peer left: counted with the others it had waiting
   }
   ForgetOwner(*e->p);
@@ -720,11 +741,11 @@ bool ServeLoop::RateLimited(Pending* p, Reply* reply, bool can_wait) {
     return false;
   }
   Count(q.op, true);
-  *reply = ErrorReply(q.op, q.request_id, kTimeout,
-                      std::string("rate limited: ") + OpName(q.op) + " of " + std::to_string(q.count) +
-                          " items must wait until the " + (q.op == kInsert ? "samplers are" : "inserters are") +
-                          " caught up (" + limiter_.Describe() + "), after waiting " + std::to_string(q.timeout_ms) +
-                          " ms");
+  *reply =
+      ErrorReply(q.op, q.request_id, kTimeout,
+                 std::string("rate limited: ") + OpName(q.op) + " of " + std::to_string(q.count) +
+                     " items must wait until the " + (q.op == kInsert ? "samplers are" : "inserters are") +
+                     " caught up (" + limiter_.Describe() + "), after waiting " + std::to_string(q.timeout_ms) + " ms");
   return true;
 }
 
@@ -740,9 +761,9 @@ bool ServeLoop::Serve(Pending* p, Reply* reply) {
           if (can_wait) return false;
           Count(q.op, true);
           *reply = ErrorReply(q.op, q.request_id, kTimeout,
-                              "store holds " + std::to_string(store_->Size()) + " items, fewer than min_size_to_sample=" +
-                                  std::to_string(limiter_.need()) + ", after waiting " + std::to_string(q.timeout_ms) +
-                                  " ms");
+                              "store holds " + std::to_string(store_->Size()) +
+                                  " items, fewer than min_size_to_sample=" + std::to_string(limiter_.need()) +
+                                  ", after waiting " + std::to_string(q.timeout_ms) + " ms");
           return true;
         }
         if (!limiter_.TrySample(q.count, store_->Size())) {
@@ -808,9 +829,10 @@ bool ServeLoop::ServeInsert(Pending* p, Reply* reply, bool can_wait) {
       case InsertWindow::Claim::kBusy:  // its first request waits: answer this one after it
         if (can_wait) return false;
         Count(q.op, true);
-        *reply = ErrorReply(q.op, q.request_id, kTimeout,
-                            "INSERT " + HexId(q.insert_session) + "/" + std::to_string(q.insert_sequence) +
-                                ": a request with this insert_id is still waiting to be served; retry with the same id");
+        *reply =
+            ErrorReply(q.op, q.request_id, kTimeout,
+                       "INSERT " + HexId(q.insert_session) + "/" + std::to_string(q.insert_sequence) +
+                           ": a request with this insert_id is still waiting to be served; retry with the same id");
         return true;
       case InsertWindow::Claim::kNew:
         break;
@@ -1059,9 +1081,9 @@ std::vector<LoopStat> ServeLoop::Stats() const {
   add("rate_limiter_sampled_items", static_cast<double>(sampled));
   add("samples_per_insert", limiter_.spi(), false);
   add("error_buffer", limiter_.eb(), false);
-  const char* waiting_names[8] = {"deferred", "deferred_bytes", "deferred_peers", "deferred_dropped",
-                                  "deferred_refused", "deferred_evicted", "deferred_examined_max",
-                                  "deferred_examined_total"};
+  const char* waiting_names[8] = {
+      "deferred",         "deferred_bytes",   "deferred_peers",        "deferred_dropped",
+      "deferred_refused", "deferred_evicted", "deferred_examined_max", "deferred_examined_total"};
   for (int i = 0; i < 8; ++i) add(waiting_names[i], static_cast<double>(waiting_stats_[i].load()));
   add("replies_dropped", static_cast<double>(replies_dropped_.load()));
   add("replies_refused_too_large", static_cast<double>(replies_refused_.load()));

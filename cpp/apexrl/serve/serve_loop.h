@@ -55,7 +55,7 @@ struct LoopConfig {
   double samples_per_insert = 0.0;           // 0: no rate limit
   double error_buffer = 0.0;
   uint64_t min_size_to_sample = 1;
-  uint64_t dedup_max_ids = 65536;            // per client identity
+  uint64_t dedup_max_ids = 65536;  // per client identity
   uint64_t dedup_max_bytes = 64ull << 20;
   // Roles: the part of a client's ZAP User-Id before ':' names its role; role -> bit mask of the ops it may
   // send (bit op). Empty: every client may send everything (no CURVE, or no roles configured).

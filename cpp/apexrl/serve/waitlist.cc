@@ -25,7 +25,8 @@ void KeepLive(C& c) {
 
 std::optional<std::string> Waitlist::FullReason(const Deferred& e) const {
   if (count_ >= max_total_) {
-    return std::to_string(count_) + " requests already wait on the server (max_waiting=" + std::to_string(max_total_) + ")";
+    return std::to_string(count_) + " requests already wait on the server (max_waiting=" + std::to_string(max_total_) +
+           ")";
   }
   if (e.nbytes != 0 && bytes_ + e.nbytes > max_bytes_) {
     char mb[32];
@@ -38,7 +39,10 @@ std::optional<std::string> Waitlist::FullReason(const Deferred& e) const {
 
 DeferredPtr Waitlist::Add(DeferredPtr e, bool front) {
   auto& q = e->op == kInsert ? inserts_ : samples_;
-  if (front) q.push_front(e); else q.push_back(e);
+  if (front)
+    q.push_front(e);
+  else
+    q.push_back(e);
   heap_.push_back(e);
   std::push_heap(heap_.begin(), heap_.end(), Later);
   auto& mine = per_client_[e->who];

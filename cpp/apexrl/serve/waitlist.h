@@ -33,8 +33,8 @@ struct Deferred {
   double deadline = 0;
   uint64_t seq = 0;
   bool live = true;
-  std::string who;      // the per-client key
-  std::string peer;     // the connection (routing id)
+  std::string who;   // the per-client key
+  std::string peer;  // the connection (routing id)
 };
 using DeferredPtr = std::shared_ptr<Deferred>;
 
@@ -61,9 +61,9 @@ class Waitlist {
   std::vector<DeferredPtr> DropPeer(const std::string& peer);
   std::vector<DeferredPtr> TakeAll();
 
-  uint64_t dropped = 0;   // waiting requests of departed peers, dropped unanswered
-  uint64_t refused = 0;   // answered TIMEOUT at once because the caps were reached
-  uint64_t evicted = 0;   // oldest requests of a client over its cap
+  uint64_t dropped = 0;  // waiting requests of departed peers, dropped unanswered
+  uint64_t refused = 0;  // answered TIMEOUT at once because the caps were reached
+  uint64_t evicted = 0;  // oldest requests of a client over its cap
   uint64_t examined_max = 0;
   uint64_t examined_total = 0;
 

@@ -34,21 +34,27 @@ RawHeader ReadHeader(const uint8_t* p) {
 
 // How each data op uses the header and its frames (schema.REQUESTS).
 struct Plan {
-  size_t frames;      // header included
-  bool count_used;    // count is n (else must be 0)
+  size_t frames;    // header included
+  bool count_used;  // count is n (else must be 0)
   uint32_t count_min;
-  bool beta;          // param is beta (else must be 0.0)
-  bool timeout;       // timeout_ms used (else must be 0)
+  bool beta;     // param is beta (else must be 0.0)
+  bool timeout;  // timeout_ms used (else must be 0)
 };
 
 Plan PlanOf(uint16_t op) {
   switch (op) {
-    case kInsert: return {9, true, 0, false, true};
-    case kSample: return {1, true, 1, true, true};
-    case kUpdatePriorities: return {3, true, 0, false, false};
-    case kRemoveToFit: return {1, false, 0, false, false};
-    case kErase: return {2, true, 0, false, false};
-    default: return {0, false, 0, false, false};
+    case kInsert:
+      return {9, true, 0, false, true};
+    case kSample:
+      return {1, true, 1, true, true};
+    case kUpdatePriorities:
+      return {3, true, 0, false, false};
+    case kRemoveToFit:
+      return {1, false, 0, false, false};
+    case kErase:
+      return {2, true, 0, false, false};
+    default:
+      return {0, false, 0, false, false};
   }
 }
 
@@ -75,8 +81,8 @@ bool PrioritiesOk(const uint8_t* p, uint64_t n, const std::string& what, Refusal
   for (uint64_t i = 0; i < n; ++i) {
     const double v = LoadF64(p, i);
     if (!(std::isfinite(v) && v >= 0.0)) {
-      *r = Refuse(kInvalidArgument, what + ": priorities[" + Str(i) + "] is " + PyFloatRepr(v) +
-                                        ", priorities must be finite and >= 0");
+      *r = Refuse(kInvalidArgument,
+                  what + ": priorities[" + Str(i) + "] is " + PyFloatRepr(v) + ", priorities must be finite and >= 0");
       return false;
     }
   }
@@ -99,12 +105,11 @@ bool OffsetsOk(const uint8_t* p, uint64_t n1, uint64_t data_len, const std::stri
   } else if (!monotone) {
     uint64_t i = 1;
     while (LoadU64(p, i) >= LoadU64(p, i - 1)) ++i;
-    *r = Refuse(kBadMessage, what + ": " + name + " must be non-decreasing, " + name + "[" + Str(i) +
-                                 "]=" + Str(LoadU64(p, i)) + " < " + name + "[" + Str(i - 1) +
-                                 "]=" + Str(LoadU64(p, i - 1)));
+    *r = Refuse(kBadMessage, what + ": " + name + " must be non-decreasing, " + name + "[" + Str(i) + "]=" +
+                                 Str(LoadU64(p, i)) + " < " + name + "[" + Str(i - 1) + "]=" + Str(LoadU64(p, i - 1)));
   } else {
-    *r = Refuse(kBadMessage, what + ": " + name + "[-1] is " + Str(last) + ", must equal len(" + cut +
-                                 ")=" + Str(data_len));
+    *r = Refuse(kBadMessage,
+                what + ": " + name + "[-1] is " + Str(last) + ", must equal len(" + cut + ")=" + Str(data_len));
   }
   return false;
 }
@@ -112,8 +117,8 @@ bool OffsetsOk(const uint8_t* p, uint64_t n1, uint64_t data_len, const std::stri
 // An array frame of any length: a whole number of 8-byte elements.
 bool WholeU64s(const FrameView& f, const std::string& what, const char* name, Refusal* r) {
   if (f.size % 8 == 0) return true;
-  *r = Refuse(kBadMessage, what + " frame " + name + " is " + Str(f.size) +
-                               " bytes, not a whole number of 8-byte uint64 elements");
+  *r = Refuse(kBadMessage,
+              what + " frame " + name + " is " + Str(f.size) + " bytes, not a whole number of 8-byte uint64 elements");
   return false;
 }
 
@@ -125,8 +130,8 @@ Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
   uint16_t version;
   std::memcpy(&version, f.data + 4, 2);
   if (version != kProtocolVersion) {
-    return Refuse(kUnsupportedVersion, "protocol version " + Str(version) + " is not supported; supported versions: " +
-                                           Str(kProtocolVersion));
+    return Refuse(kUnsupportedVersion, "protocol version " + Str(version) +
+                                           " is not supported; supported versions: " + Str(kProtocolVersion));
   }
   if (f.size != kHeaderSize) {
     return Refuse(kBadMessage, "header frame is " + Str(f.size) + " bytes, expected " + Str(kHeaderSize));
@@ -156,8 +161,8 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
   const Plan plan = PlanOf(h.op);
   const std::string what = std::string(OpName(h.op)) + " request";
   if (msg.count != plan.frames) {
-    return Refuse(kBadMessage, what + " must have " + Str(plan.frames) + " frames (header included), got " +
-                                   Str(msg.count));
+    return Refuse(kBadMessage,
+                  what + " must have " + Str(plan.frames) + " frames (header included), got " + Str(msg.count));
   }
   const uint64_t n = h.count;
   if (n != 0 && !plan.count_used) return Refuse(kBadMessage, what + " header count is " + Str(n) + ", must be 0");
@@ -174,8 +179,8 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
     }
   }
   if (plan.beta && !(std::isfinite(h.param) && h.param >= 0.0)) {
-    return Refuse(kInvalidArgument, what + " beta (header param) is " + PyFloatRepr(h.param) +
-                                        ", must be finite and >= 0");
+    return Refuse(kInvalidArgument,
+                  what + " beta (header param) is " + PyFloatRepr(h.param) + ", must be finite and >= 0");
   }
   out->op = h.op;
   out->request_id = h.request_id;
@@ -231,14 +236,22 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
 
 const char* OpName(uint16_t op) {
   switch (op) {
-    case kInsert: return "INSERT";
-    case kSample: return "SAMPLE";
-    case kUpdatePriorities: return "UPDATE_PRIORITIES";
-    case kRemoveToFit: return "REMOVE_TO_FIT";
-    case kStats: return "STATS";
-    case kHello: return "HELLO";
-    case kErase: return "ERASE";
-    default: return "UNKNOWN";
+    case kInsert:
+      return "INSERT";
+    case kSample:
+      return "SAMPLE";
+    case kUpdatePriorities:
+      return "UPDATE_PRIORITIES";
+    case kRemoveToFit:
+      return "REMOVE_TO_FIT";
+    case kStats:
+      return "STATS";
+    case kHello:
+      return "HELLO";
+    case kErase:
+      return "ERASE";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -252,8 +265,8 @@ Refusal Decode(const Message& msg, uint64_t max_bytes, Request* out) {
   } else {
     r = DecodeHeader(msg.frames[0], &h);
     if (r.ok() && h.status != kOk) {
-      r = Refuse(kBadMessage, std::string(OpName(h.op)) + " request header status is " + Str(h.status) +
-                                  ", must be OK (0)");
+      r = Refuse(kBadMessage,
+                 std::string(OpName(h.op)) + " request header status is " + Str(h.status) + ", must be OK (0)");
     }
     if (r.ok()) {
       if (h.op == kHello || h.op == kStats) {  // served in Python, which decodes the body

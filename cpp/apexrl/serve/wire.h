@@ -70,18 +70,18 @@ struct Request {
   const uint8_t* offsets = nullptr;     // u64[count + 1]: INSERT
   const uint8_t* data = nullptr;        // INSERT items, concatenated
   uint64_t data_size = 0;
-  const uint8_t* keys = nullptr;        // u64[count]: UPDATE_PRIORITIES, ERASE
-  uint64_t insert_session = 0;          // INSERT insert_id; (0, 0): none
+  const uint8_t* keys = nullptr;  // u64[count]: UPDATE_PRIORITIES, ERASE
+  uint64_t insert_session = 0;    // INSERT insert_id; (0, 0): none
   uint64_t insert_sequence = 0;
   // INSERT frame chunks: item i references item_chunks[item_chunk_offsets[i] .. item_chunk_offsets[i + 1])
   // (u64 values, not yet range-checked: the store does), chunk c is chunk_data[chunk_offsets[c] ..
   // chunk_offsets[c + 1]).
-  const uint8_t* item_chunks = nullptr;         // u64[num_refs]
+  const uint8_t* item_chunks = nullptr;  // u64[num_refs]
   uint64_t num_refs = 0;
   const uint8_t* item_chunk_offsets = nullptr;  // u64[count + 1]
   const uint8_t* chunk_data = nullptr;
   uint64_t chunk_data_size = 0;
-  const uint8_t* chunk_offsets = nullptr;       // u64[num_chunks + 1]
+  const uint8_t* chunk_offsets = nullptr;  // u64[num_chunks + 1]
   uint64_t num_chunks = 0;
 };
 

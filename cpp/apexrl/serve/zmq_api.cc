@@ -42,8 +42,8 @@ ZmqApi ZmqApi::Bind(const std::string& path) {
   int major = 0, minor = 0, patch = 0;
   api.version(&major, &minor, &patch);
   if (major < 4 || (major == 4 && minor < 2)) {
-    throw std::runtime_error("libzmq at " + path + " is " + std::to_string(major) + "." + std::to_string(minor) +
-                             "." + std::to_string(patch) + "; the serving loop needs 4.2 or newer");
+    throw std::runtime_error("libzmq at " + path + " is " + std::to_string(major) + "." + std::to_string(minor) + "." +
+                             std::to_string(patch) + "; the serving loop needs 4.2 or newer");
   }
   return api;
 }
