@@ -205,7 +205,7 @@ def first_reaching(run_dir: str, target: float) -> tuple[float, float]:
     for i, m in enumerate(means):
         if not math.isnan(m) and m >= target:
 
-            def at(name: str, fallback: str) -> float:
+            def at(name: str, fallback: str, i: int = i) -> float:
                 v = cols.get(name, [math.nan] * len(means))[i]
                 return cols.get(fallback, [math.nan] * len(means))[i] if math.isnan(v) else v
 

@@ -142,7 +142,7 @@ class _Mp4(_Writer):
         if self._gen is not None:
             try:
                 self._gen.close()
-            except Exception:  # the temporary file is removed below anyway
+            except Exception:  # noqa: BLE001 - the temporary file is removed below anyway
                 pass
             self._gen = None
         super().abort()

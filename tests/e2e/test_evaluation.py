@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+
 from apexrl.agents import DPGConfig, DPGPolicy, DQNConfig, DQNPolicy
 from apexrl.apex.evaluator import EvalResult, play_episodes
 from apexrl.apex.learner import normalise_is_weights

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 import pytest
+
 from apexrl.agents.dqn import dqn_transition_spec
 from apexrl.envs import env_spec
 from apexrl.errors import ApexRLError

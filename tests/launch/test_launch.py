@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+
 from apexrl.apex.metrics import read_csv
 from apexrl.launch.progress import Progress
 from apexrl.plot import episode_curve

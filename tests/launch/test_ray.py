@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+
 from apexrl.apex.metrics import read_csv
 from tests.conftest import Proc
 from tests.e2e.test_apex_processes import wait_until
@@ -157,6 +158,7 @@ class Run:
 
     def host(self, child: str):
         import ray
+
         from apexrl.launch.ray_launcher import host_name
 
         return ray.get_actor(host_name(self.proc.proc.pid, child), namespace=NAMESPACE)

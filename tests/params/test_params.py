@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
+
 from apexrl.errors import ProtocolError, ServerError
 from apexrl.params.service import (
     FetchStatus,
@@ -206,7 +207,7 @@ def test_many_concurrent_clients_all_reach_the_latest_version(server):
     for t in threads:
         t.join(15)
     assert not errors, errors
-    assert results == {i: final for i in range(16)}
+    assert results == dict.fromkeys(range(16), final)
 
 
 # ------------------------------------------------------------------------------------------- mismatch

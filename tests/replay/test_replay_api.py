@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+
 from apexrl import PrioritizedStore
 from apexrl.errors import Interrupted, ServerError
 from apexrl.replay import protocol as P
@@ -115,7 +116,7 @@ def test_the_inserter_falls_back_to_one_call_at_a_time_over_a_plain_replay():
     replay = LocalReplay()
     acks = []
     with PipelinedInserter(lambda: replay, max_in_flight=4, on_ack=lambda keys, s: acks.append(len(keys))) as ins:
-        for b in range(5):
+        for _b in range(5):
             ins.insert(np.ones(3), [b"x", b"yy", b"zzz"])
             assert ins.in_flight == 0
         with pytest.raises(ValueError, match="priorities"):

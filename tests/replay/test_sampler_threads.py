@@ -15,6 +15,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
 from apexrl.errors import ReplayTimeout, ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient

@@ -57,8 +57,8 @@ from apexrl.agents.common import (
     optimizer_tensors,
 )
 from apexrl.agents.config import DPGConfig
-from apexrl.nets import MLP, build_seeded
 from apexrl.agents.validity import finite, in_range, invalid_items
+from apexrl.nets import MLP, build_seeded
 from apexrl.replay.wire.codec import TransitionSpec
 
 if TYPE_CHECKING:

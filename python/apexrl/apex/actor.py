@@ -47,9 +47,9 @@ from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
 from apexrl.replay.client.replay_client import ServerTimeoutError
+from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.replay.wire.frames import frame_codec, wire_spec
 from apexrl.replay.wire.schema import MAX_BATCH
-from apexrl.replay.client.sharded import connect as connect_replay
 
 log = logging.getLogger("apexrl.apex.actor")
 

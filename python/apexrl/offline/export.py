@@ -41,7 +41,6 @@ import os
 import struct
 import zipfile
 from dataclasses import dataclass
-
 from typing import Any
 
 import numpy as np

@@ -49,8 +49,8 @@ import zmq
 from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, ServerError
 from apexrl.params.tensors import TensorSpec, describe_mismatch, spec_of
 from apexrl.replay.wire import protocol as P
-from apexrl.replay.wire.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
 from apexrl.replay.wire.roles import may
+from apexrl.replay.wire.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
 from apexrl.replay.wire.transport import Transport, TransportClient
 from apexrl.security import (
     SERVICE_HWM,

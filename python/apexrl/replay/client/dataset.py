@@ -75,7 +75,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
     ):
         super().__init__()
         if isinstance(endpoint_or_client, str):
-            from apexrl.replay.client.sharded import split_endpoints  # noqa: PLC0415 - only here
+            from apexrl.replay.client.sharded import split_endpoints  # only here
 
             split_endpoints(endpoint_or_client)  # a malformed endpoint fails here, not at the first batch
         elif not callable(getattr(endpoint_or_client, "sampler", None)):
@@ -130,7 +130,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         owned = None
         client = self.endpoint_or_client
         if isinstance(client, str):
-            from apexrl.replay.client.sharded import connect  # noqa: PLC0415 - only here
+            from apexrl.replay.client.sharded import connect  # only here
 
             client = owned = connect(client, self.timeout)
         mode = "raw" if self.decode is None else "fields" if isinstance(self.decode, TransitionSpec) else "decoded"

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from apexrl.errors import ApexRLError, ReplayTimeout, ServerClosedError
-from apexrl.replay.wire import protocol as P
 from apexrl.replay.client.api import PipelinedReplay, ReplayFactory, close_replay
 from apexrl.replay.client.updater import _ClosingContext
+from apexrl.replay.wire import protocol as P
 
 __all__ = ["InsertTooLargeError", "PipelinedInserter"]
 

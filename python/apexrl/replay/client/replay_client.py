@@ -35,13 +35,13 @@ from apexrl.errors import (
     ServerTimeoutError,
     error_of,
 )
-from apexrl.replay.wire import protocol as P
-from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.client.inserter import InsertTooLargeError, PipelinedInserter
 from apexrl.replay.client.sampler import LearnerBatch, PrefetchingSampler, SlotDecoder
+from apexrl.replay.client.updater import AsyncUpdater
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.schema import peek_ids
 from apexrl.replay.wire.transport import Transport, TransportClient
-from apexrl.replay.client.updater import AsyncUpdater
 from apexrl.security import ClientKeys
 
 __all__ = [
@@ -221,7 +221,7 @@ class ReplayClient(TransportClient):
         (:func:`~apexrl.replay.wire.protocol.pack_chunks`), stored once and kept while an item references them.
         """
         data, offsets = _data_and_offsets(items, data, offsets)
-        wait_s, timeout_ms = P.server_wait(timeout)
+        wait_s, _ = P.server_wait(timeout)
         frames = self.prepare_insert(priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks)
         reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
         return reply.arrays["keys"]

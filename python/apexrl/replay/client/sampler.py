@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from apexrl.errors import Interrupted, ReplayTimeout, ServerShuttingDownError
-from apexrl.replay.wire import protocol as P
 from apexrl.replay.client.api import BackgroundHelper, ReplayFactory, close_replay
+from apexrl.replay.wire import protocol as P
 
 __all__ = ["MAX_SAMPLE_THREADS", "LearnerBatch", "PrefetchingSampler", "SlotDecoder"]
 

@@ -15,10 +15,10 @@ import numpy as np
 
 from apexrl import PrioritizedStore
 from apexrl.errors import ProtocolError
-from apexrl.replay.wire import protocol as P
-from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.server.config import ServerConfig
 from apexrl.replay.server.insert_guard import SpecGate
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import TransitionSpec
 
 __all__ = ["ControlHandler", "item_layout"]
 
@@ -70,7 +70,7 @@ class ControlHandler:
             return P.encode_error(op, rid, P.Status.UNKNOWN_OP, f"op {op} is not served here")
         except ValueError as exc:
             return P.encode_error(op, rid, P.Status.INVALID_ARGUMENT, str(exc) or type(exc).__name__)
-        except Exception as exc:  # noqa: BLE001 - the server must keep serving
+        except Exception as exc:  # the server must keep serving
             log.exception("internal error serving %s request %d", P.Op(op).name, rid)
             return P.encode_error(op, rid, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
 

@@ -31,12 +31,12 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message  # at import: the watcher runs when no descriptor is left
 
 from apexrl import PrioritizedStore, _core
-from apexrl.replay.wire import protocol as P
 from apexrl.replay.server.config import ServerConfig, check_snapshot_dir
-from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
 from apexrl.replay.server.control import ControlHandler, item_layout
 from apexrl.replay.server.epoch import SnapshotLoadError, SnapshotSaveError, choose_epoch
+from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
 from apexrl.replay.server.native import NativeLoopError, libzmq_path
+from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire.roles import ROLE_OPS
 from apexrl.security import CLIENT, LEARNER, limit_idle_connections, secure_server_socket
 
@@ -242,7 +242,7 @@ class ReplayServer:
                 continue
             try:
                 reply = handler.serve(frames)
-            except Exception as exc:  # noqa: BLE001 - handler.serve catches everything; belt and braces
+            except Exception as exc:  # handler.serve catches everything; belt and braces
                 log.exception("control request failed")
                 reply = P.encode_error(op, 0, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
             loop.control_reply(peer, [bytes(memoryview(f)) for f in reply])
@@ -301,7 +301,7 @@ class ReplayServer:
         while not self._stopping.wait(self.config.snapshot_every):
             try:
                 self.save_snapshot()
-            except Exception as exc:  # keep serving: the previous snapshot stays; the next period tries again
+            except Exception as exc:  # noqa: BLE001 - keep serving: the previous snapshot stays; the next period tries again
                 log.error(
                     "periodic snapshot to %s failed (the previous snapshot, of %s items, is kept; "
                     "retrying in %gs): %s: %s",

@@ -183,17 +183,17 @@ class TransitionSpec:
     """
 
     __slots__ = (
-        "_fields",
         "_by_name",
-        "_json",
-        "_fingerprint",
-        "_raw",
         "_compressed",
-        "_raw_item_bytes",
-        "_header_bytes",
+        "_fields",
+        "_fingerprint",
         "_fingerprint_bytes",
-        "_packed",
+        "_header_bytes",
+        "_json",
         "_layout",
+        "_packed",
+        "_raw",
+        "_raw_item_bytes",
     )
 
     def __init__(self, fields: Sequence[FieldSpec]):
@@ -757,7 +757,7 @@ class TransitionSpec:
         for f in self._fields:
             dtype = f.dtype.newbyteorder("=")
             if pin_memory:
-                import torch  # noqa: PLC0415 - only a learner on a GPU pins its batches
+                import torch  # only a learner on a GPU pins its batches
 
                 nbytes = n * f.nbytes
                 out[f.name] = (
@@ -806,12 +806,12 @@ class TransitionSpec:
                 a[:n] = decoded[f.name]
             return {f.name: a[:n] for f, a in zip(self._fields, targets)}
         if self._layout is None:
-            from apexrl import _core  # noqa: PLC0415 - the extension, only where items are decoded natively
+            from apexrl import _core  # the extension, only where items are decoded natively
 
             self._layout = _core.DecodeLayout(
                 self._fingerprint, [(f.name, f.nbytes, f.compress) for f in self._fields], repr(self)
             )
-        from apexrl._core import decode_items  # noqa: PLC0415 - cached by the import system after the first call
+        from apexrl._core import decode_items  # cached by the import system after the first call
 
         decode_items(
             self._layout, buf, starts.astype(np.int64, copy=False), sizes.astype(np.int64, copy=False), targets
