@@ -124,7 +124,7 @@ def published_scores(table: str = "1e8_steps") -> dict[str, dict[str, PublishedS
 
 @functools.cache
 def _load_published() -> dict[str, dict[str, dict[str, PublishedScore]]]:
-    text = importlib.resources.files("apexrl").joinpath("data", SCORES_FILE).read_text(encoding="utf-8")
+    text = importlib.resources.files("apexrl").joinpath("data").joinpath(SCORES_FILE).read_text(encoding="utf-8")
     rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
     out: dict[str, dict[str, dict[str, PublishedScore]]] = {t: {} for t in PUBLISHED_TABLES}
     for r in rows:

@@ -130,6 +130,7 @@ class _Mp4(_Writer):
                 ffmpeg_log_level="error",
             )
             self._gen.send(None)
+        assert self._size is not None  # set with _gen above
         w, h = self._size
         self._gen.send(np.ascontiguousarray(frame[:h, :w]))
         self.frames += 1

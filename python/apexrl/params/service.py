@@ -616,14 +616,17 @@ class ParamPoller:
         try:
             got = self.client.fetch(self.version)
         except ParamsTimeout:
-            return self._failed("timeouts")
+            self._failed("timeouts")
+            return None
         except ServerClosedError:
             raise
         except (ServerError, ProtocolError) as exc:
             self._warn_once(f"parameter fetch from {self.client.endpoint} failed: {exc}")
-            return self._failed("errors")
+            self._failed("errors")
+            return None
         except ValueError as exc:
-            return self._mismatch(exc)
+            self._mismatch(exc)
+            return None
         self._failures = 0
         if got is None:
             key = "not_ready" if self.client.last_status == FetchStatus.NOT_READY else "unchanged"
@@ -635,7 +638,8 @@ class ParamPoller:
                 self.load(tensors)
             except ValueError as exc:
                 self.client.forget()
-                return self._mismatch(exc)
+                self._mismatch(exc)
+                return None
         self.version = version
         self.counts["updates"] += 1
         return tensors

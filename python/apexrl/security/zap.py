@@ -146,11 +146,12 @@ class ZapHandler:
                 if reason is not None:
                     self.failure = reason
                 callbacks, self._callbacks = self._callbacks, []
-            for callback in callbacks if reason is not None else ():
-                try:
-                    callback(reason)
-                except Exception:  # one service's callback must not keep the others from theirs
-                    log.exception("a ZAP failure callback raised")
+            if reason is not None:
+                for callback in callbacks:
+                    try:
+                        callback(reason)
+                    except Exception:  # one service's callback must not keep the others from theirs
+                        log.exception("a ZAP failure callback raised")
 
     def _answer(self, msg: list[bytes]) -> list[bytes]:
         """The reply to one ZAP request (RFC 27): envelope, version, request id, status, text, user, metadata."""

@@ -110,6 +110,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
                 # The items say which layout they are in (their fingerprint): frame stacks stored once are
                 # rebuilt from the chunks the sample carries; items in the spec's own layout decode natively.
                 if stored_once is not None and _first_fingerprint(raw) == stored_once:
+                    assert codec is not None  # stored_once comes from it
                     fields, bad, message = codec.decode_valid_into(
                         raw.data, raw.offsets, getattr(raw, "chunks", None), codec.empty_batch(len(raw))
                     )

@@ -109,6 +109,7 @@ class ReplayServer:
         restore = path is not None and os.path.exists(path)
         epoch = choose_epoch(path)
         if restore:
+            assert path is not None  # restore implies a path
             try:
                 store = PrioritizedStore.load(path, epoch)
             except Exception as exc:  # SnapshotError, OSError, ...
@@ -173,7 +174,7 @@ class ReplayServer:
     def _make_loop(self, front: zmq.Socket) -> Any:
         cfg = self.config
         try:
-            loop = _core.ServeLoop(
+            loop = _core.ServeLoop(  # type: ignore[attr-defined]  # _core.pyi lacks the serve bindings (issue 35 §2)
                 front.underlying,
                 libzmq_path(),
                 self.store,
@@ -297,7 +298,7 @@ class ReplayServer:
             )
 
     def _snapshot_loop(self) -> None:
-        assert self.config.snapshot_every is not None
+        assert self.config.snapshot_every is not None and self.config.snapshot is not None
         while not self._stopping.wait(self.config.snapshot_every):
             try:
                 self.save_snapshot()
@@ -353,6 +354,7 @@ class ReplayServer:
 
     def _final_snapshot(self) -> None:
         """The snapshot at stop; SnapshotSaveError (no traceback worth showing) saying what is lost if it fails."""
+        assert self.config.snapshot is not None  # stop() calls this only with a snapshot path
         try:
             self.save_snapshot()
         except Exception as exc:

@@ -238,7 +238,7 @@ class FrameStackCodec:
         chunk_t, index_t, targets = chunk_t[order], index_t[order], targets[order]
         cuts = np.flatnonzero(np.diff(chunk_t)) + 1
         view = memoryview(fc.chunk_data).cast("B") if nchunks else memoryview(b"")
-        dst = memoryview(out.reshape(-1))
+        dst = memoryview(out.reshape(-1))  # type: ignore[arg-type]  # an ndarray is a buffer; numpy's stubs lack __buffer__
         fb = self.frame_bytes
         decompress = lz4.block.decompress
         failed = []

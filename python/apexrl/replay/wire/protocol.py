@@ -113,7 +113,7 @@ class Header(NamedTuple):
     op: int
     request_id: int
     status: int = Status.OK
-    count: int = 0
+    count: int = 0  # type: ignore[assignment]  # the wire's name; shadows tuple.count, as it always has
     param: float = 0.0
     timeout_ms: int = 0
     version: int = PROTOCOL_VERSION
@@ -445,7 +445,7 @@ _RULES = {"priorities": _PRIORITIES, "totals": _TOTALS, "positive": _POSITIVE}
 
 
 class _FramePlan(NamedTuple):
-    index: int  # position in the message (1 = first frame after the header)
+    index: int  # type: ignore[assignment]  # shadows tuple.index; position in the message (1 = first frame after the header)
     name: str
     type: str
     dtype: np.dtype | None
@@ -465,7 +465,7 @@ class _Plan(NamedTuple):
     op: Op | None
     what: str  # "INSERT request", "SAMPLE reply", "error reply"
     nframes: int  # header included
-    count: str | None
+    count: str | None  # type: ignore[assignment]  # shadows tuple.count
     count_min: int
     param: str | None
     timeout_ms: bool
@@ -675,11 +675,11 @@ def _encode(
     anything the decoder would refuse. Arrays already of the wire's dtype and layout are used as they are."""
     if plan.fast_encode is not None:
         try:
-            out = plan.fast_encode(request_id, values, count, param, timeout_ms)
+            fast = plan.fast_encode(request_id, values, count, param, timeout_ms)
         except Exception:  # noqa: BLE001 - anything unusual: the generic code below decides
-            out = None
-        if out is not None:
-            return out
+            fast = None
+        if fast is not None:
+            return fast
     op = plan.op
     if not (type(request_id) is int and 0 <= request_id <= _U64):
         request_id = _check_request_id(request_id)
@@ -697,7 +697,7 @@ def _encode(
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
             raise ValueError(f"n must be an integer, got {count!r}")
         count = int(count)
-        _check_count(f"{op.name.lower()} n", count, minimum=plan.count_min)
+        _check_count(f"{op.name.lower() if op is not None else plan.what} n", count, minimum=plan.count_min)
     n = count
     out: list[Frame] = [b""]
     for f, value in zip(plan.frames, values):
@@ -734,7 +734,7 @@ def _encode(
             out.append(_stats_json(value))
     for f in plan.frames:
         if f.rule == _OFFSETS:
-            _check_offsets(out[f.index], memoryview(out[f.ref]).nbytes // f.ref_itemsize, f.name, f.ref_name)
+            _check_offsets(out[f.index], memoryview(out[f.ref]).nbytes // f.ref_itemsize, f.name, f.ref_name)  # type: ignore[arg-type]  # offsets frames are arrays
     out[0] = _HEADER.pack(MAGIC, PROTOCOL_VERSION, op or 0, request_id, status, 0, n or 0, param, timeout_ms)
     return out
 
