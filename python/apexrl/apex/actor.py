@@ -435,7 +435,7 @@ class Actor:
             self._episodes_file.flush()  # type: ignore[union-attr]
 
     def _log_progress(self, elapsed: float) -> None:
-        c, p = self.counters, self.poller.stats()
+        c, p = self.counters, self.poller.counters()
         recent = self._returns[-10:]
         self.report.emit(
             {

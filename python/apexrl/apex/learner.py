@@ -360,7 +360,7 @@ class Learner:
                 updater.close(timeout=self._time_left(5.0))
             except ApexRLError as e:
                 log.warning("last priority updates not confirmed: %s", e)
-            self.unconfirmed_updates = int(updater.stats().get("dropped", 0))
+            self.unconfirmed_updates = int(updater.counters().get("dropped", 0))
             if self.unconfirmed_updates:
                 log.warning(
                     "stopping with %d of %d pending priority updates not confirmed by the replay server",

@@ -257,7 +257,7 @@ class ParamServer:
             self._current = (self._version, blob)
             return self._version
 
-    def stats(self) -> dict[str, int]:
+    def counters(self) -> dict[str, int]:
         """Request counters (requests, params, unchanged, not_ready, errors, dropped, forbidden: refused by the
         client's role), parked (weights replies waiting for the previous one to the same peer to leave),
         version and bytes."""
@@ -266,6 +266,10 @@ class ParamServer:
             out["version"] = self._version
             out["bytes"] = 0 if self._current is None else len(self._current[1])
         return out
+
+    def stats(self) -> dict[str, int]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread (within ~50 ms) and close the socket; idempotent."""
@@ -644,9 +648,13 @@ class ParamPoller:
         self.counts["updates"] += 1
         return tensors
 
-    def stats(self) -> dict[str, int]:
+    def counters(self) -> dict[str, int]:
         """Counters (fetches, updates, unchanged, not_ready, timeouts, errors, mismatches) and version."""
         return {**self.counts, "version": self.version}
+
+    def stats(self) -> dict[str, int]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     def _failed(self, key: str) -> None:
         self.counts[key] += 1

@@ -296,9 +296,13 @@ class PipelinedInserter(_ClosingContext):
     def in_flight(self) -> int:
         return len(self._in_flight)
 
-    def stats(self) -> dict[str, int]:
+    def counters(self) -> dict[str, int]:
         """submitted / acked / failed requests (and ``*_items``), ``in_flight``."""
         return dict(self._counts, in_flight=len(self._in_flight))
+
+    def stats(self) -> dict[str, int]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     @property
     def closed(self) -> bool:

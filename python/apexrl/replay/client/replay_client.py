@@ -341,7 +341,8 @@ class ReplayClient(TransportClient):
         return int(self._call(P.Op.REMOVE_TO_FIT, P.encode_remove_to_fit, self.timeout).header.count)
 
     def stats(self) -> dict[str, int | float]:
-        """The store's stats plus the server's per-op request/error counters and min_size_to_sample."""
+        """A STATS request (ReplayTimeout after ``timeout`` s without an answer): the store's counters plus the
+        server's per-op request/error counters and min_size_to_sample (docs/protocol.md, "STATS")."""
         reply = self._call(P.Op.STATS, P.encode_stats, self.timeout)
         assert reply.stats is not None
         return reply.stats

@@ -222,7 +222,7 @@ class ShardedReplayClient:
 
     def _heard(self, server: _Server, stats: dict[str, int | float]) -> None:
         """Note a server's STATS; ValueError when it has more lock shards than its keys leave room for."""
-        shards = int(stats.get("shards", 1))
+        shards = int(stats.get("num_shards", stats.get("shards", 1)))  # canonical name; older servers: shards
         if shards > 1 << self._local_bits:
             raise self._too_many_shards(server.index, f"has {shards} lock shards")
         server.note_stats(stats)

@@ -158,9 +158,14 @@ class AsyncUpdater(BackgroundHelper, _ClosingContext):
         with self._cond:
             return self._pending
 
-    def stats(self) -> dict[str, int]:
+    def counters(self) -> dict[str, int]:
+        """submitted / sent / updated / failed / dropped update counts, ``pending`` (local: no request)."""
         with self._cond:
             return dict(self._counts, pending=self._pending)
+
+    def stats(self) -> dict[str, int]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     @property
     def closed(self) -> bool:

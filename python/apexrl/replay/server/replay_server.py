@@ -315,9 +315,14 @@ class ReplayServer:
 
     # --------------------------------------------------------------------------------------- shutdown
 
-    def stats(self) -> dict[str, int | float]:
-        """The loop's counters (requests, errors, waiting requests, rate limiter, insert ids, unread replies)."""
+    def counters(self) -> dict[str, int | float]:
+        """The loop's counters (requests, errors, waiting requests, rate limiter, insert ids, unread replies), read
+        in this process; a client's STATS request gets these and the store's (ControlHandler.stats_reply)."""
         return dict(self._loop.stats()) if self._loop is not None else {}
+
+    def stats(self) -> dict[str, int | float]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Graceful stop: finish in-flight requests, save the snapshot (if configured), close. Idempotent."""
