@@ -462,6 +462,8 @@ def test_a_short_real_run(spawn, tmp_path):
         "0",
         "--steps",
         "50",
+        "--final-eval",
+        "0",  # what this test checks ends at step 50; the final evaluation is tests/launch's
         "--actors",
         "2",
         "--quiet",
