@@ -134,6 +134,7 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
+
     from apexrl.envs import env_spec
 
     torch.set_num_threads(1)

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
 from apexrl.replay.codec import TransitionSpec
 
 
@@ -82,7 +83,7 @@ def pong_store(transitions: int, seed: int = 0):
     from apexrl import PrioritizedStore
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_wire import pong_transitions  # noqa: PLC0415 - the same real frames the wire bench uses
+    from bench_wire import pong_transitions  # the same real frames the wire bench uses
 
     spec = TransitionSpec.atari()
     batch, source = pong_transitions(transitions, seed)
@@ -101,7 +102,7 @@ def pong_frames_store(transitions: int, seed: int = 0):
     from apexrl.replay.frames import frame_codec
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_wire import pong_transitions  # noqa: PLC0415 - the same real frames the wire bench uses
+    from bench_wire import pong_transitions  # the same real frames the wire bench uses
 
     codec = frame_codec(TransitionSpec.atari())
     batch, source = pong_transitions(transitions, seed)
@@ -307,11 +308,11 @@ def run_learner_steps(args: argparse.Namespace) -> None:
     from apexrl.envs import env_spec
     from apexrl.replay import ReplayClient
     from apexrl.replay.codec import BatchDecoder
-    from apexrl.replay.server import ReplayServer
     from apexrl.replay.config import ServerConfig
+    from apexrl.replay.server import ReplayServer
 
     torch.set_num_threads(1)
-    spec, store, source = pong_store(args.transitions)
+    spec, store, _source = pong_store(args.transitions)
     env = env_spec("atari:Pong")
     agent_def = get_agent("dqn")
     config = agent_def.config_class(batch_size=args.batch)

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -68,7 +68,7 @@ class Adapter:
 
     name = ""
     keys = None
-    key_sets: list = []
+    key_sets: list = []  # noqa: RUF012 - a placeholder; every fill() assigns its own list
     new_priorities = None
 
     def fill(self, n: int) -> None: ...

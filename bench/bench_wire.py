@@ -307,7 +307,7 @@ def load_batches(path: str) -> list[tuple]:
     """What save_batches wrote: chunks come back as the 4-tuple of FrameChunks' frames."""
     z = np.load(path)
     n = sum(1 for f in z.files if f.startswith("d"))
-    if f"r0" not in z.files:
+    if "r0" not in z.files:
         return [(z[f"d{i}"], z[f"o{i}"]) for i in range(n)]
     from apexrl.replay.protocol import FrameChunks  # only a tree with frame chunks writes them
 
@@ -1640,6 +1640,7 @@ def curve_wire_speed(curve_dir: str, sizes=(32_000, 324_000), seconds: float = 1
     plain and with CURVE: the cost of the encryption alone, without the replay server around it. 32 kB is an
     INSERT of 50 DPG items, 324 kB a SAMPLE reply of 512."""
     import zmq
+
     from apexrl.security import secure_client_socket, secure_server_socket
 
     def rate(curve: bool, size: int) -> float:

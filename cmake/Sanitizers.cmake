@@ -1,8 +1,17 @@
-# apexrl_enable_sanitizer(target): instrument a target with APEXRL_SANITIZER (thread|address|undefined).
+# apexrl_enable_sanitizer(target): instrument a target with APEXRL_SANITIZER: thread, address, undefined, or
+# address and undefined together ("address,undefined": one build runs both, as CI's decoder fuzzing does).
 # The concurrency stress test is built with APEXRL_SANITIZER=thread in CI.
-set(_apexrl_known_sanitizers "" thread address undefined)
-if(NOT APEXRL_SANITIZER IN_LIST _apexrl_known_sanitizers)
-  message(FATAL_ERROR "APEXRL_SANITIZER='${APEXRL_SANITIZER}': use thread, address, undefined or leave it empty")
+set(_apexrl_known_sanitizers thread address undefined)
+string(REPLACE "," ";" _apexrl_sanitizers "${APEXRL_SANITIZER}")
+foreach(_apexrl_san IN LISTS _apexrl_sanitizers)
+  if(NOT _apexrl_san IN_LIST _apexrl_known_sanitizers)
+    message(FATAL_ERROR "APEXRL_SANITIZER='${APEXRL_SANITIZER}': use thread, address, undefined, "
+                        "address,undefined or leave it empty")
+  endif()
+endforeach()
+list(LENGTH _apexrl_sanitizers _apexrl_sanitizer_count)
+if("thread" IN_LIST _apexrl_sanitizers AND _apexrl_sanitizer_count GREATER 1)
+  message(FATAL_ERROR "APEXRL_SANITIZER='${APEXRL_SANITIZER}': ThreadSanitizer cannot be combined with another")
 endif()
 
 function(apexrl_enable_sanitizer target)

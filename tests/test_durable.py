@@ -7,6 +7,7 @@ import os
 import stat
 
 import pytest
+
 from apexrl.apex.metrics import CSVWriter, read_csv
 from apexrl.durable import create_private, make_private_dirs, write_atomically
 

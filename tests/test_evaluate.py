@@ -39,7 +39,19 @@ def run_dir(tmp_path_factory):
     """One real CartPole run of 2 actors, stopped at 100 learner steps."""
     d = str(tmp_path_factory.mktemp("evaluate") / "run")
     done = _apexrl(
-        "run", "--run-dir", d, "--minutes", "0", "--steps", "100", "--actors", "2", "--quiet", f"--learner-args={FAST}"
+        "run",
+        "--run-dir",
+        d,
+        "--minutes",
+        "0",
+        "--steps",
+        "100",
+        "--final-eval",
+        "0",
+        "--actors",
+        "2",
+        "--quiet",
+        f"--learner-args={FAST}",
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return d

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from apexrl.apex.metrics import read_csv
 from apexrl.plot import episode_curve, eval_curve, greediest_actor, seed_band
 
@@ -72,7 +73,7 @@ def test_the_greediest_actor_has_the_smallest_exploration_or_else_the_highest_in
     )
     d = _run(tmp_path, "r", "1,0,0,,,,\n9,100,10,,,,\n", episodes)
     m = {k: np.asarray(v) for k, v in read_csv(os.path.join(d, "metrics.csv")).items()}
-    frames, time_s, mean = episode_curve(os.path.join(d, "episodes.csv"), m, smooth=1, greediest=True)
+    frames, _time_s, mean = episode_curve(os.path.join(d, "episodes.csv"), m, smooth=1, greediest=True)
     assert frames.tolist() == [30.0, 80.0]  # run-wide frames (actor 0's count too), actor 1's episodes only
     assert mean.tolist() == [7.0, 9.0]
 

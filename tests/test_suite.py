@@ -11,7 +11,9 @@ import subprocess
 import sys
 
 import pytest
+
 from apexrl.envs import dmc
+from apexrl.machine import MAX_SPEED_RATIO, fastest_record, machine_record, speed_mismatch
 from apexrl.suite import (
     MEASUREMENTS_BEFORE_REFUSING,
     PAPER_AGENTS,
@@ -25,7 +27,6 @@ from apexrl.suite import (
     published_scores,
     suite_row,
 )
-from apexrl.machine import MAX_SPEED_RATIO, fastest_record, machine_record, speed_mismatch
 
 FAST = (
     "--learner-args='--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100'"

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from tests.e2e.test_apex_processes import start_actor, start_learner
 from tests.helpers import wait_until
 
@@ -139,7 +140,7 @@ def test_the_mirror_adds_complete_rows_once_and_a_resumed_run_only_its_new_rows(
         ["time_s", "learner_steps", "loss", "eval_return_mean", "eval_learner_steps"],
     )
     metrics.write({"time_s": 1.0, "learner_steps": 10, "loss": 0.5})
-    episodes = open(os.path.join(run_dir, "episodes.csv"), "w", encoding="utf-8")
+    episodes = open(os.path.join(run_dir, "episodes.csv"), "w", encoding="utf-8")  # noqa: SIM115 - kept open: the torn row is finished below
     episodes.write(",".join(EPISODE_COLUMNS) + "\n0.5,0,200,1,21.0,200,0.4,gym:CartPole-v1\n0.7,1,30")
     episodes.flush()  # the second row is torn (its actor is writing it): it waits for its newline
 
@@ -172,8 +173,9 @@ def test_the_mirror_adds_complete_rows_once_and_a_resumed_run_only_its_new_rows(
 
 
 def test_a_tensorboard_path_that_is_a_file_is_refused_before_anything_starts(tmp_path):
-    import apexrl
     import pytest
+
+    import apexrl
 
     path = tmp_path / "not-a-dir"
     path.write_text("x")

@@ -76,8 +76,8 @@ def run(*, stop: threading.Event | None = None, out: TextIO | None = None, **kwa
     (default stdout). Raises ValueError on a bad flag, setting or combination (nothing started), TypeError on an
     unknown keyword.
     """
-    from apexrl.launch.start import launch_plan, make_launcher, run_banner
     from apexrl.launch.local import PlacementError
+    from apexrl.launch.start import launch_plan, make_launcher, run_banner
 
     argv = to_argv(kwargs)
     errors = io.StringIO()

@@ -109,7 +109,8 @@ def evaluate_run(
     try:
         return _evaluate(run_dir, path, episodes, seed, writer, device)
     except video_mod.VideoError as e:
-        writer.abort()
+        if writer is not None:  # only a writer raises VideoError
+            writer.abort()
         raise EvaluateError(str(e)) from None
     except BaseException:
         if writer is not None:

@@ -124,7 +124,7 @@ def published_scores(table: str = "1e8_steps") -> dict[str, dict[str, PublishedS
 
 @functools.cache
 def _load_published() -> dict[str, dict[str, dict[str, PublishedScore]]]:
-    text = importlib.resources.files("apexrl").joinpath("data", SCORES_FILE).read_text(encoding="utf-8")
+    text = importlib.resources.files("apexrl").joinpath("data").joinpath(SCORES_FILE).read_text(encoding="utf-8")
     rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
     out: dict[str, dict[str, dict[str, PublishedScore]]] = {t: {} for t in PUBLISHED_TABLES}
     for r in rows:
@@ -205,7 +205,7 @@ def first_reaching(run_dir: str, target: float) -> tuple[float, float]:
     for i, m in enumerate(means):
         if not math.isnan(m) and m >= target:
 
-            def at(name: str, fallback: str) -> float:
+            def at(name: str, fallback: str, i: int = i) -> float:
                 v = cols.get(name, [math.nan] * len(means))[i]
                 return cols.get(fallback, [math.nan] * len(means))[i] if math.isnan(v) else v
 

@@ -130,6 +130,7 @@ class _Mp4(_Writer):
                 ffmpeg_log_level="error",
             )
             self._gen.send(None)
+        assert self._size is not None  # set with _gen above
         w, h = self._size
         self._gen.send(np.ascontiguousarray(frame[:h, :w]))
         self.frames += 1
@@ -142,7 +143,7 @@ class _Mp4(_Writer):
         if self._gen is not None:
             try:
                 self._gen.close()
-            except Exception:  # the temporary file is removed below anyway
+            except Exception:  # noqa: BLE001 - the temporary file is removed below anyway
                 pass
             self._gen = None
         super().abort()

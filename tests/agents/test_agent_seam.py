@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+
 from apexrl.agents import AGENTS, Agent, Policy, agent_names, get_agent
 from apexrl.envs import env_spec
 from tests.torch_helpers import one_thread  # noqa: F401  (fixture)

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from torch import nn
+
 from apexrl.agents import AGENTS, D4PGConfig, D4PGLearner, D4PGPolicy, DPGLearner
 from apexrl.agents.d4pg import categorical_projection, sigma_ladder
 from apexrl.apex.metrics import read_csv
 from apexrl.envs.base import EnvSpec
 from apexrl.launch.presets import PRESETS
 from apexrl.replay.codec import TransitionSpec
-from torch import nn
 from tests.torch_helpers import one_thread, set_linear  # noqa: F401 - one_thread is an autouse fixture
 
 ONE_D = EnvSpec("test:1d", (1,), np.dtype(np.float32), None, 1, 1, 100)
@@ -461,6 +462,8 @@ def test_a_short_real_run(spawn, tmp_path):
         "0",
         "--steps",
         "50",
+        "--final-eval",
+        "0",  # what this test checks ends at step 50; the final evaluation is tests/launch's
         "--actors",
         "2",
         "--quiet",

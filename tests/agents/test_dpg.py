@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from torch import nn
+
 from apexrl.agents import DPGConfig, DPGLearner, DPGPolicy
 from apexrl.envs.base import EnvSpec
 from apexrl.replay.codec import TransitionSpec
-from torch import nn
 from tests.torch_helpers import one_thread, set_linear  # noqa: F401 - one_thread is an autouse fixture
 
 ONE_D = EnvSpec("test:1d", (1,), np.dtype(np.float32), None, 1, 1, 100)
@@ -161,7 +162,7 @@ def test_dqda_is_clipped_before_it_flows_into_the_actor(clip):
     loss = -(dqda.clamp(-clip, clip).detach() * action).sum(-1).mean()
     want = torch.autograd.grad(loss, list(reference.actor.parameters()), retain_graph=True)
     unclipped = torch.autograd.grad(-(dqda.detach() * action).sum(-1).mean(), list(reference.actor.parameters()))
-    for p, g, raw in zip(learner.actor.parameters(), want, unclipped):
+    for p, g, _raw in zip(learner.actor.parameters(), want, unclipped):
         torch.testing.assert_close(p.grad, g, rtol=1e-3, atol=1e-7)
     assert any(not torch.allclose(g, raw) for g, raw in zip(want, unclipped))
 

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from torch import nn
+
 from apexrl.agents import DQNConfig, DQNLearner, DQNPolicy, epsilon_ladder
 from apexrl.agents.dqn import DuelingQNetwork
 from apexrl.envs.base import EnvSpec
 from apexrl.replay.codec import TransitionSpec
-from torch import nn
 from tests.torch_helpers import one_thread, set_linear  # noqa: F401 - one_thread is an autouse fixture
 
 VEC = EnvSpec("test:vec2", (2,), np.dtype(np.float32), 2, None, 1, 100)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from apexrl.agents import DQNLearner
 from apexrl.agents.optim import TFRMSProp
 from apexrl.launch.presets import get_preset

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
 from apexrl.replay.codec import FieldSpec, TransitionSpec
 

@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from apexrl.agents import epsilon_ladder, get_agent
 from apexrl.agents.base import AgentDef, PolicyBatch, batch_policy
 from apexrl.agents.d4pg import sigma_ladder
@@ -287,7 +288,7 @@ def test_a_vectorised_actor_inserts_what_k_single_environments_give(
     ret, length = [0.0] * k, [0] * k
     for j, e in enumerate(envs):
         buffers[j].add_first(e.reset())
-    for t, actions in enumerate(taken):
+    for _t, actions in enumerate(taken):
         for j, e in enumerate(envs):
             r = e.step(actions[j])
             expected += buffers[j].add(actions[j], r.reward, r.obs, r.terminated, r.truncated)

@@ -4,6 +4,7 @@ entry point in a dist-info directory on PYTHONPATH)."""
 from __future__ import annotations
 
 import numpy as np
+
 from apexrl.envs import Env, EnvFamily, EnvSpec, StepResult, UnknownEnvError
 
 

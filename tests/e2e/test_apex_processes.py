@@ -12,6 +12,7 @@ import re
 import time
 
 import pytest
+
 from apexrl.apex.metrics import read_csv
 from apexrl.replay.client import ReplayClient
 from tests.conftest import free_port
@@ -185,7 +186,7 @@ def test_learner_killed_and_resumed_continues_its_counters_and_weights(start_ser
 
     from apexrl.apex.checkpoint import load_checkpoint
 
-    tensors, meta = load_checkpoint(ckpt)
+    _tensors, meta = load_checkpoint(ckpt)
     saved_steps = meta["learner_steps"]
     assert saved_steps >= 50
     learner2, _ = start_learner(spawn, server.endpoint, run_dir, "--resume", name="learner2", params_port=params_port)

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+
 from apexrl.agents import DPGConfig, DPGPolicy, DQNConfig, DQNPolicy
 from apexrl.apex.evaluator import EvalResult, play_episodes
 from apexrl.apex.learner import normalise_is_weights
@@ -20,8 +21,8 @@ from apexrl.launch.plan import Overrides, plan
 from apexrl.launch.presets import get_preset
 from apexrl.replay.client import ReplayClient
 from tests.e2e.test_apex_processes import start_actor, start_learner
-from tests.torch_helpers import one_thread  # noqa: F401 - autouse fixture
 from tests.helpers import wait_until
+from tests.torch_helpers import one_thread  # noqa: F401 - autouse fixture
 
 # -- statistics ---------------------------------------------------------------------------------------------
 

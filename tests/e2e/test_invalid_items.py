@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 import pytest
+
 from apexrl.agents import get_agent
 from apexrl.apex.metrics import read_csv
 from apexrl.envs import env_spec

@@ -16,13 +16,14 @@ import time
 import numpy as np
 import pytest
 import zmq
+
+from apexrl._core import NativeInsertWindow as InsertWindow
 from apexrl.apex.metrics import read_csv
 from apexrl.errors import ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import InsertTooLargeError, ReplayClient
 from apexrl.replay.codec import FieldSpec, TransitionSpec
 from apexrl.replay.config import ServerConfig
-from apexrl._core import NativeInsertWindow as InsertWindow
 from apexrl.replay.insert_guard import spec_sidecar
 from apexrl.replay.server import ReplayServer
 from tests.e2e.test_apex_processes import start_learner

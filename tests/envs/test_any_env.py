@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from apexrl.envs import EnvSpec, UnsupportedSpaceError, env_names, env_spec, make_env
 
 CUSTOM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "custom_envs")

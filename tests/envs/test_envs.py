@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from apexrl.envs import EnvSpec, StepResult, env_names, env_spec, make_env
 from apexrl.envs import atari as atari_family
 from apexrl.envs import dmc as dmc_family

@@ -7,11 +7,12 @@ from __future__ import annotations
 import gymnasium
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from apexrl.envs import make_env, make_vec_env
 from apexrl.envs.base import SerialVecEnv, backend_seed
 from apexrl.envs.gym_vector import CartPoleVecEnv, vector_twin
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def _same_step(got, want, t):

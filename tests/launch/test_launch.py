@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+
 from apexrl.apex.metrics import read_csv
 from apexrl.launch.progress import Progress
 from apexrl.plot import episode_curve

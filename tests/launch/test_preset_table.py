@@ -9,8 +9,9 @@ import subprocess
 import sys
 
 import pytest
+
 from apexrl.launch import preset_table
-from apexrl.launch.plan import Overrides, plan
+from apexrl.launch.plan import plan
 from apexrl.launch.presets import PRESETS, Preset, ReplaySettings
 
 DOCS = pathlib.Path(__file__).parents[2] / "docs" / "running.md"
@@ -168,6 +169,7 @@ def test_bad_agent_flag_values_exit_2(flags, reason):
 def test_d4pg_acmes_replay_samples_uniformly_with_unit_weights():
     """alpha 0 (d4pg-acme): every priority counts as 1, so sampling is uniform and every IS weight is 1."""
     import numpy as np
+
     from apexrl import PrioritizedStore
 
     r = PRESETS["d4pg-acme"].replay

@@ -18,10 +18,11 @@ import subprocess
 import sys
 
 import pytest
+
 from apexrl.apex.metrics import read_csv
 from tests.conftest import Proc
-from tests.launch.test_launch import _alive
 from tests.helpers import wait_until
+from tests.launch.test_launch import _alive
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray's import: it keeps Ray on 127.0.0.1
@@ -157,6 +158,7 @@ class Run:
 
     def host(self, child: str):
         import ray
+
         from apexrl.launch.ray_launcher import host_name
 
         return ray.get_actor(host_name(self.proc.proc.pid, child), namespace=NAMESPACE)

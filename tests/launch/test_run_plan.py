@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from apexrl import PrioritizedStore
 from apexrl.launch.plan import Overrides, RunPlan, plan
 from apexrl.replay.config import (
@@ -193,6 +194,7 @@ def test_the_plan_pins_the_runs_transition_spec_on_every_replay_server(tmp_path)
     import dataclasses
 
     import numpy as np
+
     from apexrl.agents import get_agent
     from apexrl.envs import env_spec
     from apexrl.errors import ServerError

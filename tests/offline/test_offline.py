@@ -17,6 +17,7 @@ import warnings
 
 import numpy as np
 import pytest
+
 from apexrl._core import PrioritizedStore
 from apexrl.apex.metrics import read_csv
 from apexrl.apex.nstep import stack_transitions

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
+
 from apexrl.errors import ProtocolError, ServerError
 from apexrl.params.service import (
     FetchStatus,
@@ -31,7 +32,6 @@ from apexrl.replay.schema import (
     Status,
 )
 from apexrl.security import SERVICE_HWM
-
 from tests.helpers import wait_until
 
 HDR = HEADER  # the params service speaks the replay protocol's header
@@ -208,7 +208,7 @@ def test_many_concurrent_clients_all_reach_the_latest_version(server):
     for t in threads:
         t.join(15)
     assert not errors, errors
-    assert results == {i: final for i in range(16)}
+    assert results == dict.fromkeys(range(16), final)
 
 
 # ------------------------------------------------------------------------------------------- mismatch

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+
 from apexrl.errors import ReplayTimeout, ServerClosedError, ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import (

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
 from apexrl import PrioritizedStore
 from apexrl.replay.codec import MAX_SPEC_JSON_BYTES, FieldSpec, TransitionSpec
 
@@ -51,7 +53,7 @@ def atari_batch(n: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def split_items(data: np.ndarray, offsets: np.ndarray) -> list[bytes]:
-    return [data[int(a) : int(b)].tobytes() for a, b in zip(offsets[:-1], offsets[1:])]
+    return [data[int(a) : int(b)].tobytes() for a, b in itertools.pairwise(offsets)]
 
 
 def join_items(items: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
@@ -105,7 +107,7 @@ def test_decoded_arrays_are_writable_copies_that_do_not_alias_the_input():
 def test_a_spec_without_compression_has_fixed_size_items_of_fingerprint_plus_raw_bytes():
     assert DPG.raw_item_bytes == 4 * (67 + 21 + 1 + 1 + 67)
     assert DPG.fixed_item_bytes == 4 + DPG.raw_item_bytes
-    data, offsets = DPG.encode(dpg_batch(5))
+    _data, offsets = DPG.encode(dpg_batch(5))
     assert np.all(np.diff(offsets) == DPG.fixed_item_bytes)
     assert ATARI.fixed_item_bytes is None and ATARI.raw_item_bytes == 12
     assert ATARI.transition_bytes == 2 * 4 * 84 * 84 + 12
@@ -116,7 +118,7 @@ def test_item_bytes_follow_the_documented_layout():
         [FieldSpec("a", "<i2", (2,)), FieldSpec("img", "u1", (3, 4), compress=True), FieldSpec("b", "f8")]
     )
     batch = {"a": np.array([[1, -2]], np.int16), "img": np.full((1, 3, 4), 9, np.uint8), "b": np.array([0.5])}
-    data, offsets = spec.encode(batch)
+    data, _offsets = spec.encode(batch)
     item = data.tobytes()
     assert item[:4] == spec.fingerprint.to_bytes(4, "little")
     assert item[4:8] == np.array([1, -2], "<i2").tobytes()

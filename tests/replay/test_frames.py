@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from apexrl.apex.nstep import NStepBuffer, stack_transitions
-from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient
 from apexrl.replay.codec import TransitionSpec
 from apexrl.replay.frames import PAD, FrameStackCodec, decode_valid, frame_codec, wire_spec

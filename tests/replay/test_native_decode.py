@@ -4,6 +4,8 @@ corruptions), and its checks of the output arrays."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -51,7 +53,7 @@ def corruptions(draw: st.DrawFn, data: np.ndarray, offsets: np.ndarray) -> tuple
             data[pos] ^= draw(st.integers(1, 255))
     elif kind in ("truncate", "grow") and offsets.size > 1:
         i = draw(st.integers(0, offsets.size - 2))
-        items = [data[int(a) : int(b)].tobytes() for a, b in zip(offsets[:-1], offsets[1:])]
+        items = [data[int(a) : int(b)].tobytes() for a, b in itertools.pairwise(offsets)]
         cut = draw(st.integers(1, 8))
         items[i] = (
             items[i][:-cut] if kind == "truncate" else items[i] + bytes(draw(st.binary(min_size=cut, max_size=cut)))
@@ -298,7 +300,7 @@ def test_decode_threads_flag_on_the_learner_and_on_apexrl_run(tmp_path, capsys) 
 
 
 def test_empty_batch_allocates_each_field_and_refuses_a_bad_size() -> None:
-    spec, data, offsets = _atari(3)
+    spec, _data, _offsets = _atari(3)
     out = spec.empty_batch(3)
     assert {k: (v.shape, v.dtype) for k, v in out.items()} == {
         f.name: ((3, *f.shape), f.dtype.newbyteorder("=")) for f in spec.fields

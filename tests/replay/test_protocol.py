@@ -8,6 +8,9 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from apexrl.errors import ProtocolError, ServerError
 from apexrl.replay import schema
 from apexrl.replay.protocol import (
@@ -35,8 +38,6 @@ from apexrl.replay.protocol import (
     pack_items,
     split_items,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 DERANDOMIZED = settings(derandomize=True, database=None, max_examples=60, deadline=None)
 HEADER = struct.Struct("<4sHHQHHIdI4x")
@@ -928,7 +929,7 @@ def test_fast_encoders_produce_the_full_encoding():
     (lists), and still rejects bad values."""
     from apexrl.replay import protocol as P
 
-    for kind, op, frames in all_valid_messages():
+    for kind, op, _frames in all_valid_messages():
         plan = (P._REQUEST_PLANS if kind == "request" else P._REPLY_PLANS)[int(op)]
         if plan.fast_encode is not None:
             generic = plan._replace(fast_encode=None)

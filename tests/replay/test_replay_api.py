@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+
 from apexrl import PrioritizedStore
 from apexrl.errors import Interrupted, ServerError
 from apexrl.replay import protocol as P
@@ -108,6 +109,7 @@ def test_the_updater_works_over_any_replay():
             updater.update(keys, np.full(10, 2.0 + i))
         updater.flush(timeout=10)
         assert updater.stats()["sent"] == 6 and updater.stats()["updated"] == 60
+        assert updater.counters() == updater.stats()  # stats() is kept as an alias of counters()
     assert replay.calls["update_priorities"] == 6
 
 
@@ -115,12 +117,13 @@ def test_the_inserter_falls_back_to_one_call_at_a_time_over_a_plain_replay():
     replay = LocalReplay()
     acks = []
     with PipelinedInserter(lambda: replay, max_in_flight=4, on_ack=lambda keys, s: acks.append(len(keys))) as ins:
-        for b in range(5):
+        for _b in range(5):
             ins.insert(np.ones(3), [b"x", b"yy", b"zzz"])
             assert ins.in_flight == 0
         with pytest.raises(ValueError, match="priorities"):
             ins.insert([float("nan")], [b"a"])
     assert acks == [3] * 5 and ins.stats()["acked_items"] == 15 and len(replay.store) == 15
+    assert ins.counters() == ins.stats()  # stats() is kept as an alias of counters()
 
 
 def test_a_failing_replay_call_is_raised_by_the_next_inserter_call():

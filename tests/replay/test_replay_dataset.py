@@ -3,6 +3,7 @@ refusal of worker processes, and that ``import apexrl.replay`` stays free of tor
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
@@ -53,8 +54,8 @@ def test_decoded_batches_through_a_dataloader_with_keys_and_is_weights(start_ser
 
 def test_raw_batches_are_the_inserted_items_and_offsets(start_server) -> None:
     server = start_server()
-    spec, _, data, offsets, row = _insert_atari(server.endpoint)
-    items = [data[int(a) : int(b)].tobytes() for a, b in zip(offsets[:-1], offsets[1:])]
+    _spec, _, data, offsets, row = _insert_atari(server.endpoint)
+    items = [data[int(a) : int(b)].tobytes() for a, b in itertools.pairwise(offsets)]
     with ReplayClient(server.endpoint, timeout=10) as client:
         dataset = ReplayDataset(client, 8, prefetch=2)
         b = next(iter(DataLoader(dataset, batch_size=None)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from apexrl import PrioritizedStore
 from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient

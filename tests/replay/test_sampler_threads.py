@@ -15,14 +15,15 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
 from apexrl.errors import ReplayTimeout, ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient
 from apexrl.replay.sampler import MAX_SAMPLE_THREADS, PrefetchingSampler
 from apexrl.replay.sharded import ShardedReplayClient
+from tests.helpers import wait_until
 from tests.replay.test_replay_api import LocalReplay, filled
 from tests.replay.test_sharded import ALPHA, BETA, _fill, check_draws, running
-from tests.helpers import wait_until
 
 
 class Overlapping(LocalReplay):

@@ -13,6 +13,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from apexrl import PrioritizedStore
 from apexrl.errors import ServerTimeoutError
 from apexrl.replay import protocol as P
@@ -26,10 +29,8 @@ from apexrl.replay.sharded import (
     server_bits,
     split_endpoints,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from tests.store.test_sampling_stats import P_VALUE_FLOOR, chi2_sf
 from tests.helpers import wait_until
+from tests.store.test_sampling_stats import P_VALUE_FLOOR, chi2_sf
 
 ALPHA, BETA = 0.6, 0.4
 # Skewed masses: many light items on server 0, a few heavy ones on server 2.

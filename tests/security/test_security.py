@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+
 from apexrl.apex.metrics import read_csv
 from apexrl.errors import AuthenticationError, ReplayTimeout
 from apexrl.replay.client import ReplayClient
@@ -335,6 +336,7 @@ def _crash_zap_handler(ctx, endpoint: str, keys: str, monkeypatch):
     """Make the ZAP handler of ``ctx`` die as a bug would (its next answer raises; a throwaway client's handshake
     asks it one); returns (the dead handler, that client's socket) once its thread is gone."""
     import zmq
+
     from apexrl.security import ZapHandler
 
     handler = ZapHandler.of(ctx)
@@ -362,6 +364,7 @@ def test_a_dead_zap_handler_refuses_even_an_authorized_key(keys, monkeypatch, ca
     authorized key is refused. The control case (the option turned back off) shows libzmq's default, which
     lets every key in: the failure this option exists for."""
     import zmq
+
     from apexrl.security import secure_client_socket, secure_server_socket
 
     ctx = zmq.Context()
@@ -377,7 +380,7 @@ def test_a_dead_zap_handler_refuses_even_an_authorized_key(keys, monkeypatch, ca
         endpoint = server.getsockopt_string(zmq.LAST_ENDPOINT)
         monitor = server.get_monitor_socket()
 
-        _, trigger = _crash_zap_handler(ctx, endpoint, keys, monkeypatch)
+        _, _trigger = _crash_zap_handler(ctx, endpoint, keys, monkeypatch)
         assert len(failures) == 1 and "injected ZAP handler fault" in failures[0]
         assert any(r.levelname == "CRITICAL" and "ZAP handler crashed" in r.getMessage() for r in caplog.records)
 
@@ -545,6 +548,7 @@ def test_the_parameter_service_reads_the_user_id_and_refuses_an_identity_without
     import dataclasses
 
     import zmq
+
     from apexrl.errors import ServerError
     from apexrl.params.service import ParamClient, ParamServer
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from apexrl import _core
 from apexrl.errors import ProtocolError
 from apexrl.replay import protocol as P
 from apexrl.replay import schema as S
 from apexrl.replay.codec import FieldSpec, TransitionSpec
 from apexrl.replay.server.control import item_layout
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 MAX_BYTES = 1 << 20
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from apexrl.cli.server import parse_args
 from apexrl.errors import ReplayTimeout
 from apexrl.replay.client import ReplayClient, ServerTimeoutError

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from apexrl.errors import ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient
-from apexrl.errors import ServerError
 from apexrl.replay.sharded import ShardedReplayClient
 
 

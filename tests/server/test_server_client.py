@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+
 from apexrl.errors import ReplayTimeout, ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import (

@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 import pytest
+
 from apexrl.errors import ProtocolError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import InsertTooLargeError, ReplayClient

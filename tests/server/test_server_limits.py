@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+
 from apexrl import PrioritizedStore
 from apexrl.errors import ServerError
 from apexrl.replay import protocol as P

@@ -26,12 +26,13 @@ import sys
 import numpy as np
 import pytest
 import zmq
+
 from apexrl.errors import ServerError
 from apexrl.replay import protocol as P
 from apexrl.replay.client import ReplayClient
 from apexrl.replay.schema import REQUESTS
-from tests.server.test_server_limits import replies
 from tests.helpers import wait_until
+from tests.server.test_server_limits import replies
 
 MiB = 1 << 20
 DEADLINE = 60.0
@@ -251,7 +252,7 @@ def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(st
         # the released ids are free again: once samples make room, a retry with an expired id is stored
         assert len(good.sample(60)) == 60
         hog.send_multipart(insert_frames(9001, [b"retry"], (0xA77AC, 1), 5000))
-        [(rid, status, message, frames)] = read_replies(hog, 1)
+        [(rid, status, message, _frames)] = read_replies(hog, 1)
         assert (rid, status) == (9001, P.Status.OK), message
         assert good.stats()["size"] == 102
 

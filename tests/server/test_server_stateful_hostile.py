@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+
 from apexrl.replay import protocol as P
 
 DEADLINE_S = 60.0  # a loaded 2-core CI machine: generous, never slept through when the reply comes
@@ -82,7 +83,7 @@ def test_a_repeated_insert_id_with_a_bad_chunk_reference_is_refused_and_the_serv
     retry = peer.request(chunked_insert(5, [[0], [0, 1]], insert_id=(0xA, 1)), P.Op.INSERT, 5).raise_for_status()
     assert [int(k) for k in retry.arrays["keys"]] == keys
     sample = peer.request(P.encode_sample(6, 4, 0.4), P.Op.SAMPLE, 6).raise_for_status()
-    assert set(int(k) for k in sample.arrays["keys"]) <= set(keys)
+    assert {int(k) for k in sample.arrays["keys"]} <= set(keys)
 
 
 @pytest.mark.parametrize("timeout_ms", [0, 1000])

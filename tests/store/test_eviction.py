@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
 from apexrl import PrioritizedStore
 
 # These tests drive eviction through remove_to_fit() alone: a hard ceiling far above what they insert
@@ -126,7 +127,7 @@ def test_fifo_eviction_skips_erased_items_and_counts_only_what_it_removed():
 def test_fifo_eviction_over_several_calls_keeps_the_global_order():
     store = PrioritizedStore(max_size=NO_CEILING, capacity=10, alpha=0.6, shards=4, eviction="fifo")
     all_keys, all_prios = [], []
-    for round_ in range(6):
+    for _round in range(6):
         keys, prios = insert_in_batches(store, [3, 65, 2])
         all_keys += keys
         all_prios += prios

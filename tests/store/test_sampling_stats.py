@@ -11,6 +11,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
 from apexrl import PrioritizedStore
 
 P_VALUE_FLOOR = 1e-3
@@ -159,7 +160,7 @@ def test_alpha_zero_samples_uniformly_zero_priorities_included(shards):
     priorities = [0.0, 0.0, 0.0, 1e-9, 1.0, 1e6]
     store, by_key = build(priorities, 0.0, shards)
     counts = draw_counts(store, 3000, 5, beta=1.0)
-    p_value = chi_square_p_value(counts, {k: 1 / 6 for k in by_key})
+    p_value = chi_square_p_value(counts, dict.fromkeys(by_key, 1 / 6))
     assert p_value > P_VALUE_FLOOR
     batch = store.sample(50, beta=1.0)
     assert np.all(batch.weights == 1.0)
@@ -296,14 +297,14 @@ def test_is_weights_stay_positive_when_they_underflow_float32():
     store = PrioritizedStore(capacity=10, alpha=1.0, shards=1, seed=0)
     store.insert([1e-300, 1e250], [b"tiny", b"huge"])  # 1e250: the largest mass the store accepts
     batch = store.sample(8, beta=1.0)  # w(huge) = 1e-550: below any float32
-    assert set(bytes(m) for m in batch.items) == {b"huge"}
+    assert {bytes(m) for m in batch.items} == {b"huge"}
     assert np.all(batch.weights > 0) and np.all(batch.weights <= 1)
     assert np.all(np.isfinite(batch.weights))
 
 
 def test_is_weights_are_relative_to_the_store_minimum_even_when_it_is_not_in_the_batch():
     store = PrioritizedStore(capacity=10, alpha=1.0, shards=1, seed=0)
-    k_small, k_big = store.insert([1.0, 1000.0], [b"s", b"b"]).tolist()
+    _k_small, k_big = store.insert([1.0, 1000.0], [b"s", b"b"]).tolist()
     only_big = [b for b in (store.sample(1, beta=0.5) for _ in range(200)) if b.keys[0] == k_big]
     assert only_big, "the big item dominates single draws"
     for batch in only_big:
@@ -343,7 +344,7 @@ def test_when_every_priority_is_zero_sampling_falls_back_to_uniform_with_weight_
     store, by_key = build([0.0] * 6, 0.6, shards)
     assert store.total_priority == 0.0
     counts = draw_counts(store, 3000, 5, beta=0.9)
-    assert chi_square_p_value(counts, {k: 1 / 6 for k in by_key}) > P_VALUE_FLOOR
+    assert chi_square_p_value(counts, dict.fromkeys(by_key, 1 / 6)) > P_VALUE_FLOOR
     batch = store.sample(30, beta=0.9)
     assert np.all(batch.weights == 1.0)
     assert np.allclose(batch.probabilities, 1 / 6, rtol=1e-12)

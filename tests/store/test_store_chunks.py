@@ -14,10 +14,11 @@ import struct
 
 import numpy as np
 import pytest
-from apexrl import PrioritizedStore
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from apexrl import PrioritizedStore
 
 NO_CEILING = 10**8
 MAX_CHUNKS_PER_ITEM = 16

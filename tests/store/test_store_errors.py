@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
-import apexrl
 import numpy as np
 import pytest
+
+import apexrl
 from apexrl import PrioritizedStore
 
 NAN = float("nan")

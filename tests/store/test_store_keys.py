@@ -9,6 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
+
 from apexrl import PrioritizedStore, ReplayClient, SnapshotError
 from apexrl.replay.server import ReplayServer, ServerConfig, SnapshotLoadError
 

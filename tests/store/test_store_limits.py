@@ -10,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+
 from apexrl import PrioritizedStore, ReplayClient, SnapshotError
 from apexrl.errors import ServerError
 from apexrl.replay import protocol as P

@@ -13,10 +13,11 @@ import struct
 
 import numpy as np
 import pytest
-from apexrl import PrioritizedStore
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from apexrl import PrioritizedStore
 
 # These tests drive eviction through remove_to_fit() alone: a hard ceiling far above what they insert
 # (the ceiling itself is tested in test_store_limits.py).

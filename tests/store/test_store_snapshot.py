@@ -11,6 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
+
 from apexrl import PrioritizedStore, SnapshotError
 
 # These tests drive eviction through remove_to_fit() alone: a hard ceiling far above what they insert
@@ -44,7 +45,7 @@ def restored_stats(store):
 def every_positive_item(store: PrioritizedStore, min_mass: float) -> dict[int, tuple[bytes, float]]:
     """key -> (bytes, probability) for every item with mass >= min_mass: a stratified batch whose segment is
     under half the smallest mass puts a draw inside every such item."""
-    n = int(math.ceil(2.5 * store.total_priority / min_mass)) + 1
+    n = math.ceil(2.5 * store.total_priority / min_mass) + 1
     batch = store.sample(n)
     return {k: (bytes(m), p) for k, m, p in zip(batch.keys.tolist(), batch.items, batch.probabilities.tolist())}
 

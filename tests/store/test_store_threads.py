@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+
 from apexrl import PrioritizedStore
 
 # These tests drive eviction through remove_to_fit() alone: a hard ceiling far above what they insert

@@ -50,9 +50,11 @@ class Policy(Protocol):
     transition_spec: TransitionSpec
     """Fields of the transitions this policy's actor inserts (the learner decodes with the same spec)."""
 
-    exploration: float
-    """How much this actor explores (epsilon, noise sigma, ...): smaller is greedier. Written to episodes.csv;
-    ``apexrl plot`` draws the greediest actor's training returns."""
+    @property
+    def exploration(self) -> float:
+        """How much this actor explores (epsilon, noise sigma, ...): smaller is greedier. Written to episodes.csv;
+        ``apexrl plot`` draws the greediest actor's training returns. Read-only (a property or an attribute)."""
+        ...
 
     def act(self, obs: np.ndarray, explore: bool = True) -> Any:
         """The action for one observation; ``explore=False`` is the evaluation action (DQN: epsilon 0.001 as
@@ -131,7 +133,7 @@ class AgentDef:
     config_class: type
     """Frozen dataclass of the agent's hyper-parameters; must have ``n_step``, ``gamma`` and ``batch_size``
     (the actor's n-step adder and the learner's sampler read them) and validate itself on construction."""
-    check_env: Callable[[EnvSpec], None]
+    check_env: Callable[[EnvSpec], object]  # its return value is ignored
     """Raises ValueError saying why when the agent cannot run on an environment."""
     make_learner: Callable[[EnvSpec, Any, torch.device, int], Agent]
     """``(env_spec, config, device, seed) -> Agent``."""

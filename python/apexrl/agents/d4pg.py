@@ -44,7 +44,7 @@ targets.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -184,16 +184,22 @@ class D4PGLearner(DPGLearner):
       seed: initialises the networks (through a torch.Generator; the global RNG is not used).
     """
 
-    metric_names = ("critic_loss", "actor_loss", "q_mean", "priority_mean")
+    metric_names: tuple[str, ...] = ("critic_loss", "actor_loss", "q_mean", "priority_mean")
     """``critic_loss``: mean_i w_i CE_i; ``actor_loss``: -mean Q(s, pi(s)); ``q_mean``: mean of the predicted
     distributions' means at (s, a) before the step; ``priority_mean``: mean new priority (KL + eps)."""
     label = "D4PG"
-    make_critic = staticmethod(_d4pg_critic)
+    make_critic = staticmethod(_d4pg_critic)  # type: ignore[assignment]  # takes the D4PGConfig it is given
 
     def __init__(
         self, env_spec: EnvSpec, config: D4PGConfig | None = None, device: str | torch.device = "cpu", seed: int = 0
     ):
-        super().__init__(env_spec, config or D4PGConfig(), device=device, seed=seed)
+        # DPG's learner, run with D4PG's config (a sibling of DPGConfig: the fields DPG reads are common).
+        super().__init__(env_spec, config or D4PGConfig(), device=device, seed=seed)  # type: ignore[arg-type]
+
+    @property
+    def _z(self) -> Tensor:
+        """The critic's atoms: ``self.critic`` is the D4PGCritic that ``make_critic`` built."""
+        return cast(D4PGCritic, self.critic).z
 
     def update(self, batch: Mapping[str, np.ndarray], weights: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
         """One critic step then one actor step (module docstring); returns (priorities float64, metrics).
@@ -205,7 +211,7 @@ class D4PGLearner(DPGLearner):
 
         with torch.no_grad():
             next_probs = torch.softmax(self.target_critic(next_obs, self.target_actor(next_obs)), dim=1)
-            target = categorical_projection(reward, discount, next_probs, self.critic.z)
+            target = categorical_projection(reward, discount, next_probs, self._z)
         logits = self.critic(obs, action)
         ce = cross_entropy(target, logits)
         critic_loss = (w * ce).mean()
@@ -219,7 +225,7 @@ class D4PGLearner(DPGLearner):
             self.target_critic.load_state_dict(self.critic.state_dict())
 
         priorities = kl_priorities(target, ce.detach(), c.priority_eps)
-        q_mean = (torch.softmax(logits.detach(), dim=1) * self.critic.z).sum(dim=1).mean()
+        q_mean = (torch.softmax(logits.detach(), dim=1) * self._z).sum(dim=1).mean()
         stats = torch.stack([critic_loss.detach(), actor_loss, q_mean]).tolist()
         metrics = dict(zip(self.metric_names, [*stats, float(priorities.mean())]))
         return priorities, metrics
@@ -236,7 +242,7 @@ class D4PGPolicy(DPGPolicy):
     """
 
     label = "D4PG"
-    make_critic = staticmethod(_d4pg_critic)
+    make_critic = staticmethod(_d4pg_critic)  # type: ignore[assignment]  # takes the D4PGConfig it is given
 
     def __init__(
         self,
@@ -251,7 +257,13 @@ class D4PGPolicy(DPGPolicy):
         config = config or D4PGConfig()
         if sigma is None and sigmas is None:
             sigma = config.noise_sigma_max
-        super().__init__(env_spec, config, sigma=sigma, seed=seed, device=device, sigmas=sigmas)
+        # DPG's policy, run with D4PG's config (a sibling of DPGConfig: the fields DPG reads are common).
+        super().__init__(env_spec, config, sigma=sigma, seed=seed, device=device, sigmas=sigmas)  # type: ignore[arg-type]
+
+    @property
+    def _z(self) -> Tensor:
+        """The critic's atoms: ``self.critic`` is the D4PGCritic that ``make_critic`` built."""
+        return cast(D4PGCritic, self.critic).z
 
     @property
     def exploration(self) -> float:
@@ -269,7 +281,7 @@ class D4PGPolicy(DPGPolicy):
         check_batch(batch, self.transition_spec.names)
         obs, action, reward, discount, next_obs = _batch_tensors(batch, self.device)
         next_probs = torch.softmax(self.critic(next_obs, self.actor(next_obs)), dim=1)
-        target = categorical_projection(reward, discount, next_probs, self.critic.z)
+        target = categorical_projection(reward, discount, next_probs, self._z)
         return kl_priorities(target, cross_entropy(target, self.critic(obs, action)), self.config.priority_eps)
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -57,8 +57,8 @@ from apexrl.agents.common import (
     optimizer_tensors,
 )
 from apexrl.agents.config import DPGConfig
-from apexrl.nets import MLP, build_seeded
 from apexrl.agents.validity import finite, in_range, invalid_items
+from apexrl.nets import MLP, build_seeded
 from apexrl.replay.wire.codec import TransitionSpec
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class DPGActor(nn.Module):
         return torch.tanh(self.body(obs))
 
     def reset_from(self, generator: torch.Generator) -> None:
-        out = self.body.layers[-1]
+        out = cast(nn.Linear, self.body.layers[-1])
         with torch.no_grad():
             out.weight.uniform_(-FINAL_LAYER_INIT, FINAL_LAYER_INIT, generator=generator)
             out.bias.uniform_(-FINAL_LAYER_INIT, FINAL_LAYER_INIT, generator=generator)
@@ -206,7 +206,7 @@ class DPGLearner:
       seed: initialises the networks (through a torch.Generator; the global RNG is not used).
     """
 
-    metric_names = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")
+    metric_names: tuple[str, ...] = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")
     """Keys of the metrics dict ``update`` returns (columns of the learner's metrics.csv)."""
     label = "DPG"
     """Names the agent in error messages (D4PG subclasses this learner)."""

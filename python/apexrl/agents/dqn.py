@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -105,10 +105,16 @@ def make_q_network(env_spec: EnvSpec, config: DQNConfig) -> DuelingQNetwork:
     """The dueling Q network for ``env_spec`` (parameters on the meta device until ``build_seeded``)."""
     _check_env(env_spec)
     if _is_image(env_spec):
-        torso: nn.Module = NatureTorso(tuple(env_spec.obs_shape))
-        return DuelingQNetwork(torso, torso.out_features, env_spec.num_actions, (config.atari_stream_hidden,))
+        torso = NatureTorso(cast(tuple[int, int, int], tuple(env_spec.obs_shape)))  # _is_image: (C, H, W)
+        return DuelingQNetwork(torso, torso.out_features, _num_actions(env_spec), (config.atari_stream_hidden,))
     mlp = MLP(env_spec.obs_shape[0], config.hidden)
-    return DuelingQNetwork(mlp, mlp.out_features, env_spec.num_actions)
+    return DuelingQNetwork(mlp, mlp.out_features, _num_actions(env_spec))
+
+
+def _num_actions(env_spec: EnvSpec) -> int:
+    """The action count of an environment ``_check_env`` accepted (discrete, so it has one)."""
+    assert env_spec.num_actions is not None
+    return env_spec.num_actions
 
 
 def dqn_transition_spec(env_spec: EnvSpec) -> TransitionSpec:
@@ -143,7 +149,7 @@ class DQNLearner:
       seed: initialises the networks (through a torch.Generator; the global RNG is not used).
     """
 
-    metric_names = ("loss", "td_abs_mean", "q_mean", "grad_norm")
+    metric_names: tuple[str, ...] = ("loss", "td_abs_mean", "q_mean", "grad_norm")
     """Keys of the metrics dict ``update`` returns (columns of the learner's metrics.csv)."""
 
     def __init__(
@@ -159,7 +165,7 @@ class DQNLearner:
         self.optimizer = _optimizer(self.q_net.parameters(), config)
         self.steps = 0
         self._rules = (
-            in_range("action", 0, env_spec.num_actions - 1),
+            in_range("action", 0, _num_actions(env_spec) - 1),
             finite("reward"),
             in_range("discount", 0, 1),
             finite("obs"),
@@ -286,6 +292,7 @@ class DQNPolicy:
     ):
         self.config = config = config or DQNConfig()
         self.env_spec = env_spec
+        self._num_actions = _num_actions(env_spec)
         self.device = torch.device(device)
         if epsilons is not None and epsilon is None:
             epsilon = epsilons[0]
@@ -326,7 +333,7 @@ class DQNPolicy:
         q = self.q_net(_obs_tensor(obs, self.device))
         greedy = q.argmax(dim=1).cpu().numpy()
         random = self.rng.random(k) < eps
-        actions = np.where(random, self.rng.integers(self.env_spec.num_actions, size=k), greedy)
+        actions = np.where(random, self.rng.integers(self._num_actions, size=k), greedy)
         return [int(a) for a in actions], q.cpu().numpy()
 
     @torch.inference_mode()
@@ -356,7 +363,7 @@ class DQNPolicy:
         the evaluation protocol) instead of the actor's epsilon."""
         eps = self.epsilon if explore else self.config.eval_epsilon
         if eps > 0 and self.rng.random() < eps:
-            return int(self.rng.integers(self.env_spec.num_actions))
+            return int(self.rng.integers(self._num_actions))
         q = self.q_net(_obs_tensor(np.asarray(obs)[None], self.device))
         return int(q.argmax(dim=1).item())
 

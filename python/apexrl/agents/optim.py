@@ -53,7 +53,7 @@ class TFRMSProp(torch.optim.Optimizer):
         )
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: ANN001 - torch's signature
+    def step(self, closure=None):  # torch's signature
         loss = None
         if closure is not None:
             with torch.enable_grad():

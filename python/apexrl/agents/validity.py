@@ -53,7 +53,7 @@ def invalid_items(batch: Mapping[str, np.ndarray], rules: Sequence[Rule]) -> tup
             i = int(np.flatnonzero(~good)[0])
             shown = np.array2string(x[i].reshape(-1)[:8], threshold=8) if x[i].size > 1 else repr(x[i].item())
             message = f"item {i}: {rule.field} {rule.what}, got {shown}"
-        bad = ~good if bad is None else bad | ~good
+        bad = ~good if bad is None else bad | ~good  # type: ignore[assignment]  # all(axis=1) of 2-D is an array
     return bad, message
 
 

@@ -34,6 +34,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,11 +47,12 @@ from apexrl.apex.nstep import NStepBuffer, Transition, VecNStep, stack_transitio
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
+from apexrl.envs.base import SerialVecEnv
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
 from apexrl.replay.client.replay_client import ServerTimeoutError
+from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.replay.wire.frames import frame_codec, wire_spec
 from apexrl.replay.wire.schema import MAX_BATCH
-from apexrl.replay.client.sharded import connect as connect_replay
 
 log = logging.getLogger("apexrl.apex.actor")
 
@@ -78,6 +81,9 @@ class Actor:
         agent = get_agent(config.agent)
         # K = 1 acts exactly as before batching existed (``act``); K > 1 through one batched policy whose
         # environment j explores as slot index*K + j of num_actors*K.
+        # A Policy for K = 1; for K > 1 a batch policy, which also has act_batch, explorations and maybe the
+        # value-scoring methods (duck-typed: see the comment in apexrl.agents.base.Policy).
+        self.policy: Any
         if k == 1:
             self.policy = agent.make_policy(self.spec, config.agent_config, config.index, config.num_actors, self.seed)
             explorations = [getattr(self.policy, "exploration", None)]
@@ -311,6 +317,7 @@ class Actor:
     def _run_one(self) -> None:
         """K = 1: one Env, one NStepBuffer, ``act`` per step and Transitions in the local batch (as before
         vectorised actors; the array machinery of K > 1 only costs time here)."""
+        assert isinstance(self.envs, SerialVecEnv)  # make_vec_env makes one for K = 1
         env, nstep = self.envs.envs[0], NStepBuffer(self.nstep.n, self.nstep.gamma)
         obs = env.reset()
         nstep.add_first(obs)
@@ -353,8 +360,9 @@ class Actor:
         k = self.envs.num_envs
         self.nstep.add_first(np.arange(k), handles)
         rec = self.recorder
-        for j in range(k if rec is not None else 0):
-            rec.start(j, obs[j])
+        if rec is not None:
+            for j in range(k):
+                rec.start(j, obs[j])
         ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
         while not self._stop.is_set():
             actions = self._act(obs, handles)
@@ -427,7 +435,7 @@ class Actor:
             self._episodes_file.flush()  # type: ignore[union-attr]
 
     def _log_progress(self, elapsed: float) -> None:
-        c, p = self.counters, self.poller.stats()
+        c, p = self.counters, self.poller.counters()
         recent = self._returns[-10:]
         self.report.emit(
             {
@@ -469,7 +477,7 @@ class _ObsRing:
         self._next += len(obs)
         return handles
 
-    def rows(self, handles: list[int]) -> np.ndarray:
+    def rows(self, handles: Sequence[int] | np.ndarray) -> np.ndarray:
         h = np.asarray(handles, np.int64)
         if h.size and h.min() < self._next - self.capacity:
             raise RuntimeError(
@@ -493,6 +501,7 @@ class _ObsRing:
                 self._values = np.zeros((self.capacity, *values.shape[1:]), values.dtype)
             self._values[missing] = values
             self._has[missing] = True
+        assert self._values is not None  # allocated when the first values were computed
         return self._values[obs_rows], self._values[next_rows]
 
 

@@ -48,7 +48,7 @@ def load_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
             raw_meta = (f.metadata() or {}).get(_META_KEY)
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is no dict: keys() is its API
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path} is not a readable checkpoint: {e}") from e
     if raw_meta is None:

@@ -54,9 +54,9 @@ from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
+from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.replay.wire.codec import BatchDecoder
 from apexrl.replay.wire.frames import FrameBatchDecoder, frame_codec
-from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.security import raise_nofile_limit
 
 log = logging.getLogger("apexrl.apex.learner")
@@ -360,7 +360,7 @@ class Learner:
                 updater.close(timeout=self._time_left(5.0))
             except ApexRLError as e:
                 log.warning("last priority updates not confirmed: %s", e)
-            self.unconfirmed_updates = int(updater.stats().get("dropped", 0))
+            self.unconfirmed_updates = int(updater.counters().get("dropped", 0))
             if self.unconfirmed_updates:
                 log.warning(
                     "stopping with %d of %d pending priority updates not confirmed by the replay server",

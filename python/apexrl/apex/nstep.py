@@ -71,8 +71,8 @@ class NStepBuffer:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real) or not 0.0 <= float(gamma) <= 1.0:
             raise ValueError(f"gamma must be a float in [0, 1], got {gamma!r}")
-        self.n = int(n)
-        self.gamma = float(gamma)
+        self.n: int = int(n)
+        self.gamma: float = float(gamma)
         self._pending: deque[tuple[np.ndarray, Any, float]] = deque()  # (s_t, a_t, r_t), oldest first
         self._obs: np.ndarray | None = None  # the latest observation; None between episodes
 
@@ -283,6 +283,7 @@ class VecNStep:
         """End every open episode here as a truncation (``NStepBuffer.truncate`` per environment, in order)."""
         rows: list[tuple] = []
         for j in np.flatnonzero(self._open).tolist():
+            assert self._act is not None  # an open episode has had its first add
             m_all = int(self._len[j])
             for i in range(m_all):
                 m = m_all - i

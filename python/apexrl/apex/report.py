@@ -41,7 +41,7 @@ class ProgressReporter:
         self._file: TextIO | None = None
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self._file = open(path, "a", encoding="utf-8")
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the reporter's life; close() closes it
 
     def emit(self, record: Mapping[str, Any], text_keys: tuple[str, ...] | None = None) -> None:
         """Print ``[role ]k=v ...`` (only ``text_keys`` when given) and append the whole record as JSON."""

@@ -19,14 +19,22 @@ from collections.abc import Sequence
 from apexrl.cli.args import float_arg, int_arg
 from apexrl.launch.start import (  # the run's options and start, shared with apexrl.run
     AGENT_DESTS as AGENT_DESTS,
+)
+from apexrl.launch.start import (
     PROG,
-    SERVER_OWN as SERVER_OWN,
     fill_run_parser,
-    issue_run_actor_key as issue_run_actor_key,
     launch_plan,
     make_launcher,
     run_banner,
     run_kwargs,
+)
+from apexrl.launch.start import (
+    SERVER_OWN as SERVER_OWN,
+)
+from apexrl.launch.start import (
+    issue_run_actor_key as issue_run_actor_key,
+)
+from apexrl.launch.start import (
     upgrade_episodes_csv as upgrade_episodes_csv,
 )
 

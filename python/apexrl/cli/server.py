@@ -316,7 +316,7 @@ def serve(config: ServerConfig, log_level: str = "INFO") -> int:
     except (SnapshotLoadError, ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 1
-    except Exception as exc:  # zmq.ZMQError (address in use, bad bind address), NativeLoopError, ...
+    except Exception as exc:  # noqa: BLE001 - zmq.ZMQError (address in use, bad bind address), NativeLoopError, ...
         print(f"{PROG}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"{PROG} listening on {server.endpoint}", flush=True)

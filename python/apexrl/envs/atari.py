@@ -252,7 +252,7 @@ def make(game: str, seed: int, *, evaluation: bool = False) -> AtariEnv:
     return AtariEnv(_known(game), seed, max_episode_frames=EVAL_EPISODE_FRAMES if evaluation else MAX_EPISODE_FRAMES)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def spec(game: str) -> EnvSpec:
     # The action count is the game's minimal action set, known only once the ROM is loaded.
     with AtariEnv(_known(game), 0) as env:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -147,6 +147,7 @@ class Env:
     def _discrete_action(self, action) -> int:
         """Validates a discrete action; numpy integers are accepted (policies return them)."""
         n = self.spec.num_actions
+        assert n is not None  # only discrete environments call this
         if isinstance(action, (bool, np.bool_)) or not isinstance(action, (int, np.integer)):
             raise TypeError(f"{self.spec.name}: discrete action must be an int, got {type(action).__name__}")
         if not 0 <= action < n:
@@ -238,7 +239,7 @@ class SerialVecEnv(VecEnv):
         k = self.num_envs
         if len(actions) != k:
             raise ValueError(f"{len(actions)} actions for {k} environments")
-        obs = [None] * k
+        obs: list[Any] = [None] * k
         reward, raw = np.empty(k), np.empty(k)
         terminated, truncated = np.zeros(k, bool), np.zeros(k, bool)
         final: dict[int, np.ndarray] = {}

@@ -142,7 +142,7 @@ class DmcEnv(Env):
             )
         try:
             return self._env.physics.render(height=RENDER_HEIGHT, width=RENDER_WIDTH, camera_id=0)
-        except Exception as e:  # each OpenGL backend fails in its own way
+        except Exception as e:  # noqa: BLE001 - each OpenGL backend fails in its own way
             raise RenderError(
                 f"{self.spec.name}: offscreen rendering with MUJOCO_GL={backend or '(unset)'} failed "
                 f"({type(e).__name__}: {e}); on Debian: apt-get install libegl1 libgl1-mesa-dri"
@@ -157,7 +157,7 @@ def make(name: str, seed: int, *, evaluation: bool = False) -> DmcEnv:
     return DmcEnv(_known(name), seed)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def spec(name: str) -> EnvSpec:
     with DmcEnv(_known(name), 0) as env:
         return env.spec

@@ -21,6 +21,7 @@ import functools
 import importlib
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +80,7 @@ def _make(task: str):
     from gymnasium.envs.registration import load_env_creator
 
     registered = _registered(task)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     creator = registered.entry_point
     try:
         creator = load_env_creator(creator) if isinstance(creator, str) else creator

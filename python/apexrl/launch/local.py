@@ -46,15 +46,18 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from apexrl.durable import make_private_dirs, write_atomically
 from apexrl.launch.orphans import die_with_parent
 from apexrl.launch.plan import PLAN_NAME, RunPlan
+from apexrl.launch.progress import LogTail, Progress, RecordTail, format_duration
+
+if TYPE_CHECKING:
+    from apexrl.tensorboard import RunMirror
 
 FINAL_EVAL_NAME = "final_eval.json"
 """What ``apexrl evaluate --json`` writes at the end of a run that reached its length."""
-from apexrl.launch.progress import LogTail, Progress, RecordTail, format_duration
 
 __all__ = ["Child", "ChildSpec", "Launcher", "PlacementError", "SupervisedChild", "free_ports", "server_name"]
 
@@ -300,7 +303,7 @@ class Launcher:
         self.plan = plan
         self.tensorboard = tensorboard
         """Directory of the TensorBoard event file mirroring metrics.csv and episodes.csv (None: none)."""
-        self._board = None  # its apexrl.tensorboard.RunMirror while running
+        self._board: RunMirror | None = None  # while running with --tensorboard
         self.config = plan.run
         self.run_dir = plan.run.run_dir
         self.log_dir = os.path.join(self.run_dir, "logs")
@@ -540,7 +543,7 @@ class Launcher:
                 next_status = now + cfg.progress_every
             time.sleep(0.2)
 
-    def _check(self, child: Child, now: float) -> None:
+    def _check(self, child: SupervisedChild, now: float) -> None:
         """Restart a child that exited, after its back-off; stop the run where a restart cannot help."""
         if child.finished:
             return

@@ -50,10 +50,10 @@ from apexrl.apex.config import (
 )
 from apexrl.durable import write_atomically
 from apexrl.launch.presets import Preset, default_preset_for, get_preset
+from apexrl.replay.client.sharded import max_lock_shards
 from apexrl.replay.server.config import MAX_REPLAY_SERVERS, ServerConfig
 from apexrl.replay.server.rate_limiter import deadlock_reason
 from apexrl.replay.wire.schema import MAX_BATCH
-from apexrl.replay.client.sharded import max_lock_shards
 from apexrl.validate import Range, check_fields
 
 __all__ = [
@@ -321,12 +321,13 @@ def resolve_preset(preset: Preset | str | None, o: Overrides) -> tuple[Preset, s
     if isinstance(preset, str):
         preset = get_preset(preset)
     if preset is None:
-        if o.agent is None and o.env is None:
-            preset = get_preset("cartpole")
-        elif o.env is None:
-            preset = default_preset_for(o.agent, get_preset("cartpole").env)
-            if preset.name.endswith("-defaults"):
-                raise ValueError(f"agent {o.agent!r} has no preset: give --env too")
+        if o.env is None:
+            if o.agent is None:
+                preset = get_preset("cartpole")
+            else:
+                preset = default_preset_for(o.agent, get_preset("cartpole").env)
+                if preset.name.endswith("-defaults"):
+                    raise ValueError(f"agent {o.agent!r} has no preset: give --env too")
         else:
             agent = o.agent
             if agent is None:
@@ -474,7 +475,6 @@ def run_spec(agent: str, env: str, agent_config: Any, seed: int = 0) -> str:
     ``--spec``), so no client can declare another spec first."""
     from apexrl.agents import get_agent
     from apexrl.envs import env_spec
-
     from apexrl.replay.wire.frames import wire_spec
 
     spec = get_agent(agent).make_policy(env_spec(env), agent_config, 0, 1, seed).transition_spec

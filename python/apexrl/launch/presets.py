@@ -404,9 +404,8 @@ PRESETS: dict[str, Preset] = {
             actors=2,
             minutes=45.0,
             sources={
-                **{
-                    k: "Acme"
-                    for k in (
+                **dict.fromkeys(
+                    (
                         "num_atoms",
                         "v_min",
                         "v_max",
@@ -429,8 +428,9 @@ PRESETS: dict[str, Preset] = {
                         "samples_per_insert",
                         "error_buffer",
                         "min_replay_size",
-                    )
-                },
+                    ),
+                    "Acme",
+                ),
                 "eval_episodes": "Ape-X",
                 "actors": "apexrl",
             },

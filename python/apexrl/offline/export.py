@@ -41,7 +41,6 @@ import os
 import struct
 import zipfile
 from dataclasses import dataclass
-
 from typing import Any
 
 import numpy as np
@@ -235,7 +234,7 @@ def export_snapshot(snapshot: str, out: str, spec: str | None = None) -> int:
     tmp = f"{out}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its own flags
         os.replace(tmp, out)
     except BaseException:
         if os.path.exists(tmp):

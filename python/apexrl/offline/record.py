@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -149,7 +150,9 @@ class EpisodeRecorder:
         self._obs[env] = [np.array(obs, copy=True)]
         self._act[env], self._rew[env], self._term[env], self._trunc[env] = [], [], [], []
 
-    def step(self, actions: Any, rewards: Any, next_obs: np.ndarray, terminated: Any, truncated: Any) -> None:
+    def step(
+        self, actions: Any, rewards: Any, next_obs: Sequence[np.ndarray] | np.ndarray, terminated: Any, truncated: Any
+    ) -> None:
         """One step of every environment: ``next_obs[j]`` is environment j's observation after it (the final one
         where its episode ended). Ended episodes are queued; call :meth:`start` for them before the next step."""
         for j in range(len(self._obs)):

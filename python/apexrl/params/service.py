@@ -49,8 +49,8 @@ import zmq
 from apexrl.errors import ProtocolError, ReplayTimeout, ServerClosedError, ServerError
 from apexrl.params.tensors import TensorSpec, describe_mismatch, spec_of
 from apexrl.replay.wire import protocol as P
-from apexrl.replay.wire.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
 from apexrl.replay.wire.roles import may
+from apexrl.replay.wire.schema import HEADER_SIZE, PARAMS_MAX_REQUEST_BYTES, Op, Status
 from apexrl.replay.wire.transport import Transport, TransportClient
 from apexrl.security import (
     SERVICE_HWM,
@@ -257,7 +257,7 @@ class ParamServer:
             self._current = (self._version, blob)
             return self._version
 
-    def stats(self) -> dict[str, int]:
+    def counters(self) -> dict[str, int]:
         """Request counters (requests, params, unchanged, not_ready, errors, dropped, forbidden: refused by the
         client's role), parked (weights replies waiting for the previous one to the same peer to leave),
         version and bytes."""
@@ -266,6 +266,10 @@ class ParamServer:
             out["version"] = self._version
             out["bytes"] = 0 if self._current is None else len(self._current[1])
         return out
+
+    def stats(self) -> dict[str, int]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread (within ~50 ms) and close the socket; idempotent."""
@@ -616,14 +620,17 @@ class ParamPoller:
         try:
             got = self.client.fetch(self.version)
         except ParamsTimeout:
-            return self._failed("timeouts")
+            self._failed("timeouts")
+            return None
         except ServerClosedError:
             raise
         except (ServerError, ProtocolError) as exc:
             self._warn_once(f"parameter fetch from {self.client.endpoint} failed: {exc}")
-            return self._failed("errors")
+            self._failed("errors")
+            return None
         except ValueError as exc:
-            return self._mismatch(exc)
+            self._mismatch(exc)
+            return None
         self._failures = 0
         if got is None:
             key = "not_ready" if self.client.last_status == FetchStatus.NOT_READY else "unchanged"
@@ -635,14 +642,19 @@ class ParamPoller:
                 self.load(tensors)
             except ValueError as exc:
                 self.client.forget()
-                return self._mismatch(exc)
+                self._mismatch(exc)
+                return None
         self.version = version
         self.counts["updates"] += 1
         return tensors
 
-    def stats(self) -> dict[str, int]:
+    def counters(self) -> dict[str, int]:
         """Counters (fetches, updates, unchanged, not_ready, timeouts, errors, mismatches) and version."""
         return {**self.counts, "version": self.version}
+
+    def stats(self) -> dict[str, int]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     def _failed(self, key: str) -> None:
         self.counts[key] += 1

@@ -42,17 +42,23 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from apexrl.security.exposure import (
+    SERVICE_HWM,
+    check_exposure,
+    is_loopback,
+    limit_idle_connections,
+    raise_nofile_limit,
+    warn_if_exposed,
+)
 from apexrl.security.keys import (
     ACTOR,
     AUTHORIZED,
     CLIENT,
     ENV_VAR,
     LEARNER,
-    ROLES as ROLES,
     SERVER,
     ClientKeys,
     CurveKeyError,
-    PathLike as PathLike,
     ServerKeys,
     client_keys,
     curve_dir_from_env,
@@ -62,13 +68,11 @@ from apexrl.security.keys import (
     server_keys,
     user_id_of_file,
 )
-from apexrl.security.exposure import (
-    SERVICE_HWM,
-    check_exposure,
-    is_loopback,
-    limit_idle_connections,
-    raise_nofile_limit,
-    warn_if_exposed,
+from apexrl.security.keys import (
+    ROLES as ROLES,
+)
+from apexrl.security.keys import (
+    PathLike as PathLike,
 )
 from apexrl.security.zap import ZAP_ENDPOINT as ZAP_ENDPOINT
 from apexrl.security.zap import ZapHandler, secure_client_socket, secure_server_socket

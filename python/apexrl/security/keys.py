@@ -29,8 +29,8 @@ import os
 import re
 import stat
 import tempfile
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Union
 
 import zmq

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from typing import ClassVar
 
 import zmq
 from zmq.utils import z85
@@ -76,7 +77,7 @@ class ZapHandler:
     """
 
     _lock = threading.Lock()
-    _by_context: dict[int, ZapHandler] = {}
+    _by_context: ClassVar[dict[int, ZapHandler]] = {}
 
     def __init__(self, ctx: zmq.Context):
         self.ctx = ctx
@@ -145,11 +146,12 @@ class ZapHandler:
                 if reason is not None:
                     self.failure = reason
                 callbacks, self._callbacks = self._callbacks, []
-            for callback in callbacks if reason is not None else ():
-                try:
-                    callback(reason)
-                except Exception:  # noqa: BLE001 - one service's callback must not keep the others from theirs
-                    log.exception("a ZAP failure callback raised")
+            if reason is not None:
+                for callback in callbacks:
+                    try:
+                        callback(reason)
+                    except Exception:  # one service's callback must not keep the others from theirs
+                        log.exception("a ZAP failure callback raised")
 
     def _answer(self, msg: list[bytes]) -> list[bytes]:
         """The reply to one ZAP request (RFC 27): envelope, version, request id, status, text, user, metadata."""

@@ -72,7 +72,7 @@ class Replay(Protocol):
         ...
 
     def stats(self) -> dict[str, int | float]:
-        """Counters of the replay."""
+        """Counters of the replay (over the network a STATS request, which can time out like any other call)."""
         ...
 
 

@@ -75,7 +75,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
     ):
         super().__init__()
         if isinstance(endpoint_or_client, str):
-            from apexrl.replay.client.sharded import split_endpoints  # noqa: PLC0415 - only here
+            from apexrl.replay.client.sharded import split_endpoints  # only here
 
             split_endpoints(endpoint_or_client)  # a malformed endpoint fails here, not at the first batch
         elif not callable(getattr(endpoint_or_client, "sampler", None)):
@@ -110,6 +110,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
                 # The items say which layout they are in (their fingerprint): frame stacks stored once are
                 # rebuilt from the chunks the sample carries; items in the spec's own layout decode natively.
                 if stored_once is not None and _first_fingerprint(raw) == stored_once:
+                    assert codec is not None  # stored_once comes from it
                     fields, bad, message = codec.decode_valid_into(
                         raw.data, raw.offsets, getattr(raw, "chunks", None), codec.empty_batch(len(raw))
                     )
@@ -130,7 +131,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         owned = None
         client = self.endpoint_or_client
         if isinstance(client, str):
-            from apexrl.replay.client.sharded import connect  # noqa: PLC0415 - only here
+            from apexrl.replay.client.sharded import connect  # only here
 
             client = owned = connect(client, self.timeout)
         mode = "raw" if self.decode is None else "fields" if isinstance(self.decode, TransitionSpec) else "decoded"

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from apexrl.errors import ApexRLError, ReplayTimeout, ServerClosedError
-from apexrl.replay.wire import protocol as P
 from apexrl.replay.client.api import PipelinedReplay, ReplayFactory, close_replay
 from apexrl.replay.client.updater import _ClosingContext
+from apexrl.replay.wire import protocol as P
 
 __all__ = ["InsertTooLargeError", "PipelinedInserter"]
 
@@ -87,7 +87,9 @@ class PipelinedInserter(_ClosingContext):
         self._closed = False
         self._replay = connect()
         self.endpoint = getattr(self._replay, "endpoint", None)
-        self._pipelined = isinstance(self._replay, PipelinedReplay)
+        # The same object, typed for the pipelined calls; None over a plain Replay (one insert at a time).
+        self._pipe: PipelinedReplay | None = self._replay if isinstance(self._replay, PipelinedReplay) else None
+        self._pipelined = self._pipe is not None
 
     # ------------------------------------------------------------------------------------------ replies
 
@@ -115,7 +117,8 @@ class PipelinedInserter(_ClosingContext):
     def _drain(self) -> None:
         """Handle every reply already received, without waiting."""
         while self._in_flight:
-            got = self._replay.receive_insert(0)
+            assert self._pipe is not None  # requests are in flight only in pipelined mode
+            got = self._pipe.receive_insert(0)
             if got is None:
                 return
             self._on_reply(*got, time.monotonic())
@@ -130,7 +133,8 @@ class PipelinedInserter(_ClosingContext):
         end = expires if until is None else min(until, expires)
         remaining = end - time.monotonic()
         if remaining > 0:
-            got = self._replay.receive_insert(remaining)
+            assert self._pipe is not None  # requests are in flight only in pipelined mode
+            got = self._pipe.receive_insert(remaining)
             if got is not None:
                 self._on_reply(*got, time.monotonic())
                 self._drain()
@@ -147,7 +151,8 @@ class PipelinedInserter(_ClosingContext):
         self._in_flight.clear()
         self._counts["failed"] += k
         self._counts["failed_items"] += items
-        self._replay.forget_inserts()  # late replies can no longer arrive; a restarted server is reached anew
+        assert self._pipe is not None  # requests are in flight only in pipelined mode
+        self._pipe.forget_inserts()  # late replies can no longer arrive; a restarted server is reached anew
         self._errors.append(
             ReplayTimeout(
                 f"INSERT to {self.endpoint}: {k} request(s) ({items} items) unanswered {self._expiry:.3f}s after "
@@ -185,10 +190,10 @@ class PipelinedInserter(_ClosingContext):
             raise ValueError("pass items, or both data and offsets")
         if self._closed:
             raise ServerClosedError("the pipelined inserter is closed")
-        if not self._pipelined:
+        if self._pipe is None:
             self._insert_now(priorities, data, offsets, chunks)
             return
-        replay = self._replay
+        replay = self._pipe
         if chunks is not None:
             messages = [replay.prepare_insert(priorities, data, offsets, timeout=self._timeout, chunks=chunks)]
         else:
@@ -226,7 +231,8 @@ class PipelinedInserter(_ClosingContext):
         limit_of = getattr(self._replay, "insert_limit", None)
         if limit_of is None:
             return [(priorities, data, offsets)]
-        _header, prio, offs, view = P.encode_insert(0, priorities, data, offsets)[:4]  # validated views
+        frames = P.encode_insert(0, priorities, data, offsets)  # validated views
+        prio, offs, view = cast(np.ndarray, frames[1]), cast(np.ndarray, frames[2]), cast(np.ndarray, frames[3])
         n = offs.shape[0] - 1
         if n < 1 or P.insert_message_bytes(n, int(offs[-1])) <= (limit := limit_of()):
             return [(priorities, data, offsets)]
@@ -262,7 +268,7 @@ class PipelinedInserter(_ClosingContext):
                 data=data,
                 offsets=offsets,
                 timeout=self._timeout,
-                **({"chunks": chunks} if chunks is not None else {}),
+                **({"chunks": chunks} if chunks is not None else {}),  # type: ignore[arg-type]  # only with chunks
             )
         except Exception as exc:  # noqa: BLE001 - counted, raised by the next call as in pipelined mode
             self._fail(n, exc)
@@ -290,9 +296,13 @@ class PipelinedInserter(_ClosingContext):
     def in_flight(self) -> int:
         return len(self._in_flight)
 
-    def stats(self) -> dict[str, int]:
+    def counters(self) -> dict[str, int]:
         """submitted / acked / failed requests (and ``*_items``), ``in_flight``."""
         return dict(self._counts, in_flight=len(self._in_flight))
+
+    def stats(self) -> dict[str, int]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     @property
     def closed(self) -> bool:

@@ -35,13 +35,13 @@ from apexrl.errors import (
     ServerTimeoutError,
     error_of,
 )
-from apexrl.replay.wire import protocol as P
-from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.client.inserter import InsertTooLargeError, PipelinedInserter
 from apexrl.replay.client.sampler import LearnerBatch, PrefetchingSampler, SlotDecoder
+from apexrl.replay.client.updater import AsyncUpdater
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.schema import peek_ids
 from apexrl.replay.wire.transport import Transport, TransportClient
-from apexrl.replay.client.updater import AsyncUpdater
 from apexrl.security import ClientKeys
 
 __all__ = [
@@ -221,7 +221,7 @@ class ReplayClient(TransportClient):
         (:func:`~apexrl.replay.wire.protocol.pack_chunks`), stored once and kept while an item references them.
         """
         data, offsets = _data_and_offsets(items, data, offsets)
-        wait_s, timeout_ms = P.server_wait(timeout)
+        wait_s, _ = P.server_wait(timeout)
         frames = self.prepare_insert(priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks)
         reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
         return reply.arrays["keys"]
@@ -341,7 +341,8 @@ class ReplayClient(TransportClient):
         return int(self._call(P.Op.REMOVE_TO_FIT, P.encode_remove_to_fit, self.timeout).header.count)
 
     def stats(self) -> dict[str, int | float]:
-        """The store's stats plus the server's per-op request/error counters and min_size_to_sample."""
+        """A STATS request (ReplayTimeout after ``timeout`` s without an answer): the store's counters plus the
+        server's per-op request/error counters and min_size_to_sample (docs/protocol.md, "STATS")."""
         reply = self._call(P.Op.STATS, P.encode_stats, self.timeout)
         assert reply.stats is not None
         return reply.stats

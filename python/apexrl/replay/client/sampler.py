@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from apexrl.errors import Interrupted, ReplayTimeout, ServerShuttingDownError
-from apexrl.replay.wire import protocol as P
 from apexrl.replay.client.api import BackgroundHelper, ReplayFactory, close_replay
+from apexrl.replay.wire import protocol as P
 
 __all__ = ["MAX_SAMPLE_THREADS", "LearnerBatch", "PrefetchingSampler", "SlotDecoder"]
 
@@ -330,7 +330,7 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         with self._cond:
             return len(self._ready)
 
-    def stats(self) -> dict[str, int]:
+    def counters(self) -> dict[str, int]:
         """queued (ready batches), in_flight (SAMPLE requests waiting for their reply), max_queued, slots (ring
         slots allocated), fetched, retries."""
         with self._cond:
@@ -342,6 +342,10 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
                 "fetched": self.fetched,
                 "retries": self.retries,
             }
+
+    def stats(self) -> dict[str, int]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     @property
     def closed(self) -> bool:

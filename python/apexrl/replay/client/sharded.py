@@ -54,14 +54,14 @@ from apexrl.errors import (
     ServerClosedError,
     ServerTimeoutError,
 )
-from apexrl.replay.wire import protocol as P
-from apexrl.replay.client.replay_client import ReplayClient, SampledBatch, sampled_batch
-from apexrl.replay.wire.codec import TransitionSpec
-from apexrl.replay.server.config import MAX_REPLAY_SERVERS
 from apexrl.replay.client.inserter import PipelinedInserter
+from apexrl.replay.client.replay_client import ReplayClient, SampledBatch, sampled_batch
 from apexrl.replay.client.sampler import PrefetchingSampler, SlotDecoder
-from apexrl.replay.wire.schema import Status
 from apexrl.replay.client.updater import AsyncUpdater
+from apexrl.replay.server.config import MAX_REPLAY_SERVERS
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import TransitionSpec
+from apexrl.replay.wire.schema import Status
 from apexrl.security import ClientKeys
 
 __all__ = ["REFRESH_S", "ShardedReplayClient", "connect", "max_lock_shards", "server_bits", "split_endpoints"]
@@ -222,7 +222,7 @@ class ShardedReplayClient:
 
     def _heard(self, server: _Server, stats: dict[str, int | float]) -> None:
         """Note a server's STATS; ValueError when it has more lock shards than its keys leave room for."""
-        shards = int(stats.get("shards", 1))
+        shards = int(stats.get("num_shards", stats.get("shards", 1)))  # canonical name; older servers: shards
         if shards > 1 << self._local_bits:
             raise self._too_many_shards(server.index, f"has {shards} lock shards")
         server.note_stats(stats)
@@ -271,7 +271,7 @@ class ShardedReplayClient:
             stats = server.client.poll_stats(rid)
         except Interrupted:
             raise
-        except Exception as exc:  # an error reply is still an answer: the server is there
+        except Exception as exc:  # noqa: BLE001 - an error reply is still an answer: the server is there
             server.probe = None
             log.debug("probe of %s answered with %s", server.client.endpoint, exc)
             self._back(server)
@@ -319,7 +319,7 @@ class ShardedReplayClient:
                 got.append((server, server.client.receive(op, rid, deadline)))
             except Interrupted:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - sorted below: a lost server, else the first error, raised
                 if _is_loss(exc):
                     self._lost(server, exc)
                 elif error is None:
@@ -569,7 +569,7 @@ class ShardedReplayClient:
     def insert_limit(self) -> int:
         """The most bytes one INSERT may have on every server (the smallest announced limit)."""
         with self._lock:
-            return min(s.client.insert_limit() for s in (s for s in self._servers if s.up) or self._servers)
+            return min(s.client.insert_limit() for s in ([s for s in self._servers if s.up] or self._servers))
 
     def send_insert(self, message: tuple[int, list[Any]]) -> tuple[int, int]:
         """Send a prepared insert to its server without waiting -> ``(the set's request id, items)``."""

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
-from apexrl.replay.wire import protocol as P
 from apexrl.replay.client.api import BackgroundHelper, ReplayFactory, close_replay
+from apexrl.replay.wire import protocol as P
 
 __all__ = ["AsyncUpdater"]
 
@@ -34,7 +34,7 @@ class _ClosingContext:
         else:  # don't mask the exception in flight with a background one
             try:
                 self.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 - the exception in flight is the one to see
                 pass
 
 
@@ -158,9 +158,14 @@ class AsyncUpdater(BackgroundHelper, _ClosingContext):
         with self._cond:
             return self._pending
 
-    def stats(self) -> dict[str, int]:
+    def counters(self) -> dict[str, int]:
+        """submitted / sent / updated / failed / dropped update counts, ``pending`` (local: no request)."""
         with self._cond:
             return dict(self._counts, pending=self._pending)
+
+    def stats(self) -> dict[str, int]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     @property
     def closed(self) -> bool:

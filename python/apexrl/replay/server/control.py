@@ -15,10 +15,10 @@ import numpy as np
 
 from apexrl import PrioritizedStore
 from apexrl.errors import ProtocolError
-from apexrl.replay.wire import protocol as P
-from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.server.config import ServerConfig
 from apexrl.replay.server.insert_guard import SpecGate
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import TransitionSpec
 
 __all__ = ["ControlHandler", "item_layout"]
 
@@ -66,18 +66,20 @@ class ControlHandler:
                     self.loop.set_layout(**item_layout(spec))
                 return P.encode_hello_reply(rid, self.hello_info(), spec.to_json() if spec is not None else "")
             if op == P.Op.STATS:
-                return P.encode_stats_reply(rid, self.stats())
+                return P.encode_stats_reply(rid, self.stats_reply())
             return P.encode_error(op, rid, P.Status.UNKNOWN_OP, f"op {op} is not served here")
         except ValueError as exc:
             return P.encode_error(op, rid, P.Status.INVALID_ARGUMENT, str(exc) or type(exc).__name__)
-        except Exception as exc:  # noqa: BLE001 - the server must keep serving
+        except Exception as exc:  # the server must keep serving
             log.exception("internal error serving %s request %d", P.Op(op).name, rid)
             return P.encode_error(op, rid, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
 
-    def stats(self) -> dict[str, int | float]:
-        """The store's counters and the loop's, as STATS returns them (this STATS request included)."""
+    def stats_reply(self) -> dict[str, int | float]:
+        """The STATS reply's body: the store's counters and the loop's (this STATS request included)."""
         stats: dict[str, Any] = dict(self.store.stats())
-        stats["total_mass"] = stats["total_priority"]  # the names of the SAMPLE reply's totals
+        # One value, two names (docs/protocol.md, "STATS names"): total_mass and num_shards are canonical (the
+        # SAMPLE reply's and HELLO's names); the store's total_priority and shards stay for older clients.
+        stats["total_mass"] = stats["total_priority"]
         stats["num_shards"] = stats["shards"]
         loop = self.loop.stats()
         loop["requests_stats"] += 1  # the loop counts a control request when its reply goes out

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import threading
 
-
 from apexrl.durable import write_atomically
 from apexrl.replay.wire.codec import TransitionSpec
 

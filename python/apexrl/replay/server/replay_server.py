@@ -31,12 +31,12 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message  # at import: the watcher runs when no descriptor is left
 
 from apexrl import PrioritizedStore, _core
-from apexrl.replay.wire import protocol as P
 from apexrl.replay.server.config import ServerConfig, check_snapshot_dir
-from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
 from apexrl.replay.server.control import ControlHandler, item_layout
 from apexrl.replay.server.epoch import SnapshotLoadError, SnapshotSaveError, choose_epoch
+from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
 from apexrl.replay.server.native import NativeLoopError, libzmq_path
+from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire.roles import ROLE_OPS
 from apexrl.security import CLIENT, LEARNER, limit_idle_connections, secure_server_socket
 
@@ -109,6 +109,7 @@ class ReplayServer:
         restore = path is not None and os.path.exists(path)
         epoch = choose_epoch(path)
         if restore:
+            assert path is not None  # restore implies a path
             try:
                 store = PrioritizedStore.load(path, epoch)
             except Exception as exc:  # SnapshotError, OSError, ...
@@ -242,7 +243,7 @@ class ReplayServer:
                 continue
             try:
                 reply = handler.serve(frames)
-            except Exception as exc:  # noqa: BLE001 - handler.serve catches everything; belt and braces
+            except Exception as exc:  # handler.serve catches everything; belt and braces
                 log.exception("control request failed")
                 reply = P.encode_error(op, 0, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
             loop.control_reply(peer, [bytes(memoryview(f)) for f in reply])
@@ -297,11 +298,11 @@ class ReplayServer:
             )
 
     def _snapshot_loop(self) -> None:
-        assert self.config.snapshot_every is not None
+        assert self.config.snapshot_every is not None and self.config.snapshot is not None
         while not self._stopping.wait(self.config.snapshot_every):
             try:
                 self.save_snapshot()
-            except Exception as exc:  # keep serving: the previous snapshot stays; the next period tries again
+            except Exception as exc:  # noqa: BLE001 - keep serving: the previous snapshot stays; the next period tries again
                 log.error(
                     "periodic snapshot to %s failed (the previous snapshot, of %s items, is kept; "
                     "retrying in %gs): %s: %s",
@@ -314,9 +315,14 @@ class ReplayServer:
 
     # --------------------------------------------------------------------------------------- shutdown
 
-    def stats(self) -> dict[str, int | float]:
-        """The loop's counters (requests, errors, waiting requests, rate limiter, insert ids, unread replies)."""
+    def counters(self) -> dict[str, int | float]:
+        """The loop's counters (requests, errors, waiting requests, rate limiter, insert ids, unread replies), read
+        in this process; a client's STATS request gets these and the store's (ControlHandler.stats_reply)."""
         return dict(self._loop.stats()) if self._loop is not None else {}
+
+    def stats(self) -> dict[str, int | float]:
+        """Alias of :meth:`counters`, kept for the scripts written against it (local: no request is sent)."""
+        return self.counters()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Graceful stop: finish in-flight requests, save the snapshot (if configured), close. Idempotent."""
@@ -353,6 +359,7 @@ class ReplayServer:
 
     def _final_snapshot(self) -> None:
         """The snapshot at stop; SnapshotSaveError (no traceback worth showing) saying what is lost if it fails."""
+        assert self.config.snapshot is not None  # stop() calls this only with a snapshot path
         try:
             self.save_snapshot()
         except Exception as exc:

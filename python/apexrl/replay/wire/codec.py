@@ -92,7 +92,7 @@ class FieldSpec:
     the field's bytes through lz4 per item (worth it for frames; float features rarely compress)."""
 
     name: str
-    dtype: np.dtype
+    dtype: Any  # any dtype-like (np.dtype, "<f4", np.float32); a canonical np.dtype after __post_init__
     shape: tuple[int, ...] = ()
     compress: bool = False
 
@@ -183,17 +183,17 @@ class TransitionSpec:
     """
 
     __slots__ = (
-        "_fields",
         "_by_name",
-        "_json",
-        "_fingerprint",
-        "_raw",
         "_compressed",
-        "_raw_item_bytes",
-        "_header_bytes",
+        "_fields",
+        "_fingerprint",
         "_fingerprint_bytes",
-        "_packed",
+        "_header_bytes",
+        "_json",
         "_layout",
+        "_packed",
+        "_raw",
+        "_raw_item_bytes",
     )
 
     def __init__(self, fields: Sequence[FieldSpec]):
@@ -433,7 +433,7 @@ class TransitionSpec:
         data = np.empty(int(offsets[-1]), dtype=np.uint8)
         starts = offsets[:-1].astype(np.intp)
         data[starts[:, None] + np.arange(self._header_bytes, dtype=np.intp)] = header  # one scatter
-        mv = memoryview(data)
+        mv = memoryview(data)  # type: ignore[arg-type]  # an ndarray is a buffer; numpy's stubs lack __buffer__
         p_list = (starts + self._header_bytes).tolist()
         for i in range(n):
             p = p_list[i]
@@ -559,7 +559,7 @@ class TransitionSpec:
         for f in self._compressed:
             fits = ~bad & (p + _LENGTH_BYTES <= end)
             newly = ~bad & ~fits
-            _note(why, newly, lambda i, f=f: f"item {i}: field {f.name!r}: truncated before its length")
+            _note(why, newly, lambda i, f=f: f"item {i}: field {f.name!r}: truncated before its length")  # type: ignore[misc]  # mypy cannot type a lambda's defaults
             bad |= newly
             lengths = np.zeros(starts.size, dtype=np.intp)
             idx = np.flatnonzero(fits)
@@ -569,7 +569,7 @@ class TransitionSpec:
             _note(
                 why,
                 over,
-                lambda i, f=f, L=lengths: f"item {i}: field {f.name!r}: block of {int(L[i])} bytes overruns the item",
+                lambda i, f=f, L=lengths: f"item {i}: field {f.name!r}: block of {int(L[i])} bytes overruns the item",  # type: ignore[misc]  # mypy cannot type a lambda's defaults
             )
             bad |= over
             if f.nbytes == 0:
@@ -577,14 +577,14 @@ class TransitionSpec:
                 _note(
                     why,
                     nonempty,
-                    lambda i, f=f, L=lengths: (
+                    lambda i, f=f, L=lengths: (  # type: ignore[misc]  # mypy cannot type a lambda's defaults
                         f"item {i}: field {f.name!r}: zero-size field with a {int(L[i])}-byte block"
                     ),
                 )
                 bad |= nonempty
             p = p + np.where(bad, 0, lengths)
         trailing = ~bad & (p != end)
-        _note(why, trailing, lambda i, e=end, q=p: f"item {i}: {int(e[i] - q[i])} trailing bytes after the last field")
+        _note(why, trailing, lambda i, e=end, q=p: f"item {i}: {int(e[i] - q[i])} trailing bytes after the last field")  # type: ignore[misc]  # mypy cannot type a lambda's defaults
         bad |= trailing
         if not bad.any():
             return bad, None
@@ -677,13 +677,13 @@ class TransitionSpec:
     ) -> None:
         decompress = lz4.block.decompress
         n = starts.size
-        mv = memoryview(buf)
+        mv = memoryview(buf)  # type: ignore[arg-type]  # an ndarray is a buffer; numpy's stubs lack __buffer__
         targets = []
         for f in self._compressed:
             arr = out[f.name]
             # Native-endian target; bytes are little-endian on the wire, so view the target as the wire dtype.
             flat = arr.reshape(n, f.nbytes // f.dtype.itemsize).view(np.uint8) if f.nbytes else None
-            targets.append((f.name, f.nbytes, flat))
+            targets.append((f.name, f.nbytes, flat))  # flat is None only where nbytes is 0
         begin = (starts + self._header_bytes).tolist()
         end = (starts + sizes).tolist()
         for i in range(n):
@@ -705,7 +705,7 @@ class TransitionSpec:
                     raise ValueError(f"item {i}: field {name!r}: corrupted lz4 block ({e})") from e
                 if len(plain) != nb:
                     raise ValueError(f"item {i}: field {name!r}: decompressed to {len(plain)} bytes, expected {nb}")
-                flat[i] = np.frombuffer(plain, dtype=np.uint8)
+                flat[i] = np.frombuffer(plain, dtype=np.uint8)  # type: ignore[index]  # nb > 0 here
                 p += length
             if p != stop:
                 raise ValueError(f"item {i}: {stop - p} trailing bytes after the last field")
@@ -757,7 +757,7 @@ class TransitionSpec:
         for f in self._fields:
             dtype = f.dtype.newbyteorder("=")
             if pin_memory:
-                import torch  # noqa: PLC0415 - only a learner on a GPU pins its batches
+                import torch  # only a learner on a GPU pins its batches
 
                 nbytes = n * f.nbytes
                 out[f.name] = (
@@ -806,12 +806,12 @@ class TransitionSpec:
                 a[:n] = decoded[f.name]
             return {f.name: a[:n] for f, a in zip(self._fields, targets)}
         if self._layout is None:
-            from apexrl import _core  # noqa: PLC0415 - the extension, only where items are decoded natively
+            from apexrl import _core  # the extension, only where items are decoded natively
 
             self._layout = _core.DecodeLayout(
                 self._fingerprint, [(f.name, f.nbytes, f.compress) for f in self._fields], repr(self)
             )
-        from apexrl._core import decode_items  # noqa: PLC0415 - cached by the import system after the first call
+        from apexrl._core import decode_items  # cached by the import system after the first call
 
         decode_items(
             self._layout, buf, starts.astype(np.int64, copy=False), sizes.astype(np.int64, copy=False), targets

@@ -28,6 +28,7 @@ Chunks never span two insert batches: each encode makes its own. Never imports t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -131,7 +132,7 @@ class FrameStackCodec:
         has_prev = np.zeros(m, bool)
         grid = ids.reshape(2 * n, s)
         for row in grid.tolist():
-            for a, b in zip(row, row[1:]):
+            for a, b in itertools.pairwise(row):
                 if a >= 0 and b >= 0 and a != b and nxt[a] < 0 and not has_prev[b]:
                     nxt[a], has_prev[b] = b, True
         order: list[int] = []
@@ -237,7 +238,7 @@ class FrameStackCodec:
         chunk_t, index_t, targets = chunk_t[order], index_t[order], targets[order]
         cuts = np.flatnonzero(np.diff(chunk_t)) + 1
         view = memoryview(fc.chunk_data).cast("B") if nchunks else memoryview(b"")
-        dst = memoryview(out.reshape(-1))
+        dst = memoryview(out.reshape(-1))  # type: ignore[arg-type]  # an ndarray is a buffer; numpy's stubs lack __buffer__
         fb = self.frame_bytes
         decompress = lz4.block.decompress
         failed = []
@@ -302,7 +303,7 @@ class FrameStackCodec:
         chunks with the GIL released, so several decode threads work side by side. The same bad mask and first
         message as :meth:`decode_valid`. When every item decodes, the arrays are views of ``out`` (valid until it
         is written again); otherwise the good items' rows are copied out (a rare, slow path)."""
-        from apexrl._core import rebuild_frame_stacks  # noqa: PLC0415 - the extension, only where items decode
+        from apexrl._core import rebuild_frame_stacks  # the extension, only where items decode
 
         missing = [name for name in (*self.spec.names, *self.item_spec.names) if name not in out]
         if missing:
@@ -394,7 +395,7 @@ def applies(spec: TransitionSpec) -> bool:
         and obs.shape == nxt.shape
         and 2 * obs.shape[0] <= _MAX_CHUNKS_PER_ITEM
         and obs.shape[0] >= 1
-        and 0 < obs.shape[1] * obs.shape[2]
+        and obs.shape[1] * obs.shape[2] > 0
     )
 
 

@@ -19,7 +19,7 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -87,7 +87,7 @@ _NO_REFS.flags.writeable = False
 _NO_CHUNKS = np.zeros(1, dtype=_U64_DTYPE)  # chunk_offsets of no chunk: [0]
 _NO_CHUNKS.flags.writeable = False
 
-Frame = Union[bytes, memoryview, np.ndarray]
+Frame = bytes | memoryview | np.ndarray
 
 _STATUSES = frozenset(int(s) for s in Status)
 _OP_BY_INT = {int(o): o for o in Op}
@@ -113,7 +113,7 @@ class Header(NamedTuple):
     op: int
     request_id: int
     status: int = Status.OK
-    count: int = 0
+    count: int = 0  # type: ignore[assignment]  # the wire's name; shadows tuple.count, as it always has
     param: float = 0.0
     timeout_ms: int = 0
     version: int = PROTOCOL_VERSION
@@ -296,9 +296,8 @@ def _array(name: str, value: Any, dtype: np.dtype, length: int | None = None) ->
             raise ValueError(f"{name} must have an integer dtype, got {arr.dtype}")
         if arr.dtype.kind == "i" and arr.size and arr.min() < 0:
             raise ValueError(f"{name} must be >= 0, got {arr.min()}")
-    elif dtype.kind == "f":
-        if arr.dtype.kind not in "fiu":
-            raise ValueError(f"{name} must have a real numeric dtype, got {arr.dtype}")
+    elif dtype.kind == "f" and arr.dtype.kind not in "fiu":
+        raise ValueError(f"{name} must have a real numeric dtype, got {arr.dtype}")
     if length is not None and arr.shape[0] != length:
         raise ValueError(f"{name} has {arr.shape[0]} entries, expected {length}")
     return np.ascontiguousarray(arr, dtype=dtype)
@@ -389,7 +388,7 @@ def server_wait(timeout: float | None) -> tuple[float, int]:
     wait_s = 0.0 if timeout is None else float(timeout)
     if not wait_s >= 0:
         raise ValueError(f"timeout must be >= 0, got {timeout}")
-    return wait_s, min(int(round(wait_s * 1000)), 0xFFFF_FFFF)
+    return wait_s, min(round(wait_s * 1000), 0xFFFF_FFFF)
 
 
 def pack_items(items: Sequence[Any]) -> tuple[bytes, np.ndarray]:
@@ -446,7 +445,7 @@ _RULES = {"priorities": _PRIORITIES, "totals": _TOTALS, "positive": _POSITIVE}
 
 
 class _FramePlan(NamedTuple):
-    index: int  # position in the message (1 = first frame after the header)
+    index: int  # type: ignore[assignment]  # shadows tuple.index; position in the message (1 = first frame after the header)
     name: str
     type: str
     dtype: np.dtype | None
@@ -466,7 +465,7 @@ class _Plan(NamedTuple):
     op: Op | None
     what: str  # "INSERT request", "SAMPLE reply", "error reply"
     nframes: int  # header included
-    count: str | None
+    count: str | None  # type: ignore[assignment]  # shadows tuple.count
     count_min: int
     param: str | None
     timeout_ms: bool
@@ -640,8 +639,8 @@ def _fast_paths(plan: _Plan, name: str) -> tuple[Any, Any]:
     if source is None:
         return None, None
     namespace: dict[str, Any] = {}
-    exec(
-        compile(source[0] + source[1], f"<apexrl.replay.wire.protocol fast path {name}>", "exec"),  # noqa: S102
+    exec(  # noqa: S102 - our own generated source (_fast_source), compiled once per plan
+        compile(source[0] + source[1], f"<apexrl.replay.wire.protocol fast path {name}>", "exec"),
         dict(_FAST_GLOBALS),
         namespace,
     )
@@ -676,11 +675,11 @@ def _encode(
     anything the decoder would refuse. Arrays already of the wire's dtype and layout are used as they are."""
     if plan.fast_encode is not None:
         try:
-            out = plan.fast_encode(request_id, values, count, param, timeout_ms)
+            fast = plan.fast_encode(request_id, values, count, param, timeout_ms)
         except Exception:  # noqa: BLE001 - anything unusual: the generic code below decides
-            out = None
-        if out is not None:
-            return out
+            fast = None
+        if fast is not None:
+            return fast
     op = plan.op
     if not (type(request_id) is int and 0 <= request_id <= _U64):
         request_id = _check_request_id(request_id)
@@ -698,7 +697,7 @@ def _encode(
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
             raise ValueError(f"n must be an integer, got {count!r}")
         count = int(count)
-        _check_count(f"{op.name.lower()} n", count, minimum=plan.count_min)
+        _check_count(f"{op.name.lower() if op is not None else plan.what} n", count, minimum=plan.count_min)
     n = count
     out: list[Frame] = [b""]
     for f, value in zip(plan.frames, values):
@@ -735,7 +734,7 @@ def _encode(
             out.append(_stats_json(value))
     for f in plan.frames:
         if f.rule == _OFFSETS:
-            _check_offsets(out[f.index], memoryview(out[f.ref]).nbytes // f.ref_itemsize, f.name, f.ref_name)
+            _check_offsets(out[f.index], memoryview(out[f.ref]).nbytes // f.ref_itemsize, f.name, f.ref_name)  # type: ignore[arg-type]  # offsets frames are arrays
     out[0] = _HEADER.pack(MAGIC, PROTOCOL_VERSION, op or 0, request_id, status, 0, n or 0, param, timeout_ms)
     return out
 

@@ -289,7 +289,7 @@ class Transport:
         try:
             if self._ctx is not None:
                 self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - __del__ must not raise
             pass
 
 
