@@ -202,17 +202,17 @@ class SamplePool {
  public:
   // What the pool may hold: enough for a learner's prefetch of DPG-sized batches, little beside the store.
   static constexpr size_t kMaxBytes = size_t{4} << 20;
-  std::unique_ptr<SampleResult> Take() {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::unique_ptr<SampleResult> Take() EXCLUDES(mu_) {
+    ScopedLock lock(mu_);
     if (free_.empty()) return std::make_unique<SampleResult>();
     auto r = std::move(free_.back());
     free_.pop_back();
     bytes_ -= Footprint(*r);
     return r;
   }
-  void Give(std::unique_ptr<SampleResult> r) {
+  void Give(std::unique_ptr<SampleResult> r) EXCLUDES(mu_) {
     const size_t b = Footprint(*r);
-    std::lock_guard<std::mutex> lock(mu_);
+    ScopedLock lock(mu_);
     if (bytes_ + b > kMaxBytes) return;  // freed: a peer's large replies do not stay after it left
     bytes_ += b;
     free_.push_back(std::move(r));
@@ -225,9 +225,9 @@ class SamplePool {
            r.chunk_data.capacity() +
            (r.item_chunks.capacity() + r.item_chunk_offsets.capacity() + r.chunk_offsets.capacity()) * sizeof(uint64_t);
   }
-  std::mutex mu_;
-  std::vector<std::unique_ptr<SampleResult>> free_;
-  size_t bytes_ = 0;
+  Mutex mu_;
+  std::vector<std::unique_ptr<SampleResult>> free_ GUARDED_BY(mu_);
+  size_t bytes_ GUARDED_BY(mu_) = 0;
 };
 
 namespace {
@@ -368,16 +368,16 @@ void ServeLoop::Run() {
     Tidy();
   }
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    ScopedLock lock(jobs_mu_);
     jobs_closed_ = true;
   }
-  jobs_cv_.notify_all();
+  jobs_cv_.NotifyAll();
   for (auto& t : workers_) t.join();
   {
-    std::lock_guard<std::mutex> lock(control_mu_);
+    ScopedLock lock(control_mu_);
     control_closed_ = true;
   }
-  control_cv_.notify_all();
+  control_cv_.NotifyAll();
 }
 
 // ---------------------------------------------------------------------------------------------- receiving
@@ -453,10 +453,10 @@ void ServeLoop::ReadFrontBurst() {
       c.op = op;
       for (size_t k = 0; k < p->kept; ++k) c.frames.push_back(Part(p->views[k].data, p->views[k].size));
       {
-        std::lock_guard<std::mutex> lock(control_mu_);
+        ScopedLock lock(control_mu_);
         control_.push_back(std::move(c));
       }
-      control_cv_.notify_one();
+      control_cv_.NotifyOne();
       in_service_.store(++outstanding_, std::memory_order_relaxed);
       continue;
     }
@@ -479,7 +479,7 @@ bool ServeLoop::InsertContentOk(const Pending& p) {
   if (!why) {
     std::shared_ptr<const ItemLayout> layout;
     {
-      std::lock_guard<std::mutex> lock(layout_mu_);
+      ScopedLock lock(layout_mu_);
       layout = layout_;
     }
     if (layout && (why = FirstBadItem(*layout, q.data, q.offsets, q.count))) {
@@ -550,10 +550,10 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    ScopedLock lock(jobs_mu_);
     jobs_.push_back(std::move(p));
   }
-  jobs_cv_.notify_one();
+  jobs_cv_.NotifyOne();
   in_service_.store(++outstanding_, std::memory_order_relaxed);
 }
 
@@ -654,7 +654,7 @@ void ServeLoop::SendFinished() {
   [[maybe_unused]] ssize_t n = read(wake_fd_, &drained, sizeof drained);
   std::deque<Finished> done;
   {
-    std::lock_guard<std::mutex> lock(done_mu_);
+    ScopedLock lock(done_mu_);
     done.swap(done_);
   }
   for (Finished& f : done) {
@@ -918,8 +918,8 @@ void ServeLoop::Worker() {
   while (true) {
     std::unique_ptr<Pending> p;
     {
-      std::unique_lock<std::mutex> lock(jobs_mu_);
-      jobs_cv_.wait(lock, [this] { return jobs_closed_ || !jobs_.empty(); });
+      ScopedLock lock(jobs_mu_);
+      while (!jobs_closed_ && jobs_.empty()) jobs_cv_.Wait(jobs_mu_);
       if (jobs_.empty()) return;
       p = std::move(jobs_.front());
       jobs_.pop_front();
@@ -933,7 +933,7 @@ void ServeLoop::Worker() {
       replied = true;
     }
     {
-      std::lock_guard<std::mutex> lock(done_mu_);
+      ScopedLock lock(done_mu_);
       done_.push_back(Finished{std::move(p), std::string(), !replied, std::move(reply)});
     }
     Wake();
@@ -1016,19 +1016,23 @@ void ServeLoop::Log(const char* level, std::string text) {
   c.identity = level;
   c.frames.push_back(std::move(text));
   {
-    std::lock_guard<std::mutex> lock(control_mu_);
+    ScopedLock lock(control_mu_);
     if (control_closed_) return;
     control_.push_back(std::move(c));
   }
-  control_cv_.notify_one();
+  control_cv_.NotifyOne();
 }
 
 // -------------------------------------------------------------------------------------- Python's side
 
 bool ServeLoop::NextControl(double timeout_s, ControlRequest* out, bool* closed) {
-  std::unique_lock<std::mutex> lock(control_mu_);
-  control_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                       [this] { return control_closed_ || !control_.empty(); });
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  ScopedLock lock(control_mu_);
+  while (!control_closed_ && control_.empty()) {
+    if (!control_cv_.WaitUntil(control_mu_, deadline)) break;
+  }
   *closed = control_closed_ && control_.empty();
   if (control_.empty()) return false;
   *out = std::move(control_.front());
@@ -1041,7 +1045,7 @@ void ServeLoop::ControlReply(const std::string& peer, std::vector<std::string> f
   for (auto& f : frames) reply->Add(std::move(f));
   if (reply->layout.empty()) throw InvalidArgument("a reply needs at least its header frame");
   {
-    std::lock_guard<std::mutex> lock(done_mu_);
+    ScopedLock lock(done_mu_);
     done_.push_back(Finished{nullptr, peer, false, std::move(reply)});
   }
   Wake();
@@ -1049,7 +1053,7 @@ void ServeLoop::ControlReply(const std::string& peer, std::vector<std::string> f
 
 void ServeLoop::SetLayout(ItemLayout layout) {
   auto shared = std::make_shared<const ItemLayout>(std::move(layout));
-  std::lock_guard<std::mutex> lock(layout_mu_);
+  ScopedLock lock(layout_mu_);
   layout_ = std::move(shared);
 }
 
