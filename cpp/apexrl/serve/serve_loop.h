@@ -15,6 +15,11 @@
 // deferred requests (bounded in count, bytes, per peer, and in time by max_wait_s), early refusals, reply
 // size caps, roles per client identity. No call holds the GIL.
 //
+// Its parts, one concept a file: wire.h decodes and validates, handlers.h serves the data ops against the store,
+// window and limiter (no socket), reply.h builds replies and keeps their buffers alive until libzmq frees
+// them, waitlist.h holds the requests that wait; this file is the loop itself (socket, dispatch, workers,
+// sending, the control queue).
+//
 // Replies leave without copies: their buffers are handed to libzmq with a free callback, which is also how
 // the loop knows exactly how many reply bytes each peer has not taken yet (sent and still queued in libzmq);
 // a SAMPLE that would take a peer over max_unread_bytes is refused.
@@ -32,9 +37,11 @@
 #include <vector>
 
 #include "apexrl/mutex.h"
+#include "apexrl/serve/handlers.h"
 #include "apexrl/serve/insert_window.h"
 #include "apexrl/serve/item_check.h"
 #include "apexrl/serve/rate_limiter.h"
+#include "apexrl/serve/reply.h"
 #include "apexrl/serve/wire.h"
 #include "apexrl/serve/zmq_api.h"
 #include "apexrl/sharded_store.h"
@@ -78,8 +85,6 @@ struct LoopStat {
 
 struct Pending;
 struct Deferred;
-class SamplePool;
-struct Reply;
 class Waitlist;
 
 class ServeLoop {
@@ -120,10 +125,8 @@ class ServeLoop {
   void ReleaseDeferred();
   void RefusePending();
   void Tidy();
-  // Serving (loop thread or a worker): the reply, or nothing when the request must wait.
+  // Serving (loop thread or a worker; handlers.h): the reply, counted, or nothing when the request must wait.
   bool Serve(Pending* p, Reply* reply);
-  bool ServeInsert(Pending* p, Reply* reply, bool can_wait);
-  bool RateLimited(Pending* p, Reply* reply, bool can_wait);
   void Worker() EXCLUDES(jobs_mu_, done_mu_);
   // Sending (loop thread only): false when the peer left (its waiting requests are dropped).
   bool Send(const std::string& peer, Reply reply);
@@ -182,18 +185,10 @@ class ServeLoop {
   std::map<std::string, std::shared_ptr<std::atomic<int64_t>>> unread_;  // per peer routing id
   double last_tidy_ = 0;
   int64_t trimmed_at_ = 0;
-  std::vector<const uint8_t*> item_ptrs_;
-  std::vector<uint64_t> item_sizes_;
-  std::vector<const uint8_t*> chunk_ptrs_;  // an INSERT's frame chunks (loop thread only, like the two above)
-  std::vector<uint64_t> chunk_sizes_;
-  std::vector<uint32_t> chunk_refs_;
-  std::vector<uint64_t> chunk_ref_offsets_;
-  std::vector<double> priority_scratch_;  // an INSERT's priorities, aligned, for its check (loop thread only)
 
   // Counters (any thread).
   std::atomic<uint64_t> requests_[kMaxReplayOp + 1] = {};
   std::atomic<uint64_t> errors_[kMaxReplayOp + 1] = {};
-  std::atomic<uint64_t> erased_items_{0};
   std::atomic<uint64_t> in_service_{0};  // outstanding_, for Stats (with the workers or Python)
   std::atomic<uint64_t> replies_dropped_{0};
   std::atomic<uint64_t> replies_refused_{0};
@@ -205,6 +200,7 @@ class ServeLoop {
   std::shared_ptr<std::atomic<int64_t>> unread_total_;
   std::atomic<int64_t> unread_peak_peer_{0};
   std::shared_ptr<SamplePool> pool_;  // shared with the replies libzmq still holds
+  Handlers handlers_;                 // after what it points to
 };
 
 }  // namespace apexrl::serve
