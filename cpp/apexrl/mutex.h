@@ -1,8 +1,11 @@
-// Mutex and ScopedLock: a plain mutex and a lock guard that clang's thread-safety analysis can follow
-// (libstdc++'s std::mutex and std::lock_guard carry no capability annotations).
+// Mutex, ScopedLock and CondVar: a plain mutex, a lock guard and a condition variable that clang's thread-safety
+// analysis can follow (libstdc++'s std::mutex, std::lock_guard and std::condition_variable carry no capability
+// annotations).
 #ifndef APEXRL_MUTEX_H_
 #define APEXRL_MUTEX_H_
 
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 
 #include "apexrl/thread_annotations.h"
@@ -34,6 +37,33 @@ class SCOPED_CAPABILITY ScopedLock {
 
  private:
   M& mu_;
+};
+
+// A condition variable that waits on a Mutex, so that a wait is checked like any other use of the lock: Wait
+// REQUIRES the Mutex, and the analysis knows it is held again when Wait returns.
+//
+// Why std::condition_variable_any and not std::condition_variable: the latter only waits on a
+// std::unique_lock<std::mutex>, which would mean handing out Mutex's inner std::mutex and locking it behind the
+// analysis' back. condition_variable_any waits on Mutex itself (it calls Mutex::unlock and Mutex::lock), at
+// the price of an inner mutex of its own per wait and notify: nothing on the paths it serves (the workers'
+// job queue, the control queue to Python), which wake at most once per request handed over.
+//
+// There is no predicate overload on purpose: a predicate lambda is analysed as a function of its own that does
+// not hold the lock, so every guarded member it read would be a warning. Callers loop instead:
+//   while (!closed_ && queue_.empty()) cv_.Wait(mu_);
+class CondVar {
+ public:
+  // Releases `mu`, sleeps until notified (or spuriously woken), and takes `mu` again.
+  void Wait(Mutex& mu) REQUIRES(mu) { cv_.wait(mu); }
+  // As Wait, but false once `deadline` has passed.
+  bool WaitUntil(Mutex& mu, std::chrono::steady_clock::time_point deadline) REQUIRES(mu) {
+    return cv_.wait_until(mu, deadline) == std::cv_status::no_timeout;
+  }
+  void NotifyOne() { cv_.notify_one(); }
+  void NotifyAll() { cv_.notify_all(); }
+
+ private:
+  std::condition_variable_any cv_;
 };
 
 }  // namespace apexrl

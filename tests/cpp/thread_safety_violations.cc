@@ -49,6 +49,14 @@ class Guarded {
     ScopedLock lock(slow_mu_);
     ++m_;
   }
+  void WaitsWithoutTheLock() {
+    cv_.Wait(slow_mu_);  // expected-warning {{calling function 'Wait' requires holding mutex 'slow_mu_' exclusively}}
+  }
+  void WaitsInALoopUnderTheLock() {  // correct: no diagnostic (the lock is held again after each wait)
+    ScopedLock lock(slow_mu_);
+    while (m_ == 0) cv_.Wait(slow_mu_);
+    --m_;
+  }
 
  private:
   void Bump() REQUIRES(mu_) { ++n_; }
@@ -59,6 +67,7 @@ class Guarded {
   int* p_ PT_GUARDED_BY(mu_) = nullptr;
   Mutex slow_mu_;
   int m_ GUARDED_BY(slow_mu_) = 0;
+  CondVar cv_;
 };
 
 }  // namespace apexrl

@@ -137,7 +137,7 @@ void Mutate(Frames* f, std::mt19937_64& rng) {
   }
 }
 
-// An INSERT's frame chunks into a real store, as the loop reads them (serve_loop.cc, ServeInsert), with the
+// An INSERT's frame chunks into a real store, as the loop reads them (Handlers::ServeInsert), with the
 // references clamped to the store's u32: the loop's check when a request is decoded (FirstBadInsertContent)
 // must refuse exactly what the store refuses, since the loop stores only what passed it.
 void InsertWithChunks(const Request& q, apexrl::ShardedStore* store) {

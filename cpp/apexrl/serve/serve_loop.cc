@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "apexrl/errors.h"
+#include "apexrl/serve/reply.h"
 #include "apexrl/serve/waitlist.h"
 #include "apexrl/serve/wire.h"
 
@@ -40,19 +41,13 @@ std::string G(double v) {
   return buf;
 }
 
-std::string HexId(uint64_t v) {  // Python's f"{v:#x}"
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 std::string Part(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
 
 }  // namespace
 
-// A received request: its connection, the client's identity, its frames (owned, closed on destruction) and
-// their decoded view.
-struct Pending {
+// A received request: its connection, its frames (owned, closed on destruction) and their decoded view, with
+// what the handlers read (Call: the decoded request, the client's identity, its arrival).
+struct Pending : Call {
   explicit Pending(const ZmqApi* zmq) : api(zmq) {}
   ~Pending() {
     for (size_t i = 0; i < kept; ++i) api->msg_close(&msgs[i]);
@@ -65,203 +60,15 @@ struct Pending {
 
   const ZmqApi* api;
   std::string peer;
-  std::string identity;
   ZmqMsg msgs[kMaxKeptFrames];
   FrameView views[kMaxKeptFrames];
   size_t kept = 0;
   size_t count = 0;
   uint64_t total = 0;
-  Request req;
-  double t_arrival = 0;
-  bool waited = false;  // counted in rate_limiter_waits_* already
-  uint64_t serial = 0;  // owner number for the insert window
 };
 
 Deferred::Deferred() = default;
 Deferred::~Deferred() = default;
-
-// One reply's frames and the buffers they view (sent without copies).
-struct Reply {
-  enum Source : uint8_t {
-    kPart,
-    kSampleKeys,
-    kWeights,
-    kProbabilities,
-    kOffsets,
-    kData,
-    kKeys,
-    kItemChunks,
-    kItemChunkOffsets,
-    kChunkData,
-    kChunkOffsets
-  };
-  uint16_t op = 0;
-  uint16_t status = kOk;
-  std::vector<std::string> parts;
-  std::unique_ptr<SampleResult> sample;
-  std::vector<Key> keys;
-  std::vector<std::pair<Source, size_t>> layout;
-  // An INSERT the store took: its largest item's share of a SAMPLE reply (bytes, and those of the chunks it
-  // references), measured on the batch the store accepted. 0 for every other reply, a repeated insert id's
-  // included: the store did not see that request.
-  uint64_t max_item_bytes = 0;
-
-  void Add(std::string s) {
-    layout.emplace_back(kPart, parts.size());
-    parts.push_back(std::move(s));
-  }
-  FrameView Frame(size_t i) const {
-    const auto [src, k] = layout[i];
-    auto bytes = [](const auto& v) {
-      return FrameView{reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(v[0])};
-    };
-    switch (src) {
-      case kPart:
-        return FrameView{reinterpret_cast<const uint8_t*>(parts[k].data()), parts[k].size()};
-      case kSampleKeys:
-        return bytes(sample->keys);
-      case kWeights:
-        return bytes(sample->weights);
-      case kProbabilities:
-        return bytes(sample->probabilities);
-      case kOffsets:
-        return bytes(sample->offsets);
-      case kData:
-        return FrameView{sample->data.data(), sample->data.size()};
-      case kKeys:
-        return bytes(keys);
-      case kItemChunks:
-        return bytes(sample->item_chunks);
-      case kItemChunkOffsets:
-        return bytes(sample->item_chunk_offsets);
-      case kChunkData:
-        return FrameView{sample->chunk_data.data(), sample->chunk_data.size()};
-      case kChunkOffsets:
-        return bytes(sample->chunk_offsets);
-    }
-    return FrameView{};
-  }
-  uint64_t Bytes() const {
-    uint64_t n = 0;
-    for (size_t i = 0; i < layout.size(); ++i) n += Frame(i).size;
-    return n;
-  }
-};
-
-namespace {
-
-Reply ErrorReply(uint16_t op, uint64_t rid, uint16_t status, const std::string& message) {
-  Reply r;
-  r.op = op;
-  r.status = status;
-  r.Add(EncodeHeader(op, rid, status, 0));
-  r.Add(ClipMessage(message));
-  return r;
-}
-
-Reply CountReply(uint16_t op, uint64_t rid, uint64_t count) {
-  Reply r;
-  r.op = op;
-  r.Add(EncodeHeader(op, rid, kOk, static_cast<uint32_t>(std::min<uint64_t>(count, 0xFFFFFFFFu))));
-  return r;
-}
-
-Reply InsertReply(uint64_t rid, std::vector<Key> keys) {
-  Reply r;
-  r.op = kInsert;
-  r.Add(EncodeHeader(kInsert, rid, kOk, static_cast<uint32_t>(keys.size())));
-  r.keys = std::move(keys);
-  r.layout.emplace_back(Reply::kKeys, 0);
-  return r;
-}
-
-Reply SampleReply(uint64_t rid, std::unique_ptr<SampleResult> s) {
-  Reply r;
-  r.op = kSample;
-  r.Add(EncodeHeader(kSample, rid, kOk, static_cast<uint32_t>(s->keys.size())));
-  for (auto src : {Reply::kSampleKeys, Reply::kWeights, Reply::kProbabilities, Reply::kOffsets, Reply::kData}) {
-    r.layout.emplace_back(src, 0);
-  }
-  const double totals[2] = {s->total_mass, s->min_mass};
-  r.Add(Part(totals, sizeof totals));
-  const uint64_t size = s->size;
-  r.Add(Part(&size, sizeof size));
-  for (auto src : {Reply::kItemChunks, Reply::kItemChunkOffsets, Reply::kChunkData, Reply::kChunkOffsets}) {
-    r.layout.emplace_back(src, 0);
-  }
-  r.sample = std::move(s);
-  return r;
-}
-
-}  // namespace
-
-// Sample results whose reply libzmq has sent, kept for the next SAMPLE: their buffers are reused as they are
-// (no allocation, no fresh pages for ~n x item bytes per request). Filled by libzmq's I/O thread, emptied by
-// the loop and the workers; bounded in bytes.
-class SamplePool {
- public:
-  // What the pool may hold: enough for a learner's prefetch of DPG-sized batches, little beside the store.
-  static constexpr size_t kMaxBytes = size_t{4} << 20;
-  std::unique_ptr<SampleResult> Take() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (free_.empty()) return std::make_unique<SampleResult>();
-    auto r = std::move(free_.back());
-    free_.pop_back();
-    bytes_ -= Footprint(*r);
-    return r;
-  }
-  void Give(std::unique_ptr<SampleResult> r) {
-    const size_t b = Footprint(*r);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (bytes_ + b > kMaxBytes) return;  // freed: a peer's large replies do not stay after it left
-    bytes_ += b;
-    free_.push_back(std::move(r));
-  }
-
- private:
-  static size_t Footprint(const SampleResult& r) {
-    return r.data.capacity() + r.keys.capacity() * sizeof(Key) + r.weights.capacity() * sizeof(float) +
-           r.probabilities.capacity() * sizeof(double) + r.offsets.capacity() * sizeof(uint64_t) +
-           r.chunk_data.capacity() +
-           (r.item_chunks.capacity() + r.item_chunk_offsets.capacity() + r.chunk_offsets.capacity()) * sizeof(uint64_t);
-  }
-  std::mutex mu_;
-  std::vector<std::unique_ptr<SampleResult>> free_;
-  size_t bytes_ = 0;
-};
-
-namespace {
-
-// A reply in libzmq's hands: freed (its sample result back to the pool), and its bytes taken off its peer's
-// unread count, when libzmq is done with its last frame (on whichever thread libzmq calls back).
-struct Hold {
-  Reply reply;
-  std::shared_ptr<std::atomic<int64_t>> peer;
-  std::shared_ptr<std::atomic<int64_t>> total;
-  std::shared_ptr<SamplePool> pool;
-  int64_t bytes = 0;
-  std::atomic<int> refs{0};
-};
-
-void FreeFrame(void* /*data*/, void* hint) {
-  auto* hold = static_cast<Hold*>(hint);
-  if (hold->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    hold->peer->fetch_sub(hold->bytes, std::memory_order_relaxed);
-    hold->total->fetch_sub(hold->bytes, std::memory_order_relaxed);
-    if (hold->reply.sample) hold->pool->Give(std::move(hold->reply.sample));
-    delete hold;
-  }
-}
-
-// An aligned copy of a wire array (frames may start at any byte).
-template <typename T>
-std::vector<T> Aligned(const uint8_t* p, size_t n) {
-  std::vector<T> v(n);
-  if (n != 0) std::memcpy(v.data(), p, n * sizeof(T));
-  return v;
-}
-
-}  // namespace
 
 // ------------------------------------------------------------------------------------------------ lifecycle
 
@@ -276,7 +83,9 @@ ServeLoop::ServeLoop(ZmqApi api, void* socket, std::shared_ptr<ShardedStore> sto
           std::make_unique<Waitlist>(config_.max_waiting, config_.max_waiting_per_peer, config_.max_waiting_bytes)),
       max_outstanding_(kJobsPerWorker * std::max<uint32_t>(config_.workers, 1)),
       unread_total_(std::make_shared<std::atomic<int64_t>>(0)),
-      pool_(std::make_shared<SamplePool>()) {
+      pool_(std::make_shared<SamplePool>()),
+      handlers_(store_.get(), &limiter_, &window_, pool_.get(), config_.max_wait_s,
+                [this](const char* level, std::string text) { Log(level, std::move(text)); }) {
   if (config_.workers < 1) throw InvalidArgument("workers must be >= 1");
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw IoError(std::string("eventfd: ") + std::strerror(errno));
@@ -368,16 +177,16 @@ void ServeLoop::Run() {
     Tidy();
   }
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    ScopedLock lock(jobs_mu_);
     jobs_closed_ = true;
   }
-  jobs_cv_.notify_all();
+  jobs_cv_.NotifyAll();
   for (auto& t : workers_) t.join();
   {
-    std::lock_guard<std::mutex> lock(control_mu_);
+    ScopedLock lock(control_mu_);
     control_closed_ = true;
   }
-  control_cv_.notify_all();
+  control_cv_.NotifyAll();
 }
 
 // ---------------------------------------------------------------------------------------------- receiving
@@ -453,10 +262,10 @@ void ServeLoop::ReadFrontBurst() {
       c.op = op;
       for (size_t k = 0; k < p->kept; ++k) c.frames.push_back(Part(p->views[k].data, p->views[k].size));
       {
-        std::lock_guard<std::mutex> lock(control_mu_);
+        ScopedLock lock(control_mu_);
         control_.push_back(std::move(c));
       }
-      control_cv_.notify_one();
+      control_cv_.NotifyOne();
       in_service_.store(++outstanding_, std::memory_order_relaxed);
       continue;
     }
@@ -465,28 +274,15 @@ void ServeLoop::ReadFrontBurst() {
 }
 
 bool ServeLoop::InsertContentOk(const Pending& p) {
-  const Request& q = p.req;
-  std::optional<std::string> why = FirstBadInsertContent(q);
-  if (!why) {  // masses above the store's limit (the decoder checked finite and >= 0)
-    priority_scratch_.resize(q.count);
-    if (q.count != 0) std::memcpy(priority_scratch_.data(), q.priorities, q.count * sizeof(double));
-    try {
-      store_->CheckPriorities(priority_scratch_.data(), q.count);
-    } catch (const InvalidArgument& e) {
-      why = e.what();
-    }
+  std::shared_ptr<const ItemLayout> layout;
+  {
+    ScopedLock lock(layout_mu_);
+    layout = layout_;
   }
-  if (!why) {
-    std::shared_ptr<const ItemLayout> layout;
-    {
-      std::lock_guard<std::mutex> lock(layout_mu_);
-      layout = layout_;
-    }
-    if (layout && (why = FirstBadItem(*layout, q.data, q.offsets, q.count))) {
-      spec_refused_.fetch_add(1, std::memory_order_relaxed);
-    }
-  }
+  bool spec_refused = false;
+  const std::optional<std::string> why = handlers_.InsertContentProblem(p.req, layout.get(), &spec_refused);
   if (!why) return true;
+  if (spec_refused) spec_refused_.fetch_add(1, std::memory_order_relaxed);
   Error(p, kInvalidArgument, "INSERT refused, nothing stored: " + *why);
   return false;
 }
@@ -550,17 +346,17 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    ScopedLock lock(jobs_mu_);
     jobs_.push_back(std::move(p));
   }
-  jobs_cv_.notify_one();
+  jobs_cv_.NotifyOne();
   in_service_.store(++outstanding_, std::memory_order_relaxed);
 }
 
 void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
   const Request& q = p->req;
   if (q.op == kInsert && reply.status == kOk) {
-    // From what the store took (ServeInsert), never from this request: a repeated insert id's reply stored
+    // From what the store took (Handlers::ServeInsert), never from this request: a repeated insert id's reply stored
     // nothing, and its frames may differ from those of the request that did.
     if (reply.max_item_bytes > max_item_) {
       max_item_ = reply.max_item_bytes;
@@ -654,7 +450,7 @@ void ServeLoop::SendFinished() {
   [[maybe_unused]] ssize_t n = read(wake_fd_, &drained, sizeof drained);
   std::deque<Finished> done;
   {
-    std::lock_guard<std::mutex> lock(done_mu_);
+    ScopedLock lock(done_mu_);
     done.swap(done_);
   }
   for (Finished& f : done) {
@@ -733,184 +529,9 @@ void ServeLoop::Tidy() {
 
 // ------------------------------------------------------------------------------------------------ serving
 
-bool ServeLoop::RateLimited(Pending* p, Reply* reply, bool can_wait) {
-  const Request& q = p->req;
-  if (can_wait) {
-    if (!p->waited) limiter_.CountWait(q.op);
-    p->waited = true;
-    return false;
-  }
-  Count(q.op, true);
-  *reply =
-      ErrorReply(q.op, q.request_id, kTimeout,
-                 std::string("rate limited: ") + OpName(q.op) + " of " + std::to_string(q.count) +
-                     " items must wait until the " + (q.op == kInsert ? "samplers are" : "inserters are") +
-                     " caught up (" + limiter_.Describe() + "), after waiting " + std::to_string(q.timeout_ms) + " ms");
-  return true;
-}
-
 bool ServeLoop::Serve(Pending* p, Reply* reply) {
-  const Request& q = p->req;
-  const bool can_wait = q.timeout_ms > 0 && Now() < p->t_arrival + q.timeout_ms / 1000.0;
-  try {
-    switch (q.op) {
-      case kInsert:
-        return ServeInsert(p, reply, can_wait);
-      case kSample: {
-        if (!limiter_.BigEnough(store_->Size())) {
-          if (can_wait) return false;
-          Count(q.op, true);
-          *reply = ErrorReply(q.op, q.request_id, kTimeout,
-                              "store holds " + std::to_string(store_->Size()) +
-                                  " items, fewer than min_size_to_sample=" + std::to_string(limiter_.need()) +
-                                  ", after waiting " + std::to_string(q.timeout_ms) + " ms");
-          return true;
-        }
-        if (!limiter_.TrySample(q.count, store_->Size())) {
-          if (!limiter_.BigEnough(store_->Size()) && can_wait) return false;  // shrank meanwhile
-          return RateLimited(p, reply, can_wait);
-        }
-        auto result = pool_->Take();
-        try {
-          store_->Sample(q.count, q.beta, result.get());
-        } catch (...) {
-          limiter_.Undo(0, q.count);
-          throw;
-        }
-        *reply = SampleReply(q.request_id, std::move(result));
-        break;
-      }
-      case kUpdatePriorities: {
-        const auto keys = Aligned<Key>(q.keys, q.count);
-        const auto priorities = Aligned<double>(q.priorities, q.count);
-        *reply = CountReply(q.op, q.request_id, store_->UpdatePriorities(keys.data(), priorities.data(), q.count));
-        break;
-      }
-      case kRemoveToFit:
-        *reply = CountReply(q.op, q.request_id, store_->RemoveToFit());
-        break;
-      case kErase: {
-        const auto keys = Aligned<Key>(q.keys, q.count);
-        const size_t n = store_->Erase(keys.data(), q.count);
-        erased_items_.fetch_add(n, std::memory_order_relaxed);
-        *reply = CountReply(q.op, q.request_id, n);
-        break;
-      }
-      default:
-        throw std::logic_error(std::string("op ") + std::to_string(q.op) + " reached the data path");
-    }
-  } catch (const InvalidArgument& e) {  // the store rejected the values
-    Count(q.op, true);
-    *reply = ErrorReply(q.op, q.request_id, kInvalidArgument, e.what());
-    return true;
-  } catch (const std::exception& e) {  // the server must keep serving
-    Log("ERROR", std::string("internal error serving ") + OpName(q.op) + " request " + std::to_string(q.request_id) +
-                     ": " + e.what());
-    Count(q.op, true);
-    *reply = ErrorReply(q.op, q.request_id, kInternal, std::string("internal error: ") + e.what());
-    return true;
-  }
-  Count(q.op, false);
-  return true;
-}
-
-bool ServeLoop::ServeInsert(Pending* p, Reply* reply, bool can_wait) {
-  const Request& q = p->req;
-  const InsertId id{p->identity, q.insert_session, q.insert_sequence};
-  const bool has_id = q.insert_session != 0 || q.insert_sequence != 0;
-  if (has_id) {
-    std::vector<Key> keys;
-    const double deadline = p->t_arrival + std::min(q.timeout_ms / 1000.0, config_.max_wait_s);
-    switch (window_.TryClaim(id, p->serial, deadline, Now(), &keys)) {
-      case InsertWindow::Claim::kDone:
-        Count(q.op, false);
-        *reply = InsertReply(q.request_id, std::move(keys));
-        return true;
-      case InsertWindow::Claim::kBusy:  // its first request waits: answer this one after it
-        if (can_wait) return false;
-        Count(q.op, true);
-        *reply =
-            ErrorReply(q.op, q.request_id, kTimeout,
-                       "INSERT " + HexId(q.insert_session) + "/" + std::to_string(q.insert_sequence) +
-                           ": a request with this insert_id is still waiting to be served; retry with the same id");
-        return true;
-      case InsertWindow::Claim::kNew:
-        break;
-    }
-  }
-  bool keep_id = false;  // this request still owns its insert_id: stored, or waiting
-  struct ReleaseUnlessKept {
-    InsertWindow& window;
-    const InsertId& id;
-    uint64_t owner;
-    bool active;
-    bool& keep;
-    ~ReleaseUnlessKept() {
-      if (active && !keep) window.Release(id, owner);
-    }
-  } guard{window_, id, p->serial, has_id, keep_id};
-
-  // The request's content was checked when it was decoded (InsertContentOk).
-  if (!limiter_.TryInsert(q.count, store_->Size())) {
-    const bool replied = RateLimited(p, reply, can_wait);
-    keep_id = !replied;
-    return replied;
-  }
-  const auto priorities = Aligned<double>(q.priorities, q.count);
-  item_ptrs_.resize(q.count);
-  item_sizes_.resize(q.count);
-  for (uint64_t i = 0; i < q.count; ++i) {
-    const uint64_t at = LoadU64(q.offsets, i);
-    item_ptrs_[i] = q.data + at;
-    item_sizes_[i] = LoadU64(q.offsets, i + 1) - at;
-  }
-  // Frame chunks, when the request has any (references checked against them when it was decoded).
-  ChunkBatch chunks;
-  const bool with_chunks = q.num_chunks > 0 || q.num_refs > 0;
-  if (with_chunks) {
-    chunk_ptrs_.resize(q.num_chunks);
-    chunk_sizes_.resize(q.num_chunks);
-    for (uint64_t c = 0; c < q.num_chunks; ++c) {
-      const uint64_t at = LoadU64(q.chunk_offsets, c);
-      chunk_ptrs_[c] = q.chunk_data + at;
-      chunk_sizes_[c] = LoadU64(q.chunk_offsets, c + 1) - at;
-    }
-    chunk_refs_.resize(q.num_refs);
-    for (uint64_t j = 0; j < q.num_refs; ++j) {
-      chunk_refs_[j] = static_cast<uint32_t>(LoadU64(q.item_chunks, j));  // < num_chunks <= kMaxBatchItems
-    }
-    chunk_ref_offsets_ = Aligned<uint64_t>(q.item_chunk_offsets, q.count + 1);
-    chunks.data = chunk_ptrs_.data();
-    chunks.sizes = chunk_sizes_.data();
-    chunks.count = q.num_chunks;
-    chunks.item_chunks = chunk_refs_.data();
-    chunks.item_chunk_offsets = chunk_ref_offsets_.data();
-  }
-  std::vector<Key> keys(q.count);
-  try {
-    store_->Insert(priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count, keys.data(),
-                   with_chunks ? &chunks : nullptr);
-  } catch (...) {
-    limiter_.Undo(q.count, 0);
-    throw;
-  }
-  keep_id = true;
-  if (has_id) window_.Finish(id, p->serial, keys.data(), keys.size());
-  // An item's share of a SAMPLE reply: its bytes, and at most every chunk it references (8 bytes of reference
-  // and of chunk offset each) when no other draw of the batch brought them.
-  uint64_t largest = 0;
-  for (uint64_t i = 0; i < q.count; ++i) {
-    uint64_t bytes = item_sizes_[i];
-    if (with_chunks) {
-      for (uint64_t j = chunk_ref_offsets_[i]; j < chunk_ref_offsets_[i + 1]; ++j) {
-        bytes += chunk_sizes_[chunk_refs_[j]] + 16;
-      }
-    }
-    largest = std::max(largest, bytes);
-  }
-  Count(q.op, false);
-  *reply = InsertReply(q.request_id, std::move(keys));
-  reply->max_item_bytes = largest;
+  if (!handlers_.Serve(p, Now(), reply)) return false;  // it waits
+  Count(p->req.op, reply->status != kOk);
   return true;
 }
 
@@ -918,8 +539,8 @@ void ServeLoop::Worker() {
   while (true) {
     std::unique_ptr<Pending> p;
     {
-      std::unique_lock<std::mutex> lock(jobs_mu_);
-      jobs_cv_.wait(lock, [this] { return jobs_closed_ || !jobs_.empty(); });
+      ScopedLock lock(jobs_mu_);
+      while (!jobs_closed_ && jobs_.empty()) jobs_cv_.Wait(jobs_mu_);
       if (jobs_.empty()) return;
       p = std::move(jobs_.front());
       jobs_.pop_front();
@@ -933,7 +554,7 @@ void ServeLoop::Worker() {
       replied = true;
     }
     {
-      std::lock_guard<std::mutex> lock(done_mu_);
+      ScopedLock lock(done_mu_);
       done_.push_back(Finished{std::move(p), std::string(), !replied, std::move(reply)});
     }
     Wake();
@@ -1016,19 +637,23 @@ void ServeLoop::Log(const char* level, std::string text) {
   c.identity = level;
   c.frames.push_back(std::move(text));
   {
-    std::lock_guard<std::mutex> lock(control_mu_);
+    ScopedLock lock(control_mu_);
     if (control_closed_) return;
     control_.push_back(std::move(c));
   }
-  control_cv_.notify_one();
+  control_cv_.NotifyOne();
 }
 
 // -------------------------------------------------------------------------------------- Python's side
 
 bool ServeLoop::NextControl(double timeout_s, ControlRequest* out, bool* closed) {
-  std::unique_lock<std::mutex> lock(control_mu_);
-  control_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                       [this] { return control_closed_ || !control_.empty(); });
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  ScopedLock lock(control_mu_);
+  while (!control_closed_ && control_.empty()) {
+    if (!control_cv_.WaitUntil(control_mu_, deadline)) break;
+  }
   *closed = control_closed_ && control_.empty();
   if (control_.empty()) return false;
   *out = std::move(control_.front());
@@ -1041,7 +666,7 @@ void ServeLoop::ControlReply(const std::string& peer, std::vector<std::string> f
   for (auto& f : frames) reply->Add(std::move(f));
   if (reply->layout.empty()) throw InvalidArgument("a reply needs at least its header frame");
   {
-    std::lock_guard<std::mutex> lock(done_mu_);
+    ScopedLock lock(done_mu_);
     done_.push_back(Finished{nullptr, peer, false, std::move(reply)});
   }
   Wake();
@@ -1049,7 +674,7 @@ void ServeLoop::ControlReply(const std::string& peer, std::vector<std::string> f
 
 void ServeLoop::SetLayout(ItemLayout layout) {
   auto shared = std::make_shared<const ItemLayout>(std::move(layout));
-  std::lock_guard<std::mutex> lock(layout_mu_);
+  ScopedLock lock(layout_mu_);
   layout_ = std::move(shared);
 }
 
@@ -1068,7 +693,7 @@ std::vector<LoopStat> ServeLoop::Stats() const {
   }
   add("requests_total", static_cast<double>(total_requests));
   add("errors_total", static_cast<double>(total_errors));
-  add("erased_items", static_cast<double>(erased_items_.load()));
+  add("erased_items", static_cast<double>(handlers_.erased_items()));
   add("requests_in_service", static_cast<double>(in_service_.load()));
   add("workers", config_.workers);
   add("min_size_to_sample", static_cast<double>(config_.min_size_to_sample));

@@ -15,6 +15,11 @@
 // deferred requests (bounded in count, bytes, per peer, and in time by max_wait_s), early refusals, reply
 // size caps, roles per client identity. No call holds the GIL.
 //
+// Its parts, one concept a file: wire.h decodes and validates, handlers.h serves the data ops against the store,
+// window and limiter (no socket), reply.h builds replies and keeps their buffers alive until libzmq frees
+// them, waitlist.h holds the requests that wait; this file is the loop itself (socket, dispatch, workers,
+// sending, the control queue).
+//
 // Replies leave without copies: their buffers are handed to libzmq with a free callback, which is also how
 // the loop knows exactly how many reply bytes each peer has not taken yet (sent and still queued in libzmq);
 // a SAMPLE that would take a peer over max_unread_bytes is refused.
@@ -22,23 +27,25 @@
 #define APEXRL_SERVE_SERVE_LOOP_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "apexrl/mutex.h"
+#include "apexrl/serve/handlers.h"
 #include "apexrl/serve/insert_window.h"
 #include "apexrl/serve/item_check.h"
 #include "apexrl/serve/rate_limiter.h"
+#include "apexrl/serve/reply.h"
 #include "apexrl/serve/wire.h"
 #include "apexrl/serve/zmq_api.h"
 #include "apexrl/sharded_store.h"
+#include "apexrl/thread_annotations.h"
 
 namespace apexrl::serve {
 
@@ -78,8 +85,6 @@ struct LoopStat {
 
 struct Pending;
 struct Deferred;
-class SamplePool;
-struct Reply;
 class Waitlist;
 
 class ServeLoop {
@@ -96,40 +101,38 @@ class ServeLoop {
 
   // Python's side of the control queue: the next control request (false after `timeout_s` without one,
   // or when the loop has stopped; `closed` tells which). Replies go back through ControlReply.
-  bool NextControl(double timeout_s, ControlRequest* out, bool* closed);
-  void ControlReply(const std::string& peer, std::vector<std::string> frames);
+  bool NextControl(double timeout_s, ControlRequest* out, bool* closed) EXCLUDES(control_mu_);
+  void ControlReply(const std::string& peer, std::vector<std::string> frames) EXCLUDES(done_mu_);
 
   // The run's item layout once known (HELLO or configuration); inserts are checked against it from then on.
-  void SetLayout(ItemLayout layout);
+  void SetLayout(ItemLayout layout) EXCLUDES(layout_mu_);
 
   std::vector<LoopStat> Stats() const;
 
  private:
   friend class Waitlist;
   // The loop thread's steps (the former Python broker's methods).
-  void Run();
-  void ReadFrontBurst();
+  void Run() EXCLUDES(jobs_mu_, control_mu_);
+  void ReadFrontBurst() EXCLUDES(control_mu_);
   bool Receive(Pending* p);
-  void Dispatch(std::unique_ptr<Pending> p, bool front);
-  bool InsertContentOk(const Pending& p);
+  void Dispatch(std::unique_ptr<Pending> p, bool front) EXCLUDES(jobs_mu_);
+  bool InsertContentOk(const Pending& p) EXCLUDES(layout_mu_);
   bool EarlyRefusal(const Pending& p, uint16_t* status, std::string* message);
   void Deliver(std::unique_ptr<Pending> p, Reply reply);
   void Defer(std::unique_ptr<Pending> p, bool front);
   void Expire(Deferred* e);
-  void SendFinished();
+  void SendFinished() EXCLUDES(done_mu_);
   void ReleaseDeferred();
   void RefusePending();
   void Tidy();
-  // Serving (loop thread or a worker): the reply, or nothing when the request must wait.
+  // Serving (loop thread or a worker; handlers.h): the reply, counted, or nothing when the request must wait.
   bool Serve(Pending* p, Reply* reply);
-  bool ServeInsert(Pending* p, Reply* reply, bool can_wait);
-  bool RateLimited(Pending* p, Reply* reply, bool can_wait);
-  void Worker();
+  void Worker() EXCLUDES(jobs_mu_, done_mu_);
   // Sending (loop thread only): false when the peer left (its waiting requests are dropped).
   bool Send(const std::string& peer, Reply reply);
   bool Error(const Pending& p, uint16_t status, const std::string& message);
   void Count(uint16_t op, bool error);
-  void Log(const char* level, std::string text);
+  void Log(const char* level, std::string text) EXCLUDES(control_mu_);
   void Wake();
   void ForgetOwner(const Pending& p);
 
@@ -142,8 +145,9 @@ class ServeLoop {
   std::unique_ptr<Waitlist> waiting_;
   int wake_fd_ = -1;
 
-  std::mutex layout_mu_;
-  std::shared_ptr<const ItemLayout> layout_;
+  // The layout inserts are checked against: set by Python (SetLayout), read by the loop thread per INSERT.
+  Mutex layout_mu_;
+  std::shared_ptr<const ItemLayout> layout_ GUARDED_BY(layout_mu_);
 
   std::thread loop_thread_;
   std::vector<std::thread> workers_;
@@ -152,22 +156,25 @@ class ServeLoop {
   std::atomic<bool> stopped_{false};
 
   // Jobs for the workers, and what comes back to the loop thread (workers' results, Python's replies).
-  std::mutex jobs_mu_;
-  std::condition_variable jobs_cv_;
-  std::deque<std::unique_ptr<Pending>> jobs_;
-  bool jobs_closed_ = false;
-  std::mutex done_mu_;
+  // jobs_mu_: the loop thread pushes, the workers pop (waiting on jobs_cv_ while there is none).
+  Mutex jobs_mu_;
+  CondVar jobs_cv_;
+  std::deque<std::unique_ptr<Pending>> jobs_ GUARDED_BY(jobs_mu_);
+  bool jobs_closed_ GUARDED_BY(jobs_mu_) = false;
+  // done_mu_: the workers and Python push, the loop thread swaps the whole queue out (after an eventfd wake-up).
+  Mutex done_mu_;
   struct Finished {
     std::unique_ptr<Pending> pending;  // null: a control reply
     std::string peer;
     bool deferred = false;
     std::unique_ptr<Reply> reply;
   };
-  std::deque<Finished> done_;
-  std::mutex control_mu_;
-  std::condition_variable control_cv_;
-  std::deque<ControlRequest> control_;
-  bool control_closed_ = false;
+  std::deque<Finished> done_ GUARDED_BY(done_mu_);
+  // control_mu_: the loop thread (and any thread that logs) pushes, Python pops (waiting on control_cv_).
+  Mutex control_mu_;
+  CondVar control_cv_;
+  std::deque<ControlRequest> control_ GUARDED_BY(control_mu_);
+  bool control_closed_ GUARDED_BY(control_mu_) = false;
 
   // Loop thread only.
   uint64_t outstanding_ = 0;  // requests with the workers or Python
@@ -178,18 +185,10 @@ class ServeLoop {
   std::map<std::string, std::shared_ptr<std::atomic<int64_t>>> unread_;  // per peer routing id
   double last_tidy_ = 0;
   int64_t trimmed_at_ = 0;
-  std::vector<const uint8_t*> item_ptrs_;
-  std::vector<uint64_t> item_sizes_;
-  std::vector<const uint8_t*> chunk_ptrs_;  // an INSERT's frame chunks (loop thread only, like the two above)
-  std::vector<uint64_t> chunk_sizes_;
-  std::vector<uint32_t> chunk_refs_;
-  std::vector<uint64_t> chunk_ref_offsets_;
-  std::vector<double> priority_scratch_;  // an INSERT's priorities, aligned, for its check (loop thread only)
 
   // Counters (any thread).
   std::atomic<uint64_t> requests_[kMaxReplayOp + 1] = {};
   std::atomic<uint64_t> errors_[kMaxReplayOp + 1] = {};
-  std::atomic<uint64_t> erased_items_{0};
   std::atomic<uint64_t> in_service_{0};  // outstanding_, for Stats (with the workers or Python)
   std::atomic<uint64_t> replies_dropped_{0};
   std::atomic<uint64_t> replies_refused_{0};
@@ -201,6 +200,7 @@ class ServeLoop {
   std::shared_ptr<std::atomic<int64_t>> unread_total_;
   std::atomic<int64_t> unread_peak_peer_{0};
   std::shared_ptr<SamplePool> pool_;  // shared with the replies libzmq still holds
+  Handlers handlers_;                 // after what it points to
 };
 
 }  // namespace apexrl::serve

@@ -1,0 +1,229 @@
+#include "apexrl/serve/handlers.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <utility>
+
+#include "apexrl/errors.h"
+
+namespace apexrl::serve {
+
+namespace {
+
+std::string HexId(uint64_t v) {  // Python's f"{v:#x}"
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// An aligned copy of a wire array (frames may start at any byte).
+template <typename T>
+std::vector<T> Aligned(const uint8_t* p, size_t n) {
+  std::vector<T> v(n);
+  if (n != 0) std::memcpy(v.data(), p, n * sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+Handlers::Handlers(ShardedStore* store, RateLimiter* limiter, InsertWindow* window, SamplePool* pool, double max_wait_s,
+                   LogFn log)
+    : store_(store), limiter_(limiter), window_(window), pool_(pool), max_wait_s_(max_wait_s), log_(std::move(log)) {}
+
+std::optional<std::string> Handlers::InsertContentProblem(const Request& q, const ItemLayout* layout,
+                                                          bool* spec_refused) {
+  *spec_refused = false;
+  std::optional<std::string> why = FirstBadInsertContent(q);
+  if (!why) {  // masses above the store's limit (the decoder checked finite and >= 0)
+    priority_scratch_.resize(q.count);
+    if (q.count != 0) std::memcpy(priority_scratch_.data(), q.priorities, q.count * sizeof(double));
+    try {
+      store_->CheckPriorities(priority_scratch_.data(), q.count);
+    } catch (const InvalidArgument& e) {
+      why = e.what();
+    }
+  }
+  if (!why && layout && (why = FirstBadItem(*layout, q.data, q.offsets, q.count))) *spec_refused = true;
+  return why;
+}
+
+bool Handlers::Serve(Call* c, double now, Reply* reply) {
+  const Request& q = c->req;
+  const bool can_wait = q.timeout_ms > 0 && now < c->t_arrival + q.timeout_ms / 1000.0;
+  try {
+    switch (q.op) {
+      case kInsert:
+        return ServeInsert(c, now, can_wait, reply);
+      case kSample:
+        return ServeSample(c, can_wait, reply);
+      case kUpdatePriorities: {
+        const auto keys = Aligned<Key>(q.keys, q.count);
+        const auto priorities = Aligned<double>(q.priorities, q.count);
+        *reply = CountReply(q.op, q.request_id, store_->UpdatePriorities(keys.data(), priorities.data(), q.count));
+        return true;
+      }
+      case kRemoveToFit:
+        *reply = CountReply(q.op, q.request_id, store_->RemoveToFit());
+        return true;
+      case kErase: {
+        const auto keys = Aligned<Key>(q.keys, q.count);
+        const size_t n = store_->Erase(keys.data(), q.count);
+        erased_items_.fetch_add(n, std::memory_order_relaxed);
+        *reply = CountReply(q.op, q.request_id, n);
+        return true;
+      }
+      default:
+        throw std::logic_error(std::string("op ") + std::to_string(q.op) + " reached the data path");
+    }
+  } catch (const InvalidArgument& e) {  // the store rejected the values
+    *reply = ErrorReply(q.op, q.request_id, kInvalidArgument, e.what());
+    return true;
+  } catch (const std::exception& e) {  // the server must keep serving
+    log_("ERROR", std::string("internal error serving ") + OpName(q.op) + " request " + std::to_string(q.request_id) +
+                      ": " + e.what());
+    *reply = ErrorReply(q.op, q.request_id, kInternal, std::string("internal error: ") + e.what());
+    return true;
+  }
+}
+
+bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
+  const Request& q = c->req;
+  if (!limiter_->BigEnough(store_->Size())) {
+    if (can_wait) return false;
+    *reply = ErrorReply(q.op, q.request_id, kTimeout,
+                        "store holds " + std::to_string(store_->Size()) +
+                            " items, fewer than min_size_to_sample=" + std::to_string(limiter_->need()) +
+                            ", after waiting " + std::to_string(q.timeout_ms) + " ms");
+    return true;
+  }
+  if (!limiter_->TrySample(q.count, store_->Size())) {
+    if (!limiter_->BigEnough(store_->Size()) && can_wait) return false;  // shrank meanwhile
+    return RateLimited(c, can_wait, reply);
+  }
+  auto result = pool_->Take();
+  try {
+    store_->Sample(q.count, q.beta, result.get());
+  } catch (...) {
+    limiter_->Undo(0, q.count);
+    throw;
+  }
+  *reply = SampleReply(q.request_id, std::move(result));
+  return true;
+}
+
+bool Handlers::RateLimited(Call* c, bool can_wait, Reply* reply) {
+  const Request& q = c->req;
+  if (can_wait) {
+    if (!c->waited) limiter_->CountWait(q.op);
+    c->waited = true;
+    return false;
+  }
+  *reply = ErrorReply(q.op, q.request_id, kTimeout,
+                      std::string("rate limited: ") + OpName(q.op) + " of " + std::to_string(q.count) +
+                          " items must wait until the " + (q.op == kInsert ? "samplers are" : "inserters are") +
+                          " caught up (" + limiter_->Describe() + "), after waiting " + std::to_string(q.timeout_ms) +
+                          " ms");
+  return true;
+}
+
+bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
+  const Request& q = c->req;
+  const InsertId id{c->identity, q.insert_session, q.insert_sequence};
+  const bool has_id = q.insert_session != 0 || q.insert_sequence != 0;
+  if (has_id) {
+    std::vector<Key> keys;
+    const double deadline = c->t_arrival + std::min(q.timeout_ms / 1000.0, max_wait_s_);
+    switch (window_->TryClaim(id, c->serial, deadline, now, &keys)) {
+      case InsertWindow::Claim::kDone:  // answered with the keys of the request that stored it
+        *reply = InsertReply(q.request_id, std::move(keys));
+        return true;
+      case InsertWindow::Claim::kBusy:  // its first request waits: answer this one after it
+        if (can_wait) return false;
+        *reply =
+            ErrorReply(q.op, q.request_id, kTimeout,
+                       "INSERT " + HexId(q.insert_session) + "/" + std::to_string(q.insert_sequence) +
+                           ": a request with this insert_id is still waiting to be served; retry with the same id");
+        return true;
+      case InsertWindow::Claim::kNew:
+        break;
+    }
+  }
+  bool keep_id = false;  // this request still owns its insert_id: stored, or waiting
+  struct ReleaseUnlessKept {
+    InsertWindow& window;
+    const InsertId& id;
+    uint64_t owner;
+    bool active;
+    bool& keep;
+    ~ReleaseUnlessKept() {
+      if (active && !keep) window.Release(id, owner);
+    }
+  } guard{*window_, id, c->serial, has_id, keep_id};
+
+  // The request's content was checked when it was decoded (InsertContentProblem).
+  if (!limiter_->TryInsert(q.count, store_->Size())) {
+    const bool replied = RateLimited(c, can_wait, reply);
+    keep_id = !replied;
+    return replied;
+  }
+  const auto priorities = Aligned<double>(q.priorities, q.count);
+  item_ptrs_.resize(q.count);
+  item_sizes_.resize(q.count);
+  for (uint64_t i = 0; i < q.count; ++i) {
+    const uint64_t at = LoadU64(q.offsets, i);
+    item_ptrs_[i] = q.data + at;
+    item_sizes_[i] = LoadU64(q.offsets, i + 1) - at;
+  }
+  // Frame chunks, when the request has any (references checked against them when it was decoded).
+  ChunkBatch chunks;
+  const bool with_chunks = q.num_chunks > 0 || q.num_refs > 0;
+  if (with_chunks) {
+    chunk_ptrs_.resize(q.num_chunks);
+    chunk_sizes_.resize(q.num_chunks);
+    for (uint64_t k = 0; k < q.num_chunks; ++k) {
+      const uint64_t at = LoadU64(q.chunk_offsets, k);
+      chunk_ptrs_[k] = q.chunk_data + at;
+      chunk_sizes_[k] = LoadU64(q.chunk_offsets, k + 1) - at;
+    }
+    chunk_refs_.resize(q.num_refs);
+    for (uint64_t j = 0; j < q.num_refs; ++j) {
+      chunk_refs_[j] = static_cast<uint32_t>(LoadU64(q.item_chunks, j));  // < num_chunks <= kMaxBatchItems
+    }
+    chunk_ref_offsets_ = Aligned<uint64_t>(q.item_chunk_offsets, q.count + 1);
+    chunks.data = chunk_ptrs_.data();
+    chunks.sizes = chunk_sizes_.data();
+    chunks.count = q.num_chunks;
+    chunks.item_chunks = chunk_refs_.data();
+    chunks.item_chunk_offsets = chunk_ref_offsets_.data();
+  }
+  std::vector<Key> keys(q.count);
+  try {
+    store_->Insert(priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count, keys.data(),
+                   with_chunks ? &chunks : nullptr);
+  } catch (...) {
+    limiter_->Undo(q.count, 0);
+    throw;
+  }
+  keep_id = true;
+  if (has_id) window_->Finish(id, c->serial, keys.data(), keys.size());
+  // An item's share of a SAMPLE reply: its bytes, and at most every chunk it references (8 bytes of reference
+  // and of chunk offset each) when no other draw of the batch brought them.
+  uint64_t largest = 0;
+  for (uint64_t i = 0; i < q.count; ++i) {
+    uint64_t bytes = item_sizes_[i];
+    if (with_chunks) {
+      for (uint64_t j = chunk_ref_offsets_[i]; j < chunk_ref_offsets_[i + 1]; ++j) {
+        bytes += chunk_sizes_[chunk_refs_[j]] + 16;
+      }
+    }
+    largest = std::max(largest, bytes);
+  }
+  *reply = InsertReply(q.request_id, std::move(keys));
+  reply->max_item_bytes = largest;
+  return true;
+}
+
+}  // namespace apexrl::serve

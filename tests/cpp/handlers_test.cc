@@ -1,0 +1,238 @@
+// The data ops' handlers (serve/handlers.h) on their own: a real store, insert window, rate limiter and sample
+// pool, requests decoded from the frames a client would send, and no socket, loop or thread.
+#include "apexrl/serve/handlers.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "live_loop.h"
+
+namespace apexrl::serve::testing {
+namespace {
+
+// A decoded request and the frames it views (kept alive with it).
+struct Decoded {
+  Frames frames;
+  std::vector<FrameView> views;
+  Call call;
+};
+
+std::unique_ptr<Decoded> Make(Frames frames, uint64_t serial = 1, std::string identity = "actor:0") {
+  auto d = std::make_unique<Decoded>();
+  d->frames = std::move(frames);
+  uint64_t total = 0;
+  for (const std::string& f : d->frames) {
+    d->views.push_back(FrameView{reinterpret_cast<const uint8_t*>(f.data()), f.size()});
+    total += f.size();
+  }
+  const Refusal bad = Decode(Message{d->views.data(), d->views.size(), d->views.size(), total}, 0, &d->call.req);
+  EXPECT_TRUE(bad.ok()) << bad.message;
+  d->call.identity = std::move(identity);
+  d->call.serial = serial;
+  d->call.t_arrival = 100.0;
+  return d;
+}
+
+std::string FrameOf(const Reply& r, size_t i) {
+  const FrameView f = r.Frame(i);
+  return std::string(reinterpret_cast<const char*>(f.data), f.size);
+}
+ReplyHeader HeaderOf(const Reply& r) { return ParseHeader(FrameOf(r, 0)); }
+
+class HandlersTest : public ::testing::Test {
+ protected:
+  explicit HandlersTest(double spi = 0, double eb = 0, uint64_t min_size = 1)
+      : store_(Store()),
+        limiter_(spi, eb, min_size),
+        window_(1024, 1 << 20),
+        handlers_(&store_, &limiter_, &window_, &pool_, 5.0,
+                  [this](const char* level, std::string text) { logged_.emplace_back(level, std::move(text)); }) {}
+
+  static StoreConfig Store() {
+    StoreConfig c;
+    c.capacity = 4;
+    c.max_size = 100;
+    c.shards = 2;
+    return c;
+  }
+
+  // Serves `d` at its arrival time; true when it was answered.
+  bool Serve(Decoded* d, Reply* reply, double now = 100.0) { return handlers_.Serve(&d->call, now, reply); }
+
+  Reply Served(Frames frames, uint64_t serial = 1) {
+    auto d = Make(std::move(frames), serial);
+    Reply r;
+    EXPECT_TRUE(Serve(d.get(), &r));
+    return r;
+  }
+
+  uint64_t Inserted() const {
+    uint64_t inserted = 0, sampled = 0;
+    limiter_.Counts(&inserted, &sampled);
+    return inserted;
+  }
+
+  ShardedStore store_;
+  RateLimiter limiter_;
+  InsertWindow window_;
+  SamplePool pool_;
+  std::vector<std::pair<std::string, std::string>> logged_;
+  Handlers handlers_;
+};
+
+TEST_F(HandlersTest, AnInsertWithAFreshIdIsStoredAndAnsweredWithItsKeys) {
+  const Reply r = Served(Insert(7, {"a", "bbb"}, {1, 2}, 0xA, 1));
+  const ReplyHeader h = HeaderOf(r);
+  EXPECT_EQ(h.status, kOk);
+  EXPECT_EQ(h.op, kInsert);
+  EXPECT_EQ(h.rid, 7u);
+  EXPECT_EQ(h.count, 2u);
+  EXPECT_EQ(KeysOf(FrameOf(r, 1)).size(), 2u);
+  EXPECT_EQ(store_.Size(), 2u);
+  EXPECT_EQ(r.max_item_bytes, 3u);  // the largest item the store took
+  EXPECT_EQ(Inserted(), 2u);
+}
+
+TEST_F(HandlersTest, ARepeatedInsertIdIsAnsweredFromTheWindowWithTheFirstKeys) {
+  const Reply first = Served(Insert(1, {"a", "bb"}, {1, 1}, 0xA, 1), 1);
+  const std::vector<Key> keys = KeysOf(FrameOf(first, 1));
+  // The retry may carry other frames: the store never sees it, and it is answered with the first request's keys.
+  const Reply again = Served(Insert(2, {"zzzzzz"}, {1}, 0xA, 1), 2);
+  EXPECT_EQ(HeaderOf(again).status, kOk);
+  EXPECT_EQ(HeaderOf(again).rid, 2u);
+  EXPECT_EQ(KeysOf(FrameOf(again, 1)), keys);
+  EXPECT_EQ(again.max_item_bytes, 0u);  // nothing stored
+  EXPECT_EQ(store_.Size(), 2u);
+  EXPECT_EQ(Inserted(), 2u);
+  EXPECT_EQ(window_.Stats().duplicates, 1u);
+  // The same id from another identity is another insert.
+  auto other = Make(Insert(3, {"c"}, {1}, 0xA, 1), 3, "actor:1");
+  Reply r;
+  ASSERT_TRUE(Serve(other.get(), &r));
+  EXPECT_EQ(HeaderOf(r).status, kOk);
+  EXPECT_EQ(store_.Size(), 3u);
+}
+
+TEST_F(HandlersTest, InvalidContentIsRefusedBeforeAnythingIsAdmitted) {
+  // A reference to chunk 5 of 2.
+  auto bad = Make(Insert(1, {"a"}, {1}, 0xA, 1, 0, {{5}}, {"xx", "yy"}));
+  bool spec = true;
+  EXPECT_TRUE(handlers_.InsertContentProblem(bad->call.req, nullptr, &spec).has_value());
+  EXPECT_FALSE(spec);
+  // An item that does not fit the run's layout.
+  ItemLayout layout;
+  layout.header_bytes = 64;
+  auto small = Make(Insert(2, {"a"}, {1}, 0xA, 2));
+  EXPECT_FALSE(handlers_.InsertContentProblem(small->call.req, nullptr, &spec).has_value());
+  EXPECT_TRUE(handlers_.InsertContentProblem(small->call.req, &layout, &spec).has_value());
+  EXPECT_TRUE(spec);
+  // The check kept nothing: no items admitted by the limiter, the insert id still free.
+  EXPECT_EQ(Inserted(), 0u);
+  EXPECT_EQ(store_.Size(), 0u);
+  EXPECT_EQ(window_.Stats().pending, 0u);
+  const Reply r = Served(Insert(3, {"a"}, {1}, 0xA, 1), 3);
+  EXPECT_EQ(HeaderOf(r).status, kOk);
+  EXPECT_EQ(store_.Size(), 1u);
+}
+
+class RateLimitedHandlersTest : public HandlersTest {
+ protected:
+  RateLimitedHandlersTest() : HandlersTest(/*spi=*/1.0, /*eb=*/1.0, /*min_size=*/1) {}
+};
+
+TEST_F(RateLimitedHandlersTest, ARateLimitedInsertWaitsWhileItMayThenTimesOut) {
+  ASSERT_EQ(HeaderOf(Served(Insert(1, {"a"}, {1}))).status, kOk);  // filling up is never limited
+  // (1 + 2 - 1) * spi - 0 = 2 > eb: this INSERT must wait for the samplers.
+  auto d = Make(Insert(2, {"b", "c"}, {1, 1}, 0xB, 1, /*timeout_ms=*/1000), 2);
+  Reply r;
+  EXPECT_FALSE(Serve(d.get(), &r, 100.0));  // within its timeout: it waits
+  EXPECT_TRUE(d->call.waited);
+  EXPECT_FALSE(Serve(d.get(), &r, 100.5));
+  uint64_t wi = 0, ws = 0;
+  limiter_.Waits(&wi, &ws);
+  EXPECT_EQ(wi, 1u);  // counted once per request
+  // While it waits it owns its insert id: a retry with the same id that cannot wait is TIMEOUT.
+  auto retry = Make(Insert(3, {"b", "c"}, {1, 1}, 0xB, 1), 3);
+  ASSERT_TRUE(Serve(retry.get(), &r));
+  EXPECT_EQ(HeaderOf(r).status, kTimeout);
+  EXPECT_NE(FrameOf(r, 1).find("still waiting"), std::string::npos);
+  // Past its timeout it is answered TIMEOUT, and gives its id back.
+  ASSERT_TRUE(Serve(d.get(), &r, 101.5));
+  EXPECT_EQ(HeaderOf(r).status, kTimeout);
+  EXPECT_EQ(HeaderOf(r).rid, 2u);
+  EXPECT_NE(FrameOf(r, 1).find("rate limited"), std::string::npos);
+  EXPECT_EQ(store_.Size(), 1u);
+  EXPECT_EQ(window_.Stats().pending, 0u);
+  // Once sampled from, the same insert fits.
+  ASSERT_EQ(HeaderOf(Served(Sample(4, 1))).status, kOk);
+  auto later = Make(Insert(5, {"b"}, {1}, 0xB, 1), 5);
+  ASSERT_TRUE(Serve(later.get(), &r));
+  EXPECT_EQ(HeaderOf(r).status, kOk);
+  EXPECT_EQ(store_.Size(), 2u);
+}
+
+TEST_F(HandlersTest, ASampleDrawsFromTheStore) {
+  ASSERT_EQ(HeaderOf(Served(Insert(1, {"aa", "bb", "cc"}, {1, 1, 1}))).status, kOk);
+  const Reply r = Served(Sample(2, 5));
+  const ReplyHeader h = HeaderOf(r);
+  EXPECT_EQ(h.status, kOk);
+  EXPECT_EQ(h.op, kSample);
+  EXPECT_EQ(h.count, 5u);
+  EXPECT_EQ(KeysOf(FrameOf(r, 1)).size(), 5u);
+  const std::string data = FrameOf(r, 5);  // 5 items of 2 bytes, each one of those stored
+  ASSERT_EQ(data.size(), 10u);
+  for (size_t i = 0; i < 10; i += 2) {
+    EXPECT_TRUE(data.substr(i, 2) == "aa" || data.substr(i, 2) == "bb" || data.substr(i, 2) == "cc");
+  }
+}
+
+TEST_F(HandlersTest, ASampleOfAnEmptyStoreWaitsOrTimesOut) {
+  auto d = Make(Sample(1, 1, /*timeout_ms=*/1000));
+  Reply r;
+  EXPECT_FALSE(Serve(d.get(), &r, 100.0));
+  ASSERT_TRUE(Serve(d.get(), &r, 102.0));
+  EXPECT_EQ(HeaderOf(r).status, kTimeout);
+  EXPECT_NE(FrameOf(r, 1).find("min_size_to_sample=1"), std::string::npos);
+}
+
+TEST_F(HandlersTest, UpdatePrioritiesAnswersHowManyKeysItFound) {
+  const std::vector<Key> keys = KeysOf(FrameOf(Served(Insert(1, {"a", "b"}, {1, 1})), 1));
+  const Reply r = Served(Update(2, {keys[0], keys[1], Key{~0ull}}, {3, 4, 5}));
+  EXPECT_EQ(HeaderOf(r).status, kOk);
+  EXPECT_EQ(HeaderOf(r).op, kUpdatePriorities);
+  EXPECT_EQ(HeaderOf(r).count, 2u);
+}
+
+TEST_F(HandlersTest, EraseAnswersAndCountsWhatItRemoved) {
+  const std::vector<Key> keys = KeysOf(FrameOf(Served(Insert(1, {"a", "b", "c"}, {1, 1, 1})), 1));
+  const Reply r = Served(Erase(2, {keys[1], keys[1]}));
+  EXPECT_EQ(HeaderOf(r).status, kOk);
+  EXPECT_EQ(HeaderOf(r).count, 1u);
+  EXPECT_EQ(handlers_.erased_items(), 1u);
+  EXPECT_EQ(store_.Size(), 2u);
+}
+
+TEST_F(HandlersTest, RemoveToFitTrimsTheStoreToItsCapacity) {
+  ASSERT_EQ(HeaderOf(Served(Insert(1, {"a", "b", "c", "d", "e", "f"}, {1, 1, 1, 1, 1, 1}))).status, kOk);
+  ASSERT_EQ(store_.Size(), 6u);
+  const Reply r = Served(RemoveToFit(2));
+  EXPECT_EQ(HeaderOf(r).status, kOk);
+  EXPECT_EQ(HeaderOf(r).count, 2u);
+  EXPECT_EQ(store_.Size(), 4u);
+}
+
+TEST_F(HandlersTest, AnOpOffTheDataPathIsAnInternalErrorAndLogged) {
+  auto d = Make(Stats(9));
+  Reply r;
+  ASSERT_TRUE(Serve(d.get(), &r));
+  EXPECT_EQ(HeaderOf(r).status, kInternal);
+  ASSERT_EQ(logged_.size(), 1u);
+  EXPECT_EQ(logged_[0].first, "ERROR");
+}
+
+}  // namespace
+}  // namespace apexrl::serve::testing
