@@ -138,7 +138,7 @@ def test_close_is_prompt_while_waiting_on_a_dead_server_or_a_full_queue(start_se
     for s in (full, gone):
         t0 = time.monotonic()
         s.close()
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 10.0  # not the 30 s client timeout
         assert not any(t.is_alive() for t in s._threads) and all(r.closed for r in s._replays)
     # never any server: timeouts are retried (and counted) until closed
     nobody = PrefetchingSampler(connect(f"tcp://127.0.0.1:{free_port()}", 0.2), 4)
@@ -148,7 +148,7 @@ def test_close_is_prompt_while_waiting_on_a_dead_server_or_a_full_queue(start_se
         nobody.next(timeout=0.1)  # the consumer's own optional wait bound
     t0 = time.monotonic()
     nobody.close()
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 10.0
     with pytest.raises(StopIteration):
         next(nobody)
 
@@ -308,7 +308,7 @@ def test_flush_waits_and_max_pending_blocks_on_a_dead_server(start_server):
     server = start_server()
     with ReplayClient(server.endpoint, timeout=5) as client:
         keys = client.insert(np.ones(10), items_for("w", 10))
-    updater = AsyncUpdater(connect(server.endpoint, 0.5), max_pending=2, close_timeout=0.5)
+    updater = AsyncUpdater(connect(server.endpoint, 2.0), max_pending=2, close_timeout=0.5)
     for _ in range(5):
         updater.update(keys, np.full(10, 2.0))
     updater.flush()  # everything sent so far was acknowledged
@@ -317,17 +317,17 @@ def test_flush_waits_and_max_pending_blocks_on_a_dead_server(start_server):
     t0 = time.monotonic()
     updater.update(keys, np.ones(10))
     updater.update(keys, np.ones(10))
-    assert time.monotonic() - t0 < 0.2  # under max_pending: never blocks
+    assert time.monotonic() - t0 < 1.0  # under max_pending: never blocks (a block lasts the 2 s client timeout)
     with pytest.raises(ReplayTimeout):
         updater.flush(timeout=0.1)  # still outstanding
     with pytest.raises(ReplayTimeout):  # blocked at max_pending until the first failure, which it reports
         updater.update(keys, np.ones(10))
-    assert 0.3 < time.monotonic() - t0 < 3.0
+    assert 1.5 < time.monotonic() - t0 < 10.0
     assert updater.stats()["submitted"] == 7  # the update that raised was not queued
     updater.update(keys, np.ones(10))
     t0 = time.monotonic()
     updater.close(timeout=0)  # drop what is left (one in flight, one queued) without waiting for the server
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 1.9  # less than the in-flight request's 2 s timeout
     st = updater.stats()
     assert st == {"submitted": 8, "sent": 5, "updated": 50, "failed": 1, "dropped": 2, "pending": 0}
     assert not any(t.is_alive() for t in updater._threads) and all(r.closed for r in updater._replays)

@@ -86,7 +86,7 @@ def test_a_sampler_too_far_ahead_waits_and_is_released_by_inserts(start_server):
             t0 = time.monotonic()
             client.insert(np.ones(1), items(1, "b"))  # I = 7: 10 <= 10, released
             assert len(waiting.join()) == 2
-            assert time.monotonic() - t0 < 1.0
+            assert time.monotonic() - t0 < 4.0  # released, well before its 6 s timeout
         s = client.stats()
     assert s["rate_limiter_inserted_items"] == 7 and s["rate_limiter_sampled_items"] == 10
     assert s["rate_limiter_waits_sample"] == 1 and s["rate_limiter_waits_insert"] == 0
@@ -108,7 +108,7 @@ def test_an_inserter_too_far_ahead_waits_and_is_released_by_samples(start_server
             t0 = time.monotonic()
             client.sample(1)  # S = 2: 6 - 2 = 4 <= 4, released
             assert waiting.join().shape == (1,)
-            assert time.monotonic() - t0 < 1.0
+            assert time.monotonic() - t0 < 4.0  # released, well before its 6 s timeout
         s = client.stats()
     assert s["size"] == 7 and s["rate_limiter_inserted_items"] == 7 and s["rate_limiter_sampled_items"] == 2
     assert s["rate_limiter_waits_insert"] == 1 and s["rate_limiter_waits_sample"] == 0
@@ -130,7 +130,7 @@ def test_waiting_requests_hold_no_worker(start_server):
             client.insert(np.ones(3), items(3, "r"))  # I = 5: room for 3 more samples
             for w in waiting:
                 assert len(w.join()) == 1
-            assert time.monotonic() - t0 < 1.5
+            assert time.monotonic() - t0 < 4.0  # released, well before their 6 s timeout
         finally:
             for c in clients:
                 c.close()
@@ -152,7 +152,7 @@ def test_a_blocked_request_times_out_at_its_deadline_not_before(start_server, si
             call()
         elapsed = time.monotonic() - t0
         assert isinstance(info.value, ServerTimeoutError)
-        assert 0.4 <= elapsed < 2.0
+        assert 0.4 <= elapsed < 4.0  # the server's deadline, not the client's 5 s
         s = client.stats()
     assert s[f"rate_limiter_waits_{side}"] == 1 and s[f"errors_{side}"] == 1
     assert s["size"] == 2

@@ -237,7 +237,7 @@ def test_min_size_to_sample_times_out_then_succeeds(start_server):
         t0 = time.monotonic()
         with pytest.raises(ReplayTimeout, match="min_size_to_sample=5") as info:
             client.sample(4, timeout=None)
-        assert isinstance(info.value, ServerTimeoutError) and time.monotonic() - t0 < 2
+        assert isinstance(info.value, ServerTimeoutError) and time.monotonic() - t0 < 4  # not the client's 5 s
         t0 = time.monotonic()
         with pytest.raises(ServerTimeoutError):
             client.sample(4, timeout=0.3)
@@ -261,7 +261,7 @@ def test_min_size_to_sample_times_out_then_succeeds(start_server):
         client.insert(np.ones(4), items_for("x", 4))
         assert client.stats()["size"] == 4
         client.insert(np.ones(1), [b"fifth"])
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 6  # not held until the samplers' 8 s timeouts
         for t in threads:
             t.join(15)
         assert results == [8, 8, 8, 8]
