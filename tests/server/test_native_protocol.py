@@ -19,7 +19,6 @@ from apexrl.errors import ProtocolError
 from apexrl.replay import protocol as P
 from apexrl.replay import schema as S
 from apexrl.replay.codec import FieldSpec, TransitionSpec
-from apexrl.replay.server.control import item_layout
 
 MAX_BYTES = 1 << 20
 
@@ -158,14 +157,5 @@ def test_the_native_item_check_refuses_what_validate_items_refuses(spec, data):
         expected = None
     except ValueError as exc:
         expected = str(exc)
-    layout = item_layout(spec)
-    got = _core.serve_first_bad_item(
-        layout["fingerprint"],
-        layout["header_bytes"],
-        layout["compressed_names"],
-        layout["compressed_empty"],
-        layout["repr"],
-        bytes(buf),
-        offs.tobytes(),
-    )
+    got = _core.serve_first_bad_item(spec.native_layout(), bytes(buf), offs.tobytes())
     assert got == expected
