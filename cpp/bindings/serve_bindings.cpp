@@ -150,6 +150,53 @@ go back through control_reply(). Use apexrl.replay.server.ReplayServer.)doc")
         return py::str(*why);
       },
       "the message naming the first bad item of a batch (offsets already valid), or None");
+  m.def(
+      "serve_plan",
+      [] {
+        py::list header;
+        for (const auto& f : serve::kHeaderFields) header.append(py::make_tuple(f.name, f.offset, f.size));
+        py::dict requests;
+        for (uint16_t op = 1; op <= serve::kMaxReplayOp; ++op) {
+          const serve::RequestPlan plan = serve::PlanOf(op);
+          if (plan.frames == 0) continue;
+          py::list frames;
+          for (size_t k = 0; k + 1 < plan.frames; ++k) {
+            const serve::FramePlan& f = plan.frame[k];
+            py::object length = py::none();
+            switch (f.length) {
+              case serve::FramePlan::kN:
+                length = py::str("n");
+                break;
+              case serve::FramePlan::kNPlus1:
+                length = py::str("n+1");
+                break;
+              case serve::FramePlan::kAny:
+                length = py::str("any");
+                break;
+              case serve::FramePlan::kFixed:
+                length = py::int_(f.fixed);
+                break;
+              case serve::FramePlan::kUnsized:
+                break;
+            }
+            py::object rule = f.rule ? py::object(py::str(f.rule)) : py::object(py::none());
+            frames.append(py::make_tuple(f.name, f.type, length, rule));
+          }
+          py::dict d;
+          d["frames"] = frames;
+          d["count"] = plan.count_used ? py::object(py::str("n")) : py::object(py::none());
+          d["count_min"] = plan.count_min;
+          d["param"] = plan.beta ? py::object(py::str("beta")) : py::object(py::none());
+          d["timeout_ms"] = plan.timeout;
+          requests[py::str(serve::OpName(op))] = d;
+        }
+        py::dict d;
+        d["HEADER"] = header;
+        d["REQUESTS"] = requests;
+        return d;
+      },
+      "the serving loop's wire plan (serve/wire.h): the header's fields as (name, offset, size) and, per data op, "
+      "its request's frames as (name, type, length, rule) and its use of count, param and timeout_ms");
   m.def("serve_constants", [] {
     py::dict d;
     d["MAGIC"] = py::bytes(serve::kMagic, 4);

@@ -175,6 +175,10 @@ def serve_first_bad_item(layout: ItemLayout, data: Any, offsets: Any) -> str | N
     """The message naming the first bad item of a batch (offsets already valid), or None."""
 
 def serve_constants() -> dict[str, Any]: ...
+def serve_plan() -> dict[str, Any]:
+    """The serving loop's wire plan (serve/wire.h): the header's fields as (name, offset, size) and, per data
+    op, its request's frames as (name, type, length, rule) and its use of count, param and timeout_ms."""
+
 def serve_deadlock_reason(n: float, m: float, spi: float, eb: float) -> str | None: ...
 
 class NativeRateLimiter:
