@@ -1,7 +1,8 @@
 // The replay service's wire protocol in C++: the 40-byte header, the statuses, the request decoder of the
 // data ops and the reply encoders. The contract is python/apexrl/replay/schema.py (docs/protocol.md prints it);
-// tests/server/test_native_protocol.py holds these constants to the schema and this decoder to the Python decoder
-// (same status, same echoed op and request id, same message) on valid and mutated messages.
+// tests/server/test_native_protocol.py holds these constants and the wire plan below to the schema, and this
+// decoder to the Python decoder (same status, same echoed op and request id, same message) on valid and mutated
+// messages.
 #ifndef APEXRL_SERVE_WIRE_H_
 #define APEXRL_SERVE_WIRE_H_
 
