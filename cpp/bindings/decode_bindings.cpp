@@ -1,7 +1,8 @@
-// DecodeLayout and decode_items: the native item decoder behind TransitionSpec.decode_into; rebuild_frame_stacks:
-// the native frame-stack rebuild behind FrameStackCodec.decode_valid_into. Arguments are checked with the GIL
-// held (types, shapes, every item inside the buffer, every output big enough); the decode itself runs with the
-// GIL released, so several sampler threads decode batches side by side.
+// ItemLayout (the one item layout: item_layout.h) and decode_items: the native item decoder behind
+// TransitionSpec.decode_into; rebuild_frame_stacks: the native frame-stack rebuild behind
+// FrameStackCodec.decode_valid_into. Arguments are checked with the GIL held (types, shapes, every item inside the
+// buffer, every output big enough); the decode itself runs with the GIL released, so several sampler threads decode
+// batches side by side.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -25,20 +26,20 @@ using ByteArray = py::array_t<uint8_t, py::array::c_style>;
 using U16Array = py::array_t<uint16_t, py::array::c_style>;
 using U64Array = py::array_t<uint64_t, py::array::c_style>;
 
-DecodeLayout MakeLayout(uint32_t fingerprint, const std::vector<std::tuple<std::string, std::size_t, bool>>& fields,
-                        std::string spec_repr) {
-  DecodeLayout layout;
+ItemLayout MakeLayout(uint32_t fingerprint, const std::vector<std::tuple<std::string, std::size_t, bool>>& fields,
+                      std::string repr) {
+  ItemLayout layout;
   layout.fingerprint = fingerprint;
-  layout.spec_repr = std::move(spec_repr);
+  layout.repr = std::move(repr);
   for (const auto& [name, nbytes, compress] : fields) {
     if (nbytes > (std::size_t{64} << 20)) throw py::value_error("field '" + name + "': more than 64 MiB per item");
-    layout.fields.push_back(DecodeField{name, nbytes, compress});
+    layout.fields.push_back(ItemField{name, nbytes, compress});
   }
   if (layout.fields.empty()) throw py::value_error("a decode layout needs at least one field");
   return layout;
 }
 
-void DecodeItemsPy(const DecodeLayout& layout, const py::array& data, const py::array& starts, const py::array& sizes,
+void DecodeItemsPy(const ItemLayout& layout, const py::array& data, const py::array& starts, const py::array& sizes,
                    const py::list& outs) {
   if (!py::isinstance<ByteArray>(data) || data.ndim() != 1) {
     throw py::type_error("data must be a contiguous 1-D uint8 array");
@@ -163,10 +164,11 @@ py::array_t<uint8_t> RebuildFrameStacksPy(std::size_t depth, std::size_t frame_b
 }  // namespace
 
 void RegisterDecode(py::module_& m) {
-  py::class_<DecodeLayout>(m, "DecodeLayout",
-                           "What the native decoder needs of a TransitionSpec (built by the spec; immutable).")
-      .def(py::init(&MakeLayout), py::arg("fingerprint"), py::arg("fields"), py::arg("spec_repr"))
-      .def_property_readonly("header_bytes", &DecodeLayout::HeaderBytes);
+  py::class_<ItemLayout>(m, "ItemLayout",
+                         "A TransitionSpec's item layout, for the server's item check and the native decoder (built "
+                         "by TransitionSpec.native_layout; immutable).")
+      .def(py::init(&MakeLayout), py::arg("fingerprint"), py::arg("fields"), py::arg("repr"))
+      .def_property_readonly("header_bytes", &ItemLayout::HeaderBytes);
   m.def("decode_items", &DecodeItemsPy, py::arg("layout"), py::arg("data"), py::arg("starts"), py::arg("sizes"),
         py::arg("outs"),
         "Check and decode items [starts[i], starts[i] + sizes[i]) of data into outs (one C-contiguous array per "

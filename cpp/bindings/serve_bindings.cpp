@@ -23,25 +23,12 @@ namespace apexrl::bindings {
 namespace {
 
 using serve::ControlRequest;
-using serve::ItemLayout;
 using serve::LoopConfig;
 using serve::ServeLoop;
 
 std::string Bytes(const py::handle& obj) {
   py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request();
   return std::string(static_cast<const char*>(info.ptr), static_cast<size_t>(info.size * info.itemsize));
-}
-
-ItemLayout Layout(uint32_t fingerprint, uint64_t header_bytes, std::vector<std::string> names, std::vector<bool> empty,
-                  std::string repr) {
-  if (names.size() != empty.size()) throw InvalidArgument("compressed names and empties differ in length");
-  ItemLayout l;
-  l.fingerprint = fingerprint;
-  l.header_bytes = header_bytes;
-  l.compressed_names = std::move(names);
-  l.compressed_empty = std::move(empty);
-  l.repr = std::move(repr);
-  return l;
 }
 
 // Decodes a request as the loop does: (status, op, request_id, message); status 0 and the decoded op for a
@@ -136,13 +123,7 @@ go back through control_reply(). Use apexrl.replay.server.ReplayServer.)doc")
           },
           py::arg("peer"), py::arg("frames"))
       .def(
-          "set_layout",
-          [](ServeLoop& loop, uint32_t fingerprint, uint64_t header_bytes, std::vector<std::string> names,
-             std::vector<bool> empty, std::string repr) {
-            loop.SetLayout(Layout(fingerprint, header_bytes, std::move(names), std::move(empty), std::move(repr)));
-          },
-          py::arg("fingerprint"), py::arg("header_bytes"), py::arg("compressed_names"), py::arg("compressed_empty"),
-          py::arg("repr"))
+          "set_layout", [](ServeLoop& loop, const ItemLayout& layout) { loop.SetLayout(layout); }, py::arg("layout"))
       .def("stats", [](const ServeLoop& loop) {
         py::dict d;
         for (const auto& s : loop.Stats()) {
@@ -160,17 +141,62 @@ go back through control_reply(). Use apexrl.replay.server.ReplayServer.)doc")
         "(status, op, request_id, message) the serving loop's decoder gives a request");
   m.def(
       "serve_first_bad_item",
-      [](uint32_t fingerprint, uint64_t header_bytes, std::vector<std::string> names, std::vector<bool> empty,
-         std::string repr, const py::object& data, const py::object& offsets) -> py::object {
+      [](const ItemLayout& layout, const py::object& data, const py::object& offsets) -> py::object {
         const std::string d = Bytes(data), o = Bytes(offsets);
         if (o.size() % 8 != 0 || o.size() < 8) throw InvalidArgument("offsets must be n + 1 >= 1 u64 values");
-        const ItemLayout l = Layout(fingerprint, header_bytes, std::move(names), std::move(empty), std::move(repr));
-        auto why = serve::FirstBadItem(l, reinterpret_cast<const uint8_t*>(d.data()),
-                                       reinterpret_cast<const uint8_t*>(o.data()), o.size() / 8 - 1);
+        auto why = FirstBadItem(layout, reinterpret_cast<const uint8_t*>(d.data()),
+                                ItemSpans::Offsets(reinterpret_cast<const uint8_t*>(o.data()), o.size() / 8 - 1));
         if (!why) return py::none();
         return py::str(*why);
       },
       "the message naming the first bad item of a batch (offsets already valid), or None");
+  m.def(
+      "serve_plan",
+      [] {
+        py::list header;
+        for (const auto& f : serve::kHeaderFields) header.append(py::make_tuple(f.name, f.offset, f.size));
+        py::dict requests;
+        for (uint16_t op = 1; op <= serve::kMaxReplayOp; ++op) {
+          const serve::RequestPlan plan = serve::PlanOf(op);
+          if (plan.frames == 0) continue;
+          py::list frames;
+          for (size_t k = 0; k + 1 < plan.frames; ++k) {
+            const serve::FramePlan& f = plan.frame[k];
+            py::object length = py::none();
+            switch (f.length) {
+              case serve::FramePlan::kN:
+                length = py::str("n");
+                break;
+              case serve::FramePlan::kNPlus1:
+                length = py::str("n+1");
+                break;
+              case serve::FramePlan::kAny:
+                length = py::str("any");
+                break;
+              case serve::FramePlan::kFixed:
+                length = py::int_(f.fixed);
+                break;
+              case serve::FramePlan::kUnsized:
+                break;
+            }
+            py::object rule = f.rule ? py::object(py::str(f.rule)) : py::object(py::none());
+            frames.append(py::make_tuple(f.name, f.type, length, rule));
+          }
+          py::dict d;
+          d["frames"] = frames;
+          d["count"] = plan.count_used ? py::object(py::str("n")) : py::object(py::none());
+          d["count_min"] = plan.count_min;
+          d["param"] = plan.beta ? py::object(py::str("beta")) : py::object(py::none());
+          d["timeout_ms"] = plan.timeout;
+          requests[py::str(serve::OpName(op))] = d;
+        }
+        py::dict d;
+        d["HEADER"] = header;
+        d["REQUESTS"] = requests;
+        return d;
+      },
+      "the serving loop's wire plan (serve/wire.h): the header's fields as (name, offset, size) and, per data op, "
+      "its request's frames as (name, type, length, rule) and its use of count, param and timeout_ms");
   m.def("serve_constants", [] {
     py::dict d;
     d["MAGIC"] = py::bytes(serve::kMagic, 4);

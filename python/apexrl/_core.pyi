@@ -102,14 +102,15 @@ class PrioritizedStore:
     @property
     def total_priority(self) -> float: ...
 
-class DecodeLayout:
-    """What the native decoder needs of a TransitionSpec (built by the spec; immutable)."""
-    def __init__(self, fingerprint: int, fields: Sequence[tuple[str, int, bool]], spec_repr: str) -> None: ...
+class ItemLayout:
+    """A TransitionSpec's item layout, for the server's item check and the native decoder (built by
+    TransitionSpec.native_layout; immutable)."""
+    def __init__(self, fingerprint: int, fields: Sequence[tuple[str, int, bool]], repr: str) -> None: ...
     @property
     def header_bytes(self) -> int: ...
 
 def decode_items(
-    layout: DecodeLayout,
+    layout: ItemLayout,
     data: npt.NDArray[np.uint8],
     starts: npt.NDArray[np.int64],
     sizes: npt.NDArray[np.int64],
@@ -163,32 +164,21 @@ class ServeLoop:
         """(peer, identity, op, frames) of the next HELLO/STATS, or (b'', LEVEL, 0, [text]) of a line to log;
         None after timeout_s; 'closed' once the loop has stopped and nothing is left."""
     def control_reply(self, peer: bytes, frames: list[bytes]) -> None: ...
-    def set_layout(
-        self,
-        fingerprint: int,
-        header_bytes: int,
-        compressed_names: Sequence[str],
-        compressed_empty: Sequence[bool],
-        repr: str,
-    ) -> None: ...
+    def set_layout(self, layout: ItemLayout) -> None: ...
     def stats(self) -> dict[str, int | float]: ...
 
 # The serving loop's pieces, for tests against their Python definitions.
 def serve_decode(frames: Sequence[bytes], max_bytes: int = 0) -> tuple[int, int, int, str]:
     """(status, op, request_id, message) the serving loop's decoder gives a request."""
 
-def serve_first_bad_item(
-    fingerprint: int,
-    header_bytes: int,
-    names: Sequence[str],
-    empty: Sequence[bool],
-    repr: str,
-    data: Any,
-    offsets: Any,
-) -> str | None:
+def serve_first_bad_item(layout: ItemLayout, data: Any, offsets: Any) -> str | None:
     """The message naming the first bad item of a batch (offsets already valid), or None."""
 
 def serve_constants() -> dict[str, Any]: ...
+def serve_plan() -> dict[str, Any]:
+    """The serving loop's wire plan (serve/wire.h): the header's fields as (name, offset, size) and, per data
+    op, its request's frames as (name, type, length, rule) and its use of count, param and timeout_ms."""
+
 def serve_deadlock_reason(n: float, m: float, spi: float, eb: float) -> str | None: ...
 
 class NativeRateLimiter:

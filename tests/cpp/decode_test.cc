@@ -17,11 +17,11 @@ namespace {
 constexpr uint32_t kFingerprint = 0x12345678;
 constexpr std::size_t kFrame = 256;
 
-DecodeLayout Layout() {
-  DecodeLayout layout;
+ItemLayout Layout() {
+  ItemLayout layout;
   layout.fingerprint = kFingerprint;
   layout.fields = {{"action", 4, false}, {"obs", kFrame, true}, {"empty", 0, true}};
-  layout.spec_repr = "TransitionSpec(test)";
+  layout.repr = "TransitionSpec(test)";
   return layout;
 }
 

@@ -125,7 +125,7 @@ TEST_F(HandlersTest, InvalidContentIsRefusedBeforeAnythingIsAdmitted) {
   EXPECT_FALSE(spec);
   // An item that does not fit the run's layout.
   ItemLayout layout;
-  layout.header_bytes = 64;
+  layout.fields = {{"x", 60, false}};  // 64-byte items
   auto small = Make(Insert(2, {"a"}, {1}, 0xA, 2));
   EXPECT_FALSE(handlers_.InsertContentProblem(small->call.req, nullptr, &spec).has_value());
   EXPECT_TRUE(handlers_.InsertContentProblem(small->call.req, &layout, &spec).has_value());

@@ -117,9 +117,7 @@ TEST(Wire, PythonReprOfFloats) {
 TEST(ItemCheck, NamesTheFirstBadItemInTheCodecsRuleOrder) {
   ItemLayout l;
   l.fingerprint = 0x01020304;
-  l.header_bytes = 4;
-  l.compressed_names = {"obs"};
-  l.compressed_empty = {false};
+  l.fields = {{"obs", 16, true}};
   l.repr = "Spec";
   auto item = [](uint32_t fp, uint32_t len, size_t body) {
     std::string s(reinterpret_cast<const char*>(&fp), 4);
@@ -128,13 +126,13 @@ TEST(ItemCheck, NamesTheFirstBadItemInTheCodecsRuleOrder) {
   };
   const std::string data = item(0x01020304, 3, 3) + item(0x01020304, 9, 3);
   const uint64_t offsets[3] = {0, 11, 22};
-  auto why =
-      FirstBadItem(l, reinterpret_cast<const uint8_t*>(data.data()), reinterpret_cast<const uint8_t*>(offsets), 2);
+  auto why = FirstBadItem(l, reinterpret_cast<const uint8_t*>(data.data()),
+                          ItemSpans::Offsets(reinterpret_cast<const uint8_t*>(offsets), 2));
   ASSERT_TRUE(why.has_value());
   EXPECT_EQ(*why, "item 1: field 'obs': block of 9 bytes overruns the item");
   const uint64_t first_only[2] = {0, 11};
-  EXPECT_FALSE(
-      FirstBadItem(l, reinterpret_cast<const uint8_t*>(data.data()), reinterpret_cast<const uint8_t*>(first_only), 1));
+  EXPECT_FALSE(FirstBadItem(l, reinterpret_cast<const uint8_t*>(data.data()),
+                            ItemSpans::Offsets(reinterpret_cast<const uint8_t*>(first_only), 1)));
 }
 
 TEST(InsertWindow, ReleasedOnEveryExitAndBoundedPerIdentity) {

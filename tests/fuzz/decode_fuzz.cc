@@ -22,9 +22,9 @@
 #include "apexrl/serve/wire.h"
 #include "apexrl/sharded_store.h"
 
+using apexrl::ItemLayout;
 using apexrl::serve::Decode;
 using apexrl::serve::FrameView;
-using apexrl::serve::ItemLayout;
 using apexrl::serve::Message;
 using apexrl::serve::Request;
 
@@ -203,7 +203,7 @@ void Run(const Frames& f, const ItemLayout* layouts, size_t nlayouts, apexrl::Sh
   (void)sink;
   if (r.ok() && q.op == apexrl::serve::kInsert) {
     for (size_t k = 0; k < nlayouts; ++k) {
-      auto why = apexrl::serve::FirstBadItem(layouts[k], q.data, q.offsets, q.count);
+      auto why = apexrl::FirstBadItem(layouts[k], q.data, apexrl::ItemSpans::Offsets(q.offsets, q.count));
       sink = why ? why->size() : 0;
     }
     if (q.num_chunks > 0 || q.num_refs > 0) InsertWithChunks(q, store);
@@ -217,12 +217,10 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1);
   ItemLayout layouts[2];
   layouts[0].fingerprint = 0x11223344;
-  layouts[0].header_bytes = 12;
-  layouts[0].compressed_names = {"obs", "empty"};
-  layouts[0].compressed_empty = {false, true};
+  layouts[0].fields = {{"a", 8, false}, {"obs", 64, true}, {"empty", 0, true}};  // header: 12 bytes
   layouts[0].repr = "TransitionSpec(fuzz)";
   layouts[1].fingerprint = 0x11223344;
-  layouts[1].header_bytes = 12;
+  layouts[1].fields = {{"a", 8, false}};
   layouts[1].repr = "TransitionSpec(fixed)";
   apexrl::StoreConfig config;
   config.capacity = 64;

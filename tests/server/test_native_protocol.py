@@ -19,7 +19,6 @@ from apexrl.errors import ProtocolError
 from apexrl.replay import protocol as P
 from apexrl.replay import schema as S
 from apexrl.replay.codec import FieldSpec, TransitionSpec
-from apexrl.replay.server.control import item_layout
 
 MAX_BYTES = 1 << 20
 
@@ -31,6 +30,38 @@ def test_constants_are_the_schemas():
     assert c["MAX_ERROR_MESSAGE"] == S.MAX_ERROR_MESSAGE
     assert c["OPS"] == {op.name: int(op) for op in S.SERVICES["replay"]}
     assert c["MAX_STATUS"] == max(S.Status)
+
+
+def schema_plan() -> dict[str, object]:
+    """The wire plan the schema gives, in the shape of _core.serve_plan()."""
+    header, offset = [], 0
+    for f in S.HEADER_FIELDS:
+        header.append((f.name, offset, f.size))
+        offset += f.size
+    requests = {}
+    for op in S.SERVICES["replay"]:
+        if op in (S.Op.HELLO, S.Op.STATS):  # decoded in Python, which serves them: the loop reads their header only
+            continue
+        spec = S.REQUESTS[op]
+        requests[op.name] = {
+            "frames": [(f.name, f.type, f.length, f.rule) for f in spec.frames],
+            "count": spec.count,
+            "count_min": spec.count_min,
+            "param": spec.param,
+            "timeout_ms": spec.timeout_ms,
+        }
+    return {"HEADER": header, "REQUESTS": requests}
+
+
+def test_the_native_wire_plan_is_the_schemas():
+    """serve/wire.h's plan (the header's fields; each data op's frames, their types, lengths and rules, and its
+    use of count, param and timeout_ms) is schema.REQUESTS / HEADER_FIELDS: a protocol change fails here until
+    the C++ plan agrees, as docs/protocol.md's tables are held to the schema in tests/replay/test_protocol.py."""
+    native, expected = _core.serve_plan(), schema_plan()
+    assert native["HEADER"] == expected["HEADER"]
+    assert native["REQUESTS"].keys() == expected["REQUESTS"].keys()
+    for op, plan in expected["REQUESTS"].items():
+        assert native["REQUESTS"][op] == plan, f"serve/wire.cc's plan of {op} differs from schema.REQUESTS"
 
 
 def python_answer(frames: list[bytes], cap: int = MAX_BYTES) -> tuple[int, int, int, str]:
@@ -158,14 +189,5 @@ def test_the_native_item_check_refuses_what_validate_items_refuses(spec, data):
         expected = None
     except ValueError as exc:
         expected = str(exc)
-    layout = item_layout(spec)
-    got = _core.serve_first_bad_item(
-        layout["fingerprint"],
-        layout["header_bytes"],
-        layout["compressed_names"],
-        layout["compressed_empty"],
-        layout["repr"],
-        bytes(buf),
-        offs.tobytes(),
-    )
+    got = _core.serve_first_bad_item(spec.native_layout(), bytes(buf), offs.tobytes())
     assert got == expected

@@ -46,7 +46,8 @@ std::optional<std::string> Handlers::InsertContentProblem(const Request& q, cons
       why = e.what();
     }
   }
-  if (!why && layout && (why = FirstBadItem(*layout, q.data, q.offsets, q.count))) *spec_refused = true;
+  if (!why && layout && (why = FirstBadItem(*layout, q.data, ItemSpans::Offsets(q.offsets, q.count))))
+    *spec_refused = true;
   return why;
 }
 

@@ -18,44 +18,48 @@ struct RawHeader {
   uint32_t timeout_ms, reserved;
 };
 
-RawHeader ReadHeader(const uint8_t* p) {
-  RawHeader h;
-  std::memcpy(&h.version, p + 4, 2);
-  std::memcpy(&h.op, p + 6, 2);
-  std::memcpy(&h.request_id, p + 8, 8);
-  std::memcpy(&h.status, p + 16, 2);
-  std::memcpy(&h.flags, p + 18, 2);
-  std::memcpy(&h.count, p + 20, 4);
-  std::memcpy(&h.param, p + 24, 8);
-  std::memcpy(&h.timeout_ms, p + 32, 4);
-  std::memcpy(&h.reserved, p + 36, 4);
-  return h;
+template <size_t kField, typename T>
+void ReadField(const uint8_t* p, T* v) {
+  static_assert(sizeof(T) == kHeaderFields[kField].size, "a header field's C++ type differs from its plan");
+  std::memcpy(v, p + kHeaderFields[kField].offset, sizeof(T));
 }
 
-// How each data op uses the header and its frames (schema.REQUESTS).
-struct Plan {
-  size_t frames;    // header included
-  bool count_used;  // count is n (else must be 0)
-  uint32_t count_min;
-  bool beta;     // param is beta (else must be 0.0)
-  bool timeout;  // timeout_ms used (else must be 0)
-};
+RawHeader ReadHeader(const uint8_t* p) {
+  RawHeader h;
+  ReadField<kFieldVersion>(p, &h.version);
+  ReadField<kFieldOp>(p, &h.op);
+  ReadField<kFieldRequestId>(p, &h.request_id);
+  ReadField<kFieldStatus>(p, &h.status);
+  ReadField<kFieldFlags>(p, &h.flags);
+  ReadField<kFieldCount>(p, &h.count);
+  ReadField<kFieldParam>(p, &h.param);
+  ReadField<kFieldTimeoutMs>(p, &h.timeout_ms);
+  ReadField<kFieldReserved>(p, &h.reserved);
+  return h;
+}
+static_assert(kHeaderFields[kNumHeaderFields - 1].offset + kHeaderFields[kNumHeaderFields - 1].size == kHeaderSize,
+              "the header's fields fill kHeaderSize bytes");
 
-Plan PlanOf(uint16_t op) {
-  switch (op) {
-    case kInsert:
-      return {9, true, 0, false, true};
-    case kSample:
-      return {1, true, 1, true, true};
-    case kUpdatePriorities:
-      return {3, true, 0, false, false};
-    case kRemoveToFit:
-      return {1, false, 0, false, false};
-    case kErase:
-      return {2, true, 0, false, false};
-    default:
-      return {0, false, 0, false, false};
-  }
+using L = FramePlan;
+constexpr FramePlan kInsertFrames[] = {
+    {"priorities", "f64", L::kN, 0, "priorities"},
+    {"offsets", "u64", L::kNPlus1, 0, "offsets:data"},
+    {"data", "bytes", L::kUnsized, 0, nullptr},
+    {"insert_id", "u64", L::kFixed, 2, nullptr},
+    {"item_chunks", "u64", L::kAny, 0, nullptr},
+    {"item_chunk_offsets", "u64", L::kNPlus1, 0, "offsets:item_chunks"},
+    {"chunk_data", "bytes", L::kUnsized, 0, nullptr},
+    {"chunk_offsets", "u64", L::kAny, 0, "offsets:chunk_data"},
+};
+constexpr FramePlan kUpdatePrioritiesFrames[] = {
+    {"keys", "u64", L::kN, 0, nullptr},
+    {"priorities", "f64", L::kN, 0, "priorities"},
+};
+constexpr FramePlan kEraseFrames[] = {{"keys", "u64", L::kN, 0, nullptr}};
+
+template <size_t kN>
+constexpr size_t Frames(const FramePlan (&)[kN]) {
+  return kN + 1;
 }
 
 std::string Str(uint64_t v) { return std::to_string(v); }
@@ -122,13 +126,32 @@ bool WholeU64s(const FrameView& f, const std::string& what, const char* name, Re
   return false;
 }
 
+// A frame's size against its plan: a whole number of elements ("any"), or exactly the elements its length
+// says ("n", "n+1", fixed); a bytes frame has any size.
+bool SizeOk(const FrameView& f, const FramePlan& p, uint64_t n, const std::string& what, Refusal* r) {
+  const char* type = std::strcmp(p.type, "f64") == 0 ? "float64" : "uint64";
+  switch (p.length) {
+    case FramePlan::kN:
+      return FrameSizeOk(f, n, what, p.name, type, r);
+    case FramePlan::kNPlus1:
+      return FrameSizeOk(f, n + 1, what, p.name, type, r);
+    case FramePlan::kFixed:
+      return FrameSizeOk(f, p.fixed, what, p.name, type, r);
+    case FramePlan::kAny:
+      return WholeU64s(f, what, p.name, r);
+    case FramePlan::kUnsized:
+      return true;
+  }
+  return true;
+}
+
 Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
   if (f.size < 6 || std::memcmp(f.data, kMagic, 4) != 0) {
     return Refuse(kBadMessage, "header magic is " + PyBytesRepr(f.data, f.size < 4 ? f.size : 4) + " (frame of " +
                                    Str(f.size) + " bytes), expected b'APXR'");
   }
   uint16_t version;
-  std::memcpy(&version, f.data + 4, 2);
+  std::memcpy(&version, f.data + kHeaderFields[kFieldVersion].offset, 2);
   if (version != kProtocolVersion) {
     return Refuse(kUnsupportedVersion, "protocol version " + Str(version) +
                                            " is not supported; supported versions: " + Str(kProtocolVersion));
@@ -145,7 +168,10 @@ Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
   if (h->reserved != 0) {
     static const char* hex = "0123456789abcdef";
     std::string s;
-    for (size_t i = 36; i < 40; ++i) s += {hex[f.data[i] >> 4], hex[f.data[i] & 15]};
+    const HeaderFieldPlan& reserved = kHeaderFields[kFieldReserved];
+    for (size_t i = reserved.offset; i < reserved.offset + reserved.size; ++i) {
+      s += {hex[f.data[i] >> 4], hex[f.data[i] & 15]};
+    }
     return Refuse(kBadMessage, "header reserved bytes are " + s + ", must be zero");
   }
   if (h->op < 1 || h->op > kMaxReplayOp) {
@@ -158,7 +184,7 @@ Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
 }
 
 Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
-  const Plan plan = PlanOf(h.op);
+  const RequestPlan plan = PlanOf(h.op);
   const std::string what = std::string(OpName(h.op)) + " request";
   if (msg.count != plan.frames) {
     return Refuse(kBadMessage,
@@ -189,18 +215,19 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
   out->timeout_ms = h.timeout_ms;
   const FrameView* f = msg.frames;
   Refusal r;
+  auto fp = [&plan](size_t k) -> const FramePlan& { return plan.frame[k - 1]; };  // frame k's plan (0: header)
   switch (h.op) {
     case kInsert:
-      if (!FrameSizeOk(f[1], n, what, "priorities", "float64", &r)) return r;
+      if (!SizeOk(f[1], fp(1), n, what, &r)) return r;
       if (!PrioritiesOk(f[1].data, n, what, &r)) return r;
-      if (!FrameSizeOk(f[2], n + 1, what, "offsets", "uint64", &r)) return r;
+      if (!SizeOk(f[2], fp(2), n, what, &r)) return r;
       if (!OffsetsOk(f[2].data, n + 1, f[3].size, what, &r)) return r;
-      if (!FrameSizeOk(f[4], 2, what, "insert_id", "uint64", &r)) return r;
-      if (!WholeU64s(f[5], what, "item_chunks", &r)) return r;
-      if (!FrameSizeOk(f[6], n + 1, what, "item_chunk_offsets", "uint64", &r)) return r;
-      if (!OffsetsOk(f[6].data, n + 1, f[5].size / 8, what, &r, "item_chunk_offsets", "item_chunks")) return r;
-      if (!WholeU64s(f[8], what, "chunk_offsets", &r)) return r;
-      if (!OffsetsOk(f[8].data, f[8].size / 8, f[7].size, what, &r, "chunk_offsets", "chunk_data")) return r;
+      if (!SizeOk(f[4], fp(4), n, what, &r)) return r;
+      if (!SizeOk(f[5], fp(5), n, what, &r)) return r;
+      if (!SizeOk(f[6], fp(6), n, what, &r)) return r;
+      if (!OffsetsOk(f[6].data, n + 1, f[5].size / 8, what, &r, fp(6).name, fp(5).name)) return r;
+      if (!SizeOk(f[8], fp(8), n, what, &r)) return r;
+      if (!OffsetsOk(f[8].data, f[8].size / 8, f[7].size, what, &r, fp(8).name, fp(7).name)) return r;
       out->item_chunks = f[5].data;
       out->num_refs = f[5].size / 8;
       out->item_chunk_offsets = f[6].data;
@@ -216,14 +243,14 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
       out->insert_sequence = LoadU64(f[4].data, 1);
       break;
     case kUpdatePriorities:
-      if (!FrameSizeOk(f[1], n, what, "keys", "uint64", &r)) return r;
-      if (!FrameSizeOk(f[2], n, what, "priorities", "float64", &r)) return r;
+      if (!SizeOk(f[1], fp(1), n, what, &r)) return r;
+      if (!SizeOk(f[2], fp(2), n, what, &r)) return r;
       if (!PrioritiesOk(f[2].data, n, what, &r)) return r;
       out->keys = f[1].data;
       out->priorities = f[2].data;
       break;
     case kErase:
-      if (!FrameSizeOk(f[1], n, what, "keys", "uint64", &r)) return r;
+      if (!SizeOk(f[1], fp(1), n, what, &r)) return r;
       out->keys = f[1].data;
       break;
     default:
@@ -233,6 +260,23 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
 }
 
 }  // namespace
+
+RequestPlan PlanOf(uint16_t op) {
+  switch (op) {
+    case kInsert:
+      return {Frames(kInsertFrames), kInsertFrames, true, 0, false, true};
+    case kSample:
+      return {1, nullptr, true, 1, true, true};
+    case kUpdatePriorities:
+      return {Frames(kUpdatePrioritiesFrames), kUpdatePrioritiesFrames, true, 0, false, false};
+    case kRemoveToFit:
+      return {1, nullptr, false, 0, false, false};
+    case kErase:
+      return {Frames(kEraseFrames), kEraseFrames, true, 0, false, false};
+    default:
+      return {};
+  }
+}
 
 const char* OpName(uint16_t op) {
   switch (op) {

@@ -1,7 +1,8 @@
 // The replay service's wire protocol in C++: the 40-byte header, the statuses, the request decoder of the
 // data ops and the reply encoders. The contract is python/apexrl/replay/schema.py (docs/protocol.md prints it);
-// tests/server/test_native_protocol.py holds these constants to the schema and this decoder to the Python decoder
-// (same status, same echoed op and request id, same message) on valid and mutated messages.
+// tests/server/test_native_protocol.py holds these constants and the wire plan below to the schema, and this
+// decoder to the Python decoder (same status, same echoed op and request id, same message) on valid and mutated
+// messages.
 #ifndef APEXRL_SERVE_WIRE_H_
 #define APEXRL_SERVE_WIRE_H_
 
@@ -44,6 +45,53 @@ enum Status : uint16_t {
   kInternal = 8,
 };
 inline constexpr uint16_t kMaxStatus = 8;
+
+// The header's fields in wire order: byte offset and size (schema.HEADER_FIELDS). The decoder reads the header
+// through this table; tests/server/test_native_protocol.py holds it to the schema.
+enum HeaderFieldIndex : size_t {
+  kFieldMagic,
+  kFieldVersion,
+  kFieldOp,
+  kFieldRequestId,
+  kFieldStatus,
+  kFieldFlags,
+  kFieldCount,
+  kFieldParam,
+  kFieldTimeoutMs,
+  kFieldReserved,
+  kNumHeaderFields,
+};
+struct HeaderFieldPlan {
+  const char* name;
+  size_t offset;
+  size_t size;
+};
+inline constexpr HeaderFieldPlan kHeaderFields[kNumHeaderFields] = {
+    {"magic", 0, 4},  {"version", 4, 2}, {"op", 6, 2},     {"request_id", 8, 8},  {"status", 16, 2},
+    {"flags", 18, 2}, {"count", 20, 4},  {"param", 24, 8}, {"timeout_ms", 32, 4}, {"reserved", 36, 4},
+};
+
+// The wire plan of each data op's request (schema.REQUESTS): how it uses the header's count, param and
+// timeout_ms, and its frames after the header. Decode checks every request against its op's plan (the frames'
+// count, names, element types and lengths come from here); tests/server/test_native_protocol.py holds each
+// plan to the schema, so a protocol change fails that test until both agree.
+struct FramePlan {
+  enum Length : uint8_t { kN, kNPlus1, kAny, kFixed, kUnsized };  // kUnsized: a bytes frame
+  const char* name;
+  const char* type;  // "u64", "f64" or "bytes"
+  Length length;
+  uint64_t fixed;    // the element count when length is kFixed
+  const char* rule;  // the value rule the decoder applies (schema.FrameSpec.rule), or nullptr
+};
+struct RequestPlan {
+  size_t frames = 0;                 // header included; 0: not a data op (HELLO and STATS are decoded in Python)
+  const FramePlan* frame = nullptr;  // frames - 1 of them, in wire order
+  bool count_used = false;           // count is n (else must be 0)
+  uint32_t count_min = 0;
+  bool beta = false;     // param is beta (else must be 0.0)
+  bool timeout = false;  // timeout_ms used (else must be 0)
+};
+RequestPlan PlanOf(uint16_t op);
 
 struct FrameView {
   const uint8_t* data = nullptr;

@@ -18,23 +18,10 @@ from apexrl.errors import ProtocolError
 from apexrl.replay.server.config import ServerConfig
 from apexrl.replay.server.insert_guard import SpecGate
 from apexrl.replay.wire import protocol as P
-from apexrl.replay.wire.codec import TransitionSpec
 
-__all__ = ["ControlHandler", "item_layout"]
+__all__ = ["ControlHandler"]
 
 log = logging.getLogger("apexrl.replay.server")
-
-
-def item_layout(spec: TransitionSpec) -> dict[str, Any]:
-    """What the loop's item check needs of a spec (cpp/apexrl/serve/item_check.h): the codec's layout."""
-    compressed = [f for f in spec.fields if f.compress]
-    return {
-        "fingerprint": spec.fingerprint,
-        "header_bytes": 4 + spec.raw_item_bytes,
-        "compressed_names": [f.name for f in compressed],
-        "compressed_empty": [f.nbytes == 0 for f in compressed],
-        "repr": repr(spec),
-    }
 
 
 def _plain(v: Any) -> int | float:
@@ -63,7 +50,7 @@ class ControlHandler:
                 before = self.spec_gate.spec
                 spec = self.spec_gate.declare(req.arrays["spec"])
                 if spec is not None and before is None:
-                    self.loop.set_layout(**item_layout(spec))
+                    self.loop.set_layout(spec.native_layout())
                 return P.encode_hello_reply(rid, self.hello_info(), spec.to_json() if spec is not None else "")
             if op == P.Op.STATS:
                 return P.encode_stats_reply(rid, self.stats_reply())

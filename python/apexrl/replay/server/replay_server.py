@@ -32,7 +32,7 @@ from zmq.utils.monitor import recv_monitor_message  # at import: the watcher run
 
 from apexrl import PrioritizedStore, _core
 from apexrl.replay.server.config import ServerConfig, check_snapshot_dir
-from apexrl.replay.server.control import ControlHandler, item_layout
+from apexrl.replay.server.control import ControlHandler
 from apexrl.replay.server.epoch import SnapshotLoadError, SnapshotSaveError, choose_epoch
 from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
 from apexrl.replay.server.native import NativeLoopError, libzmq_path
@@ -197,7 +197,7 @@ class ReplayServer:
         except ImportError as exc:
             raise NativeLoopError(f"the replay server's native loop cannot start: {exc}") from None
         if self.spec_gate.spec is not None:
-            loop.set_layout(**item_layout(self.spec_gate.spec))
+            loop.set_layout(self.spec_gate.spec.native_layout())
         return loop
 
     def start(self) -> ReplayServer:

@@ -228,7 +228,7 @@ class TransitionSpec:
         self._fingerprint = zlib.crc32(self._json.encode("ascii")) & 0xFFFFFFFF
         self._fingerprint_bytes = np.frombuffer(self._fingerprint.to_bytes(4, "little"), dtype=np.uint8)
         self._packed = np.zeros(1, dtype=np.uint64)  # offsets of packed fixed-size items, grown on demand
-        self._layout: Any = None  # the native decoder's DecodeLayout, built on first decode_into
+        self._layout: Any = None  # native_layout(), built on first use
 
     # -- description -------------------------------------------------------------------------------------------
 
@@ -272,6 +272,18 @@ class TransitionSpec:
     def __repr__(self) -> str:
         parts = ", ".join(f"{f.name}:{f.dtype.str}{list(f.shape)}{'+lz4' if f.compress else ''}" for f in self._fields)
         return f"TransitionSpec({parts}; fingerprint=0x{self._fingerprint:08x})"
+
+    def native_layout(self) -> Any:
+        """The spec's item layout for native code (``_core.ItemLayout``, cpp/apexrl/item_layout.h): the one
+        conversion behind both the server's item check on INSERT and the native decoder of ``decode_into``.
+        Built on first use and kept (immutable; threads that race here build equal layouts)."""
+        if self._layout is None:
+            from apexrl import _core  # the extension, only where items are checked or decoded natively
+
+            self._layout = _core.ItemLayout(
+                self._fingerprint, [(f.name, f.nbytes, f.compress) for f in self._fields], repr(self)
+            )
+        return self._layout
 
     # -- JSON --------------------------------------------------------------------------------------------------
 
@@ -805,17 +817,10 @@ class TransitionSpec:
             for f, a in zip(self._fields, targets):
                 a[:n] = decoded[f.name]
             return {f.name: a[:n] for f, a in zip(self._fields, targets)}
-        if self._layout is None:
-            from apexrl import _core  # the extension, only where items are decoded natively
-
-            self._layout = _core.DecodeLayout(
-                self._fingerprint, [(f.name, f.nbytes, f.compress) for f in self._fields], repr(self)
-            )
+        layout = self._layout if self._layout is not None else self.native_layout()
         from apexrl._core import decode_items  # cached by the import system after the first call
 
-        decode_items(
-            self._layout, buf, starts.astype(np.int64, copy=False), sizes.astype(np.int64, copy=False), targets
-        )
+        decode_items(layout, buf, starts.astype(np.int64, copy=False), sizes.astype(np.int64, copy=False), targets)
         return {f.name: a[:n] for f, a in zip(self._fields, targets)}
 
     def decode_valid_into(
