@@ -3,7 +3,7 @@
 * :class:`SpecGate` holds the spec the server learned -- from its configuration (``--spec``), from the sidecar
   ``SNAPSHOT.spec.json`` written next to a snapshot, or from the first HELLO that declares one. The first spec
   sticks: another one is refused naming both field lists. Once there is a spec, the native loop checks every
-  INSERT batch against its item layout (cpp/apexrl/serve/item_check.h, held to
+  INSERT batch against its item layout (cpp/apexrl/item_layout.h, held to
   :meth:`TransitionSpec.validate_items` by the tests: sizes, fingerprints, compressed block lengths) and
   refuses it whole when any item fails, so one foreign item never reaches a learner.
 * Exactly-once inserts across retries (the keys replied to the last inserts, by their ``insert_id``) are kept
