@@ -14,6 +14,13 @@ class InvalidArgument : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// Sampling a store that holds no items. An InvalidArgument for a direct caller; the serving loop catches it
+// apart, since its store can empty between its size check and the sample (an ERASE on another worker).
+class EmptyStore : public InvalidArgument {
+ public:
+  EmptyStore() : InvalidArgument("cannot sample from an empty store") {}
+};
+
 // A snapshot file that is truncated, corrupted, of an unknown version or not a snapshot, or a snapshot that
 // could not be written (disk full, I/O error, missing directory) -> SnapshotError.
 class SnapshotError : public std::runtime_error {

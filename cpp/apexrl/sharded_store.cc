@@ -222,7 +222,7 @@ void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
   if (n == 0) throw InvalidArgument("the number of items to sample must be >= 1, got 0");
   if (n > kMaxBatchItems) throw InvalidArgument(BatchTooLarge("cannot sample", n));
   if (!std::isfinite(beta) || beta < 0.0) throw InvalidArgument("beta must be finite and >= 0, got " + Num(beta));
-  if (Size() == 0) throw InvalidArgument("cannot sample from an empty store");
+  if (Size() == 0) throw EmptyStore();
   Rng rng(config_.seed, sample_calls_.fetch_add(1, std::memory_order_relaxed));
 
   out->keys.resize(n);
@@ -297,7 +297,7 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
     min_mass = std::min(min_mass, shards_[s]->min_positive());
     if (totals[s] > 0.0) last = static_cast<int>(s);
   }
-  if (items == 0) throw InvalidArgument("cannot sample from an empty store");
+  if (items == 0) throw EmptyStore();
   out->size = items;
   if (!(total > 0.0)) {
     // Every mass is zero (alpha > 0 and all priorities 0): uniform over items.

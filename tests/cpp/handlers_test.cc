@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -197,6 +199,38 @@ TEST_F(HandlersTest, ASampleOfAnEmptyStoreWaitsOrTimesOut) {
   ASSERT_TRUE(Serve(d.get(), &r, 102.0));
   EXPECT_EQ(HeaderOf(r).status, kTimeout);
   EXPECT_NE(FrameOf(r, 1).find("min_size_to_sample=1"), std::string::npos);
+}
+
+// Workers serve concurrently: an ERASE on one can empty the store between a SAMPLE's size check and its draw
+// on another. That SAMPLE found the store too small (TIMEOUT, or a wait), not a bad request (INVALID_ARGUMENT),
+// and the limiter counts only the samples that were served.
+TEST_F(HandlersTest, ASampleRacingAnEraseThatEmptiesTheStoreIsNeverInvalid) {
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    for (uint64_t rid = 1; !stop.load(); rid += 2) {
+      auto ins = Make(Insert(rid, {"x"}, {1}), rid);
+      Reply r;
+      if (!Serve(ins.get(), &r) || HeaderOf(r).status != kOk) continue;
+      auto del = Make(Erase(rid + 1, KeysOf(FrameOf(r, 1))), rid + 1);
+      Serve(del.get(), &r);
+    }
+  });
+  uint64_t ok = 0, timeouts = 0;
+  for (uint64_t i = 0; i < 20000; ++i) {
+    auto d = Make(Sample(i, 2));
+    Reply r;
+    ASSERT_TRUE(Serve(d.get(), &r));
+    const ReplyHeader h = HeaderOf(r);
+    ASSERT_TRUE(h.status == kOk || h.status == kTimeout) << "status " << h.status << ": " << FrameOf(r, 1);
+    (h.status == kOk ? ok : timeouts) += 1;
+  }
+  stop = true;
+  churn.join();
+  uint64_t inserted = 0, sampled = 0;
+  limiter_.Counts(&inserted, &sampled);
+  EXPECT_EQ(sampled, 2 * ok);
+  EXPECT_GT(ok, 0u);
+  EXPECT_GT(timeouts, 0u);
 }
 
 TEST_F(HandlersTest, UpdatePrioritiesAnswersHowManyKeysItFound) {

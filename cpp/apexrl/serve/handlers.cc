@@ -92,24 +92,33 @@ bool Handlers::Serve(Call* c, double now, Reply* reply) {
 
 bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
   const Request& q = c->req;
-  if (!limiter_->BigEnough(store_->Size())) {
-    if (can_wait) return false;
-    *reply = ErrorReply(q.op, q.request_id, kTimeout,
-                        "store holds " + std::to_string(store_->Size()) +
-                            " items, fewer than min_size_to_sample=" + std::to_string(limiter_->need()) +
-                            ", after waiting " + std::to_string(q.timeout_ms) + " ms");
-    return true;
-  }
-  if (!limiter_->TrySample(q.count, store_->Size())) {
-    if (!limiter_->BigEnough(store_->Size()) && can_wait) return false;  // shrank meanwhile
-    return RateLimited(c, can_wait, reply);
-  }
-  auto result = pool_->Take();
-  try {
-    store_->Sample(q.count, q.beta, result.get());
-  } catch (...) {
-    limiter_->Undo(0, q.count);
-    throw;
+  decltype(pool_->Take()) result;
+  // Another worker can empty the store between the size check and the sample (an ERASE, a REMOVE_TO_FIT):
+  // then this request is one that found the store too small, not a bad one. need() >= 1, so an empty store
+  // always leaves through the first branch.
+  while (true) {
+    if (!limiter_->BigEnough(store_->Size())) {
+      if (can_wait) return false;
+      *reply = ErrorReply(q.op, q.request_id, kTimeout,
+                          "store holds " + std::to_string(store_->Size()) +
+                              " items, fewer than min_size_to_sample=" + std::to_string(limiter_->need()) +
+                              ", after waiting " + std::to_string(q.timeout_ms) + " ms");
+      return true;
+    }
+    if (!limiter_->TrySample(q.count, store_->Size())) {
+      if (!limiter_->BigEnough(store_->Size()) && can_wait) return false;  // shrank meanwhile
+      return RateLimited(c, can_wait, reply);
+    }
+    if (!result) result = pool_->Take();
+    try {
+      store_->Sample(q.count, q.beta, result.get());
+      break;
+    } catch (const EmptyStore&) {
+      limiter_->Undo(0, q.count);
+    } catch (...) {
+      limiter_->Undo(0, q.count);
+      throw;
+    }
   }
   *reply = SampleReply(q.request_id, std::move(result));
   return true;
