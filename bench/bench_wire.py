@@ -92,6 +92,23 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def context_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, nonvoluntary) context switches of a process's live threads: a voluntary one is a thread that
+    blocked (waiting for a message, a lock, a condition variable), so per request they count the hand-offs."""
+    vol = non = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        vol += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        non += int(line.split()[1])
+        except OSError:  # the thread ended meanwhile
+            continue
+    return vol, non
+
+
 def kill_all(procs: list[subprocess.Popen]) -> None:
     """Kill and reap the worker processes still running (a window that failed part way)."""
     for p in procs:
@@ -109,19 +126,27 @@ def await_workers(
     what: str = "worker",
     on_poll=None,
     by_thread: dict[str, float] | None = None,
+    switches: dict[str, int] | None = None,
 ) -> tuple[float, list[dict]]:
     """Wait for the workers' common start, then for every worker to exit -> (the CPU seconds the processes
     ``pids`` used in between, each worker's JSON result, in ``names`` order); RuntimeError if one failed.
-    ``by_thread``: filled with those CPU seconds split by thread group (:func:`thread_cpu_seconds`)."""
+    ``by_thread``: filled with those CPU seconds split by thread group (:func:`thread_cpu_seconds`);
+    ``switches``: with the processes' voluntary and nonvoluntary context switches in that time."""
     while time.time() < start_at:
         time.sleep(0.001)
     cpu0 = sum(cpu_seconds(pid) for pid in pids)
     threads0 = [thread_cpu_seconds(pid) for pid in pids]
+    switches0 = [context_switches(pid) for pid in pids]
     while any(p.poll() is None for p in procs):
         if on_poll is not None:
             on_poll()
         time.sleep(0.05)
     cpu = sum(cpu_seconds(pid) for pid in pids) - cpu0
+    if switches is not None:
+        for pid, (vol0, non0) in zip(pids, switches0):
+            vol, non = context_switches(pid)
+            switches["voluntary"] = switches.get("voluntary", 0) + vol - vol0
+            switches["nonvoluntary"] = switches.get("nonvoluntary", 0) + non - non0
     if by_thread is not None:
         for pid, before in zip(pids, threads0):
             for group, sec in thread_cpu_seconds(pid).items():
@@ -380,8 +405,10 @@ def learner_main(args: argparse.Namespace) -> None:
     dec_s = 0.0
     n = 0
     mode = args.sampling
+    sync_updates = args.updates == "sync"
     with connect(args.endpoint, timeout=30, curve=args.curve_dir) as c, c.updater(max_pending=64) as up:
         sampler = None
+        updates_sent = 0
         if mode != "sync":  # the learner's path: a PrefetchingSampler with that many requests in flight
             threads = len(args.endpoint.split(",")) if mode == "auto" else int(mode)
             sampler = c.sampler(SAMPLE_BATCH, BETA, prefetch=16, sample_threads=threads)
@@ -401,7 +428,11 @@ def learner_main(args: argparse.Namespace) -> None:
                     out = spec.decode_batch(b)
                 assert out["obs"].shape == (SAMPLE_BATCH, 4, 84, 84)
                 dec_s += time.perf_counter() - t1
-            up.update(b.keys, rng.uniform(0.1, 2.0, SAMPLE_BATCH))
+            if sync_updates:  # a client that waits for every reply
+                c.update_priorities(b.keys, rng.uniform(0.1, 2.0, SAMPLE_BATCH))
+                updates_sent += 1
+            else:
+                up.update(b.keys, rng.uniform(0.1, 2.0, SAMPLE_BATCH))
             n += len(b)
             if time.time() >= end:
                 break
@@ -420,7 +451,7 @@ def learner_main(args: argparse.Namespace) -> None:
                 "lat": lat,
                 "decode_s": dec_s,
                 "updater": ustats,
-                "requests": sample_requests + ustats["sent"] + ustats["failed"],
+                "requests": sample_requests + updates_sent + ustats["sent"] + ustats["failed"],
             },
             f,
         )
@@ -630,6 +661,7 @@ def run_config(
     item_bytes: int = 632,
     worker_python: str | None = None,
     sampling: str = "sync",
+    learner_flags: list[str] | None = None,
 ) -> dict:
     """One timed window: `servers` replay servers splitting `capacity` (the workers reach them through one
     ShardedReplayClient each when there are several), k actor processes and one learner process. ``kind``:
@@ -721,6 +753,7 @@ def run_config(
                     "--out",
                     os.path.join(outdir, "learner.json"),
                     *common,
+                    *(learner_flags or []),
                 ]
             )
         )
@@ -731,6 +764,7 @@ def run_config(
             peak[0] = max(peak[0], sum(rss_of(s.pid) for s in group))
 
         by_thread: dict[str, float] = {}
+        switches: dict[str, int] = {}
         server_cpu, results = await_workers(
             procs,
             [f"actor{a}.json" for a in range(k)] + ["learner.json"],
@@ -739,6 +773,7 @@ def run_config(
             [s.pid for s in group],
             on_poll=sample_rss,
             by_thread=by_thread,
+            switches=switches,
         )
         cpu_window = time.time() - start_at
         if worker_python is not None:  # asked in that tree's protocol
@@ -799,6 +834,8 @@ def run_config(
         "server_cpu_s": server_cpu,
         "cpu_window_s": cpu_window,
         "server_cpu_us_per_request": 1e6 * server_cpu / max(1, requests),
+        "server_voluntary_switches_per_request": switches.get("voluntary", 0) / max(1, requests),
+        "server_nonvoluntary_switches_per_request": switches.get("nonvoluntary", 0) / max(1, requests),
         "server_cpu_us_per_request_by_thread": {
             g: 1e6 * sec / max(1, requests) for g, sec in sorted(by_thread.items())
         },
@@ -1127,6 +1164,15 @@ def main() -> None:
     )
     p.add_argument("--rounds", type=int, default=3, help="side by side mode: rounds of interleaved windows (default 3)")
     p.add_argument(
+        "--clients",
+        choices=("pipelined", "waiting", "both"),
+        default="both",
+        help="side by side mode: how the clients talk. pipelined: actors keep --max-in-flight inserts "
+        "unanswered (or as --insert-mode says) and the learner updates through client.updater(); waiting: every "
+        "client waits for each reply (client.insert, client.sample, client.update_priorities one after "
+        "another, as actors and simple clients talk); both (default): each, windows interleaved",
+    )
+    p.add_argument(
         "--connections",
         type=int,
         nargs="*",
@@ -1172,6 +1218,7 @@ def main() -> None:
     )
     p.add_argument("--items", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--sampling", default="sync", help=argparse.SUPPRESS)
+    p.add_argument("--updates", choices=("async", "sync"), default="async", help=argparse.SUPPRESS)
     p.add_argument("--item-bytes", type=int, default=632, help=argparse.SUPPRESS)
     p.add_argument("--lifetime", type=float, default=1800.0, help=argparse.SUPPRESS)
     p.add_argument("--sockets", type=int, default=1, help=argparse.SUPPRESS)
@@ -1436,7 +1483,14 @@ def side_by_side(args: argparse.Namespace) -> None:
         "native": "native server (this tree)",
     }
     k = max(args.actors)
-    actor_flags = ["--insert-mode", args.insert_mode, "--max-in-flight", str(args.max_in_flight)]
+    # pipelined: actors keep --max-in-flight inserts unanswered (or --insert-mode), the learner's updates go
+    # through client.updater(); waiting: every client waits for each reply (insert, sample, update_priorities
+    # one after another), as the actors and simple clients talk
+    modes = ["pipelined", "waiting"] if args.clients == "both" else [args.clients]
+    client_flags = {
+        "pipelined": (["--insert-mode", args.insert_mode, "--max-in-flight", str(args.max_in_flight)], []),
+        "waiting": (["--insert-mode", "sync"], ["--updates", "sync"]),
+    }
     t_start = time.perf_counter()
     rows: list[dict] = []
     conn_rows: list[dict] = []
@@ -1454,9 +1508,9 @@ def side_by_side(args: argparse.Namespace) -> None:
         item_bytes = batches[0][0].size // INSERT_BATCH
         print(
             f"side by side: {', '.join(names[x] for x in kinds)}; DPG {item_bytes} B/item, {k} inserter "
-            f"process(es) x {INSERT_BATCH} items/request ({args.insert_mode}), 1 learner sampling {SAMPLE_BATCH} + "
+            f"process(es) x {INSERT_BATCH} items/request, 1 learner sampling {SAMPLE_BATCH} + "
             f"updating {SAMPLE_BATCH}, capacity 2M, prefill {args.prefill}, {args.rounds} rounds x "
-            f"{args.seconds:g} s windows",
+            f"{args.seconds:g} s windows; clients: {', '.join(modes)}",
             flush=True,
         )
         reverb = reverb_line(args)
@@ -1467,7 +1521,8 @@ def side_by_side(args: argparse.Namespace) -> None:
                 r["round"] = rnd
                 print(json.dumps(r), flush=True)
                 rows.append(r)
-            for curve_dir in curve_dirs:
+            for curve_dir, mode in ((c, m) for c in curve_dirs for m in modes):
+                actor_flags, learner_flags = client_flags[mode]
                 for kind in kinds:
                     # "old": the whole older stack (server, prefill, actors, learner) under its interpreter, as
                     # its protocol version differs from this tree's
@@ -1486,8 +1541,10 @@ def side_by_side(args: argparse.Namespace) -> None:
                         kind,
                         item_bytes=item_bytes,
                         worker_python=args.server_python if kind == "old" else None,
+                        learner_flags=learner_flags,
                     )
                     r["round"] = rnd
+                    r["clients"] = mode
                     del r["updater"]
                     print(json.dumps(r), flush=True)
                     rows.append(r)
@@ -1502,21 +1559,27 @@ def side_by_side(args: argparse.Namespace) -> None:
 
     print(
         f"\n## bench_wire side by side ({args.rounds} rounds x {args.seconds:g} s windows interleaved, total "
-        f"{time.perf_counter() - t_start:.0f} s; {k} inserter processes x {INSERT_BATCH}/request through "
-        f"client.inserter(max_in_flight={args.max_in_flight}), 1 learner sample {SAMPLE_BATCH} + update "
-        f"{SAMPLE_BATCH}; loopback; cpus {os.cpu_count()}; medians over rounds, ratios taken per round then the "
-        "median)\n"
+        f"{time.perf_counter() - t_start:.0f} s; {k} inserter processes x {INSERT_BATCH}/request, 1 learner "
+        f"sample {SAMPLE_BATCH} + update {SAMPLE_BATCH}; clients pipelined: inserts through "
+        f"client.inserter(max_in_flight={args.max_in_flight}), updates through client.updater(); waiting: "
+        "client.insert, client.sample and client.update_priorities, each waiting for its reply; loopback; cpus "
+        f"{os.cpu_count()}; medians over rounds, ratios taken per round then the median; switches: the server's "
+        "voluntary context switches per request)\n"
     )
     if rows:
         print(
-            "| server | CURVE | inserted/s | sampled/s | inserted / floor | sampled / floor | server CPU us/request "
-            "| CPU / floor's | requests/s |"
+            "| clients | server | CURVE | inserted/s | sampled/s | inserted / floor | sampled / floor | server CPU "
+            "us/request | CPU / floor's | switches | requests/s |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
-        for curve in sorted({r["curve"] for r in rows}):
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for mode, curve in ((m, c) for m in modes for c in sorted({r["curve"] for r in rows})):
             for kind in kinds:
-                mine = [r for r in rows if r["kind"] == kind and r["curve"] == curve]
-                floor = {r["round"]: r for r in rows if r["kind"] == "floor" and r["curve"] == curve}
+                mine = [r for r in rows if r["kind"] == kind and r["curve"] == curve and r.get("clients") == mode]
+                floor = {
+                    r["round"]: r
+                    for r in rows
+                    if r["kind"] == "floor" and r["curve"] == curve and r.get("clients") == mode
+                }
 
                 def ratio(field: str) -> str:
                     xs = [r[field] / floor[r["round"]][field] for r in mine if r["round"] in floor]
@@ -1528,15 +1591,16 @@ def side_by_side(args: argparse.Namespace) -> None:
 
                 rps = [r["requests"] / r["cpu_window_s"] for r in mine]
                 print(
-                    f"| {kind} | {'on' if curve else 'off'} | {med('inserted_per_s')} | {med('sampled_per_s')} | "
-                    f"{ratio('inserted_per_s')} | {ratio('sampled_per_s')} | "
+                    f"| {mode} | {kind} | {'on' if curve else 'off'} | {med('inserted_per_s')} | "
+                    f"{med('sampled_per_s')} | {ratio('inserted_per_s')} | {ratio('sampled_per_s')} | "
                     f"{med('server_cpu_us_per_request', '.1f')} | {ratio('server_cpu_us_per_request')} | "
-                    f"{median(rps):,.0f} |"
+                    f"{med('server_voluntary_switches_per_request', '.2f')} | {median(rps):,.0f} |"
                 )
         if args.server_python:
-            for curve in sorted({r["curve"] for r in rows}):
-                new = {r["round"]: r for r in rows if r["kind"] == "native" and r["curve"] == curve}
-                old = {r["round"]: r for r in rows if r["kind"] == "old" and r["curve"] == curve}
+            for mode, curve in ((m, c) for m in modes for c in sorted({r["curve"] for r in rows})):
+                same = lambda r, kind: r["kind"] == kind and r["curve"] == curve and r.get("clients") == mode  # noqa: E731
+                new = {r["round"]: r for r in rows if same(r, "native")}
+                old = {r["round"]: r for r in rows if same(r, "old")}
                 both = sorted(set(new) & set(old))
                 parts = []
                 for field, label in (
@@ -1546,22 +1610,26 @@ def side_by_side(args: argparse.Namespace) -> None:
                 ):
                     parts.append(f"{label} {median([new[i][field] / old[i][field] for i in both]):.2f}")
                 notes.append(
-                    f"native / old, CURVE {'on' if curve else 'off'}, median of per-round ratios: " + ", ".join(parts)
+                    f"native / old, {mode} clients, CURVE {'on' if curve else 'off'}, median of per-round ratios: "
+                    + ", ".join(parts)
                 )
         print(
             "\nServer CPU us/request by thread (median over rounds; serve: the native loop's thread, workers: its "
             "sample workers, zmq_io: libzmq's I/O thread, other: the rest, where a Python server serves):\n"
         )
-        for curve in sorted({r["curve"] for r in rows}):
+        for mode, curve in ((m, c) for m in modes for c in sorted({r["curve"] for r in rows})):
             for kind in kinds:
                 mine = [
                     r["server_cpu_us_per_request_by_thread"]
                     for r in rows
-                    if r["kind"] == kind and r["curve"] == curve and "server_cpu_us_per_request_by_thread" in r
+                    if r["kind"] == kind
+                    and r["curve"] == curve
+                    and r.get("clients") == mode
+                    and "server_cpu_us_per_request_by_thread" in r
                 ]
                 groups = sorted({g for m in mine for g in m})
                 print(
-                    f"- {kind}, CURVE {'on' if curve else 'off'}: "
+                    f"- {kind}, {mode} clients, CURVE {'on' if curve else 'off'}: "
                     + ", ".join(f"{g} {median([m.get(g, 0.0) for m in mine]):.1f}" for g in groups)
                 )
     if conn_rows:
