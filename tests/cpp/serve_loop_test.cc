@@ -155,6 +155,44 @@ TEST(ServeLoop, APriorityTheStoreWouldRefuseIsInvalidArgumentUnderTheRateLimiter
   EXPECT_NO_THROW(live.store->CheckPriorities(std::vector<double>{1e250, 0, 3}.data(), 3));
 }
 
+// A retry of an INSERT whose first request waits for the rate limiter waits for that request, not for the
+// limiter: once the first is stored, the retry is answered with its keys, though the limiter would hold a new
+// insert back (it used to wait for an admission it does not need, up to max_wait_s, then TIMEOUT).
+TEST(ServeLoop, ARetryWaitingBehindItsInsertIdIsAnsweredWhenTheFirstIsStored) {
+  LoopConfig config = Config();
+  config.samples_per_insert = 1;
+  config.error_buffer = 10;
+  config.max_wait_s = 600;  // far past every deadline below: only the first request's keys can answer it
+  LiveLoop live(SmallStore(), config);
+  const Frames filled = live.Request("p", Insert(1, std::vector<std::string>(11, "item"), std::vector<double>(11, 1)));
+  ASSERT_EQ(ParseHeader(filled[0]).status, kOk);
+  FakeZmq& z = FakeZmq::Get();
+  z.Push("p", Insert(2, {"one"}, {1}, 0xA, 1, 60000));  // held back by the limiter
+  z.Push("p", Insert(3, {"one"}, {1}, 0xA, 1, 60000));  // its retry: waits behind the insert id
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (live.Stat("deferred") != 2 && std::chrono::steady_clock::now() < end) z.WaitPolls(1, 1.0);
+  ASSERT_EQ(live.Stat("deferred"), 2);
+
+  const Frames sample = live.Request("q", Sample(4, 1));  // room for one insert of 1, not two
+  ASSERT_FALSE(sample.empty());
+  ASSERT_EQ(ParseHeader(sample[0]).status, kOk);
+  SentReply first, retry;
+  ASSERT_TRUE(live.Next([](const SentReply& x) { return x.peer == "p" && ParseHeader(x.frames[0]).rid == 2; }, &first));
+  ASSERT_TRUE(live.Next([](const SentReply& x) { return x.peer == "p" && ParseHeader(x.frames[0]).rid == 3; }, &retry));
+  ASSERT_EQ(ParseHeader(first.frames[0]).status, kOk);
+  ASSERT_EQ(ParseHeader(retry.frames[0]).status, kOk) << retry.frames[1];
+  EXPECT_EQ(KeysOf(retry.frames[1]), KeysOf(first.frames[1]));
+  EXPECT_EQ(live.store->Size(), 12u);
+  const auto settled = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (live.Stat("deferred") != 0 && std::chrono::steady_clock::now() < settled) z.WaitPolls(1, 1.0);
+  EXPECT_EQ(live.Stat("deferred"), 0);
+
+  // The limiter's count is the stored items': one more insert of 1 is still held back.
+  const Frames held = live.Request("p", Insert(5, {"two"}, {1}));
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(ParseHeader(held[0]).status, kTimeout) << held[1];
+}
+
 TEST(ServeLoop, APeerThatLeavesWhileWaitingLosesItsRequestsAndTheLoopServesOn) {
   LoopConfig config = Config();
   config.min_size_to_sample = 3;

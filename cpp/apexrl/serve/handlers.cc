@@ -151,6 +151,7 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
         *reply = InsertReply(q.request_id, std::move(keys));
         return true;
       case InsertWindow::Claim::kBusy:  // its first request waits: answer this one after it
+        c->behind_id = true;
         if (can_wait) return false;
         *reply =
             ErrorReply(q.op, q.request_id, kTimeout,
@@ -158,6 +159,7 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
                            ": a request with this insert_id is still waiting to be served; retry with the same id");
         return true;
       case InsertWindow::Claim::kNew:
+        c->behind_id = false;
         break;
     }
   }

@@ -24,10 +24,11 @@ namespace apexrl::serve {
 // the loop knows of its sender and arrival. The loop's Pending is a Call with the frames.
 struct Call {
   Request req;
-  std::string identity;  // the client's ZAP User-Id; insert ids are per identity
-  double t_arrival = 0;  // seconds, steady clock
-  uint64_t serial = 0;   // owner number for the insert window
-  bool waited = false;   // counted in rate_limiter_waits_* already
+  std::string identity;    // the client's ZAP User-Id; insert ids are per identity
+  double t_arrival = 0;    // seconds, steady clock
+  uint64_t serial = 0;     // owner number for the insert window
+  bool waited = false;     // counted in rate_limiter_waits_* already
+  bool behind_id = false;  // waits for the first request of its insert id, not for the rate limiter
 };
 
 class Handlers {

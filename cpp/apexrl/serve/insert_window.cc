@@ -25,6 +25,12 @@ InsertWindow::Claim InsertWindow::TryClaim(const InsertId& id, uint64_t owner, d
   return Claim::kNew;
 }
 
+bool InsertWindow::Busy(const InsertId& id, uint64_t asker, double now) const {
+  ScopedLock<Mutex> lock(mu_);
+  auto it = pending_.find(id);
+  return it != pending_.end() && it->second.owner != asker && now < it->second.deadline;
+}
+
 void InsertWindow::Release(const InsertId& id, uint64_t owner) {
   ScopedLock<Mutex> lock(mu_);
   auto it = pending_.find(id);

@@ -56,6 +56,8 @@ class InsertWindow {
   // `owner` (a unique request number) owns the id until Finish or Release. now/deadline: monotonic seconds.
   Claim TryClaim(const InsertId& id, uint64_t owner, double deadline, double now, std::vector<Key>* keys) EXCLUDES(mu_);
   void Release(const InsertId& id, uint64_t owner) EXCLUDES(mu_);
+  // True while a live request other than `asker` owns the id (TryClaim would answer kBusy).
+  bool Busy(const InsertId& id, uint64_t asker, double now) const EXCLUDES(mu_);
   void Finish(const InsertId& id, uint64_t owner, const Key* keys, size_t n) EXCLUDES(mu_);
   InsertWindowStats Stats() const EXCLUDES(mu_);
 

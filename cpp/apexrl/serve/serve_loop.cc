@@ -388,6 +388,7 @@ void ServeLoop::Defer(std::unique_ptr<Pending> p, bool front) {
   e->who = p->identity.empty() ? "peer:" + p->peer : "id:" + p->identity;
   e->peer = p->peer;
   e->seq = p->serial;
+  e->behind_id = q.op == kInsert && p->behind_id;
   e->p = std::move(p);
   if (e->deadline <= Now()) {  // clipped to max_wait_s and already past it
     Expire(e.get());
@@ -442,6 +443,7 @@ void ServeLoop::ForgetOwner(const Pending& p) {
   const Request& q = p.req;
   if (q.op == kInsert && (q.insert_session != 0 || q.insert_sequence != 0)) {
     window_.Release(InsertId{p.identity, q.insert_session, q.insert_sequence}, p.serial);
+    recheck_ = true;  // a retry waiting behind this id takes it over
   }
 }
 
@@ -475,9 +477,16 @@ void ServeLoop::SendFinished() {
 
 void ServeLoop::ReleaseDeferred() {
   for (DeferredPtr& e : waiting_->Expired(Now())) Expire(e.get());
-  if (!recheck_) return;
-  recheck_ = false;
-  for (DeferredPtr& e : waiting_->Release(limiter_, store_->Size())) Dispatch(std::move(e->p), true);
+  const auto still_behind = [this](const Deferred& e) {
+    const Pending& p = *e.p;
+    return window_.Busy(InsertId{p.identity, p.req.insert_session, p.req.insert_sequence}, p.serial, Now());
+  };
+  // A second pass answers the retries whose first request the first pass stored, without a poll between.
+  for (int pass = 0; pass < 2 && recheck_; ++pass) {
+    recheck_ = false;
+    for (DeferredPtr& e : waiting_->Release(limiter_, store_->Size(), still_behind)) Dispatch(std::move(e->p), true);
+    if (waiting_->behind() == 0) break;
+  }
 }
 
 void ServeLoop::RefusePending() {

@@ -38,7 +38,7 @@ std::optional<std::string> Waitlist::FullReason(const Deferred& e) const {
 }
 
 DeferredPtr Waitlist::Add(DeferredPtr e, bool front) {
-  auto& q = e->op == kInsert ? inserts_ : samples_;
+  auto& q = e->behind_id ? behind_ : e->op == kInsert ? inserts_ : samples_;
   if (front)
     q.push_front(e);
   else
@@ -73,11 +73,25 @@ void Waitlist::Remove(Deferred* e) {
   }
 }
 
-std::vector<DeferredPtr> Waitlist::Release(const RateLimiter& limiter, uint64_t size) {
+std::vector<DeferredPtr> Waitlist::Release(const RateLimiter& limiter, uint64_t size,
+                                           const std::function<bool(const Deferred&)>& still_behind) {
   uint64_t inserted, sampled;
   limiter.Counts(&inserted, &sampled);
   std::vector<DeferredPtr> ready;
   uint64_t examined = 0;
+  // Retries behind their insert id: released once the first request is stored (they are answered with its
+  // keys) or gave up (they own the id now, and meet the limiter as new inserts). Rare, so a scan.
+  if (!behind_.empty()) KeepLive(behind_);
+  for (auto it = behind_.begin(); it != behind_.end();) {
+    ++examined;
+    if (still_behind && still_behind(**it)) {
+      ++it;
+      continue;
+    }
+    Remove(it->get());
+    ready.push_back(std::move(*it));
+    it = behind_.erase(it);
+  }
   while (true) {
     DropDead(inserts_);
     DropDead(samples_);
@@ -153,6 +167,7 @@ std::vector<DeferredPtr> Waitlist::TakeAll() {
   for (const DeferredPtr& e : out) Remove(e.get());
   inserts_.clear();
   samples_.clear();
+  behind_.clear();
   heap_.clear();
   per_client_.clear();
   return out;
@@ -165,6 +180,7 @@ void Waitlist::Compact() {
   }
   if (inserts_.size() > 2 * count_ + 64) KeepLive(inserts_);
   if (samples_.size() > 2 * count_ + 64) KeepLive(samples_);
+  if (behind_.size() > 2 * count_ + 64) KeepLive(behind_);
 }
 
 }  // namespace apexrl::serve

@@ -1,6 +1,7 @@
 // The requests that wait on the server (minimum size, rate limiter, an insert id in flight), with bounds and
 // no scan of them all on the hot path:
 //   * one FIFO per op (INSERT, SAMPLE): admission looks only at their heads (O(released + 2));
+//   * retries of an INSERT whose first request waits (same insert id) wait apart, for that request alone;
 //   * a heap of deadlines: the loop pops what expired (O(log waiting) each);
 //   * per client (its identity, or its connection without one), its entries in arrival order: over
 //     max_waiting_per_peer its oldest is answered TIMEOUT.
@@ -11,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,8 +35,9 @@ struct Deferred {
   double deadline = 0;
   uint64_t seq = 0;
   bool live = true;
-  std::string who;   // the per-client key
-  std::string peer;  // the connection (routing id)
+  bool behind_id = false;  // an INSERT waiting for its insert id's first request: needs no admission
+  std::string who;         // the per-client key
+  std::string peer;        // the connection (routing id)
 };
 using DeferredPtr = std::shared_ptr<Deferred>;
 
@@ -46,6 +49,7 @@ class Waitlist {
   uint64_t count() const { return count_; }
   uint64_t bytes() const { return bytes_; }
   uint64_t peers() const { return peer_count_.size(); }
+  uint64_t behind() const { return behind_.size(); }  // husks included
   uint64_t max_peer() const { return max_peer_; }
 
   // Why `e` may not wait (total count or bytes cap reached), or nothing.
@@ -53,8 +57,10 @@ class Waitlist {
   // Lets `e` wait (at the head of its queue when `front`); returns the client's oldest waiting request when it
   // is now over its cap (taken out: answer it).
   DeferredPtr Add(DeferredPtr e, bool front);
-  // The heads the rules admit now, in turn (admissions simulated, nothing counted).
-  std::vector<DeferredPtr> Release(const RateLimiter& limiter, uint64_t size);
+  // The retries behind an insert id that `still_behind` no longer holds, then the heads the rules admit now,
+  // in turn (admissions simulated, nothing counted).
+  std::vector<DeferredPtr> Release(const RateLimiter& limiter, uint64_t size,
+                                   const std::function<bool(const Deferred&)>& still_behind = nullptr);
   std::vector<DeferredPtr> Expired(double now);
   std::optional<double> NextDeadline();
   // Every waiting request of a connection that left.
@@ -73,7 +79,8 @@ class Waitlist {
 
   const uint64_t max_total_, max_peer_, max_bytes_;
   std::deque<DeferredPtr> inserts_, samples_;
-  std::vector<DeferredPtr> heap_;  // std::push_heap order: earliest deadline, then arrival, on top
+  std::deque<DeferredPtr> behind_;  // INSERTs waiting for their insert id's first request (behind_id)
+  std::vector<DeferredPtr> heap_;   // std::push_heap order: earliest deadline, then arrival, on top
   std::unordered_map<std::string, std::deque<DeferredPtr>> per_client_;
   std::unordered_map<std::string, uint64_t> peer_count_;
   uint64_t count_ = 0;
