@@ -127,9 +127,14 @@ void Mutate(Frames* f, std::mt19937_64& rng) {
       case 8:
         f->push_back(std::string(pick(16), 'x'));
         break;
-      default: {  // u64 words of a frame overwritten with large or misaligned values
+      default: {  // u64 words of a frame overwritten with large, misaligned or edge values
         if (fr.size() >= 8) {
-          const uint64_t v = rng() % 3 == 0 ? rng() : rng() % 4096;
+          // Edges of a count, offset or chunk reference: just past a small frame, and where 32-bit truncation
+          // or a multiplication by 8 or 16 would wrap.
+          const uint64_t edge[] = {2,          3,          0xFFFFFFFFull, 1ull << 32, (1ull << 32) + 1,
+                                   1ull << 40, 1ull << 60, 1ull << 63,    ~0ull};
+          const uint64_t kind = rng() % 4;
+          const uint64_t v = kind == 0 ? rng() : kind == 1 ? edge[rng() % 9] : rng() % 4096;
           std::memcpy(fr.data() + 8 * pick(fr.size() / 8), &v, 8);
         }
       }
