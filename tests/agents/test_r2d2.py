@@ -88,9 +88,9 @@ def test_value_rescaling_and_its_inverse_agree_to_1e_6_over_a_wide_range():
     mags = torch.logspace(-8, 6, 2001, dtype=torch.float64)
     x = torch.cat([-mags.flip(0), torch.zeros(1, dtype=torch.float64), mags])
     back = inverse_value_rescale(value_rescale(x))
-    assert torch.all((back - x).abs() <= 1e-6 * torch.clamp(x.abs(), min=1.0))
-    y = torch.linspace(-1000.0, 1000.0, 4001, dtype=torch.float64)  # h(1e6) ~ 2e3: the rescaled range
-    assert torch.all((value_rescale(inverse_value_rescale(y)) - y).abs() <= 1e-6 * torch.clamp(y.abs(), min=1.0))
+    assert torch.all((back - x).abs() <= 1e-6)  # absolute, up to |x| = 1e6 (measured: 5e-10)
+    y = torch.linspace(-2000.0, 2000.0, 4001, dtype=torch.float64)  # h(1e6) ~ 2e3: the rescaled range
+    assert torch.all((value_rescale(inverse_value_rescale(y)) - y).abs() <= 1e-6)
     # float32 too, as the learner uses it (h^-1 computes in float64 inside)
     x32 = torch.linspace(-1e4, 1e4, 20001)
     back32 = inverse_value_rescale(value_rescale(x32.double())).float()
