@@ -22,8 +22,9 @@ of ``R2D2Config.min_sequence_length`` steps (burn-in + trace + 1), a new one eve
 padded past an episode's end (mask False), each with the input state ``RecurrentPolicy.act_batch_state``
 returned at its first step, inserted with ``sequence_spec`` at the priority ``RecurrentPolicy.
 initial_priorities`` gives; a learner loop that hands :meth:`R2D2Learner.update` the decoded batch; an
-``AgentDef`` (``make_batch_policy`` = :func:`recurrent_batch_policy`); the presets added to ``PRESETS``. Nothing
-imports this package yet, so importing ``apexrl.agents`` does not import it.
+``AgentDef`` (``make_batch_policy`` = :func:`recurrent_batch_policy`); the presets added to ``PRESETS``. No
+module of apexrl imports this package yet, so importing ``apexrl.agents`` does not import it.
+bench/r2d2_masked_cartpole.py runs the agent in one process (its own adder and buffer) in the meantime.
 """
 
 from __future__ import annotations
