@@ -330,13 +330,17 @@ def test_valid_steps_follow_the_mask_prefix_and_stop_after_a_terminal():
 
 def test_invalid_items_name_sequences_the_update_cannot_train_on():
     learner = R2D2Learner(VEC, SMALL, seed=0)
-    batch = random_sequences(np.random.default_rng(7), 4, SMALL.min_sequence_length)
+    batch = random_sequences(np.random.default_rng(7), 5, SMALL.min_sequence_length)
+    batch["discount"][0, SMALL.burn_in] = 0.0  # ends with the first trained step: fine
     assert learner.invalid_items(batch) == (None, None)
     batch["action"][1, 3] = 2
     batch["mask"][3, SMALL.burn_in + 1 :] = False  # no trained step
+    batch["discount"][4, SMALL.burn_in - 1] = 0.0  # the episode ends in the burn-in: no trained step
     bad, message = learner.invalid_items(batch)
-    assert bad is not None and bad.tolist() == [False, True, False, True]
+    assert bad is not None and bad.tolist() == [False, True, False, True, True]
     assert message is not None and message.startswith("item 1: action")
+    assert loss_of(learner, {k: v[[3, 4]] for k, v in batch.items()}).valid.sum() == 0
+    assert loss_of(learner, {k: v[[0, 2]] for k, v in batch.items()}).valid[:, 0].all()
 
 
 # -- the learner's state -------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ On a batch in the format of :mod:`apexrl.agents.r2d2.sequences` (``B`` sequences
                (h'_s, c'_s) = LSTM_target(obs[0:s]   from (h0, c0))      (the target net always: no gradient)
     unroll     Q[t]  = online(obs[s:L]  from (h_s, c_s)),  t = s .. L-1  gradient flows from here on
                Q'[t] = target(obs[s:L]  from (h'_s, c'_s))
-    valid      v[t]  = mask prefix at t and t+1, no terminal step before t (sequences.py)
+    valid      v[t]  = step t is a transition of the item's episode: the mask's prefix holds at t and t + 1,
+                       and no step before t ended the episode (sequences.py)
     n-step     for each trained step t in [s, s + T) with v[t]: k_t = the largest k <= n such that
                v[t .. t+k-1] all hold (a sequence's end or an episode's end shortens it), and
                G_t  = sum_{j<k_t} gamma^j D_{t,j} r[t+j],   D_{t,j} = prod_{i<j} discount[t+i]
@@ -16,7 +17,7 @@ On a batch in the format of :mod:`apexrl.agents.r2d2.sequences` (``B`` sequences
     error      delta_t = y_t - Q[t, action[t]]                       0 where t is not valid
     loss       = mean_b w_b * sum_t 1/2 delta_t^2                    w: IS weights
     priority   = eta * max_t |delta_t| + (1 - eta) * mean_t |delta_t| + priority_eps   over the valid t of a
-                 sequence (priority_eps alone for a sequence with none: ``invalid_items`` keeps those out)
+                 sequence (``invalid_items`` keeps out sequences without one: step s is valid in every other)
 
 h is the invertible value rescaling (:func:`apexrl.agents.r2d2.nets.value_rescale`); rewards are not clipped.
 The loss sums over the time steps of a sequence and averages over sequences (apexrl's choice; the paper does
@@ -189,10 +190,14 @@ def sequence_rules(config: R2D2Config, num_actions: int) -> tuple[Rule, ...]:
             return np.zeros(len(m), dtype=bool)
         return np.asarray(m[:, : s + 2].all(axis=1), dtype=bool)
 
+    def lives_through_burn_in(discount: np.ndarray) -> np.ndarray:
+        return np.asarray((np.asarray(discount)[:, :s] != 0).all(axis=1), dtype=bool)
+
     return (
         in_range("action", 0, num_actions - 1),
         finite("reward"),
         in_range("discount", 0, 1),
+        Rule("discount", lives_through_burn_in, f"must not be 0 before step burn_in = {s} (no trained step)"),
         finite("obs"),
         finite("state_h"),
         finite("state_c"),
@@ -232,7 +237,8 @@ class R2D2Learner:
 
     def invalid_items(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray | None, str | None]:
         """Sequences ``update`` must not see: an action without a Q output, a non-finite reward, observation or
-        state, a discount outside [0, 1], or no trained step (``mask`` False before burn_in + 2)."""
+        state, a discount outside [0, 1], or no trained step (``mask`` False before step burn_in + 2, or the
+        episode ending before step burn_in)."""
         return invalid_items(batch, self._rules)
 
     def update(self, batch: Mapping[str, np.ndarray], weights: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
