@@ -5,6 +5,8 @@ Names are "<family>:<id>":
 - "gym:<id>"              any id ``gymnasium.make`` accepts (apexrl.envs.gym): CartPole-v1, HalfCheetah-v5 (MuJoCo,
                           needs apexrl[control]), or a user's own in gymnasium's "module:EnvId" form
                           ("gym:my_pkg.envs:MyEnv-v0" imports my_pkg.envs, which registers MyEnv-v0)
+                          "gym:apexrl.envs.masked:MaskedCartPole-v1" is CartPole without its velocities
+                          (apexrl.envs.masked: a partially observed task for recurrent agents)
 - "atari:<Game>"          any ALE game, Ape-X preprocessing (apexrl.envs.atari); needs apexrl[atari]
 - "dmc:<domain>-<task>"   any DeepMind Control Suite task (apexrl.envs.dmc); needs apexrl[control]
 - "<family>:<id>"         a family another distribution registers with an ``apexrl.envs`` entry point naming an

@@ -1,0 +1,122 @@
+"""The R2D2 presets as data, for the wiring that will register ``--agent r2d2``.
+
+They are not in ``apexrl.launch.presets.PRESETS`` (nor in docs/running.md's generated table or ``apexrl run
+--help``) because they cannot run yet: the replay server does not store sequences. Each entry holds the fields
+of :class:`apexrl.launch.presets.Preset` by name -- ``replay`` as the keyword arguments of ``ReplaySettings``
+-- so the wiring makes ``Preset(name=name, **entry, replay=ReplaySettings(**entry["replay"]))`` once
+``R2D2_SOURCE`` is a key of ``apexrl.launch.preset_table.SOURCES`` and ``R2D2_FIELD_SOURCES`` is
+``apexrl.agents.config.FIELD_SOURCES[R2D2Config]``. Every setting an entry sets names its source in
+``sources``; the settings it leaves at their defaults take ``R2D2_FIELD_SOURCES`` (agent) or the preset table's
+defaults (replay, learner, actor). tests/agents/test_r2d2.py checks both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["R2D2", "R2D2_PRESETS", "R2D2_SOURCE"]
+
+R2D2 = "R2D2 paper (Kapturowski et al. 2019, Recurrent Experience Replay in Distributed Reinforcement Learning)"
+R2D2_SOURCE: dict[str, str] = {
+    "R2D2": "Kapturowski et al. 2019, Recurrent Experience Replay in Distributed Reinforcement Learning (ICLR 2019)"
+}
+"""The source key the R2D2 settings name, with its citation (to join ``preset_table.SOURCES``)."""
+
+_PAPER_LEARNER = dict(
+    min_replay_size=5_000,
+    beta=0.6,
+    publish_every=10,
+    checkpoint_every=10_000,
+    eval_every=600.0,
+    eval_episodes=10,
+    metrics_every=30.0,
+)
+
+R2D2_PRESETS: dict[str, dict[str, Any]] = {
+    "r2d2-atari": dict(
+        description="R2D2 with the paper's settings (Atari: Pong by default)",
+        source=f"R2D2 as in the {R2D2}: Nature torso + LSTM(512) + dueling heads, double Q, n = 5, gamma 0.997, "
+        "value rescaling, stored state with burn-in 40 and 80 trained steps, sequence priorities (eta 0.9)",
+        agent="r2d2",
+        env="atari:Pong",
+        agent_overrides={},  # R2D2Config's defaults are the paper's
+        replay=dict(capacity=100_000, eviction="fifo", alpha=0.9, samples_per_insert=None),
+        learner=_PAPER_LEARNER,
+        actor=dict(flush_every=1, params_every_frames=400),
+        actors=8,
+        minutes=60.0,
+        sources=dict(
+            capacity="R2D2",
+            eviction="apexrl",
+            alpha="R2D2",
+            samples_per_insert="apexrl",
+            min_replay_size="apexrl",
+            beta="R2D2",
+            eval_episodes="Ape-X",
+            flush_every="apexrl",
+            params_every_frames="R2D2",
+            actors="apexrl",
+        ),
+        unmatched=(
+            "256 actors in the paper, 8 here by default",
+            "the paper feeds the LSTM the previous step's action (one-hot) and reward beside the torso's "
+            "features; this network does not (the sequence format would need the action and reward before "
+            "step 0)",
+            "capacity counts sequences: the paper's 100,000 part-overlapping sequences (4 million "
+            "observations); an item holds burn-in + trace + 1 = 121 steps of 4-frame stacks",
+            "no replay-ratio limit: the paper reports no samples-per-insert ratio to hold the learner to; "
+            "the wiring measures one before choosing",
+            "eviction is FIFO and the warm-up is 5,000 sequences: apexrl's choices, the paper does not give them",
+            "items of burn-in + trace + 1 steps (the +1: the last trained step's next observation), so the "
+            "last 4 trained steps' n-step returns are shortened by the sequence's end and bootstrap from "
+            "its last observation",
+            "the parameter pull is every 400 frames as Ape-X counts them; if the paper's 400 are agent steps "
+            "(4 frames each), params_every_frames=1600 matches it",
+            "rewards are not clipped (value rescaling instead): the adder stores StepResult.raw_reward",
+            "the loss sums 1/2 delta^2 over a sequence's trained steps and averages over sequences (the paper "
+            "does not say how it reduces over time)",
+            "apexrl's Atari preprocessing (4-frame stacks, 30 no-ops, life loss not terminal) as for Ape-X "
+            "DQN; the paper's frame stacking is not checked here",
+            "one item per sequence is inserted as soon as it is complete (flush_every=1)",
+        ),
+    ),
+    "r2d2-cpu": dict(
+        description="R2D2 sized for a 2-core machine (masked CartPole: CartPole without its velocities)",
+        source="apexrl's choices for a 2-core machine, not yet tuned (no run can be made before the replay "
+        "stores sequences); otherwise R2D2",
+        agent="r2d2",
+        env="gym:apexrl.envs.masked:MaskedCartPole-v1",
+        agent_overrides=dict(
+            gamma=0.99,
+            batch_size=32,
+            burn_in=10,
+            trace_length=20,
+            sequence_period=10,
+            lr=1e-3,
+            target_update_period=200,
+            lstm_size=64,
+            hidden=(64,),
+            stream_hidden=64,
+            eval_epsilon=0.0,
+        ),
+        replay=dict(capacity=20_000, eviction="fifo", alpha=0.9, samples_per_insert=None),
+        learner=dict(
+            min_replay_size=200,
+            beta=0.6,
+            publish_every=5,
+            checkpoint_every=2_000,
+            eval_every=20.0,
+            eval_episodes=10,
+            metrics_every=5.0,
+        ),
+        actor=dict(flush_every=1, params_every_frames=200, envs_per_actor=4),
+        actors=2,
+        minutes=20.0,
+        sources={"*": "apexrl", "alpha": "R2D2", "beta": "R2D2"},
+        unmatched=(
+            "not tuned yet: the settings are sized for a 2-core machine (a small LSTM, short sequences, "
+            "gamma 0.99 for 500-step episodes), to be tuned on the masked-CartPole runs",
+        ),
+    ),
+}
+"""The R2D2 presets by name: the fields of ``apexrl.launch.presets.Preset`` (module docstring)."""
