@@ -1663,14 +1663,16 @@ def side_by_side(args: argparse.Namespace) -> None:
             )
     if any(r["kind"] == "reverb" for r in rows):
         rv = {r["round"]: r for r in rows if r["kind"] == "reverb"}
-        for kind in kinds:
-            mine = {r["round"]: r for r in rows if r["kind"] == kind and not r["curve"]}
+        for mode, kind in ((m, k) for m in modes for k in kinds):
+            mine = {r["round"]: r for r in rows if r["kind"] == kind and not r["curve"] and r.get("clients") == mode}
             both = sorted(set(rv) & set(mine))
+            ins = median([mine[i]["inserted_per_s"] / rv[i]["inserted_per_s"] for i in both])
+            smp = median([mine[i]["sampled_per_s"] / rv[i]["sampled_per_s"] for i in both])
             notes.append(
-                f"inserts vs Reverb, {kind}: inserted/s {median([mine[i]['inserted_per_s'] / rv[i]['inserted_per_s'] for i in both]):.2f}x "
-                f"Reverb's (Reverb: median {median([rv[i]['inserted_per_s'] for i in both]):,.0f} inserted/s, "
-                f"{median([rv[i]['sampled_per_s'] for i in both]):,.0f} sampled/s with its learner on "
-                "client.sample)"
+                f"vs Reverb, {kind}, {mode} clients: inserted/s {ins:.2f}x, sampled/s {smp:.2f}x Reverb's (Reverb: "
+                f"median {median([rv[i]['inserted_per_s'] for i in both]):,.0f} inserted/s, "
+                f"{median([rv[i]['sampled_per_s'] for i in both]):,.0f} sampled/s; its fastest clients: a "
+                "StructuredWriter flushing every 50, a TrajectoryDataset batched by 512)"
             )
     else:
         notes.append(reverb)
