@@ -18,6 +18,7 @@
 #include "apexrl/eviction/lowest_priority.h"
 #include "apexrl/eviction/planner.h"
 #include "apexrl/eviction/prioritized.h"
+#include "apexrl/eviction/uniform.h"
 #include "apexrl/random.h"
 
 namespace apexrl {
@@ -599,7 +600,13 @@ TEST(EvictionKindsTest, NamesParseBackAndPickTheirPolicyAndPlanner) {
   EXPECT_EQ(ParseEvictionKind("fifo"), EvictionKind::kFifo);
   EXPECT_EQ(ParseEvictionKind("prioritized"), EvictionKind::kPrioritized);
   EXPECT_EQ(ParseEvictionKind("lowest_priority"), EvictionKind::kLowestPriority);
-  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized, EvictionKind::kLowestPriority}) {
+  EXPECT_EQ(ParseEvictionKind("min_heap"), EvictionKind::kLowestPriority);
+  EXPECT_EQ(ParseEvictionKind("lifo"), EvictionKind::kLifo);
+  EXPECT_EQ(ParseEvictionKind("uniform"), EvictionKind::kUniform);
+  EXPECT_EQ(ParseEvictionKind("max_heap"), EvictionKind::kMaxHeap);
+  EXPECT_STREQ(EvictionKindName(EvictionKind::kLowestPriority), "lowest_priority");
+  for (EvictionKind kind : {EvictionKind::kFifo, EvictionKind::kPrioritized, EvictionKind::kLowestPriority,
+                            EvictionKind::kLifo, EvictionKind::kUniform, EvictionKind::kMaxHeap}) {
     EXPECT_TRUE(IsEvictionKind(kind));
     EXPECT_EQ(ParseEvictionKind(EvictionKindName(kind)), kind);
     EXPECT_NE(MakeEvictionPolicy(kind, -0.4), nullptr);
@@ -611,6 +618,61 @@ TEST(EvictionKindsTest, NamesParseBackAndPickTheirPolicyAndPlanner) {
             nullptr);
   EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kPrioritized), &DrawnEvictionPlanner());
   EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kLowestPriority), &OrderedEvictionPlanner());
+  EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kLifo), &OrderedEvictionPlanner());
+  EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kMaxHeap), &OrderedEvictionPlanner());
+  EXPECT_EQ(&EvictionPlannerFor(EvictionKind::kUniform), &DrawnEvictionPlanner());
+}
+
+TEST(LifoPolicyTest, VictimsComeNewestFirstAndRankByTheInsertionNumbersComplement) {
+  FifoPolicy p(/*newest_first=*/true);
+  p.Grow(8);
+  for (Slot s : {3, 1, 6}) p.OnInsert(s, 1.0, 10 + s);  // seqs 13, 11, 16: in insertion order here
+  EvictionSummary out;
+  p.Summarize(8, &out);
+  EXPECT_EQ(out.ranks, (std::vector<uint64_t>{~uint64_t{16}, ~uint64_t{11}, ~uint64_t{13}}));
+  Rng rng(1, 0);
+  const std::vector<Slot> live{3, 1, 6};
+  EXPECT_EQ(p.Victim(rng, kAnyRank, live), 6u);
+  EXPECT_EQ(p.Victim(rng, ~uint64_t{16} - 1, live), kNoSlot);  // above the bound
+  p.OnErase(6);
+  EXPECT_EQ(p.Victim(rng, kAnyRank, live), 1u);
+  p.OnErase(3);  // from the middle
+  EXPECT_EQ(p.CheckConsistency(1), "");
+  EXPECT_EQ(p.Victim(rng, kAnyRank, live), 1u);
+}
+
+TEST(MaxHeapPolicyTest, VictimsComeInDecreasingPriorityAndFollowUpdates) {
+  LowestPriorityPolicy p(/*highest_first=*/true);
+  p.Grow(8);
+  p.OnInsert(0, 2.0, 1);
+  p.OnInsert(1, 5.0, 2);
+  p.OnInsert(2, 0.5, 3);
+  Rng rng(1, 0);
+  const std::vector<Slot> live{0, 1, 2};
+  EXPECT_EQ(p.Victim(rng, kAnyRank, live), 1u);
+  p.OnUpdate(2, 9.0);
+  EXPECT_EQ(p.Victim(rng, kAnyRank, live), 2u);
+  EvictionSummary out;
+  p.Summarize(3, &out);
+  ASSERT_EQ(out.ranks.size(), 3u);
+  EXPECT_EQ(out.ranks[0], ~LowestPriorityPolicy::RankOf(9.0));
+  EXPECT_LT(out.ranks[1], out.ranks[2]);  // 5.0 before 2.0
+  EXPECT_EQ(p.CheckConsistency(3), "");
+}
+
+TEST(UniformPolicyTest, EveryLiveSlotIsEquallyLikelyAndNothingIsTracked) {
+  UniformPolicy p;
+  EvictionSummary out;
+  p.Summarize(8, &out);
+  EXPECT_TRUE(out.ranks.empty());
+  EXPECT_EQ(out.mass, 0.0);
+  EXPECT_EQ(out.urgent, 0u);
+  Rng rng(7, 0);
+  const std::vector<Slot> live{4, 9, 2, 7};
+  std::map<Slot, int> seen;
+  for (int i = 0; i < 40000; ++i) ++seen[p.Victim(rng, 0, live)];
+  ASSERT_EQ(seen.size(), 4u);
+  for (const auto& [slot, n] : seen) EXPECT_NEAR(n, 10000, 400) << slot;  // > 4 sigma
 }
 
 TEST(EvictionKindsTest, UnknownKindsAndNamesAreRejected) {
@@ -625,7 +687,8 @@ TEST(EvictionKindsTest, UnknownKindsAndNamesAreRejected) {
       ADD_FAILURE() << "parsed '" << name << "'";
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(std::string(e.what()),
-                "unknown eviction policy '" + std::string(name) + "'; use 'fifo', 'prioritized' or 'lowest_priority'");
+                "unknown eviction policy '" + std::string(name) +
+                    "'; use 'fifo', 'prioritized', 'lowest_priority' ('min_heap'), 'lifo', 'uniform' or 'max_heap'");
     }
   }
 }

@@ -39,11 +39,15 @@ void FifoPolicy::OnErase(Slot slot) {
 }
 
 void FifoPolicy::Summarize(size_t max_ranks, EvictionSummary* out) const {
-  for (Slot s = head_; s != kNoSlot && max_ranks > 0; s = next_[s], --max_ranks) out->ranks.push_back(seq_[s]);
+  const std::vector<Slot>& step = newest_first_ ? prev_ : next_;
+  for (Slot s = newest_first_ ? tail_ : head_; s != kNoSlot && max_ranks > 0; s = step[s], --max_ranks) {
+    out->ranks.push_back(Rank(s));
+  }
 }
 
 Slot FifoPolicy::Victim(Rng&, uint64_t max_rank, const std::vector<Slot>&) {
-  return head_ != kNoSlot && seq_[head_] <= max_rank ? head_ : kNoSlot;
+  const Slot first = newest_first_ ? tail_ : head_;
+  return first != kNoSlot && Rank(first) <= max_rank ? first : kNoSlot;
 }
 
 std::string FifoPolicy::CheckConsistency(size_t live_items) const {

@@ -1,4 +1,5 @@
-// FifoPolicy: oldest item first, in store-wide insertion order (an ordered policy; see policy.h).
+// FifoPolicy: oldest item first, in store-wide insertion order, or newest first (LIFO); an ordered policy, see
+// policy.h.
 #ifndef APEXRL_EVICTION_FIFO_H_
 #define APEXRL_EVICTION_FIFO_H_
 
@@ -9,20 +10,24 @@
 namespace apexrl {
 
 // An item's rank is its store-wide insertion number, so the planner's "smallest ranks first" is "globally
-// oldest first". The shard's items sit in an intrusive doubly-linked list in insertion order, so erasing one
-// from the middle (erase() by key) is O(1). Every method is O(1) except Summarize, O(max_ranks).
+// oldest first"; with newest_first (LIFO) the rank is the number's complement, so it is "globally newest first". The
+// shard's items sit in an intrusive doubly-linked list in insertion order, so erasing one from the middle (erase() by
+// key) is O(1). Every method is O(1) except Summarize, O(max_ranks).
 class FifoPolicy final : public EvictionPolicy {
  public:
+  explicit FifoPolicy(bool newest_first = false) : newest_first_(newest_first) {}
   void Grow(size_t slot_capacity) override;
   void OnInsert(Slot slot, double priority, uint64_t seq) override;
   void OnUpdate(Slot, double) override {}
   void OnErase(Slot slot) override;
   void Summarize(size_t max_ranks, EvictionSummary* out) const override;
-  // The oldest item, if its insertion number is at most `max_rank`.
+  // The oldest (newest_first: the newest) item, if its rank is at most `max_rank`.
   Slot Victim(Rng& rng, uint64_t max_rank, const std::vector<Slot>& live) override;
   std::string CheckConsistency(size_t live_items) const override;
 
  private:
+  uint64_t Rank(Slot s) const { return newest_first_ ? ~seq_[s] : seq_[s]; }
+  const bool newest_first_;
   std::vector<Slot> prev_, next_;
   std::vector<uint64_t> seq_;
   Slot head_ = kNoSlot, tail_ = kNoSlot;

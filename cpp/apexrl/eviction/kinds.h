@@ -21,7 +21,10 @@ namespace apexrl {
 enum class EvictionKind : uint32_t {
   kFifo = 0,            // globally oldest first (insertion order across all shards)
   kPrioritized = 1,     // victims drawn with probability proportional to priority^alpha_evict
-  kLowestPriority = 2,  // globally lowest priority first
+  kLowestPriority = 2,  // globally lowest priority first ("lowest_priority", also "min_heap")
+  kLifo = 3,            // globally newest first
+  kUniform = 4,         // every item equally likely
+  kMaxHeap = 5,         // globally highest priority first
 };
 
 // Whether `kind` is one of the values above (a snapshot's header is checked with it).
@@ -30,8 +33,9 @@ bool IsEvictionKind(EvictionKind kind);
 std::unique_ptr<EvictionPolicy> MakeEvictionPolicy(EvictionKind kind, double alpha_evict);
 // The planner of `kind`'s eviction shape. Throws InvalidArgument for an unknown kind.
 const EvictionPlanner& EvictionPlannerFor(EvictionKind kind);
-// The name the Python API uses ("fifo", "prioritized", "lowest_priority"), and back. Parsing is exact
-// (case-sensitive) and throws InvalidArgument naming the valid choices.
+// The name the Python API uses ("fifo", "prioritized", "lowest_priority", "lifo", "uniform", "max_heap"), and
+// back; "min_heap" parses as "lowest_priority". Parsing is exact (case-sensitive) and throws InvalidArgument
+// naming the valid choices.
 const char* EvictionKindName(EvictionKind kind);
 EvictionKind ParseEvictionKind(const std::string& name);
 

@@ -52,14 +52,14 @@ void LowestPriorityPolicy::SiftDown(size_t i) {
 }
 
 void LowestPriorityPolicy::OnInsert(Slot slot, double priority, uint64_t) {
-  heap_.push_back(Entry{RankOf(priority), slot});
+  heap_.push_back(Entry{Rank(priority), slot});
   SiftUp(heap_.size() - 1);
 }
 
 void LowestPriorityPolicy::OnUpdate(Slot slot, double priority) {
   const size_t i = pos_[slot];
   const uint64_t old_rank = heap_[i].rank;
-  heap_[i].rank = RankOf(priority);
+  heap_[i].rank = Rank(priority);
   if (heap_[i].rank < old_rank) {
     SiftUp(i);
   } else {

@@ -75,7 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
         "capacity even if no learner calls REMOVE_TO_FIT",
     )
     p.add_argument("--alpha", type=field_arg(ServerConfig, "alpha"), default=0.6, help="priority exponent alpha (>= 0)")
-    p.add_argument("--eviction", choices=EVICTION_POLICIES, default="fifo", help="remove_to_fit policy")
+    p.add_argument(
+        "--eviction",
+        choices=EVICTION_POLICIES,
+        default="fifo",
+        help="which items remove_to_fit takes when the store is over --capacity: fifo (oldest first, the "
+        "default), lifo (newest first), prioritized (drawn with probability proportional to "
+        "priority^--alpha-evict), uniform (drawn, every item alike), lowest_priority or its alias min_heap "
+        "(lowest priorities first), max_heap (highest first)",
+    )
     p.add_argument(
         "--alpha-evict",
         type=field_arg(ServerConfig, "alpha_evict"),

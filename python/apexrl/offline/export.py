@@ -54,7 +54,7 @@ SNAPSHOT_VERSIONS = (2, 3)
 RESERVED = ("keys", "priorities", "insertion", "spec", "store")
 """Names of the ``.npz`` arrays that are not transition fields."""
 _MAGIC, _END = b"APXRLST1", b"APXRLEND"
-_EVICTION = {0: "fifo", 1: "prioritized", 2: "lowest_priority"}
+_EVICTION = {0: "fifo", 1: "prioritized", 2: "lowest_priority", 3: "lifo", 4: "uniform", 5: "max_heap"}
 _SHARD_BITS, _SLOT_BITS = 8, 28
 
 

@@ -28,8 +28,11 @@ MAX_REPLAY_SERVERS = 32
 shard field, above the server's own lock shards (5 bits for 32 servers leave 3: 8 lock shards each)."""
 MAX_SLOTS_PER_SHARD = 2**28 - 1
 """The store's key has 28 bits for the slot: a shard holds at most this many items."""
-EVICTION_POLICIES = ("fifo", "prioritized", "lowest_priority")
-"""``PrioritizedStore(eviction=...)`` values (tests check the store accepts exactly these)."""
+EVICTION_POLICIES = ("fifo", "prioritized", "lowest_priority", "lifo", "uniform", "max_heap", "min_heap")
+"""``PrioritizedStore(eviction=...)`` values (tests check the store accepts exactly these): which items
+``remove_to_fit`` takes. fifo: the oldest; lifo: the newest; prioritized: drawn with probability proportional
+to priority^alpha_evict; uniform: drawn, every item alike; lowest_priority (also min_heap): the lowest
+priorities; max_heap: the highest. The store reports min_heap by its first name, lowest_priority."""
 
 
 @dataclass
