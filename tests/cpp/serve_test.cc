@@ -47,6 +47,31 @@ TEST(Waitlist, ReleaseLooksOnlyAtTheHeadsAndSimulatesAdmissionsInOrder) {
   EXPECT_EQ(sampled, 0u);
 }
 
+TEST(Waitlist, RetriesBehindAnInsertIdWaitApartAndNeverBlockOrTakeAnAdmission) {
+  RateLimiter rl(1.0, 0.0, 1);
+  ASSERT_TRUE(rl.TryInsert(1, 10));  // I = 1, S = 0: no insert may go until a sample does
+  Waitlist w(100, 100, 1 << 20);
+  auto first = Wait(kInsert, 2, 1), retry = Wait(kInsert, 2, 2), other = Wait(kInsert, 1, 3);
+  retry->behind_id = true;
+  for (auto& e : {first, retry, other}) EXPECT_EQ(w.Add(e, false), nullptr);
+  EXPECT_EQ(w.behind(), 1u);
+  bool busy = true;
+  const auto still_behind = [&](const Deferred& e) {
+    EXPECT_EQ(&e, retry.get());  // asked of the retries alone
+    return busy;
+  };
+  EXPECT_TRUE(w.Release(rl, 10, still_behind).empty());  // its id's owner still waits: so does it
+  busy = false;                                          // the owner was stored (or gave up)
+  auto ready = w.Release(rl, 10, still_behind);
+  ASSERT_EQ(ready.size(), 1u);  // the limiter still holds `first` and `other` back
+  EXPECT_EQ(ready[0], retry);
+  EXPECT_EQ(w.count(), 2u);
+  EXPECT_EQ(w.behind(), 0u);
+  uint64_t inserted, sampled;
+  rl.Counts(&inserted, &sampled);
+  EXPECT_EQ(inserted, 1u);
+}
+
 TEST(Waitlist, CapsPerClientEvictTheOldestAndDeparturesDropTheirRequests) {
   Waitlist w(100, 2, 1 << 20);
   auto a1 = Wait(kSample, 1, 1, "a"), a2 = Wait(kSample, 1, 2, "a"), a3 = Wait(kSample, 1, 3, "a");
