@@ -88,6 +88,11 @@ def test_the_learner_keeps_statistics_of_its_batches_and_ships_them_to_actors_an
         out = learner.actor(x)
         expected = torch.tanh(out[0]) if agent == "sac" else out
     np.testing.assert_allclose(policy.act(obs, explore=False), expected[0].numpy(), rtol=1e-5, atol=1e-6)
+    # a vectorised actor's policy normalises its stacked observations the same way
+    batched = agent_def.make_batch_policy(spec, config, [0, 1], 2, 0)
+    batched.load_policy_state_dict(weights)
+    for got in batched.act_batch(np.stack([obs, obs]), explore=False):
+        np.testing.assert_allclose(got, expected[0].numpy(), rtol=1e-5, atol=1e-6)
     # a policy without normalisation cannot load normalised weights (and the other way round)
     plain = agent_def.make_policy(spec, _small(agent), 0, 1, 0)
     with pytest.raises(ValueError, match="obs_norm"):
