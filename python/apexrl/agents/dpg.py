@@ -30,6 +30,10 @@ The actor loss is not IS-weighted (the IS correction is for the TD targets' samp
 weight only the critic). Target networks are hard copies, refreshed after every ``target_update_period``-th
 update (100 in the paper). Actors (``DPGPolicy``) add Gaussian noise N(0, sigma^2) and clip to [-1, 1], and
 compute initial priorities with their local actor and critic standing in for the target networks.
+
+``obs_norm=True`` (``--obs-norm on``; D4PG too): every network sees observations normalised by the running mean
+and variance the learner keeps of its sampled batches, sent to actors with the weights and saved in checkpoints
+(:mod:`apexrl.agents.normalize`). Off by default: the papers' raw observations.
 """
 
 from __future__ import annotations
