@@ -51,6 +51,7 @@ def test_shares_of_the_learner_and_of_the_run_s_local_processes(tmp_path):
         assert 0 < row["cpu_learner"] <= cores + 0.5
         # one local actor: the sum, the least and the most busy are the same process
         assert 0 < row["cpu_actors"] <= 1.5 and row["cpu_actor_min"] == row["cpu_actor_max"] == row["cpu_actors"]
+        assert meter.actors == {"actor0": row["cpu_actors"]}  # each local actor by name (not actor1: remote)
         assert row["cpu_replay"] is None  # its pid is gone
         assert row["cpu_eval"] is None
         assert row["cpu_machine"] is not None and row["cpu_machine"] >= row["cpu_actors"] * 0.5

@@ -67,25 +67,26 @@ def machine_busy_seconds() -> float | None:
     return (sum(ticks) - ticks[3] - ticks[4]) / _TICKS
 
 
-def _read_pids(run_dir: str | None) -> tuple[list[int], list[int]]:
-    """(replay server pids, actor pids) of this machine from RUN_DIR/pids.json; empty lists without it."""
+def _read_pids(run_dir: str | None) -> tuple[list[int], dict[str, int]]:
+    """(replay server pids, {actor name: pid}) of this machine from RUN_DIR/pids.json; empty without it."""
     if not run_dir:
-        return [], []
+        return [], {}
     try:
         with open(os.path.join(run_dir, "pids.json"), encoding="utf-8") as f:
             pids = json.load(f)
         children: Mapping[str, int] = pids.get("children", {})
         remote = set(pids.get("nodes", {}))  # children on other machines: their pids mean nothing here
     except (OSError, ValueError, AttributeError):
-        return [], []
-    servers, actors = [], []
+        return [], {}
+    servers: list[int] = []
+    actors: dict[str, int] = {}
     for name, pid in children.items():
         if name in remote or not isinstance(pid, int):
             continue
         if name.startswith("server"):
             servers.append(pid)
         elif name.startswith("actor"):
-            actors.append(pid)
+            actors[name] = pid
     return servers, actors
 
 
@@ -103,6 +104,10 @@ class CPUMeter:
         self._last: dict[int, tuple[float, int]] = {}
         self._last_time: float | None = None
         self._last_machine: float | None = None
+        self.actors: dict[str, float] = {}
+        """Each local actor's share in the last interval, by its name in pids.json (``actor0``, ...): what the
+        learner's progress file and its own TensorBoard file get as ``cpu_actor0``, ... (metrics.csv keeps the
+        fixed columns)."""
 
     def _shares(self, pids: Iterable[int], dt: float, now: dict[int, tuple[float, int]]) -> list[float]:
         out = []
@@ -126,7 +131,12 @@ class CPUMeter:
         learner = self._shares([self.pid], dt, now)
         evaluation = self._shares([] if eval_pid is None else [eval_pid], dt, now)
         replay = self._shares(servers, dt, now)
-        acting = self._shares(actors, dt, now)
+        self.actors = {}
+        for name, pid in actors.items():
+            share = self._shares([pid], dt, now)
+            if share:
+                self.actors[name] = share[0]
+        acting = list(self.actors.values())
         machine = machine_busy_seconds()
         row: dict[str, float | None] = {
             "cpu_learner": learner[0] if learner else None,

@@ -101,7 +101,8 @@ agent cannot train on (this run). ``batch_wait_frac``: the share of the interval
 waited for a sampled batch (near 1: the learner is starved, by the actors through the rate limiter or by the
 replay; near 0: the learner is the bottleneck). ``cpu_*``: CPU shares in cores of the learner, its evaluation
 process, the replay servers and the actors on the learner's machine, and of the whole machine
-(:mod:`apexrl.apex.cpu`)."""
+(:mod:`apexrl.apex.cpu`); each actor's own share, ``cpu_actor<i>``, goes to the progress file and to the learner's
+own TensorBoard file (``apexrl run --tensorboard`` mirrors the CSV's columns only)."""
 
 
 _TEXT_KEYS = (
@@ -507,9 +508,10 @@ class Learner:
             self._csv = CSVWriter(os.path.join(self.run_dir, METRICS_NAME), BASE_COLUMNS + names)
         row.update({k: v for k, v in metrics.items() if k in self._csv.columns})
         self._csv.write(row)
+        per_actor = {f"cpu_{name}": share for name, share in self._cpu.actors.items()}  # not CSV columns
         if self._board is not None:
-            self._board.add_metrics_row({c: row.get(c) for c in self._csv.columns})
-        self.report.emit(row, text_keys=_TEXT_KEYS)
+            self._board.add_metrics_row({**{c: row.get(c) for c in self._csv.columns}, **per_actor})
+        self.report.emit({**row, **per_actor}, text_keys=_TEXT_KEYS)
         return steps, inserted
 
     def _summary(self, start: float, steps_at_start: int) -> dict[str, Any]:
