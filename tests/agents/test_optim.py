@@ -135,3 +135,10 @@ def test_fused_adam_takes_the_plain_adam_step_and_shares_its_checkpoint_layout()
     assert all(
         torch.equal(plain.state[p]["exp_avg"], fused.state[q]["exp_avg"]) for p, q in zip(plain_params, fused_params)
     )
+
+
+def test_apexrl_fused_adam_0_gives_the_plain_adam(monkeypatch):
+    from apexrl.agents.optim import FUSED_ADAM_ENV, make_adam
+
+    monkeypatch.setenv(FUSED_ADAM_ENV, "0")
+    assert not make_adam([torch.zeros(2, requires_grad=True)], lr=1e-3, eps=1e-8).defaults.get("fused")

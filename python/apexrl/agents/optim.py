@@ -17,11 +17,12 @@ magnitude. :class:`TFRMSProp` is the TensorFlow update; ``DQNConfig.optimizer = 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 
 import torch
 
-__all__ = ["TFRMSProp", "fused_adam_works", "make_adam"]
+__all__ = ["FUSED_ADAM_ENV", "TFRMSProp", "fused_adam_works", "make_adam"]
 
 
 class TFRMSProp(torch.optim.Optimizer):
@@ -88,6 +89,9 @@ class TFRMSProp(torch.optim.Optimizer):
         return loss
 
 
+FUSED_ADAM_ENV = "APEXRL_FUSED_ADAM"
+"""Environment variable: ``0`` turns fused Adam off (read at each :func:`make_adam`)."""
+
 _FUSED_OK: dict[str, bool] = {}
 """Whether ``Adam(fused=True)`` stepped on a device type, found once per process by :func:`fused_adam_works`."""
 
@@ -111,9 +115,10 @@ def make_adam(params: Iterable[torch.Tensor], lr: float, eps: float) -> torch.op
     """``torch.optim.Adam`` over ``params``, fused (one kernel for every parameter's update instead of a loop
     of small ones) where this torch supports it on their device, the plain for-each implementation otherwise.
     Both compute the same update; their state (``step``, ``exp_avg``, ``exp_avg_sq``) has the same names,
-    shapes and dtypes, so checkpoints load into either."""
+    shapes and dtypes, so checkpoints load into either. ``APEXRL_FUSED_ADAM=0`` in the environment: the plain
+    one (bench/bench_learner_step.py compares them)."""
     params = list(params)
     device_type = params[0].device.type if params else "cpu"
-    if fused_adam_works(device_type):
+    if os.environ.get(FUSED_ADAM_ENV, "1") != "0" and fused_adam_works(device_type):
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
     return torch.optim.Adam(params, lr=lr, eps=eps)
