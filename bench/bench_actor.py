@@ -66,7 +66,7 @@ def actor_rate(env: str, k: int, endpoint: str, seconds: float, warmup: float) -
     from apexrl.apex.config import ActorConfig
 
     config = ActorConfig(
-        agent=AGENTS.get(env, "dqn"),
+        agent=AGENTS.get(env, "dpg" if env.startswith("dmc:") else "dqn"),  # any Control Suite task: dpg
         env=env,
         replay=endpoint,
         params="tcp://127.0.0.1:9",

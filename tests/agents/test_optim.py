@@ -100,3 +100,45 @@ def test_the_paper_preset_uses_it_and_a_checkpoint_keeps_it():
         np.testing.assert_array_equal(a.update(batch, np.ones(8))[0], b.update(batch, np.ones(8))[0])
     for x, y in zip(params(a.q_net), params(b.q_net)):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+
+
+def test_fused_adam_takes_the_plain_adam_step_and_shares_its_checkpoint_layout():
+    """make_adam's fused Adam (where this torch has it) steps as the for-each Adam does, and the state of one
+    loads into the other: checkpoints of either kind resume on both."""
+    from apexrl.agents.common import (
+        check_tensors,
+        expected_optimizer_tensors,
+        load_optimizer_tensors,
+        optimizer_tensors,
+    )
+    from apexrl.agents.optim import fused_adam_works, make_adam
+
+    assert fused_adam_works("cpu") in (True, False)
+    g = torch.Generator().manual_seed(0)
+    init = [torch.randn(4, 3, generator=g), torch.randn(3, generator=g)]
+    grads = [[torch.randn(4, 3, generator=g), torch.randn(3, generator=g)] for _ in range(3)]
+    fused_params = [p.clone().requires_grad_(True) for p in init]
+    plain_params = [p.clone().requires_grad_(True) for p in init]
+    fused = make_adam(fused_params, lr=1e-2, eps=1e-8)
+    plain = torch.optim.Adam(plain_params, lr=1e-2, eps=1e-8)
+    assert fused.defaults.get("fused") == (True if fused_adam_works("cpu") else None)
+    for step in grads:
+        for opt, ps in ((fused, fused_params), (plain, plain_params)):
+            for p, gr in zip(ps, step):
+                p.grad = gr.clone()
+            opt.step()
+    for a, b in zip(fused_params, plain_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    saved = optimizer_tensors("net", fused)
+    check_tensors(expected_optimizer_tensors("net", plain, saved), saved, "fused Adam state")  # names, shapes, dtypes
+    load_optimizer_tensors("net", plain, saved)
+    assert all(
+        torch.equal(plain.state[p]["exp_avg"], fused.state[q]["exp_avg"]) for p, q in zip(plain_params, fused_params)
+    )
+
+
+def test_apexrl_fused_adam_0_gives_the_plain_adam(monkeypatch):
+    from apexrl.agents.optim import FUSED_ADAM_ENV, make_adam
+
+    monkeypatch.setenv(FUSED_ADAM_ENV, "0")
+    assert not make_adam([torch.zeros(2, requires_grad=True)], lr=1e-3, eps=1e-8).defaults.get("fused")

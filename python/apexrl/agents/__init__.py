@@ -1,5 +1,6 @@
-"""Ape-X agents: DQN (dueling, double-Q, n-step), DPG (deterministic actor-critic, n-step) and D4PG (DPG with a
-categorical critic).
+"""Ape-X agents: DQN (dueling, double-Q, n-step), DPG (deterministic actor-critic, n-step), D4PG (DPG with a
+categorical critic), TD3 (twin critics, delayed policy updates, target smoothing) and SAC (squashed Gaussian
+policy, twin critics, learned temperature).
 
 Each agent is one module ending in an :class:`~apexrl.agents.base.AgentDef` (config class, learner side,
 actor side, the environments it accepts); the lines below register them. An agent that lives in another
@@ -8,18 +9,22 @@ distribution registers itself with an ``apexrl.agents`` entry point instead (see
 
 from __future__ import annotations
 
-from apexrl.agents import d4pg, dpg, dqn
+from apexrl.agents import d4pg, dpg, dqn, sac, td3
 from apexrl.agents.base import AGENTS, Agent, AgentDef, Policy, agent_names, get_agent
 from apexrl.agents.common import epsilon_ladder
-from apexrl.agents.config import D4PGConfig, DPGConfig, DQNConfig
+from apexrl.agents.config import D4PGConfig, DPGConfig, DQNConfig, SACConfig, TD3Config
 from apexrl.agents.d4pg import D4PGLearner, D4PGPolicy
 from apexrl.agents.dpg import DPGLearner, DPGPolicy, dpg_transition_spec
 from apexrl.agents.dqn import DQNLearner, DQNPolicy, dqn_transition_spec
+from apexrl.agents.sac import SACLearner, SACPolicy
+from apexrl.agents.td3 import TD3Learner, TD3Policy
 
 # The registry: one line per agent.
 AGENTS.register(dqn.AGENT)
 AGENTS.register(dpg.AGENT)
 AGENTS.register(d4pg.AGENT)
+AGENTS.register(td3.AGENT)
+AGENTS.register(sac.AGENT)
 
 __all__ = [
     "AGENTS",
@@ -35,6 +40,12 @@ __all__ = [
     "DQNLearner",
     "DQNPolicy",
     "Policy",
+    "SACConfig",
+    "SACLearner",
+    "SACPolicy",
+    "TD3Config",
+    "TD3Learner",
+    "TD3Policy",
     "agent_names",
     "dpg_transition_spec",
     "dqn_transition_spec",

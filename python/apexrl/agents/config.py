@@ -1,5 +1,6 @@
 """Agent hyper-parameters. DQN's and DPG's defaults are the Ape-X paper's (Horgan et al. 2018, appendix); D4PG's
-are the D4PG paper's where it gives them and Acme's elsewhere (D4PGConfig). Each preset of
+are the D4PG paper's where it gives them and Acme's elsewhere (D4PGConfig); TD3's and SAC's are their papers'
+(Fujimoto et al. 2018; Haarnoja et al. 2018, Soft Actor-Critic Algorithms and Applications). Each preset of
 ``apexrl.launch.presets`` says which source each of its settings follows.
 
 All configs are frozen dataclasses: make small-task presets with ``dataclasses.replace(DQNConfig(), lr=1e-3)``.
@@ -26,6 +27,19 @@ def _check_positive_floats(cfg: object, *names: str, allow_none: bool = False) -
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
             raise ValueError(f"{type(cfg).__name__}.{name} must be a finite number > 0, got {v!r}")
+
+
+def _check_bool(cfg: object, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{type(cfg).__name__}.{name} must be true or false, got {getattr(cfg, name)!r}")
+
+
+def _check_nonneg_floats(cfg: object, *names: str) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"{type(cfg).__name__}.{name} must be a finite number >= 0, got {v!r}")
 
 
 def _check_unit(cfg: object, *names: str) -> None:
@@ -152,8 +166,12 @@ class _ActorCriticConfig:
     actor_weights: str = "online"
     """Weights the learner sends to actors (and evaluates): ``online``, the networks it trains, or ``target``,
     their target copies (Acme's D4PG learner serves its target networks to its actors)."""
+    obs_norm: bool = False
+    """Normalise observations by the running mean and variance the learner keeps of its sampled batches,
+    shipped to actors with the weights (apexrl.agents.normalize). Off: the papers feed raw observations."""
 
     def __post_init__(self) -> None:
+        _check_bool(self, "obs_norm")
         _check_positive_ints(self, "n_step", "batch_size", "target_update_period")
         _check_unit(self, "gamma")
         _check_positive_floats(self, "actor_lr", "critic_lr", "adam_eps", "priority_eps")
@@ -238,6 +256,111 @@ class D4PGConfig(_ActorCriticConfig):
             )
 
 
+@dataclass(frozen=True)
+class TD3Config:
+    """TD3 (Fujimoto et al. 2018, Addressing Function Approximation Error in Actor-Critic Methods): clipped
+    double Q, delayed policy updates, target policy smoothing; the paper's settings (its Table 3)."""
+
+    n_step: int = 1
+    """n of the n-step return (1: the paper's one-step target)."""
+    gamma: float = 0.99
+    """Discount per agent step."""
+    batch_size: int = 100
+    """Transitions per learner update."""
+    actor_lr: float = 1e-3
+    """Adam learning rate of the actor."""
+    critic_lr: float = 1e-3
+    """Adam learning rate of the twin critics (one optimiser over both)."""
+    adam_eps: float = 1e-8
+    """Adam epsilon."""
+    actor_hidden: tuple[int, ...] = (400, 300)
+    """Actor: obs -> 400 -> ReLU -> 300 -> ReLU -> action_dim -> tanh."""
+    critic_hidden: tuple[int, ...] = (400, 300)
+    """Each critic: [obs, action] -> 400 -> ReLU -> 300 -> ReLU -> 1."""
+    tau: float = 0.005
+    """Polyak rate of the target networks: target <- (1 - tau) target + tau online, at every actor update."""
+    policy_delay: int = 2
+    """The actor and the targets are updated at every ``policy_delay``-th learner update (the critics at
+    every one)."""
+    target_noise: float = 0.2
+    """Std of the target policy smoothing noise added to the target actor's action."""
+    target_noise_clip: float = 0.5
+    """The smoothing noise is clipped to [-c, c] before it is added (then the action to [-1, 1])."""
+    noise_sigma: float = 0.1
+    """Std of the Gaussian exploration noise of every actor (none in evaluation)."""
+    priority_eps: float = 1e-6
+    """Added to every new priority (the mean over the two critics of |TD error|) so that it is > 0."""
+    obs_norm: bool = False
+    """Normalise observations by the learner's running mean and variance (apexrl.agents.normalize)."""
+
+    def __post_init__(self) -> None:
+        _check_bool(self, "obs_norm")
+        _check_positive_ints(self, "n_step", "batch_size", "policy_delay")
+        _check_unit(self, "gamma", "tau")
+        _check_positive_floats(self, "actor_lr", "critic_lr", "adam_eps", "priority_eps", "target_noise_clip")
+        _check_nonneg_floats(self, "target_noise", "noise_sigma")
+        _check_layers(self, "actor_hidden", "critic_hidden")
+        if self.tau == 0:
+            raise ValueError("TD3Config.tau must be > 0 (the targets would never move)")
+
+
+@dataclass(frozen=True)
+class SACConfig:
+    """SAC (Haarnoja et al. 2018, Soft Actor-Critic Algorithms and Applications): squashed Gaussian policy,
+    twin critics with Polyak targets, a learned temperature with target entropy -|A|; that paper's settings
+    (its Table 1)."""
+
+    n_step: int = 1
+    """n of the n-step return (1: the paper's one-step soft target)."""
+    gamma: float = 0.99
+    """Discount per agent step."""
+    batch_size: int = 256
+    """Transitions per learner update."""
+    actor_lr: float = 3e-4
+    """Adam learning rate of the policy."""
+    critic_lr: float = 3e-4
+    """Adam learning rate of the twin critics (one optimiser over both)."""
+    alpha_lr: float = 3e-4
+    """Adam learning rate of log(alpha), the temperature."""
+    adam_eps: float = 1e-8
+    """Adam epsilon, every optimiser."""
+    actor_hidden: tuple[int, ...] = (256, 256)
+    """Policy: obs -> 256 -> ReLU -> 256 -> ReLU -> (mean, log std), 2 x action_dim."""
+    critic_hidden: tuple[int, ...] = (256, 256)
+    """Each critic: [obs, action] -> 256 -> ReLU -> 256 -> ReLU -> 1."""
+    tau: float = 0.005
+    """Polyak rate of the target critics, at every update."""
+    init_alpha: float = 1.0
+    """The temperature alpha at the start (log alpha = 0)."""
+    target_entropy: float | None = None
+    """Entropy the temperature steers the policy towards; None: -action_dim (the paper's -|A|)."""
+    log_std_min: float = -20.0
+    """The policy's log std is clamped to [log_std_min, log_std_max]."""
+    log_std_max: float = 2.0
+    """Upper clamp of the policy's log std."""
+    priority_eps: float = 1e-6
+    """Added to every new priority (the mean over the two critics of |soft TD error|) so that it is > 0."""
+    obs_norm: bool = False
+    """Normalise observations by the learner's running mean and variance (apexrl.agents.normalize)."""
+
+    def __post_init__(self) -> None:
+        _check_bool(self, "obs_norm")
+        _check_positive_ints(self, "n_step", "batch_size")
+        _check_unit(self, "gamma", "tau")
+        _check_positive_floats(self, "actor_lr", "critic_lr", "alpha_lr", "adam_eps", "priority_eps", "init_alpha")
+        _check_layers(self, "actor_hidden", "critic_hidden")
+        if self.tau == 0:
+            raise ValueError("SACConfig.tau must be > 0 (the targets would never move)")
+        for name in ("log_std_min", "log_std_max", "target_entropy"):
+            v = getattr(self, name)
+            if v is None and name == "target_entropy":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"SACConfig.{name} must be a finite number, got {v!r}")
+        if not self.log_std_min < self.log_std_max:
+            raise ValueError(f"SACConfig needs log_std_min < log_std_max, got {self.log_std_min} >= {self.log_std_max}")
+
+
 _AC_SOURCES = dict(
     n_step="Ape-X",
     gamma="Ape-X",
@@ -255,6 +378,7 @@ _AC_SOURCES = dict(
     grad_clip_norm="Ape-X",
     actor_loss_state="Ape-X",
     actor_weights="Ape-X",
+    obs_norm="apexrl",
 )
 FIELD_SOURCES: dict[type, dict[str, str]] = {
     DQNConfig: dict(
@@ -290,6 +414,51 @@ FIELD_SOURCES: dict[type, dict[str, str]] = {
         noise_sigma_min="Acme",
         noise_sigma_spacing="apexrl",
     ),
+    TD3Config: dict(
+        dict.fromkeys(
+            (
+                "n_step",
+                "gamma",
+                "batch_size",
+                "actor_lr",
+                "critic_lr",
+                "actor_hidden",
+                "critic_hidden",
+                "tau",
+                "policy_delay",
+                "target_noise",
+                "target_noise_clip",
+                "noise_sigma",
+            ),
+            "TD3",
+        ),
+        adam_eps="apexrl",
+        priority_eps="apexrl",
+        obs_norm="apexrl",
+    ),
+    SACConfig: dict(
+        dict.fromkeys(
+            (
+                "n_step",
+                "gamma",
+                "batch_size",
+                "actor_lr",
+                "critic_lr",
+                "alpha_lr",
+                "actor_hidden",
+                "critic_hidden",
+                "tau",
+                "target_entropy",
+            ),
+            "SAC",
+        ),
+        adam_eps="apexrl",
+        init_alpha="apexrl",
+        log_std_min="apexrl",
+        log_std_max="apexrl",
+        priority_eps="apexrl",
+        obs_norm="apexrl",
+    ),
 }
 """Where each config class's default values come from (keys of ``apexrl.launch.preset_table.SOURCES``); the
 presets say where the values they set come from, and the generated presets table (docs/running.md) prints
@@ -303,5 +472,7 @@ __all__ = [
     "DPGConfig",
     "DQNConfig",
     "FIELD_SOURCES",
+    "SACConfig",
     "SIGMA_SPACINGS",
+    "TD3Config",
 ]

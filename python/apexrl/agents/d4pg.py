@@ -63,6 +63,7 @@ from apexrl.agents.dpg import (
     actor_step,
     critic_step,
 )
+from apexrl.agents.normalize import apply
 
 if TYPE_CHECKING:
     from apexrl.envs import EnvSpec
@@ -206,6 +207,7 @@ class D4PGLearner(DPGLearner):
         Copies both target networks after every ``target_update_period``-th update."""
         check_batch(batch, self.transition_spec.names, weights)
         obs, action, reward, discount, next_obs = _batch_tensors(batch, self.device)
+        obs, next_obs = self.normalise(obs, next_obs)
         w = _f32(weights, self.device)
         c = self.config
 
@@ -280,6 +282,7 @@ class D4PGPolicy(DPGPolicy):
         target networks, for a whole batch at once (float64)."""
         check_batch(batch, self.transition_spec.names)
         obs, action, reward, discount, next_obs = _batch_tensors(batch, self.device)
+        obs, next_obs = apply(self.obs_norm, obs), apply(self.obs_norm, next_obs)
         next_probs = torch.softmax(self.critic(next_obs, self.actor(next_obs)), dim=1)
         target = categorical_projection(reward, discount, next_probs, self._z)
         return kl_priorities(target, cross_entropy(target, self.critic(obs, action)), self.config.priority_eps)

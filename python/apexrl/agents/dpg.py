@@ -30,6 +30,10 @@ The actor loss is not IS-weighted (the IS correction is for the TD targets' samp
 weight only the critic). Target networks are hard copies, refreshed after every ``target_update_period``-th
 update (100 in the paper). Actors (``DPGPolicy``) add Gaussian noise N(0, sigma^2) and clip to [-1, 1], and
 compute initial priorities with their local actor and critic standing in for the target networks.
+
+``obs_norm=True`` (``--obs-norm on``; D4PG too): every network sees observations normalised by the running mean
+and variance the learner keeps of its sampled batches, sent to actors with the weights and saved in checkpoints
+(:mod:`apexrl.agents.normalize`). Off by default: the papers' raw observations.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ from apexrl.agents.common import (
     optimizer_tensors,
 )
 from apexrl.agents.config import DPGConfig
+from apexrl.agents.normalize import apply, load_norm, make_obs_norm, norm_layout, norm_tensors
+from apexrl.agents.optim import make_adam
 from apexrl.agents.validity import finite, in_range, invalid_items
 from apexrl.nets import MLP, build_seeded
 from apexrl.replay.wire.codec import TransitionSpec
@@ -222,8 +228,18 @@ class DPGLearner:
         self.actor, self.critic = _build(env_spec, config, seed, self.device, self.make_critic)
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.obs_norm = make_obs_norm(_dims(env_spec)[0], config.obs_norm, self.device)
+        """Running observation statistics (``obs_norm=True``; apexrl.agents.normalize), else None."""
         self._make_optimizers()
         self.steps = 0
+
+    def normalise(self, obs: Tensor, next_obs: Tensor) -> tuple[Tensor, Tensor]:
+        """With ``obs_norm``: fold the batch's ``obs`` into the running statistics, then normalise ``obs`` and
+        ``next_obs`` with them; without: both unchanged."""
+        if self.obs_norm is None:
+            return obs, next_obs
+        self.obs_norm.update(obs)
+        return self.obs_norm(obs), self.obs_norm(next_obs)
 
     _rules = (
         in_range("action", -1, 1),
@@ -240,8 +256,8 @@ class DPGLearner:
 
     def _make_optimizers(self) -> None:
         c = self.config
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=c.actor_lr, eps=c.adam_eps)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=c.critic_lr, eps=c.adam_eps)
+        self.actor_optimizer = make_adam(self.actor.parameters(), lr=c.actor_lr, eps=c.adam_eps)
+        self.critic_optimizer = make_adam(self.critic.parameters(), lr=c.critic_lr, eps=c.adam_eps)
 
     def update(self, batch: Mapping[str, np.ndarray], weights: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
         """One critic step then one actor step (formulas in the module docstring).
@@ -254,6 +270,7 @@ class DPGLearner:
         dev = self.device
         obs, action, next_obs = _f32(batch["obs"], dev), _f32(batch["action"], dev), _f32(batch["next_obs"], dev)
         reward, discount, w = _f32(batch["reward"], dev), _f32(batch["discount"], dev), _f32(weights, dev)
+        obs, next_obs = self.normalise(obs, next_obs)
 
         # Critic: IS-weighted squared n-step TD error.
         with torch.no_grad():
@@ -284,20 +301,29 @@ class DPGLearner:
         """Actor and critic weights (``actor/...``, ``critic/...``), CPU: what ``DPGPolicy`` loads. Actors need
         the critic too, for their initial priorities. ``actor_weights="target"``: the target networks' weights
         under the same names."""
+        norm = norm_tensors(self.obs_norm)
         if self.config.actor_weights == "target":
-            return {**module_tensors("actor", self.target_actor), **module_tensors("critic", self.target_critic)}
-        return {**module_tensors("actor", self.actor), **module_tensors("critic", self.critic)}
+            return {
+                **module_tensors("actor", self.target_actor),
+                **module_tensors("critic", self.target_critic),
+                **norm,
+            }
+        return {**module_tensors("actor", self.actor), **module_tensors("critic", self.critic), **norm}
 
     def _nets(self) -> dict[str, nn.Module]:
-        return {
+        nets: dict[str, nn.Module] = {
             "actor": self.actor,
             "critic": self.critic,
             "target_actor": self.target_actor,
             "target_critic": self.target_critic,
         }
+        if self.obs_norm is not None:
+            nets["obs_norm"] = self.obs_norm
+        return nets
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Flat checkpoint: the four networks, ``optim/actor/...``, ``optim/critic/...``, ``steps`` (int64)."""
+        """Flat checkpoint: the four networks, ``optim/actor/...``, ``optim/critic/...``, ``steps`` (int64), and
+        with ``obs_norm`` the observation statistics ``obs_norm/...``."""
         out: dict[str, torch.Tensor] = {}
         for name, net in self._nets().items():
             out.update(module_tensors(name, net))
@@ -366,6 +392,8 @@ class DPGPolicy:
         self.actor, self.critic = _build(env_spec, config, seed, self.device, self.make_critic)
         self.actor.requires_grad_(False)
         self.critic.requires_grad_(False)
+        self.obs_norm = make_obs_norm(_dims(env_spec)[0], config.obs_norm, self.device)
+        """The learner's observation statistics, loaded with the weights (``obs_norm=True``), else None."""
         self.rng = np.random.default_rng(seed)
 
     @property
@@ -384,7 +412,7 @@ class DPGPolicy:
         obs = np.asarray(obs)
         if explore and len(obs) != len(self.sigmas):
             raise ValueError(f"{len(obs)} observations for {len(self.sigmas)} sigmas")
-        actions = self.actor(_f32(obs, self.device)).cpu().numpy().astype(np.float64)
+        actions = self.actor(apply(self.obs_norm, _f32(obs, self.device))).cpu().numpy().astype(np.float64)
         if explore:
             actions += self.sigmas[:, None] * self.rng.standard_normal(actions.shape)
         return list(np.clip(actions, -1.0, 1.0).astype(np.float32))
@@ -392,7 +420,7 @@ class DPGPolicy:
     @torch.inference_mode()
     def act(self, obs: np.ndarray, explore: bool = True) -> np.ndarray:
         """Action for one observation: float32 ``(action_dim,)`` in [-1, 1]; noise only when ``explore``."""
-        action = self.actor(_f32(np.asarray(obs)[None], self.device))[0].cpu().numpy()
+        action = self.actor(apply(self.obs_norm, _f32(np.asarray(obs)[None], self.device)))[0].cpu().numpy()
         if explore and self.sigma > 0:
             action = action + self.sigma * self.rng.standard_normal(action.shape)
         return np.clip(action, -1.0, 1.0).astype(np.float32)
@@ -403,21 +431,30 @@ class DPGPolicy:
         networks on actors), for a whole batch at once (float64)."""
         check_batch(batch, self.transition_spec.names)
         dev = self.device
-        next_obs = _f32(batch["next_obs"], dev)
+        next_obs = apply(self.obs_norm, _f32(batch["next_obs"], dev))
         q_next = self.critic(next_obs, self.actor(next_obs))
         td_target = _f32(batch["reward"], dev) + _f32(batch["discount"], dev) * q_next
-        q = self.critic(_f32(batch["obs"], dev), _f32(batch["action"], dev))
+        q = self.critic(apply(self.obs_norm, _f32(batch["obs"], dev)), _f32(batch["action"], dev))
         return finite_priorities((td_target - q).abs(), self.config.priority_eps)
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        return {**module_tensors("actor", self.actor), **module_tensors("critic", self.critic)}
+        return {
+            **module_tensors("actor", self.actor),
+            **module_tensors("critic", self.critic),
+            **norm_tensors(self.obs_norm),
+        }
 
     def load_policy_state_dict(self, d: Mapping[str, torch.Tensor]) -> None:
         """Load the learner's ``policy_state_dict``; ValueError naming wrong names/shapes changes nothing."""
-        expected = {**module_layout("actor", self.actor), **module_layout("critic", self.critic)}
+        expected = {
+            **module_layout("actor", self.actor),
+            **module_layout("critic", self.critic),
+            **norm_layout(self.obs_norm),
+        }
         check_tensors(expected, d, f"{self.label} policy weights")
         load_module_tensors("actor", self.actor, d)
         load_module_tensors("critic", self.critic, d)
+        load_norm(self.obs_norm, d)
 
 
 def _policy(env_spec: EnvSpec, config: DPGConfig, index: int, num_actors: int, seed: int) -> DPGPolicy:

@@ -17,11 +17,12 @@ magnitude. :class:`TFRMSProp` is the TensorFlow update; ``DQNConfig.optimizer = 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 
 import torch
 
-__all__ = ["TFRMSProp"]
+__all__ = ["FUSED_ADAM_ENV", "TFRMSProp", "fused_adam_works", "make_adam"]
 
 
 class TFRMSProp(torch.optim.Optimizer):
@@ -86,3 +87,38 @@ class TFRMSProp(torch.optim.Optimizer):
                 else:
                     p.addcdiv_(g, denom, value=-lr)
         return loss
+
+
+FUSED_ADAM_ENV = "APEXRL_FUSED_ADAM"
+"""Environment variable: ``0`` turns fused Adam off (read at each :func:`make_adam`)."""
+
+_FUSED_OK: dict[str, bool] = {}
+"""Whether ``Adam(fused=True)`` stepped on a device type, found once per process by :func:`fused_adam_works`."""
+
+
+def fused_adam_works(device_type: str) -> bool:
+    """True when ``torch.optim.Adam(fused=True)`` takes a step on ``device_type`` in this torch (tried once on a
+    2-element probe: older torch builds refuse fused Adam on the CPU with a RuntimeError)."""
+    if device_type not in _FUSED_OK:
+        try:
+            probe = torch.zeros(2, device=device_type, requires_grad=True)
+            opt = torch.optim.Adam([probe], lr=1e-3, fused=True)
+            probe.grad = torch.ones(2, device=device_type)
+            opt.step()
+            _FUSED_OK[device_type] = bool(torch.isfinite(probe).all())
+        except (RuntimeError, TypeError, ValueError):
+            _FUSED_OK[device_type] = False
+    return _FUSED_OK[device_type]
+
+
+def make_adam(params: Iterable[torch.Tensor], lr: float, eps: float) -> torch.optim.Adam:
+    """``torch.optim.Adam`` over ``params``, fused (one kernel for every parameter's update instead of a loop
+    of small ones) where this torch supports it on their device, the plain for-each implementation otherwise.
+    Both compute the same update; their state (``step``, ``exp_avg``, ``exp_avg_sq``) has the same names,
+    shapes and dtypes, so checkpoints load into either. ``APEXRL_FUSED_ADAM=0`` in the environment: the plain
+    one (bench/bench_learner_step.py compares them)."""
+    params = list(params)
+    device_type = params[0].device.type if params else "cpu"
+    if os.environ.get(FUSED_ADAM_ENV, "1") != "0" and fused_adam_works(device_type):
+        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+    return torch.optim.Adam(params, lr=lr, eps=eps)

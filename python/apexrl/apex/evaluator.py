@@ -123,6 +123,12 @@ class Evaluator:
         self.runs = 0
 
     @property
+    def pid(self) -> int | None:
+        """The evaluation process's pid while it runs (its CPU share goes to metrics.csv), else None."""
+        proc = self._proc
+        return None if proc is None or not proc.is_alive() else proc.pid
+
+    @property
     def busy(self) -> bool:
         return self._busy
 

@@ -48,6 +48,7 @@ from apexrl.agents import Agent, get_agent
 from apexrl.agents.validity import all_finite
 from apexrl.apex.checkpoint import load_checkpoint, save_checkpoint
 from apexrl.apex.config import LearnerConfig, default_run_dir
+from apexrl.apex.cpu import CPU_COLUMNS, CPUMeter
 from apexrl.apex.evaluator import Evaluator
 from apexrl.apex.metrics import CSVWriter, Mean
 from apexrl.apex.report import ProgressReporter
@@ -87,6 +88,8 @@ BASE_COLUMNS = [
     "replay_ratio",
     "is_weight_mean",
     "invalid_items",
+    "batch_wait_frac",
+    *CPU_COLUMNS,
 ]
 """metrics.csv's fixed columns (the agent's metric_names follow). ``eval_*``: the evaluation that finished in
 the interval, credited to the learner step, env frames and time at which its weights were taken
@@ -94,7 +97,12 @@ the interval, credited to the learner step, env frames and time at which its wei
 ``replay_ratio``: transitions sampled per transition inserted in the interval (the samples-per-insert the rate
 limiter enforces when the preset sets one); ``is_weight_mean``: mean IS weight the learner trained with;
 ``undecodable_items`` / ``invalid_items``: sampled items erased because they did not decode / held values the
-agent cannot train on (this run)."""
+agent cannot train on (this run). ``batch_wait_frac``: the share of the interval's wall time the learner's loop
+waited for a sampled batch (near 1: the learner is starved, by the actors through the rate limiter or by the
+replay; near 0: the learner is the bottleneck). ``cpu_*``: CPU shares in cores of the learner, its evaluation
+process, the replay servers and the actors on the learner's machine, and of the whole machine
+(:mod:`apexrl.apex.cpu`); each actor's own share, ``cpu_actor<i>``, goes to the progress file and to the learner's
+own TensorBoard file (``apexrl run --tensorboard`` mirrors the CSV's columns only)."""
 
 
 _TEXT_KEYS = (
@@ -171,6 +179,8 @@ class Learner:
         self.evaluator = Evaluator(config)
         self.report = ProgressReporter("learner", config.progress_path)
         self._csv: CSVWriter | None = None
+        self._cpu = CPUMeter(self.run_dir)  # CPU shares of the run's processes on this machine
+        self._wait_s = 0.0  # seconds the loop waited for a batch since the last metrics row
         self._board = None  # metrics rows to TensorBoard too (config.tensorboard)
         if config.tensorboard:
             from apexrl.tensorboard import MetricsBoard
@@ -315,12 +325,16 @@ class Learner:
             **self._decode_hook(),
         )
         updater = self.replay.updater()
+        self._cpu.sample(self.evaluator.pid)  # the baseline of the first row's CPU shares
+        self._wait_s = 0.0
         try:
             while not self._stop.is_set():
+                waited = time.monotonic()
                 try:
                     batch = sampler.next(timeout=0.5)
                 except TimeoutError:
                     batch = None
+                self._wait_s += time.monotonic() - waited
                 usable = self._usable(batch) if batch is not None else None
                 if usable is not None:  # None also when every item of the batch was undecodable
                     fields, keys, weights = usable
@@ -474,7 +488,10 @@ class Learner:
             "invalid_items": self.invalid_items,
             "checkpoint_failures": self.checkpoint_failures,
             "replay_servers_up": int(stats.get("replay_servers_up", 1)) if stats else None,
+            "batch_wait_frac": min(1.0, self._wait_s / interval),
+            **self._cpu.sample(self.evaluator.pid),
         }
+        self._wait_s = 0.0
         result = self.evaluator.pop_result()
         if result is not None:
             row.update(
@@ -491,9 +508,10 @@ class Learner:
             self._csv = CSVWriter(os.path.join(self.run_dir, METRICS_NAME), BASE_COLUMNS + names)
         row.update({k: v for k, v in metrics.items() if k in self._csv.columns})
         self._csv.write(row)
+        per_actor = {f"cpu_{name}": share for name, share in self._cpu.actors.items()}  # not CSV columns
         if self._board is not None:
-            self._board.add_metrics_row({c: row.get(c) for c in self._csv.columns})
-        self.report.emit(row, text_keys=_TEXT_KEYS)
+            self._board.add_metrics_row({**{c: row.get(c) for c in self._csv.columns}, **per_actor})
+        self.report.emit({**row, **per_actor}, text_keys=_TEXT_KEYS)
         return steps, inserted
 
     def _summary(self, start: float, steps_at_start: int) -> dict[str, Any]:

@@ -108,6 +108,16 @@ def _clip_arg(text: str) -> float | str:
     return float_arg(positive=True)(text)
 
 
+def _on_off(text: str) -> bool:
+    """``on`` / ``off`` (also true/false, yes/no, 1/0) as a bool."""
+    value = text.strip().lower()
+    if value in ("on", "true", "yes", "1"):
+        return True
+    if value in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
 def _agent(text: str) -> str:
     from apexrl.agents import get_agent
 
@@ -242,6 +252,16 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         choices=SIGMA_SPACINGS,
         default=None,
         help="D4PG: how the actors between share the sigma range: geometric or linear (preset's)",
+    )
+    g.add_argument(
+        "--obs-norm",
+        type=_on_off,
+        metavar="on|off",
+        default=None,
+        help="DPG/D4PG/TD3/SAC: on: every network sees observations normalised by the running mean and "
+        "variance the learner keeps of its sampled batches (clipped to 5 standard deviations), sent to actors "
+        "and evaluation with the weights and saved in checkpoints; off: raw observations (preset's; off in "
+        "every paper preset)",
     )
 
 

@@ -92,6 +92,7 @@ AGENT_FIELDS = (
     "noise_sigma_max",
     "noise_sigma_min",
     "noise_sigma_spacing",
+    "obs_norm",
 )
 """Agent settings a run's command line may override (actors and learner always get the same values)."""
 

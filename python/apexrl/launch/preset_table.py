@@ -28,6 +28,9 @@ SOURCES: dict[str, str] = {
     "Acme": "Acme's D4PG (Hoffman et al. 2020, arXiv:2006.00979): the TensorFlow agent (acme/agents/tf/d4pg) "
     "and the settings its JAX agent shares (acme/agents/jax/d4pg: config, builder)",
     "Dueling": "Wang et al. 2016, Dueling Network Architectures for Deep Reinforcement Learning",
+    "TD3": "Fujimoto et al. 2018, Addressing Function Approximation Error in Actor-Critic Methods (ICML 2018), "
+    "its Table 3",
+    "SAC": "Haarnoja et al. 2018, Soft Actor-Critic Algorithms and Applications (arXiv:1812.05905), its Table 1",
     "tuned": "tuned here on a 2-core machine; the measured results are in bench/README.md",
     "apexrl": "apexrl's own choice: the source the preset follows does not give it",
 }

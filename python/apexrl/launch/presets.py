@@ -12,7 +12,10 @@ each setting it sets (the agent config classes name the sources of their default
   inserts, 0.78; DPG: about 22,000 sampled against 14,000 inserted per second, 1.57), and evaluation follows
   the paper's protocol (10 episodes per point, 30 at the end).
 - ``apex-d4pg-control``: the Control Suite paper's D4PG (Tassa et al. 2018); ``d4pg-acme``: Acme's D4PG.
-- The small presets are tuned, and say what differs in their descriptions: they shrink what only pays off at
+- ``d4pg-small``, ``td3-small``, ``sac-small``: D4PG, TD3 and SAC sized for a 2-core machine and 2 actors
+  (Acme's replay ratio of 32 samples per insert, so that the learner gets most of the CPU; networks sized for a
+  CPU learner; observation normalisation); each lists what it changes from its source.
+- The other small presets are tuned, and say what differs in their descriptions: they shrink what only pays off at
   the paper's scale (replay size, warm-up, batch, target period) and let the learner sample as fast as it can,
   so that a 2-core machine learns CartPole, Pendulum or cartpole-swingup in minutes.
 
@@ -159,6 +162,54 @@ ACME_MIN_REPLAY = 1000
 ACME_SAMPLES_PER_INSERT = 32.0
 ACME_ERROR_BUFFER = ACME_MIN_REPLAY * 0.1 * ACME_SAMPLES_PER_INSERT
 """Acme's D4PG error buffer: min_replay_size x samples_per_insert_tolerance_rate (0.1) x samples_per_insert."""
+
+SMALL_REPLAY = ReplaySettings(
+    capacity=1_000_000,
+    eviction="fifo",
+    samples_per_insert=ACME_SAMPLES_PER_INSERT,
+    error_buffer=ACME_ERROR_BUFFER,
+)
+"""The small-machine presets' replay (d4pg-small, td3-small, sac-small): a million transitions evicted first in,
+first out (Acme's table, and the TD3 and SAC papers' buffers), prioritized sampling (Ape-X's alpha 0.6: the
+learner sends TD-error priorities) and Acme's D4PG replay ratio of 32 samples per insert. On 2 cores the
+paper's Ape-X ratio (1.57) left the actors and the server 73-80 % of the CPU and the learner the rest; 32
+samples per insert asks 8 agent steps per learner step of 256, so the learner gets most of the CPU and the rate
+limiter holds the actors to it. Measured on a loaded 2-core machine (one torch thread): a learner step of
+d4pg-small or td3-small takes about 10 ms and one of sac-small about 14 ms, and an actor's agent step on
+walker-stand (policy and inserts included, bench/bench_actor.py) about 0.35 ms of a core, so 8 agent steps
+(about 3 ms) leave the learner about three quarters of the CPU the run uses."""
+SMALL_LEARNER = dict(
+    min_replay_size=10_000,
+    publish_every=10,
+    checkpoint_every=10_000,
+    eval_every=60.0,
+    eval_episodes=10,
+    metrics_every=10.0,
+)
+"""Learner settings of the small-machine presets: ten 1000-step Control Suite episodes before the first update
+(at 32 samples per insert a smaller warm-up would sample its first items hundreds of times), an evaluation of
+10 episodes (Ape-X's) every minute for the curve of a 20-minute run, a metrics row every 10 s."""
+SMALL_SOURCES = dict(
+    capacity="Acme",
+    eviction="Acme",
+    samples_per_insert="Acme",
+    error_buffer="Acme",
+    min_replay_size="apexrl",
+    eval_episodes="Ape-X",
+    actors="apexrl",
+    obs_norm="apexrl",
+    actor_hidden="apexrl",
+    critic_hidden="apexrl",
+)
+SMALL_UNMATCHED = (
+    "sized for 2 cores: 2 actor processes and Acme's replay ratio of 32 samples per insert, so that the learner "
+    "rather than acting gets most of the CPU; a million-transition FIFO replay with Ape-X's prioritized sampling",
+    "256-256 hidden layers: about half the multiply-adds of 400-300 per learner step on a CPU",
+    "observations normalised by the learner's running mean and variance (--obs-norm on): Control Suite "
+    "observations mix unit-scale positions with velocities of tens",
+    "a warm-up of 10 000 transitions and an evaluation every minute, for 20-minute runs",
+    "not yet measured: the 3-seed runs on walker-stand, cheetah-run and cartpole-swingup are to come",
+)
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -481,6 +532,87 @@ PRESETS: dict[str, Preset] = {
             actors=2,
             minutes=20.0,
             sources={"*": "tuned", "actor_lr": "D4PG", "alpha_evict": "Ape-X"},
+        ),
+        Preset(
+            name="d4pg-small",
+            description="D4PG sized for 2 cores and 2 actors (Control Suite: walker-stand by default): 32 samples "
+            "per insert, 256-256 networks, support [0, 100], observation normalisation",
+            source="D4PG (Barth-Maron et al. 2018) with Acme's replay ratio and defaults, sized for a 2-core "
+            "machine; every change is listed as unmatched",
+            agent="d4pg",
+            env="dmc:walker-stand",
+            # The support is the range of returns-to-go of per-step rewards in [0, 1] at gamma 0.99 (every Control
+            # Suite task), so the 51 atoms are 2 apart rather than 6 on Acme's [-150, 150].
+            agent_overrides=dict(
+                v_min=0.0,
+                v_max=100.0,
+                actor_hidden=(256, 256),
+                critic_hidden=(256, 256),
+                obs_norm=True,
+            ),
+            replay=SMALL_REPLAY,
+            learner=SMALL_LEARNER,
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=2,
+            minutes=20.0,
+            sources=dict(SMALL_SOURCES, v_min="apexrl", v_max="apexrl"),
+            unmatched=(
+                *SMALL_UNMATCHED,
+                "support [0, 100], the returns-to-go of rewards in [0, 1] at gamma 0.99, rather than Acme's "
+                "[-150, 150]",
+            ),
+        ),
+        Preset(
+            name="td3-small",
+            description="TD3 sized for 2 cores and 2 actors (Control Suite: walker-stand by default): 32 samples "
+            "per insert, batch 256, 256-256 networks, n=3, observation normalisation",
+            source="TD3 (Fujimoto et al. 2018) with Acme's D4PG replay ratio, sized for a 2-core machine; every "
+            "change is listed as unmatched",
+            agent="td3",
+            env="dmc:walker-stand",
+            agent_overrides=dict(
+                n_step=3,
+                batch_size=256,
+                actor_hidden=(256, 256),
+                critic_hidden=(256, 256),
+                obs_norm=True,
+            ),
+            replay=SMALL_REPLAY,
+            learner=SMALL_LEARNER,
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=2,
+            minutes=20.0,
+            sources=dict(SMALL_SOURCES, n_step="Ape-X", batch_size="apexrl"),
+            unmatched=(
+                *SMALL_UNMATCHED,
+                "3-step returns (Ape-X DPG's) rather than the paper's one-step target: many actors' transitions "
+                "come from older policies, and n-step returns carry rewards back faster",
+                "a batch of 256 rather than 100: a CPU learner takes more transitions per second in fewer, larger "
+                "steps",
+            ),
+        ),
+        Preset(
+            name="sac-small",
+            description="SAC sized for 2 cores and 2 actors (Control Suite: walker-stand by default): 32 samples "
+            "per insert, the paper's 256-256 networks and batch 256, n=3, observation normalisation",
+            source="SAC (Haarnoja et al. 2018, Soft Actor-Critic Algorithms and Applications) with Acme's D4PG "
+            "replay ratio, sized for a 2-core machine; every change is listed as unmatched",
+            agent="sac",
+            env="dmc:walker-stand",
+            agent_overrides=dict(n_step=3, obs_norm=True),
+            replay=SMALL_REPLAY,
+            learner=SMALL_LEARNER,
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=2,
+            minutes=20.0,
+            sources=dict(SMALL_SOURCES, n_step="Ape-X"),
+            unmatched=(
+                *SMALL_UNMATCHED[:1],
+                *SMALL_UNMATCHED[2:],
+                "3-step returns (Ape-X DPG's) rather than the paper's one-step soft target: many actors' "
+                "transitions come from older policies, and n-step returns carry rewards back faster; the "
+                "entropy bonus enters only at the bootstrap",
+            ),
         ),
     ]
 }

@@ -1,0 +1,75 @@
+"""Learner steps/s of a preset's agent on random batches shaped for an environment, with fused Adam on and off
+(``APEXRL_FUSED_ADAM``): the update alone, no replay, one torch thread. The configurations alternate
+(round-robin over ``--rounds``) so that load from elsewhere on a shared machine hits all of them alike; each
+figure is the median of its rounds. From the repository root::
+
+    python bench/bench_learner_step.py                         # apex-dpg-control and the small presets
+    python bench/bench_learner_step.py --presets sac-small --seconds 2 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+
+
+def batch(rng: np.random.Generator, n: int, obs_dim: int, action_dim: int) -> dict[str, np.ndarray]:
+    return {
+        "obs": rng.standard_normal((n, obs_dim)).astype(np.float32),
+        "action": rng.uniform(-1, 1, (n, action_dim)).astype(np.float32),
+        "reward": rng.uniform(0, 1, n).astype(np.float32),
+        "discount": np.full(n, 0.99**3, np.float32),
+        "next_obs": rng.standard_normal((n, obs_dim)).astype(np.float32),
+    }
+
+
+def steps_per_s(preset_name: str, env: str, fused: bool, seconds: float) -> float:
+    from apexrl.agents import get_agent
+    from apexrl.agents.optim import FUSED_ADAM_ENV
+    from apexrl.envs import env_spec
+    from apexrl.launch.presets import get_preset
+
+    os.environ[FUSED_ADAM_ENV] = "1" if fused else "0"
+    preset = get_preset(preset_name)
+    config = preset.agent_config()
+    spec = env_spec(env)
+    learner = get_agent(preset.agent).make_learner(spec, config, torch.device("cpu"), 0)
+    b = batch(np.random.default_rng(0), config.batch_size, spec.obs_shape[0], spec.action_dim)
+    w = np.ones(config.batch_size)
+    for _ in range(10):  # warm-up (first steps allocate the optimiser state)
+        learner.update(b, w)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        learner.update(b, w)
+        n += 1
+    return n / (time.perf_counter() - start)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", nargs="+", default=["apex-dpg-control", "d4pg-small", "td3-small", "sac-small"])
+    p.add_argument("--env", default="dmc:walker-stand", help="shapes of the batches (default dmc:walker-stand)")
+    p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per configuration and round")
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    results: dict[tuple[str, bool], list[float]] = {}
+    for _ in range(args.rounds):
+        for name in args.presets:
+            for fused in (False, True):
+                results.setdefault((name, fused), []).append(steps_per_s(name, args.env, fused, args.seconds))
+    print(f"\nLearner steps/s on {args.env} batches, one torch thread, median of {args.rounds} rounds:\n")
+    print("| preset | plain Adam | fused Adam | fused / plain |")
+    print("|---|---:|---:|---:|")
+    for name in args.presets:
+        plain, fused = (statistics.median(results[(name, f)]) for f in (False, True))
+        print(f"| {name} | {plain:.1f} | {fused:.1f} | {fused / plain:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
