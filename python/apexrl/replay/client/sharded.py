@@ -763,6 +763,8 @@ class ShardedReplayClient:
         *,
         timeout: float | None = None,
         on_ack: Callable[[np.ndarray, float], Any] | None = None,
+        resend: bool = False,
+        on_retry: Callable[[BaseException, int], Any] | None = None,
     ) -> PipelinedInserter:
         """A :class:`PipelinedInserter` over the set (its own clients), as :meth:`ReplayClient.inserter`: up to
         ``max_in_flight`` inserts in flight, spread round robin over the servers."""
@@ -772,6 +774,8 @@ class ShardedReplayClient:
             timeout=timeout,
             on_ack=on_ack,
             client_timeout=self.timeout,
+            resend=resend,
+            on_retry=on_retry,
         )
 
     def updater(self, max_pending: int = 64) -> AsyncUpdater:
