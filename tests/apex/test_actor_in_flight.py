@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections import Counter
 
 import numpy as np
@@ -24,7 +25,11 @@ from tests.helpers import wait_until
 FLUSH = 5
 
 
-def make_actor(endpoint: str, *, in_flight: int, max_steps: int, timeout: float = 1.0, flush: int = FLUSH):
+def make_actor(
+    endpoint: str, *, in_flight: int, max_steps: int, timeout: float = 1.0, flush: int = FLUSH, pace: float = 0.0
+):
+    """An actor of one CartPole; ``pace``: seconds each step takes at least (a fast machine must not finish the
+    run before the test has restarted or stopped its server)."""
     from apexrl.apex.actor import Actor
     from apexrl.apex.config import ActorConfig
 
@@ -46,7 +51,16 @@ def make_actor(endpoint: str, *, in_flight: int, max_steps: int, timeout: float 
         agent_config=get_agent("dqn").config_class(n_step=3),
         log_every=3600.0,
     )
-    return Actor(config)
+    actor = Actor(config)
+    if pace:
+        act = actor.policy.act
+
+        def paced(obs, explore=True):
+            time.sleep(pace)
+            return act(obs, explore)
+
+        actor.policy.act = paced
+    return actor
 
 
 class Recorded:
@@ -128,7 +142,7 @@ def test_batches_in_flight_are_stored_exactly_once_across_a_server_restart(start
     snapshot = str(tmp_path / "replay.snap")
     flags = ("--alpha", "0", "--snapshot", snapshot)
     server = start_server(*flags, port=port)
-    actor = make_actor(server.endpoint, in_flight=4, max_steps=4000)
+    actor = make_actor(server.endpoint, in_flight=4, max_steps=4000, pace=0.001)
     recorded = Recorded(actor)
     try:
         run = Running(actor)
@@ -146,7 +160,7 @@ def test_batches_in_flight_are_stored_exactly_once_across_a_server_restart(start
 
 def test_batches_resent_to_a_server_that_was_silent_are_stored_once_by_their_insert_ids(start_server):
     server = start_server("--alpha", "0")
-    actor = make_actor(server.endpoint, in_flight=8, max_steps=3000, timeout=0.5)
+    actor = make_actor(server.endpoint, in_flight=8, max_steps=3000, timeout=0.5, pace=0.001)
     recorded = Recorded(actor)
     try:
         run = Running(actor)
