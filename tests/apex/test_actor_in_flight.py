@@ -26,7 +26,15 @@ FLUSH = 5
 
 
 def make_actor(
-    endpoint: str, *, in_flight: int, max_steps: int, timeout: float = 1.0, flush: int = FLUSH, pace: float = 0.0
+    endpoint: str,
+    *,
+    in_flight: int,
+    max_steps: int,
+    timeout: float = 1.0,
+    flush: int = FLUSH,
+    pace: float = 0.0,
+    k: int = 1,
+    insert_max: int = 0,
 ):
     """An actor of one CartPole; ``pace``: seconds each step takes at least (a fast machine must not finish the
     run before the test has restarted or stopped its server)."""
@@ -45,6 +53,8 @@ def make_actor(
         params_every_frames=10**15,
         params_timeout=0.05,
         flush_every=flush,
+        envs_per_actor=k,
+        insert_max=insert_max,
         max_steps=max_steps,
         inserts_in_flight=in_flight,
         replay_timeout=timeout,
@@ -53,6 +63,7 @@ def make_actor(
     )
     actor = Actor(config)
     if pace:
+        assert k == 1
         act = actor.policy.act
 
         def paced(obs, explore=True):
@@ -155,6 +166,19 @@ def test_batches_in_flight_are_stored_exactly_once_across_a_server_restart(start
     assert counters["steps"] == 4000
     assert counters["inserted"] == len(recorded.items) == 4000 and counters["not_inserted"] == 0
     assert counters["insert_retries"] >= 1  # the restart was seen and the held batches resent
+    assert_stored_once(server.endpoint, recorded.items)
+
+
+def test_a_vectorised_actor_with_requests_split_by_insert_max_stores_each_once(start_server):
+    """K = 4 environments, flushes of 4 x 5 sent as requests of at most 7 (each its own insert id), 3 in flight."""
+    server = start_server("--alpha", "0")
+    actor = make_actor(server.endpoint, in_flight=3, max_steps=4 * 150, k=4, insert_max=7)
+    recorded = Recorded(actor)
+    try:
+        counters = actor.run()
+    finally:
+        close(actor)
+    assert counters["inserted"] == len(recorded.items) == 600 and counters["not_inserted"] == 0
     assert_stored_once(server.endpoint, recorded.items)
 
 
