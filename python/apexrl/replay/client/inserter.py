@@ -218,6 +218,9 @@ class PipelinedInserter(_ClosingContext):
         rids = list(self._in_flight)
         self._in_flight.clear()
         assert self._pipe is not None  # requests are in flight only in pipelined mode
+        unanswered = getattr(self._pipe, "insert_unanswered", None)
+        if self.resend and unanswered is not None:  # a set of servers: the oldest one's server is lost
+            unanswered(rids[0])
         self._pipe.forget_inserts()  # late replies can no longer arrive; a restarted server is reached anew
         error = ReplayTimeout(
             f"INSERT to {self.endpoint}: {k} request(s) ({items} items) unanswered {self._expiry:.3f}s after "
