@@ -235,7 +235,15 @@ class PipelinedInserter(_ClosingContext):
         self._errors.append(error)
 
     def _raise_pending(self) -> None:
-        if self._retries:  # resend: report the failed attempts (on_retry may wait, or raise to stop)
+        self._report_retries()
+        if self._errors:
+            exc = self._errors[0]
+            self._errors.clear()
+            raise exc
+
+    def _report_retries(self) -> None:
+        """resend: report the failed attempts to on_retry (which may wait, or raise to stop) before any resend."""
+        if self._retries:
             retries, self._retries = self._retries, []
             limited = [e for e in retries if isinstance(e, ServerTimeoutError)]
             lost = [e for e in retries if not isinstance(e, ServerTimeoutError)]
@@ -243,10 +251,6 @@ class PipelinedInserter(_ClosingContext):
                 for group in (limited, lost):
                     if group:
                         self._on_retry(group[0], len(group))
-        if self._errors:
-            exc = self._errors[0]
-            self._errors.clear()
-            raise exc
 
     # --------------------------------------------------------------------------------------------- API
 
@@ -486,6 +490,7 @@ class PipelinedInserter(_ClosingContext):
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._in_flight:
             self._drain()
+        self._report_retries()
         while self._in_flight or self._queue:
             if self._queue:  # resend: held batches to (re)send first
                 self._send_queued()
