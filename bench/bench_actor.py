@@ -7,10 +7,13 @@ of ``--warmup`` seconds from its first step (not counted; making and seeding 64 
 a replay server child process; no learner runs, so the actor acts with its own initial weights and never polls for
 new ones (polling a missing learner would only add its timeouts; its one poll at the start times out in 50 ms).
 The configurations alternate (round-robin over ``--rounds``) so that load from elsewhere on a shared machine hits
-all of them alike; each figure is the median of its rounds. From the repository root::
+all of them alike; each figure is the median of its rounds. ``--in-flight N ...`` runs each K with each count of
+inserts in flight (``--inserts-in-flight``; 1: every insert waits for its reply, the actor as before pipelining),
+interleaved in the same rounds. From the repository root::
 
     python bench/bench_actor.py                                  # CartPole, cartpole-swingup, Pong; K = 1 4 16 64
     python bench/bench_actor.py --envs gym:CartPole-v1 --ks 1 16 --seconds 3 --rounds 1     # quick look
+    python bench/bench_actor.py --envs gym:CartPole-v1 atari:Pong --ks 1 16 --in-flight 1 4   # before / after
 """
 
 from __future__ import annotations
@@ -60,8 +63,9 @@ def start_server(log_dir: str, name: str) -> tuple[subprocess.Popen, str]:
     return proc, line.strip().rsplit(" ", 1)[1]
 
 
-def actor_rate(env: str, k: int, endpoint: str, seconds: float, warmup: float) -> float:
-    """Agent steps/s of one Actor with K environments over ``seconds`` after ``warmup``."""
+def actor_rate(env: str, k: int, endpoint: str, seconds: float, warmup: float, in_flight: int = 1) -> float:
+    """Agent steps/s of one Actor with K environments and ``in_flight`` inserts in flight over ``seconds`` after
+    ``warmup``."""
     from apexrl.apex.actor import Actor
     from apexrl.apex.config import ActorConfig
 
@@ -71,6 +75,7 @@ def actor_rate(env: str, k: int, endpoint: str, seconds: float, warmup: float) -
         replay=endpoint,
         params="tcp://127.0.0.1:9",
         envs_per_actor=k,
+        inserts_in_flight=in_flight,
         wait_for_params=0.0,
         params_every_frames=10**15,
         params_timeout=0.05,
@@ -131,7 +136,19 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=6.0, help="measured seconds per configuration and round")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument(
+        "--in-flight",
+        nargs="+",
+        type=int,
+        default=[1],
+        metavar="N",
+        help="inserts in flight per actor (--inserts-in-flight), each K with each (default 1)",
+    )
     args = p.parse_args()
+    confs = [(k, n) for k in args.ks for n in args.in_flight]
+
+    def name(k: int, n: int) -> str:
+        return f"K={k}" if args.in_flight == [1] else f"K={k}, in flight {n}"
 
     import torch
 
@@ -145,24 +162,35 @@ def main() -> None:
             for _ in range(args.rounds):
                 for env in args.envs:
                     results.setdefault((env, "env alone"), []).append(env_rate(env, 1, args.seconds))
-                    for k in args.ks:
-                        rate = actor_rate(env, k, servers[env][1], args.seconds, args.warmup)
-                        results.setdefault((env, f"K={k}"), []).append(rate)
-                        print(f"  {env} K={k}: {rate:.0f} steps/s", file=sys.stderr, flush=True)
+                    for k, n in confs:
+                        rate = actor_rate(env, k, servers[env][1], args.seconds, args.warmup, n)
+                        results.setdefault((env, name(k, n)), []).append(rate)
+                        print(f"  {env} {name(k, n)}: {rate:.0f} steps/s", file=sys.stderr, flush=True)
         finally:
             for server, _ in servers.values():
                 server.terminate()
                 server.wait(30)
     print(f"\nOne actor process, {os.cpu_count()} cores, median of {args.rounds} rounds of {args.seconds:g} s:\n")
-    print("| environment | configuration | agent steps/s | frames/s | vs K=1 |")
-    print("|---|---|---:|---:|---:|")
+    first = args.in_flight[0]
+    extra = f" vs in flight {first}, same round (median) |" if len(args.in_flight) > 1 else ""
+    print(f"| environment | configuration | agent steps/s | rounds (min–max) | frames/s | vs K={args.ks[0]} |{extra}")
+    print("|---|---|---:|---:|---:|---:|" + ("---:|" if extra else ""))
     for env in args.envs:
         fps = env_spec(env).frames_per_step
-        base = statistics.median(results[(env, f"K={args.ks[0]}")])
-        for conf in ["env alone", *(f"K={k}" for k in args.ks)]:
+        base = statistics.median(results[(env, name(args.ks[0], first))])
+        rows = [("env alone", None), *((name(k, n), (k, n)) for k, n in confs)]
+        for conf, kn in rows:
             rate = statistics.median(results[(env, conf)])
-            ratio = "" if conf == "env alone" else f"{rate / base:.2f}x"
-            print(f"| {env} | {conf} | {rate:,.0f} | {rate * fps:,.0f} | {ratio} |")
+            spread = f"{min(results[(env, conf)]):,.0f}–{max(results[(env, conf)]):,.0f}"
+            row = f"| {env} | {conf} | {rate:,.0f} | {spread} | {rate * fps:,.0f} | "
+            if kn is None:
+                row += " |" + (" |" if extra else "")
+            else:
+                row += f"{rate / base:.2f}x |"
+                if extra:
+                    pairs = zip(results[(env, conf)], results[(env, name(kn[0], first))])  # the same round's
+                    row += f" {statistics.median(a / b for a, b in pairs):.2f}x |"
+            print(row)
     print(f"\nApe-X paper: ~{PAPER_FRAMES_PER_ACTOR} frames/s per actor (Atari).")
 
 

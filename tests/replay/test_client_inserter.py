@@ -192,3 +192,86 @@ def test_samples_inline_or_in_the_workers_and_large_samples_do_not_block_inserts
             assert len(c.sample(n, 0.4)) == n
         st = c.stats()
         assert st["size"] == 30 and st["requests_sample"] == 6 and st["errors_total"] == 0
+
+
+def test_resend_keeps_batches_until_stored_and_resends_them_with_their_insert_ids(start_server):
+    """``resend=True``: requests unanswered while the server is silent are resent, each with the insert id of its
+    first attempt, on a new connection; every batch is stored once; on_retry is told before each resend."""
+    server = start_server()
+    retries: list[tuple[type, int]] = []
+    with ReplayClient(server.endpoint, timeout=0.5) as c:
+        ins = c.inserter(max_in_flight=4, resend=True, on_retry=lambda e, n: retries.append((type(e), n)))
+        ins.insert(np.ones(3), batch("a", 3))
+        ins.flush()
+        os.kill(server.pid, signal.SIGSTOP)
+        wait_stopped(server.pid)
+        try:
+            for b in range(4):  # four held: the fifth waits for room, resending until the server answers
+                ins.insert(np.ones(3), batch(f"held{b}", 3))
+            assert ins.held_items == 12
+            with pytest.raises(ReplayTimeout, match="still not stored|still unanswered"):
+                ins.flush(timeout=2.0)  # gives up waiting, keeps every batch
+            assert ins.held_items == 12
+            assert retries and all(issubclass(t, ReplayTimeout) for t, _n in retries)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        ins.insert(np.ones(3), batch("b", 3))
+        ins.close()
+        st = ins.stats()
+        assert st["submitted"] == st["acked"] == 6 and st["failed"] == 0 and st["resent"] >= 4
+        assert ins.held_items == 0
+        assert c.stats()["size"] == 18  # each batch once, whether its first attempt reached the server or not
+        got = c.sample(200, 0.4)
+        assert set(map(bytes, got.items)) == {
+            x for p in ("a", "held0", "held1", "held2", "held3", "b") for x in batch(p, 3)
+        }
+
+
+def test_resend_repeats_batches_the_rate_limiter_refused_until_stored(start_server):
+    server = start_server("--samples-per-insert", "1", "--error-buffer", "100", "--max-wait", "0.2")
+    limited: list[int] = []
+
+    def on_retry(error: BaseException, attempts: int) -> None:
+        assert isinstance(error, ServerTimeoutError)
+        limited.append(attempts)
+
+    with ReplayClient(server.endpoint) as c:
+        ins = c.inserter(max_in_flight=3, resend=True, timeout=0.2, on_retry=on_retry)
+        for b in range(3):  # the third batch of 50 is too far ahead: refused, resent, refused ...
+            ins.insert(np.ones(50), batch(f"r{b}", 50))
+        with pytest.raises(ReplayTimeout, match="still not stored|still unanswered"):
+            ins.flush(timeout=1.5)
+        assert sum(limited) >= 2 and ins.held_items == 50
+        c.sample(60, 0.4)  # the sampler catches up: the next resend is admitted
+        ins.flush()
+        st = ins.stats()
+        assert st["acked"] == 3 and st["failed"] == 0 and st["resent"] >= 2
+        assert c.stats()["size"] == 150
+
+
+def test_resend_stops_when_on_retry_raises_and_keeps_what_it_holds(start_server):
+    server = start_server()
+
+    class Stop(Exception):
+        pass
+
+    def on_retry(_error: BaseException, _attempts: int) -> None:
+        raise Stop
+
+    with ReplayClient(server.endpoint, timeout=0.3) as c:
+        ins = c.inserter(max_in_flight=2, resend=True, on_retry=on_retry)
+        ins.insert(np.ones(2), batch("a", 2))
+        ins.flush()
+        server.kill()
+        ins.insert(np.ones(2), batch("b", 2))
+        with pytest.raises(Stop):
+            ins.flush()  # b is not answered: on_retry stops the resending, b stays held
+        assert ins.held_items == 2
+        ins.insert(np.ones(2), batch("d", 2))  # taken (held) even though its send fails
+        assert ins.held_items == 4
+        with pytest.raises(Stop):
+            ins.insert(np.ones(2), batch("e", 2))  # the failure is reported first: e was not taken
+        assert ins.held_items == 4
+        assert ins.discard() == 4 and ins.held_items == 0
+        assert ins.stats()["submitted"] == 3 and ins.stats()["acked"] == 1
+        ins.close()

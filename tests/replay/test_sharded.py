@@ -372,3 +372,46 @@ def test_the_inserter_pipelines_over_every_server_and_returns_the_sets_keys(serv
         assert sharded.update_priorities(keys, np.full(200, 2.0)) == 200  # every key routes to its server
     sizes = [_stats(e)["size"] for e in endpoints]
     assert sizes == [100, 100], sizes
+
+
+def test_resent_inserts_of_a_silent_server_go_to_another_and_none_is_lost(start_server):
+    """The inserter with ``resend``: a server that stops answering is marked down at the expiry of its requests,
+    and their batches are resent (same insert ids) to the server that is up: every batch is stored, and the rest
+    once each (a batch the silent server took before it stopped may be stored there too: at-least-once across a
+    server's loss, as a retried insert)."""
+    from tests.replay.test_client_inserter import wait_stopped
+
+    a, b = start_server("--alpha", "0"), start_server("--alpha", "0")
+    batches = [[f"b{i}x{j}".encode() for j in range(3)] for i in range(12)]
+    with ShardedReplayClient([a.endpoint, b.endpoint], timeout=0.5, retry_s=60) as sharded:
+        ins = sharded.inserter(max_in_flight=4, resend=True)
+        for items in batches[:4]:
+            ins.insert(np.ones(3), items)
+        ins.flush()
+        os.kill(b.pid, signal.SIGSTOP)
+        wait_stopped(b.pid)
+        try:
+            for items in batches[4:]:  # round robin: some go to the silent server until it is marked down
+                ins.insert(np.ones(3), items)
+            ins.flush()  # completes with b still silent: its batches were resent to a
+            assert ins.stats()["acked"] == 12 and ins.stats()["resent"] >= 1
+            assert ins._replay.servers_lost == 1  # the inserter's own set of clients
+            on_a = _every_item(a.endpoint)
+        finally:
+            os.kill(b.pid, signal.SIGCONT)
+        ins.close()
+    on_b = _every_item(b.endpoint)
+    stored = on_a + on_b
+    want = [x for items in batches for x in items]
+    assert set(stored) == set(want)  # none lost
+    assert len(on_a) == len(set(on_a)) and len(on_b) == len(set(on_b))  # once per server
+
+
+def _every_item(endpoint: str) -> list[bytes]:
+    """Every item of a server with --alpha 0 (a stratified SAMPLE of 3 draws per item reaches each)."""
+    with ReplayClient(endpoint, timeout=30) as c:
+        size = int(c.stats()["size"])
+        batch = c.sample(3 * size, 0.4)
+        by_key = dict(zip(batch.keys.tolist(), (bytes(m) for m in batch.items)))
+        assert len(by_key) == size
+        return list(by_key.values())

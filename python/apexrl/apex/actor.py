@@ -16,9 +16,17 @@ The n-step buffers hold handles into one ring of observations, so a flush gather
 indexing each. A batched policy that hands out the values of its acting pass (``act_batch_values``; Ape-X DQN)
 scores the batch from them (``priorities_from_values``) instead of two more forward passes over it.
 
+Inserts: with ``inserts_in_flight`` 1 each insert waits for its reply before the actor steps on. With N > 1 the
+actor steps on while up to N inserts are unanswered (a :class:`~apexrl.replay.client.inserter.PipelinedInserter`
+with ``resend``): it holds each sent batch, encoded, with its insert id until the server stored it, and pauses
+stepping only while N are held. The actor needs nothing from an acknowledgement but its count (``inserted``), so
+replies may come in any order.
+
 Failures: when the replay server does not answer, the actor keeps the batch and retries with back-off
 (stepping pauses meanwhile, so nothing is dropped and memory stays bounded); every attempt of one batch
-carries the same insert id, so a timed-out insert that was applied is not stored again (exactly-once). When the parameter service does not
+carries the same insert id, so a timed-out insert that was applied is not stored again (exactly-once). With N
+in flight the same holds for each held batch: after a reconnect (server restarted, no reply in time) or a
+rate-limiter refusal each is resent with its own insert id. When the parameter service does not
 answer, the actor keeps acting with the weights it has.
 
 Stopping (SIGTERM/SIGINT, see :mod:`apexrl.apex.stopping`): the actor stops stepping, ends the open episode
@@ -49,6 +57,7 @@ from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
 from apexrl.envs.base import SerialVecEnv
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
+from apexrl.replay.client.inserter import PipelinedInserter
 from apexrl.replay.client.replay_client import ServerTimeoutError
 from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.replay.wire.frames import frame_codec, wire_spec
@@ -58,6 +67,11 @@ log = logging.getLogger("apexrl.apex.actor")
 
 _RETRY_MIN, _RETRY_MAX = 0.05, 2.0
 _RATE_LIMIT_WAIT = 5.0  # seconds the server may hold an insert for its rate limiter before answering TIMEOUT
+_STOPPED = "the replay server did not take them before the stop"
+
+
+class _Stopping(Exception):
+    """Raised from the inserter's retry hook when the actor is stopping: give up what is held."""
 
 
 class Actor:
@@ -119,6 +133,20 @@ class Actor:
         self.replay = connect_replay(
             config.replay, timeout=config.replay_timeout, spec=wire_spec(self.transition_spec), curve=config.curve_dir
         )
+        # N > 1 inserts in flight: the inserter sends through the actor's own client (the actor makes no other
+        # request on it), so stopping interrupts both, and holds at most N batches until they are stored.
+        self._inserter: PipelinedInserter | None = None
+        self._delay, self._warned_at = _RETRY_MIN, 0.0  # back-off of the inserter's retries; reset by a reply
+        if config.inserts_in_flight > 1:
+            self._inserter = PipelinedInserter(
+                lambda: self.replay,
+                config.inserts_in_flight,
+                timeout=_RATE_LIMIT_WAIT,
+                on_ack=self._acked,
+                client_timeout=config.replay_timeout,
+                resend=True,
+                on_retry=self._retry,
+            )
         self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
         # Never stalls on a slow or absent learner; refused weights are counted and logged once.
         self.poller = ParamPoller(
@@ -197,10 +225,15 @@ class Actor:
 
     # ------------------------------------------------------------------------------------------ replay
 
-    def _flush(self) -> None:
-        """Insert the local batch with the actor's own priorities, retrying until the server takes it."""
-        if not self._local:
-            return
+    def _flush(self, last: bool = False) -> None:
+        """Insert the local batch with the actor's own priorities, retrying until the server takes it. With N
+        inserts in flight the batch is handed to the inserter; ``last``: then wait until every one is stored."""
+        if self._local:
+            self._flush_local()
+        if last and self._inserter is not None:
+            self._settle(self._inserter.flush)
+
+    def _flush_local(self) -> None:
         if self.envs.num_envs == 1:  # Transitions with their observations
             batch = stack_transitions(self._local, self.transition_spec)
             priorities = self.policy.initial_priorities(batch)
@@ -212,6 +245,9 @@ class Actor:
             batch = self._stack(self._local)[0]
             priorities = self.policy.initial_priorities(batch)
         priorities = np.asarray(priorities, dtype=np.float64)
+        if self._inserter is not None:
+            self._hand_over(batch, priorities)
+            return
         n = len(priorities)
         step = self.config.insert_max or n
         for lo in range(0, n, step):  # one request, or several where the rate limiter needs smaller ones
@@ -225,6 +261,74 @@ class Actor:
         self.counters["inserted"] += self._local_count
         self._local.clear()
         self._local_count = 0
+
+    def _encode(self, batch: dict[str, np.ndarray]) -> tuple[Any, Any, Any]:
+        if self.codec is not None:
+            return self.codec.encode(batch)  # the batch's own chunks: none span two inserts
+        data, offsets = self.transition_spec.encode(batch)
+        return data, offsets, None
+
+    def _hand_over(self, batch: dict[str, np.ndarray], priorities: np.ndarray) -> None:
+        """N inserts in flight: hand the local batch to the inserter, in requests of at most ``insert_max``; it
+        blocks only while N batches are held (stepping pauses then, as with one insert at a time)."""
+        inserter = self._inserter
+        assert inserter is not None
+        n = len(priorities)
+        step = self.config.insert_max or n
+
+        def hand_over() -> None:
+            for lo in range(0, n, step):
+                part = batch if step >= n else {name: v[lo : lo + step] for name, v in batch.items()}
+                data, offsets, chunks = self._encode(part)
+                inserter.insert(priorities[lo : lo + step], data=data, offsets=offsets, chunks=chunks)
+                self._local_count -= min(step, n - lo)  # held by the inserter now
+
+        if self._settle(hand_over):
+            self._local.clear()
+            self._local_count = 0
+
+    def _settle(self, call: Any) -> bool:
+        """Run an inserter call; True when it went through. Stopping (given up, or interrupted after the grace
+        period): what the actor still has and what the inserter holds are reported as not inserted."""
+        inserter = self._inserter
+        assert inserter is not None
+        try:
+            call()
+            return True
+        except _Stopping:
+            why = _STOPPED
+        except Interrupted:  # stopping, and the grace period is over: the server did not take them
+            why = "the replay server did not answer in time"
+        finally:
+            self.counters["inserted"] = inserter.counters()["acked_items"]
+        self._local_count += inserter.discard()
+        self._report_unsent(why)
+        return False
+
+    def _acked(self, _keys: Any, _seconds: float) -> None:
+        self._delay, self._warned_at = _RETRY_MIN, 0.0
+
+    def _retry(self, error: BaseException, attempts: int) -> None:
+        """The inserter's retry hook: count, warn, back off as :meth:`_insert` does; raise _Stopping to give up."""
+        if isinstance(error, ServerTimeoutError):
+            # The server's rate limiter (--samples-per-insert) holds inserts until the learner catches up.
+            self.counters["rate_limited"] += attempts
+        else:
+            # Server down or restarting: keep the batches, wait, go on (the client reconnects by itself).
+            self.counters["insert_retries"] += attempts
+            if time.monotonic() - self._warned_at >= 30.0:
+                self._warned_at = time.monotonic()
+                log.warning(
+                    "actor %d: replay server %s unavailable (%s); retrying",
+                    self.config.index,
+                    self.config.replay,
+                    error,
+                )
+            if self._stop.wait(self._delay):
+                raise _Stopping
+            self._delay = min(self._delay * 2, _RETRY_MAX)
+        if self._stop.is_set():
+            raise _Stopping
 
     def _insert(self, batch: dict[str, np.ndarray], priorities: np.ndarray) -> str | None:
         """One insert request, retried until the server takes it; None once taken, else (stopping) why not."""
@@ -260,7 +364,7 @@ class Actor:
                     delay = min(delay * 2, _RETRY_MAX)
                     continue
             if self._stop.is_set():
-                return "the replay server did not take them before the stop"
+                return _STOPPED
         return None
 
     def _stack(self, chunks: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -351,7 +455,7 @@ class Actor:
         added = nstep.truncate()
         self._local.extend(added)
         self._local_count += len(added)
-        self._flush()
+        self._flush(last=True)
 
     def _run_vector(self) -> None:
         """K > 1: a VecEnv, one batched act, the n-step adder over arrays, observations in the ring."""
@@ -399,7 +503,7 @@ class Actor:
                 break
         # A clean stop keeps every step taken: each open episode ends here as a truncation.
         self._add(self.nstep.truncate())
-        self._flush()
+        self._flush(last=True)
 
     def _after_step(self) -> bool:
         """Flush, poll for weights and log as due; True when the loop must end."""

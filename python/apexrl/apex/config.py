@@ -71,6 +71,11 @@ class ActorConfig:
     """Most transitions in one insert request; 0: a flush's B·K in one. Over it, a flush goes in several requests,
     each with its own insert id (exactly-once each). ``apexrl run`` sets it where the replay's rate limiter could
     never admit a flush of B·K as one request (``--samples-per-insert`` with a small ``--error-buffer``)."""
+    inserts_in_flight: int = field(default=1, metadata=Range.int(1, 64))
+    """Most insert requests an actor keeps unanswered while it steps on. 1: each insert waits for its reply
+    before the actor steps on. More: the actor holds up to this many sent batches (their encoded bytes and insert
+    ids) until the server stored them, and resends one with its own insert id after a reconnect or a
+    rate-limiter refusal (exactly-once as with 1); it pauses stepping only while that many are held."""
     params_every_frames: int = field(default=400, metadata=Range.int(1))
     """Ask the learner for new weights every this many environment frames."""
     max_steps: int = field(default=0, metadata=Range.int(0))

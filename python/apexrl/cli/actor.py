@@ -83,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
         "whole flush in one; apexrl run sets it where the replay's rate limiter needs smaller requests)",
     )
     g.add_argument(
+        "--inserts-in-flight",
+        metavar="N",
+        type=field_arg(ActorConfig, "inserts_in_flight"),
+        default=None,
+        help="most insert requests left unanswered while the actor steps on; each batch is held until the "
+        "server stored it and resent with its own insert id after a reconnect or a rate-limiter refusal "
+        "(exactly-once); 1: every insert waits for its reply (default: the preset's, 1)",
+    )
+    g.add_argument(
         "--params-every-frames",
         type=field_arg(ActorConfig, "params_every_frames"),
         default=None,
@@ -123,9 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SETTINGS = ("flush_every", "params_every_frames", "envs_per_actor", "insert_max")
+SETTINGS = ("flush_every", "params_every_frames", "envs_per_actor", "insert_max", "inserts_in_flight")
 """Flags whose default is the preset's."""
-OWN = ("max_steps", "wait_for_params", "flush_every", "params_every_frames", "insert_max")
+OWN = ("max_steps", "wait_for_params", "flush_every", "params_every_frames", "insert_max", "inserts_in_flight")
 """ActorConfig fields `apexrl run --actor-args` may set (the launcher sets the others)."""
 
 

@@ -117,7 +117,10 @@ class PipelinedReplay(Protocol):
         ...
 
     def forget_inserts(self) -> None:
-        """Drop every reply still due: the requests in flight will not be answered to this replay."""
+        """Drop every reply still due: the requests in flight will not be answered to this replay. A replay of
+        several servers may also offer ``insert_unanswered(request_id)``, which the inserter (``resend``) calls
+        first with the oldest request that expired: its server is taken as lost, so the resends of batches that
+        went there go to another server (at-least-once across a server's loss, as a retried ``insert``)."""
         ...
 
 

@@ -456,6 +456,8 @@ class ReplayClient(TransportClient):
         *,
         timeout: float | None = None,
         on_ack: Callable[[np.ndarray, float], Any] | None = None,
+        resend: bool = False,
+        on_retry: Callable[[BaseException, int], Any] | None = None,
     ) -> PipelinedInserter:
         """A :class:`PipelinedInserter`: inserts that do not wait for their reply (for actors).
 
@@ -463,7 +465,9 @@ class ReplayClient(TransportClient):
         counted, failures are raised by a later ``insert()`` / ``flush()`` / ``close()``. It owns its own
         socket (same endpoint and timeout); this client is not used. ``timeout`` is the server-side
         rate-limiter wait as in :meth:`insert`; ``on_ack(keys, seconds)`` is called for each acknowledged
-        request with its keys and round-trip time.
+        request with its keys and round-trip time. ``resend=True`` keeps each batch until stored and resends it
+        with its own insert id after a lost connection or a TIMEOUT reply (``on_retry(error, attempts)`` is told
+        first, and may wait or raise): exactly-once, as :meth:`insert` retried with the same id.
         """
         return PipelinedInserter(
             self._same_endpoint,
@@ -471,6 +475,8 @@ class ReplayClient(TransportClient):
             timeout=timeout,
             on_ack=on_ack,
             client_timeout=self.timeout,
+            resend=resend,
+            on_retry=on_retry,
         )
 
     def updater(self, max_pending: int = 64) -> AsyncUpdater:

@@ -21,7 +21,9 @@ Inserts go round robin over the servers that are up, a batch whole to one server
 they are pipelined, requests in flight to every server at once (the set is a PipelinedReplay). Retries of a batch (same
 ``insert_id``) go to the server its first attempt went to, so the server stores it once -- unless that server
 stopped answering meanwhile: then the batch is sent to the next server, and it may end up stored twice
-(at-least-once across a server's loss, never lost).
+(at-least-once across a server's loss, never lost). The inserter with ``resend`` (an actor with several inserts
+in flight) does the same: a server whose oldest pipelined insert expired unanswered is marked down
+(:meth:`insert_unanswered`), and the batches it held are resent to the others.
 
 Losing a server degrades instead of stopping: a server that does not answer within the client timeout (or
 says it is shutting down) is marked down (logged), its draws are redrawn from the others within the same call,
@@ -616,6 +618,17 @@ class ShardedReplayClient:
                         poller.register(sock, zmq.POLLIN)
                 poller.poll(max(1, int(remaining * 1000)))
 
+    def insert_unanswered(self, pipe_id: int) -> None:
+        """A pipelined insert (the set's request id) went unanswered past the inserter's expiry: mark its server
+        down, as :meth:`insert` does on a timeout, so that a resend of its batch (same insert id) goes to another
+        server."""
+        with self._lock:
+            for (index, _rid), pid in self._pipe.items():
+                if pid == pipe_id:
+                    server = self._servers[index]
+                    self._lost(server, ReplayTimeout(f"INSERT to {server.client.endpoint}: no reply in time"))
+                    return
+
     def forget_inserts(self) -> None:
         """Drop every insert reply still due, from every server (each client resets its connection)."""
         with self._lock:
@@ -763,6 +776,8 @@ class ShardedReplayClient:
         *,
         timeout: float | None = None,
         on_ack: Callable[[np.ndarray, float], Any] | None = None,
+        resend: bool = False,
+        on_retry: Callable[[BaseException, int], Any] | None = None,
     ) -> PipelinedInserter:
         """A :class:`PipelinedInserter` over the set (its own clients), as :meth:`ReplayClient.inserter`: up to
         ``max_in_flight`` inserts in flight, spread round robin over the servers."""
@@ -772,6 +787,8 @@ class ShardedReplayClient:
             timeout=timeout,
             on_ack=on_ack,
             client_timeout=self.timeout,
+            resend=resend,
+            on_retry=on_retry,
         )
 
     def updater(self, max_pending: int = 64) -> AsyncUpdater:
