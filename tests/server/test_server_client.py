@@ -470,7 +470,7 @@ def test_cli_help_and_bad_flags():
         ("--port", "70000"): "out of range",
         ("--port", "-1"): "out of range",
         ("--port", "0", "--capacity", "0"): "must be an int in [1, 9223372036854775807]",
-        ("--port", "0", "--eviction", "lifo"): "invalid choice",
+        ("--port", "0", "--eviction", "lru"): "invalid choice",
         ("--port", "0", "--alpha", "nan"): "finite",
         ("--port", "0", "--snapshot-every", "5"): "needs --snapshot",
         ("--port", "0", "--max-message-mb", "0"): "must be a finite number > 0",
