@@ -16,7 +16,7 @@ entry); optimizer hyper-parameters come from the config, never from the checkpoi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -180,3 +180,44 @@ def finite_priorities(td_abs: torch.Tensor, eps: float) -> np.ndarray:
     if not np.all(np.isfinite(p)):
         raise ValueError(f"non-finite TD errors ({int(np.sum(~np.isfinite(p)))} of {p.size}): the network diverged")
     return p
+
+
+def learner_state(
+    nets: Mapping[str, nn.Module], optimizers: Mapping[str, torch.optim.Optimizer], steps: int
+) -> dict[str, torch.Tensor]:
+    """A learner's flat checkpoint: each network's tensors under its name, each optimiser's state under its name,
+    ``steps`` (int64)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, net in nets.items():
+        out.update(module_tensors(name, net))
+    for name, opt in optimizers.items():
+        out.update(optimizer_tensors(name, opt))
+    out["steps"] = torch.tensor(steps, dtype=torch.int64)
+    return out
+
+
+def load_learner_state(
+    d: Mapping[str, torch.Tensor],
+    nets: Mapping[str, nn.Module],
+    optimizers: Callable[[], Mapping[str, torch.optim.Optimizer]],
+    remake_optimizers: Callable[[], None],
+    label: str,
+) -> int:
+    """Restore what :func:`learner_state` wrote and return its ``steps``: ``d`` is checked against every network's
+    and optimiser's layout first (ValueError naming missing, unexpected or mismatched entries, nothing changed),
+    then the networks are loaded, ``remake_optimizers()`` builds fresh optimisers over them and
+    ``optimizers()`` (the current ones, by name) get their state."""
+    expected: dict[str, torch.Tensor] = {"steps": torch.tensor(0, dtype=torch.int64)}
+    for name, net in nets.items():
+        expected.update(module_layout(name, net))
+    if isinstance(d, Mapping):
+        for name, opt in optimizers().items():
+            expected.update(expected_optimizer_tensors(name, opt, d))
+    check_tensors(expected, d, label)
+    check_steps(d["steps"])
+    for name, net in nets.items():
+        load_module_tensors(name, net, d)
+    remake_optimizers()
+    for name, opt in optimizers().items():
+        load_optimizer_tensors(name, opt, d)
+    return int(d["steps"])

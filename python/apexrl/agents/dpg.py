@@ -50,15 +50,13 @@ from apexrl.agents.base import AgentDef
 from apexrl.agents.common import (
     as_tensor,
     check_batch,
-    check_steps,
     check_tensors,
-    expected_optimizer_tensors,
     finite_priorities,
+    learner_state,
+    load_learner_state,
     load_module_tensors,
-    load_optimizer_tensors,
     module_layout,
     module_tensors,
-    optimizer_tensors,
 )
 from apexrl.agents.config import DPGConfig
 from apexrl.agents.normalize import apply, load_norm, make_obs_norm, norm_layout, norm_tensors
@@ -324,30 +322,16 @@ class DPGLearner:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Flat checkpoint: the four networks, ``optim/actor/...``, ``optim/critic/...``, ``steps`` (int64), and
         with ``obs_norm`` the observation statistics ``obs_norm/...``."""
-        out: dict[str, torch.Tensor] = {}
-        for name, net in self._nets().items():
-            out.update(module_tensors(name, net))
-        out.update(optimizer_tensors("actor", self.actor_optimizer))
-        out.update(optimizer_tensors("critic", self.critic_optimizer))
-        out["steps"] = torch.tensor(self.steps, dtype=torch.int64)
-        return out
+        return learner_state(self._nets(), self._optimizers(), self.steps)
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor": self.actor_optimizer, "critic": self.critic_optimizer}
 
     def load_state_dict(self, d: Mapping[str, torch.Tensor]) -> None:
         """Restore a ``state_dict``; ValueError naming missing/unexpected/mismatched entries changes nothing."""
-        expected: dict[str, torch.Tensor] = {"steps": torch.tensor(0, dtype=torch.int64)}
-        for name, net in self._nets().items():
-            expected.update(module_layout(name, net))
-        if isinstance(d, Mapping):
-            expected.update(expected_optimizer_tensors("actor", self.actor_optimizer, d))
-            expected.update(expected_optimizer_tensors("critic", self.critic_optimizer, d))
-        check_tensors(expected, d, f"{self.label} checkpoint")
-        check_steps(d["steps"])
-        for name, net in self._nets().items():
-            load_module_tensors(name, net, d)
-        self._make_optimizers()
-        load_optimizer_tensors("actor", self.actor_optimizer, d)
-        load_optimizer_tensors("critic", self.critic_optimizer, d)
-        self.steps = int(d["steps"])
+        self.steps = load_learner_state(
+            d, self._nets(), self._optimizers, self._make_optimizers, f"{self.label} checkpoint"
+        )
 
 
 class DPGPolicy:

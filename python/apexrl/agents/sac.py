@@ -49,14 +49,12 @@ from torch import Tensor, nn
 from apexrl.agents.base import AgentDef
 from apexrl.agents.common import (
     check_batch,
-    check_steps,
     check_tensors,
-    expected_optimizer_tensors,
+    learner_state,
+    load_learner_state,
     load_module_tensors,
-    load_optimizer_tensors,
     module_layout,
     module_tensors,
-    optimizer_tensors,
 )
 from apexrl.agents.config import SACConfig
 from apexrl.agents.normalize import ObsNormalizer, apply, load_norm, make_obs_norm, norm_layout, norm_tensors
@@ -292,30 +290,11 @@ class SACLearner:
     def state_dict(self) -> dict[str, Tensor]:
         """Flat checkpoint: the networks, the temperature (and ``obs_norm/...``), the three optimisers,
         ``steps`` (int64)."""
-        out: dict[str, Tensor] = {}
-        for name, net in self._nets().items():
-            out.update(module_tensors(name, net))
-        for name, opt in self._optimizers().items():
-            out.update(optimizer_tensors(name, opt))
-        out["steps"] = torch.tensor(self.steps, dtype=torch.int64)
-        return out
+        return learner_state(self._nets(), self._optimizers(), self.steps)
 
     def load_state_dict(self, d: Mapping[str, Tensor]) -> None:
         """Restore a ``state_dict``; ValueError naming missing/unexpected/mismatched entries changes nothing."""
-        expected: dict[str, Tensor] = {"steps": torch.tensor(0, dtype=torch.int64)}
-        for name, net in self._nets().items():
-            expected.update(module_layout(name, net))
-        if isinstance(d, Mapping):
-            for name, opt in self._optimizers().items():
-                expected.update(expected_optimizer_tensors(name, opt, d))
-        check_tensors(expected, d, "SAC checkpoint")
-        check_steps(d["steps"])
-        for name, net in self._nets().items():
-            load_module_tensors(name, net, d)
-        self._make_optimizers()
-        for name, opt in self._optimizers().items():
-            load_optimizer_tensors(name, opt, d)
-        self.steps = int(d["steps"])
+        self.steps = load_learner_state(d, self._nets(), self._optimizers, self._make_optimizers, "SAC checkpoint")
 
 
 class SACPolicy:
