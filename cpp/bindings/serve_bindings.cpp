@@ -51,6 +51,47 @@ py::tuple Decode(const py::list& frames, uint64_t max_bytes) {
   return py::make_tuple(static_cast<int>(r.status), r.op, r.request_id, r.message);
 }
 
+// The loop's tables from Python: a list of (name, store, limiter), limiter a dict with "kind" ("min_size",
+// "sample_to_insert_ratio" or "queue") and that kind's numbers (min_size; samples_per_insert, min_size_to_sample,
+// error_buffer; size).
+std::vector<serve::TableSpec> TableSpecs(const py::object& tables) {
+  std::vector<serve::TableSpec> out;
+  for (const auto& item : tables) {
+    const auto t = item.cast<py::tuple>();
+    if (t.size() != 3) throw InvalidArgument("a table is (name, store, limiter)");
+    serve::TableSpec spec;
+    spec.name = t[0].cast<std::string>();
+    spec.store = StoreOf(t[1]);
+    const auto d = t[2].cast<py::dict>();
+    const std::string kind = d["kind"].cast<std::string>();
+    auto number = [&d](const char* key, double fallback) {
+      return d.contains(key) && !d[key].is_none() ? d[key].cast<double>() : fallback;
+    };
+    auto count = [&](const char* key, double fallback) {
+      const double v = number(key, fallback);
+      if (!(v >= 0 && v <= 9.0e15)) throw InvalidArgument(std::string(key) + " must be a count >= 0");
+      return static_cast<uint64_t>(v);
+    };
+    if (kind == "min_size") {
+      spec.limiter.kind = serve::LimiterKind::kMinSize;
+      spec.limiter.min_size = count("min_size", 1);
+    } else if (kind == "sample_to_insert_ratio") {
+      spec.limiter.kind = serve::LimiterKind::kSampleToInsertRatio;
+      spec.limiter.spi = number("samples_per_insert", 0);
+      spec.limiter.eb = number("error_buffer", 0);
+      spec.limiter.min_size = count("min_size_to_sample", 1);
+    } else if (kind == "queue") {
+      spec.limiter.kind = serve::LimiterKind::kQueue;
+      spec.limiter.queue_size = count("size", 0);
+    } else {
+      throw InvalidArgument("table '" + spec.name + "': unknown rate limiter kind '" + kind +
+                            "' (min_size, sample_to_insert_ratio or queue)");
+    }
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
 }  // namespace
 
 void RegisterServe(py::module_& m) {
@@ -64,7 +105,7 @@ go back through control_reply(). Use apexrl.replay.server.ReplayServer.)doc")
                        uint64_t max_waiting, uint64_t max_waiting_per_peer, uint64_t max_waiting_bytes,
                        uint64_t max_unread_bytes, double samples_per_insert, double error_buffer,
                        uint64_t min_size_to_sample, uint64_t dedup_max_ids, uint64_t dedup_max_bytes,
-                       std::map<std::string, uint32_t> role_ops) {
+                       std::map<std::string, uint32_t> role_ops, const py::object& tables) {
              LoopConfig c;
              c.max_bytes = max_bytes;
              c.max_reply_bytes = max_reply_bytes;
@@ -87,14 +128,17 @@ go back through control_reply(). Use apexrl.replay.server.ReplayServer.)doc")
              } catch (const std::runtime_error& e) {
                throw py::import_error(e.what());
              }
-             return std::make_unique<ServeLoop>(api, reinterpret_cast<void*>(socket), StoreOf(store), std::move(c));
+             if (tables.is_none()) {
+               return std::make_unique<ServeLoop>(api, reinterpret_cast<void*>(socket), StoreOf(store), std::move(c));
+             }
+             return std::make_unique<ServeLoop>(api, reinterpret_cast<void*>(socket), TableSpecs(tables), std::move(c));
            }),
            py::arg("socket"), py::arg("libzmq"), py::arg("store"), py::kw_only(), py::arg("max_bytes"),
            py::arg("max_reply_bytes"), py::arg("workers"), py::arg("inline_sample_max"), py::arg("max_wait_s"),
            py::arg("max_waiting"), py::arg("max_waiting_per_peer"), py::arg("max_waiting_bytes"),
            py::arg("max_unread_bytes"), py::arg("samples_per_insert"), py::arg("error_buffer"),
            py::arg("min_size_to_sample"), py::arg("dedup_max_ids"), py::arg("dedup_max_bytes"),
-           py::arg("role_ops") = std::map<std::string, uint32_t>{})
+           py::arg("role_ops") = std::map<std::string, uint32_t>{}, py::arg("tables") = py::none())
       .def("start", &ServeLoop::Start)
       .def("stop", &ServeLoop::Stop, py::call_guard<py::gil_scoped_release>())
       .def(
@@ -123,7 +167,17 @@ go back through control_reply(). Use apexrl.replay.server.ReplayServer.)doc")
           },
           py::arg("peer"), py::arg("frames"))
       .def(
-          "set_layout", [](ServeLoop& loop, const ItemLayout& layout) { loop.SetLayout(layout); }, py::arg("layout"))
+          "set_layout",
+          [](ServeLoop& loop, const ItemLayout& layout, const py::object& table) {
+            if (table.is_none()) {
+              loop.SetLayout(layout);
+            } else {
+              loop.SetLayout(table.cast<uint32_t>(), layout);
+            }
+          },
+          py::arg("layout"), py::arg("table") = py::none(),
+          "the item layout a table's inserts are checked against (table: its index; None: the table `default`)")
+      .def_property_readonly("num_tables", &ServeLoop::num_tables)
       .def("stats", [](const ServeLoop& loop) {
         py::dict d;
         for (const auto& s : loop.Stats()) {

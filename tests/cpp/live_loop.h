@@ -30,6 +30,12 @@ inline std::string Header(uint16_t op, uint64_t rid, uint32_t count, double para
   return h;
 }
 
+// The same request addressed to table `table` (the header's table field).
+inline std::vector<std::string> ToTable(uint32_t table, std::vector<std::string> frames) {
+  std::memcpy(frames[0].data() + 36, &table, 4);
+  return frames;
+}
+
 template <typename T>
 std::string Array(const std::vector<T>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
@@ -107,6 +113,14 @@ class LiveLoop {
       : store(std::make_shared<ShardedStore>(store_config)) {
     FakeZmq::Get().Reset();
     loop = std::make_unique<ServeLoop>(FakeZmq::Api(), FakeZmq::Socket(), store, config);
+    loop->Start();
+    control_ = std::thread([this] { Control(); });
+  }
+  // Several tables (their stores in `tables`).
+  LiveLoop(std::vector<TableSpec> tables, const LoopConfig& config) {
+    FakeZmq::Get().Reset();
+    store = tables.at(0).store;
+    loop = std::make_unique<ServeLoop>(FakeZmq::Api(), FakeZmq::Socket(), std::move(tables), config);
     loop->Start();
     control_ = std::thread([this] { Control(); });
   }

@@ -1,8 +1,10 @@
 #include "apexrl/serve/rate_limiter.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
+#include "apexrl/errors.h"
 #include "apexrl/serve/wire.h"
 
 namespace apexrl::serve {
@@ -32,9 +34,45 @@ std::optional<std::string> DeadlockReason(double n, double m, double spi, double
 }
 
 RateLimiter::RateLimiter(double spi, double eb, uint64_t min_size)
-    : spi_(spi > 0 ? spi : 0.0), eb_(spi > 0 ? eb : 0.0), need_(std::max<uint64_t>(min_size, 1)) {}
+    : kind_(spi > 0 ? LimiterKind::kSampleToInsertRatio : LimiterKind::kMinSize),
+      queue_size_(0),
+      spi_(spi > 0 ? spi : 0.0),
+      eb_(spi > 0 ? eb : 0.0),
+      need_(std::max<uint64_t>(min_size, 1)) {}
+
+namespace {
+
+const LimiterConfig& Checked(const LimiterConfig& c) {
+  switch (c.kind) {
+    case LimiterKind::kQueue:
+      if (c.queue_size == 0) throw InvalidArgument("a Queue rate limiter needs size >= 1");
+      break;
+    case LimiterKind::kSampleToInsertRatio:
+      if (!(c.spi > 0) || !std::isfinite(c.spi)) {
+        throw InvalidArgument("SampleToInsertRatio needs a finite samples_per_insert > 0, got " + G(c.spi));
+      }
+      if (!(c.eb >= 0) || !std::isfinite(c.eb)) {
+        throw InvalidArgument("SampleToInsertRatio needs a finite error_buffer >= 0, got " + G(c.eb));
+      }
+      break;
+    case LimiterKind::kMinSize:
+      break;
+  }
+  return c;
+}
+
+}  // namespace
+
+RateLimiter::RateLimiter(const LimiterConfig& config)
+    : kind_(Checked(config).kind),
+      queue_size_(config.kind == LimiterKind::kQueue ? config.queue_size : 0),
+      spi_(config.kind == LimiterKind::kSampleToInsertRatio ? config.spi : 0.0),
+      eb_(config.kind == LimiterKind::kSampleToInsertRatio ? config.eb : 0.0),
+      // A queue's samples wait only while it is empty.
+      need_(config.kind == LimiterKind::kQueue ? 1 : std::max<uint64_t>(config.min_size, 1)) {}
 
 bool RateLimiter::InsertOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const {
+  if (kind_ == LimiterKind::kQueue) return n == 0 || size + n <= queue_size_;
   if (!limited() || n == 0 || size < need_) return true;
   return (static_cast<double>(inserted + n) - static_cast<double>(need_)) * spi_ - static_cast<double>(sampled) <=
          eb_ + kEps;
@@ -67,6 +105,12 @@ void RateLimiter::Undo(uint64_t inserted, uint64_t sampled) {
 }
 
 std::optional<std::string> RateLimiter::NeverAdmitted(uint16_t op, uint64_t n, uint64_t size) const {
+  if (kind_ == LimiterKind::kQueue) {
+    if (op != kInsert || n <= queue_size_) return std::nullopt;
+    return "a queue of size " + std::to_string(queue_size_) + " never holds " + std::to_string(n) +
+           " items, so this insert could never be admitted (Queue(size=" + std::to_string(queue_size_) +
+           ")); insert at most " + std::to_string(queue_size_) + " items per request";
+  }
   if (!limited() || n == 0) return std::nullopt;
   uint64_t inserted, sampled;
   Counts(&inserted, &sampled);
@@ -98,6 +142,10 @@ void RateLimiter::Waits(uint64_t* inserts, uint64_t* samples) const {
 std::string RateLimiter::Describe() const {
   uint64_t inserted, sampled;
   Counts(&inserted, &sampled);
+  if (kind_ == LimiterKind::kQueue) {
+    return std::to_string(inserted) + " items inserted and " + std::to_string(sampled) + " sampled, Queue(size=" +
+           std::to_string(queue_size_) + ")";
+  }
   return std::to_string(inserted) + " items inserted and " + std::to_string(sampled) +
          " sampled, samples_per_insert=" + (limited() ? PyFloatRepr(spi_) : "None") +
          ", error_buffer=" + PyFloatRepr(eb_);

@@ -1,5 +1,10 @@
-// The replay server's admission rules: the minimum size to sample and Reverb's SampleToInsertRatio.
+// The replay server's admission rules, one limiter per table, of one of three kinds (Reverb's):
+//   * MinSize(m): a SAMPLE waits while the table holds fewer than m items; INSERTs are never limited;
+//   * SampleToInsertRatio(spi, m, eb): below;
+//   * Queue(size): an INSERT of n waits while the table would then hold more than `size` items (an INSERT of
+//     more than `size` items can never be admitted and is refused), a SAMPLE waits while the table is empty.
 //
+// SampleToInsertRatio:
 // With samples_per_insert (spi) set, the limiter counts the items inserted (I) and sampled (S) since the
 // server started. As Reverb's limiter does, it measures the ratio from the minimum size on: with
 // m = min_size_to_sample (at least 1), eb = error_buffer and the offset d = (I - m) * spi - S,
@@ -25,6 +30,18 @@
 
 namespace apexrl::serve {
 
+enum class LimiterKind : uint8_t { kMinSize, kSampleToInsertRatio, kQueue };
+
+// A limiter's configuration (a table's `rate_limiter`). spi/eb: SampleToInsertRatio only; min_size: MinSize and
+// SampleToInsertRatio; queue_size: Queue only.
+struct LimiterConfig {
+  LimiterKind kind = LimiterKind::kMinSize;
+  double spi = 0.0;
+  double eb = 0.0;
+  uint64_t min_size = 1;
+  uint64_t queue_size = 0;
+};
+
 // None when SAMPLEs of n items and INSERTs of m items can always make progress together, else why not.
 std::optional<std::string> DeadlockReason(double n, double m, double spi, double eb);
 
@@ -32,8 +49,13 @@ class RateLimiter {
  public:
   // spi <= 0: no ratio limit. min_size is raised to 1; it is also the offset of the ratio (see above).
   RateLimiter(double spi, double eb, uint64_t min_size);
+  // Any kind; InvalidArgument for a Queue of size 0, a SampleToInsertRatio without a positive spi, or a negative
+  // error buffer.
+  explicit RateLimiter(const LimiterConfig& config);
 
+  LimiterKind kind() const { return kind_; }
   bool limited() const { return spi_ > 0; }
+  uint64_t queue_size() const { return queue_size_; }
   double spi() const { return spi_; }
   double eb() const { return eb_; }
   uint64_t need() const { return need_; }
@@ -57,6 +79,8 @@ class RateLimiter {
   std::string Describe() const EXCLUDES(mu_);
 
  private:
+  const LimiterKind kind_;
+  const uint64_t queue_size_;  // kQueue only
   const double spi_;
   const double eb_;
   const uint64_t need_;

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "apexrl/errors.h"
@@ -59,6 +60,7 @@ struct Pending : Call {
   uint64_t bytes() const { return total; }
 
   const ZmqApi* api;
+  Table* table = nullptr;  // the data op's table (FindTable), for the whole of its service
   std::string peer;
   ZmqMsg msgs[kMaxKeptFrames];
   FrameView views[kMaxKeptFrames];
@@ -72,28 +74,50 @@ Deferred::~Deferred() = default;
 
 // ------------------------------------------------------------------------------------------------ lifecycle
 
+namespace {
+
+std::vector<TableSpec> OneTable(std::shared_ptr<ShardedStore> store, const LoopConfig& config) {
+  LimiterConfig limiter;
+  limiter.kind = config.samples_per_insert > 0 ? LimiterKind::kSampleToInsertRatio : LimiterKind::kMinSize;
+  limiter.spi = config.samples_per_insert > 0 ? config.samples_per_insert : 0.0;
+  limiter.eb = config.samples_per_insert > 0 ? config.error_buffer : 0.0;
+  limiter.min_size = config.min_size_to_sample;
+  std::vector<TableSpec> tables;
+  tables.push_back(TableSpec{"default", std::move(store), limiter});
+  return tables;
+}
+
+}  // namespace
+
 ServeLoop::ServeLoop(ZmqApi api, void* socket, std::shared_ptr<ShardedStore> store, LoopConfig config)
+    : ServeLoop(api, socket, OneTable(std::move(store), config), config) {}
+
+ServeLoop::ServeLoop(ZmqApi api, void* socket, std::vector<TableSpec> tables, LoopConfig config)
     : api_(api),
       socket_(socket),
-      store_(std::move(store)),
       config_(std::move(config)),
-      limiter_(config_.samples_per_insert, config_.error_buffer, config_.min_size_to_sample),
       window_(config_.dedup_max_ids, config_.dedup_max_bytes),
-      waiting_(
-          std::make_unique<Waitlist>(config_.max_waiting, config_.max_waiting_per_peer, config_.max_waiting_bytes)),
-      max_outstanding_(kJobsPerWorker * std::max<uint32_t>(config_.workers, 1)),
-      unread_total_(std::make_shared<std::atomic<int64_t>>(0)),
       pool_(std::make_shared<SamplePool>()),
-      handlers_(store_.get(), &limiter_, &window_, pool_.get(), config_.max_wait_s,
-                [this](const char* level, std::string text) { Log(level, std::move(text)); }) {
+      max_outstanding_(kJobsPerWorker * std::max<uint32_t>(config_.workers, 1)),
+      unread_total_(std::make_shared<std::atomic<int64_t>>(0)) {
   if (config_.workers < 1) throw InvalidArgument("workers must be >= 1");
+  if (tables.empty()) throw InvalidArgument("a replay server needs at least one table");
+  if (tables.size() > std::numeric_limits<uint32_t>::max()) throw InvalidArgument("too many tables");
+  const WaitBounds bounds{config_.max_waiting, config_.max_waiting_per_peer, config_.max_waiting_bytes,
+                          config_.max_wait_s};
+  for (size_t i = 0; i < tables.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (tables[j].name == tables[i].name) throw InvalidArgument("two tables are named '" + tables[i].name + "'");
+    }
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    tables_.push_back(std::make_unique<Table>(static_cast<uint32_t>(i), std::move(tables[i]), bounds, &window_,
+                                              pool_.get(),
+                                              [this](const char* level, std::string text) { Log(level, std::move(text)); }));
+    if (tables_.back()->name() == "default") default_ = i;
+  }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw IoError(std::string("eventfd: ") + std::strerror(errno));
-  // The mean item of a restored store, rounded up: its largest is unknown (replies are checked after
-  // sampling too).
-  const StoreStats s = store_->Stats();
-  max_item_ = s.size == 0 ? 0 : (s.bytes_held + s.size - 1) / s.size;
-  max_item_seen_.store(max_item_);
 }
 
 ServeLoop::~ServeLoop() {
@@ -156,10 +180,14 @@ void ServeLoop::Run() {
       }
     }
     long poll_ms = 100;
-    if (waiting_->count() != 0) {
+    bool any_waiting = false;
+    for (const auto& t : tables_) any_waiting |= t->waiting().count() != 0;
+    if (any_waiting) {
       ReleaseDeferred();
-      if (auto deadline = waiting_->NextDeadline()) {
-        poll_ms = std::clamp<long>(static_cast<long>(std::ceil((*deadline - Now()) * 1000)), 0, 100);
+      for (const auto& t : tables_) {
+        if (auto deadline = t->waiting().NextDeadline()) {
+          poll_ms = std::min(poll_ms, std::clamp<long>(static_cast<long>(std::ceil((*deadline - Now()) * 1000)), 0, 100));
+        }
       }
     }
     if (stopping) poll_ms = std::min<long>(poll_ms, 10);
@@ -251,6 +279,7 @@ void ServeLoop::ReadFrontBurst() {
         continue;
       }
     }
+    if (NamesTable(op) && !FindTable(p.get())) continue;
     // The request's own content, checked once and before anything keeps state for it (the insert-id window,
     // the rate limiter, the waiting list): a request the store would refuse is INVALID_ARGUMENT whatever the
     // server's state, and every later step may trust its chunk references.
@@ -273,16 +302,30 @@ void ServeLoop::ReadFrontBurst() {
   }
 }
 
-bool ServeLoop::InsertContentOk(const Pending& p) {
-  std::shared_ptr<const ItemLayout> layout;
-  {
-    ScopedLock lock(layout_mu_);
-    layout = layout_;
+bool ServeLoop::FindTable(Pending* p) {
+  const uint32_t t = p->req.table;
+  if (t < tables_.size()) {  // the hot path: a bounds check and a read
+    p->table = tables_[t].get();
+    return true;
   }
+  refused_table_.fetch_add(1, std::memory_order_relaxed);
+  std::string names;
+  for (const auto& table : tables_) {
+    names += (names.empty() ? "" : ", ") + std::to_string(table->index()) + " '" + table->name() + "'";
+  }
+  Error(*p, kInvalidArgument,
+        std::string(OpName(p->req.op)) + " refused: unknown table index " + std::to_string(t) + "; this server has " +
+            std::to_string(tables_.size()) + (tables_.size() == 1 ? " table" : " tables") + " (" + names +
+            "), listed by HELLO");
+  return false;
+}
+
+bool ServeLoop::InsertContentOk(const Pending& p) {
+  const std::shared_ptr<const ItemLayout> layout = p.table->layout();
   bool spec_refused = false;
-  const std::optional<std::string> why = handlers_.InsertContentProblem(p.req, layout.get(), &spec_refused);
+  const std::optional<std::string> why = p.table->handlers().InsertContentProblem(p.req, layout.get(), &spec_refused);
   if (!why) return true;
-  if (spec_refused) spec_refused_.fetch_add(1, std::memory_order_relaxed);
+  if (spec_refused) p.table->CountSpecRefused();
   Error(p, kInvalidArgument, "INSERT refused, nothing stored: " + *why);
   return false;
 }
@@ -291,20 +334,22 @@ bool ServeLoop::InsertContentOk(const Pending& p) {
 
 bool ServeLoop::EarlyRefusal(const Pending& p, uint16_t* status, std::string* message) {
   const Request& q = p.req;
+  Table& table = *p.table;
   if (q.op == kInsert || q.op == kSample) {
-    if (auto why = limiter_.NeverAdmitted(q.op, q.count, store_->Size())) {
+    if (auto why = table.limiter().NeverAdmitted(q.op, q.count, table.store()->Size())) {
       *status = kInvalidArgument;
       *message = std::string(OpName(q.op)) + " of " + std::to_string(q.count) + " items refused: " + *why;
       return true;
     }
   }
   if (q.op == kSample) {
-    const uint64_t estimate = kReplyFixed + q.count * (kReplyPerItem + max_item_);
+    const uint64_t max_item = table.max_item();
+    const uint64_t estimate = kReplyFixed + q.count * (kReplyPerItem + max_item);
     if (estimate > config_.max_reply_bytes) {
       *status = kTooLarge;
       *message = "SAMPLE of " + std::to_string(q.count) + " items refused: its reply would be about " +
                  std::to_string(estimate) + " bytes (" + std::to_string(q.count) + " x (largest item stored " +
-                 std::to_string(max_item_) + " + " + std::to_string(kReplyPerItem) +
+                 std::to_string(max_item) + " + " + std::to_string(kReplyPerItem) +
                  ") bytes), over the reply cap of " + std::to_string(config_.max_reply_bytes) +
                  " bytes (max_reply_mb); sample fewer items per request";
       return true;
@@ -358,14 +403,11 @@ void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
   if (q.op == kInsert && reply.status == kOk) {
     // From what the store took (Handlers::ServeInsert), never from this request: a repeated insert id's reply stored
     // nothing, and its frames may differ from those of the request that did.
-    if (reply.max_item_bytes > max_item_) {
-      max_item_ = reply.max_item_bytes;
-      max_item_seen_.store(max_item_, std::memory_order_relaxed);
-    }
+    p->table->SawItem(reply.max_item_bytes);
   } else if (q.op == kSample && reply.status == kOk) {
     const uint64_t size = reply.Bytes();
     if (size > config_.max_reply_bytes) {
-      limiter_.Undo(0, q.count);
+      p->table->limiter().Undo(0, q.count);
       replies_refused_.fetch_add(1, std::memory_order_relaxed);  // (counted as served; this tells it apart)
       Send(p->peer,
            ErrorReply(kSample, q.request_id, kTooLarge,
@@ -389,24 +431,25 @@ void ServeLoop::Defer(std::unique_ptr<Pending> p, bool front) {
   e->peer = p->peer;
   e->seq = p->serial;
   e->behind_id = q.op == kInsert && p->behind_id;
+  Waitlist& waiting = p->table->waiting();
   e->p = std::move(p);
   if (e->deadline <= Now()) {  // clipped to max_wait_s and already past it
     Expire(e.get());
     return;
   }
-  if (auto full = waiting_->FullReason(*e)) {
-    ++waiting_->refused;
+  if (auto full = waiting.FullReason(*e)) {
+    ++waiting.refused;
     Error(*e->p, kTimeout,
           std::string(OpName(e->op)) + " of " + std::to_string(e->n) +
               " items not queued: it would have to wait, and " + *full + "; retry later");
     ForgetOwner(*e->p);
     return;
   }
-  DeferredPtr evicted = waiting_->Add(e, front);
+  DeferredPtr evicted = waiting.Add(e, front);
   if (evicted) {
     Error(*evicted->p, kTimeout,
           std::string(OpName(evicted->op)) + " of " + std::to_string(evicted->n) +
-              " items given up: this peer has more than max_waiting_per_peer=" + std::to_string(waiting_->max_peer()) +
+              " items given up: this peer has more than max_waiting_per_peer=" + std::to_string(waiting.max_peer()) +
               " requests waiting, the oldest is answered");
     ForgetOwner(*evicted->p);
     evicted->p.reset();  // the husk keeps no data
@@ -415,15 +458,23 @@ void ServeLoop::Defer(std::unique_ptr<Pending> p, bool front) {
 
 void ServeLoop::Expire(Deferred* e) {
   const Request& q = e->p->req;
-  const uint64_t size = store_->Size();
+  Table& table = *e->p->table;
+  const RateLimiter& limiter = table.limiter();
+  const uint64_t size = table.store()->Size();
   std::string why;
-  if (e->op == kSample && !limiter_.BigEnough(size)) {
+  if (limiter.kind() == LimiterKind::kQueue) {
+    why = e->op == kSample ? "the queue is empty"
+                           : "the queue holds " + std::to_string(size) + " of at most " +
+                                 std::to_string(limiter.queue_size()) + " items (Queue(size=" +
+                                 std::to_string(limiter.queue_size()) + "))";
+  } else if (e->op == kSample && !limiter.BigEnough(size)) {
     why = "the store holds " + std::to_string(size) +
-          " items, fewer than min_size_to_sample=" + std::to_string(limiter_.need());
+          " items, fewer than min_size_to_sample=" + std::to_string(limiter.need());
   } else {
     why = std::string("rate limited until the ") + (e->op == kInsert ? "samplers are" : "inserters are") +
-          " caught up (" + limiter_.Describe() + ")";
+          " caught up (" + limiter.Describe() + ")";
   }
+  if (tables_.size() > 1) why = "table '" + table.name() + "': " + why;
   const long waited_ms = std::lround((Now() - e->p->t_arrival) * 1000);
   std::string clip;
   if (q.timeout_ms / 1000.0 > config_.max_wait_s) {
@@ -433,7 +484,7 @@ void ServeLoop::Expire(Deferred* e) {
   if (!Error(*e->p, kTimeout,
              std::string(OpName(e->op)) + " of " + std::to_string(e->n) + " items: " + why + ", after waiting " +
                  std::to_string(waited_ms) + " ms" + clip)) {
-    ++waiting_->dropped;  // its peer left: counted with the others it had waiting
+    ++table.waiting().dropped;  // its peer left: counted with the others it had waiting
   }
   ForgetOwner(*e->p);
   e->p.reset();
@@ -476,7 +527,9 @@ void ServeLoop::SendFinished() {
 }
 
 void ServeLoop::ReleaseDeferred() {
-  for (DeferredPtr& e : waiting_->Expired(Now())) Expire(e.get());
+  for (const auto& t : tables_) {
+    for (DeferredPtr& e : t->waiting().Expired(Now())) Expire(e.get());
+  }
   const auto still_behind = [this](const Deferred& e) {
     const Pending& p = *e.p;
     return window_.Busy(InsertId{p.identity, p.req.insert_session, p.req.insert_sequence}, p.serial, Now());
@@ -484,16 +537,25 @@ void ServeLoop::ReleaseDeferred() {
   // A second pass answers the retries whose first request the first pass stored, without a poll between.
   for (int pass = 0; pass < 2 && recheck_; ++pass) {
     recheck_ = false;
-    for (DeferredPtr& e : waiting_->Release(limiter_, store_->Size(), still_behind)) Dispatch(std::move(e->p), true);
-    if (waiting_->behind() == 0) break;
+    uint64_t behind = 0;
+    for (const auto& t : tables_) {
+      if (t->waiting().count() == 0 && t->waiting().behind() == 0) continue;
+      for (DeferredPtr& e : t->waiting().Release(t->limiter(), t->store()->Size(), still_behind)) {
+        Dispatch(std::move(e->p), true);
+      }
+      behind += t->waiting().behind();
+    }
+    if (behind == 0) break;
   }
 }
 
 void ServeLoop::RefusePending() {
-  for (DeferredPtr& e : waiting_->TakeAll()) {
-    Error(*e->p, kShuttingDown, "the replay server is shutting down");
-    ForgetOwner(*e->p);
-    e->p.reset();
+  for (const auto& t : tables_) {
+    for (DeferredPtr& e : t->waiting().TakeAll()) {
+      Error(*e->p, kShuttingDown, "the replay server is shutting down");
+      ForgetOwner(*e->p);
+      e->p.reset();
+    }
   }
   while (true) {
     auto p = std::make_unique<Pending>(&api_);
@@ -510,14 +572,7 @@ void ServeLoop::RefusePending() {
 
 void ServeLoop::Tidy() {
   const double now = Now();
-  waiting_stats_[0].store(waiting_->count(), std::memory_order_relaxed);
-  waiting_stats_[1].store(waiting_->bytes(), std::memory_order_relaxed);
-  waiting_stats_[2].store(waiting_->peers(), std::memory_order_relaxed);
-  waiting_stats_[3].store(waiting_->dropped, std::memory_order_relaxed);
-  waiting_stats_[4].store(waiting_->refused, std::memory_order_relaxed);
-  waiting_stats_[5].store(waiting_->evicted, std::memory_order_relaxed);
-  waiting_stats_[6].store(waiting_->examined_max, std::memory_order_relaxed);
-  waiting_stats_[7].store(waiting_->examined_total, std::memory_order_relaxed);
+  for (const auto& t : tables_) t->PublishWaiting();
   if (now - last_tidy_ < 1.0) return;
   last_tidy_ = now;
   // Forget peers with nothing unread and no reply in flight (libzmq tells of no departure but EHOSTUNREACH).
@@ -539,7 +594,7 @@ void ServeLoop::Tidy() {
 // ------------------------------------------------------------------------------------------------ serving
 
 bool ServeLoop::Serve(Pending* p, Reply* reply) {
-  if (!handlers_.Serve(p, Now(), reply)) return false;  // it waits
+  if (!p->table->handlers().Serve(p, Now(), reply)) return false;  // it waits
   Count(p->req.op, reply->status != kOk);
   return true;
 }
@@ -618,12 +673,16 @@ bool ServeLoop::Send(const std::string& peer, Reply reply) {
   if (err == 0) return true;
   replies_dropped_.fetch_add(1, std::memory_order_relaxed);
   if (err == EHOSTUNREACH) {  // the peer left: drop what it had waiting
-    auto gone = waiting_->DropPeer(peer);
-    for (DeferredPtr& e : gone) {
-      ForgetOwner(*e->p);
-      e->p.reset();
+    size_t dropped = 0;
+    for (const auto& t : tables_) {
+      auto gone = t->waiting().DropPeer(peer);
+      for (DeferredPtr& e : gone) {
+        ForgetOwner(*e->p);
+        e->p.reset();
+      }
+      dropped += gone.size();
     }
-    if (!gone.empty()) Log("INFO", "a peer left: dropped its " + std::to_string(gone.size()) + " waiting requests");
+    if (dropped != 0) Log("INFO", "a peer left: dropped its " + std::to_string(dropped) + " waiting requests");
     return false;
   }
   if (err != EAGAIN) Log("WARNING", std::string("a reply could not be sent: ") + api_.strerror(err));
@@ -681,10 +740,11 @@ void ServeLoop::ControlReply(const std::string& peer, std::vector<std::string> f
   Wake();
 }
 
-void ServeLoop::SetLayout(ItemLayout layout) {
-  auto shared = std::make_shared<const ItemLayout>(std::move(layout));
-  ScopedLock lock(layout_mu_);
-  layout_ = std::move(shared);
+void ServeLoop::SetLayout(ItemLayout layout) { tables_[default_]->SetLayout(std::move(layout)); }
+
+void ServeLoop::SetLayout(uint32_t table, ItemLayout layout) {
+  if (table >= tables_.size()) throw InvalidArgument("no table of index " + std::to_string(table));
+  tables_[table]->SetLayout(std::move(layout));
 }
 
 std::vector<LoopStat> ServeLoop::Stats() const {
@@ -702,31 +762,19 @@ std::vector<LoopStat> ServeLoop::Stats() const {
   }
   add("requests_total", static_cast<double>(total_requests));
   add("errors_total", static_cast<double>(total_errors));
-  add("erased_items", static_cast<double>(handlers_.erased_items()));
   add("requests_in_service", static_cast<double>(in_service_.load()));
   add("workers", config_.workers);
-  add("min_size_to_sample", static_cast<double>(config_.min_size_to_sample));
-  uint64_t inserted, sampled, wi, ws;
-  limiter_.Counts(&inserted, &sampled);
-  limiter_.Waits(&wi, &ws);
-  add("rate_limiter_waits_insert", static_cast<double>(wi));
-  add("rate_limiter_waits_sample", static_cast<double>(ws));
-  add("rate_limiter_inserted_items", static_cast<double>(inserted));
-  add("rate_limiter_sampled_items", static_cast<double>(sampled));
-  add("samples_per_insert", limiter_.spi(), false);
-  add("error_buffer", limiter_.eb(), false);
-  const char* waiting_names[8] = {
-      "deferred",         "deferred_bytes",   "deferred_peers",        "deferred_dropped",
-      "deferred_refused", "deferred_evicted", "deferred_examined_max", "deferred_examined_total"};
-  for (int i = 0; i < 8; ++i) add(waiting_names[i], static_cast<double>(waiting_stats_[i].load()));
+  add("tables", static_cast<double>(tables_.size()));
+  add("requests_refused_table", static_cast<double>(refused_table_.load()));
+  // Today's names describe the table `default` (else table 0); every table's under "table.<name>.".
+  tables_[default_]->Stats("", &out);
+  for (const auto& t : tables_) t->Stats("table." + t->name() + ".", &out);
   add("replies_dropped", static_cast<double>(replies_dropped_.load()));
   add("replies_refused_too_large", static_cast<double>(replies_refused_.load()));
   add("replies_refused_unread", static_cast<double>(refused_unread_.load()));
   add("requests_refused_role", static_cast<double>(refused_role_.load()));
   add("unread_reply_bytes", static_cast<double>(unread_total_->load()));
   add("unread_reply_bytes_peer_max", static_cast<double>(unread_peak_peer_.load()));
-  add("max_item_bytes", static_cast<double>(max_item_seen_.load()));
-  add("spec_refused_inserts", static_cast<double>(spec_refused_.load()));
   const InsertWindowStats w = window_.Stats();
   add("duplicate_inserts", static_cast<double>(w.duplicates));
   add("insert_ids_remembered", static_cast<double>(w.remembered));

@@ -42,6 +42,7 @@
 #include "apexrl/serve/item_check.h"
 #include "apexrl/serve/rate_limiter.h"
 #include "apexrl/serve/reply.h"
+#include "apexrl/serve/table.h"
 #include "apexrl/serve/wire.h"
 #include "apexrl/serve/zmq_api.h"
 #include "apexrl/sharded_store.h"
@@ -59,7 +60,9 @@ struct LoopConfig {
   uint64_t max_waiting_per_peer = 1024;
   uint64_t max_waiting_bytes = 256ull << 20;
   uint64_t max_unread_bytes = 256ull << 20;  // per peer
-  double samples_per_insert = 0.0;           // 0: no rate limit
+  // The rate limiter of the one table `default` when the loop is built over a single store (the first
+  // constructor); the tables of the second carry their own.
+  double samples_per_insert = 0.0;  // 0: no rate limit
   double error_buffer = 0.0;
   uint64_t min_size_to_sample = 1;
   uint64_t dedup_max_ids = 65536;  // per client identity
@@ -77,19 +80,17 @@ struct ControlRequest {
   std::vector<std::string> frames;
 };
 
-struct LoopStat {
-  std::string name;
-  double value;
-  bool integer;
-};
-
 struct Pending;
 struct Deferred;
 class Waitlist;
 
 class ServeLoop {
  public:
+  // One table, `default`, over `store`, limited by config's samples_per_insert / error_buffer /
+  // min_size_to_sample.
   ServeLoop(ZmqApi api, void* socket, std::shared_ptr<ShardedStore> store, LoopConfig config);
+  // The tables in index order (at least one, names distinct; InvalidArgument otherwise).
+  ServeLoop(ZmqApi api, void* socket, std::vector<TableSpec> tables, LoopConfig config);
   ~ServeLoop();
   ServeLoop(const ServeLoop&) = delete;
   ServeLoop& operator=(const ServeLoop&) = delete;
@@ -104,8 +105,11 @@ class ServeLoop {
   bool NextControl(double timeout_s, ControlRequest* out, bool* closed) EXCLUDES(control_mu_);
   void ControlReply(const std::string& peer, std::vector<std::string> frames) EXCLUDES(done_mu_);
 
-  // The run's item layout once known (HELLO or configuration); inserts are checked against it from then on.
-  void SetLayout(ItemLayout layout) EXCLUDES(layout_mu_);
+  // A table's item layout once known (HELLO or configuration); its inserts are checked against it from then on.
+  // The first form: the table `default` (else table 0). InvalidArgument for an unknown index.
+  void SetLayout(ItemLayout layout);
+  void SetLayout(uint32_t table, ItemLayout layout);
+  size_t num_tables() const { return tables_.size(); }
 
   std::vector<LoopStat> Stats() const;
 
@@ -116,7 +120,8 @@ class ServeLoop {
   void ReadFrontBurst() EXCLUDES(control_mu_);
   bool Receive(Pending* p);
   void Dispatch(std::unique_ptr<Pending> p, bool front) EXCLUDES(jobs_mu_);
-  bool InsertContentOk(const Pending& p) EXCLUDES(layout_mu_);
+  bool FindTable(Pending* p);
+  bool InsertContentOk(const Pending& p);
   bool EarlyRefusal(const Pending& p, uint16_t* status, std::string* message);
   void Deliver(std::unique_ptr<Pending> p, Reply reply);
   void Defer(std::unique_ptr<Pending> p, bool front);
@@ -138,16 +143,14 @@ class ServeLoop {
 
   const ZmqApi api_;
   void* const socket_;
-  const std::shared_ptr<ShardedStore> store_;
   const LoopConfig config_;
-  RateLimiter limiter_;
   InsertWindow window_;
-  std::unique_ptr<Waitlist> waiting_;
+  std::shared_ptr<SamplePool> pool_;  // shared with the replies libzmq still holds
+  // The tables, by index (fixed from construction on, so any thread may read the vector); default_: the
+  // table today's STATS names describe (`default`, else table 0).
+  std::vector<std::unique_ptr<Table>> tables_;
+  size_t default_ = 0;
   int wake_fd_ = -1;
-
-  // The layout inserts are checked against: set by Python (SetLayout), read by the loop thread per INSERT.
-  Mutex layout_mu_;
-  std::shared_ptr<const ItemLayout> layout_ GUARDED_BY(layout_mu_);
 
   std::thread loop_thread_;
   std::vector<std::thread> workers_;
@@ -180,7 +183,6 @@ class ServeLoop {
   uint64_t outstanding_ = 0;  // requests with the workers or Python
   uint64_t max_outstanding_;
   bool recheck_ = false;
-  uint64_t max_item_ = 0;
   uint64_t serial_ = 0;
   std::map<std::string, std::shared_ptr<std::atomic<int64_t>>> unread_;  // per peer routing id
   double last_tidy_ = 0;
@@ -194,13 +196,9 @@ class ServeLoop {
   std::atomic<uint64_t> replies_refused_{0};
   std::atomic<uint64_t> refused_unread_{0};
   std::atomic<uint64_t> refused_role_{0};
-  std::atomic<uint64_t> spec_refused_{0};
-  std::atomic<uint64_t> max_item_seen_{0};
-  std::atomic<uint64_t> waiting_stats_[8] = {};
+  std::atomic<uint64_t> refused_table_{0};
   std::shared_ptr<std::atomic<int64_t>> unread_total_;
   std::atomic<int64_t> unread_peak_peer_{0};
-  std::shared_ptr<SamplePool> pool_;  // shared with the replies libzmq still holds
-  Handlers handlers_;                 // after what it points to
 };
 
 }  // namespace apexrl::serve

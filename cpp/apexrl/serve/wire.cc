@@ -15,7 +15,7 @@ struct RawHeader {
   uint16_t status, flags;
   uint32_t count;
   double param;
-  uint32_t timeout_ms, reserved;
+  uint32_t timeout_ms, table;
 };
 
 template <size_t kField, typename T>
@@ -34,7 +34,7 @@ RawHeader ReadHeader(const uint8_t* p) {
   ReadField<kFieldCount>(p, &h.count);
   ReadField<kFieldParam>(p, &h.param);
   ReadField<kFieldTimeoutMs>(p, &h.timeout_ms);
-  ReadField<kFieldReserved>(p, &h.reserved);
+  ReadField<kFieldTable>(p, &h.table);
   return h;
 }
 static_assert(kHeaderFields[kNumHeaderFields - 1].offset + kHeaderFields[kNumHeaderFields - 1].size == kHeaderSize,
@@ -165,20 +165,15 @@ Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
     std::snprintf(buf, sizeof buf, "%#06x", h->flags);
     return Refuse(kBadMessage, std::string("header flags is ") + buf + ", must be 0");
   }
-  if (h->reserved != 0) {
-    static const char* hex = "0123456789abcdef";
-    std::string s;
-    const HeaderFieldPlan& reserved = kHeaderFields[kFieldReserved];
-    for (size_t i = reserved.offset; i < reserved.offset + reserved.size; ++i) {
-      s += {hex[f.data[i] >> 4], hex[f.data[i] & 15]};
-    }
-    return Refuse(kBadMessage, "header reserved bytes are " + s + ", must be zero");
-  }
   if (h->op < 1 || h->op > kMaxReplayOp) {
     return Refuse(kUnknownOp, "header op " + Str(h->op) + " is unknown; known ops: [1, 2, 3, 4, 5, 6, 7]");
   }
   if (h->status > kMaxStatus) {
     return Refuse(kBadMessage, "header status " + Str(h->status) + " is unknown; known: [0, 1, 2, 3, 4, 5, 6, 7, 8]");
+  }
+  if (h->table != 0 && !NamesTable(h->op)) {
+    return Refuse(kBadMessage, "header table is " + Str(h->table) + ", must be 0 (" + OpName(h->op) +
+                                   " names no table)");
   }
   return Refusal{};
 }
@@ -210,6 +205,7 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
   }
   out->op = h.op;
   out->request_id = h.request_id;
+  out->table = h.table;
   out->count = h.count;
   out->beta = plan.beta ? h.param : 0.0;
   out->timeout_ms = h.timeout_ms;
@@ -278,6 +274,10 @@ RequestPlan PlanOf(uint16_t op) {
   }
 }
 
+bool NamesTable(uint16_t op) {
+  return op == kInsert || op == kSample || op == kUpdatePriorities || op == kRemoveToFit || op == kErase;
+}
+
 const char* OpName(uint16_t op) {
   switch (op) {
     case kInsert:
@@ -341,7 +341,7 @@ std::string EncodeHeader(uint16_t op, uint64_t request_id, uint16_t status, uint
   std::memcpy(p + 8, &request_id, 8);
   std::memcpy(p + 16, &status, 2);
   std::memcpy(p + 20, &count, 4);
-  return s;  // flags, param, timeout_ms and reserved are 0
+  return s;  // flags, param, timeout_ms and table are 0
 }
 
 std::string PyFloatRepr(double v) {

@@ -16,7 +16,7 @@ namespace apexrl::serve {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire is little-endian; so must the host be");
 
 inline constexpr char kMagic[4] = {'A', 'P', 'X', 'R'};
-inline constexpr uint16_t kProtocolVersion = 4;
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kHeaderSize = 40;
 inline constexpr uint32_t kMaxBatch = 1u << 20;
 inline constexpr size_t kMaxErrorMessage = 64 * 1024;
@@ -58,7 +58,7 @@ enum HeaderFieldIndex : size_t {
   kFieldCount,
   kFieldParam,
   kFieldTimeoutMs,
-  kFieldReserved,
+  kFieldTable,
   kNumHeaderFields,
 };
 struct HeaderFieldPlan {
@@ -68,7 +68,7 @@ struct HeaderFieldPlan {
 };
 inline constexpr HeaderFieldPlan kHeaderFields[kNumHeaderFields] = {
     {"magic", 0, 4},  {"version", 4, 2}, {"op", 6, 2},     {"request_id", 8, 8},  {"status", 16, 2},
-    {"flags", 18, 2}, {"count", 20, 4},  {"param", 24, 8}, {"timeout_ms", 32, 4}, {"reserved", 36, 4},
+    {"flags", 18, 2}, {"count", 20, 4},  {"param", 24, 8}, {"timeout_ms", 32, 4}, {"table", 36, 4},
 };
 
 // The wire plan of each data op's request (schema.REQUESTS): how it uses the header's count, param and
@@ -92,6 +92,9 @@ struct RequestPlan {
   bool timeout = false;  // timeout_ms used (else must be 0)
 };
 RequestPlan PlanOf(uint16_t op);
+// Whether `op`'s requests name a table in the header's `table` field (the data ops); every other request must
+// carry 0 there.
+bool NamesTable(uint16_t op);
 
 struct FrameView {
   const uint8_t* data = nullptr;
@@ -111,6 +114,7 @@ struct Message {
 struct Request {
   uint16_t op = 0;
   uint64_t request_id = 0;
+  uint32_t table = 0;  // the header's table index, not yet checked against the server's tables (the loop does)
   uint32_t count = 0;
   double beta = 0.0;
   uint32_t timeout_ms = 0;
