@@ -32,10 +32,11 @@ namespace {
 
 using Frames = std::vector<std::string>;
 
-std::string Header(uint16_t op, uint32_t count, double param, uint32_t timeout_ms) {
+std::string Header(uint16_t op, uint32_t count, double param, uint32_t timeout_ms, uint32_t table = 0) {
   std::string h = apexrl::serve::EncodeHeader(op, 7, 0, count);
   std::memcpy(h.data() + 24, &param, 8);
   std::memcpy(h.data() + 32, &timeout_ms, 4);
+  std::memcpy(h.data() + 36, &table, 4);  // the table field (protocol v5)
   return h;
 }
 
@@ -72,6 +73,11 @@ std::vector<Frames> Seeds() {
   seeds.push_back({Header(5, 0, 0, 0)});
   seeds.push_back({Header(6, 0, 0, 0), std::string("{\"version\":1}")});
   seeds.push_back({Header(7, 1, 0, 0), Array(std::vector<uint64_t>{5})});
+  // Data requests naming other tables (any index decodes; the loop checks it against its tables), and a
+  // request that names none carrying a table (BAD_MESSAGE).
+  seeds.push_back({Header(2, 8, 0.4, 0, 1)});
+  seeds.push_back({Header(7, 1, 0, 0, 0xFFFFFFFFu), Array(std::vector<uint64_t>{5})});
+  seeds.push_back({Header(5, 0, 0, 0, 3)});
   return seeds;
 }
 
@@ -206,6 +212,10 @@ void Run(const Frames& f, const ItemLayout* layouts, size_t nlayouts, apexrl::Sh
   const auto r = Decode(m, 1 << 20, &q);
   volatile size_t sink = r.message.size();
   (void)sink;
+  if (r.ok() && q.table != 0 && !apexrl::serve::NamesTable(q.op)) {
+    std::fprintf(stderr, "decode_fuzz: a request of op %u that names no table decoded with table %u\n", q.op, q.table);
+    std::abort();
+  }
   if (r.ok() && q.op == apexrl::serve::kInsert) {
     for (size_t k = 0; k < nlayouts; ++k) {
       auto why = apexrl::FirstBadItem(layouts[k], q.data, apexrl::ItemSpans::Offsets(q.offsets, q.count));

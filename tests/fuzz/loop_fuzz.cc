@@ -14,6 +14,12 @@
 // out of range, repeated, unused chunks) with fresh or repeated ids and timeouts; SAMPLE, UPDATE_PRIORITIES,
 // ERASE, REMOVE_TO_FIT, STATS; pauses that let waits expire. The first two episodes replay issue 34.
 //
+// Tables (issue 37): half the episodes run the loop with a second table (its own store and key epoch, a MinSize
+// or Queue limiter) beside the modelled table 0. A "foreign" step sends valid requests to table 1 (with table
+// 0's keys: they must be stale there, counted 0) or to a table index the server lacks (INVALID_ARGUMENT naming
+// the index); mutants may flip the header's table field too. None of them may change table 0: the model check
+// below holds it to what table 0's own requests did.
+//
 // After every step the harness waits until the loop is idle, then checks:
 //  * every reply answers a request that had none yet (no reply twice, none unasked), with a status its kind
 //    allows (never INTERNAL; an invalid INSERT is INVALID_ARGUMENT and never waits; valid requests never get
@@ -85,6 +91,7 @@ struct Sent {
   uint16_t status = 0;
   std::string user_id;
   uint64_t session = 0, sequence = 0;
+  uint32_t table = 0;  // the header's table field: 0 the modelled table, 1 the other one, else none
 };
 
 struct ModelItem {
@@ -103,7 +110,26 @@ class Fuzz {
 
   void Run(int steps) {
     Configure();
-    live_ = std::make_unique<LiveLoop>(store_config_, config_);
+    if (two_tables_) {
+      std::vector<TableSpec> tables;
+      LimiterConfig first;  // table 0's limiter, as the single-store loop builds it from config_
+      first.kind = config_.samples_per_insert > 0 ? LimiterKind::kSampleToInsertRatio : LimiterKind::kMinSize;
+      first.spi = config_.samples_per_insert;
+      first.eb = config_.samples_per_insert > 0 ? config_.error_buffer : 0.0;
+      first.min_size = config_.min_size_to_sample;
+      tables.push_back(TableSpec{"default", std::make_shared<ShardedStore>(store_config_), first});
+      StoreConfig other = store_config_;
+      other.epoch = store_config_.epoch + 1;  // its own key epoch
+      LimiterConfig second;
+      if (Chance(0.5)) {
+        second.kind = LimiterKind::kQueue;
+        second.queue_size = 6;
+      }
+      tables.push_back(TableSpec{"other", std::make_shared<ShardedStore>(other), second});
+      live_ = std::make_unique<LiveLoop>(std::move(tables), config_);
+    } else {
+      live_ = std::make_unique<LiveLoop>(store_config_, config_);
+    }
     if (script_ == 1) {
       ScriptDuplicateIdWithBadChunk();
     } else if (script_ == 2) {
@@ -154,6 +180,7 @@ class Fuzz {
       config_.error_buffer = 24.0;
       config_.min_size_to_sample = 1;
     }
+    two_tables_ = script_ == 0 && Chance(0.5);
   }
 
   uint64_t Pick(std::initializer_list<uint64_t> xs) {
@@ -419,7 +446,14 @@ class Fuzz {
           break;
       }
     }
-    if (!f.empty() && f[0].size() == kHeaderSize) std::memset(f[0].data() + 32, 0, 4);
+    if (!f.empty() && f[0].size() == kHeaderSize) {
+      std::memset(f[0].data() + 32, 0, 4);
+      if (Chance(0.1)) {  // the table field: the other table, or one the server lacks
+        const uint32_t t = static_cast<uint32_t>(Pick({1, 2, 7, 0xFFFFFFFFull}));
+        std::memcpy(f[0].data() + 36, &t, 4);
+      }
+      std::memcpy(&s.table, f[0].data() + 36, 4);
+    }
     s.mutant = true;
     s.bad_content = false;
     if (f.empty()) f.push_back(std::string());
@@ -435,9 +469,12 @@ class Fuzz {
       g_action = "steady";
       const std::string peer = Chance(0.5) ? "steady-a" : "steady-b";
       for (uint64_t k = Uniform(1, 3); k > 0; --k) ValidRequest(peer, "actor:" + peer);
-    } else if (a < 60) {
+    } else if (a < 55) {
       g_action = "mutant";
       Mutant();
+    } else if (a < 60) {
+      g_action = "foreign";
+      Foreign();
     } else if (a < 75) {
       g_action = "transient";
       for (uint64_t k = Uniform(1, 3); k > 0; --k) {
@@ -462,6 +499,48 @@ class Fuzz {
   }
 
   std::string Transient() const { return "transient-" + std::to_string(transient_); }
+
+  // Valid requests for the other table (two tables) or for a table the server lacks, from their own peer,
+  // without insert ids (those are server-wide and modelled for table 0 only).
+  void Foreign() {
+    const uint32_t table =
+        two_tables_ && Chance(0.7) ? 1u : static_cast<uint32_t>(Pick({1, 2, 3, 1000, 0xFFFFFFFFull}));
+    Frames f;
+    uint16_t op = 0;
+    switch (Uniform(0, 4)) {
+      case 0: {
+        const InsertContent c = ValidContent();
+        f = Insert(0, c.items, c.priorities, 0, 0, RandomTimeout(), c.refs, c.chunks);
+        op = kInsert;
+        break;
+      }
+      case 1:
+        f = Sample(0, static_cast<uint32_t>(Uniform(1, 8)), RandomTimeout());
+        op = kSample;
+        break;
+      case 2: {
+        const auto keys = SomeKeys(Uniform(1, 4));
+        f = Update(0, keys, std::vector<double>(keys.size(), 2.0));
+        op = kUpdatePriorities;
+        break;
+      }
+      case 3:
+        f = Erase(0, SomeKeys(Uniform(1, 4)));
+        op = kErase;
+        break;
+      default:
+        f = RemoveToFit(0);
+        op = kRemoveToFit;
+        break;
+    }
+    Sent s;
+    s.peer = "foreign";
+    s.user_id = "actor:foreign";
+    s.op = op;
+    s.table = table;
+    s.frames = ToTable(table, std::move(f));
+    Send(std::move(s));
+  }
 
   // INSERTs of vanished peers that may be stored without the harness knowing their keys: retried by a
   // successor with the same identity and insert id (the exactly-once contract), which learns them.
@@ -547,10 +626,33 @@ class Fuzz {
     if (s.bad_content) {
       CHECK(h.status == kInvalidArgument, "an invalid INSERT got status " + std::to_string(h.status) + ": " + message);
       CHECK(message.find("INSERT refused, nothing stored: ") == 0, message);
+    } else if (!s.mutant && s.table != 0) {
+      CHECK(h.op == s.op, "op " + std::to_string(h.op) + " answers op " + std::to_string(s.op));
+      if (s.table == 1 && two_tables_) {
+        CHECK(h.status == kOk || h.status == kTimeout || h.status == kShuttingDown,
+              "a valid " + std::string(OpName(s.op)) + " of table 1 got status " + std::to_string(h.status) + ": " +
+                  message);
+        if (h.status == kOk && (s.op == kErase || s.op == kUpdatePriorities)) {
+          // Table 0's keys (and random ones) on table 1: stale there, never one of its items.
+          CHECK(h.count == 0, std::to_string(h.count) + " of table 0's keys were present in table 1");
+        }
+        if (h.status == kOk && s.op == kInsert && r.frames.size() == 2) {
+          for (Key k : KeysOf(r.frames[1])) CHECK(!live_items_.count(k), "table 1 issued a key of table 0");
+        }
+      } else {
+        CHECK(h.status == kInvalidArgument, "a request for table " + std::to_string(s.table) + " got status " +
+                                                std::to_string(h.status) + ": " + message);
+        CHECK(message.find("unknown table index " + std::to_string(s.table)) != std::string::npos, message);
+      }
+      return;  // table 0 is untouched: the model stays as it is
     } else if (!s.mutant) {
       CHECK(h.op == s.op, "op " + std::to_string(h.op) + " answers op " + std::to_string(s.op));
       CHECK(h.status == kOk || h.status == kTimeout || h.status == kShuttingDown,
             "a valid " + std::string(OpName(s.op)) + " got status " + std::to_string(h.status) + ": " + message);
+    }
+    if (s.mutant && s.table != 0) {  // a mutant for another table: never served by table 0
+      CHECK(h.status != kOk || (s.table == 1 && two_tables_), "a mutant for a table the server lacks was served");
+      return;
     }
     if (h.status == kOk && !r.bounced) Served(s, h, r.frames);
     if (h.status == kOk && r.bounced && s.op == kInsert) {
@@ -833,6 +935,7 @@ class Fuzz {
   uint64_t evicted_ = 0;
   uint64_t evict_budget_ = 0;
   bool composing_ = false;
+  bool two_tables_ = false;  // a second table beside the modelled one
   uint64_t removals_ = 0;  // ERASE and REMOVE_TO_FIT requests sent in this step
 };
 

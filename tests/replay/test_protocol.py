@@ -40,7 +40,7 @@ from apexrl.replay.protocol import (
 )
 
 DERANDOMIZED = settings(derandomize=True, database=None, max_examples=60, deadline=None)
-HEADER = struct.Struct("<4sHHQHHIdI4x")
+HEADER = struct.Struct("<4sHHQHHIdII")
 
 
 def raw_header(
@@ -53,9 +53,9 @@ def raw_header(
     count=0,
     param=0.0,
     timeout_ms=0,
-    reserved=b"\0" * 4,
+    table=0,
 ) -> bytes:
-    return HEADER.pack(magic, version, op, request_id, status, flags, count, param, timeout_ms)[:36] + reserved
+    return HEADER.pack(magic, version, op, request_id, status, flags, count, param, timeout_ms, table)
 
 
 def as_bytes(frames) -> list[bytes]:
@@ -203,22 +203,23 @@ HEADER_CASES = {
     "short header": (raw_header()[:39], Status.BAD_MESSAGE, r"header frame is 39 bytes, expected 40"),
     "long header": (raw_header() + b"\0", Status.BAD_MESSAGE, r"41 bytes, expected 40"),
     "nonzero flags": (raw_header(flags=1), Status.BAD_MESSAGE, r"flags is 0x0001"),
-    "nonzero reserved": (raw_header(reserved=b"\0\0\x01\0"), Status.BAD_MESSAGE, r"reserved bytes are 00000100"),
+    "table on STATS": (raw_header(op=5, table=1 << 16), Status.BAD_MESSAGE, r"header table is 65536, must be 0 \(STATS"),
+    "table on HELLO": (raw_header(op=6, table=1), Status.BAD_MESSAGE, r"header table is 1, must be 0 \(HELLO"),
     "op 0": (raw_header(op=0), Status.UNKNOWN_OP, r"op 0 is unknown"),
     "op 8": (raw_header(op=8), Status.UNKNOWN_OP, r"op 8 is unknown"),
     "op 65535": (raw_header(op=65535), Status.UNKNOWN_OP, r"op 65535 is unknown"),
     "status 9": (raw_header(status=9), Status.BAD_MESSAGE, r"status 9 is unknown"),
 }
-for _version in (0, 1, 2, 3, 5, 255, 65535):
+for _version in (0, 1, 2, 3, 4, 6, 255, 65535):
     HEADER_CASES[f"version {_version}"] = (
         raw_header(version=_version),
         Status.UNSUPPORTED_VERSION,
-        rf"protocol version {_version} is not supported; supported versions: 4",
+        rf"protocol version {_version} is not supported; supported versions: 5",
     )
-HEADER_CASES["version 5 with a longer header"] = (
-    raw_header(version=5) + b"\0" * 8,
+HEADER_CASES["version 6 with a longer header"] = (
+    raw_header(version=6) + b"\0" * 8,
     Status.UNSUPPORTED_VERSION,
-    r"version 5 is not supported",
+    r"version 6 is not supported",
 )
 
 
@@ -675,7 +676,7 @@ REPLY_CASES = {
         Op.STATS,
         5,
         Status.UNSUPPORTED_VERSION,
-        r"version 1 is not supported; supported versions: 4",
+        r"version 1 is not supported; supported versions: 5",
     ),
 }
 
@@ -994,7 +995,7 @@ VALID_VALUES = {  # (kind, op) -> (frame values in the schema's order, header fi
     ("reply", Op.UPDATE_PRIORITIES): ((), {"count": 2}),
     ("reply", Op.REMOVE_TO_FIT): ((), {"count": 0}),
     ("reply", Op.STATS): (({"size": 3, "x": 1.5},), {}),
-    ("reply", Op.HELLO): (({"protocol_version": 3, "max_request_bytes": 1024}, ""), {}),
+    ("reply", Op.HELLO): (({"protocol_version": 3, "max_request_bytes": 1024}, "", '[{"index": 0, "name": "t"}]'), {}),
     ("reply", Op.ERASE): ((), {"count": 2}),
     ("reply", Op.GET_PARAMS): ((np.array([7, 9], np.uint64), b"weights"), {}),
 }
@@ -1060,6 +1061,8 @@ def schema_mutations(kind, op, frames):
         yield "param NaN", set_field(frames, "param", float("nan")), Status.INVALID_ARGUMENT, r"is nan, must be finite"
     if not spec.timeout_ms:
         yield "timeout set", set_field(frames, "timeout_ms", 1), Status.BAD_MESSAGE, r"timeout_ms is 1, must be 0"
+    if op not in schema.TABLE_OPS:
+        yield "table set", set_field(frames, "table", 3), Status.BAD_MESSAGE, r"header table is 3, must be 0"
     if spec.count == "n":
         yield (
             "count over MAX_BATCH",

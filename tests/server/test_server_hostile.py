@@ -158,6 +158,8 @@ def _expected(frames: list[bytes]) -> tuple[int, int, int] | None:
         return (exc.request_id or 0, int(exc.status), exc.op or 0)
     if req.op == P.Op.SAMPLE and req.header.count > 64:
         return None  # a valid but expensive sample (a flipped count byte): not fuzz, leave it out
+    if req.header.table != 0:  # a flipped table field: the server has one table (index 0), so no such table
+        return (req.request_id, int(P.Status.INVALID_ARGUMENT), int(req.op))
     return (req.request_id, int(P.Status.OK), int(req.op))
 
 

@@ -131,11 +131,13 @@ bool Handlers::RateLimited(Call* c, bool can_wait, Reply* reply) {
     c->waited = true;
     return false;
   }
+  const std::string until = limiter_->kind() == LimiterKind::kQueue
+                                ? (q.op == kInsert ? "the queue has room" : "the queue holds an item")
+                                : (q.op == kInsert ? "the samplers are caught up" : "the inserters are caught up");
   *reply = ErrorReply(q.op, q.request_id, kTimeout,
                       std::string("rate limited: ") + OpName(q.op) + " of " + std::to_string(q.count) +
-                          " items must wait until the " + (q.op == kInsert ? "samplers are" : "inserters are") +
-                          " caught up (" + limiter_->Describe() + "), after waiting " + std::to_string(q.timeout_ms) +
-                          " ms");
+                          " items must wait until " + until + " (" + limiter_->Describe() + "), after waiting " +
+                          std::to_string(q.timeout_ms) + " ms");
   return true;
 }
 

@@ -55,6 +55,8 @@ class ReplayDataset(torch.utils.data.IterableDataset):
     * ``decode=`` a callable: ``decoded``, what ``decode(sampled_batch)`` returns (run in the decode threads;
       ``sampled_batch`` is a :class:`~apexrl.replay.client.SampledBatch`).
 
+    ``table``: the server's table it samples (default ``"default"``).
+
     Use it with ``DataLoader(dataset, batch_size=None, num_workers=0)``: the dataset yields whole batches
     (``batch_size=None`` keeps the DataLoader from stacking several). Worker processes (``num_workers > 0``)
     are refused with a RuntimeError that says why: the sampler's threads already prefetch and decode in this
@@ -72,6 +74,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         *,
         decode_threads: int = 1,
         timeout: float = 10.0,
+        table: str = "default",
     ):
         super().__init__()
         if isinstance(endpoint_or_client, str):
@@ -98,6 +101,9 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         self.prefetch = prefetch
         self.decode_threads = decode_threads
         self.timeout = float(timeout)
+        if not isinstance(table, str) or not table:
+            raise ValueError(f"table must be a table's name, got {table!r}")
+        self.table = table
 
     def _hook(self) -> Callable[[Any], Any] | None:
         decode = self.decode
@@ -142,6 +148,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
                 prefetch=self.prefetch,
                 decode=self._hook(),
                 decode_threads=self.decode_threads,
+                table=self.table,
             )
             with sampler:
                 for batch in sampler:

@@ -19,7 +19,9 @@ calls then run one at a time. For throughput use one client per thread (each has
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -99,6 +101,14 @@ class ServerInfo:
     spec: TransitionSpec | None  # the server's spec; None when it has none yet
     epoch: int | float | None = None
     num_shards: int | None = None  # the store's lock-shard count (servers since protocol version 3)
+    tables: tuple[dict[str, Any], ...] = ()  # every table, in index order (protocol version 5)
+
+    def table_index(self, name: str) -> int:
+        """The index (the header's ``table`` field) of the table ``name``; ValueError naming the server's tables."""
+        for t in self.tables:
+            if t.get("name") == name:
+                return int(t["index"])
+        raise ValueError(f"the replay server has no table {name!r}; its tables: {[t.get('name') for t in self.tables]}")
 
 
 def _optional_int(value: int | float | None) -> int | None:
@@ -158,6 +168,11 @@ class ReplayClient(TransportClient):
     Inserts are exactly-once across retries: each batch gets an ``insert_id`` (this client's random session
     nonce, a sequence number); a retry of a batch must pass the id it was first sent with
     (``insert(..., insert_id=...)``, from :meth:`next_insert_id`), and the server then stores it only once.
+
+    Tables: every data call takes ``table`` (a table's name; None: this client's ``table``, ``"default"``
+    unless given). The name is resolved to the server's index once, from its HELLO reply (asked for again
+    after a timeout). The helpers (:meth:`sampler`, :meth:`inserter`, :meth:`updater`) and
+    :class:`ReplayDataset` work on one table each (their ``table``). :meth:`tables` lists the server's tables.
     """
 
     def __init__(
@@ -167,9 +182,13 @@ class ReplayClient(TransportClient):
         *,
         spec: TransitionSpec | str | None = None,
         curve: ClientKeys | str | None = None,
+        table: str = "default",
     ):
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if not isinstance(table, str) or not table:
+            raise ValueError(f"table must be a table's name, got {table!r}")
+        self.table = table
         self.endpoint = endpoint
         self.timeout = float(timeout)
         self.spec_json = _spec_json(spec)
@@ -188,6 +207,29 @@ class ReplayClient(TransportClient):
             self._info = None  # the server may have restarted: declare the spec again before the next insert
             raise
         return self._decode(frames, op, rid)
+
+    def table_index(self, table: str | None = None) -> int:
+        """The server's index of ``table`` (None: this client's); the first call asks the server (HELLO)."""
+        name = self.table if table is None else table
+        info = self.server_info
+        if not info.tables and name == "default":  # pragma: no cover - a server always lists its tables
+            return 0
+        return info.table_index(name)
+
+    def tables(self) -> dict[str, dict[str, Any]]:
+        """The server's tables: name -> its configuration (HELLO: index, sampler, remover, capacity, max_size,
+        alpha, alpha_evict, max_times_sampled, rate_limiter, ...), its ``size`` and ``bytes_held`` and its
+        counters (STATS: the ``table.<name>.`` entries, without the prefix)."""
+        info = self.hello()
+        stats = self.stats()
+        out: dict[str, dict[str, Any]] = {}
+        for t in info.tables:
+            name = str(t["name"])
+            entry = dict(t)
+            prefix = f"table.{name}."
+            entry.update({k[len(prefix) :]: v for k, v in stats.items() if k.startswith(prefix)})
+            out[name] = entry
+        return out
 
     def _decode(self, frames: list[Any], op: P.Op, rid: int) -> P.Reply:
         """The reply in ``frames``, or its error raised (a malformed one resets the socket)."""
@@ -210,6 +252,7 @@ class ReplayClient(TransportClient):
         timeout: float | None = None,
         insert_id: tuple[int, int] | None = None,
         chunks: P.FrameChunks | None = None,
+        table: str | None = None,
     ) -> np.ndarray:
         """Insert items (a list of bytes-like, or ``data`` + ``offsets``) with their priorities -> keys u64[n].
 
@@ -222,7 +265,9 @@ class ReplayClient(TransportClient):
         """
         data, offsets = _data_and_offsets(items, data, offsets)
         wait_s, _ = P.server_wait(timeout)
-        frames = self.prepare_insert(priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks)
+        frames = self.prepare_insert(
+            priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks, table=table
+        )
         reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
         return reply.arrays["keys"]
 
@@ -240,6 +285,12 @@ class ReplayClient(TransportClient):
         text = reply.arrays["spec"]
         try:
             server_spec = TransitionSpec.from_json(text) if text else None
+            tables = json.loads(reply.arrays["tables"])
+            if not isinstance(tables, list) or not all(
+                isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("index"), int)
+                for t in tables
+            ):
+                raise ValueError("tables must be a list of objects with a name and an index")
             self._info = ServerInfo(
                 int(info["protocol_version"]),
                 int(info["max_request_bytes"]),
@@ -247,6 +298,7 @@ class ReplayClient(TransportClient):
                 server_spec,
                 info.get("epoch"),
                 _optional_int(info.get("num_shards")),
+                tuple(tables),
             )
         except (KeyError, TypeError, ValueError) as exc:
             self.transport.reset()
@@ -258,9 +310,10 @@ class ReplayClient(TransportClient):
         """The server's HELLO answer (asked for once, and again after a timeout)."""
         return self._info if self._info is not None else self.hello()
 
-    def erase(self, keys: Any) -> int:
-        """Remove items by key (e.g. ones a learner could not decode); returns how many were present."""
-        frames = P.encode_erase(0, keys)  # validate before touching the socket
+    def erase(self, keys: Any, *, table: str | None = None) -> int:
+        """Remove items by key (e.g. ones a learner could not decode); returns how many were present. Keys of
+        another table are not present in this one."""
+        frames = P.encode_erase(0, keys, self.table_index(table))  # validate before touching the socket
         reply = self._call(P.Op.ERASE, lambda rid: P.with_request_id(frames, rid), self.timeout)
         return int(reply.header.count)
 
@@ -274,7 +327,9 @@ class ReplayClient(TransportClient):
                 "(its --max-message-mb): split the batch"
             )
 
-    def sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> SampledBatch:
+    def sample(
+        self, n: int, beta: float = 0.4, timeout: float | None = None, *, table: str | None = None
+    ) -> SampledBatch:
         """Sample n items with IS exponent beta.
 
         ``timeout``: seconds the server may wait for the store to reach its min_size_to_sample; None (default)
@@ -282,7 +337,10 @@ class ReplayClient(TransportClient):
         """
         wait_s, timeout_ms = P.server_wait(timeout)
         P.encode_sample(0, n, beta, timeout_ms)  # validate before touching the socket
-        reply = self._call(P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms), self.timeout + wait_s)
+        index = self.table_index(table)
+        reply = self._call(
+            P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms, index), self.timeout + wait_s
+        )
         return sampled_batch(reply)
 
     # Split calls: send now, collect the reply later, so that a caller (ShardedReplayClient) can have one request
@@ -330,15 +388,19 @@ class ReplayClient(TransportClient):
             frames = self.transport.receive(0)  # a late reply to an earlier request: discard
         return None
 
-    def update_priorities(self, keys: Any, priorities: Any) -> int:
-        """Set new priorities; returns how many keys were still present (evicted keys are skipped)."""
-        frames = P.encode_update(0, keys, priorities)  # validate before touching the socket
+    def update_priorities(self, keys: Any, priorities: Any, *, table: str | None = None) -> int:
+        """Set new priorities; returns how many keys were still present (evicted keys, and keys of another
+        table, are skipped)."""
+        frames = P.encode_update(0, keys, priorities, self.table_index(table))  # validate before touching the socket
         reply = self._call(P.Op.UPDATE_PRIORITIES, lambda rid: P.with_request_id(frames, rid), self.timeout)
         return int(reply.header.count)
 
-    def remove_to_fit(self) -> int:
-        """Evict down to capacity with the server's policy; returns the number removed."""
-        return int(self._call(P.Op.REMOVE_TO_FIT, P.encode_remove_to_fit, self.timeout).header.count)
+    def remove_to_fit(self, *, table: str | None = None) -> int:
+        """Evict down to capacity with the table's remover; returns the number removed."""
+        index = self.table_index(table)
+        return int(
+            self._call(P.Op.REMOVE_TO_FIT, lambda rid: P.encode_remove_to_fit(rid, index), self.timeout).header.count
+        )
 
     def stats(self) -> dict[str, int | float]:
         """A STATS request (ReplayTimeout after ``timeout`` s without an answer): the store's counters plus the
@@ -358,12 +420,20 @@ class ReplayClient(TransportClient):
         timeout: float | None = None,
         insert_id: tuple[int, int] | None = None,
         chunks: P.FrameChunks | None = None,
+        table: str | None = None,
     ) -> list[Any]:
         """Validate and encode one INSERT for :meth:`send_insert` (ValueError for bad arguments,
         InsertTooLargeError over the server's limit; the first call asks the server, see :meth:`hello`)."""
         _wait_s, timeout_ms = P.server_wait(timeout)
         frames = P.encode_insert(
-            0, priorities, data, offsets, timeout_ms, self.next_insert_id() if insert_id is None else insert_id, chunks
+            0,
+            priorities,
+            data,
+            offsets,
+            timeout_ms,
+            self.next_insert_id() if insert_id is None else insert_id,
+            chunks,
+            self.table_index(table),
         )
         self._check_size(frames)
         return frames
@@ -410,9 +480,13 @@ class ReplayClient(TransportClient):
 
     # ------------------------------------------------------------------------------------------ helpers
 
-    def _same_endpoint(self) -> ReplayClient:
+    def _same_endpoint(self, table: str | None = None) -> ReplayClient:
         return ReplayClient(
-            self.endpoint, timeout=self.timeout, spec=self.spec_json or None, curve=self.transport.curve
+            self.endpoint,
+            timeout=self.timeout,
+            spec=self.spec_json or None,
+            curve=self.transport.curve,
+            table=self.table if table is None else table,
         )
 
     def sampler(
@@ -426,6 +500,7 @@ class ReplayClient(TransportClient):
         decoder: SlotDecoder | None = None,
         decode_threads: int = 1,
         sample_threads: int = 1,
+        table: str | None = None,
     ) -> PrefetchingSampler:
         """A :class:`PrefetchingSampler`: an iterator of :class:`LearnerBatch` fed by a background thread.
 
@@ -436,10 +511,10 @@ class ReplayClient(TransportClient):
         each thread on a connection of its own. ``timeout``
         is the per-request server-side wait for ``min_size_to_sample`` as in :meth:`sample`. ReplayTimeouts
         (server down or restarting, store too small) are retried until the sampler is closed; see
-        :class:`PrefetchingSampler`.
+        :class:`PrefetchingSampler`. ``table``: the table it samples (None: this client's).
         """
         return PrefetchingSampler(
-            self._same_endpoint,
+            functools.partial(self._same_endpoint, table),
             batch_size,
             beta=beta,
             prefetch=prefetch,
@@ -458,6 +533,7 @@ class ReplayClient(TransportClient):
         on_ack: Callable[[np.ndarray, float], Any] | None = None,
         resend: bool = False,
         on_retry: Callable[[BaseException, int], Any] | None = None,
+        table: str | None = None,
     ) -> PipelinedInserter:
         """A :class:`PipelinedInserter`: inserts that do not wait for their reply (for actors).
 
@@ -467,10 +543,11 @@ class ReplayClient(TransportClient):
         rate-limiter wait as in :meth:`insert`; ``on_ack(keys, seconds)`` is called for each acknowledged
         request with its keys and round-trip time. ``resend=True`` keeps each batch until stored and resends it
         with its own insert id after a lost connection or a TIMEOUT reply (``on_retry(error, attempts)`` is told
-        first, and may wait or raise): exactly-once, as :meth:`insert` retried with the same id.
+        first, and may wait or raise): exactly-once, as :meth:`insert` retried with the same id. ``table``: the
+        table it inserts into (None: this client's).
         """
         return PipelinedInserter(
-            self._same_endpoint,
+            functools.partial(self._same_endpoint, table),
             max_in_flight=max_in_flight,
             timeout=timeout,
             on_ack=on_ack,
@@ -479,9 +556,11 @@ class ReplayClient(TransportClient):
             on_retry=on_retry,
         )
 
-    def updater(self, max_pending: int = 64) -> AsyncUpdater:
+    def updater(self, max_pending: int = 64, *, table: str | None = None) -> AsyncUpdater:
         """An :class:`AsyncUpdater`: non-blocking priority updates sent by a background thread.
 
-        It owns its own client (same endpoint and timeout); this client is not used.
+        It owns its own client (same endpoint and timeout, ``table`` or this client's); this client is not used.
         """
-        return AsyncUpdater(self._same_endpoint, max_pending=max_pending, close_timeout=self.timeout)
+        return AsyncUpdater(
+            functools.partial(self._same_endpoint, table), max_pending=max_pending, close_timeout=self.timeout
+        )

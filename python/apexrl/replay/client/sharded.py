@@ -31,6 +31,12 @@ its keys' updates are skipped, and inserts avoid it. A down server is probed wit
 ``retry_s`` seconds, without waiting for it (the probe is answered, or not, by the next call); once it answers
 it takes part again. Rate limiting, ``min_size_to_sample`` and ``remove_to_fit`` stay per server: a SAMPLE
 that one server holds back (TIMEOUT) fails the whole call with that error, as it would with one server.
+
+Tables: a set serves one table on every server (``table``, default ``"default"``; each server resolves its name
+to its own index); a call naming another table goes through a set of that table's, made on first use. A
+prioritized or uniform table is sampled globally proportionally (uniformly: every item of every server alike)
+as above. A FIFO, LIFO, heap or queue table is ordered **per server**: each server hands out its own items in
+its table's order, and a batch is the servers' shares side by side, not one global order.
 """
 
 from __future__ import annotations
@@ -113,13 +119,15 @@ def connect(
     *,
     spec: TransitionSpec | str | None = None,
     curve: ClientKeys | str | None = None,
+    table: str = "default",
 ) -> ReplayClient | ShardedReplayClient:
     """A client of the replay at ``endpoints``: a :class:`ReplayClient` for one server, a
-    :class:`ShardedReplayClient` for several (comma-separated or a sequence)."""
+    :class:`ShardedReplayClient` for several (comma-separated or a sequence); ``table``: the table its calls
+    use when they name none."""
     items = split_endpoints(endpoints)
     if len(items) == 1:
-        return ReplayClient(items[0], timeout=timeout, spec=spec, curve=curve)
-    return ShardedReplayClient(items, timeout=timeout, spec=spec, curve=curve)
+        return ReplayClient(items[0], timeout=timeout, spec=spec, curve=curve, table=table)
+    return ShardedReplayClient(items, timeout=timeout, spec=spec, curve=curve, table=table)
 
 
 @dataclass
@@ -128,6 +136,7 @@ class _Server:
 
     index: int
     client: ReplayClient
+    table: str = "default"
     total_mass: float = 0.0
     min_mass: float = 0.0
     size: int = 0
@@ -147,7 +156,11 @@ class _Server:
 
     def note_stats(self, stats: dict[str, int | float]) -> None:
         self.stats = stats
-        self.note(float(stats["total_mass"]), float(stats["min_mass"]), int(stats["size"]))
+        prefix = f"table.{self.table}."
+        if prefix + "size" in stats:  # a server of tables: this table's totals
+            self.note(float(stats[prefix + "total_mass"]), float(stats[prefix + "min_mass"]), int(stats[prefix + "size"]))
+        else:
+            self.note(float(stats["total_mass"]), float(stats["min_mass"]), int(stats["size"]))
 
 
 def _is_loss(exc: BaseException) -> bool:
@@ -175,8 +188,13 @@ class ShardedReplayClient:
         curve: ClientKeys | str | None = None,
         retry_s: float = 1.0,
         seed: int | None = None,
+        table: str = "default",
     ):
         items = split_endpoints(endpoints)
+        if not isinstance(table, str) or not table:
+            raise ValueError(f"table must be a table's name, got {table!r}")
+        self.table = table
+        self._others: dict[str, ShardedReplayClient] = {}  # sets of the other tables named in calls
         if not retry_s > 0:
             raise ValueError(f"retry_s must be > 0 seconds, got {retry_s}")
         self.endpoints = items
@@ -196,7 +214,8 @@ class ShardedReplayClient:
         self._servers: list[_Server] = []
         try:
             for i, endpoint in enumerate(items):
-                self._servers.append(_Server(i, ReplayClient(endpoint, timeout=timeout, spec=spec, curve=curve)))
+                client = ReplayClient(endpoint, timeout=timeout, spec=spec, curve=curve, table=table)
+                self._servers.append(_Server(i, client, table))
         except BaseException:
             self.close()
             raise
@@ -206,6 +225,28 @@ class ShardedReplayClient:
         self.redrawn = 0  # draws of a lost server redrawn from the others
 
     # ------------------------------------------------------------------------------------------ keys
+
+    def _for(self, table: str | None) -> ShardedReplayClient | None:
+        """The set serving ``table`` when it is another table than this set's (made on first use), else None."""
+        if table is None or table == self.table:
+            return None
+        with self._lock:
+            other = self._others.get(table)
+            if other is None:
+                other = self._others[table] = self._same_endpoints(table)
+            return other
+
+    def _table_of(self, server: _Server) -> int | None:
+        """The server's index of this set's table (its HELLO, asked once); None when the server is lost asking."""
+        try:
+            return server.client.table_index()
+        except Interrupted:
+            raise
+        except Exception as exc:
+            if not _is_loss(exc):
+                raise
+            self._lost(server, exc)
+            return None
 
     def _global_keys(self, index: int, keys: np.ndarray) -> np.ndarray:
         """A server's keys -> the set's (its index in the high bits of the shard field)."""
@@ -364,10 +405,15 @@ class ShardedReplayClient:
             live = [s for s in self._servers if s.up]
         return live
 
-    def sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> SampledBatch:
+    def sample(
+        self, n: int, beta: float = 0.4, timeout: float | None = None, *, table: str | None = None
+    ) -> SampledBatch:
         """n items drawn globally proportionally over the servers -> a batch with the set's keys, global
         probabilities and IS weights (see the module docstring); arguments and errors as
         :meth:`ReplayClient.sample`. ReplayTimeout when no server is reachable."""
+        other = self._for(table)
+        if other is not None:
+            return other.sample(n, beta, timeout)
         wait_s, timeout_ms = P.server_wait(timeout)
         P.encode_sample(0, n, beta, timeout_ms)  # validate before any request
         with self._lock:
@@ -412,11 +458,12 @@ class ShardedReplayClient:
         """Each server's draws (see :meth:`_scatter`: a server lost meanwhile contributes nothing, and the
         caller redraws its share)."""
         wait_s, timeout_ms = P.server_wait(timeout)
-        requests = [
-            (server, P.Op.SAMPLE, partial(P.encode_sample, n=int(count), beta=beta, timeout_ms=timeout_ms), wait_s)
-            for server, count in zip(live, counts)
-            if count
-        ]
+        requests = []
+        for server, count in zip(live, counts):
+            index = self._table_of(server) if count else None
+            if index is not None:
+                build = partial(P.encode_sample, n=int(count), beta=beta, timeout_ms=timeout_ms, table=index)
+                requests.append((server, P.Op.SAMPLE, build, wait_s))
         got = []
         for server, reply in self._scatter(requests):
             batch = sampled_batch(reply)
@@ -526,10 +573,16 @@ class ShardedReplayClient:
         timeout: float | None = None,
         insert_id: tuple[int, int] | None = None,
         chunks: P.FrameChunks | None = None,
+        table: str | None = None,
     ) -> np.ndarray:
         """Insert a batch, whole, into one server (round robin over those up) -> the set's keys; arguments and
         errors as :meth:`ReplayClient.insert`. A server that does not answer is marked down and the error
         raised: retry with the same ``insert_id`` and the batch goes to another server."""
+        other = self._for(table)
+        if other is not None:
+            return other.insert(
+                priorities, items, data=data, offsets=offsets, timeout=timeout, insert_id=insert_id, chunks=chunks
+            )
         with self._lock:
             insert_id = self.next_insert_id() if insert_id is None else insert_id
             server = self._insert_server(insert_id)
@@ -642,7 +695,7 @@ class ShardedReplayClient:
         self,
         op: P.Op,
         keys: np.ndarray,
-        encode: Callable[[np.ndarray, np.ndarray | None], list[Any]],
+        encode: Callable[[np.ndarray, np.ndarray | None, int], list[Any]],
         values: Any = None,
     ) -> int:
         """Send each server that is up its share of ``keys`` (and ``values``), ``encode(keys, values)`` -> the sum
@@ -652,36 +705,70 @@ class ShardedReplayClient:
         requests = []
         for index in np.unique(servers).tolist():
             if 0 <= index < len(self._servers) and self._servers[index].up:
+                table = self._table_of(self._servers[index])
+                if table is None:
+                    continue  # lost while asked for its tables: its keys count as not present
                 mine = servers == index
-                frames = encode(local[mine], None if values is None else values[mine])
+                frames = encode(local[mine], None if values is None else values[mine], table)
                 requests.append((self._servers[index], op, partial(P.with_request_id, frames), 0.0))
         return sum(int(reply.header.count) for _server, reply in self._scatter(requests))
 
-    def update_priorities(self, keys: Any, priorities: Any) -> int:
+    def update_priorities(self, keys: Any, priorities: Any, *, table: str | None = None) -> int:
         """New priorities, each sent to the server its key names -> how many keys were still present (those of
         a server that is down are skipped)."""
+        other = self._for(table)
+        if other is not None:
+            return other.update_priorities(keys, priorities)
         keys_arr = np.ascontiguousarray(keys, dtype=np.uint64)
         P.encode_update(0, keys_arr, priorities)  # validate the whole batch before any request
         with self._lock:
             self._refresh()
-            return self._by_server(P.Op.UPDATE_PRIORITIES, keys_arr, lambda k, v: P.encode_update(0, k, v), priorities)
+            return self._by_server(
+                P.Op.UPDATE_PRIORITIES, keys_arr, lambda k, v, t: P.encode_update(0, k, v, t), priorities
+            )
 
-    def erase(self, keys: Any) -> int:
+    def erase(self, keys: Any, *, table: str | None = None) -> int:
         """Remove items by key, each at the server its key names -> how many were present."""
+        other = self._for(table)
+        if other is not None:
+            return other.erase(keys)
         keys_arr = np.ascontiguousarray(keys, dtype=np.uint64)
         P.encode_erase(0, keys_arr)
         with self._lock:
             self._refresh()
-            return self._by_server(P.Op.ERASE, keys_arr, lambda k, _v: P.encode_erase(0, k))
+            return self._by_server(P.Op.ERASE, keys_arr, lambda k, _v, t: P.encode_erase(0, k, t))
 
-    def remove_to_fit(self) -> int:
+    def remove_to_fit(self, *, table: str | None = None) -> int:
         """Every server up evicts down to its own capacity -> how many were removed in all."""
+        other = self._for(table)
+        if other is not None:
+            return other.remove_to_fit()
         with self._lock:
             self._refresh()
-            replies = self._scatter(
-                [(s, P.Op.REMOVE_TO_FIT, P.encode_remove_to_fit, 0.0) for s in self._servers if s.up]
-            )
+            requests = []
+            for s in self._servers:
+                index = self._table_of(s) if s.up else None
+                if index is not None:
+                    requests.append((s, P.Op.REMOVE_TO_FIT, partial(P.encode_remove_to_fit, table=index), 0.0))
+            replies = self._scatter(requests)
             return sum(int(reply.header.count) for _server, reply in replies)
+
+    def tables(self) -> dict[str, dict[str, Any]]:
+        """The tables of the first server that answers, as :meth:`ReplayClient.tables` (every server of a set is
+        configured alike; sizes and counters are that server's)."""
+        with self._lock:
+            error: BaseException | None = None
+            for server in [s for s in self._servers if s.up] or self._servers:
+                try:
+                    return server.client.tables()
+                except Interrupted:
+                    raise
+                except Exception as exc:
+                    if not _is_loss(exc):
+                        raise
+                    self._lost(server, exc)
+                    error = exc
+            raise ReplayTimeout(f"no replay server of {self.endpoint} answered HELLO") from error
 
     def stats(self) -> dict[str, int | float]:
         """The servers' counters added up (a server that is down contributes its last known ones; maxima and
@@ -722,6 +809,8 @@ class ShardedReplayClient:
             server.client.interrupt()
 
     def close(self) -> None:
+        for other in list(getattr(self, "_others", {}).values()):
+            other.close()
         for server in self._servers:
             server.client.close()
 
@@ -737,9 +826,14 @@ class ShardedReplayClient:
 
     # ------------------------------------------------------------------------------------------ helpers
 
-    def _same_endpoints(self) -> ShardedReplayClient:
+    def _same_endpoints(self, table: str | None = None) -> ShardedReplayClient:
         return ShardedReplayClient(
-            self.endpoints, timeout=self.timeout, spec=self._spec, curve=self._curve, retry_s=self.retry_s
+            self.endpoints,
+            timeout=self.timeout,
+            spec=self._spec,
+            curve=self._curve,
+            retry_s=self.retry_s,
+            table=self.table if table is None else table,
         )
 
     def sampler(
@@ -753,13 +847,14 @@ class ShardedReplayClient:
         decoder: SlotDecoder | None = None,
         decode_threads: int = 1,
         sample_threads: int = 1,
+        table: str | None = None,
     ) -> PrefetchingSampler:
         """A :class:`PrefetchingSampler` over the set (each sampling thread with clients of its own), as
         :meth:`ReplayClient.sampler`. Each thread's split of the draws follows the totals of its own previous
         reply; with ``sample_threads`` = the number of servers, a batch waiting for its slowest server no
         longer holds up the next one."""
         return PrefetchingSampler(
-            self._same_endpoints,
+            partial(self._same_endpoints, table),
             batch_size,
             beta=beta,
             prefetch=prefetch,
@@ -778,11 +873,12 @@ class ShardedReplayClient:
         on_ack: Callable[[np.ndarray, float], Any] | None = None,
         resend: bool = False,
         on_retry: Callable[[BaseException, int], Any] | None = None,
+        table: str | None = None,
     ) -> PipelinedInserter:
         """A :class:`PipelinedInserter` over the set (its own clients), as :meth:`ReplayClient.inserter`: up to
         ``max_in_flight`` inserts in flight, spread round robin over the servers."""
         return PipelinedInserter(
-            self._same_endpoints,
+            partial(self._same_endpoints, table),
             max_in_flight=max_in_flight,
             timeout=timeout,
             on_ack=on_ack,
@@ -791,6 +887,8 @@ class ShardedReplayClient:
             on_retry=on_retry,
         )
 
-    def updater(self, max_pending: int = 64) -> AsyncUpdater:
+    def updater(self, max_pending: int = 64, *, table: str | None = None) -> AsyncUpdater:
         """An :class:`AsyncUpdater` over the set (its own clients), as :meth:`ReplayClient.updater`."""
-        return AsyncUpdater(self._same_endpoints, max_pending=max_pending, close_timeout=self.timeout)
+        return AsyncUpdater(
+            partial(self._same_endpoints, table), max_pending=max_pending, close_timeout=self.timeout
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from apexrl.security import check_exposure, load_server_keys
 from apexrl.validate import Range, check_fields
@@ -88,6 +89,35 @@ class ServerConfig:
     """ZMQ_HANDSHAKE_IVL: a connection that has not completed the ZMTP handshake by then is closed (0: never)."""
     heartbeat_s: float = field(default=10.0, metadata=Range.float(0.0))
     """ZMQ_HEARTBEAT_IVL: ping every peer this often and close a connection silent for 3x as long (0: off)."""
+    tables: list[Any] | None = None
+    """STAND-IN (tables37) for tablecfg37's field: the server's tables (TableConfig); None: one, `default`."""
+
+    def table_configs(self) -> list[Any]:
+        """STAND-IN (tables37) for tablecfg37's method: the tables, or the one table `default` built from this
+        configuration's table fields."""
+        from apexrl.replay.tables import MinSize, SampleToInsertRatio, TableConfig
+
+        if self.tables is not None:
+            return list(self.tables)
+        limiter: Any
+        if self.samples_per_insert is None:
+            limiter = MinSize(self.min_size_to_sample)
+        else:
+            limiter = SampleToInsertRatio(
+                float(self.samples_per_insert), self.min_size_to_sample, self.effective_error_buffer
+            )
+        return [
+            TableConfig(
+                "default",
+                remover=self.eviction,
+                capacity=self.capacity,
+                max_size=self.max_size,
+                alpha=self.alpha,
+                alpha_evict=self.alpha_evict,
+                rate_limiter=limiter,
+                spec=self.spec,
+            )
+        ]
 
     def __post_init__(self) -> None:
         self.validate()

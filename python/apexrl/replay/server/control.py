@@ -1,4 +1,5 @@
-"""The rare requests the native loop hands to Python: HELLO (the run's spec, the server's limits) and STATS.
+"""The rare requests the native loop hands to Python: HELLO (the run's spec, the server's limits, its tables)
+and STATS (every table's counters).
 
 They keep one definition each here: the protocol module decodes and encodes them, :class:`SpecGate` keeps the
 spec (and tells the loop the item layout to check inserts against), and STATS merges the store's counters
@@ -7,19 +8,34 @@ with the loop's. Runs on the server's control thread; the loop sends the replies
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Any
 
 import numpy as np
 
-from apexrl import PrioritizedStore
 from apexrl.errors import ProtocolError
 from apexrl.replay.server.config import ServerConfig
 from apexrl.replay.server.insert_guard import SpecGate
+from apexrl.replay.server.tables import ServerTable, table_description
 from apexrl.replay.wire import protocol as P
 
-__all__ = ["ControlHandler"]
+__all__ = ["TABLE_TOTALS", "ControlHandler"]
+
+TABLE_TOTALS = (
+    "size",
+    "bytes_held",
+    "inserted",
+    "sampled",
+    "evicted",
+    "erased",
+    "stale_updates",
+    "rate_limiter_inserted_items",
+    "rate_limiter_sampled_items",
+    "deferred",
+)
+"""STATS counters also summed over every table, as ``tables_total.<name>``."""
 
 log = logging.getLogger("apexrl.replay.server")
 
@@ -33,10 +49,13 @@ def _plain(v: Any) -> int | float:
 
 
 class ControlHandler:
-    """Serves HELLO and STATS for one server (``loop`` is its native ServeLoop)."""
+    """Serves HELLO and STATS for one server (``loop`` is its native ServeLoop, ``tables`` its tables)."""
 
-    def __init__(self, config: ServerConfig, store: PrioritizedStore, spec_gate: SpecGate, loop: Any):
-        self.config, self.store, self.spec_gate, self.loop = config, store, spec_gate, loop
+    def __init__(self, config: ServerConfig, tables: list[ServerTable], spec_gate: SpecGate, loop: Any):
+        self.config, self.tables, self.spec_gate, self.loop = config, tables, spec_gate, loop
+        self.default = next((t for t in tables if t.name == "default"), tables[0])
+        self.store = self.default.store
+        self.tables_json = json.dumps([table_description(t) for t in tables], allow_nan=False)
 
     def serve(self, frames: list[bytes]) -> list[Any]:
         """The reply frames to one HELLO or STATS request (an error reply for a bad one)."""
@@ -51,7 +70,9 @@ class ControlHandler:
                 spec = self.spec_gate.declare(req.arrays["spec"])
                 if spec is not None and before is None:
                     self.loop.set_layout(spec.native_layout())
-                return P.encode_hello_reply(rid, self.hello_info(), spec.to_json() if spec is not None else "")
+                return P.encode_hello_reply(
+                    rid, self.hello_info(), spec.to_json() if spec is not None else "", self.tables_json
+                )
             if op == P.Op.STATS:
                 return P.encode_stats_reply(rid, self.stats_reply())
             return P.encode_error(op, rid, P.Status.UNKNOWN_OP, f"op {op} is not served here")
@@ -62,7 +83,9 @@ class ControlHandler:
             return P.encode_error(op, rid, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     def stats_reply(self) -> dict[str, int | float]:
-        """The STATS reply's body: the store's counters and the loop's (this STATS request included)."""
+        """The STATS reply's body: the store's counters and the loop's (this STATS request included). Today's
+        names describe the table ``default`` (else the first); every table's also appear as ``table.<name>.<key>``
+        and the counters of TABLE_TOTALS summed over the tables as ``tables_total.<key>``."""
         stats: dict[str, Any] = dict(self.store.stats())
         # One value, two names (docs/protocol.md, "STATS names"): total_mass and num_shards are canonical (the
         # SAMPLE reply's and HELLO's names); the store's total_priority and shards stay for older clients.
@@ -72,6 +95,16 @@ class ControlHandler:
         loop["requests_stats"] += 1  # the loop counts a control request when its reply goes out
         loop["requests_total"] += 1
         stats.update(loop)
+        totals = dict.fromkeys(TABLE_TOTALS, 0)
+        for t in self.tables:
+            prefix = f"table.{t.name}."
+            for key, value in t.store.stats().items():
+                stats[prefix + key] = value
+            stats[prefix + "total_mass"] = stats[prefix + "total_priority"]
+            for key in TABLE_TOTALS:
+                totals[key] += stats.get(prefix + key, 0)
+        for key, value in totals.items():
+            stats["tables_total." + key] = value
         spec = self.spec_gate.spec
         stats["spec_declared"] = int(spec is not None)
         stats["spec_fingerprint"] = spec.fingerprint if spec is not None else 0

@@ -33,9 +33,10 @@ from zmq.utils.monitor import recv_monitor_message  # at import: the watcher run
 from apexrl import PrioritizedStore, _core
 from apexrl.replay.server.config import ServerConfig, check_snapshot_dir
 from apexrl.replay.server.control import ControlHandler
-from apexrl.replay.server.epoch import SnapshotLoadError, SnapshotSaveError, choose_epoch
-from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
+from apexrl.replay.server.epoch import SnapshotSaveError
+from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate, load_spec
 from apexrl.replay.server.native import NativeLoopError, libzmq_path
+from apexrl.replay.server.tables import ServerTable, open_tables, save_tables
 from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire.roles import ROLE_OPS
 from apexrl.security import CLIENT, LEARNER, limit_idle_connections, secure_server_socket
@@ -74,8 +75,15 @@ class ReplayServer:
     def __init__(self, config: ServerConfig):
         config.validate()
         self.config = config
-        self.store = self._open_store(config)
-        self.spec_gate = SpecGate(config.spec, config.snapshot)  # the run's TransitionSpec, once known
+        # One store per table (server/tables.py), restored from the snapshot; `store` is the table `default`'s
+        # (else the first table's), the one today's names describe.
+        self.tables: list[ServerTable] = open_tables(config)
+        self.table_index = {t.name: t.index for t in self.tables}
+        self.store = self.tables[self.table_index.get("default", 0)].store
+        # The run's TransitionSpec (HELLO), once known: the table `default`'s; another table is checked against
+        # its own TableConfig.spec, if it has one.
+        default_config = self.tables[self.table_index.get("default", 0)].config
+        self.spec_gate = SpecGate(default_config.spec, config.snapshot)
         self.endpoint: str | None = None
         self._ctx: zmq.Context | None = None
         self._socket: zmq.Socket | None = None
@@ -88,7 +96,7 @@ class ReplayServer:
         self._stopped = threading.Event()
         self._snapshot_lock = threading.Lock()
         self._saved_items: int | None = (
-            len(self.store) if config.snapshot is not None and os.path.exists(config.snapshot) else None
+            self.held_items() if config.snapshot is not None and os.path.exists(config.snapshot) else None
         )  # items in the last snapshot written (or loaded)
         self._started = False
         self.failure: str | None = None  # set when the server must stop (its ZAP handler died)
@@ -102,48 +110,9 @@ class ReplayServer:
 
     # ------------------------------------------------------------------------------------------ setup
 
-    @staticmethod
-    def _open_store(config: ServerConfig) -> PrioritizedStore:
-        """The store of this life, with a key epoch no earlier life of this server used (docs/protocol.md, "Keys")."""
-        path = config.snapshot
-        restore = path is not None and os.path.exists(path)
-        epoch = choose_epoch(path)
-        if restore:
-            assert path is not None  # restore implies a path
-            try:
-                store = PrioritizedStore.load(path, epoch)
-            except Exception as exc:  # SnapshotError, OSError, ...
-                raise SnapshotLoadError(
-                    f"cannot load snapshot {os.fspath(path)!r}: {type(exc).__name__}: {exc} "
-                    "(move or delete the file to start with an empty store)"
-                ) from exc
-            log.info(
-                "restored %d items from snapshot %s; new keys carry epoch %d", len(store), os.fspath(path), store.epoch
-            )
-            for name in ("capacity", "max_size", "alpha", "eviction", "alpha_evict", "shards"):
-                wanted = getattr(config, name)
-                if name == "max_size" and wanted is None:
-                    wanted = 2 * config.capacity
-                if getattr(store, name) != wanted:
-                    log.warning(
-                        "snapshot %s has %s=%r, configuration says %r: the snapshot's value is used",
-                        os.fspath(path),
-                        name,
-                        getattr(store, name),
-                        wanted,
-                    )
-            return store
-        log.info("new store; its keys carry epoch %d", epoch)
-        return PrioritizedStore(
-            capacity=config.capacity,
-            max_size=config.max_size,
-            alpha=config.alpha,
-            shards=config.shards,
-            eviction=config.eviction,
-            alpha_evict=config.alpha_evict,
-            seed=config.seed,
-            epoch=epoch,
-        )
+    def held_items(self) -> int:
+        """Items held now, every table together."""
+        return sum(len(t.store) for t in self.tables)
 
     def _open_socket(self) -> zmq.Socket:
         cfg = self.config
@@ -187,17 +156,21 @@ class ReplayServer:
                 max_waiting_per_peer=cfg.max_waiting_per_peer,
                 max_waiting_bytes=cfg.max_waiting_bytes,
                 max_unread_bytes=cfg.max_unread_bytes,
-                samples_per_insert=cfg.samples_per_insert or 0.0,
-                error_buffer=cfg.effective_error_buffer or 0.0,
-                min_size_to_sample=cfg.min_size_to_sample,
+                samples_per_insert=0.0,  # each table's limiter comes with it (tables=)
+                error_buffer=0.0,
+                min_size_to_sample=1,
                 dedup_max_ids=DEDUP_MAX_IDS,
                 dedup_max_bytes=DEDUP_MAX_BYTES,
                 role_ops=role_masks() if cfg.curve_dir is not None else {},
+                tables=[(t.name, t.store, t.limiter) for t in self.tables],
             )
         except ImportError as exc:
             raise NativeLoopError(f"the replay server's native loop cannot start: {exc}") from None
         if self.spec_gate.spec is not None:
             loop.set_layout(self.spec_gate.spec.native_layout())
+        for t in self.tables:
+            if t.index != self.table_index.get("default", 0) and t.config.spec is not None:
+                loop.set_layout(load_spec(t.config.spec).native_layout(), t.index)
         return loop
 
     def start(self) -> ReplayServer:
@@ -216,7 +189,7 @@ class ReplayServer:
         except Exception:
             self._close()
             raise
-        handler = ControlHandler(cfg, self.store, self.spec_gate, self._loop)
+        handler = ControlHandler(cfg, self.tables, self.spec_gate, self._loop)
         self._control = threading.Thread(target=self._control_loop, args=(handler,), name="apexrl-control", daemon=True)
         self._control.start()
         self._watcher = threading.Thread(target=self._watch_accepts, name="apexrl-accepts", daemon=True)
@@ -225,7 +198,12 @@ class ReplayServer:
         if cfg.snapshot is not None and cfg.snapshot_every is not None:
             self._snapshotter = threading.Thread(target=self._snapshot_loop, name="apexrl-snapshot", daemon=True)
             self._snapshotter.start()
-        log.info("listening on %s (native loop, %d workers)", self.endpoint, cfg.workers)
+        log.info(
+            "listening on %s (native loop, %d workers; tables: %s)",
+            self.endpoint,
+            cfg.workers,
+            ", ".join(f"{t.index} {t.name!r}" for t in self.tables),
+        )
         return self
 
     def _control_loop(self, handler: ControlHandler) -> None:
@@ -290,8 +268,7 @@ class ReplayServer:
             raise ValueError("no snapshot path configured")
         with self._snapshot_lock:
             t0 = time.monotonic()
-            n = len(self.store)
-            self.store.save(self.config.snapshot)
+            n = save_tables(self.tables, self.config.snapshot)
             self._saved_items = n
             log.info(
                 "snapshot of %d items saved to %s in %.3fs", n, os.fspath(self.config.snapshot), time.monotonic() - t0
@@ -363,7 +340,7 @@ class ReplayServer:
         try:
             self.save_snapshot()
         except Exception as exc:
-            held = len(self.store)
+            held = self.held_items()
             kept = (
                 "no previous snapshot exists"
                 if self._saved_items is None

@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 _HEADER = S.HEADER
-_HEADER_RESERVED = struct.Struct(_HEADER.format.replace("4x", "I"))  # the reserved bytes read as a u32
+_TABLE_OPS = frozenset(int(op) for op in S.TABLE_OPS)
 _REQUEST_ID = struct.Struct("<Q")  # at offset 8
 _U16 = 0xFFFF
 _U32 = 0xFFFF_FFFF
@@ -108,7 +108,7 @@ def _bad(message: str, status: Status = Status.BAD_MESSAGE) -> ProtocolError:
 
 
 class Header(NamedTuple):
-    """Frame 0 of every message. ``flags`` and the 4 trailing bytes are always zero."""
+    """Frame 0 of every message. ``flags`` is always zero; ``table`` names a data request's table (0 elsewhere)."""
 
     op: int
     request_id: int
@@ -117,6 +117,7 @@ class Header(NamedTuple):
     param: float = 0.0
     timeout_ms: int = 0
     version: int = PROTOCOL_VERSION
+    table: int = 0
 
     def pack(self) -> bytes:
         """The 40-byte encoding; ValueError if a field is out of its unsigned range."""
@@ -127,6 +128,7 @@ class Header(NamedTuple):
             ("status", self.status, _U16),
             ("count", self.count, _U32),
             ("timeout_ms", self.timeout_ms, _U32),
+            ("table", self.table, _U32),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= limit:
                 raise ValueError(f"header {name} must be an integer in [0, {limit}], got {value!r}")
@@ -144,6 +146,7 @@ class Header(NamedTuple):
             int(self.count),
             param,
             int(self.timeout_ms),
+            int(self.table),
         )
 
     @classmethod
@@ -162,16 +165,18 @@ _new_header = tuple.__new__
 def _header(buf: memoryview, ops: frozenset[int]) -> Header:
     """The header of ``buf`` if valid for a service serving ``ops``; the precise ProtocolError otherwise."""
     if buf.nbytes == HEADER_SIZE:
-        magic, version, op, rid, status, flags, count, param, timeout_ms, reserved = _HEADER_RESERVED.unpack_from(buf)
+        magic, version, op, rid, status, flags, count, param, timeout_ms, table = _HEADER.unpack_from(buf)
         if (
             magic == MAGIC
             and version in SUPPORTED_VERSIONS
             and not flags
-            and not reserved
             and op in ops
             and status in _STATUSES
+            and (not table or op in _TABLE_OPS)
         ):
-            return _new_header(Header, (_OP_BY_INT[op], rid, _STATUS_BY_INT[status], count, param, timeout_ms, version))
+            return _new_header(
+                Header, (_OP_BY_INT[op], rid, _STATUS_BY_INT[status], count, param, timeout_ms, version, table)
+            )
     # Something is off: find the first rule broken, in the documented order. Magic and version come first: a
     # newer peer's header may have another length, and it must be told UNSUPPORTED_VERSION (bytes 0-15 have
     # the same layout in every version).
@@ -194,17 +199,19 @@ def _header(buf: memoryview, ops: frozenset[int]) -> Header:
             op=peek_op,
             request_id=peek_id,
         )
-    _magic, _version, op, request_id, status, flags, count, param, timeout_ms, reserved = _HEADER_RESERVED.unpack(buf)
+    _magic, _version, op, request_id, status, flags, count, param, timeout_ms, table = _HEADER.unpack(buf)
     ids = dict(op=op, request_id=request_id)
     if flags != 0:
         raise ProtocolError(Status.BAD_MESSAGE, f"header flags is {flags:#06x}, must be 0", **ids)
-    if reserved:
-        raise ProtocolError(
-            Status.BAD_MESSAGE, f"header reserved bytes are {bytes(buf[36:40]).hex()}, must be zero", **ids
-        )
     if op not in ops:
         raise ProtocolError(Status.UNKNOWN_OP, f"header op {op} is unknown; known ops: {sorted(ops)}", **ids)
-    raise ProtocolError(Status.BAD_MESSAGE, f"header status {status} is unknown; known: {sorted(_STATUSES)}", **ids)
+    if status not in _STATUSES:
+        raise ProtocolError(
+            Status.BAD_MESSAGE, f"header status {status} is unknown; known: {sorted(_STATUSES)}", **ids
+        )
+    raise ProtocolError(
+        Status.BAD_MESSAGE, f"header table is {table}, must be 0 ({_OP_BY_INT[op].name} names no table)", **ids
+    )
 
 
 def with_request_id(frames: list[Frame], request_id: int) -> list[Frame]:
@@ -557,9 +564,12 @@ def _fast_source(plan: _Plan, name: str) -> tuple[str, str] | None:
     op = int(plan.op)
     args = ", ".join(f"v{f.index}" for f in plan.frames)
     enc = [
-        f"def enc_{name}(rid, values, count, param, timeout_ms):",
+        f"def enc_{name}(rid, values, count, param, timeout_ms, table):",
         f"    {args}{',' if len(plan.frames) == 1 else ''} = values" if plan.frames else "    pass",
         "    if type(rid) is not int or not 0 <= rid <= U64: return None",
+        "    if type(table) is not int or not 0 <= table <= U32: return None"
+        if op in _TABLE_OPS
+        else "    if table: return None",
     ]
     dec = [f"def dec_{name}(views, n, param, timeout_ms):", f"    if len(views) != {plan.nframes}: return None"]
     if plan.timeout_ms:
@@ -629,7 +639,7 @@ def _fast_source(plan: _Plan, name: str) -> tuple[str, str] | None:
             enc.append(f"    if not offsets_ok(v{f.index}, v{f.ref}.nbytes // {f.ref_itemsize}): return None")
             dec.append(f"    if not offsets_ok(a{f.index}, views[{f.ref}].nbytes // {f.ref_itemsize}): return None")
     frames = "".join(f", v{f.index}" for f in plan.frames)
-    enc.append(f"    return [pack(MAGIC, VERSION, {op}, rid, 0, 0, n, param, timeout_ms){frames}]")
+    enc.append(f"    return [pack(MAGIC, VERSION, {op}, rid, 0, 0, n, param, timeout_ms, table){frames}]")
     dec.append(f"    return {{{', '.join(items)}}}")
     return "\n".join(enc) + "\n", "\n".join(dec) + "\n"
 
@@ -670,12 +680,13 @@ def _encode(
     param: Any = 0.0,
     timeout_ms: Any = 0,
     status: int = 0,
+    table: Any = 0,
 ) -> list[Frame]:
     """Frames of one message of ``plan`` with the frame ``values`` (in the schema's order); ValueError for
     anything the decoder would refuse. Arrays already of the wire's dtype and layout are used as they are."""
     if plan.fast_encode is not None:
         try:
-            fast = plan.fast_encode(request_id, values, count, param, timeout_ms)
+            fast = plan.fast_encode(request_id, values, count, param, timeout_ms, table)
         except Exception:  # noqa: BLE001 - anything unusual: the generic code below decides
             fast = None
         if fast is not None:
@@ -683,6 +694,11 @@ def _encode(
     op = plan.op
     if not (type(request_id) is int and 0 <= request_id <= _U64):
         request_id = _check_request_id(request_id)
+    if table:
+        if op is None or int(op) not in _TABLE_OPS:
+            raise ValueError(f"{plan.what} names no table, got table={table!r}")
+        _check_u32("table", table)
+        table = int(table)
     if plan.timeout_ms and not (type(timeout_ms) is int and 0 <= timeout_ms <= _U32):
         _check_u32("timeout_ms", timeout_ms)
         timeout_ms = int(timeout_ms)
@@ -735,7 +751,7 @@ def _encode(
     for f in plan.frames:
         if f.rule == _OFFSETS:
             _check_offsets(out[f.index], memoryview(out[f.ref]).nbytes // f.ref_itemsize, f.name, f.ref_name)  # type: ignore[arg-type]  # offsets frames are arrays
-    out[0] = _HEADER.pack(MAGIC, PROTOCOL_VERSION, op or 0, request_id, status, 0, n or 0, param, timeout_ms)
+    out[0] = _HEADER.pack(MAGIC, PROTOCOL_VERSION, op or 0, request_id, status, 0, n or 0, param, timeout_ms, table)
     return out
 
 
@@ -773,18 +789,22 @@ def encode_insert(
     timeout_ms: int = 0,
     insert_id: Any = NO_INSERT_ID,
     chunks: FrameChunks | None = None,
+    table: int = 0,
 ) -> list[Frame]:
     """INSERT request: [header(count=n, timeout_ms), priorities f64[n], offsets u64[n+1], data, insert_id u64[2],
     item_chunks u64[refs], item_chunk_offsets u64[n+1], chunk_data, chunk_offsets u64[chunks+1]].
 
     ``insert_id`` = (session, sequence): the server stores a batch once per id; a retry sends the same id and
     gets the first request's keys back. (0, 0) asks for no de-duplication. ``chunks``: the frame chunks the
-    items reference (None: none); a retry carries them again."""
+    items reference (None: none); a retry carries them again. ``table``: the table's index (HELLO's ``tables``),
+    as in every data request."""
     if type(insert_id) is not np.ndarray:
         insert_id = np.array(insert_id, dtype=_U64_DTYPE) if _is_u64_pair(insert_id) else insert_id
     if chunks is None:
         chunks = FrameChunks.none(len(offsets) - 1 if hasattr(offsets, "__len__") and len(offsets) else 0)
-    return _encode(_INSERT_PLAN, request_id, (priorities, offsets, data, insert_id, *chunks), timeout_ms=timeout_ms)
+    return _encode(
+        _INSERT_PLAN, request_id, (priorities, offsets, data, insert_id, *chunks), timeout_ms=timeout_ms, table=table
+    )
 
 
 def _is_u64_pair(value: Any) -> bool:
@@ -802,19 +822,19 @@ def message_bytes(frames: Sequence[Any]) -> int:
     return sum(memoryview(f).nbytes for f in frames)
 
 
-def encode_sample(request_id: int, n: int, beta: float, timeout_ms: int = 0) -> list[Frame]:
-    """SAMPLE request: [header(count=n, param=beta, timeout_ms)]."""
-    return _encode(_SAMPLE_PLAN, request_id, count=n, param=beta, timeout_ms=timeout_ms)
+def encode_sample(request_id: int, n: int, beta: float, timeout_ms: int = 0, table: int = 0) -> list[Frame]:
+    """SAMPLE request: [header(count=n, param=beta, timeout_ms, table)]."""
+    return _encode(_SAMPLE_PLAN, request_id, count=n, param=beta, timeout_ms=timeout_ms, table=table)
 
 
-def encode_update(request_id: int, keys: Any, priorities: Any) -> list[Frame]:
-    """UPDATE_PRIORITIES request: [header(count=n), keys u64[n], priorities f64[n]]."""
-    return _encode(_UPDATE_PLAN, request_id, (keys, priorities))
+def encode_update(request_id: int, keys: Any, priorities: Any, table: int = 0) -> list[Frame]:
+    """UPDATE_PRIORITIES request: [header(count=n, table), keys u64[n], priorities f64[n]]."""
+    return _encode(_UPDATE_PLAN, request_id, (keys, priorities), table=table)
 
 
-def encode_remove_to_fit(request_id: int) -> list[Frame]:
-    """REMOVE_TO_FIT request: [header]."""
-    return _encode(_REQUEST_PLANS[Op.REMOVE_TO_FIT], request_id)
+def encode_remove_to_fit(request_id: int, table: int = 0) -> list[Frame]:
+    """REMOVE_TO_FIT request: [header(table)]."""
+    return _encode(_REQUEST_PLANS[Op.REMOVE_TO_FIT], request_id, table=table)
 
 
 def encode_stats(request_id: int) -> list[Frame]:
@@ -827,9 +847,9 @@ def encode_hello(request_id: int, spec_json: str = "") -> list[Frame]:
     return _encode(_REQUEST_PLANS[Op.HELLO], request_id, (spec_json,))
 
 
-def encode_erase(request_id: int, keys: Any) -> list[Frame]:
-    """ERASE request: [header(count=n), keys u64[n]]."""
-    return _encode(_REQUEST_PLANS[Op.ERASE], request_id, (keys,))
+def encode_erase(request_id: int, keys: Any, table: int = 0) -> list[Frame]:
+    """ERASE request: [header(count=n, table), keys u64[n]]."""
+    return _encode(_REQUEST_PLANS[Op.ERASE], request_id, (keys,), table=table)
 
 
 def encode_get_params(request_id: int, version: int, server_id: int) -> list[Frame]:
@@ -875,9 +895,12 @@ def encode_stats_reply(request_id: int, stats: dict[str, int | float]) -> list[F
     return _encode(_REPLY_PLANS[Op.STATS], request_id, (stats,))
 
 
-def encode_hello_reply(request_id: int, info: dict[str, int | float], spec_json: str = "") -> list[Frame]:
-    """HELLO OK reply: [header, info JSON object of str -> int|float, spec utf8 ("" when the server has none)]."""
-    return _encode(_REPLY_PLANS[Op.HELLO], request_id, (info, spec_json))
+def encode_hello_reply(
+    request_id: int, info: dict[str, int | float], spec_json: str = "", tables_json: str = "[]"
+) -> list[Frame]:
+    """HELLO OK reply: [header, info JSON object of str -> int|float, spec utf8 ("" when the server has none),
+    tables utf8 (a JSON array of the tables, in index order)]."""
+    return _encode(_REPLY_PLANS[Op.HELLO], request_id, (info, spec_json, tables_json))
 
 
 def encode_get_params_reply(request_id: int, version: int, server_id: int, weights: Any = b"") -> list[Frame]:
@@ -893,7 +916,7 @@ def encode_error(op: int, request_id: int, status: Status, message: str) -> list
     if status not in _STATUSES or status == Status.OK:
         raise ValueError(f"an error reply needs a non-OK Status, got {status!r}")
     frames = _encode(_ERROR_PLAN, request_id, (message,), status=int(status))
-    frames[0] = _HEADER.pack(MAGIC, PROTOCOL_VERSION, int(op), int(request_id), int(status), 0, 0, 0.0, 0)
+    frames[0] = _HEADER.pack(MAGIC, PROTOCOL_VERSION, int(op), int(request_id), int(status), 0, 0, 0.0, 0, 0)
     return frames
 
 

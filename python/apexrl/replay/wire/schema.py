@@ -32,6 +32,7 @@ __all__ = [
     "REQUESTS",
     "SERVICES",
     "SUPPORTED_VERSIONS",
+    "TABLE_OPS",
     "FrameSpec",
     "HeaderField",
     "MessageSpec",
@@ -41,8 +42,8 @@ __all__ = [
     "peek_ids",
 ]
 
-PROTOCOL_VERSION = 4
-SUPPORTED_VERSIONS = (4,)
+PROTOCOL_VERSION = 5
+SUPPORTED_VERSIONS = (5,)
 MAGIC = b"APXR"
 
 MAX_BATCH = 1 << 20
@@ -53,6 +54,8 @@ PARAMS_MAX_REQUEST_BYTES = 4096
 """ZMQ_MAXMSGSIZE of the params server's socket: its requests are two small frames."""
 MAX_SPEC_BYTES = 64 * 1024
 """Most bytes of a TransitionSpec JSON in a HELLO request or reply (the codec's MAX_SPEC_JSON_BYTES)."""
+MAX_TABLES_BYTES = 1 << 20
+"""Most bytes of the HELLO reply's ``tables`` JSON."""
 
 
 class Status(IntEnum):
@@ -101,6 +104,11 @@ SERVICES: dict[str, tuple[Op, ...]] = {
 }
 """The ops each service's server answers; a request for any other op is answered UNKNOWN_OP."""
 
+TABLE_OPS: tuple[Op, ...] = (Op.INSERT, Op.SAMPLE, Op.UPDATE_PRIORITIES, Op.REMOVE_TO_FIT, Op.ERASE)
+"""The ops whose requests name a table in the header's ``table`` field (an index HELLO lists); every other
+message carries 0 there (else BAD_MESSAGE). A replay server refuses an index it has no table for with
+INVALID_ARGUMENT, after decoding (the decoder does not know the server's tables)."""
+
 # ---------------------------------------------------------------------------------------------------- header
 
 
@@ -126,7 +134,13 @@ HEADER_FIELDS: tuple[HeaderField, ...] = (
     HeaderField("count", "I", "u32", "n (items / keys) of the array frames, or a count reply's result"),
     HeaderField("param", "d", "f64", "SAMPLE request: β; 0.0 everywhere else"),
     HeaderField("timeout_ms", "I", "u32", "INSERT and SAMPLE requests: longest the server may wait; 0 elsewhere"),
-    HeaderField("reserved", "4x", "-", "must be zero"),
+    HeaderField(
+        "table",
+        "I",
+        "u32",
+        "INSERT, SAMPLE, UPDATE_PRIORITIES, REMOVE_TO_FIT and ERASE requests: the table's index (HELLO's `tables`); "
+        "0 in every other message",
+    ),
 )
 HEADER = struct.Struct("<" + "".join(f.code for f in HEADER_FIELDS))
 HEADER_SIZE = HEADER.size  # 40
@@ -327,9 +341,19 @@ REPLIES: dict[Op, MessageSpec] = {
     Op.HELLO: MessageSpec(
         Op.HELLO,
         "reply",
-        (FrameSpec("info", "json"), _SPEC),
+        (
+            FrameSpec("info", "json"),
+            _SPEC,
+            FrameSpec(
+                "tables",
+                "utf8",
+                max_bytes=MAX_TABLES_BYTES,
+                meaning="a JSON array, one object per table in index order: index, name and its configuration",
+            ),
+        ),
         meaning="`info`: protocol_version, max_request_bytes, max_reply_bytes (and epoch when the server has "
-        "one); `spec`: the server's spec, empty when it has none",
+        "one: the table `default`'s); `spec`: the server's spec (the table `default`'s), empty when it has none; "
+        "`tables`: every table, its index (the header's `table` of a data request) and configuration",
     ),
     Op.ERASE: MessageSpec(Op.ERASE, "reply", count="result", meaning="count: items removed (absent keys are skipped)"),
     Op.GET_PARAMS: MessageSpec(
@@ -418,6 +442,7 @@ def markdown_tables() -> str:
         f"| `MAX_ERROR_MESSAGE` | {MAX_ERROR_MESSAGE} | most bytes of an error message |",
         f"| `PARAMS_MAX_REQUEST_BYTES` | {PARAMS_MAX_REQUEST_BYTES} | ZMQ_MAXMSGSIZE of the params server |",
         f"| `MAX_SPEC_BYTES` | {MAX_SPEC_BYTES} | most bytes of a spec JSON (HELLO) |",
+        f"| `MAX_TABLES_BYTES` | {MAX_TABLES_BYTES} | most bytes of HELLO's tables JSON |",
         f"| `PROTOCOL_VERSION` | {PROTOCOL_VERSION} | `SUPPORTED_VERSIONS` = {SUPPORTED_VERSIONS} |",
     ]
     return "\n".join(lines) + "\n"

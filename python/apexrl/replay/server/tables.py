@@ -1,0 +1,312 @@
+"""The replay server's tables: their stores (one per table, each with its own key epoch), their rate limiters as
+the native loop takes them, their description for HELLO and STATS, and snapshots that hold every table.
+
+Keys (docs/protocol.md, "Tables"): a key is valid within its table only. Every table's store issues keys of its
+own epoch, and the epochs of one server life are consecutive (``choose_epochs``: the life's base epoch, then
+one more per table; ``PATH.epoch`` records the last one used), so a key of one table is stale on every other
+table of this life and of the lives before it (until the 4095 epochs wrap), never another table's item.
+
+Snapshots (docs/architecture.md, "Tables"): a server whose only table is ``default`` writes today's snapshot
+format, one store file (so existing runs and tools see no change). A server of several tables writes a
+*tables snapshot*: ``PATH`` is a small JSON manifest ``{"format": "apexrl-tables-snapshot", "version": 1,
+"generation": G, "tables": [{"name", "file", "items"}...]}`` naming one store snapshot per table
+(``PATH.g<G>.<index>.snap`` beside it). Each table file is written (atomically) before the manifest, which is
+replaced atomically last; files of older generations are removed after it. So a crash mid-save leaves the
+previous manifest and the files it names. Tables are saved one after the other, not at one instant. Loading
+accepts either format: a one-store snapshot loads into the table ``default``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from apexrl import PrioritizedStore
+from apexrl.durable import write_atomically
+from apexrl.replay.server.epoch import SnapshotLoadError, _write_epoch_file, choose_epoch
+
+__all__ = [
+    "TABLES_SNAPSHOT_FORMAT",
+    "TABLES_SNAPSHOT_VERSION",
+    "ServerTable",
+    "choose_epochs",
+    "is_tables_snapshot",
+    "limiter_of",
+    "open_tables",
+    "save_tables",
+    "table_description",
+]
+
+log = logging.getLogger("apexrl.replay.server")
+
+TABLES_SNAPSHOT_FORMAT = "apexrl-tables-snapshot"
+TABLES_SNAPSHOT_VERSION = 1
+_MAX_MANIFEST_BYTES = 1 << 20
+_STORE_HAS_SAMPLERS = "sampler" in (PrioritizedStore.__init__.__doc__ or "")
+"""Whether this build's store takes ``sampler`` and ``max_times_sampled`` (issue 37's samplers, branch
+samplers37); without them only prioritized tables without max_times_sampled are served."""
+
+
+@dataclass
+class ServerTable:
+    """One table of a running server: its index (the header's ``table`` field), configuration and store."""
+
+    index: int
+    name: str
+    config: Any  # apexrl.replay.TableConfig
+    store: PrioritizedStore
+    limiter: dict[str, Any]
+
+
+def limiter_of(rate_limiter: Any) -> dict[str, Any]:
+    """A table's rate limiter as the native loop and ``--tables`` JSON spell it: ``{"kind": "min_size",
+    "min_size": N}``, ``{"kind": "sample_to_insert_ratio", "samples_per_insert": X, "min_size_to_sample": N,
+    "error_buffer": E}`` or ``{"kind": "queue", "size": N}``; None: MinSize(1)."""
+    if rate_limiter is None:
+        return {"kind": "min_size", "min_size": 1}
+    if isinstance(rate_limiter, dict):
+        return dict(rate_limiter)
+    if hasattr(rate_limiter, "samples_per_insert"):
+        spi = float(rate_limiter.samples_per_insert)
+        eb = getattr(rate_limiter, "error_buffer", None)
+        return {
+            "kind": "sample_to_insert_ratio",
+            "samples_per_insert": spi,
+            "min_size_to_sample": int(getattr(rate_limiter, "min_size_to_sample", 1)),
+            "error_buffer": float(eb) if eb is not None else max(1.0, spi) * 100.0,
+        }
+    if hasattr(rate_limiter, "size"):
+        return {"kind": "queue", "size": int(rate_limiter.size)}
+    return {"kind": "min_size", "min_size": int(rate_limiter.min_size)}
+
+
+def table_description(table: ServerTable) -> dict[str, Any]:
+    """HELLO's entry of one table: its index, name and configuration (rate limiter as in ``--tables``)."""
+    c = table.config
+    return {
+        "index": table.index,
+        "name": table.name,
+        "sampler": c.sampler,
+        "remover": c.remover,
+        "capacity": int(c.capacity),
+        "max_size": int(table.store.max_size),
+        "alpha": float(c.alpha),
+        "alpha_evict": float(c.alpha_evict),
+        "max_times_sampled": int(c.max_times_sampled),
+        "rate_limiter": dict(table.limiter),
+        "epoch": int(table.store.epoch),
+        "num_shards": int(table.store.shards),
+        "spec": c.spec is not None,
+    }
+
+
+def _check_servable(config: Any) -> None:
+    """ValueError for what this build cannot serve yet (the samplers of branch samplers37)."""
+    if _STORE_HAS_SAMPLERS:
+        return
+    if config.sampler != "prioritized":
+        raise ValueError(
+            f"table {config.name!r}: sampler {config.sampler!r} is not served by this build (its store samples "
+            "proportionally to priority only; the fifo/lifo/uniform/heap samplers come with issue 37's samplers); "
+            "use sampler='prioritized'"
+        )
+    if config.max_times_sampled:
+        raise ValueError(
+            f"table {config.name!r}: max_times_sampled={config.max_times_sampled} is not served by this build "
+            "(it comes with issue 37's samplers); use 0"
+        )
+
+
+def _wrap(epoch: int) -> int:
+    return (epoch - 1) % PrioritizedStore.MAX_EPOCH + 1
+
+
+def choose_epochs(snapshot: str | os.PathLike[str] | None, n: int) -> list[int]:
+    """Consecutive key epochs for the ``n`` tables of a new life: the first as :func:`choose_epoch` picks it,
+    the others after it; ``PATH.epoch`` records the last, so the next life starts after all of them."""
+    if n < 1 or n >= PrioritizedStore.MAX_EPOCH:
+        raise ValueError(f"a server holds 1..{PrioritizedStore.MAX_EPOCH - 1} tables, got {n}")
+    if snapshot is None:
+        base = secrets.randbelow(PrioritizedStore.MAX_EPOCH) + 1
+        return [_wrap(base + i) for i in range(n)]
+    base = choose_epoch(snapshot)
+    epochs = [_wrap(base + i) for i in range(n)]
+    if n > 1:
+        _write_epoch_file(os.fspath(snapshot) + ".epoch", epochs[-1])
+    return epochs
+
+
+def is_tables_snapshot(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a tables snapshot's manifest (else: a one-store snapshot, or not a snapshot)."""
+    return _manifest_ok(path)
+
+
+def _manifest_ok(path: str | os.PathLike[str]) -> bool:
+    try:
+        _read_manifest(path)
+    except (SnapshotLoadError, OSError):
+        return False
+    return True
+
+
+def _read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        raw = f.read(_MAX_MANIFEST_BYTES + 1)
+    if len(raw) > _MAX_MANIFEST_BYTES or not raw.lstrip().startswith(b"{"):
+        raise SnapshotLoadError(f"{os.fspath(path)!r} is not a tables snapshot")
+    try:
+        manifest = json.loads(raw)
+    except ValueError as exc:
+        raise SnapshotLoadError(f"tables snapshot {os.fspath(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != TABLES_SNAPSHOT_FORMAT:
+        raise SnapshotLoadError(f"{os.fspath(path)!r} is not a tables snapshot")
+    if manifest.get("version") != TABLES_SNAPSHOT_VERSION:
+        raise SnapshotLoadError(
+            f"tables snapshot {os.fspath(path)!r} has version {manifest.get('version')!r}; this server reads "
+            f"version {TABLES_SNAPSHOT_VERSION}"
+        )
+    tables = manifest.get("tables")
+    if not isinstance(tables, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("file"), str) for t in tables
+    ):
+        raise SnapshotLoadError(f"tables snapshot {os.fspath(path)!r}: 'tables' must list {{name, file}} objects")
+    return manifest
+
+
+def _new_store(config: Any, server: Any, epoch: int, seed: int) -> PrioritizedStore:
+    kwargs: dict[str, Any] = dict(
+        capacity=config.capacity,
+        max_size=config.max_size,
+        alpha=config.alpha,
+        shards=server.shards,
+        eviction=config.remover,
+        alpha_evict=config.alpha_evict,
+        seed=seed,
+        epoch=epoch,
+    )
+    if _STORE_HAS_SAMPLERS:
+        kwargs.update(sampler=config.sampler, max_times_sampled=config.max_times_sampled)
+    return PrioritizedStore(**kwargs)
+
+
+def _load_store(path: str, epoch: int, what: str) -> PrioritizedStore:
+    try:
+        return PrioritizedStore.load(path, epoch)
+    except Exception as exc:  # SnapshotError, OSError, ...
+        raise SnapshotLoadError(
+            f"cannot load {what} {path!r}: {type(exc).__name__}: {exc} "
+            "(move or delete the file to start with an empty store)"
+        ) from exc
+
+
+def _warn_differences(store: PrioritizedStore, config: Any, server: Any, where: str) -> None:
+    for name, store_name in (("capacity", "capacity"), ("alpha", "alpha"), ("alpha_evict", "alpha_evict")):
+        if getattr(store, store_name) != getattr(config, name):
+            log.warning(
+                "%s has %s=%r, configuration says %r: the snapshot's value is used",
+                where,
+                name,
+                getattr(store, store_name),
+                getattr(config, name),
+            )
+    wanted_max = config.max_size if config.max_size is not None else 2 * config.capacity
+    if store.max_size != wanted_max:
+        log.warning("%s has max_size=%r, configuration says %r: the snapshot's value is used", where, store.max_size, wanted_max)
+    if store.shards != server.shards:
+        log.warning("%s has shards=%r, configuration says %r: the snapshot's value is used", where, store.shards, server.shards)
+
+
+def open_tables(server: Any) -> list[ServerTable]:
+    """The tables of a new server life (``server``: its ServerConfig), restored from its snapshot when there is
+    one; SnapshotLoadError when the snapshot cannot be loaded, ValueError for a configuration it cannot serve."""
+    configs = list(server.table_configs())
+    if not configs:
+        raise ValueError("a replay server needs at least one table")
+    names = [c.name for c in configs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"table names must be distinct, {dupes} repeated")
+    for c in configs:
+        _check_servable(c)
+    path = server.snapshot
+    restore = path is not None and os.path.exists(path)
+    epochs = choose_epochs(path, len(configs))
+    stores: dict[str, PrioritizedStore] = {}
+    if restore:
+        assert path is not None
+        if _manifest_ok(path):
+            manifest = _read_manifest(path)
+            directory = os.path.dirname(os.path.abspath(path))
+            by_name = {t["name"]: t for t in manifest["tables"]}
+            for i, c in enumerate(configs):
+                entry = by_name.pop(c.name, None)
+                if entry is None:
+                    log.warning("tables snapshot %s holds no table %r: it starts empty", os.fspath(path), c.name)
+                    continue
+                file = os.path.join(directory, os.path.basename(entry["file"]))
+                stores[c.name] = _load_store(file, epochs[i], f"table {c.name!r} of tables snapshot")
+            for name in by_name:
+                log.warning(
+                    "tables snapshot %s holds table %r, which is not configured: its items are not loaded",
+                    os.fspath(path),
+                    name,
+                )
+        else:  # today's one-store format: the table `default`
+            if "default" not in names:
+                raise SnapshotLoadError(
+                    f"snapshot {os.fspath(path)!r} holds one store (the format before tables), which loads into the "
+                    f"table 'default', and no table of that name is configured ({names})"
+                )
+            stores["default"] = _load_store(os.fspath(path), epochs[names.index("default")], "snapshot")
+    tables = []
+    for i, c in enumerate(configs):
+        store = stores.get(c.name)
+        if store is not None:
+            _warn_differences(store, c, server, f"snapshot table {c.name!r}")
+            log.info("table %r: restored %d items; new keys carry epoch %d", c.name, len(store), store.epoch)
+        else:
+            store = _new_store(c, server, epochs[i], int(server.seed) + i)
+            log.info("table %r: new store; its keys carry epoch %d", c.name, epochs[i])
+        tables.append(ServerTable(i, c.name, c, store, limiter_of(c.rate_limiter)))
+    return tables
+
+
+def save_tables(tables: list[ServerTable], path: str | os.PathLike[str]) -> int:
+    """Write the snapshot of every table to ``path`` (module docstring); the items saved. Raises what the
+    stores raise (OSError, SnapshotError), the previous snapshot kept."""
+    path = os.fspath(path)
+    if len(tables) == 1 and tables[0].name == "default":
+        n = len(tables[0].store)
+        tables[0].store.save(path)
+        return n
+    directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    generation = 1
+    with contextlib.suppress(SnapshotLoadError, OSError):
+        generation = int(_read_manifest(path).get("generation", 0)) + 1
+    entries, total = [], 0
+    for t in tables:
+        file = f"{base}.g{generation}.{t.index}.snap"
+        n = len(t.store)
+        t.store.save(os.path.join(directory, file))
+        entries.append({"name": t.name, "file": file, "items": n})
+        total += n
+    manifest = {
+        "format": TABLES_SNAPSHOT_FORMAT,
+        "version": TABLES_SNAPSHOT_VERSION,
+        "generation": generation,
+        "tables": entries,
+    }
+    write_atomically(path, json.dumps(manifest, indent=1) + "\n")
+    keep = {e["file"] for e in entries}
+    for old in glob.glob(os.path.join(glob.escape(directory), glob.escape(base) + ".g*.snap")):
+        if os.path.basename(old) not in keep:
+            with contextlib.suppress(OSError):
+                os.unlink(old)
+    return total
