@@ -158,7 +158,9 @@ class _Server:
         self.stats = stats
         prefix = f"table.{self.table}."
         if prefix + "size" in stats:  # a server of tables: this table's totals
-            self.note(float(stats[prefix + "total_mass"]), float(stats[prefix + "min_mass"]), int(stats[prefix + "size"]))
+            self.note(
+                float(stats[prefix + "total_mass"]), float(stats[prefix + "min_mass"]), int(stats[prefix + "size"])
+            )
         else:
             self.note(float(stats["total_mass"]), float(stats["min_mass"]), int(stats["size"]))
 
@@ -889,6 +891,4 @@ class ShardedReplayClient:
 
     def updater(self, max_pending: int = 64, *, table: str | None = None) -> AsyncUpdater:
         """An :class:`AsyncUpdater` over the set (its own clients), as :meth:`ReplayClient.updater`."""
-        return AsyncUpdater(
-            partial(self._same_endpoints, table), max_pending=max_pending, close_timeout=self.timeout
-        )
+        return AsyncUpdater(partial(self._same_endpoints, table), max_pending=max_pending, close_timeout=self.timeout)

@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message  # at import: the watcher runs when no descriptor is left
 
-from apexrl import PrioritizedStore, _core
+from apexrl import _core
 from apexrl.replay.server.config import ServerConfig, check_snapshot_dir
 from apexrl.replay.server.control import ControlHandler
 from apexrl.replay.server.epoch import SnapshotSaveError

@@ -217,9 +217,13 @@ def _warn_differences(store: PrioritizedStore, config: Any, server: Any, where: 
             )
     wanted_max = config.max_size if config.max_size is not None else 2 * config.capacity
     if store.max_size != wanted_max:
-        log.warning("%s has max_size=%r, configuration says %r: the snapshot's value is used", where, store.max_size, wanted_max)
+        log.warning(
+            "%s has max_size=%r, configuration says %r: the snapshot's value is used", where, store.max_size, wanted_max
+        )
     if store.shards != server.shards:
-        log.warning("%s has shards=%r, configuration says %r: the snapshot's value is used", where, store.shards, server.shards)
+        log.warning(
+            "%s has shards=%r, configuration says %r: the snapshot's value is used", where, store.shards, server.shards
+        )
 
 
 def open_tables(server: Any) -> list[ServerTable]:

@@ -206,9 +206,7 @@ def _header(buf: memoryview, ops: frozenset[int]) -> Header:
     if op not in ops:
         raise ProtocolError(Status.UNKNOWN_OP, f"header op {op} is unknown; known ops: {sorted(ops)}", **ids)
     if status not in _STATUSES:
-        raise ProtocolError(
-            Status.BAD_MESSAGE, f"header status {status} is unknown; known: {sorted(_STATUSES)}", **ids
-        )
+        raise ProtocolError(Status.BAD_MESSAGE, f"header status {status} is unknown; known: {sorted(_STATUSES)}", **ids)
     raise ProtocolError(
         Status.BAD_MESSAGE, f"header table is {table}, must be 0 ({_OP_BY_INT[op].name} names no table)", **ids
     )

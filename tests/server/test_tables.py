@@ -1,0 +1,320 @@
+"""Several named tables on one real replay server (issue 37), on 127.0.0.1: each request reaches the table it
+names and no other, keys of one table are stale on another, each table's rate limiter waits and refuses on its
+own, an unknown table is refused while the server serves on, HELLO and STATS describe every table, and a
+snapshot holds every table (a one-store snapshot of the format before tables loads into ``default``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from apexrl import PrioritizedStore
+from apexrl.errors import ServerError, ServerTimeoutError
+from apexrl.replay import ReplayClient, ReplayServer, ServerConfig
+from apexrl.replay.server.tables import TABLES_SNAPSHOT_FORMAT, choose_epochs
+from apexrl.replay.tables import MinSize, Queue, SampleToInsertRatio, TableConfig
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.schema import Status
+
+
+def three_tables(**overrides) -> list[TableConfig]:
+    """A prioritized table, a prioritized one with another remover and a min size, and a queue."""
+    tables = [
+        TableConfig("default", capacity=1000),
+        TableConfig("aux", remover="uniform", capacity=50, rate_limiter=MinSize(3)),
+        TableConfig("queue", capacity=100, rate_limiter=Queue(4)),
+    ]
+    for t in tables:
+        for k, v in overrides.get(t.name, {}).items():
+            setattr(t, k, v)
+    return tables
+
+
+@pytest.fixture
+def server():
+    with ReplayServer(ServerConfig(port=0, tables=three_tables())) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    with ReplayClient(server.endpoint, timeout=10) as c:
+        yield c
+
+
+def items(prefix: str, n: int) -> list[bytes]:
+    return [f"{prefix}{i}".encode() for i in range(n)]
+
+
+def wait_until(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_each_request_reaches_only_its_table_and_keys_are_stale_elsewhere(client):
+    keys_d = client.insert(np.ones(4), items("d", 4))
+    keys_a = client.insert(np.ones(3), items("a", 3), table="aux")
+    assert not set(keys_d.tolist()) & set(keys_a.tolist())
+    sizes = {name: t["size"] for name, t in client.tables().items()}
+    assert sizes == {"default": 4, "aux": 3, "queue": 0}
+    # default's keys on aux and queue: stale there, nothing touched anywhere
+    assert client.erase(keys_d, table="aux") == 0
+    assert client.erase(keys_d, table="queue") == 0
+    assert client.update_priorities(keys_d, np.full(4, 9.0), table="aux") == 0
+    assert client.update_priorities(keys_a, np.full(3, 9.0), table="default") == 0
+    sizes = {name: t["size"] for name, t in client.tables().items()}
+    assert sizes == {"default": 4, "aux": 3, "queue": 0}
+    # a sample draws its own table's items only
+    batch = client.sample(32, table="aux")
+    assert set(batch.keys.tolist()) <= set(keys_a.tolist())
+    assert {bytes(x)[:1] for x in batch.items} == {b"a"}
+    assert set(client.sample(32).keys.tolist()) <= set(keys_d.tolist())
+    # an update on the right table takes, and changes only that table's mass
+    before = client.stats()
+    assert client.update_priorities(keys_a, np.full(3, 5.0), table="aux") == 3
+    after = client.stats()
+    assert after["table.default.total_mass"] == before["table.default.total_mass"]
+    assert after["table.aux.total_mass"] != before["table.aux.total_mass"]
+    # erase and remove_to_fit on one table leave the others
+    assert client.erase(keys_a[:2], table="aux") == 2
+    assert client.remove_to_fit(table="queue") == 0
+    sizes = {name: t["size"] for name, t in client.tables().items()}
+    assert sizes == {"default": 4, "aux": 1, "queue": 0}
+
+
+def test_keys_of_distinct_tables_carry_distinct_consecutive_epochs(server, client):
+    epochs = [t.store.epoch for t in server.tables]
+    assert len(set(epochs)) == 3
+    assert [(e - epochs[0]) % PrioritizedStore.MAX_EPOCH for e in epochs] == [0, 1, 2]
+    described = {name: t["epoch"] for name, t in client.tables().items()}
+    assert described == {t.name: t.store.epoch for t in server.tables}
+
+
+def test_min_size_table_holds_samples_until_it_is_big_enough_other_tables_do_not_release_them(client, server):
+    client.insert(np.ones(2), items("a", 2), table="aux")
+    with pytest.raises(ServerTimeoutError, match="fewer than min_size_to_sample=3"):
+        client.sample(1, table="aux")
+    got: dict[str, object] = {}
+
+    def waiting_sample() -> None:
+        with ReplayClient(server.endpoint, timeout=30) as c:
+            got["batch"] = c.sample(2, timeout=20, table="aux")
+
+    t = threading.Thread(target=waiting_sample)
+    t.start()
+    wait_until(lambda: client.stats()["table.aux.deferred"] == 1, "the aux sample to wait")
+    client.insert(np.ones(5), items("d", 5))  # another table's inserts release nothing here
+    assert client.stats()["table.aux.deferred"] == 1
+    client.insert(np.ones(1), items("a", 1), table="aux")
+    t.join(30)
+    assert not t.is_alive()
+    assert len(got["batch"]) == 2  # type: ignore[arg-type]
+
+
+def test_queue_table_waits_while_full_refuses_what_never_fits_and_hands_out_once_drained(client, server):
+    with pytest.raises(ServerTimeoutError, match="the queue is empty"):
+        client.sample(1, timeout=0.05, table="queue")
+    client.insert(np.ones(4), items("q", 4), table="queue")
+    with pytest.raises(ServerError, match=r"never holds 5 items.*Queue\(size=4\)") as info:
+        client.insert(np.ones(5), items("q", 5), table="queue")
+    assert info.value.status == Status.INVALID_ARGUMENT
+    with pytest.raises(ServerTimeoutError, match="the queue has room"):
+        client.insert(np.ones(1), items("x", 1), table="queue")
+    with pytest.raises(ServerTimeoutError, match=r"the queue holds 4 of at most 4 items"):
+        client.insert(np.ones(1), items("x", 1), timeout=0.05, table="queue")
+    # a waiting insert goes in once the queue has room (here: an erase makes it)
+    keys = client.sample(4, table="queue").keys
+    got: dict[str, object] = {}
+
+    def waiting_insert() -> None:
+        with ReplayClient(server.endpoint, timeout=30) as c:
+            got["keys"] = c.insert(np.ones(1), items("w", 1), timeout=20, table="queue")
+
+    t = threading.Thread(target=waiting_insert)
+    t.start()
+    wait_until(lambda: client.stats()["table.queue.deferred"] == 1, "the queue insert to wait")
+    assert client.erase(np.unique(keys)[:1], table="queue") == 1
+    t.join(30)
+    assert not t.is_alive()
+    assert len(got["keys"]) == 1  # type: ignore[arg-type]
+    assert client.tables()["queue"]["size"] == 4
+
+
+def test_ratio_limited_table_limits_only_itself():
+    tables = [
+        TableConfig("default"),
+        TableConfig("ratio", rate_limiter=SampleToInsertRatio(1.0, min_size_to_sample=1, error_buffer=2.0)),
+    ]
+    with ReplayServer(ServerConfig(port=0, tables=tables)) as srv, ReplayClient(srv.endpoint, timeout=10) as c:
+        c.insert(np.ones(2), items("r", 2), table="ratio")  # filling up to min size: never limited
+        c.insert(np.ones(1), items("r", 1), table="ratio")  # (3 - 1) * 1 - 0 = 2 <= 2
+        with pytest.raises(ServerTimeoutError, match="rate limited"):  # (4 - 1) * 1 - 0 = 3 > 2 ...
+            c.insert(np.ones(1), items("r", 1), table="ratio")
+        for _ in range(20):  # ... while the other table takes anything
+            c.insert(np.ones(2), items("d", 2))
+        c.sample(2, table="ratio")
+        c.insert(np.ones(1), items("r", 1), table="ratio")
+        stats = c.stats()
+        assert stats["table.ratio.rate_limiter_inserted_items"] == 4
+        assert stats["table.default.rate_limiter_inserted_items"] == 40
+
+
+def test_unknown_table_is_refused_and_the_server_keeps_serving(server, client):
+    with pytest.raises(ValueError, match=r"no table 'nope'.*\['default', 'aux', 'queue'\]"):
+        client.sample(1, table="nope")
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(server.endpoint)
+    try:
+        for rid, table in enumerate((3, 17, 0xFFFF_FFFF), start=1):
+            for frames in (
+                P.encode_sample(rid, 1, 0.4, table=table),
+                P.encode_erase(rid, np.array([1], np.uint64), table=table),
+                P.encode_insert(rid, np.ones(1), b"x", np.array([0, 1], np.uint64), table=table),
+            ):
+                sock.send_multipart(frames)
+                assert sock.poll(10_000)
+                reply = P.decode_reply(sock.recv_multipart(), P.Op(P.Header.unpack(frames[0]).op), rid)
+                assert reply.status == Status.INVALID_ARGUMENT
+                assert f"unknown table index {table}" in (reply.message or "")
+                assert "2 'queue'" in (reply.message or "")
+        # a request that names no table must carry 0 there
+        stats = P.encode_stats(9)
+        bad = bytearray(stats[0])
+        bad[36:40] = (1).to_bytes(4, "little")
+        sock.send_multipart([bytes(bad)])
+        assert sock.poll(10_000)
+        reply = P.decode_reply(sock.recv_multipart(), P.Op.STATS, 9)
+        assert reply.status == Status.BAD_MESSAGE and "header table is 1, must be 0" in (reply.message or "")
+    finally:
+        sock.close()
+    assert client.stats()["requests_refused_table"] == 9
+    assert len(client.insert(np.ones(1), items("d", 1))) == 1  # still serving
+    assert sum(t["size"] for t in client.tables().values()) == 1
+
+
+def test_hello_and_stats_describe_every_table(client):
+    info = client.hello()
+    assert info.protocol_version == P.PROTOCOL_VERSION == 5
+    assert [(t["index"], t["name"]) for t in info.tables] == [(0, "default"), (1, "aux"), (2, "queue")]
+    by_name = {t["name"]: t for t in info.tables}
+    assert by_name["aux"]["remover"] == "uniform" and by_name["aux"]["capacity"] == 50
+    assert by_name["aux"]["rate_limiter"] == {"kind": "min_size", "min_size": 3}
+    assert by_name["queue"]["rate_limiter"] == {"kind": "queue", "size": 4}
+    assert by_name["default"]["sampler"] == "prioritized"
+    client.insert(np.ones(2), items("d", 2))
+    client.insert(np.ones(3), items("q", 3), table="queue")
+    stats = client.stats()
+    # today's names describe `default`; every table under table.<name>.; totals under tables_total.
+    assert stats["size"] == stats["table.default.size"] == 2
+    assert stats["table.queue.size"] == 3 and stats["table.aux.size"] == 0
+    assert stats["tables_total.size"] == 5
+    assert stats["tables"] == 3
+    assert stats["table.queue.queue_size"] == 4
+    assert stats["table.aux.min_size_to_sample"] == 3
+    tables = client.tables()
+    assert set(tables) == {"default", "aux", "queue"}
+    assert tables["queue"]["size"] == 3 and tables["queue"]["bytes_held"] == 6
+    assert tables["queue"]["rate_limiter_inserted_items"] == 3
+
+
+def test_helpers_and_dataset_work_on_their_table(server, client):
+    client.insert(np.ones(6), items("a", 6), table="aux")
+    with client.sampler(2, prefetch=2, table="aux") as sampler:
+        batch = next(iter(sampler))
+        assert {bytes(x)[:1] for x in batch.raw.items} == {b"a"}
+    with client.inserter(table="queue") as inserter:
+        inserter.insert(np.ones(2), items("q", 2))
+        inserter.flush()
+    assert client.tables()["queue"]["size"] == 2
+    keys = client.sample(2, table="queue").keys
+    with client.updater(table="queue") as updater:
+        updater.update(keys, np.full(len(keys), 3.0))
+    wait_until(lambda: client.stats()["table.queue.updated"] == len(keys), "the updater's updates")
+    stats = client.stats()
+    assert stats["table.queue.updated"] == len(keys)
+    assert stats["table.default.updated"] == 0
+
+
+def test_a_snapshot_holds_every_table_and_a_restart_restores_them(tmp_path):
+    snap = str(tmp_path / "replay.snap")
+    cfg = ServerConfig(port=0, tables=three_tables(), snapshot=snap)
+    with ReplayServer(cfg) as srv, ReplayClient(srv.endpoint, timeout=10) as c:
+        old = {
+            "default": c.insert(np.arange(1.0, 5.0), items("d", 4)),
+            "aux": c.insert(np.ones(2), items("a", 2), table="aux"),
+            "queue": c.insert(np.ones(3), items("q", 3), table="queue"),
+        }
+    manifest = json.loads(pathlib.Path(snap).read_text())
+    assert manifest["format"] == TABLES_SNAPSHOT_FORMAT
+    assert [t["name"] for t in manifest["tables"]] == ["default", "aux", "queue"]
+    assert [t["items"] for t in manifest["tables"]] == [4, 2, 3]
+    with ReplayServer(cfg) as srv, ReplayClient(srv.endpoint, timeout=10) as c:
+        assert {n: t["size"] for n, t in c.tables().items()} == {"default": 4, "aux": 2, "queue": 3}
+        # restored keys stay valid in their own table, and stale in the others
+        assert c.update_priorities(old["aux"], np.full(2, 2.0), table="aux") == 2
+        assert c.update_priorities(old["aux"], np.full(2, 2.0), table="default") == 0
+        assert c.erase(old["queue"], table="aux") == 0
+        assert {bytes(x)[:1] for x in c.sample(8, table="queue").items} == {b"q"}
+        c.insert(np.ones(1), items("d", 1))
+    # a second save replaces the first generation's files
+    manifest2 = json.loads(pathlib.Path(snap).read_text())
+    assert manifest2["generation"] == manifest["generation"] + 1
+    files = sorted(f for f in os.listdir(tmp_path) if ".g" in f and f.endswith(".snap"))
+    assert files == sorted(t["file"] for t in manifest2["tables"])
+
+
+def test_an_old_one_store_snapshot_loads_into_default(tmp_path):
+    snap = str(tmp_path / "replay.snap")
+    store = PrioritizedStore(capacity=100, epoch=5)
+    keys = store.insert(np.ones(3), items("o", 3))
+    store.save(snap)
+    cfg = ServerConfig(port=0, tables=three_tables(), snapshot=snap)
+    with ReplayServer(cfg) as srv, ReplayClient(srv.endpoint, timeout=10) as c:
+        assert {n: t["size"] for n, t in c.tables().items()} == {"default": 3, "aux": 0, "queue": 0}
+        assert c.update_priorities(keys, np.full(3, 2.0)) == 3
+        assert c.update_priorities(keys, np.full(3, 2.0), table="aux") == 0
+    # saved again with every table: now a tables snapshot
+    assert json.loads(pathlib.Path(snap).read_text())["format"] == TABLES_SNAPSHOT_FORMAT
+    # and a server without a table `default` refuses the old format, saying why
+    store.save(str(tmp_path / "old.snap"))
+    with pytest.raises(Exception, match="loads into the table 'default'"):
+        ReplayServer(ServerConfig(port=0, tables=[TableConfig("other")], snapshot=str(tmp_path / "old.snap")))
+
+
+def test_a_default_only_server_keeps_writing_the_one_store_format(tmp_path):
+    snap = str(tmp_path / "replay.snap")
+    with ReplayServer(ServerConfig(port=0, snapshot=snap)) as srv, ReplayClient(srv.endpoint, timeout=10) as c:
+        c.insert(np.ones(2), items("d", 2))
+    assert len(PrioritizedStore.load(snap, 7)) == 2
+
+
+def test_epochs_of_consecutive_lives_never_meet(tmp_path):
+    snap = str(tmp_path / "x.snap")
+    first = choose_epochs(snap, 3)
+    second = choose_epochs(snap, 3)
+    assert len(set(first) | set(second)) == 6
+    assert pathlib.Path(snap + ".epoch").read_text().strip() == str(second[-1])
+
+
+def test_configurations_this_build_cannot_serve_are_refused_with_the_reason():
+    from apexrl.replay.server import tables as server_tables
+
+    if server_tables._STORE_HAS_SAMPLERS:
+        pytest.skip("this build's store has the samplers")
+    with pytest.raises(ValueError, match="sampler 'fifo' is not served by this build"):
+        ReplayServer(ServerConfig(port=0, tables=[TableConfig("q", sampler="fifo")]))
+    with pytest.raises(ValueError, match="max_times_sampled=1 is not served"):
+        ReplayServer(ServerConfig(port=0, tables=[TableConfig("q", max_times_sampled=1)]))
+    with pytest.raises(ValueError, match="distinct"):
+        ReplayServer(ServerConfig(port=0, tables=[TableConfig("q"), TableConfig("q")]))
