@@ -99,8 +99,8 @@ std::string RateLimiter::Describe() const {
   uint64_t inserted, sampled;
   Counts(&inserted, &sampled);
   return std::to_string(inserted) + " items inserted and " + std::to_string(sampled) +
-         " sampled, samples_per_insert=" + (limited() ? PyFloatRepr(spi_) : "None") +
-         ", error_buffer=" + PyFloatRepr(eb_);
+         " sampled, samples_per_insert=" + (limited() ? FormatDouble(spi_) : "None") +
+         ", error_buffer=" + FormatDouble(eb_);
 }
 
 }  // namespace apexrl::serve
