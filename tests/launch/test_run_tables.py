@@ -290,3 +290,9 @@ def test_the_preset_table_lists_a_presets_tables_instead_of_its_replay_settings(
     rows = {name: value for name, value, _, _ in settings(preset)}
     assert "capacity" not in rows and "eviction" not in rows
     assert "default(sampler='uniform', capacity=20000)" in rows["tables"] and "aux()" in rows["tables"]
+
+
+def test_apexrl_run_from_python_takes_tables_as_a_keyword():
+    from apexrl.api import to_argv
+
+    assert to_argv({"tables": "tables.json", "preset": "cartpole"}) == ["--tables=tables.json", "--preset=cartpole"]
