@@ -73,6 +73,13 @@ class ReplayServer:
 
     def __init__(self, config: ServerConfig):
         config.validate()
+        if config.tables is not None:
+            # Until the serving loop holds several tables (issue 37, the server's part), refuse rather than
+            # serve the one default table while ignoring the tables asked for.
+            raise ValueError(
+                "this replay server serves one table, 'default', from the table flags; ServerConfig.tables "
+                "(--tables) is not served yet"
+            )
         self.config = config
         self.store = self._open_store(config)
         self.spec_gate = SpecGate(config.spec, config.snapshot)  # the run's TransitionSpec, once known
