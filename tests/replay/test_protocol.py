@@ -198,7 +198,11 @@ def test_encoders_do_not_copy_big_arrays():
 # ------------------------------------------------------------------------------------------ header rules
 
 HEADER_CASES = {
-    "bad magic": (raw_header(magic=b"APXQ"), Status.BAD_MESSAGE, r"magic is b'APXQ'"),
+    "bad magic": (
+        raw_header(magic=b"APXQ"),
+        Status.BAD_MESSAGE,
+        r"magic is 41505851 \(frame of 40 bytes\), expected 41505852 \(b'APXR'\)",
+    ),
     "empty header": (b"", Status.BAD_MESSAGE, r"magic"),
     "short header": (raw_header()[:39], Status.BAD_MESSAGE, r"header frame is 39 bytes, expected 40"),
     "long header": (raw_header() + b"\0", Status.BAD_MESSAGE, r"41 bytes, expected 40"),

@@ -314,7 +314,7 @@ def test_the_rules_in_one_place():
     unlimited = RateLimiter(spi=None, eb=0.0, min_size=0)
     assert unlimited.big_enough(1) and not unlimited.big_enough(0)
     assert unlimited.insert_ok(10**6, 10, 0, 0) and unlimited.sample_ok(10**6, 1, 0, 0)
-    assert rl.describe() == "0 items inserted and 0 sampled, samples_per_insert=2.0, error_buffer=10.0"
+    assert rl.describe() == "0 items inserted and 0 sampled, samples_per_insert=2, error_buffer=10"
 
 
 def test_filling_up_to_the_min_size_gives_the_learner_no_head_start():

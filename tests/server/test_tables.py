@@ -24,17 +24,13 @@ from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire.schema import Status
 
 
-def three_tables(**overrides) -> list[TableConfig]:
+def three_tables() -> list[TableConfig]:
     """A prioritized table, a prioritized one with another remover and a min size, and a queue."""
-    tables = [
+    return [
         TableConfig("default", capacity=1000),
         TableConfig("aux", remover="uniform", capacity=50, rate_limiter=MinSize(3)),
         TableConfig("queue", capacity=100, rate_limiter=Queue(4)),
     ]
-    for t in tables:
-        for k, v in overrides.get(t.name, {}).items():
-            setattr(t, k, v)
-    return tables
 
 
 @pytest.fixture

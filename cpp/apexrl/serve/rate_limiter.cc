@@ -147,8 +147,8 @@ std::string RateLimiter::Describe() const {
            std::to_string(queue_size_) + ")";
   }
   return std::to_string(inserted) + " items inserted and " + std::to_string(sampled) +
-         " sampled, samples_per_insert=" + (limited() ? PyFloatRepr(spi_) : "None") +
-         ", error_buffer=" + PyFloatRepr(eb_);
+         " sampled, samples_per_insert=" + (limited() ? FormatDouble(spi_) : "None") +
+         ", error_buffer=" + FormatDouble(eb_);
 }
 
 }  // namespace apexrl::serve

@@ -86,7 +86,7 @@ bool PrioritiesOk(const uint8_t* p, uint64_t n, const std::string& what, Refusal
     const double v = LoadF64(p, i);
     if (!(std::isfinite(v) && v >= 0.0)) {
       *r = Refuse(kInvalidArgument,
-                  what + ": priorities[" + Str(i) + "] is " + PyFloatRepr(v) + ", priorities must be finite and >= 0");
+                  what + ": priorities[" + Str(i) + "] is " + FormatDouble(v) + ", priorities must be finite and >= 0");
       return false;
     }
   }
@@ -145,10 +145,32 @@ bool SizeOk(const FrameView& f, const FramePlan& p, uint64_t n, const std::strin
   return true;
 }
 
+// Frame k's value rule (its plan's `rule`, already size-checked): "priorities" (every value finite and >= 0),
+// or "offsets:NAME" (offsets start at 0, never decrease and end at the length of frame NAME: its bytes, or its
+// elements for an array frame). An offsets frame holds n + 1 entries, or as many as it has ("any").
+bool RuleOk(const Message& msg, const RequestPlan& plan, size_t k, uint64_t n, const std::string& what, Refusal* r) {
+  const FramePlan& p = plan.frame[k - 1];
+  const FrameView& f = msg.frames[k];
+  if (std::strcmp(p.rule, "priorities") == 0) return PrioritiesOk(f.data, n, what, r);
+  static constexpr char kOffsets[] = "offsets:";
+  if (std::strncmp(p.rule, kOffsets, sizeof kOffsets - 1) == 0) {
+    const char* cut = p.rule + sizeof kOffsets - 1;
+    for (size_t c = 1; c < plan.frames; ++c) {
+      const FramePlan& q = plan.frame[c - 1];
+      if (std::strcmp(q.name, cut) != 0) continue;
+      const uint64_t cut_len = q.length == FramePlan::kUnsized ? msg.frames[c].size : msg.frames[c].size / 8;
+      const uint64_t entries = p.length == FramePlan::kNPlus1 ? n + 1 : f.size / 8;
+      return OffsetsOk(f.data, entries, cut_len, what, r, p.name, q.name);
+    }
+  }
+  *r = Refuse(kInternal, what + ": frame " + p.name + " has rule " + p.rule + ", which the decoder does not know");
+  return false;
+}
+
 Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
   if (f.size < 6 || std::memcmp(f.data, kMagic, 4) != 0) {
-    return Refuse(kBadMessage, "header magic is " + PyBytesRepr(f.data, f.size < 4 ? f.size : 4) + " (frame of " +
-                                   Str(f.size) + " bytes), expected b'APXR'");
+    return Refuse(kBadMessage, "header magic is " + HexBytes(f.data, f.size < 4 ? f.size : 4) + " (frame of " +
+                                   Str(f.size) + " bytes), expected 41505852 (b'APXR')");
   }
   uint16_t version;
   std::memcpy(&version, f.data + kHeaderFields[kFieldVersion].offset, 2);
@@ -188,7 +210,7 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
   const uint64_t n = h.count;
   if (n != 0 && !plan.count_used) return Refuse(kBadMessage, what + " header count is " + Str(n) + ", must be 0");
   if (!plan.beta && h.param != 0.0) {
-    return Refuse(kBadMessage, what + " header param is " + PyFloatRepr(h.param) + ", must be 0.0");
+    return Refuse(kBadMessage, what + " header param is " + FormatDouble(h.param) + ", must be 0.0");
   }
   if (h.timeout_ms != 0 && !plan.timeout) {
     return Refuse(kBadMessage, what + " header timeout_ms is " + Str(h.timeout_ms) + ", must be 0");
@@ -201,7 +223,7 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
   }
   if (plan.beta && !(std::isfinite(h.param) && h.param >= 0.0)) {
     return Refuse(kInvalidArgument,
-                  what + " beta (header param) is " + PyFloatRepr(h.param) + ", must be finite and >= 0");
+                  what + " beta (header param) is " + FormatDouble(h.param) + ", must be finite and >= 0");
   }
   out->op = h.op;
   out->request_id = h.request_id;
@@ -211,19 +233,22 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
   out->timeout_ms = h.timeout_ms;
   const FrameView* f = msg.frames;
   Refusal r;
-  auto fp = [&plan](size_t k) -> const FramePlan& { return plan.frame[k - 1]; };  // frame k's plan (0: header)
+  // Every frame against its plan, in wire order: its size, then its value rule (so the first broken rule is
+  // the one Python's decoder names too). A rule names what it checks; the test of the plan against
+  // schema.REQUESTS keeps every rule here one the schema declares, and RuleOk refuses one it does not know.
+  for (size_t k = 1; k < plan.frames; ++k) {
+    const FramePlan& p = plan.frame[k - 1];
+    if (!SizeOk(f[k], p, n, what, &r)) return r;
+    if (p.rule != nullptr && !RuleOk(msg, plan, k, n, what, &r)) return r;
+  }
   switch (h.op) {
     case kInsert:
-      if (!SizeOk(f[1], fp(1), n, what, &r)) return r;
-      if (!PrioritiesOk(f[1].data, n, what, &r)) return r;
-      if (!SizeOk(f[2], fp(2), n, what, &r)) return r;
-      if (!OffsetsOk(f[2].data, n + 1, f[3].size, what, &r)) return r;
-      if (!SizeOk(f[4], fp(4), n, what, &r)) return r;
-      if (!SizeOk(f[5], fp(5), n, what, &r)) return r;
-      if (!SizeOk(f[6], fp(6), n, what, &r)) return r;
-      if (!OffsetsOk(f[6].data, n + 1, f[5].size / 8, what, &r, fp(6).name, fp(5).name)) return r;
-      if (!SizeOk(f[8], fp(8), n, what, &r)) return r;
-      if (!OffsetsOk(f[8].data, f[8].size / 8, f[7].size, what, &r, fp(8).name, fp(7).name)) return r;
+      out->priorities = f[1].data;
+      out->offsets = f[2].data;
+      out->data = f[3].data;
+      out->data_size = f[3].size;
+      out->insert_session = LoadU64(f[4].data, 0);
+      out->insert_sequence = LoadU64(f[4].data, 1);
       out->item_chunks = f[5].data;
       out->num_refs = f[5].size / 8;
       out->item_chunk_offsets = f[6].data;
@@ -231,22 +256,12 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
       out->chunk_data_size = f[7].size;
       out->chunk_offsets = f[8].data;
       out->num_chunks = f[8].size / 8 - 1;
-      out->priorities = f[1].data;
-      out->offsets = f[2].data;
-      out->data = f[3].data;
-      out->data_size = f[3].size;
-      out->insert_session = LoadU64(f[4].data, 0);
-      out->insert_sequence = LoadU64(f[4].data, 1);
       break;
     case kUpdatePriorities:
-      if (!SizeOk(f[1], fp(1), n, what, &r)) return r;
-      if (!SizeOk(f[2], fp(2), n, what, &r)) return r;
-      if (!PrioritiesOk(f[2].data, n, what, &r)) return r;
       out->keys = f[1].data;
       out->priorities = f[2].data;
       break;
     case kErase:
-      if (!SizeOk(f[1], fp(1), n, what, &r)) return r;
       out->keys = f[1].data;
       break;
     default:
@@ -344,68 +359,19 @@ std::string EncodeHeader(uint16_t op, uint64_t request_id, uint16_t status, uint
   return s;  // flags, param, timeout_ms and table are 0
 }
 
-std::string PyFloatRepr(double v) {
+std::string FormatDouble(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  // Shortest round-trip digits, in scientific form; then laid out as Python's repr does.
-  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
-  std::string sci(buf, res.ptr);
-  const bool neg = sci[0] == '-';
-  if (neg) sci.erase(0, 1);
-  const size_t e = sci.find('e');
-  std::string digits = sci.substr(0, e);
-  const int exp = std::stoi(sci.substr(e + 1));
-  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
-  std::string out;
-  if (exp >= -5 + 1 && exp < 16) {  // Python: fixed notation for 1e-4 <= |v| < 1e16
-    if (exp >= 0) {
-      if (digits.size() <= static_cast<size_t>(exp) + 1) {
-        out = digits + std::string(exp + 1 - digits.size(), '0') + ".0";
-      } else {
-        out = digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
-      }
-    } else {
-      out = "0." + std::string(-exp - 1, '0') + digits;
-    }
-  } else {
-    out = digits.substr(0, 1);
-    if (digits.size() > 1) out += "." + digits.substr(1);
-    char ebuf[16];
-    std::snprintf(ebuf, sizeof ebuf, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
-    out += ebuf;
-  }
-  return neg ? "-" + out : out;
+  char buf[32];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
+  return std::string(buf, res.ptr);
 }
 
-std::string PyBytesRepr(const uint8_t* p, size_t n) {
-  bool single = false, dbl = false;
-  for (size_t i = 0; i < n; ++i) {
-    single |= p[i] == '\'';
-    dbl |= p[i] == '"';
-  }
-  const char quote = (single && !dbl) ? '"' : '\'';
-  std::string s = "b";
-  s += quote;
+std::string HexBytes(const uint8_t* p, size_t n) {
   static const char* hex = "0123456789abcdef";
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t c = p[i];
-    if (c == quote || c == '\\') {
-      s += '\\';
-      s += static_cast<char>(c);
-    } else if (c == '\t') {
-      s += "\\t";
-    } else if (c == '\n') {
-      s += "\\n";
-    } else if (c == '\r') {
-      s += "\\r";
-    } else if (c < 32 || c >= 127) {
-      s += {'\\', 'x', hex[c >> 4], hex[c & 15]};
-    } else {
-      s += static_cast<char>(c);
-    }
-  }
-  s += quote;
+  std::string s;
+  s.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) s += {hex[p[i] >> 4], hex[p[i] & 15]};
   return s;
 }
 

@@ -167,10 +167,11 @@ inline double LoadF64(const uint8_t* p, size_t i) {
 // Frame 0 of a reply (status OK unless given).
 std::string EncodeHeader(uint16_t op, uint64_t request_id, uint16_t status, uint32_t count);
 
-// Python's repr() of a float ("1.0", "nan", "1e+300") and of bytes (b'AP\x00\x01'), so that messages read the
-// same whichever side wrote them.
-std::string PyFloatRepr(double v);
-std::string PyBytesRepr(const uint8_t* p, size_t n);
+// A float in the fewest digits that read back as the same value ("1", "0.5", "1e+300", "nan", "-inf"), and
+// bytes as lowercase hex ("41505852"), for error messages. Python's decoder writes the same values its own way
+// (1.0 for 1): the differential test (tests/server/test_native_protocol.py) compares numbers by value.
+std::string FormatDouble(double v);
+std::string HexBytes(const uint8_t* p, size_t n);
 // Cuts an error message to kMaxErrorMessage bytes at a UTF-8 character boundary.
 std::string ClipMessage(std::string message);
 

@@ -17,16 +17,59 @@ from apexrl.cli.args import (
     ENDPOINT_RE,
     add_curve_arguments,
     field_arg,
+    given_flags,
     refuse_beside_plan,
 )
 from apexrl.replay.server.config import (
     EVICTION_POLICIES,
     MAX_SHARDS,
+    TABLE_FIELDS,
     ServerConfig,
     check_snapshot_dir,
 )
 
 PROG = "apexrl-replay-server"
+
+TABLE_FLAGS = {
+    "capacity": "--capacity",
+    "max_size": "--max-size",
+    "alpha": "--alpha",
+    "eviction": "--eviction",
+    "alpha_evict": "--alpha-evict",
+    "min_size_to_sample": "--min-size-to-sample",
+    "samples_per_insert": "--samples-per-insert",
+    "error_buffer": "--error-buffer",
+    "spec": "--spec",
+}
+"""The flags of the one table ``default`` (ServerConfig's TABLE_FIELDS), refused beside ``--tables``."""
+assert set(TABLE_FLAGS) == set(TABLE_FIELDS)
+
+TABLES_HELP = """\
+tables (--tables FILE): a JSON list of tables, each an object with the fields of
+apexrl.replay.TableConfig; a field left out takes its default, "name" is required:
+  name               unique per server, 1-64 characters of [A-Za-z0-9_.-]
+  sampler            prioritized (default; p^alpha, IS weights), uniform, fifo, lifo,
+                     max_heap, min_heap
+  remover            what goes when over capacity: fifo (default), lifo, uniform,
+                     prioritized (p^alpha_evict), min_heap (alias lowest_priority), max_heap
+  capacity           soft capacity in items (default 1000000; Reverb's max_size)
+  max_size           hard ceiling (>= capacity; default null: 2 * capacity)
+  alpha, alpha_evict priority exponents of sampling and of eviction (0.6, -0.4)
+  max_times_sampled  an item goes after its k-th draw (default 0: no limit)
+  rate_limiter       null (default: min size 1), {"kind": "min_size", "min_size": N},
+                     {"kind": "sample_to_insert_ratio", "samples_per_insert": X,
+                      "min_size_to_sample": N, "error_buffer": E}, {"kind": "queue", "size": N}
+  spec               the items' TransitionSpec: its JSON object, or a file path (relative
+                     to FILE); default null: the first inserter's
+example:
+  [{"name": "default", "capacity": 1000000},
+   {"name": "aux", "sampler": "uniform", "capacity": 100000},
+   {"name": "onpolicy", "sampler": "fifo", "capacity": 1024, "max_times_sampled": 1,
+    "rate_limiter": {"kind": "queue", "size": 1024}}]
+Without --tables, the table flags (--capacity, --max-size, --alpha, --eviction, --alpha-evict,
+--min-size-to-sample, --samples-per-insert, --error-buffer, --spec) configure the one table
+"default"; they cannot be given beside --tables. docs/running.md, "Tables".
+"""
 
 
 def _endpoint(text: str) -> tuple[str, int]:
@@ -45,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Ape-X prioritized replay server (ZeroMQ). SIGTERM/SIGINT: finish requests, snapshot, exit 0.",
+        epilog=TABLES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--plan",
@@ -63,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=field_arg(ServerConfig, "port"), help="TCP port to listen on (0 = pick a free one)")
     p.add_argument("--endpoint", type=_endpoint, help="tcp://HOST:PORT to listen on (instead of --bind/--port)")
     p.add_argument("--bind", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = all)")
+    p.add_argument(
+        "--tables",
+        metavar="FILE",
+        default=None,
+        help="the server's tables from a JSON file (format below); without it the table flags configure the "
+        "one table 'default'",
+    )
     p.add_argument(
         "--capacity", type=field_arg(ServerConfig, "capacity"), default=1_000_000, help="soft capacity in items (>= 1)"
     )
@@ -251,6 +303,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--port is required (or give --endpoint)")
     if args.snapshot_every is not None and args.snapshot is None:
         parser.error("--snapshot-every needs --snapshot")
+    if args.tables is not None:
+        from apexrl.replay.tables import load_tables
+
+        given = given_flags(parser, sys.argv[1:] if argv is None else argv)
+        clash = [flag for dest, flag in TABLE_FLAGS.items() if dest in given]
+        if clash:
+            parser.error(
+                f"--tables sets every table: leave out {', '.join(clash)} (the flags of the one table 'default' "
+                "without --tables); give those settings in the tables file"
+            )
+        try:
+            args.tables = load_tables(args.tables)
+        except ValueError as e:
+            parser.error(f"--tables {e}")
     if args.error_buffer is not None and args.samples_per_insert is None:
         parser.error("--error-buffer needs --samples-per-insert")
     try:
@@ -293,6 +359,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_unread_mb=args.max_unread_mb,
         handshake_s=args.handshake_s,
         heartbeat_s=args.heartbeat_s,
+        tables=getattr(args, "tables", None),
     )
 
 

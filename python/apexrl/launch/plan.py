@@ -51,8 +51,15 @@ from apexrl.apex.config import (
 from apexrl.durable import write_atomically
 from apexrl.launch.presets import Preset, default_preset_for, get_preset
 from apexrl.replay.client.sharded import max_lock_shards
-from apexrl.replay.server.config import MAX_REPLAY_SERVERS, ServerConfig
+from apexrl.replay.server.config import (
+    MAX_REPLAY_SERVERS,
+    TABLE_FIELDS,
+    ServerConfig,
+    server_config_from_dict,
+    server_config_to_dict,
+)
 from apexrl.replay.server.rate_limiter import deadlock_reason
+from apexrl.replay.tables import DEFAULT_TABLE, MinSize, Queue, SampleToInsertRatio, TableConfig
 from apexrl.replay.wire.schema import MAX_BATCH
 from apexrl.validate import Range, check_fields
 
@@ -67,12 +74,16 @@ __all__ = [
     "RunSettings",
     "actor_curve_dir",
     "default_run_dir",
+    "default_table",
     "plan",
+    "ratio_limiter",
     "resolve_preset",
     "run_spec",
+    "run_tables",
     "server_config_from_plan",
     "snapshot_name",
     "split_server",
+    "split_table",
 ]
 
 PLAN_NAME = "plan.json"
@@ -164,6 +175,9 @@ class Overrides:
     """First of the services' fixed ports (RunSettings.port_base); 0: free ports."""
     offline: str | None = None
     """A Minari dataset (path or local id) to train from with no actors (RunSettings.offline)."""
+    tables: list[TableConfig] | None = None
+    """The replay servers' tables (``apexrl run --tables FILE``); None: the preset's, else the one table
+    ``default`` of the server fields."""
 
 
 def snapshot_name(index: int, count: int) -> str:
@@ -178,16 +192,94 @@ def split_server(config: ServerConfig, index: int, count: int) -> ServerConfig:
     if count == 1:
         return config
     share = lambda v: -(-v // count)  # noqa: E731 - ceil division
-    changes: dict[str, Any] = {
-        "capacity": share(config.capacity),
-        "min_size_to_sample": share(config.min_size_to_sample),
-        "seed": config.seed * count + index,
-    }
-    if config.max_size is not None:
-        changes["max_size"] = share(config.max_size)
+    changes: dict[str, Any] = {"seed": config.seed * count + index}
+    if config.tables is not None:
+        changes["tables"] = [split_table(t, count) for t in config.tables]
+    else:
+        changes["capacity"] = share(config.capacity)
+        changes["min_size_to_sample"] = share(config.min_size_to_sample)
+        if config.max_size is not None:
+            changes["max_size"] = share(config.max_size)
     if config.snapshot is not None:
         changes["snapshot"] = os.path.join(os.path.dirname(os.fspath(config.snapshot)), snapshot_name(index, count))
     return dataclasses.replace(config, **changes)
+
+
+def split_table(table: TableConfig, count: int) -> TableConfig:
+    """One server's share of ``table`` among ``count``: capacity, max_size and the rate limiter's sizes (min
+    size, queue size) divided evenly, rounded up; samples_per_insert and error_buffer stay (per server)."""
+    share = lambda v: -(-v // count)  # noqa: E731 - ceil division
+    limiter = table.rate_limiter
+    if isinstance(limiter, MinSize):
+        limiter = MinSize(share(limiter.min_size))
+    elif isinstance(limiter, SampleToInsertRatio):
+        limiter = dataclasses.replace(limiter, min_size_to_sample=share(limiter.min_size_to_sample))
+    elif isinstance(limiter, Queue):
+        limiter = Queue(share(limiter.size))
+    return dataclasses.replace(
+        table,
+        capacity=share(table.capacity),
+        max_size=None if table.max_size is None else share(table.max_size),
+        rate_limiter=limiter,
+    )
+
+
+def default_table(server: ServerConfig) -> TableConfig:
+    """The table ``default`` of ``server``: the one the run's learner and actors use (a run's tables hold it)."""
+    table = server.table(DEFAULT_TABLE)
+    if table is None:
+        raise ValueError(f"the replay server has no table {DEFAULT_TABLE!r}")
+    return table
+
+
+def ratio_limiter(server: ServerConfig) -> SampleToInsertRatio | None:
+    """The samples-per-insert limiter of the run's table (``default``), or None."""
+    limiter = default_table(server).rate_limiter
+    return limiter if isinstance(limiter, SampleToInsertRatio) else None
+
+
+def run_tables(
+    tables: Sequence[TableConfig], server: dict[str, Any], min_replay_size: int, spec: str, offline: bool
+) -> list[TableConfig]:
+    """A run's tables (``--tables`` or the preset's) made to fit the run, as its one table ``default`` would be:
+    the table ``default`` (the learner's and actors') gets the run's spec and, without a rate limiter of its
+    own, a min size that follows the learner's ``min_replay_size``. ValueError when the tables have no
+    ``default``, when its spec is another one, or when ``--server-args`` sets a table flag beside them."""
+    from apexrl.cli.server import TABLE_FLAGS
+    from apexrl.replay.server.insert_guard import load_spec
+
+    clash = [TABLE_FLAGS[name] for name in TABLE_FIELDS if name in server]
+    if clash:
+        raise ValueError(
+            f"--server-args {', '.join(clash)}: the run's tables (--tables or the preset's) set every table; "
+            "give those settings in the tables"
+        )
+    names = [t.name for t in tables]
+    if DEFAULT_TABLE not in names:
+        raise ValueError(
+            f"the run's learner and actors use the table {DEFAULT_TABLE!r}; the run's tables ({', '.join(names)}) "
+            "have none"
+        )
+    out = []
+    for t in tables:
+        if t.name == DEFAULT_TABLE:
+            run_spec_ = load_spec(spec)
+            if t.spec is not None and t.spec != run_spec_:
+                raise ValueError(
+                    f"table {DEFAULT_TABLE!r}: its spec is not the spec of the run ({spec}): the run's actors would "
+                    "insert nothing the server accepts; leave its spec out (the run pins its own)"
+                )
+            limiter = t.rate_limiter
+            if limiter is None and min_replay_size > 1:
+                limiter = MinSize(min_replay_size)
+            if offline and isinstance(limiter, SampleToInsertRatio):
+                raise ValueError(
+                    f"--offline runs no actors: the sample_to_insert_ratio rate limiter of table {DEFAULT_TABLE!r} "
+                    "would stop the learner once the dataset is loaded; leave it out"
+                )
+            t = dataclasses.replace(t, spec=run_spec_, rate_limiter=limiter)
+        out.append(t)
+    return out
 
 
 @dataclass
@@ -258,7 +350,7 @@ class RunPlan:
             {
                 "format": 2,
                 "preset": self.preset,
-                "servers": [config_to_dict(s) for s in self.servers],
+                "servers": [server_config_to_dict(s) for s in self.servers],
                 "learner": config_to_dict(self.learner),
                 "actors": [config_to_dict(a) for a in self.actors],
                 "run": config_to_dict(self.run),
@@ -294,7 +386,11 @@ class RunPlan:
 
 def _servers(d: dict[str, Any]) -> list[ServerConfig]:
     """The server configs of a plan's JSON (format 1 had one, as "server")."""
-    servers = [ServerConfig(**s) for s in d["servers"]] if d["format"] == 2 else [ServerConfig(**d["server"])]
+    servers = (
+        [server_config_from_dict(s) for s in d["servers"]]
+        if d["format"] == 2
+        else [server_config_from_dict(d["server"])]
+    )
     if not servers:
         raise ValueError("not a run plan: no replay server")
     return servers
@@ -416,15 +512,23 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
                 "dataset is loaded; leave it out"
             )
         offline = {"samples_per_insert": None}
-    server = ServerConfig(
-        **{
+    tables = o.tables if o.tables is not None else preset.tables
+    if tables is None:
+        table_settings: dict[str, Any] = {
             **dataclasses.asdict(preset.replay),
             "min_size_to_sample": learner.min_replay_size,
+        }
+        late: dict[str, Any] = {**offline, "spec": spec}
+    else:  # the tables replace the preset's replay settings and every table flag
+        table_settings = {}
+        late = {"tables": run_tables(tables, o.server, learner.min_replay_size, spec, o.offline is not None)}
+    server = ServerConfig(
+        **{
+            **table_settings,
             "seed": o.seed,
             **durable,
             **o.server,
-            **offline,
-            "spec": spec,
+            **late,
             "curve_dir": curve_dir,
             "insecure": o.insecure,
         }
@@ -493,10 +597,10 @@ def fit_inserts_to_limiter(server: ServerConfig, batch: int, actors: list[ActorC
     (``deadlock_reason``) but could admit B, cap the actors' requests (``insert_max``) at the largest size it can:
     a vectorised actor's flush then goes in several requests. An actor whose B alone is too large is left as is,
     for :func:`check_rules` to refuse with the arithmetic."""
-    if server.samples_per_insert is None:
+    limiter = ratio_limiter(server)
+    if limiter is None:
         return
-    eb, spi = server.effective_error_buffer, server.samples_per_insert
-    assert eb is not None
+    eb, spi = limiter.error_buffer, limiter.samples_per_insert
     largest = int((2 * eb - batch) / spi)  # m with batch + m * spi <= 2 * eb
     while largest > 0 and deadlock_reason(batch, largest, spi, eb) is not None:  # float edge
         largest -= 1
@@ -517,7 +621,7 @@ def check_rules(p: RunPlan) -> None:
             f"every process of a run uses the same CURVE keys (the actors: their own actor key in "
             f"DIR/actors/{RUN_ACTOR_KEY} when there is one) or none; got curve_dir {dirs}"
         )
-    capacity = sum(server.capacity for server in p.servers)
+    capacity = sum(default_table(server).capacity for server in p.servers)
     if p.learner.min_replay_size > capacity:
         raise ValueError(
             f"the learner's min_replay_size {p.learner.min_replay_size} exceeds the replay capacity "
@@ -530,9 +634,9 @@ def check_rules(p: RunPlan) -> None:
                 f"{len(p.servers)} replay servers allow at most {most} lock shards each (--shards), "
                 f"got {s.shards}: a key carries its server and lock shard in 8 bits"
             )
-    if s.samples_per_insert is not None:
-        eb, spi = s.effective_error_buffer, s.samples_per_insert
-        assert eb is not None
+    limiter = ratio_limiter(s)
+    if limiter is not None:
+        eb, spi = limiter.error_buffer, limiter.samples_per_insert
         insert = max(request_size(a) for a in p.actors)
         reason = deadlock_reason(
             batch, insert, spi, eb, sample="a learner batch", insert="an actor insert", flag="--error-buffer"

@@ -92,6 +92,17 @@ def _source(preset: Preset, name: str, set_by_preset: bool, default_source: str 
     return source
 
 
+def _table_text(table: Any) -> str:
+    """A preset's table in one line: its name and the fields it sets."""
+    defaults = type(table)(table.name)
+    changed = [
+        f"{f.name}={getattr(table, f.name)!r}"
+        for f in dataclasses.fields(table)
+        if f.name not in ("name", "spec") and getattr(table, f.name) != getattr(defaults, f.name)
+    ]
+    return f"{table.name}({', '.join(changed)})"
+
+
 def settings(preset: Preset) -> list[tuple[str, str, str, bool]]:
     """``(setting, value, source, set_by_preset)`` of every hyperparameter of ``preset``: the agent's config
     fields, then the replay's, the learner's and the actors' settings. ValueError when one has no source."""
@@ -110,7 +121,9 @@ def settings(preset: Preset) -> list[tuple[str, str, str, bool]]:
     for f in dataclasses.fields(config_class):
         add(f.name, getattr(config, f.name), f.name in preset.agent_overrides, defaults.get(f.name))
     base = ReplaySettings(capacity=preset.replay.capacity)
-    for name in _REPLAY:
+    if preset.tables is not None:  # the tables replace the replay settings
+        add("tables", "; ".join(_table_text(t) for t in preset.tables), True, None)
+    for name in _REPLAY if preset.tables is None else ():
         value = getattr(preset.replay, name)
         if name == "alpha_evict" and preset.replay.eviction != "prioritized":
             continue  # unused by FIFO eviction

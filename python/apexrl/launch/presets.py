@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from apexrl.replay.tables import TableConfig
 
 __all__ = ["OFF", "PRESETS", "Preset", "ReplaySettings", "default_preset_for", "env_family", "get_preset"]
 
@@ -83,6 +86,24 @@ class Preset:
     ``"*"``: the source of every setting the preset sets and does not name."""
     unmatched: tuple[str, ...] = ()
     """Details of its source the preset does not match, one sentence each."""
+    tables: tuple[TableConfig, ...] | None = None
+    """The replay servers' tables (:class:`~apexrl.replay.tables.TableConfig`; ``apexrl run --tables FILE``
+    replaces them); None: the one table ``default`` that ``replay`` configures. A preset with tables leaves
+    ``replay`` at its default; the run's learner and actors use the table ``default``, which it must hold
+    (:func:`apexrl.launch.plan.plan` pins the run's spec on it, and a min size that follows the learner's
+    ``min_replay_size`` where its rate limiter is None)."""
+
+    def __post_init__(self) -> None:
+        if self.tables is not None:
+            from apexrl.replay.tables import check_table_names
+
+            object.__setattr__(self, "tables", tuple(self.tables))
+            check_table_names(self.tables)
+            if self.replay != _field_default_replay():
+                raise ValueError(
+                    f"preset {self.name}: give the replay as tables or as replay settings, not both (the tables "
+                    "configure every table)"
+                )
 
     def agent_config(self, **overrides: Any) -> Any:
         """The agent's config: its class's defaults, then the preset's overrides, then ``overrides`` (None
@@ -101,6 +122,10 @@ class Preset:
                 f"its settings: {', '.join(sorted(known))}"
             )
         return config_class(**values)
+
+
+def _field_default_replay() -> ReplaySettings:
+    return next(f.default for f in fields(Preset) if f.name == "replay")  # type: ignore[return-value]
 
 
 DQN_SAMPLES_PER_INSERT = 19 * 512 / 12_500

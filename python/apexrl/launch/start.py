@@ -181,6 +181,14 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "each (RUN_DIR/replay0.snap, ...); the learner samples across them in proportion to their "
         "priority mass and the actors spread their inserts (default 1)",
     )
+    g.add_argument(
+        "--tables",
+        metavar="FILE",
+        default=None,
+        help="the replay servers' tables from a JSON file, as apexrl-replay-server --tables FILE takes it "
+        "(apexrl-replay-server --help shows the format); it must hold the table 'default', which the learner "
+        "and the actors use; replaces the preset's replay settings (docs/running.md, Tables)",
+    )
     g = p.add_argument_group("offline data (pip install 'apexrl[offline]'; docs/offline.md)")
     g.add_argument(
         "--record-dataset",
@@ -309,6 +317,13 @@ def launch_plan(argv: Sequence[str] | None = None):
         o.snapshot_every = args.snapshot_every
     o.curve_dir, o.insecure = args.curve_dir, args.insecure
     o.replay_servers, o.port_base = args.replay_servers, args.ports
+    if args.tables is not None:
+        from apexrl.replay.tables import load_tables
+
+        try:
+            o.tables = load_tables(args.tables)
+        except ValueError as e:
+            run_parser.error(f"--tables {e}")
     o.server = _pass_through(
         run_parser, "--server-args", args.server_args, server_cli.build_parser(), SERVER_OWN, agent_dests=()
     )

@@ -149,11 +149,18 @@ def check_offline(p: Any, min_replay_given: bool = True) -> int:
 
     source = p.run.offline
     steps = dataset_steps(open_dataset(source), env_spec(p.env), source)
-    capacity = sum(s.capacity for s in p.servers)
+    from apexrl.launch.plan import default_table
+
+    capacity = sum(default_table(s).capacity for s in p.servers)  # the table the loader fills
     if steps > capacity:
+        how = (
+            "raise the capacity of the table 'default' in --tables"
+            if p.server.tables is not None
+            else f"raise it with --server-args '--capacity {steps}'"
+        )
         raise ValueError(
             f"--offline: {source} gives {steps} transitions, more than the replay capacity {capacity}: "
-            f"raise it with --server-args '--capacity {steps}' (the loader never evicts)"
+            f"{how} (the loader never evicts)"
         )
     if min_replay_given and steps < p.learner.min_replay_size:
         raise ValueError(

@@ -14,14 +14,20 @@ from typing import Any
 
 __all__ = [
     "FieldSpec",
+    "MinSize",
+    "Queue",
     "ReplayClient",
     "ReplayDataset",
     "ReplayServer",
+    "SampleToInsertRatio",
     "SampledBatch",
     "ServerConfig",
     "ShardedReplayClient",
+    "TableConfig",
     "TransitionSpec",
     "connect",
+    "load_tables",
+    "rate_limiter_from_json",
 ]
 
 _HOMES = {
@@ -34,6 +40,12 @@ _HOMES = {
     "ServerConfig": "apexrl.replay.server.config",
     "ShardedReplayClient": "apexrl.replay.client.sharded",
     "connect": "apexrl.replay.client.sharded",
+    "MinSize": "apexrl.replay.tables",
+    "Queue": "apexrl.replay.tables",
+    "SampleToInsertRatio": "apexrl.replay.tables",
+    "TableConfig": "apexrl.replay.tables",
+    "load_tables": "apexrl.replay.tables",
+    "rate_limiter_from_json": "apexrl.replay.tables",
 }
 
 

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from apexrl.replay.tables import (
+    DEFAULT_TABLE,
+    MinSize,
+    RateLimiter,
+    SampleToInsertRatio,
+    TableConfig,
+    check_table_names,
+    tables_from_json,
+)
 from apexrl.security import check_exposure, load_server_keys
 from apexrl.validate import Range, check_fields
 
@@ -15,8 +24,11 @@ __all__ = [
     "MAX_SHARDS",
     "MAX_SLOTS_PER_SHARD",
     "STORE_INT_MAX",
+    "TABLE_FIELDS",
     "ServerConfig",
     "check_snapshot_dir",
+    "server_config_from_dict",
+    "server_config_to_dict",
 ]
 
 
@@ -36,10 +48,29 @@ to priority^alpha_evict; uniform: drawn, every item alike; lowest_priority (also
 priorities; max_heap: the highest. The store reports min_heap by its first name, lowest_priority."""
 
 
+TABLE_FIELDS = (
+    "capacity",
+    "max_size",
+    "alpha",
+    "eviction",
+    "alpha_evict",
+    "min_size_to_sample",
+    "samples_per_insert",
+    "error_buffer",
+    "spec",
+)
+"""The ServerConfig fields that configure the one table ``default`` when ``tables`` is not given (a server
+with ``tables`` refuses a value other than their default)."""
+
+
 @dataclass
 class ServerConfig:
     """Settings of a :class:`~apexrl.replay.server.ReplayServer`; the flags of ``apexrl-replay-server`` map 1:1
-    and take their ranges from here (``apexrl.validate``). Invalid values raise ValueError at construction."""
+    and take their ranges from here (``apexrl.validate``). Invalid values raise ValueError at construction.
+
+    The server's tables: ``tables`` (a list of :class:`~apexrl.replay.tables.TableConfig`, ``--tables FILE``),
+    or, when it is None, the one table ``default`` that the fields of :data:`TABLE_FIELDS` configure (as
+    before tables existed); :meth:`table_configs` gives them either way. Every other field is server-wide."""
 
     bind: str = "127.0.0.1"
     port: int = field(default=0, metadata=Range.int(0, 65535))
@@ -89,35 +120,9 @@ class ServerConfig:
     """ZMQ_HANDSHAKE_IVL: a connection that has not completed the ZMTP handshake by then is closed (0: never)."""
     heartbeat_s: float = field(default=10.0, metadata=Range.float(0.0))
     """ZMQ_HEARTBEAT_IVL: ping every peer this often and close a connection silent for 3x as long (0: off)."""
-    tables: list[Any] | None = None
-    """STAND-IN (tables37) for tablecfg37's field: the server's tables (TableConfig); None: one, `default`."""
-
-    def table_configs(self) -> list[Any]:
-        """STAND-IN (tables37) for tablecfg37's method: the tables, or the one table `default` built from this
-        configuration's table fields."""
-        from apexrl.replay.tables import MinSize, SampleToInsertRatio, TableConfig
-
-        if self.tables is not None:
-            return list(self.tables)
-        limiter: Any
-        if self.samples_per_insert is None:
-            limiter = MinSize(self.min_size_to_sample)
-        else:
-            limiter = SampleToInsertRatio(
-                float(self.samples_per_insert), self.min_size_to_sample, self.effective_error_buffer
-            )
-        return [
-            TableConfig(
-                "default",
-                remover=self.eviction,
-                capacity=self.capacity,
-                max_size=self.max_size,
-                alpha=self.alpha,
-                alpha_evict=self.alpha_evict,
-                rate_limiter=limiter,
-                spec=self.spec,
-            )
-        ]
+    tables: list[TableConfig] | None = None
+    """The server's tables (names unique); None: the one table ``default`` of the fields in TABLE_FIELDS. Given
+    with any of those fields at a value other than its default, ValueError."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -125,6 +130,8 @@ class ServerConfig:
     def validate(self) -> None:
         """Every range above, and the rules between fields; ValueError naming the first broken one."""
         check_fields(self)
+        if self.tables is not None:
+            self._check_tables()
         if self.max_size is not None and self.max_size < self.capacity:
             raise ValueError(f"max_size must be >= capacity = {self.capacity}, got {self.max_size}")
         ceiling = self.effective_max_size
@@ -156,6 +163,62 @@ class ServerConfig:
         if self.curve_dir is not None:
             load_server_keys(self.curve_dir)  # CurveKeyError (a ValueError) naming the missing or unsafe file
 
+    def _check_tables(self) -> None:
+        if isinstance(self.tables, (str, bytes)) or not isinstance(self.tables, (list, tuple)):
+            raise ValueError(f"ServerConfig.tables must be a list of TableConfig (or None), got {self.tables!r}")
+        self.tables = list(self.tables)
+        check_table_names(self.tables)
+        defaults = {f.name: f.default for f in fields(ServerConfig) if f.name in TABLE_FIELDS}
+        given = [name for name in TABLE_FIELDS if getattr(self, name) != defaults[name]]
+        if given:
+            values = ", ".join(f"{name}={getattr(self, name)!r}" for name in given)
+            raise ValueError(
+                f"ServerConfig: tables and the table settings of the one table {DEFAULT_TABLE!r} ({values}) are "
+                "given together; with tables, set those in each TableConfig (capacity, max_size, alpha, remover, "
+                "alpha_evict, rate_limiter, spec)"
+            )
+        for t in self.tables:
+            per_shard = -(-t.effective_max_size // self.shards)
+            if per_shard > MAX_SLOTS_PER_SHARD:
+                raise ValueError(
+                    f"table {t.name!r}: max_size {t.effective_max_size} (default 2 * capacity) over {self.shards} "
+                    f"shards needs {per_shard} slots per shard; a shard holds at most {MAX_SLOTS_PER_SHARD} (use "
+                    "more shards or a smaller capacity/max_size)"
+                )
+
+    def table_configs(self) -> list[TableConfig]:
+        """The server's tables: ``tables``, or the one table ``default`` that the fields of TABLE_FIELDS
+        configure (sampler prioritized, remover ``eviction``, rate limiter ``SampleToInsertRatio`` with
+        ``samples_per_insert``, else ``MinSize(min_size_to_sample)``, where a min size of 0 counts as 1 as it
+        always did; with every one of those fields at its default, exactly ``TableConfig("default")``)."""
+        if self.tables is not None:
+            return list(self.tables)
+        return [
+            TableConfig(
+                DEFAULT_TABLE,
+                sampler="prioritized",
+                remover=self.eviction,
+                capacity=self.capacity,
+                max_size=self.max_size,
+                alpha=self.alpha,
+                alpha_evict=self.alpha_evict,
+                rate_limiter=self._default_rate_limiter(),
+                spec=self.spec,
+            )
+        ]
+
+    def _default_rate_limiter(self) -> RateLimiter | None:
+        min_size = max(1, int(self.min_size_to_sample))  # the native limiter raises 0 to 1
+        if self.samples_per_insert is not None:
+            eb = self.effective_error_buffer
+            assert eb is not None
+            return SampleToInsertRatio(float(self.samples_per_insert), min_size, eb)
+        return None if min_size == 1 else MinSize(min_size)
+
+    def table(self, name: str = DEFAULT_TABLE) -> TableConfig | None:
+        """The table named ``name`` among :meth:`table_configs`, or None."""
+        return next((t for t in self.table_configs() if t.name == name), None)
+
     @property
     def effective_error_buffer(self) -> float | None:
         """error_buffer, or its default max(1, samples_per_insert) * 100; None without rate limiting."""
@@ -185,6 +248,24 @@ class ServerConfig:
     @property
     def max_waiting_bytes(self) -> int:
         return int(self.max_waiting_mb * (1 << 20))
+
+
+def server_config_to_dict(cfg: ServerConfig) -> dict[str, Any]:
+    """A JSON-able dict of ``cfg`` (a run plan's server entry): its fields, the tables as their JSON objects
+    (``tables`` left out when None, so a plan without tables reads as before)."""
+    d = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "tables"}
+    if d["snapshot"] is not None:
+        d["snapshot"] = os.fspath(d["snapshot"])
+    if cfg.tables is not None:
+        d["tables"] = [t.to_json() for t in cfg.tables]
+    return d
+
+
+def server_config_from_dict(d: dict[str, Any]) -> ServerConfig:
+    """The ServerConfig of :func:`server_config_to_dict`'s dict (validated; ValueError / TypeError)."""
+    d = dict(d)
+    tables = d.pop("tables", None)
+    return ServerConfig(**d, tables=None if tables is None else tables_from_json(tables, where="server tables"))
 
 
 def check_snapshot_dir(path: str | os.PathLike[str]) -> None:

@@ -38,6 +38,7 @@ from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, Sp
 from apexrl.replay.server.native import NativeLoopError, libzmq_path
 from apexrl.replay.server.tables import ServerTable, open_tables, save_tables
 from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.roles import ROLE_OPS
 from apexrl.security import CLIENT, LEARNER, limit_idle_connections, secure_server_socket
 
@@ -82,8 +83,10 @@ class ReplayServer:
         self.store = self.tables[self.table_index.get("default", 0)].store
         # The run's TransitionSpec (HELLO), once known: the table `default`'s; another table is checked against
         # its own TableConfig.spec, if it has one.
-        default_config = self.tables[self.table_index.get("default", 0)].config
-        self.spec_gate = SpecGate(default_config.spec, config.snapshot)
+        default_spec = self.tables[self.table_index.get("default", 0)].config.spec
+        if isinstance(default_spec, TransitionSpec):
+            default_spec = default_spec.to_json()
+        self.spec_gate = SpecGate(default_spec, config.snapshot)
         self.endpoint: str | None = None
         self._ctx: zmq.Context | None = None
         self._socket: zmq.Socket | None = None
@@ -169,8 +172,10 @@ class ReplayServer:
         if self.spec_gate.spec is not None:
             loop.set_layout(self.spec_gate.spec.native_layout())
         for t in self.tables:
-            if t.index != self.table_index.get("default", 0) and t.config.spec is not None:
-                loop.set_layout(load_spec(t.config.spec).native_layout(), t.index)
+            spec = t.config.spec
+            if t.index != self.table_index.get("default", 0) and spec is not None:
+                spec = spec if isinstance(spec, TransitionSpec) else load_spec(spec)
+                loop.set_layout(spec.native_layout(), t.index)
         return loop
 
     def start(self) -> ReplayServer:

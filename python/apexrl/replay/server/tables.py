@@ -29,6 +29,7 @@ from typing import Any
 
 from apexrl import PrioritizedStore
 from apexrl.durable import write_atomically
+from apexrl.replay.tables import MinSize
 from apexrl.replay.server.epoch import SnapshotLoadError, _write_epoch_file, choose_epoch
 
 __all__ = [
@@ -65,25 +66,14 @@ class ServerTable:
 
 
 def limiter_of(rate_limiter: Any) -> dict[str, Any]:
-    """A table's rate limiter as the native loop and ``--tables`` JSON spell it: ``{"kind": "min_size",
-    "min_size": N}``, ``{"kind": "sample_to_insert_ratio", "samples_per_insert": X, "min_size_to_sample": N,
-    "error_buffer": E}`` or ``{"kind": "queue", "size": N}``; None: MinSize(1)."""
+    """A table's rate limiter as the native loop and ``--tables`` JSON spell it (``to_json()``): ``{"kind":
+    "min_size", "min_size": N}``, ``{"kind": "sample_to_insert_ratio", "samples_per_insert": X,
+    "min_size_to_sample": N, "error_buffer": E}`` or ``{"kind": "queue", "size": N}``; None: MinSize(1)."""
     if rate_limiter is None:
-        return {"kind": "min_size", "min_size": 1}
+        return MinSize(1).to_json()
     if isinstance(rate_limiter, dict):
         return dict(rate_limiter)
-    if hasattr(rate_limiter, "samples_per_insert"):
-        spi = float(rate_limiter.samples_per_insert)
-        eb = getattr(rate_limiter, "error_buffer", None)
-        return {
-            "kind": "sample_to_insert_ratio",
-            "samples_per_insert": spi,
-            "min_size_to_sample": int(getattr(rate_limiter, "min_size_to_sample", 1)),
-            "error_buffer": float(eb) if eb is not None else max(1.0, spi) * 100.0,
-        }
-    if hasattr(rate_limiter, "size"):
-        return {"kind": "queue", "size": int(rate_limiter.size)}
-    return {"kind": "min_size", "min_size": int(rate_limiter.min_size)}
+    return dict(rate_limiter.to_json())
 
 
 def table_description(table: ServerTable) -> dict[str, Any]:
@@ -102,7 +92,7 @@ def table_description(table: ServerTable) -> dict[str, Any]:
         "rate_limiter": dict(table.limiter),
         "epoch": int(table.store.epoch),
         "num_shards": int(table.store.shards),
-        "spec": c.spec is not None,
+        "spec": c.spec is not None,  # whether the table checks its items against a spec of its own
     }
 
 

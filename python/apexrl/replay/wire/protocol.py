@@ -181,7 +181,9 @@ def _header(buf: memoryview, ops: frozenset[int]) -> Header:
     # newer peer's header may have another length, and it must be told UNSUPPORTED_VERSION (bytes 0-15 have
     # the same layout in every version).
     if buf.nbytes < 6 or bytes(buf[:4]) != MAGIC:
-        raise _bad(f"header magic is {bytes(buf[:4])!r} (frame of {buf.nbytes} bytes), expected {MAGIC!r}")
+        raise _bad(
+            f"header magic is {bytes(buf[:4]).hex()} (frame of {buf.nbytes} bytes), expected {MAGIC.hex()} ({MAGIC!r})"
+        )
     (version,) = struct.unpack_from("<H", buf, 4)
     peek_op, peek_id = S.peek_ids(buf)
     if version not in SUPPORTED_VERSIONS:
