@@ -312,5 +312,39 @@ def test_configurations_this_build_cannot_serve_are_refused_with_the_reason():
         ReplayServer(ServerConfig(port=0, tables=[TableConfig("q", sampler="fifo")]))
     with pytest.raises(ValueError, match="max_times_sampled=1 is not served"):
         ReplayServer(ServerConfig(port=0, tables=[TableConfig("q", max_times_sampled=1)]))
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(ValueError, match="both named .q."):
         ReplayServer(ServerConfig(port=0, tables=[TableConfig("q"), TableConfig("q")]))
+
+
+def test_apexrl_export_writes_every_table_of_a_tables_snapshot(tmp_path):
+    from apexrl.cli.main import export_main
+    from apexrl.offline.export import ExportError, export_tables, load_export
+    from apexrl.replay.codec import FieldSpec, TransitionSpec
+
+    spec = TransitionSpec([FieldSpec("action", "i4"), FieldSpec("reward", "f4")])
+    aux_spec = TransitionSpec([FieldSpec("x", "f4")])
+    snap = str(tmp_path / "replay.snap")
+    tables = [
+        TableConfig("default", spec=spec),
+        TableConfig("aux", spec=aux_spec),
+        TableConfig("bare"),  # no spec: exported only with --spec
+    ]
+    with ReplayServer(ServerConfig(port=0, tables=tables, snapshot=snap)) as srv:
+        with ReplayClient(srv.endpoint, timeout=10) as c:
+            data, offsets = spec.encode({"action": np.arange(3, dtype=np.int32), "reward": np.ones(3, np.float32)})
+            c.insert(np.ones(3), data=data, offsets=offsets)
+            data, offsets = aux_spec.encode({"x": np.full(2, 0.5, np.float32)})
+            c.insert(np.ones(2), data=data, offsets=offsets, table="aux")
+            # the aux table checks its own spec: default's items are refused there
+            data, offsets = spec.encode({"action": np.arange(1, dtype=np.int32), "reward": np.ones(1, np.float32)})
+            with pytest.raises(ServerError, match="INSERT refused"):
+                c.insert(np.ones(1), data=data, offsets=offsets, table="aux")
+    out = str(tmp_path / "out.npz")
+    with pytest.raises(ExportError, match="table 'bare'.*--spec"):
+        export_tables(snap, out)
+    assert export_main([snap, "--out", out, "--table", "aux"]) == 0
+    assert load_export(out)["x"].tolist() == [0.5, 0.5]
+    assert export_tables(snap, out, table="default") == {"default": 3}
+    assert load_export(out)["action"].tolist() == [0, 1, 2]
+    assert export_tables(snap, out, spec=aux_spec.to_json(), table="bare") == {"bare": 0}
+    assert export_main([snap, "--out", out, "--table", "nope"]) == 2

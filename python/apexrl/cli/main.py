@@ -187,6 +187,13 @@ def _fill_export_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="decode with this TransitionSpec (JSON text or file) instead of SNAPSHOT.spec.json",
     )
+    p.add_argument(
+        "--table",
+        metavar="NAME",
+        default=None,
+        help="export this table of a snapshot of several tables alone (default: every table; `default` to FILE, "
+        "each other table to FILE with .NAME before its extension)",
+    )
     return p
 
 
@@ -290,15 +297,18 @@ def suite_main(argv: Sequence[str]) -> int:
 
 
 def export_main(argv: Sequence[str]) -> int:
-    from apexrl.offline.export import ExportError, export_snapshot
+    from apexrl.offline.export import ExportError, export_tables
 
     args = _fill_export_parser(argparse.ArgumentParser(prog=f"{PROG} export", **_export_kwargs())).parse_args(argv)
     try:
-        n = export_snapshot(args.snapshot, args.out, spec=args.spec)
+        written = export_tables(args.snapshot, args.out, spec=args.spec, table=args.table)
     except (ExportError, OSError) as e:
         print(f"{PROG} export: error: {e}", file=sys.stderr, flush=True)
         return 2
-    print(f"wrote {n} items to {args.out}", flush=True)
+    if list(written) == ["default"]:
+        print(f"wrote {written['default']} items to {args.out}", flush=True)
+    else:
+        print("wrote " + ", ".join(f"table {name!r}: {n} items" for name, n in written.items()), flush=True)
     return 0
 
 

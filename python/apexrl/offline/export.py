@@ -45,7 +45,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ExportError", "RESERVED", "SNAPSHOT_VERSION", "SNAPSHOT_VERSIONS", "export_snapshot", "read_snapshot"]
+__all__ = [
+    "ExportError",
+    "RESERVED",
+    "SNAPSHOT_VERSION",
+    "SNAPSHOT_VERSIONS",
+    "export_snapshot",
+    "export_tables",
+    "read_snapshot",
+]
 
 SNAPSHOT_VERSION = 3
 """The snapshot format the store writes (``kSnapshotVersion`` in cpp/apexrl/sharded_store.cc)."""
@@ -256,3 +264,46 @@ def load_export(path: str) -> dict[str, np.ndarray]:
     for name in ("spec", "store"):
         out[name] = str(out[name])
     return out
+
+
+def export_tables(snapshot: str, out: str, spec: str | None = None, table: str | None = None) -> dict[str, int]:
+    """Export every table of ``snapshot`` (or the one named ``table``) -> table name: items written.
+
+    A one-store snapshot (one table, ``default``) is written to ``out`` as :func:`export_snapshot` does. A
+    tables snapshot (a server of several tables; apexrl.replay.server.tables) writes the table ``default`` (or
+    the one table asked for) to ``out`` and every other table to ``out`` with ``.<name>`` before its
+    extension (``replay.npz`` -> ``replay.aux.npz``), each decoded with ``spec`` when given, else with the spec
+    its manifest keeps (``default``: the sidecar ``SNAPSHOT.spec.json`` if the manifest has none). ExportError
+    naming the table when a table has no spec, or is not in the snapshot; nothing of that table is written."""
+    from apexrl.replay.server.insert_guard import spec_sidecar
+    from apexrl.replay.server.tables import is_tables_snapshot, read_tables_manifest
+
+    if not os.path.isfile(snapshot):
+        raise ExportError(f"snapshot {os.fspath(snapshot)!r} does not exist (or is not a file)")
+    if not is_tables_snapshot(snapshot):
+        if table not in (None, "default"):
+            raise ExportError(f"snapshot {os.fspath(snapshot)!r} holds one table, 'default', not {table!r}")
+        return {"default": export_snapshot(snapshot, out, spec=spec)}
+    entries = read_tables_manifest(snapshot)["tables"]
+    names = [e["name"] for e in entries]
+    if table is not None:
+        entries = [e for e in entries if e["name"] == table]
+        if not entries:
+            raise ExportError(f"tables snapshot {os.fspath(snapshot)!r} has no table {table!r}; it has {names}")
+    root, ext = os.path.splitext(os.fspath(out))
+    written: dict[str, int] = {}
+    for e in entries:
+        name = e["name"]
+        target = os.fspath(out) if table is not None or name == "default" else f"{root}.{name}{ext or '.npz'}"
+        table_spec = spec
+        if table_spec is None and e.get("spec") is not None:
+            table_spec = json.dumps(e["spec"])
+        if table_spec is None and name == "default" and os.path.isfile(spec_sidecar(snapshot)):
+            table_spec = spec_sidecar(snapshot)
+        if table_spec is None:
+            raise ExportError(
+                f"table {name!r} of snapshot {os.fspath(snapshot)!r} has no spec kept with it (its server never "
+                "learnt one); give the spec with --spec (and --table to export that table alone)"
+            )
+        written[name] = export_snapshot(e["file"], target, spec=table_spec)
+    return written

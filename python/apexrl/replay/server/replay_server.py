@@ -273,11 +273,25 @@ class ReplayServer:
             raise ValueError("no snapshot path configured")
         with self._snapshot_lock:
             t0 = time.monotonic()
-            n = save_tables(self.tables, self.config.snapshot)
+            n = save_tables(self.tables, self.config.snapshot, self._table_specs())
             self._saved_items = n
             log.info(
                 "snapshot of %d items saved to %s in %.3fs", n, os.fspath(self.config.snapshot), time.monotonic() - t0
             )
+
+    def _table_specs(self) -> dict[str, str | None]:
+        """Each table's spec JSON, for a tables snapshot's manifest: `default`'s as declared (SpecGate), the
+        others' as configured."""
+        specs: dict[str, str | None] = {}
+        for t in self.tables:
+            if t.index == self.table_index.get("default", 0):
+                spec = self.spec_gate.spec
+            else:
+                spec = t.config.spec
+            if spec is not None and not isinstance(spec, TransitionSpec):
+                spec = load_spec(spec)
+            specs[t.name] = None if spec is None else spec.to_json()
+        return specs
 
     def _snapshot_loop(self) -> None:
         assert self.config.snapshot_every is not None and self.config.snapshot is not None

@@ -29,8 +29,8 @@ from typing import Any
 
 from apexrl import PrioritizedStore
 from apexrl.durable import write_atomically
-from apexrl.replay.tables import MinSize
 from apexrl.replay.server.epoch import SnapshotLoadError, _write_epoch_file, choose_epoch
+from apexrl.replay.tables import MinSize
 
 __all__ = [
     "TABLES_SNAPSHOT_FORMAT",
@@ -40,6 +40,7 @@ __all__ = [
     "is_tables_snapshot",
     "limiter_of",
     "open_tables",
+    "read_tables_manifest",
     "save_tables",
     "table_description",
 ]
@@ -271,9 +272,22 @@ def open_tables(server: Any) -> list[ServerTable]:
     return tables
 
 
-def save_tables(tables: list[ServerTable], path: str | os.PathLike[str]) -> int:
-    """Write the snapshot of every table to ``path`` (module docstring); the items saved. Raises what the
-    stores raise (OSError, SnapshotError), the previous snapshot kept."""
+def read_tables_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A tables snapshot's manifest (module docstring), each entry's ``file`` made a path beside ``path``;
+    SnapshotLoadError when ``path`` is not one."""
+    manifest = _read_manifest(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    for entry in manifest["tables"]:
+        entry["file"] = os.path.join(directory, os.path.basename(entry["file"]))
+    return manifest
+
+
+def save_tables(
+    tables: list[ServerTable], path: str | os.PathLike[str], specs: dict[str, str | None] | None = None
+) -> int:
+    """Write the snapshot of every table to ``path`` (module docstring); the items saved. ``specs``: each
+    table's spec JSON (None: none known), kept in the manifest for ``apexrl export``. Raises what the stores
+    raise (OSError, SnapshotError), the previous snapshot kept."""
     path = os.fspath(path)
     if len(tables) == 1 and tables[0].name == "default":
         n = len(tables[0].store)
@@ -289,7 +303,8 @@ def save_tables(tables: list[ServerTable], path: str | os.PathLike[str]) -> int:
         file = f"{base}.g{generation}.{t.index}.snap"
         n = len(t.store)
         t.store.save(os.path.join(directory, file))
-        entries.append({"name": t.name, "file": file, "items": n})
+        spec = (specs or {}).get(t.name)
+        entries.append({"name": t.name, "file": file, "items": n, "spec": None if spec is None else json.loads(spec)})
         total += n
     manifest = {
         "format": TABLES_SNAPSHOT_FORMAT,
