@@ -348,3 +348,32 @@ def test_apexrl_export_writes_every_table_of_a_tables_snapshot(tmp_path):
     assert load_export(out)["action"].tolist() == [0, 1, 2]
     assert export_tables(snap, out, spec=aux_spec.to_json(), table="bare") == {"bare": 0}
     assert export_main([snap, "--out", out, "--table", "nope"]) == 2
+
+
+def test_a_sharded_client_serves_a_table_over_several_servers():
+    from apexrl.replay import ShardedReplayClient
+
+    servers = [
+        ReplayServer(ServerConfig(port=0, seed=3 + i, tables=[TableConfig("aux"), TableConfig("default")])).start()
+        for i in range(2)
+    ]
+    try:
+        endpoints = [s.endpoint for s in servers]
+        with ShardedReplayClient(endpoints, seed=1) as sharded:
+            keys_d = np.concatenate([sharded.insert(np.ones(2), items("d", 2)) for _ in range(2)])
+            keys_a = np.concatenate([sharded.insert(np.full(2, 4.0), items("a", 2), table="aux") for _ in range(2)])
+            assert [len(s.tables[0].store) for s in servers] == [2, 2]  # aux is index 0 on each server
+            batch = sharded.sample(16, table="aux")
+            assert set(batch.keys.tolist()) <= set(keys_a.tolist())
+            assert {bytes(x)[:1] for x in batch.items} == {b"a"}
+            assert np.isclose(batch.probabilities.sum() / 16, 0.25)  # 4 equal items over both servers
+            assert sharded.update_priorities(keys_a, np.ones(4)) == 0  # the set's table is default
+            assert sharded.update_priorities(keys_a, np.ones(4), table="aux") == 4
+            assert sharded.erase(keys_d, table="aux") == 0
+            assert sharded.erase(keys_d) == 4
+        with ShardedReplayClient(endpoints, table="aux") as aux:
+            assert set(aux.sample(8).keys.tolist()) <= set(keys_a.tolist())
+            assert aux.tables()["aux"]["size"] == 2
+    finally:
+        for s in servers:
+            s.stop()
