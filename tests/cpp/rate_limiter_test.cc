@@ -1,12 +1,13 @@
 // The rate limiter's kinds (serve/rate_limiter.h): MinSize and Queue beside SampleToInsertRatio, their rules,
 // their refusals of requests that could never be admitted, and the waiting list releasing through them.
+#include "apexrl/serve/rate_limiter.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
 
 #include "apexrl/errors.h"
-#include "apexrl/serve/rate_limiter.h"
 #include "apexrl/serve/waitlist.h"
 #include "apexrl/serve/wire.h"
 

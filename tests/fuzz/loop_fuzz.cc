@@ -936,7 +936,7 @@ class Fuzz {
   uint64_t evict_budget_ = 0;
   bool composing_ = false;
   bool two_tables_ = false;  // a second table beside the modelled one
-  uint64_t removals_ = 0;  // ERASE and REMOVE_TO_FIT requests sent in this step
+  uint64_t removals_ = 0;    // ERASE and REMOVE_TO_FIT requests sent in this step
 };
 
 }  // namespace

@@ -143,8 +143,8 @@ std::string RateLimiter::Describe() const {
   uint64_t inserted, sampled;
   Counts(&inserted, &sampled);
   if (kind_ == LimiterKind::kQueue) {
-    return std::to_string(inserted) + " items inserted and " + std::to_string(sampled) + " sampled, Queue(size=" +
-           std::to_string(queue_size_) + ")";
+    return std::to_string(inserted) + " items inserted and " + std::to_string(sampled) +
+           " sampled, Queue(size=" + std::to_string(queue_size_) + ")";
   }
   return std::to_string(inserted) + " items inserted and " + std::to_string(sampled) +
          " sampled, samples_per_insert=" + (limited() ? FormatDouble(spi_) : "None") +

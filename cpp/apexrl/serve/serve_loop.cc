@@ -111,9 +111,9 @@ ServeLoop::ServeLoop(ZmqApi api, void* socket, std::vector<TableSpec> tables, Lo
     }
   }
   for (size_t i = 0; i < tables.size(); ++i) {
-    tables_.push_back(std::make_unique<Table>(static_cast<uint32_t>(i), std::move(tables[i]), bounds, &window_,
-                                              pool_.get(),
-                                              [this](const char* level, std::string text) { Log(level, std::move(text)); }));
+    tables_.push_back(
+        std::make_unique<Table>(static_cast<uint32_t>(i), std::move(tables[i]), bounds, &window_, pool_.get(),
+                                [this](const char* level, std::string text) { Log(level, std::move(text)); }));
     if (tables_.back()->name() == "default") default_ = i;
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -186,7 +186,8 @@ void ServeLoop::Run() {
       ReleaseDeferred();
       for (const auto& t : tables_) {
         if (auto deadline = t->waiting().NextDeadline()) {
-          poll_ms = std::min(poll_ms, std::clamp<long>(static_cast<long>(std::ceil((*deadline - Now()) * 1000)), 0, 100));
+          poll_ms =
+              std::min(poll_ms, std::clamp<long>(static_cast<long>(std::ceil((*deadline - Now()) * 1000)), 0, 100));
         }
       }
     }
@@ -349,9 +350,8 @@ bool ServeLoop::EarlyRefusal(const Pending& p, uint16_t* status, std::string* me
       *status = kTooLarge;
       *message = "SAMPLE of " + std::to_string(q.count) + " items refused: its reply would be about " +
                  std::to_string(estimate) + " bytes (" + std::to_string(q.count) + " x (largest item stored " +
-                 std::to_string(max_item) + " + " + std::to_string(kReplyPerItem) +
-                 ") bytes), over the reply cap of " + std::to_string(config_.max_reply_bytes) +
-                 " bytes (max_reply_mb); sample fewer items per request";
+                 std::to_string(max_item) + " + " + std::to_string(kReplyPerItem) + ") bytes), over the reply cap of " +
+                 std::to_string(config_.max_reply_bytes) + " bytes (max_reply_mb); sample fewer items per request";
       return true;
     }
     auto it = unread_.find(p.peer);
@@ -463,10 +463,10 @@ void ServeLoop::Expire(Deferred* e) {
   const uint64_t size = table.store()->Size();
   std::string why;
   if (limiter.kind() == LimiterKind::kQueue) {
-    why = e->op == kSample ? "the queue is empty"
-                           : "the queue holds " + std::to_string(size) + " of at most " +
-                                 std::to_string(limiter.queue_size()) + " items (Queue(size=" +
-                                 std::to_string(limiter.queue_size()) + "))";
+    why = e->op == kSample
+              ? "the queue is empty"
+              : "the queue holds " + std::to_string(size) + " of at most " + std::to_string(limiter.queue_size()) +
+                    " items (Queue(size=" + std::to_string(limiter.queue_size()) + "))";
   } else if (e->op == kSample && !limiter.BigEnough(size)) {
     why = "the store holds " + std::to_string(size) +
           " items, fewer than min_size_to_sample=" + std::to_string(limiter.need());

@@ -51,8 +51,8 @@ void Table::SawItem(uint64_t bytes) {
 
 void Table::PublishWaiting() {
   const Waitlist& w = *waiting_;
-  const uint64_t values[8] = {w.count(),   w.bytes(),   w.peers(),        w.dropped,
-                              w.refused,   w.evicted,   w.examined_max,   w.examined_total};
+  const uint64_t values[8] = {w.count(), w.bytes(), w.peers(),      w.dropped,
+                              w.refused, w.evicted, w.examined_max, w.examined_total};
   for (int i = 0; i < 8; ++i) waiting_stats_[i].store(values[i], std::memory_order_relaxed);
 }
 

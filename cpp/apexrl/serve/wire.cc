@@ -194,8 +194,8 @@ Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
     return Refuse(kBadMessage, "header status " + Str(h->status) + " is unknown; known: [0, 1, 2, 3, 4, 5, 6, 7, 8]");
   }
   if (h->table != 0 && !NamesTable(h->op)) {
-    return Refuse(kBadMessage, "header table is " + Str(h->table) + ", must be 0 (" + OpName(h->op) +
-                                   " names no table)");
+    return Refuse(kBadMessage,
+                  "header table is " + Str(h->table) + ", must be 0 (" + OpName(h->op) + " names no table)");
   }
   return Refusal{};
 }
