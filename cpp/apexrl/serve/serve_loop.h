@@ -15,10 +15,12 @@
 // deferred requests (bounded in count, bytes, per peer, and in time by max_wait_s), early refusals, reply
 // size caps, roles per client identity. No call holds the GIL.
 //
-// Its parts, one concept a file: wire.h decodes and validates, handlers.h serves the data ops against the store,
-// window and limiter (no socket), reply.h builds replies and keeps their buffers alive until libzmq frees
-// them, waitlist.h holds the requests that wait; this file is the loop itself (socket, dispatch, workers,
-// sending, the control queue).
+// Its parts, one concept a file: wire.h decodes and validates, table.h is one named table (its store, rate
+// limiter, item layout, waiting list and handlers; a data request names its table by index in the header, found
+// with one bounds check), handlers.h serves the data ops against a table's store, the window and the table's
+// limiter (no socket), reply.h builds replies and keeps their buffers alive until libzmq frees them,
+// waitlist.h holds the requests that wait (one list per table); this file is the loop itself (socket, dispatch,
+// workers, sending, the control queue).
 //
 // Replies leave without copies: their buffers are handed to libzmq with a free callback, which is also how
 // the loop knows exactly how many reply bytes each peer has not taken yet (sent and still queued in libzmq);
