@@ -90,8 +90,9 @@ def header(
     param: float = 0.0,
     timeout_ms: int = 0,
     magic: bytes = MAGIC,
+    table: int = 0,
 ) -> bytes:
-    return HDR.pack(magic, version, op, rid, status, flags, count, param, timeout_ms)
+    return HDR.pack(magic, version, op, rid, status, flags, count, param, timeout_ms, table)
 
 
 def get(rid: int = 7, have: int = 0, server_id: int = 0, **fields) -> list[bytes]:

@@ -23,7 +23,6 @@ import glob
 import json
 import logging
 import os
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,10 +122,9 @@ def choose_epochs(snapshot: str | os.PathLike[str] | None, n: int) -> list[int]:
     the others after it; ``PATH.epoch`` records the last, so the next life starts after all of them."""
     if n < 1 or n >= PrioritizedStore.MAX_EPOCH:
         raise ValueError(f"a server holds 1..{PrioritizedStore.MAX_EPOCH - 1} tables, got {n}")
+    base = choose_epoch(snapshot)  # without a path: drawn at random (and logged)
     if snapshot is None:
-        base = secrets.randbelow(PrioritizedStore.MAX_EPOCH) + 1
         return [_wrap(base + i) for i in range(n)]
-    base = choose_epoch(snapshot)
     epochs = [_wrap(base + i) for i in range(n)]
     if n > 1:
         _write_epoch_file(os.fspath(snapshot) + ".epoch", epochs[-1])
