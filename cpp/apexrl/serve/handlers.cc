@@ -112,6 +112,9 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
     if (!result) result = pool_->Take();
     try {
       store_->Sample(q.count, q.beta, result.get());
+      // A sampler that hands items out at most so often (FIFO, a queue) may return fewer: the limiter counts
+      // what was handed out.
+      if (result->keys.size() < q.count) limiter_->Undo(0, q.count - result->keys.size());
       break;
     } catch (const EmptyStore&) {
       limiter_->Undo(0, q.count);

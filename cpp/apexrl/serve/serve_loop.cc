@@ -407,7 +407,7 @@ void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
   } else if (q.op == kSample && reply.status == kOk) {
     const uint64_t size = reply.Bytes();
     if (size > config_.max_reply_bytes) {
-      p->table->limiter().Undo(0, q.count);
+      p->table->limiter().Undo(0, reply.sample ? reply.sample->keys.size() : q.count);
       replies_refused_.fetch_add(1, std::memory_order_relaxed);  // (counted as served; this tells it apart)
       Send(p->peer,
            ErrorReply(kSample, q.request_id, kTooLarge,
