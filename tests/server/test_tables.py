@@ -377,3 +377,46 @@ def test_a_sharded_client_serves_a_table_over_several_servers():
     finally:
         for s in servers:
             s.stop()
+
+
+def _consume(endpoint: str, out_path: str, done_path: str) -> None:
+    """A consumer process: samples the queue table until the producer is done and the queue stays empty."""
+    got: list[str] = []
+    with ReplayClient(endpoint, timeout=30) as c:
+        while True:
+            try:
+                batch = c.sample(3, timeout=0.2, table="q")
+            except ServerTimeoutError:
+                if os.path.exists(done_path):
+                    break
+                continue
+            got.extend(bytes(x).decode() for x in batch.items)
+    pathlib.Path(out_path).write_text("\n".join(got))
+
+
+def test_a_fifo_queue_hands_every_item_to_exactly_one_of_four_consumer_processes(tmp_path):
+    from apexrl.replay.server import tables as server_tables
+
+    if not server_tables._STORE_HAS_SAMPLERS:
+        pytest.skip("needs the store's fifo sampler and max_times_sampled (issue 37's samplers)")
+    import multiprocessing
+
+    tables = [TableConfig("q", sampler="fifo", capacity=64, max_times_sampled=1, rate_limiter=Queue(16))]
+    with ReplayServer(ServerConfig(port=0, tables=tables)) as srv:
+        ctx = multiprocessing.get_context("spawn")
+        done = str(tmp_path / "done")
+        outs = [str(tmp_path / f"c{i}.txt") for i in range(4)]
+        consumers = [ctx.Process(target=_consume, args=(srv.endpoint, out, done)) for out in outs]
+        for p in consumers:
+            p.start()
+        sent = [f"item{i}" for i in range(600)]
+        with ReplayClient(srv.endpoint, timeout=30) as c:
+            for i in range(0, len(sent), 5):  # waits while the queue is full
+                c.insert(np.ones(5), [s.encode() for s in sent[i : i + 5]], timeout=20, table="q")
+            wait_until(lambda: c.tables()["q"]["size"] == 0, "the consumers to drain the queue", 60)
+        pathlib.Path(done).write_text("")
+        for p in consumers:
+            p.join(60)
+            assert p.exitcode == 0
+    received = [line for out in outs for line in pathlib.Path(out).read_text().splitlines() if line]
+    assert sorted(received) == sorted(sent)  # none lost, none twice
