@@ -566,9 +566,10 @@ void Shard::Validate() const {
 //   | u64 max_seq
 // Format 3 (before samplers) is the same without the items' times_sampled and the counter removed_by_sampling
 // (both read as 0); format 2 (before frame chunks) also lacks the chunk table and the items' num_chunks and
-// chunk ids. Both still load. times_sampled is counted only by a store with max_times_sampled > 0 (0 otherwise). Chunk ids are kept, reference counts are rebuilt from the items.
-// Every slot below num_slots that holds no item is free after a load: the restored store has a new epoch,
-// so even slots retired in the saved life can issue tags again (see common.h).
+// chunk ids. Both still load. times_sampled is counted only by a store with max_times_sampled > 0 (0 otherwise). Chunk
+// ids are kept, reference counts are rebuilt from the items. Every slot below num_slots that holds no item is free
+// after a load: the restored store has a new epoch, so even slots retired in the saved life can issue tags again (see
+// common.h).
 namespace {
 
 // Copies trivially copyable values into a buffer sized in advance (no per-field capacity checks).

@@ -125,8 +125,8 @@ class Shard {
               double* used_total = nullptr, size_t* written = nullptr) EXCLUDES(mu_);
   // k uniform draws among this shard's items (a uniform sampler, or the prioritized store's fallback when every
   // mass is 0); `share`, `written` as above.
-  bool SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first,
-                     size_t* written = nullptr) EXCLUDES(mu_);
+  bool SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first, size_t* written = nullptr)
+      EXCLUDES(mu_);
   // An ordered sampler's shard: writes its first items in sampling order within `quota` (at most quota.count,
   // ranks at most quota.max_rank; see EvictionQuota), distinct, from position `first` of `sink`, appends
   // their ranks to `ranks`, and returns how many it wrote.

@@ -89,9 +89,9 @@ ShardedStore::ShardedStore(const StoreConfig& config) : config_(WithDefaults(con
   const size_t target = static_cast<size_t>(std::min<uint64_t>(per_shard + per_shard / 10 + 1024, kMaxSlotsPerShard));
   shards_.reserve(config_.shards);
   for (uint32_t s = 0; s < config_.shards; ++s) {
-    shards_.push_back(std::make_unique<Shard>(
-        s, config_.alpha, MakeEvictionPolicy(config_.eviction, config_.alpha_evict), target, config_.epoch,
-        config_.sampler, config_.max_times_sampled));
+    shards_.push_back(std::make_unique<Shard>(s, config_.alpha,
+                                              MakeEvictionPolicy(config_.eviction, config_.alpha_evict), target,
+                                              config_.epoch, config_.sampler, config_.max_times_sampled));
   }
 }
 
@@ -308,7 +308,8 @@ void PermuteBatch(SampleResult* out, const std::vector<uint32_t>& order) {
     offsets[i] = data.size();
     if (e > b) std::memcpy(data.Extend(e - b), out->data.data() + b, e - b);
     item_chunk_offsets[i] = item_chunks.size();
-    item_chunks.insert(item_chunks.end(), out->item_chunks.begin() + static_cast<std::ptrdiff_t>(out->item_chunk_offsets[j]),
+    item_chunks.insert(item_chunks.end(),
+                       out->item_chunks.begin() + static_cast<std::ptrdiff_t>(out->item_chunk_offsets[j]),
                        out->item_chunks.begin() + static_cast<std::ptrdiff_t>(out->item_chunk_offsets[j + 1]));
   }
   std::copy(keys.begin(), keys.end(), out->keys.begin());
@@ -651,8 +652,8 @@ void ShardedStore::Validate() const {
 
 // Snapshot layout, version 4 (little-endian; CRC-32C of every preceding byte at the end):
 //   "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards | u32 eviction
-//   | f64 alpha_evict | u64 seed | u32 sampler | u32 max_times_sampled | shards x Shard block (shard.cc) | u64 next_seq | u64 next_shard
-//   | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys | "APXRLEND" | u32 crc32c
+//   | f64 alpha_evict | u64 seed | u32 sampler | u32 max_times_sampled | shards x Shard block (shard.cc) | u64 next_seq
+//   | u64 next_shard | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys | "APXRLEND" | u32 crc32c
 // Shards are captured one at a time, each under its own lock for the copy of its block only: inserts and
 // samples go on meanwhile, and every item acknowledged before Save() began is in the file unless it was
 // removed before its shard was copied. Versions 2 and 3 have no sampler and max_times_sampled (read as

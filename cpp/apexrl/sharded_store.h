@@ -37,7 +37,7 @@ struct StoreConfig {
   // that differs from the lives before it, so their keys can never address its items.
   uint32_t epoch = 1;
   SamplerKind sampler = SamplerKind::kPrioritized;  // how Sample() picks items (see "Samplers" below)
-  uint32_t max_times_sampled = 0;  // > 0: an item is removed right after its k-th draw; 0: no limit
+  uint32_t max_times_sampled = 0;                   // > 0: an item is removed right after its k-th draw; 0: no limit
 };
 
 // The chunks an Insert call carries beside its items (see "Frame chunks" below). Item i references
@@ -118,7 +118,8 @@ struct StoreStats {
 //      picks the store-wide first n, and the batch is merged by rank). Equal priorities come in no particular
 //      order. Sampling leaves the items in place (unless max_times_sampled says otherwise). Weights 1,
 //      probability_k = 1 (the pick is deterministic, as Reverb reports it), T = m_min = 0. Under concurrent
-//      writes a batch may hold fewer items (items erased between the shards' summaries and their copy-out).
+//      writes a batch may hold fewer items: items erased, evicted or sampled away (max_times_sampled) between
+//      the shards' summaries and their copy-out are not replaced by later ones in the same call.
 //    Only the prioritized sampler keeps the sampling sum tree: a store of another sampler makes no tree update
 //    on insert, update or removal, and TotalMass() / MinMass() are 0 there (priorities are still validated the
 //    same way, and kept for the removers and the heaps).

@@ -531,7 +531,7 @@ sampler.
 
 sampler="prioritized" (default): P(k) = p_k^alpha / sum_j p_j^alpha, drawn stratified; IS weights
 (N P(k))^-beta / max_j w_j. "uniform": draws with replacement, every item equally likely (weights 1,
-probabilities 1/N). "fifo" / "lifo" / "max_heap" / "min_heap": a sample of n returns min(n, len) distinct items,
+probabilities 1/N). "fifo" / "lifo" / "max_heap" / "min_heap": a sample of n returns min(n, len, 65536) distinct items,
 oldest / newest / highest / lowest priority first across the store (weights 1, probabilities 1). With
 max_times_sampled=k > 0 an item is removed right after its k-th draw (stats: removed_by_sampling); a draw of a
 with-replacement sampler beyond an item's allowance in the same call is dropped, so that batch holds fewer
@@ -607,7 +607,8 @@ heavy methods release the GIL.)doc")
                ", shards=" + std::to_string(c.shards) + ", eviction='" + EvictionKindName(c.eviction) + "'" +
                (c.sampler != SamplerKind::kPrioritized ? ", sampler='" + std::string(SamplerKindName(c.sampler)) + "'"
                                                        : std::string()) +
-               (c.max_times_sampled > 0 ? ", max_times_sampled=" + std::to_string(c.max_times_sampled) : std::string()) +
+               (c.max_times_sampled > 0 ? ", max_times_sampled=" + std::to_string(c.max_times_sampled)
+                                        : std::string()) +
                ")";
       });
 }

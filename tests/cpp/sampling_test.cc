@@ -277,7 +277,8 @@ TEST(UniformSamplerTest, EveryItemIsEquallyLikelyAcrossUnevenShards) {
   }
   double chi2 = 0.0;
   const double expected = static_cast<double>(draws) / 35.0;
-  for (uint64_t c : counts) chi2 += (static_cast<double>(c) - expected) * (static_cast<double>(c) - expected) / expected;
+  for (uint64_t c : counts)
+    chi2 += (static_cast<double>(c) - expected) * (static_cast<double>(c) - expected) / expected;
   EXPECT_LT(chi2, 65.25);
   EXPECT_EQ(store.TotalMass(), 0.0);
   ASSERT_VALID(store);

@@ -142,7 +142,9 @@ def run(store, model, op, arg, rng, tmp_path, everything, batch_check):
     return store
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(
     sampler=st.sampled_from(ORDERED_SAMPLERS),
     eviction=st.sampled_from(REMOVERS),
@@ -178,7 +180,9 @@ def test_an_ordered_sampler_returns_exactly_the_models_first_items(
     )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(
     sampler=st.sampled_from(["prioritized", "uniform"]),
     eviction=st.sampled_from(REMOVERS),
