@@ -426,8 +426,9 @@ size_t ShardedStore::UniformPass(size_t n, Rng& rng, SampleResult* out) {
   // independent of the store's size), then a uniform item there.
   uint64_t drawn_from = 0;
   for (size_t s = 0; s < num_shards; ++s) {
-    scratch.totals[s] = static_cast<double>(shards_[s]->size());
-    drawn_from += shards_[s]->size();
+    const size_t size = shards_[s]->size();  // read once: the shares and the bounds must agree
+    scratch.totals[s] = static_cast<double>(size);
+    drawn_from += size;
     scratch.bounds[s] = drawn_from;
   }
   if (drawn_from == 0) return 0;  // emptied since the caller looked
