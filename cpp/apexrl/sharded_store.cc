@@ -464,10 +464,6 @@ size_t ShardedStore::UniformPass(size_t n, Rng& rng, SampleResult* out) {
 size_t ShardedStore::OrderedPass(size_t n, Rng& rng, SampleResult* out) {
   SampleScratch& scratch = sample_scratch;
   const size_t num_shards = shards_.size();
-  out->data.clear();
-  out->item_chunks.clear();
-  out->chunk_data.clear();
-  out->chunk_offsets.clear();
   const SampleSink sink{out->keys.data(),  scratch.masses.data(), out->probabilities.data(),
                         &out->data,        out->offsets.data(),   out->item_chunk_offsets.data(),
                         &out->item_chunks, &out->chunk_data,      &out->chunk_offsets};
@@ -478,19 +474,35 @@ size_t ShardedStore::OrderedPass(size_t n, Rng& rng, SampleResult* out) {
   const size_t ranks_per_shard = planner.RanksPerShard(n);
   scratch.summaries.resize(num_shards);
   uint64_t items = 0;
-  for (size_t s = 0; s < num_shards; ++s) {
-    shards_[s]->SummarizeOrder(ranks_per_shard, &scratch.summaries[s]);
-    items += scratch.summaries[s].size;
-  }
-  if (items == 0) return 0;
-  planner.Plan(n, scratch.summaries, rng, &scratch.quotas);
-  scratch.ranks.clear();
   size_t filled = 0, contributing = 0;
-  for (size_t s = 0; s < num_shards; ++s) {
-    if (scratch.quotas[s].count == 0) continue;
-    const size_t written = shards_[s]->SampleOrdered(scratch.quotas[s], sink, filled, &scratch.ranks);
-    filled += written;
-    contributing += written > 0;
+  // A shard changed since its summary gives fewer than planned. Without max_times_sampled nothing was removed,
+  // so a short batch is drawn again from fresh summaries, a few times; with it, the batch stays short.
+  for (int attempt = 0;; ++attempt) {
+    items = 0;
+    for (size_t s = 0; s < num_shards; ++s) {
+      shards_[s]->SummarizeOrder(ranks_per_shard, &scratch.summaries[s]);
+      items += scratch.summaries[s].size;
+    }
+    if (items == 0) return 0;
+    planner.Plan(n, scratch.summaries, rng, &scratch.quotas);
+    out->data.clear();
+    out->item_chunks.clear();
+    out->chunk_data.clear();
+    out->chunk_offsets.clear();
+    scratch.ranks.clear();
+    scratch.done.clear();
+    filled = contributing = 0;
+    size_t planned = 0;
+    for (size_t s = 0; s < num_shards; ++s) {
+      if (scratch.quotas[s].count == 0) continue;
+      planned += scratch.quotas[s].count;
+      const size_t written = shards_[s]->SampleOrdered(scratch.quotas[s], sink, filled, &scratch.ranks);
+      scratch.done.emplace_back(s, written);
+      filled += written;
+      contributing += written > 0;
+    }
+    if (filled == planned || config_.max_times_sampled > 0 || attempt >= 3) break;
+    for (const auto& [s, k] : scratch.done) shards_[s]->UncountSampled(k);
   }
   out->size = items;
   out->total_mass = 0.0;

@@ -119,7 +119,9 @@ struct StoreStats {
 //      order. Sampling leaves the items in place (unless max_times_sampled says otherwise). Weights 1,
 //      probability_k = 1 (the pick is deterministic, as Reverb reports it), T = m_min = 0. Under concurrent
 //      writes a batch may hold fewer items: items erased, evicted or sampled away (max_times_sampled) between
-//      the shards' summaries and their copy-out are not replaced by later ones in the same call.
+//      the shards' summaries and their copy-out are not replaced by later ones in the same call (without
+//      max_times_sampled, where the call has removed nothing, such a short batch is drawn again up to 3 times
+//      first; with it, e.g. several consumers of one queue, it is returned short).
 //    Only the prioritized sampler keeps the sampling sum tree: a store of another sampler makes no tree update
 //    on insert, update or removal, and TotalMass() / MinMass() are 0 there (priorities are still validated the
 //    same way, and kept for the removers and the heaps).

@@ -14,6 +14,8 @@
 // QueueStressTest: max_times_sampled = 1 with the fifo, uniform and prioritized samplers (a queue, and the
 // with-replacement samplers' dropped draws): 2 inserters and 3 samplers, no eviction; every inserted item is
 // returned exactly once (none twice, none lost), and removed_by_sampling counts them all.
+// OrderedSampleStressTest: a fifo sampler without a limit while one thread inserts, erases and evicts: every
+// batch holds distinct items, oldest first (increasing ids), at least one.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -595,6 +597,80 @@ TEST_P(QueueStressTest, MaxTimesSampledOneHandsOutEveryItemExactlyOnce) {
   EXPECT_EQ(st.sampled, st.inserted);
   EXPECT_EQ(st.size, 0u);
   EXPECT_EQ(st.bytes_held, 0u);
+}
+
+TEST(OrderedSampleStressTest, FifoBatchesStayDistinctAndOldestFirstUnderInsertsErasesAndEvictions) {
+  StoreConfig cfg;
+  cfg.shards = 4;
+  cfg.capacity = 500;
+  cfg.sampler = SamplerKind::kFifo;
+  cfg.seed = 91;
+  ShardedStore store(cfg);
+  Failures failures;
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  // One writer: ids increase with insertion order, so a FIFO batch's ids must increase.
+  threads.emplace_back([&] {
+    try {
+      Rng rng(17);
+      std::vector<Key> recent;
+      uint64_t next_id = 0;
+      for (int it = 0; it < 20000; ++it) {
+        const size_t n = 1 + static_cast<size_t>(rng.Below(8));
+        std::vector<std::string> payloads;
+        std::vector<const uint8_t*> data;
+        std::vector<uint64_t> sizes;
+        std::vector<double> priorities(n, 1.0);
+        std::vector<Key> keys(n);
+        for (size_t i = 0; i < n; ++i) payloads.push_back(MakePayload(next_id + i));
+        for (const std::string& p : payloads) {
+          data.push_back(reinterpret_cast<const uint8_t*>(p.data()));
+          sizes.push_back(p.size());
+        }
+        store.Insert(priorities.data(), data.data(), sizes.data(), n, keys.data());
+        next_id += n;
+        recent.insert(recent.end(), keys.begin(), keys.end());
+        if (recent.size() > 64) {
+          const Key k = recent[static_cast<size_t>(rng.Below(recent.size()))];
+          store.Erase(&k, 1);
+          recent.erase(recent.begin(), recent.begin() + 32);
+        }
+        if (it % 50 == 0) store.RemoveToFit();
+      }
+    } catch (const std::exception& e) {
+      failures.Add(std::string("writer threw: ") + e.what());
+    }
+    done.store(true, std::memory_order_release);
+  });
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&] {
+      try {
+        SampleResult r;
+        while (!done.load(std::memory_order_acquire)) {
+          try {
+            store.Sample(64, 0.4, &r);
+          } catch (const EmptyStore&) {
+            continue;
+          }
+          if (r.keys.empty() || r.keys.size() > 64) failures.Add("a batch of " + std::to_string(r.keys.size()));
+          uint64_t previous = 0;
+          for (size_t i = 0; i < r.keys.size(); ++i) {
+            uint64_t id = 0;
+            if (!DecodePayload(r.data.data() + r.offsets[i], r.offsets[i + 1] - r.offsets[i], &id)) {
+              failures.Add("sampled bytes are not an intact payload");
+            }
+            if (i > 0 && id <= previous) failures.Add("a FIFO batch out of order or with a repeated item");
+            previous = id;
+          }
+        }
+      } catch (const std::exception& e) {
+        failures.Add(std::string("sampler threw: ") + e.what());
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  ASSERT_EQ(failures.count(), 0u) << failures.Describe();
+  ASSERT_NO_THROW(store.Validate());
 }
 
 INSTANTIATE_TEST_SUITE_P(Samplers, QueueStressTest,
