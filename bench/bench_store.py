@@ -10,6 +10,12 @@ root after `pip install '.[bench]'`:
     python bench/bench_store.py --baseline /path/to/old-venv/bin/python      # before/after a change
     python bench/bench_store.py --snapshot-stall     # longest sample() call while save() writes a 150 MB store
 
+Besides the prioritized store (the Ape-X table, row "apexrl"), two more apexrl rows: "apexrl-uniform" (a uniform
+table: sampler="uniform", no sum tree) and "apexrl-fifo-queue" (a queue: sampler="fifo", max_times_sampled=1).
+A queue's sample removes what it returns, so its "sample 512" pushes 512 items (one insert call) and then pops
+512, keeping the queue at --items items; its updates address popped (stale) keys. With --baseline, an older
+apexrl without samplers skips these two rows.
+
 Operations (the replay workloads of the Ape-X paper):
   insert      batches of 50 items into a store already holding --items items
   sample      512 items with keys, IS weights and the item bytes in hand (beta 0.4)
@@ -96,11 +102,14 @@ class Adapter:
 
 class ApexrlAdapter(Adapter):
     name = "apexrl"
+    sampler_args: dict = {}  # noqa: RUF012 - read only; the sampler rows below set their own
 
     def __init__(self, capacity: int, seed: int):
         from apexrl import PrioritizedStore
 
-        self.store = PrioritizedStore(capacity=capacity, alpha=ALPHA, shards=8, eviction="fifo", seed=seed)
+        self.store = PrioritizedStore(
+            capacity=capacity, alpha=ALPHA, shards=8, eviction="fifo", seed=seed, **self.sampler_args
+        )
         self.rng = np.random.default_rng(seed)
         # A pool of distinct items, inserted as one contiguous buffer + offsets (the form the server receives).
         self.pool = self.rng.integers(0, 256, size=(4096, ITEM_BYTES), dtype=np.uint8)
@@ -137,6 +146,46 @@ class ApexrlAdapter(Adapter):
 
     def _update(self, keys) -> None:
         self.store.update_priorities(keys, self.new_priorities)
+
+
+class ApexrlUniformAdapter(ApexrlAdapter):
+    """A uniform table: draws with replacement, every item equally likely, no sum tree."""
+
+    name = "apexrl-uniform"
+    sampler_args = {"sampler": "uniform"}  # noqa: RUF012
+
+
+class ApexrlQueueAdapter(ApexrlAdapter):
+    """A FIFO queue (max_times_sampled 1): each sample pops what it returns, so it pushes as many first."""
+
+    name = "apexrl-fifo-queue"
+    sampler_args = {"sampler": "fifo", "max_times_sampled": 1}  # noqa: RUF012
+
+    def fill(self, n: int) -> None:
+        for _ in range(n // INSERT_BATCH):
+            self._insert_batch()
+        self.key_sets = []  # of popped items: the updates address stale keys
+        for _ in range(UPDATE_SETS):
+            self.sample()
+            self.key_sets.append(self.keys.copy())
+        self.new_priorities = self.rng.random(SAMPLE_BATCH) + 1e-3
+        self.keys = self.key_sets[0]
+
+    def sample(self) -> int:
+        start = self.cursor % (len(self.pool) - SAMPLE_BATCH)
+        self.cursor += SAMPLE_BATCH
+        self.store.insert(
+            np.ones(SAMPLE_BATCH),
+            self.pool[start : start + SAMPLE_BATCH].reshape(-1),
+            np.arange(SAMPLE_BATCH + 1, dtype=np.uint64) * ITEM_BYTES,
+        )
+        # Fewer than 512 only when remove_to_fit (the 2-thread inserter's) evicted planned items meanwhile.
+        batch = self.store.sample(SAMPLE_BATCH, BETA)
+        self.keys = batch.keys
+        return len(batch)
+
+    def _update(self, keys) -> None:
+        self.store.update_priorities(keys, self.new_priorities[: len(keys)])
 
 
 class CpprbAdapter(Adapter):
@@ -232,7 +281,13 @@ class TorchRLAdapter(Adapter):
         self.rb.update_priority(keys, self.new_priorities)
 
 
-ADAPTERS = {"apexrl": ApexrlAdapter, "cpprb": CpprbAdapter, "torchrl": TorchRLAdapter}
+ADAPTERS = {
+    "apexrl": ApexrlAdapter,
+    "apexrl-uniform": ApexrlUniformAdapter,
+    "apexrl-fifo-queue": ApexrlQueueAdapter,
+    "cpprb": CpprbAdapter,
+    "torchrl": TorchRLAdapter,
+}
 
 
 def two_threads(adapter: Adapter, seconds: float) -> tuple[float, float]:
@@ -416,9 +471,12 @@ def main() -> None:
     # windows alternate between libraries (A B A B ...), so load from elsewhere on a shared machine hits all
     # of them alike and the ratios stay meaningful.
     workers, results = [], {}
-    planned = [Worker(name, args) for name in args.only or ["apexrl", "cpprb", "torchrl"]]
-    if args.baseline:
-        planned.insert(1, Worker("apexrl", args, python=args.baseline, label="apexrl-baseline"))
+    names = args.only or ["apexrl", "apexrl-uniform", "apexrl-fifo-queue", "cpprb", "torchrl"]
+    planned = [Worker(name, args) for name in names]
+    if args.baseline:  # each apexrl row beside the same row of the baseline build
+        for name in [n for n in names if n.startswith("apexrl")]:
+            at = next(i for i, w in enumerate(planned) if w.name == name) + 1
+            planned.insert(at, Worker(name, args, python=args.baseline, label=name + "-baseline"))
     for w in planned:  # they fill at the same time; each reports when its store is full
         try:
             results[w.name] = {"library": w.name, "items": args.items, **w.read()}
@@ -466,14 +524,17 @@ def main() -> None:
             )
         print(f"| {r['library']} | " + " | ".join(cells) + " |")
     base = {r["library"]: r for r in results}
-    if "apexrl" in base and len(base) > 1:
-        print("\nRatios apexrl / other (higher is better for apexrl):\n")
+    ratio_rows = []
+    for name, r in base.items():
+        # A -baseline row against the same row of this build; the other apexrl rows are not competitors.
+        ref = name.removesuffix("-baseline") if name.endswith("-baseline") else "apexrl"
+        if ref in base and not (name.startswith("apexrl") and not name.endswith("-baseline")):
+            ratio_rows.append(f"| {name} | " + " | ".join(f"{base[ref][k] / r[k]:.2f}x" for k, _ in cols[:4]) + " |")
+    if ratio_rows:
+        print("\nRatios apexrl / other (higher is better for apexrl; a row X-baseline: row X / X of the baseline):\n")
         print("| vs | " + " | ".join(c[1] for c in cols[:4]) + " |")
         print("|---|" + "---|" * 4)
-        for name, r in base.items():
-            if name == "apexrl":
-                continue
-            print(f"| {name} | " + " | ".join(f"{base['apexrl'][k] / r[k]:.2f}x" for k, _ in cols[:4]) + " |")
+        print("\n".join(ratio_rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

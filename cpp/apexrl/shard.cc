@@ -20,12 +20,16 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 }  // namespace
 
-Shard::Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots, uint32_t epoch)
+Shard::Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots, uint32_t epoch,
+             SamplerKind sampler, uint32_t max_times_sampled)
     : index_(index),
       alpha_(alpha),
       target_slots_(std::max<size_t>(target_slots, 16)),
       epoch_(epoch),
+      sample_tree_(SamplesByPriority(sampler)),
+      max_times_sampled_(max_times_sampled),
       policy_(std::move(policy)),
+      order_(MakeSamplingOrder(sampler)),
       min_positive_(kInf) {
   if (policy_ == nullptr) throw std::invalid_argument("Shard: no eviction policy");
   if (epoch < 1 || epoch > kMaxEpoch) {
@@ -71,8 +75,10 @@ void Shard::EnsureSlots(size_t extra) {
   seq_.resize(capacity, 0);
   live_.reserve(capacity);
   free_.reserve(capacity);
-  tree_.Grow(capacity);
+  if (sample_tree_) tree_.Grow(capacity);
+  if (max_times_sampled_ > 0) times_sampled_.resize(capacity, 0);
   policy_->Grow(capacity);
+  if (order_ != nullptr) order_->Grow(capacity);
 }
 
 Slot Shard::TakeSlot() {
@@ -138,8 +144,9 @@ void Shard::Remove(Slot slot) {
   r.data = nullptr;
   r.size = 0;
   r.num_chunks = 0;
-  removed_.push_back(slot);  // its leaf is zeroed by FinishRemovals(), in one batch
+  if (sample_tree_) removed_.push_back(slot);  // its leaf is zeroed by FinishRemovals(), in one batch
   policy_->OnErase(slot);
+  if (order_ != nullptr) order_->OnErase(slot);
   const uint32_t pos = refs_[slot].live_pos;
   const Slot last = live_.back();
   live_[pos] = last;
@@ -150,6 +157,7 @@ void Shard::Remove(Slot slot) {
 }
 
 void Shard::FinishRemovals() {
+  if (removed_.empty()) return;
   zeros_.assign(removed_.size(), 0.0);
   tree_.SetBatch(removed_.data(), zeros_.data(), removed_.size());
   removed_.clear();
@@ -157,8 +165,10 @@ void Shard::FinishRemovals() {
 
 void Shard::Publish() {
   size_.store(live_.size(), std::memory_order_relaxed);
-  total_.store(tree_.Total(), std::memory_order_relaxed);
-  min_positive_.store(tree_.MinPositive(), std::memory_order_relaxed);
+  if (sample_tree_) {
+    total_.store(tree_.Total(), std::memory_order_relaxed);
+    min_positive_.store(tree_.MinPositive(), std::memory_order_relaxed);
+  }
   bytes_.store(bytes_held_, std::memory_order_relaxed);
   reserved_.store(arena_.reserved_bytes(), std::memory_order_relaxed);
   chunks_.store(live_chunks_, std::memory_order_relaxed);
@@ -226,6 +236,8 @@ bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* s
     refs_[slot].live_pos = static_cast<uint32_t>(live_.size());
     live_.push_back(slot);
     policy_->OnInsert(slot, item.priority, seq0 + i);
+    if (order_ != nullptr) order_->OnInsert(slot, item.priority, seq0 + i);
+    if (max_times_sampled_ > 0) times_sampled_[slot] = 0;
     bytes_held_ += item.size;
     keys[i] = MakeKey(index_, slot, r.tag);
     scratch_slots_[i] = slot;
@@ -238,7 +250,7 @@ bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* s
       ReleaseChunk(chunk_ids[c]);
     }
   }
-  tree_.SetBatch(scratch_slots_.data(), scratch_values_.data(), n);
+  if (sample_tree_) tree_.SetBatch(scratch_slots_.data(), scratch_values_.data(), n);
   counters_.inserted += n;
   if (n > 0) max_seq_ = seq0 + n - 1;
   Publish();
@@ -253,7 +265,7 @@ void Shard::CopyOut(const Slot* slots, size_t k, double share, double total, con
     const Slot s = slots[i];
     const SlotRef& r = refs_[s];
     __builtin_prefetch(r.data);
-    const double mass = tree_.Get(s);
+    const double mass = sample_tree_ ? tree_.Get(s) : 0.0;  // the caller writes the other samplers' P
     sink.keys[first + i] = MakeKey(index_, s, r.tag);
     sink.masses[first + i] = mass;
     sink.probabilities[first + i] = mass * scale;
@@ -300,8 +312,30 @@ void Shard::CopyOut(const Slot* slots, size_t k, double share, double total, con
   counters_.sampled += k;
 }
 
+size_t Shard::Admit(Slot* slots, size_t k) {
+  if (max_times_sampled_ == 0) return k;
+  size_t kept = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const Slot s = slots[i];
+    // At its allowance already: drawn for the last time earlier in this call (it leaves at the call's end).
+    if (times_sampled_[s] >= max_times_sampled_) continue;
+    if (++times_sampled_[s] == max_times_sampled_) exhausted_.push_back(s);
+    slots[kept++] = s;
+  }
+  return kept;
+}
+
+void Shard::RemoveExhausted() {
+  if (exhausted_.empty()) return;
+  for (Slot s : exhausted_) Remove(s);
+  counters_.removed_by_sampling += exhausted_.size();
+  exhausted_.clear();
+  FinishRemovals();
+  Publish();
+}
+
 bool Shard::Sample(const double* fractions, size_t k, double share, const SampleSink& sink, size_t first,
-                   double* used_total) {
+                   double* used_total, size_t* written) {
   thread_local std::vector<double> masses;
   thread_local std::vector<Slot> slots;
   masses.resize(k);
@@ -314,20 +348,48 @@ bool Shard::Sample(const double* fractions, size_t k, double share, const Sample
   if (used_total != nullptr) *used_total = total;
   for (size_t i = 0; i < k; ++i) masses[i] = fractions[i] * total;
   tree_.FindBatch(masses.data(), k, slots.data());
-  CopyOut(slots.data(), k, share, total, sink, first);
+  const size_t kept = Admit(slots.data(), k);
+  CopyOut(slots.data(), kept, share, total, sink, first);
+  RemoveExhausted();
+  if (written != nullptr) *written = kept;
   return true;
 }
 
-bool Shard::SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first) {
+bool Shard::SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first, size_t* written) {
   thread_local std::vector<Slot> slots;
   slots.resize(k);
   ScopedLock lock(mu_);
   if (live_.empty()) return false;
   for (size_t i = 0; i < k; ++i) slots[i] = live_[rng.Below(live_.size())];
-  // CopyOut reports mass * share / total; with "mass" 1 per item this is share / size, the uniform P.
-  CopyOut(slots.data(), k, share, static_cast<double>(live_.size()), sink, first);
-  for (size_t i = 0; i < k; ++i) sink.probabilities[first + i] = share / static_cast<double>(live_.size());
+  const double p = share / static_cast<double>(live_.size());  // the uniform P, before any removal
+  const size_t kept = Admit(slots.data(), k);
+  CopyOut(slots.data(), kept, share, static_cast<double>(live_.size()), sink, first);
+  for (size_t i = 0; i < kept; ++i) sink.probabilities[first + i] = p;
+  RemoveExhausted();
+  if (written != nullptr) *written = kept;
   return true;
+}
+
+size_t Shard::SampleOrdered(const EvictionQuota& quota, const SampleSink& sink, size_t first,
+                            std::vector<uint64_t>* ranks) {
+  thread_local std::vector<Slot> slots;
+  slots.clear();
+  ScopedLock lock(mu_);
+  if (order_ == nullptr) throw std::logic_error("Shard::SampleOrdered: the shard's sampler has no order");
+  order_->Front(quota.count, quota.max_rank, &slots, ranks);
+  const size_t k = Admit(slots.data(), slots.size());  // distinct items: nothing is dropped
+  CopyOut(slots.data(), k, 1.0, 1.0, sink, first);
+  RemoveExhausted();
+  return k;
+}
+
+void Shard::SummarizeOrder(size_t max_ranks, EvictionSummary* out) const {
+  ScopedLock lock(mu_);
+  out->size = live_.size();
+  out->ranks.clear();
+  out->mass = 0.0;
+  out->urgent = 0;
+  if (order_ != nullptr) order_->Summarize(max_ranks, out);
 }
 
 void Shard::UncountSampled(size_t k) {
@@ -343,7 +405,7 @@ size_t Shard::Update(const Key* keys, const double* priorities, const double* ma
     const Slot slot = SplitKey(keys[i]).slot;
     if (slot < num_slots_) {
       __builtin_prefetch(&refs_[slot], 1);
-      tree_.PrefetchLeaf(slot);
+      if (sample_tree_) tree_.PrefetchLeaf(slot);
     }
   }
   for (size_t i = 0; i < n; ++i) {
@@ -351,11 +413,12 @@ size_t Shard::Update(const Key* keys, const double* priorities, const double* ma
     if (!Live(kp.slot, kp.tag)) continue;
     refs_[kp.slot].priority = priorities[i];
     policy_->OnUpdate(kp.slot, priorities[i]);
+    if (order_ != nullptr) order_->OnUpdate(kp.slot, priorities[i]);
     scratch_slots_.push_back(kp.slot);
     scratch_values_.push_back(masses[i]);
   }
   const size_t updated = scratch_slots_.size();
-  tree_.SetBatch(scratch_slots_.data(), scratch_values_.data(), updated);
+  if (sample_tree_) tree_.SetBatch(scratch_slots_.data(), scratch_values_.data(), updated);
   counters_.updated += updated;
   counters_.stale_updates += n - updated;
   Publish();
@@ -441,16 +504,21 @@ void Shard::Validate() const {
         }
         ++chunk_refs[id];
       }
-      if (tree_.Get(s) != PriorityMass(refs_[s].priority, alpha_)) fail("tree leaf differs from priority^alpha");
+      if (sample_tree_ && tree_.Get(s) != PriorityMass(refs_[s].priority, alpha_)) {
+        fail("tree leaf differs from priority^alpha");
+      }
+      if (max_times_sampled_ > 0 && times_sampled_[s] >= max_times_sampled_) {
+        fail("live item drawn " + std::to_string(times_sampled_[s]) + " times, at or past max_times_sampled");
+      }
       if (seq_[s] > max_seq_) fail("insertion number above the shard's maximum");
     } else {
-      if (tree_.Get(s) != 0.0) fail("free slot has sampling mass");
+      if (sample_tree_ && tree_.Get(s) != 0.0) fail("free slot has sampling mass");
       if (r.data != nullptr) fail("free slot holds a payload");
       if (!ValidTag(r.tag)) fail("used slot with an invalid tag");
       if (Retired(r)) ++retired;
     }
   }
-  for (size_t s = num_slots_; s < refs_.size(); ++s) {
+  for (size_t s = num_slots_; sample_tree_ && s < refs_.size(); ++s) {
     if (tree_.Get(s) != 0.0) fail("unused slot has sampling mass");
   }
   if (live != live_.size()) fail("live count differs from live list");
@@ -476,23 +544,32 @@ void Shard::Validate() const {
   bytes += chunk_bytes;
   if (bytes != bytes_held_) fail("byte count differs from the sum of item and chunk sizes");
   if (chunks_.load() != live_chunks_ || chunk_bytes_.load() != chunk_bytes_held_) fail("published chunks are stale");
-  if (size_.load() != live || bytes_.load() != bytes_held_ || total_.load() != tree_.Total()) {
+  if (size_.load() != live || bytes_.load() != bytes_held_ || total_.load() != (sample_tree_ ? tree_.Total() : 0.0)) {
     fail("published size/bytes/total are stale");
   }
-  if (std::string e = tree_.CheckConsistency(); !e.empty()) fail("sum tree: " + e);
+  if (!exhausted_.empty()) fail("items drawn for the last time were not removed");
+  if (sample_tree_) {
+    if (std::string e = tree_.CheckConsistency(); !e.empty()) fail("sum tree: " + e);
+  }
   if (std::string e = policy_->CheckConsistency(live); !e.empty()) fail(e);
+  if (order_ != nullptr) {
+    if (std::string e = order_->CheckConsistency(live); !e.empty()) fail("sampling order: " + e);
+  }
 }
 
-// Snapshot layout of one shard, format 3 (little-endian, inside the store's checksummed stream):
+// Snapshot layout of one shard, format 4 (little-endian, inside the store's checksummed stream):
 //   u32 index | u64 num_slots | u32 tag[num_slots]
 //   | u64 num_chunks | num_chunks x (u32 id, u32 size, size bytes), ids increasing
-//   | u64 num_live | num_live x (u32 slot, u64 seq, f64 priority, u32 size, u32 num_chunks,
+//   | u64 num_live | num_live x (u32 slot, u64 seq, f64 priority, u32 size, u32 num_chunks, u32 times_sampled,
 //                               u32 chunk_id[num_chunks], size bytes), oldest first
-//   | u64 x 6 counters | u64 max_seq
-// Format 2 (before frame chunks) is the same without the chunk table and without the items' num_chunks and
-// chunk ids; it still loads. Chunk ids are kept, reference counts are rebuilt from the items.
-// Every slot below num_slots that holds no item is free after a load: the restored store has a new epoch,
-// so even slots retired in the saved life can issue tags again (see common.h).
+//   | u64 x 7 counters (inserted, sampled, updated, stale_updates, evicted, erased, removed_by_sampling)
+//   | u64 max_seq
+// Format 3 (before samplers) is the same without the items' times_sampled and the counter removed_by_sampling
+// (both read as 0); format 2 (before frame chunks) also lacks the chunk table and the items' num_chunks and
+// chunk ids. Both still load. times_sampled is counted only by a store with max_times_sampled > 0 (0 otherwise). Chunk
+// ids are kept, reference counts are rebuilt from the items. Every slot below num_slots that holds no item is free
+// after a load: the restored store has a new epoch, so even slots retired in the saved life can issue tags again (see
+// common.h).
 namespace {
 
 // Copies trivially copyable values into a buffer sized in advance (no per-field capacity checks).
@@ -518,12 +595,12 @@ class BlockWriter {
 
 void Shard::Serialize(ByteBuffer* out) const {
   ScopedLock lock(mu_);
-  constexpr size_t kPerItem = sizeof(uint32_t) + sizeof(uint64_t) + sizeof(double) + 2 * sizeof(uint32_t);
+  constexpr size_t kPerItem = sizeof(uint32_t) + sizeof(uint64_t) + sizeof(double) + 3 * sizeof(uint32_t);
   size_t refs = 0;
   for (Slot s : live_) refs += refs_[s].num_chunks;
   const size_t size = sizeof(uint32_t) + sizeof(uint64_t) + num_slots_ * sizeof(Tag) + sizeof(uint64_t) +
                       live_chunks_ * 2 * sizeof(uint32_t) + sizeof(uint64_t) + live_.size() * kPerItem +
-                      refs * sizeof(uint32_t) + bytes_held_ + 7 * sizeof(uint64_t);
+                      refs * sizeof(uint32_t) + bytes_held_ + 8 * sizeof(uint64_t);
   out->clear();
   BlockWriter w(out->Extend(size));
   w.Put<uint32_t>(index_);
@@ -549,11 +626,12 @@ void Shard::Serialize(ByteBuffer* out) const {
     w.Put<double>(refs_[s].priority);
     w.Put<uint32_t>(refs_[s].size);
     w.Put<uint32_t>(refs_[s].num_chunks);
+    w.Put<uint32_t>(max_times_sampled_ > 0 ? times_sampled_[s] : 0);
     if (refs_[s].num_chunks > 0) w.Write(ChunkIds(refs_[s]), refs_[s].num_chunks * sizeof(uint32_t));
     w.Write(refs_[s].data, refs_[s].size);
   }
   for (uint64_t c : {counters_.inserted, counters_.sampled, counters_.updated, counters_.stale_updates,
-                     counters_.evicted, counters_.erased, max_seq_}) {
+                     counters_.evicted, counters_.erased, counters_.removed_by_sampling, max_seq_}) {
     w.Put<uint64_t>(c);
   }
 }
@@ -619,6 +697,12 @@ void Shard::Read(SnapshotReader& in, uint32_t version) {
     uint32_t ids[kMaxChunksPerItem];
     const uint32_t num_chunks = version >= 3 ? in.Get<uint32_t>() : 0;
     if (num_chunks > kMaxChunksPerItem) in.Fail("item references " + std::to_string(num_chunks) + " chunks");
+    const uint32_t times_sampled = version >= 4 ? in.Get<uint32_t>() : 0;
+    // A count at the allowance would have removed the item; one without a limit is never counted.
+    if (max_times_sampled_ == 0 ? times_sampled != 0 : times_sampled >= max_times_sampled_) {
+      in.Fail("item drawn " + std::to_string(times_sampled) + " times, not below max_times_sampled " +
+              std::to_string(max_times_sampled_));
+    }
     for (uint32_t j = 0; j < num_chunks; ++j) {
       ids[j] = in.Get<uint32_t>();
       if (ids[j] >= chunk_seen.size() || chunk_seen[ids[j]] == 0) in.Fail("item references a missing chunk");
@@ -648,16 +732,19 @@ void Shard::Read(SnapshotReader& in, uint32_t version) {
     refs_[s].live_pos = static_cast<uint32_t>(live_.size());
     live_.push_back(s);
     policy_->OnInsert(s, priority, seq);
-    tree_.SetLeafUnsafe(s, mass);
+    if (order_ != nullptr) order_->OnInsert(s, priority, seq);
+    if (max_times_sampled_ > 0) times_sampled_[s] = times_sampled;
+    if (sample_tree_) tree_.SetLeafUnsafe(s, mass);
     bytes_held_ += size;
   }
-  tree_.Rebuild();
+  if (sample_tree_) tree_.Rebuild();
   counters_.inserted = in.Get<uint64_t>();
   counters_.sampled = in.Get<uint64_t>();
   counters_.updated = in.Get<uint64_t>();
   counters_.stale_updates = in.Get<uint64_t>();
   counters_.evicted = in.Get<uint64_t>();
   counters_.erased = in.Get<uint64_t>();
+  counters_.removed_by_sampling = version >= 4 ? in.Get<uint64_t>() : 0;
   max_seq_ = in.Get<uint64_t>();
   if (previous_seq > max_seq_) in.Fail("item newer than the shard's maximum insertion number");
   for (size_t id = 0; id < chunk_seen.size(); ++id) {

@@ -1,4 +1,5 @@
-// Shard: one lock's worth of the store -- slots, payloads, a sum tree, and an eviction policy.
+// Shard: one lock's worth of the store -- slots, payloads, a sum tree (prioritized sampling only), an eviction
+// policy and, for an ordered sampler, its sampling order.
 #ifndef APEXRL_SHARD_H_
 #define APEXRL_SHARD_H_
 
@@ -16,6 +17,7 @@
 #include "apexrl/mutex.h"
 #include "apexrl/payload_arena.h"
 #include "apexrl/random.h"
+#include "apexrl/sampling/kinds.h"
 #include "apexrl/spin_mutex.h"
 #include "apexrl/sum_tree.h"
 #include "apexrl/thread_annotations.h"
@@ -68,6 +70,7 @@ struct ShardCounters {
   uint64_t stale_updates = 0;
   uint64_t evicted = 0;
   uint64_t erased = 0;
+  uint64_t removed_by_sampling = 0;  // items removed after their max_times_sampled-th draw
 };
 
 // Everything under one mutex. Thread-safe: every public method takes the shard's lock itself, and no method
@@ -81,6 +84,13 @@ struct ShardCounters {
 //
 // The lock-free accessors (size(), total(), ...) read values published at the end of each locked operation:
 // exact when the shard is quiet, a recent value under concurrency.
+//
+// Sampling (sampling/kinds.h): only a kPrioritized shard keeps the sum tree (a shard of another sampler makes no
+// tree update on insert, update or removal, and its total() is 0); an ordered sampler's shard keeps its order in
+// a second ordered policy object beside the eviction policy. With max_times_sampled k > 0 every item counts its
+// draws and is removed (like an erase, counted in removed_by_sampling) under the lock of the sample call that
+// drew it the k-th time; a draw that would exceed an item's allowance (only possible within one call of a
+// with-replacement sampler) is dropped, so the call writes fewer draws than asked (see `written`).
 class Shard {
  public:
   static constexpr uint32_t kNotLive = 0xFFFFFFFFu;
@@ -90,8 +100,10 @@ class Shard {
   // `target_slots`: the slots this shard expects to need at the store's capacity. Arrays double up to it and
   // then grow by a quarter, so a store at its soft capacity does not carry 2x slack of per-slot metadata.
   // `policy` (not null; std::invalid_argument otherwise) orders this shard's evictions; the shard owns it.
-  // `epoch` (1..kMaxEpoch) goes into the tag of every key this shard issues.
-  Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots, uint32_t epoch = 1);
+  // `epoch` (1..kMaxEpoch) goes into the tag of every key this shard issues. `sampler` and `max_times_sampled`
+  // (0: no limit) as in StoreConfig.
+  Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> policy, size_t target_slots, uint32_t epoch = 1,
+        SamplerKind sampler = SamplerKind::kPrioritized, uint32_t max_times_sampled = 0);
   ~Shard();
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
@@ -106,11 +118,22 @@ class Shard {
   // Draws k items: draw i lands on the item where the prefix sum of masses passes fractions[i] * total.
   // `share` is the probability that one draw of the whole store came to this shard. Writes draws
   // [first, first + k) of `sink`. Returns false, writing nothing, if the shard has no mass now. `used_total`
-  // (optional) receives the shard's total the draws were scaled to (read under the lock).
+  // (optional) receives the shard's total the draws were scaled to (read under the lock). `written`
+  // (optional): how many draws were written, k unless max_times_sampled dropped some (see above). A kPrioritized
+  // shard only.
   bool Sample(const double* fractions, size_t k, double share, const SampleSink& sink, size_t first,
-              double* used_total = nullptr) EXCLUDES(mu_);
-  // k uniform draws among this shard's items (the store's fallback when every mass is 0); `share` as above.
-  bool SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first) EXCLUDES(mu_);
+              double* used_total = nullptr, size_t* written = nullptr) EXCLUDES(mu_);
+  // k uniform draws among this shard's items (a uniform sampler, or the prioritized store's fallback when every
+  // mass is 0); `share`, `written` as above.
+  bool SampleUniform(size_t k, Rng& rng, double share, const SampleSink& sink, size_t first, size_t* written = nullptr)
+      EXCLUDES(mu_);
+  // An ordered sampler's shard: writes its first items in sampling order within `quota` (at most quota.count,
+  // ranks at most quota.max_rank; see EvictionQuota), distinct, from position `first` of `sink`, appends
+  // their ranks to `ranks`, and returns how many it wrote.
+  size_t SampleOrdered(const EvictionQuota& quota, const SampleSink& sink, size_t first, std::vector<uint64_t>* ranks)
+      EXCLUDES(mu_);
+  // An ordered sampler's shard: like Summarize, for the sampling order.
+  void SummarizeOrder(size_t max_ranks, EvictionSummary* out) const EXCLUDES(mu_);
 
   // Sets new priorities; keys whose item is gone are skipped and counted as stale. Returns how many updated.
   size_t Update(const Key* keys, const double* priorities, const double* masses, size_t n) EXCLUDES(mu_);
@@ -145,8 +168,8 @@ class Shard {
   // the lock (a memcpy per item, no I/O), Write serializes and then writes the block with the lock released.
   void Serialize(ByteBuffer* out) const EXCLUDES(mu_);
   void Write(SnapshotWriter& out) const EXCLUDES(mu_);
-  // Fills an empty shard from a snapshot of format `version` (2: no chunks; 3: chunks; structure checked,
-  // the caller verifies the checksum at the end).
+  // Fills an empty shard from a snapshot of format `version` (2: no chunks; 3: chunks; 4: times sampled and
+  // removed_by_sampling; structure checked, the caller verifies the checksum at the end).
   void Read(SnapshotReader& in, uint32_t version) EXCLUDES(mu_);
 
  private:
@@ -185,6 +208,11 @@ class Shard {
   uint32_t TakeChunkId() REQUIRES(mu_);
   void EnsureChunks(size_t extra) REQUIRES(mu_);
   void FinishRemovals() REQUIRES(mu_);
+  // max_times_sampled: counts the draws slots[0..k) of one call, keeps those within their item's allowance
+  // (compacted, in order) and returns how many; items drawn for the last time go to exhausted_.
+  size_t Admit(Slot* slots, size_t k) REQUIRES(mu_);
+  // Removes the items Admit() found exhausted (after their bytes were copied out) and publishes.
+  void RemoveExhausted() REQUIRES(mu_);
   void CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink, size_t first)
       REQUIRES(mu_);
   void Publish() REQUIRES(mu_);
@@ -193,6 +221,8 @@ class Shard {
   const double alpha_;
   const size_t target_slots_;
   const uint32_t epoch_;
+  const bool sample_tree_;  // the sampler is kPrioritized: tree_ holds every item's mass
+  const uint32_t max_times_sampled_;
   mutable SpinMutex mu_;
 
   AlignedVector<SlotRef> refs_ GUARDED_BY(mu_);
@@ -203,6 +233,9 @@ class Shard {
   SumMinTree tree_ GUARDED_BY(mu_);
   PayloadArena arena_ GUARDED_BY(mu_);
   const std::unique_ptr<EvictionPolicy> policy_ PT_GUARDED_BY(mu_);  // never null
+  const std::unique_ptr<EvictionPolicy> order_ PT_GUARDED_BY(mu_);   // an ordered sampler's order, else null
+  std::vector<uint32_t> times_sampled_ GUARDED_BY(mu_);  // per slot, draws so far; empty unless max_times_sampled_
+  std::vector<Slot> exhausted_ GUARDED_BY(mu_);
   ShardCounters counters_ GUARDED_BY(mu_);
   uint64_t max_seq_ GUARDED_BY(mu_) = 0;
   uint64_t bytes_held_ GUARDED_BY(mu_) = 0;           // items' and chunks' bytes

@@ -23,8 +23,10 @@ constexpr size_t kInsertChunk = 64;
 constexpr char kMagic[8] = {'A', 'P', 'X', 'R', 'L', 'S', 'T', '1'};
 constexpr char kEndMagic[8] = {'A', 'P', 'X', 'R', 'L', 'E', 'N', 'D'};
 // Version 2: keys carry an epoch (slot tags instead of generations, the saved epoch and max_size).
-// Version 3: frame chunks (a chunk table per shard, chunk ids per item). Version 2 files still load.
-constexpr uint32_t kSnapshotVersion = 3;
+// Version 3: frame chunks (a chunk table per shard, chunk ids per item).
+// Version 4: samplers (the sampler and max_times_sampled in the header, each item's times sampled, the counter
+// removed_by_sampling). Version 2 and 3 files still load (sampler prioritized, no limit, counts 0).
+constexpr uint32_t kSnapshotVersion = 4;
 constexpr uint32_t kOldestReadableVersion = 2;
 constexpr uint64_t kEvictionStream = 0x5EED0E71C7ull;
 
@@ -46,6 +48,9 @@ void ValidateConfig(const StoreConfig& c) {
   }
   if (!IsEvictionKind(c.eviction)) {
     throw InvalidArgument("unknown eviction policy " + std::to_string(static_cast<uint32_t>(c.eviction)));
+  }
+  if (!IsSamplerKind(c.sampler)) {
+    throw InvalidArgument("unknown sampler " + std::to_string(static_cast<uint32_t>(c.sampler)));
   }
   if (!std::isfinite(c.alpha_evict)) throw InvalidArgument("alpha_evict must be finite, got " + Num(c.alpha_evict));
   if (c.epoch < 1 || c.epoch > kMaxEpoch) {
@@ -84,8 +89,9 @@ ShardedStore::ShardedStore(const StoreConfig& config) : config_(WithDefaults(con
   const size_t target = static_cast<size_t>(std::min<uint64_t>(per_shard + per_shard / 10 + 1024, kMaxSlotsPerShard));
   shards_.reserve(config_.shards);
   for (uint32_t s = 0; s < config_.shards; ++s) {
-    shards_.push_back(std::make_unique<Shard>(
-        s, config_.alpha, MakeEvictionPolicy(config_.eviction, config_.alpha_evict), target, config_.epoch));
+    shards_.push_back(std::make_unique<Shard>(s, config_.alpha,
+                                              MakeEvictionPolicy(config_.eviction, config_.alpha_evict), target,
+                                              config_.epoch, config_.sampler, config_.max_times_sampled));
   }
 }
 
@@ -213,6 +219,10 @@ namespace {
 struct SampleScratch {
   std::vector<double> masses, points, fractions, totals;
   std::vector<size_t> counts;
+  std::vector<uint64_t> bounds, ranks;  // uniform: running shard sizes; ordered: each written item's rank
+  std::vector<uint32_t> order;
+  std::vector<EvictionSummary> summaries;
+  std::vector<EvictionQuota> quotas;
   std::vector<std::pair<size_t, size_t>> done;  // (shard, draws) sampled so far in this pass
 };
 thread_local SampleScratch sample_scratch;
@@ -244,9 +254,17 @@ void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
   // One pass normally fills the batch. A shard emptied between reading its total and locking it leaves its
   // draws unfilled: the whole batch is then drawn again from fresh totals, so every batch comes from one
   // pass and its total_mass / min_mass / size describe all of its draws.
-  for (int pass = 0; !SamplePass(n, rng, out); ++pass) {
+  size_t filled = 0;
+  for (int pass = 0; (filled = SamplePass(n, rng, out)) == 0; ++pass) {
+    if (Size() == 0) throw EmptyStore();
     if (pass >= 64) throw std::runtime_error("sample: the store kept changing under the draw; try again");
   }
+  n = filled;  // fewer than asked where the sampler allows it (see "Samplers")
+  out->keys.resize(n);
+  out->weights.resize(n);
+  out->probabilities.resize(n);
+  out->offsets.resize(n + 1);
+  out->item_chunk_offsets.resize(n + 1);
   out->offsets[n] = out->data.size();
   out->item_chunk_offsets[n] = out->item_chunks.size();
   out->chunk_offsets.push_back(out->chunk_data.size());
@@ -265,7 +283,48 @@ void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
   }
 }
 
-bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
+namespace {
+
+// Puts the n items of a batch into a new order: item i of the result is item order[i] of `out`. Every
+// per-item array and both byte streams are gathered (chunk indices stay valid: the chunks are not moved).
+void PermuteBatch(SampleResult* out, const std::vector<uint32_t>& order) {
+  const size_t n = order.size();
+  thread_local std::vector<Key> keys;
+  thread_local std::vector<double> probabilities;
+  thread_local std::vector<uint64_t> offsets, item_chunk_offsets, item_chunks;
+  thread_local ByteBuffer data;
+  keys.resize(n);
+  probabilities.resize(n);
+  offsets.resize(n);
+  item_chunk_offsets.resize(n);
+  item_chunks.clear();
+  data.clear();
+  data.reserve(out->data.size());
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t j = order[i];
+    keys[i] = out->keys[j];
+    probabilities[i] = out->probabilities[j];
+    const uint64_t b = out->offsets[j], e = out->offsets[j + 1];
+    offsets[i] = data.size();
+    if (e > b) std::memcpy(data.Extend(e - b), out->data.data() + b, e - b);
+    item_chunk_offsets[i] = item_chunks.size();
+    item_chunks.insert(item_chunks.end(),
+                       out->item_chunks.begin() + static_cast<std::ptrdiff_t>(out->item_chunk_offsets[j]),
+                       out->item_chunks.begin() + static_cast<std::ptrdiff_t>(out->item_chunk_offsets[j + 1]));
+  }
+  std::copy(keys.begin(), keys.end(), out->keys.begin());
+  std::copy(probabilities.begin(), probabilities.end(), out->probabilities.begin());
+  std::copy(offsets.begin(), offsets.end(), out->offsets.begin());
+  std::copy(item_chunk_offsets.begin(), item_chunk_offsets.end(), out->item_chunk_offsets.begin());
+  out->item_chunks.swap(item_chunks);
+  std::swap(out->data, data);
+}
+
+}  // namespace
+
+size_t ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
+  if (config_.sampler == SamplerKind::kUniform) return UniformPass(n, rng, out);
+  if (config_.sampler != SamplerKind::kPrioritized) return OrderedPass(n, rng, out);
   SampleScratch& scratch = sample_scratch;
   const size_t num_shards = shards_.size();
   scratch.points.resize(n);
@@ -279,9 +338,9 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
   out->chunk_offsets.clear();
   scratch.done.clear();
   // A discarded pass takes its draws back from the shards' counters, so `sampled` counts delivered draws.
-  auto discard = [&]() {
+  auto discard = [&]() -> size_t {
     for (const auto& [s, k] : scratch.done) shards_[s]->UncountSampled(k);
-    return false;
+    return 0;
   };
   const SampleSink sink{out->keys.data(),  scratch.masses.data(), out->probabilities.data(),
                         &out->data,        out->offsets.data(),   out->item_chunk_offsets.data(),
@@ -299,35 +358,7 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
   }
   if (items == 0) throw EmptyStore();
   out->size = items;
-  if (!(total > 0.0)) {
-    // Every mass is zero (alpha > 0 and all priorities 0): uniform over items.
-    std::vector<size_t>& counts = scratch.counts;
-    std::fill(counts.begin(), counts.end(), 0);
-    for (size_t s = 0; s < num_shards; ++s) totals[s] = static_cast<double>(shards_[s]->size());
-    const uint64_t drawn_from = static_cast<uint64_t>(std::accumulate(totals.begin(), totals.end(), 0.0));
-    if (drawn_from == 0) return false;  // emptied since `items` was read
-    for (size_t j = 0; j < n; ++j) {
-      uint64_t r = rng.Below(drawn_from);
-      size_t s = 0;
-      while (r >= static_cast<uint64_t>(totals[s])) r -= static_cast<uint64_t>(totals[s++]);
-      ++counts[s];
-    }
-    size_t filled = 0;
-    for (size_t s = 0; s < num_shards; ++s) {
-      if (counts[s] == 0) continue;
-      if (!shards_[s]->SampleUniform(counts[s], rng, totals[s] / static_cast<double>(drawn_from), sink, filled)) {
-        return discard();
-      }
-      scratch.done.emplace_back(s, counts[s]);
-      filled += counts[s];
-    }
-    out->size = drawn_from;
-    out->total_mass = 0.0;
-    out->min_mass = 0.0;
-    std::fill(out->probabilities.begin(), out->probabilities.end(), 1.0 / static_cast<double>(drawn_from));
-    std::fill(scratch.masses.begin(), scratch.masses.end(), 0.0);  // weights 1
-    return true;
-  }
+  if (!(total > 0.0)) return UniformPass(n, rng, out);  // every mass is 0 (alpha > 0, all priorities 0)
   // Stratified: draw j is uniform in segment j of [0, total); the draws come out sorted, so each shard's
   // draws are one contiguous run.
   const double segment = total / static_cast<double>(n);
@@ -336,8 +367,11 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
   for (size_t j = 0; j < n; ++j) points[j] = (static_cast<double>(j) + rng.Uniform()) * segment;
   // The total the batch reports: each shard's total as its draws saw it (read under its lock), the total
   // read before the pass for shards no draw reached. Every drawn mass is part of it, so P <= 1.
+  // With max_times_sampled a shard may drop draws (and remove items): `filled` counts what was written, and
+  // a shard emptied under the pass gives nothing rather than discarding the pass.
+  const bool limited = config_.max_times_sampled > 0;
   double used = 0.0;
-  size_t j = 0;
+  size_t j = 0, filled = 0;
   double begin = 0.0;
   for (size_t s = 0; s < num_shards; ++s) {
     if (!(totals[s] > 0.0)) continue;
@@ -350,8 +384,13 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
     const size_t k = j - first;
     double shard_total = totals[s];
     if (k > 0) {
-      if (!shards_[s]->Sample(&fractions[first], k, totals[s] / total, sink, first, &shard_total)) return discard();
-      scratch.done.emplace_back(s, k);
+      size_t written = 0;
+      if (shards_[s]->Sample(&fractions[first], k, totals[s] / total, sink, filled, &shard_total, &written)) {
+        scratch.done.emplace_back(s, written);
+        filled += written;
+      } else if (!limited) {
+        return discard();
+      }
     }
     used += shard_total;
     begin = end;
@@ -360,13 +399,128 @@ bool ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
   // this is the probability the draw was made with; under concurrent writes the shard a draw landed in may
   // have moved between the read and the lock (the draw is rescaled into the shard's current tree).
   const double* masses = scratch.masses.data();
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < filled; ++i) {
     out->probabilities[i] = masses[i] / used;
     if (masses[i] > 0.0) min_mass = std::min(min_mass, masses[i]);
   }
   out->total_mass = used;
   out->min_mass = std::min(min_mass, used);
-  return true;
+  return filled;
+}
+
+size_t ShardedStore::UniformPass(size_t n, Rng& rng, SampleResult* out) {
+  SampleScratch& scratch = sample_scratch;
+  const size_t num_shards = shards_.size();
+  scratch.counts.assign(num_shards, 0);
+  scratch.totals.resize(num_shards);
+  scratch.bounds.resize(num_shards);
+  out->data.clear();
+  out->item_chunks.clear();
+  out->chunk_data.clear();
+  out->chunk_offsets.clear();
+  scratch.done.clear();
+  const SampleSink sink{out->keys.data(),  scratch.masses.data(), out->probabilities.data(),
+                        &out->data,        out->offsets.data(),   out->item_chunk_offsets.data(),
+                        &out->item_chunks, &out->chunk_data,      &out->chunk_offsets};
+  // Each draw picks a shard by its share of the items (a binary search of the running sizes: O(log shards),
+  // independent of the store's size), then a uniform item there.
+  uint64_t drawn_from = 0;
+  for (size_t s = 0; s < num_shards; ++s) {
+    const size_t size = shards_[s]->size();  // read once: the shares and the bounds must agree
+    scratch.totals[s] = static_cast<double>(size);
+    drawn_from += size;
+    scratch.bounds[s] = drawn_from;
+  }
+  if (drawn_from == 0) return 0;  // emptied since the caller looked
+  for (size_t j = 0; j < n; ++j) {
+    const uint64_t r = rng.Below(drawn_from);
+    ++scratch.counts[static_cast<size_t>(std::upper_bound(scratch.bounds.begin(), scratch.bounds.end(), r) -
+                                         scratch.bounds.begin())];
+  }
+  const bool limited = config_.max_times_sampled > 0;
+  size_t filled = 0;
+  for (size_t s = 0; s < num_shards; ++s) {
+    const size_t k = scratch.counts[s];
+    if (k == 0) continue;
+    size_t written = 0;
+    if (!shards_[s]->SampleUniform(k, rng, scratch.totals[s] / static_cast<double>(drawn_from), sink, filled,
+                                   &written)) {
+      if (limited) continue;  // other shards may have removed items already: keep what they gave
+      for (const auto& [d, c] : scratch.done) shards_[d]->UncountSampled(c);
+      return 0;
+    }
+    scratch.done.emplace_back(s, written);
+    filled += written;
+  }
+  out->size = drawn_from;
+  out->total_mass = 0.0;
+  out->min_mass = 0.0;
+  std::fill(out->probabilities.begin(), out->probabilities.begin() + static_cast<std::ptrdiff_t>(filled),
+            1.0 / static_cast<double>(drawn_from));
+  std::fill(scratch.masses.begin(), scratch.masses.end(), 0.0);  // weights 1
+  return filled;
+}
+
+size_t ShardedStore::OrderedPass(size_t n, Rng& rng, SampleResult* out) {
+  SampleScratch& scratch = sample_scratch;
+  const size_t num_shards = shards_.size();
+  const SampleSink sink{out->keys.data(),  scratch.masses.data(), out->probabilities.data(),
+                        &out->data,        out->offsets.data(),   out->item_chunk_offsets.data(),
+                        &out->item_chunks, &out->chunk_data,      &out->chunk_offsets};
+  // The removers' store-wide merge (planner.h): each shard lists the ranks of its first items, the planner
+  // gives each shard its count and the rank bound that keeps a shard changed since its summary from handing
+  // out other items in their place.
+  const EvictionPlanner& planner = OrderedEvictionPlanner();
+  const size_t ranks_per_shard = planner.RanksPerShard(n);
+  scratch.summaries.resize(num_shards);
+  uint64_t items = 0;
+  size_t filled = 0, contributing = 0;
+  // A shard changed since its summary gives fewer than planned. Without max_times_sampled nothing was removed,
+  // so a short batch is drawn again from fresh summaries, a few times; with it, the batch stays short.
+  for (int attempt = 0;; ++attempt) {
+    items = 0;
+    for (size_t s = 0; s < num_shards; ++s) {
+      shards_[s]->SummarizeOrder(ranks_per_shard, &scratch.summaries[s]);
+      items += scratch.summaries[s].size;
+    }
+    if (items == 0) return 0;
+    planner.Plan(n, scratch.summaries, rng, &scratch.quotas);
+    out->data.clear();
+    out->item_chunks.clear();
+    out->chunk_data.clear();
+    out->chunk_offsets.clear();
+    scratch.ranks.clear();
+    scratch.done.clear();
+    filled = contributing = 0;
+    size_t planned = 0;
+    for (size_t s = 0; s < num_shards; ++s) {
+      if (scratch.quotas[s].count == 0) continue;
+      planned += scratch.quotas[s].count;
+      const size_t written = shards_[s]->SampleOrdered(scratch.quotas[s], sink, filled, &scratch.ranks);
+      scratch.done.emplace_back(s, written);
+      filled += written;
+      contributing += written > 0;
+    }
+    if (filled == planned || config_.max_times_sampled > 0 || attempt >= 3) break;
+    for (const auto& [s, k] : scratch.done) shards_[s]->UncountSampled(k);
+  }
+  out->size = items;
+  out->total_mass = 0.0;
+  out->min_mass = 0.0;
+  std::fill(out->probabilities.begin(), out->probabilities.begin() + static_cast<std::ptrdiff_t>(filled), 1.0);
+  std::fill(scratch.masses.begin(), scratch.masses.end(), 0.0);  // weights 1
+  if (contributing > 1) {
+    // Each shard wrote its run in order; merge the runs into the store-wide order (ties: lower shard first).
+    out->offsets[filled] = out->data.size();
+    out->item_chunk_offsets[filled] = out->item_chunks.size();
+    scratch.order.resize(filled);
+    std::iota(scratch.order.begin(), scratch.order.end(), 0u);
+    const uint64_t* ranks = scratch.ranks.data();
+    std::stable_sort(scratch.order.begin(), scratch.order.end(),
+                     [ranks](uint32_t a, uint32_t b) { return ranks[a] < ranks[b]; });
+    PermuteBatch(out, scratch.order);
+  }
+  return filled;
 }
 
 void ShardedStore::GroupByShard(const Key* keys, size_t n, std::vector<uint32_t>* order,
@@ -492,6 +646,7 @@ StoreStats ShardedStore::Stats() const {
     st.stale_updates += c.stale_updates;
     st.evicted += c.evicted;
     st.erased += c.erased;
+    st.removed_by_sampling += c.removed_by_sampling;
     st.size += shard->size();
     st.bytes_held += shard->bytes();
     st.chunks += shard->chunks();
@@ -508,13 +663,14 @@ void ShardedStore::Validate() const {
   for (const auto& shard : shards_) shard->Validate();
 }
 
-// Snapshot layout, version 3 (little-endian; CRC-32C of every preceding byte at the end):
+// Snapshot layout, version 4 (little-endian; CRC-32C of every preceding byte at the end):
 //   "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards | u32 eviction
-//   | f64 alpha_evict | u64 seed | shards x Shard block (shard.cc) | u64 next_seq | u64 next_shard
-//   | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys | "APXRLEND" | u32 crc32c
+//   | f64 alpha_evict | u64 seed | u32 sampler | u32 max_times_sampled | shards x Shard block (shard.cc) | u64 next_seq
+//   | u64 next_shard | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys | "APXRLEND" | u32 crc32c
 // Shards are captured one at a time, each under its own lock for the copy of its block only: inserts and
 // samples go on meanwhile, and every item acknowledged before Save() began is in the file unless it was
-// removed before its shard was copied.
+// removed before its shard was copied. Versions 2 and 3 have no sampler and max_times_sampled (read as
+// prioritized and 0).
 void ShardedStore::Save(const std::string& path) const {
   SnapshotWriter out(path);
   out.Write(kMagic, sizeof(kMagic));
@@ -527,6 +683,8 @@ void ShardedStore::Save(const std::string& path) const {
   out.Put<uint32_t>(static_cast<uint32_t>(config_.eviction));
   out.Put<double>(config_.alpha_evict);
   out.Put<uint64_t>(config_.seed);
+  out.Put<uint32_t>(static_cast<uint32_t>(config_.sampler));
+  out.Put<uint32_t>(config_.max_times_sampled);
   for (const auto& shard : shards_) shard->Write(out);
   out.Put<uint64_t>(next_seq_.load());  // read after the shards: not below any insertion number written
   out.Put<uint64_t>(next_shard_.load());
@@ -590,6 +748,10 @@ std::unique_ptr<ShardedStore> ShardedStore::Load(const std::string& path, uint32
   config.eviction = static_cast<EvictionKind>(in.Get<uint32_t>());
   config.alpha_evict = in.Get<double>();
   config.seed = in.Get<uint64_t>();
+  if (version >= 4) {
+    config.sampler = static_cast<SamplerKind>(in.Get<uint32_t>());
+    config.max_times_sampled = in.Get<uint32_t>();
+  }
   if (config.max_size == 0) in.Fail("bad max_size 0");
   std::unique_ptr<ShardedStore> store;
   try {

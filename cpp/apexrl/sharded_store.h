@@ -1,4 +1,5 @@
-// ShardedStore: the prioritized replay store -- S independent shards behind one batched API.
+// ShardedStore: the replay store -- S independent shards behind one batched API, sampling by priority (Ape-X),
+// uniformly, or in an order (FIFO, LIFO, heaps).
 #ifndef APEXRL_SHARDED_STORE_H_
 #define APEXRL_SHARDED_STORE_H_
 
@@ -16,6 +17,7 @@
 #include "apexrl/eviction/policy.h"
 #include "apexrl/mutex.h"
 #include "apexrl/random.h"
+#include "apexrl/sampling/kinds.h"
 #include "apexrl/shard.h"
 #include "apexrl/thread_annotations.h"
 
@@ -34,6 +36,8 @@ struct StoreConfig {
   // 1..kMaxEpoch, carried by every key the store issues (common.h); a restarted store must use an epoch
   // that differs from the lives before it, so their keys can never address its items.
   uint32_t epoch = 1;
+  SamplerKind sampler = SamplerKind::kPrioritized;  // how Sample() picks items (see "Samplers" below)
+  uint32_t max_times_sampled = 0;                   // > 0: an item is removed right after its k-th draw; 0: no limit
 };
 
 // The chunks an Insert call carries beside its items (see "Frame chunks" below). Item i references
@@ -46,16 +50,19 @@ struct ChunkBatch {
   const uint64_t* item_chunk_offsets = nullptr;  // n + 1 entries, starting at 0, non-decreasing
 };
 
-// One sampled batch. Item i's bytes are data[offsets[i] .. offsets[i+1]).
+// One sampled batch of n items, n = keys.size(): the number the call returned, which may be below the number
+// asked for (see "Samplers"). Item i's bytes are data[offsets[i] .. offsets[i+1]).
 struct SampleResult {
   std::vector<Key> keys;
-  std::vector<float> weights;         // importance-sampling weights in (0, 1]
-  std::vector<double> probabilities;  // P(item) for one draw: mass / total_mass (1 / size in the fallback)
+  std::vector<float> weights;         // importance-sampling weights in (0, 1]; 1 unless prioritized
+  std::vector<double> probabilities;  // P(item) for one draw: mass / total_mass (1 / size in the fallback and
+                                      // for the uniform sampler; 1 for an ordered sampler's deterministic pick)
   ByteBuffer data;
   std::vector<uint64_t> offsets;  // size n + 1
   // The store the batch was drawn from (see "Batch totals" below).
-  double total_mass = 0.0;  // T: sum of p^alpha the draws were made from; 0 in the uniform fallback
-  double min_mass = 0.0;    // m_min: smallest positive mass, the weights' normaliser; 0 in the fallback
+  double total_mass = 0.0;  // T: sum of p^alpha the draws were made from; 0 in the uniform fallback and for
+                            // every sampler but prioritized
+  double min_mass = 0.0;    // m_min: smallest positive mass, the weights' normaliser; 0 where T is 0
   uint64_t size = 0;        // N: items in the store when sampled
   // The chunks the sampled items reference, each once: item i's are item_chunks[item_chunk_offsets[i] ..
   // item_chunk_offsets[i + 1]) (in the order it was inserted with), indices c of chunks whose bytes are
@@ -80,6 +87,7 @@ struct StoreStats {
   uint64_t evicted = 0;
   uint64_t erased = 0;
   uint64_t remove_to_fit_calls = 0;
+  uint64_t removed_by_sampling = 0;  // items removed because they reached max_times_sampled
 };
 
 // Semantics (the contract the Python API documents):
@@ -100,6 +108,30 @@ struct StoreStats {
 //    the probability the draw was made with. In the uniform fallback T = m_min = 0 and every P_k = 1 / N
 //    (weights 1). N is the sum of the shards' sizes read at the start of the pass (N >= 1; draws are with
 //    replacement, so n may exceed N).
+//  * Samplers (config.sampler; sampling/kinds.h). The contract above is the prioritized sampler's. The others:
+//    - uniform: n draws with replacement, every item equally likely: a draw picks a shard by its share of the
+//      items, then a uniform slot of it (no sum tree: O(1) per item drawn). Weights 1, probability_k = 1 / N,
+//      T = m_min = 0, exactly as the prioritized store's uniform fallback.
+//    - fifo (oldest first), lifo (newest first), max_heap (highest priority first), min_heap (lowest first): a
+//      sample of n returns min(n, size, kOrderedRound) DISTINCT items, in that order across the whole store
+//      (the ordered removers' orders and planner: each shard lists its first items, OrderedEvictionPlanner
+//      picks the store-wide first n, and the batch is merged by rank). Equal priorities come in no particular
+//      order. Sampling leaves the items in place (unless max_times_sampled says otherwise). Weights 1,
+//      probability_k = 1 (the pick is deterministic, as Reverb reports it), T = m_min = 0. Under concurrent
+//      writes a batch may hold fewer items: items erased, evicted or sampled away (max_times_sampled) between
+//      the shards' summaries and their copy-out are not replaced by later ones in the same call (without
+//      max_times_sampled, where the call has removed nothing, such a short batch is drawn again up to 3 times
+//      first; with it, e.g. several consumers of one queue, it is returned short).
+//    Only the prioritized sampler keeps the sampling sum tree: a store of another sampler makes no tree update
+//    on insert, update or removal, and TotalMass() / MinMass() are 0 there (priorities are still validated the
+//    same way, and kept for the removers and the heaps).
+//  * max_times_sampled = k > 0: every item counts its draws, and the sample call that draws it the k-th time
+//    removes it before returning (counted in removed_by_sampling, its chunks freed as by Erase; every
+//    invariant holds after the call), so no item is ever returned more than k times in total. The key in that
+//    batch is then already stale. With-replacement samplers (prioritized, uniform) draw as usual; a draw that
+//    lands on an item whose allowance the same call has already used up is DROPPED (not drawn again), so such
+//    a batch may hold fewer than n items (the draws it keeps follow the sampler's distribution, and its batch
+//    totals describe them). With k = 0 the prioritized and uniform samplers always return exactly n items.
 //  * Keys of removed items are stale forever: updates skip and count them, erase ignores them. So are keys
 //    of another epoch (an earlier life of a restarted store) unless their item was restored from a snapshot.
 //  * Masses are at most kMaxMass, so no total overflows; probabilities are finite and sum to 1.
@@ -139,7 +171,10 @@ class ShardedStore {
   // Throws InvalidArgument exactly as Insert would for these priorities (not finite, < 0, or a mass above
   // kMaxMass); changes nothing. The serving loop refuses such an INSERT before the rate limiter sees it.
   void CheckPriorities(const double* priorities, size_t n) const;
-  // Draws 1 <= n <= kMaxBatchItems items (with replacement) into `out`, reusing its buffers. beta >= 0.
+  // Draws 1 <= n <= kMaxBatchItems items into `out` (reusing its buffers) with the configured sampler; beta >= 0
+  // (used by the prioritized sampler only). The batch holds n items with replacement (prioritized, uniform)
+  // or min(n, size) distinct ones (ordered samplers), fewer where "Samplers" says so; at least 1. EmptyStore
+  // if the store is empty.
   void Sample(size_t n, double beta, SampleResult* out);
   // Returns how many keys still addressed an item (the rest are counted as stale updates).
   size_t UpdatePriorities(const Key* keys, const double* priorities, size_t n);
@@ -172,9 +207,15 @@ class ShardedStore {
   void Validate() const;
 
  private:
-  // One pass of Sample: reads the shard totals and fills all n draws and the batch totals of `out`. Returns
-  // false (the batch is to be drawn again) if a shard had emptied between the read and its lock.
-  bool SamplePass(size_t n, Rng& rng, SampleResult* out);
+  // One pass of Sample: reads the shard totals and fills up to n draws and the batch totals of `out`. Returns
+  // how many it wrote, 0 if the batch is to be drawn again (a shard had emptied between the read and its lock;
+  // with max_times_sampled such a shard's draws are dropped instead, since other shards may have removed
+  // items already). The keys', probabilities' and masses' end offsets are written by the caller.
+  size_t SamplePass(size_t n, Rng& rng, SampleResult* out);
+  // The uniform draws of a pass (the uniform sampler, and the prioritized one when every mass is 0).
+  size_t UniformPass(size_t n, Rng& rng, SampleResult* out);
+  // The pass of an ordered sampler (fifo, lifo, max_heap, min_heap).
+  size_t OrderedPass(size_t n, Rng& rng, SampleResult* out);
   // Validates priorities (finite, >= 0, mass <= kMaxMass) into masses[]; throws naming the first bad one.
   void ComputeMasses(const double* priorities, size_t n, double* masses) const;
   double CheckedMass(size_t i, double priority) const;  // priorities[i]'s mass, or the refusal naming it

@@ -14,6 +14,7 @@
 
 #include "apexrl/errors.h"
 #include "apexrl/eviction/kinds.h"
+#include "apexrl/sampling/kinds.h"
 #include "apexrl/sharded_store.h"
 #include "bindings.h"
 
@@ -285,7 +286,8 @@ class PyStore {
 
   static std::unique_ptr<PyStore> Create(const py::object& capacity, const py::object& alpha, const py::object& shards,
                                          const std::string& eviction, const py::object& alpha_evict,
-                                         const py::object& seed, const py::object& max_size, const py::object& epoch) {
+                                         const py::object& seed, const py::object& max_size, const py::object& epoch,
+                                         const std::string& sampler, const py::object& max_times_sampled) {
     StoreConfig c;
     const int64_t cap = AsInt(capacity, "capacity");
     if (cap < 1) throw InvalidArgument("capacity must be >= 1, got " + std::to_string(cap));
@@ -309,6 +311,12 @@ class PyStore {
       c.max_size = static_cast<uint64_t>(ms);
     }
     c.epoch = AsEpoch(epoch);
+    c.sampler = ParseSamplerKind(sampler);
+    const int64_t mts = AsInt(max_times_sampled, "max_times_sampled");
+    if (mts < 0 || mts > static_cast<int64_t>(UINT32_MAX)) {
+      throw InvalidArgument("max_times_sampled must be in [0, 4294967295] (0: no limit), got " + std::to_string(mts));
+    }
+    c.max_times_sampled = static_cast<uint32_t>(mts);
     return std::make_unique<PyStore>(std::make_unique<ShardedStore>(c));
   }
 
@@ -443,6 +451,7 @@ class PyStore {
     d["evicted"] = s.evicted;
     d["erased"] = s.erased;
     d["remove_to_fit_calls"] = s.remove_to_fit_calls;
+    d["removed_by_sampling"] = s.removed_by_sampling;
     d["max_size"] = store_->config().max_size;
     d["epoch"] = store_->config().epoch;
     return d;
@@ -517,9 +526,16 @@ All arrays view memory owned by the batch: no per-item copies are made.)doc")
       .def("__repr__", [](const PySampleBatch& b) { return "SampleBatch(n=" + std::to_string(b.size()) + ")"; });
 
   py::class_<PyStore>(m, "PrioritizedStore", R"doc(
-A key-value store of byte items with proportional prioritized sampling (Schaul et al., Ape-X).
+A key-value store of byte items with proportional prioritized sampling (Schaul et al., Ape-X), or another
+sampler.
 
-P(k) = p_k^alpha / sum_j p_j^alpha, drawn stratified; IS weights (N P(k))^-beta / max_j w_j. Capacity is
+sampler="prioritized" (default): P(k) = p_k^alpha / sum_j p_j^alpha, drawn stratified; IS weights
+(N P(k))^-beta / max_j w_j. "uniform": draws with replacement, every item equally likely (weights 1,
+probabilities 1/N). "fifo" / "lifo" / "max_heap" / "min_heap": a sample of n returns min(n, len, 65536) distinct items,
+oldest / newest / highest / lowest priority first across the store (weights 1, probabilities 1). With
+max_times_sampled=k > 0 an item is removed right after its k-th draw (stats: removed_by_sampling); a draw of a
+with-replacement sampler beyond an item's allowance in the same call is dropped, so that batch holds fewer
+items. Capacity is
 soft: insert always succeeds, remove_to_fit() evicts down to capacity with the eviction policy ("fifo":
 globally oldest first; "prioritized": victims drawn proportional to p^alpha_evict); max_size (default
 2 * capacity) is hard: an insert that leaves more items evicts down to capacity itself. Keys carry the
@@ -527,7 +543,8 @@ store's epoch (1..4095), so keys of an earlier life of a restarted store address
 heavy methods release the GIL.)doc")
       .def(py::init(&PyStore::Create), py::arg("capacity") = 1'000'000, py::arg("alpha") = 0.6, py::arg("shards") = 8,
            py::arg("eviction") = "fifo", py::arg("alpha_evict") = -0.4, py::arg("seed") = 0,
-           py::arg("max_size") = py::none(), py::arg("epoch") = 1)
+           py::arg("max_size") = py::none(), py::arg("epoch") = 1, py::arg("sampler") = "prioritized",
+           py::arg("max_times_sampled") = 0)
       .def("insert", &PyStore::Insert, py::arg("priorities"), py::arg("items"), py::arg("offsets") = py::none(),
            py::arg("chunks") = py::none(), py::arg("item_chunks") = py::none(),
            py::arg("item_chunk_offsets") = py::none(),
@@ -536,7 +553,9 @@ heavy methods release the GIL.)doc")
            "item_chunk_offsets[i + 1]] (distinct, at most 16; every chunk referenced by some item): the call goes "
            "to one shard, and each chunk is kept, counted once in bytes_held, while an item referencing it lives.")
       .def("sample", &PyStore::Sample, py::arg("n"), py::arg("beta") = 0.4,
-           "Draw n items (with replacement, stratified, proportional to priority^alpha).")
+           "Draw n items with the store's sampler (prioritized: with replacement, stratified, proportional to "
+           "priority^alpha); len(batch) is the number returned, fewer than n only for an ordered sampler holding "
+           "fewer items or with max_times_sampled.")
       .def("update_priorities", &PyStore::UpdatePriorities, py::arg("keys"), py::arg("priorities"),
            "Set new priorities; returns how many keys still addressed an item (stale ones are counted).")
       .def("erase", &PyStore::Erase, py::arg("keys"), "Remove the items of these keys; returns how many.")
@@ -574,6 +593,10 @@ heavy methods release the GIL.)doc")
           "epoch", [](const PyStore& s) { return s.store().config().epoch; },
           "Carried by every key this store issues (1..4095).")
       .def_property_readonly("eviction", [](const PyStore& s) { return EvictionKindName(s.store().config().eviction); })
+      .def_property_readonly("sampler", [](const PyStore& s) { return SamplerKindName(s.store().config().sampler); })
+      .def_property_readonly(
+          "max_times_sampled", [](const PyStore& s) { return s.store().config().max_times_sampled; },
+          "An item is removed right after its k-th draw (0: no limit).")
       .def_property_readonly(
           "total_priority", [](const PyStore& s) { return s.store().TotalMass(); },
           "Sum of priority^alpha over every item: the sampling mass.")
@@ -581,7 +604,12 @@ heavy methods release the GIL.)doc")
         const auto& c = s.store().config();
         return "PrioritizedStore(size=" + std::to_string(s.store().Size()) +
                ", capacity=" + std::to_string(c.capacity) + ", alpha=" + std::string(py::str(py::float_(c.alpha))) +
-               ", shards=" + std::to_string(c.shards) + ", eviction='" + EvictionKindName(c.eviction) + "')";
+               ", shards=" + std::to_string(c.shards) + ", eviction='" + EvictionKindName(c.eviction) + "'" +
+               (c.sampler != SamplerKind::kPrioritized ? ", sampler='" + std::string(SamplerKindName(c.sampler)) + "'"
+                                                       : std::string()) +
+               (c.max_times_sampled > 0 ? ", max_times_sampled=" + std::to_string(c.max_times_sampled)
+                                        : std::string()) +
+               ")";
       });
 }
 

@@ -61,6 +61,8 @@ class PrioritizedStore:
         seed: int = 0,
         max_size: int | None = None,
         epoch: int = 1,
+        sampler: str = "prioritized",
+        max_times_sampled: int = 0,
     ) -> None: ...
     def insert(
         self,
@@ -99,6 +101,10 @@ class PrioritizedStore:
     def epoch(self) -> int: ...
     @property
     def eviction(self) -> str: ...
+    @property
+    def sampler(self) -> str: ...
+    @property
+    def max_times_sampled(self) -> int: ...
     @property
     def total_priority(self) -> float: ...
 

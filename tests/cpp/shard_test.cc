@@ -634,7 +634,7 @@ TEST_F(ShardFileTest, WriteThenReadRestoresItemsKeysAndCounters) {
   ShardHarness b(2, 0.6, EvictionKind::kFifo);
   {
     SnapshotReader in(path);
-    b.shard().Read(in, 3);
+    b.shard().Read(in, 4);
     in.VerifyChecksum();
   }
   ASSERT_VALID(b.shard());
@@ -702,7 +702,7 @@ TEST_F(ShardFileTest, ReadWithANewEpochKeepsRestoredKeysAndStalesEveryOtherKeyOf
   ShardHarness b(1, 1.0, EvictionKind::kFifo, -0.4, 64, /*epoch=*/4);
   {
     SnapshotReader in(path);
-    b.shard().Read(in, 3);
+    b.shard().Read(in, 4);
     in.VerifyChecksum();
   }
   ASSERT_VALID(b.shard());

@@ -10,6 +10,12 @@
 //                   Validate() and saves a snapshot under load
 // At the end every sampled (key, id) pair must match what the inserter recorded (a key never returns a
 // foreign item), and the counters must add up exactly. The run is bounded by iteration counts only.
+//
+// QueueStressTest: max_times_sampled = 1 with the fifo, uniform and prioritized samplers (a queue, and the
+// with-replacement samplers' dropped draws): 2 inserters and 3 samplers, no eviction; every inserted item is
+// returned exactly once (none twice, none lost), and removed_by_sampling counts them all.
+// OrderedSampleStressTest: a fifo sampler without a limit while one thread inserts, erases and evicts: every
+// batch holds distinct items, oldest first (increasing ids), at least one.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -34,6 +40,7 @@
 #include "apexrl/errors.h"
 #include "apexrl/eviction/kinds.h"
 #include "apexrl/random.h"
+#include "apexrl/sampling/kinds.h"
 #include "apexrl/sharded_store.h"
 #include "temp_dir.h"
 
@@ -481,6 +488,195 @@ INSTANTIATE_TEST_SUITE_P(Eviction, StoreStressTest,
                          [](const ::testing::TestParamInfo<EvictionKind>& param_info) {
                            return param_info.param == EvictionKind::kFifo ? std::string("Fifo")
                                                                           : std::string("Prioritized");
+                         });
+
+class QueueStressTest : public ::testing::TestWithParam<SamplerKind> {};
+
+TEST_P(QueueStressTest, MaxTimesSampledOneHandsOutEveryItemExactlyOnce) {
+  constexpr int kBatches = 10000;  // per inserter
+  StoreConfig cfg;
+  cfg.shards = 4;
+  cfg.capacity = 1'000'000;  // no eviction: every item must come out through a sample
+  cfg.sampler = GetParam();
+  cfg.max_times_sampled = 1;
+  cfg.seed = 77;
+  ShardedStore store(cfg);
+  Failures failures;
+  std::atomic<bool> go{false};
+  std::atomic<int> inserters_running{2};
+  std::vector<uint64_t> inserted(2, 0);
+  std::vector<std::vector<uint64_t>> got(3);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      struct Done {
+        std::atomic<int>& running;
+        ~Done() { running.fetch_sub(1, std::memory_order_acq_rel); }
+      } done{inserters_running};
+      try {
+        Rng rng(500 + static_cast<uint64_t>(t));
+        uint64_t next_id = (static_cast<uint64_t>(t) + 1) << 40;
+        std::vector<std::string> payloads;
+        std::vector<const uint8_t*> data;
+        std::vector<uint64_t> sizes;
+        std::vector<double> priorities;
+        std::vector<Key> keys;
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        for (int it = 0; it < kBatches; ++it) {
+          const size_t n = 1 + static_cast<size_t>(rng.Below(16));
+          payloads.clear();
+          data.clear();
+          sizes.clear();
+          priorities.assign(n, 0.0);
+          keys.assign(n, 0);
+          for (size_t i = 0; i < n; ++i) {
+            payloads.push_back(MakePayload(next_id + i));
+            priorities[i] = 0.01 + 4.0 * rng.Uniform();
+          }
+          for (const std::string& p : payloads) {
+            data.push_back(reinterpret_cast<const uint8_t*>(p.data()));
+            sizes.push_back(p.size());
+          }
+          store.Insert(priorities.data(), data.data(), sizes.data(), n, keys.data());
+          next_id += n;
+          inserted[static_cast<size_t>(t)] += n;
+        }
+      } catch (const std::exception& e) {
+        failures.Add(std::string("inserter threw: ") + e.what());
+      }
+    });
+  }
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        SampleResult r;
+        std::vector<uint64_t>& mine = got[static_cast<size_t>(t)];
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        // Until the inserters are done and the store is drained (read in that order: an item inserted before
+        // the last inserter finished is in Size() by then).
+        for (;;) {
+          const bool inserting = inserters_running.load(std::memory_order_acquire) > 0;
+          if (!inserting && store.Size() == 0) break;
+          try {
+            store.Sample(16, 0.4, &r);
+          } catch (const EmptyStore&) {
+            std::this_thread::yield();
+            continue;
+          }
+          if (r.keys.empty() || r.keys.size() > 16) failures.Add("a batch of " + std::to_string(r.keys.size()));
+          for (size_t i = 0; i < r.keys.size(); ++i) {
+            uint64_t id = 0;
+            if (!DecodePayload(r.data.data() + r.offsets[i], r.offsets[i + 1] - r.offsets[i], &id)) {
+              failures.Add("sampled bytes are not an intact payload");
+            }
+            mine.push_back(id);
+          }
+        }
+      } catch (const std::exception& e) {
+        failures.Add(std::string("sampler threw: ") + e.what());
+      }
+    });
+  }
+  go.store(true, std::memory_order_release);
+  for (std::thread& th : threads) th.join();
+  ASSERT_EQ(failures.count(), 0u) << failures.Describe();
+  ASSERT_NO_THROW(store.Validate());
+
+  std::vector<uint64_t> all;
+  for (const auto& g : got) all.insert(all.end(), g.begin(), g.end());
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "an item was returned twice";
+  std::vector<uint64_t> expected;
+  for (uint64_t t = 0; t < 2; ++t) {
+    for (uint64_t i = 0; i < inserted[t]; ++i) expected.push_back(((t + 1) << 40) + i);
+  }
+  EXPECT_EQ(all.size(), expected.size()) << "items lost or returned twice";
+  EXPECT_TRUE(all == expected) << "the returned items are not exactly the inserted ones";
+  const StoreStats st = store.Stats();
+  EXPECT_EQ(st.removed_by_sampling, st.inserted);
+  EXPECT_EQ(st.sampled, st.inserted);
+  EXPECT_EQ(st.size, 0u);
+  EXPECT_EQ(st.bytes_held, 0u);
+}
+
+TEST(OrderedSampleStressTest, FifoBatchesStayDistinctAndOldestFirstUnderInsertsErasesAndEvictions) {
+  StoreConfig cfg;
+  cfg.shards = 4;
+  cfg.capacity = 500;
+  cfg.sampler = SamplerKind::kFifo;
+  cfg.seed = 91;
+  ShardedStore store(cfg);
+  Failures failures;
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  // One writer: ids increase with insertion order, so a FIFO batch's ids must increase.
+  threads.emplace_back([&] {
+    try {
+      Rng rng(17);
+      std::vector<Key> recent;
+      uint64_t next_id = 0;
+      for (int it = 0; it < 20000; ++it) {
+        const size_t n = 1 + static_cast<size_t>(rng.Below(8));
+        std::vector<std::string> payloads;
+        std::vector<const uint8_t*> data;
+        std::vector<uint64_t> sizes;
+        std::vector<double> priorities(n, 1.0);
+        std::vector<Key> keys(n);
+        for (size_t i = 0; i < n; ++i) payloads.push_back(MakePayload(next_id + i));
+        for (const std::string& p : payloads) {
+          data.push_back(reinterpret_cast<const uint8_t*>(p.data()));
+          sizes.push_back(p.size());
+        }
+        store.Insert(priorities.data(), data.data(), sizes.data(), n, keys.data());
+        next_id += n;
+        recent.insert(recent.end(), keys.begin(), keys.end());
+        if (recent.size() > 64) {
+          const Key k = recent[static_cast<size_t>(rng.Below(recent.size()))];
+          store.Erase(&k, 1);
+          recent.erase(recent.begin(), recent.begin() + 32);
+        }
+        if (it % 50 == 0) store.RemoveToFit();
+      }
+    } catch (const std::exception& e) {
+      failures.Add(std::string("writer threw: ") + e.what());
+    }
+    done.store(true, std::memory_order_release);
+  });
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&] {
+      try {
+        SampleResult r;
+        while (!done.load(std::memory_order_acquire)) {
+          try {
+            store.Sample(64, 0.4, &r);
+          } catch (const EmptyStore&) {
+            continue;
+          }
+          if (r.keys.empty() || r.keys.size() > 64) failures.Add("a batch of " + std::to_string(r.keys.size()));
+          uint64_t previous = 0;
+          for (size_t i = 0; i < r.keys.size(); ++i) {
+            uint64_t id = 0;
+            if (!DecodePayload(r.data.data() + r.offsets[i], r.offsets[i + 1] - r.offsets[i], &id)) {
+              failures.Add("sampled bytes are not an intact payload");
+            }
+            if (i > 0 && id <= previous) failures.Add("a FIFO batch out of order or with a repeated item");
+            previous = id;
+          }
+        }
+      } catch (const std::exception& e) {
+        failures.Add(std::string("sampler threw: ") + e.what());
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  ASSERT_EQ(failures.count(), 0u) << failures.Describe();
+  ASSERT_NO_THROW(store.Validate());
+}
+
+INSTANTIATE_TEST_SUITE_P(Samplers, QueueStressTest,
+                         ::testing::Values(SamplerKind::kFifo, SamplerKind::kUniform, SamplerKind::kPrioritized),
+                         [](const ::testing::TestParamInfo<SamplerKind>& param_info) {
+                           return std::string(SamplerKindName(param_info.param));
                          });
 
 }  // namespace

@@ -238,15 +238,15 @@ def test_format2_snapshot_still_loads(tmp_path):
         assert bytes(item) == by_key[key]
     assert len(batch.chunks) == 0 and not batch.item_chunk_offsets.any()
     assert store.update_priorities(np.array(keys, dtype=np.uint64), [1.0, 1.0, 1.0]) == 3  # old keys still valid
-    # saved again, it is a format-3 file that loads too
-    store.save(tmp_path / "v3.snap")
-    assert struct.unpack_from("<I", (tmp_path / "v3.snap").read_bytes(), 8)[0] == 3
-    assert len(PrioritizedStore.load(tmp_path / "v3.snap")) == 3
+    # saved again, it is a file of the current format (4) that loads too
+    store.save(tmp_path / "v4.snap")
+    assert struct.unpack_from("<I", (tmp_path / "v4.snap").read_bytes(), 8)[0] == 4
+    assert len(PrioritizedStore.load(tmp_path / "v4.snap")) == 3
 
 
 def test_newer_format_is_refused_with_a_clear_message(tmp_path):
     data, _ = format2_snapshot([(1.0, b"x")])
-    body = data[:8] + struct.pack("<I", 4) + data[12:-4]
-    (tmp_path / "v4.snap").write_bytes(body + struct.pack("<I", crc32c(body)))
-    with pytest.raises(Exception, match=r"format version 4; this build reads versions 2 to 3 \(written by a newer"):
-        PrioritizedStore.load(tmp_path / "v4.snap")
+    body = data[:8] + struct.pack("<I", 5) + data[12:-4]
+    (tmp_path / "v5.snap").write_bytes(body + struct.pack("<I", crc32c(body)))
+    with pytest.raises(Exception, match=r"format version 5; this build reads versions 2 to 4 \(written by a newer"):
+        PrioritizedStore.load(tmp_path / "v5.snap")

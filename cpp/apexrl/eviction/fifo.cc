@@ -50,6 +50,16 @@ Slot FifoPolicy::Victim(Rng&, uint64_t max_rank, const std::vector<Slot>&) {
   return first != kNoSlot && Rank(first) <= max_rank ? first : kNoSlot;
 }
 
+void FifoPolicy::Front(size_t max_items, uint64_t max_rank, std::vector<Slot>* slots,
+                       std::vector<uint64_t>* ranks) const {
+  const std::vector<Slot>& step = newest_first_ ? prev_ : next_;
+  for (Slot s = newest_first_ ? tail_ : head_; s != kNoSlot && max_items > 0 && Rank(s) <= max_rank;
+       s = step[s], --max_items) {
+    slots->push_back(s);
+    ranks->push_back(Rank(s));
+  }
+}
+
 std::string FifoPolicy::CheckConsistency(size_t live_items) const {
   size_t count = 0;
   Slot prev = kNoSlot;

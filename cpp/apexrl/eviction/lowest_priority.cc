@@ -83,16 +83,28 @@ void LowestPriorityPolicy::OnErase(Slot slot) {
 }
 
 void LowestPriorityPolicy::Summarize(size_t max_ranks, EvictionSummary* out) const {
+  thread_local std::vector<Slot> slots;
+  slots.clear();
+  Front(max_ranks, kAnyRank, &slots, &out->ranks);
+}
+
+void LowestPriorityPolicy::Front(size_t max_items, uint64_t max_rank, std::vector<Slot>* slots,
+                                 std::vector<uint64_t>* ranks) const {
   // Best-first walk of the heap: a node's rank is <= its children's, so popping the smallest frontier node
   // and adding its children yields ranks in increasing order, touching O(k) nodes.
   using Node = std::pair<uint64_t, size_t>;  // (rank, index in heap_)
-  std::vector<Node> frontier;
-  if (!heap_.empty() && max_ranks > 0) frontier.emplace_back(heap_[0].rank, 0);
-  while (!frontier.empty() && out->ranks.size() < max_ranks) {
+  thread_local std::vector<Node> frontier;
+  frontier.clear();
+  if (!heap_.empty() && max_items > 0) frontier.emplace_back(heap_[0].rank, 0);
+  size_t listed = 0;
+  while (!frontier.empty() && listed < max_items) {
     std::pop_heap(frontier.begin(), frontier.end(), std::greater<Node>());
     const size_t i = frontier.back().second;
     frontier.pop_back();
-    out->ranks.push_back(heap_[i].rank);
+    if (heap_[i].rank > max_rank) break;  // every node left ranks at least as high
+    slots->push_back(heap_[i].slot);
+    ranks->push_back(heap_[i].rank);
+    ++listed;
     for (size_t c = 2 * i + 1; c <= 2 * i + 2 && c < heap_.size(); ++c) {
       frontier.emplace_back(heap_[c].rank, c);
       std::push_heap(frontier.begin(), frontier.end(), std::greater<Node>());

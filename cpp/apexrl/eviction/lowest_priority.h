@@ -30,6 +30,8 @@ class LowestPriorityPolicy final : public EvictionPolicy {
   void Summarize(size_t max_ranks, EvictionSummary* out) const override;
   // The first item in priority order, if its rank is at most `max_rank`.
   Slot Victim(Rng& rng, uint64_t max_rank, const std::vector<Slot>& live) override;
+  void Front(size_t max_items, uint64_t max_rank, std::vector<Slot>* slots,
+             std::vector<uint64_t>* ranks) const override;
   std::string CheckConsistency(size_t live_items) const override;
 
  private:

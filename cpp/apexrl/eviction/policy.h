@@ -70,6 +70,11 @@ class EvictionPolicy {
   // (no urgent item, no mass), picks uniformly from `live` with `rng`. `live` lists the shard's occupied
   // slots and is not empty. Does not remove the victim: the shard then calls OnErase.
   virtual Slot Victim(Rng& rng, uint64_t max_rank, const std::vector<Slot>& live) = 0;
+  // Ordered policies: appends the slots (and their ranks) of the first min(max_items, items) items in victim
+  // order whose rank is at most `max_rank`, without removing them: an ordered sampler (sampling/kinds.h)
+  // reads its order here. A drawn policy has no order and appends nothing. At most O(max_items log max_items).
+  virtual void Front(size_t /*max_items*/, uint64_t /*max_rank*/, std::vector<Slot>* /*slots*/,
+                     std::vector<uint64_t>* /*ranks*/) const {}
 
   // "" if the policy's structures are consistent with `live_items` tracked items, else what is wrong.
   virtual std::string CheckConsistency(size_t live_items) const = 0;

@@ -18,20 +18,22 @@ The ``.npz`` layout (docs/offline.md), N items, one array per name::
     <field>       (N, *shape)   one array per field of the spec (obs, action, reward, discount, next_obs for the
                                 built-in agents), in the spec's dtype
 
-Snapshot layout (format version 3, little-endian, written by ``ShardedStore::Save`` and ``Shard::Serialize``)::
+Snapshot layout (format version 4, little-endian, written by ``ShardedStore::Save`` and ``Shard::Serialize``)::
 
     "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards |
-    u32 eviction | f64 alpha_evict | u64 seed |
+    u32 eviction | f64 alpha_evict | u64 seed | u32 sampler | u32 max_times_sampled |
     per shard: u32 index | u64 num_slots | u32 tag[num_slots] |
                u64 num_chunks | per chunk: u32 id | u32 size | size bytes |
                u64 num_live |
                per item, oldest first: u32 slot | u64 seq | f64 priority | u32 size | u32 num_chunks |
-                                       u32 chunk_id[num_chunks] | size bytes |
-               u64 counters[6] | u64 max_seq
+                                       u32 times_sampled | u32 chunk_id[num_chunks] | size bytes |
+               u64 counters[7] | u64 max_seq
     u64 next_seq | u64 next_shard | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys |
     "APXRLEND" | u32 crc32c
 
-Format 2 (before frame chunks) has neither the chunk table nor the items' num_chunks and chunk ids; both read.
+Format 3 (before samplers) has no sampler, max_times_sampled, times_sampled nor the seventh counter
+(removed_by_sampling); format 2 (before frame chunks) also has neither the chunk table nor the items' num_chunks
+and chunk ids. All three read.
 """
 
 from __future__ import annotations
@@ -55,14 +57,15 @@ __all__ = [
     "read_snapshot",
 ]
 
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
 """The snapshot format the store writes (``kSnapshotVersion`` in cpp/apexrl/sharded_store.cc)."""
-SNAPSHOT_VERSIONS = (2, 3)
+SNAPSHOT_VERSIONS = (2, 3, 4)
 """The formats this reader knows."""
 RESERVED = ("keys", "priorities", "insertion", "spec", "store")
 """Names of the ``.npz`` arrays that are not transition fields."""
 _MAGIC, _END = b"APXRLST1", b"APXRLEND"
 _EVICTION = {0: "fifo", 1: "prioritized", 2: "lowest_priority", 3: "lifo", 4: "uniform", 5: "max_heap"}
+_SAMPLER = {0: "prioritized", 1: "uniform", 2: "fifo", 3: "lifo", 4: "max_heap", 5: "min_heap"}
 _SHARD_BITS, _SLOT_BITS = 8, 28
 
 
@@ -114,6 +117,10 @@ def _parse(buf: bytes) -> SnapshotItems:
     if version not in SNAPSHOT_VERSIONS:
         raise ValueError(f"format version {version}")
     pos = 8 + struct.calcsize("<IIQQdIIdQ")
+    sampler, max_times_sampled = 0, 0
+    if version >= 4:
+        sampler, max_times_sampled = struct.unpack_from("<II", buf, pos)
+        pos += 8
     keys: list[int] = []
     prios: list[float] = []
     seqs: list[int] = []
@@ -147,8 +154,11 @@ def _parse(buf: bytes) -> SnapshotItems:
             ids: tuple[int, ...] = ()
             if version >= 3:
                 (k,) = struct.unpack_from("<I", buf, pos)
-                ids = struct.unpack_from(f"<{k}I", buf, pos + 4)
-                pos += 4 + 4 * k
+                pos += 4
+                if version >= 4:
+                    pos += 4  # times_sampled
+                ids = struct.unpack_from(f"<{k}I", buf, pos)
+                pos += 4 * k
             refs.append([table[c] for c in ids])
             chunks.append(buf[pos : pos + size])
             sizes.append(size)
@@ -156,7 +166,7 @@ def _parse(buf: bytes) -> SnapshotItems:
             keys.append((int(tags[slot]) << (_SHARD_BITS + _SLOT_BITS)) | (slot << _SHARD_BITS) | index)
             prios.append(priority)
             seqs.append(seq)
-        pos += 7 * 8  # six counters and max_seq
+        pos += (8 if version >= 4 else 7) * 8  # the counters (7 from format 4, else 6) and max_seq
     pos += 5 * 8
     if buf[pos : pos + 8] != _END or len(buf) != pos + 12:
         raise ValueError("the end marker is not where the items end")
@@ -173,6 +183,8 @@ def _parse(buf: bytes) -> SnapshotItems:
         "eviction": _EVICTION.get(eviction, str(eviction)),
         "alpha_evict": alpha_evict,
         "seed": seed,
+        "sampler": _SAMPLER.get(sampler, str(sampler)),
+        "max_times_sampled": max_times_sampled,
     }
     frames = None
     if frame_chunks:
