@@ -303,51 +303,9 @@ def test_epochs_of_consecutive_lives_never_meet(tmp_path):
     assert pathlib.Path(snap + ".epoch").read_text().strip() == str(second[-1])
 
 
-def test_configurations_this_build_cannot_serve_are_refused_with_the_reason():
-    from apexrl.replay.server import tables as server_tables
-
-    if server_tables._STORE_HAS_SAMPLERS:
-        pytest.skip("this build's store has the samplers")
-    with pytest.raises(ValueError, match="sampler 'fifo' is not served by this build"):
-        ReplayServer(ServerConfig(port=0, tables=[TableConfig("q", sampler="fifo")]))
-    with pytest.raises(ValueError, match="max_times_sampled=1 is not served"):
-        ReplayServer(ServerConfig(port=0, tables=[TableConfig("q", max_times_sampled=1)]))
+def test_two_tables_of_one_name_are_refused():
     with pytest.raises(ValueError, match="both named .q."):
         ReplayServer(ServerConfig(port=0, tables=[TableConfig("q"), TableConfig("q")]))
-
-
-def test_apexrl_export_writes_every_table_of_a_tables_snapshot(tmp_path):
-    from apexrl.cli.main import export_main
-    from apexrl.offline.export import ExportError, export_tables, load_export
-    from apexrl.replay.codec import FieldSpec, TransitionSpec
-
-    spec = TransitionSpec([FieldSpec("action", "i4"), FieldSpec("reward", "f4")])
-    aux_spec = TransitionSpec([FieldSpec("x", "f4")])
-    snap = str(tmp_path / "replay.snap")
-    tables = [
-        TableConfig("default", spec=spec),
-        TableConfig("aux", spec=aux_spec),
-        TableConfig("bare"),  # no spec: exported only with --spec
-    ]
-    with ReplayServer(ServerConfig(port=0, tables=tables, snapshot=snap)) as srv:
-        with ReplayClient(srv.endpoint, timeout=10) as c:
-            data, offsets = spec.encode({"action": np.arange(3, dtype=np.int32), "reward": np.ones(3, np.float32)})
-            c.insert(np.ones(3), data=data, offsets=offsets)
-            data, offsets = aux_spec.encode({"x": np.full(2, 0.5, np.float32)})
-            c.insert(np.ones(2), data=data, offsets=offsets, table="aux")
-            # the aux table checks its own spec: default's items are refused there
-            data, offsets = spec.encode({"action": np.arange(1, dtype=np.int32), "reward": np.ones(1, np.float32)})
-            with pytest.raises(ServerError, match="INSERT refused"):
-                c.insert(np.ones(1), data=data, offsets=offsets, table="aux")
-    out = str(tmp_path / "out.npz")
-    with pytest.raises(ExportError, match="table 'bare'.*--spec"):
-        export_tables(snap, out)
-    assert export_main([snap, "--out", out, "--table", "aux"]) == 0
-    assert load_export(out)["x"].tolist() == [0.5, 0.5]
-    assert export_tables(snap, out, table="default") == {"default": 3}
-    assert load_export(out)["action"].tolist() == [0, 1, 2]
-    assert export_tables(snap, out, spec=aux_spec.to_json(), table="bare") == {"bare": 0}
-    assert export_main([snap, "--out", out, "--table", "nope"]) == 2
 
 
 def test_a_sharded_client_serves_a_table_over_several_servers():
@@ -395,10 +353,6 @@ def _consume(endpoint: str, out_path: str, done_path: str) -> None:
 
 
 def test_a_fifo_queue_hands_every_item_to_exactly_one_of_four_consumer_processes(tmp_path):
-    from apexrl.replay.server import tables as server_tables
-
-    if not server_tables._STORE_HAS_SAMPLERS:
-        pytest.skip("needs the store's fifo sampler and max_times_sampled (issue 37's samplers)")
     import multiprocessing
 
     tables = [TableConfig("q", sampler="fifo", capacity=64, max_times_sampled=1, rate_limiter=Queue(16))]
@@ -420,3 +374,30 @@ def test_a_fifo_queue_hands_every_item_to_exactly_one_of_four_consumer_processes
             assert p.exitcode == 0
     received = [line for out in outs for line in pathlib.Path(out).read_text().splitlines() if line]
     assert sorted(received) == sorted(sent)  # none lost, none twice
+
+
+def test_a_prioritized_a_uniform_and_a_fifo_queue_table_on_one_server():
+    tables = [
+        TableConfig("default"),
+        TableConfig("aux", sampler="uniform", capacity=100, rate_limiter=MinSize(2)),
+        TableConfig("onpolicy", sampler="fifo", capacity=8, max_times_sampled=1, rate_limiter=Queue(8)),
+    ]
+    with ReplayServer(ServerConfig(port=0, tables=tables)) as srv, ReplayClient(srv.endpoint, timeout=10) as c:
+        c.insert(np.array([1.0, 100.0]), items("d", 2))
+        c.insert(np.array([1.0, 100.0]), items("a", 2), table="aux")
+        c.insert(np.ones(5), items("q", 5), table="onpolicy")
+        prioritized = c.sample(64, beta=1.0)
+        assert not np.allclose(prioritized.weights, 1.0)  # importance weights of unequal priorities
+        uniform = c.sample(64, table="aux")
+        assert np.allclose(uniform.weights, 1.0)  # no IS weights: ones
+        assert {bytes(x) for x in uniform.items} == {b"a0", b"a1"}
+        first = c.sample(3, table="onpolicy")
+        assert [bytes(x) for x in first.items] == [b"q0", b"q1", b"q2"]  # oldest first, each once
+        rest = c.sample(3, table="onpolicy")
+        assert [bytes(x) for x in rest.items] == [b"q3", b"q4"]  # fewer: the queue held fewer
+        assert c.tables()["onpolicy"]["size"] == 0
+        with pytest.raises(ServerTimeoutError, match="the queue is empty"):
+            c.sample(1, timeout=0.05, table="onpolicy")
+        info = {t["name"]: t for t in c.hello().tables}
+        assert (info["aux"]["sampler"], info["onpolicy"]["sampler"]) == ("uniform", "fifo")
+        assert info["onpolicy"]["max_times_sampled"] == 1

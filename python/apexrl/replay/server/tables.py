@@ -49,9 +49,6 @@ log = logging.getLogger("apexrl.replay.server")
 TABLES_SNAPSHOT_FORMAT = "apexrl-tables-snapshot"
 TABLES_SNAPSHOT_VERSION = 1
 _MAX_MANIFEST_BYTES = 1 << 20
-_STORE_HAS_SAMPLERS = "sampler" in (PrioritizedStore.__init__.__doc__ or "")
-"""Whether this build's store takes ``sampler`` and ``max_times_sampled`` (issue 37's samplers, branch
-samplers37); without them only prioritized tables without max_times_sampled are served."""
 
 
 @dataclass
@@ -94,23 +91,6 @@ def table_description(table: ServerTable) -> dict[str, Any]:
         "num_shards": int(table.store.shards),
         "spec": c.spec is not None,  # whether the table checks its items against a spec of its own
     }
-
-
-def _check_servable(config: Any) -> None:
-    """ValueError for what this build cannot serve yet (the samplers of branch samplers37)."""
-    if _STORE_HAS_SAMPLERS:
-        return
-    if config.sampler != "prioritized":
-        raise ValueError(
-            f"table {config.name!r}: sampler {config.sampler!r} is not served by this build (its store samples "
-            "proportionally to priority only; the fifo/lifo/uniform/heap samplers come with issue 37's samplers); "
-            "use sampler='prioritized'"
-        )
-    if config.max_times_sampled:
-        raise ValueError(
-            f"table {config.name!r}: max_times_sampled={config.max_times_sampled} is not served by this build "
-            "(it comes with issue 37's samplers); use 0"
-        )
 
 
 def _wrap(epoch: int) -> int:
@@ -178,9 +158,9 @@ def _new_store(config: Any, server: Any, epoch: int, seed: int) -> PrioritizedSt
         alpha_evict=config.alpha_evict,
         seed=seed,
         epoch=epoch,
+        sampler=config.sampler,
+        max_times_sampled=config.max_times_sampled,
     )
-    if _STORE_HAS_SAMPLERS:
-        kwargs.update(sampler=config.sampler, max_times_sampled=config.max_times_sampled)
     return PrioritizedStore(**kwargs)
 
 
@@ -225,8 +205,6 @@ def open_tables(server: Any) -> list[ServerTable]:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ValueError(f"table names must be distinct, {dupes} repeated")
-    for c in configs:
-        _check_servable(c)
     path = server.snapshot
     restore = path is not None and os.path.exists(path)
     epochs = choose_epochs(path, len(configs))
