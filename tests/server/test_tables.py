@@ -401,3 +401,22 @@ def test_a_prioritized_a_uniform_and_a_fifo_queue_table_on_one_server():
         info = {t["name"]: t for t in c.hello().tables}
         assert (info["aux"]["sampler"], info["onpolicy"]["sampler"]) == ("uniform", "fifo")
         assert info["onpolicy"]["max_times_sampled"] == 1
+
+
+def test_a_sharded_fifo_queue_returns_a_short_batch_rather_than_drop_what_it_handed_out():
+    from apexrl.replay import ShardedReplayClient
+
+    tables = [TableConfig("q", sampler="fifo", capacity=8, max_times_sampled=1, rate_limiter=Queue(8))]
+    servers = [ReplayServer(ServerConfig(port=0, seed=i, tables=tables)).start() for i in range(2)]
+    try:
+        with ShardedReplayClient([s.endpoint for s in servers], table="q", seed=2) as sharded:
+            for _ in range(2):  # round robin: one batch on each server
+                sharded.insert(np.ones(2), items("x", 2))
+            got = []
+            while len(got) < 4:
+                got.extend(bytes(x) for x in sharded.sample(8, timeout=1.0).items)
+            assert sorted(got) == [b"x0", b"x0", b"x1", b"x1"]  # every item handed out once, none lost
+            assert sum(len(s.tables[0].store) for s in servers) == 0
+    finally:
+        for s in servers:
+            s.stop()

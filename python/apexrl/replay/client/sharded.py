@@ -442,6 +442,8 @@ class ShardedReplayClient:
                 got = self._scatter_sample(live, counts, beta, timeout)
                 parts.extend(got)
                 drawn = sum(len(b) for _s, b in got)
+                if drawn and drawn < missing and self._short_batches(got):
+                    break  # its servers handed out what they held: drawing again would wait for more
                 if drawn < missing and parts:
                     self.redrawn += missing - drawn
                 missing -= drawn
@@ -453,6 +455,16 @@ class ShardedReplayClient:
                     ]
                 )
             return self._combine(parts, beta)
+
+    def _short_batches(self, got: list[tuple[_Server, SampledBatch]]) -> bool:
+        """Whether this set's table may answer a SAMPLE with fewer items than asked (an ordered sampler, or items
+        handed out a limited number of times): then a short batch is returned as it is, since the items it
+        holds have been handed out and must not be dropped while the call waits for more."""
+        for server, _batch in got:
+            for t in server.client.server_info.tables:
+                if t.get("name") == self.table:
+                    return t.get("sampler") not in ("prioritized", "uniform") or bool(t.get("max_times_sampled"))
+        return False
 
     def _scatter_sample(
         self, live: list[_Server], counts: np.ndarray, beta: float, timeout: float | None
