@@ -1,0 +1,167 @@
+"""A queue table (FIFO sampler, max_times_sampled 1, Queue rate limiter) on a real server process, drained by
+4 consumer processes: every inserted item is handed out exactly once -- none lost, none twice -- also across a
+graceful restart (SIGTERM: the server answers what it serves, snapshots every table, exits; then it restarts
+from the snapshot). After a crash (kill -9) the queue restarts from its last snapshot: every item of that
+snapshot not yet handed out when it was written is handed out again after the restart (at least once), and
+nothing outside it reappears (docs/running.md, "Tables": what a queue guarantees)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from apexrl.replay import ReplayClient
+from tests.conftest import free_port
+from tests.helpers import wait_until
+
+QUEUE = {
+    "name": "queue",
+    "sampler": "fifo",
+    "remover": "fifo",
+    "capacity": 100_000,
+    "max_times_sampled": 1,
+    "rate_limiter": {"kind": "queue", "size": 400},
+}
+CONSUMERS = 4
+
+# A consumer: samples batches of up to 16 from the queue (waiting up to 0.5 s for items), appends each batch
+# to its file (one line, its items' texts in batch order), and stops once the stop file exists and a wait
+# found the queue empty. A server that
+# restarts under it (a timeout, a refused connection, SHUTTING_DOWN) is retried on a new connection: the
+# requests it retries are SAMPLEs, which hand out nothing unless they are answered.
+CONSUMER = r"""
+import os, sys, time
+from apexrl.errors import ApexRLError
+from apexrl.replay import ReplayClient
+endpoint, out_path, stop_path = sys.argv[1:4]
+client = None
+with open(out_path, "a", encoding="ascii") as out:
+    while True:
+        try:
+            if client is None:
+                client = ReplayClient(endpoint, timeout=30, table="queue")
+            batch = client.sample(16, timeout=0.5)
+        except ApexRLError as exc:
+            if os.path.exists(stop_path):
+                break
+            if type(exc).__name__ != "ServerTimeoutError":
+                if client is not None:
+                    client.close()
+                client = None
+                time.sleep(0.05)
+            continue
+        if len(batch.items):
+            out.write(" ".join(bytes(item).decode("ascii") for item in batch.items) + "\n")
+            out.flush()
+if client is not None:
+    client.close()
+"""
+
+
+def tables_file(tmp_path) -> str:
+    path = tmp_path / "tables.json"
+    path.write_text(json.dumps([{"name": "default"}, QUEUE]))
+    return str(path)
+
+
+def produce(endpoint: str, first: int, count: int) -> None:
+    """Inserts items first .. first + count - 1 into the queue, 50 a request, each waiting while the queue
+    is full (the Queue limiter); the client's insert ids make every item stored once whatever is retried."""
+    with ReplayClient(endpoint, timeout=30, table="queue") as client:
+        for start in range(first, first + count, 50):
+            ids = range(start, min(start + 50, first + count))
+            client.insert(np.ones(len(ids)), [f"item{i}".encode() for i in ids], timeout=60)
+
+
+def start_consumers(endpoint: str, tmp_path, tag: str) -> tuple[list[subprocess.Popen], list[str], str]:
+    stop = str(tmp_path / f"stop-{tag}")
+    outs = [str(tmp_path / f"consumer-{tag}-{k}.txt") for k in range(CONSUMERS)]
+    procs = [subprocess.Popen([sys.executable, "-c", CONSUMER, endpoint, out, stop]) for out in outs]
+    return procs, outs, stop
+
+
+def batches(outs: list[str]) -> list[list[str]]:
+    got: list[list[str]] = []
+    for path in outs:
+        if os.path.exists(path):
+            with open(path, encoding="ascii") as f:
+                got.extend(line.split() for line in f if line.endswith("\n") and line.strip())
+    return got
+
+
+def received(outs: list[str]) -> list[str]:
+    return [item for batch in batches(outs) for item in batch]
+
+
+def finish(procs: list[subprocess.Popen], stop: str) -> None:
+    with open(stop, "w"):
+        pass
+    for p in procs:
+        assert p.wait(120) == 0
+
+
+def queue_size(endpoint: str) -> int:
+    with ReplayClient(endpoint, timeout=30) as client:
+        return int(client.tables()["queue"]["size"])
+
+
+def test_four_consumers_get_every_item_exactly_once_across_a_graceful_restart(start_server, tmp_path):
+    port, snapshot = free_port(), str(tmp_path / "replay.snap")
+    flags = ("--tables", tables_file(tmp_path), "--snapshot", snapshot)
+    server = start_server(*flags, port=port)
+    procs, outs, stop = start_consumers(server.endpoint, tmp_path, "a")
+    try:
+        produce(server.endpoint, 0, 1500)
+        wait_until(lambda: len(received(outs)) >= 500, 120, "the consumers to take 500 items")
+        assert server.terminate() == 0  # answers what it serves, snapshots every table, exits
+        server = start_server(*flags, port=port)  # the consumers reconnect to the same endpoint
+        produce(server.endpoint, 1500, 1500)
+        wait_until(lambda: len(received(outs)) >= 3000, 180, "the consumers to take all 3000 items")
+        finish(procs, stop)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    got = received(outs)
+    assert sorted(got) == sorted(f"item{i}" for i in range(3000)), "an item was lost or handed out twice"
+    assert queue_size(server.endpoint) == 0
+    # FIFO: every batch holds its items oldest first
+    for batch in batches(outs):
+        ids = [int(s[4:]) for s in batch]
+        assert ids == sorted(ids), f"a batch out of insertion order: {batch}"
+
+
+def test_after_a_crash_the_queue_hands_out_again_what_its_last_snapshot_held(start_server, tmp_path):
+    port, snapshot = free_port(), str(tmp_path / "replay.snap")
+    flags = ("--tables", tables_file(tmp_path), "--snapshot", snapshot)
+    server = start_server(*flags, port=port)
+    produce(server.endpoint, 0, 300)
+    assert server.terminate() == 0  # a snapshot holding items 0..299
+    server = start_server(*flags, port=port)
+    assert queue_size(server.endpoint) == 300
+    procs, outs, _ = start_consumers(server.endpoint, tmp_path, "before")
+    try:
+        wait_until(lambda: len(received(outs)) >= 100, 120, "the consumers to take 100 items")
+    finally:
+        for p in procs:  # gone at once: nothing they would still take is part of this test
+            p.kill()
+            p.wait(30)
+    server.proc.kill()  # kill -9: what was handed out since the snapshot is recorded nowhere
+    server.proc.wait(30)
+    server = start_server(*flags, port=port)
+    assert queue_size(server.endpoint) == 300  # the last snapshot, whole
+    procs, outs, stop = start_consumers(server.endpoint, tmp_path, "after")
+    try:
+        wait_until(lambda: len(received(outs)) >= 300, 120, "the restarted queue to be drained")
+        finish(procs, stop)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    after = received(outs)
+    assert sorted(after) == sorted(f"item{i}" for i in range(300)), "the snapshot's items, each once more"
+    assert queue_size(server.endpoint) == 0
