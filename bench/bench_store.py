@@ -290,21 +290,17 @@ ADAPTERS = {
 }
 
 
-def two_threads(adapter: Adapter, seconds: float) -> tuple[float, float]:
-    """Inserter and sampler+updater running at once; returns (inserted/s, sampled/s)."""
+def timed(loops: list[Callable[[], int]], seconds: float) -> list[float]:
+    """Runs each loop body in a thread of its own, all at once, for `seconds`; returns each one's items/s."""
     stop = threading.Event()
-    counts = {"insert": 0, "sample": 0}
+    counts = [0] * len(loops)
 
-    def inserter() -> None:
+    def run(i: int) -> None:
+        body = loops[i]
         while not stop.is_set():
-            counts["insert"] += adapter.insert()
+            counts[i] += body()
 
-    def sampler() -> None:
-        while not stop.is_set():
-            counts["sample"] += adapter.sample()
-            adapter.update()
-
-    threads = [threading.Thread(target=inserter), threading.Thread(target=sampler)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(loops))]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -313,7 +309,19 @@ def two_threads(adapter: Adapter, seconds: float) -> tuple[float, float]:
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
-    return counts["insert"] / elapsed, counts["sample"] / elapsed
+    return [c / elapsed for c in counts]
+
+
+def two_threads(adapter: Adapter, seconds: float) -> tuple[float, float]:
+    """Inserter and sampler+updater running at once; returns (inserted/s, sampled/s)."""
+
+    def learner() -> int:
+        n = adapter.sample()
+        adapter.update()
+        return n
+
+    inserted, sampled = timed([adapter.insert, learner], seconds)
+    return inserted, sampled
 
 
 OPS = {  # operation -> adapter method; "sample_update" is the 2-thread sampler's loop, timed alone

@@ -25,36 +25,12 @@ import argparse
 import os
 import statistics
 import sys
-import threading
-import time
 from collections.abc import Callable
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_store import SAMPLE_BATCH, ApexrlAdapter
-
-
-def timed(loops: list[Callable[[], int]], seconds: float) -> list[float]:
-    """Runs each loop body in its own thread for `seconds`; returns each one's items per second."""
-    stop = threading.Event()
-    counts = [0] * len(loops)
-
-    def run(i: int) -> None:
-        body = loops[i]
-        while not stop.is_set():
-            counts[i] += body()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(loops))]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    return [c / elapsed for c in counts]
+from bench_store import SAMPLE_BATCH, ApexrlAdapter, timed
 
 
 def main() -> None:
