@@ -77,11 +77,35 @@ def produce(endpoint: str, first: int, count: int) -> None:
             client.insert(np.ones(len(ids)), [f"item{i}".encode() for i in ids], timeout=60)
 
 
-def start_consumers(endpoint: str, tmp_path, tag: str) -> tuple[list[subprocess.Popen], list[str], str]:
-    stop = str(tmp_path / f"stop-{tag}")
-    outs = [str(tmp_path / f"consumer-{tag}-{k}.txt") for k in range(CONSUMERS)]
-    procs = [subprocess.Popen([sys.executable, "-c", CONSUMER, endpoint, out, stop]) for out in outs]
-    return procs, outs, stop
+class Consumers:
+    """CONSUMERS consumer processes on the queue of `endpoint`, each appending to a file of its own; killed on
+    leaving the `with` block if still running."""
+
+    def __init__(self, endpoint: str, tmp_path, tag: str):
+        self.stop_path = str(tmp_path / f"stop-{tag}")
+        self.outs = [str(tmp_path / f"consumer-{tag}-{k}.txt") for k in range(CONSUMERS)]
+        self.procs = [
+            subprocess.Popen([sys.executable, "-c", CONSUMER, endpoint, out, self.stop_path]) for out in self.outs
+        ]
+
+    def received(self) -> list[str]:
+        return received(self.outs)
+
+    def finish(self) -> None:
+        """Tells them to stop once the queue is empty, and waits until they have."""
+        with open(self.stop_path, "w"):
+            pass
+        for p in self.procs:
+            assert p.wait(120) == 0
+
+    def __enter__(self) -> Consumers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(30)
 
 
 def batches(outs: list[str]) -> list[list[str]]:
@@ -97,13 +121,6 @@ def received(outs: list[str]) -> list[str]:
     return [item for batch in batches(outs) for item in batch]
 
 
-def finish(procs: list[subprocess.Popen], stop: str) -> None:
-    with open(stop, "w"):
-        pass
-    for p in procs:
-        assert p.wait(120) == 0
-
-
 def queue_size(endpoint: str) -> int:
     with ReplayClient(endpoint, timeout=30) as client:
         return int(client.tables()["queue"]["size"])
@@ -113,24 +130,19 @@ def test_four_consumers_get_every_item_exactly_once_across_a_graceful_restart(st
     port, snapshot = free_port(), str(tmp_path / "replay.snap")
     flags = ("--tables", tables_file(tmp_path), "--snapshot", snapshot)
     server = start_server(*flags, port=port)
-    procs, outs, stop = start_consumers(server.endpoint, tmp_path, "a")
-    try:
+    with Consumers(server.endpoint, tmp_path, "a") as consumers:
         produce(server.endpoint, 0, 1500)
-        wait_until(lambda: len(received(outs)) >= 500, 120, "the consumers to take 500 items")
+        wait_until(lambda: len(consumers.received()) >= 500, 120, "the consumers to take 500 items")
         assert server.terminate() == 0  # answers what it serves, snapshots every table, exits
         server = start_server(*flags, port=port)  # the consumers reconnect to the same endpoint
         produce(server.endpoint, 1500, 1500)
-        wait_until(lambda: len(received(outs)) >= 3000, 180, "the consumers to take all 3000 items")
-        finish(procs, stop)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    got = received(outs)
+        wait_until(lambda: len(consumers.received()) >= 3000, 180, "the consumers to take all 3000 items")
+        consumers.finish()
+    got = consumers.received()
     assert sorted(got) == sorted(f"item{i}" for i in range(3000)), "an item was lost or handed out twice"
     assert queue_size(server.endpoint) == 0
     # FIFO: every batch holds its items oldest first
-    for batch in batches(outs):
+    for batch in batches(consumers.outs):
         ids = [int(s[4:]) for s in batch]
         assert ids == sorted(ids), f"a batch out of insertion order: {batch}"
 
@@ -143,25 +155,16 @@ def test_after_a_crash_the_queue_hands_out_again_what_its_last_snapshot_held(sta
     assert server.terminate() == 0  # a snapshot holding items 0..299
     server = start_server(*flags, port=port)
     assert queue_size(server.endpoint) == 300
-    procs, outs, _ = start_consumers(server.endpoint, tmp_path, "before")
-    try:
-        wait_until(lambda: len(received(outs)) >= 100, 120, "the consumers to take 100 items")
-    finally:
-        for p in procs:  # gone at once: nothing they would still take is part of this test
-            p.kill()
-            p.wait(30)
+    with Consumers(server.endpoint, tmp_path, "before") as consumers:
+        wait_until(lambda: len(consumers.received()) >= 100, 120, "the consumers to take 100 items")
+    # the consumers are gone (killed on leaving the block): nothing they would still take is part of this test
     server.proc.kill()  # kill -9: what was handed out since the snapshot is recorded nowhere
     server.proc.wait(30)
     server = start_server(*flags, port=port)
     assert queue_size(server.endpoint) == 300  # the last snapshot, whole
-    procs, outs, stop = start_consumers(server.endpoint, tmp_path, "after")
-    try:
-        wait_until(lambda: len(received(outs)) >= 300, 120, "the restarted queue to be drained")
-        finish(procs, stop)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    after = received(outs)
+    with Consumers(server.endpoint, tmp_path, "after") as consumers:
+        wait_until(lambda: len(consumers.received()) >= 300, 120, "the restarted queue to be drained")
+        consumers.finish()
+    after = consumers.received()
     assert sorted(after) == sorted(f"item{i}" for i in range(300)), "the snapshot's items, each once more"
     assert queue_size(server.endpoint) == 0
