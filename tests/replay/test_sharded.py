@@ -415,3 +415,33 @@ def _every_item(endpoint: str) -> list[bytes]:
         by_key = dict(zip(batch.keys.tolist(), (bytes(m) for m in batch.items)))
         assert len(by_key) == size
         return list(by_key.values())
+
+
+def test_a_uniform_table_is_sampled_uniformly_across_servers_with_weights_one(servers):
+    """A uniform table split over 3 servers holding 12, 6 and 3 items: every item is equally likely whichever
+    server holds it (chi-square over the items, and each server's share of the draws is its share of the
+    items), probabilities are 1 / (items on all servers) and IS weights 1."""
+    from apexrl.replay.tables import TableConfig
+
+    tables = [TableConfig("default"), TableConfig("u", sampler="uniform", capacity=1000)]
+    endpoints = servers(3, tables=tables)
+    for s, (endpoint, row) in enumerate(zip(endpoints, PRIORITIES)):
+        with ReplayClient(endpoint, table="u") as c:  # priorities are kept, not used by the sampler
+            c.insert(row, [f"s{s}i{i}".encode() for i in range(len(row))])
+    items = [f"s{s}i{i}".encode() for s, row in enumerate(PRIORITIES) for i in range(len(row))]
+    counts: Counter[bytes] = Counter()
+    with ShardedReplayClient(endpoints, seed=5, table="u") as sharded:
+        for _ in range(60):
+            batch = sharded.sample(64)
+            counts.update(bytes(it) for it in batch.items)
+            assert len(batch) == 64 and batch.size == len(items)
+            np.testing.assert_array_equal(batch.weights, np.ones(64, np.float32))
+            np.testing.assert_allclose(batch.probabilities, 1.0 / len(items))
+    draws = sum(counts.values())
+    observed = np.array([counts[i] for i in items], dtype=float)
+    expected = np.full(len(items), draws / len(items))
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2_sf(chi2, len(items) - 1) > P_VALUE_FLOOR, (chi2, observed)
+    for s, row in enumerate(PRIORITIES):
+        share = sum(counts[f"s{s}i{i}".encode()] for i in range(len(row))) / draws
+        assert share == pytest.approx(len(row) / len(items), abs=0.03)
