@@ -23,26 +23,12 @@ from apexrl.cli.args import (
 from apexrl.replay.server.config import (
     EVICTION_POLICIES,
     MAX_SHARDS,
-    TABLE_FIELDS,
+    TABLE_FLAGS,
     ServerConfig,
     check_snapshot_dir,
 )
 
 PROG = "apexrl-replay-server"
-
-TABLE_FLAGS = {
-    "capacity": "--capacity",
-    "max_size": "--max-size",
-    "alpha": "--alpha",
-    "eviction": "--eviction",
-    "alpha_evict": "--alpha-evict",
-    "min_size_to_sample": "--min-size-to-sample",
-    "samples_per_insert": "--samples-per-insert",
-    "error_buffer": "--error-buffer",
-    "spec": "--spec",
-}
-"""The flags of the one table ``default`` (ServerConfig's TABLE_FIELDS), refused beside ``--tables``."""
-assert set(TABLE_FLAGS) == set(TABLE_FIELDS)
 
 TABLES_HELP = """\
 tables (--tables FILE): a JSON list of tables, each an object with the fields of

@@ -54,6 +54,7 @@ from apexrl.replay.client.sharded import max_lock_shards
 from apexrl.replay.server.config import (
     MAX_REPLAY_SERVERS,
     TABLE_FIELDS,
+    TABLE_FLAGS,
     ServerConfig,
     server_config_from_dict,
     server_config_to_dict,
@@ -245,7 +246,6 @@ def run_tables(
     the table ``default`` (the learner's and actors') gets the run's spec and, without a rate limiter of its
     own, a min size that follows the learner's ``min_replay_size``. ValueError when the tables have no
     ``default``, when its spec is another one, or when ``--server-args`` sets a table flag beside them."""
-    from apexrl.cli.server import TABLE_FLAGS
     from apexrl.replay.server.insert_guard import load_spec
 
     clash = [TABLE_FLAGS[name] for name in TABLE_FIELDS if name in server]

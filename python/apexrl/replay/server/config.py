@@ -25,6 +25,7 @@ __all__ = [
     "MAX_SLOTS_PER_SHARD",
     "STORE_INT_MAX",
     "TABLE_FIELDS",
+    "TABLE_FLAGS",
     "ServerConfig",
     "check_snapshot_dir",
     "server_config_from_dict",
@@ -61,6 +62,9 @@ TABLE_FIELDS = (
 )
 """The ServerConfig fields that configure the one table ``default`` when ``tables`` is not given (a server
 with ``tables`` refuses a value other than their default)."""
+
+TABLE_FLAGS = {name: "--" + name.replace("_", "-") for name in TABLE_FIELDS}
+"""Their flags on ``apexrl-replay-server`` (``--capacity``, ``--max-size``, ...), refused beside ``--tables``."""
 
 
 @dataclass
