@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import zmq
@@ -71,6 +71,8 @@ from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.schema import Status
 from apexrl.security import ClientKeys
+
+T = TypeVar("T")
 
 __all__ = ["REFRESH_S", "ShardedReplayClient", "connect", "max_lock_shards", "server_bits", "split_endpoints"]
 
@@ -238,17 +240,22 @@ class ShardedReplayClient:
                 other = self._others[table] = self._same_endpoints(table)
             return other
 
-    def _table_of(self, server: _Server) -> int | None:
-        """The server's index of this set's table (its HELLO, asked once); None when the server is lost asking."""
+    def _ask(self, server: _Server, call: Callable[[ReplayClient], T]) -> tuple[T | None, BaseException | None]:
+        """``(call(server.client), None)``, or ``(None, the loss)`` when the server is lost on the way (it is then
+        marked lost); any other error propagates."""
         try:
-            return server.client.table_index()
+            return call(server.client), None
         except Interrupted:
             raise
         except Exception as exc:
             if not _is_loss(exc):
                 raise
             self._lost(server, exc)
-            return None
+            return None, exc
+
+    def _table_of(self, server: _Server) -> int | None:
+        """The server's index of this set's table (its HELLO, asked once); None when the server is lost asking."""
+        return self._ask(server, lambda client: client.table_index())[0]
 
     def _global_keys(self, index: int, keys: np.ndarray) -> np.ndarray:
         """A server's keys -> the set's (its index in the high bits of the shard field)."""
@@ -350,14 +357,10 @@ class ShardedReplayClient:
         first refusal (an error reply, TIMEOUT included) is raised once every reply is in."""
         pending = []
         for server, op, build, wait_s in requests:
-            try:
-                pending.append((server, op, *server.client.send(build, op.name, wait_s)))
-            except Interrupted:
-                raise
-            except Exception as exc:
-                if not _is_loss(exc):
-                    raise
-                self._lost(server, exc)
+            sent, lost = self._ask(server, lambda client: client.send(build, op.name, wait_s))  # noqa: B023 (called now)
+            if lost is None:
+                assert sent is not None
+                pending.append((server, op, *sent))
         got, error = [], None
         for server, op, rid, deadline in pending:
             try:
@@ -773,15 +776,10 @@ class ShardedReplayClient:
         with self._lock:
             error: BaseException | None = None
             for server in [s for s in self._servers if s.up] or self._servers:
-                try:
-                    return server.client.tables()
-                except Interrupted:
-                    raise
-                except Exception as exc:
-                    if not _is_loss(exc):
-                        raise
-                    self._lost(server, exc)
-                    error = exc
+                tables, error = self._ask(server, lambda client: client.tables())
+                if error is None:
+                    assert tables is not None
+                    return tables
             raise ReplayTimeout(f"no replay server of {self.endpoint} answered HELLO") from error
 
     def stats(self) -> dict[str, int | float]:
