@@ -401,10 +401,7 @@ def test_sequence_adder_matches_reference(eps, length, period_frac, pad, priorit
         assert all(len(s) == length for s, _ in got)
     # Each step is appended once: the episode's steps (+ its last observation, + padding where padded).
     assert len(w.steps) == sum(
-        len(ref_steps(ep)) + (len(expected_pad(ep, length, period)) if pad else 0)
-        if ep.ended
-        else ep.T
-        for ep in eps
+        len(ref_steps(ep)) + (len(expected_pad(ep, length, period)) if pad else 0) if ep.ended else ep.T for ep in eps
     )
     assert [c for c in w.calls if c[0] == "end_episode"] == [("end_episode",)] * len(eps)
     assert w.calls[-1] == ("flush", 3.0)

@@ -60,9 +60,9 @@ from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
 from apexrl.envs.base import SerialVecEnv
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
+from apexrl.replay.adders.transition import NStepBuffer, Transition, VecNStep
 from apexrl.replay.client.inserter import PipelinedInserter
 from apexrl.replay.client.replay_client import ServerTimeoutError
-from apexrl.replay.adders.transition import NStepBuffer, Transition, VecNStep
 from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.replay.wire.frames import frame_codec, wire_spec
 from apexrl.replay.wire.schema import MAX_BATCH

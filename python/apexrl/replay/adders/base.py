@@ -42,12 +42,13 @@ leaves; nested mappings (dicts) are structures.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Adder", "Step", "stack", "step_mapping", "zeros_like"]
+__all__ = ["Adder", "Step", "check_int", "check_priority", "stack", "step_mapping", "zeros_like"]
 
 
 class Step(NamedTuple):
@@ -58,6 +59,23 @@ class Step(NamedTuple):
     reward: float
     discount: float  # 0.0 where the action terminated the episode (and on the zero-filled last step), else 1.0
     extras: Any = None
+
+
+def check_int(name: str, value: Any, low: int) -> int:
+    """``value`` as an int; ValueError unless it is an int (not a bool) >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
+def check_priority(priority: Any, also: str = "None") -> None:
+    """ValueError unless ``priority`` is None or a finite number >= 0 (``also``: what else the message allows)."""
+    if priority is None:
+        return
+    if isinstance(priority, bool) or not isinstance(priority, numbers.Real) or not math.isfinite(float(priority)):
+        raise ValueError(f"priority must be {also} or a finite number >= 0, got {priority!r}")
+    if float(priority) < 0.0:
+        raise ValueError(f"priority must be {also} or a finite number >= 0, got {priority!r}")
 
 
 def zeros_like(tree: Any) -> Any:

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apexrl.replay.adders.base import Adder, Step, step_mapping, zeros_like
-from apexrl.replay.adders.sequence import _check_int, _check_priority
+from apexrl.replay.adders.base import Adder, Step, check_int, check_priority, step_mapping, zeros_like
 
 __all__ = ["EpisodeAdder"]
 
@@ -41,8 +40,8 @@ class EpisodeAdder(Adder):
     """
 
     def __init__(self, client: Any, table: str, max_sequence_length: int, *, priority: float | None = None):
-        self.max_sequence_length = _check_int("max_sequence_length", max_sequence_length, 2)
-        _check_priority(priority)
+        self.max_sequence_length = check_int("max_sequence_length", max_sequence_length, 2)
+        check_priority(priority)
         super().__init__()
         self.table, self.priority = table, priority
         self._writer = client.writer(max_sequence_length=self.max_sequence_length)

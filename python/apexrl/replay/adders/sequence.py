@@ -40,29 +40,12 @@ writer raises propagates: the step may be half-recorded, so ``reset()`` the epis
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections import deque
 from typing import Any
 
-from apexrl.replay.adders.base import Adder, Step, step_mapping, zeros_like
+from apexrl.replay.adders.base import Adder, Step, check_int, check_priority, step_mapping, zeros_like
 
 __all__ = ["SequenceAdder"]
-
-
-def _check_priority(priority: Any) -> None:
-    if priority is None:
-        return
-    if isinstance(priority, bool) or not isinstance(priority, numbers.Real):
-        raise ValueError(f"priority must be None or a number >= 0, got {priority!r}")
-    if not (math.isfinite(float(priority)) and float(priority) >= 0.0):
-        raise ValueError(f"priority must be None or a finite number >= 0, got {priority!r}")
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
 
 
 class SequenceAdder(Adder):
@@ -91,11 +74,11 @@ class SequenceAdder(Adder):
         *,
         priority: float | None = None,
     ):
-        length = _check_int("sequence_length", sequence_length, 1)
-        period = _check_int("period", period, 1)
+        length = check_int("sequence_length", sequence_length, 1)
+        period = check_int("period", period, 1)
         if period > length:
             raise ValueError(f"period {period} > sequence_length {length}: steps between items would be stored in none")
-        _check_priority(priority)
+        check_priority(priority)
         super().__init__()
         self.table, self.sequence_length, self.period = table, length, period
         self.pad_end_of_episode = bool(pad_end_of_episode)

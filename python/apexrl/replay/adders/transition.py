@@ -43,11 +43,11 @@ import math
 import numbers
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 
-from apexrl.replay.adders.base import Adder, Step, stack
+from apexrl.replay.adders.base import Adder, Step, check_int, check_priority, stack
 
 __all__ = ["NStepBuffer", "NStepTransitionAdder", "Transition", "TransitionAdder", "VecNStep"]
 
@@ -287,7 +287,7 @@ class VecNStep:
         }
 
 
-Priority = float | Callable[[dict[str, Any]], Any] | None
+Priority: TypeAlias = float | Callable[[dict[str, Any]], Any] | None
 
 
 class NStepTransitionAdder(Adder):
@@ -340,17 +340,14 @@ class NStepTransitionAdder(Adder):
         insert_batch: int = 8,
     ):
         self._core = NStepBuffer(n, discount)  # checks n and discount
-        if priority is not None and not callable(priority):
-            if isinstance(priority, bool) or not isinstance(priority, numbers.Real) or not 0.0 <= float(priority):
-                raise ValueError(f"priority must be None, a number >= 0 or a callable, got {priority!r}")
-            if not math.isfinite(float(priority)):
-                raise ValueError(f"priority must be finite, got {priority!r}")
-        if isinstance(insert_batch, bool) or not isinstance(insert_batch, numbers.Integral) or insert_batch < 1:
-            raise ValueError(f"insert_batch must be an int >= 1, got {insert_batch!r}")
+        if not callable(priority):
+            check_priority(priority, "None, a callable")
+        batch = check_int("insert_batch", insert_batch, 1)
         super().__init__()
-        self.client, self.table = client, table
-        self.priority = priority
-        self.insert_batch = int(insert_batch)
+        self.client: Any = client
+        self.table: str = table
+        self.priority: Priority = priority
+        self.insert_batch: int = batch
         self._extras: deque[Any] = deque()  # e_t of the core's pending steps, oldest first (it emits oldest first)
         self._buffer: list[dict[str, Any]] = []  # emitted, not inserted yet
 
