@@ -347,8 +347,14 @@ def test_nstep_adder_keeps_a_batch_whose_insert_failed():
     with pytest.raises(ConnectionError):
         adder.add(1, 2.0, np.full(1, 2.0), False, False)  # completes the batch of 2; the insert fails
     assert adder.buffered == 2 and adder.in_episode and client.inserts == []
-    adder.flush()
-    assert [float(r["reward"]) for r in client.inserted_rows()] == [1.0, 2.0]
+    client.fail_next = 1
+    with pytest.raises(ConnectionError):
+        adder.add(2, 4.0, np.full(1, 3.0), True, False)  # ends the episode; the insert fails again
+    assert adder.buffered == 3 and not adder.in_episode  # the step is recorded, the episode over
+    adder.add_first(np.zeros(1))  # the next episode starts as usual; its first full batch goes with the rest
+    adder.add(3, 8.0, np.ones(1), False, False)
+    assert client.inserts and adder.buffered == 0
+    assert [float(r["reward"]) for r in client.inserted_rows()] == [1.0, 2.0, 4.0, 8.0]
 
 
 def test_nstep_adder_truncate_and_close():

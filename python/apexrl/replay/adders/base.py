@@ -132,7 +132,9 @@ class Adder:
 
     Subclasses implement ``_first(observation)``, ``_step(step, next_observation, terminated, truncated)`` (called
     with the completed :class:`Step` of the ``add``; ``terminated``/``truncated`` as bools) and ``_drop()`` (the
-    open episode is dropped by ``reset``). Checks happen here, before any of them runs.
+    open episode is dropped by ``reset``). Checks happen here, before any of them runs. ``_after_step()`` runs
+    once the episode state is updated: what may fail there (sending) leaves the step recorded and the call order
+    consistent.
     """
 
     def __init__(self) -> None:
@@ -192,6 +194,7 @@ class Adder:
             self._obs, self._open = None, False
         else:
             self._obs = next_observation
+        self._after_step()
 
     def reset(self) -> None:
         """Drop the open episode, if any: what it has not emitted yet is never emitted."""
@@ -211,3 +214,6 @@ class Adder:
 
     def _drop(self) -> None:  # pragma: no cover
         raise NotImplementedError
+
+    def _after_step(self) -> None:
+        pass

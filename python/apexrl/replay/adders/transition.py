@@ -299,8 +299,8 @@ class NStepTransitionAdder(Adder):
 
     with ``R_t``, ``D_t`` and ``m`` as in the module docstring (``discount`` holds ``gamma^m``, or 0 where the
     episode terminated within the horizon; reward and discount float32), observations and actions as given, and
-    ``"extras"`` only where ``add`` got ``extras`` (``e_t``, the extras of the item's first step ``t``; not None in
-    some steps and None in others of one batch). Items go in batches: ``client.insert(priorities, batch,
+    ``"extras"`` only where ``add`` got ``extras`` (``e_t``, the extras of the item's first step ``t``; give them
+    in every step or in none: a batch that mixes the two is refused, ValueError). Items go in batches: ``client.insert(priorities, batch,
     table=table)`` with every leaf stacked on a leading batch dimension.
 
     ``priority``: None (default) inserts with ``priorities=None`` (the server gives each new item the table's
@@ -314,8 +314,8 @@ class NStepTransitionAdder(Adder):
     now; :meth:`truncate` ends the open episode here as a time limit (its pending steps become transitions);
     :meth:`close` flushes and refuses further calls. :meth:`reset` drops the open episode's pending steps (never
     emitted) but keeps the buffered transitions (they belong to steps already taken). An insert that raises (server
-    unreachable, refused batch) leaves the batch buffered: the step that triggered it stays recorded, and the next
-    add or flush tries again.
+    unreachable, refused batch) leaves the batch buffered: the step that triggered it stays recorded (the episode
+    ended if it ended it), and the next add or flush tries again.
 
     Args:
       client: anything with ``insert(priorities, mapping, table=...)`` (a ReplayClient).
@@ -393,6 +393,8 @@ class NStepTransitionAdder(Adder):
             if extras is not None:
                 item["extras"] = extras
             self._buffer.append(item)
+
+    def _after_step(self) -> None:
         while len(self._buffer) >= self.insert_batch:
             self._insert(self.insert_batch)
 
@@ -403,6 +405,7 @@ class NStepTransitionAdder(Adder):
         if self._open:
             self._emit(self._core.truncate())
             self._obs, self._open = None, False
+            self._after_step()
 
     def flush(self) -> None:
         """Insert the buffered transitions now, in batches of at most ``insert_batch`` (the open episode's
