@@ -405,6 +405,12 @@ def test_sequence_adder_matches_reference(eps, length, period_frac, pad, priorit
     assert {(table, prio) for table, _, prio, _ in w.items} <= {("seq", priority)}
     if pad:
         assert all(len(s) == length for s, _ in got)
+    # With period <= sequence_length no step of a finished episode is left out of every item (its last
+    # observation included); the items hold the adder's own observation objects (steps kept by reference).
+    held = {id(s["observation"]) for _, steps, _, _ in w.items for s in steps}
+    for ep in eps:
+        if ep.ended:
+            assert all(id(o) in held for o in ep.obs)
     # Each step is appended once: the episode's steps (+ its last observation, + padding where padded).
     assert len(w.steps) == sum(
         len(ref_steps(ep)) + (len(expected_pad(ep, length, period)) if pad else 0) if ep.ended else ep.T for ep in eps
