@@ -43,7 +43,7 @@ class RecordingWriter:
 
     def append(self, step: dict) -> None:
         assert not self.closed
-        assert set(step) == {"observation", "action", "reward", "discount"}
+        assert set(step) == {"obs", "action", "reward", "discount"}
         self.calls.append(("append",))
         self.steps.append(step)
 
@@ -211,7 +211,7 @@ def ref_steps(ep: Episode, upto: int | None = None) -> list[dict]:
         terminal = ep.end == "terminated" and t == ep.T - 1
         steps.append(
             {
-                "observation": ep.obs[t],
+                "obs": ep.obs[t],
                 "action": ep.actions[t],
                 "reward": np.float32(ep.rewards[t]),
                 "discount": np.float32(0.0 if terminal else 1.0),
@@ -220,7 +220,7 @@ def ref_steps(ep: Episode, upto: int | None = None) -> list[dict]:
     if upto is None and ep.ended:
         steps.append(
             {
-                "observation": ep.obs[ep.T],
+                "obs": ep.obs[ep.T],
                 "action": np.zeros_like(np.asarray(ep.actions[-1])),
                 "reward": np.float32(0.0),
                 "discount": np.float32(0.0),
@@ -258,7 +258,7 @@ def ref_sequences(eps: list[Episode], length: int, period: int, pad: bool) -> li
         extras = ep.extras[start] if start < ep.T else zero(ep.extras[-1])
         if pad:
             zero_step = {
-                "observation": zero(ep.obs[ep.T]),
+                "obs": zero(ep.obs[ep.T]),
                 "action": zero(ep.actions[-1]),
                 "reward": np.float32(0.0),
                 "discount": np.float32(0.0),
@@ -407,7 +407,7 @@ def test_sequence_adder_matches_reference(eps, length, period_frac, pad, priorit
         assert all(len(s) == length for s, _ in got)
     # With period <= sequence_length no step of a finished episode is left out of every item (its last
     # observation included); the items hold the adder's own observation objects (steps kept by reference).
-    held = {id(s["observation"]) for _, steps, _, _ in w.items for s in steps}
+    held = {id(s["obs"]) for _, steps, _, _ in w.items for s in steps}
     for ep in eps:
         if ep.ended:
             assert all(id(o) in held for o in ep.obs)
@@ -437,7 +437,7 @@ def test_sequence_adder_acme_example():
         for t in range(2, 7):
             adder.add(0, float(t), np.array([t]), False, t == 6)
         w = client.writers[-1]
-        obs = [[int(np.asarray(s["observation"])[0]) for s in steps] for _, steps, _, _ in w.items]
+        obs = [[int(np.asarray(s["obs"])[0]) for s in steps] for _, steps, _, _ in w.items]
         assert obs == ([[1, 2, 3], [3, 4, 5], [5, 6, 0]] if pad else [[1, 2, 3], [3, 4, 5], [5, 6]])
 
 

@@ -31,8 +31,9 @@ termination and 1.0 otherwise (gamma is NOT in it: the learner multiplies), and 
 ``obs_t``). An episode of ``T`` actions has ``T + 1`` steps: after its last action, its last observation is a step
 of its own with zero-filled action, reward, discount and extras (zeros shaped like the step before; extras stay
 None where the step before had None) -- what a sequence learner needs to bootstrap from it. Where an adder sends
-steps to a writer it sends them as the mapping ``{"observation", "action", "reward", "discount"}`` (reward and
-discount float32); what becomes of ``extras`` is each adder's to say.
+steps to a writer it sends them as the mapping ``{"obs", "action", "reward", "discount"}`` (reward and
+discount float32; ``obs`` as in the transition items and in R2D2's sequence batches,
+:mod:`apexrl.agents.r2d2.sequences`); what becomes of ``extras`` is each adder's to say.
 
 Values are kept by reference, not copied (environments hand out fresh arrays every step), and numpy arrays, numbers
 or anything ``numpy.asarray`` takes (a CPU torch tensor included, without this package importing torch) may be
@@ -90,7 +91,7 @@ def zeros_like(tree: Any) -> Any:
 def step_mapping(step: Step) -> dict[str, Any]:
     """What an adder appends to a writer for ``step``: observation, action, reward and discount (float32)."""
     return {
-        "observation": step.observation,
+        "obs": step.observation,
         "action": step.action,
         "reward": np.float32(step.reward),
         "discount": np.float32(step.discount),

@@ -1,7 +1,7 @@
 """Whole episodes as items through a trajectory writer (Acme's ``EpisodeAdder``).
 
 Every step of an episode (:class:`~apexrl.replay.adders.base.Step`, the last observation a zero-filled step of its
-own) is appended to one writer as ``{"observation", "action", "reward", "discount"}``; when the episode ends
+own) is appended to one writer as ``{"obs", "action", "reward", "discount"}``; when the episode ends
 (terminated or truncated) one item holds all its ``T + 1`` steps. Extras: ``add(..., extras=e_t)`` is not stored
 per step; the item's per-item ``extras`` is the first ``add``'s (``e_0``, e.g. the recurrent state the episode
 started from), None where that was None.

@@ -1,7 +1,7 @@
 """Fixed-length, possibly overlapping sequences of steps through a trajectory writer (Acme's ``SequenceAdder``).
 
 Every step of an episode (:class:`~apexrl.replay.adders.base.Step`, the last observation a zero-filled step of its
-own) is appended to one writer once, as ``{"observation", "action", "reward", "discount"}``; items are step ranges
+own) is appended to one writer once, as ``{"obs", "action", "reward", "discount"}``; items are step ranges
 of it (``writer.create_item``), so overlapping sequences do not store a step twice.
 
 Which items, for an episode of ``T`` actions (steps ``0 .. T-1``, step ``T`` its last observation, ``E = T + 1``
