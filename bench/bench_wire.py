@@ -10,6 +10,9 @@ and sends 512 new priorities through an ``AsyncUpdater`` (non-blocking, max_pend
     python bench/bench_wire.py --quick         # smoke run, a few seconds
     python bench/bench_wire.py --spec-check both   # each configuration with and without a server --spec
     python bench/bench_wire.py --curve both    # every configuration without and with CURVE, and the ratio
+    python bench/bench_wire.py --only dpg --floor --table-kind prioritized uniform queue
+                                               # the server with a uniform table and with a FIFO queue beside
+                                               # the prioritized one (and Reverb's, with --reverb-python)
     python bench/bench_wire.py --only atari --games Pong,Breakout,MsPacman --before-python OLD/.venv/bin/python
                                                # Atari frames stored once: this tree against an older one,
                                                # whole stack (server, actors, learner) each, windows interleaved
