@@ -357,9 +357,13 @@ def launch_plan(argv: Sequence[str] | None = None):
         except ValueError as e:
             run_parser.error(str(e))
     if p.run.offline is not None:
-        from apexrl.offline.loader import check_offline
+        from apexrl.offline.loader import check_offline, offline_capacity
 
         try:
+            capacity = offline_capacity(p, o.server)
+            if capacity is not None:  # the replay sized to the dataset: no --capacity given, no --tables
+                o.server["capacity"] = capacity
+                p = plan(args.preset, o)
             steps = check_offline(p, min_replay_given="min_replay_size" in o.learner)
             if "min_replay_size" not in o.learner:  # learning starts once the whole dataset is in the replay
                 o.learner["min_replay_size"] = steps

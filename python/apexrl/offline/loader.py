@@ -17,8 +17,10 @@ DATASET (:func:`open_dataset`) is a Minari data directory (holding ``metadata.js
 Before anything starts (:func:`check_offline`), the dataset is refused with the reason when its spaces are not
 the task's (:func:`space_mismatch`: observations a Box of the task's shape and dtype, any float precision for a
 float task; actions Discrete with the
-task's count, or a Box of the task's size in [-1, 1], apexrl's action units), when the replay capacity cannot hold
-all its transitions (one per step), or when it holds fewer than a ``--min-replay-size`` given in
+task's count, or a Box of the task's size in [-1, 1], apexrl's action units), when a replay capacity given with
+``--server-args '--capacity N'`` or ``--tables`` cannot hold all its transitions (one per step; without one, the
+replay's capacity is the dataset's transition count: :func:`offline_capacity`), or when it holds fewer than a
+``--min-replay-size`` given in
 ``--learner-args``. Without one, the learner's ``min_replay_size`` is the dataset's transition count: it starts
 learning once the whole dataset is in the replay.
 
@@ -41,7 +43,15 @@ import numpy as np
 
 from apexrl.offline import require_minari
 
-__all__ = ["BATCH", "check_offline", "dataset_steps", "episode_transitions", "open_dataset", "space_mismatch"]
+__all__ = [
+    "BATCH",
+    "check_offline",
+    "dataset_steps",
+    "episode_transitions",
+    "offline_capacity",
+    "open_dataset",
+    "space_mismatch",
+]
 
 log = logging.getLogger("apexrl.offline.loader")
 
@@ -140,6 +150,18 @@ def dataset_steps(storages: Sequence[Any], spec: Any, source: str) -> int:
     if total == 0:
         raise ValueError(f"--offline: {source} holds no steps")
     return total
+
+
+def offline_capacity(p: Any, server_args: dict[str, Any]) -> int | None:
+    """The replay capacity an ``--offline`` run takes when none is given: the dataset's transition count (every
+    transition fits, none is evicted, no memory is set aside beyond it); None when the capacity is the user's
+    (``--capacity`` in ``--server-args``, or ``--tables``). A ``--max-size`` given below it is not raised: the
+    server's configuration refuses that pair, naming both."""
+    if "capacity" in server_args or p.server.tables is not None:
+        return None
+    from apexrl.envs import env_spec
+
+    return dataset_steps(open_dataset(p.run.offline), env_spec(p.env), p.run.offline)
 
 
 def check_offline(p: Any, min_replay_given: bool = True) -> int:
