@@ -206,13 +206,14 @@ HEADER_CASES = {
     "empty header": (b"", Status.BAD_MESSAGE, r"magic"),
     "short header": (raw_header()[:39], Status.BAD_MESSAGE, r"header frame is 39 bytes, expected 40"),
     "long header": (raw_header() + b"\0", Status.BAD_MESSAGE, r"41 bytes, expected 40"),
-    "nonzero flags": (raw_header(flags=1), Status.BAD_MESSAGE, r"flags is 0x0001"),
+    "nonzero flags": (raw_header(op=2, flags=1), Status.BAD_MESSAGE, r"flags is 0x0001, must be 0$"),
+    "INSERT flag unknown": (raw_header(flags=2), Status.BAD_MESSAGE, r"flags is 0x0002, must be 0 or 0x0001"),
     "table on STATS": (
         raw_header(op=5, table=1 << 16),
         Status.BAD_MESSAGE,
         r"header table is 65536, must be 0 \(STATS",
     ),
-    "table on HELLO": (raw_header(op=6, table=1), Status.BAD_MESSAGE, r"header table is 1, must be 0 \(HELLO"),
+
     "op 0": (raw_header(op=0), Status.UNKNOWN_OP, r"op 0 is unknown"),
     "op 8": (raw_header(op=8), Status.UNKNOWN_OP, r"op 8 is unknown"),
     "op 65535": (raw_header(op=65535), Status.UNKNOWN_OP, r"op 65535 is unknown"),
