@@ -357,13 +357,9 @@ def launch_plan(argv: Sequence[str] | None = None):
         except ValueError as e:
             run_parser.error(str(e))
     if p.run.offline is not None:
-        from apexrl.offline.loader import check_offline, offline_capacity
+        from apexrl.offline.loader import check_offline
 
         try:
-            capacity = offline_capacity(p, o.server)
-            if capacity is not None:  # the replay sized to the dataset: no --capacity given, no --tables
-                o.server["capacity"] = capacity
-                p = plan(args.preset, o)
             steps = check_offline(p, min_replay_given="min_replay_size" in o.learner)
             if "min_replay_size" not in o.learner:  # learning starts once the whole dataset is in the replay
                 o.learner["min_replay_size"] = steps
@@ -415,6 +411,17 @@ def _offline_flags(run_parser: argparse.ArgumentParser, args: argparse.Namespace
         if clash:
             run_parser.error(f"--offline runs no actors (and only locally): leave out {', '.join(clash)}")
         o.offline = args.offline
+        from apexrl.launch.plan import resolve_preset
+        from apexrl.offline.loader import size_offline
+
+        try:
+            preset_tables = resolve_preset(args.preset, o)[0].tables
+        except ValueError:
+            return  # the plan says what is wrong with the preset
+        try:
+            size_offline(args.offline, o.server, o.learner, o.tables is not None or preset_tables is not None)
+        except (ValueError, ImportError) as e:
+            run_parser.error(str(e))
 
 
 def upgrade_episodes_csv(path: str) -> None:

@@ -19,7 +19,7 @@ the task's (:func:`space_mismatch`: observations a Box of the task's shape and d
 float task; actions Discrete with the
 task's count, or a Box of the task's size in [-1, 1], apexrl's action units), when a replay capacity given with
 ``--server-args '--capacity N'`` or ``--tables`` cannot hold all its transitions (one per step; without one, the
-replay's capacity is the dataset's transition count: :func:`offline_capacity`), or when it holds fewer than a
+replay's capacity is the dataset's transition count: :func:`size_offline`), or when it holds fewer than a
 ``--min-replay-size`` given in
 ``--learner-args``. Without one, the learner's ``min_replay_size`` is the dataset's transition count: it starts
 learning once the whole dataset is in the replay.
@@ -48,7 +48,7 @@ __all__ = [
     "check_offline",
     "dataset_steps",
     "episode_transitions",
-    "offline_capacity",
+    "size_offline",
     "open_dataset",
     "space_mismatch",
 ]
@@ -152,16 +152,38 @@ def dataset_steps(storages: Sequence[Any], spec: Any, source: str) -> int:
     return total
 
 
-def offline_capacity(p: Any, server_args: dict[str, Any]) -> int | None:
-    """The replay capacity an ``--offline`` run takes when none is given: the dataset's transition count (every
-    transition fits, none is evicted, no memory is set aside beyond it); None when the capacity is the user's
-    (``--capacity`` in ``--server-args``, or ``--tables``). A ``--max-size`` given below it is not raised: the
-    server's configuration refuses that pair, naming both."""
-    if "capacity" in server_args or p.server.tables is not None:
-        return None
-    from apexrl.envs import env_spec
+def size_offline(
+    source: str, server_args: dict[str, Any], learner_args: dict[str, Any], tables_given: bool
+) -> None:
+    """What ``--offline`` sizes by itself, into the run's overrides before it is planned: the replay's capacity is
+    the dataset's transition count (every transition fits, none is evicted) unless ``--capacity`` is given in
+    ``--server-args`` (kept; refused with the reason when it cannot hold the dataset) or the run has tables
+    (their capacities are the user's: :func:`check_offline` checks them); the learner's ``min_replay_size``
+    becomes that count unless given. A dataset of no steps, or a ``--min-replay-size`` above its size, is left
+    to :func:`check_offline`, whose refusal says so."""
+    steps = sum(int(storage.total_steps) for storage in open_dataset(source))
+    given = learner_args.get("min_replay_size")
+    if steps == 0 or tables_given or (given is not None and given > steps):
+        return
+    capacity = server_args.get("capacity")
+    if capacity is None:
+        server_args["capacity"] = steps
+    elif capacity < steps:
+        raise ValueError(_too_small(source, steps, capacity, tables_given))
+    if given is None:
+        learner_args["min_replay_size"] = steps
 
-    return dataset_steps(open_dataset(p.run.offline), env_spec(p.env), p.run.offline)
+
+def _too_small(source: str, steps: int, capacity: int, tables_given: bool) -> str:
+    how = (
+        "raise the capacity of the table 'default' in --tables"
+        if tables_given
+        else f"raise it with --server-args '--capacity {steps}', or leave it out to size the replay to the dataset"
+    )
+    return (
+        f"--offline: {source} gives {steps} transitions, more than the replay capacity {capacity}: "
+        f"{how} (the loader never evicts)"
+    )
 
 
 def check_offline(p: Any, min_replay_given: bool = True) -> int:
@@ -175,15 +197,7 @@ def check_offline(p: Any, min_replay_given: bool = True) -> int:
 
     capacity = sum(default_table(s).capacity for s in p.servers)  # the table the loader fills
     if steps > capacity:
-        how = (
-            "raise the capacity of the table 'default' in --tables"
-            if p.server.tables is not None
-            else f"raise it with --server-args '--capacity {steps}'"
-        )
-        raise ValueError(
-            f"--offline: {source} gives {steps} transitions, more than the replay capacity {capacity}: "
-            f"{how} (the loader never evicts)"
-        )
+        raise ValueError(_too_small(source, steps, capacity, p.server.tables is not None))
     if min_replay_given and steps < p.learner.min_replay_size:
         raise ValueError(
             f"--offline: {source} gives {steps} transitions, fewer than the learner's min_replay_size "
