@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>

@@ -213,7 +213,6 @@ HEADER_CASES = {
         Status.BAD_MESSAGE,
         r"header table is 65536, must be 0 \(STATS",
     ),
-
     "op 0": (raw_header(op=0), Status.UNKNOWN_OP, r"op 0 is unknown"),
     "op 8": (raw_header(op=8), Status.UNKNOWN_OP, r"op 8 is unknown"),
     "op 65535": (raw_header(op=65535), Status.UNKNOWN_OP, r"op 65535 is unknown"),

@@ -96,7 +96,9 @@ def test_flatten_infer_encode_decode_unflatten_round_trips(desc, n, seed, as_tor
 
 def test_dotted_names_are_allowed_and_old_fingerprints_are_unchanged():
     # the Ape-X presets' specs: the same JSON, so the same fingerprints as before dotted names existed
-    assert TransitionSpec.dpg(3, 1).fingerprint == TransitionSpec.from_json(TransitionSpec.dpg(3, 1).to_json()).fingerprint
+    assert (
+        TransitionSpec.dpg(3, 1).fingerprint == TransitionSpec.from_json(TransitionSpec.dpg(3, 1).to_json()).fingerprint
+    )
     assert "." not in TransitionSpec.atari().to_json().split('"name"')[1].split(",")[0]
     assert FieldSpec("obs.pixels.left", "u1", (2,)).name == "obs.pixels.left"
     for bad in ("obs.", ".obs", "obs..x", "1obs.x", "obs.1x", "a" * 65, "o" * 30 + "." + "p" * 34):
@@ -148,8 +150,8 @@ def test_a_nested_mapping_round_trips_through_a_server(many, desc, n, seed, as_t
         batch = c.sample(2 * n + 1)  # FIFO: every item once, in insertion order
         assert batch.spec == pinned and len(batch.weights) == len(batch.probabilities) == 2 * n + 1
         got = batch.fields
-        nested_equal(first, {k: v for k, v in _rows(got, 0, n).items()})
-        nested_equal(second, {k: v for k, v in _rows(got, n, 2 * n + 1).items()})
+        nested_equal(first, _rows(got, 0, n))
+        nested_equal(second, _rows(got, n, 2 * n + 1))
 
 
 def _rows(tree, lo: int, hi: int):
@@ -195,9 +197,7 @@ def test_two_tables_of_different_structures_and_a_raw_table_on_one_server(many):
     a, b = f"t{next(_next_table)}", f"t{next(_next_table)}"
     with ReplayClient(many.endpoint, timeout=10) as c:
         c.insert(np.ones(3), {"obs": np.arange(6, dtype=np.float32).reshape(3, 2), "a": np.arange(3)}, table=a)
-        c.insert(
-            np.ones(2), {"state": {"h": torch.ones(2, 5), "c": torch.zeros(2, 5)}, "t": torch.arange(2)}, table=b
-        )
+        c.insert(np.ones(2), {"state": {"h": torch.ones(2, 5), "c": torch.zeros(2, 5)}, "t": torch.arange(2)}, table=b)
         c.insert(np.ones(2), [b"raw0", b"raw1"])  # `default`: no structure, bytes as today
         tables = c.tables()
         assert [f["name"] for f in tables[a]["spec"]["fields"]] == ["a", "obs"]
@@ -209,7 +209,7 @@ def test_two_tables_of_different_structures_and_a_raw_table_on_one_server(many):
         raw = c.sample(4)
         assert raw.spec is None and {bytes(x) for x in raw.items} <= {b"raw0", b"raw1"}
         with pytest.raises(ValueError, match="no pinned structure"):
-            raw.fields
+            _ = raw.fields
         # a's structure does not fit b, and the server refuses a HELLO that declares another one for a
         with pytest.raises(ValueError, match=r"missing field\(s\) \['state.c', 'state.h', 't'\]"):
             c.insert(np.ones(1), {"obs": np.zeros((1, 2), np.float32), "a": np.zeros(1, np.int64)}, table=b)
@@ -299,7 +299,9 @@ def test_a_table_configured_with_a_spec_starts_pinned():
     with ReplayServer(ServerConfig(port=0, tables=tables)) as srv, ReplayClient(srv.endpoint, timeout=10) as c:
         assert TransitionSpec.from_json(json.dumps(c.tables()["cfg"]["spec"])) == spec
         with pytest.raises(ValueError, match=r"field 'a': dtype float32, the table's structure has int64"):
-            c.insert(np.ones(1), {"obs": {"x": np.zeros((1, 2), np.float32)}, "a": np.zeros(1, np.float32)}, table="cfg")
+            c.insert(
+                np.ones(1), {"obs": {"x": np.zeros((1, 2), np.float32)}, "a": np.zeros(1, np.float32)}, table="cfg"
+            )
         c.insert(np.ones(1), {"obs": {"x": np.ones((1, 2), np.float32)}, "a": np.array([7])}, table="cfg")
         assert c.sample(1, table="cfg").fields["a"].tolist() == [7]
 

@@ -185,8 +185,8 @@ Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
   if (h->flags != 0 && !(h->op == kInsert && h->flags == kFlagMaxPriority)) {
     char buf[16];
     std::snprintf(buf, sizeof buf, "%#06x", h->flags);
-    return Refuse(kBadMessage, std::string("header flags is ") + buf +
-                                   (h->op == kInsert ? ", must be 0 or 0x0001" : ", must be 0"));
+    return Refuse(kBadMessage,
+                  std::string("header flags is ") + buf + (h->op == kInsert ? ", must be 0 or 0x0001" : ", must be 0"));
   }
   if (h->op < 1 || h->op > kMaxReplayOp) {
     return Refuse(kUnknownOp, "header op " + Str(h->op) + " is unknown; known ops: [1, 2, 3, 4, 5, 6, 7]");

@@ -152,9 +152,7 @@ def dataset_steps(storages: Sequence[Any], spec: Any, source: str) -> int:
     return total
 
 
-def size_offline(
-    source: str, server_args: dict[str, Any], learner_args: dict[str, Any], tables_given: bool
-) -> None:
+def size_offline(source: str, server_args: dict[str, Any], learner_args: dict[str, Any], tables_given: bool) -> None:
     """What ``--offline`` sizes by itself, into the run's overrides before it is planned: the replay's capacity is
     the dataset's transition count (every transition fits, none is evicted) unless ``--capacity`` is given in
     ``--server-args`` (kept; refused with the reason when it cannot hold the dataset) or the run has tables

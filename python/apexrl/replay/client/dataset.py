@@ -99,7 +99,12 @@ class ReplayDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}")
         if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) or not 1 <= decode_threads <= 64:
             raise ValueError(f"decode_threads must be an integer from 1 to 64, got {decode_threads!r}")
-        if decode is not None and decode != "structure" and not isinstance(decode, TransitionSpec) and not callable(decode):
+        if (
+            decode is not None
+            and decode != "structure"
+            and not isinstance(decode, TransitionSpec)
+            and not callable(decode)
+        ):
             raise TypeError(
                 f"decode must be None, a TransitionSpec, 'structure' or a callable, got {type(decode).__name__}"
             )
@@ -116,7 +121,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
 
     def _hook(self, client: Any) -> Callable[[Any], Any] | None:
         decode = self.decode
-        if decode == "structure":
+        if isinstance(decode, str):  # "structure", the one string __init__ accepts
             return _StructureHook(client, self.table)
         if isinstance(decode, TransitionSpec):
             spec = decode

@@ -32,8 +32,8 @@ import numpy as np
 
 from apexrl.errors import (
     ProtocolError,
-    ServerError,
     ReplayTimeout,
+    ServerError,
     ServerShuttingDownError,
     ServerTimeoutError,
     error_of,
