@@ -202,6 +202,11 @@ class ReplayClient(TransportClient):
     unless given). The name is resolved to the server's index once, from its HELLO reply (asked for again
     after a timeout). The helpers (:meth:`sampler`, :meth:`inserter`, :meth:`updater`) and
     :class:`ReplayDataset` work on one table each (their ``table``). :meth:`tables` lists the server's tables.
+
+    Structured items: :meth:`insert` also takes a nested mapping of arrays (numpy, torch) with a leading batch
+    dimension; each table pins one structure (a TransitionSpec, inferred from its first batch or declared with
+    :meth:`hello`), and :meth:`sample` returns it as ``batch.fields``. ``insert(None, ...)``: the server gives
+    each item the table's largest priority so far.
     """
 
     def __init__(
