@@ -440,3 +440,16 @@ def test_replay_dataset_yields_the_tables_structure(many):
     nested_equal(batch, got["fields"])
     with pytest.raises(TypeError, match="decode must be"):
         ReplayDataset(many.endpoint, 4, decode="atari")
+
+
+def test_a_client_that_learned_the_tables_before_the_pinning_still_gets_fields(many):
+    table = f"t{next(_next_table)}"
+    with ReplayClient(many.endpoint, timeout=10) as learner, ReplayClient(many.endpoint, timeout=10) as actor:
+        assert learner.tables()[table]["spec"] is None  # learned before any structure
+        actor.insert(None, {"obs": np.arange(3, dtype=np.int16)}, table=table)
+        before = learner.stats()["requests_hello"]
+        batch = learner.sample(3, table=table)
+        assert batch.spec is None  # a sample sends nothing more than it always did ...
+        assert learner.stats()["requests_hello"] == before
+        assert batch.fields["obs"].tolist() == [0, 1, 2]  # ... and .fields asks once
+        assert batch.spec is not None and learner.sample(3, table=table).spec == batch.spec

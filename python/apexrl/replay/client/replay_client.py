@@ -79,9 +79,11 @@ class SampledBatch:
     size: int  # items in the store
     # The frame chunks the items reference, each once (items without chunks: none, see P.FrameChunks).
     chunks: P.FrameChunks | None = None
-    # The table's pinned item structure when the items are in it (ReplayClient.sample sets it), else None.
+    # The table's pinned item structure when the items are in it (ReplayClient.sample sets it from what its
+    # client knows), else None; `fields` asks the server once more (_resolve) when it is None.
     spec: TransitionSpec | None = None
     _fields: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _resolve: Callable[[SampledBatch], TransitionSpec | None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def fields(self) -> dict[str, Any]:
@@ -89,6 +91,8 @@ class SampledBatch:
         as, each with leading dimension n. Decoded natively (GIL released) on first access, then kept.
         ValueError when the table has no pinned structure or an item is not in it."""
         if self._fields is None:
+            if self.spec is None and self._resolve is not None:
+                self.spec = self._resolve(self)  # the table may have been pinned since the client's last HELLO
             spec = self.spec
             if spec is None:
                 raise ValueError(
@@ -363,16 +367,17 @@ class ReplayClient(TransportClient):
             self._specs[name] = info.table_spec(name)
         return self._specs[name]
 
-    def _sampled_spec(self, name: str, batch: SampledBatch) -> TransitionSpec | None:
+    def _sampled_spec(self, name: str, batch: SampledBatch, *, ask: bool = False) -> TransitionSpec | None:
         """The spec ``batch``'s items are in: the table's pinned spec when the first item carries its fingerprint
-        (asking the server again, once per HELLO, when it does not: the table may have been pinned since)."""
+        (``ask``: asking the server again, once per HELLO, when it does not: the table may have been pinned
+        since). Without ``ask`` no request is sent: a sample costs what it always did."""
         offsets = batch.offsets
         if len(offsets) < 2 or int(offsets[1]) - int(offsets[0]) < 4:
             return None
         start = int(offsets[0])
         fingerprint = int.from_bytes(bytes(memoryview(batch.data).cast("B")[start : start + 4]), "little")
         spec = self._table_spec(name)
-        if (spec is None or spec.fingerprint != fingerprint) and name not in self._asked:
+        if ask and (spec is None or spec.fingerprint != fingerprint) and name not in self._asked:
             spec = self._table_spec(name, ask=True)
             self._asked.add(name)
         return spec if spec is not None and spec.fingerprint == fingerprint else None
@@ -458,7 +463,9 @@ class ReplayClient(TransportClient):
             P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms, index), self.timeout + wait_s
         )
         batch = sampled_batch(reply)
-        batch.spec = self._sampled_spec(self.table if table is None else table, batch)
+        name = self.table if table is None else table
+        batch.spec = self._sampled_spec(name, batch)
+        batch._resolve = functools.partial(self._sampled_spec, name, ask=True)
         return batch
 
     # Split calls: send now, collect the reply later, so that a caller (ShardedReplayClient) can have one request
