@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from apexrl import PrioritizedStore
-from apexrl.agents import agent_names
+from apexrl.agents import agent_names, get_agent
 from apexrl.agents.r2d2 import (
     R2D2_FIELD_SOURCES,
     R2D2_PRESETS,
@@ -377,38 +377,31 @@ def test_the_atari_network_is_nature_torso_lstm_512_and_dueling_heads():
     assert q.shape == (1, 2, 6) and h.shape == c.shape == (1, 512)
 
 
-# -- presets (data only until the replay stores sequences) ---------------------------------------------------------
+# -- presets ------------------------------------------------------------------------------------------------------
 
 
-def test_the_r2d2_presets_are_data_with_a_source_for_every_setting_and_not_yet_registered(monkeypatch):
-    from apexrl.agents.base import AGENTS, AgentDef
+def test_the_r2d2_presets_are_registered_with_a_source_for_every_setting():
     from apexrl.agents.config import FIELD_SOURCES
     from apexrl.launch import preset_table
-    from apexrl.launch.presets import PRESETS, Preset, ReplaySettings
+    from apexrl.launch.presets import PRESETS
 
-    assert "r2d2" not in agent_names()  # the wiring registers it once the replay stores sequences
-    assert not set(R2D2_PRESETS) & set(PRESETS)
+    assert "r2d2" in agent_names() and get_agent("r2d2").recurrent
+    assert set(R2D2_PRESETS) <= set(PRESETS)
     assert set(R2D2_FIELD_SOURCES) == {f.name for f in dataclasses.fields(R2D2Config)}
-
-    # What the wiring will do: register the agent, add the R2D2 source and the config's default sources; then
-    # the preset table gives every setting of both presets a value and a known source (ValueError otherwise).
-    def refuse(*_args):
-        raise AssertionError("not wired")
-
-    agent = AgentDef("r2d2", "R2D2", R2D2Config, lambda spec: None, refuse, refuse)
-    monkeypatch.setitem(AGENTS, "r2d2", agent)
-    monkeypatch.setitem(FIELD_SOURCES, R2D2Config, R2D2_FIELD_SOURCES)
-    for key, citation in R2D2_SOURCE.items():
-        monkeypatch.setitem(preset_table.SOURCES, key, citation)
-    for name, entry in R2D2_PRESETS.items():
-        preset = Preset(name=name, **{**entry, "replay": ReplaySettings(**entry["replay"])})
+    assert FIELD_SOURCES[R2D2Config] is R2D2_FIELD_SOURCES
+    assert set(R2D2_SOURCE) <= set(preset_table.SOURCES)
+    for name in R2D2_PRESETS:
+        preset = PRESETS[name]
         rows = preset_table.settings(preset)
         assert {source for _, _, source, _ in rows} <= set(preset_table.SOURCES), name
-        assert {setting for setting, *_ in rows} >= set(preset.agent_overrides) | {"capacity", "alpha", "beta"}
+        assert {setting for setting, *_ in rows} >= set(preset.agent_overrides) | {"tables", "beta"}
         unused = set(preset.sources) - {"*"} - {setting for setting, *_ in rows}
         assert not unused, (name, unused)
         config = preset.agent_config()
         assert config.min_sequence_length == config.burn_in + config.trace_length + 1
+        # One prioritized sequence table, the one the run's actors write to and its learner samples.
+        assert preset.tables is not None and [t.name for t in preset.tables] == ["default"]
+        assert preset.tables[0].sampler == "prioritized" and preset.tables[0].alpha == 0.9
     paper = R2D2Config()
     assert (paper.n_step, paper.gamma, paper.burn_in, paper.trace_length, paper.sequence_period) == (
         5,
@@ -419,7 +412,7 @@ def test_the_r2d2_presets_are_data_with_a_source_for_every_setting_and_not_yet_r
     )
     assert (paper.batch_size, paper.lr, paper.adam_eps, paper.target_update_period) == (64, 1e-4, 1e-3, 2500)
     assert (paper.priority_eta, paper.rescale_eps, paper.lstm_size) == (0.9, 1e-3, 512)
-    assert R2D2_PRESETS["r2d2-atari"]["replay"]["alpha"] == 0.9 and R2D2_PRESETS["r2d2-atari"]["learner"]["beta"] == 0.6
+    assert R2D2_PRESETS["r2d2-atari"]["tables"][0]["alpha"] == 0.9 and R2D2_PRESETS["r2d2-atari"]["learner"]["beta"] == 0.6
 
 
 # -- a memory task it must learn -----------------------------------------------------------------------------------

@@ -47,7 +47,8 @@ def test_every_setting_of_every_preset_has_a_known_source():
         assert len(names) == len(set(names)), p.name
         config_fields = {f.name for f in dataclasses.fields(type(p.agent_config()))}
         assert config_fields <= set(names), p.name  # every agent hyperparameter is listed
-        assert {"capacity", "eviction", "alpha", "min_replay_size", "beta", "is_weights", "actors"} <= set(names)
+        replay = {"capacity", "eviction", "alpha"} if p.tables is None else {"tables"}  # tables replace them
+        assert replay | {"min_replay_size", "beta", "is_weights", "actors"} <= set(names)
         assert all(source in preset_table.SOURCES for *_, source, _ in rows)
         assert p.source, f"preset {p.name} does not say what it follows"
         # a preset that sets an agent field names where the value comes from (or its "*" source)

@@ -1,6 +1,6 @@
 """Ape-X agents: DQN (dueling, double-Q, n-step), DPG (deterministic actor-critic, n-step), D4PG (DPG with a
-categorical critic), TD3 (twin critics, delayed policy updates, target smoothing) and SAC (squashed Gaussian
-policy, twin critics, learned temperature).
+categorical critic), TD3 (twin critics, delayed policy updates, target smoothing), SAC (squashed Gaussian
+policy, twin critics, learned temperature) and R2D2 (recurrent Ape-X on replayed sequences, :mod:`.r2d2`).
 
 Each agent is one module ending in an :class:`~apexrl.agents.base.AgentDef` (config class, learner side,
 actor side, the environments it accepts); the lines below register them. An agent that lives in another
@@ -12,10 +12,12 @@ from __future__ import annotations
 from apexrl.agents import d4pg, dpg, dqn, sac, td3
 from apexrl.agents.base import AGENTS, Agent, AgentDef, Policy, agent_names, get_agent
 from apexrl.agents.common import epsilon_ladder
-from apexrl.agents.config import D4PGConfig, DPGConfig, DQNConfig, SACConfig, TD3Config
+from apexrl.agents.config import FIELD_SOURCES, D4PGConfig, DPGConfig, DQNConfig, SACConfig, TD3Config
 from apexrl.agents.d4pg import D4PGLearner, D4PGPolicy
 from apexrl.agents.dpg import DPGLearner, DPGPolicy, dpg_transition_spec
 from apexrl.agents.dqn import DQNLearner, DQNPolicy, dqn_transition_spec
+from apexrl.agents.r2d2.agent import AGENT as R2D2_AGENT
+from apexrl.agents.r2d2.config import R2D2_FIELD_SOURCES, R2D2Config
 from apexrl.agents.sac import SACLearner, SACPolicy
 from apexrl.agents.td3 import TD3Learner, TD3Policy
 
@@ -25,6 +27,8 @@ AGENTS.register(dpg.AGENT)
 AGENTS.register(d4pg.AGENT)
 AGENTS.register(td3.AGENT)
 AGENTS.register(sac.AGENT)
+AGENTS.register(R2D2_AGENT)
+FIELD_SOURCES[R2D2Config] = R2D2_FIELD_SOURCES  # the preset table's sources of R2D2's defaults
 
 __all__ = [
     "AGENTS",

@@ -144,6 +144,11 @@ class AgentDef:
     """Optional ``(env_spec, config, slots, num_slots, seed) -> Policy`` with ``act_batch`` and ``explorations``
     for the environments ``slots`` of the run's ``num_slots`` (actors x environments per actor): one policy and
     one batched forward pass for a vectorised actor. None: :func:`batch_policy` wraps ``make_policy``."""
+    recurrent: bool = False
+    """True for an agent that learns from sequences (R2D2): its actors carry the policy's recurrent state and
+    write overlapping sequences with a :class:`~apexrl.replay.adders.SequenceAdder` (extras: the state at each
+    item's first step), its learner samples them as ``.fields``/``.mask``/``.extras`` and its runs pin no
+    TransitionSpec (:mod:`apexrl.apex.recurrent`). False: one n-step transition per item, as Ape-X."""
 
     def accepts(self, env_spec: EnvSpec) -> str | None:
         """None when the agent runs on ``env_spec``, else the reason it does not."""

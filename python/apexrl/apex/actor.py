@@ -614,8 +614,15 @@ class _ObsRing:
 
 
 def run_actor(config: ActorConfig) -> dict[str, int]:
-    """Build an :class:`Actor`, stop it on SIGTERM/SIGINT (after inserting what it holds), return counters."""
-    actor = Actor(config)
+    """Build an :class:`Actor` (a recurrent agent's: :class:`~apexrl.apex.recurrent.RecurrentActor`), stop it on
+    SIGTERM/SIGINT (after inserting what it holds), return counters."""
+    actor: Actor
+    if get_agent(config.agent).recurrent:
+        from apexrl.apex.recurrent import RecurrentActor
+
+        actor = RecurrentActor(config)
+    else:
+        actor = Actor(config)
     try:
         with StopOnSignal(actor.stop, [actor.replay.interrupt, actor.params.transport.interrupt]):
             return actor.run()

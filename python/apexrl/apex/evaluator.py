@@ -29,10 +29,14 @@ def play_episodes(
     environment: Any, policy: Any, episodes: int, on_frame: Callable[[Any], None] | None = None
 ) -> list[float]:
     """Play ``episodes`` whole evaluation episodes (``policy.act(obs, explore=False)``) and return their
-    unclipped returns. ``on_frame(environment)`` is called after every reset and step (video recording)."""
+    unclipped returns. ``on_frame(environment)`` is called after every reset and step (video recording). A
+    recurrent policy (one with ``reset``, R2D2's) has its state zeroed at each episode's start."""
     returns = []
+    reset_state = getattr(policy, "reset", None)
     for _ in range(episodes):
         obs, ret, done = environment.reset(), 0.0, False
+        if reset_state is not None:
+            reset_state()
         if on_frame is not None:
             on_frame(environment)
         while not done:

@@ -24,7 +24,10 @@ action index out of range, a NaN reward, ...), counted as ``invalid_items``; the
 update's own TD errors stays.
 
 ``env_frames`` in metrics.csv is the number of transitions the replay server has received times the
-environment's frames per agent step: every agent step of every actor yields exactly one n-step transition.
+environment's frames per agent step: every agent step of every actor yields exactly one n-step transition. For a
+recurrent agent (R2D2, :mod:`apexrl.apex.recurrent`), whose items are sequences, it is the items received times
+``sequence_period`` agent steps (an estimate: an episode's last item stands for fewer steps); the learner samples
+sequences one request at a time instead of through the prefetching sampler.
 
 Stopping (SIGTERM/SIGINT, see :mod:`apexrl.apex.stopping`): the loop ends, the last priority updates get what
 is left of the grace period, and the final checkpoint is written; the learner says how many updates it could
@@ -153,8 +156,15 @@ class Learner:
         self.agent: Agent = get_agent(config.agent).make_learner(
             self.env_spec, config.agent_config, self.device, config.seed
         )
-        self.transition_spec = self.agent.transition_spec
-        self.frame_codec = frame_codec(self.transition_spec)  # frame stacks stored once (Atari), else None
+        # A recurrent agent (R2D2) samples sequences of steps (apexrl.apex.recurrent): no TransitionSpec.
+        self.recurrent = get_agent(config.agent).recurrent
+        self.transition_spec = None if self.recurrent else self.agent.transition_spec
+        self.frame_codec = frame_codec(self.transition_spec) if not self.recurrent else None  # Atari frame stacks
+        # env_frames from the items inserted: a transition is one agent step; a sequence item stands for the
+        # sequence_period new steps between consecutive items of an episode (an estimate: an episode's last
+        # item is shorter).
+        per_item = config.agent_config.sequence_period if self.recurrent else 1
+        self._frames_per_item = per_item * self.env_spec.frames_per_step
         self._invalid = getattr(self.agent, "invalid_items", all_finite)  # the agent's value rules
         self._stop = threading.Event()
         self._stop_time: float | None = None
@@ -198,7 +208,7 @@ class Learner:
             "time_s": self.time_offset + elapsed,
             "frames_base": self.frames_base,
             "last_inserted": self._last_inserted,
-            "env_frames": (self.frames_base + self._last_inserted) * self.env_spec.frames_per_step,
+            "env_frames": (self.frames_base + self._last_inserted) * self._frames_per_item,
             "agent_config": json.loads(json.dumps(dataclasses.asdict(self.config.agent_config), default=list)),
             "extra": self.config.extra,
         }
@@ -280,7 +290,7 @@ class Learner:
             if inserted < self._last_inserted:  # the server restarted without its snapshot: counters reset
                 self.frames_base += self._last_inserted
             self._last_inserted = inserted
-        return (self.frames_base + self._last_inserted) * self.env_spec.frames_per_step
+        return (self.frames_base + self._last_inserted) * self._frames_per_item
 
     def _wait_for_replay(self) -> bool:
         need = self.config.min_replay_size
@@ -315,7 +325,7 @@ class Learner:
         stats = self._replay_stats()
         self._env_frames(stats)
         row_steps, row_inserted = self.agent.steps, (stats or {}).get("inserted", 0)
-        sampler = self.replay.sampler(
+        sampler = self._sequence_sampler() if self.recurrent else self.replay.sampler(
             cfg.agent_config.batch_size,
             beta=cfg.beta,
             prefetch=cfg.prefetch,
@@ -385,6 +395,14 @@ class Learner:
         self._write_row(now - start, max(now - last_row, 1e-9), means, self._replay_stats(), row_steps, row_inserted)
         self.save(now - start)
         return self._summary(start, steps_at_start)
+
+    def _sequence_sampler(self) -> Any:
+        """A recurrent agent's sampler: sequences of the table ``default`` in the agent's batch format."""
+        from apexrl.apex.recurrent import SequenceSampler
+
+        cfg = self.config
+        length = cfg.agent_config.min_sequence_length
+        return SequenceSampler(self.replay, cfg.agent_config.batch_size, cfg.beta, length, self._invalid)
 
     def _sample_threads(self) -> int:
         """The sampler's threads: the config's, or one per replay server."""

@@ -240,7 +240,7 @@ def ratio_limiter(server: ServerConfig) -> SampleToInsertRatio | None:
 
 
 def run_tables(
-    tables: Sequence[TableConfig], server: dict[str, Any], min_replay_size: int, spec: str, offline: bool
+    tables: Sequence[TableConfig], server: dict[str, Any], min_replay_size: int, spec: str | None, offline: bool
 ) -> list[TableConfig]:
     """A run's tables (``--tables`` or the preset's) made to fit the run, as its one table ``default`` would be:
     the table ``default`` (the learner's and actors') gets the run's spec and, without a rate limiter of its
@@ -263,7 +263,7 @@ def run_tables(
     out = []
     for t in tables:
         if t.name == DEFAULT_TABLE:
-            run_spec_ = load_spec(spec)
+            run_spec_ = load_spec(spec) if spec is not None else None  # None: a recurrent agent's sequences
             if t.spec is not None and t.spec != run_spec_:
                 raise ValueError(
                     f"table {DEFAULT_TABLE!r}: its spec is not the spec of the run ({spec}): the run's actors would "
@@ -496,7 +496,9 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
     if not 1 <= o.replay_servers <= MAX_REPLAY_SERVERS:
         raise ValueError(f"replay_servers must be in 1..{MAX_REPLAY_SERVERS}, got {o.replay_servers}")
     spec = run_spec(agent, env, agent_config, o.seed)
-    if o.server.get("spec") is not None:
+    if spec is None and o.server.get("spec") is not None:
+        raise ValueError(f"--spec: {agent} inserts sequences of steps, not items of a TransitionSpec; leave --spec out")
+    if spec is not None and o.server.get("spec") is not None:
         from apexrl.replay.server.insert_guard import load_spec
 
         if load_spec(o.server["spec"]) != load_spec(spec):
@@ -574,14 +576,17 @@ def actor_curve_dir(curve_dir: str | None) -> str | None:
     return node if os.path.isdir(node) else curve_dir
 
 
-def run_spec(agent: str, env: str, agent_config: Any, seed: int = 0) -> str:
+def run_spec(agent: str, env: str, agent_config: Any, seed: int = 0) -> str | None:
     """The TransitionSpec JSON of the items the run's actors insert (actor 0's policy says it: the agent and the
     environment define it). The plan pins it on every replay server (``ServerConfig.spec``, the server's
-    ``--spec``), so no client can declare another spec first."""
+    ``--spec``), so no client can declare another spec first. None for a recurrent agent (R2D2): its items are
+    sequences of steps, whose structure the table pins at their first insert."""
     from apexrl.agents import get_agent
     from apexrl.envs import env_spec
     from apexrl.replay.wire.frames import wire_spec
 
+    if get_agent(agent).recurrent:
+        return None  # sequence items of a trajectory writer: their structure is pinned by the table's first insert
     spec = get_agent(agent).make_policy(env_spec(env), agent_config, 0, 1, seed).transition_spec
     return wire_spec(spec).to_json()  # the items the replay holds: Atari's reference frame chunks
 

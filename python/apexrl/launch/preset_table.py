@@ -17,6 +17,7 @@ import dataclasses
 import textwrap
 from typing import Any
 
+from apexrl.agents.r2d2.presets import R2D2_SOURCE
 from apexrl.launch.presets import PRESETS, Preset, ReplaySettings
 
 __all__ = ["DEFAULT_SOURCES", "DELIBERATE_DIFFERENCES", "SOURCES", "epilog", "markdown", "settings"]
@@ -33,6 +34,7 @@ SOURCES: dict[str, str] = {
     "SAC": "Haarnoja et al. 2018, Soft Actor-Critic Algorithms and Applications (arXiv:1812.05905), its Table 1",
     "tuned": "tuned here on a 2-core machine; the measured results are in bench/README.md",
     "apexrl": "apexrl's own choice: the source the preset follows does not give it",
+    **R2D2_SOURCE,
 }
 """The sources a setting may name, with their citations."""
 

@@ -643,6 +643,21 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+def _r2d2_presets() -> dict[str, Preset]:
+    """``r2d2-atari`` and ``r2d2-cpu`` from their data (:mod:`apexrl.agents.r2d2.presets`), each with one prioritized
+    sequence table ``default``."""
+    from apexrl.agents.r2d2.presets import R2D2_PRESETS
+    from apexrl.replay.tables import TableConfig
+
+    return {
+        name: Preset(name=name, **{**entry, "tables": tuple(TableConfig(**t) for t in entry["tables"])})
+        for name, entry in R2D2_PRESETS.items()
+    }
+
+
+PRESETS.update(_r2d2_presets())
+
+
 def get_preset(name: str) -> Preset:
     try:
         return PRESETS[name]

@@ -15,16 +15,13 @@ What is here:
   policy, which returns each step's input state for the adder.
 - :mod:`~apexrl.agents.r2d2.presets`: ``r2d2-atari`` and ``r2d2-cpu`` as data, with a source per setting.
 
-What is not, on purpose: ``--agent r2d2`` is not registered (no ``AgentDef`` in ``apexrl.agents``) and the
-presets are not in ``apexrl.launch.presets.PRESETS``, because nothing can run them end to end until the replay
-stores sequences. The wiring then needs: a sequence adder that cuts each actor environment's stream into items
-of ``R2D2Config.min_sequence_length`` steps (burn-in + trace + 1), a new one every ``sequence_period`` steps,
-padded past an episode's end (mask False), each with the input state ``RecurrentPolicy.act_batch_state``
-returned at its first step, inserted with ``sequence_spec`` at the priority ``RecurrentPolicy.
-initial_priorities`` gives; a learner loop that hands :meth:`R2D2Learner.update` the decoded batch; an
-``AgentDef`` (``make_batch_policy`` = :func:`recurrent_batch_policy`); the presets added to ``PRESETS``. No
-module of apexrl imports this package yet, so importing ``apexrl.agents`` does not import it.
-bench/r2d2_masked_cartpole.py runs the agent in one process (its own adder and buffer) in the meantime.
+The wiring: :mod:`~apexrl.agents.r2d2.agent` registers ``--agent r2d2`` (an ``AgentDef`` with
+``recurrent=True``); :mod:`apexrl.apex.recurrent` holds its actor (the policy's state carried across steps, one
+``SequenceAdder`` per environment, the state at each item's first step stored as its extras ``state_h``/
+``state_c``) and the learner's sequence sampler (``.fields``/``.mask``/``.extras`` into the batch of
+:mod:`~apexrl.agents.r2d2.sequences`); ``apexrl.launch.presets.PRESETS`` holds ``r2d2-atari`` and ``r2d2-cpu``,
+each with a prioritized table ``default``. bench/r2d2_masked_cartpole.py runs the agent in one process (its own
+adder and buffer).
 """
 
 from __future__ import annotations

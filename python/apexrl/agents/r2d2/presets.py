@@ -1,13 +1,12 @@
-"""The R2D2 presets as data, for the wiring that will register ``--agent r2d2``.
+"""The R2D2 presets as data: ``apexrl.launch.presets.PRESETS`` holds them as :class:`~apexrl.launch.presets.Preset`.
 
-They are not in ``apexrl.launch.presets.PRESETS`` (nor in docs/running.md's generated table or ``apexrl run
---help``) because they cannot run yet: the replay server does not store sequences. Each entry holds the fields
-of :class:`apexrl.launch.presets.Preset` by name -- ``replay`` as the keyword arguments of ``ReplaySettings``
--- so the wiring makes ``Preset(name=name, **entry, replay=ReplaySettings(**entry["replay"]))`` once
-``R2D2_SOURCE`` is a key of ``apexrl.launch.preset_table.SOURCES`` and ``R2D2_FIELD_SOURCES`` is
-``apexrl.agents.config.FIELD_SOURCES[R2D2Config]``. Every setting an entry sets names its source in
-``sources``; the settings it leaves at their defaults take ``R2D2_FIELD_SOURCES`` (agent) or the preset table's
-defaults (replay, learner, actor). tests/agents/test_r2d2.py checks both.
+Each entry holds the fields of ``Preset`` by name -- ``tables`` as the keyword arguments of each
+:class:`~apexrl.replay.tables.TableConfig` (one prioritized table ``default`` that the actors' sequence adders
+write to and the learner samples) -- and ``apexrl.launch.presets`` makes ``Preset(name=name, **entry,
+tables=tuple(TableConfig(**t) for t in entry["tables"]))``; ``R2D2_SOURCE`` joins ``apexrl.launch.preset_table.
+SOURCES`` and ``R2D2_FIELD_SOURCES`` is ``apexrl.agents.config.FIELD_SOURCES[R2D2Config]``. Every setting an
+entry sets names its source in ``sources``; the settings it leaves at their defaults take ``R2D2_FIELD_SOURCES``
+(agent) or the preset table's defaults (learner, actor). tests/agents/test_r2d2.py checks both.
 """
 
 from __future__ import annotations
@@ -40,20 +39,16 @@ R2D2_PRESETS: dict[str, dict[str, Any]] = {
         agent="r2d2",
         env="atari:Pong",
         agent_overrides={},  # R2D2Config's defaults are the paper's
-        replay=dict(capacity=100_000, eviction="fifo", alpha=0.9, samples_per_insert=None),
+        tables=(dict(name="default", sampler="prioritized", remover="fifo", capacity=100_000, alpha=0.9),),
         learner=_PAPER_LEARNER,
-        actor=dict(flush_every=1, params_every_frames=400),
+        actor=dict(params_every_frames=400),
         actors=8,
         minutes=60.0,
         sources=dict(
-            capacity="R2D2",
-            eviction="apexrl",
-            alpha="R2D2",
-            samples_per_insert="apexrl",
+            tables="R2D2",
             min_replay_size="apexrl",
             beta="R2D2",
             eval_episodes="Ape-X",
-            flush_every="apexrl",
             params_every_frames="R2D2",
             actors="apexrl",
         ),
@@ -77,13 +72,15 @@ R2D2_PRESETS: dict[str, dict[str, Any]] = {
             "does not say how it reduces over time)",
             "apexrl's Atari preprocessing (4-frame stacks, 30 no-ops, life loss not terminal) as for Ape-X "
             "DQN; the paper's frame stacking is not checked here",
-            "one item per sequence is inserted as soon as it is complete (flush_every=1)",
+            "each actor environment's sequence writer sends its items 8 at a time (the writer's flush_items; "
+            "flush_every does not apply), at the table's largest priority so far rather than one the actor "
+            "computes",
         ),
     ),
     "r2d2-cpu": dict(
         description="R2D2 sized for a 2-core machine (masked CartPole: CartPole without its velocities)",
-        source="apexrl's choices for a 2-core machine, not yet tuned (no run can be made before the replay "
-        "stores sequences); otherwise R2D2",
+        source="apexrl's choices for a 2-core machine, not yet tuned (the masked-CartPole runs of issue 39 are "
+        "to come); otherwise R2D2",
         agent="r2d2",
         env="gym:apexrl.envs.masked:MaskedCartPole-v1",
         agent_overrides=dict(
@@ -99,7 +96,7 @@ R2D2_PRESETS: dict[str, dict[str, Any]] = {
             stream_hidden=64,
             eval_epsilon=0.0,
         ),
-        replay=dict(capacity=20_000, eviction="fifo", alpha=0.9, samples_per_insert=None),
+        tables=(dict(name="default", sampler="prioritized", remover="fifo", capacity=20_000, alpha=0.9),),
         learner=dict(
             min_replay_size=200,
             beta=0.6,
@@ -109,11 +106,12 @@ R2D2_PRESETS: dict[str, dict[str, Any]] = {
             eval_episodes=10,
             metrics_every=5.0,
         ),
-        actor=dict(flush_every=1, params_every_frames=200, envs_per_actor=4),
+        actor=dict(params_every_frames=200, envs_per_actor=4),
         actors=2,
         minutes=20.0,
-        sources={"*": "apexrl", "alpha": "R2D2", "beta": "R2D2"},
+        sources={"*": "apexrl", "beta": "R2D2"},
         unmatched=(
+            "the table's alpha 0.9 is R2D2's; its capacity and FIFO remover are apexrl's",
             "not tuned yet: the settings are sized for a 2-core machine (a small LSTM, short sequences, "
             "gamma 0.99 for 500-step episodes), to be tuned on the masked-CartPole runs",
         ),

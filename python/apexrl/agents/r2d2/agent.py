@@ -1,0 +1,51 @@
+"""``--agent r2d2``: the :class:`~apexrl.agents.base.AgentDef` that registers R2D2 (``recurrent=True``: the actors
+and the learner take the sequence path of :mod:`apexrl.apex.recurrent`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from apexrl.agents.base import AgentDef
+from apexrl.agents.r2d2.config import R2D2Config
+from apexrl.agents.r2d2.learner import R2D2Learner
+from apexrl.agents.r2d2.policy import RecurrentPolicy, recurrent_batch_policy
+
+if TYPE_CHECKING:
+    from apexrl.envs import EnvSpec
+
+__all__ = ["AGENT"]
+
+
+def check_env(spec: EnvSpec) -> None:
+    if spec.num_actions is None:
+        raise ValueError("r2d2 needs a discrete action space (Q-values per action)")
+
+
+def make_learner(spec: EnvSpec, config: R2D2Config, device: torch.device, seed: int) -> R2D2Learner:
+    return R2D2Learner(spec, config, device, seed)
+
+
+def make_policy(spec: EnvSpec, config: R2D2Config, index: int, num_actors: int, seed: int) -> RecurrentPolicy:
+    """Actor ``index`` of ``num_actors``, one environment (the evaluation process: actor 0 of 1)."""
+    return recurrent_batch_policy(spec, config, [index], num_actors, seed)
+
+
+def make_batch_policy(
+    spec: EnvSpec, config: R2D2Config, slots: Sequence[int], num_slots: int, seed: int
+) -> RecurrentPolicy:
+    return recurrent_batch_policy(spec, config, slots, num_slots, seed)
+
+
+AGENT = AgentDef(
+    name="r2d2",
+    description="R2D2: recurrent (LSTM) dueling double Q on replayed sequences with stored state and burn-in",
+    config_class=R2D2Config,
+    check_env=check_env,
+    make_learner=make_learner,
+    make_policy=make_policy,
+    make_batch_policy=make_batch_policy,
+    recurrent=True,
+)

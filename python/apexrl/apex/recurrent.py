@@ -1,0 +1,333 @@
+"""The sequence path of a recurrent agent (``AgentDef.recurrent``: R2D2): its actor and its learner's batches.
+
+Actor (:class:`RecurrentActor`), K environments in lockstep (``envs_per_actor``, K = 1 included)::
+
+    s = envs.reset(); first = [True] * K
+    repeat:
+        a, (h, c) = policy.act_batch_state(s, first)     one batched recurrent step; (h, c)[j]: the state env j's
+                                                          step started from (zeroed where first[j])
+        s', r, terminated, truncated = envs.step(a)
+        adder_j.add(a_j, raw r_j, s'_j, terminated_j, truncated_j, extras={state_h: h_j, state_c: c_j})
+        first = which episodes ended (their adder starts the next one with add_first)
+
+Each environment has its own :class:`~apexrl.replay.adders.SequenceAdder` (its own trajectory writer) on the
+table ``default``: items of ``R2D2Config.min_sequence_length`` steps (burn-in + trace + 1), a new one every
+``sequence_period`` steps, ``pad_end_of_episode=False`` (the sampler's ``.mask`` pads an item cut by the
+episode's end; R2D2's learner trains on no step where it is False). An item's extras are those of its first step:
+the recurrent state the policy held when it acted on that step's observation, so the learner unrolls from
+exactly that state (tests/apex/test_recurrent.py holds it bit for bit through a real server). Items go in at
+priority None: the table's largest priority so far (the usual default for new experience, and what Acme's R2D2
+does), not an actor-computed one -- the adder makes an item only once its steps are appended, without handing
+the sequence back. Rewards are stored unclipped (``raw_reward``: value rescaling instead).
+
+Failures: a writer error (the replay server gone longer than the writer's own retries) drops that environment's
+open episode (``adder.reset()``; the items already made stay) and the environment records again from its next
+episode; it is counted in ``insert_retries`` and logged. Stopping: the actor stops stepping, flushes what the
+writers hold within the stop's grace period and drops the open episodes (an item is only made of whole
+sequences: there is no truncation step to add without stepping the environment).
+
+Learner: :class:`SequenceSampler` samples the table and hands the learner's loop the batch format of
+:mod:`apexrl.agents.r2d2.sequences` with the same ``decoded`` tuple the transition decoders give (the good
+items' fields, which items did not decode, which decoded ones the agent refuses), so the loop, its erasures
+and its counters are the transition path's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from apexrl.agents import get_agent
+from apexrl.agents.base import batch_policy
+from apexrl.apex.actor import Actor, _start_episodes_file, env_seed
+from apexrl.apex.config import ActorConfig
+from apexrl.apex.report import ProgressReporter
+from apexrl.apex.stopping import STOP_GRACE_S
+from apexrl.durable import append_private, make_private_dirs
+from apexrl.errors import ApexRLError, Interrupted, ReplayTimeout
+from apexrl.replay.adders import SequenceAdder
+from apexrl.replay.client.sharded import connect as connect_replay
+from apexrl.replay.tables import DEFAULT_TABLE
+
+log = logging.getLogger("apexrl.apex.actor")
+
+__all__ = ["RecurrentActor", "SequenceSampler", "sequence_batch"]
+
+
+def _single_client(endpoints: str, timeout: float, curve: Any) -> Any:
+    client = connect_replay(endpoints, timeout=timeout, curve=curve)
+    if not hasattr(client, "writer"):
+        client.close()
+        raise ValueError(
+            f"a recurrent agent writes sequences through one replay server; got several ({endpoints}): "
+            "run it with --replay-servers 1"
+        )
+    return client
+
+
+class RecurrentActor(Actor):
+    """The actor of a recurrent agent (module docstring); :meth:`run`, :meth:`stop` and :meth:`close` as
+    :class:`~apexrl.apex.actor.Actor`'s."""
+
+    def __init__(self, config: ActorConfig):  # noqa: D107 - does not call Actor.__init__ (no n-step path)
+        from apexrl.envs import make_vec_env
+        from apexrl.params.service import ParamClient, ParamPoller
+
+        if not 0 <= config.index < config.num_actors:
+            raise ValueError(f"index must be in [0, num_actors={config.num_actors}), got {config.index}")
+        self.config = config
+        self.seed = config.seed * 10007 + config.index
+        torch.set_num_threads(config.torch_threads)
+        k = config.envs_per_actor
+        self.envs = make_vec_env(config.env, [env_seed(self.seed, j) for j in range(k)])
+        self.spec = self.envs.spec
+        agent = get_agent(config.agent)
+        # One recurrent policy for the K environments (K = 1 too): environment j explores as slot index*K + j.
+        self.policy: Any = batch_policy(
+            agent, self.spec, config.agent_config, config.index, config.num_actors, k, self.seed
+        )
+        explorations = list(self.policy.explorations)
+        cfg = config.agent_config
+        self.replay = _single_client(config.replay, config.replay_timeout, config.curve_dir)
+        self.adders: list[SequenceAdder] = []
+        try:
+            for _ in range(k):
+                self.adders.append(
+                    SequenceAdder(
+                        self.replay, DEFAULT_TABLE, cfg.min_sequence_length, cfg.sequence_period, pad_end_of_episode=False
+                    )
+                )
+        except BaseException:
+            self._close_adders()
+            self.replay.close()
+            raise
+        self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
+        self.poller = ParamPoller(
+            self.params, self.policy.load_policy_state_dict, every_frames=config.params_every_frames
+        )
+        self._stop = threading.Event()
+        self._local_count = 0  # the feed-forward path's local batch: none here (the writers hold what is unsent)
+        self.counters = {
+            "steps": 0,
+            "frames": 0,
+            "episodes": 0,
+            "inserted": 0,
+            "insert_retries": 0,
+            "rate_limited": 0,
+            "not_inserted": 0,
+        }
+        self._returns: list[float] = []
+        self.report = ProgressReporter("actor", config.progress_path, prefix=False)
+        self._episodes_file = None
+        self._episodes_csv = None
+        self.recorder = None
+        if config.record_dataset:
+            from apexrl.offline.record import EpisodeRecorder
+
+            self.recorder = EpisodeRecorder(config.record_dataset, config.index, self.spec, k)
+        if config.episodes_csv:
+            import csv
+            import os
+
+            make_private_dirs(os.path.dirname(os.path.abspath(config.episodes_csv)))
+            self._explorations = ["" if e is None else f"{float(e):.6g}" for e in explorations]
+            self._episodes_file = append_private(config.episodes_csv, newline="", encoding="utf-8")
+            self._episodes_csv = csv.writer(self._episodes_file, lineterminator="\n")
+            try:
+                _start_episodes_file(self._episodes_file, self._episodes_csv, config.episodes_csv)
+            except BaseException:
+                self._episodes_file.close()
+                raise
+
+    def _close_adders(self) -> None:
+        for adder in self.adders:
+            try:
+                adder.close()
+            except (ApexRLError, RuntimeError) as e:  # what it still held is counted by _finish
+                log.warning("actor %d: closing a sequence writer: %s", self.config.index, e)
+
+    def close(self) -> None:
+        self._close_adders()
+        super().close()
+
+    def _items_stored(self) -> int:
+        """Items the writers have stored on the server (made minus still pending)."""
+        return sum(a._writer.items_created - a._writer.pending_items for a in self.adders)
+
+    def run(self) -> dict[str, int]:
+        self._wait_first_params()
+        self._start = self._last_log = time.monotonic()
+        self._run_sequences()
+        self._log_progress(time.monotonic() - self._start)
+        return {**self.counters, "params_version": self.poller.version}
+
+    def _run_sequences(self) -> None:
+        k = self.envs.num_envs
+        obs = self.envs.reset()
+        recording = np.ones(k, bool)  # False: the environment's episode was dropped after a writer error
+        for j in range(k):
+            self.adders[j].add_first(obs[j])
+        rec = self.recorder
+        if rec is not None:
+            for j in range(k):
+                rec.start(j, obs[j])
+        first = np.ones(k, bool)
+        ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
+        while not self._stop.is_set():
+            actions, (h, c) = self.policy.act_batch_state(obs, first)
+            step = self.envs.step(actions)
+            first = np.zeros(k, bool)
+            for j in range(k):
+                ended = j in step.final_obs
+                nxt = step.final_obs[j] if ended else step.obs[j]
+                if recording[j]:
+                    try:
+                        self.adders[j].add(
+                            actions[j],
+                            float(step.raw_reward[j]),
+                            nxt,
+                            bool(step.terminated[j]),
+                            bool(step.truncated[j]),
+                            extras={"state_h": h[j], "state_c": c[j]},
+                        )
+                    except (ReplayTimeout, ApexRLError) as e:
+                        recording[j] = False
+                        self._writer_failed(j, e)
+                if ended:
+                    first[j] = True
+                    if not recording[j]:
+                        self.adders[j].reset()
+                        recording[j] = True
+                    self.adders[j].add_first(step.obs[j])
+            if rec is not None:
+                rec.step(
+                    actions,
+                    step.reward,
+                    [step.final_obs.get(j, o) for j, o in enumerate(step.obs)],
+                    step.terminated,
+                    step.truncated,
+                )
+                for j in sorted(step.final_obs):
+                    rec.start(j, step.obs[j])
+            self.counters["steps"] += k
+            self.counters["frames"] += k * self.spec.frames_per_step
+            ep_return += step.raw_reward
+            ep_len += 1
+            for j in sorted(step.final_obs):
+                self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - self._start)
+                ep_return[j], ep_len[j] = 0.0, 0
+            obs = step.obs
+            self.counters["inserted"] = self._items_stored()
+            if self._after_step():
+                break
+        self._finish()
+
+    def _writer_failed(self, j: int, e: Exception) -> None:
+        self.counters["insert_retries"] += 1
+        self.adders[j].reset()
+        log.warning(
+            "actor %d: environment %d's sequence writer failed (%s); its episode is dropped, the next one is recorded",
+            self.config.index,
+            j,
+            e,
+        )
+
+    def _finish(self) -> None:
+        """Stopping: send what the writers hold within the grace period; count what they could not."""
+        deadline = time.monotonic() + STOP_GRACE_S
+        for adder in self.adders:
+            adder.reset()  # the open episode: no whole item can be made of it without stepping
+            try:
+                adder.flush(timeout=max(0.1, deadline - time.monotonic()))
+            except (ApexRLError, Interrupted, TimeoutError) as e:
+                log.warning("actor %d: stopping with sequences not inserted (%s)", self.config.index, e)
+        self.counters["inserted"] = self._items_stored()
+        self.counters["not_inserted"] = sum(a._writer.pending_items for a in self.adders)
+
+    def _after_step(self) -> bool:
+        cfg = self.config
+        try:
+            self.poller.maybe_fetch(self.counters["frames"])
+        except Interrupted:
+            return True
+        now = time.monotonic()
+        if now - self._last_log >= cfg.log_every:
+            self._log_progress(now - self._start)
+            self._last_log = now
+        return bool(cfg.max_steps and self.counters["steps"] >= cfg.max_steps)
+
+
+def sequence_batch(
+    fields: Mapping[str, Any], mask: np.ndarray, extras: Mapping[str, Any], length: int
+) -> dict[str, np.ndarray]:
+    """The R2D2 batch (:mod:`apexrl.agents.r2d2.sequences`) of sampled sequence items: the writer's steps
+    ``{obs, action, reward, discount}`` (n, T, ...), ``mask`` (n, T) and extras ``{state_h, state_c}``; T is
+    padded (mask False, discount 1) or cut to ``length``."""
+    n, t = mask.shape
+    obs = np.asarray(fields["obs"])
+    out = {
+        "obs": np.zeros((n, length, *obs.shape[2:]), obs.dtype),
+        "action": np.zeros((n, length), np.int32),
+        "reward": np.zeros((n, length), np.float32),
+        "discount": np.ones((n, length), np.float32),
+        "mask": np.zeros((n, length), bool),
+    }
+    m = min(t, length)
+    out["obs"][:, :m] = obs[:, :m]
+    out["action"][:, :m] = np.asarray(fields["action"])[:, :m]
+    out["reward"][:, :m] = np.asarray(fields["reward"])[:, :m]
+    out["discount"][:, :m] = np.where(mask[:, :m], np.asarray(fields["discount"])[:, :m], 1.0)
+    out["mask"][:, :m] = mask[:, :m]
+    out["state_h"] = np.ascontiguousarray(extras["state_h"], np.float32)
+    out["state_c"] = np.ascontiguousarray(extras["state_c"], np.float32)
+    return out
+
+
+class _Sampled:
+    """What the learner's loop reads of a sampled batch: keys, IS weights and ``decoded``."""
+
+    def __init__(self, keys: np.ndarray, weights: np.ndarray, decoded: tuple):
+        self.keys, self.weights, self.decoded = keys, weights, decoded
+
+
+class SequenceSampler:
+    """``next(timeout)`` samples ``batch_size`` sequences of the table ``default`` and returns them as the
+    learner's loop takes a prefetched batch (module docstring); TimeoutError when none came in time. One
+    request at a time, in the learner's thread (no prefetching yet)."""
+
+    def __init__(self, replay: Any, batch_size: int, beta: float, length: int, invalid: Any):
+        self.replay, self.batch_size, self.beta, self.length = replay, batch_size, beta, length
+        self._invalid = invalid
+
+    def next(self, timeout: float | None = None) -> _Sampled:
+        try:
+            batch = self.replay.sample(self.batch_size, beta=self.beta, timeout=timeout)
+        except ReplayTimeout as e:
+            raise TimeoutError(str(e)) from None
+        keys = np.ascontiguousarray(batch.keys)
+        weights = np.asarray(batch.weights, np.float32)
+        seq = batch.sequences
+        if seq is None:  # items that are not a writer's sequences: none of them can be trained on
+            bad = np.ones(len(keys), bool)
+            return _Sampled(keys, weights, ({}, bad, "not a sequence item (inserted without a writer)", None, None))
+        valid = np.asarray(seq.valid, bool)
+        try:
+            fields = sequence_batch(seq.fields, np.asarray(seq.mask, bool), seq.extras, self.length)
+        except (KeyError, TypeError, ValueError) as e:
+            bad = np.ones(len(keys), bool)
+            return _Sampled(keys, weights, ({}, bad, f"sequence items of another structure: {e}", None, None))
+        bad = None if valid.all() else ~valid
+        if bad is not None:
+            fields = {name: v[valid] for name, v in fields.items()}
+        message = None if bad is None else "a sequence item that could not be decoded"
+        invalid, why = self._invalid(fields) if len(fields["obs"]) else (None, None)
+        return _Sampled(keys, weights, (fields, bad, message, invalid, why))
+
+    def close(self) -> None:
+        pass
