@@ -412,7 +412,9 @@ def test_the_r2d2_presets_are_registered_with_a_source_for_every_setting():
     )
     assert (paper.batch_size, paper.lr, paper.adam_eps, paper.target_update_period) == (64, 1e-4, 1e-3, 2500)
     assert (paper.priority_eta, paper.rescale_eps, paper.lstm_size) == (0.9, 1e-3, 512)
-    assert R2D2_PRESETS["r2d2-atari"]["tables"][0]["alpha"] == 0.9 and R2D2_PRESETS["r2d2-atari"]["learner"]["beta"] == 0.6
+    assert (
+        R2D2_PRESETS["r2d2-atari"]["tables"][0]["alpha"] == 0.9 and R2D2_PRESETS["r2d2-atari"]["learner"]["beta"] == 0.6
+    )
 
 
 # -- a memory task it must learn -----------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
 from apexrl.replay.client.sharded import connect as connect_replay
-from apexrl.replay.wire.codec import BatchDecoder
+from apexrl.replay.wire.codec import BatchDecoder, TransitionSpec
 from apexrl.replay.wire.frames import FrameBatchDecoder, frame_codec
 from apexrl.security import raise_nofile_limit
 
@@ -158,8 +158,11 @@ class Learner:
         )
         # A recurrent agent (R2D2) samples sequences of steps (apexrl.apex.recurrent): no TransitionSpec.
         self.recurrent = get_agent(config.agent).recurrent
-        self.transition_spec = None if self.recurrent else self.agent.transition_spec
-        self.frame_codec = frame_codec(self.transition_spec) if not self.recurrent else None  # Atari frame stacks
+        self.transition_spec: TransitionSpec | None = None
+        self.frame_codec = None
+        if not self.recurrent:
+            self.transition_spec = self.agent.transition_spec
+            self.frame_codec = frame_codec(self.transition_spec)  # frame stacks stored once (Atari), else None
         # env_frames from the items inserted: a transition is one agent step; a sequence item stands for the
         # sequence_period new steps between consecutive items of an episode (an estimate: an episode's last
         # item is shorter).
@@ -325,14 +328,18 @@ class Learner:
         stats = self._replay_stats()
         self._env_frames(stats)
         row_steps, row_inserted = self.agent.steps, (stats or {}).get("inserted", 0)
-        sampler = self._sequence_sampler() if self.recurrent else self.replay.sampler(
-            cfg.agent_config.batch_size,
-            beta=cfg.beta,
-            prefetch=cfg.prefetch,
-            decode_threads=cfg.decode_threads,
-            sample_threads=self._sample_threads(),
-            timeout=1.0,
-            **self._decode_hook(),
+        sampler = (
+            self._sequence_sampler()
+            if self.recurrent
+            else self.replay.sampler(
+                cfg.agent_config.batch_size,
+                beta=cfg.beta,
+                prefetch=cfg.prefetch,
+                decode_threads=cfg.decode_threads,
+                sample_threads=self._sample_threads(),
+                timeout=1.0,
+                **self._decode_hook(),
+            )
         )
         updater = self.replay.updater()
         self._cpu.sample(self.evaluator.pid)  # the baseline of the first row's CPU shares
@@ -577,6 +584,7 @@ class _LearnerDecoder:
 
     def __init__(self, learner: Learner, native: BatchDecoder | FrameBatchDecoder | None = None):
         self._learner = learner
+        assert learner.transition_spec is not None  # a recurrent agent samples through SequenceSampler
         self._native = native or BatchDecoder(
             learner.transition_spec,
             learner.config.agent_config.batch_size,

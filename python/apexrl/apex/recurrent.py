@@ -75,7 +75,7 @@ class RecurrentActor(Actor):
     """The actor of a recurrent agent (module docstring); :meth:`run`, :meth:`stop` and :meth:`close` as
     :class:`~apexrl.apex.actor.Actor`'s."""
 
-    def __init__(self, config: ActorConfig):  # noqa: D107 - does not call Actor.__init__ (no n-step path)
+    def __init__(self, config: ActorConfig):  # not Actor.__init__: no n-step path, no TransitionSpec
         from apexrl.envs import make_vec_env
         from apexrl.params.service import ParamClient, ParamPoller
 
@@ -100,7 +100,11 @@ class RecurrentActor(Actor):
             for _ in range(k):
                 self.adders.append(
                     SequenceAdder(
-                        self.replay, DEFAULT_TABLE, cfg.min_sequence_length, cfg.sequence_period, pad_end_of_episode=False
+                        self.replay,
+                        DEFAULT_TABLE,
+                        cfg.min_sequence_length,
+                        cfg.sequence_period,
+                        pad_end_of_episode=False,
                     )
                 )
         except BaseException:
@@ -313,15 +317,14 @@ class SequenceSampler:
         keys = np.ascontiguousarray(batch.keys)
         weights = np.asarray(batch.weights, np.float32)
         seq = batch.sequences
+        every = np.ones(len(keys), bool)
         if seq is None:  # items that are not a writer's sequences: none of them can be trained on
-            bad = np.ones(len(keys), bool)
-            return _Sampled(keys, weights, ({}, bad, "not a sequence item (inserted without a writer)", None, None))
+            return _Sampled(keys, weights, ({}, every, "not a sequence item (inserted without a writer)", None, None))
         valid = np.asarray(seq.valid, bool)
         try:
             fields = sequence_batch(seq.fields, np.asarray(seq.mask, bool), seq.extras, self.length)
         except (KeyError, TypeError, ValueError) as e:
-            bad = np.ones(len(keys), bool)
-            return _Sampled(keys, weights, ({}, bad, f"sequence items of another structure: {e}", None, None))
+            return _Sampled(keys, weights, ({}, every, f"sequence items of another structure: {e}", None, None))
         bad = None if valid.all() else ~valid
         if bad is not None:
             fields = {name: v[valid] for name, v in fields.items()}

@@ -4,14 +4,14 @@ and the learner take the sequence path of :mod:`apexrl.apex.recurrent`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from apexrl.agents.base import AgentDef
 from apexrl.agents.r2d2.config import R2D2Config
 from apexrl.agents.r2d2.learner import R2D2Learner
-from apexrl.agents.r2d2.policy import RecurrentPolicy, recurrent_batch_policy
+from apexrl.agents.r2d2.policy import recurrent_batch_policy
 
 if TYPE_CHECKING:
     from apexrl.envs import EnvSpec
@@ -24,18 +24,18 @@ def check_env(spec: EnvSpec) -> None:
         raise ValueError("r2d2 needs a discrete action space (Q-values per action)")
 
 
-def make_learner(spec: EnvSpec, config: R2D2Config, device: torch.device, seed: int) -> R2D2Learner:
+# Return types Any: R2D2's learner and policy have no TransitionSpec (AgentDef.recurrent), so they are not the
+# Agent and Policy protocols of the feed-forward agents; the recurrent path uses what they have.
+def make_learner(spec: EnvSpec, config: R2D2Config, device: torch.device, seed: int) -> Any:
     return R2D2Learner(spec, config, device, seed)
 
 
-def make_policy(spec: EnvSpec, config: R2D2Config, index: int, num_actors: int, seed: int) -> RecurrentPolicy:
+def make_policy(spec: EnvSpec, config: R2D2Config, index: int, num_actors: int, seed: int) -> Any:
     """Actor ``index`` of ``num_actors``, one environment (the evaluation process: actor 0 of 1)."""
     return recurrent_batch_policy(spec, config, [index], num_actors, seed)
 
 
-def make_batch_policy(
-    spec: EnvSpec, config: R2D2Config, slots: Sequence[int], num_slots: int, seed: int
-) -> RecurrentPolicy:
+def make_batch_policy(spec: EnvSpec, config: R2D2Config, slots: Sequence[int], num_slots: int, seed: int) -> Any:
     return recurrent_batch_policy(spec, config, slots, num_slots, seed)
 
 
