@@ -496,6 +496,10 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
     if not 1 <= o.replay_servers <= MAX_REPLAY_SERVERS:
         raise ValueError(f"replay_servers must be in 1..{MAX_REPLAY_SERVERS}, got {o.replay_servers}")
     spec = run_spec(agent, env, agent_config, o.seed)
+    if spec is None and (o.replay_servers > 1 or o.offline is not None):
+        # The trajectory writer keeps an episode's steps on one server; an offline dataset holds transitions.
+        what = f"--replay-servers {o.replay_servers}" if o.replay_servers > 1 else "--offline"
+        raise ValueError(f"{what}: {agent} writes sequences to one replay server from its actors; leave it out")
     if spec is None and o.server.get("spec") is not None:
         raise ValueError(f"--spec: {agent} inserts sequences of steps, not items of a TransitionSpec; leave --spec out")
     if spec is not None and o.server.get("spec") is not None:
