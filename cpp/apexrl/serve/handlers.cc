@@ -207,7 +207,7 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
     }
     chunk_refs_.resize(q.num_refs);
     for (uint64_t j = 0; j < q.num_refs; ++j) {
-      chunk_refs_[j] = static_cast<uint32_t>(LoadU64(q.item_chunks, j));  // < num_chunks <= kMaxBatchItems
+      chunk_refs_[j] = LoadU64(q.item_chunks, j);  // a request index or a stored chunk key
     }
     chunk_ref_offsets_ = Aligned<uint64_t>(q.item_chunk_offsets, q.count + 1);
     chunks.data = chunk_ptrs_.data();
