@@ -17,6 +17,7 @@ __all__ = [
     "ServerError",
     "ServerShuttingDownError",
     "ServerTimeoutError",
+    "StaleChunksError",
     "error_of",
 ]
 

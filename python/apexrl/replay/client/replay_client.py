@@ -26,7 +26,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,10 +41,14 @@ from apexrl.replay.client.inserter import InsertTooLargeError, PipelinedInserter
 from apexrl.replay.client.sampler import LearnerBatch, PrefetchingSampler, SlotDecoder
 from apexrl.replay.client.updater import AsyncUpdater
 from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire import steps as S
 from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.schema import peek_ids
 from apexrl.replay.wire.transport import Transport, TransportClient
 from apexrl.security import ClientKeys
+
+if TYPE_CHECKING:
+    from apexrl.replay.client.trajectory import TrajectoryWriter
 
 __all__ = [
     "AsyncUpdater",
@@ -77,6 +81,22 @@ class SampledBatch:
     size: int  # items in the store
     # The frame chunks the items reference, each once (items without chunks: none, see P.FrameChunks).
     chunks: P.FrameChunks | None = None
+    # Sequence items (a TrajectoryWriter's, protocol 6): the steps decoded (wire/steps.py, SequenceBatch). fields:
+    # nested like the appended steps, arrays (n, T, ...); mask (n, T): valid steps; extras: arrays (n, ...);
+    # sequences.valid: False for an item that could not be decoded. None for other items.
+    sequences: S.SequenceBatch | None = None
+
+    @property
+    def fields(self) -> dict[str, Any] | None:
+        return None if self.sequences is None else self.sequences.fields
+
+    @property
+    def mask(self) -> np.ndarray | None:
+        return None if self.sequences is None else self.sequences.mask
+
+    @property
+    def extras(self) -> dict[str, Any] | None:
+        return None if self.sequences is None else self.sequences.extras
 
     @property
     def items(self) -> list[memoryview]:
@@ -120,8 +140,12 @@ def sampled_batch(reply: P.Reply) -> SampledBatch:
     a = reply.arrays
     totals = a["totals"]
     chunks = None
+    sequences = None
     if a["item_chunks"].shape[0] or a["chunk_offsets"].shape[0] > 1:
         chunks = P.FrameChunks(a["item_chunks"], a["item_chunk_offsets"], a["chunk_data"], a["chunk_offsets"])
+        items = P.split_items(a["offsets"], a["data"])
+        if items and S.is_sequence_item(items[0]):
+            sequences = S.decode_sequences(items, chunks.chunks(), [chunks.refs(i) for i in range(len(items))])
     return SampledBatch(
         a["keys"],
         a["weights"],
@@ -132,6 +156,7 @@ def sampled_batch(reply: P.Reply) -> SampledBatch:
         float(totals[1]),
         int(a["store_size"][0]),
         chunks,
+        sequences,
     )
 
 
@@ -270,6 +295,49 @@ class ReplayClient(TransportClient):
         )
         reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
         return reply.arrays["keys"]
+
+    def insert_with_chunk_keys(
+        self,
+        priorities: Any,
+        items: Sequence[Any],
+        *,
+        chunks: P.FrameChunks,
+        timeout: float | None = None,
+        insert_id: tuple[int, int] | None = None,
+        table: str | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`insert` with chunks whose references may be chunk keys of chunks stored earlier (protocol 6)
+        -> (item keys u64[n], chunk keys u64[chunks]: the keys of this request's chunks, in its order).
+        StaleChunksError (nothing stored) when a referenced stored chunk is gone."""
+        data, offsets = _data_and_offsets(items, None, None)
+        wait_s, _ = P.server_wait(timeout)
+        frames = self.prepare_insert(
+            priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks, table=table
+        )
+        reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
+        return reply.arrays["keys"], reply.arrays["chunk_keys"]
+
+    def writer(
+        self,
+        max_sequence_length: int,
+        chunk_length: int | None = None,
+        *,
+        flush_items: int = 8,
+        timeout: float | None = None,
+    ) -> TrajectoryWriter:
+        """A :class:`~apexrl.replay.client.trajectory.TrajectoryWriter`: append steps once, create items that are
+        step ranges of the last ``max_sequence_length`` steps, in any table (``create_item(table, ...)``). It owns
+        its own connection (same endpoint and timeout); ``chunk_length`` steps per chunk (default
+        min(10, max_sequence_length)); ``timeout``: the server-side rate-limiter wait of its inserts."""
+        from apexrl.replay.client.trajectory import TrajectoryWriter
+
+        return TrajectoryWriter(
+            self._same_endpoint,
+            max_sequence_length,
+            chunk_length,
+            flush_items=flush_items,
+            timeout=timeout,
+        )
 
     def next_insert_id(self) -> tuple[int, int]:
         """A fresh insert id (this client's session nonce, the next sequence number): pass it to every attempt
