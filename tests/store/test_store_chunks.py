@@ -141,9 +141,9 @@ def test_chunks_model(tmp_path):
     ("chunks", "refs", "message"),
     [
         ([b"a", b"b"], [[0], [0]], r"chunks\[1\] is referenced by no item"),
-        ([b"a"], [[0], [1]], r"items\[1\] references chunk 1 of 1"),
+        ([b"a"], [[0], [1]], r"items\[1\] references chunk 1: neither one of the call's 1 chunks nor a chunk key"),
         ([b"a"], [[0, 0], []], r"items\[0\] references chunk 0 twice"),
-        ([bytes([c]) for c in range(17)], [list(range(17)), []], r"at most 16"),
+        ([bytes([c % 256]) for c in range(4097)], [list(range(4097)), []], r"at most 4096"),
         ([], [[], []], None),  # no chunks, no references: accepted
     ],
     ids=["unreferenced", "out of range", "twice", "too many", "empty"],
@@ -238,15 +238,15 @@ def test_format2_snapshot_still_loads(tmp_path):
         assert bytes(item) == by_key[key]
     assert len(batch.chunks) == 0 and not batch.item_chunk_offsets.any()
     assert store.update_priorities(np.array(keys, dtype=np.uint64), [1.0, 1.0, 1.0]) == 3  # old keys still valid
-    # saved again, it is a file of the current format (4) that loads too
-    store.save(tmp_path / "v4.snap")
-    assert struct.unpack_from("<I", (tmp_path / "v4.snap").read_bytes(), 8)[0] == 4
-    assert len(PrioritizedStore.load(tmp_path / "v4.snap")) == 3
+    # saved again, it is a file of the current format (5) that loads too
+    store.save(tmp_path / "v5.snap")
+    assert struct.unpack_from("<I", (tmp_path / "v5.snap").read_bytes(), 8)[0] == 5
+    assert len(PrioritizedStore.load(tmp_path / "v5.snap")) == 3
 
 
 def test_newer_format_is_refused_with_a_clear_message(tmp_path):
     data, _ = format2_snapshot([(1.0, b"x")])
-    body = data[:8] + struct.pack("<I", 5) + data[12:-4]
-    (tmp_path / "v5.snap").write_bytes(body + struct.pack("<I", crc32c(body)))
-    with pytest.raises(Exception, match=r"format version 5; this build reads versions 2 to 4 \(written by a newer"):
-        PrioritizedStore.load(tmp_path / "v5.snap")
+    body = data[:8] + struct.pack("<I", 6) + data[12:-4]
+    (tmp_path / "v6.snap").write_bytes(body + struct.pack("<I", crc32c(body)))
+    with pytest.raises(Exception, match=r"format version 6; this build reads versions 2 to 5 \(written by a newer"):
+        PrioritizedStore.load(tmp_path / "v6.snap")
