@@ -199,8 +199,7 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
       std::sort(sorted.begin(), sorted.end());
       const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
       if (twice != sorted.end()) {
-        throw InvalidArgument("items[" + std::to_string(i) + "] references chunk " + std::to_string(*twice) +
-                              " twice");
+        throw InvalidArgument("items[" + std::to_string(i) + "] references chunk " + std::to_string(*twice) + " twice");
       }
       items[i].chunks = refs;
       items[i].num_chunks = static_cast<uint32_t>(k);
@@ -213,13 +212,13 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
     // stored chunks it references, else the first free one.
     bool inserted = false;
     if (home >= 0) {
-      inserted = shards_[static_cast<size_t>(home)]->Insert(items.data(), n, &next_seq_, keys, true, prepared.data(),
-                                                            m, chunks->chunk_keys);
+      inserted = shards_[static_cast<size_t>(home)]->Insert(items.data(), n, &next_seq_, keys, true, prepared.data(), m,
+                                                            chunks->chunk_keys);
     } else {
       const uint64_t start = next_shard_.fetch_add(1, std::memory_order_relaxed);
       for (size_t t = 0; t < num_shards && !inserted; ++t) {
-        inserted = shards_[(start + t) % num_shards]->Insert(items.data(), n, &next_seq_, keys, false,
-                                                             prepared.data(), m, chunks->chunk_keys);
+        inserted = shards_[(start + t) % num_shards]->Insert(items.data(), n, &next_seq_, keys, false, prepared.data(),
+                                                             m, chunks->chunk_keys);
       }
       if (!inserted) {
         shards_[start % num_shards]->Insert(items.data(), n, &next_seq_, keys, true, prepared.data(), m,

@@ -49,7 +49,7 @@ struct ChunkBatch {
   size_t count = 0;
   const uint64_t* item_chunks = nullptr;
   const uint64_t* item_chunk_offsets = nullptr;  // n + 1 entries, starting at 0, non-decreasing
-  Key* chunk_keys = nullptr;  // optional output: the chunk keys of the `count` chunks stored
+  Key* chunk_keys = nullptr;                     // optional output: the chunk keys of the `count` chunks stored
 };
 
 // One sampled batch of n items, n = keys.size(): the number the call returned, which may be below the number

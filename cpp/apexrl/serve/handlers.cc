@@ -156,11 +156,13 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
     const double deadline = c->t_arrival + std::min(q.timeout_ms / 1000.0, max_wait_s_);
     switch (window_->TryClaim(id, c->serial, deadline, now, &keys)) {
       case InsertWindow::Claim::kDone: {  // answered with the keys of the request that stored it
-        // The window holds the item keys, then the chunk keys (a retry is the same request: same count).
+        // The window holds the item keys, the chunk keys, then the number of items (see below).
         std::vector<Key> chunk_keys;
-        if (keys.size() > q.count) {
-          chunk_keys.assign(keys.begin() + static_cast<std::ptrdiff_t>(q.count), keys.end());
-          keys.resize(q.count);
+        if (!keys.empty()) {
+          const size_t n = std::min<size_t>(keys.back(), keys.size() - 1);
+          keys.pop_back();
+          chunk_keys.assign(keys.begin() + static_cast<std::ptrdiff_t>(n), keys.end());
+          keys.resize(n);
         }
         *reply = InsertReply(q.request_id, std::move(keys), std::move(chunk_keys));
         return true;
@@ -226,7 +228,10 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
     chunks.item_chunks = chunk_refs_.data();
     chunks.item_chunk_offsets = chunk_ref_offsets_.data();
   }
-  std::vector<Key> keys(q.count + q.num_chunks);  // the items', then the chunks' (the window keeps both)
+  // The items' keys, then the chunks', then the number of items: what the insert-id window keeps, so that a retry
+  // (which may carry other frames) is answered with both.
+  std::vector<Key> keys(q.count + q.num_chunks + 1);
+  keys.back() = q.count;
   chunks.chunk_keys = keys.data() + q.count;
   try {
     store_->Insert(priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count, keys.data(),
@@ -251,7 +256,7 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
     }
     largest = std::max(largest, bytes);
   }
-  std::vector<Key> chunk_keys(keys.begin() + static_cast<std::ptrdiff_t>(q.count), keys.end());
+  std::vector<Key> chunk_keys(keys.begin() + static_cast<std::ptrdiff_t>(q.count), keys.end() - 1);
   keys.resize(q.count);
   *reply = InsertReply(q.request_id, std::move(keys), std::move(chunk_keys));
   reply->max_item_bytes = largest;

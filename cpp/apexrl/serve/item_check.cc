@@ -57,8 +57,8 @@ std::optional<std::string> FirstBadInsertContent(const Request& q) {
                std::to_string(m) + " chunks sent nor a chunk key";
       }
       if (home >= 0 && key.shard != static_cast<uint64_t>(home)) {
-        return "items[" + std::to_string(i) + "] references stored chunks of shards " + std::to_string(home) +
-               " and " + std::to_string(key.shard) + "; the items of one call and all their chunks live on one shard";
+        return "items[" + std::to_string(i) + "] references stored chunks of shards " + std::to_string(home) + " and " +
+               std::to_string(key.shard) + "; the items of one call and all their chunks live on one shard";
       }
       home = key.shard;
     }
