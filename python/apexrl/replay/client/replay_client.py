@@ -145,7 +145,13 @@ def sampled_batch(reply: P.Reply) -> SampledBatch:
         chunks = P.FrameChunks(a["item_chunks"], a["item_chunk_offsets"], a["chunk_data"], a["chunk_offsets"])
         items = P.split_items(a["offsets"], a["data"])
         if items and S.is_sequence_item(items[0]):
-            sequences = S.decode_sequences(items, chunks.chunks(), [chunks.refs(i) for i in range(len(items))])
+            sequences = S.decode_sequences(
+                items,
+                chunks.chunks(),
+                [chunks.refs(i) for i in range(len(items))],
+                chunk_data=chunks.chunk_data,
+                chunk_offsets=chunks.chunk_offsets,
+            )
     return SampledBatch(
         a["keys"],
         a["weights"],

@@ -250,9 +250,41 @@ class SequenceBatch:
     num_steps: np.ndarray
 
 
-def decode_sequences(items: Sequence[Any], chunk_blobs: Sequence[Any], refs: Sequence[np.ndarray]) -> SequenceBatch:
+def _chunk_header(blob: memoryview) -> tuple[int, int, dict[str, tuple[np.dtype, tuple[int, ...], int, int, int]]]:
+    """(steps k, fingerprint, path -> (dtype, shape, codec, stored bytes, offset in the blob)) of a step chunk,
+    every column inside the blob and of a known codec; ValueError otherwise. Decompresses nothing."""
+    meta, at = _read_header(blob, CHUNK_MAGIC)
+    k, fp, described = meta.get("k"), meta.get("fp"), meta.get("f")
+    if not isinstance(k, int) or k < 1 or not isinstance(fp, int) or not isinstance(described, list):
+        raise ValueError("chunk header needs k >= 1, a fingerprint and a field list")
+    fields: dict[str, tuple[np.dtype, tuple[int, ...], int, int, int]] = {}
+    for path, dtype, shape, codec, stored in described:
+        dt = np.dtype(dtype)
+        shp = tuple(int(d) for d in shape)
+        if codec not in (_RAW, _LZ4) or not isinstance(stored, int) or stored < 0 or at + stored > len(blob):
+            raise ValueError(f"chunk field {path!r}: codec {codec}, {stored} bytes at {at} of {len(blob)}")
+        if any(d < 0 for d in shp) or dt.hasobject or path in fields:
+            raise ValueError(f"chunk field {path!r}: bad shape, dtype or a repeated path")
+        fields[str(path)] = (dt, shp, int(codec), stored, at)
+        at += stored
+    if at != len(blob):
+        raise ValueError(f"chunk has {len(blob) - at} trailing bytes")
+    return k, fp, fields
+
+
+def decode_sequences(
+    items: Sequence[Any],
+    chunk_blobs: Sequence[Any],
+    refs: Sequence[np.ndarray],
+    *,
+    chunk_data: Any = None,
+    chunk_offsets: np.ndarray | None = None,
+    native: bool | None = None,
+) -> SequenceBatch:
     """Decode the sequence items of a sampled batch: ``items[i]``'s bytes, the batch's chunks, and item i's
-    references into them (``refs[i]``, in the item's order)."""
+    references into them (``refs[i]``, in the item's order). With ``chunk_data`` and ``chunk_offsets`` (the
+    chunks' bytes in one buffer, as a SAMPLE reply carries them) the steps are copied natively with the GIL released
+    (``apexrl._core.decode_steps``; ``native=False``: numpy, the reference); the result is the same."""
     n = len(items)
     metas: list[dict[str, Any] | None] = []
     extras_of: list[dict[str, np.ndarray]] = []
@@ -263,56 +295,62 @@ def decode_sequences(items: Sequence[Any], chunk_blobs: Sequence[Any], refs: Seq
             meta, extras = None, {}
         metas.append(meta)
         extras_of.append(extras)
-    cache: dict[int, tuple[int, int, dict[str, np.ndarray]] | None] = {}
+    headers: dict[int, Any] = {}
 
-    def chunk(c: int) -> tuple[int, int, dict[str, np.ndarray]] | None:
-        if c not in cache:
+    def header(c: int) -> Any:
+        if c not in headers:
             try:
-                cache[c] = decode_chunk(chunk_blobs[c]) if 0 <= c < len(chunk_blobs) else None
-            except (ValueError, TypeError, KeyError, json.JSONDecodeError, lz4.block.LZ4BlockError):
-                cache[c] = None
-        return cache[c]
+                headers[c] = _chunk_header(memoryview(chunk_blobs[c]).cast("B")) if 0 <= c < len(chunk_blobs) else None
+            except (ValueError, TypeError, KeyError, json.JSONDecodeError):
+                headers[c] = None
+        return headers[c]
 
-    # The step structure: the first decodable chunk's (every item's chunks must match it).
+    # Each item's plan: its chunks and its step range, checked; the batch's structure is the first good item's.
     structure: dict[str, tuple[np.dtype, tuple[int, ...]]] | None = None
-    columns: list[dict[str, np.ndarray] | None] = []
+    plans: list[list[tuple[int, int, int, int]] | None] = []  # per item: (chunk, src_row, dst_row, rows)
     for i in range(n):
         meta = metas[i]
-        cols: dict[str, np.ndarray] | None = None
-        if meta is not None:
-            parts = [chunk(int(c)) for c in refs[i]]
-            if parts and all(p is not None for p in parts):
-                decoded = [p[2] for p in parts if p is not None]
-                keys = list(decoded[0])
-                same = all(p is not None and p[1] == meta["fp"] for p in parts) and all(
-                    list(d) == keys for d in decoded
-                )
-                total = sum(p[0] for p in parts if p is not None)
-                first, steps = int(meta["first"]), int(meta["n"])
-                # The item's step range must lie inside its chunks (else it is invalid, never read out of bounds).
-                if same and 1 <= steps <= int(meta["t"]) and first + steps <= total:
-                    here = {p: (decoded[0][p].dtype, decoded[0][p].shape[1:]) for p in keys}
-                    if all((d[p].dtype, d[p].shape[1:]) == here[p] for d in decoded for p in keys) and (
-                        structure is None or structure == here
-                    ):
-                        structure = here
-                        cols = {p: np.concatenate([d[p] for d in decoded])[first : first + steps] for p in keys}
-        columns.append(cols)
-    valid = np.array([c is not None for c in columns], dtype=bool)
+        plan = None
+        chunk_ids = [int(c) for c in refs[i]] if meta is not None else []
+        parts = [header(c) for c in chunk_ids]
+        if meta is not None and parts and all(p is not None for p in parts):
+            here = {path: (f[0], f[1]) for path, f in parts[0][2].items()}
+            same = all(p[1] == meta["fp"] and {q: (f[0], f[1]) for q, f in p[2].items()} == here for p in parts)
+            first, steps = int(meta["first"]), int(meta["n"])
+            total = sum(p[0] for p in parts)
+            # The item's step range must lie inside its chunks (else it is invalid, never read out of bounds).
+            if same and here and 1 <= steps <= int(meta["t"]) and first + steps <= total:
+                if structure is None:
+                    structure = here
+                if here == structure:
+                    plan = []
+                    start = 0  # the concatenation's step of this chunk's first step
+                    for c, p in zip(chunk_ids, parts, strict=True):
+                        lo, hi = max(first, start), min(first + steps, start + p[0])
+                        if lo < hi:
+                            plan.append((c, lo - start, lo - first, hi - lo))
+                        start += p[0]
+        plans.append(plan)
+    valid = np.array([p is not None for p in plans], dtype=bool)
     t = max((int(m["t"]) for m, ok in zip(metas, valid, strict=True) if ok and m is not None), default=0)
-    num_steps = np.zeros(n, dtype=np.int64)
-    mask = np.zeros((n, t), dtype=bool)
+    paths = list(structure or {})
     out: dict[str, np.ndarray] = {}
-    for p, (dt, shape) in (structure or {}).items():
-        out[p] = np.zeros((n, t, *shape), dtype=dt.newbyteorder("="))
-    for i, cols in enumerate(columns):
-        if cols is None:
-            continue
-        steps = next(iter(cols.values())).shape[0]
-        num_steps[i] = steps
-        mask[i, :steps] = True
-        for p, col in cols.items():
-            out[p][i, :steps] = col
+    for path in paths:
+        dt, shape = (structure or {})[path]
+        out[path] = np.zeros((n, t, *shape), dtype=dt.newbyteorder("="))
+    if native is None:
+        native = chunk_data is not None and chunk_offsets is not None
+    if paths and valid.any():
+        if native:
+            ok = _copy_native(out, paths, plans, headers, chunk_data, chunk_offsets, n, t)
+        else:
+            ok = _copy_numpy(out, paths, plans, headers, chunk_blobs)
+        for i in np.flatnonzero(valid & ~ok):
+            valid[i] = False
+            for a in out.values():
+                a[i] = 0
+    num_steps = np.array([int(m["n"]) if ok else 0 for m, ok in zip(metas, valid, strict=True)], dtype=np.int64)
+    mask = np.arange(t)[None, :] < num_steps[:, None]
     # Extras: the structure of the first valid item that has them; an item without (or with others) gets zeros.
     extras_structure: dict[str, np.ndarray] = {}
     for i in range(n):
@@ -327,3 +365,72 @@ def decode_sequences(items: Sequence[Any], chunk_blobs: Sequence[Any], refs: Seq
             if p in extras_out and extras_out[p].shape[1:] == a.shape:
                 extras_out[p][i] = a
     return SequenceBatch(unflatten(out), mask, unflatten(extras_out), valid, num_steps)
+
+
+def _copy_numpy(
+    out: dict[str, np.ndarray],
+    paths: list[str],
+    plans: list[list[tuple[int, int, int, int]] | None],
+    headers: dict[int, Any],
+    chunk_blobs: Sequence[Any],
+) -> np.ndarray:
+    """The reference copy: each column a plan needs decompressed once; ok per item."""
+    ok = np.ones(len(plans), dtype=bool)
+    columns: dict[tuple[int, str], np.ndarray | None] = {}
+
+    def column(c: int, path: str) -> np.ndarray | None:
+        if (c, path) not in columns:
+            k, _fp, fields = headers[c]
+            dt, shape, codec, stored, at = fields[path]
+            count = k * int(np.prod(shape, dtype=np.int64))
+            body = memoryview(chunk_blobs[c]).cast("B")[at : at + stored]
+            try:
+                data = lz4.block.decompress(bytes(body), uncompressed_size=count * dt.itemsize) if codec else body
+                col = np.frombuffer(data, dtype=dt, count=count).reshape((k, *shape))
+            except (ValueError, lz4.block.LZ4BlockError):
+                col = None
+            columns[(c, path)] = col
+        return columns[(c, path)]
+
+    for i, plan in enumerate(plans):
+        for c, src, dst, rows in plan or ():
+            for path in paths:
+                col = column(c, path)
+                if col is None:
+                    ok[i] = False
+                    break
+                out[path][i, dst : dst + rows] = col[src : src + rows]
+    return ok
+
+
+def _copy_native(
+    out: dict[str, np.ndarray],
+    paths: list[str],
+    plans: list[list[tuple[int, int, int, int]] | None],
+    headers: dict[int, Any],
+    chunk_data: Any,
+    chunk_offsets: np.ndarray,
+    n: int,
+    t: int,
+) -> np.ndarray:
+    """The same copy in C++ (apexrl._core.decode_steps), the GIL released."""
+    from apexrl._core import decode_steps  # the extension, only where sequences decode
+
+    used = sorted({c for plan in plans for c, *_ in plan or ()})
+    index = {c: j for j, c in enumerate(used)}
+    columns = np.zeros((len(used), len(paths), 3), dtype=np.uint64)
+    steps = np.zeros(len(used), dtype=np.uint64)
+    for j, c in enumerate(used):
+        k, _fp, fields = headers[c]
+        steps[j] = k
+        base = int(chunk_offsets[c])
+        for f, path in enumerate(paths):
+            _dt, _shape, codec, stored, at = fields[path]
+            columns[j, f] = (base + at, stored, codec)
+    copies = np.array(
+        [(index[c], src, i, dst, rows) for i, plan in enumerate(plans) for c, src, dst, rows in plan or ()],
+        dtype=np.uint64,
+    ).reshape(-1, 5)
+    row_bytes = np.array([out[p][0, 0].nbytes if n and t else 0 for p in paths], dtype=np.uint64)
+    ok = decode_steps(chunk_data, columns, steps, row_bytes, [out[p] for p in paths], n, t, copies)
+    return ok.astype(bool)
