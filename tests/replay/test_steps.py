@@ -133,3 +133,22 @@ def test_structure_and_fingerprint_are_stable():
         S.flatten({"a": np.array(["x"])})
     with pytest.raises(ValueError, match="'/'"):
         S.flatten({"a/b": 1})
+
+
+def test_a_writer_request_keeps_its_stored_chunks_on_one_shard():
+    from apexrl.replay.client.trajectory import TrajectoryWriter, _Chunk, _Pending
+
+    def key(shard: int, cid: int) -> int:
+        return (1 << 16 | 1) << 36 | cid << 8 | shard
+
+    a, b, c, d = (_Chunk(i, 1, bytes([i])) for i in range(4))
+    a.keys["t"], b.keys["t"], c.keys["t"] = key(2, 0), key(2, 1), key(5, 0)
+    items = [_Pending(1.0, b"x", [a, b]), _Pending(1.0, b"y", [b, c, d])]
+    new, refs = TrajectoryWriter._plan("t", items)
+    # Shard 2 holds two of the three stored chunks: c (shard 5) is sent again, with d, the new one.
+    assert new == [c, d] and "t" not in c.keys
+    assert refs == [[key(2, 0), key(2, 1)], [key(2, 1), 0, 1]]
+    # Keys of another table are not this request's business.
+    d.keys["other"] = key(7, 0)
+    new, refs = TrajectoryWriter._plan("t", [_Pending(1.0, b"z", [d])])
+    assert new == [d] and refs == [[0]]
