@@ -341,15 +341,17 @@ def decode_sequences(
     if native is None:
         native = chunk_data is not None and chunk_offsets is not None
     if paths and valid.any():
-        if native:
-            ok = _copy_native(out, paths, plans, headers, chunk_data, chunk_offsets, n, t)
+        if native and chunk_offsets is not None:
+            copied = _copy_native(out, paths, plans, headers, chunk_data, chunk_offsets, n, t)
         else:
-            ok = _copy_numpy(out, paths, plans, headers, chunk_blobs)
-        for i in np.flatnonzero(valid & ~ok):
-            valid[i] = False
+            copied = _copy_numpy(out, paths, plans, headers, chunk_blobs)
+        for bad in np.flatnonzero(valid & ~copied):
+            valid[bad] = False
             for a in out.values():
-                a[i] = 0
-    num_steps = np.array([int(m["n"]) if ok else 0 for m, ok in zip(metas, valid, strict=True)], dtype=np.int64)
+                a[bad] = 0
+    num_steps = np.array(
+        [int(m["n"]) if good and m is not None else 0 for m, good in zip(metas, valid, strict=True)], dtype=np.int64
+    )
     mask = np.arange(t)[None, :] < num_steps[:, None]
     # Extras: the structure of the first valid item that has them; an item without (or with others) gets zeros.
     extras_structure: dict[str, np.ndarray] = {}
