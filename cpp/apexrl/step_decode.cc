@@ -30,9 +30,9 @@ std::size_t DecodeSteps(const StepDecodeJob& job) {
           state[cell] = 1;
         } else if (c.codec == kStepColumnLz4 && c.stored <= (uint64_t{1} << 31)) {
           buffers[cell].resize(raw);
-          const int got = LZ4_decompress_safe(reinterpret_cast<const char*>(src),
-                                              reinterpret_cast<char*>(buffers[cell].data()), static_cast<int>(c.stored),
-                                              static_cast<int>(raw));
+          const int got =
+              LZ4_decompress_safe(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(buffers[cell].data()),
+                                  static_cast<int>(c.stored), static_cast<int>(raw));
           if (got >= 0 && static_cast<uint64_t>(got) == raw) {
             ready[cell] = buffers[cell].data();
             state[cell] = 1;

@@ -39,7 +39,7 @@ struct StepDecodeJob {
   std::size_t chunk_data_size = 0;
   std::size_t num_chunks = 0;
   std::size_t num_fields = 0;
-  const StepColumn* columns = nullptr;  // num_chunks * num_fields, chunk-major
+  const StepColumn* columns = nullptr;    // num_chunks * num_fields, chunk-major
   const uint64_t* chunk_steps = nullptr;  // per chunk: its steps
   const uint64_t* row_bytes = nullptr;    // per field: the bytes of one step
   uint8_t* const* outs = nullptr;         // per field: n * t * row_bytes bytes, item-major

@@ -178,9 +178,9 @@ U64Array CheckedTable(const py::array& a, const char* what, std::size_t rows, st
   return t;
 }
 
-py::array_t<uint8_t> DecodeStepsPy(const py::buffer& chunk_data, const py::array& columns,
-                                   const py::array& chunk_steps, const py::array& row_bytes, const py::list& outs,
-                                   std::size_t n, std::size_t t, const py::array& copies) {
+py::array_t<uint8_t> DecodeStepsPy(const py::buffer& chunk_data, const py::array& columns, const py::array& chunk_steps,
+                                   const py::array& row_bytes, const py::list& outs, std::size_t n, std::size_t t,
+                                   const py::array& copies) {
   const U64Array steps = CheckedU64(chunk_steps, "chunk_steps");
   const U64Array rb = CheckedU64(row_bytes, "row_bytes");
   const auto num_chunks = static_cast<std::size_t>(steps.size());

@@ -58,7 +58,7 @@ struct Out {
   Out(std::size_t n, std::size_t t) : f0(n * t * kRowBytes[0], 0xEE), f1(n * t * kRowBytes[1], 0xEE), ok(n, 1) {}
 };
 
-std::size_t Run(const Batch& b, const std::vector<StepCopy>& copies, std::size_t n, std::size_t t, Out* out) {
+std::size_t Decode(const Batch& b, const std::vector<StepCopy>& copies, std::size_t n, std::size_t t, Out* out) {
   uint8_t* outs[2] = {out->f0.data(), out->f1.data()};
   StepDecodeJob job;
   job.chunk_data = b.data.data();
@@ -95,10 +95,10 @@ TEST(DecodeSteps, CopiesRowsAcrossChunksFromRawAndLz4Columns) {
   b.Add(3, 3);  // steps 3-5
   b.Add(6, 1);  // step 6
   // Item 0: steps 1..5 (rows 0-4); item 1: steps 5..6 (rows 0-1); item 2: step 0.
-  const std::vector<StepCopy> copies{{0, 1, 0, 0, 2}, {1, 0, 0, 2, 3}, {1, 2, 1, 0, 1}, {2, 0, 1, 1, 1},
-                                     {0, 0, 2, 0, 1}};
+  const std::vector<StepCopy> copies{
+      {0, 1, 0, 0, 2}, {1, 0, 0, 2, 3}, {1, 2, 1, 0, 1}, {2, 0, 1, 1, 1}, {0, 0, 2, 0, 1}};
   Out out(3, 5);
-  EXPECT_EQ(Run(b, copies, 3, 5, &out), 0u);
+  EXPECT_EQ(Decode(b, copies, 3, 5, &out), 0u);
   EXPECT_EQ(out.ok, (std::vector<uint8_t>{1, 1, 1}));
   ExpectSteps(out, 5, 0, 1, 5);
   ExpectSteps(out, 5, 1, 5, 2);
@@ -112,15 +112,15 @@ TEST(DecodeSteps, DamageMarksExactlyTheItemsThatUseIt) {
   b.Add(3, 3);
   const std::size_t n = 6, t = 4;
   std::vector<StepCopy> copies{
-      {0, 0, 0, 0, 3},  // item 0: fine
-      {0, 2, 1, 0, 2},  // item 1: rows 2..3 of a 3-step chunk
-      {1, 0, 2, 2, 3},  // item 2: rows 2..4 of a 4-row item
-      {5, 0, 3, 0, 1},  // item 3: a chunk the batch lacks
+      {0, 0, 0, 0, 3},             // item 0: fine
+      {0, 2, 1, 0, 2},             // item 1: rows 2..3 of a 3-step chunk
+      {1, 0, 2, 2, 3},             // item 2: rows 2..4 of a 4-row item
+      {5, 0, 3, 0, 1},             // item 3: a chunk the batch lacks
       {1, ~uint64_t{0}, 4, 0, 2},  // item 4: a source row that overflows
-      {1, 0, 5, 0, 3},  // item 5: fine
+      {1, 0, 5, 0, 3},             // item 5: fine
   };
   Out out(n, t);
-  EXPECT_EQ(Run(b, copies, n, t, &out), 4u);
+  EXPECT_EQ(Decode(b, copies, n, t, &out), 4u);
   EXPECT_EQ(out.ok, (std::vector<uint8_t>{1, 0, 0, 0, 0, 1}));
   ExpectSteps(out, t, 0, 0, 3);
   ExpectSteps(out, t, 5, 3, 3);
@@ -153,7 +153,7 @@ TEST(DecodeSteps, BadColumnsMarkTheirItemsAndAreNeverReadOutOfBounds) {
     }
     const std::vector<StepCopy> copies{{0, 0, 0, 0, 2}, {1, 0, 1, 0, 2}, {0, 1, 2, 0, 1}, {1, 1, 2, 1, 1}};
     Out out(3, 2);
-    Run(b, copies, 3, 2, &out);
+    Decode(b, copies, 3, 2, &out);
     EXPECT_EQ(out.ok, (std::vector<uint8_t>{1, 0, 0})) << damage;
     ExpectSteps(out, 2, 0, 0, 2);
   }
