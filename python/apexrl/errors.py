@@ -80,8 +80,10 @@ class StaleChunksError(ServerError):
 
     def __init__(self, status: Status, message: str):
         super().__init__(status, message)
-        tail = message.split(":")[-1].split("...")[0]
-        self.keys = [int(t) for t in tail.split() if t.isdigit()]
+        tail = message.split(":")[-1]
+        # The server lists the first 64 keys, then "... (N in all)": `complete` says whether all are here.
+        self.complete = "in all" not in tail
+        self.keys = [int(t) for t in tail.split("...")[0].split() if t.isdigit()]
 
 
 def error_of(status: Status, message: str) -> ServerError:

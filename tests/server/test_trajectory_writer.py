@@ -264,3 +264,20 @@ def test_items_in_two_tables_share_the_steps_each_table_once(start_server, tmp_p
         assert t["prio"]["size"] == 7 and t["uni"]["size"] == 3
         check_batch(client.sample(8, table="prio"), 6)
         check_batch(client.sample(8, table="uni"), 6)
+
+
+def test_pending_items_over_the_request_limit_go_in_smaller_requests(start_server):
+    server = start_server("--max-message-mb", "1", "--max-reply-mb", "64")
+    rng = np.random.default_rng(3)
+    with ReplayClient(server.endpoint) as client:
+        with client.writer(max_sequence_length=4, chunk_length=4, flush_items=8) as w:
+            for t in range(32):  # 100 KB of noise a step: 8 items of 4 new steps are 3.2 MB together
+                w.append({"noise": rng.integers(0, 256, 100_000, dtype=np.uint8), "t": np.int64(t)})
+                if t % 4 == 3:
+                    w.create_item("default", 4, 1.0)
+        assert client.stats()["size"] == 8
+        batch = client.sample(16)
+        assert batch.mask.all()
+        for i in range(16):
+            first = int(batch.fields["t"][i, 0])
+            assert batch.fields["t"][i].tolist() == list(range(first, first + 4)) and first % 4 == 0

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from apexrl.errors import ReplayTimeout, ServerTimeoutError, StaleChunksError
+from apexrl.replay.client.inserter import InsertTooLargeError
 from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire import steps as S
 
@@ -234,10 +235,20 @@ class TrajectoryWriter:
         return self._client
 
     def _send_table(self, table: str, deadline: float | None) -> None:
+        """Send the table's pending items, oldest first, as many per request as fit the server's size limit; each
+        request's items leave the queue as soon as they are stored (a later failure never sends them twice)."""
         pending = self._pending.get(table)
         while pending:
-            self._send(table, pending, deadline)
-            del pending[:]
+            count = len(pending)
+            while True:
+                try:
+                    self._send(table, pending[:count], deadline)
+                    break
+                except InsertTooLargeError:
+                    if count == 1:
+                        raise
+                    count = (count + 1) // 2
+            del pending[:count]
 
     def _send(self, table: str, items: list[_Pending], deadline: float | None) -> None:
         """One INSERT of ``items`` into ``table``: rebuilt after STALE_CHUNKS, re-sent with its insert id when no
@@ -260,7 +271,7 @@ class TrajectoryWriter:
                         insert_id=insert_id,
                     )
                 except StaleChunksError as e:
-                    gone = set(e.keys)
+                    gone = set(e.keys) if e.complete else set()  # a partial list: forget every stored key
                     for it in items:
                         for c in it.chunks:
                             key = c.keys.get(table)
