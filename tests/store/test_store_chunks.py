@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from apexrl import PrioritizedStore
+from apexrl._core import StaleChunksError
 
 NO_CEILING = 10**8
 MAX_CHUNKS_PER_ITEM = 16
@@ -250,3 +251,42 @@ def test_newer_format_is_refused_with_a_clear_message(tmp_path):
     (tmp_path / "v6.snap").write_bytes(body + struct.pack("<I", crc32c(body)))
     with pytest.raises(Exception, match=r"format version 6; this build reads versions 2 to 5 \(written by a newer"):
         PrioritizedStore.load(tmp_path / "v6.snap")
+
+
+def test_stored_chunks_are_referenced_by_key_until_their_last_item_goes():
+    store = PrioritizedStore(capacity=100, shards=4)
+    keys, chunk_keys = store.insert(
+        [1.0, 1.0],
+        [b"a", b"b"],
+        chunks=[b"x" * 10, b"y" * 20],
+        item_chunks=[0, 0, 1],
+        item_chunk_offsets=[0, 1, 3],
+        return_chunk_keys=True,
+    )
+    assert chunk_keys.dtype == np.uint64 and len(set(chunk_keys.tolist())) == 2
+    # A later call references the stored chunk y by key, beside a new chunk of its own: stored on y's shard.
+    more, new = store.insert(
+        [1.0],
+        [b"c"],
+        chunks=[b"z"],
+        item_chunks=[int(chunk_keys[1]), 0],
+        item_chunk_offsets=[0, 2],
+        return_chunk_keys=True,
+    )
+    assert int(more[0]) & 0xFF == int(chunk_keys[1]) & 0xFF == int(new[0]) & 0xFF
+    assert store.stats()["chunks"] == 3 and store.stats()["chunk_bytes"] == 31
+    batch = store.sample(16)
+    for i, key in enumerate(batch.keys.tolist()):
+        refs = batch.item_chunks[batch.item_chunk_offsets[i] : batch.item_chunk_offsets[i + 1]].tolist()
+        got = [bytes(batch.chunks[c]) for c in refs]
+        assert (
+            got
+            == {int(keys[0]): [b"x" * 10], int(keys[1]): [b"x" * 10, b"y" * 20], int(more[0]): [b"y" * 20, b"z"]}[key]
+        )
+    # x goes with its last item; a reference to it is then refused whole, naming it, and changes nothing.
+    assert store.erase(keys) == 2
+    before = store.stats()
+    with pytest.raises(StaleChunksError, match=str(int(chunk_keys[0]))):
+        store.insert([1.0], [b"d"], chunks=[], item_chunks=[int(chunk_keys[0])], item_chunk_offsets=[0, 1])
+    assert store.stats() == before
+    store.check_invariants()
