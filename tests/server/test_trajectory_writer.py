@@ -281,3 +281,15 @@ def test_pending_items_over_the_request_limit_go_in_smaller_requests(start_serve
         for i in range(16):
             first = int(batch.fields["t"][i, 0])
             assert batch.fields["t"][i].tolist() == list(range(first, first + 4)) and first % 4 == 0
+
+
+def test_a_retried_insert_gets_its_item_and_chunk_keys_back_and_stores_once(start_server):
+    server = start_server()
+    with ReplayClient(server.endpoint) as client:
+        insert_id = client.next_insert_id()
+        chunks = P.pack_chunks([b"c0" * 50, b"c1" * 50], [[0, 1], [1]])
+        first = client.insert_with_chunk_keys([1.0, 2.0], [b"i0", b"i1"], chunks=chunks, insert_id=insert_id)
+        again = client.insert_with_chunk_keys([1.0, 2.0], [b"i0", b"i1"], chunks=chunks, insert_id=insert_id)
+        assert first[0].tolist() == again[0].tolist() and first[1].tolist() == again[1].tolist()
+        stats = client.stats()
+        assert stats["size"] == 2 and stats["chunks"] == 2
