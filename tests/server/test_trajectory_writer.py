@@ -293,3 +293,21 @@ def test_a_retried_insert_gets_its_item_and_chunk_keys_back_and_stores_once(star
         assert first[0].tolist() == again[0].tolist() and first[1].tolist() == again[1].tolist()
         stats = client.stats()
         assert stats["size"] == 2 and stats["chunks"] == 2
+
+
+def test_an_item_created_without_a_priority_gets_the_tables_largest(start_server):
+    # priority None, as insert(None, ...): the server gives the table's largest priority so far. Items with and
+    # without priorities may alternate; each request carries one kind.
+    server = start_server("--capacity", "1000", "--alpha", "1.0")
+    with ReplayClient(server.endpoint) as client:
+        with client.writer(max_sequence_length=4, flush_items=3) as w:
+            for t in range(12):
+                w.append(step(0, t))
+                if t >= 3:
+                    w.create_item("default", 4, 5.0 if t == 3 else None, extras(0, t - 3, 4))
+            w.flush()
+        assert client.tables()["default"]["size"] == 9
+        batch = client.sample(64)
+        # Every item at 5.0: uniform draws under alpha 1.
+        np.testing.assert_allclose(batch.probabilities, 1.0 / 9)
+        assert check_batch(batch, 4) == 64
