@@ -102,7 +102,8 @@ def test_every_stored_state_is_the_state_the_policy_acted_from_bit_for_bit(start
                 seen.add(key)
                 mask = batch.mask[i]
                 n = int(mask.sum())
-                assert 2 <= n <= length and mask[:n].all() and not mask[n:].any()
+                # Only items with a trained step are made: burn-in + 2 steps at least.
+                assert CONFIG.burn_in + 2 <= n <= length and mask[:n].all() and not mask[n:].any()
                 obs = batch.fields["obs"][i]
                 first = obs[0].tobytes()
                 h, c = recorder.state[first]
@@ -125,13 +126,10 @@ def test_every_stored_state_is_the_state_the_policy_acted_from_bit_for_bit(start
         sampler = SequenceSampler(client, CONFIG.batch_size, 0.6, length, learner.invalid_items)
         got = sampler.next(timeout=5.0)
         fields, bad, _message, invalid, _why = got.decoded
-        assert bad is None
-        keep = np.ones(len(got.keys), bool) if invalid is None else ~invalid
-        assert keep.any()
-        fields = {name: v[keep] for name, v in fields.items()}
-        assert check_sequences(fields, CONFIG, spec.obs_shape, got.weights[keep]) == (int(keep.sum()), length)
-        priorities, metrics = learner.update(fields, got.weights[keep])
-        assert priorities.shape == (int(keep.sum()),) and np.isfinite(priorities).all()
+        assert bad is None and invalid is None  # every item decodes and has a trained step
+        assert check_sequences(fields, CONFIG, spec.obs_shape, got.weights) == (CONFIG.batch_size, length)
+        priorities, metrics = learner.update(fields, got.weights)
+        assert priorities.shape == (CONFIG.batch_size,) and np.isfinite(priorities).all()
         assert metrics["valid_steps"] > 0
     assert checked > 0
 
@@ -155,3 +153,37 @@ def test_sequence_batch_pads_short_batches_and_masks_their_padding():
     np.testing.assert_array_equal(b["state_h"], extras["state_h"])
     with pytest.raises(KeyError):
         sequence_batch({k: v for k, v in fields.items() if k != "obs"}, mask, extras, length)
+
+
+def test_items_without_a_trained_step_are_not_made():
+    from apexrl.apex.recurrent import _TrainableItemsClient
+    from apexrl.replay.adders import SequenceAdder
+
+    class Writer:
+        def __init__(self):
+            self.items: list[int] = []
+
+        def append(self, step):
+            pass
+
+        def create_item(self, table, num_timesteps, priority, extras=None):
+            self.items.append(num_timesteps)
+
+        def end_episode(self):
+            pass
+
+    class Client:
+        def writer(self, max_sequence_length):
+            self.made = Writer()
+            return self.made
+
+    client = Client()
+    source = _TrainableItemsClient(client, CONFIG.burn_in + 2)  # items of at least 4 steps
+    adder = SequenceAdder(source, "default", CONFIG.min_sequence_length, CONFIG.sequence_period, False)
+    obs = np.zeros(2, np.float32)
+    for length in (1, 2, 3, 7):  # episodes of 2, 3, 4 and 8 steps (the last observation a step of its own)
+        adder.add_first(obs)
+        for t in range(length):
+            adder.add(0, 1.0, obs, t == length - 1, False, extras={"h": np.zeros(1)})
+    # The adder's items: [2], [3], [4], [6, 6 (steps 2..7)]; the 2- and 3-step ones have no trained step.
+    assert client.made.items == [4, 6, 6] and source.made is not None and source.made.skipped == 2

@@ -67,9 +67,8 @@ def test_the_learner_trains_on_sampled_sequences_and_checkpoints(run):
     assert max(int(v) for v in m["replay_inserted"] if v is not None) >= 16  # sequences went in
     assert max(float(v) for v in m["sampled_per_s"] if v is not None) > 0  # and came out
     assert max(float(v) for v in m["valid_steps"] if v is not None) > 0  # trained steps in the sampled sequences
-    # Every item decodes. (An item with no trained step -- an episode shorter than burn-in + 2 steps -- is
-    # erased and counted in invalid_items, as the learner does with any item it cannot train on.)
-    assert int(m["undecodable_items"][-1] or 0) == 0
+    # Every item decodes and has a trained step (the actor makes none of fewer than burn-in + 2 steps).
+    assert int(m["undecodable_items"][-1] or 0) == 0 and int(m["invalid_items"][-1] or 0) == 0
     assert os.path.exists(os.path.join(run_dir, "checkpoint.safetensors"))
     with open(os.path.join(run_dir, "episodes.csv")) as f:
         assert len(f.read().splitlines()) > 1  # the actor's episodes

@@ -18,7 +18,9 @@ the recurrent state the policy held when it acted on that step's observation, so
 exactly that state (tests/apex/test_recurrent.py holds it bit for bit through a real server). Items go in at
 priority None: the table's largest priority so far (the usual default for new experience, and what Acme's R2D2
 does), not an actor-computed one -- the adder makes an item only once its steps are appended, without handing
-the sequence back. Rewards are stored unclipped (``raw_reward``: value rescaling instead).
+the sequence back. Rewards are stored unclipped (``raw_reward``: value rescaling instead). An item of fewer than
+``burn_in + 2`` steps (an episode's end cuts it short) holds no trained step: it is not made (``untrainable`` in
+the actor's counters), where the learner would only erase it.
 
 Failures: a writer error (the replay server gone longer than the writer's own retries) drops that environment's
 open episode (``adder.reset()``; the items already made stay) and the environment records again from its next
@@ -96,17 +98,17 @@ class RecurrentActor(Actor):
         cfg = config.agent_config
         self.replay = _single_client(config.replay, config.replay_timeout, config.curve_dir)
         self.adders: list[SequenceAdder] = []
+        self._writers: list[_TrainableItems] = []
         try:
             for _ in range(k):
+                source = _TrainableItemsClient(self.replay, cfg.burn_in + 2)
                 self.adders.append(
                     SequenceAdder(
-                        self.replay,
-                        DEFAULT_TABLE,
-                        cfg.min_sequence_length,
-                        cfg.sequence_period,
-                        pad_end_of_episode=False,
+                        source, DEFAULT_TABLE, cfg.min_sequence_length, cfg.sequence_period, pad_end_of_episode=False
                     )
                 )
+                assert source.made is not None
+                self._writers.append(source.made)
         except BaseException:
             self._close_adders()
             self.replay.close()
@@ -122,6 +124,7 @@ class RecurrentActor(Actor):
             "frames": 0,
             "episodes": 0,
             "inserted": 0,
+            "untrainable": 0,
             "insert_retries": 0,
             "rate_limited": 0,
             "not_inserted": 0,
@@ -162,7 +165,7 @@ class RecurrentActor(Actor):
 
     def _items_stored(self) -> int:
         """Items the writers have stored on the server (made minus still pending)."""
-        return sum(a._writer.items_created - a._writer.pending_items for a in self.adders)
+        return sum(w.writer.items_created - w.writer.pending_items for w in self._writers)
 
     def run(self) -> dict[str, int]:
         self._wait_first_params()
@@ -228,6 +231,7 @@ class RecurrentActor(Actor):
                 ep_return[j], ep_len[j] = 0.0, 0
             obs = step.obs
             self.counters["inserted"] = self._items_stored()
+            self.counters["untrainable"] = sum(w.skipped for w in self._writers)
             if self._after_step():
                 break
         self._finish()
@@ -252,7 +256,7 @@ class RecurrentActor(Actor):
             except (ApexRLError, Interrupted, TimeoutError) as e:
                 log.warning("actor %d: stopping with sequences not inserted (%s)", self.config.index, e)
         self.counters["inserted"] = self._items_stored()
-        self.counters["not_inserted"] = sum(a._writer.pending_items for a in self.adders)
+        self.counters["not_inserted"] = sum(w.writer.pending_items for w in self._writers)
 
     def _after_step(self) -> bool:
         cfg = self.config
@@ -265,6 +269,45 @@ class RecurrentActor(Actor):
             self._log_progress(now - self._start)
             self._last_log = now
         return bool(cfg.max_steps and self.counters["steps"] >= cfg.max_steps)
+
+
+class _TrainableItems:
+    """A trajectory writer that makes only items with a trained step: an item of fewer than burn_in + 2 steps
+    (an episode's last item cut short by its end, or an episode shorter than that) holds none -- the learner would
+    erase it as invalid (``R2D2Learner.invalid_items``) -- so it is not sent (counted in ``skipped``)."""
+
+    def __init__(self, writer: Any, min_steps: int):
+        self.writer, self.min_steps, self.skipped = writer, min_steps, 0
+
+    def append(self, step: Any) -> None:
+        self.writer.append(step)
+
+    def create_item(self, table: str, num_timesteps: int, priority: float | None, extras: Any = None) -> None:
+        if num_timesteps < self.min_steps:
+            self.skipped += 1
+            return
+        self.writer.create_item(table, num_timesteps, priority, extras=extras)
+
+    def end_episode(self) -> None:
+        self.writer.end_episode()
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.writer.flush(timeout=timeout)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _TrainableItemsClient:
+    """What a SequenceAdder takes as its client: ``writer(...)`` makes the replay client's writer, wrapped."""
+
+    def __init__(self, client: Any, min_steps: int):
+        self.client, self.min_steps = client, min_steps
+        self.made: _TrainableItems | None = None
+
+    def writer(self, max_sequence_length: int) -> _TrainableItems:
+        self.made = _TrainableItems(self.client.writer(max_sequence_length=max_sequence_length), self.min_steps)
+        return self.made
 
 
 def sequence_batch(
