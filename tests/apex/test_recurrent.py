@@ -187,3 +187,42 @@ def test_items_without_a_trained_step_are_not_made():
             adder.add(0, 1.0, obs, t == length - 1, False, extras={"h": np.zeros(1)})
     # The adder's items: [2], [3], [4], [6, 6 (steps 2..7)]; the 2- and 3-step ones have no trained step.
     assert client.made.items == [4, 6, 6] and source.made is not None and source.made.skipped == 2
+
+
+def test_the_actor_survives_its_server_going_away_and_stops_within_its_deadlines(start_server):
+    import threading
+
+    from tests.helpers import wait_until
+
+    server = start_server("--capacity", "100000")
+    config = ActorConfig(
+        agent="r2d2",
+        env=MASKED,
+        replay=server.endpoint,
+        params=_closed_port(),
+        envs_per_actor=2,
+        agent_config=CONFIG,
+        wait_for_params=0.0,
+        params_timeout=0.2,
+        params_every_frames=10**9,
+        replay_timeout=0.5,
+    )
+    actor = RecurrentActor(config)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(actor.run()), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: actor.counters["inserted"] > 0, 60, "sequences stored")
+        server.proc.kill()
+        server.proc.wait(30)
+        # Its writers give up on the gone server (each after its own retries), drop those episodes and go on.
+        wait_until(lambda: actor.counters["insert_retries"] > 0, 60, "a writer failure handled")
+        steps = actor.counters["steps"]
+        wait_until(lambda: actor.counters["steps"] > steps, 60, "stepping on after the failure")
+    finally:
+        actor.stop()
+        thread.join(120)
+        stopped = not thread.is_alive()
+        actor.close()
+    assert stopped, "the actor did not stop"
+    assert result["steps"] > 0 and result["inserted"] > 0

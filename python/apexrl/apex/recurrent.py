@@ -257,6 +257,10 @@ class RecurrentActor(Actor):
                 log.warning("actor %d: stopping with sequences not inserted (%s)", self.config.index, e)
         self.counters["inserted"] = self._items_stored()
         self.counters["not_inserted"] = sum(w.writer.pending_items for w in self._writers)
+        for w in self._writers:
+            # Given up: the writer's close() must not try them again without a deadline (a server that is gone
+            # would hold the stop for its retries). TrajectoryWriter has no public way to drop pending items.
+            w.writer._pending.clear()
 
     def _after_step(self) -> bool:
         cfg = self.config
