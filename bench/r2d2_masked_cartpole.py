@@ -120,7 +120,8 @@ def run(seconds: float, seed: int, k: int) -> list[tuple[float, float]]:
     policy = recurrent_batch_policy(spec, config, list(range(k)), 2 * k, seed)  # actor 0 of a 2-actor run
     policy.load_policy_state_dict(learner.policy_state_dict())
     template = empty_sequences(1, config.min_sequence_length, spec.obs_shape, spec.obs_dtype, config.lstm_size)
-    buffer = Buffer(PRESET["replay"]["capacity"], template, PRESET["replay"]["alpha"], PRESET["learner"]["beta"], seed)
+    table = PRESET["tables"][0]
+    buffer = Buffer(table["capacity"], template, table["alpha"], PRESET["learner"]["beta"], seed)
     cutters = [SequenceCutter(config, spec.obs_shape, spec.obs_dtype) for _ in range(k)]
     pull_every = max(1, PRESET["actor"]["params_every_frames"] // k)
     vec = make_vec_env(NAME, [seed * 100 + j for j in range(k)])
