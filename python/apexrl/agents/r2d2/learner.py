@@ -215,7 +215,8 @@ class R2D2Learner:
       seed: initialises the networks (through a torch.Generator; the global RNG is not used).
 
     ``update`` takes a sequence batch (apexrl.agents.r2d2.sequences) and IS weights, as ``Agent.update`` takes a
-    transition batch; the replay cannot hold sequences yet, so no ``AgentDef`` registers this learner.
+    transition batch (``--agent r2d2``, :mod:`apexrl.agents.r2d2.agent`; the run's learner feeds it through
+    :class:`apexrl.apex.recurrent.SequenceSampler`).
     """
 
     metric_names: tuple[str, ...] = ("loss", "td_abs_mean", "q_mean", "grad_norm", "valid_steps")

@@ -172,6 +172,6 @@ def recurrent_batch_policy(
     env_spec: EnvSpec, config: R2D2Config, slots: Sequence[int], num_slots: int, seed: int
 ) -> RecurrentPolicy:
     """A vectorised actor's policy: its environments take the Ape-X epsilon ladder's rungs ``slots`` of
-    ``num_slots`` (the ``AgentDef.make_batch_policy`` signature, for the wiring)."""
+    ``num_slots`` (the ``AgentDef.make_batch_policy`` signature)."""
     eps = [epsilon_ladder(s, num_slots, config.epsilon_base, config.epsilon_alpha) for s in slots]
     return RecurrentPolicy(env_spec, config, epsilons=eps, seed=seed)
