@@ -20,8 +20,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apexrl.replay import NStepTransitionAdder, ReplayClient, ReplayServer, ServerConfig, TableConfig, TransitionAdder
-from tests.replay.test_adders import canon, episodes, play, ref_transitions
+from apexrl.replay import (
+    EpisodeAdder,
+    NStepTransitionAdder,
+    ReplayClient,
+    ReplayServer,
+    SequenceAdder,
+    ServerConfig,
+    TableConfig,
+    TransitionAdder,
+)
+from tests.replay.test_adders import canon, episodes, play, ref_sequences, ref_steps, ref_transitions
 from tests.server.test_structured import held_priorities
 
 EXAMPLES = 12  # per transition test; a fresh table each
@@ -65,7 +74,7 @@ _tables = {"fifo": iter(range(100)), "uniform": iter(range(100)), "prio": iter(r
 def server():
     tables = [TableConfig("default")]
     for kind in ("fifo", "uniform"):
-        tables += [TableConfig(f"{kind}{i}", sampler=kind, capacity=10_000) for i in range(3 * EXAMPLES)]
+        tables += [TableConfig(f"{kind}{i}", sampler=kind, capacity=10_000) for i in range(4 * EXAMPLES)]
     tables += [TableConfig(f"prio{i}", sampler="uniform", capacity=10_000) for i in range(4)]
     with ReplayServer(ServerConfig(port=0, tables=tables)) as srv:
         yield srv
@@ -147,3 +156,68 @@ def test_priority_none_gives_the_tables_largest_priority_so_far(server, tmp_path
     assert [held[k] for k in first] == [9.25, 1.0]
     assert [held[k] for k in second] == [7.5, 7.5]
     assert [held[k] for k in third] == [9.25, 9.25]
+
+
+# --------------------------------------------------------------------------------------------- through the writer
+
+
+def sequence_rows(batch: Any, i: int, length: int) -> list[Any]:
+    """Item i of a sampled sequence batch as its first ``length`` step mappings."""
+
+    def at(tree: Any, j: int) -> Any:
+        return {k: at(v, j) for k, v in tree.items()} if isinstance(tree, dict) else tree[i, j]
+
+    return [at(batch.fields, j) for j in range(length)]
+
+
+def extras_row(batch: Any, i: int) -> Any:
+    def at(tree: Any) -> Any:
+        return {k: at(v) for k, v in tree.items()} if isinstance(tree, dict) else tree[i]
+
+    return at(batch.extras) if batch.extras else None
+
+
+def check_sequence_items(client: ReplayClient, table: str, expected: list[tuple[list[dict], Any]], t_max: int):
+    """Sample every item of a FIFO table (oldest first) and hold each to its reference (steps, extras)."""
+    assert client.tables()[table]["size"] == len(expected)
+    if not expected:
+        return
+    batch = client.sample(len(expected), table=table)
+    assert batch.mask.shape == (len(expected), t_max)
+    for i, (steps, extras) in enumerate(expected):
+        assert batch.mask[i].tolist() == [True] * len(steps) + [False] * (t_max - len(steps))
+        assert [item_canon(s) for s in sequence_rows(batch, i, len(steps))] == [item_canon(s) for s in steps]
+        if extras is None:
+            assert extras_row(batch, i) in (None, {})
+        else:
+            assert item_canon(extras_row(batch, i)) == item_canon(extras)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    eps=episodes(max_len=10, ends=("terminated", "truncated", "reset")),
+    length=st.integers(1, 5),
+    period_frac=st.integers(1, 5),
+    pad=st.booleans(),
+)
+def test_sequence_adder_through_the_writer_gives_the_reference_items(server, eps, length, period_frac, pad):
+    period = min(period_frac, length)
+    table = f"fifo{next(_tables['fifo'])}"
+    with ReplayClient(server.endpoint, timeout=30) as client:
+        adder = SequenceAdder(client, table, length, period, pad_end_of_episode=pad)
+        play(adder, eps)
+        adder.flush(timeout=30)
+        adder.close()
+        check_sequence_items(client, table, ref_sequences(eps, length, period, pad), length)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(eps=episodes(max_len=10, ends=("terminated", "truncated", "reset")), priority=st.sampled_from([None, 1.5]))
+def test_episode_adder_through_the_writer_gives_the_reference_items(server, eps, priority):
+    table = f"fifo{next(_tables['fifo'])}"
+    with ReplayClient(server.endpoint, timeout=30) as client:
+        adder = EpisodeAdder(client, table, 11, priority=priority)  # every script fits: at most 10 actions
+        play(adder, eps)
+        adder.flush(timeout=30)
+        adder.close()
+        check_sequence_items(client, table, [(ref_steps(ep), ep.extras[0]) for ep in eps if ep.ended], 11)
