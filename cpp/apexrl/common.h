@@ -69,9 +69,12 @@ inline constexpr KeyParts SplitKey(Key key) {
 inline constexpr double kMaxMass = 1e250;
 // The most items one Insert or Sample call takes (a larger request is refused, naming both numbers).
 inline constexpr uint64_t kMaxBatchItems = uint64_t{1} << 24;
-// Frame chunks (shard.h): blobs an insert batch carries beside its items, each referenced by one or more of
-// the batch's items and kept while any of them lives. An item references at most kMaxChunksPerItem chunks.
-inline constexpr uint32_t kMaxChunksPerItem = 16;
+// Chunks (shard.h): blobs an insert batch carries beside its items, each referenced by one or more items and
+// kept while any of them lives; later inserts may reference a stored chunk by its chunk key (a Key of the same
+// layout: shard, chunk id in the slot bits, tag). An item references at most kMaxChunksPerItem chunks: a
+// sequence of 4096 chunks of 1 step each, far above any message the server takes (the message size cap bounds
+// the references before this does).
+inline constexpr uint32_t kMaxChunksPerItem = 4096;
 // The most chunks one shard holds at a time (chunk ids are 32-bit; this keeps a margin below 2^32).
 inline constexpr uint64_t kMaxChunksPerShard = uint64_t{1} << 28;
 

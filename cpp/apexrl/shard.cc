@@ -113,12 +113,23 @@ void Shard::EnsureChunks(size_t extra) {
 }
 
 uint32_t Shard::TakeChunkId() {
+  uint32_t id;
   if (!free_chunk_ids_.empty()) {
-    const uint32_t id = free_chunk_ids_.back();
+    id = free_chunk_ids_.back();
     free_chunk_ids_.pop_back();
-    return id;
+  } else {
+    id = static_cast<uint32_t>(num_chunk_ids_++);
   }
-  return static_cast<uint32_t>(num_chunk_ids_++);
+  Tag& tag = chunk_refs_[id].tag;
+  tag = TagEpoch(tag) == epoch_ ? tag + 1 : MakeTag(epoch_, 1);
+  return id;
+}
+
+bool Shard::ChunkLive(Key chunk_key) const {
+  const KeyParts k = SplitKey(chunk_key);
+  if (k.shard != index_ || k.slot >= num_chunk_ids_) return false;
+  const ChunkRef& c = chunk_refs_[k.slot];
+  return c.refs > 0 && c.tag == k.tag;
 }
 
 void Shard::ReleaseChunk(uint32_t id) {
@@ -130,7 +141,7 @@ void Shard::ReleaseChunk(uint32_t id) {
   --live_chunks_;
   c.data = nullptr;
   c.size = 0;
-  free_chunk_ids_.push_back(id);
+  if (!ChunkRetired(c)) free_chunk_ids_.push_back(id);  // its next tag would repeat one issued in this life
 }
 
 void Shard::Remove(Slot slot) {
@@ -176,13 +187,24 @@ void Shard::Publish() {
 }
 
 bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys, bool block,
-                   const PreparedChunk* chunks, size_t m) {
+                   const PreparedChunk* chunks, size_t m, Key* chunk_keys) {
   if (block) {
     mu_.lock();
   } else if (!mu_.try_lock()) {
     return false;  // busy: the caller tries another shard
   }
   ScopedLock lock(mu_, std::adopt_lock);
+  // References to stored chunks are checked under the lock that keeps them alive, before any change.
+  std::vector<Key> stale;
+  for (size_t i = 0; i < n; ++i) {
+    for (uint32_t j = 0; j < items[i].num_chunks; ++j) {
+      const uint64_t ref = items[i].chunks[j];
+      if (ref >= m && !ChunkLive(ref) && std::find(stale.begin(), stale.end(), ref) == stale.end()) {
+        stale.push_back(ref);
+      }
+    }
+  }
+  if (!stale.empty()) throw StaleChunks(std::move(stale));
   EnsureSlots(n);
   EnsureChunks(m);
   thread_local std::vector<uint8_t*> blocks;
@@ -209,6 +231,7 @@ bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* s
     ref.refs = 0;
     if (ref.size > 0) std::memcpy(ref.data, chunks[c].data, ref.size);
     chunk_ids[c] = id;
+    if (chunk_keys != nullptr) chunk_keys[c] = MakeKey(index_, id, ref.tag);
     bytes_held_ += ref.size;
     chunk_bytes_held_ += ref.size;
     ++live_chunks_;
@@ -227,7 +250,8 @@ bool Shard::Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* s
     if (item.num_chunks > 0) {
       uint32_t* ids = ChunkIds(r);
       for (uint32_t j = 0; j < item.num_chunks; ++j) {
-        ids[j] = chunk_ids[item.chunks[j]];
+        const uint64_t ref = item.chunks[j];
+        ids[j] = ref < m ? chunk_ids[ref] : SplitKey(ref).slot;
         ++chunk_refs_[ids[j]].refs;
       }
     }
@@ -496,12 +520,11 @@ void Shard::Validate() const {
       if (!ValidTag(r.tag)) fail("live slot with an invalid tag");
       bytes += r.size;
       if (r.num_chunks > kMaxChunksPerItem) fail("item references too many chunks");
-      for (uint32_t j = 0; j < r.num_chunks; ++j) {
-        const uint32_t id = ChunkIds(r)[j];
+      std::vector<uint32_t> ids(ChunkIds(r), ChunkIds(r) + r.num_chunks);
+      std::sort(ids.begin(), ids.end());
+      if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) fail("item references a chunk twice");
+      for (uint32_t id : ids) {
         if (id >= num_chunk_ids_) fail("item references a chunk id never issued");
-        for (uint32_t q = 0; q < j; ++q) {
-          if (ChunkIds(r)[q] == id) fail("item references a chunk twice");
-        }
         ++chunk_refs[id];
       }
       if (sample_tree_ && tree_.Get(s) != PriorityMass(refs_[s].priority, alpha_)) {
@@ -533,13 +556,20 @@ void Shard::Validate() const {
     }
     if (c.refs > 0) {
       if (c.data == nullptr) fail("referenced chunk without bytes");
+      if (!ValidTag(c.tag)) fail("live chunk with an invalid tag");
       ++live_chunks;
       chunk_bytes += c.size;
     } else if (c.data != nullptr) {
       fail("chunk " + std::to_string(id) + " kept with no item referencing it");
     }
   }
-  if (live_chunks + free_chunk_ids_.size() != num_chunk_ids_) fail("chunk ids lost: live + free != issued");
+  size_t retired_chunks = 0;
+  for (size_t id = 0; id < num_chunk_ids_; ++id) {
+    if (chunk_refs_[id].refs == 0 && ChunkRetired(chunk_refs_[id])) ++retired_chunks;
+  }
+  if (live_chunks + free_chunk_ids_.size() + retired_chunks != num_chunk_ids_) {
+    fail("chunk ids lost: live + free + retired != issued");
+  }
   if (live_chunks != live_chunks_ || chunk_bytes != chunk_bytes_held_) fail("chunk count or bytes differ");
   bytes += chunk_bytes;
   if (bytes != bytes_held_) fail("byte count differs from the sum of item and chunk sizes");
@@ -557,13 +587,14 @@ void Shard::Validate() const {
   }
 }
 
-// Snapshot layout of one shard, format 4 (little-endian, inside the store's checksummed stream):
+// Snapshot layout of one shard, format 5 (little-endian, inside the store's checksummed stream):
 //   u32 index | u64 num_slots | u32 tag[num_slots]
-//   | u64 num_chunks | num_chunks x (u32 id, u32 size, size bytes), ids increasing
+//   | u64 num_chunks | num_chunks x (u32 id, u32 tag, u32 size, size bytes), ids increasing
 //   | u64 num_live | num_live x (u32 slot, u64 seq, f64 priority, u32 size, u32 num_chunks, u32 times_sampled,
 //                               u32 chunk_id[num_chunks], size bytes), oldest first
 //   | u64 x 7 counters (inserted, sampled, updated, stale_updates, evicted, erased, removed_by_sampling)
 //   | u64 max_seq
+// Format 4 (before chunk keys) lacks the chunks' tags (a loaded chunk gets the restored store's first tag).
 // Format 3 (before samplers) is the same without the items' times_sampled and the counter removed_by_sampling
 // (both read as 0); format 2 (before frame chunks) also lacks the chunk table and the items' num_chunks and
 // chunk ids. Both still load. times_sampled is counted only by a store with max_times_sampled > 0 (0 otherwise). Chunk
@@ -599,7 +630,7 @@ void Shard::Serialize(ByteBuffer* out) const {
   size_t refs = 0;
   for (Slot s : live_) refs += refs_[s].num_chunks;
   const size_t size = sizeof(uint32_t) + sizeof(uint64_t) + num_slots_ * sizeof(Tag) + sizeof(uint64_t) +
-                      live_chunks_ * 2 * sizeof(uint32_t) + sizeof(uint64_t) + live_.size() * kPerItem +
+                      live_chunks_ * 3 * sizeof(uint32_t) + sizeof(uint64_t) + live_.size() * kPerItem +
                       refs * sizeof(uint32_t) + bytes_held_ + 8 * sizeof(uint64_t);
   out->clear();
   BlockWriter w(out->Extend(size));
@@ -611,6 +642,7 @@ void Shard::Serialize(ByteBuffer* out) const {
     const ChunkRef& c = chunk_refs_[id];
     if (c.refs == 0) continue;
     w.Put<uint32_t>(static_cast<uint32_t>(id));
+    w.Put<uint32_t>(c.tag);
     w.Put<uint32_t>(c.size);
     w.Write(c.data, c.size);
   }
@@ -665,8 +697,10 @@ void Shard::Read(SnapshotReader& in, uint32_t version) {
     int64_t previous_id = -1;
     for (uint64_t c = 0; c < num_chunks; ++c) {
       const uint32_t id = in.Get<uint32_t>();
+      const Tag tag = version >= 5 ? in.Get<uint32_t>() : MakeTag(epoch_, 1);
       const uint32_t size = in.Get<uint32_t>();
       if (id >= kMaxChunksPerShard || static_cast<int64_t>(id) <= previous_id) in.Fail("bad chunk id");
+      if (!ValidTag(tag)) in.Fail("bad chunk tag " + std::to_string(tag));
       if (size > in.remaining()) in.Fail("truncated: chunk bytes missing");
       previous_id = id;
       if (id >= num_chunk_ids_) {
@@ -678,6 +712,7 @@ void Shard::Read(SnapshotReader& in, uint32_t version) {
       ref.data = arena_.Allocate(size);  // the arena owns it, so a failed load frees it with the shard
       ref.size = size;
       ref.refs = 0;
+      ref.tag = tag;
       in.Read(ref.data, size);
       chunk_seen[id] = 1;
       bytes_held_ += size;
@@ -694,9 +729,9 @@ void Shard::Read(SnapshotReader& in, uint32_t version) {
     const uint64_t seq = in.Get<uint64_t>();
     const double priority = in.Get<double>();
     const uint32_t size = in.Get<uint32_t>();
-    uint32_t ids[kMaxChunksPerItem];
     const uint32_t num_chunks = version >= 3 ? in.Get<uint32_t>() : 0;
     if (num_chunks > kMaxChunksPerItem) in.Fail("item references " + std::to_string(num_chunks) + " chunks");
+    std::vector<uint32_t> ids(num_chunks);
     const uint32_t times_sampled = version >= 4 ? in.Get<uint32_t>() : 0;
     // A count at the allowance would have removed the item; one without a limit is never counted.
     if (max_times_sampled_ == 0 ? times_sampled != 0 : times_sampled >= max_times_sampled_) {
@@ -706,9 +741,11 @@ void Shard::Read(SnapshotReader& in, uint32_t version) {
     for (uint32_t j = 0; j < num_chunks; ++j) {
       ids[j] = in.Get<uint32_t>();
       if (ids[j] >= chunk_seen.size() || chunk_seen[ids[j]] == 0) in.Fail("item references a missing chunk");
-      for (uint32_t q = 0; q < j; ++q) {
-        if (ids[q] == ids[j]) in.Fail("item references a chunk twice");
-      }
+    }
+    std::vector<uint32_t> sorted_ids(ids);
+    std::sort(sorted_ids.begin(), sorted_ids.end());
+    if (std::adjacent_find(sorted_ids.begin(), sorted_ids.end()) != sorted_ids.end()) {
+      in.Fail("item references a chunk twice");
     }
     if (s >= num_slots_ || seen[s]) in.Fail("bad item slot");
     if (seq <= previous_seq) in.Fail("items out of insertion order");

@@ -33,9 +33,10 @@ struct PreparedItem {
   uint32_t size;
   double priority;  // validated: finite, >= 0
   double mass;      // priority^alpha, finite
-  // The chunks of the same Insert call this item references (indices into its chunk array; distinct, at most
-  // kMaxChunksPerItem), in the item's own order: a sample returns them in this order.
-  const uint32_t* chunks = nullptr;
+  // The chunks this item references, distinct, at most kMaxChunksPerItem, in the item's own order (a sample
+  // returns them in this order): a value below the call's chunk count m is an index into the call's chunks,
+  // any other is the chunk key of a chunk stored earlier in this shard (the caller checked its shard bits).
+  const uint64_t* chunks = nullptr;
   uint32_t num_chunks = 0;
 };
 
@@ -108,12 +109,14 @@ class Shard {
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
 
-  // Copies the items (and the `m` chunks they reference) in and writes their keys. If `block` is false and
-  // the lock is held by another thread, returns false and changes nothing (the caller tries another shard).
-  // `seq_counter` issues the store-wide insertion numbers, taken under this shard's lock so they increase
-  // along the shard's FIFO list. A chunk lives while any item referencing it lives (a reference count).
+  // Copies the items (and the `m` chunks they reference) in and writes their keys, and the new chunks' chunk
+  // keys to `chunk_keys` (m of them; may be null). If `block` is false and the lock is held by another thread,
+  // returns false and changes nothing (the caller tries another shard). `seq_counter` issues the store-wide
+  // insertion numbers, taken under this shard's lock so they increase along the shard's FIFO list. A chunk lives
+  // while any item referencing it lives (a reference count). Throws StaleChunks, changing nothing, if an item
+  // references a stored chunk that is gone (every key listed once).
   bool Insert(const PreparedItem* items, size_t n, std::atomic<uint64_t>* seq_counter, Key* keys, bool block,
-              const PreparedChunk* chunks = nullptr, size_t m = 0) EXCLUDES(mu_);
+              const PreparedChunk* chunks = nullptr, size_t m = 0, Key* chunk_keys = nullptr) EXCLUDES(mu_);
 
   // Draws k items: draw i lands on the item where the prefix sum of masses passes fractions[i] * total.
   // `share` is the probability that one draw of the whole store came to this shard. Writes draws
@@ -169,7 +172,7 @@ class Shard {
   void Serialize(ByteBuffer* out) const EXCLUDES(mu_);
   void Write(SnapshotWriter& out) const EXCLUDES(mu_);
   // Fills an empty shard from a snapshot of format `version` (2: no chunks; 3: chunks; 4: times sampled and
-  // removed_by_sampling; structure checked, the caller verifies the checksum at the end).
+  // removed_by_sampling; 5: chunk tags; structure checked, the caller verifies the checksum at the end).
   void Read(SnapshotReader& in, uint32_t version) EXCLUDES(mu_);
 
  private:
@@ -184,11 +187,13 @@ class Shard {
     // Chunks the item references; their ids follow the item's bytes in its block (ChunkIds()).
     uint32_t num_chunks = 0;
   };
-  // One stored chunk; free while refs == 0 (data null).
+  // One stored chunk; free while refs == 0 (data null). Its tag works as a slot's (common.h): a reused id gets
+  // the next tag, so the chunk keys of an earlier chunk with that id turn stale.
   struct ChunkRef {
     uint8_t* data = nullptr;
     uint32_t size = 0;
     uint32_t refs = 0;  // live items referencing it
+    Tag tag = 0;        // of the chunk, or of the id's last chunk while free (0: never issued)
   };
   // An item's block: its bytes, then (when it references chunks) its chunk ids, 4-byte aligned.
   static uint32_t ItemBlockSize(uint32_t size, uint32_t num_chunks) {
@@ -205,6 +210,12 @@ class Shard {
   // is zeroed by the FinishRemovals() the caller must make before releasing the lock.
   void Remove(Slot slot) REQUIRES(mu_);
   void ReleaseChunk(uint32_t id) REQUIRES(mu_);  // one reference fewer; frees the chunk at zero
+  // Whether a chunk key (of this shard) addresses a stored chunk.
+  bool ChunkLive(Key chunk_key) const REQUIRES(mu_);
+  // A free chunk id whose next tag would pass kMaxGeneration in this epoch: never reused in this life.
+  bool ChunkRetired(const ChunkRef& c) const {
+    return TagEpoch(c.tag) == epoch_ && TagGeneration(c.tag) == kMaxGeneration;
+  }
   uint32_t TakeChunkId() REQUIRES(mu_);
   void EnsureChunks(size_t extra) REQUIRES(mu_);
   void FinishRemovals() REQUIRES(mu_);

@@ -26,7 +26,9 @@ constexpr char kEndMagic[8] = {'A', 'P', 'X', 'R', 'L', 'E', 'N', 'D'};
 // Version 3: frame chunks (a chunk table per shard, chunk ids per item).
 // Version 4: samplers (the sampler and max_times_sampled in the header, each item's times sampled, the counter
 // removed_by_sampling). Version 2 and 3 files still load (sampler prioritized, no limit, counts 0).
-constexpr uint32_t kSnapshotVersion = 4;
+// Version 5: chunk keys (each stored chunk's tag, so chunk keys issued before the save stay valid after a
+// restore, as item keys do). Version 4 files still load.
+constexpr uint32_t kSnapshotVersion = 5;
 constexpr uint32_t kOldestReadableVersion = 2;
 constexpr uint64_t kEvictionStream = 0x5EED0E71C7ull;
 
@@ -161,6 +163,9 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
       }
       prepared[c] = PreparedChunk{chunks->data[c], static_cast<uint32_t>(chunks->sizes[c])};
     }
+    int64_t home = -1;  // the shard of the stored chunks the call references, if any
+    std::vector<uint64_t> sorted;
+    std::vector<Key> foreign;  // chunk keys naming a shard this store does not have
     for (size_t i = 0; i < n; ++i) {
       if (off[i + 1] < off[i]) throw InvalidArgument("item_chunk_offsets must not decrease");
       const uint64_t k = off[i + 1] - off[i];
@@ -168,19 +173,33 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
         throw InvalidArgument("items[" + std::to_string(i) + "] references " + std::to_string(k) +
                               " chunks; an item may reference at most " + std::to_string(kMaxChunksPerItem));
       }
-      const uint32_t* refs = chunks->item_chunks + off[i];
+      const uint64_t* refs = chunks->item_chunks + off[i];
       for (uint64_t j = 0; j < k; ++j) {
-        if (refs[j] >= m) {
+        if (refs[j] < m) {
+          used[refs[j]] = 1;
+          continue;
+        }
+        const KeyParts key = SplitKey(refs[j]);
+        if (!ValidTag(key.tag) || key.slot >= kMaxChunksPerShard) {
           throw InvalidArgument("items[" + std::to_string(i) + "] references chunk " + std::to_string(refs[j]) +
-                                " of " + std::to_string(m));
+                                ": neither one of the call's " + std::to_string(m) + " chunks nor a chunk key");
         }
-        for (uint64_t q = 0; q < j; ++q) {
-          if (refs[q] == refs[j]) {
-            throw InvalidArgument("items[" + std::to_string(i) + "] references chunk " + std::to_string(refs[j]) +
-                                  " twice");
-          }
+        if (key.shard >= num_shards) {  // a chunk key, but not of this store: as stale as a removed chunk's
+          if (std::find(foreign.begin(), foreign.end(), refs[j]) == foreign.end()) foreign.push_back(refs[j]);
+          continue;
         }
-        used[refs[j]] = 1;
+        if (home >= 0 && key.shard != static_cast<uint64_t>(home)) {
+          throw InvalidArgument("items[" + std::to_string(i) + "] references stored chunks of shards " +
+                                std::to_string(home) + " and " + std::to_string(key.shard) +
+                                "; the items of one call and all their chunks live on one shard");
+        }
+        home = key.shard;
+      }
+      sorted.assign(refs, refs + k);  // distinct: sorted, O(k log k) (k may be in the thousands)
+      std::sort(sorted.begin(), sorted.end());
+      const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+      if (twice != sorted.end()) {
+        throw InvalidArgument("items[" + std::to_string(i) + "] references chunk " + std::to_string(*twice) + " twice");
       }
       items[i].chunks = refs;
       items[i].num_chunks = static_cast<uint32_t>(k);
@@ -188,14 +207,24 @@ void ShardedStore::Insert(const double* priorities, const uint8_t* const* data, 
     for (size_t c = 0; c < m; ++c) {
       if (!used[c]) throw InvalidArgument("chunks[" + std::to_string(c) + "] is referenced by no item");
     }
-    // The whole call into one shard, so that its chunks' reference counts live under one lock.
-    const uint64_t start = next_shard_.fetch_add(1, std::memory_order_relaxed);
+    if (!foreign.empty()) throw StaleChunks(std::move(foreign));
+    // The whole call into one shard, so that its chunks' reference counts live under one lock: the shard of the
+    // stored chunks it references, else the first free one.
     bool inserted = false;
-    for (size_t t = 0; t < num_shards && !inserted; ++t) {
-      inserted =
-          shards_[(start + t) % num_shards]->Insert(items.data(), n, &next_seq_, keys, false, prepared.data(), m);
+    if (home >= 0) {
+      inserted = shards_[static_cast<size_t>(home)]->Insert(items.data(), n, &next_seq_, keys, true, prepared.data(), m,
+                                                            chunks->chunk_keys);
+    } else {
+      const uint64_t start = next_shard_.fetch_add(1, std::memory_order_relaxed);
+      for (size_t t = 0; t < num_shards && !inserted; ++t) {
+        inserted = shards_[(start + t) % num_shards]->Insert(items.data(), n, &next_seq_, keys, false, prepared.data(),
+                                                             m, chunks->chunk_keys);
+      }
+      if (!inserted) {
+        shards_[start % num_shards]->Insert(items.data(), n, &next_seq_, keys, true, prepared.data(), m,
+                                            chunks->chunk_keys);
+      }
     }
-    if (!inserted) shards_[start % num_shards]->Insert(items.data(), n, &next_seq_, keys, true, prepared.data(), m);
     if (Size() > config_.max_size) RemoveToFit();
     return;
   }
@@ -663,7 +692,7 @@ void ShardedStore::Validate() const {
   for (const auto& shard : shards_) shard->Validate();
 }
 
-// Snapshot layout, version 4 (little-endian; CRC-32C of every preceding byte at the end):
+// Snapshot layout, version 5 (little-endian; CRC-32C of every preceding byte at the end):
 //   "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards | u32 eviction
 //   | f64 alpha_evict | u64 seed | u32 sampler | u32 max_times_sampled | shards x Shard block (shard.cc) | u64 next_seq
 //   | u64 next_shard | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys | "APXRLEND" | u32 crc32c

@@ -41,13 +41,15 @@ struct StoreConfig {
 };
 
 // The chunks an Insert call carries beside its items (see "Frame chunks" below). Item i references
-// item_chunks[item_chunk_offsets[i] .. item_chunk_offsets[i + 1]), indices into data/sizes.
+// item_chunks[item_chunk_offsets[i] .. item_chunk_offsets[i + 1]): a value below `count` is an index into
+// data/sizes, any other the chunk key of a chunk stored by an earlier call.
 struct ChunkBatch {
   const uint8_t* const* data = nullptr;
   const uint64_t* sizes = nullptr;
   size_t count = 0;
-  const uint32_t* item_chunks = nullptr;
+  const uint64_t* item_chunks = nullptr;
   const uint64_t* item_chunk_offsets = nullptr;  // n + 1 entries, starting at 0, non-decreasing
+  Key* chunk_keys = nullptr;                     // optional output: the chunk keys of the `count` chunks stored
 };
 
 // One sampled batch of n items, n = keys.size(): the number the call returned, which may be below the number
@@ -135,11 +137,16 @@ struct StoreStats {
 //  * Keys of removed items are stale forever: updates skip and count them, erase ignores them. So are keys
 //    of another epoch (an earlier life of a restarted store) unless their item was restored from a snapshot.
 //  * Masses are at most kMaxMass, so no total overflows; probabilities are finite and sum to 1.
-//  * Frame chunks: an Insert call may carry chunks (blobs, e.g. lz4-compressed runs of Atari frames) beside
-//    its items; each item names the chunks it references (at most kMaxChunksPerItem, distinct), every chunk
-//    is referenced by at least one item of its call, and a call with chunks goes whole to one shard (its
-//    chunks never span shards or calls). A chunk is reference-counted by the live items naming it and freed
-//    when the last one is evicted or erased; bytes_held counts it once. A sample returns each referenced
+//  * Frame chunks: an Insert call may carry chunks (blobs, e.g. lz4-compressed runs of Atari frames, or a
+//    trajectory writer's steps) beside its items; each item names the chunks it references (at most
+//    kMaxChunksPerItem, distinct): chunks of its own call by index, or chunks stored by earlier calls by their
+//    chunk key (the Insert returns each new chunk's key: shard, chunk id, tag, as item keys are built). Every
+//    chunk of a call is referenced by at least one item of the call, and a call with chunks goes whole to one
+//    shard: the shard of the stored chunks it references (all on one shard, else InvalidArgument), or any
+//    shard when it references none. A call referencing a stored chunk that is gone (its last item removed, or
+//    a key of another life of the store, or naming a shard it does not have) throws StaleChunks listing those
+//    keys and stores nothing. A chunk is reference-counted by the live items naming it and freed when the last
+//    one is evicted or erased; bytes_held counts it once. A sample returns each referenced
 //    chunk once per batch. Sampling and eviction look at items only: chunks change neither.
 //  * FIFO eviction removes the globally oldest items (insertion numbers are store-wide), lowest-priority
 //    eviction the globally lowest priorities (equal ones in no particular order); prioritized eviction

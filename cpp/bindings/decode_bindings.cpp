@@ -8,12 +8,14 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "apexrl/decode.h"
 #include "apexrl/frame_decode.h"
+#include "apexrl/step_decode.h"
 #include "bindings.h"
 
 namespace py = pybind11;
@@ -82,6 +84,11 @@ void DecodeItemsPy(const ItemLayout& layout, const py::array& data, const py::ar
     error = DecodeItems(layout, bytes, s, z, n, dst.data());
   }
   if (!error.empty()) throw py::value_error(error);
+}
+
+U64Array CheckedU64Any(const py::array& a, const char* what) {
+  if (!py::isinstance<U64Array>(a)) throw py::type_error(std::string(what) + " must be a C-contiguous uint64 array");
+  return py::reinterpret_borrow<U64Array>(a);
 }
 
 U64Array CheckedU64(const py::array& a, const char* what) {
@@ -161,6 +168,71 @@ py::array_t<uint8_t> RebuildFrameStacksPy(std::size_t depth, std::size_t frame_b
   return ok;
 }
 
+// A C-contiguous uint64 array of `rows` x `cols` (any shape with that many elements).
+U64Array CheckedTable(const py::array& a, const char* what, std::size_t rows, std::size_t cols) {
+  const U64Array t = CheckedU64Any(a, what);
+  if (static_cast<std::size_t>(t.size()) != rows * cols) {
+    throw py::value_error(std::string(what) + " must hold " + std::to_string(rows) + " x " + std::to_string(cols) +
+                          " uint64 values, got " + std::to_string(t.size()));
+  }
+  return t;
+}
+
+py::array_t<uint8_t> DecodeStepsPy(const py::buffer& chunk_data, const py::array& columns, const py::array& chunk_steps,
+                                   const py::array& row_bytes, const py::list& outs, std::size_t n, std::size_t t,
+                                   const py::array& copies) {
+  const U64Array steps = CheckedU64(chunk_steps, "chunk_steps");
+  const U64Array rb = CheckedU64(row_bytes, "row_bytes");
+  const auto num_chunks = static_cast<std::size_t>(steps.size());
+  const auto num_fields = static_cast<std::size_t>(rb.size());
+  const U64Array cols = CheckedTable(columns, "columns", num_chunks * num_fields, 3);
+  const auto num_copies = static_cast<std::size_t>(copies.size() / 5);
+  const U64Array cps = CheckedTable(copies, "copies", num_copies, 5);
+  if (outs.size() != num_fields) throw py::value_error("outs must hold one array per field");
+  if (t > (std::size_t{1} << 24) || n > (std::size_t{1} << 24)) throw py::value_error("n and t must be below 2^24");
+  std::vector<py::array> keep;
+  std::vector<uint8_t*> out_ptrs;
+  for (std::size_t f = 0; f < num_fields; ++f) {
+    py::array o = py::reinterpret_borrow<py::object>(outs[f]);
+    if (!(o.flags() & py::array::c_style) || !o.writeable()) {
+      throw py::value_error("outs[" + std::to_string(f) + "] must be a writable C-contiguous array");
+    }
+    const uint64_t need = static_cast<uint64_t>(n) * t * rb.data()[f];
+    if (rb.data()[f] > (uint64_t{1} << 31) || static_cast<uint64_t>(o.nbytes()) != need) {
+      throw py::value_error("outs[" + std::to_string(f) + "] holds " + std::to_string(o.nbytes()) + " bytes, " +
+                            std::to_string(need) + " expected");
+    }
+    out_ptrs.push_back(static_cast<uint8_t*>(o.mutable_data()));
+    keep.push_back(std::move(o));
+  }
+  const py::buffer_info blob = chunk_data.request();  // held until return: the bytes stay alive and in place
+  if (blob.ndim > 1 || (blob.ndim == 1 && blob.strides[0] != blob.itemsize)) {
+    throw py::value_error("chunk_data must be a contiguous bytes-like object");
+  }
+  StepDecodeJob job;
+  job.chunk_data = static_cast<const uint8_t*>(blob.ptr);
+  job.chunk_data_size = static_cast<std::size_t>(blob.size * blob.itemsize);
+  job.num_chunks = num_chunks;
+  job.num_fields = num_fields;
+  static_assert(sizeof(StepColumn) == 3 * sizeof(uint64_t) && sizeof(StepCopy) == 5 * sizeof(uint64_t));
+  job.columns = reinterpret_cast<const StepColumn*>(cols.data());
+  job.chunk_steps = steps.data();
+  job.row_bytes = rb.data();
+  job.outs = out_ptrs.data();
+  job.n = n;
+  job.t = t;
+  job.copies = reinterpret_cast<const StepCopy*>(cps.data());
+  job.num_copies = num_copies;
+  py::array_t<uint8_t> ok(static_cast<py::ssize_t>(n));
+  std::memset(ok.mutable_data(), 1, n);
+  job.ok = ok.mutable_data();
+  {
+    py::gil_scoped_release release;
+    DecodeSteps(job);
+  }
+  return ok;
+}
+
 }  // namespace
 
 void RegisterDecode(py::module_& m) {
@@ -174,6 +246,13 @@ void RegisterDecode(py::module_& m) {
         "Check and decode items [starts[i], starts[i] + sizes[i]) of data into outs (one C-contiguous array per "
         "field, rows of the field's bytes), with the GIL released. ValueError with TransitionSpec.decode's "
         "message on the first bad item.");
+  m.def("decode_steps", &DecodeStepsPy, py::arg("chunk_data"), py::arg("columns"), py::arg("chunk_steps"),
+        py::arg("row_bytes"), py::arg("outs"), py::arg("n"), py::arg("t"), py::arg("copies"),
+        "Copy sampled sequence items' steps out of their step chunks (wire/steps.py) into outs (one C-contiguous array "
+        "of n x t steps per field), with the GIL released: columns (chunks x fields x (offset, stored, codec)) say "
+        "where each chunk's field column lies in chunk_data, copies ((chunk, src_row, item, dst_row, rows) rows) what "
+        "goes where. Returns ok (uint8 per item): 0 for an item a copy of which was out of range or read a column "
+        "that does not decompress to chunk_steps x row_bytes.");
   m.def("rebuild_frame_stacks", &RebuildFrameStacksPy, py::arg("depth"), py::arg("frame_bytes"), py::arg("items"),
         py::arg("refs"), py::arg("item_chunks"), py::arg("item_chunk_offsets"), py::arg("chunk_data"),
         py::arg("chunk_offsets"), py::arg("outs"),

@@ -320,9 +320,9 @@ class PyStore {
     return std::make_unique<PyStore>(std::make_unique<ShardedStore>(c));
   }
 
-  py::array_t<uint64_t> Insert(const py::object& priorities, const py::object& items, const py::object& offsets,
-                               const py::object& chunks, const py::object& item_chunks,
-                               const py::object& item_chunk_offsets) {
+  py::object Insert(const py::object& priorities, const py::object& items, const py::object& offsets,
+                    const py::object& chunks, const py::object& item_chunks, const py::object& item_chunk_offsets,
+                    bool return_chunk_keys) {
     auto prio = As1D<double>(priorities, "priorities", "fiu");
     const size_t n = static_cast<size_t>(prio.size());
     if (n > kMaxBatchItems) {  // before unpacking n items
@@ -337,8 +337,9 @@ class PyStore {
     }
     ItemBuffers chunk_buffers;
     ChunkBatch batch;
-    py::array_t<uint32_t, py::array::c_style> refs;
+    py::array_t<uint64_t, py::array::c_style> refs;
     py::array_t<uint64_t, py::array::c_style> ref_offsets;
+    py::array_t<uint64_t> chunk_keys(0);
     if (with_chunks) {
       if (py::isinstance<py::bytes>(chunks) || py::isinstance<py::str>(chunks) ||
           !py::isinstance<py::sequence>(chunks)) {
@@ -365,14 +366,12 @@ class PyStore {
       if (o[0] != 0 || o[n] != static_cast<uint64_t>(raw.size())) {
         throw InvalidArgument("item_chunk_offsets must run from 0 to len(item_chunks) = " + std::to_string(raw.size()));
       }
-      refs = py::array_t<uint32_t, py::array::c_style>(raw.size());
-      for (py::ssize_t j = 0; j < raw.size(); ++j) {
-        // Out of range for a chunk index either way; the store names the item.
-        refs.mutable_data()[j] = static_cast<uint32_t>(std::min<uint64_t>(raw.data()[j], UINT32_MAX));
-      }
+      refs = raw;  // a signed array's negative values wrap to huge ones: not a chunk key, refused by the store
       batch.data = chunk_buffers.data.data();
       batch.sizes = chunk_buffers.sizes.data();
       batch.count = chunk_buffers.data.size();
+      chunk_keys = py::array_t<uint64_t>(static_cast<py::ssize_t>(batch.count));
+      batch.chunk_keys = chunk_keys.mutable_data();
       batch.item_chunks = refs.data();
       batch.item_chunk_offsets = o;
     }
@@ -383,7 +382,8 @@ class PyStore {
       py::gil_scoped_release release;  // safe: only raw pointers into buffers this frame keeps alive
       store_->Insert(p, buffers.data.data(), buffers.sizes.data(), n, k, with_chunks ? &batch : nullptr);
     }
-    return keys;
+    if (return_chunk_keys) return py::make_tuple(keys, chunk_keys);
+    return std::move(keys);
   }
 
   PySampleBatch Sample(const py::object& n, const py::object& beta) {
@@ -547,11 +547,14 @@ heavy methods release the GIL.)doc")
            py::arg("max_times_sampled") = 0)
       .def("insert", &PyStore::Insert, py::arg("priorities"), py::arg("items"), py::arg("offsets") = py::none(),
            py::arg("chunks") = py::none(), py::arg("item_chunks") = py::none(),
-           py::arg("item_chunk_offsets") = py::none(),
-           "Insert items with priorities; returns their uint64 keys (in order). With `chunks` (a sequence of "
-           "bytes-like blobs, e.g. compressed frames), item i references chunks item_chunks[item_chunk_offsets[i]:"
-           "item_chunk_offsets[i + 1]] (distinct, at most 16; every chunk referenced by some item): the call goes "
-           "to one shard, and each chunk is kept, counted once in bytes_held, while an item referencing it lives.")
+           py::arg("item_chunk_offsets") = py::none(), py::arg("return_chunk_keys") = false,
+           "Insert items with priorities; returns their uint64 keys (in order), and with return_chunk_keys the "
+           "tuple (keys, chunk_keys). With `chunks` (a sequence of bytes-like blobs, e.g. compressed frames or "
+           "steps), item i references chunks item_chunks[item_chunk_offsets[i]:item_chunk_offsets[i + 1]] (distinct, "
+           "at most 4096): a value below len(chunks) is one of this call's chunks (each referenced by some item), "
+           "any other the chunk key of a chunk stored by an earlier call (StaleChunksError, nothing stored, if it "
+           "is gone). The call goes to one shard, and each chunk is kept, counted once in bytes_held, while an item "
+           "referencing it lives.")
       .def("sample", &PyStore::Sample, py::arg("n"), py::arg("beta") = 0.4,
            "Draw n items with the store's sampler (prioritized: with replacement, stratified, proportional to "
            "priority^alpha); len(batch) is the number returned, fewer than n only for an ordered sampler holding "

@@ -12,6 +12,9 @@ import numpy.typing as npt
 class SnapshotError(ValueError):
     """A snapshot file is truncated, corrupted, of an unknown version, or not a snapshot; or a save failed."""
 
+class StaleChunksError(ValueError):
+    """An insert referenced stored chunks (by chunk key) that are gone; nothing was stored."""
+
 class SampleBatch:
     @property
     def keys(self) -> npt.NDArray[np.uint64]: ...
@@ -72,7 +75,8 @@ class PrioritizedStore:
         chunks: Sequence[Any] | None = None,
         item_chunks: npt.ArrayLike | None = None,
         item_chunk_offsets: npt.ArrayLike | None = None,
-    ) -> npt.NDArray[np.uint64]: ...
+        return_chunk_keys: bool = False,
+    ) -> Any: ...
     def sample(self, n: int, beta: float = 0.4) -> SampleBatch: ...
     def update_priorities(self, keys: npt.ArrayLike, priorities: npt.ArrayLike) -> int: ...
     def erase(self, keys: npt.ArrayLike) -> int: ...
@@ -135,6 +139,19 @@ def rebuild_frame_stacks(
 ) -> npt.NDArray[np.uint8]:
     """Frame stacks of sampled items rebuilt from their u16 references and the batch's frame chunks, with the
     GIL released; returns a mask, 1 where an item's stacks were rebuilt (FrameStackCodec.decode_valid_into)."""
+
+def decode_steps(
+    chunk_data: Any,
+    columns: npt.NDArray[np.uint64],
+    chunk_steps: npt.NDArray[np.uint64],
+    row_bytes: npt.NDArray[np.uint64],
+    outs: list[npt.NDArray[Any]],
+    n: int,
+    t: int,
+    copies: npt.NDArray[np.uint64],
+) -> npt.NDArray[np.uint8]:
+    """Sequence items' steps copied out of their step chunks with the GIL released (wire/steps.py); returns a
+    mask, 1 where every copy of an item succeeded."""
 
 # ------------------------------------------------------------------ the serving loop (cpp/bindings/serve_bindings.cpp)
 

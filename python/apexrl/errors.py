@@ -17,6 +17,7 @@ __all__ = [
     "ServerError",
     "ServerShuttingDownError",
     "ServerTimeoutError",
+    "StaleChunksError",
     "error_of",
 ]
 
@@ -72,9 +73,24 @@ class ServerShuttingDownError(ServerError, ServerClosedError):
     """The server answered SHUTTING_DOWN."""
 
 
+class StaleChunksError(ServerError):
+    """The server answered STALE_CHUNKS: an INSERT referenced stored chunks that are gone (every item
+    referencing them was removed, or the server restarted without them). Nothing was stored; ``keys`` lists the
+    stale chunk keys the message names (the sender sends those chunks again)."""
+
+    def __init__(self, status: Status, message: str):
+        super().__init__(status, message)
+        tail = message.split(":")[-1]
+        # The server lists the first 64 keys, then "... (N in all)": `complete` says whether all are here.
+        self.complete = "in all" not in tail
+        self.keys = [int(t) for t in tail.split("...")[0].split() if t.isdigit()]
+
+
 def error_of(status: Status, message: str) -> ServerError:
     """The exception for an error reply: ServerTimeoutError (TIMEOUT), ServerShuttingDownError
-    (SHUTTING_DOWN), else ServerError."""
+    (SHUTTING_DOWN), StaleChunksError (STALE_CHUNKS), else ServerError."""
+    if status == Status.STALE_CHUNKS:
+        return StaleChunksError(status, message)
     if status == Status.TIMEOUT:
         return ServerTimeoutError(status, message)
     if status == Status.SHUTTING_DOWN:

@@ -334,7 +334,7 @@ TEST(MaxTimesSampledTest, ARemovedItemFreesItsChunksAndItsKeyIsStale) {
   const uint8_t* chunk_data[] = {reinterpret_cast<const uint8_t*>(chunk0.data()),
                                  reinterpret_cast<const uint8_t*>(chunk1.data())};
   const uint64_t chunk_sizes[] = {100, 50};
-  const uint32_t item_chunks[] = {0, 0, 1};
+  const uint64_t item_chunks[] = {0, 0, 1};
   const uint64_t item_chunk_offsets[] = {0, 1, 3};
   ChunkBatch chunks{chunk_data, chunk_sizes, 2, item_chunks, item_chunk_offsets};
   const uint64_t ids[] = {0, 1};

@@ -33,22 +33,25 @@ const std::vector<std::string> kChunks{std::string(64, 'a'), std::string(64, 'b'
 TEST(ServeLoop, ARepeatedInsertIdWithABadChunkReferenceIsRefusedAndTheLoopServesOn) {
   LiveLoop live(SmallStore(), Config());
   const Frames first = live.Request("p", Insert(1, {"x", "yy"}, {1, 1}, 0xA, 1, 0, {{0}, {0, 1}}, kChunks));
-  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(first.size(), 3u);  // header, keys, chunk keys
   ASSERT_EQ(ParseHeader(first[0]).status, kOk);
   const std::vector<Key> keys = KeysOf(first[1]);
   ASSERT_EQ(keys.size(), 2u);
   const double max_item = live.Stat("max_item_bytes");
   const StoreStats before = live.store->Stats();
 
-  // 2^40 read far outside the frame (SIGSEGV); 2 and 2^64 - 1 just past or before it (a wrong estimate).
+  // 2^40 read far outside the frame (SIGSEGV); 2 just past it (a wrong estimate). (Since protocol 6 a
+  // reference past the request's chunks may be a chunk key; these are not: their tags are invalid.)
   uint64_t rid = 2;
-  for (uint64_t bad : {uint64_t{1} << 40, uint64_t{2}, uint64_t{1} << 32, ~uint64_t{0}}) {
+  for (uint64_t bad : {uint64_t{1} << 40, uint64_t{2}, uint64_t{1} << 32}) {
     const Frames again = live.Request("p", Insert(rid, {"x", "yy"}, {1, 1}, 0xA, 1, 0, {{0}, {1, bad}}, kChunks));
     ASSERT_EQ(again.size(), 2u) << bad;
     const ReplyHeader h = ParseHeader(again[0]);
     EXPECT_EQ(h.rid, rid);
     EXPECT_EQ(h.status, kInvalidArgument) << again[1];
-    EXPECT_NE(again[1].find("items[1] references chunk " + std::to_string(bad) + " of 2"), std::string::npos)
+    EXPECT_NE(again[1].find("items[1] references chunk " + std::to_string(bad) +
+                            ": neither one of the 2 chunks sent nor a chunk key"),
+              std::string::npos)
         << again[1];
     ++rid;
   }
@@ -59,9 +62,10 @@ TEST(ServeLoop, ARepeatedInsertIdWithABadChunkReferenceIsRefusedAndTheLoopServes
   // A repeated id with larger (valid) items: the first request's keys, and no estimate from this request.
   const Frames bigger =
       live.Request("p", Insert(rid++, {std::string(5000, 'x'), "yy"}, {1, 1}, 0xA, 1, 0, {{0}, {0, 1}}, kChunks));
-  ASSERT_EQ(bigger.size(), 2u);
+  ASSERT_EQ(bigger.size(), 3u);
   EXPECT_EQ(ParseHeader(bigger[0]).status, kOk);
   EXPECT_EQ(KeysOf(bigger[1]), keys);
+  EXPECT_EQ(KeysOf(bigger[2]), KeysOf(first[2]));  // the chunk keys too
   EXPECT_EQ(live.Stat("max_item_bytes"), max_item);
   EXPECT_EQ(live.store->Stats().size, before.size);
 
@@ -96,7 +100,9 @@ TEST(ServeLoop, AnInvalidChunkReferenceUnderTheRateLimiterIsInvalidArgumentAtOnc
     ASSERT_EQ(bad.size(), 2u) << timeout_ms;  // at once: a wait would outlast Request's deadline
     EXPECT_EQ(ParseHeader(bad[0]).rid, rid);
     EXPECT_EQ(ParseHeader(bad[0]).status, kInvalidArgument) << bad[1];
-    EXPECT_NE(bad[1].find("items[1] references chunk 2 of 2"), std::string::npos) << bad[1];
+    EXPECT_NE(bad[1].find("items[1] references chunk 2: neither one of the 2 chunks sent nor a chunk key"),
+              std::string::npos)
+        << bad[1];
     ++rid;
   }
   EXPECT_EQ(live.Stat("rate_limiter_waits_insert"), 0);
@@ -118,9 +124,12 @@ TEST(ServeLoop, EveryRuleOfTheChunksIsCheckedBeforeAdmission) {
   const std::vector<Case> cases{
       {{{0}, {0}}, kChunks, "chunks[1] is referenced by no item"},
       {{{0, 0}, {1}}, kChunks, "items[0] references chunk 0 twice"},
-      {{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, {}},
-       std::vector<std::string>(17, "c"),
-       "items[0] references 17 chunks; an item may reference at most 16"},
+      {{std::vector<uint64_t>(4097), {}}, {"c"}, "items[0] references 4097 chunks; an item may reference at most 4096"},
+      {{{0, 12345}, {1}}, kChunks, "items[0] references chunk 12345: neither one of the 2 chunks sent nor a chunk key"},
+      {{{0, MakeKey(0, 1, MakeTag(1, 1))}, {1, MakeKey(1, 1, MakeTag(1, 1))}},
+       kChunks,
+       "items[1] references stored chunks of shards 0 and 1; the items of one call and all their chunks live on one "
+       "shard"},
   };
   uint64_t rid = 2;
   for (const Case& c : cases) {
@@ -210,7 +219,7 @@ TEST(ServeLoop, APeerThatLeavesWhileWaitingLosesItsRequestsAndTheLoopServesOn) {
   EXPECT_TRUE(bounced.bounced);
   EXPECT_EQ(ParseHeader(bounced.frames.empty() ? std::string() : bounced.frames[0]).rid, 0u);  // at its id
   const Frames r = live.Request("p", Insert(4, {"a", "b", "c"}, {1, 1, 1}));
-  ASSERT_EQ(r.size(), 2u);
+  ASSERT_EQ(r.size(), 3u);
   EXPECT_EQ(ParseHeader(r[0]).status, kOk);
   const Frames s = live.Request("p", Sample(5, 2));
   ASSERT_FALSE(s.empty());
@@ -220,6 +229,44 @@ TEST(ServeLoop, APeerThatLeavesWhileWaitingLosesItsRequestsAndTheLoopServesOn) {
   EXPECT_EQ(live.Stat("deferred"), 0);
   EXPECT_EQ(live.Stat("deferred_dropped"), 2);
   EXPECT_EQ(live.store->Size(), 3u);
+}
+
+TEST(ServeLoop, StoredChunksAreReferencedByKeyAndAGoneOneIsStaleChunksWithNothingStored) {
+  LiveLoop live(SmallStore(), Config());
+  const Frames first = live.Request("p", Insert(1, {"x"}, {1}, 0xB, 1, 0, {{0, 1}}, kChunks));
+  ASSERT_EQ(first.size(), 3u);
+  ASSERT_EQ(ParseHeader(first[0]).status, kOk);
+  const std::vector<Key> ck = KeysOf(first[2]);
+  ASSERT_EQ(ck.size(), 2u);
+  // A later request references them by key (and brings a chunk of its own): stored on their shard.
+  const Frames second = live.Request("p", Insert(2, {"y"}, {1}, 0xB, 2, 0, {{ck[1], 0}}, {"c"}));
+  ASSERT_EQ(ParseHeader(second[0]).status, kOk) << second[1];
+  const std::vector<Key> k2 = KeysOf(second[1]);
+  ASSERT_EQ(k2.size(), 1u);
+  EXPECT_EQ(SplitKey(k2[0]).shard, SplitKey(ck[1]).shard);
+  EXPECT_EQ(KeysOf(second[2]).size(), 1u);
+  EXPECT_EQ(live.store->Stats().chunks, 3u);
+  const std::vector<Key> k1 = KeysOf(first[1]);
+  ASSERT_EQ(live.store->Erase(k1.data(), 1), 1u);  // chunk 0 goes with its only item; chunk 1 stays (item y)
+  const StoreStats before = live.store->Stats();
+  EXPECT_EQ(before.chunks, 2u);
+  // A reference to the gone chunk: STALE_CHUNKS naming it, nothing stored; the live one alone is fine.
+  const Frames stale = live.Request("p", Insert(3, {"z"}, {1}, 0xB, 3, 0, {{ck[1], ck[0]}}, {}));
+  ASSERT_EQ(stale.size(), 2u);
+  EXPECT_EQ(ParseHeader(stale[0]).status, kStaleChunks);
+  EXPECT_NE(stale[1].find(std::to_string(ck[0])), std::string::npos) << stale[1];
+  EXPECT_EQ(stale[1].find(std::to_string(ck[1])), std::string::npos) << stale[1];
+  EXPECT_EQ(live.store->Stats().size, before.size);
+  EXPECT_EQ(live.store->Stats().chunks, before.chunks);
+  // A well-formed key of a shard the store does not have is as stale.
+  const Frames foreign = live.Request("p", Insert(4, {"z"}, {1}, 0, 0, 0, {{MakeKey(200, 0, MakeTag(1, 1))}}, {}));
+  EXPECT_EQ(ParseHeader(foreign[0]).status, kStaleChunks) << foreign[1];
+  // The same insert id again, now with the chunk sent inline: stored (a refused request does not keep its id).
+  const Frames fixed = live.Request("p", Insert(5, {"z"}, {1}, 0xB, 3, 0, {{ck[1], 0}}, {std::string(64, 'a')}));
+  ASSERT_EQ(ParseHeader(fixed[0]).status, kOk) << fixed[1];
+  EXPECT_EQ(live.store->Stats().size, before.size + 1);
+  live.store->Validate();
+  EXPECT_TRUE(live.Logs("ERROR").empty());
 }
 
 }  // namespace

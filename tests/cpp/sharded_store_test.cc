@@ -1274,7 +1274,7 @@ TEST_F(SnapshotTest, WrongMagicOrVersionOrForeignFileThrowsSnapshotError) {
   WriteAll(Path("magic.snap"), magic);
   EXPECT_EQ(LoadOutcome(Path("magic.snap")), "");
   std::string version = bytes;
-  version[8] = 5;  // u32 version right after the magic: one this build does not know
+  version[8] = 6;  // u32 version right after the magic: one this build does not know
   WriteAll(Path("version.snap"), version);
   EXPECT_EQ(LoadOutcome(Path("version.snap")), "");
   try {
@@ -1524,11 +1524,11 @@ namespace {
 
 struct ChunkedBatch {
   std::vector<std::string> items, chunks;
-  std::vector<uint32_t> refs;
+  std::vector<uint64_t> refs;  // below chunks.size(): one of the batch's chunks; else a stored chunk key
   std::vector<uint64_t> ref_offsets{0};
 };
 
-std::vector<Key> InsertChunked(ShardedStore& store, const ChunkedBatch& b) {
+std::vector<Key> InsertChunked(ShardedStore& store, const ChunkedBatch& b, std::vector<Key>* chunk_keys = nullptr) {
   std::vector<const uint8_t*> items, chunks;
   std::vector<uint64_t> sizes, chunk_sizes;
   for (const auto& s : b.items) {
@@ -1545,6 +1545,10 @@ std::vector<Key> InsertChunked(ShardedStore& store, const ChunkedBatch& b) {
   batch.count = chunks.size();
   batch.item_chunks = b.refs.data();
   batch.item_chunk_offsets = b.ref_offsets.data();
+  if (chunk_keys != nullptr) {
+    chunk_keys->assign(b.chunks.size(), 0);
+    batch.chunk_keys = chunk_keys->data();
+  }
   std::vector<double> priorities(b.items.size(), 1.0);
   std::vector<Key> keys(b.items.size());
   store.Insert(priorities.data(), items.data(), sizes.data(), items.size(), keys.data(), &batch);
@@ -1645,7 +1649,7 @@ TEST(ShardedStoreTest, BadChunkReferencesAreRefusedAndChangeNothing) {
   refused(unused, "chunks[1] is referenced by no item");
   ChunkedBatch range = ThreeItems('v');
   range.refs = {0, 0, 1, 7};
-  refused(range, "items[2] references chunk 7 of 2");
+  refused(range, "items[2] references chunk 7: neither one of the call's 2 chunks nor a chunk key");
   ChunkedBatch twice = ThreeItems('w');
   twice.refs = {0, 1, 1, 1};
   refused(twice, "items[1] references chunk 1 twice");
@@ -1668,6 +1672,169 @@ TEST(ShardedStoreTest, EvictionFreesAChunkWithItsLastItem) {
   EXPECT_EQ(store.Stats().chunks, 2u);
   EXPECT_EQ(store.Stats().chunk_bytes, 150u);
   store.Validate();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Stored chunks: later calls reference chunks by the chunk keys an earlier call returned
+
+namespace {
+
+// One item referencing `refs` (stored chunk keys or indices into `chunks`), its bytes `name`.
+ChunkedBatch OneItem(const std::string& name, std::vector<std::string> chunks, std::vector<uint64_t> refs) {
+  ChunkedBatch b;
+  b.items = {name};
+  b.chunks = std::move(chunks);
+  b.ref_offsets = {0, refs.size()};
+  b.refs = std::move(refs);
+  return b;
+}
+
+}  // namespace
+
+TEST(ShardedStoreTest, StoredChunksAreReferencedByKeyStoredOnceAndStayOnTheirShard) {
+  StoreConfig config;
+  config.capacity = 1000;
+  config.shards = 8;
+  ShardedStore store(config);
+  std::vector<Key> ck;
+  const Key first = InsertChunked(store, OneItem("i0", {std::string(100, 'A'), std::string(60, 'B')}, {0, 1}), &ck)[0];
+  ASSERT_EQ(ck.size(), 2u);
+  EXPECT_NE(ck[0], ck[1]);
+  EXPECT_EQ(SplitKey(ck[0]).shard, SplitKey(first).shard);
+  // Items that reference the stored chunks (and new ones) go to their shard, whatever the round robin says.
+  std::vector<Key> items{first};
+  std::vector<Key> ck2;
+  for (int i = 1; i < 20; ++i) {
+    const std::vector<Key> k =
+        InsertChunked(store, OneItem("i" + std::to_string(i), {"C" + std::to_string(i)}, {ck[1], 0, ck[0]}), &ck2);
+    EXPECT_EQ(SplitKey(k[0]).shard, SplitKey(ck[0]).shard);
+    EXPECT_EQ(SplitKey(ck2[0]).shard, SplitKey(ck[0]).shard);
+    items.push_back(k[0]);
+  }
+  StoreStats st = store.Stats();
+  EXPECT_EQ(st.chunks, 2u + 19u);
+  EXPECT_EQ(st.chunk_bytes, 160u + 9u * 2u + 10u * 3u);
+  // A sample returns each chunk once, and every item's chunks in its own order.
+  std::map<std::string, std::vector<std::string>> want{{"i0", {std::string(100, 'A'), std::string(60, 'B')}}};
+  for (int i = 1; i < 20; ++i) {
+    want["i" + std::to_string(i)] = {std::string(60, 'B'), "C" + std::to_string(i), std::string(100, 'A')};
+  }
+  SampleResult r;
+  store.Sample(64, 0.4, &r);
+  ExpectChunks(r, want);
+  // The stored chunks live until the last item referencing them goes.
+  ASSERT_EQ(store.Erase(items.data(), 19), 19u);
+  EXPECT_EQ(store.Stats().chunks, 3u);
+  ASSERT_EQ(store.Erase(&items[19], 1), 1u);
+  EXPECT_EQ(store.Stats().chunks, 0u);
+  EXPECT_EQ(store.Stats().bytes_held, 0u);
+  store.Validate();
+}
+
+TEST(ShardedStoreTest, AReferenceToAChunkThatIsGoneIsRefusedWholeListingTheStaleKeys) {
+  StoreConfig config;
+  config.capacity = 1000;
+  config.shards = 2;
+  ShardedStore store(config);
+  std::vector<Key> ck;
+  const Key a = InsertChunked(store, OneItem("a", {"x", "y"}, {0, 1}), &ck)[0];
+  std::vector<Key> keep;
+  const Key b = InsertChunked(store, OneItem("b", {"z"}, {ck[1], 0}), &keep)[0];
+  ASSERT_EQ(store.Erase(&a, 1), 1u);  // x goes (no item left), y stays (b)
+  // Another chunk takes x's id: x's key stays stale (a new tag), never aliased to the new chunk.
+  std::vector<Key> reused;
+  InsertChunked(store, OneItem("c", {"w"}, {0}), &reused);
+  const StoreStats before = store.Stats();
+  try {
+    InsertChunked(store, OneItem("d", {"n"}, {ck[0], ck[1], 0}));
+    ADD_FAILURE() << "a stale chunk key was accepted";
+  } catch (const StaleChunks& e) {
+    EXPECT_EQ(e.keys(), std::vector<Key>{ck[0]});
+    EXPECT_NE(std::string(e.what()).find(std::to_string(ck[0])), std::string::npos) << e.what();
+  }
+  const StoreStats after = store.Stats();
+  EXPECT_EQ(after.size, before.size);
+  EXPECT_EQ(after.chunks, before.chunks);
+  EXPECT_EQ(after.bytes_held, before.bytes_held);
+  store.Validate();
+  // Sending the chunk again (the writer still has its steps) stores the item.
+  InsertChunked(store, OneItem("d", {"x", "n"}, {0, ck[1], 1}));
+  EXPECT_EQ(store.Size(), 3u);
+  ASSERT_EQ(store.Erase(&b, 1), 1u);
+  store.Validate();
+}
+
+TEST(ShardedStoreTest, ACallReferencingStoredChunksOfTwoShardsIsRefused) {
+  StoreConfig config;
+  config.capacity = 1000;
+  config.shards = 4;
+  ShardedStore store(config);
+  std::vector<Key> x, y;
+  InsertChunked(store, OneItem("a", {"x"}, {0}), &x);
+  // Round robin: the next call without stored references goes to another shard.
+  do {
+    InsertChunked(store, OneItem("b", {"y"}, {0}), &y);
+  } while (SplitKey(y[0]).shard == SplitKey(x[0]).shard);
+  const StoreStats before = store.Stats();
+  EXPECT_THROW(InsertChunked(store, OneItem("c", {}, {x[0], y[0]})), InvalidArgument);
+  try {
+    InsertChunked(store, OneItem("c", {}, {x[0], y[0]}));
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("live on one shard"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(store.Stats().size, before.size);
+  // Not a chunk key at all (tag 0), or a shard the store does not have.
+  EXPECT_THROW(InsertChunked(store, OneItem("c", {}, {uint64_t{1} << 20})), InvalidArgument);
+  EXPECT_THROW(InsertChunked(store, OneItem("c", {}, {MakeKey(200, 0, MakeTag(1, 1))})), StaleChunks);
+  store.Validate();
+}
+
+TEST(ShardedStoreTest, AnItemMayReferenceThousandsOfChunks) {
+  StoreConfig config;
+  config.capacity = 1000;
+  config.shards = 2;
+  ShardedStore store(config);
+  std::vector<std::string> chunks;
+  std::vector<uint64_t> refs;
+  for (uint32_t c = 0; c < kMaxChunksPerItem; ++c) {
+    chunks.push_back(std::to_string(c));
+    refs.push_back(kMaxChunksPerItem - 1 - c);
+  }
+  InsertChunked(store, OneItem("big", chunks, refs));
+  EXPECT_EQ(store.Stats().chunks, kMaxChunksPerItem);
+  SampleResult r;
+  store.Sample(1, 0.4, &r);
+  ASSERT_EQ(r.item_chunk_offsets[1], kMaxChunksPerItem);
+  refs.push_back(0);
+  chunks.push_back("one too many");
+  refs.back() = kMaxChunksPerItem;
+  EXPECT_THROW(InsertChunked(store, OneItem("bigger", chunks, refs)), InvalidArgument);
+  store.Validate();
+}
+
+TEST_F(SnapshotTest, ChunkKeysStayValidAcrossASnapshotAndARestoredStoreIssuesNewOnes) {
+  StoreConfig config;
+  config.capacity = 1000;
+  config.shards = 3;
+  ShardedStore store(config);
+  std::vector<Key> ck, gone;
+  InsertChunked(store, OneItem("a", {"x", "y"}, {0, 1}), &ck);
+  const Key g = InsertChunked(store, OneItem("g", {"q"}, {0}), &gone)[0];
+  ASSERT_EQ(store.Erase(&g, 1), 1u);
+  store.Save(Path("keys.snap"));
+  std::unique_ptr<ShardedStore> loaded = ShardedStore::Load(Path("keys.snap"));
+  loaded->Validate();
+  // The restored chunks keep their keys: a writer that survived the restart goes on referencing them.
+  std::vector<Key> fresh;
+  const Key b = InsertChunked(*loaded, OneItem("b", {"z"}, {ck[1], 0}), &fresh)[0];
+  EXPECT_EQ(SplitKey(b).shard, SplitKey(ck[1]).shard);
+  EXPECT_NE(TagEpoch(SplitKey(fresh[0]).tag), TagEpoch(SplitKey(ck[0]).tag));
+  // A chunk gone before the save is stale in the restored store.
+  EXPECT_THROW(InsertChunked(*loaded, OneItem("c", {}, {gone[0]})), StaleChunks);
+  SampleResult r;
+  loaded->Sample(8, 0.4, &r);
+  ExpectChunks(r, {{"a", {"x", "y"}}, {"b", {"y", "z"}}});
+  loaded->Validate();
 }
 
 }  // namespace

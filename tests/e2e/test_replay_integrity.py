@@ -170,7 +170,7 @@ def test_the_first_declared_spec_sticks_and_another_is_refused_naming_both(serve
     with ReplayClient(server.endpoint, timeout=20) as anonymous:
         info = anonymous.hello()
         assert info.spec is None
-        assert info.protocol_version == P.PROTOCOL_VERSION == 5
+        assert info.protocol_version == P.PROTOCOL_VERSION == 6
         assert info.max_request_bytes == info.max_reply_bytes == server.config.max_bytes
     with ReplayClient(server.endpoint, timeout=20, spec=CARTPOLE) as first:
         assert first.hello().spec == CARTPOLE

@@ -155,7 +155,7 @@ void InsertWithChunks(const Request& q, apexrl::ShardedStore* store) {
   using apexrl::serve::LoadU64;
   std::vector<const uint8_t*> items(q.count), chunks(q.num_chunks);
   std::vector<uint64_t> sizes(q.count), chunk_sizes(q.num_chunks), ref_offsets(q.count + 1);
-  std::vector<uint32_t> refs(q.num_refs);
+  std::vector<uint64_t> refs(q.num_refs);
   std::vector<double> priorities(q.count, 1.0);
   for (uint64_t i = 0; i < q.count; ++i) {
     items[i] = q.data + LoadU64(q.offsets, i);
@@ -166,7 +166,7 @@ void InsertWithChunks(const Request& q, apexrl::ShardedStore* store) {
     chunk_sizes[c] = LoadU64(q.chunk_offsets, c + 1) - LoadU64(q.chunk_offsets, c);
   }
   for (uint64_t j = 0; j < q.num_refs; ++j) {
-    refs[j] = static_cast<uint32_t>(std::min<uint64_t>(LoadU64(q.item_chunks, j), 0xFFFFFFFFu));
+    refs[j] = LoadU64(q.item_chunks, j);
   }
   for (uint64_t i = 0; i <= q.count; ++i) ref_offsets[i] = LoadU64(q.item_chunk_offsets, i);
   apexrl::ChunkBatch batch;
@@ -180,6 +180,8 @@ void InsertWithChunks(const Request& q, apexrl::ShardedStore* store) {
   bool refused = false;
   try {
     store->Insert(priorities.data(), items.data(), sizes.data(), q.count, keys.data(), &batch);
+  } catch (const apexrl::StaleChunks&) {
+    refused = true;  // well-formed chunk keys of chunks this store does not hold: the store's check alone
   } catch (const apexrl::InvalidArgument& e) {
     refused = true;  // refused whole
     if (!why) {

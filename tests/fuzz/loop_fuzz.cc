@@ -240,7 +240,9 @@ class Fuzz {
     auto& r = c->refs[Uniform(0, c->items.size() - 1)];
     switch (Uniform(0, 2)) {
       case 0:
-        r.push_back(Pick({m, m + 1, uint64_t{1} << 32, uint64_t{1} << 40, ~uint64_t{0}, (uint64_t{1} << 32) + m}));
+        // Past the request's chunks and no chunk key either (a tag of generation 0 or epoch 0; ~0 would be a
+        // well-formed chunk key, refused as STALE_CHUNKS by the store instead).
+        r.push_back(Pick({m, m + 1, uint64_t{1} << 32, uint64_t{1} << 40, uint64_t{1} << 63, (uint64_t{1} << 32) + m}));
         break;
       case 1:
         if (!r.empty()) {
@@ -636,7 +638,7 @@ class Fuzz {
           // Table 0's keys (and random ones) on table 1: stale there, never one of its items.
           CHECK(h.count == 0, std::to_string(h.count) + " of table 0's keys were present in table 1");
         }
-        if (h.status == kOk && s.op == kInsert && r.frames.size() == 2) {
+        if (h.status == kOk && s.op == kInsert && r.frames.size() == 3) {
           for (Key k : KeysOf(r.frames[1])) CHECK(!live_items_.count(k), "table 1 issued a key of table 0");
         }
       } else {
@@ -663,7 +665,7 @@ class Fuzz {
   void Served(Sent& s, const ReplyHeader& h, const Frames& f) {
     switch (h.op) {
       case kInsert: {
-        CHECK(f.size() == 2, "an INSERT reply has " + std::to_string(f.size()) + " frames");
+        CHECK(f.size() == 3, "an INSERT reply has " + std::to_string(f.size()) + " frames");
         Request q;
         Message m;
         std::vector<FrameView> views;
@@ -681,6 +683,7 @@ class Fuzz {
         CHECK(fresh == keys.size(), "an INSERT reply mixes known and new keys");
         CHECK(keys.size() == q.count,
               "an INSERT of " + std::to_string(q.count) + " got " + std::to_string(keys.size()) + " keys");
+        CHECK(KeysOf(f[2]).size() == q.num_chunks, "an INSERT's chunk keys differ from its chunks in number");
         std::vector<uint64_t> chunk_ids;
         for (uint64_t c = 0; c < q.num_chunks; ++c) {
           const uint64_t at = LoadU64(q.chunk_offsets, c);

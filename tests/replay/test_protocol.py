@@ -216,18 +216,18 @@ HEADER_CASES = {
     "op 0": (raw_header(op=0), Status.UNKNOWN_OP, r"op 0 is unknown"),
     "op 8": (raw_header(op=8), Status.UNKNOWN_OP, r"op 8 is unknown"),
     "op 65535": (raw_header(op=65535), Status.UNKNOWN_OP, r"op 65535 is unknown"),
-    "status 9": (raw_header(status=9), Status.BAD_MESSAGE, r"status 9 is unknown"),
+    "status 10": (raw_header(status=10), Status.BAD_MESSAGE, r"status 10 is unknown"),
 }
-for _version in (0, 1, 2, 3, 4, 6, 255, 65535):
+for _version in (0, 1, 2, 3, 4, 5, 7, 255, 65535):
     HEADER_CASES[f"version {_version}"] = (
         raw_header(version=_version),
         Status.UNSUPPORTED_VERSION,
-        rf"protocol version {_version} is not supported; supported versions: 5",
+        rf"protocol version {_version} is not supported; supported versions: 6",
     )
-HEADER_CASES["version 6 with a longer header"] = (
-    raw_header(version=6) + b"\0" * 8,
+HEADER_CASES["version 7 with a longer header"] = (
+    raw_header(version=7) + b"\0" * 8,
     Status.UNSUPPORTED_VERSION,
-    r"version 6 is not supported",
+    r"version 7 is not supported",
 )
 
 
@@ -507,13 +507,13 @@ REPLY_CASES = {
         r"request_id 4",
     ),
     "insert reply keys too short": (
-        [raw_header(op=1, count=2), u64(1)],
+        [raw_header(op=1, count=2), u64(1), b""],
         Op.INSERT,
         5,
         Status.BAD_MESSAGE,
         r"INSERT reply frame keys is 8 bytes, expected 16",
     ),
-    "insert reply without keys": ([raw_header(op=1, count=0)], Op.INSERT, 5, Status.BAD_MESSAGE, r"must have 2 frames"),
+    "insert reply without keys": ([raw_header(op=1, count=0)], Op.INSERT, 5, Status.BAD_MESSAGE, r"must have 3 frames"),
     "sample reply missing data": (
         _sample_reply()[:5],
         Op.SAMPLE,
@@ -684,7 +684,7 @@ REPLY_CASES = {
         Op.STATS,
         5,
         Status.UNSUPPORTED_VERSION,
-        r"version 1 is not supported; supported versions: 5",
+        r"version 1 is not supported; supported versions: 6",
     ),
 }
 
@@ -986,7 +986,7 @@ VALID_VALUES = {  # (kind, op) -> (frame values in the schema's order, header fi
     ("request", Op.HELLO): (('{"a": 1}',), {}),
     ("request", Op.ERASE): ((np.array([1, 2], np.uint64),), {}),
     ("request", Op.GET_PARAMS): ((np.array([7, 9], np.uint64),), {}),
-    ("reply", Op.INSERT): ((np.array([4, 5, 6], np.uint64),), {}),
+    ("reply", Op.INSERT): ((np.array([4, 5, 6], np.uint64), np.array([1 << 52], np.uint64)), {}),
     ("reply", Op.SAMPLE): (
         (
             np.array([4, 5, 6], np.uint64),

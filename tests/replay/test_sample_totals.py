@@ -95,7 +95,7 @@ def test_a_version_2_peer_is_refused_and_the_server_keeps_serving(start_server, 
     frames = sock.recv_multipart()
     reply = P.decode_reply(frames, P.Op.SAMPLE, 41)
     assert reply.status == P.Status.UNSUPPORTED_VERSION
-    assert reply.message == "protocol version 2 is not supported; supported versions: 5"
+    assert reply.message == "protocol version 2 is not supported; supported versions: 6"
     with ReplayClient(server.endpoint, timeout=10) as client:
         client.insert([1.0], [b"x"])
         assert client.sample(2).size == 1

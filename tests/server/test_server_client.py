@@ -157,12 +157,12 @@ def test_malformed_messages_get_error_replies_and_server_keeps_serving(start_ser
     expect([b"XXXX" + header[4:]], P.Status.BAD_MESSAGE)
     expect([header[:20]], P.Status.BAD_MESSAGE, 77, "expected 40")
     expect([header + b"\0"], P.Status.BAD_MESSAGE, 77)
-    v6 = bytearray(header)
-    v6[4:6] = struct.pack("<H", 6)
-    expect([bytes(v6) + b"more"], P.Status.UNSUPPORTED_VERSION, 77, "protocol version 6 is not supported")
-    v4 = bytearray(header)  # a client of the protocol before tables is told both versions
-    v4[4:6] = struct.pack("<H", 4)
-    expect([bytes(v4)], P.Status.UNSUPPORTED_VERSION, 77, "protocol version 4 is not supported; supported versions: 5")
+    v7 = bytearray(header)
+    v7[4:6] = struct.pack("<H", 7)
+    expect([bytes(v7) + b"more"], P.Status.UNSUPPORTED_VERSION, 77, "protocol version 7 is not supported")
+    v5 = bytearray(header)  # a client of the protocol before chunk keys is told both versions
+    v5[4:6] = struct.pack("<H", 5)
+    expect([bytes(v5)], P.Status.UNSUPPORTED_VERSION, 77, "protocol version 5 is not supported; supported versions: 6")
     expect([P.Header(99, 78).pack()], P.Status.UNKNOWN_OP, 78)
     expect([header, b"extra"], P.Status.BAD_MESSAGE, 77, "frames")
     ins = _valid_requests(79)[0]

@@ -201,7 +201,7 @@ def test_unknown_table_is_refused_and_the_server_keeps_serving(server, client):
 
 def test_hello_and_stats_describe_every_table(client):
     info = client.hello()
-    assert info.protocol_version == P.PROTOCOL_VERSION == 5
+    assert info.protocol_version == P.PROTOCOL_VERSION == 6
     assert [(t["index"], t["name"]) for t in info.tables] == [(0, "default"), (1, "aux"), (2, "queue")]
     by_name = {t["name"]: t for t in info.tables}
     assert by_name["aux"]["remover"] == "uniform" and by_name["aux"]["capacity"] == 50

@@ -295,20 +295,20 @@ def test_sampler_arguments_are_checked():
 
 
 def as_format3(data: bytes) -> bytes:
-    """A format-4 snapshot of a store without a limit (every times_sampled 0) rewritten as format 3: no sampler
-    and max_times_sampled in the header, no times_sampled per item, six counters per shard."""
+    """A format-5 snapshot of a store without a limit (every times_sampled 0) and without chunks rewritten as
+    format 3: no sampler and max_times_sampled in the header, no times_sampled per item, six counters per shard
+    (format 5 differs from 4 only in its chunks' tags)."""
     head = struct.calcsize("<8sIIQQdIIdQ")
     version, shards = struct.unpack_from("<I", data, 8)[0], struct.unpack_from("<I", data, 8 + 4 + 4 + 8 + 8 + 8)[0]
-    assert version == 4 and struct.unpack_from("<II", data, head) == (0, 0)
+    assert version == 5 and struct.unpack_from("<II", data, head) == (0, 0)
     out = bytearray(data[:8] + struct.pack("<I", 3) + data[12:head])
     pos = head + 8
     for _ in range(shards):
         _, num_slots = struct.unpack_from("<IQ", data, pos)
         end = pos + 12 + 4 * num_slots
         (num_chunks,) = struct.unpack_from("<Q", data, end)
+        assert num_chunks == 0
         end += 8
-        for _ in range(num_chunks):
-            end += 8 + struct.unpack_from("<II", data, end)[1]
         (num_live,) = struct.unpack_from("<Q", data, end)
         end += 8
         out += data[pos:end]

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from apexrl import PrioritizedStore
+from apexrl._core import StaleChunksError
 
 NO_CEILING = 10**8
 MAX_CHUNKS_PER_ITEM = 16
@@ -141,9 +142,9 @@ def test_chunks_model(tmp_path):
     ("chunks", "refs", "message"),
     [
         ([b"a", b"b"], [[0], [0]], r"chunks\[1\] is referenced by no item"),
-        ([b"a"], [[0], [1]], r"items\[1\] references chunk 1 of 1"),
+        ([b"a"], [[0], [1]], r"items\[1\] references chunk 1: neither one of the call's 1 chunks nor a chunk key"),
         ([b"a"], [[0, 0], []], r"items\[0\] references chunk 0 twice"),
-        ([bytes([c]) for c in range(17)], [list(range(17)), []], r"at most 16"),
+        ([bytes([c % 256]) for c in range(4097)], [list(range(4097)), []], r"at most 4096"),
         ([], [[], []], None),  # no chunks, no references: accepted
     ],
     ids=["unreferenced", "out of range", "twice", "too many", "empty"],
@@ -238,15 +239,54 @@ def test_format2_snapshot_still_loads(tmp_path):
         assert bytes(item) == by_key[key]
     assert len(batch.chunks) == 0 and not batch.item_chunk_offsets.any()
     assert store.update_priorities(np.array(keys, dtype=np.uint64), [1.0, 1.0, 1.0]) == 3  # old keys still valid
-    # saved again, it is a file of the current format (4) that loads too
-    store.save(tmp_path / "v4.snap")
-    assert struct.unpack_from("<I", (tmp_path / "v4.snap").read_bytes(), 8)[0] == 4
-    assert len(PrioritizedStore.load(tmp_path / "v4.snap")) == 3
+    # saved again, it is a file of the current format (5) that loads too
+    store.save(tmp_path / "v5.snap")
+    assert struct.unpack_from("<I", (tmp_path / "v5.snap").read_bytes(), 8)[0] == 5
+    assert len(PrioritizedStore.load(tmp_path / "v5.snap")) == 3
 
 
 def test_newer_format_is_refused_with_a_clear_message(tmp_path):
     data, _ = format2_snapshot([(1.0, b"x")])
-    body = data[:8] + struct.pack("<I", 5) + data[12:-4]
-    (tmp_path / "v5.snap").write_bytes(body + struct.pack("<I", crc32c(body)))
-    with pytest.raises(Exception, match=r"format version 5; this build reads versions 2 to 4 \(written by a newer"):
-        PrioritizedStore.load(tmp_path / "v5.snap")
+    body = data[:8] + struct.pack("<I", 6) + data[12:-4]
+    (tmp_path / "v6.snap").write_bytes(body + struct.pack("<I", crc32c(body)))
+    with pytest.raises(Exception, match=r"format version 6; this build reads versions 2 to 5 \(written by a newer"):
+        PrioritizedStore.load(tmp_path / "v6.snap")
+
+
+def test_stored_chunks_are_referenced_by_key_until_their_last_item_goes():
+    store = PrioritizedStore(capacity=100, shards=4)
+    keys, chunk_keys = store.insert(
+        [1.0, 1.0],
+        [b"a", b"b"],
+        chunks=[b"x" * 10, b"y" * 20],
+        item_chunks=[0, 0, 1],
+        item_chunk_offsets=[0, 1, 3],
+        return_chunk_keys=True,
+    )
+    assert chunk_keys.dtype == np.uint64 and len(set(chunk_keys.tolist())) == 2
+    # A later call references the stored chunk y by key, beside a new chunk of its own: stored on y's shard.
+    more, new = store.insert(
+        [1.0],
+        [b"c"],
+        chunks=[b"z"],
+        item_chunks=[int(chunk_keys[1]), 0],
+        item_chunk_offsets=[0, 2],
+        return_chunk_keys=True,
+    )
+    assert int(more[0]) & 0xFF == int(chunk_keys[1]) & 0xFF == int(new[0]) & 0xFF
+    assert store.stats()["chunks"] == 3 and store.stats()["chunk_bytes"] == 31
+    batch = store.sample(16)
+    for i, key in enumerate(batch.keys.tolist()):
+        refs = batch.item_chunks[batch.item_chunk_offsets[i] : batch.item_chunk_offsets[i + 1]].tolist()
+        got = [bytes(batch.chunks[c]) for c in refs]
+        assert (
+            got
+            == {int(keys[0]): [b"x" * 10], int(keys[1]): [b"x" * 10, b"y" * 20], int(more[0]): [b"y" * 20, b"z"]}[key]
+        )
+    # x goes with its last item; a reference to it is then refused whole, naming it, and changes nothing.
+    assert store.erase(keys) == 2
+    before = store.stats()
+    with pytest.raises(StaleChunksError, match=str(int(chunk_keys[0]))):
+        store.insert([1.0], [b"d"], chunks=[], item_chunks=[int(chunk_keys[0])], item_chunk_offsets=[0, 1])
+    assert store.stats() == before
+    store.check_invariants()

@@ -370,7 +370,7 @@ def test_truncations_of_a_larger_snapshot_raise_snapshot_error(tmp_path):
     [
         (lambda d: b"", r"too short"),
         (lambda d: b"NOTASNAP" + d[8:], r"bad magic"),
-        (lambda d: d[:8] + (5).to_bytes(4, "little") + d[12:], r"version 5"),
+        (lambda d: d[:8] + (6).to_bytes(4, "little") + d[12:], r"version 6"),
         (lambda d: d + b"\0", r"unexpected bytes after the checksum"),
         (lambda d: d[:-1] + bytes([d[-1] ^ 1]), r"checksum"),
         (lambda d: b"this is a text file, not a snapshot\n" * 3, r"bad magic"),

@@ -93,6 +93,9 @@ bool Handlers::Serve(Call* c, double now, Reply* reply) {
       default:
         throw std::logic_error(std::string("op ") + std::to_string(q.op) + " reached the data path");
     }
+  } catch (const StaleChunks& e) {  // stored chunks the INSERT references are gone: the sender sends them again
+    *reply = ErrorReply(q.op, q.request_id, kStaleChunks, std::string("INSERT refused, nothing stored: ") + e.what());
+    return true;
   } catch (const InvalidArgument& e) {  // the store rejected the values
     *reply = ErrorReply(q.op, q.request_id, kInvalidArgument, e.what());
     return true;
@@ -166,9 +169,18 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
     std::vector<Key> keys;
     const double deadline = c->t_arrival + std::min(q.timeout_ms / 1000.0, max_wait_s_);
     switch (window_->TryClaim(id, c->serial, deadline, now, &keys)) {
-      case InsertWindow::Claim::kDone:  // answered with the keys of the request that stored it
-        *reply = InsertReply(q.request_id, std::move(keys));
+      case InsertWindow::Claim::kDone: {  // answered with the keys of the request that stored it
+        // The window holds the item keys, the chunk keys, then the number of items (see below).
+        std::vector<Key> chunk_keys;
+        if (!keys.empty()) {
+          const size_t n = std::min<size_t>(keys.back(), keys.size() - 1);
+          keys.pop_back();
+          chunk_keys.assign(keys.begin() + static_cast<std::ptrdiff_t>(n), keys.end());
+          keys.resize(n);
+        }
+        *reply = InsertReply(q.request_id, std::move(keys), std::move(chunk_keys));
         return true;
+      }
       case InsertWindow::Claim::kBusy:  // its first request waits: answer this one after it
         c->behind_id = true;
         if (can_wait) return false;
@@ -224,7 +236,7 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
     }
     chunk_refs_.resize(q.num_refs);
     for (uint64_t j = 0; j < q.num_refs; ++j) {
-      chunk_refs_[j] = static_cast<uint32_t>(LoadU64(q.item_chunks, j));  // < num_chunks <= kMaxBatchItems
+      chunk_refs_[j] = LoadU64(q.item_chunks, j);  // a request index or a stored chunk key
     }
     chunk_ref_offsets_ = Aligned<uint64_t>(q.item_chunk_offsets, q.count + 1);
     chunks.data = chunk_ptrs_.data();
@@ -233,7 +245,11 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
     chunks.item_chunks = chunk_refs_.data();
     chunks.item_chunk_offsets = chunk_ref_offsets_.data();
   }
-  std::vector<Key> keys(q.count);
+  // The items' keys, then the chunks', then the number of items: what the insert-id window keeps, so that a retry
+  // (which may carry other frames) is answered with both.
+  std::vector<Key> keys(q.count + q.num_chunks + 1);
+  keys.back() = q.count;
+  chunks.chunk_keys = keys.data() + q.count;
   try {
     store_->Insert(priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count, keys.data(),
                    with_chunks ? &chunks : nullptr);
@@ -245,18 +261,22 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
   if (!q.max_priority) NoteMaxPriority(priorities.data(), q.count);
   if (has_id) window_->Finish(id, c->serial, keys.data(), keys.size());
   // An item's share of a SAMPLE reply: its bytes, and at most every chunk it references (8 bytes of reference
-  // and of chunk offset each) when no other draw of the batch brought them.
-  uint64_t largest = 0;
+  // and of chunk offset each) when no other draw of the batch brought them. A chunk stored by an earlier request
+  // counts as the request's largest chunk (a trajectory writer's chunks are of one size, give or take).
+  uint64_t largest = 0, largest_chunk = 0;
+  for (uint64_t k = 0; k < q.num_chunks; ++k) largest_chunk = std::max(largest_chunk, chunk_sizes_[k]);
   for (uint64_t i = 0; i < q.count; ++i) {
     uint64_t bytes = item_sizes_[i];
     if (with_chunks) {
       for (uint64_t j = chunk_ref_offsets_[i]; j < chunk_ref_offsets_[i + 1]; ++j) {
-        bytes += chunk_sizes_[chunk_refs_[j]] + 16;
+        bytes += (chunk_refs_[j] < q.num_chunks ? chunk_sizes_[chunk_refs_[j]] : largest_chunk) + 16;
       }
     }
     largest = std::max(largest, bytes);
   }
-  *reply = InsertReply(q.request_id, std::move(keys));
+  std::vector<Key> chunk_keys(keys.begin() + static_cast<std::ptrdiff_t>(q.count), keys.end() - 1);
+  keys.resize(q.count);
+  *reply = InsertReply(q.request_id, std::move(keys), std::move(chunk_keys));
   reply->max_item_bytes = largest;
   return true;
 }

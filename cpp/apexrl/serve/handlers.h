@@ -77,7 +77,7 @@ class Handlers {
   std::vector<uint64_t> item_sizes_;
   std::vector<const uint8_t*> chunk_ptrs_;
   std::vector<uint64_t> chunk_sizes_;
-  std::vector<uint32_t> chunk_refs_;
+  std::vector<uint64_t> chunk_refs_;
   std::vector<uint64_t> chunk_ref_offsets_;
   std::vector<double> priority_scratch_;  // its priorities, aligned, for the store's check
 };

@@ -22,9 +22,10 @@ using apexrl::ItemLayout;
 using apexrl::ItemSpans;
 
 // The message naming the first problem of a decoded INSERT's own content that the store would refuse, or
-// nothing: each item's size and chunk references against the request's own chunk frames (in range, distinct,
-// at most kMaxChunksPerItem per item), each chunk's size, every chunk referenced by an item, no chunks without
-// items. The store's rules and messages (ShardedStore::Insert), but on the u64 values sent, so the message
+// nothing: each item's size and chunk references (each one of the request's own chunk frames or a well-formed
+// chunk key, stored chunks all of one shard, distinct, at most kMaxChunksPerItem per item; whether a chunk key
+// is still live is the store's check, StaleChunks), each chunk's size, every chunk referenced by an item, no chunks
+// without items. The store's rules and messages (ShardedStore::Insert), but on the u64 values sent, so the message
 // names the value sent. The loop runs it once, when the request is decoded: before the insert-id window and
 // the rate limiter, so such a request is INVALID_ARGUMENT whatever the server's state (never TIMEOUT, never the
 // keys of an earlier request with its insert id), and every later step may trust the references. (With it the

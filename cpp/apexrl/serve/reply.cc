@@ -32,6 +32,8 @@ FrameView Reply::Frame(size_t i) const {
       return FrameView{sample->chunk_data.data(), sample->chunk_data.size()};
     case kChunkOffsets:
       return bytes(sample->chunk_offsets);
+    case kChunkKeys:
+      return bytes(chunk_keys);
   }
   return FrameView{};
 }
@@ -58,12 +60,14 @@ Reply CountReply(uint16_t op, uint64_t rid, uint64_t count) {
   return r;
 }
 
-Reply InsertReply(uint64_t rid, std::vector<Key> keys) {
+Reply InsertReply(uint64_t rid, std::vector<Key> keys, std::vector<Key> chunk_keys) {
   Reply r;
   r.op = kInsert;
   r.Add(EncodeHeader(kInsert, rid, kOk, static_cast<uint32_t>(keys.size())));
   r.keys = std::move(keys);
+  r.chunk_keys = std::move(chunk_keys);
   r.layout.emplace_back(Reply::kKeys, 0);
+  r.layout.emplace_back(Reply::kChunkKeys, 0);
   return r;
 }
 

@@ -34,13 +34,15 @@ struct Reply {
     kItemChunks,
     kItemChunkOffsets,
     kChunkData,
-    kChunkOffsets
+    kChunkOffsets,
+    kChunkKeys
   };
   uint16_t op = 0;
   uint16_t status = kOk;
   std::vector<std::string> parts;
   std::unique_ptr<SampleResult> sample;
   std::vector<Key> keys;
+  std::vector<Key> chunk_keys;  // an INSERT reply's: the keys of the chunks it stored, in request order
   std::vector<std::pair<Source, size_t>> layout;
   // An INSERT the store took: its largest item's share of a SAMPLE reply (bytes, and those of the chunks it
   // references), measured on the batch the store accepted. 0 for every other reply, a repeated insert id's
@@ -57,7 +59,7 @@ struct Reply {
 
 Reply ErrorReply(uint16_t op, uint64_t rid, uint16_t status, const std::string& message);
 Reply CountReply(uint16_t op, uint64_t rid, uint64_t count);  // UPDATE_PRIORITIES, ERASE, REMOVE_TO_FIT
-Reply InsertReply(uint64_t rid, std::vector<Key> keys);
+Reply InsertReply(uint64_t rid, std::vector<Key> keys, std::vector<Key> chunk_keys);
 Reply SampleReply(uint64_t rid, std::unique_ptr<SampleResult> s);
 
 // Sample results whose reply libzmq has sent, kept for the next SAMPLE: their buffers are reused as they are

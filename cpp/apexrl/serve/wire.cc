@@ -192,7 +192,8 @@ Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
     return Refuse(kUnknownOp, "header op " + Str(h->op) + " is unknown; known ops: [1, 2, 3, 4, 5, 6, 7]");
   }
   if (h->status > kMaxStatus) {
-    return Refuse(kBadMessage, "header status " + Str(h->status) + " is unknown; known: [0, 1, 2, 3, 4, 5, 6, 7, 8]");
+    return Refuse(kBadMessage,
+                  "header status " + Str(h->status) + " is unknown; known: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]");
   }
   if (h->table != 0 && !NamesTable(h->op)) {
     return Refuse(kBadMessage,

@@ -16,7 +16,7 @@ namespace apexrl::serve {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire is little-endian; so must the host be");
 
 inline constexpr char kMagic[4] = {'A', 'P', 'X', 'R'};
-inline constexpr uint16_t kProtocolVersion = 5;
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kHeaderSize = 40;
 inline constexpr uint32_t kMaxBatch = 1u << 20;
 inline constexpr size_t kMaxErrorMessage = 64 * 1024;
@@ -43,8 +43,9 @@ enum Status : uint16_t {
   kTimeout = 6,
   kShuttingDown = 7,
   kInternal = 8,
+  kStaleChunks = 9,  // an INSERT referenced stored chunks that are gone (version 6); nothing stored
 };
-inline constexpr uint16_t kMaxStatus = 8;
+inline constexpr uint16_t kMaxStatus = 9;
 
 // The header's fields in wire order: byte offset and size (schema.HEADER_FIELDS). The decoder reads the header
 // through this table; tests/server/test_native_protocol.py holds it to the schema.

@@ -18,12 +18,12 @@ The ``.npz`` layout (docs/offline.md), N items, one array per name::
     <field>       (N, *shape)   one array per field of the spec (obs, action, reward, discount, next_obs for the
                                 built-in agents), in the spec's dtype
 
-Snapshot layout (format version 4, little-endian, written by ``ShardedStore::Save`` and ``Shard::Serialize``)::
+Snapshot layout (format version 5, little-endian, written by ``ShardedStore::Save`` and ``Shard::Serialize``)::
 
     "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards |
     u32 eviction | f64 alpha_evict | u64 seed | u32 sampler | u32 max_times_sampled |
     per shard: u32 index | u64 num_slots | u32 tag[num_slots] |
-               u64 num_chunks | per chunk: u32 id | u32 size | size bytes |
+               u64 num_chunks | per chunk: u32 id | u32 tag | u32 size | size bytes |
                u64 num_live |
                per item, oldest first: u32 slot | u64 seq | f64 priority | u32 size | u32 num_chunks |
                                        u32 times_sampled | u32 chunk_id[num_chunks] | size bytes |
@@ -31,9 +31,9 @@ Snapshot layout (format version 4, little-endian, written by ``ShardedStore::Sav
     u64 next_seq | u64 next_shard | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys |
     "APXRLEND" | u32 crc32c
 
-Format 3 (before samplers) has no sampler, max_times_sampled, times_sampled nor the seventh counter
+Format 4 (before chunk keys) has no chunk tags. Format 3 (before samplers) has no sampler, max_times_sampled, times_sampled nor the seventh counter
 (removed_by_sampling); format 2 (before frame chunks) also has neither the chunk table nor the items' num_chunks
-and chunk ids. All three read.
+and chunk ids. All four read.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ __all__ = [
     "read_snapshot",
 ]
 
-SNAPSHOT_VERSION = 4
+SNAPSHOT_VERSION = 5
 """The snapshot format the store writes (``kSnapshotVersion`` in cpp/apexrl/sharded_store.cc)."""
-SNAPSHOT_VERSIONS = (2, 3, 4)
+SNAPSHOT_VERSIONS = (2, 3, 4, 5)
 """The formats this reader knows."""
 RESERVED = ("keys", "priorities", "insertion", "spec", "store")
 """Names of the ``.npz`` arrays that are not transition fields."""
@@ -141,8 +141,12 @@ def _parse(buf: bytes) -> SnapshotItems:
             (num_chunks,) = struct.unpack_from("<Q", buf, pos)
             pos += 8
             for _ in range(num_chunks):
-                cid, csize = struct.unpack_from("<II", buf, pos)
-                pos += 8
+                if version >= 5:  # u32 id, u32 tag, u32 size
+                    cid, _tag, csize = struct.unpack_from("<III", buf, pos)
+                    pos += 12
+                else:
+                    cid, csize = struct.unpack_from("<II", buf, pos)
+                    pos += 8
                 table[cid] = len(frame_chunks)
                 frame_chunks.append(buf[pos : pos + csize])
                 pos += csize

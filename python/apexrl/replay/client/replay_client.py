@@ -26,7 +26,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,11 +42,15 @@ from apexrl.replay.client.inserter import InsertTooLargeError, PipelinedInserter
 from apexrl.replay.client.sampler import LearnerBatch, PrefetchingSampler, SlotDecoder
 from apexrl.replay.client.updater import AsyncUpdater
 from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire import steps as S
 from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.schema import peek_ids
 from apexrl.replay.wire.structure import flatten, infer_spec, structure_mismatch, unflatten
 from apexrl.replay.wire.transport import Transport, TransportClient
 from apexrl.security import ClientKeys
+
+if TYPE_CHECKING:
+    from apexrl.replay.client.trajectory import TrajectoryWriter
 
 __all__ = [
     "AsyncUpdater",
@@ -85,11 +89,19 @@ class SampledBatch:
     _fields: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     _resolve: Callable[[SampledBatch], TransitionSpec | None] | None = field(default=None, repr=False, compare=False)
 
+    # Sequence items (a TrajectoryWriter's, protocol 6): the steps decoded (wire/steps.py, SequenceBatch). fields:
+    # nested like the appended steps, arrays (n, T, ...); mask (n, T): valid steps; extras: arrays (n, ...);
+    # sequences.valid: False for an item that could not be decoded. None for other items.
+    sequences: S.SequenceBatch | None = None
+
     @property
     def fields(self) -> dict[str, Any]:
-        """The items decoded into the table's structure: the (nested) mapping of numpy arrays they were inserted
-        as, each with leading dimension n. Decoded natively (GIL released) on first access, then kept.
-        ValueError when the table has no pinned structure or an item is not in it."""
+        """The items decoded into the table's structure: for a TrajectoryWriter's sequence items the appended
+        steps' nesting with arrays (n, T, ...) (see ``mask`` and ``extras``); else the (nested) mapping of numpy
+        arrays they were inserted as, each with leading dimension n, decoded natively (GIL released) on first
+        access, then kept. ValueError when the table has no pinned structure or an item is not in it."""
+        if self.sequences is not None:
+            return self.sequences.fields
         if self._fields is None:
             if self.spec is None and self._resolve is not None:
                 self.spec = self._resolve(self)  # the table may have been pinned since the client's last HELLO
@@ -102,6 +114,16 @@ class SampledBatch:
             flat = spec.decode_into(self.data, self.offsets, spec.empty_batch(len(self)))
             self._fields = unflatten(flat)
         return self._fields
+
+    @property
+    def mask(self) -> np.ndarray | None:
+        """Sequence items: (n, T) bool, True on an item's valid steps; None for other items."""
+        return None if self.sequences is None else self.sequences.mask
+
+    @property
+    def extras(self) -> dict[str, Any] | None:
+        """Sequence items: the per-item extras, arrays (n, ...); None for other items."""
+        return None if self.sequences is None else self.sequences.extras
 
     @property
     def items(self) -> list[memoryview]:
@@ -153,8 +175,18 @@ def sampled_batch(reply: P.Reply) -> SampledBatch:
     a = reply.arrays
     totals = a["totals"]
     chunks = None
+    sequences = None
     if a["item_chunks"].shape[0] or a["chunk_offsets"].shape[0] > 1:
         chunks = P.FrameChunks(a["item_chunks"], a["item_chunk_offsets"], a["chunk_data"], a["chunk_offsets"])
+        items = P.split_items(a["offsets"], a["data"])
+        if items and S.is_sequence_item(items[0]):
+            sequences = S.decode_sequences(
+                items,
+                chunks.chunks(),
+                [chunks.refs(i) for i in range(len(items))],
+                chunk_data=chunks.chunk_data,
+                chunk_offsets=chunks.chunk_offsets,
+            )
     return SampledBatch(
         a["keys"],
         a["weights"],
@@ -165,6 +197,7 @@ def sampled_batch(reply: P.Reply) -> SampledBatch:
         float(totals[1]),
         int(a["store_size"][0]),
         chunks,
+        sequences=sequences,
     )
 
 
@@ -328,6 +361,49 @@ class ReplayClient(TransportClient):
         )
         reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
         return reply.arrays["keys"]
+
+    def insert_with_chunk_keys(
+        self,
+        priorities: Any,
+        items: Sequence[Any],
+        *,
+        chunks: P.FrameChunks,
+        timeout: float | None = None,
+        insert_id: tuple[int, int] | None = None,
+        table: str | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`insert` with chunks whose references may be chunk keys of chunks stored earlier (protocol 6)
+        -> (item keys u64[n], chunk keys u64[chunks]: the keys of this request's chunks, in its order).
+        StaleChunksError (nothing stored) when a referenced stored chunk is gone."""
+        data, offsets = _data_and_offsets(items, None, None)
+        wait_s, _ = P.server_wait(timeout)
+        frames = self.prepare_insert(
+            priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks, table=table
+        )
+        reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
+        return reply.arrays["keys"], reply.arrays["chunk_keys"]
+
+    def writer(
+        self,
+        max_sequence_length: int,
+        chunk_length: int | None = None,
+        *,
+        flush_items: int = 8,
+        timeout: float | None = None,
+    ) -> TrajectoryWriter:
+        """A :class:`~apexrl.replay.client.trajectory.TrajectoryWriter`: append steps once, create items that are
+        step ranges of the last ``max_sequence_length`` steps, in any table (``create_item(table, ...)``). It owns
+        its own connection (same endpoint and timeout); ``chunk_length`` steps per chunk (default
+        min(10, max_sequence_length)); ``timeout``: the server-side rate-limiter wait of its inserts."""
+        from apexrl.replay.client.trajectory import TrajectoryWriter
+
+        return TrajectoryWriter(
+            self._same_endpoint,
+            max_sequence_length,
+            chunk_length,
+            flush_items=flush_items,
+            timeout=timeout,
+        )
 
     def next_insert_id(self) -> tuple[int, int]:
         """A fresh insert id (this client's session nonce, the next sequence number): pass it to every attempt

@@ -871,9 +871,9 @@ def encode_get_params(request_id: int, version: int, server_id: int) -> list[Fra
     return _encode(_REQUEST_PLANS[Op.GET_PARAMS], request_id, ((version, server_id),))
 
 
-def encode_insert_reply(request_id: int, keys: Any) -> list[Frame]:
-    """INSERT OK reply: [header(count=n), keys u64[n]]."""
-    return _encode(_INSERT_REPLY_PLAN, request_id, (keys,))
+def encode_insert_reply(request_id: int, keys: Any, chunk_keys: Any = ()) -> list[Frame]:
+    """INSERT OK reply: [header(count=n), keys u64[n], chunk_keys u64[chunks]]."""
+    return _encode(_INSERT_REPLY_PLAN, request_id, (keys, np.asarray(chunk_keys, dtype=np.uint64)))
 
 
 def encode_sample_reply(

@@ -42,8 +42,8 @@ __all__ = [
     "peek_ids",
 ]
 
-PROTOCOL_VERSION = 5
-SUPPORTED_VERSIONS = (5,)
+PROTOCOL_VERSION = 6
+SUPPORTED_VERSIONS = (6,)
 MAGIC = b"APXR"
 
 MAX_BATCH = 1 << 20
@@ -70,6 +70,7 @@ class Status(IntEnum):
     TIMEOUT = 6
     SHUTTING_DOWN = 7
     INTERNAL = 8
+    STALE_CHUNKS = 9
 
 
 STATUS_MEANINGS = {
@@ -82,6 +83,8 @@ STATUS_MEANINGS = {
     Status.TIMEOUT: "the server could not serve within `timeout_ms`",
     Status.SHUTTING_DOWN: "the server is stopping",
     Status.INTERNAL: "unexpected server failure",
+    Status.STALE_CHUNKS: "an INSERT references stored chunks (by chunk key) that are gone; nothing stored, the "
+    "message lists the keys",
 }
 
 
@@ -247,7 +250,8 @@ _ITEM_CHUNKS = FrameSpec(
     "item_chunks",
     "u64",
     "any",
-    meaning="the items' chunk references (indices into this message's chunks), concatenated",
+    meaning="the items' chunk references, concatenated: a value below the message's chunk count is an index into "
+    "its chunks, any other (INSERT only) the chunk key of a chunk stored earlier",
 )
 _ITEM_CHUNK_OFFSETS = FrameSpec(
     "item_chunk_offsets",
@@ -275,8 +279,10 @@ REQUESTS: dict[Op, MessageSpec] = {
         timeout_ms=True,
         meaning="store n items, once per insert_id; waits up to timeout_ms while the rate limiter holds inserts "
         "back; refused whole (INVALID_ARGUMENT) if an item does not match the server's spec, or if an item's "
-        "chunk references are out of range, repeated or more than 16, or a chunk is referenced by no item "
-        "(no chunks: item_chunks empty, item_chunk_offsets all 0, chunk_offsets = [0])",
+        "chunk references are neither chunks of the request nor chunk keys, repeated, more than 4096, or name "
+        "stored chunks of two shards, or a chunk is referenced by no item (no chunks: item_chunks empty, "
+        "item_chunk_offsets all 0, chunk_offsets = [0]); refused whole (STALE_CHUNKS) if a stored chunk it "
+        "references is gone",
     ),
     Op.SAMPLE: MessageSpec(
         Op.SAMPLE,
@@ -314,7 +320,14 @@ REQUESTS: dict[Op, MessageSpec] = {
 }
 
 REPLIES: dict[Op, MessageSpec] = {
-    Op.INSERT: MessageSpec(Op.INSERT, "reply", (_KEYS,), count="n", meaning="the new items' keys"),
+    Op.INSERT: MessageSpec(
+        Op.INSERT,
+        "reply",
+        (_KEYS, FrameSpec("chunk_keys", "u64", "any", meaning="the request's chunks' keys, in its order")),
+        count="n",
+        meaning="the new items' keys, and the chunk keys of the chunks the request carried (a later INSERT may "
+        "reference them while an item does)",
+    ),
     Op.SAMPLE: MessageSpec(
         Op.SAMPLE,
         "reply",
