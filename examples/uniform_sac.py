@@ -8,8 +8,9 @@ two Q critics with target copies, a tanh-Gaussian actor, the entropy temperature
     python examples/uniform_sac.py                        # Pendulum-v1, 20k environment steps
     python examples/uniform_sac.py --env MountainCarContinuous-v0 --steps 50000 --seed 1
 
-Progress: one line per finished episode, ``episode N  step S  return R``. On Pendulum-v1 the returns rise from
-about -1200..-1500 (random) towards -200 within 10-20k steps on a laptop CPU.
+Progress: one line per finished episode, ``episode N  step S  return R``. On Pendulum-v1 the returns are about
+-900..-1600 while it acts randomly (the first ``--learning-starts`` steps) and reach about -120..-250 within 5-10k
+steps (seed 0: -118 at step 8200); 20k steps took about 10 minutes on a loaded 2-core machine.
 """
 
 from __future__ import annotations

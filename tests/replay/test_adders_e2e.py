@@ -221,3 +221,19 @@ def test_episode_adder_through_the_writer_gives_the_reference_items(server, eps,
         adder.flush(timeout=30)
         adder.close()
         check_sequence_items(client, table, [(ref_steps(ep), ep.extras[0]) for ep in eps if ep.ended], 11)
+
+
+def test_writer_items_with_priority_none_get_the_tables_largest_priority(server, tmp_path):
+    """The sequence adders' default priority (None) through the writer: items of one flush that mix None and
+    numbers each get what insert would give them, in order (a request per run of either kind)."""
+    table = f"fifo{next(_tables['fifo'])}"
+    with ReplayClient(server.endpoint, timeout=30) as client:
+        with client.writer(max_sequence_length=2, flush_items=100) as w:
+            for t, priority in enumerate((None, 3.0, None, None, 5.0, None)):
+                w.append({"x": np.full(2, t, np.float32)})
+                w.create_item(table, 1, priority)  # pending until the flush: one flush, several kinds
+            w.flush(timeout=30)
+        batch = client.sample(6, table=table)  # FIFO: oldest first
+        assert batch.fields["x"][:, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
+        held = held_priorities(server, table, tmp_path)
+    assert [held[int(k)] for k in batch.keys] == [1.0, 3.0, 3.0, 3.0, 5.0, 5.0]
