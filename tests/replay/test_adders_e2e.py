@@ -33,7 +33,7 @@ from apexrl.replay import (
 from tests.replay.test_adders import canon, episodes, play, ref_sequences, ref_steps, ref_transitions
 from tests.server.test_structured import held_priorities
 
-EXAMPLES = 12  # per transition test; a fresh table each
+EXAMPLES = 15  # per hypothesis test; a fresh table each
 
 
 class KeyRecordingClient:
