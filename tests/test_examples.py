@@ -1,4 +1,4 @@
-"""The scripts of examples/ (docs/own_learner.md takes its code from them) run as a user runs them, with tiny step
+"""The scripts of examples/ (docs/own_learner.md takes its code from them: checked here) run as a user runs them, with tiny step
 counts: each starts its own in-process replay server on 127.0.0.1, writes with an adder from its environment loop,
 samples, trains, and must exit 0 having printed its progress lines. A few seconds of CPU each: they check that the
 examples work against the package as it is, not that they learn (their docstrings say how to see that)."""
@@ -48,3 +48,22 @@ def test_sequence_learner():
     assert sum(int(r) for _, _, r in episodes) <= 600  # CartPole: reward 1 per step
     done = re.search(r"^done: 600 steps, (\d+) episodes, (\d+) updates$", out, re.M)
     assert done and int(done.group(1)) == len(episodes) and int(done.group(2)) == 100, out
+
+
+def test_the_docs_code_is_the_examples_code():
+    """docs/own_learner.md takes its Python from the examples: every line of its python blocks (but ``...`` and
+    comments) is a line of one of the scripts, so the page cannot drift from code that CI runs."""
+    sources = set()
+    for script in ("uniform_sac.py", "sequence_learner.py"):
+        with open(os.path.join(EXAMPLES, script), encoding="utf-8") as f:
+            sources |= {line.strip() for line in f}
+    with open(os.path.join(os.path.dirname(EXAMPLES), "docs", "own_learner.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert len(blocks) >= 5
+    missing = []
+    for block in blocks:
+        for line in block.splitlines():
+            code = line.split("  # ")[0].strip() if not line.strip().startswith("#") else ""
+            if code and not code.startswith("...") and not any(code == s.split("  # ")[0].strip() for s in sources):
+                missing.append(code)
+    assert not missing, f"lines of docs/own_learner.md's python blocks that no example has: {missing}"
