@@ -1,7 +1,8 @@
-"""The scripts of examples/ (docs/own_learner.md takes its code from them: checked here) run as a user runs them, with tiny step
-counts: each starts its own in-process replay server on 127.0.0.1, writes with an adder from its environment loop,
-samples, trains, and must exit 0 having printed its progress lines. A few seconds of CPU each: they check that the
-examples work against the package as it is, not that they learn (their docstrings say how to see that)."""
+"""The scripts of examples/ run as a user runs them, with tiny step counts: each starts its own in-process replay
+server on 127.0.0.1, writes with an adder from its environment loop, samples, trains, and must exit 0 having
+printed its progress lines. A few seconds of CPU each: they check that the examples work against the package as it
+is, not that they learn (their docstrings say how to see that). docs/own_learner.md takes its code from them, and
+the last test holds it to them."""
 
 from __future__ import annotations
 
