@@ -237,3 +237,21 @@ def test_writer_items_with_priority_none_get_the_tables_largest_priority(server,
         assert batch.fields["x"][:, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
         held = held_priorities(server, table, tmp_path)
     assert [held[int(k)] for k in batch.keys] == [1.0, 3.0, 3.0, 3.0, 5.0, 5.0]
+
+
+@pytest.mark.parametrize("make", [lambda c, t: SequenceAdder(c, t, 3, 1), lambda c, t: EpisodeAdder(c, t, 10)])
+def test_writer_adders_refuse_extras_the_writer_cannot_store_and_change_nothing(server, make):
+    table = f"fifo{next(_tables['fifo'])}"
+    with ReplayClient(server.endpoint, timeout=30) as client:
+        adder = make(client, table)
+        adder.add_first(np.zeros(2, np.float32))
+        adder.add(0, 1.0, np.ones(2, np.float32), False, False, extras={"h": np.zeros(2, np.float32)})
+        with pytest.raises(ValueError, match="extras must be None or a mapping"):
+            adder.add(1, 1.0, np.ones(2, np.float32), False, False, extras=np.zeros(2, np.float32))
+        assert adder.in_episode
+        adder.add(1, 2.0, np.full(2, 2.0, np.float32), True, False, extras={"h": np.ones(2, np.float32)})
+        adder.flush(timeout=30)
+        adder.close()
+        size = client.tables()[table]["size"]
+        batch = client.sample(size, table=table)
+        assert batch.fields["reward"][-1][:2].tolist() == [1.0, 2.0]  # the refused step left no trace
