@@ -11,7 +11,8 @@ root after `pip install '.[bench]'`:
     python bench/bench_store.py --snapshot-stall     # longest sample() call while save() writes a 150 MB store
 
 Besides the prioritized store (the Ape-X table, row "apexrl"), two more apexrl rows: "apexrl-uniform" (a uniform
-table: sampler="uniform", no sum tree) and "apexrl-fifo-queue" (a queue: sampler="fifo", max_times_sampled=1).
+table: sampler="uniform", no sum tree) and "apexrl-fifo-queue" (a queue: sampler="fifo", max_times_sampled=1),
+each also as a ratio to the prioritized row (and to the baseline's prioritized row with --baseline).
 A queue's sample removes what it returns, so its "sample 512" pushes 512 items (one insert call) and then pops
 512, keeping the queue at --items items; its updates address popped (stale) keys. With --baseline, an older
 apexrl without samplers skips these two rows.
@@ -543,6 +544,17 @@ def main() -> None:
         print("| vs | " + " | ".join(c[1] for c in cols[:4]) + " |")
         print("|---|" + "---|" * 4)
         print("\n".join(ratio_rows))
+    kind_rows = []  # a uniform table and a queue against the prioritized table, this build's and the baseline's
+    for name in ("apexrl-uniform", "apexrl-fifo-queue"):
+        for ref in ("apexrl", "apexrl-baseline"):
+            if name in base and ref in base:
+                cells = " | ".join(f"{base[name][k] / base[ref][k]:.2f}x" for k, _ in cols[:4])
+                kind_rows.append(f"| {name} / {ref} | {cells} |")
+    if kind_rows:
+        print("\nTable kinds against the prioritized table (the Ape-X row; apexrl-baseline: the older build's):\n")
+        print("| rows | " + " | ".join(c[1] for c in cols[:4]) + " |")
+        print("|---|" + "---|" * 4)
+        print("\n".join(kind_rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -10,6 +10,9 @@ and sends 512 new priorities through an ``AsyncUpdater`` (non-blocking, max_pend
     python bench/bench_wire.py --quick         # smoke run, a few seconds
     python bench/bench_wire.py --spec-check both   # each configuration with and without a server --spec
     python bench/bench_wire.py --curve both    # every configuration without and with CURVE, and the ratio
+    python bench/bench_wire.py --only dpg --floor --table-kind prioritized uniform queue
+                                               # the server with a uniform table and with a FIFO queue beside
+                                               # the prioritized one (and Reverb's, with --reverb-python)
     python bench/bench_wire.py --only atari --games Pong,Breakout,MsPacman --before-python OLD/.venv/bin/python
                                                # Atari frames stored once: this tree against an older one,
                                                # whole stack (server, actors, learner) each, windows interleaved
@@ -164,25 +167,66 @@ def pct(lat: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(lat), q)) * 1e3 if lat else float("nan")
 
 
+TABLE_KINDS = ("prioritized", "uniform", "queue")
+
+
+def tables_of(table_kind: str, capacity: int) -> list[dict] | None:
+    """The ``--tables`` list of a server whose one table ``default`` is of ``table_kind``: None for prioritized
+    (today's flags, the server command line unchanged), a uniform table, or a FIFO queue (sampler fifo,
+    max_times_sampled 1, a Queue limiter as large as the capacity, so the bench's inserts are never refused)."""
+    if table_kind == "prioritized":
+        return None
+    if table_kind == "uniform":
+        return [{"name": "default", "sampler": "uniform", "capacity": capacity}]
+    if table_kind == "queue":
+        return [
+            {
+                "name": "default",
+                "sampler": "fifo",
+                "capacity": capacity,
+                "max_times_sampled": 1,
+                "rate_limiter": {"kind": "queue", "size": capacity},
+            }
+        ]
+    raise ValueError(f"table kind must be one of {TABLE_KINDS}, got {table_kind!r}")
+
+
 class Server:
     """A replay server subprocess; SIGTERM on close, SIGKILL if it does not exit."""
 
-    def __init__(self, capacity: int, extra: list[str] | None = None, kind: str = "native", python: str | None = None):
+    def __init__(
+        self,
+        capacity: int,
+        extra: list[str] | None = None,
+        kind: str = "native",
+        python: str | None = None,
+        table_kind: str = "prioritized",
+    ):
         """``kind``: "native" (this tree's server), "old" (``python -m apexrl.cli.server`` of the interpreter
-        ``python``, e.g. an older tree's venv) or "floor" (the do-nothing pyzmq server of this file)."""
+        ``python``, e.g. an older tree's venv) or "floor" (the do-nothing pyzmq server of this file).
+        ``table_kind``: its one table ``default`` (:func:`tables_of`; only this tree's server has tables)."""
         if (kind == "old") != (python is not None):  # a "native" window must never run another tree's server
             raise ValueError(f"a {kind!r} server {'needs' if kind == 'old' else 'takes no'} python interpreter")
+        tables = tables_of(table_kind, capacity)
+        if tables is not None and kind != "native":
+            raise ValueError(f"a {kind!r} server has no {table_kind} table")
+        self.tables_path = None
         if kind == "floor":
             cmd = [sys.executable, HERE, "--worker", "floor", *(extra or [])]
         else:
+            table_flags = ["--capacity", str(capacity)]
+            if tables is not None:  # --tables replaces the table flags (the server refuses both)
+                fd, self.tables_path = tempfile.mkstemp(prefix="bench_wire_tables_", suffix=".json")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(tables, f)
+                table_flags = ["--tables", self.tables_path]
             cmd = [
                 python or sys.executable,
                 "-m",
                 "apexrl.cli.server",
                 "--port",
                 "0",
-                "--capacity",
-                str(capacity),
+                *table_flags,
                 "--log-level",
                 "WARNING",
                 *(extra or []),
@@ -217,6 +261,9 @@ class Server:
                 self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        if self.tables_path is not None:
+            os.unlink(self.tables_path)
+            self.tables_path = None
 
 
 # --------------------------------------------------------------------------------------------- payloads
@@ -412,12 +459,23 @@ def learner_main(args: argparse.Namespace) -> None:
         if mode != "sync":  # the learner's path: a PrefetchingSampler with that many requests in flight
             threads = len(args.endpoint.split(",")) if mode == "auto" else int(mode)
             sampler = c.sampler(SAMPLE_BATCH, BETA, prefetch=16, sample_threads=threads)
+        queue = args.table_kind == ["queue"]  # the worker is given one kind
+        if queue and sampler is not None:
+            raise SystemExit("bench_wire: a queue table's learner samples with --sample-threads sync only")
         while time.time() < args.start_at:
             time.sleep(0.001)
         end = args.start_at + args.seconds
         while True:
             t0 = time.perf_counter()
-            b = c.sample(SAMPLE_BATCH, BETA) if sampler is None else sampler.next().raw  # sampler: the wait for it
+            if queue:  # a queue's SAMPLE waits while it is empty (never past the window) and may return fewer
+                from apexrl.errors import ServerTimeoutError
+
+                try:
+                    b = c.sample(SAMPLE_BATCH, BETA, timeout=max(0.05, end - time.time()))
+                except ServerTimeoutError:  # empty until the window's end: the actors had stopped
+                    break
+            else:
+                b = c.sample(SAMPLE_BATCH, BETA) if sampler is None else sampler.next().raw  # sampler: the wait
             t1 = time.perf_counter()
             lat.append(t1 - t0)
             if args.shape == "atari":
@@ -428,11 +486,12 @@ def learner_main(args: argparse.Namespace) -> None:
                     out = spec.decode_batch(b)
                 assert out["obs"].shape == (SAMPLE_BATCH, 4, 84, 84)
                 dec_s += time.perf_counter() - t1
+            # a queue's keys are gone once sampled: its updates are counted stale (the same messages as the others)
             if sync_updates:  # a client that waits for every reply
-                c.update_priorities(b.keys, rng.uniform(0.1, 2.0, SAMPLE_BATCH))
+                c.update_priorities(b.keys, rng.uniform(0.1, 2.0, len(b.keys)))
                 updates_sent += 1
             else:
-                up.update(b.keys, rng.uniform(0.1, 2.0, SAMPLE_BATCH))
+                up.update(b.keys, rng.uniform(0.1, 2.0, len(b.keys)))
             n += len(b)
             if time.time() >= end:
                 break
@@ -662,6 +721,7 @@ def run_config(
     worker_python: str | None = None,
     sampling: str = "sync",
     learner_flags: list[str] | None = None,
+    table_kind: str = "prioritized",
 ) -> dict:
     """One timed window: `servers` replay servers splitting `capacity` (the workers reach them through one
     ShardedReplayClient each when there are several), k actor processes and one learner process. ``kind``:
@@ -669,7 +729,8 @@ def run_config(
     their clocks and again when the last one has exited (every reply received): ``server_cpu_us_per_request``
     divides it by the requests the workers sent in that time (inserts, remove_to_fit, samples, updates).
     ``worker_python``: the whole stack (server, prefill, actors, learner) under that interpreter (an older tree).
-    ``sampling``: how the learner samples (see --sample-threads)."""
+    ``sampling``: how the learner samples (see --sample-threads). ``table_kind``: the servers' one table
+    ``default`` (:func:`tables_of`); the workers use the table ``default`` whatever its kind."""
     outdir = os.path.dirname(payload)
     py = worker_python or sys.executable
     if worker_python is not None:
@@ -686,7 +747,13 @@ def run_config(
                 group.append(Server(0, fl, kind="floor"))
             else:
                 group.append(
-                    Server(-(-capacity // servers), flags + ["--seed", str(i)], kind=kind, python=server_python)
+                    Server(
+                        -(-capacity // servers),
+                        flags + ["--seed", str(i)],
+                        kind=kind,
+                        python=server_python,
+                        table_kind=table_kind,
+                    )
                 )
         endpoint = ",".join(s.endpoint for s in group)
         t0 = time.perf_counter()
@@ -750,6 +817,7 @@ def run_config(
                     "learner",
                     "--sampling",
                     sampling,
+                    *(["--table-kind", table_kind] if table_kind != "prioritized" else []),
                     "--out",
                     os.path.join(outdir, "learner.json"),
                     *common,
@@ -813,6 +881,7 @@ def run_config(
         "servers": servers,
         "actors": k,
         "sampling": sampling,
+        "table": table_kind,
         "spec": bool(spec_json),
         "curve": curve_dir is not None,
         "prefill": prefill_n,
@@ -918,13 +987,14 @@ def run_conns(
 REVERB_WORKER = os.path.join(os.path.dirname(HERE), "reverb_worker.py")
 
 
-def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict:
-    """One window of Reverb (bench/reverb_worker.py under ``reverb_python``): its server with a 2M prioritized
-    table, k actor processes writing the same 632-byte items (flush every 50), one learner sampling 512 and
-    mutating 512 priorities."""
+def run_reverb(k: int, payload: str, seconds: float, reverb_python: str, table_kind: str = "prioritized") -> dict:
+    """One window of Reverb (bench/reverb_worker.py under ``reverb_python``): its server with a 2M table of
+    ``table_kind`` (prioritized, uniform, or ``Table.queue``), k actor processes writing the same 632-byte items
+    (flush every 50), one learner sampling 512 and mutating 512 priorities."""
     outdir = os.path.dirname(payload)
+    table = ["--table", table_kind]
     server = subprocess.Popen(
-        [reverb_python, REVERB_WORKER, "server", "--capacity", "2000000"],
+        [reverb_python, REVERB_WORKER, "server", "--capacity", "2000000", *table],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -944,7 +1014,7 @@ def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict
         if port is None:
             raise RuntimeError("reverb server did not report its port")
         start_at = time.time() + 8.0  # TensorFlow imports slowly
-        common = ["--port", port, "--start-at", repr(start_at), "--seconds", str(seconds)]
+        common = ["--port", port, "--start-at", repr(start_at), "--seconds", str(seconds), *table]
         for a in range(k):
             procs.append(
                 subprocess.Popen(
@@ -991,6 +1061,7 @@ def run_reverb(k: int, payload: str, seconds: float, reverb_python: str) -> dict
     requests = sum(r["requests"] for r in results)
     return {
         "kind": "reverb",
+        "table": table_kind,
         "curve": False,
         "inserted_per_s": sum(r["items"] / r["elapsed"] for r in results[:-1]),
         "sampled_per_s": results[-1]["items"] / results[-1]["elapsed"],
@@ -1193,6 +1264,17 @@ def main() -> None:
         help="connections measure: client processes the sockets are spread over (default 4)",
     )
     p.add_argument(
+        "--table-kind",
+        choices=TABLE_KINDS,
+        nargs="+",
+        default=["prioritized"],
+        help="side by side mode: the kinds of table this tree's server runs, one window each per round (the "
+        "floor and the old server: prioritized only): prioritized (default: the Ape-X table, today's flags), "
+        "uniform (sampler uniform), queue (sampler fifo, max_times_sampled 1, a Queue limiter of the capacity; "
+        "the learner's SAMPLE waits while it is empty); the workers use the table default either way, and "
+        "with --reverb-python Reverb's windows run the same kinds",
+    )
+    p.add_argument(
         "--reverb-python",
         metavar="PATH",
         default=None,
@@ -1251,6 +1333,8 @@ def main() -> None:
         return frames_before_after(args)
     if args.floor or args.server_python or args.connections:
         return side_by_side(args)
+    if args.table_kind != ["prioritized"]:
+        p.error("--table-kind is a side by side option: give it with --floor, --server-python or --connections")
 
     if args.quick:
         args.seconds, args.prefill, args.atari_transitions, args.atari_prefill = 1.0, 20_000, 400, 5_000
@@ -1477,6 +1561,8 @@ def frames_before_after(args: argparse.Namespace) -> None:
 def side_by_side(args: argparse.Namespace) -> None:
     """Floor / old server / this tree's server in one run, windows interleaved (A B C A B C ...), DPG."""
     kinds = ["floor"] * bool(args.floor) + ["old"] * bool(args.server_python) + ["native"]
+    # (server, table kind) of every window in a round: only this tree's server has tables other than prioritized
+    servers = [(kind, tk) for kind in kinds for tk in (args.table_kind if kind == "native" else ["prioritized"])]
     names = {
         "floor": "bare ZeroMQ floor (pyzmq, no work)",
         "old": f"old server ({args.server_python})",
@@ -1507,7 +1593,8 @@ def side_by_side(args: argparse.Namespace) -> None:
         save_batches(path, batches)
         item_bytes = batches[0][0].size // INSERT_BATCH
         print(
-            f"side by side: {', '.join(names[x] for x in kinds)}; DPG {item_bytes} B/item, {k} inserter "
+            f"side by side: {', '.join(names[x] for x in kinds)}; tables of this tree's server: "
+            f"{', '.join(args.table_kind)}; DPG {item_bytes} B/item, {k} inserter "
             f"process(es) x {INSERT_BATCH} items/request, 1 learner sampling {SAMPLE_BATCH} + "
             f"updating {SAMPLE_BATCH}, capacity 2M, prefill {args.prefill}, {args.rounds} rounds x "
             f"{args.seconds:g} s windows; clients: {', '.join(modes)}",
@@ -1516,14 +1603,14 @@ def side_by_side(args: argparse.Namespace) -> None:
         reverb = reverb_line(args)
         print("- " + reverb, flush=True)
         for rnd in range(args.rounds):
-            if reverb.startswith("inserts vs Reverb: measured"):
-                r = run_reverb(k, path, args.seconds, args.reverb_python)
+            for tk in args.table_kind if reverb.startswith("inserts vs Reverb: measured") else ():
+                r = run_reverb(k, path, args.seconds, args.reverb_python, tk)
                 r["round"] = rnd
                 print(json.dumps(r), flush=True)
                 rows.append(r)
             for curve_dir, mode in ((c, m) for c in curve_dirs for m in modes):
                 actor_flags, learner_flags = client_flags[mode]
-                for kind in kinds:
+                for kind, tk in servers:
                     # "old": the whole older stack (server, prefill, actors, learner) under its interpreter, as
                     # its protocol version differs from this tree's
                     r = run_config(
@@ -1542,6 +1629,7 @@ def side_by_side(args: argparse.Namespace) -> None:
                         item_bytes=item_bytes,
                         worker_python=args.server_python if kind == "old" else None,
                         learner_flags=learner_flags,
+                        table_kind=tk,
                     )
                     r["round"] = rnd
                     r["clients"] = mode
@@ -1573,8 +1661,8 @@ def side_by_side(args: argparse.Namespace) -> None:
         )
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for mode, curve in ((m, c) for m in modes for c in sorted({r["curve"] for r in rows})):
-            for kind in kinds:
-                mine = [r for r in rows if r["kind"] == kind and r["curve"] == curve and r.get("clients") == mode]
+            for kind, tk in servers:
+                mine = [r for r in rows if is_window(r, kind, tk) and r["curve"] == curve and r.get("clients") == mode]
                 floor = {
                     r["round"]: r
                     for r in rows
@@ -1591,14 +1679,14 @@ def side_by_side(args: argparse.Namespace) -> None:
 
                 rps = [r["requests"] / r["cpu_window_s"] for r in mine]
                 print(
-                    f"| {mode} | {kind} | {'on' if curve else 'off'} | {med('inserted_per_s')} | "
+                    f"| {mode} | {window_name(kind, tk)} | {'on' if curve else 'off'} | {med('inserted_per_s')} | "
                     f"{med('sampled_per_s')} | {ratio('inserted_per_s')} | {ratio('sampled_per_s')} | "
                     f"{med('server_cpu_us_per_request', '.1f')} | {ratio('server_cpu_us_per_request')} | "
                     f"{med('server_voluntary_switches_per_request', '.2f')} | {median(rps):,.0f} |"
                 )
         if args.server_python:
             for mode, curve in ((m, c) for m in modes for c in sorted({r["curve"] for r in rows})):
-                same = lambda r, kind: r["kind"] == kind and r["curve"] == curve and r.get("clients") == mode  # noqa: E731
+                same = lambda r, kind: is_window(r, kind) and r["curve"] == curve and r.get("clients") == mode  # noqa: E731
                 new = {r["round"]: r for r in rows if same(r, "native")}
                 old = {r["round"]: r for r in rows if same(r, "old")}
                 both = sorted(set(new) & set(old))
@@ -1613,23 +1701,24 @@ def side_by_side(args: argparse.Namespace) -> None:
                     f"native / old, {mode} clients, CURVE {'on' if curve else 'off'}, median of per-round ratios: "
                     + ", ".join(parts)
                 )
+        notes.extend(table_ratios(rows, servers, modes))
         print(
             "\nServer CPU us/request by thread (median over rounds; serve: the native loop's thread, workers: its "
             "sample workers, zmq_io: libzmq's I/O thread, other: the rest, where a Python server serves):\n"
         )
         for mode, curve in ((m, c) for m in modes for c in sorted({r["curve"] for r in rows})):
-            for kind in kinds:
+            for kind, tk in servers:
                 mine = [
                     r["server_cpu_us_per_request_by_thread"]
                     for r in rows
-                    if r["kind"] == kind
+                    if is_window(r, kind, tk)
                     and r["curve"] == curve
                     and r.get("clients") == mode
                     and "server_cpu_us_per_request_by_thread" in r
                 ]
                 groups = sorted({g for m in mine for g in m})
                 print(
-                    f"- {kind}, {mode} clients, CURVE {'on' if curve else 'off'}: "
+                    f"- {window_name(kind, tk)}, {mode} clients, CURVE {'on' if curve else 'off'}: "
                     + ", ".join(f"{g} {median([m.get(g, 0.0) for m in mine]):.1f}" for g in groups)
                 )
     if conn_rows:
@@ -1662,14 +1751,20 @@ def side_by_side(args: argparse.Namespace) -> None:
                 f"{median([r['offered_per_s'] for r in mine]):,.0f} | {missing} |"
             )
     if any(r["kind"] == "reverb" for r in rows):
-        rv = {r["round"]: r for r in rows if r["kind"] == "reverb"}
-        for mode, kind in ((m, k) for m in modes for k in kinds):
-            mine = {r["round"]: r for r in rows if r["kind"] == kind and not r["curve"] and r.get("clients") == mode}
+        for mode, (kind, tk) in ((m, s) for m in modes for s in servers):
+            rv = {r["round"]: r for r in rows if is_window(r, "reverb", tk)}  # Reverb's table of the same kind
+            mine = {
+                r["round"]: r for r in rows if is_window(r, kind, tk) and not r["curve"] and r.get("clients") == mode
+            }
             both = sorted(set(rv) & set(mine))
+            if not both:
+                continue
             ins = median([mine[i]["inserted_per_s"] / rv[i]["inserted_per_s"] for i in both])
             smp = median([mine[i]["sampled_per_s"] / rv[i]["sampled_per_s"] for i in both])
+            rv_table = "" if tk == "prioritized" else f", {'Table.queue' if tk == 'queue' else 'a ' + tk + ' table'}"
             notes.append(
-                f"vs Reverb, {kind}, {mode} clients: inserted/s {ins:.2f}x, sampled/s {smp:.2f}x Reverb's (Reverb: "
+                f"vs Reverb, {window_name(kind, tk)}, {mode} clients: inserted/s {ins:.2f}x, sampled/s {smp:.2f}x Reverb's "
+                f"(Reverb{rv_table}: "
                 f"median {median([rv[i]['inserted_per_s'] for i in both]):,.0f} inserted/s, "
                 f"{median([rv[i]['sampled_per_s'] for i in both]):,.0f} sampled/s; its fastest clients: a "
                 "StructuredWriter flushing every 50, a TrajectoryDataset batched by 512)"
@@ -1679,6 +1774,51 @@ def side_by_side(args: argparse.Namespace) -> None:
     print()
     for line in notes:
         print("- " + line)
+
+
+def window_name(kind: str, table_kind: str) -> str:
+    """A window's name in the tables: the server, and its table kind where that is not prioritized."""
+    return kind if table_kind == "prioritized" else f"{kind} {table_kind}"
+
+
+def is_window(row: dict, kind: str, table_kind: str = "prioritized") -> bool:
+    """Whether ``row`` is a window of that server with that kind of table (rows before tables: prioritized)."""
+    return row["kind"] == kind and row.get("table", "prioritized") == table_kind
+
+
+def table_ratios(rows: list[dict], servers: list[tuple[str, str]], modes: list[str]) -> list[str]:
+    """Each table kind of this tree's server against its prioritized table and against the old server's
+    (prioritized: it has no other tables), medians of per-round ratios, per client mode and CURVE setting."""
+    notes = []
+    fields = (
+        ("inserted_per_s", "inserted/s"),
+        ("sampled_per_s", "sampled/s"),
+        ("server_cpu_us_per_request", "server CPU per request"),
+    )
+    for mode, curve in ((m, c) for m in modes for c in sorted({r["curve"] for r in rows})):
+
+        def by_round(kind: str, tk: str) -> dict[int, dict]:
+            return {
+                r["round"]: r
+                for r in rows
+                if is_window(r, kind, tk) and r["curve"] == curve and r.get("clients") == mode
+            }
+
+        for kind, tk in servers:
+            if kind != "native" or tk == "prioritized":
+                continue
+            mine = by_round(kind, tk)
+            for ref_kind in ("native", "old"):
+                ref = by_round(ref_kind, "prioritized")
+                both = sorted(set(mine) & set(ref))
+                if not both:
+                    continue
+                parts = [f"{name} {median([mine[i][f] / ref[i][f] for i in both]):.2f}" for f, name in fields]
+                notes.append(
+                    f"native {tk} / {ref_kind} prioritized, {mode} clients, CURVE {'on' if curve else 'off'}, "
+                    "median of per-round ratios: " + ", ".join(parts)
+                )
+    return notes
 
 
 def reverb_line(args: argparse.Namespace) -> str:

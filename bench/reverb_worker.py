@@ -5,7 +5,11 @@ venv: dm-reverb 0.14 needs TensorFlow 2.15). Imports nothing from apexrl.
     PY reverb_worker.py actor  --port P --payload NPZ --start-at T --seconds S --out JSON
     PY reverb_worker.py learner --port P --start-at T --seconds S --out JSON
 
-The table is what the apexrl server holds: prioritized (alpha 0.6), FIFO removal, max_size N, MinSize(1).
+The table is what the apexrl server holds: prioritized (alpha 0.6), FIFO removal, max_size N, MinSize(1); with
+``--table uniform`` a uniform table (FIFO removal, max_size N, MinSize(1)), with ``--table queue`` Reverb's
+``Table.queue(max_size=N)`` (FIFO sampler and remover, max_times_sampled 1, a Queue(N) limiter). Give every mode
+the same ``--table``. The learner stops once the table stayed empty for 1 s (a queue) or 10 s (the others; the
+actors have stopped), its time then ending at its last batch.
 Reverb's fastest clients, measured on the 2-core machine (one process, 2026-11-27, loaded): inserts through a
 ``StructuredWriter`` (its config makes one item per step on the C++ side: 23.7k items/s) rather than a
 ``TrajectoryWriter`` with a Python ``create_item`` per item (12.2k/s); samples through a ``TrajectoryDataset``
@@ -40,18 +44,24 @@ def main() -> None:
     p.add_argument("--seconds", type=float)
     p.add_argument("--out")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--table", choices=("prioritized", "uniform", "queue"), default="prioritized")
     args = p.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import reverb
 
     if args.mode == "server":
-        table = reverb.Table(
-            name="t",
-            sampler=reverb.selectors.Prioritized(0.6),
-            remover=reverb.selectors.Fifo(),
-            max_size=args.capacity,
-            rate_limiter=reverb.rate_limiters.MinSize(1),
-        )
+        if args.table == "queue":
+            table = reverb.Table.queue(name="t", max_size=args.capacity)
+        else:
+            table = reverb.Table(
+                name="t",
+                sampler=reverb.selectors.Prioritized(0.6)
+                if args.table == "prioritized"
+                else reverb.selectors.Uniform(),
+                remover=reverb.selectors.Fifo(),
+                max_size=args.capacity,
+                rate_limiter=reverb.rate_limiters.MinSize(1),
+            )
         server = reverb.Server(tables=[table])
         print(f"reverb listening on {server.port}", flush=True)
         stop = []
@@ -65,6 +75,7 @@ def main() -> None:
     client = reverb.Client(f"localhost:{args.port}")
     rng = np.random.default_rng(args.seed)
     n = requests = 0
+    elapsed: float | None = None
     if args.mode == "actor":
         from reverb import structured_writer as sw
 
@@ -102,10 +113,14 @@ def main() -> None:
             dtypes={"x": tf.uint8, "p": tf.float32},
             shapes={"x": tf.TensorShape([632]), "p": tf.TensorShape([])},
             max_in_flight_samples_per_worker=2 * SAMPLE,
+            # the dataset ends once the table stayed empty this long (the actors stopped, or never started
+            # in time on a loaded machine): a queue empties whenever the learner catches up, so 1 s there
+            rate_limiter_timeout_ms=1000 if args.table == "queue" else 10_000,
         ).batch(SAMPLE)
         while time.time() < args.start_at:
             time.sleep(0.001)
         end = args.start_at + args.seconds
+        last = None
         for sample in dataset:
             keys = sample.info.key.numpy()
             client.mutate_priorities(
@@ -113,9 +128,14 @@ def main() -> None:
             )
             n += len(keys)
             requests += 2
-            if time.time() >= end:
+            last = time.time()
+            if last >= end:
                 break
-    elapsed = time.time() - args.start_at
+        else:  # the dataset ended on an empty table: the learner's time ends at its last batch, not the wait
+            if last is not None:
+                elapsed = last - args.start_at
+    if elapsed is None:
+        elapsed = time.time() - args.start_at
     with open(args.out, "w") as f:
         json.dump({"items": n, "elapsed": elapsed, "requests": requests}, f)
 

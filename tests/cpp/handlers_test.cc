@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -249,6 +251,50 @@ TEST_F(HandlersTest, UpdatePrioritiesAnswersHowManyKeysItFound) {
   EXPECT_EQ(HeaderOf(r).status, kOk);
   EXPECT_EQ(HeaderOf(r).op, kUpdatePriorities);
   EXPECT_EQ(HeaderOf(r).count, 2u);
+}
+
+// kFlagMaxPriority: each item gets the largest priority the table was given so far (1.0 before any); the flag
+// rides in the header, the priorities frame is ignored.
+Frames MaxPriorityInsert(uint64_t rid, const std::vector<std::string>& items) {
+  Frames f = Insert(rid, items, std::vector<double>(items.size(), 0.0));
+  std::memcpy(f[0].data() + 18, &kFlagMaxPriority, 2);
+  return f;
+}
+
+TEST_F(HandlersTest, AnInsertFlaggedMaxPriorityGetsTheLargestPrioritySoFar) {
+  const double alpha = store_.config().alpha;
+  EXPECT_EQ(handlers_.MaxPriority(), 1.0);
+  EXPECT_EQ(HeaderOf(Served(MaxPriorityInsert(1, {"a"}))).status, kOk);
+  EXPECT_NEAR(store_.TotalMass(), 1.0, 1e-12);
+  EXPECT_EQ(handlers_.MaxPriority(), 1.0);  // a flagged insert raises nothing
+  const std::vector<Key> keys = KeysOf(FrameOf(Served(Insert(2, {"b", "c"}, {0.5, 0.25})), 1));
+  EXPECT_EQ(handlers_.MaxPriority(), 0.5);  // the largest given, even below 1.0
+  const double before = store_.TotalMass();
+  EXPECT_EQ(HeaderOf(Served(MaxPriorityInsert(3, {"d", "e"}))).status, kOk);
+  EXPECT_NEAR(store_.TotalMass() - before, 2 * std::pow(0.5, alpha), 1e-12);
+  EXPECT_EQ(HeaderOf(Served(Update(4, {keys[0]}, {9.0}))).count, 1u);
+  EXPECT_EQ(handlers_.MaxPriority(), 9.0);  // updates count too
+  EXPECT_EQ(HeaderOf(Served(Update(5, {keys[0]}, {2.0}))).count, 1u);
+  EXPECT_EQ(handlers_.MaxPriority(), 9.0);  // and it never goes down
+  const double mass = store_.TotalMass();
+  EXPECT_EQ(HeaderOf(Served(MaxPriorityInsert(6, {"f"}))).status, kOk);
+  EXPECT_NEAR(store_.TotalMass() - mass, std::pow(9.0, alpha), 1e-9);
+}
+
+TEST_F(HandlersTest, TheLargestPriorityIsNeverLostToConcurrentUpdates) {
+  const std::vector<Key> keys = KeysOf(FrameOf(Served(Insert(1, {"a", "b"}, {1, 1})), 1));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 500; ++i) {
+        auto d = Make(Update(10 + i, {keys[i % 2]}, {static_cast<double>(t * 1000 + i)}), 2 + t);
+        Reply r;
+        EXPECT_TRUE(Serve(d.get(), &r));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(handlers_.MaxPriority(), 3499.0);
 }
 
 TEST_F(HandlersTest, EraseAnswersAndCountsWhatItRemoved) {

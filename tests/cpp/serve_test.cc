@@ -126,6 +126,21 @@ TEST(Wire, DecodesASampleAndRefusesBadHeadersWithTheirIds) {
   EXPECT_EQ(r.op, kSample);
   EXPECT_EQ(r.request_id, 42u);
   EXPECT_EQ(r.message, "header flags is 0x0001, must be 0");
+  // An INSERT may set FLAG_MAX_PRIORITY (and only that flag); HELLO names a table (the one whose spec it
+  // declares), STATS none.
+  Request hq;
+  std::string insert = EncodeHeader(kInsert, 43, 0, 0);
+  insert[18] = static_cast<char>(kFlagMaxPriority);
+  EXPECT_EQ(DecodeFrames({insert}, &hq).message.find("flags"), std::string::npos);  // refused for its frames only
+  insert[18] = 2;
+  EXPECT_EQ(DecodeFrames({insert}, &hq).message, "header flags is 0x0002, must be 0 or 0x0001");
+  std::string hello = EncodeHeader(kHello, 44, 0, 0);
+  hello[36] = 3;
+  ASSERT_TRUE(DecodeFrames({hello, "{}"}, &hq).ok());
+  EXPECT_EQ(hq.table, 3u);
+  std::string stats = EncodeHeader(kStats, 45, 0, 0);
+  stats[36] = 3;
+  EXPECT_EQ(DecodeFrames({stats}, &hq).status, kBadMessage);
   EXPECT_EQ(DecodeFrames({h, "extra"}, &q).status, kBadMessage);
   EXPECT_EQ(DecodeFrames({h}, &q, 39).status, kTooLarge);
   EXPECT_EQ(DecodeFrames({"APX"}, &q).message,

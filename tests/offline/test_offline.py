@@ -224,6 +224,38 @@ def test_offline_refuses_a_dataset_whose_spaces_do_not_match_the_task(tmp_path, 
     assert "Discrete(2)" in space_mismatch(env_spaces(spec)[0], spaces.Discrete(3), spec)
 
 
+def _recorded(path: str, steps: int) -> None:
+    """A CartPole dataset of ``steps`` steps (episodes of 7) at ``path``."""
+    recorder = EpisodeRecorder(path, 0, env_spec("gym:CartPole-v1"), 1)
+    recorder.start(0, np.zeros(4, np.float32))
+    for t in range(steps):
+        end = t % 7 == 6 or t == steps - 1
+        recorder.step([t % 2], [1.0], [np.full(4, t, np.float32)], [end], [False])
+        if end and t != steps - 1:
+            recorder.start(0, np.zeros(4, np.float32))
+    recorder.close()
+
+
+def test_offline_sizes_the_replay_to_the_dataset_unless_a_capacity_is_given(tmp_path, capsys):
+    from apexrl.cli.main import launch_plan
+
+    data, run = str(tmp_path / "data"), str(tmp_path / "run")
+    _recorded(data, 40)
+    p, _level, _args = launch_plan(["--run-dir", run, "--offline", data])
+    assert p.server.capacity == 40 and p.learner.min_replay_size == 40
+    assert p.server.table_configs()[0].capacity == 40
+    # with 2 replay servers each holds its half (rounded up), as the one table's capacity is split
+    p, _level, _args = launch_plan(["--run-dir", run, "--offline", data, "--replay-servers", "2"])
+    assert [s.capacity for s in p.servers] == [20, 20]
+    # an explicit capacity wins; one too small for the dataset keeps its clear refusal
+    p, _level, _args = launch_plan(["--run-dir", run, "--offline", data, "--server-args=--capacity 500"])
+    assert p.server.capacity == 500
+    err = _refused(capsys, "run", "--run-dir", run, "--offline", data, "--server-args=--capacity 30")
+    assert "gives 40 transitions, more than the replay capacity 30" in err, err
+    assert "--server-args '--capacity 40'" in err, err
+    assert not os.path.exists(run)
+
+
 def test_a_dataset_made_by_minari_itself_is_found_by_id_in_the_local_store(tmp_path, monkeypatch):
     import gymnasium as gym
     from minari.data_collector.episode_buffer import EpisodeBuffer

@@ -51,6 +51,19 @@ std::optional<std::string> Handlers::InsertContentProblem(const Request& q, cons
   return why;
 }
 
+double Handlers::MaxPriority() const {
+  const double m = max_priority_.load(std::memory_order_acquire);
+  return m < 0.0 ? 1.0 : m;
+}
+
+void Handlers::NoteMaxPriority(const double* priorities, uint64_t n) {
+  if (n == 0) return;
+  const double largest = *std::max_element(priorities, priorities + n);
+  double seen = max_priority_.load(std::memory_order_relaxed);
+  while (largest > seen && !max_priority_.compare_exchange_weak(seen, largest, std::memory_order_acq_rel)) {
+  }
+}
+
 bool Handlers::Serve(Call* c, double now, Reply* reply) {
   const Request& q = c->req;
   const bool can_wait = q.timeout_ms > 0 && now < c->t_arrival + q.timeout_ms / 1000.0;
@@ -64,6 +77,7 @@ bool Handlers::Serve(Call* c, double now, Reply* reply) {
         const auto keys = Aligned<Key>(q.keys, q.count);
         const auto priorities = Aligned<double>(q.priorities, q.count);
         *reply = CountReply(q.op, q.request_id, store_->UpdatePriorities(keys.data(), priorities.data(), q.count));
+        NoteMaxPriority(priorities.data(), q.count);
         return true;
       }
       case kRemoveToFit:
@@ -198,7 +212,10 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
     keep_id = !replied;
     return replied;
   }
-  const auto priorities = Aligned<double>(q.priorities, q.count);
+  // kFlagMaxPriority: every item gets the largest priority so far, read once for the batch (an INSERT is served
+  // on the loop thread, so inserts into this table are ordered; a concurrent UPDATE may raise it just after).
+  const auto priorities =
+      q.max_priority ? std::vector<double>(q.count, MaxPriority()) : Aligned<double>(q.priorities, q.count);
   item_ptrs_.resize(q.count);
   item_sizes_.resize(q.count);
   for (uint64_t i = 0; i < q.count; ++i) {
@@ -241,6 +258,7 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
     throw;
   }
   keep_id = true;
+  if (!q.max_priority) NoteMaxPriority(priorities.data(), q.count);
   if (has_id) window_->Finish(id, c->serial, keys.data(), keys.size());
   // An item's share of a SAMPLE reply: its bytes, and at most every chunk it references (8 bytes of reference
   // and of chunk offset each) when no other draw of the batch brought them. A chunk stored by an earlier request

@@ -52,6 +52,9 @@ class Handlers {
   bool Serve(Call* c, double now, Reply* reply);
 
   uint64_t erased_items() const { return erased_items_.load(std::memory_order_relaxed); }
+  // The priority an INSERT with kFlagMaxPriority gives each item: the largest priority this table was given so
+  // far (INSERT or UPDATE_PRIORITIES, since the server started), 1.0 before any.
+  double MaxPriority() const;
 
  private:
   bool ServeInsert(Call* c, double now, bool can_wait, Reply* reply);
@@ -65,6 +68,10 @@ class Handlers {
   const double max_wait_s_;
   const LogFn log_;
   std::atomic<uint64_t> erased_items_{0};
+  // The largest priority given so far, -1 before any. Raised (never lowered) by INSERTs on the loop thread and
+  // by UPDATE_PRIORITIES on any thread: an atomic max, no lock.
+  std::atomic<double> max_priority_{-1.0};
+  void NoteMaxPriority(const double* priorities, uint64_t n);
   // An INSERT's scratch, reused (loop thread only, like every INSERT).
   std::vector<const uint8_t*> item_ptrs_;
   std::vector<uint64_t> item_sizes_;

@@ -182,10 +182,11 @@ Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
     return Refuse(kBadMessage, "header frame is " + Str(f.size) + " bytes, expected " + Str(kHeaderSize));
   }
   *h = ReadHeader(f.data);
-  if (h->flags != 0) {
+  if (h->flags != 0 && !(h->op == kInsert && h->flags == kFlagMaxPriority)) {
     char buf[16];
     std::snprintf(buf, sizeof buf, "%#06x", h->flags);
-    return Refuse(kBadMessage, std::string("header flags is ") + buf + ", must be 0");
+    return Refuse(kBadMessage,
+                  std::string("header flags is ") + buf + (h->op == kInsert ? ", must be 0 or 0x0001" : ", must be 0"));
   }
   if (h->op < 1 || h->op > kMaxReplayOp) {
     return Refuse(kUnknownOp, "header op " + Str(h->op) + " is unknown; known ops: [1, 2, 3, 4, 5, 6, 7]");
@@ -232,6 +233,7 @@ Refusal DecodeBody(const Message& msg, const RawHeader& h, Request* out) {
   out->count = h.count;
   out->beta = plan.beta ? h.param : 0.0;
   out->timeout_ms = h.timeout_ms;
+  out->max_priority = h.flags == kFlagMaxPriority;
   const FrameView* f = msg.frames;
   Refusal r;
   // Every frame against its plan, in wire order: its size, then its value rule (so the first broken rule is
@@ -291,7 +293,8 @@ RequestPlan PlanOf(uint16_t op) {
 }
 
 bool NamesTable(uint16_t op) {
-  return op == kInsert || op == kSample || op == kUpdatePriorities || op == kRemoveToFit || op == kErase;
+  return op == kInsert || op == kSample || op == kUpdatePriorities || op == kRemoveToFit || op == kErase ||
+         op == kHello;
 }
 
 const char* OpName(uint16_t op) {
@@ -332,6 +335,7 @@ Refusal Decode(const Message& msg, uint64_t max_bytes, Request* out) {
       if (h.op == kHello || h.op == kStats) {  // served in Python, which decodes the body
         out->op = h.op;
         out->request_id = h.request_id;
+        out->table = h.table;  // HELLO: the table whose spec it declares (STATS: 0, checked above)
         return r;
       }
       r = DecodeBody(msg, h, out);

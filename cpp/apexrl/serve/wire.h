@@ -93,9 +93,13 @@ struct RequestPlan {
   bool timeout = false;  // timeout_ms used (else must be 0)
 };
 RequestPlan PlanOf(uint16_t op);
-// Whether `op`'s requests name a table in the header's `table` field (the data ops); every other request must
-// carry 0 there.
+// Whether `op`'s requests name a table in the header's `table` field (the data ops, and HELLO: the table whose
+// item spec it declares); every other request must carry 0 there.
 bool NamesTable(uint16_t op);
+
+// The header's flags: 0 on every message, except this bit on an INSERT: each item gets the table's largest
+// priority so far (its priorities frame is still sent, and checked, but not used).
+inline constexpr uint16_t kFlagMaxPriority = 1;
 
 struct FrameView {
   const uint8_t* data = nullptr;
@@ -119,6 +123,7 @@ struct Request {
   uint32_t count = 0;
   double beta = 0.0;
   uint32_t timeout_ms = 0;
+  bool max_priority = false;            // INSERT with kFlagMaxPriority: priorities are the table's largest
   const uint8_t* priorities = nullptr;  // f64[count]: INSERT, UPDATE_PRIORITIES
   const uint8_t* offsets = nullptr;     // u64[count + 1]: INSERT
   const uint8_t* data = nullptr;        // INSERT items, concatenated

@@ -12,8 +12,11 @@ Loop (Horgan et al. 2018, Algorithm 1, over K environments in lockstep)::
         every B steps (B·K transitions): priorities = |δ| from the actor's own networks; INSERT(batch, priorities)
         every `params_every_frames` frames: ask the learner for newer weights (non-blocking beyond a timeout)
 
-The n-step buffers hold handles into one ring of observations, so a flush gathers its obs and next_obs in one
-indexing each. A batched policy that hands out the values of its acting pass (``act_batch_values``; Ape-X DQN)
+The n-step buffers are the n-step core of :class:`~apexrl.replay.adders.NStepTransitionAdder` (one
+:class:`~apexrl.replay.adders.transition.NStepBuffer` for K = 1, its array form
+:class:`~apexrl.replay.adders.transition.VecNStep` for K > 1); the actor's sink is its own pipelined, TransitionSpec-
+encoded insert (the structured insert's fast case) instead of the adder's. The vectorised buffers hold handles into
+one ring of observations, so a flush gathers its obs and next_obs in one indexing each. A batched policy that hands out the values of its acting pass (``act_batch_values``; Ape-X DQN)
 scores the batch from them (``priorities_from_values``) instead of two more forward passes over it.
 
 Inserts: with ``inserts_in_flight`` 1 each insert waits for its reply before the actor steps on. With N > 1 the
@@ -51,12 +54,13 @@ import torch
 from apexrl.agents import get_agent
 from apexrl.agents.base import batch_policy
 from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
-from apexrl.apex.nstep import NStepBuffer, Transition, VecNStep, stack_transitions
+from apexrl.apex.nstep import stack_transitions
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
 from apexrl.envs.base import SerialVecEnv
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
+from apexrl.replay.adders.transition import NStepBuffer, Transition, VecNStep
 from apexrl.replay.client.inserter import PipelinedInserter
 from apexrl.replay.client.replay_client import ServerTimeoutError
 from apexrl.replay.client.sharded import connect as connect_replay

@@ -411,6 +411,17 @@ def _offline_flags(run_parser: argparse.ArgumentParser, args: argparse.Namespace
         if clash:
             run_parser.error(f"--offline runs no actors (and only locally): leave out {', '.join(clash)}")
         o.offline = args.offline
+        from apexrl.launch.plan import resolve_preset
+        from apexrl.offline.loader import size_offline
+
+        try:
+            preset_tables = resolve_preset(args.preset, o)[0].tables
+        except ValueError:
+            return  # the plan says what is wrong with the preset
+        try:
+            size_offline(args.offline, o.server, o.learner, o.tables is not None or preset_tables is not None)
+        except (ValueError, ImportError) as e:
+            run_parser.error(str(e))
 
 
 def upgrade_episodes_csv(path: str) -> None:

@@ -17,8 +17,10 @@ DATASET (:func:`open_dataset`) is a Minari data directory (holding ``metadata.js
 Before anything starts (:func:`check_offline`), the dataset is refused with the reason when its spaces are not
 the task's (:func:`space_mismatch`: observations a Box of the task's shape and dtype, any float precision for a
 float task; actions Discrete with the
-task's count, or a Box of the task's size in [-1, 1], apexrl's action units), when the replay capacity cannot hold
-all its transitions (one per step), or when it holds fewer than a ``--min-replay-size`` given in
+task's count, or a Box of the task's size in [-1, 1], apexrl's action units), when a replay capacity given with
+``--server-args '--capacity N'`` or ``--tables`` cannot hold all its transitions (one per step; without one, the
+replay's capacity is the dataset's transition count: :func:`size_offline`), or when it holds fewer than a
+``--min-replay-size`` given in
 ``--learner-args``. Without one, the learner's ``min_replay_size`` is the dataset's transition count: it starts
 learning once the whole dataset is in the replay.
 
@@ -41,7 +43,15 @@ import numpy as np
 
 from apexrl.offline import require_minari
 
-__all__ = ["BATCH", "check_offline", "dataset_steps", "episode_transitions", "open_dataset", "space_mismatch"]
+__all__ = [
+    "BATCH",
+    "check_offline",
+    "dataset_steps",
+    "episode_transitions",
+    "size_offline",
+    "open_dataset",
+    "space_mismatch",
+]
 
 log = logging.getLogger("apexrl.offline.loader")
 
@@ -142,6 +152,38 @@ def dataset_steps(storages: Sequence[Any], spec: Any, source: str) -> int:
     return total
 
 
+def size_offline(source: str, server_args: dict[str, Any], learner_args: dict[str, Any], tables_given: bool) -> None:
+    """What ``--offline`` sizes by itself, into the run's overrides before it is planned: the replay's capacity is
+    the dataset's transition count (every transition fits, none is evicted) unless ``--capacity`` is given in
+    ``--server-args`` (kept; refused with the reason when it cannot hold the dataset) or the run has tables
+    (their capacities are the user's: :func:`check_offline` checks them); the learner's ``min_replay_size``
+    becomes that count unless given. A dataset of no steps, or a ``--min-replay-size`` above its size, is left
+    to :func:`check_offline`, whose refusal says so."""
+    steps = sum(int(storage.total_steps) for storage in open_dataset(source))
+    given = learner_args.get("min_replay_size")
+    if steps == 0 or tables_given or (given is not None and given > steps):
+        return
+    capacity = server_args.get("capacity")
+    if capacity is None:
+        server_args["capacity"] = steps
+    elif capacity < steps:
+        raise ValueError(_too_small(source, steps, capacity, tables_given))
+    if given is None:
+        learner_args["min_replay_size"] = steps
+
+
+def _too_small(source: str, steps: int, capacity: int, tables_given: bool) -> str:
+    how = (
+        "raise the capacity of the table 'default' in --tables"
+        if tables_given
+        else f"raise it with --server-args '--capacity {steps}', or leave it out to size the replay to the dataset"
+    )
+    return (
+        f"--offline: {source} gives {steps} transitions, more than the replay capacity {capacity}: "
+        f"{how} (the loader never evicts)"
+    )
+
+
 def check_offline(p: Any, min_replay_given: bool = True) -> int:
     """Refuse a run plan's ``--offline`` dataset that cannot train this run (module docstring; the learner's
     ``min_replay_size`` only where ``min_replay_given``); the number of transitions it gives."""
@@ -153,15 +195,7 @@ def check_offline(p: Any, min_replay_given: bool = True) -> int:
 
     capacity = sum(default_table(s).capacity for s in p.servers)  # the table the loader fills
     if steps > capacity:
-        how = (
-            "raise the capacity of the table 'default' in --tables"
-            if p.server.tables is not None
-            else f"raise it with --server-args '--capacity {steps}'"
-        )
-        raise ValueError(
-            f"--offline: {source} gives {steps} transitions, more than the replay capacity {capacity}: "
-            f"{how} (the loader never evicts)"
-        )
+        raise ValueError(_too_small(source, steps, capacity, p.server.tables is not None))
     if min_replay_given and steps < p.learner.min_replay_size:
         raise ValueError(
             f"--offline: {source} gives {steps} transitions, fewer than the learner's min_replay_size "

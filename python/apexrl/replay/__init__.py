@@ -13,18 +13,22 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "EpisodeAdder",
     "FieldSpec",
     "MinSize",
+    "NStepTransitionAdder",
     "Queue",
     "ReplayClient",
     "ReplayDataset",
     "ReplayServer",
     "SampleToInsertRatio",
     "SampledBatch",
+    "SequenceAdder",
     "ServerConfig",
     "ShardedReplayClient",
     "TableConfig",
     "TrajectoryWriter",
+    "TransitionAdder",
     "TransitionSpec",
     "connect",
     "load_tables",
@@ -48,6 +52,10 @@ _HOMES = {
     "TableConfig": "apexrl.replay.tables",
     "load_tables": "apexrl.replay.tables",
     "rate_limiter_from_json": "apexrl.replay.tables",
+    "EpisodeAdder": "apexrl.replay.adders",
+    "NStepTransitionAdder": "apexrl.replay.adders",
+    "SequenceAdder": "apexrl.replay.adders",
+    "TransitionAdder": "apexrl.replay.adders",
 }
 
 

@@ -6,6 +6,8 @@ Imported only on first use of ``apexrl.replay.ReplayDataset`` (it imports torch;
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +16,7 @@ import torch.utils.data
 
 from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.frames import frame_codec
+from apexrl.replay.wire.structure import unflatten
 
 __all__ = ["ReplayDataset"]
 
@@ -54,6 +57,10 @@ class ReplayDataset(torch.utils.data.IterableDataset):
       the iterator.
     * ``decode=`` a callable: ``decoded``, what ``decode(sampled_batch)`` returns (run in the decode threads;
       ``sampled_batch`` is a :class:`~apexrl.replay.client.SampledBatch`).
+    * ``decode="structure"``: ``fields``, the items in the table's pinned structure (``client.insert`` of a
+      mapping pins it): the nested mapping of arrays they were inserted as, each ``(n, *shape)``, decoded
+      natively as with a spec. The structure is asked of the server when the first batch comes (and again
+      when items carry another spec's fingerprint); ValueError from the iterator when the table has none.
 
     ``table``: the server's table it samples (default ``"default"``).
 
@@ -69,7 +76,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         endpoint_or_client: Any,
         batch_size: int,
         beta: float = 0.4,
-        decode: TransitionSpec | Callable[[Any], Any] | None = None,
+        decode: TransitionSpec | str | Callable[[Any], Any] | None = None,
         prefetch: int = 16,
         *,
         decode_threads: int = 1,
@@ -92,8 +99,15 @@ class ReplayDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}")
         if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) or not 1 <= decode_threads <= 64:
             raise ValueError(f"decode_threads must be an integer from 1 to 64, got {decode_threads!r}")
-        if decode is not None and not isinstance(decode, TransitionSpec) and not callable(decode):
-            raise TypeError(f"decode must be None, a TransitionSpec or a callable, got {type(decode).__name__}")
+        if (
+            decode is not None
+            and decode != "structure"
+            and not isinstance(decode, TransitionSpec)
+            and not callable(decode)
+        ):
+            raise TypeError(
+                f"decode must be None, a TransitionSpec, 'structure' or a callable, got {type(decode).__name__}"
+            )
         self.endpoint_or_client = endpoint_or_client
         self.batch_size = batch_size
         self.beta = float(beta)
@@ -105,8 +119,10 @@ class ReplayDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"table must be a table's name, got {table!r}")
         self.table = table
 
-    def _hook(self) -> Callable[[Any], Any] | None:
+    def _hook(self, client: Any) -> Callable[[Any], Any] | None:
         decode = self.decode
+        if isinstance(decode, str):  # "structure", the one string __init__ accepts
+            return _StructureHook(client, self.table)
         if isinstance(decode, TransitionSpec):
             spec = decode
             codec = frame_codec(spec)
@@ -140,13 +156,19 @@ class ReplayDataset(torch.utils.data.IterableDataset):
             from apexrl.replay.client.sharded import connect  # only here
 
             client = owned = connect(client, self.timeout)
-        mode = "raw" if self.decode is None else "fields" if isinstance(self.decode, TransitionSpec) else "decoded"
+        mode = (
+            "raw"
+            if self.decode is None
+            else "fields"
+            if isinstance(self.decode, TransitionSpec) or self.decode == "structure"
+            else "decoded"
+        )
         try:
             sampler = client.sampler(
                 self.batch_size,
                 beta=self.beta,
                 prefetch=self.prefetch,
-                decode=self._hook(),
+                decode=self._hook(client),
                 decode_threads=self.decode_threads,
                 table=self.table,
             )
@@ -192,3 +214,31 @@ def _first_fingerprint(raw: Any) -> int | None:
         return None
     start = int(offsets[0])
     return int.from_bytes(bytes(memoryview(raw.data).cast("B")[start : start + 4]), "little")
+
+
+class _StructureHook:
+    """``decode="structure"``: sampled items decoded into their table's pinned structure, which is asked of the
+    server (``client.tables()``) on the first batch and whenever items carry another fingerprint. Called from
+    the decode threads: the lookup holds a lock (the client is not used by anything else meanwhile)."""
+
+    def __init__(self, client: Any, table: str):
+        self.client, self.table = client, table
+        self.spec: TransitionSpec | None = None
+        self.lock = threading.Lock()
+
+    def _spec_for(self, fingerprint: int | None) -> TransitionSpec:
+        with self.lock:
+            spec = self.spec
+            if spec is None or (fingerprint is not None and spec.fingerprint != fingerprint):
+                pinned = self.client.tables()[self.table].get("spec")
+                if not isinstance(pinned, dict):
+                    raise ValueError(
+                        f"table {self.table!r} has no pinned structure (insert a mapping of arrays, or configure "
+                        "or declare a spec): decode='structure' cannot decode its items"
+                    )
+                spec = self.spec = TransitionSpec.from_json(json.dumps(pinned))
+            return spec
+
+    def __call__(self, raw: Any) -> dict[str, Any]:
+        spec = self._spec_for(_first_fingerprint(raw))
+        return unflatten(spec.decode_into(raw.data, raw.offsets, spec.empty_batch(len(raw))))

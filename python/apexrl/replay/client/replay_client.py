@@ -24,8 +24,8 @@ import itertools
 import json
 import secrets
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,6 +33,7 @@ import numpy as np
 from apexrl.errors import (
     ProtocolError,
     ReplayTimeout,
+    ServerError,
     ServerShuttingDownError,
     ServerTimeoutError,
     error_of,
@@ -44,6 +45,7 @@ from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire import steps as S
 from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.schema import peek_ids
+from apexrl.replay.wire.structure import flatten, infer_spec, structure_mismatch, unflatten
 from apexrl.replay.wire.transport import Transport, TransportClient
 from apexrl.security import ClientKeys
 
@@ -81,21 +83,45 @@ class SampledBatch:
     size: int  # items in the store
     # The frame chunks the items reference, each once (items without chunks: none, see P.FrameChunks).
     chunks: P.FrameChunks | None = None
-    # Sequence items (a TrajectoryWriter's, protocol 6): the steps decoded (wire/steps.py, SequenceBatch). fields:
-    # nested like the appended steps, arrays (n, T, ...); mask (n, T): valid steps; extras: arrays (n, ...);
+    # The table's pinned item structure when the items are in it (ReplayClient.sample sets it from what its
+    # client knows), else None; `fields` asks the server once more (_resolve) when it is None.
+    spec: TransitionSpec | None = None
+    _fields: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _resolve: Callable[[SampledBatch], TransitionSpec | None] | None = field(default=None, repr=False, compare=False)
+    # Sequence items (a TrajectoryWriter's, protocol 6): the steps decoded (wire/steps.py, SequenceBatch): `fields`
+    # nested like the appended steps, arrays (n, T, ...); `mask` (n, T): valid steps; `extras`: arrays (n, ...);
     # sequences.valid: False for an item that could not be decoded. None for other items.
     sequences: S.SequenceBatch | None = None
 
     @property
-    def fields(self) -> dict[str, Any] | None:
-        return None if self.sequences is None else self.sequences.fields
+    def fields(self) -> dict[str, Any]:
+        """The items decoded into the table's structure: the (nested) mapping of numpy arrays they were inserted
+        as, each with leading dimension n. Decoded natively (GIL released) on first access, then kept.
+        ValueError when the table has no pinned structure or an item is not in it. A batch of sequence items: their
+        steps, arrays (n, T, ...) (see `mask`)."""
+        if self.sequences is not None:
+            return self.sequences.fields
+        if self._fields is None:
+            if self.spec is None and self._resolve is not None:
+                self.spec = self._resolve(self)  # the table may have been pinned since the client's last HELLO
+            spec = self.spec
+            if spec is None:
+                raise ValueError(
+                    "the batch's table has no pinned structure (no spec configured or declared, or its items are "
+                    "not in it): read .data / .offsets"
+                )
+            flat = spec.decode_into(self.data, self.offsets, spec.empty_batch(len(self)))
+            self._fields = unflatten(flat)
+        return self._fields
 
     @property
     def mask(self) -> np.ndarray | None:
+        """Sequence items: (n, T) bool, True at each item's valid steps; None for other items."""
         return None if self.sequences is None else self.sequences.mask
 
     @property
     def extras(self) -> dict[str, Any] | None:
+        """Sequence items: their per-item extras, arrays (n, ...); None for other items."""
         return None if self.sequences is None else self.sequences.extras
 
     @property
@@ -130,6 +156,14 @@ class ServerInfo:
                 return int(t["index"])
         raise ValueError(f"the replay server has no table {name!r}; its tables: {[t.get('name') for t in self.tables]}")
 
+    def table_spec(self, name: str) -> TransitionSpec | None:
+        """The item structure pinned for the table ``name`` (HELLO's ``tables[i].spec``), None while it has none."""
+        for t in self.tables:
+            if t.get("name") == name:
+                spec = t.get("spec")
+                return TransitionSpec.from_json(json.dumps(spec)) if isinstance(spec, dict) else None
+        raise ValueError(f"the replay server has no table {name!r}; its tables: {[t.get('name') for t in self.tables]}")
+
 
 def _optional_int(value: int | float | None) -> int | None:
     return None if value is None else int(value)
@@ -162,7 +196,7 @@ def sampled_batch(reply: P.Reply) -> SampledBatch:
         float(totals[1]),
         int(a["store_size"][0]),
         chunks,
-        sequences,
+        sequences=sequences,
     )
 
 
@@ -204,6 +238,11 @@ class ReplayClient(TransportClient):
     unless given). The name is resolved to the server's index once, from its HELLO reply (asked for again
     after a timeout). The helpers (:meth:`sampler`, :meth:`inserter`, :meth:`updater`) and
     :class:`ReplayDataset` work on one table each (their ``table``). :meth:`tables` lists the server's tables.
+
+    Structured items: :meth:`insert` also takes a nested mapping of arrays (numpy, torch) with a leading batch
+    dimension; each table pins one structure (a TransitionSpec, inferred from its first batch or declared with
+    :meth:`hello`), and :meth:`sample` returns it as ``batch.fields``. ``insert(None, ...)``: the server gives
+    each item the table's largest priority so far.
     """
 
     def __init__(
@@ -224,6 +263,8 @@ class ReplayClient(TransportClient):
         self.timeout = float(timeout)
         self.spec_json = _spec_json(spec)
         self._info: ServerInfo | None = None
+        self._specs: dict[str, TransitionSpec | None] = {}  # tables' pinned specs, as the last HELLO told
+        self._asked: set[str] = set()  # tables asked about again (a sampled item of an unknown spec) since then
         self._session = secrets.randbits(64) or 1
         self._sequence = itertools.count(1)
         self.transport = Transport(endpoint, name="replay client", curve=curve)
@@ -249,7 +290,8 @@ class ReplayClient(TransportClient):
 
     def tables(self) -> dict[str, dict[str, Any]]:
         """The server's tables: name -> its configuration (HELLO: index, sampler, remover, capacity, max_size,
-        alpha, alpha_evict, max_times_sampled, rate_limiter, ...), its ``size`` and ``bytes_held`` and its
+        alpha, alpha_evict, max_times_sampled, rate_limiter, ...), ``spec`` (its pinned item structure, the
+        TransitionSpec JSON object; None until configured or declared), its ``size`` and ``bytes_held`` and its
         counters (STATS: the ``table.<name>.`` entries, without the prefix)."""
         info = self.hello()
         stats = self.stats()
@@ -276,7 +318,7 @@ class ReplayClient(TransportClient):
     def insert(
         self,
         priorities: Any,
-        items: Sequence[Any] | None = None,
+        items: Sequence[Any] | Mapping[str, Any] | None = None,
         *,
         data: Any = None,
         offsets: Any = None,
@@ -285,7 +327,19 @@ class ReplayClient(TransportClient):
         chunks: P.FrameChunks | None = None,
         table: str | None = None,
     ) -> np.ndarray:
-        """Insert items (a list of bytes-like, or ``data`` + ``offsets``) with their priorities -> keys u64[n].
+        """Insert items with their priorities -> keys u64[n]. ``items``: a list of bytes-like, or ``data`` +
+        ``offsets`` (encoded items, e.g. ``TransitionSpec.encode``'s), or a structured batch: a mapping (nested
+        dicts allowed) of numpy arrays or torch tensors with a leading batch dimension n.
+
+        Structured batches: nested keys become field names joined by ``.`` (``{"obs": {"pixels": x}}`` is the
+        field ``obs.pixels``). The table's structure is a :class:`TransitionSpec`: the one configured
+        (``TableConfig.spec``) or declared (:meth:`hello`), else inferred from this first batch (each field's
+        dtype and ``shape[1:]``, uncompressed) and declared for the table, which pins it for every client. A
+        batch that does not fit it raises ValueError naming the field and the difference (missing or extra
+        field, dtype, shape), and nothing is sent. :meth:`sample` returns such items as ``batch.fields``.
+
+        ``priorities``: f64[n], or None: each item gets the table's largest priority so far (given by an
+        INSERT or UPDATE_PRIORITIES since the server started; 1.0 before any), chosen by the server.
 
         ``timeout``: seconds the server may hold the insert while its rate limiter (samples_per_insert) says
         the inserters are too far ahead; None (default) answers at once. Raises ServerTimeoutError (a
@@ -294,7 +348,12 @@ class ReplayClient(TransportClient):
         request would be over the server's limit. ``chunks``: frame chunks the items reference
         (:func:`~apexrl.replay.wire.protocol.pack_chunks`), stored once and kept while an item references them.
         """
-        data, offsets = _data_and_offsets(items, data, offsets)
+        if isinstance(items, Mapping):
+            if data is not None or offsets is not None:
+                raise ValueError("pass either items or data and offsets, not both")
+            data, offsets = self.encode_structured(items, table)
+        else:
+            data, offsets = _data_and_offsets(items, data, offsets)
         wait_s, _ = P.server_wait(timeout)
         frames = self.prepare_insert(
             priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks, table=table
@@ -350,11 +409,72 @@ class ReplayClient(TransportClient):
         of one batch."""
         return self._session, next(self._sequence)
 
-    def hello(self, spec: TransitionSpec | str | None = None) -> ServerInfo:
-        """Declare ``spec`` (default: this client's) and learn the server's limits and spec. ServerError
-        (INVALID_ARGUMENT) when the server already has another spec."""
+    def encode_structured(self, items: Mapping[str, Any], table: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """A structured batch (see :meth:`insert`) encoded in ``table``'s structure -> ``(data, offsets)``;
+        pins the structure first when the table has none (HELLO). ValueError naming the field when the batch
+        does not fit the table's structure."""
+        name = self.table if table is None else table
+        flat = flatten(items)
+        spec = self._table_spec(name)
+        if spec is None:
+            spec = self._table_spec(name, ask=True)  # another client may have pinned it since our last HELLO
+        if spec is None:
+            inferred = infer_spec(flat)
+            try:
+                self.hello(inferred, table=name)
+            except ServerError as exc:  # pinned by another client meanwhile: compare with theirs below
+                if exc.status != P.Status.INVALID_ARGUMENT:
+                    raise
+            spec = self._table_spec(name, ask=True)
+            if spec is None:  # pragma: no cover - the server pins or refuses
+                raise ValueError(f"table {name!r}: the server did not pin a structure")
+        why = structure_mismatch(spec, flat)
+        if why is not None:
+            raise ValueError(f"insert into table {name!r} refused, nothing sent: {why}")
+        return spec.encode(flat)
+
+    def _table_spec(self, name: str, *, ask: bool = False) -> TransitionSpec | None:
+        """``name``'s pinned spec as the last HELLO told (``ask``: a new HELLO first)."""
+        if ask:
+            self.hello()
+        info = self.server_info
+        if name not in self._specs:
+            self._specs[name] = info.table_spec(name)
+        return self._specs[name]
+
+    def _sampled_spec(self, name: str, batch: SampledBatch, *, ask: bool = False) -> TransitionSpec | None:
+        """The spec ``batch``'s items are in: the table's pinned spec when the first item carries its fingerprint
+        (``ask``: asking the server again, once per HELLO, when it does not: the table may have been pinned
+        since). Without ``ask`` no request is sent: a sample costs what it always did."""
+        offsets = batch.offsets
+        if len(offsets) < 2 or int(offsets[1]) - int(offsets[0]) < 4:
+            return None
+        start = int(offsets[0])
+        fingerprint = int.from_bytes(bytes(memoryview(batch.data).cast("B")[start : start + 4]), "little")
+        spec = self._table_spec(name)
+        if ask and (spec is None or spec.fingerprint != fingerprint) and name not in self._asked:
+            spec = self._table_spec(name, ask=True)
+            self._asked.add(name)
+        return spec if spec is not None and spec.fingerprint == fingerprint else None
+
+    def hello(self, spec: TransitionSpec | str | None = None, *, table: str | None = None) -> ServerInfo:
+        """Declare ``spec`` (default: this client's) for ``table`` (default: ``"default"``, the run's spec as
+        before tables) and learn the server's limits, tables and specs. Declaring pins the table's item
+        structure when it has none; ServerError (INVALID_ARGUMENT, naming both) when it already has another."""
         spec_json = _spec_json(spec) if spec is not None else self.spec_json
-        reply = self._call(P.Op.HELLO, lambda rid: P.encode_hello(rid, spec_json), self.timeout)
+        index = 0
+        if spec_json:
+            info = self._info if self._info is not None else self._hello(0, "")
+            if table is not None:
+                index = info.table_index(table)
+            elif any(t.get("name") == "default" for t in info.tables):
+                index = info.table_index("default")
+        elif table is not None:
+            index = self.server_info.table_index(table)
+        return self._hello(index, spec_json)
+
+    def _hello(self, index: int, spec_json: str) -> ServerInfo:
+        reply = self._call(P.Op.HELLO, lambda rid: P.encode_hello(rid, spec_json, index), self.timeout)
         info = reply.stats or {}
         text = reply.arrays["spec"]
         try:
@@ -374,6 +494,7 @@ class ReplayClient(TransportClient):
                 _optional_int(info.get("num_shards")),
                 tuple(tables),
             )
+            self._specs, self._asked = {}, set()
         except (KeyError, TypeError, ValueError) as exc:
             self.transport.reset()
             raise ProtocolError(P.Status.BAD_MESSAGE, f"HELLO reply: {type(exc).__name__}: {exc}") from None
@@ -404,7 +525,8 @@ class ReplayClient(TransportClient):
     def sample(
         self, n: int, beta: float = 0.4, timeout: float | None = None, *, table: str | None = None
     ) -> SampledBatch:
-        """Sample n items with IS exponent beta.
+        """Sample n items with IS exponent beta. On a table with a pinned structure, ``batch.fields`` is the
+        items decoded into it (the nested mapping they were inserted as, numpy arrays with leading dimension n).
 
         ``timeout``: seconds the server may wait for the store to reach its min_size_to_sample; None (default)
         answers at once. Raises ServerTimeoutError (a ReplayTimeout) when the store is still too small.
@@ -415,7 +537,11 @@ class ReplayClient(TransportClient):
         reply = self._call(
             P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms, index), self.timeout + wait_s
         )
-        return sampled_batch(reply)
+        batch = sampled_batch(reply)
+        name = self.table if table is None else table
+        batch.spec = self._sampled_spec(name, batch)
+        batch._resolve = functools.partial(self._sampled_spec, name, ask=True)
+        return batch
 
     # Split calls: send now, collect the reply later, so that a caller (ShardedReplayClient) can have one request
     # outstanding at each of several servers and the waits overlap. Don't interleave them with the other calls
@@ -497,8 +623,13 @@ class ReplayClient(TransportClient):
         table: str | None = None,
     ) -> list[Any]:
         """Validate and encode one INSERT for :meth:`send_insert` (ValueError for bad arguments,
-        InsertTooLargeError over the server's limit; the first call asks the server, see :meth:`hello`)."""
+        InsertTooLargeError over the server's limit; the first call asks the server, see :meth:`hello`).
+        ``priorities=None``: the server gives each item the table's largest priority so far."""
         _wait_s, timeout_ms = P.server_wait(timeout)
+        max_priority = priorities is None
+        if max_priority:
+            n = len(offsets) - 1 if hasattr(offsets, "__len__") else 0
+            priorities = np.zeros(max(n, 0), dtype=np.float64)  # sent and checked, not used (FLAG_MAX_PRIORITY)
         frames = P.encode_insert(
             0,
             priorities,
@@ -508,6 +639,7 @@ class ReplayClient(TransportClient):
             self.next_insert_id() if insert_id is None else insert_id,
             chunks,
             self.table_index(table),
+            max_priority,
         )
         self._check_size(frames)
         return frames

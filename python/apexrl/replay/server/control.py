@@ -51,11 +51,18 @@ def _plain(v: Any) -> int | float:
 class ControlHandler:
     """Serves HELLO and STATS for one server (``loop`` is its native ServeLoop, ``tables`` its tables)."""
 
-    def __init__(self, config: ServerConfig, tables: list[ServerTable], spec_gate: SpecGate, loop: Any):
-        self.config, self.tables, self.spec_gate, self.loop = config, tables, spec_gate, loop
+    def __init__(self, config: ServerConfig, tables: list[ServerTable], spec_gates: dict[int, SpecGate], loop: Any):
+        self.config, self.tables, self.spec_gates, self.loop = config, tables, spec_gates, loop
         self.default = next((t for t in tables if t.name == "default"), tables[0])
         self.store = self.default.store
-        self.tables_json = json.dumps([table_description(t) for t in tables], allow_nan=False)
+        self.spec_gate = spec_gates[self.default.index]  # today's STATS spec_declared / spec_fingerprint
+        self._tables_json()
+
+    def _tables_json(self) -> None:
+        """HELLO's ``tables``, rebuilt when a table's structure is pinned (control thread only)."""
+        self.tables_json = json.dumps(
+            [table_description(t, self.spec_gates[t.index].spec) for t in self.tables], allow_nan=False
+        )
 
     def serve(self, frames: list[bytes]) -> list[Any]:
         """The reply frames to one HELLO or STATS request (an error reply for a bad one)."""
@@ -66,10 +73,15 @@ class ControlHandler:
         op, rid = int(req.header.op), req.request_id
         try:
             if op == P.Op.HELLO:
-                before = self.spec_gate.spec
-                spec = self.spec_gate.declare(req.arrays["spec"])
+                # The header's table (the loop refused an unknown index) is the one whose spec is declared; the
+                # control thread serves HELLOs one at a time, so of two different declarations one pins the
+                # table and the other is refused naming both.
+                gate = self.spec_gates[int(req.header.table)]
+                before = gate.spec
+                spec = gate.declare(req.arrays["spec"])
                 if spec is not None and before is None:
-                    self.loop.set_layout(spec.native_layout())
+                    self.loop.set_layout(spec.native_layout(), int(req.header.table))
+                    self._tables_json()
                 return P.encode_hello_reply(
                     rid, self.hello_info(), spec.to_json() if spec is not None else "", self.tables_json
                 )

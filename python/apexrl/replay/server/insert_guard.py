@@ -45,25 +45,40 @@ def load_spec(value: str | os.PathLike[str]) -> TransitionSpec:
         raise ValueError(f"spec {os.fspath(value)!r}: {exc}") from None
 
 
-def spec_sidecar(snapshot: str | os.PathLike[str]) -> str:
-    """The file that keeps a snapshot's spec: ``SNAPSHOT.spec.json``."""
-    return os.fspath(snapshot) + ".spec.json"
+def spec_sidecar(snapshot: str | os.PathLike[str], table: str = "default") -> str:
+    """The file that keeps a table's spec beside the snapshot: ``SNAPSHOT.spec.json`` for the table ``default``
+    (the name it always had, so older snapshots load), ``SNAPSHOT.table-NAME.spec.json`` for any other."""
+    if table == "default":
+        return os.fspath(snapshot) + ".spec.json"
+    return f"{os.fspath(snapshot)}.table-{table}.spec.json"
 
 
 class SpecGate:
-    """The server's TransitionSpec (None until one is configured or declared) and the INSERT check."""
+    """One table's TransitionSpec (None until one is configured or declared: the table's structure, pinned) and
+    the INSERT check. The server keeps one per table; a table's sidecar file keeps its spec beside the snapshot.
+    """
 
-    def __init__(self, configured: str | os.PathLike[str] | None, snapshot: str | os.PathLike[str] | None):
+    def __init__(
+        self,
+        configured: TransitionSpec | str | os.PathLike[str] | None,
+        snapshot: str | os.PathLike[str] | None,
+        table: str = "default",
+    ):
         self._lock = threading.Lock()
-        self._sidecar = spec_sidecar(snapshot) if snapshot is not None else None
+        self.table = table
+        self._sidecar = spec_sidecar(snapshot, table) if snapshot is not None else None
         self.spec: TransitionSpec | None = None
         stored = None
         if self._sidecar is not None and os.path.exists(self._sidecar):
             stored = load_spec(self._sidecar)
-        wanted = load_spec(configured) if configured is not None else None
+        if isinstance(configured, TransitionSpec) or configured is None:
+            wanted = configured
+        else:
+            wanted = load_spec(configured)
         if stored is not None and wanted is not None and stored != wanted:
+            what = "--spec" if table == "default" else f"table {table!r}: spec"
             raise ValueError(
-                f"--spec {wanted!r} differs from the spec {stored!r} kept with the snapshot in {self._sidecar}"
+                f"{what} {wanted!r} differs from the spec {stored!r} kept with the snapshot in {self._sidecar}"
             )
         self.spec = wanted or stored
         if self.spec is not None and stored is None:
@@ -74,8 +89,9 @@ class SpecGate:
             write_atomically(self._sidecar, spec.to_json())
 
     def declare(self, spec_json: str) -> TransitionSpec | None:
-        """A HELLO's spec ("" declares none) -> the server's spec afterwards. The first one sticks; another
-        raises ValueError naming both."""
+        """A HELLO's spec ("" declares none) -> the table's spec afterwards. The first one sticks (written to
+        the sidecar before it is used); another raises ValueError naming both. Atomic: of two declarations at
+        once, one pins and the other is compared with it."""
         if not spec_json:
             return self.spec
         spec = TransitionSpec.from_json(spec_json)
@@ -84,5 +100,7 @@ class SpecGate:
                 self._persist(spec)
                 self.spec = spec
             elif spec != self.spec:
-                raise ValueError(f"declared spec {spec!r} differs from the server's spec {self.spec!r}")
+                raise ValueError(
+                    f"declared spec {spec!r} differs from the server's spec {self.spec!r} for table {self.table!r}"
+                )
             return self.spec

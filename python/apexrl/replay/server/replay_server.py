@@ -34,11 +34,10 @@ from apexrl import _core
 from apexrl.replay.server.config import ServerConfig, check_snapshot_dir
 from apexrl.replay.server.control import ControlHandler
 from apexrl.replay.server.epoch import SnapshotSaveError
-from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate, load_spec
+from apexrl.replay.server.insert_guard import DEDUP_MAX_BYTES, DEDUP_MAX_IDS, SpecGate
 from apexrl.replay.server.native import NativeLoopError, libzmq_path
 from apexrl.replay.server.tables import ServerTable, open_tables, save_tables
 from apexrl.replay.wire import protocol as P
-from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.roles import ROLE_OPS
 from apexrl.security import CLIENT, LEARNER, limit_idle_connections, secure_server_socket
 
@@ -81,12 +80,10 @@ class ReplayServer:
         self.tables: list[ServerTable] = open_tables(config)
         self.table_index = {t.name: t.index for t in self.tables}
         self.store = self.tables[self.table_index.get("default", 0)].store
-        # The run's TransitionSpec (HELLO), once known: the table `default`'s; another table is checked against
-        # its own TableConfig.spec, if it has one.
-        default_spec = self.tables[self.table_index.get("default", 0)].config.spec
-        if isinstance(default_spec, TransitionSpec):
-            default_spec = default_spec.to_json()
-        self.spec_gate = SpecGate(default_spec, config.snapshot)
+        # Each table's TransitionSpec (its item structure), once configured, restored from its sidecar or declared
+        # by a HELLO naming the table; `spec_gate` is the table `default`'s (else the first's), the run's spec.
+        self.spec_gates = {t.index: SpecGate(t.config.spec, config.snapshot, t.name) for t in self.tables}
+        self.spec_gate = self.spec_gates[self.table_index.get("default", 0)]
         self.endpoint: str | None = None
         self._ctx: zmq.Context | None = None
         self._socket: zmq.Socket | None = None
@@ -169,13 +166,9 @@ class ReplayServer:
             )
         except ImportError as exc:
             raise NativeLoopError(f"the replay server's native loop cannot start: {exc}") from None
-        if self.spec_gate.spec is not None:
-            loop.set_layout(self.spec_gate.spec.native_layout())
-        for t in self.tables:
-            spec = t.config.spec
-            if t.index != self.table_index.get("default", 0) and spec is not None:
-                spec = spec if isinstance(spec, TransitionSpec) else load_spec(spec)
-                loop.set_layout(spec.native_layout(), t.index)
+        for index, gate in self.spec_gates.items():
+            if gate.spec is not None:
+                loop.set_layout(gate.spec.native_layout(), index)
         return loop
 
     def start(self) -> ReplayServer:
@@ -194,7 +187,7 @@ class ReplayServer:
         except Exception:
             self._close()
             raise
-        handler = ControlHandler(cfg, self.tables, self.spec_gate, self._loop)
+        handler = ControlHandler(cfg, self.tables, self.spec_gates, self._loop)
         self._control = threading.Thread(target=self._control_loop, args=(handler,), name="apexrl-control", daemon=True)
         self._control.start()
         self._watcher = threading.Thread(target=self._watch_accepts, name="apexrl-accepts", daemon=True)
@@ -280,16 +273,10 @@ class ReplayServer:
             )
 
     def _table_specs(self) -> dict[str, str | None]:
-        """Each table's spec JSON, for a tables snapshot's manifest: `default`'s as declared (SpecGate), the
-        others' as configured."""
+        """Each table's spec JSON (configured or declared; None while unpinned), for a tables snapshot's manifest."""
         specs: dict[str, str | None] = {}
         for t in self.tables:
-            if t.index == self.table_index.get("default", 0):
-                spec = self.spec_gate.spec
-            else:
-                spec = t.config.spec
-            if spec is not None and not isinstance(spec, TransitionSpec):
-                spec = load_spec(spec)
+            spec = self.spec_gates[t.index].spec
             specs[t.name] = None if spec is None else spec.to_json()
         return specs
 

@@ -73,8 +73,9 @@ def limiter_of(rate_limiter: Any) -> dict[str, Any]:
     return dict(rate_limiter.to_json())
 
 
-def table_description(table: ServerTable) -> dict[str, Any]:
-    """HELLO's entry of one table: its index, name and configuration (rate limiter as in ``--tables``)."""
+def table_description(table: ServerTable, spec: Any = None) -> dict[str, Any]:
+    """HELLO's entry of one table: its index, name and configuration (rate limiter as in ``--tables``), and
+    ``spec``, its pinned item structure (the TransitionSpec's JSON object; None until configured or declared)."""
     c = table.config
     return {
         "index": table.index,
@@ -89,7 +90,7 @@ def table_description(table: ServerTable) -> dict[str, Any]:
         "rate_limiter": dict(table.limiter),
         "epoch": int(table.store.epoch),
         "num_shards": int(table.store.shards),
-        "spec": c.spec is not None,  # whether the table checks its items against a spec of its own
+        "spec": None if spec is None else json.loads(spec.to_json()),
     }
 
 

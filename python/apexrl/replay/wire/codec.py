@@ -61,7 +61,10 @@ MAX_SPEC_JSON_BYTES = 64 << 10
 _FINGERPRINT_BYTES = 4
 _LENGTH_BYTES = 4
 _WORD = np.arange(4, dtype=np.intp)  # byte offsets of a u32 (fingerprints, block lengths)
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+# A field name: an identifier, or identifiers joined by "." (a nested mapping's path, see
+# apexrl.replay.wire.structure); at most 64 characters. Names without a "." are what they always were, so old
+# specs keep their JSON and fingerprint.
+_NAME_RE = re.compile(r"(?=.{1,64}\Z)[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 _ALLOWED_KINDS = frozenset("biufc")  # bool, signed, unsigned, float, complex: fixed-size numeric only
 
 
@@ -99,7 +102,9 @@ class FieldSpec:
     def __post_init__(self) -> None:
         name, shape, compress = self.name, self.shape, self.compress
         if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None:
-            raise ValueError(f"field name {name!r} is not an identifier of at most 64 ASCII characters")
+            raise ValueError(
+                f"field name {name!r} is not an identifier (or identifiers joined by '.') of at most 64 ASCII characters"
+            )
         canonical = _canonical_dtype(self.dtype)
         if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
             raise ValueError(f"field {name!r}: shape {shape!r} is not a sequence of ints")

@@ -76,6 +76,8 @@ __all__ = [
 
 _HEADER = S.HEADER
 _TABLE_OPS = frozenset(int(op) for op in S.TABLE_OPS)
+_FLAG_MAX_PRIORITY = S.FLAG_MAX_PRIORITY
+_INSERT = int(Op.INSERT)
 _REQUEST_ID = struct.Struct("<Q")  # at offset 8
 _U16 = 0xFFFF
 _U32 = 0xFFFF_FFFF
@@ -108,7 +110,8 @@ def _bad(message: str, status: Status = Status.BAD_MESSAGE) -> ProtocolError:
 
 
 class Header(NamedTuple):
-    """Frame 0 of every message. ``flags`` is always zero; ``table`` names a data request's table (0 elsewhere)."""
+    """Frame 0 of every message. ``flags`` is zero except an INSERT's FLAG_MAX_PRIORITY; ``table`` names a data
+    request's table, or the table a HELLO declares a spec for (0 elsewhere)."""
 
     op: int
     request_id: int
@@ -118,6 +121,7 @@ class Header(NamedTuple):
     timeout_ms: int = 0
     version: int = PROTOCOL_VERSION
     table: int = 0
+    flags: int = 0
 
     def pack(self) -> bytes:
         """The 40-byte encoding; ValueError if a field is out of its unsigned range."""
@@ -129,6 +133,7 @@ class Header(NamedTuple):
             ("count", self.count, _U32),
             ("timeout_ms", self.timeout_ms, _U32),
             ("table", self.table, _U32),
+            ("flags", self.flags, _U16),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= limit:
                 raise ValueError(f"header {name} must be an integer in [0, {limit}], got {value!r}")
@@ -142,7 +147,7 @@ class Header(NamedTuple):
             int(self.op),
             int(self.request_id),
             int(self.status),
-            0,
+            int(self.flags),
             int(self.count),
             param,
             int(self.timeout_ms),
@@ -169,13 +174,13 @@ def _header(buf: memoryview, ops: frozenset[int]) -> Header:
         if (
             magic == MAGIC
             and version in SUPPORTED_VERSIONS
-            and not flags
+            and (not flags or (flags == _FLAG_MAX_PRIORITY and op == _INSERT))
             and op in ops
             and status in _STATUSES
             and (not table or op in _TABLE_OPS)
         ):
             return _new_header(
-                Header, (_OP_BY_INT[op], rid, _STATUS_BY_INT[status], count, param, timeout_ms, version, table)
+                Header, (_OP_BY_INT[op], rid, _STATUS_BY_INT[status], count, param, timeout_ms, version, table, flags)
             )
     # Something is off: find the first rule broken, in the documented order. Magic and version come first: a
     # newer peer's header may have another length, and it must be told UNSUPPORTED_VERSION (bytes 0-15 have
@@ -203,8 +208,9 @@ def _header(buf: memoryview, ops: frozenset[int]) -> Header:
         )
     _magic, _version, op, request_id, status, flags, count, param, timeout_ms, table = _HEADER.unpack(buf)
     ids = dict(op=op, request_id=request_id)
-    if flags != 0:
-        raise ProtocolError(Status.BAD_MESSAGE, f"header flags is {flags:#06x}, must be 0", **ids)
+    if flags != 0 and not (flags == _FLAG_MAX_PRIORITY and op == _INSERT):
+        must = "0 or 0x0001" if op == _INSERT else "0"
+        raise ProtocolError(Status.BAD_MESSAGE, f"header flags is {flags:#06x}, must be {must}", **ids)
     if op not in ops:
         raise ProtocolError(Status.UNKNOWN_OP, f"header op {op} is unknown; known ops: {sorted(ops)}", **ids)
     if status not in _STATUSES:
@@ -790,6 +796,7 @@ def encode_insert(
     insert_id: Any = NO_INSERT_ID,
     chunks: FrameChunks | None = None,
     table: int = 0,
+    max_priority: bool = False,
 ) -> list[Frame]:
     """INSERT request: [header(count=n, timeout_ms), priorities f64[n], offsets u64[n+1], data, insert_id u64[2],
     item_chunks u64[refs], item_chunk_offsets u64[n+1], chunk_data, chunk_offsets u64[chunks+1]].
@@ -797,14 +804,20 @@ def encode_insert(
     ``insert_id`` = (session, sequence): the server stores a batch once per id; a retry sends the same id and
     gets the first request's keys back. (0, 0) asks for no de-duplication. ``chunks``: the frame chunks the
     items reference (None: none); a retry carries them again. ``table``: the table's index (HELLO's ``tables``),
-    as in every data request."""
+    as in every data request. ``max_priority``: set the header's FLAG_MAX_PRIORITY (each item gets the table's
+    largest priority so far; ``priorities`` is still checked, not used)."""
     if type(insert_id) is not np.ndarray:
         insert_id = np.array(insert_id, dtype=_U64_DTYPE) if _is_u64_pair(insert_id) else insert_id
     if chunks is None:
         chunks = FrameChunks.none(len(offsets) - 1 if hasattr(offsets, "__len__") and len(offsets) else 0)
-    return _encode(
+    frames = _encode(
         _INSERT_PLAN, request_id, (priorities, offsets, data, insert_id, *chunks), timeout_ms=timeout_ms, table=table
     )
+    if max_priority:
+        header = bytearray(frames[0])
+        struct.pack_into("<H", header, 18, _FLAG_MAX_PRIORITY)
+        frames[0] = bytes(header)
+    return frames
 
 
 def _is_u64_pair(value: Any) -> bool:
@@ -842,9 +855,10 @@ def encode_stats(request_id: int) -> list[Frame]:
     return _encode(_REQUEST_PLANS[Op.STATS], request_id)
 
 
-def encode_hello(request_id: int, spec_json: str = "") -> list[Frame]:
-    """HELLO request: [header, spec utf8] (a TransitionSpec JSON to declare; "" declares none)."""
-    return _encode(_REQUEST_PLANS[Op.HELLO], request_id, (spec_json,))
+def encode_hello(request_id: int, spec_json: str = "", table: int = 0) -> list[Frame]:
+    """HELLO request: [header(table), spec utf8] (a TransitionSpec JSON to declare for the table ``table``; ""
+    declares none)."""
+    return _encode(_REQUEST_PLANS[Op.HELLO], request_id, (spec_json,), table=table)
 
 
 def encode_erase(request_id: int, keys: Any, table: int = 0) -> list[Frame]:

@@ -107,10 +107,14 @@ SERVICES: dict[str, tuple[Op, ...]] = {
 }
 """The ops each service's server answers; a request for any other op is answered UNKNOWN_OP."""
 
-TABLE_OPS: tuple[Op, ...] = (Op.INSERT, Op.SAMPLE, Op.UPDATE_PRIORITIES, Op.REMOVE_TO_FIT, Op.ERASE)
-"""The ops whose requests name a table in the header's ``table`` field (an index HELLO lists); every other
-message carries 0 there (else BAD_MESSAGE). A replay server refuses an index it has no table for with
+TABLE_OPS: tuple[Op, ...] = (Op.INSERT, Op.SAMPLE, Op.UPDATE_PRIORITIES, Op.REMOVE_TO_FIT, Op.ERASE, Op.HELLO)
+"""The ops whose requests name a table in the header's ``table`` field (an index HELLO lists; HELLO's names the
+table whose item spec it declares); every other message carries 0 there (else BAD_MESSAGE). A replay server refuses an index it has no table for with
 INVALID_ARGUMENT, after decoding (the decoder does not know the server's tables)."""
+
+FLAG_MAX_PRIORITY = 0x0001
+"""The one header flag: on an INSERT, each item gets its table's largest priority so far (1.0 before any) and
+the priorities frame (still sent, still checked) is not used. Every other message carries flags 0."""
 
 # ---------------------------------------------------------------------------------------------------- header
 
@@ -133,7 +137,7 @@ HEADER_FIELDS: tuple[HeaderField, ...] = (
     HeaderField("op", "H", "u16", "`Op`, below"),
     HeaderField("request_id", "Q", "u64", "chosen by the client, echoed in the reply"),
     HeaderField("status", "H", "u16", "`Status`; 0 (OK) in every request"),
-    HeaderField("flags", "H", "u16", "must be 0"),
+    HeaderField("flags", "H", "u16", "0; an INSERT may set FLAG_MAX_PRIORITY"),
     HeaderField("count", "I", "u32", "n (items / keys) of the array frames, or a count reply's result"),
     HeaderField("param", "d", "f64", "SAMPLE request: β; 0.0 everywhere else"),
     HeaderField("timeout_ms", "I", "u32", "INSERT and SAMPLE requests: longest the server may wait; 0 elsewhere"),

@@ -1,0 +1,19 @@
+"""Adders (issue 38 section 3, Acme's shape): an environment loop in, replay items out.
+
+- :class:`TransitionAdder`, :class:`NStepTransitionAdder` (:mod:`.transition`): one item per (n-step) transition,
+  inserted in batches with ``client.insert(priorities, mapping, table=...)``. The n-step core there is the one the
+  Ape-X actors use.
+- :class:`SequenceAdder` (:mod:`.sequence`): overlapping fixed-length sequences through ``client.writer``.
+- :class:`EpisodeAdder` (:mod:`.episode`): whole episodes through ``client.writer``.
+
+Call order, terminated vs truncated and the step layout: :mod:`.base`. Never imports torch.
+"""
+
+from __future__ import annotations
+
+from apexrl.replay.adders.base import Adder, Step
+from apexrl.replay.adders.episode import EpisodeAdder
+from apexrl.replay.adders.sequence import SequenceAdder
+from apexrl.replay.adders.transition import NStepTransitionAdder, TransitionAdder
+
+__all__ = ["Adder", "EpisodeAdder", "NStepTransitionAdder", "SequenceAdder", "Step", "TransitionAdder"]

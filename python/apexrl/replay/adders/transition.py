@@ -1,0 +1,455 @@
+"""N-step transitions: the one n-step implementation of the package, and the transition adders built on it.
+
+**The n-step core.** One :class:`NStepBuffer` per environment instance. With steps ``(s_t, a_t, r_t, s_{t+1})``
+it emits, for every ``t``, the transition ::
+
+    obs      = s_t
+    action   = a_t
+    reward   = R_t = sum_{k=0}^{m-1} gamma^k r_{t+k}
+    discount = D_t = gamma^m        (0.0 when the episode *terminated* within those m steps)
+    next_obs = s_{t+m}
+
+with ``m = n`` in the middle of an episode and ``m < n`` for the last ``n - 1`` steps of an episode (the
+horizon is cut at the episode end). The learner's target is then ``R_t + D_t * Q(s_{t+m}, .)``: one formula
+for every horizon, no special cases, because the discount already holds ``gamma^m`` and the terminal flag.
+
+Termination vs truncation (time limits): ``terminated`` ends the MDP, so no horizon that reaches the last
+step bootstraps (``D = 0``). ``truncated`` only stops the episode; the state after it still has a value, so
+those horizons keep ``D = gamma^m`` and bootstrap from the last observation (Pardo et al. 2018, "Time Limits
+in Reinforcement Learning"). A step that is both counts as terminated.
+
+Timing: ``add`` returns the transition for ``s_{t-n+1}`` as soon as ``n`` steps are buffered (the first one
+after the n-th step of an episode), and at an episode end the ``min(n, episode length)`` pending ones at once,
+longest horizon first. Nothing is emitted twice and every step of every finished episode is emitted once.
+
+Call order: ``add_first(s_0)``, then ``add(...)`` per step; after a step with ``terminated or truncated`` the
+next episode starts with ``add_first`` again. Calling ``add_first`` while an episode is still open is an error
+(it would silently drop up to ``n - 1`` transitions); call :meth:`NStepBuffer.reset` first to drop them on
+purpose, e.g. after an environment crashed mid-episode.
+
+Observations are kept by reference, not copied: environments hand out fresh arrays every step.
+
+:class:`VecNStep` is the same core for K environments stepped in lockstep, computed over arrays (the vectorised
+Ape-X actors): the same transitions, values and order as K NStepBuffers (tests/apex/test_nstep.py holds it).
+
+**The adders.** :class:`NStepTransitionAdder` feeds an NStepBuffer (the same object the K = 1 Ape-X actor uses)
+through the call-order rules of :mod:`apexrl.replay.adders.base` and inserts what it emits into a table with
+``client.insert(priorities, mapping, table=table)``; :class:`TransitionAdder` is it with ``n = 1``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeAlias
+
+import numpy as np
+
+from apexrl.replay.adders.base import Adder, Step, check_int, check_priority, stack
+
+__all__ = ["NStepBuffer", "NStepTransitionAdder", "Transition", "TransitionAdder", "VecNStep"]
+
+
+class Transition(NamedTuple):
+    """One n-step transition (see the module docstring for the formulas)."""
+
+    obs: np.ndarray
+    action: Any
+    reward: float  # sum_{k<m} gamma^k r_k
+    discount: float  # gamma^m, or 0.0 if terminated within the m steps
+    next_obs: np.ndarray  # the observation m steps later
+
+
+class NStepBuffer:
+    """Turns one episode stream into n-step transitions (see the module docstring).
+
+    Args:
+      n: horizon, an int >= 1 (n = 1 gives one-step transitions with discount gamma or 0).
+      gamma: discount per step, in [0, 1].
+
+    Raises:
+      ValueError: for n < 1 (or not an int) and gamma outside [0, 1] (or not finite).
+    """
+
+    def __init__(self, n: int, gamma: float):
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real) or not 0.0 <= float(gamma) <= 1.0:
+            raise ValueError(f"gamma must be a float in [0, 1], got {gamma!r}")
+        self.n: int = int(n)
+        self.gamma: float = float(gamma)
+        self._pending: deque[tuple[np.ndarray, Any, float]] = deque()  # (s_t, a_t, r_t), oldest first
+        self._obs: np.ndarray | None = None  # the latest observation; None between episodes
+
+    @property
+    def in_episode(self) -> bool:
+        """True between ``add_first`` and the step that ends the episode."""
+        return self._obs is not None
+
+    def __len__(self) -> int:
+        """Steps buffered whose transition has not been emitted yet (at most n - 1 between calls)."""
+        return len(self._pending)
+
+    def reset(self) -> None:
+        """Drop the open episode and its pending steps (they are never emitted)."""
+        self._pending.clear()
+        self._obs = None
+
+    def truncate(self) -> list[Transition]:
+        """End the open episode here as a truncation and return its pending transitions (shorter horizons
+        bootstrapping from the latest observation): what an actor that stops mid-episode still holds is
+        valid experience. No-op (empty list) between episodes."""
+        if self._obs is None:
+            return []
+        out = [self._transition(m, self._obs, False) for m in range(len(self._pending), 0, -1)]
+        self.reset()
+        return out
+
+    def add_first(self, obs: np.ndarray) -> None:
+        """Start an episode at observation ``s_0``.
+
+        Raises:
+          RuntimeError: an episode is still open (its last step had neither terminated nor truncated);
+            call ``reset()`` first to drop it on purpose.
+        """
+        if self._obs is not None:
+            raise RuntimeError(
+                "NStepBuffer.add_first called while an episode is still open (its last add() had neither "
+                "terminated nor truncated); call reset() first to drop the pending steps on purpose"
+            )
+        self._obs = obs
+
+    def add(
+        self, action: Any, reward: float, next_obs: np.ndarray, terminated: bool, truncated: bool
+    ) -> list[Transition]:
+        """Record step ``(s_t, a_t, r_t, s_{t+1})`` and return the transitions it completes (oldest first).
+
+        Raises:
+          RuntimeError: no open episode (``add_first`` was not called, or the last step ended the episode).
+          ValueError: a reward that is not a finite number.
+        """
+        if self._obs is None:
+            raise RuntimeError(
+                "NStepBuffer.add called without an open episode: call add_first(obs) first "
+                "(and again after every step with terminated or truncated)"
+            )
+        r = float(reward)
+        if not math.isfinite(r):
+            raise ValueError(f"reward must be finite, got {reward!r}")
+        self._pending.append((self._obs, action, r))
+        self._obs = next_obs
+
+        if terminated or truncated:
+            out = [self._transition(m, next_obs, bool(terminated)) for m in range(len(self._pending), 0, -1)]
+            self.reset()
+            return out
+        if len(self._pending) == self.n:
+            return [self._transition(self.n, next_obs, False)]
+        return []
+
+    def _transition(self, m: int, next_obs: np.ndarray, terminated: bool) -> Transition:
+        """Pop the oldest pending step, whose horizon is the m steps now buffered, into a Transition."""
+        obs, action, _ = self._pending[0]
+        reward = 0.0
+        for k, (_, _, r) in enumerate(self._pending):  # len(self._pending) == m here
+            reward += self.gamma**k * r
+        discount = 0.0 if terminated else self.gamma**m
+        self._pending.popleft()
+        return Transition(obs, action, reward, discount, next_obs)
+
+
+class VecNStep:
+    """The n-step transitions of K environments stepped in lockstep, computed over arrays: exactly those (same
+    values, same order) of K :class:`NStepBuffer` fed one environment after another at every step, without a
+    Python call per environment and step. Observations are opaque int handles (the actor's observation ring).
+
+    ``add`` returns the step's transitions as a dict of arrays named like :class:`Transition`'s fields (``obs`` and
+    ``next_obs`` handles), environment 0's first, an ended episode's longest horizon first; None when there are
+    none. Call order per environment as for NStepBuffer: ``add_first`` (for the environments given), ``add`` for
+    all K, ``add_first`` again for those whose episode ended.
+    """
+
+    def __init__(self, k: int, n: int, gamma: float):
+        NStepBuffer(n, gamma)  # the same argument checks
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self.k, self.n, self.gamma = int(k), int(n), float(gamma)
+        self._gk = [self.gamma**i for i in range(self.n)]
+        self._discounts = np.array([self.gamma**m for m in range(self.n + 1)])
+        self._obs = np.zeros((self.k, self.n + 1), np.int64)  # pending s_t ... and the latest at [j, len[j]]
+        self._rew = np.zeros((self.k, self.n))
+        self._act: np.ndarray | None = None  # (K, n, *action shape), allocated at the first add
+        self._len = np.zeros(self.k, np.int64)
+        self._open = np.zeros(self.k, bool)
+        self._all = np.arange(self.k)
+
+    def add_first(self, envs: Sequence[int] | np.ndarray, handles: Sequence[int] | np.ndarray) -> None:
+        envs = np.asarray(envs, np.int64)
+        if self._open[envs].any():
+            raise RuntimeError("VecNStep.add_first for an environment whose episode is still open")
+        self._obs[envs, 0] = handles
+        self._len[envs] = 0
+        self._open[envs] = True
+
+    def _horizon(self, j: int, start: int, m: int) -> float:
+        reward = 0.0
+        for i in range(m):  # NStepBuffer's order of additions, so the float sums are the same
+            reward += self._gk[i] * float(self._rew[j, start + i])
+        return reward
+
+    def add(
+        self,
+        actions: Sequence[Any] | np.ndarray,
+        rewards: np.ndarray,
+        next_handles: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> dict[str, np.ndarray] | None:
+        if not self._open.all():
+            raise RuntimeError("VecNStep.add with an environment whose episode is not open: add_first it first")
+        rewards = np.asarray(rewards, np.float64)
+        if not np.all(np.isfinite(rewards)):
+            raise ValueError(f"reward must be finite, got {rewards.tolist()}")
+        a = np.asarray(actions)
+        if self._act is None:
+            self._act = np.zeros((self.k, self.n, *a.shape[1:]), a.dtype)
+        ar, length = self._all, self._len
+        self._act[ar, length] = a
+        self._rew[ar, length] = rewards
+        length += 1
+        self._obs[ar, length] = next_handles
+        terminated = np.asarray(terminated, bool)
+        ended = terminated | np.asarray(truncated, bool)
+        full = ~ended & (length == self.n)
+        counts = np.where(ended, length, full)
+        total = int(counts.sum())
+        if total == 0:
+            return None
+        at = np.cumsum(counts) - counts  # each environment's first row
+        out = {
+            "obs": np.empty(total, np.int64),
+            "action": np.empty((total, *self._act.shape[2:]), self._act.dtype),
+            "reward": np.empty(total),
+            "discount": np.empty(total),
+            "next_obs": np.empty(total, np.int64),
+        }
+        if full.any():
+            rows, envs = at[full], ar[full]
+            out["obs"][rows] = self._obs[envs, 0]
+            out["action"][rows] = self._act[envs, 0]
+            reward = np.zeros(len(envs))
+            for i in range(self.n):
+                reward = reward + self._gk[i] * self._rew[envs, i]
+            out["reward"][rows] = reward
+            out["discount"][rows] = self._discounts[self.n]
+            out["next_obs"][rows] = self._obs[envs, self.n]
+            self._obs[envs, : self.n] = self._obs[envs, 1:]
+            self._act[envs, : self.n - 1] = self._act[envs, 1:]
+            self._rew[envs, : self.n - 1] = self._rew[envs, 1:]
+            length[envs] = self.n - 1
+        for j in np.flatnonzero(ended).tolist():
+            m_all, row = int(length[j]), int(at[j])
+            for i in range(m_all):  # longest horizon first, as NStepBuffer
+                m = m_all - i
+                out["obs"][row + i] = self._obs[j, i]
+                out["action"][row + i] = self._act[j, i]
+                out["reward"][row + i] = self._horizon(j, i, m)
+                out["discount"][row + i] = 0.0 if terminated[j] else self._discounts[m]
+                out["next_obs"][row + i] = self._obs[j, m_all]
+            length[j] = 0
+            self._open[j] = False
+        return out
+
+    def truncate(self) -> dict[str, np.ndarray] | None:
+        """End every open episode here as a truncation (``NStepBuffer.truncate`` per environment, in order)."""
+        rows: list[tuple] = []
+        for j in np.flatnonzero(self._open).tolist():
+            assert self._act is not None  # an open episode has had its first add
+            m_all = int(self._len[j])
+            for i in range(m_all):
+                m = m_all - i
+                rows.append(
+                    (self._obs[j, i], self._act[j, i], self._horizon(j, i, m), self._discounts[m], self._obs[j, m_all])
+                )
+            self._len[j] = 0
+            self._open[j] = False
+        if not rows:
+            return None
+        obs, action, reward, discount, next_obs = zip(*rows)
+        return {
+            "obs": np.array(obs, np.int64),
+            "action": np.array(action),
+            "reward": np.array(reward),
+            "discount": np.array(discount),
+            "next_obs": np.array(next_obs, np.int64),
+        }
+
+
+Priority: TypeAlias = float | Callable[[dict[str, Any]], Any] | None
+
+
+class NStepTransitionAdder(Adder):
+    """Inserts the n-step transitions of an episode stream into ``table`` (Acme's ``NStepTransitionAdder``).
+
+    Each item is the mapping ::
+
+        {"obs": s_t, "action": a_t, "reward": R_t, "discount": D_t, "next_obs": s_{t+m}}  (+ "extras": e_t)
+
+    with ``R_t``, ``D_t`` and ``m`` as in the module docstring (``discount`` holds ``gamma^m``, or 0 where the
+    episode terminated within the horizon; reward and discount float32), observations and actions as given, and
+    ``"extras"`` only where ``add`` got ``extras`` (``e_t``, the extras of the item's first step ``t``; give them
+    in every step or in none: a batch that mixes the two is refused, ValueError). Items go in batches: ``client.insert(priorities, batch,
+    table=table)`` with every leaf stacked on a leading batch dimension.
+
+    ``priority``: None (default) inserts with ``priorities=None`` (the server gives each new item the table's
+    largest priority so far); a number gives every item that priority; a callable gets the stacked batch mapping
+    and returns one priority per item (e.g. |TD error| from the actor's own network).
+
+    What is unsent at any moment: the at most ``n - 1`` steps of the open episode whose horizon is not complete
+    (no transition yet), and the at most ``insert_batch - 1`` transitions emitted and not yet inserted. As soon
+    as ``insert_batch`` are buffered they are inserted as one batch, in the same call (an episode's end can emit
+    up to ``n`` at once: every full batch goes, the rest waits); :meth:`flush` inserts what is buffered
+    now; :meth:`truncate` ends the open episode here as a time limit (its pending steps become transitions);
+    :meth:`close` flushes and refuses further calls. :meth:`reset` drops the open episode's pending steps (never
+    emitted) but keeps the buffered transitions (they belong to steps already taken). An insert that raises (server
+    unreachable, refused batch) leaves the batch buffered: the step that triggered it stays recorded (the episode
+    ended if it ended it), and the next add or flush tries again.
+
+    Args:
+      client: anything with ``insert(priorities, mapping, table=...)`` (a ReplayClient).
+      table: the table's name.
+      n: horizon, an int >= 1.
+      discount: gamma, the discount per step, in [0, 1].
+      priority: None, a number >= 0, or a callable (above).
+      insert_batch: transitions per insert, >= 1.
+
+    Raises:
+      ValueError: a bad ``n``, ``discount``, ``priority`` or ``insert_batch``.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        table: str,
+        n: int,
+        discount: float,
+        priority: Priority = None,
+        *,
+        insert_batch: int = 8,
+    ):
+        self._core = NStepBuffer(n, discount)  # checks n and discount
+        if not callable(priority):
+            check_priority(priority, "None, a callable")
+        batch = check_int("insert_batch", insert_batch, 1)
+        super().__init__()
+        self.client: Any = client
+        self.table: str = table
+        self.priority: Priority = priority
+        self.insert_batch: int = batch
+        self._extras: deque[Any] = deque()  # e_t of the core's pending steps, oldest first (it emits oldest first)
+        self._buffer: list[dict[str, Any]] = []  # emitted, not inserted yet
+
+    @property
+    def n(self) -> int:
+        return self._core.n
+
+    @property
+    def discount(self) -> float:
+        return self._core.gamma
+
+    @property
+    def pending(self) -> int:
+        """Steps of the open episode whose transition is not emitted yet (at most n - 1 between calls)."""
+        return len(self._core)
+
+    @property
+    def buffered(self) -> int:
+        """Transitions emitted and not inserted yet (fewer than ``insert_batch`` between calls)."""
+        return len(self._buffer)
+
+    def _first(self, observation: Any) -> None:
+        self._core.add_first(observation)
+
+    def _step(self, step: Step, next_observation: Any, terminated: bool, truncated: bool) -> None:
+        self._extras.append(step.extras)
+        self._emit(self._core.add(step.action, step.reward, next_observation, terminated, truncated))
+
+    def _drop(self) -> None:
+        self._core.reset()
+        self._extras.clear()
+
+    def _emit(self, transitions: list[Transition]) -> None:
+        for t in transitions:
+            item = {
+                "obs": t.obs,
+                "action": t.action,
+                "reward": np.float32(t.reward),
+                "discount": np.float32(t.discount),
+                "next_obs": t.next_obs,
+            }
+            extras = self._extras.popleft()
+            if extras is not None:
+                item["extras"] = extras
+            self._buffer.append(item)
+
+    def _after_step(self) -> None:
+        while len(self._buffer) >= self.insert_batch:
+            self._insert(self.insert_batch)
+
+    def truncate(self) -> None:
+        """End the open episode here as a truncation: its pending steps become transitions (shorter horizons that
+        bootstrap from the latest observation), buffered like any others. A no-op between episodes."""
+        self._check_not_closed()
+        if self._open:
+            self._emit(self._core.truncate())
+            self._obs, self._open = None, False
+            self._after_step()
+
+    def flush(self) -> None:
+        """Insert the buffered transitions now, in batches of at most ``insert_batch`` (the open episode's
+        pending steps stay pending)."""
+        while self._buffer:
+            self._insert(min(len(self._buffer), self.insert_batch))
+
+    def close(self) -> None:
+        """Flush, then refuse every further call (the client stays open: it is the caller's). The open episode's
+        pending steps are not inserted: call :meth:`truncate` first to keep them."""
+        if not self._closed:
+            self.flush()
+            self._closed = True
+
+    def _insert(self, n: int) -> None:
+        """Insert the oldest ``n`` buffered transitions; they leave the buffer only once the insert returned."""
+        batch = stack(self._buffer[:n])
+        priorities: np.ndarray | None
+        if self.priority is None:
+            priorities = None
+        elif callable(self.priority):
+            priorities = np.asarray(self.priority(batch), dtype=np.float64)
+            if priorities.shape != (n,) or not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
+                raise ValueError(
+                    f"the priority function must return {n} finite priorities >= 0 for a batch of {n}, got "
+                    f"shape {priorities.shape}"
+                )
+        else:
+            priorities = np.full(n, float(self.priority))
+        self.client.insert(priorities, batch, table=self.table)
+        del self._buffer[:n]
+
+
+class TransitionAdder(NStepTransitionAdder):
+    """One-step transitions: :class:`NStepTransitionAdder` with ``n = 1``, items ``{obs: s_t, action: a_t,
+    reward: r_{t+1}, discount, next_obs: s_{t+1}}`` (+ extras).
+
+    ``discount`` (keyword, default 1.0) is the gamma folded into the items' discount: with the default the items
+    hold the step's environment discount (1, or 0 where ``a_t`` terminated the episode) as Acme's
+    ``TransitionAdder`` stores it, and the learner multiplies by its gamma; with ``discount=gamma`` they hold gamma
+    or 0, the convention of the n-step items (the learner uses it as it is).
+    """
+
+    def __init__(
+        self, client: Any, table: str, priority: Priority = None, *, discount: float = 1.0, insert_batch: int = 8
+    ):
+        super().__init__(client, table, 1, discount, priority, insert_batch=insert_batch)
