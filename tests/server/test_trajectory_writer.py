@@ -293,3 +293,19 @@ def test_a_retried_insert_gets_its_item_and_chunk_keys_back_and_stores_once(star
         assert first[0].tolist() == again[0].tolist() and first[1].tolist() == again[1].tolist()
         stats = client.stats()
         assert stats["size"] == 2 and stats["chunks"] == 2
+
+
+def test_an_item_without_a_priority_gets_the_tables_largest(start_server):
+    server = start_server("--alpha", "1.0")
+    with ReplayClient(server.endpoint) as client:
+        with client.writer(max_sequence_length=2, flush_items=2) as w:
+            for t in range(8):
+                w.append(step(0, t))
+                if t % 2 == 1:  # priorities 5, None, None, 2: requests of one kind each (5 | None, None | 2)
+                    w.create_item("default", 2, {1: 5.0, 3: None, 5: None, 7: 2.0}[t], extras(0, t - 1, 2))
+        batch = client.sample(64)
+        by_first = {int(batch.extras["who"][i][1]): float(batch.probabilities[i]) for i in range(len(batch))}
+        assert by_first.keys() == {0, 2, 4, 6}
+        # Masses 5, 5, 5, 2 (alpha 1): the items without a priority took the largest so far, 5.
+        assert by_first[0] == pytest.approx(5 / 17) and by_first[2] == pytest.approx(5 / 17)
+        assert by_first[4] == pytest.approx(5 / 17) and by_first[6] == pytest.approx(2 / 17)

@@ -59,7 +59,7 @@ class _Chunk:
 
 @dataclass
 class _Pending:
-    priority: float
+    priority: float | None  # None: the table's largest priority so far (FLAG_MAX_PRIORITY)
     item: bytes
     chunks: list[_Chunk]
 
@@ -153,11 +153,12 @@ class TrajectoryWriter:
     # ------------------------------------------------------------------------------------------- items
 
     def create_item(
-        self, table: str, num_timesteps: int, priority: float, extras: Mapping[str, Any] | None = None
+        self, table: str, num_timesteps: int, priority: float | None, extras: Mapping[str, Any] | None = None
     ) -> None:
         """An item of ``table`` made of the last ``num_timesteps`` steps of the current episode (1 <=
-        num_timesteps <= min(max_sequence_length, steps appended in the episode)), with ``priority`` and
-        optional per-item ``extras`` (a mapping of arrays, stored once with the item)."""
+        num_timesteps <= min(max_sequence_length, steps appended in the episode)), with ``priority`` (None: the
+        table's largest priority so far, as ``insert(None, ...)``) and optional per-item ``extras`` (a mapping of
+        arrays, stored once with the item)."""
         self._check_open()
         if not isinstance(table, str) or not table:
             raise ValueError(f"table must be a table's name, got {table!r}")
@@ -169,9 +170,10 @@ class TrajectoryWriter:
             raise ValueError(
                 f"num_timesteps = {num_timesteps}, but the current episode has {self._steps} steps appended"
             )
-        priority = float(priority)
-        if not (np.isfinite(priority) and priority >= 0):
-            raise ValueError(f"priority must be finite and >= 0, got {priority}")
+        if priority is not None:
+            priority = float(priority)
+            if not (np.isfinite(priority) and priority >= 0):
+                raise ValueError(f"priority must be finite and >= 0 (or None), got {priority}")
         extra_leaves = S.flatten(extras, "extras") if extras is not None else None
         self._close_chunk()  # the item needs the steps of the chunk being filled: close it early
         begin = self._steps - int(num_timesteps)
@@ -239,7 +241,10 @@ class TrajectoryWriter:
         request's items leave the queue as soon as they are stored (a later failure never sends them twice)."""
         pending = self._pending.get(table)
         while pending:
-            count = len(pending)
+            # One request's items all have a priority, or all take the table's largest (one header flag).
+            count = 1
+            while count < len(pending) and (pending[count].priority is None) == (pending[0].priority is None):
+                count += 1
             while True:
                 try:
                     self._send(table, pending[:count], deadline)
@@ -263,7 +268,7 @@ class TrajectoryWriter:
             while True:
                 try:
                     _keys, chunk_keys = client.insert_with_chunk_keys(
-                        [p.priority for p in items],
+                        None if items[0].priority is None else [p.priority for p in items],
                         [p.item for p in items],
                         chunks=chunks,
                         table=table,
