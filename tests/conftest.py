@@ -21,6 +21,14 @@ import time
 
 import pytest
 import zmq
+from hypothesis import settings
+
+# Under CI every hypothesis test draws the same examples on every run (derandomize): a landing is never failed by a
+# generator's rare corner that the previous landing did not meet. Locally (no CI variable) examples stay random, so
+# development keeps exploring; a failure prints its seed (--hypothesis-seed=N) to reproduce it.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 START_TIMEOUT = 20.0
 E2E_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e")

@@ -2,8 +2,8 @@
 
 The adders are driven through a recording client and writer defined here, which store every call (insert,
 writer, append, create_item, end_episode, flush, close): these tests hold the adders' logic -- which items, with
-which steps, values, extras and priorities, in which order and when. End-to-end tests against a real server come
-with the structured insert and the writer (issue 38 sections 1 and 2), when the three branches are merged.
+which steps, values, extras and priorities, in which order and when. tests/replay/test_adders_e2e.py holds the
+same adders, through a real server and the real writer, to the reference loops defined here.
 
 Episodes are scripts: observations ``[episode, t]`` (or a nested mapping of arrays), actions ``10 + t`` (or a
 small array), rewards from the script, extras ``{"h": [episode, t, 7]}`` or None, and how the episode ends:

@@ -69,6 +69,8 @@ def corrupted(
                 raw[:4] = draw(st.integers(0, 2**32 - 1)).to_bytes(4, "little")
             elif kind == "frames":  # a whole number of frames, possibly more than 255 or other than held
                 raw[:4] = (draw(st.integers(0, 260)) * codec.frame_bytes).to_bytes(4, "little")
+            elif not raw:  # an earlier damage cut this chunk to nothing: nothing left to flip or cut
+                pass
             elif kind == "flip":
                 for _ in range(draw(st.integers(1, 3))):
                     raw[draw(st.integers(0, len(raw) - 1))] ^= draw(st.integers(1, 255))

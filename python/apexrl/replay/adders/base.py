@@ -28,7 +28,7 @@ Steps (Acme's layout): the ``add`` for time ``t`` completes the step ::
 where ``r_{t+1}`` is the reward that followed ``a_t``, ``d_t`` is 0.0 when ``a_t`` ended the episode by
 termination and 1.0 otherwise (gamma is NOT in it: the learner multiplies), and ``e_t`` is what ``add`` got as
 ``extras`` (anything: None, an array, a nested mapping of arrays; e.g. the policy's logits or recurrent state at
-``obs_t``). An episode of ``T`` actions has ``T + 1`` steps: after its last action, its last observation is a step
+``obs_t``; the adders that write through a writer, SequenceAdder and EpisodeAdder, take None or a mapping). An episode of ``T`` actions has ``T + 1`` steps: after its last action, its last observation is a step
 of its own with zero-filled action, reward, discount and extras (zeros shaped like the step before; extras stay
 None where the step before had None) -- what a sequence learner needs to bootstrap from it. Where an adder sends
 steps to a writer it sends them as the mapping ``{"obs", "action", "reward", "discount"}`` (reward and
@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Adder", "Step", "check_int", "check_priority", "stack", "step_mapping", "zeros_like"]
+__all__ = ["Adder", "Step", "check_int", "check_item_extras", "check_priority", "stack", "step_mapping", "zeros_like"]
 
 
 class Step(NamedTuple):
@@ -77,6 +77,16 @@ def check_priority(priority: Any, also: str = "None") -> None:
         raise ValueError(f"priority must be {also} or a finite number >= 0, got {priority!r}")
     if float(priority) < 0.0:
         raise ValueError(f"priority must be {also} or a finite number >= 0, got {priority!r}")
+
+
+def check_item_extras(adder: str, extras: Any) -> None:
+    """ValueError unless ``extras`` is None or a mapping: a writer stores an item's extras as a mapping of arrays,
+    so the adders that write through one check at ``add``, before the step is recorded."""
+    if extras is not None and not isinstance(extras, Mapping):
+        raise ValueError(
+            f"{adder}: extras must be None or a mapping of arrays (the writer stores an item's extras as a "
+            f"mapping), got {type(extras).__name__}; e.g. pass {{'state': value}}. The step is not recorded"
+        )
 
 
 def zeros_like(tree: Any) -> Any:

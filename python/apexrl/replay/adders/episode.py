@@ -4,7 +4,8 @@ Every step of an episode (:class:`~apexrl.replay.adders.base.Step`, the last obs
 own) is appended to one writer as ``{"obs", "action", "reward", "discount"}``; when the episode ends
 (terminated or truncated) one item holds all its ``T + 1`` steps. Extras: ``add(..., extras=e_t)`` is not stored
 per step; the item's per-item ``extras`` is the first ``add``'s (``e_0``, e.g. the recurrent state the episode
-started from), None where that was None.
+started from), None where that was None. Extras must be None or a mapping (nested allowed) of arrays, as the
+writer stores them: an ``add`` with other extras raises ValueError and changes nothing.
 
 An episode longer than ``max_sequence_length`` steps (its last observation counted) is refused, as Acme does: the
 ``add`` that would make it longer raises ValueError and changes nothing; the episode stays open and the caller
@@ -20,7 +21,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from apexrl.replay.adders.base import Adder, Step, check_int, check_priority, step_mapping, zeros_like
+from apexrl.replay.adders.base import (
+    Adder,
+    Step,
+    check_int,
+    check_item_extras,
+    check_priority,
+    step_mapping,
+    zeros_like,
+)
 
 __all__ = ["EpisodeAdder"]
 
@@ -52,6 +61,7 @@ class EpisodeAdder(Adder):
         self._steps, self._first_extras = 0, None
 
     def _step(self, step: Step, next_observation: Any, terminated: bool, truncated: bool) -> None:
+        check_item_extras("EpisodeAdder", step.extras)
         if self._steps + 2 > self.max_sequence_length:
             raise ValueError(
                 f"EpisodeAdder: this step would make the episode {self._steps + 2} steps long (its last observation "

@@ -27,7 +27,8 @@ Extras: ``add(..., extras=e_t)`` is NOT stored per step. Each item gets, as its 
 (``writer.create_item(..., extras=...)``), the extras of the ``add`` that made its first step -- e.g. R2D2's
 recurrent state when the actor acted on that step's observation, so the learner can unroll from it. An item
 that starts at the episode's last observation gets zeros shaped like the last ``add``'s extras; extras None
-gives ``extras=None``.
+gives ``extras=None``. Extras must be None or a mapping (nested allowed) of arrays, as the writer stores them: an
+``add`` with other extras raises ValueError and changes nothing.
 
 Priorities: ``priority`` None (default) passes ``None`` (the table's largest priority so far, as ``insert``
 does); a number, that number for every item.
@@ -43,7 +44,15 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from apexrl.replay.adders.base import Adder, Step, check_int, check_priority, step_mapping, zeros_like
+from apexrl.replay.adders.base import (
+    Adder,
+    Step,
+    check_int,
+    check_item_extras,
+    check_priority,
+    step_mapping,
+    zeros_like,
+)
 
 __all__ = ["SequenceAdder"]
 
@@ -102,6 +111,7 @@ class SequenceAdder(Adder):
         self._writer.create_item(self.table, num_timesteps, self.priority, extras=extras)
 
     def _step(self, step: Step, next_observation: Any, terminated: bool, truncated: bool) -> None:
+        check_item_extras("SequenceAdder", step.extras)
         length, period = self.sequence_length, self.period
         self._append(step)
         t = self._steps

@@ -88,17 +88,18 @@ class SampledBatch:
     spec: TransitionSpec | None = None
     _fields: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     _resolve: Callable[[SampledBatch], TransitionSpec | None] | None = field(default=None, repr=False, compare=False)
-    # Sequence items (a TrajectoryWriter's, protocol 6): the steps decoded (wire/steps.py, SequenceBatch): `fields`
-    # nested like the appended steps, arrays (n, T, ...); `mask` (n, T): valid steps; `extras`: arrays (n, ...);
+
+    # Sequence items (a TrajectoryWriter's, protocol 6): the steps decoded (wire/steps.py, SequenceBatch). fields:
+    # nested like the appended steps, arrays (n, T, ...); mask (n, T): valid steps; extras: arrays (n, ...);
     # sequences.valid: False for an item that could not be decoded. None for other items.
     sequences: S.SequenceBatch | None = None
 
     @property
     def fields(self) -> dict[str, Any]:
-        """The items decoded into the table's structure: the (nested) mapping of numpy arrays they were inserted
-        as, each with leading dimension n. Decoded natively (GIL released) on first access, then kept.
-        ValueError when the table has no pinned structure or an item is not in it. A batch of sequence items: their
-        steps, arrays (n, T, ...) (see `mask`)."""
+        """The items decoded into the table's structure: for a TrajectoryWriter's sequence items the appended
+        steps' nesting with arrays (n, T, ...) (see ``mask`` and ``extras``); else the (nested) mapping of numpy
+        arrays they were inserted as, each with leading dimension n, decoded natively (GIL released) on first
+        access, then kept. ValueError when the table has no pinned structure or an item is not in it."""
         if self.sequences is not None:
             return self.sequences.fields
         if self._fields is None:
@@ -116,12 +117,12 @@ class SampledBatch:
 
     @property
     def mask(self) -> np.ndarray | None:
-        """Sequence items: (n, T) bool, True at each item's valid steps; None for other items."""
+        """Sequence items: (n, T) bool, True on an item's valid steps; None for other items."""
         return None if self.sequences is None else self.sequences.mask
 
     @property
     def extras(self) -> dict[str, Any] | None:
-        """Sequence items: their per-item extras, arrays (n, ...); None for other items."""
+        """Sequence items: the per-item extras, arrays (n, ...); None for other items."""
         return None if self.sequences is None else self.sequences.extras
 
     @property

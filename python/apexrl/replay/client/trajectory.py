@@ -59,7 +59,7 @@ class _Chunk:
 
 @dataclass
 class _Pending:
-    priority: float | None  # None: the table's largest priority so far (FLAG_MAX_PRIORITY)
+    priority: float | None  # None: the table's largest priority so far (the INSERT's max-priority flag)
     item: bytes
     chunks: list[_Chunk]
 
@@ -157,8 +157,8 @@ class TrajectoryWriter:
     ) -> None:
         """An item of ``table`` made of the last ``num_timesteps`` steps of the current episode (1 <=
         num_timesteps <= min(max_sequence_length, steps appended in the episode)), with ``priority`` (None: the
-        table's largest priority so far, as ``insert(None, ...)``) and optional per-item ``extras`` (a mapping of
-        arrays, stored once with the item)."""
+        table's largest priority so far, as ``client.insert(None, ...)``) and optional per-item ``extras`` (a
+        mapping of arrays, stored once with the item)."""
         self._check_open()
         if not isinstance(table, str) or not table:
             raise ValueError(f"table must be a table's name, got {table!r}")
@@ -170,10 +170,10 @@ class TrajectoryWriter:
             raise ValueError(
                 f"num_timesteps = {num_timesteps}, but the current episode has {self._steps} steps appended"
             )
-        if priority is not None:
+        if priority is not None:  # None: the table's largest priority so far, as client.insert(None, ...)
             priority = float(priority)
             if not (np.isfinite(priority) and priority >= 0):
-                raise ValueError(f"priority must be finite and >= 0 (or None), got {priority}")
+                raise ValueError(f"priority must be None or finite and >= 0, got {priority}")
         extra_leaves = S.flatten(extras, "extras") if extras is not None else None
         self._close_chunk()  # the item needs the steps of the chunk being filled: close it early
         begin = self._steps - int(num_timesteps)
@@ -241,10 +241,9 @@ class TrajectoryWriter:
         request's items leave the queue as soon as they are stored (a later failure never sends them twice)."""
         pending = self._pending.get(table)
         while pending:
-            # One request's items all have a priority, or all take the table's largest (one header flag).
-            count = 1
-            while count < len(pending) and (pending[count].priority is None) == (pending[0].priority is None):
-                count += 1
+            # One request's items either all have priorities or all take the table's largest (one INSERT flag).
+            default = pending[0].priority is None
+            count = next((i for i, p in enumerate(pending) if (p.priority is None) != default), len(pending))
             while True:
                 try:
                     self._send(table, pending[:count], deadline)

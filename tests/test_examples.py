@@ -1,0 +1,70 @@
+"""The scripts of examples/ run as a user runs them, with tiny step counts: each starts its own in-process replay
+server on 127.0.0.1, writes with an adder from its environment loop, samples, trains, and must exit 0 having
+printed its progress lines. A few seconds of CPU each: they check that the examples work against the package as it
+is, not that they learn (their docstrings say how to see that). docs/own_learner.md takes its code from them, and
+the last test holds it to them."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+TIMEOUT = 300  # generous on a loaded 2-core machine; each takes seconds
+
+pytestmark = pytest.mark.examples
+
+
+def run_example(script: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, script), *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=EXAMPLES,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out, out
+    return out
+
+
+def test_uniform_sac():
+    out = run_example("uniform_sac.py", "--env", "Pendulum-v1", "--steps", "500", "--learning-starts", "300",
+                      "--batch-size", "32", "--seed", "1")  # fmt: skip
+    episodes = re.findall(r"^episode (\d+)  step (\d+)  return (-?\d+\.\d)$", out, re.M)
+    assert [(int(e), int(s)) for e, s, _ in episodes] == [(1, 200), (2, 400)]  # Pendulum: 200 steps each
+    assert re.search(r"^done: 500 steps, 2 episodes, 500 transitions stored$", out, re.M), out
+
+
+def test_sequence_learner():
+    out = run_example("sequence_learner.py", "--steps", "600", "--learning-starts", "200", "--batch-size", "8",
+                      "--length", "10", "--period", "5", "--seed", "2")  # fmt: skip
+    episodes = re.findall(r"^episode (\d+)  step (\d+)  return (\d+)$", out, re.M)
+    assert episodes and [int(e) for e, _, _ in episodes] == list(range(1, len(episodes) + 1))
+    assert sum(int(r) for _, _, r in episodes) <= 600  # CartPole: reward 1 per step
+    done = re.search(r"^done: 600 steps, (\d+) episodes, (\d+) updates$", out, re.M)
+    assert done and int(done.group(1)) == len(episodes) and int(done.group(2)) == 100, out
+
+
+def test_the_docs_code_is_the_examples_code():
+    """docs/own_learner.md takes its Python from the examples: every line of its python blocks (but ``...`` and
+    comments) is a line of one of the scripts, so the page cannot drift from code that CI runs."""
+    sources = set()
+    for script in ("uniform_sac.py", "sequence_learner.py"):
+        with open(os.path.join(EXAMPLES, script), encoding="utf-8") as f:
+            sources |= {line.strip() for line in f}
+    with open(os.path.join(os.path.dirname(EXAMPLES), "docs", "own_learner.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert len(blocks) >= 5
+    missing = []
+    for block in blocks:
+        for line in block.splitlines():
+            code = line.split("  # ")[0].strip() if not line.strip().startswith("#") else ""
+            if code and not code.startswith("...") and not any(code == s.split("  # ")[0].strip() for s in sources):
+                missing.append(code)
+    assert not missing, f"lines of docs/own_learner.md's python blocks that no example has: {missing}"
