@@ -311,3 +311,55 @@ def test_an_item_created_without_a_priority_gets_the_tables_largest(start_server
         # Every item at 5.0: uniform draws under alpha 1.
         np.testing.assert_allclose(batch.probabilities, 1.0 / 9)
         assert check_batch(batch, 4) == 64
+
+
+def test_an_item_without_a_priority_gets_the_tables_largest(start_server):
+    server = start_server("--alpha", "1.0")
+    with ReplayClient(server.endpoint) as client:
+        with client.writer(max_sequence_length=2, flush_items=2) as w:
+            for t in range(8):
+                w.append(step(0, t))
+                if t % 2 == 1:  # priorities 5, None, None, 2: requests of one kind each (5 | None, None | 2)
+                    w.create_item("default", 2, {1: 5.0, 3: None, 5: None, 7: 2.0}[t], extras(0, t - 1, 2))
+        batch = client.sample(64)
+        by_first = {int(batch.extras["who"][i][1]): float(batch.probabilities[i]) for i in range(len(batch))}
+        assert by_first.keys() == {0, 2, 4, 6}
+        # Masses 5, 5, 5, 2 (alpha 1): the items without a priority took the largest so far, 5.
+        assert by_first[0] == pytest.approx(5 / 17) and by_first[2] == pytest.approx(5 / 17)
+        assert by_first[4] == pytest.approx(5 / 17) and by_first[6] == pytest.approx(2 / 17)
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_the_sequence_and_episode_adders_through_the_writer_and_a_real_server(start_server, tmp_path, pad):
+    from apexrl.replay.adders import EpisodeAdder, SequenceAdder
+
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps([{"name": "seq", "sampler": "uniform"}, {"name": "ep", "sampler": "uniform"}]))
+    server = start_server("--tables", str(tables))
+    with ReplayClient(server.endpoint) as client:
+        seq = SequenceAdder(client, "seq", sequence_length=5, period=3, pad_end_of_episode=pad, priority=1.0)
+        ep = EpisodeAdder(client, "ep", max_sequence_length=20, priority=1.0)
+        for e, length in enumerate((7, 12, 2)):
+            for adder in (seq, ep):
+                adder.add_first(np.array([e, 0], np.float32))
+                for t in range(length):
+                    last = t + 1 == length
+                    adder.add(np.int64(t), 1.0, np.array([e, t + 1], np.float32), terminated=last, truncated=False)
+        seq.close()
+        ep.close()
+        # Every sampled sequence: consecutive observations of one episode, then (padding) zeros.
+        batch = client.sample(64, table="seq")
+        assert batch.mask.shape == (64, 5)
+        for i in range(64):
+            obs = batch.fields["obs"][i]
+            real = int(batch.mask[i].sum()) if not pad else int((obs[:, 1] > 0).sum() + (obs[0, 1] == 0))
+            steps = obs[:real]
+            assert (steps[:, 0] == steps[0, 0]).all()
+            assert steps[:, 1].tolist() == list(range(int(steps[0, 1]), int(steps[0, 1]) + real))
+            assert not obs[real:].any()
+        # Every sampled episode: all its observations, 0 to its end, in order.
+        batch = client.sample(32, table="ep")
+        for i in range(32):
+            n = int(batch.mask[i].sum())
+            obs = batch.fields["obs"][i, :n]
+            assert n in (8, 13, 3) and obs[:, 1].tolist() == list(range(n)) and (obs[:, 0] == obs[0, 0]).all()
