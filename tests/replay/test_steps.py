@@ -111,7 +111,7 @@ def test_a_corrupted_chunk_marks_the_items_that_use_it(native):
     # Garble chunk 1's compressed image column (the header stays readable): items 1 and 2 read it, item 0 does not.
     start, end = int(fc.chunk_offsets[1]), int(fc.chunk_offsets[2])
     _k, _fp, fields = S._chunk_header(memoryview(bytes(data[start:end])))
-    _dt, _shape, codec, stored, at = fields["obs/img"]
+    _dt, _shape, codec, stored, at = fields["obs.img"]
     for b in range(start + at, start + at + stored):
         data[b] ^= 0xFF
     broken = P.FrameChunks(fc.item_chunks, fc.item_chunk_offsets, bytes(data), fc.chunk_offsets)
@@ -125,13 +125,13 @@ def test_a_corrupted_chunk_marks_the_items_that_use_it(native):
 
 def test_structure_and_fingerprint_are_stable():
     fields = S.structure_of(S.flatten(step(0)))
-    assert [f.path for f in fields] == ["obs/img", "obs/x", "r", "zero"]
+    assert [f.path for f in fields] == ["obs.img", "obs.x", "r", "zero"]
     assert S.structure_fingerprint(fields) == S.structure_fingerprint(S.structure_of(S.flatten(step(5))))
     other = S.structure_of(S.flatten({**step(0), "r": np.float32(0)}))
     assert S.structure_fingerprint(other) != S.structure_fingerprint(fields)
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(ValueError, match="numeric or bool"):
         S.flatten({"a": np.array(["x"])})
-    with pytest.raises(ValueError, match="'/'"):
+    with pytest.raises(ValueError, match="not an ASCII identifier"):
         S.flatten({"a/b": 1})
 
 

@@ -234,7 +234,7 @@ def test_a_step_of_another_structure_is_refused_naming_the_field(start_server):
         w.append(step(0, 0))
         bad = step(0, 1)
         bad["obs"]["vec"] = np.zeros(4, np.float32)
-        with pytest.raises(ValueError, match="obs/vec"):
+        with pytest.raises(ValueError, match="obs.vec"):
             w.append(bad)
         missing = step(0, 1)
         del missing["done"]
@@ -363,3 +363,19 @@ def test_the_sequence_and_episode_adders_through_the_writer_and_a_real_server(st
             n = int(batch.mask[i].sum())
             obs = batch.fields["obs"][i, :n]
             assert n in (8, 13, 3) and obs[:, 1].tolist() == list(range(n)) and (obs[:, 0] == obs[0, 0]).all()
+
+
+def test_discard_drops_the_pending_items_and_close_sends_nothing(start_server):
+    server = start_server()
+    with ReplayClient(server.endpoint) as client:
+        w = client.writer(max_sequence_length=4, flush_items=100)
+        for t in range(6):
+            w.append(step(0, t))
+            if t >= 3:
+                w.create_item("default", 4, 1.0, extras(0, t - 3, 4))
+        assert w.pending_items == 3
+        assert w.discard() == 3 and w.pending_items == 0
+        w.append(step(0, 6))
+        w.create_item("default", 4, 1.0, extras(0, 3, 4))  # the episode's steps are still there
+        w.close()
+        assert client.tables()["default"]["size"] == 1

@@ -259,8 +259,8 @@ class RecurrentActor(Actor):
         self.counters["not_inserted"] = sum(w.writer.pending_items for w in self._writers)
         for w in self._writers:
             # Given up: the writer's close() must not try them again without a deadline (a server that is gone
-            # would hold the stop for its retries). TrajectoryWriter has no public way to drop pending items.
-            w.writer._pending.clear()
+            # would hold the stop for its retries).
+            w.writer.discard()
 
     def _after_step(self) -> bool:
         cfg = self.config

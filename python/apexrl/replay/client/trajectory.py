@@ -217,6 +217,14 @@ class TrajectoryWriter:
                 self._client.close()
                 self._client = None
 
+    def discard(self) -> int:
+        """Drop the pending items (not sent, or sent without a reply) on purpose, e.g. when giving up on a server
+        that is gone, so that ``close`` does not send them again; returns how many. The steps of the current
+        episode stay: items created later still reference them."""
+        n = self.pending_items
+        self._pending.clear()
+        return n
+
     def __enter__(self) -> TrajectoryWriter:
         return self
 

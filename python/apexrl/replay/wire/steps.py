@@ -32,6 +32,8 @@ from typing import Any
 import lz4.block
 import numpy as np
 
+from apexrl.replay.wire import structure as _structure
+
 __all__ = [
     "CHUNK_MAGIC",
     "ITEM_MAGIC",
@@ -62,7 +64,7 @@ _MAX_HEADER = 1 << 20
 
 @dataclass(frozen=True)
 class Field:
-    """One leaf of a step (or extras) structure: its path (keys joined with "/"), dtype and per-step shape."""
+    """One leaf of a step (or extras) structure: its path (keys joined with "."), dtype and per-step shape."""
 
     path: str
     dtype: np.dtype
@@ -73,47 +75,18 @@ class Field:
 
 
 def flatten(structure: Mapping[str, Any], what: str = "step") -> dict[str, np.ndarray]:
-    """The leaves of a nested mapping of array-likes, by path ("a/b"), in sorted key order at every level."""
+    """The leaves of a nested mapping of array-likes by path (keys joined by ".", as a structured item's field
+    names: :func:`apexrl.replay.wire.structure.flatten`, the one flattening), in sorted path order so that a
+    structure's fingerprint does not depend on the order its keys were given in."""
     if not isinstance(structure, Mapping):
-        raise TypeError(
+        raise ValueError(
             f"a {what} must be a mapping of arrays (nested mappings allowed), got {type(structure).__name__}"
         )
-    out: dict[str, np.ndarray] = {}
-
-    def walk(node: Mapping[str, Any], prefix: str) -> None:
-        for key in sorted(node):
-            if not isinstance(key, str) or not key or "/" in key:
-                raise ValueError(f"{what} field names must be non-empty strings without '/', got {key!r}")
-            value = node[key]
-            path = f"{prefix}{key}"
-            if isinstance(value, Mapping):
-                if not value:
-                    raise ValueError(f"{what} field {path!r} is an empty mapping")
-                walk(value, path + "/")
-            else:
-                if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch
-                    value = value.detach().cpu().numpy()
-                arr = np.asarray(value)
-                if arr.dtype.kind not in "biufc" or arr.dtype.hasobject:
-                    raise TypeError(f"{what} field {path!r} has dtype {arr.dtype}; numeric or bool arrays only")
-                out[path] = arr
-
-    walk(structure, "")
-    if not out:
-        raise ValueError(f"a {what} needs at least one field")
-    return out
+    leaves = _structure.flatten(structure)
+    return {path: leaves[path] for path in sorted(leaves)}
 
 
-def unflatten(leaves: Mapping[str, Any]) -> dict[str, Any]:
-    """The nested mapping of ``flatten``'s leaves."""
-    out: dict[str, Any] = {}
-    for path, value in leaves.items():
-        node = out
-        parts = path.split("/")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return out
+unflatten = _structure.unflatten
 
 
 def structure_of(leaves: Mapping[str, np.ndarray]) -> tuple[Field, ...]:
