@@ -18,6 +18,9 @@ in a temporary directory, then:
 - samples ``sample_rounds`` batches of ``batch`` sequences with ``client.sample(table, num_samples=batch *
   sample_rounds, emit_timesteps=False)`` (one sampler, samples in flight; no tf.data), stacking each batch's
   sequences into (batch, length, ...) numpy arrays per column, as apexrl's sample decodes them;
+- (the server is in this process, as apexrl's is in bench_trajectory's: Reverb's sampler then reads the table
+  directly, without gRPC, which apexrl's client does not: its SAMPLE goes over loopback TCP; the writer's
+  inserts go through gRPC);
 - writes a checkpoint and reports its size on disk (Reverb's server_info has no byte count; the checkpoint
   holds the table's chunks, compressed as the server holds them, and its items).
 """
