@@ -201,14 +201,26 @@ def main() -> None:
         if skip["Reverb"] is None:
             assert args.reverb_python is not None
             workers["Reverb"] = Worker(
-                "Reverb", [args.reverb_python, os.path.join(HERE, "reverb_trajectory_worker.py"), *common,
-                           "--period", str(args.period)]
+                "Reverb",
+                [
+                    args.reverb_python,
+                    os.path.join(HERE, "reverb_trajectory_worker.py"),
+                    *common,
+                    "--period",
+                    str(args.period),
+                ],
             )
         if skip["TorchRL"] is None:
             assert args.torchrl_python is not None
             workers["TorchRL"] = Worker(
-                "TorchRL", [args.torchrl_python, os.path.join(HERE, "torchrl_trajectory_worker.py"), *common,
-                            "--total-steps", str(n_steps)]
+                "TorchRL",
+                [
+                    args.torchrl_python,
+                    os.path.join(HERE, "torchrl_trajectory_worker.py"),
+                    *common,
+                    "--total-steps",
+                    str(n_steps),
+                ],
             )
     rows: dict[str, list[dict]] = {"apexrl": [], **{k: [] for k in workers}}
     try:
@@ -255,9 +267,13 @@ def main() -> None:
             print(skip[name])
             continue
         xs = rows[name]
-        print(f"{name} ({workers[name].banner.removeprefix('ready').strip() or 'worker'}), {xs[-1]['steps']} steps per window:")
+        print(
+            f"{name} ({workers[name].banner.removeprefix('ready').strip() or 'worker'}), {xs[-1]['steps']} steps per window:"
+        )
         print(f"  steps appended/s: {med([x['steps'] / x['appended_s'] for x in xs])}")
-        print(f"  sequences sampled+decoded/s (batches of {args.batch}): {med([x['sampled'] / x['sampled_s'] for x in xs])}")
+        print(
+            f"  sequences sampled+decoded/s (batches of {args.batch}): {med([x['sampled'] / x['sampled_s'] for x in xs])}"
+        )
         if name == "Reverb":
             b = xs[-1]["checkpoint_bytes"]
             print(

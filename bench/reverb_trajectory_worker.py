@@ -68,9 +68,7 @@ def main() -> None:
                 max_size=10_000_000,
                 rate_limiter=reverb.rate_limiters.MinSize(1),
             )
-            server = reverb.Server(
-                tables=[table], checkpointer=reverb.checkpointers.DefaultCheckpointer(path=ckpt_dir)
-            )
+            server = reverb.Server(tables=[table], checkpointer=reverb.checkpointers.DefaultCheckpointer(path=ckpt_dir))
             client = reverb.Client(f"localhost:{server.port}")
             items = 0
             t0 = time.perf_counter()
