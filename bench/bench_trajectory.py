@@ -11,6 +11,15 @@ Observations are Atari-like (84x84 uint8: a textured screen fixed per episode wi
 pixels; consecutive frames compress together as real ones do, several-fold) unless ``--obs vector`` (a float32[64]); the recurrent state extras are 2 x 512 float32.
 
     python bench/bench_trajectory.py [--episodes 4] [--episode-length 400] [--obs atari|vector]
+        [--windows N] [--total-steps N] [--reverb-python PY] [--torchrl-python PY]
+
+Beside Reverb (``--reverb-python``: an interpreter that imports dm-reverb; bench/reverb_trajectory_worker.py:
+its trajectory writer, items every ``--period`` steps, ``client.sample``) and TorchRL (``--torchrl-python``:
+bench/torchrl_trajectory_worker.py: a ``SliceSampler`` over a ``LazyTensorStorage``), each in its own process,
+the windows interleaved (apexrl, Reverb, TorchRL in turn, ``--windows`` rounds); a side without its interpreter,
+or whose interpreter cannot import the library, is skipped with one line saying why. ``--total-steps`` appends
+that many steps per window (the episodes cycled) on apexrl's and TorchRL's side; Reverb's appends the episodes
+once. bench/README.md says how each side lays the steps and the recurrent state out.
 """
 
 from __future__ import annotations
