@@ -17,6 +17,7 @@ learner uses the first. Storage bytes are the storage tensors' sizes (no compres
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -85,7 +86,8 @@ def main() -> None:
             "storage_bytes": int(storage_bytes),
             "sample_shape": list(obs.shape),
         }
-        del rb, s
+        del rb, s, td, obs
+        gc.collect()  # the buffer holds reference cycles: without this the next window's storage comes on top
         print(json.dumps(out), flush=True)
 
 
