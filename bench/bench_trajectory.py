@@ -11,16 +11,32 @@ Observations are Atari-like (84x84 uint8: a textured screen fixed per episode wi
 pixels; consecutive frames compress together as real ones do, several-fold) unless ``--obs vector`` (a float32[64]); the recurrent state extras are 2 x 512 float32.
 
     python bench/bench_trajectory.py [--episodes 4] [--episode-length 400] [--obs atari|vector]
+        [--windows N] [--total-steps N] [--reverb-python PY] [--torchrl-python PY]
+
+Beside Reverb (``--reverb-python``: an interpreter that imports dm-reverb; bench/reverb_trajectory_worker.py:
+its trajectory writer, items every ``--period`` steps, ``client.sample``) and TorchRL (``--torchrl-python``:
+bench/torchrl_trajectory_worker.py: a ``SliceSampler`` over a ``LazyTensorStorage``), each in its own process,
+the windows interleaved (apexrl, Reverb, TorchRL in turn, ``--windows`` rounds); a side without its interpreter,
+or whose interpreter cannot import the library, is skipped with one line saying why. ``--total-steps`` appends
+that many steps per window (the episodes cycled) on apexrl's and TorchRL's side; Reverb's appends the episodes
+once. bench/README.md says how each side lays the steps and the recurrent state out.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
 import time
 
 import numpy as np
 
 from apexrl.replay import ReplayClient, ReplayServer, ServerConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def make_step(rng: np.random.Generator, t: int, obs: str, background: np.ndarray) -> dict:
@@ -40,6 +56,103 @@ def make_step(rng: np.random.Generator, t: int, obs: str, background: np.ndarray
     }
 
 
+def run_ours(steps: list, args: argparse.Namespace, length: int, n_steps: int) -> dict:
+    """One window of apexrl: a fresh in-process server, ``n_steps`` steps appended (the episodes cycled), then
+    ``sample_rounds`` batches of sequences sampled and decoded."""
+    state = {"h": np.zeros(512, np.float32), "c": np.zeros(512, np.float32)}
+    server = ReplayServer(ServerConfig(bind="127.0.0.1", port=0, capacity=1_000_000)).start()
+    try:
+        with ReplayClient(server.endpoint, timeout=30) as client:
+            t0 = time.perf_counter()
+            items = 0
+            done = 0
+            with client.writer(max_sequence_length=length, chunk_length=args.chunk_length) as w:
+                e = 0
+                while done < n_steps:
+                    for t, s in enumerate(steps[e % len(steps)]):
+                        w.append(s)
+                        if t + 1 >= length and (t + 1 - length) % args.period == 0:
+                            w.create_item("default", length, 1.0, state)
+                            items += 1
+                    w.end_episode()
+                    done += len(steps[e % len(steps)])
+                    e += 1
+                w.flush()
+                sent = w.chunk_bytes_sent + w.item_bytes_sent
+                chunk_sent = w.chunk_bytes_sent
+            appended_s = time.perf_counter() - t0
+            held = client.tables()["default"]["bytes_held"]
+            t1 = time.perf_counter()
+            for _ in range(args.sample_rounds):
+                batch = client.sample(args.batch)
+                assert batch.mask is not None and batch.mask.all()
+            sampled_s = time.perf_counter() - t1
+    finally:
+        server.stop()
+    return {
+        "steps": done,
+        "items": items,
+        "sent": sent,
+        "chunk_sent": chunk_sent,
+        "held": held,
+        "appended_s": appended_s,
+        "sampled_s": sampled_s,
+    }
+
+
+class Worker:
+    """A Reverb or TorchRL worker in its own interpreter: one window per line written, one JSON line back."""
+
+    def __init__(self, name: str, cmd: list[str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        while line and not line.startswith("ready"):  # the libraries' own log lines
+            line = self.proc.stdout.readline()
+        if not line:
+            self.proc.kill()
+            raise RuntimeError(f"{name} worker did not start (exit {self.proc.wait()})")
+        self.banner = line.strip()
+
+    def window(self) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("w\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        while line and not line.startswith("{"):  # the libraries' own log lines
+            line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} worker exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def probe(python: str | None, flag: str, what: str, code: str) -> str | None:
+    """None when ``python`` imports ``what``; else the one skip line to print."""
+    if python is None:
+        return f"{what}: skipped: no {flag} given ({what} needs its own environment)"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{what}: skipped: {python} could not run ({exc})"
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return f"{what}: skipped: {python} cannot import it: {last}"
+    return None
+
+
+def med(xs: list[float]) -> str:
+    return f"{statistics.median(xs):,.0f}" + (f" ({min(xs):,.0f}-{max(xs):,.0f})" if len(xs) > 1 else "")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--episodes", type=int, default=4)
@@ -51,6 +164,16 @@ def main() -> None:
     p.add_argument("--obs", choices=("atari", "vector"), default="atari")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--sample-rounds", type=int, default=20)
+    p.add_argument("--windows", type=int, default=1, help="interleaved windows (ours, Reverb, TorchRL in turn)")
+    p.add_argument(
+        "--total-steps",
+        type=int,
+        default=0,
+        help="steps appended per window by apexrl and TorchRL (the episodes cycled; 0: each episode once); "
+        "Reverb always appends the episodes once",
+    )
+    p.add_argument("--reverb-python", help="an interpreter that imports dm-reverb (bench/reverb_trajectory_worker.py)")
+    p.add_argument("--torchrl-python", help="an interpreter that imports torchrl (bench/torchrl_trajectory_worker.py)")
     args = p.parse_args()
     length = args.burn_in + args.trained + 1
     rng = np.random.default_rng(0)
@@ -59,50 +182,127 @@ def main() -> None:
         background = (rng.integers(0, 4, (84, 84)) * 40).astype(np.uint8)  # a textured screen, fixed per episode
         steps.append([make_step(rng, t, args.obs, background) for t in range(args.episode_length)])
     raw = sum(sum(np.asarray(v).nbytes for v in s.values()) for ep in steps for s in ep)
-    state = {"h": np.zeros(512, np.float32), "c": np.zeros(512, np.float32)}
-    server = ReplayServer(ServerConfig(bind="127.0.0.1", port=0, capacity=1_000_000)).start()
+    n_steps = max(args.total_steps, args.episodes * args.episode_length)
+    raw_total = raw * n_steps / (args.episodes * args.episode_length)
+
+    skip = {
+        "Reverb": probe(args.reverb_python, "--reverb-python", "Reverb", "import reverb"),
+        "TorchRL": probe(
+            args.torchrl_python,
+            "--torchrl-python",
+            "TorchRL",
+            "import torch, torchrl; from torchrl.data.replay_buffers.samplers import SliceSampler",
+        ),
+    }
+    workers: dict[str, Worker] = {}
+    tmp = tempfile.TemporaryDirectory()
+    if skip["Reverb"] is None or skip["TorchRL"] is None:
+        flat = [s for ep in steps for s in ep]
+        npz = os.path.join(tmp.name, "steps.npz")
+        np.savez(
+            npz,
+            **{k: np.stack([s[k] for s in flat]) for k in flat[0]},
+            episodes=args.episodes,
+            episode_length=args.episode_length,
+        )
+        common = ["--steps", npz, "--length", str(length), "--batch", str(args.batch)]
+        common += ["--sample-rounds", str(args.sample_rounds)]
+        if skip["Reverb"] is None:
+            assert args.reverb_python is not None
+            workers["Reverb"] = Worker(
+                "Reverb",
+                [
+                    args.reverb_python,
+                    os.path.join(HERE, "reverb_trajectory_worker.py"),
+                    *common,
+                    "--period",
+                    str(args.period),
+                ],
+            )
+        if skip["TorchRL"] is None:
+            assert args.torchrl_python is not None
+            workers["TorchRL"] = Worker(
+                "TorchRL",
+                [
+                    args.torchrl_python,
+                    os.path.join(HERE, "torchrl_trajectory_worker.py"),
+                    *common,
+                    "--total-steps",
+                    str(n_steps),
+                ],
+            )
+    rows: dict[str, list[dict]] = {"apexrl": [], **{k: [] for k in workers}}
     try:
-        with ReplayClient(server.endpoint, timeout=30) as client:
-            t0 = time.perf_counter()
-            items = 0
-            with client.writer(max_sequence_length=length, chunk_length=args.chunk_length) as w:
-                for ep in steps:
-                    for t, s in enumerate(ep):
-                        w.append(s)
-                        if t + 1 >= length and (t + 1 - length) % args.period == 0:
-                            w.create_item("default", length, 1.0, state)
-                            items += 1
-                    w.end_episode()
-                w.flush()
-                sent = w.chunk_bytes_sent + w.item_bytes_sent
-                chunk_sent = w.chunk_bytes_sent
-            appended_s = time.perf_counter() - t0
-            held = client.tables()["default"]["bytes_held"]
-            n_steps = args.episodes * args.episode_length
-            steps_in_items = items * length
-            t1 = time.perf_counter()
-            for _ in range(args.sample_rounds):
-                batch = client.sample(args.batch)
-                assert batch.mask is not None and batch.mask.all()
-            sampled_s = time.perf_counter() - t1
+        for win in range(args.windows):
+            r = run_ours(steps, args, length, n_steps)
+            rows["apexrl"].append(r)
+            line = (
+                f"window {win + 1}: apexrl {r['steps'] / r['appended_s']:,.0f} steps/s, "
+                f"{args.sample_rounds * args.batch / r['sampled_s']:,.0f} sequences/s"
+            )
+            for name, wk in workers.items():
+                x = wk.window()
+                rows[name].append(x)
+                line += f"; {name} {x['steps'] / x['appended_s']:,.0f} steps/s, {x['sampled'] / x['sampled_s']:,.0f} sequences/s"
+            print(line, flush=True)
     finally:
-        server.stop()
+        for wk in workers.values():
+            wk.close()
+        tmp.cleanup()
+
+    r = rows["apexrl"][-1]
+    items, sent, chunk_sent, held = r["items"], r["sent"], r["chunk_sent"], r["held"]
+    steps_in_items = items * length
     print(
         f"R2D2 layout: items of {length} steps every {args.period}, chunks of {args.chunk_length} steps, obs {args.obs}"
     )
     print(f"  {n_steps} steps appended, {items} items ({steps_in_items / n_steps:.2f} items per step)")
-    print(f"  steps raw {raw} B; writer sent {sent} B (chunks {chunk_sent} B, items {sent - chunk_sent} B)")
+    print(f"  steps raw {raw_total:.0f} B; writer sent {sent} B (chunks {chunk_sent} B, items {sent - chunk_sent} B)")
     print(
         f"  table bytes_held {held} B: {held / sent:.3f}x what the writer sent, {held / chunk_sent:.3f}x the steps "
         f"appended once (their chunks; the rest is the items' own bytes: headers, the 4 KiB recurrent state), "
-        f"{held / raw:.3f}x the raw steps"
+        f"{held / raw_total:.3f}x the raw steps"
     )
-    per_item_raw = steps_in_items * raw / n_steps
+    per_item_raw = steps_in_items * raw_total / n_steps
     print(f"  (items storing their own steps raw: {per_item_raw:.0f} B, {per_item_raw / held:.1f}x bytes_held)")
-    print(f"  steps appended/s (append, create_item, inserts): {n_steps / appended_s:,.0f}")
+    ours = rows["apexrl"]
+    print(f"  steps appended/s (append, create_item, inserts): {med([x['steps'] / x['appended_s'] for x in ours])}")
     print(
-        f"  sequences sampled+decoded/s (batches of {args.batch}): {args.sample_rounds * args.batch / sampled_s:,.0f}"
+        f"  sequences sampled+decoded/s (batches of {args.batch}): "
+        f"{med([args.sample_rounds * args.batch / x['sampled_s'] for x in ours])}"
     )
+    for name in ("Reverb", "TorchRL"):
+        if skip[name] is not None:
+            print(skip[name])
+            continue
+        xs = rows[name]
+        print(
+            f"{name} ({workers[name].banner.removeprefix('ready').strip() or 'worker'}), {xs[-1]['steps']} steps per window:"
+        )
+        print(f"  steps appended/s: {med([x['steps'] / x['appended_s'] for x in xs])}")
+        print(
+            f"  sequences sampled+decoded/s (batches of {args.batch}): {med([x['sampled'] / x['sampled_s'] for x in xs])}"
+        )
+        if name == "Reverb":
+            b = xs[-1]["checkpoint_bytes"]
+            print(
+                f"  bytes: Reverb's server_info has none; its checkpoint of the table is {b} B "
+                f"({b / held:.3f}x apexrl's bytes_held for {xs[-1]['steps']} steps)"
+                if xs[-1]["steps"] == n_steps
+                else f"  bytes: Reverb's server_info has none; its checkpoint of the table is {b} B"
+            )
+        else:
+            b = xs[-1]["storage_bytes"]
+            print(f"  storage tensors {b} B ({b / held:.2f}x apexrl's bytes_held; uncompressed, state at every step)")
+        sa = [x["steps"] / x["appended_s"] for x in xs]
+        so = [x["sampled"] / x["sampled_s"] for x in xs]
+        oa = [x["steps"] / x["appended_s"] for x in ours]
+        oo = [args.sample_rounds * args.batch / x["sampled_s"] for x in ours]
+        print(
+            f"  apexrl / {name}, median of per-window ratios: steps appended/s "
+            f"{statistics.median(a / b for a, b in zip(oa, sa)):.2f}x, sequences sampled/s "
+            f"{statistics.median(a / b for a, b in zip(oo, so)):.2f}x"
+        )
 
 
 if __name__ == "__main__":

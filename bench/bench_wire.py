@@ -627,6 +627,8 @@ def floor_main(args: argparse.Namespace) -> None:
                         "max_reply_bytes": 256 << 20,
                         "num_shards": 8,
                     },
+                    # the client looks a sampled table up in HELLO's tables (v5): one table, no pinned spec
+                    tables_json=json.dumps([{"name": "default", "index": 0}]),
                 )
             else:  # STATS: what the bench reads afterwards
                 frames = P.encode_stats_reply(0, {"size": 2_000_000, "bytes_held": 2_000_000 * item_bytes})
