@@ -168,6 +168,11 @@ class Actor:
             "rate_limited": 0,
             "not_inserted": 0,
         }
+        self._open_episode_outputs(k, explorations)
+
+    def _open_episode_outputs(self, k: int, explorations: Sequence[float | None]) -> None:
+        """The progress report, the --record-dataset recorder and the --episodes-csv file (every actor's)."""
+        config = self.config
         self._returns: list[float] = []
         self.report = ProgressReporter("actor", config.progress_path, prefix=False)
         self._episodes_file = None
@@ -188,6 +193,19 @@ class Actor:
             except BaseException:
                 self._episodes_file.close()
                 raise
+
+    @staticmethod
+    def _record_step(rec: Any, actions: Any, step: Any, ended: Sequence[int]) -> None:
+        """--record-dataset: the episode's final observation where one ended, then its new start."""
+        rec.step(
+            actions,
+            step.reward,
+            [step.final_obs.get(j, o) for j, o in enumerate(step.obs)],
+            step.terminated,
+            step.truncated,
+        )
+        for j in ended:
+            rec.start(j, step.obs[j])
 
     # ------------------------------------------------------------------------------------------ control
 
@@ -485,16 +503,8 @@ class Actor:
             self._add(self.nstep.add(actions, step.reward, nexts, step.terminated, step.truncated))
             if ended:
                 self.nstep.add_first(ended, handles[ended])
-            if rec is not None:  # the episode's final observation where one ended, then its new start
-                rec.step(
-                    actions,
-                    step.reward,
-                    [step.final_obs.get(j, o) for j, o in enumerate(step.obs)],
-                    step.terminated,
-                    step.truncated,
-                )
-                for j in ended:
-                    rec.start(j, step.obs[j])
+            if rec is not None:
+                self._record_step(rec, actions, step, ended)
             self.counters["steps"] += k
             self.counters["frames"] += k * self.spec.frames_per_step
             ep_return += step.raw_reward
@@ -511,9 +521,13 @@ class Actor:
 
     def _after_step(self) -> bool:
         """Flush, poll for weights and log as due; True when the loop must end."""
-        cfg = self.config
         if self._local_count >= self.flush_size:
             self._flush()
+        return self._poll_and_log()
+
+    def _poll_and_log(self) -> bool:
+        """Poll for weights and log as due; True when the loop must end."""
+        cfg = self.config
         try:
             self.poller.maybe_fetch(self.counters["frames"])
         except Interrupted:  # stopping: the learner did not answer within the grace period

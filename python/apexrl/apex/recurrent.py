@@ -47,11 +47,9 @@ import torch
 
 from apexrl.agents import get_agent
 from apexrl.agents.base import batch_policy
-from apexrl.apex.actor import Actor, _start_episodes_file, env_seed
+from apexrl.apex.actor import Actor, env_seed
 from apexrl.apex.config import ActorConfig
-from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S
-from apexrl.durable import append_private, make_private_dirs
 from apexrl.errors import ApexRLError, Interrupted, ReplayTimeout
 from apexrl.replay.adders import SequenceAdder
 from apexrl.replay.client.sharded import connect as connect_replay
@@ -129,28 +127,7 @@ class RecurrentActor(Actor):
             "rate_limited": 0,
             "not_inserted": 0,
         }
-        self._returns: list[float] = []
-        self.report = ProgressReporter("actor", config.progress_path, prefix=False)
-        self._episodes_file = None
-        self._episodes_csv = None
-        self.recorder = None
-        if config.record_dataset:
-            from apexrl.offline.record import EpisodeRecorder
-
-            self.recorder = EpisodeRecorder(config.record_dataset, config.index, self.spec, k)
-        if config.episodes_csv:
-            import csv
-            import os
-
-            make_private_dirs(os.path.dirname(os.path.abspath(config.episodes_csv)))
-            self._explorations = ["" if e is None else f"{float(e):.6g}" for e in explorations]
-            self._episodes_file = append_private(config.episodes_csv, newline="", encoding="utf-8")
-            self._episodes_csv = csv.writer(self._episodes_file, lineterminator="\n")
-            try:
-                _start_episodes_file(self._episodes_file, self._episodes_csv, config.episodes_csv)
-            except BaseException:
-                self._episodes_file.close()
-                raise
+        self._open_episode_outputs(k, explorations)
 
     def _close_adders(self) -> None:
         for adder in self.adders:
@@ -213,15 +190,7 @@ class RecurrentActor(Actor):
                         recording[j] = True
                     self.adders[j].add_first(step.obs[j])
             if rec is not None:
-                rec.step(
-                    actions,
-                    step.reward,
-                    [step.final_obs.get(j, o) for j, o in enumerate(step.obs)],
-                    step.terminated,
-                    step.truncated,
-                )
-                for j in sorted(step.final_obs):
-                    rec.start(j, step.obs[j])
+                self._record_step(rec, actions, step, sorted(step.final_obs))
             self.counters["steps"] += k
             self.counters["frames"] += k * self.spec.frames_per_step
             ep_return += step.raw_reward
@@ -262,17 +231,8 @@ class RecurrentActor(Actor):
             # would hold the stop for its retries).
             w.writer.discard()
 
-    def _after_step(self) -> bool:
-        cfg = self.config
-        try:
-            self.poller.maybe_fetch(self.counters["frames"])
-        except Interrupted:
-            return True
-        now = time.monotonic()
-        if now - self._last_log >= cfg.log_every:
-            self._log_progress(now - self._start)
-            self._last_log = now
-        return bool(cfg.max_steps and self.counters["steps"] >= cfg.max_steps)
+    def _after_step(self) -> bool:  # the writers send as items fill up: no local batch to flush
+        return self._poll_and_log()
 
 
 class _TrainableItems:
