@@ -208,3 +208,25 @@ def test_replay_dataset_reports_an_item_it_cannot_decode_in_valid():
         bad = ~b["valid"]
         assert bad.any() and not b["mask"][bad].any() and not b["fields"]["t"][bad].any()
         assert b["mask"][~bad].any(axis=1).all()
+
+
+def test_episode_adders_over_a_set_keep_each_episode_whole_on_its_writers_server():
+    from apexrl.replay.adders import EpisodeAdder
+
+    with running(2) as endpoints, ShardedReplayClient(endpoints, seed=2) as sharded:
+        adders = [EpisodeAdder(sharded, "default", max_sequence_length=20, priority=1.0) for _ in range(2)]
+        for e, length in enumerate((7, 12, 2)):
+            for k, adder in enumerate(adders):  # adder k's observations carry 10 * k + e
+                adder.add_first(np.array([10 * k + e, 0], np.float32))
+                for t in range(length):
+                    obs = np.array([10 * k + e, t + 1], np.float32)
+                    adder.add(np.int64(t), 1.0, obs, terminated=t + 1 == length, truncated=False)
+        for adder in adders:
+            adder.close()
+        assert [_stats(e)["size"] for e in endpoints] == [3, 3]
+        batch = sharded.sample(32)
+        for i in range(32):
+            n = int(batch.mask[i].sum())
+            obs = batch.fields["obs"][i, :n]
+            assert n in (8, 13, 3) and obs[:, 1].tolist() == list(range(n)) and (obs[:, 0] == obs[0, 0]).all()
+            assert _server_of(batch.keys[i : i + 1], 2) == [int(obs[0, 0]) // 10]
