@@ -472,7 +472,12 @@ class Actor:
     def run(self) -> dict[str, int]:
         self._wait_first_params()
         self._start = self._last_log = time.monotonic()
-        (self._run_one if self.envs.num_envs == 1 else self._run_vector)()
+        try:
+            (self._run_one if self.envs.num_envs == 1 else self._run_vector)()
+        except _Unsent as e:  # stopping mid-insert: the server is gone or stopping too
+            self._give_up(e)
+        else:
+            self._finish()
         self._log_progress(time.monotonic() - self._start)
         return {**self.counters, "params_version": self.poller.version}
 
@@ -487,32 +492,27 @@ class Actor:
         if rec is not None:
             rec.start(0, obs)
         ep_return, ep_len = 0.0, 0
-        try:
-            adder.add_first(obs)
-            while not self._stop.is_set():
-                action = self.policy.act(obs, explore=True)
-                step = env.step(action)
-                self.counters["steps"] += 1
-                self.counters["frames"] += self.spec.frames_per_step
-                adder.add(action, step.reward, step.obs, step.terminated, step.truncated)  # may insert a batch
+        adder.add_first(obs)
+        while not self._stop.is_set():
+            action = self.policy.act(obs, explore=True)
+            step = env.step(action)
+            self.counters["steps"] += 1
+            self.counters["frames"] += self.spec.frames_per_step
+            adder.add(action, step.reward, step.obs, step.terminated, step.truncated)  # may insert a batch
+            if rec is not None:
+                rec.step([action], [step.reward], [step.obs], [step.terminated], [step.truncated])
+            ep_return += step.raw_reward
+            ep_len += 1
+            obs = step.obs
+            if step.terminated or step.truncated:
+                self._end_episode(0, ep_return, ep_len, time.monotonic() - self._start)
+                ep_return, ep_len = 0.0, 0
+                obs = env.reset()
+                adder.add_first(obs)
                 if rec is not None:
-                    rec.step([action], [step.reward], [step.obs], [step.terminated], [step.truncated])
-                ep_return += step.raw_reward
-                ep_len += 1
-                obs = step.obs
-                if step.terminated or step.truncated:
-                    self._end_episode(0, ep_return, ep_len, time.monotonic() - self._start)
-                    ep_return, ep_len = 0.0, 0
-                    obs = env.reset()
-                    adder.add_first(obs)
-                    if rec is not None:
-                        rec.start(0, obs)
-                if self._poll_and_log():
-                    break
-        except _Unsent as e:  # stopping mid-insert: the server is gone or stopping too
-            self._give_up(e)
-            return
-        self._finish()
+                    rec.start(0, obs)
+            if self._poll_and_log():
+                break
 
     def _run_vector(self) -> None:
         """K > 1: a VecEnv, one batched act, the vectorised n-step adder over the ring's observation handles."""
@@ -525,37 +525,32 @@ class Actor:
             for j in range(k):
                 rec.start(j, obs[j])
         ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
-        try:
-            adder.add_first(handles)
-            while not self._stop.is_set():
-                actions = self._act(obs, handles)
-                step = self.envs.step(actions)
-                handles = self.frames.put(step.obs)
-                # Environments whose episode ended: their last observation is the n-step targets' (reset already).
-                ended = sorted(step.final_obs)
-                nexts = handles
-                if ended:
-                    nexts = handles.copy()
-                    nexts[ended] = self.frames.put(np.stack([step.final_obs[j] for j in ended]))
-                self.counters["steps"] += k
-                self.counters["frames"] += k * self.spec.frames_per_step
-                adder.add(actions, step.reward, nexts, step.terminated, step.truncated)  # may insert a batch
-                if ended:
-                    adder.add_first(handles[ended], ended)
-                if rec is not None:
-                    self._record_step(rec, actions, step, ended)
-                ep_return += step.raw_reward
-                ep_len += 1
-                for j in ended:
-                    self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - self._start)
-                    ep_return[j], ep_len[j] = 0.0, 0
-                obs = step.obs
-                if self._poll_and_log():
-                    break
-        except _Unsent as e:  # stopping mid-insert: the server is gone or stopping too
-            self._give_up(e)
-            return
-        self._finish()
+        adder.add_first(handles)
+        while not self._stop.is_set():
+            actions = self._act(obs, handles)
+            step = self.envs.step(actions)
+            handles = self.frames.put(step.obs)
+            # Environments whose episode ended: their last observation is the n-step targets' (reset already).
+            ended = sorted(step.final_obs)
+            nexts = handles
+            if ended:
+                nexts = handles.copy()
+                nexts[ended] = self.frames.put(np.stack([step.final_obs[j] for j in ended]))
+            self.counters["steps"] += k
+            self.counters["frames"] += k * self.spec.frames_per_step
+            adder.add(actions, step.reward, nexts, step.terminated, step.truncated)  # may insert a batch
+            if ended:
+                adder.add_first(handles[ended], ended)
+            if rec is not None:
+                self._record_step(rec, actions, step, ended)
+            ep_return += step.raw_reward
+            ep_len += 1
+            for j in ended:
+                self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - self._start)
+                ep_return[j], ep_len[j] = 0.0, 0
+            obs = step.obs
+            if self._poll_and_log():
+                break
 
     def _poll_and_log(self) -> bool:
         """Poll for weights and log as due; True when the loop must end."""

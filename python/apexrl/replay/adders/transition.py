@@ -330,7 +330,23 @@ class VecNStep:
 Priority: TypeAlias = float | Callable[[dict[str, Any]], Any] | None
 
 
-class NStepTransitionAdder(Adder):
+class _Inserts:
+    """What the n-step adders share: the table their batches go to, through which client, with which priorities."""
+
+    def __init__(self, client: Any, table: str, priority: Priority, insert_batch: int):
+        if not callable(priority):
+            check_priority(priority, "None, a callable")
+        self.insert_batch: int = check_int("insert_batch", insert_batch, 1)
+        self.client: Any = client
+        self.table: str = table
+        self.priority: Priority = priority
+
+    def _send(self, batch: Any, n: int) -> None:
+        """Insert a stacked batch of ``n`` items with the adder's priorities (raises what the insert raises)."""
+        self.client.insert(priorities_for(self.priority, batch, n), batch, table=self.table)
+
+
+class NStepTransitionAdder(Adder, _Inserts):
     """Inserts the n-step transitions of an episode stream into ``table`` (Acme's ``NStepTransitionAdder``).
 
     Each item is the mapping ::
@@ -380,14 +396,8 @@ class NStepTransitionAdder(Adder):
         insert_batch: int = 8,
     ):
         self._core = NStepBuffer(n, discount)  # checks n and discount
-        if not callable(priority):
-            check_priority(priority, "None, a callable")
-        batch = check_int("insert_batch", insert_batch, 1)
-        super().__init__()
-        self.client: Any = client
-        self.table: str = table
-        self.priority: Priority = priority
-        self.insert_batch: int = batch
+        _Inserts.__init__(self, client, table, priority, insert_batch)
+        Adder.__init__(self)
         self._extras: deque[Any] = deque()  # e_t of the core's pending steps, oldest first (it emits oldest first)
         self._buffer: list[dict[str, Any]] = []  # emitted, not inserted yet
 
@@ -471,8 +481,7 @@ class NStepTransitionAdder(Adder):
 
     def _insert(self, n: int) -> None:
         """Insert the oldest ``n`` buffered transitions; they leave the buffer only once the insert returned."""
-        batch = stack(self._buffer[:n])
-        self.client.insert(priorities_for(self.priority, batch, n), batch, table=self.table)
+        self._send(stack(self._buffer[:n]), n)
         del self._buffer[:n]
 
 
@@ -512,7 +521,7 @@ class TransitionAdder(NStepTransitionAdder):
         super().__init__(client, table, 1, discount, priority, insert_batch=insert_batch)
 
 
-class VecNStepTransitionAdder:
+class VecNStepTransitionAdder(_Inserts):
     """:class:`NStepTransitionAdder` for K environments stepped in lockstep (a vector environment): the same items,
     values and order as K NStepTransitionAdders fed one environment after another at every step and sharing one
     batch buffer, computed over arrays (:class:`VecNStep`) without a Python call per environment and step. The
@@ -562,12 +571,7 @@ class VecNStepTransitionAdder:
     ):
         k = check_int("num_envs", num_envs, 1)
         self._core = VecNStep(k, n, discount)  # checks n and discount
-        if not callable(priority):
-            check_priority(priority, "None, a callable")
-        self.insert_batch: int = check_int("insert_batch", insert_batch, 1)
-        self.client: Any = client
-        self.table: str = table
-        self.priority: Priority = priority
+        super().__init__(client, table, priority, insert_batch)
         self._chunks: list[dict[str, np.ndarray]] = []  # emitted, not inserted yet, oldest first
         self._buffered = 0
         self._closed = False
@@ -696,7 +700,7 @@ class VecNStepTransitionAdder:
             self._chunks[:] = [{name: np.concatenate([c[name] for c in self._chunks]) for name in self._chunks[0]}]
         chunk = self._chunks[0]
         batch = chunk if len(chunk["reward"]) == n else {name: v[:n] for name, v in chunk.items()}
-        self.client.insert(priorities_for(self.priority, batch, n), batch, table=self.table)
+        self._send(batch, n)
         if len(chunk["reward"]) == n:
             self._chunks.clear()
         else:
