@@ -210,8 +210,12 @@ class VecNStep:
 
     def add_first(self, envs: Sequence[int] | np.ndarray, handles: Sequence[int] | np.ndarray) -> None:
         envs = np.asarray(envs, np.int64)
-        if self._open[envs].any():
-            raise RuntimeError("VecNStep.add_first for an environment whose episode is still open")
+        still = self._open[envs]
+        if still.any():
+            raise RuntimeError(
+                f"VecNStep.add_first for environments {envs[still].tolist()} whose episode is still open; call "
+                "reset(envs) first to drop those episodes on purpose"
+            )
         h = np.asarray(handles)
         if len(h) != len(envs):
             raise ValueError(f"{len(envs)} environments and {len(h)} observations")
@@ -242,7 +246,10 @@ class VecNStep:
         truncated: np.ndarray,
     ) -> dict[str, np.ndarray] | None:
         if not self._open.all():
-            raise RuntimeError("VecNStep.add with an environment whose episode is not open: add_first it first")
+            raise RuntimeError(
+                f"VecNStep.add with environments {np.flatnonzero(~self._open).tolist()} not in an episode: add_first "
+                "them first (and again after every step that ends their episode)"
+            )
         rewards = np.asarray(rewards, np.float64)
         if not np.all(np.isfinite(rewards)):
             raise ValueError(f"reward must be finite, got {rewards.tolist()}")
@@ -399,7 +406,7 @@ class NStepTransitionAdder(Adder, _Inserts):
         _Inserts.__init__(self, client, table, priority, insert_batch)
         Adder.__init__(self)
         self._extras: deque[Any] = deque()  # e_t of the core's pending steps, oldest first (it emits oldest first)
-        self._buffer: list[dict[str, Any]] = []  # emitted, not inserted yet
+        self._buffer: list[tuple] = []  # emitted, not inserted yet: (obs, action, reward, discount, next_obs, extras)
 
     @property
     def n(self) -> int:
@@ -431,18 +438,8 @@ class NStepTransitionAdder(Adder, _Inserts):
         self._extras.clear()
 
     def _emit(self, transitions: list[Transition]) -> None:
-        for t in transitions:
-            item = {
-                "obs": t.obs,
-                "action": t.action,
-                "reward": np.float32(t.reward),
-                "discount": np.float32(t.discount),
-                "next_obs": t.next_obs,
-            }
-            extras = self._extras.popleft()
-            if extras is not None:
-                item["extras"] = extras
-            self._buffer.append(item)
+        for t in transitions:  # rows, stacked a column at a time when inserted (_stack_rows): no dict per item
+            self._buffer.append((t.obs, t.action, t.reward, t.discount, t.next_obs, self._extras.popleft()))
 
     def _after_step(self) -> None:
         while len(self._buffer) >= self.insert_batch:
@@ -481,8 +478,36 @@ class NStepTransitionAdder(Adder, _Inserts):
 
     def _insert(self, n: int) -> None:
         """Insert the oldest ``n`` buffered transitions; they leave the buffer only once the insert returned."""
-        self._send(stack(self._buffer[:n]), n)
+        self._send(_stack_rows(self._buffer[:n]), n)
         del self._buffer[:n]
+
+
+def _stack_rows(rows: list[tuple]) -> dict[str, Any]:
+    """NStepTransitionAdder's buffered rows as one item mapping with a leading batch dimension (the layout in its
+    docstring): reward and discount float32, ``extras`` only where the rows have them (all or none)."""
+    obs, action, reward, discount, next_obs, extras = zip(*rows)
+    batch = {
+        "obs": _column(obs, "obs"),
+        "action": _column(action, "action"),
+        "reward": np.array(reward, np.float32),
+        "discount": np.array(discount, np.float32),
+        "next_obs": _column(next_obs, "next_obs"),
+    }
+    if any(e is not None for e in extras):
+        batch["extras"] = stack(list(extras), "extras")  # ValueError where some rows have none
+    return batch
+
+
+def _column(values: Sequence[Any], name: str) -> Any:
+    """One field of the rows stacked: arrays of one shape directly, anything else (numbers, nested mappings)
+    through :func:`~apexrl.replay.adders.base.stack`, which names the field that differs."""
+    first = values[0]
+    kind = type(first)
+    if kind is np.ndarray and all(type(v) is np.ndarray and v.shape == first.shape for v in values):
+        return np.stack(values)
+    if (kind in (int, float, bool) or isinstance(first, np.generic)) and all(type(v) is kind for v in values):
+        return np.array(values)  # scalars of one type (discrete actions): what stack gives, in one call
+    return stack(list(values), name)
 
 
 def priorities_for(priority: Priority, batch: Any, n: int) -> np.ndarray | None:
@@ -611,15 +636,14 @@ class VecNStepTransitionAdder(_Inserts):
           ValueError: an environment index out of range or repeated, or not one observation per environment.
         """
         self._check_not_closed()
-        which = np.arange(self.num_envs) if envs is None else np.asarray(envs, np.int64).reshape(-1)
-        if which.size and (which.min() < 0 or which.max() >= self.num_envs or len(np.unique(which)) != which.size):
-            raise ValueError(f"envs must be distinct indices in [0, {self.num_envs}), got {which.tolist()}")
-        if self._core.open[which].any():
-            raise RuntimeError(
-                f"VecNStepTransitionAdder.add_first for environments {which[self._core.open[which]].tolist()} "
-                "whose episode is still open; call reset(envs) first to drop those episodes on purpose"
-            )
-        self._core.add_first(which, observations)
+        if envs is None:
+            which = np.arange(self.num_envs)
+        else:
+            which = np.asarray(envs, np.int64).reshape(-1)
+            listed = which.tolist()
+            if listed and (min(listed) < 0 or max(listed) >= self.num_envs or len(set(listed)) != len(listed)):
+                raise ValueError(f"envs must be distinct indices in [0, {self.num_envs}), got {listed}")
+        self._core.add_first(which, observations)  # RuntimeError naming environments still in an episode
 
     def add(self, actions: Any, rewards: Any, next_observations: Any, terminated: Any, truncated: Any) -> None:
         """Record one step of every environment (arrays with a leading dimension K).
@@ -630,21 +654,17 @@ class VecNStepTransitionAdder(_Inserts):
         """
         self._check_not_closed()
         k = self.num_envs
-        for name, value in (
-            ("actions", actions),
-            ("rewards", rewards),
-            ("next_observations", next_observations),
-            ("terminated", terminated),
-            ("truncated", truncated),
-        ):
-            if len(value) != k:
-                raise ValueError(f"{name} has {len(value)} rows, expected one per environment ({k})")
-        closed = ~self._core.open
-        if closed.any():
-            raise RuntimeError(
-                f"VecNStepTransitionAdder.add with environments {np.flatnonzero(closed).tolist()} not in an "
-                "episode: add_first them first (and again after every step that ends their episode)"
-            )
+        if not len(actions) == len(rewards) == len(next_observations) == len(terminated) == len(truncated) == k:
+            for name, value in (
+                ("actions", actions),
+                ("rewards", rewards),
+                ("next_observations", next_observations),
+                ("terminated", terminated),
+                ("truncated", truncated),
+            ):
+                if len(value) != k:
+                    raise ValueError(f"{name} has {len(value)} rows, expected one per environment ({k})")
+        # The core refuses (RuntimeError, naming them) environments not in an episode, before it records anything.
         self._emit(self._core.add(actions, rewards, next_observations, terminated, truncated))
         self._after_step()
 
@@ -684,9 +704,7 @@ class VecNStepTransitionAdder(_Inserts):
             raise RuntimeError("VecNStepTransitionAdder is closed")
 
     def _emit(self, chunk: dict[str, np.ndarray] | None) -> None:
-        if chunk is not None:
-            chunk["reward"] = chunk["reward"].astype(np.float32)
-            chunk["discount"] = chunk["discount"].astype(np.float32)
+        if chunk is not None:  # reward and discount float64 until inserted (float32 then, once per batch)
             self._chunks.append(chunk)
             self._buffered += len(chunk["reward"])
 
@@ -699,7 +717,8 @@ class VecNStepTransitionAdder(_Inserts):
         if len(self._chunks) > 1:  # one chunk of all that is buffered, so the oldest n are its first rows
             self._chunks[:] = [{name: np.concatenate([c[name] for c in self._chunks]) for name in self._chunks[0]}]
         chunk = self._chunks[0]
-        batch = chunk if len(chunk["reward"]) == n else {name: v[:n] for name, v in chunk.items()}
+        batch = {name: v[:n] for name, v in chunk.items()}
+        batch["reward"], batch["discount"] = batch["reward"].astype(np.float32), batch["discount"].astype(np.float32)
         self._send(batch, n)
         if len(chunk["reward"]) == n:
             self._chunks.clear()
