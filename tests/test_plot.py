@@ -114,3 +114,25 @@ def test_plot_refuses_a_final_eval_without_numbers(tmp_path):
     d = _run(tmp_path, "r", "10,1000,50,5,1,1000,10\n", final={"mean": "high"})
     done = subprocess.run([sys.executable, "-m", "apexrl", "plot", d], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "final_eval.json has no number 'mean'" in done.stderr
+
+
+def test_groups_name_the_environment_only_where_the_runs_environments_differ(tmp_path):
+    """Legend labels stay short: on one environment (the title names it) a group is its agent and preset."""
+    from apexrl.plot import _envs, _groups
+
+    rows = "10,1000,50,5,1,1000,10\n"
+
+    def run(name: str, agent: str, preset: str, env: str) -> str:
+        d = _run(tmp_path, name, rows)
+        with open(os.path.join(d, "plan.json"), "w") as f:
+            json.dump({"preset": preset, "learner": {"agent": agent, "env": env, "seed": 0}}, f)
+        return d
+
+    a, b = run("a", "r2d2", "r2d2-cpu", "gym:pkg.mod:Long-v1"), run("b", "dqn", "cartpole", "gym:pkg.mod:Long-v1")
+    assert [name for name, _ in _groups([a, b])] == ["r2d2 (r2d2-cpu)", "dqn (cartpole)"]
+    assert _envs([a, b]) == ["gym:pkg.mod:Long-v1"]
+    c = run("c", "dqn", "cartpole", "gym:CartPole-v1")
+    assert [name for name, _ in _groups([a, c])] == [
+        "gym:pkg.mod:Long-v1 r2d2 (r2d2-cpu)",
+        "gym:CartPole-v1 dqn (cartpole)",
+    ]

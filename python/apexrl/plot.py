@@ -183,16 +183,37 @@ def _groups(run_dirs: Sequence[str]) -> list[tuple[str, list[str]]]:
 
     groups: dict[object, list[str]] = {}
     names: dict[object, str] = {}
+    envs: dict[object, str] = {}
     for d in run_dirs:
         try:
             ident = identity(d)
             key: object = ident.config_key()
-            names[key] = f"{ident.env} {ident.agent}" + (f" ({ident.preset})" if ident.preset else "")
+            names[key] = f"{ident.agent}" + (f" ({ident.preset})" if ident.preset else "")
+            envs[key] = ident.env
         except RunDirError:
             key = ("dir", d)
             names[key] = os.path.normpath(d)
         groups.setdefault(key, []).append(d)
+    # The environment names a group only where the groups' environments differ (the figure's title says it
+    # otherwise): labels stay short enough for the legend with long gym: entry points.
+    if len(set(envs.values())) > 1:
+        names = {k: f"{envs[k]} {n}" if k in envs else n for k, n in names.items()}
     return [(names[k], v) for k, v in groups.items()]
+
+
+def _envs(run_dirs: Sequence[str]) -> list[str]:
+    """The distinct environments of the runs whose configuration is known, in order."""
+    from apexrl.rundir import RunDirError, identity
+
+    out: list[str] = []
+    for d in run_dirs:
+        try:
+            env = identity(d).env
+        except RunDirError:
+            continue
+        if env not in out:
+            out.append(env)
+    return out
 
 
 def _final(run_dir: str) -> dict | None:
@@ -273,6 +294,9 @@ def plot_runs(run_dirs: Sequence[str], out: str | None = None, smooth: int = 20)
         if drawn:
             ax.legend(fontsize=8, loc="best")
     title = os.path.normpath(run_dirs[0]) if len(run_dirs) == 1 else f"{len(run_dirs)} runs"
+    envs = _envs(run_dirs)
+    if len(run_dirs) > 1 and len(envs) == 1:
+        title += f" on {envs[0]}"
     fig.suptitle(f"Ape-X learning curves: {title}")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -28,6 +28,8 @@ def test_simultaneous_sigterm_every_process_exits_within_five_seconds(start_serv
     run_dir = str(tmp_path / "run")
     server, learner, actors = start_system(start_server, spawn, run_dir)
     wait_until(lambda: learner_steps(run_dir) >= 100, 120, "100 learner steps", interval=0.5)
+    for a in actors:  # each actor in its loop (its signal handler installed): one alone can feed the learner
+        a.wait_for(r"steps=[1-9]", timeout=120)
     procs = {"server": server.proc, "learner": learner.proc, **{f"actor{i}": a.proc for i, a in enumerate(actors)}}
     t0 = time.monotonic()
     for p in procs.values():

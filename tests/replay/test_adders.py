@@ -22,7 +22,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apexrl.replay.adders import EpisodeAdder, NStepTransitionAdder, SequenceAdder, Step, TransitionAdder
+from apexrl.replay.adders import (
+    EpisodeAdder,
+    NStepTransitionAdder,
+    SequenceAdder,
+    Step,
+    TransitionAdder,
+    VecNStepTransitionAdder,
+)
 from apexrl.replay.adders.base import stack
 
 # --------------------------------------------------------------------------------------------- recording doubles
@@ -329,13 +336,18 @@ def test_transition_adder_is_one_step(eps, gamma):
 
 
 def test_nstep_adder_core_is_the_actors():
-    """One n-step implementation: the adder's core is the class the Ape-X actors and apexrl.apex.nstep use."""
-    from apexrl.apex import nstep
+    """One n-step implementation: the Ape-X actors insert through the adders (K = 1: NStepTransitionAdder, K > 1
+    its vectorised form), whose cores are the classes apexrl.apex.nstep names."""
+    from apexrl.apex import actor, nstep
     from apexrl.replay.adders import transition
 
     adder = NStepTransitionAdder(RecordingClient(), "t", 3, 0.9)
     assert type(adder._core) is transition.NStepBuffer is nstep.NStepBuffer
+    assert type(VecNStepTransitionAdder(RecordingClient(), "t", 3, 0.9, 2)._core) is transition.VecNStep
     assert nstep.VecNStep is transition.VecNStep and nstep.Transition is transition.Transition
+    assert (
+        actor.NStepTransitionAdder is NStepTransitionAdder and actor.VecNStepTransitionAdder is VecNStepTransitionAdder
+    )
 
 
 def test_nstep_adder_keeps_a_batch_whose_insert_failed():
@@ -377,6 +389,147 @@ def test_nstep_adder_truncate_and_close():
         with pytest.raises(RuntimeError, match="closed"):
             call()
     adder.close()  # idempotent
+
+
+# --------------------------------------------------------------------------------------------- vectorised n-step
+
+
+@st.composite
+def lockstep_runs(draw) -> tuple[int, list[list[tuple[float, str]]], list[tuple[int, list[int]]]]:
+    """K environments stepped ``steps`` times in lockstep: per environment and step, (reward, how it ends:
+    "" / "terminated" / "truncated"); and resets: (after which step, the environments whose episode is dropped)."""
+    k, steps = draw(st.integers(1, 5)), draw(st.integers(1, 25))
+    ends = st.sampled_from(["", "", "", "terminated", "truncated"])
+    script = [[(draw(st.sampled_from([0.0, 1.0, -2.0, 0.5])), draw(ends)) for _ in range(k)] for _ in range(steps)]
+    resets = draw(st.lists(st.tuples(st.integers(0, steps - 1), st.lists(st.integers(0, k - 1), unique=True))))
+    return k, script, resets
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    run=lockstep_runs(),
+    n=st.integers(1, 4),
+    gamma=st.sampled_from([0.5, 0.9]),
+    insert_batch=st.integers(1, 7),
+    vector_obs=st.booleans(),
+)
+def test_vectorised_nstep_adder_is_k_nstep_adders(run, n, gamma, insert_batch, vector_obs):
+    """VecNStepTransitionAdder over K environments = K NStepTransitionAdders fed one environment after another at
+    every step into one buffer: the same items (values bit for bit), order, batches and priorities, across
+    episode ends, resets of some environments and the final truncate."""
+    k, script, resets = run
+    client = RecordingClient()
+    adder = VecNStepTransitionAdder(
+        client, "replay", n, gamma, k, lambda b: np.abs(b["reward"]).astype(np.float64), insert_batch=insert_batch
+    )
+    ref_client = RecordingClient()
+    # The reference: one NStepTransitionAdder per environment, each inserting single items into one list.
+    refs = [NStepTransitionAdder(ref_client, "replay", n, gamma, insert_batch=1) for _ in range(k)]
+    t_env = [0] * k  # each environment's step count, for distinct observations
+
+    def obs(j: int) -> np.ndarray:
+        return np.array([j, t_env[j]], np.float32) if vector_obs else np.int64(1000 * j + t_env[j])
+
+    adder.add_first(np.stack([obs(j) for j in range(k)]))
+    for j in range(k):
+        refs[j].add_first(obs(j))
+    for i, row in enumerate(script):
+        actions = np.array([10 * i + j for j in range(k)])
+        for j in range(k):
+            t_env[j] += 1
+        nexts = np.stack([obs(j) for j in range(k)])
+        terminated = np.array([e == "terminated" for _, e in row])
+        truncated = np.array([e == "truncated" for _, e in row])
+        adder.add(actions, np.array([r for r, _ in row]), nexts, terminated, truncated)
+        for j in range(k):
+            refs[j].add(actions[j], row[j][0], nexts[j], bool(terminated[j]), bool(truncated[j]))
+        ended = np.flatnonzero(terminated | truncated)
+        dropped = sorted({j for at, envs in resets if at == i for j in envs} - set(ended.tolist()))
+        adder.reset(dropped)
+        for j in dropped:
+            refs[j].reset()
+        restart = sorted(set(ended.tolist()) | set(dropped))
+        for j in restart:
+            t_env[j] += 1
+        if restart:
+            adder.add_first(np.stack([obs(j) for j in restart]), restart)
+            for j in restart:
+                refs[j].add_first(obs(j))
+        assert adder.buffered == len(ref_client.inserts) - sum(len(b["reward"]) for _, b, _ in client.inserts)
+        assert adder.pending == sum(r.pending for r in refs)
+    adder.truncate()
+    for r in refs:
+        r.truncate()
+    adder.close()
+    got, want = client.inserted_rows(), ref_client.inserted_rows()
+    assert [canon(r) for r in got] == [canon(r) for r in want]
+    for priorities, batch, table in client.inserts:
+        assert table == "replay" and batch["reward"].dtype == np.float32 and batch["discount"].dtype == np.float32
+        assert priorities.tolist() == np.abs(batch["reward"]).astype(np.float64).tolist()
+    sizes = [len(b["reward"]) for _, b, _ in client.inserts]
+    assert all(size == insert_batch for size in sizes[:-1]) and all(0 < size <= insert_batch for size in sizes)
+
+
+def test_vectorised_nstep_adder_refuses_bad_calls_and_changes_nothing():
+    client = RecordingClient()
+    adder = VecNStepTransitionAdder(client, "t", 2, 0.5, 3, insert_batch=100)
+    with pytest.raises(RuntimeError, match=r"environments \[0, 1, 2\] not in an episode"):
+        adder.add([0, 0, 0], [1.0, 1.0, 1.0], np.zeros((3, 1)), [False] * 3, [False] * 3)
+    adder.add_first(np.zeros((2, 1)), [0, 2])
+    with pytest.raises(RuntimeError, match=r"environments \[1\] not in an episode"):
+        adder.add([0, 0, 0], [1.0, 1.0, 1.0], np.zeros((3, 1)), [False] * 3, [False] * 3)
+    with pytest.raises(RuntimeError, match=r"environments \[2\] whose episode is still open"):
+        adder.add_first(np.zeros((2, 1)), [1, 2])
+    for envs in ([3], [-1], [1, 1]):
+        with pytest.raises(ValueError, match="distinct indices in"):
+            adder.add_first(np.zeros((len(envs), 1)), envs)
+    adder.add_first(np.ones((1, 1)), [1])
+    with pytest.raises(ValueError, match="rewards has 2 rows, expected one per environment"):
+        adder.add([0, 0, 0], [1.0, 1.0], np.zeros((3, 1)), [False] * 3, [False] * 3)
+    with pytest.raises(ValueError, match="reward must be finite"):
+        adder.add([0, 0, 0], [1.0, math.nan, 1.0], np.zeros((3, 1)), [False] * 3, [False] * 3)
+    assert adder.pending == 0 and adder.in_episode.tolist() == [True] * 3  # nothing recorded by the refusals
+    adder.add([0, 1, 2], [1.0, 2.0, 4.0], np.ones((3, 1)), [True, False, False], [False] * 3)
+    assert adder.buffered == 1 and adder.pending == 2 and adder.in_episode.tolist() == [False, True, True]
+    assert adder.discard() == 3 and adder.buffered == 0 and adder.pending == 0
+    assert adder.in_episode.tolist() == [False] * 3
+    for bad in (
+        dict(num_envs=0),
+        dict(n=0),
+        dict(discount=1.5),
+        dict(priority=-1.0),
+        dict(insert_batch=0),
+    ):
+        args: dict[str, Any] = dict(n=2, discount=0.5, num_envs=2, priority=None, insert_batch=1) | bad
+        with pytest.raises(ValueError):
+            VecNStepTransitionAdder(client, "t", **args)
+    adder.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        adder.add_first(np.zeros((3, 1)))
+
+
+def test_vectorised_nstep_adder_keeps_a_batch_whose_insert_failed():
+    client = RecordingClient()
+    adder = VecNStepTransitionAdder(client, "t", 1, 0.5, 2, insert_batch=3)
+    adder.add_first(np.zeros((2, 1)))
+    adder.add([0, 1], [1.0, 2.0], np.ones((2, 1)), [False] * 2, [False] * 2)
+    client.fail_next = 1
+    with pytest.raises(ConnectionError):
+        adder.add([2, 3], [4.0, 8.0], np.ones((2, 1)), [False, True], [False] * 2)  # a batch of 3: refused
+    assert adder.buffered == 4 and adder.in_episode.tolist() == [True, False] and client.inserts == []
+    adder.add_first(np.zeros((1, 1)), [1])  # the step was recorded: environment 1's episode ended
+    adder.flush()
+    assert [float(r["reward"]) for r in client.inserted_rows()] == [1.0, 2.0, 4.0, 8.0]
+    assert [len(b["reward"]) for _, b, _ in client.inserts] == [3, 1]
+
+
+def test_nstep_adder_discard_counts_what_it_drops():
+    adder = NStepTransitionAdder(RecordingClient(), "t", 3, 0.5, insert_batch=100)
+    adder.add_first(np.zeros(1))
+    for t in range(5):
+        adder.add(t, 1.0, np.ones(1), False, False)
+    assert (adder.buffered, adder.pending) == (3, 2)
+    assert adder.discard() == 5 and (adder.buffered, adder.pending) == (0, 0) and not adder.in_episode
 
 
 # --------------------------------------------------------------------------------------------- sequences

@@ -12,12 +12,13 @@ Loop (Horgan et al. 2018, Algorithm 1, over K environments in lockstep)::
         every B steps (B·K transitions): priorities = |δ| from the actor's own networks; INSERT(batch, priorities)
         every `params_every_frames` frames: ask the learner for newer weights (non-blocking beyond a timeout)
 
-The n-step buffers are the n-step core of :class:`~apexrl.replay.adders.NStepTransitionAdder` (one
-:class:`~apexrl.replay.adders.transition.NStepBuffer` for K = 1, its array form
-:class:`~apexrl.replay.adders.transition.VecNStep` for K > 1); the actor's sink is its own pipelined, TransitionSpec-
-encoded insert (the structured insert's fast case) instead of the adder's. The vectorised buffers hold handles into
-one ring of observations, so a flush gathers its obs and next_obs in one indexing each. A batched policy that hands out the values of its acting pass (``act_batch_values``; Ape-X DQN)
-scores the batch from them (``priorities_from_values``) instead of two more forward passes over it.
+The n-step path is the package's adder: :class:`~apexrl.replay.adders.NStepTransitionAdder` for K = 1, its
+vectorised form :class:`~apexrl.replay.adders.VecNStepTransitionAdder` for K > 1, each with ``insert_batch`` B·K
+and the actor's own priority function; the "client" it inserts through is the actor's pipelined, TransitionSpec-
+encoded insert (the structured insert's fast case, :meth:`Actor._send`). The vectorised adder holds handles into
+one ring of observations, so a batch gathers its obs and next_obs in one indexing each. A batched policy that hands
+out the values of its acting pass (``act_batch_values``; Ape-X DQN) scores the batch from them
+(``priorities_from_values``) instead of two more forward passes over it.
 
 Inserts: with ``inserts_in_flight`` 1 each insert waits for its reply before the actor steps on. With N > 1 the
 actor steps on while up to N inserts are unanswered (a :class:`~apexrl.replay.client.inserter.PipelinedInserter`
@@ -54,13 +55,12 @@ import torch
 from apexrl.agents import get_agent
 from apexrl.agents.base import batch_policy
 from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
-from apexrl.apex.nstep import stack_transitions
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
 from apexrl.envs.base import SerialVecEnv
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
-from apexrl.replay.adders.transition import NStepBuffer, Transition, VecNStep
+from apexrl.replay.adders.transition import NStepTransitionAdder, Transition, VecNStepTransitionAdder
 from apexrl.replay.client.inserter import PipelinedInserter
 from apexrl.replay.client.replay_client import ServerTimeoutError
 from apexrl.replay.client.sharded import connect as connect_replay
@@ -78,24 +78,30 @@ class _Stopping(Exception):
     """Raised from the inserter's retry hook when the actor is stopping: give up what is held."""
 
 
+class _Unsent(Exception):
+    """Stopping, and the replay server did not take a batch the adder handed over: ``taken`` of its rows left the
+    adder's count (stored, or among the inserter's ``lost``), ``lost`` batches the inserter held are dropped."""
+
+    def __init__(self, why: str, taken: int = 0, lost: int = 0):
+        super().__init__(why)
+        self.why, self.taken, self.lost = why, taken, lost
+
+
+class _Sink:
+    """The n-step adder's client: its inserts go to :meth:`Actor._send`."""
+
+    def __init__(self, actor: Actor):
+        self._actor = actor
+
+    def insert(self, priorities: Any, batch: dict[str, np.ndarray], *, table: str) -> None:
+        self._actor._send(batch, priorities)
+
+
 class Actor:
     """Runs :meth:`run` until :meth:`stop` (or SIGTERM/SIGINT via :func:`run_actor`) or ``max_steps``."""
 
     def __init__(self, config: ActorConfig):
-        from apexrl.envs import make_vec_env
-        from apexrl.params.service import ParamClient, ParamPoller
-
-        if not 0 <= config.index < config.num_actors:
-            raise ValueError(f"index must be in [0, num_actors={config.num_actors}), got {config.index}")
-        self.config = config
-        self.seed = config.seed * 10007 + config.index
-        torch.set_num_threads(config.torch_threads)
-        k = config.envs_per_actor
-        # K environments stepped together: the family's batched backend where it has one (Atari: ale-py's vector
-        # environment and its threads), else one after the other in this thread; environment j as make_env with
-        # env_seed(seed, j).
-        self.envs = make_vec_env(config.env, [env_seed(self.seed, j) for j in range(k)])
-        self.spec = self.envs.spec
+        k = self._start_envs(config)
         agent = get_agent(config.agent)
         # K = 1 acts exactly as before batching existed (``act``); K > 1 through one batched policy whose
         # environment j explores as slot index*K + j of num_actors*K.
@@ -113,8 +119,10 @@ class Actor:
         self.transition_spec = self.policy.transition_spec
         # Frame stacks (Atari) go to the replay as items referencing each batch's distinct frames, stored once.
         self.codec = frame_codec(self.transition_spec)
-        n = config.agent_config.n_step
-        self.nstep = VecNStep(k, n, config.agent_config.gamma)  # K n-step adders over arrays
+        unknown = [name for name in self.transition_spec.names if name not in Transition._fields]
+        if unknown:
+            raise ValueError(f"spec fields {unknown} are not n-step transition fields {list(Transition._fields)}")
+        n, gamma = config.agent_config.n_step, config.agent_config.gamma
         # B per environment: K environments are K of the paper's actors, each with its local buffer of B, so one
         # request carries B·K transitions and each waits at most B of its environment's steps (as with K = 1).
         self.flush_size = config.flush_every * k
@@ -123,12 +131,12 @@ class Actor:
                 f"flush_every {config.flush_every} x envs_per_actor {k} = {self.flush_size} transitions "
                 f"per insert, more than the protocol's {MAX_BATCH}: lower one of them"
             )
-        # The n-step adder holds handles into one ring of observations (and of the Q-values the acting forward
-        # pass computed, where the policy hands them out): each flush gathers its observations in one indexing
-        # and scores them without another forward pass. In S steps each environment completes at least S - (n - 1)
-        # transitions (an n-step buffer holds at most n - 1 pending), so a flush of B·K happens at most B + n - 1
-        # steps after the previous one, and no handle it or a buffer holds is older than that plus n steps; each
-        # step stores K observations and up to K last ones.
+        # K > 1: the n-step adder holds handles into one ring of observations (and of the Q-values the acting
+        # forward pass computed, where the policy hands them out): each batch gathers its observations in one
+        # indexing and is scored without another forward pass. In S steps each environment completes at least
+        # S - (n - 1) transitions (an n-step buffer holds at most n - 1 pending), so a batch of B·K is inserted at
+        # most B + n - 1 steps after the previous one, and no handle it or a buffer holds is older than that plus
+        # n steps; each step stores K observations and up to K last ones.
         scores = k > 1 and all(
             hasattr(self.policy, a) for a in ("act_batch_values", "values", "priorities_from_values")
         )
@@ -151,14 +159,18 @@ class Actor:
                 resend=True,
                 on_retry=self._retry,
             )
-        self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
-        # Never stalls on a slow or absent learner; refused weights are counted and logged once.
-        self.poller = ParamPoller(
-            self.params, self.policy.load_policy_state_dict, every_frames=config.params_every_frames
-        )
-        self._stop = threading.Event()
-        self._local: list = []  # K = 1: Transitions; K > 1: VecNStep's chunks of transitions
-        self._local_count = 0
+        self._connect_params()
+        # The n-step adder (module docstring): it inserts B·K transitions at a time through _send, scored by _score.
+        self.adder: NStepTransitionAdder | VecNStepTransitionAdder
+        if k == 1:
+            self.adder = NStepTransitionAdder(
+                _Sink(self), "default", n, gamma, self._score, insert_batch=self.flush_size
+            )
+        else:
+            self.adder = VecNStepTransitionAdder(
+                _Sink(self), "default", n, gamma, k, self._score, insert_batch=self.flush_size
+            )
+        self._staged: tuple[dict, dict[str, np.ndarray]] | None = None  # _score's batch and its TransitionSpec arrays
         self.counters = {
             "steps": 0,
             "frames": 0,
@@ -169,6 +181,36 @@ class Actor:
             "not_inserted": 0,
         }
         self._open_episode_outputs(k, explorations)
+
+    def _start_envs(self, config: ActorConfig) -> int:
+        """What every actor starts with (the recurrent one too): its config, seed, torch threads and its K
+        environments; returns K."""
+        from apexrl.envs import make_vec_env
+
+        if not 0 <= config.index < config.num_actors:
+            raise ValueError(f"index must be in [0, num_actors={config.num_actors}), got {config.index}")
+        self.config = config
+        self.seed = config.seed * 10007 + config.index
+        torch.set_num_threads(config.torch_threads)
+        k = config.envs_per_actor
+        # K environments stepped together: the family's batched backend where it has one (Atari: ale-py's vector
+        # environment and its threads), else one after the other in this thread; environment j as make_env with
+        # env_seed(seed, j).
+        self.envs = make_vec_env(config.env, [env_seed(self.seed, j) for j in range(k)])
+        self.spec = self.envs.spec
+        return k
+
+    def _connect_params(self) -> None:
+        """The parameter client and its poller, and the stop event (every actor's)."""
+        from apexrl.params.service import ParamClient, ParamPoller
+
+        config = self.config
+        self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
+        # Never stalls on a slow or absent learner; refused weights are counted and logged once.
+        self.poller = ParamPoller(
+            self.params, self.policy.load_policy_state_dict, every_frames=config.params_every_frames
+        )
+        self._stop = threading.Event()
 
     def _open_episode_outputs(self, k: int, explorations: Sequence[float | None]) -> None:
         """The progress report, the --record-dataset recorder and the --episodes-csv file (every actor's)."""
@@ -247,42 +289,72 @@ class Actor:
 
     # ------------------------------------------------------------------------------------------ replay
 
-    def _flush(self, last: bool = False) -> None:
-        """Insert the local batch with the actor's own priorities, retrying until the server takes it. With N
-        inserts in flight the batch is handed to the inserter; ``last``: then wait until every one is stored."""
-        if self._local:
-            self._flush_local()
-        if last and self._inserter is not None:
-            self._settle(self._inserter.flush)
-
-    def _flush_local(self) -> None:
-        if self.envs.num_envs == 1:  # Transitions with their observations
-            batch = stack_transitions(self._local, self.transition_spec)
-            priorities = self.policy.initial_priorities(batch)
-        elif self.frames.scores:
-            batch, obs_rows, next_rows = self._stack(self._local)
-            obs_v, next_v = self.frames.values(obs_rows, next_rows, self.policy.values)
-            priorities = self.policy.priorities_from_values(batch, obs_v, next_v)
+    def _score(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """The adder's priority function: the batch as the TransitionSpec's arrays (K > 1: observations gathered
+        from the ring), kept for :meth:`_send`, and its priorities from the actor's own networks."""
+        if self.envs.num_envs == 1:
+            spec_batch = self._spec_batch(batch, batch["obs"], batch["next_obs"])
+            priorities = self.policy.initial_priorities(spec_batch)
         else:
-            batch = self._stack(self._local)[0]
-            priorities = self.policy.initial_priorities(batch)
+            obs_rows, next_rows = self.frames.rows(batch["obs"]), self.frames.rows(batch["next_obs"])
+            spec_batch = self._spec_batch(batch, self.frames.obs[obs_rows], self.frames.obs[next_rows])
+            if self.frames.scores:
+                obs_v, next_v = self.frames.values(obs_rows, next_rows, self.policy.values)
+                priorities = self.policy.priorities_from_values(spec_batch, obs_v, next_v)
+            else:
+                priorities = self.policy.initial_priorities(spec_batch)
+        self._staged = (batch, spec_batch)
+        return priorities
+
+    def _spec_batch(self, cols: dict[str, np.ndarray], obs: np.ndarray, next_obs: np.ndarray) -> dict[str, np.ndarray]:
+        """The adder's stacked transitions as the batch ``TransitionSpec.encode`` takes: a field per spec field,
+        exactly its (native-endian) dtype and item shape."""
+        n = len(cols["reward"])
+        batch: dict[str, np.ndarray] = {}
+        for f in self.transition_spec.fields:
+            value = obs if f.name == "obs" else next_obs if f.name == "next_obs" else cols[f.name]
+            value = np.asarray(value)
+            if value.shape != (n, *f.shape):
+                raise ValueError(f"field {f.name!r} has shape {value.shape[1:]} per transition, expected {f.shape}")
+            batch[f.name] = value.astype(f.dtype.newbyteorder("="), copy=False)
+        return batch
+
+    def _send(self, batch: dict[str, np.ndarray], priorities: Any) -> None:
+        """The adder's insert: the batch :meth:`_score` prepared, with its priorities, retried until the server
+        takes it (with N inserts in flight: handed to the inserter), in requests of at most ``insert_max``.
+
+        Raises:
+          _Unsent: stopping, and the server did not take all of it (the adder keeps the batch; the actor stops).
+        """
+        assert self._staged is not None and self._staged[0] is batch  # the adder scores each batch, then inserts it
+        spec_batch, self._staged = self._staged[1], None
         priorities = np.asarray(priorities, dtype=np.float64)
-        if self._inserter is not None:
-            self._hand_over(batch, priorities)
-            return
         n = len(priorities)
         step = self.config.insert_max or n
-        for lo in range(0, n, step):  # one request, or several where the rate limiter needs smaller ones
-            part = batch if step >= n else {name: v[lo : lo + step] for name, v in batch.items()}
-            unsent = self._insert(part, priorities[lo : lo + step])
-            if unsent is not None:  # stopping: what the earlier requests carried is stored, the rest is not
-                self.counters["inserted"] += lo
-                self._local_count -= lo
-                self._report_unsent(unsent)
-                return
-        self.counters["inserted"] += self._local_count
-        self._local.clear()
-        self._local_count = 0
+        # One request, or several where the rate limiter needs smaller ones.
+        parts = [
+            (lo, spec_batch if step >= n else {k: v[lo : lo + step] for k, v in spec_batch.items()})
+            for lo in range(0, n, step)
+        ]
+        inserter = self._inserter
+        if inserter is None:
+            for lo, part in parts:
+                why = self._insert(part, priorities[lo : lo + step])
+                if why is not None:  # stopping: what the earlier requests carried is stored, the rest is not
+                    self.counters["inserted"] += lo
+                    raise _Unsent(why, taken=lo)
+            self.counters["inserted"] += n
+            return
+        handed = 0
+
+        def hand_over() -> None:
+            nonlocal handed
+            for lo, part in parts:
+                data, offsets, chunks = self._encode(part)
+                inserter.insert(priorities[lo : lo + step], data=data, offsets=offsets, chunks=chunks)
+                handed = min(lo + step, n)  # held by the inserter now
+
+        self._settle(hand_over, lambda: handed)
 
     def _encode(self, batch: dict[str, np.ndarray]) -> tuple[Any, Any, Any]:
         if self.codec is not None:
@@ -290,42 +362,25 @@ class Actor:
         data, offsets = self.transition_spec.encode(batch)
         return data, offsets, None
 
-    def _hand_over(self, batch: dict[str, np.ndarray], priorities: np.ndarray) -> None:
-        """N inserts in flight: hand the local batch to the inserter, in requests of at most ``insert_max``; it
-        blocks only while N batches are held (stepping pauses then, as with one insert at a time)."""
-        inserter = self._inserter
-        assert inserter is not None
-        n = len(priorities)
-        step = self.config.insert_max or n
+    def _settle(self, call: Any, handed: Any = lambda: 0) -> None:
+        """Run an inserter call (it blocks only while N batches are held). Stopping (given up, or interrupted
+        after the grace period): raise _Unsent with what the inserter held, dropped now.
 
-        def hand_over() -> None:
-            for lo in range(0, n, step):
-                part = batch if step >= n else {name: v[lo : lo + step] for name, v in batch.items()}
-                data, offsets, chunks = self._encode(part)
-                inserter.insert(priorities[lo : lo + step], data=data, offsets=offsets, chunks=chunks)
-                self._local_count -= min(step, n - lo)  # held by the inserter now
-
-        if self._settle(hand_over):
-            self._local.clear()
-            self._local_count = 0
-
-    def _settle(self, call: Any) -> bool:
-        """Run an inserter call; True when it went through. Stopping (given up, or interrupted after the grace
-        period): what the actor still has and what the inserter holds are reported as not inserted."""
+        Raises:
+          _Unsent: see above; ``handed()`` says how many rows of the adder's batch the inserter had taken.
+        """
         inserter = self._inserter
         assert inserter is not None
         try:
             call()
-            return True
+            return
         except _Stopping:
             why = _STOPPED
         except Interrupted:  # stopping, and the grace period is over: the server did not take them
             why = "the replay server did not answer in time"
         finally:
             self.counters["inserted"] = inserter.counters()["acked_items"]
-        self._local_count += inserter.discard()
-        self._report_unsent(why)
-        return False
+        raise _Unsent(why, taken=handed(), lost=inserter.discard())
 
     def _acked(self, _keys: Any, _seconds: float) -> None:
         self._delay, self._warned_at = _RETRY_MIN, 0.0
@@ -354,10 +409,7 @@ class Actor:
 
     def _insert(self, batch: dict[str, np.ndarray], priorities: np.ndarray) -> str | None:
         """One insert request, retried until the server takes it; None once taken, else (stopping) why not."""
-        if self.codec is not None:
-            data, offsets, chunks = self.codec.encode(batch)  # the batch's own chunks: none span two inserts
-        else:
-            (data, offsets), chunks = self.transition_spec.encode(batch), None
+        data, offsets, chunks = self._encode(batch)
         delay, warned_at = _RETRY_MIN, 0.0
         insert_id = self.replay.next_insert_id()  # every retry of this batch: stored once
         while True:
@@ -389,38 +441,22 @@ class Actor:
                 return _STOPPED
         return None
 
-    def _stack(self, chunks: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """What ``stack_transitions`` makes of the transitions with their observations, a field at a time (the
-        observations gathered from the ring in one indexing each); and the ring rows of obs and next_obs."""
-        cols = {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
-        obs_rows, next_rows = self.frames.rows(cols["obs"]), self.frames.rows(cols["next_obs"])
-        spec, n = self.transition_spec, len(obs_rows)
-        unknown = [name for name in spec.names if name not in Transition._fields]
-        if unknown:
-            raise ValueError(f"spec fields {unknown} are not n-step transition fields {list(Transition._fields)}")
-        batch: dict[str, np.ndarray] = {}
-        for f in spec.fields:
-            if f.name in ("obs", "next_obs"):
-                value = self.frames.obs[obs_rows if f.name == "obs" else next_rows]
-            else:
-                value = cols[f.name]
-            if value.shape != (n, *f.shape):
-                raise ValueError(f"field {f.name!r} has shape {value.shape[1:]} per transition, expected {f.shape}")
-            batch[f.name] = value.astype(f.dtype.newbyteorder("="), copy=False)
-        return batch, obs_rows, next_rows
+    def _give_up(self, e: _Unsent) -> None:
+        """Stopping, and the server did not take everything: count and report what the actor drops."""
+        lost = e.lost + self.adder.discard() - e.taken
+        self.counters["not_inserted"] += lost
+        log.warning("actor %d: stopping with %d transitions not inserted (%s)", self.config.index, lost, e.why)
 
-    def _add(self, chunk: dict[str, np.ndarray] | None) -> None:
-        if chunk is not None:
-            self._local.append(chunk)
-            self._local_count += len(chunk["obs"])
-
-    def _report_unsent(self, why: str) -> None:
-        self.counters["not_inserted"] += self._local_count
-        log.warning(
-            "actor %d: stopping with %d transitions not inserted (%s)", self.config.index, self._local_count, why
-        )
-        self._local.clear()
-        self._local_count = 0
+    def _finish(self) -> None:
+        """A clean stop keeps every step taken: each open episode ends here as a truncation, and what the adder
+        and the inserter hold is inserted (or, past the grace period, counted as not inserted)."""
+        try:
+            self.adder.truncate()
+            self.adder.flush()
+            if self._inserter is not None:
+                self._settle(self._inserter.flush)
+        except _Unsent as e:
+            self._give_up(e)
 
     # ------------------------------------------------------------------------------------------ loop
 
@@ -436,31 +472,35 @@ class Actor:
     def run(self) -> dict[str, int]:
         self._wait_first_params()
         self._start = self._last_log = time.monotonic()
-        (self._run_one if self.envs.num_envs == 1 else self._run_vector)()
+        try:
+            (self._run_one if self.envs.num_envs == 1 else self._run_vector)()
+        except _Unsent as e:  # stopping mid-insert: the server is gone or stopping too
+            self._give_up(e)
+        else:
+            self._finish()
         self._log_progress(time.monotonic() - self._start)
         return {**self.counters, "params_version": self.poller.version}
 
     def _run_one(self) -> None:
-        """K = 1: one Env, one NStepBuffer, ``act`` per step and Transitions in the local batch (as before
-        vectorised actors; the array machinery of K > 1 only costs time here)."""
+        """K = 1: one Env, ``act`` per step, the NStepTransitionAdder (the array machinery of K > 1 only costs
+        time here)."""
         assert isinstance(self.envs, SerialVecEnv)  # make_vec_env makes one for K = 1
-        env, nstep = self.envs.envs[0], NStepBuffer(self.nstep.n, self.nstep.gamma)
+        env, adder = self.envs.envs[0], self.adder
+        assert isinstance(adder, NStepTransitionAdder)  # made for K = 1
         obs = env.reset()
-        nstep.add_first(obs)
         rec = self.recorder
         if rec is not None:
             rec.start(0, obs)
         ep_return, ep_len = 0.0, 0
+        adder.add_first(obs)
         while not self._stop.is_set():
             action = self.policy.act(obs, explore=True)
             step = env.step(action)
-            added = nstep.add(action, step.reward, step.obs, step.terminated, step.truncated)
-            if rec is not None:
-                rec.step([action], [step.reward], [step.obs], [step.terminated], [step.truncated])
-            self._local.extend(added)
-            self._local_count += len(added)
             self.counters["steps"] += 1
             self.counters["frames"] += self.spec.frames_per_step
+            adder.add(action, step.reward, step.obs, step.terminated, step.truncated)  # may insert a batch
+            if rec is not None:
+                rec.step([action], [step.reward], [step.obs], [step.terminated], [step.truncated])
             ep_return += step.raw_reward
             ep_len += 1
             obs = step.obs
@@ -468,28 +508,24 @@ class Actor:
                 self._end_episode(0, ep_return, ep_len, time.monotonic() - self._start)
                 ep_return, ep_len = 0.0, 0
                 obs = env.reset()
-                nstep.add_first(obs)
+                adder.add_first(obs)
                 if rec is not None:
                     rec.start(0, obs)
-            if self._after_step():
+            if self._poll_and_log():
                 break
-        # A clean stop keeps every step taken: the open episode ends here as a truncation.
-        added = nstep.truncate()
-        self._local.extend(added)
-        self._local_count += len(added)
-        self._flush(last=True)
 
     def _run_vector(self) -> None:
-        """K > 1: a VecEnv, one batched act, the n-step adder over arrays, observations in the ring."""
+        """K > 1: a VecEnv, one batched act, the vectorised n-step adder over the ring's observation handles."""
         obs = self.envs.reset()
         handles = self.frames.put(obs)
-        k = self.envs.num_envs
-        self.nstep.add_first(np.arange(k), handles)
+        k, adder = self.envs.num_envs, self.adder
+        assert isinstance(adder, VecNStepTransitionAdder)  # made for K > 1
         rec = self.recorder
         if rec is not None:
             for j in range(k):
                 rec.start(j, obs[j])
         ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
+        adder.add_first(handles)
         while not self._stop.is_set():
             actions = self._act(obs, handles)
             step = self.envs.step(actions)
@@ -500,30 +536,21 @@ class Actor:
             if ended:
                 nexts = handles.copy()
                 nexts[ended] = self.frames.put(np.stack([step.final_obs[j] for j in ended]))
-            self._add(self.nstep.add(actions, step.reward, nexts, step.terminated, step.truncated))
-            if ended:
-                self.nstep.add_first(ended, handles[ended])
-            if rec is not None:
-                self._record_step(rec, actions, step, ended)
             self.counters["steps"] += k
             self.counters["frames"] += k * self.spec.frames_per_step
+            adder.add(actions, step.reward, nexts, step.terminated, step.truncated)  # may insert a batch
+            if ended:
+                adder.add_first(handles[ended], ended)
+            if rec is not None:
+                self._record_step(rec, actions, step, ended)
             ep_return += step.raw_reward
             ep_len += 1
             for j in ended:
                 self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - self._start)
                 ep_return[j], ep_len[j] = 0.0, 0
             obs = step.obs
-            if self._after_step():
+            if self._poll_and_log():
                 break
-        # A clean stop keeps every step taken: each open episode ends here as a truncation.
-        self._add(self.nstep.truncate())
-        self._flush(last=True)
-
-    def _after_step(self) -> bool:
-        """Flush, poll for weights and log as due; True when the loop must end."""
-        if self._local_count >= self.flush_size:
-            self._flush()
-        return self._poll_and_log()
 
     def _poll_and_log(self) -> bool:
         """Poll for weights and log as due; True when the loop must end."""

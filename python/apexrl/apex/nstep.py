@@ -2,9 +2,10 @@
 
 The n-step core itself (:class:`NStepBuffer`, :class:`VecNStep`, :class:`Transition`, and the formulas, the
 terminated-vs-truncated rules and the timing in its docstring) lives in :mod:`apexrl.replay.adders.transition`,
-the one n-step implementation of the package, shared with :class:`~apexrl.replay.adders.NStepTransitionAdder`;
-the names here are re-exports of it. What stays here is :func:`stack_transitions`, the actor's sink side: n-step
-transitions stacked into a :class:`~apexrl.replay.wire.codec.TransitionSpec` batch.
+the one n-step implementation of the package, under :class:`~apexrl.replay.adders.NStepTransitionAdder` and
+:class:`~apexrl.replay.adders.VecNStepTransitionAdder`, through which the actors insert; the names here are
+re-exports of it. What stays here is :func:`stack_transitions`: a list of Transitions stacked into a
+:class:`~apexrl.replay.wire.codec.TransitionSpec` batch (what tests and the offline tools build batches with).
 """
 
 from __future__ import annotations

@@ -37,21 +37,20 @@ and its counters are the transition path's.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from apexrl.agents import get_agent
 from apexrl.agents.base import batch_policy
-from apexrl.apex.actor import Actor, env_seed
+from apexrl.apex.actor import Actor
 from apexrl.apex.config import ActorConfig
 from apexrl.apex.stopping import STOP_GRACE_S
 from apexrl.errors import ApexRLError, Interrupted, ReplayTimeout
 from apexrl.replay.adders import SequenceAdder
+from apexrl.replay.client.sharded import ShardedReplayClient
 from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.replay.tables import DEFAULT_TABLE
 
@@ -62,7 +61,9 @@ __all__ = ["RecurrentActor", "SequenceSampler", "sequence_batch"]
 
 def _single_client(endpoints: str, timeout: float, curve: Any) -> Any:
     client = connect_replay(endpoints, timeout=timeout, curve=curve)
-    if not hasattr(client, "writer"):
+    # A ShardedReplayClient has writers too (one server each), but the recurrent learner's sampling of several
+    # servers is not tested end to end yet: `apexrl run` refuses --replay-servers > 1 for it, and so does this.
+    if isinstance(client, ShardedReplayClient):
         client.close()
         raise ValueError(
             f"a recurrent agent writes sequences through one replay server; got several ({endpoints}): "
@@ -76,17 +77,7 @@ class RecurrentActor(Actor):
     :class:`~apexrl.apex.actor.Actor`'s."""
 
     def __init__(self, config: ActorConfig):  # not Actor.__init__: no n-step path, no TransitionSpec
-        from apexrl.envs import make_vec_env
-        from apexrl.params.service import ParamClient, ParamPoller
-
-        if not 0 <= config.index < config.num_actors:
-            raise ValueError(f"index must be in [0, num_actors={config.num_actors}), got {config.index}")
-        self.config = config
-        self.seed = config.seed * 10007 + config.index
-        torch.set_num_threads(config.torch_threads)
-        k = config.envs_per_actor
-        self.envs = make_vec_env(config.env, [env_seed(self.seed, j) for j in range(k)])
-        self.spec = self.envs.spec
+        k = self._start_envs(config)
         agent = get_agent(config.agent)
         # One recurrent policy for the K environments (K = 1 too): environment j explores as slot index*K + j.
         self.policy: Any = batch_policy(
@@ -111,12 +102,7 @@ class RecurrentActor(Actor):
             self._close_adders()
             self.replay.close()
             raise
-        self.params = ParamClient(config.params, timeout=config.params_timeout, curve=config.curve_dir)
-        self.poller = ParamPoller(
-            self.params, self.policy.load_policy_state_dict, every_frames=config.params_every_frames
-        )
-        self._stop = threading.Event()
-        self._local_count = 0  # the feed-forward path's local batch: none here (the writers hold what is unsent)
+        self._connect_params()
         self.counters = {
             "steps": 0,
             "frames": 0,
@@ -201,7 +187,7 @@ class RecurrentActor(Actor):
             obs = step.obs
             self.counters["inserted"] = self._items_stored()
             self.counters["untrainable"] = sum(w.skipped for w in self._writers)
-            if self._after_step():
+            if self._poll_and_log():  # the writers send as items fill up: no local batch to flush
                 break
         self._finish()
 
@@ -230,9 +216,6 @@ class RecurrentActor(Actor):
             # Given up: the writer's close() must not try them again without a deadline (a server that is gone
             # would hold the stop for its retries).
             w.writer.discard()
-
-    def _after_step(self) -> bool:  # the writers send as items fill up: no local batch to flush
-        return self._poll_and_log()
 
 
 class _TrainableItems:

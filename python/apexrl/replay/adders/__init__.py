@@ -1,8 +1,8 @@
 """Adders (issue 38 section 3, Acme's shape): an environment loop in, replay items out.
 
 - :class:`TransitionAdder`, :class:`NStepTransitionAdder` (:mod:`.transition`): one item per (n-step) transition,
-  inserted in batches with ``client.insert(priorities, mapping, table=...)``. The n-step core there is the one the
-  Ape-X actors use.
+  inserted in batches with ``client.insert(priorities, mapping, table=...)``; :class:`VecNStepTransitionAdder`, the
+  same items for K environments stepped in lockstep. The Ape-X actors insert through these two.
 - :class:`SequenceAdder` (:mod:`.sequence`): overlapping fixed-length sequences through ``client.writer``.
 - :class:`EpisodeAdder` (:mod:`.episode`): whole episodes through ``client.writer``.
 
@@ -14,6 +14,14 @@ from __future__ import annotations
 from apexrl.replay.adders.base import Adder, Step
 from apexrl.replay.adders.episode import EpisodeAdder
 from apexrl.replay.adders.sequence import SequenceAdder
-from apexrl.replay.adders.transition import NStepTransitionAdder, TransitionAdder
+from apexrl.replay.adders.transition import NStepTransitionAdder, TransitionAdder, VecNStepTransitionAdder
 
-__all__ = ["Adder", "EpisodeAdder", "NStepTransitionAdder", "SequenceAdder", "Step", "TransitionAdder"]
+__all__ = [
+    "Adder",
+    "EpisodeAdder",
+    "NStepTransitionAdder",
+    "SequenceAdder",
+    "Step",
+    "TransitionAdder",
+    "VecNStepTransitionAdder",
+]

@@ -29,12 +29,14 @@ purpose, e.g. after an environment crashed mid-episode.
 
 Observations are kept by reference, not copied: environments hand out fresh arrays every step.
 
-:class:`VecNStep` is the same core for K environments stepped in lockstep, computed over arrays (the vectorised
-Ape-X actors): the same transitions, values and order as K NStepBuffers (tests/apex/test_nstep.py holds it).
+:class:`VecNStep` is the same core for K environments stepped in lockstep, computed over arrays: the same
+transitions, values and order as K NStepBuffers (tests/apex/test_nstep.py holds it).
 
-**The adders.** :class:`NStepTransitionAdder` feeds an NStepBuffer (the same object the K = 1 Ape-X actor uses)
-through the call-order rules of :mod:`apexrl.replay.adders.base` and inserts what it emits into a table with
-``client.insert(priorities, mapping, table=table)``; :class:`TransitionAdder` is it with ``n = 1``.
+**The adders.** :class:`NStepTransitionAdder` feeds an NStepBuffer through the call-order rules of
+:mod:`apexrl.replay.adders.base` and inserts what it emits into a table with ``client.insert(priorities, mapping,
+table=table)``; :class:`TransitionAdder` is it with ``n = 1``; :class:`VecNStepTransitionAdder` is it for K
+environments in lockstep, over a VecNStep. The Ape-X actors insert through these (K = 1 and K > 1), with their own
+priority function and their pipelined insert as the client (:mod:`apexrl.apex.actor`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ import numpy as np
 
 from apexrl.replay.adders.base import Adder, Step, check_int, check_priority, stack
 
-__all__ = ["NStepBuffer", "NStepTransitionAdder", "Transition", "TransitionAdder", "VecNStep"]
+__all__ = [
+    "NStepBuffer",
+    "NStepTransitionAdder",
+    "Transition",
+    "TransitionAdder",
+    "VecNStep",
+    "VecNStepTransitionAdder",
+    "priorities_for",
+]
 
 
 class Transition(NamedTuple):
@@ -165,10 +175,13 @@ class VecNStep:
     values, same order) of K :class:`NStepBuffer` fed one environment after another at every step, without a
     Python call per environment and step. Observations are opaque int handles (the actor's observation ring).
 
-    ``add`` returns the step's transitions as a dict of arrays named like :class:`Transition`'s fields (``obs`` and
-    ``next_obs`` handles), environment 0's first, an ended episode's longest horizon first; None when there are
-    none. Call order per environment as for NStepBuffer: ``add_first`` (for the environments given), ``add`` for
-    all K, ``add_first`` again for those whose episode ended.
+    Observations are arrays of one shape and dtype, fixed by the first ``add_first`` (the Ape-X actor's are int
+    handles into its ring of observations; :class:`VecNStepTransitionAdder`'s are the observations themselves).
+
+    ``add`` returns the step's transitions as a dict of arrays named like :class:`Transition`'s fields,
+    environment 0's first, an ended episode's longest horizon first; None when there are none. Call order per
+    environment as for NStepBuffer: ``add_first`` (for the environments given), ``add`` for all K, ``add_first``
+    again for those whose episode ended; ``reset`` drops environments' open episodes.
     """
 
     def __init__(self, k: int, n: int, gamma: float):
@@ -178,20 +191,45 @@ class VecNStep:
         self.k, self.n, self.gamma = int(k), int(n), float(gamma)
         self._gk = [self.gamma**i for i in range(self.n)]
         self._discounts = np.array([self.gamma**m for m in range(self.n + 1)])
-        self._obs = np.zeros((self.k, self.n + 1), np.int64)  # pending s_t ... and the latest at [j, len[j]]
+        self._obs: np.ndarray | None = None  # (K, n + 1, *obs shape): pending s_t ... and the latest at [j, len[j]]
         self._rew = np.zeros((self.k, self.n))
         self._act: np.ndarray | None = None  # (K, n, *action shape), allocated at the first add
         self._len = np.zeros(self.k, np.int64)
         self._open = np.zeros(self.k, bool)
         self._all = np.arange(self.k)
 
+    @property
+    def open(self) -> np.ndarray:
+        """(K,) bool: environments with an open episode."""
+        return self._open.copy()
+
+    @property
+    def pending(self) -> int:
+        """Steps buffered whose transition has not been emitted yet, all environments together."""
+        return int(self._len[self._open].sum())
+
     def add_first(self, envs: Sequence[int] | np.ndarray, handles: Sequence[int] | np.ndarray) -> None:
         envs = np.asarray(envs, np.int64)
-        if self._open[envs].any():
-            raise RuntimeError("VecNStep.add_first for an environment whose episode is still open")
-        self._obs[envs, 0] = handles
+        still = self._open[envs]
+        if still.any():
+            raise RuntimeError(
+                f"VecNStep.add_first for environments {envs[still].tolist()} whose episode is still open; call "
+                "reset(envs) first to drop those episodes on purpose"
+            )
+        h = np.asarray(handles)
+        if len(h) != len(envs):
+            raise ValueError(f"{len(envs)} environments and {len(h)} observations")
+        if self._obs is None:
+            self._obs = np.zeros((self.k, self.n + 1, *h.shape[1:]), h.dtype)
+        self._obs[envs, 0] = h
         self._len[envs] = 0
         self._open[envs] = True
+
+    def reset(self, envs: Sequence[int] | np.ndarray | None = None) -> None:
+        """Drop the open episodes of ``envs`` (all by default): their pending steps are never emitted."""
+        which = self._all if envs is None else np.asarray(envs, np.int64)
+        self._len[which] = 0
+        self._open[which] = False
 
     def _horizon(self, j: int, start: int, m: int) -> float:
         reward = 0.0
@@ -208,11 +246,15 @@ class VecNStep:
         truncated: np.ndarray,
     ) -> dict[str, np.ndarray] | None:
         if not self._open.all():
-            raise RuntimeError("VecNStep.add with an environment whose episode is not open: add_first it first")
+            raise RuntimeError(
+                f"VecNStep.add with environments {np.flatnonzero(~self._open).tolist()} not in an episode: add_first "
+                "them first (and again after every step that ends their episode)"
+            )
         rewards = np.asarray(rewards, np.float64)
         if not np.all(np.isfinite(rewards)):
             raise ValueError(f"reward must be finite, got {rewards.tolist()}")
         a = np.asarray(actions)
+        assert self._obs is not None  # every environment is open: add_first allocated it
         if self._act is None:
             self._act = np.zeros((self.k, self.n, *a.shape[1:]), a.dtype)
         ar, length = self._all, self._len
@@ -228,12 +270,13 @@ class VecNStep:
         if total == 0:
             return None
         at = np.cumsum(counts) - counts  # each environment's first row
+        obs_shape, obs_dtype = self._obs.shape[2:], self._obs.dtype
         out = {
-            "obs": np.empty(total, np.int64),
+            "obs": np.empty((total, *obs_shape), obs_dtype),
             "action": np.empty((total, *self._act.shape[2:]), self._act.dtype),
             "reward": np.empty(total),
             "discount": np.empty(total),
-            "next_obs": np.empty(total, np.int64),
+            "next_obs": np.empty((total, *obs_shape), obs_dtype),
         }
         if full.any():
             rows, envs = at[full], ar[full]
@@ -266,8 +309,11 @@ class VecNStep:
         """End every open episode here as a truncation (``NStepBuffer.truncate`` per environment, in order)."""
         rows: list[tuple] = []
         for j in np.flatnonzero(self._open).tolist():
-            assert self._act is not None  # an open episode has had its first add
             m_all = int(self._len[j])
+            if m_all == 0:  # add_first and no step yet: nothing to emit
+                self._open[j] = False
+                continue
+            assert self._act is not None and self._obs is not None  # an episode with a step has had its first add
             for i in range(m_all):
                 m = m_all - i
                 rows.append(
@@ -278,19 +324,36 @@ class VecNStep:
         if not rows:
             return None
         obs, action, reward, discount, next_obs = zip(*rows)
+        assert self._obs is not None and self._act is not None
         return {
-            "obs": np.array(obs, np.int64),
-            "action": np.array(action),
+            "obs": np.array(obs, self._obs.dtype),
+            "action": np.array(action, self._act.dtype),
             "reward": np.array(reward),
             "discount": np.array(discount),
-            "next_obs": np.array(next_obs, np.int64),
+            "next_obs": np.array(next_obs, self._obs.dtype),
         }
 
 
 Priority: TypeAlias = float | Callable[[dict[str, Any]], Any] | None
 
 
-class NStepTransitionAdder(Adder):
+class _Inserts:
+    """What the n-step adders share: the table their batches go to, through which client, with which priorities."""
+
+    def __init__(self, client: Any, table: str, priority: Priority, insert_batch: int):
+        if not callable(priority):
+            check_priority(priority, "None, a callable")
+        self.insert_batch: int = check_int("insert_batch", insert_batch, 1)
+        self.client: Any = client
+        self.table: str = table
+        self.priority: Priority = priority
+
+    def _send(self, batch: Any, n: int) -> None:
+        """Insert a stacked batch of ``n`` items with the adder's priorities (raises what the insert raises)."""
+        self.client.insert(priorities_for(self.priority, batch, n), batch, table=self.table)
+
+
+class NStepTransitionAdder(Adder, _Inserts):
     """Inserts the n-step transitions of an episode stream into ``table`` (Acme's ``NStepTransitionAdder``).
 
     Each item is the mapping ::
@@ -340,16 +403,10 @@ class NStepTransitionAdder(Adder):
         insert_batch: int = 8,
     ):
         self._core = NStepBuffer(n, discount)  # checks n and discount
-        if not callable(priority):
-            check_priority(priority, "None, a callable")
-        batch = check_int("insert_batch", insert_batch, 1)
-        super().__init__()
-        self.client: Any = client
-        self.table: str = table
-        self.priority: Priority = priority
-        self.insert_batch: int = batch
+        _Inserts.__init__(self, client, table, priority, insert_batch)
+        Adder.__init__(self)
         self._extras: deque[Any] = deque()  # e_t of the core's pending steps, oldest first (it emits oldest first)
-        self._buffer: list[dict[str, Any]] = []  # emitted, not inserted yet
+        self._buffer: list[tuple] = []  # emitted, not inserted yet: (obs, action, reward, discount, next_obs, extras)
 
     @property
     def n(self) -> int:
@@ -381,18 +438,8 @@ class NStepTransitionAdder(Adder):
         self._extras.clear()
 
     def _emit(self, transitions: list[Transition]) -> None:
-        for t in transitions:
-            item = {
-                "obs": t.obs,
-                "action": t.action,
-                "reward": np.float32(t.reward),
-                "discount": np.float32(t.discount),
-                "next_obs": t.next_obs,
-            }
-            extras = self._extras.popleft()
-            if extras is not None:
-                item["extras"] = extras
-            self._buffer.append(item)
+        for t in transitions:  # rows, stacked a column at a time when inserted (_stack_rows): no dict per item
+            self._buffer.append((t.obs, t.action, t.reward, t.discount, t.next_obs, self._extras.popleft()))
 
     def _after_step(self) -> None:
         while len(self._buffer) >= self.insert_batch:
@@ -420,23 +467,67 @@ class NStepTransitionAdder(Adder):
             self.flush()
             self._closed = True
 
+    def discard(self) -> int:
+        """Drop what this adder holds and has not inserted: the buffered transitions and the open episode's
+        pending steps (which would have become transitions). Returns how many transitions that is, e.g. for a
+        process that stops while its server is gone and must say what it could not hand over."""
+        lost = len(self._buffer) + len(self._core)
+        self._buffer.clear()
+        self.reset()
+        return lost
+
     def _insert(self, n: int) -> None:
         """Insert the oldest ``n`` buffered transitions; they leave the buffer only once the insert returned."""
-        batch = stack(self._buffer[:n])
-        priorities: np.ndarray | None
-        if self.priority is None:
-            priorities = None
-        elif callable(self.priority):
-            priorities = np.asarray(self.priority(batch), dtype=np.float64)
-            if priorities.shape != (n,) or not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
-                raise ValueError(
-                    f"the priority function must return {n} finite priorities >= 0 for a batch of {n}, got "
-                    f"shape {priorities.shape}"
-                )
-        else:
-            priorities = np.full(n, float(self.priority))
-        self.client.insert(priorities, batch, table=self.table)
+        self._send(_stack_rows(self._buffer[:n]), n)
         del self._buffer[:n]
+
+
+def _stack_rows(rows: list[tuple]) -> dict[str, Any]:
+    """NStepTransitionAdder's buffered rows as one item mapping with a leading batch dimension (the layout in its
+    docstring): reward and discount float32, ``extras`` only where the rows have them (all or none)."""
+    obs, action, reward, discount, next_obs, extras = zip(*rows)
+    batch = {
+        "obs": _column(obs, "obs"),
+        "action": _column(action, "action"),
+        "reward": np.array(reward, np.float32),
+        "discount": np.array(discount, np.float32),
+        "next_obs": _column(next_obs, "next_obs"),
+    }
+    if any(e is not None for e in extras):
+        batch["extras"] = stack(list(extras), "extras")  # ValueError where some rows have none
+    return batch
+
+
+def _column(values: Sequence[Any], name: str) -> Any:
+    """One field of the rows stacked: arrays of one shape directly, anything else (numbers, nested mappings)
+    through :func:`~apexrl.replay.adders.base.stack`, which names the field that differs."""
+    first = values[0]
+    kind = type(first)
+    if kind is np.ndarray and all(type(v) is np.ndarray and v.shape == first.shape for v in values):
+        return np.stack(values)
+    if (kind in (int, float, bool) or isinstance(first, np.generic)) and all(type(v) is kind for v in values):
+        return np.array(values)  # scalars of one type (discrete actions): what stack gives, in one call
+    return stack(list(values), name)
+
+
+def priorities_for(priority: Priority, batch: Any, n: int) -> np.ndarray | None:
+    """An adder's ``priority`` for a stacked batch of ``n`` items: None, ``n`` copies of a number, or what the
+    callable returns for the batch.
+
+    Raises:
+      ValueError: the callable did not return ``n`` finite priorities >= 0.
+    """
+    if priority is None:
+        return None
+    if not callable(priority):
+        return np.full(n, float(priority))
+    priorities = np.asarray(priority(batch), dtype=np.float64)
+    if priorities.shape != (n,) or not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
+        raise ValueError(
+            f"the priority function must return {n} finite priorities >= 0 for a batch of {n}, got "
+            f"shape {priorities.shape}"
+        )
+    return priorities
 
 
 class TransitionAdder(NStepTransitionAdder):
@@ -453,3 +544,184 @@ class TransitionAdder(NStepTransitionAdder):
         self, client: Any, table: str, priority: Priority = None, *, discount: float = 1.0, insert_batch: int = 8
     ):
         super().__init__(client, table, 1, discount, priority, insert_batch=insert_batch)
+
+
+class VecNStepTransitionAdder(_Inserts):
+    """:class:`NStepTransitionAdder` for K environments stepped in lockstep (a vector environment): the same items,
+    values and order as K NStepTransitionAdders fed one environment after another at every step and sharing one
+    batch buffer, computed over arrays (:class:`VecNStep`) without a Python call per environment and step. The
+    vectorised Ape-X actors insert through it.
+
+    Call order, per environment as for :class:`NStepTransitionAdder` (refused calls raise and change nothing)::
+
+        adder.add_first(observations)                            # all K (or add_first(obs, envs=[...]))
+        adder.add(actions, rewards, next_observations, terminated, truncated)   # arrays over all K
+        adder.add_first(new_observations, envs=ended)            # the environments whose episode ended
+
+    ``next_observations[j]`` is environment j's observation after its action: where the episode ended, its last
+    one (what a vector environment that resets itself hands out as the final observation), not the reset's.
+
+    Items are those of NStepTransitionAdder: ``{"obs", "action", "reward", "discount", "next_obs"}``, reward and
+    discount float32; no per-step extras (use one NStepTransitionAdder per environment for those). Observations
+    are arrays of one shape and dtype for all steps (fixed by the first ``add_first``); anything else (int handles
+    into the caller's own store of observations, as the Ape-X actor passes) is carried as it is.
+
+    Buffering, ``priority``, ``insert_batch``, :meth:`flush`, :meth:`truncate`, :meth:`close` and a failing insert
+    behave as NStepTransitionAdder's; :meth:`reset` drops the open episodes of some or all environments,
+    :meth:`discard` what is held and not inserted.
+
+    Args:
+      client: anything with ``insert(priorities, mapping, table=...)`` (a ReplayClient).
+      table: the table's name.
+      n: horizon, an int >= 1.
+      discount: gamma, the discount per step, in [0, 1].
+      num_envs: K, an int >= 1.
+      priority: None, a number >= 0, or a callable of the stacked batch returning one priority per item.
+      insert_batch: transitions per insert, >= 1.
+
+    Raises:
+      ValueError: a bad ``n``, ``discount``, ``num_envs``, ``priority`` or ``insert_batch``.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        table: str,
+        n: int,
+        discount: float,
+        num_envs: int,
+        priority: Priority = None,
+        *,
+        insert_batch: int = 8,
+    ):
+        k = check_int("num_envs", num_envs, 1)
+        self._core = VecNStep(k, n, discount)  # checks n and discount
+        super().__init__(client, table, priority, insert_batch)
+        self._chunks: list[dict[str, np.ndarray]] = []  # emitted, not inserted yet, oldest first
+        self._buffered = 0
+        self._closed = False
+
+    @property
+    def num_envs(self) -> int:
+        return self._core.k
+
+    @property
+    def n(self) -> int:
+        return self._core.n
+
+    @property
+    def discount(self) -> float:
+        return self._core.gamma
+
+    @property
+    def in_episode(self) -> np.ndarray:
+        """(K,) bool: the environments between ``add_first`` and the step that ends their episode."""
+        return self._core.open
+
+    @property
+    def pending(self) -> int:
+        """Steps of open episodes whose transition is not emitted yet (at most K·(n - 1) between calls)."""
+        return self._core.pending
+
+    @property
+    def buffered(self) -> int:
+        """Transitions emitted and not inserted yet (fewer than ``insert_batch`` between calls)."""
+        return self._buffered
+
+    def add_first(self, observations: Any, envs: Sequence[int] | np.ndarray | None = None) -> None:
+        """Start an episode in each of ``envs`` (default: all K) at its row of ``observations``.
+
+        Raises:
+          RuntimeError: one of them still has an open episode (``reset`` it first to drop it), or closed.
+          ValueError: an environment index out of range or repeated, or not one observation per environment.
+        """
+        self._check_not_closed()
+        if envs is None:
+            which = np.arange(self.num_envs)
+        else:
+            which = np.asarray(envs, np.int64).reshape(-1)
+            listed = which.tolist()
+            if listed and (min(listed) < 0 or max(listed) >= self.num_envs or len(set(listed)) != len(listed)):
+                raise ValueError(f"envs must be distinct indices in [0, {self.num_envs}), got {listed}")
+        self._core.add_first(which, observations)  # RuntimeError naming environments still in an episode
+
+    def add(self, actions: Any, rewards: Any, next_observations: Any, terminated: Any, truncated: Any) -> None:
+        """Record one step of every environment (arrays with a leading dimension K).
+
+        Raises:
+          RuntimeError: an environment has no open episode, or the adder is closed.
+          ValueError: a reward that is not finite, or an argument without one row per environment.
+        """
+        self._check_not_closed()
+        k = self.num_envs
+        if not len(actions) == len(rewards) == len(next_observations) == len(terminated) == len(truncated) == k:
+            for name, value in (
+                ("actions", actions),
+                ("rewards", rewards),
+                ("next_observations", next_observations),
+                ("terminated", terminated),
+                ("truncated", truncated),
+            ):
+                if len(value) != k:
+                    raise ValueError(f"{name} has {len(value)} rows, expected one per environment ({k})")
+        # The core refuses (RuntimeError, naming them) environments not in an episode, before it records anything.
+        self._emit(self._core.add(actions, rewards, next_observations, terminated, truncated))
+        self._after_step()
+
+    def truncate(self) -> None:
+        """End every open episode here as a truncation: their pending steps become transitions (shorter horizons
+        that bootstrap from the latest observation), buffered like any others."""
+        self._check_not_closed()
+        self._emit(self._core.truncate())
+        self._after_step()
+
+    def reset(self, envs: Sequence[int] | np.ndarray | None = None) -> None:
+        """Drop the open episodes of ``envs`` (default: all): what they have not emitted is never emitted."""
+        self._core.reset(envs)
+
+    def flush(self) -> None:
+        """Insert the buffered transitions now, in batches of at most ``insert_batch``."""
+        while self._buffered:
+            self._insert(min(self._buffered, self.insert_batch))
+
+    def close(self) -> None:
+        """Flush, then refuse every further call (the client stays the caller's); call :meth:`truncate` first to
+        keep the open episodes' pending steps."""
+        if not self._closed:
+            self.flush()
+            self._closed = True
+
+    def discard(self) -> int:
+        """Drop the buffered transitions and the open episodes' pending steps; how many transitions that is."""
+        lost = self._buffered + self._core.pending
+        self._chunks.clear()
+        self._buffered = 0
+        self._core.reset()
+        return lost
+
+    def _check_not_closed(self) -> None:
+        if self._closed:
+            raise RuntimeError("VecNStepTransitionAdder is closed")
+
+    def _emit(self, chunk: dict[str, np.ndarray] | None) -> None:
+        if chunk is not None:  # reward and discount float64 until inserted (float32 then, once per batch)
+            self._chunks.append(chunk)
+            self._buffered += len(chunk["reward"])
+
+    def _after_step(self) -> None:
+        while self._buffered >= self.insert_batch:
+            self._insert(self.insert_batch)
+
+    def _insert(self, n: int) -> None:
+        """Insert the oldest ``n`` buffered transitions; they leave the buffer only once the insert returned."""
+        if len(self._chunks) > 1:  # one chunk of all that is buffered, so the oldest n are its first rows
+            self._chunks[:] = [{name: np.concatenate([c[name] for c in self._chunks]) for name in self._chunks[0]}]
+        chunk = self._chunks[0]
+        batch = {name: v[:n] for name, v in chunk.items()}
+        batch["reward"], batch["discount"] = batch["reward"].astype(np.float32), batch["discount"].astype(np.float32)
+        self._send(batch, n)
+        if len(chunk["reward"]) == n:
+            self._chunks.clear()
+        else:
+            self._chunks[0] = {name: v[n:] for name, v in chunk.items()}
+        self._buffered -= n

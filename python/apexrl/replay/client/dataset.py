@@ -16,6 +16,7 @@ import torch.utils.data
 
 from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.frames import frame_codec
+from apexrl.replay.wire.steps import SequenceBatch
 from apexrl.replay.wire.structure import unflatten
 
 __all__ = ["ReplayDataset"]
@@ -61,6 +62,13 @@ class ReplayDataset(torch.utils.data.IterableDataset):
       mapping pins it): the nested mapping of arrays they were inserted as, each ``(n, *shape)``, decoded
       natively as with a spec. The structure is asked of the server when the first batch comes (and again
       when items carry another spec's fingerprint); ValueError from the iterator when the table has none.
+      On a table of sequence items (a TrajectoryWriter's, ``client.writer``; also through a
+      ShardedReplayClient): ``fields``, the appended steps' nesting with arrays ``(n, T, *shape)`` (T: the
+      longest ``max_sequence_length`` among the batch's items), ``mask`` (bool ``(n, T)``: an item's valid
+      steps; an item shorter than T, an episode's end, is padded with zeros), ``extras`` (the per-item extras'
+      nesting, arrays ``(n, *shape)``; zeros where an item has none) and ``valid`` (bool ``(n,)``: False for an
+      item that could not be decoded, whose mask is all False and its steps zeros; ``erase`` its key, or let
+      the mask keep it out of the loss), decoded natively with the GIL released.
 
     ``table``: the server's table it samples (default ``"default"``).
 
@@ -188,6 +196,9 @@ class ReplayDataset(torch.utils.data.IterableDataset):
                             out["item_chunk_offsets"] = np.array(chunks.item_chunk_offsets, dtype=np.uint64)
                             out["chunk_data"] = np.frombuffer(chunks.chunk_data, dtype=np.uint8).copy()
                             out["chunk_offsets"] = np.array(chunks.chunk_offsets, dtype=np.uint64)
+                    elif isinstance(batch.decoded, SequenceBatch):  # decode="structure" on sequence items
+                        seq = batch.decoded
+                        out.update(fields=seq.fields, mask=seq.mask, extras=seq.extras, valid=seq.valid)
                     else:
                         out[mode] = batch.decoded
                     yield out
@@ -218,8 +229,9 @@ def _first_fingerprint(raw: Any) -> int | None:
 
 class _StructureHook:
     """``decode="structure"``: sampled items decoded into their table's pinned structure, which is asked of the
-    server (``client.tables()``) on the first batch and whenever items carry another fingerprint. Called from
-    the decode threads: the lookup holds a lock (the client is not used by anything else meanwhile)."""
+    server (``client.tables()``) on the first batch and whenever items carry another fingerprint; sequence items
+    come decoded with the sampled batch (its ``sequences``, fresh arrays) and are handed on as they are. Called
+    from the decode threads: the lookup holds a lock (the client is not used by anything else meanwhile)."""
 
     def __init__(self, client: Any, table: str):
         self.client, self.table = client, table
@@ -239,6 +251,9 @@ class _StructureHook:
                 spec = self.spec = TransitionSpec.from_json(json.dumps(pinned))
             return spec
 
-    def __call__(self, raw: Any) -> dict[str, Any]:
+    def __call__(self, raw: Any) -> dict[str, Any] | SequenceBatch:
+        sequences = getattr(raw, "sequences", None)
+        if sequences is not None:
+            return sequences
         spec = self._spec_for(_first_fingerprint(raw))
         return unflatten(spec.decode_into(raw.data, raw.offsets, spec.empty_batch(len(raw))))

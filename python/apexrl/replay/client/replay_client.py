@@ -170,23 +170,31 @@ def _optional_int(value: int | float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def sampled_batch(reply: P.Reply) -> SampledBatch:
-    """The SampledBatch of a SAMPLE OK reply."""
+def sequences_of(data: Any, offsets: np.ndarray, chunks: P.FrameChunks | None) -> S.SequenceBatch | None:
+    """A sampled batch's sequence items (a TrajectoryWriter's) decoded natively; None when its items are not
+    sequence items (judged by the first) or it carries no chunks."""
+    if chunks is None:
+        return None
+    items = P.split_items(offsets, data)
+    if not items or not S.is_sequence_item(items[0]):
+        return None
+    return S.decode_sequences(
+        items,
+        chunks.chunks(),
+        [chunks.refs(i) for i in range(len(items))],
+        chunk_data=chunks.chunk_data,
+        chunk_offsets=chunks.chunk_offsets,
+    )
+
+
+def sampled_batch(reply: P.Reply, *, sequences: bool = True) -> SampledBatch:
+    """The SampledBatch of a SAMPLE OK reply; ``sequences=False`` leaves sequence items undecoded (a caller that
+    merges several replies decodes the merged batch once: ShardedReplayClient)."""
     a = reply.arrays
     totals = a["totals"]
     chunks = None
-    sequences = None
     if a["item_chunks"].shape[0] or a["chunk_offsets"].shape[0] > 1:
         chunks = P.FrameChunks(a["item_chunks"], a["item_chunk_offsets"], a["chunk_data"], a["chunk_offsets"])
-        items = P.split_items(a["offsets"], a["data"])
-        if items and S.is_sequence_item(items[0]):
-            sequences = S.decode_sequences(
-                items,
-                chunks.chunks(),
-                [chunks.refs(i) for i in range(len(items))],
-                chunk_data=chunks.chunk_data,
-                chunk_offsets=chunks.chunk_offsets,
-            )
     return SampledBatch(
         a["keys"],
         a["weights"],
@@ -197,7 +205,7 @@ def sampled_batch(reply: P.Reply) -> SampledBatch:
         float(totals[1]),
         int(a["store_size"][0]),
         chunks,
-        sequences=sequences,
+        sequences=sequences_of(a["data"], a["offsets"], chunks) if sequences else None,
     )
 
 

@@ -37,6 +37,14 @@ to its own index); a call naming another table goes through a set of that table'
 prioritized or uniform table is sampled globally proportionally (uniformly: every item of every server alike)
 as above. A FIFO, LIFO, heap or queue table is ordered **per server**: each server hands out its own items in
 its table's order, and a batch is the servers' shares side by side, not one global order.
+
+Trajectories: :meth:`writer` gives a TrajectoryWriter that lives on **one** server for its whole life (writers go
+round robin over the servers up, in the order they are made), so an item's step chunks are all on its server
+and an item never spans servers. Each writer keeps the single-server writer's guarantees on its server
+(exactly-once inserts, ``flush`` raising what failed, STALE_CHUNKS recovery after a restart); it does not move
+to another server when its own is lost (chunk keys are one server's): its ``flush`` raises until that server is
+back, or the caller drops its items (``discard``). Sampling a sequence table merges the servers' parts and decodes
+the merged batch once: ``.fields`` (n, T, ...), ``.mask`` (n, T) and ``.extras`` as from one server.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import zmq
@@ -63,7 +71,7 @@ from apexrl.errors import (
     ServerTimeoutError,
 )
 from apexrl.replay.client.inserter import PipelinedInserter
-from apexrl.replay.client.replay_client import ReplayClient, SampledBatch, sampled_batch
+from apexrl.replay.client.replay_client import ReplayClient, SampledBatch, sampled_batch, sequences_of
 from apexrl.replay.client.sampler import PrefetchingSampler, SlotDecoder
 from apexrl.replay.client.updater import AsyncUpdater
 from apexrl.replay.server.config import MAX_REPLAY_SERVERS
@@ -71,6 +79,9 @@ from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.schema import Status
 from apexrl.security import ClientKeys
+
+if TYPE_CHECKING:
+    from apexrl.replay.client.trajectory import TrajectoryWriter
 
 T = TypeVar("T")
 
@@ -214,6 +225,7 @@ class ShardedReplayClient:
         self._session = secrets.randbits(64) or 1
         self._sequence = itertools.count(1)
         self._next_insert = 0
+        self._next_writer = 0  # writers handed out (round robin over the servers up)
         self._routes: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
         self._servers: list[_Server] = []
         try:
@@ -483,7 +495,7 @@ class ShardedReplayClient:
                 requests.append((server, P.Op.SAMPLE, build, wait_s))
         got = []
         for server, reply in self._scatter(requests):
-            batch = sampled_batch(reply)
+            batch = sampled_batch(reply, sequences=False)  # decoded once, merged (_combine)
             server.note(batch.total_mass, batch.min_mass, batch.size)
             got.append((server, batch))
         return got
@@ -538,16 +550,20 @@ class ShardedReplayClient:
                 memoryview(b"".join(chunk_datas)),
                 np.concatenate(chunk_offsets),
             )
+        data_all, offsets_all = memoryview(b"".join(datas)), np.concatenate(offsets)
         return SampledBatch(
             np.concatenate(keys),
             np.concatenate(weights).astype(np.float32),
             np.concatenate(probabilities),
-            memoryview(b"".join(datas)),
-            np.concatenate(offsets),
+            data_all,
+            offsets_all,
             total_mass=total,
             min_mass=min_mass,
             size=size,
             chunks=chunks,
+            # Sequence items (every item's chunks are on its own server, so the merged chunks hold them all):
+            # decoded once, from the merged batch, as one server's (T: the longest among all the items).
+            sequences=sequences_of(data_all, offsets_all, chunks),
         )
 
     # ------------------------------------------------------------------------------------------ insert
@@ -902,3 +918,62 @@ class ShardedReplayClient:
     def updater(self, max_pending: int = 64, *, table: str | None = None) -> AsyncUpdater:
         """An :class:`AsyncUpdater` over the set (its own clients), as :meth:`ReplayClient.updater`."""
         return AsyncUpdater(partial(self._same_endpoints, table), max_pending=max_pending, close_timeout=self.timeout)
+
+    def writer(
+        self,
+        max_sequence_length: int,
+        chunk_length: int | None = None,
+        *,
+        flush_items: int = 8,
+        timeout: float | None = None,
+    ) -> TrajectoryWriter:
+        """A :class:`~apexrl.replay.client.trajectory.TrajectoryWriter` on one server of the set, as
+        :meth:`ReplayClient.writer` (same arguments and guarantees, on that server): all its chunks and items
+        go there, so an item never spans servers. Writers are spread round robin over the servers up, in the
+        order they are made (an actor makes its writer once, so that is also the fewest writers per server; a
+        writer's close is not reported to the set). The writer opens its connection at its first insert and
+        keeps to its server when that one is lost (see the module docstring). It exposes no item keys; sampled
+        items carry the set's keys."""
+        from apexrl.replay.client.trajectory import TrajectoryWriter
+
+        with self._lock:
+            self._refresh()
+            live = [s for s in self._servers if s.up] or self._servers  # all down: one of them anyway
+            server = live[self._next_writer % len(live)]
+            self._next_writer += 1
+        return TrajectoryWriter(
+            partial(
+                _WriterClient,
+                server.client.endpoint,
+                max_shards=1 << self._local_bits,
+                servers=len(self._servers),
+                timeout=self.timeout,
+                spec=self._spec,
+                curve=self._curve,
+                table=self.table,
+            ),
+            max_sequence_length,
+            chunk_length,
+            flush_items=flush_items,
+            timeout=timeout,
+        )
+
+
+class _WriterClient(ReplayClient):
+    """A writer's connection to its server of a set: before it inserts, the server's lock shards are checked
+    against what the set's keys leave room for (as the set checks a server before its first insert), so that
+    no item is stored whose key the set could not tell from another server's."""
+
+    def __init__(self, endpoint: str, *, max_shards: int, servers: int, **kwargs: Any):
+        super().__init__(endpoint, **kwargs)
+        self._max_shards, self._servers = max_shards, servers
+
+    def insert_with_chunk_keys(self, *args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+        shards = self.server_info.num_shards  # HELLO, asked once (and again after a timeout)
+        if shards is not None and shards > self._max_shards:
+            raise ValueError(
+                f"replay server {self.endpoint} has {shards} lock shards: with {self._servers} servers each may "
+                f"have at most {self._max_shards} lock shards (its --shards), since a key carries its server and "
+                "lock shard in 8 bits"
+            )
+        return super().insert_with_chunk_keys(*args, **kwargs)
