@@ -1,10 +1,12 @@
 """Learner steps/s of a preset's agent on random batches shaped for an environment, with fused Adam on and off
-(``APEXRL_FUSED_ADAM``): the update alone, no replay, one torch thread. The configurations alternate
+(``APEXRL_FUSED_ADAM``): the update alone, no replay, one torch thread (``--torch-threads``: as many as the
+learner's flag of that name). The configurations alternate
 (round-robin over ``--rounds``) so that load from elsewhere on a shared machine hits all of them alike; each
 figure is the median of its rounds. From the repository root::
 
     python bench/bench_learner_step.py                         # apex-dpg-control and the small presets
     python bench/bench_learner_step.py --presets sac-small --seconds 2 --rounds 1
+    python bench/bench_learner_step.py --presets d4pg-small --torch-threads 2   # what a second core buys
 """
 
 from __future__ import annotations
@@ -56,14 +58,18 @@ def main() -> None:
     p.add_argument("--env", default="dmc:walker-stand", help="shapes of the batches (default dmc:walker-stand)")
     p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per configuration and round")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (default 1, as the learner's)")
     args = p.parse_args()
-    torch.set_num_threads(1)
+    if args.torch_threads < 1:
+        p.error("--torch-threads must be at least 1")
+    torch.set_num_threads(args.torch_threads)
     results: dict[tuple[str, bool], list[float]] = {}
     for _ in range(args.rounds):
         for name in args.presets:
             for fused in (False, True):
                 results.setdefault((name, fused), []).append(steps_per_s(name, args.env, fused, args.seconds))
-    print(f"\nLearner steps/s on {args.env} batches, one torch thread, median of {args.rounds} rounds:\n")
+    threads = "one torch thread" if args.torch_threads == 1 else f"{args.torch_threads} torch threads"
+    print(f"\nLearner steps/s on {args.env} batches, {threads}, median of {args.rounds} rounds:\n")
     print("| preset | plain Adam | fused Adam | fused / plain |")
     print("|---|---:|---:|---:|")
     for name in args.presets:
