@@ -233,7 +233,9 @@ SMALL_UNMATCHED = (
     "observations normalised by the learner's running mean and variance (--obs-norm on): Control Suite "
     "observations mix unit-scale positions with velocities of tens",
     "a warm-up of 10 000 transitions and an evaluation every minute, for 20-minute runs",
-    "not yet measured: the 3-seed runs on walker-stand, cheetah-run and cartpole-swingup are to come",
+    "measured on 2 cores (bench/README.md, the small-machine presets on walker-stand and cheetah-run): "
+    "d4pg-small over 3 seeds of 20 minutes on each; td3-small and sac-small in a 4-minute screen on walker-stand, "
+    "where d4pg-small led",
 )
 
 PRESETS: dict[str, Preset] = {
