@@ -110,7 +110,7 @@ def test_a_corrupted_chunk_marks_the_items_that_use_it(native):
     data = bytearray(fc.chunk_data)
     # Garble chunk 1's compressed image column (the header stays readable): items 1 and 2 read it, item 0 does not.
     start, end = int(fc.chunk_offsets[1]), int(fc.chunk_offsets[2])
-    _k, _fp, fields = S._chunk_header(memoryview(bytes(data[start:end])))
+    _k, _fp, fields, _key = S._chunk_header(memoryview(bytes(data[start:end])))
     _dt, _shape, codec, stored, at = fields["obs.img"]
     for b in range(start + at, start + at + stored):
         data[b] ^= 0xFF

@@ -171,12 +171,13 @@ def _optional_int(value: int | float | None) -> int | None:
 
 
 def sequences_of(data: Any, offsets: np.ndarray, chunks: P.FrameChunks | None) -> S.SequenceBatch | None:
-    """A sampled batch's sequence items (a TrajectoryWriter's) decoded natively; None when its items are not
-    sequence items (judged by the first) or it carries no chunks."""
+    """A sampled batch's sequence items (a TrajectoryWriter's) decoded natively; None when no item is a sequence
+    item or the batch carries no chunks. One sequence item makes the batch one of sequences (any other item in it
+    is invalid), so that an item of another kind drawn first cannot hide the sequences from the learner."""
     if chunks is None:
         return None
     items = P.split_items(offsets, data)
-    if not items or not S.is_sequence_item(items[0]):
+    if not any(S.is_sequence_item(item) for item in items):
         return None
     return S.decode_sequences(
         items,

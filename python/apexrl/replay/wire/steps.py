@@ -13,7 +13,7 @@ of up to ``chunk_length`` consecutive steps, and makes items that reference the 
   first step within the concatenation of its chunks, "n": steps, "t": max_sequence_length, "x": [[path, dtype,
   shape], ...]}`` (the extras' structure), then each extra's bytes (raw) in that order.
 
-``path`` is the field's position in the (nested) step mapping, its keys joined with ``/``. ``fingerprint`` is
+``path`` is the field's position in the (nested) step mapping, its keys joined with ``.``. ``fingerprint`` is
 :func:`structure_fingerprint` of the step structure, the same in the item and in each chunk it references.
 Decoding (:func:`decode_sequences`) checks that the item's step range lies inside its chunks and that the chunks
 hold its structure; an item that breaks either is marked invalid (``valid[i]`` False, its mask all False), never
@@ -22,9 +22,14 @@ read out of bounds. Never imports torch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import json
+import math
+import re
 import struct
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +65,24 @@ _RAW, _LZ4 = 0, 1
 # unless the compressed column is at most 3/4 of the raw one (checked, since a float column of zeros still pays).
 _LZ4_PAYS = 0.75
 _MAX_HEADER = 1 << 20
+# What a decoder accepts, checked before it allocates anything an item or chunk declares (docs/protocol.md,
+# "Decoding hostile items"). A header nests at most as deep as its own form ({"f": [[path, dtype, [shape], ...]]});
+# a field has at most 32 dimensions and 2 GiB per step; an lz4 block expands at most ~255-fold, so a column that
+# claims more than 256 times its stored bytes cannot be one.
+_MAX_DEPTH = 4
+_MAX_NDIM = 32
+_MAX_ROW_BYTES = 1 << 31
+_LZ4_MAX_RATIO = 256
+# A decoded batch (steps, mask and extras) holds at most max(_DECODE_FLOOR, _DECODE_RATIO x the bytes it was
+# decoded from): padding (an item's t beyond its steps) and items that share chunks are paid for by the floor,
+# decompression by the ratio. An item that would take the batch past it is invalid, alone; the rest decode.
+_DECODE_FLOOR = 64 << 20
+_DECODE_RATIO = 256
+_MAX_T = 1 << 24  # the native copy's bound on a batch's sequence length (and on its items)
+_DTYPE = re.compile(r"[<>|=][biufc][0-9]{1,2}")
+_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+# What a parser may raise on bytes a peer wrote: each marks that item (or chunk) invalid, never the batch.
+_MALFORMED = (ValueError, TypeError, KeyError, OverflowError, RecursionError, lz4.block.LZ4BlockError)
 
 
 @dataclass(frozen=True)
@@ -105,7 +128,39 @@ def _header(magic: bytes, meta: dict[str, Any]) -> bytes:
     return _PREFIX.pack(magic, _VERSION, 0, len(text)) + text
 
 
-def _read_header(blob: memoryview, magic: bytes) -> tuple[dict[str, Any], int]:
+# Strings as the encoder writes them (field paths, dtypes): no escapes, so a string is '"' ... '"' with no '"' or
+# '\' inside. A header with any other string is refused before it is parsed.
+_PLAIN_STRING = re.compile(rb'"[^"\\]*"')
+_BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # every byte but the brackets, to delete
+
+
+def _nesting(text: bytes) -> int:
+    """How deep ``text`` (JSON with plain strings only) nests its lists and objects, counted without parsing it
+    (Python's parser recurses, so a deep header must be refused before it is parsed); a string with an escape
+    counts as too deep."""
+    if b"\\" in text:
+        return _MAX_DEPTH + 1
+    brackets = _PLAIN_STRING.sub(b"", text).translate(None, _BRACKETS)
+    if len(brackets) <= _MAX_DEPTH:  # no more brackets than the deepest form: an item header without extras
+        return len(brackets)
+    if len(brackets) > 4096:  # long: in numpy (a header of a few fields has a few dozen brackets)
+        codes = np.frombuffer(brackets, dtype=np.uint8)
+        opens = (codes == ord("[")) | (codes == ord("{"))
+        return int(np.cumsum(np.where(opens, 1, -1)).max())
+    depth = deepest = 0
+    for code in brackets:
+        if code == 91 or code == 123:  # "[" or "{"
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        else:
+            depth -= 1
+    return deepest
+
+
+def _header_text(blob: memoryview, magic: bytes) -> tuple[bytes, int]:
+    """(the header's JSON text, where the body starts) of a chunk's or item's bytes; ValueError for a wrong
+    prefix or a header that does not fit."""
     if len(blob) < _PREFIX.size:
         raise ValueError(f"{len(blob)} bytes: too short for a {magic!r} header")
     got, version, flags, length = _PREFIX.unpack_from(blob, 0)
@@ -115,10 +170,70 @@ def _read_header(blob: memoryview, magic: bytes) -> tuple[dict[str, Any], int]:
         raise ValueError(f"version {version} (flags {flags}); this build reads version {_VERSION}")
     if length > _MAX_HEADER or _PREFIX.size + length > len(blob):
         raise ValueError(f"header of {length} bytes does not fit in {len(blob)}")
-    meta = json.loads(bytes(blob[_PREFIX.size : _PREFIX.size + length]))
+    return bytes(blob[_PREFIX.size : _PREFIX.size + length]), _PREFIX.size + length
+
+
+def _parse(text: bytes) -> dict[str, Any]:
+    """A header's JSON object, its nesting checked first."""
+    if _nesting(text) > _MAX_DEPTH:
+        raise ValueError(f"header nests deeper than {_MAX_DEPTH} or holds a string with an escape")
+    meta = json.loads(text)
     if not isinstance(meta, dict):
         raise ValueError("header is not a JSON object")
-    return meta, _PREFIX.size + length
+    return meta
+
+
+def _read_header(blob: memoryview, magic: bytes) -> tuple[dict[str, Any], int]:
+    text, at = _header_text(blob, magic)
+    return _parse(text), at
+
+
+def _count(value: Any, what: str, low: int = 0) -> int:
+    """``value`` if it is a JSON integer (not a bool) in [low, 2^63); ValueError otherwise."""
+    if type(value) is not int or not low <= value < 1 << 63:
+        raise ValueError(f"{what} must be an integer in [{low}, 2^63), got {value!r}")
+    return value
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype(text: str) -> np.dtype:
+    """A field's dtype from its wire form: numeric or bool, one byte order character, no structure."""
+    if not _DTYPE.fullmatch(text):
+        raise ValueError(f"dtype {text!r} is not a numeric or bool dtype's wire form (e.g. '<f4')")
+    dt = np.dtype(text)
+    if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
+        raise ValueError(f"dtype {text!r} is not numeric or bool")
+    return dt
+
+
+def _field(entry: Any, width: int) -> tuple[str, np.dtype, tuple[int, ...], int]:
+    """(path, dtype, shape, bytes per step) of a header's field entry ``[path, dtype, shape, ...]`` of ``width``
+    elements; ValueError for any other form. Sizes are Python integers: nothing overflows, nothing allocates."""
+    if type(entry) is not list or len(entry) != width:
+        raise ValueError(f"a field entry must be a list of {width} elements, got {entry!r:.80}")
+    path, dtype, shape = entry[0], entry[1], entry[2]
+    if type(path) is not str or not _PATH.fullmatch(path):
+        raise ValueError(f"field path {path!r:.80} is not ASCII identifiers joined by {_structure.SEPARATOR!r}")
+    if type(dtype) is not str:
+        raise ValueError(f"field {path!r}: dtype must be a string")
+    if type(shape) is not list or len(shape) > _MAX_NDIM:
+        raise ValueError(f"field {path!r}: shape must be a list of at most {_MAX_NDIM} sizes")
+    size = 1
+    for d in shape:
+        if type(d) is not int or not 0 <= d < 1 << 63:
+            raise ValueError(f"field {path!r}: a shape's size must be an integer in [0, 2^63), got {d!r:.40}")
+        size *= d
+    dt = _dtype(dtype)
+    return path, dt, tuple(shape), dt.itemsize * size
+
+
+def _check_paths(paths: Sequence[str], what: str) -> None:
+    """ValueError for a repeated path or one that is another's parent (``a`` beside ``a.b``): such fields would
+    not nest back into one mapping."""
+    ordered = sorted(paths)
+    for a, b in itertools.pairwise(ordered):  # a parent sorts right before its first child ('.' sorts first)
+        if b == a or b.startswith(a + _structure.SEPARATOR):
+            raise ValueError(f"{what}: field paths {a!r} and {b!r} do not nest into one mapping")
 
 
 def encode_chunk(fields: Sequence[Field], columns: Sequence[np.ndarray], fingerprint: int) -> bytes:
@@ -140,35 +255,20 @@ def encode_chunk(fields: Sequence[Field], columns: Sequence[np.ndarray], fingerp
 
 def decode_chunk(blob: Any) -> tuple[int, int, dict[str, np.ndarray]]:
     """(steps k, fingerprint, path -> column of shape (k, *shape)) of a step chunk; ValueError for a malformed
-    one."""
+    one (its header checked as :func:`decode_sequences` checks it, before anything is decompressed)."""
     view = memoryview(blob).cast("B")
-    meta, at = _read_header(view, CHUNK_MAGIC)
-    k, fp = meta.get("k"), meta.get("fp")
-    described = meta.get("f")
-    if not isinstance(k, int) or k < 1 or not isinstance(fp, int) or not isinstance(described, list):
-        raise ValueError("chunk header needs k >= 1, a fingerprint and a field list")
+    k, fp, fields, _key = _chunk_header(view)
     out: dict[str, np.ndarray] = {}
-    for entry in described:
-        path, dtype, shape, codec, stored = entry
-        dt = np.dtype(dtype)
-        shape = tuple(int(s) for s in shape)
-        count = k * int(np.prod(shape, dtype=np.int64))
-        raw_size = count * dt.itemsize
-        if stored < 0 or at + stored > len(view):
-            raise ValueError(f"chunk field {path!r}: {stored} bytes past the chunk's end")
+    for path, (dt, shape, codec, stored, at) in fields.items():
+        count = k * math.prod(shape)
         body = view[at : at + stored]
-        at += stored
-        if codec == _LZ4:
-            data = lz4.block.decompress(bytes(body), uncompressed_size=raw_size)
-        elif codec == _RAW:
-            data = body
-        else:
-            raise ValueError(f"chunk field {path!r}: unknown codec {codec}")
-        if len(data) != raw_size:
-            raise ValueError(f"chunk field {path!r}: {len(data)} bytes, expected {raw_size}")
+        try:
+            data = lz4.block.decompress(bytes(body), uncompressed_size=count * dt.itemsize) if codec == _LZ4 else body
+        except lz4.block.LZ4BlockError as e:
+            raise ValueError(f"chunk field {path!r}: {e}") from None
+        if len(data) != count * dt.itemsize:
+            raise ValueError(f"chunk field {path!r}: {len(data)} bytes, expected {count * dt.itemsize}")
         out[path] = np.frombuffer(data, dtype=dt, count=count).reshape((k, *shape))
-    if at != len(view):
-        raise ValueError(f"chunk has {len(view) - at} trailing bytes")
     return k, fp, out
 
 
@@ -188,23 +288,28 @@ def is_sequence_item(blob: Any) -> bool:
 
 
 def decode_item(blob: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(header, path -> extra) of a sequence item; ValueError for a malformed one."""
+    """(header, path -> extra) of a sequence item; ValueError for a malformed one: a header field missing or not
+    an integer in [0, 2^63) (``n`` and ``t`` at least 1), an extra of another form than ``[path, dtype, shape]``,
+    past the item's end or nesting badly beside another, trailing bytes."""
     view = memoryview(blob).cast("B")
     meta, at = _read_header(view, ITEM_MAGIC)
-    for key in ("fp", "first", "n", "t"):
-        if not isinstance(meta.get(key), int) or meta[key] < 0:
-            raise ValueError(f"item header: {key} must be an integer >= 0")
+    for key, low in (("fp", 0), ("first", 0), ("n", 1), ("t", 1)):
+        _count(meta.get(key), f"item header: {key}", low)
+    described = meta.get("x", [])
+    if type(described) is not list:
+        raise ValueError("item header: x must be a list of extras")
     extras: dict[str, np.ndarray] = {}
-    for path, dtype, shape in meta.get("x", []):
-        dt = np.dtype(dtype)
-        shape = tuple(int(s) for s in shape)
-        size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    for entry in described:
+        path, dt, shape, size = _field(entry, 3)
         if at + size > len(view):
             raise ValueError(f"item extra {path!r} past the item's end")
+        if path in extras:
+            raise ValueError(f"item extra {path!r} repeated")
         extras[path] = np.frombuffer(view[at : at + size], dtype=dt).reshape(shape)
         at += size
     if at != len(view):
         raise ValueError(f"item has {len(view) - at} trailing bytes")
+    _check_paths(list(extras), "item extras")
     return meta, extras
 
 
@@ -223,26 +328,50 @@ class SequenceBatch:
     num_steps: np.ndarray
 
 
-def _chunk_header(blob: memoryview) -> tuple[int, int, dict[str, tuple[np.dtype, tuple[int, ...], int, int, int]]]:
-    """(steps k, fingerprint, path -> (dtype, shape, codec, stored bytes, offset in the blob)) of a step chunk,
-    every column inside the blob and of a known codec; ValueError otherwise. Decompresses nothing."""
-    meta, at = _read_header(blob, CHUNK_MAGIC)
-    k, fp, described = meta.get("k"), meta.get("fp"), meta.get("f")
-    if not isinstance(k, int) or k < 1 or not isinstance(fp, int) or not isinstance(described, list):
-        raise ValueError("chunk header needs k >= 1, a fingerprint and a field list")
-    fields: dict[str, tuple[np.dtype, tuple[int, ...], int, int, int]] = {}
-    for path, dtype, shape, codec, stored in described:
-        dt = np.dtype(dtype)
-        shp = tuple(int(d) for d in shape)
-        if codec not in (_RAW, _LZ4) or not isinstance(stored, int) or stored < 0 or at + stored > len(blob):
-            raise ValueError(f"chunk field {path!r}: codec {codec}, {stored} bytes at {at} of {len(blob)}")
-        if any(d < 0 for d in shp) or dt.hasobject or path in fields:
-            raise ValueError(f"chunk field {path!r}: bad shape, dtype or a repeated path")
-        fields[str(path)] = (dt, shp, int(codec), stored, at)
+_ChunkFields = dict[str, tuple[np.dtype, tuple[int, ...], int, int, int]]
+
+
+def _chunk_header(blob: memoryview) -> tuple[int, int, _ChunkFields, tuple[Any, ...]]:
+    """(steps k, fingerprint, path -> (dtype, shape, codec, stored bytes, offset in the blob), the structure as a
+    comparable key) of a step chunk, every column inside the blob, of a known codec and of a size its stored
+    bytes can hold (raw: exactly; lz4: at most _LZ4_MAX_RATIO times); ValueError otherwise. Decompresses
+    nothing, allocates nothing the header declares. The result is shared: do not change it."""
+    text, at = _header_text(blob, CHUNK_MAGIC)
+    return _chunk_layout(text, at, len(blob))
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunk_layout(text: bytes, at: int, size: int) -> tuple[int, int, _ChunkFields, tuple[Any, ...]]:
+    """_chunk_header's work on a header's text, the body starting at ``at`` of ``size`` bytes: cached, since a
+    chunk drawn again (its items share it, a later batch draws it again) brings the same header."""
+    meta = _parse(text)
+    k = _count(meta.get("k"), "chunk header: k", 1)
+    fp = _count(meta.get("fp"), "chunk header: fp")
+    described = meta.get("f")
+    if type(described) is not list:
+        raise ValueError("chunk header: f must be a list of fields")
+    fields: _ChunkFields = {}
+    for entry in described:
+        path, dt, shp, row = _field(entry, 5)
+        codec, stored = entry[3], entry[4]
+        if type(codec) is not int or codec not in (_RAW, _LZ4):
+            raise ValueError(f"chunk field {path!r}: unknown codec {codec!r}")
+        stored = _count(stored, f"chunk field {path!r}: stored bytes")
+        if at + stored > size:
+            raise ValueError(f"chunk field {path!r}: {stored} bytes at {at} of {size}")
+        if row > _MAX_ROW_BYTES or (stored != k * row if codec == _RAW else k * row > _LZ4_MAX_RATIO * stored):
+            raise ValueError(
+                f"chunk field {path!r}: {k} steps of {row} bytes cannot be {stored} bytes of codec {codec}"
+            )
+        if path in fields:
+            raise ValueError(f"chunk field {path!r} repeated")
+        fields[path] = (dt, shp, codec, stored, at)
         at += stored
-    if at != len(blob):
-        raise ValueError(f"chunk has {len(blob) - at} trailing bytes")
-    return k, fp, fields
+    if at != size:
+        raise ValueError(f"chunk has {size - at} trailing bytes")
+    _check_paths(list(fields), "chunk")
+    key = tuple(sorted((path, f[0].str, f[1]) for path, f in fields.items()))
+    return k, fp, fields, key
 
 
 def decode_sequences(
@@ -257,14 +386,25 @@ def decode_sequences(
     """Decode the sequence items of a sampled batch: ``items[i]``'s bytes, the batch's chunks, and item i's
     references into them (``refs[i]``, in the item's order). With ``chunk_data`` and ``chunk_offsets`` (the
     chunks' bytes in one buffer, as a SAMPLE reply carries them) the steps are copied natively with the GIL released
-    (``apexrl._core.decode_steps``; ``native=False``: numpy, the reference); the result is the same."""
+    (``apexrl._core.decode_steps``; ``native=False``: numpy, the reference); the result is the same.
+
+    Never raises on what the items and chunks hold: an item that does not decode, whose structure is not the
+    batch's (the one most items have), or that would take the batch's arrays past the decode budget (its ``t`` or
+    its extras too large for the bytes the batch came in) is invalid (``valid[i]`` False, its mask all False, its
+    rows zero), and the rest of the batch decodes."""
     n = len(items)
+    source_bytes = sum(memoryview(b).nbytes for b in items)
+    if chunk_data is not None:
+        source_bytes += memoryview(chunk_data).nbytes
+    else:
+        source_bytes += sum(memoryview(c).nbytes for c in chunk_blobs)
+    budget = max(_DECODE_FLOOR, _DECODE_RATIO * source_bytes)
     metas: list[dict[str, Any] | None] = []
     extras_of: list[dict[str, np.ndarray]] = []
     for blob in items:
         try:
             meta, extras = decode_item(blob)
-        except (ValueError, TypeError, KeyError, json.JSONDecodeError):
+        except _MALFORMED:
             meta, extras = None, {}
         metas.append(meta)
         extras_of.append(extras)
@@ -274,47 +414,64 @@ def decode_sequences(
         if c not in headers:
             try:
                 headers[c] = _chunk_header(memoryview(chunk_blobs[c]).cast("B")) if 0 <= c < len(chunk_blobs) else None
-            except (ValueError, TypeError, KeyError, json.JSONDecodeError):
+            except _MALFORMED:
                 headers[c] = None
         return headers[c]
 
-    # Each item's plan: its chunks and its step range, checked; the batch's structure is the first good item's.
-    structure: dict[str, tuple[np.dtype, tuple[int, ...]]] | None = None
-    plans: list[list[tuple[int, int, int, int]] | None] = []  # per item: (chunk, src_row, dst_row, rows)
+    # Each item's plan: its chunks and its step range, checked (else it is invalid, never read out of bounds).
+    candidates: list[tuple[tuple[Any, ...], list[tuple[int, int, int, int]]] | None] = []
     for i in range(n):
         meta = metas[i]
-        plan = None
+        candidate = None
         chunk_ids = [int(c) for c in refs[i]] if meta is not None else []
         parts = [header(c) for c in chunk_ids]
         if meta is not None and parts and all(p is not None for p in parts):
-            here = {path: (f[0], f[1]) for path, f in parts[0][2].items()}
-            same = all(p[1] == meta["fp"] and {q: (f[0], f[1]) for q, f in p[2].items()} == here for p in parts)
-            first, steps = int(meta["first"]), int(meta["n"])
+            key = parts[0][3]
+            first, steps = meta["first"], meta["n"]
             total = sum(p[0] for p in parts)
-            # The item's step range must lie inside its chunks (else it is invalid, never read out of bounds).
-            if same and here and 1 <= steps <= int(meta["t"]) and first + steps <= total:
-                if structure is None:
-                    structure = here
-                if here == structure:
-                    plan = []
-                    start = 0  # the concatenation's step of this chunk's first step
-                    for c, p in zip(chunk_ids, parts, strict=True):
-                        lo, hi = max(first, start), min(first + steps, start + p[0])
-                        if lo < hi:
-                            plan.append((c, lo - start, lo - first, hi - lo))
-                        start += p[0]
+            same = all(p[1] == meta["fp"] and p[3] == key for p in parts)
+            if key and same and steps <= meta["t"] and first + steps <= total:
+                copies: list[tuple[int, int, int, int]] = []
+                start = 0  # the concatenation's step of this chunk's first step
+                for c, p in zip(chunk_ids, parts, strict=True):
+                    lo, hi = max(first, start), min(first + steps, start + p[0])
+                    if lo < hi:
+                        copies.append((c, lo - start, lo - first, hi - lo))
+                    start += p[0]
+                candidate = (key, copies)
+        candidates.append(candidate)
+    # The batch's structure: the one most items have (the earliest on a tie), so that an item of another
+    # structure cannot make the others invalid by coming first.
+    counts = Counter(cand[0] for cand in candidates if cand is not None)
+    key = max(counts, key=lambda k: counts[k]) if counts else None
+    structure: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    for cand in candidates:
+        if cand is not None and cand[0] == key:
+            fields = headers[cand[1][0][0]][2]  # the plan's first chunk (a plan holds at least one)
+            structure = {path: (f[0], f[1]) for path, f in fields.items()}
+            break
+    row = sum(dt.itemsize * math.prod(shape) for dt, shape in structure.values()) + 1  # + the mask's byte
+    plans: list[list[tuple[int, int, int, int]] | None] = []
+    for i, cand in enumerate(candidates):
+        meta = metas[i]
+        plan: list[tuple[int, int, int, int]] | None = None
+        if cand is not None and cand[0] == key and meta is not None:
+            # Steps with the mask and extras each within half the budget: t sizes every row of the batch.
+            x = sum(a.nbytes for a in extras_of[i].values())
+            if meta["t"] <= _MAX_T and 2 * n * meta["t"] * row <= budget and 2 * n * x <= budget:
+                plan = cand[1]
         plans.append(plan)
     valid = np.array([p is not None for p in plans], dtype=bool)
     t = max((int(m["t"]) for m, ok in zip(metas, valid, strict=True) if ok and m is not None), default=0)
-    paths = list(structure or {})
+    paths = list(structure)
     out: dict[str, np.ndarray] = {}
     for path in paths:
-        dt, shape = (structure or {})[path]
+        dt, shape = structure[path]
         out[path] = np.zeros((n, t, *shape), dtype=dt.newbyteorder("="))
     if native is None:
         native = chunk_data is not None and chunk_offsets is not None
     if paths and valid.any():
-        if native and chunk_offsets is not None:
+        if native and chunk_offsets is not None and n <= _MAX_T:
             copied = _copy_native(out, paths, plans, headers, chunk_data, chunk_offsets, n, t)
         else:
             copied = _copy_numpy(out, paths, plans, headers, chunk_blobs)
@@ -355,14 +512,14 @@ def _copy_numpy(
 
     def column(c: int, path: str) -> np.ndarray | None:
         if (c, path) not in columns:
-            k, _fp, fields = headers[c]
+            k, _fp, fields, _key = headers[c]
             dt, shape, codec, stored, at = fields[path]
-            count = k * int(np.prod(shape, dtype=np.int64))
+            count = k * math.prod(shape)
             body = memoryview(chunk_blobs[c]).cast("B")[at : at + stored]
             try:
                 data = lz4.block.decompress(bytes(body), uncompressed_size=count * dt.itemsize) if codec else body
                 col = np.frombuffer(data, dtype=dt, count=count).reshape((k, *shape))
-            except (ValueError, lz4.block.LZ4BlockError):
+            except _MALFORMED:
                 col = None
             columns[(c, path)] = col
         return columns[(c, path)]
@@ -396,7 +553,7 @@ def _copy_native(
     columns = np.zeros((len(used), len(paths), 3), dtype=np.uint64)
     steps = np.zeros(len(used), dtype=np.uint64)
     for j, c in enumerate(used):
-        k, _fp, fields = headers[c]
+        k, _fp, fields, _key = headers[c]
         steps[j] = k
         base = int(chunk_offsets[c])
         for f, path in enumerate(paths):
