@@ -67,10 +67,22 @@ std::vector<serve::TableSpec> TableSpecs(const py::object& tables) {
     auto number = [&d](const char* key, double fallback) {
       return d.contains(key) && !d[key].is_none() ? d[key].cast<double>() : fallback;
     };
-    auto count = [&](const char* key, double fallback) {
-      const double v = number(key, fallback);
-      if (!(v >= 0 && v <= 9.0e15)) throw InvalidArgument(std::string(key) + " must be a count >= 0");
-      return static_cast<uint64_t>(v);
+    // A count as an integer, read exactly over the whole documented range [0, 2^63 - 1] (through a double,
+    // counts above 2^53 would round, so they were refused); an integral float is taken as its integer.
+    auto count = [&](const char* key, uint64_t fallback) -> uint64_t {
+      if (!d.contains(key) || d[key].is_none()) return fallback;
+      py::object v = d[key];
+      if (py::isinstance<py::float_>(v)) {
+        const double x = v.cast<double>();
+        if (!(x >= 0 && x < 9.2e18) || x != static_cast<double>(static_cast<uint64_t>(x))) {
+          throw InvalidArgument("table '" + spec.name + "': " + key + " must be a count in [0, 2^63 - 1]");
+        }
+        return static_cast<uint64_t>(x);
+      }
+      if (py::isinstance<py::bool_>(v) || !py::isinstance<py::int_>(v) || v < py::int_(0) || v > py::int_(INT64_MAX)) {
+        throw InvalidArgument("table '" + spec.name + "': " + key + " must be a count in [0, 2^63 - 1]");
+      }
+      return v.cast<uint64_t>();
     };
     if (kind == "min_size") {
       spec.limiter.kind = serve::LimiterKind::kMinSize;

@@ -277,7 +277,33 @@ def test_every_table_json_error(obj, message):
         ('[{"name": "a",}]', "not valid JSON: "),
         ('{"name": "a"}', "must be a JSON list of table objects (at least one), got a JSON dict"),
         ("[]", "must be a JSON list of table objects (at least one), got an empty list"),
-        ('[{"name": "a", "alpha": NaN}]', "NaN is not a number JSON allows"),
+        # NaN and Infinity (not strict JSON) are refused by the field they were given for, named with its table
+        ('[{"name": "a", "alpha": NaN}]', "table 0 ('a'): alpha: must be a finite number >= 0, got nan"),
+        ('[{"name": "a", "alpha": -Infinity}]', "table 0 ('a'): alpha: must be a finite number >= 0, got -inf"),
+        (
+            '[{"name": "r", "rate_limiter": {"kind": "sample_to_insert_ratio", "samples_per_insert": NaN, '
+            '"min_size_to_sample": 1, "error_buffer": 2}}]',
+            "table 0 ('r'): rate_limiter: SampleToInsertRatio.samples_per_insert must be a finite number > 0, got nan",
+        ),
+        (
+            '[{"name": "r", "rate_limiter": {"kind": "sample_to_insert_ratio", "samples_per_insert": 1, '
+            '"min_size_to_sample": 1, "error_buffer": Infinity}}]',
+            "table 0 ('r'): rate_limiter: SampleToInsertRatio.error_buffer must be a finite number >= 0, got inf",
+        ),
+        (
+            '[{"name": "r", "rate_limiter": {"kind": "sample_to_insert_ratio", "samples_per_insert": 1, '
+            '"min_size_to_sample": NaN, "error_buffer": 2}}]',
+            "table 0 ('r'): rate_limiter: SampleToInsertRatio.min_size_to_sample must be an int in [1, ",
+        ),
+        (
+            '[{"name": "r", "rate_limiter": {"kind": "min_size", "min_size": Infinity}}]',
+            "table 0 ('r'): rate_limiter: MinSize.min_size must be an int in [1, 9223372036854775807], got inf",
+        ),
+        (
+            '[{"name": "q", "rate_limiter": {"kind": "queue", "size": NaN}}]',
+            "table 0 ('q'): rate_limiter: Queue.size must be an int in [1, 9223372036854775807], got nan",
+        ),
+        ('[{"name": "a", "alpha": ' + "[" * 100_000 + "]" * 100_000 + "}]", "maximum recursion depth exceeded"),
         (
             '[{"name": "a"}, {"name": "b", "capacity": -1}]',
             "table 1 ('b'): capacity: must be an int in [1, 9223372036854775807], got -1",

@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -18,6 +21,7 @@ import zmq
 from apexrl import PrioritizedStore
 from apexrl.errors import ServerError, ServerTimeoutError
 from apexrl.replay import ReplayClient, ReplayServer, ServerConfig
+from apexrl.replay.server.epoch import SnapshotLoadError
 from apexrl.replay.server.tables import TABLES_SNAPSHOT_FORMAT, choose_epochs
 from apexrl.replay.tables import MinSize, Queue, SampleToInsertRatio, TableConfig
 from apexrl.replay.wire import protocol as P
@@ -420,3 +424,86 @@ def test_a_sharded_fifo_queue_returns_a_short_batch_rather_than_drop_what_it_han
     finally:
         for s in servers:
             s.stop()
+
+
+def two_tables_snapshot(tmp_path) -> tuple[str, list[TableConfig]]:
+    """A tables snapshot of `replay` and `ordered`, 100 items each (the issue's first run)."""
+    snap = str(tmp_path / "replay.snap")
+    both = [TableConfig("replay", capacity=1000), TableConfig("ordered", capacity=1000, sampler="fifo")]
+    with ReplayServer(ServerConfig(port=0, tables=both, snapshot=snap)) as srv, ReplayClient(srv.endpoint) as c:
+        c.insert(np.ones(100), items("r", 100), table="replay")
+        c.insert(np.ones(100), items("o", 100), table="ordered")
+    return snap, both
+
+
+def snapshot_files(tmp_path) -> dict[str, bytes]:
+    return {f: (tmp_path / f).read_bytes() for f in sorted(os.listdir(tmp_path)) if f.startswith("replay.snap")}
+
+
+def test_a_restart_that_leaves_a_table_out_refuses_to_start_and_changes_nothing(tmp_path):
+    snap, both = two_tables_snapshot(tmp_path)
+    before = snapshot_files(tmp_path)
+    with pytest.raises(SnapshotLoadError) as e:
+        ReplayServer(ServerConfig(port=0, tables=both[:1], snapshot=snap))
+    message = str(e.value)
+    assert "holds table(s) 'ordered' (100 items) that the configuration leaves out" in message
+    assert "--drop-tables ordered" in message and "nothing was loaded or changed" in message
+    assert snapshot_files(tmp_path) == before  # not even the epoch file moved
+    # configured again, both tables come back whole (they came back empty before)
+    with ReplayServer(ServerConfig(port=0, tables=both, snapshot=snap)) as srv, ReplayClient(srv.endpoint) as c:
+        assert {n: t["size"] for n, t in c.tables().items()} == {"replay": 100, "ordered": 100}
+
+
+def test_drop_tables_deletes_a_left_out_table_on_purpose(tmp_path, caplog):
+    snap, both = two_tables_snapshot(tmp_path)
+    cfg = ServerConfig(port=0, tables=both[:1], snapshot=snap, drop_tables=("ordered",))
+    with caplog.at_level("WARNING"), ReplayServer(cfg) as srv, ReplayClient(srv.endpoint) as c:
+        assert {n: t["size"] for n, t in c.tables().items()} == {"replay": 100}
+    assert "holds table 'ordered', which is not configured: dropped on purpose" in caplog.text
+    assert [t["name"] for t in json.loads(pathlib.Path(snap).read_text())["tables"]] == ["replay"]
+    with ReplayServer(ServerConfig(port=0, tables=both, snapshot=snap)) as srv, ReplayClient(srv.endpoint) as c:
+        assert {n: t["size"] for n, t in c.tables().items()} == {"replay": 100, "ordered": 0}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"drop_tables": ("ordered",)}, "it needs a snapshot path"),
+        ({"drop_tables": ("default",), "snapshot": "x.snap"}, "names configured table(s) ['default']"),
+    ],
+)
+def test_drop_tables_is_checked(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ServerConfig(port=0, **kwargs)
+
+
+def test_the_server_cli_names_the_left_out_table_and_exits(tmp_path):
+    snap, both = two_tables_snapshot(tmp_path)
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps([both[0].to_json()]))
+    args = [sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--tables", str(tables), "--snapshot", snap]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "'ordered' (100 items)" in done.stderr and "--drop-tables ordered" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("count", [9_000_000_000_000_001, 2**63 - 1])
+def test_counts_above_2_to_the_53_reach_the_native_limiter_exactly(start_server, tmp_path, count):
+    # Read through a double, these counts were refused at start ("min_size must be a count >= 0") although
+    # the flag's and the field's documented range is [1, 2^63 - 1].
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps([{"name": "big", "rate_limiter": {"kind": "min_size", "min_size": count}}]))
+    for args, table in ((("--min-size-to-sample", str(count)), "default"), (("--tables", str(tables)), "big")):
+        server = start_server(*args)
+        with ReplayClient(server.endpoint, timeout=10) as c:
+            c.insert(np.ones(3), items("x", 3), table=table)
+            with pytest.raises(ServerTimeoutError):
+                c.sample(1, table=table, timeout=0.2)
+            assert c.tables()[table]["size"] == 3
+
+
+def test_a_count_past_2_to_the_63_is_refused_by_the_cli_with_its_range():
+    args = [sys.executable, "-m", "apexrl.cli.server", "--port", "0", "--min-size-to-sample", str(2**63)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "9223372036854775807" in done.stderr

@@ -149,6 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
         "and be writable; PATH.epoch beside it records the key epoch of each life)",
     )
     p.add_argument(
+        "--drop-tables",
+        metavar="NAME",
+        nargs="+",
+        action="extend",
+        default=[],
+        help="tables the snapshot holds that the configuration leaves out, to delete on purpose (without it, a "
+        "snapshot table that is not configured stops the server at start, its items kept)",
+    )
+    p.add_argument(
         "--snapshot-every",
         metavar="SECONDS",
         type=field_arg(ServerConfig, "snapshot_every"),
@@ -328,6 +337,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         seed=args.seed,
         min_size_to_sample=args.min_size_to_sample,
         snapshot=args.snapshot,
+        drop_tables=tuple(args.drop_tables),
         snapshot_every=args.snapshot_every,
         max_message_mb=args.max_message_mb,
         workers=args.workers,

@@ -387,13 +387,11 @@ def load_tables(path: str | os.PathLike[str]) -> list[TableConfig]:
     except OSError as e:
         raise ValueError(f"{where}: cannot read the tables file: {e.strerror or e}") from None
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        # NaN, Infinity and -Infinity (which strict JSON lacks) are read as the floats they name, so that the
+        # field's own check refuses them, naming the table and the field ("a finite number").
+        obj = json.loads(text, parse_constant=float)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: not valid JSON: {e}") from None
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise ValueError(f"{where}: {e}") from None
     return tables_from_json(obj, where=where, base_dir=os.path.dirname(os.path.abspath(where)))
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")

@@ -127,6 +127,10 @@ class ServerConfig:
     tables: list[TableConfig] | None = None
     """The server's tables (names unique); None: the one table ``default`` of the fields in TABLE_FIELDS. Given
     with any of those fields at a value other than its default, ValueError."""
+    drop_tables: tuple[str, ...] = ()
+    """Tables the snapshot holds and this configuration leaves out, whose items are to be deleted on purpose.
+    A snapshot table that is neither configured nor named here stops the server at start (SnapshotLoadError),
+    so that a configuration slip never deletes what was accepted."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -163,6 +167,13 @@ class ServerConfig:
             load_spec(self.spec)  # ValueError naming the value
         if self.snapshot_every is not None and self.snapshot is None:
             raise ValueError("snapshot_every needs a snapshot path")
+        self.drop_tables = tuple(self.drop_tables)
+        if self.drop_tables:
+            if self.snapshot is None:
+                raise ValueError("drop_tables (--drop-tables) names tables of a snapshot: it needs a snapshot path")
+            configured = sorted({c.name for c in self.table_configs()} & set(self.drop_tables))
+            if configured:
+                raise ValueError(f"drop_tables (--drop-tables) names configured table(s) {configured}: keep or drop")
         check_exposure(self.bind, self.curve_dir, self.insecure, "bind")
         if self.curve_dir is not None:
             load_server_keys(self.curve_dir)  # CurveKeyError (a ValueError) naming the missing or unsafe file

@@ -23,6 +23,7 @@ import glob
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,6 +209,8 @@ def open_tables(server: Any) -> list[ServerTable]:
         raise ValueError(f"table names must be distinct, {dupes} repeated")
     path = server.snapshot
     restore = path is not None and os.path.exists(path)
+    if restore and _manifest_ok(path):
+        _check_left_out(_read_manifest(path), names, server.drop_tables, os.fspath(path))
     epochs = choose_epochs(path, len(configs))
     stores: dict[str, PrioritizedStore] = {}
     if restore:
@@ -225,7 +228,8 @@ def open_tables(server: Any) -> list[ServerTable]:
                 stores[c.name] = _load_store(file, epochs[i], f"table {c.name!r} of tables snapshot")
             for name in by_name:
                 log.warning(
-                    "tables snapshot %s holds table %r, which is not configured: its items are not loaded",
+                    "tables snapshot %s holds table %r, which is not configured: dropped on purpose "
+                    "(--drop-tables); the next snapshot no longer holds its items",
                     os.fspath(path),
                     name,
                 )
@@ -247,6 +251,20 @@ def open_tables(server: Any) -> list[ServerTable]:
             log.info("table %r: new store; its keys carry epoch %d", c.name, epochs[i])
         tables.append(ServerTable(i, c.name, c, store, limiter_of(c.rate_limiter)))
     return tables
+
+
+def _check_left_out(manifest: dict[str, Any], names: list[str], drop: Sequence[str], path: str) -> None:
+    """SnapshotLoadError (before anything is loaded or written) when the snapshot holds a table that the
+    configuration leaves out and ``drop`` (--drop-tables) does not name: a configuration slip must not delete
+    what was accepted, since the next snapshot would no longer hold it."""
+    kept = [t for t in manifest["tables"] if t["name"] not in names and t["name"] not in drop]
+    if kept:
+        listed = ", ".join(f"{t['name']!r} ({t.get('items', '?')} items)" for t in kept)
+        raise SnapshotLoadError(
+            f"tables snapshot {path!r} holds table(s) {listed} that the configuration leaves out (it configures "
+            f"{names}); nothing was loaded or changed. Configure them again (--tables), or delete their items on "
+            f"purpose with --drop-tables {' '.join(t['name'] for t in kept)}"
+        )
 
 
 def read_tables_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
