@@ -41,9 +41,11 @@ Shard::Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> polic
 
 Shard::~Shard() {
   // The arena frees its slabs; items above its size classes were malloc'd one by one and go back here.
-  for (Slot s : live_) {
-    const uint32_t block = ItemBlockSize(refs_[s].size, refs_[s].num_chunks);
-    if (block > PayloadArena::kLargeItem) arena_.Free(refs_[s].data, block);
+  for (const std::vector<Slot>* list : {&live_, &held_}) {
+    for (Slot s : *list) {
+      const uint32_t block = ItemBlockSize(refs_[s].size, refs_[s].num_chunks);
+      if (block > PayloadArena::kLargeItem) arena_.Free(refs_[s].data, block);
+    }
   }
   for (const ChunkRef& c : chunk_refs_) {
     if (c.data != nullptr && c.size > PayloadArena::kLargeItem) arena_.Free(c.data, c.size);
@@ -55,7 +57,7 @@ bool Shard::Live(Slot slot, Tag tag) const {
   // the slot's record.
   if (slot >= num_slots_) return false;
   const SlotRef& r = refs_[slot];
-  return r.tag == tag && r.live_pos != kNotLive;
+  return r.tag == tag && r.live_pos < kHeld;
 }
 
 void Shard::EnsureSlots(size_t extra) {
@@ -145,6 +147,32 @@ void Shard::ReleaseChunk(uint32_t id) {
 }
 
 void Shard::Remove(Slot slot) {
+  Unlink(slot);
+  Free(slot);
+}
+
+void Shard::Unlink(Slot slot) {
+  if (sample_tree_) removed_.push_back(slot);  // its leaf is zeroed by FinishRemovals(), in one batch
+  policy_->OnErase(slot);
+  if (order_ != nullptr) order_->OnErase(slot);
+  const uint32_t pos = refs_[slot].live_pos;
+  const Slot last = live_.back();
+  live_[pos] = last;
+  refs_[last].live_pos = pos;
+  live_.pop_back();
+  refs_[slot].live_pos = kNotLive;
+}
+
+void Shard::Unhold(Slot slot) {
+  const uint32_t pos = refs_[slot].live_pos & ~kHeld;
+  const Slot last = held_.back();
+  held_[pos] = last;
+  refs_[last].live_pos = kHeld | pos;
+  held_.pop_back();
+  refs_[slot].live_pos = kNotLive;
+}
+
+void Shard::Free(Slot slot) {
   SlotRef& r = refs_[slot];
   if (r.num_chunks > 0) {
     const uint32_t* ids = ChunkIds(r);
@@ -155,15 +183,6 @@ void Shard::Remove(Slot slot) {
   r.data = nullptr;
   r.size = 0;
   r.num_chunks = 0;
-  if (sample_tree_) removed_.push_back(slot);  // its leaf is zeroed by FinishRemovals(), in one batch
-  policy_->OnErase(slot);
-  if (order_ != nullptr) order_->OnErase(slot);
-  const uint32_t pos = refs_[slot].live_pos;
-  const Slot last = live_.back();
-  live_[pos] = last;
-  refs_[last].live_pos = pos;
-  live_.pop_back();
-  refs_[slot].live_pos = kNotLive;
   if (!Retired(r)) free_.push_back(slot);  // a retired slot's next tag would repeat one issued in this life
 }
 
@@ -176,6 +195,7 @@ void Shard::FinishRemovals() {
 
 void Shard::Publish() {
   size_.store(live_.size(), std::memory_order_relaxed);
+  held_size_.store(held_.size(), std::memory_order_relaxed);
   if (sample_tree_) {
     total_.store(tree_.Total(), std::memory_order_relaxed);
     min_positive_.store(tree_.MinPositive(), std::memory_order_relaxed);
@@ -349,10 +369,19 @@ size_t Shard::Admit(Slot* slots, size_t k) {
   return kept;
 }
 
-void Shard::RemoveExhausted() {
+void Shard::RemoveExhausted(std::vector<Key>* held) {
   if (exhausted_.empty()) return;
-  for (Slot s : exhausted_) Remove(s);
-  counters_.removed_by_sampling += exhausted_.size();
+  if (held != nullptr) {
+    for (Slot s : exhausted_) {
+      Unlink(s);
+      refs_[s].live_pos = kHeld | static_cast<uint32_t>(held_.size());
+      held_.push_back(s);
+      held->push_back(MakeKey(index_, s, refs_[s].tag));
+    }
+  } else {
+    for (Slot s : exhausted_) Remove(s);
+    counters_.removed_by_sampling += exhausted_.size();
+  }
   exhausted_.clear();
   FinishRemovals();
   Publish();
@@ -374,7 +403,7 @@ bool Shard::Sample(const double* fractions, size_t k, double share, const Sample
   tree_.FindBatch(masses.data(), k, slots.data());
   const size_t kept = Admit(slots.data(), k);
   CopyOut(slots.data(), kept, share, total, sink, first);
-  RemoveExhausted();
+  RemoveExhausted(sink.held);
   if (written != nullptr) *written = kept;
   return true;
 }
@@ -389,7 +418,7 @@ bool Shard::SampleUniform(size_t k, Rng& rng, double share, const SampleSink& si
   const size_t kept = Admit(slots.data(), k);
   CopyOut(slots.data(), kept, share, static_cast<double>(live_.size()), sink, first);
   for (size_t i = 0; i < kept; ++i) sink.probabilities[first + i] = p;
-  RemoveExhausted();
+  RemoveExhausted(sink.held);
   if (written != nullptr) *written = kept;
   return true;
 }
@@ -403,7 +432,7 @@ size_t Shard::SampleOrdered(const EvictionQuota& quota, const SampleSink& sink, 
   order_->Front(quota.count, quota.max_rank, &slots, ranks);
   const size_t k = Admit(slots.data(), slots.size());  // distinct items: nothing is dropped
   CopyOut(slots.data(), k, 1.0, 1.0, sink, first);
-  RemoveExhausted();
+  RemoveExhausted(sink.held);
   return k;
 }
 
@@ -419,6 +448,62 @@ void Shard::SummarizeOrder(size_t max_ranks, EvictionSummary* out) const {
 void Shard::UncountSampled(size_t k) {
   ScopedLock lock(mu_);
   counters_.sampled -= k;
+}
+
+void Shard::Release(const Key* held, size_t n) {
+  ScopedLock lock(mu_);
+  size_t removed = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const KeyParts kp = SplitKey(held[i]);
+    if (kp.shard != index_ || kp.slot >= num_slots_) continue;
+    const SlotRef& r = refs_[kp.slot];
+    if (r.tag != kp.tag || !IsHeld(r)) continue;
+    Unhold(kp.slot);
+    Free(kp.slot);
+    ++removed;
+  }
+  counters_.removed_by_sampling += removed;
+  Publish();
+}
+
+size_t Shard::GiveBack(const Key* held, size_t n_held, const Key* drawn, size_t n_drawn) {
+  ScopedLock lock(mu_);
+  // This batch's held items (a held key of another batch is never in `held`: an item is held by the one call
+  // that drew it for the last time).
+  scratch_slots_.clear();
+  for (size_t i = 0; i < n_held; ++i) {
+    const KeyParts kp = SplitKey(held[i]);
+    if (kp.shard != index_ || kp.slot >= num_slots_) continue;
+    const SlotRef& r = refs_[kp.slot];
+    if (r.tag == kp.tag && IsHeld(r)) scratch_slots_.push_back(kp.slot);
+  }
+  std::sort(scratch_slots_.begin(), scratch_slots_.end());
+  scratch_slots_.erase(std::unique(scratch_slots_.begin(), scratch_slots_.end()), scratch_slots_.end());
+  if (max_times_sampled_ > 0) {
+    for (size_t i = 0; i < n_drawn; ++i) {
+      const KeyParts kp = SplitKey(drawn[i]);
+      if (kp.shard != index_ || kp.slot >= num_slots_ || refs_[kp.slot].tag != kp.tag) continue;
+      const bool ours = std::binary_search(scratch_slots_.begin(), scratch_slots_.end(), kp.slot);
+      // A live item's draw is taken back too; one held by another batch is left to that batch.
+      if ((ours || Live(kp.slot, kp.tag)) && times_sampled_[kp.slot] > 0) --times_sampled_[kp.slot];
+    }
+  }
+  scratch_values_.clear();
+  for (Slot s : scratch_slots_) {
+    Unhold(s);
+    SlotRef& r = refs_[s];
+    // A held item's count was at the allowance; every draw of this batch is taken back above, and a held key
+    // missing from `drawn` still leaves it below the allowance.
+    if (max_times_sampled_ > 0 && times_sampled_[s] >= max_times_sampled_) times_sampled_[s] = max_times_sampled_ - 1;
+    r.live_pos = static_cast<uint32_t>(live_.size());
+    live_.push_back(s);
+    policy_->OnRestore(s, r.priority, seq_[s]);
+    if (order_ != nullptr) order_->OnRestore(s, r.priority, seq_[s]);
+    scratch_values_.push_back(PriorityMass(r.priority, alpha_));
+  }
+  if (sample_tree_) tree_.SetBatch(scratch_slots_.data(), scratch_values_.data(), scratch_slots_.size());
+  Publish();
+  return scratch_slots_.size();
 }
 
 size_t Shard::Update(const Key* keys, const double* priorities, const double* masses, size_t n) {
@@ -508,14 +593,28 @@ void Shard::Validate() const {
   auto fail = [this](const std::string& what) {
     throw std::logic_error("shard " + std::to_string(index_) + ": " + what);
   };
-  size_t live = 0, retired = 0;
+  size_t live = 0, held = 0, retired = 0;
   uint64_t bytes = 0;
   std::vector<uint32_t> chunk_refs(num_chunk_ids_, 0);
   for (size_t s = 0; s < num_slots_; ++s) {
     const SlotRef& r = refs_[s];
-    if (refs_[s].live_pos != kNotLive) {
+    if (IsHeld(r)) {  // a held item: everything of a live one but its place in the orders and the tree
+      ++held;
+      const uint32_t pos = r.live_pos & ~kHeld;
+      if (pos >= held_.size() || held_[pos] != s) fail("held list broken");
+      if (sample_tree_ && tree_.Get(s) != 0.0) fail("held item has sampling mass");
+      if (max_times_sampled_ == 0) fail("held item in a shard without max_times_sampled");
+    } else if (r.live_pos != kNotLive) {
       ++live;
       if (refs_[s].live_pos >= live_.size() || live_[refs_[s].live_pos] != s) fail("live list broken");
+      if (sample_tree_ && tree_.Get(s) != PriorityMass(refs_[s].priority, alpha_)) {
+        fail("tree leaf differs from priority^alpha");
+      }
+      if (max_times_sampled_ > 0 && times_sampled_[s] >= max_times_sampled_) {
+        fail("live item drawn " + std::to_string(times_sampled_[s]) + " times, at or past max_times_sampled");
+      }
+    }
+    if (r.live_pos != kNotLive) {
       if (r.data == nullptr) fail("live slot without a payload");
       if (!ValidTag(r.tag)) fail("live slot with an invalid tag");
       bytes += r.size;
@@ -526,12 +625,6 @@ void Shard::Validate() const {
       for (uint32_t id : ids) {
         if (id >= num_chunk_ids_) fail("item references a chunk id never issued");
         ++chunk_refs[id];
-      }
-      if (sample_tree_ && tree_.Get(s) != PriorityMass(refs_[s].priority, alpha_)) {
-        fail("tree leaf differs from priority^alpha");
-      }
-      if (max_times_sampled_ > 0 && times_sampled_[s] >= max_times_sampled_) {
-        fail("live item drawn " + std::to_string(times_sampled_[s]) + " times, at or past max_times_sampled");
       }
       if (seq_[s] > max_seq_) fail("insertion number above the shard's maximum");
     } else {
@@ -545,7 +638,10 @@ void Shard::Validate() const {
     if (tree_.Get(s) != 0.0) fail("unused slot has sampling mass");
   }
   if (live != live_.size()) fail("live count differs from live list");
-  if (live + free_.size() + retired != num_slots_) fail("slots lost: live + free + retired != created");
+  if (held != held_.size()) fail("held count differs from held list");
+  if (live + held + free_.size() + retired != num_slots_) {
+    fail("slots lost: live + held + free + retired != created");
+  }
   size_t live_chunks = 0;
   uint64_t chunk_bytes = 0;
   for (size_t id = 0; id < num_chunk_ids_; ++id) {
@@ -629,8 +725,10 @@ void Shard::Serialize(ByteBuffer* out) const {
   constexpr size_t kPerItem = sizeof(uint32_t) + sizeof(uint64_t) + sizeof(double) + 3 * sizeof(uint32_t);
   size_t refs = 0;
   for (Slot s : live_) refs += refs_[s].num_chunks;
+  for (Slot s : held_) refs += refs_[s].num_chunks;
+  const size_t items = live_.size() + held_.size();
   const size_t size = sizeof(uint32_t) + sizeof(uint64_t) + num_slots_ * sizeof(Tag) + sizeof(uint64_t) +
-                      live_chunks_ * 3 * sizeof(uint32_t) + sizeof(uint64_t) + live_.size() * kPerItem +
+                      live_chunks_ * 3 * sizeof(uint32_t) + sizeof(uint64_t) + items * kPerItem +
                       refs * sizeof(uint32_t) + bytes_held_ + 8 * sizeof(uint64_t);
   out->clear();
   BlockWriter w(out->Extend(size));
@@ -646,7 +744,10 @@ void Shard::Serialize(ByteBuffer* out) const {
     w.Put<uint32_t>(c.size);
     w.Write(c.data, c.size);
   }
+  // Held items too (see "Held items" in shard.h): their delivery is not decided, so the snapshot keeps them, one
+  // draw short of their allowance.
   std::vector<Slot> order(live_.begin(), live_.end());
+  order.insert(order.end(), held_.begin(), held_.end());
   // The analysis checks a lambda as a function of its own, which holds no lock: hand it the numbers through
   // a pointer taken here, under the lock, rather than `this`.
   const uint64_t* const seq = seq_.data();
@@ -658,7 +759,7 @@ void Shard::Serialize(ByteBuffer* out) const {
     w.Put<double>(refs_[s].priority);
     w.Put<uint32_t>(refs_[s].size);
     w.Put<uint32_t>(refs_[s].num_chunks);
-    w.Put<uint32_t>(max_times_sampled_ > 0 ? times_sampled_[s] : 0);
+    w.Put<uint32_t>(max_times_sampled_ > 0 ? std::min(times_sampled_[s], max_times_sampled_ - 1) : 0);
     if (refs_[s].num_chunks > 0) w.Write(ChunkIds(refs_[s]), refs_[s].num_chunks * sizeof(uint32_t));
     w.Write(refs_[s].data, refs_[s].size);
   }

@@ -62,6 +62,9 @@ struct SampleSink {
   std::vector<uint64_t>* item_chunks;
   ByteBuffer* chunk_data;
   std::vector<uint64_t>* chunk_offsets;  // starts, appended
+  // max_times_sampled: where the keys of the items drawn for the last time go when the call holds them (see
+  // Shard's "Held items"); null: they are removed before the call returns.
+  std::vector<Key>* held = nullptr;
 };
 
 struct ShardCounters {
@@ -92,9 +95,18 @@ struct ShardCounters {
 // draws and is removed (like an erase, counted in removed_by_sampling) under the lock of the sample call that
 // drew it the k-th time; a draw that would exceed an item's allowance (only possible within one call of a
 // with-replacement sampler) is dropped, so the call writes fewer draws than asked (see `written`).
+//
+// Held items (a sink with `held`, the serving loop's SAMPLEs): an item drawn for the last time is not removed but
+// held -- out of the shard's view (size(), sampling, eviction, Update and Erase treat its key as stale) while its
+// slot, tag, insertion number, priority, bytes, chunk references and draw count stay as they were -- until its
+// batch is settled: Release removes it for good (its reply was sent), GiveBack puts it back exactly as it was
+// (its reply was not), at its place in the sampling and eviction orders (by insertion number, so the front of
+// a FIFO), with the draws of that batch taken back. A snapshot saves a held item as an item not yet drawn for
+// the last time (its delivery is undecided: at least once). held() counts them; bytes() includes their bytes.
 class Shard {
  public:
   static constexpr uint32_t kNotLive = 0xFFFFFFFFu;
+  static constexpr uint32_t kHeld = 0x80000000u;  // live_pos flag of a held item (slots < 2^28)
   // Evictions hold the lock for at most this many removals at a time.
   static constexpr size_t kEvictChunk = 256;
 
@@ -162,6 +174,13 @@ class Shard {
   ShardCounters counters() const EXCLUDES(mu_);
   // Takes back k draws from the `sampled` counter: the store discarded a batch pass they were part of.
   void UncountSampled(size_t k) EXCLUDES(mu_);
+  // Held items (see above), by the keys the sample wrote to `held` (keys of this shard; others are ignored).
+  // Release: removes them for good (counted in removed_by_sampling). GiveBack: puts them back; `drawn` (the
+  // batch's keys of this shard, repeats included) have their draw counts taken back, a held item's once per
+  // draw, a live item's too (not below 0). Returns how many held items came back.
+  void Release(const Key* held, size_t n) EXCLUDES(mu_);
+  size_t GiveBack(const Key* held, size_t n_held, const Key* drawn, size_t n_drawn) EXCLUDES(mu_);
+  size_t held() const { return held_size_.load(std::memory_order_relaxed); }
   uint64_t max_seq() const EXCLUDES(mu_);  // largest insertion number ever stored here (0 if none)
 
   // Throws std::logic_error describing the first broken invariant (tests and debugging).
@@ -183,7 +202,7 @@ class Shard {
     uint32_t size = 0;
     Tag tag = 0;  // of the slot's current item, or of its last one while free (0: never issued)
     double priority = 0.0;
-    uint32_t live_pos = kNotLive;  // index in live_, or kNotLive
+    uint32_t live_pos = kNotLive;  // index in live_, kHeld | index in held_, or kNotLive
     // Chunks the item references; their ids follow the item's bytes in its block (ChunkIds()).
     uint32_t num_chunks = 0;
   };
@@ -209,6 +228,12 @@ class Shard {
   // Unlinks a live slot everywhere, frees it (or retires it), and returns its bytes to the arena. Its tree leaf
   // is zeroed by the FinishRemovals() the caller must make before releasing the lock.
   void Remove(Slot slot) REQUIRES(mu_);
+  // Remove's two halves: out of the live list, the orders and (by FinishRemovals) the tree; then the slot
+  // freed with its bytes and chunk references. A held item is unlinked, not freed.
+  void Unlink(Slot slot) REQUIRES(mu_);
+  void Free(Slot slot) REQUIRES(mu_);
+  bool IsHeld(const SlotRef& r) const { return r.live_pos != kNotLive && (r.live_pos & kHeld) != 0; }
+  void Unhold(Slot slot) REQUIRES(mu_);          // out of held_ (the slot's live_pos is then the caller's to set)
   void ReleaseChunk(uint32_t id) REQUIRES(mu_);  // one reference fewer; frees the chunk at zero
   // Whether a chunk key (of this shard) addresses a stored chunk.
   bool ChunkLive(Key chunk_key) const REQUIRES(mu_);
@@ -222,8 +247,9 @@ class Shard {
   // max_times_sampled: counts the draws slots[0..k) of one call, keeps those within their item's allowance
   // (compacted, in order) and returns how many; items drawn for the last time go to exhausted_.
   size_t Admit(Slot* slots, size_t k) REQUIRES(mu_);
-  // Removes the items Admit() found exhausted (after their bytes were copied out) and publishes.
-  void RemoveExhausted() REQUIRES(mu_);
+  // Removes the items Admit() found exhausted (after their bytes were copied out), or holds them when `held`
+  // is not null (their keys appended there), and publishes.
+  void RemoveExhausted(std::vector<Key>* held) REQUIRES(mu_);
   void CopyOut(const Slot* slots, size_t k, double share, double total, const SampleSink& sink, size_t first)
       REQUIRES(mu_);
   void Publish() REQUIRES(mu_);
@@ -247,6 +273,7 @@ class Shard {
   const std::unique_ptr<EvictionPolicy> order_ PT_GUARDED_BY(mu_);   // an ordered sampler's order, else null
   std::vector<uint32_t> times_sampled_ GUARDED_BY(mu_);  // per slot, draws so far; empty unless max_times_sampled_
   std::vector<Slot> exhausted_ GUARDED_BY(mu_);
+  std::vector<Slot> held_ GUARDED_BY(mu_);  // held items (see "Held items")
   ShardCounters counters_ GUARDED_BY(mu_);
   uint64_t max_seq_ GUARDED_BY(mu_) = 0;
   uint64_t bytes_held_ GUARDED_BY(mu_) = 0;           // items' and chunks' bytes
@@ -265,6 +292,7 @@ class Shard {
   std::vector<double> scratch_values_ GUARDED_BY(mu_);
 
   std::atomic<size_t> size_{0};
+  std::atomic<size_t> held_size_{0};
   std::atomic<double> total_{0.0};
   std::atomic<double> min_positive_;
   std::atomic<uint64_t> bytes_{0};

@@ -253,16 +253,19 @@ struct SampleScratch {
   std::vector<EvictionSummary> summaries;
   std::vector<EvictionQuota> quotas;
   std::vector<std::pair<size_t, size_t>> done;  // (shard, draws) sampled so far in this pass
+  std::vector<Key>* held = nullptr;             // this call's held keys (Sample's `hold`), or null
 };
 thread_local SampleScratch sample_scratch;
 }  // namespace
 
-void ShardedStore::Sample(size_t n, double beta, SampleResult* out) {
+void ShardedStore::Sample(size_t n, double beta, SampleResult* out, bool hold) {
   if (n == 0) throw InvalidArgument("the number of items to sample must be >= 1, got 0");
   if (n > kMaxBatchItems) throw InvalidArgument(BatchTooLarge("cannot sample", n));
   if (!std::isfinite(beta) || beta < 0.0) throw InvalidArgument("beta must be finite and >= 0, got " + Num(beta));
   if (Size() == 0) throw EmptyStore();
   Rng rng(config_.seed, sample_calls_.fetch_add(1, std::memory_order_relaxed));
+  out->held.clear();
+  sample_scratch.held = hold && config_.max_times_sampled > 0 ? &out->held : nullptr;
 
   out->keys.resize(n);
   out->weights.resize(n);
@@ -373,7 +376,8 @@ size_t ShardedStore::SamplePass(size_t n, Rng& rng, SampleResult* out) {
   };
   const SampleSink sink{out->keys.data(),  scratch.masses.data(), out->probabilities.data(),
                         &out->data,        out->offsets.data(),   out->item_chunk_offsets.data(),
-                        &out->item_chunks, &out->chunk_data,      &out->chunk_offsets};
+                        &out->item_chunks, &out->chunk_data,      &out->chunk_offsets,
+                        scratch.held};
 
   double total = 0.0, min_mass = kInf;
   uint64_t items = 0;
@@ -450,7 +454,8 @@ size_t ShardedStore::UniformPass(size_t n, Rng& rng, SampleResult* out) {
   scratch.done.clear();
   const SampleSink sink{out->keys.data(),  scratch.masses.data(), out->probabilities.data(),
                         &out->data,        out->offsets.data(),   out->item_chunk_offsets.data(),
-                        &out->item_chunks, &out->chunk_data,      &out->chunk_offsets};
+                        &out->item_chunks, &out->chunk_data,      &out->chunk_offsets,
+                        scratch.held};
   // Each draw picks a shard by its share of the items (a binary search of the running sizes: O(log shards),
   // independent of the store's size), then a uniform item there.
   uint64_t drawn_from = 0;
@@ -495,7 +500,8 @@ size_t ShardedStore::OrderedPass(size_t n, Rng& rng, SampleResult* out) {
   const size_t num_shards = shards_.size();
   const SampleSink sink{out->keys.data(),  scratch.masses.data(), out->probabilities.data(),
                         &out->data,        out->offsets.data(),   out->item_chunk_offsets.data(),
-                        &out->item_chunks, &out->chunk_data,      &out->chunk_offsets};
+                        &out->item_chunks, &out->chunk_data,      &out->chunk_offsets,
+                        scratch.held};
   // The removers' store-wide merge (planner.h): each shard lists the ranks of its first items, the planner
   // gives each shard its count and the rank bound that keeps a shard changed since its summary from handing
   // out other items in their place.
@@ -645,6 +651,38 @@ size_t ShardedStore::RemoveToFit() {
 size_t ShardedStore::Excess() const {
   const size_t size = Size();
   return size > config_.capacity ? size - config_.capacity : 0;
+}
+
+void ShardedStore::Release(const Key* held, size_t n) {
+  std::vector<uint8_t> touched(shards_.size(), 0);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t s = SplitKey(held[i]).shard;
+    if (s < shards_.size() && !touched[s]) {
+      touched[s] = 1;
+      shards_[s]->Release(held, n);  // each shard picks its own keys
+    }
+  }
+}
+
+size_t ShardedStore::GiveBack(const Key* held, size_t n_held, const Key* drawn, size_t n_drawn) {
+  std::vector<uint8_t> touched(shards_.size(), 0);
+  size_t back = 0;
+  for (const auto& [keys, n] : {std::pair{held, n_held}, std::pair{drawn, n_drawn}}) {
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t s = SplitKey(keys[i]).shard;
+      if (s < shards_.size() && !touched[s]) {
+        touched[s] = 1;
+        back += shards_[s]->GiveBack(held, n_held, drawn, n_drawn);  // each shard picks its own keys
+      }
+    }
+  }
+  return back;
+}
+
+size_t ShardedStore::Held() const {
+  size_t n = 0;
+  for (const auto& shard : shards_) n += shard->held();
+  return n;
 }
 
 size_t ShardedStore::Size() const {

@@ -73,6 +73,9 @@ struct SampleResult {
   std::vector<uint64_t> item_chunks;
   ByteBuffer chunk_data;
   std::vector<uint64_t> chunk_offsets;  // size (number of chunks) + 1
+  // Sample(..., hold = true) with max_times_sampled: the keys of the items this batch drew for the last time,
+  // held by the store until Release or GiveBack (see "Held items" below); empty otherwise.
+  std::vector<Key> held;
 };
 
 struct StoreStats {
@@ -134,6 +137,14 @@ struct StoreStats {
 //    lands on an item whose allowance the same call has already used up is DROPPED (not drawn again), so such
 //    a batch may hold fewer than n items (the draws it keeps follow the sampler's distribution, and its batch
 //    totals describe them). With k = 0 the prioritized and uniform samplers always return exactly n items.
+//  * Held items (Sample with hold, the serving loop's SAMPLEs of a table with max_times_sampled): an item drawn
+//    for the last time leaves the store's view at once (Size(), sampling, eviction; updates and erases treat its
+//    key as stale) but keeps its slot, key, insertion number, priority, bytes, chunks and draw count until the
+//    caller settles its batch: Release (the reply was sent) removes it, counted in removed_by_sampling;
+//    GiveBack (the reply could not be sent) puts it back where it was in the sampling and eviction orders (by
+//    insertion number: the front of a FIFO queue, in the original order), with its key valid again and the
+//    batch's draws taken back. A held item is never evicted, never counted in Size() (Held() counts it), and
+//    is saved by a snapshot as not yet drawn for the last time (its delivery is undecided: at least once).
 //  * Keys of removed items are stale forever: updates skip and count them, erase ignores them. So are keys
 //    of another epoch (an earlier life of a restarted store) unless their item was restored from a snapshot.
 //  * Masses are at most kMaxMass, so no total overflows; probabilities are finite and sum to 1.
@@ -182,7 +193,16 @@ class ShardedStore {
   // (used by the prioritized sampler only). The batch holds n items with replacement (prioritized, uniform)
   // or min(n, size) distinct ones (ordered samplers), fewer where "Samplers" says so; at least 1. EmptyStore
   // if the store is empty.
-  void Sample(size_t n, double beta, SampleResult* out);
+  // `hold` (max_times_sampled): the items drawn for the last time are held rather than removed, their keys in
+  // out->held; the caller must settle them with Release or GiveBack (see "Held items").
+  void Sample(size_t n, double beta, SampleResult* out, bool hold = false);
+  // Held items: Release removes them for good (their batch was delivered); GiveBack puts them back as they
+  // were and takes back the draws of the batch (`drawn`: its keys, out->keys), so the next sample gets them
+  // as if this batch had never been drawn. GiveBack returns how many held items came back. Keys that are not
+  // held (already settled, another batch's, stale) are ignored.
+  void Release(const Key* held, size_t n);
+  size_t GiveBack(const Key* held, size_t n_held, const Key* drawn, size_t n_drawn);
+  size_t Held() const;  // items held now (not counted in Size())
   // Returns how many keys still addressed an item (the rest are counted as stale updates).
   size_t UpdatePriorities(const Key* keys, const double* priorities, size_t n);
   size_t Erase(const Key* keys, size_t n);

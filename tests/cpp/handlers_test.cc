@@ -66,7 +66,12 @@ class HandlersTest : public ::testing::Test {
   }
 
   // Serves `d` at its arrival time; true when it was answered.
-  bool Serve(Decoded* d, Reply* reply, double now = 100.0) { return handlers_.Serve(&d->call, now, reply); }
+  // As the loop does once libzmq has taken the reply: a SAMPLE's take is kept (an unsent one is given back).
+  bool Serve(Decoded* d, Reply* reply, double now = 100.0) {
+    const bool served = handlers_.Serve(&d->call, now, reply);
+    if (served && reply->lease) reply->lease->Keep();
+    return served;
+  }
 
   Reply Served(Frames frames, uint64_t serial = 1) {
     auto d = Make(std::move(frames), serial);

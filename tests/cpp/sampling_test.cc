@@ -420,5 +420,102 @@ TEST(SamplerSnapshotTest, SamplerLimitAndCountsSurviveASaveAndLoad) {
   }
 }
 
+// Held items (sharded_store.h, "Held items"): a SAMPLE reply that could not be sent gives its batch back.
+TEST(HeldItemsTest, AGivenBackBatchIsAtTheFrontOfTheQueueInOrderWithItsKeys) {
+  for (uint32_t shards : {1u, 3u}) {
+    ShardedStore store(Config(SamplerKind::kFifo, shards, 1));
+    const std::vector<Key> keys = InsertIds(store, std::vector<double>(6, 1.0), 1);
+    SampleResult taken;
+    store.Sample(2, 0.4, &taken, /*hold=*/true);
+    EXPECT_EQ(Ids(taken), (std::vector<uint64_t>{0, 1}));
+    EXPECT_EQ(taken.held.size(), 2u);
+    EXPECT_EQ(store.Size(), 4u);
+    EXPECT_EQ(store.Held(), 2u);
+    ASSERT_VALID(store);
+    // Out of the store's view meanwhile: another sample, an update, an erase and an eviction pass them by.
+    SampleResult other;
+    store.Sample(1, 0.4, &other, /*hold=*/true);
+    EXPECT_EQ(Ids(other), std::vector<uint64_t>{2});
+    const double p = 5.0;
+    EXPECT_EQ(store.UpdatePriorities(&keys[0], &p, 1), 0u);
+    EXPECT_EQ(store.Erase(&keys[1], 1), 0u);
+    ASSERT_VALID(store);
+    EXPECT_EQ(store.GiveBack(taken.held.data(), taken.held.size(), taken.keys.data(), taken.keys.size()), 2u);
+    EXPECT_EQ(store.Size(), 5u);
+    EXPECT_EQ(store.Held(), 1u);
+    ASSERT_VALID(store);
+    store.Release(other.held.data(), other.held.size());  // delivered: gone for good
+    EXPECT_EQ(store.Held(), 0u);
+    EXPECT_EQ(store.Stats().removed_by_sampling, 1u);
+    ASSERT_VALID(store);
+    SampleResult again;
+    store.Sample(10, 0.4, &again);
+    EXPECT_EQ(Ids(again), (std::vector<uint64_t>{0, 1, 3, 4, 5})) << shards << " shards";
+    EXPECT_EQ(again.keys[0], keys[0]);
+    EXPECT_EQ(again.keys[1], keys[1]);
+    EXPECT_EQ(store.Size(), 0u);
+    EXPECT_EQ(store.Stats().removed_by_sampling, 6u);
+    ASSERT_VALID(store);
+  }
+}
+
+TEST(HeldItemsTest, GivenBackItemsKeepTheirChunksPrioritiesAndDrawCounts) {
+  ShardedStore store(Config(SamplerKind::kMaxHeap, 2, 2));
+  const std::string chunk0(100, 'a'), chunk1(50, 'b');
+  const uint8_t* chunk_data[] = {reinterpret_cast<const uint8_t*>(chunk0.data()),
+                                 reinterpret_cast<const uint8_t*>(chunk1.data())};
+  const uint64_t chunk_sizes[] = {100, 50};
+  const uint64_t item_chunks[] = {0, 0, 1};
+  const uint64_t item_chunk_offsets[] = {0, 1, 3};
+  ChunkBatch chunks{chunk_data, chunk_sizes, 2, item_chunks, item_chunk_offsets};
+  const uint64_t ids[] = {0, 1};
+  const uint8_t* data[] = {reinterpret_cast<const uint8_t*>(&ids[0]), reinterpret_cast<const uint8_t*>(&ids[1])};
+  const uint64_t sizes[] = {8, 8};
+  const double prio[] = {2.0, 1.0};
+  Key keys[2];
+  store.Insert(prio, data, sizes, 2, keys, &chunks);
+  const StoreStats before = store.Stats();
+  SampleResult r;
+  store.Sample(1, 0.4, &r, true);  // item 0's first draw: counted, not held
+  EXPECT_TRUE(r.held.empty());
+  EXPECT_EQ(store.GiveBack(r.held.data(), r.held.size(), r.keys.data(), r.keys.size()), 0u);  // the draw back
+  store.Sample(1, 0.4, &r, true);
+  EXPECT_EQ(Ids(r), std::vector<uint64_t>{0});
+  EXPECT_TRUE(r.held.empty());  // its first draw again, not its second
+  store.Sample(1, 0.4, &r, true);
+  EXPECT_EQ(Ids(r), std::vector<uint64_t>{0});
+  ASSERT_EQ(r.held, std::vector<Key>{keys[0]});  // its second: held, its chunk kept
+  EXPECT_EQ(store.Size(), 1u);
+  EXPECT_EQ(store.Stats().chunks, 2u);
+  EXPECT_EQ(store.Stats().bytes_held, before.bytes_held);
+  ASSERT_VALID(store);
+  EXPECT_EQ(store.GiveBack(r.held.data(), r.held.size(), r.keys.data(), r.keys.size()), 1u);
+  ASSERT_VALID(store);
+  for (int draw = 0; draw < 2; ++draw) {  // one draw left, then item 1 (priority order kept)
+    store.Sample(1, 0.4, &r, true);
+    EXPECT_EQ(r.keys, std::vector<Key>{keys[draw]});
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(r.chunk_data.data()), r.chunk_data.size()),
+              draw == 0 ? chunk0 : chunk0 + chunk1);
+    store.Release(r.held.data(), r.held.size());
+  }
+  ASSERT_VALID(store);
+}
+
+TEST(HeldItemsTest, ASnapshotKeepsHeldItemsAsNotYetDelivered) {
+  testing_util::TempDir dir("held");
+  const std::string path = dir.Path("held.snap");
+  ShardedStore store(Config(SamplerKind::kFifo, 2, 1));
+  InsertIds(store, std::vector<double>(4, 1.0), 1);
+  SampleResult r;
+  store.Sample(2, 0.4, &r, true);
+  store.Save(path);
+  std::unique_ptr<ShardedStore> loaded = ShardedStore::Load(path);
+  ASSERT_VALID(*loaded);
+  EXPECT_EQ(loaded->Size(), 4u);
+  EXPECT_EQ(SampleIds(*loaded, 10), (std::vector<uint64_t>{0, 1, 2, 3}));
+  store.Release(r.held.data(), r.held.size());
+  ASSERT_VALID(store);
+}
+
 }  // namespace
 }  // namespace apexrl

@@ -231,6 +231,59 @@ TEST(ServeLoop, APeerThatLeavesWhileWaitingLosesItsRequestsAndTheLoopServesOn) {
   EXPECT_EQ(live.store->Size(), 3u);
 }
 
+// Issue 50, item 4: a queue consumer that vanishes while its SAMPLE waits. The server learns at the send that the
+// reply cannot go out (EHOSTUNREACH, at the routing id or at the first data frame), and gives the item back: the
+// next consumer gets every item, once, in order. Inline and worker-served SAMPLEs alike.
+TEST(ServeLoop, AQueueItemWhoseReplyCannotBeSentGoesBackToTheFrontInOrder) {
+  for (const bool late : {false, true}) {
+    for (const uint64_t inline_max : {uint64_t{1024}, uint64_t{0}}) {
+      SCOPED_TRACE(std::string(late ? "late" : "at the id") + (inline_max == 0 ? ", worker" : ", inline"));
+      StoreConfig store = SmallStore();
+      store.sampler = SamplerKind::kFifo;
+      store.eviction = EvictionKind::kFifo;
+      store.max_times_sampled = 1;
+      LimiterConfig queue;
+      queue.kind = LimiterKind::kQueue;
+      queue.queue_size = 3;
+      std::vector<TableSpec> tables;
+      tables.push_back(TableSpec{"queue", std::make_shared<ShardedStore>(store), queue});
+      LoopConfig config = Config();
+      config.inline_sample_max = inline_max;
+      LiveLoop live(std::move(tables), config);
+      FakeZmq& z = FakeZmq::Get();
+      z.Push("gone", Sample(1, 1, 60000));
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (live.Stat("deferred") != 1 && std::chrono::steady_clock::now() < end) z.WaitPolls(1, 1.0);
+      ASSERT_EQ(live.Stat("deferred"), 1);
+      z.Vanish("gone", late);
+      const Frames r = live.Request("p", Insert(2, {"A", "B", "C"}, {1, 1, 1}));
+      ASSERT_EQ(r.size(), 3u);
+      ASSERT_EQ(ParseHeader(r[0]).status, kOk);
+      const std::vector<Key> keys = KeysOf(r[1]);
+      SentReply bounced;
+      ASSERT_TRUE(live.Next([](const SentReply& x) { return x.peer == "gone"; }, &bounced));
+      EXPECT_TRUE(bounced.bounced);
+      while (live.Stat("items_returned") != 1 && std::chrono::steady_clock::now() < end) z.WaitPolls(1, 1.0);
+      EXPECT_EQ(live.Stat("items_returned"), 1);
+      EXPECT_EQ(live.Stat("replies_dropped"), 1);
+      EXPECT_EQ(live.Stat("rate_limiter_sampled_items"), 0);  // its count taken back too
+      EXPECT_EQ(live.store->Size(), 3u);
+      EXPECT_EQ(live.store->Held(), 0u);
+      ASSERT_NO_THROW(live.store->Validate());
+      const Frames s = live.Request("p", Sample(3, 3));
+      ASSERT_GE(s.size(), 6u);
+      ASSERT_EQ(ParseHeader(s[0]).status, kOk);
+      EXPECT_EQ(s[5], "ABC");  // data: every item once, in order
+      EXPECT_EQ(KeysOf(s[1]), keys);
+      // Its items leave for good once the loop has seen the send succeed (just after the fake copied it out).
+      while (live.store->Held() != 0 && std::chrono::steady_clock::now() < end) z.WaitPolls(1, 1.0);
+      EXPECT_EQ(live.store->Size(), 0u);
+      EXPECT_EQ(live.store->Stats().removed_by_sampling, 3u);
+      EXPECT_EQ(live.store->Held(), 0u);
+    }
+  }
+}
+
 TEST(ServeLoop, StoredChunksAreReferencedByKeyAndAGoneOneIsStaleChunksWithNothingStored) {
   LiveLoop live(SmallStore(), Config());
   const Frames first = live.Request("p", Insert(1, {"x"}, {1}, 0xB, 1, 0, {{0, 1}}, kChunks));

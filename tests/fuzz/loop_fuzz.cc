@@ -15,10 +15,11 @@
 // ERASE, REMOVE_TO_FIT, STATS; pauses that let waits expire. The first two episodes replay issue 34.
 //
 // Tables (issue 37): half the episodes run the loop with a second table (its own store and key epoch, a MinSize
-// or Queue limiter) beside the modelled table 0. A "foreign" step sends valid requests to table 1 (with table
-// 0's keys: they must be stale there, counted 0) or to a table index the server lacks (INVALID_ARGUMENT naming
-// the index); mutants may flip the header's table field too. None of them may change table 0: the model check
-// below holds it to what table 0's own requests did.
+// or Queue limiter; with the Queue, a FIFO queue of max_times_sampled 1 whose SAMPLEs may come from peers that
+// vanish, checked to hold every item it stored and did not deliver, issue 50) beside the modelled table 0. A "foreign"
+// step sends valid requests to table 1 (with table 0's keys: they must be stale there, counted 0) or to a table index
+// the server lacks (INVALID_ARGUMENT naming the index); mutants may flip the header's table field too. None of them may
+// change table 0: the model check below holds it to what table 0's own requests did.
 //
 // After every step the harness waits until the loop is idle, then checks:
 //  * every reply answers a request that had none yet (no reply twice, none unasked), with a status its kind
@@ -121,11 +122,16 @@ class Fuzz {
       StoreConfig other = store_config_;
       other.epoch = store_config_.epoch + 1;  // its own key epoch
       LimiterConfig second;
-      if (Chance(0.5)) {
+      if (Chance(0.5)) {  // a queue (issue 50): every item handed out once, none lost to a reply not sent
         second.kind = LimiterKind::kQueue;
         second.queue_size = 6;
+        other.sampler = SamplerKind::kFifo;
+        other.eviction = EvictionKind::kFifo;
+        other.max_times_sampled = 1;
+        queue_ = true;
       }
-      tables.push_back(TableSpec{"other", std::make_shared<ShardedStore>(other), second});
+      other_ = std::make_shared<ShardedStore>(other);
+      tables.push_back(TableSpec{"other", other_, second});
       live_ = std::make_unique<LiveLoop>(std::move(tables), config_);
     } else {
       live_ = std::make_unique<LiveLoop>(store_config_, config_);
@@ -538,6 +544,9 @@ class Fuzz {
     Sent s;
     s.peer = "foreign";
     s.user_id = "actor:foreign";
+    // A queue's SAMPLEs from a peer that may vanish while they wait: their replies then bounce, and the queue
+    // must get the items back.
+    if (queue_ && table == 1 && op == kSample && Chance(0.5)) s.peer = Transient();
     s.op = op;
     s.table = table;
     s.frames = ToTable(table, std::move(f));
@@ -641,6 +650,8 @@ class Fuzz {
         if (h.status == kOk && s.op == kInsert && r.frames.size() == 3) {
           for (Key k : KeysOf(r.frames[1])) CHECK(!live_items_.count(k), "table 1 issued a key of table 0");
         }
+        if (h.status == kOk && s.op == kInsert) queue_stored_ += h.count;  // from the steady peer: never bounced
+        if (h.status == kOk && s.op == kSample && !r.bounced) queue_delivered_ += h.count;
       } else {
         CHECK(h.status == kInvalidArgument, "a request for table " + std::to_string(s.table) + " got status " +
                                                 std::to_string(h.status) + ": " + message);
@@ -867,6 +878,13 @@ class Fuzz {
       CHECK(st.bytes_held >= bytes + chunk_bytes, "bytes_held with limbo");
     }
     live_->store->Validate();
+    if (queue_) {  // the loop is idle: every SAMPLE reply of the queue was sent or given back
+      other_->Validate();
+      CHECK(other_->Held() == 0, std::to_string(other_->Held()) + " queue items still held");
+      CHECK(other_->Size() + queue_delivered_ == queue_stored_,
+            "queue: " + std::to_string(queue_stored_) + " items stored, " + std::to_string(other_->Size()) +
+                " queued + " + std::to_string(queue_delivered_) + " delivered");
+    }
   }
 
   // Ends every wait: retries of the vanished peers' INSERTs (sampling in between, so the limiter admits them)
@@ -939,7 +957,12 @@ class Fuzz {
   uint64_t evict_budget_ = 0;
   bool composing_ = false;
   bool two_tables_ = false;  // a second table beside the modelled one
-  uint64_t removals_ = 0;    // ERASE and REMOVE_TO_FIT requests sent in this step
+  // Table 1 as a queue: items its INSERTs stored and its SAMPLE replies delivered (not bounced). Whatever its
+  // consumers do, stored == in the queue + delivered, and nothing stays held once the loop is idle.
+  bool queue_ = false;
+  std::shared_ptr<ShardedStore> other_;
+  uint64_t queue_stored_ = 0, queue_delivered_ = 0;
+  uint64_t removals_ = 0;  // ERASE and REMOVE_TO_FIT requests sent in this step
 };
 
 }  // namespace

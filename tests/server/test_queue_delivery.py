@@ -13,8 +13,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+import zmq
 
+from apexrl.errors import ServerTimeoutError
 from apexrl.replay import ReplayClient
+from apexrl.replay import protocol as P
 from tests.conftest import free_port
 from tests.helpers import wait_until
 
@@ -27,6 +31,7 @@ QUEUE = {
     "rate_limiter": {"kind": "queue", "size": 400},
 }
 CONSUMERS = 4
+DEADLINE = 60.0
 
 # A consumer: samples batches of up to 16 from the queue (waiting up to 0.5 s for items), appends each batch
 # to its file (one line, its items' texts in batch order), and stops once the stop file exists and a wait
@@ -168,3 +173,55 @@ def test_after_a_crash_the_queue_hands_out_again_what_its_last_snapshot_held(sta
     after = consumers.received()
     assert sorted(after) == sorted(f"item{i}" for i in range(300)), "the snapshot's items, each once more"
     assert queue_size(server.endpoint) == 0
+
+
+def server_connections(port: int) -> int:
+    """TCP connections whose server end (local port `port`) is still open: ESTABLISHED, or CLOSE_WAIT (the peer
+    closed, the server has not yet); read from /proc/net/tcp{,6}."""
+    count = 0
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="ascii") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] in ("01", "08"):
+                    count += 1
+    return count
+
+
+def test_a_consumer_that_vanishes_while_its_sample_waits_loses_no_item(start_server, tmp_path):
+    """Issue 50, item 4: a raw consumer sends a SAMPLE that waits on the empty queue, then closes its socket.
+    The server's reply to it (item A) fails with EHOSTUNREACH: A goes back to the front of the queue, and the
+    next consumer gets A, B, C, each once, in order (docs/running.md, what a queue guarantees)."""
+    server = start_server("--tables", tables_file(tmp_path))
+    ctx = zmq.Context()
+    try:
+        with ReplayClient(server.endpoint, timeout=30, table="queue") as client:
+            index = int(client.tables()["queue"]["index"])
+            before = server_connections(server.port)
+            gone = ctx.socket(zmq.DEALER)
+            gone.connect(server.endpoint)
+            gone.send_multipart(P.encode_sample(1, 1, 0.4, timeout_ms=600_000, table=index))
+            wait_until(lambda: client.stats()["table.queue.deferred"] == 1, DEADLINE, "the SAMPLE waiting")
+            assert server_connections(server.port) == before + 1
+            gone.close(linger=0)
+            # The server's end closes once libzmq has seen the peer go; then its ROUTER learns it (the pipe's
+            # termination), which a few round trips through the serving loop leave time for.
+            wait_until(lambda: server_connections(server.port) == before, DEADLINE, "the server to close its end")
+            for _ in range(3):
+                client.stats()
+            client.insert(np.ones(3), [b"A", b"B", b"C"], timeout=30)
+            s = wait_until(
+                lambda: (lambda s: s if s["table.queue.items_returned"] >= 1 else None)(client.stats()),
+                DEADLINE,
+                "the undelivered item returned",
+            )
+            assert s["table.queue.items_returned"] == 1 and s["replies_dropped"] >= 1, s
+            assert s["table.queue.size"] == 3, s
+            batch = client.sample(3, timeout=30)
+            assert [bytes(item) for item in batch.items] == [b"A", b"B", b"C"]
+            with pytest.raises(ServerTimeoutError):
+                client.sample(1, timeout=0.2)
+    finally:
+        ctx.destroy(linger=0)

@@ -23,6 +23,36 @@ void FifoPolicy::OnInsert(Slot slot, double, uint64_t seq) {
   tail_ = slot;
 }
 
+void FifoPolicy::OnRestore(Slot slot, double, uint64_t seq) {
+  // The first item newer than `seq` (its successor), searched from the head and, for its predecessor, from the
+  // tail, one step each at a time.
+  Slot next = kNoSlot;  // kNoSlot: the slot goes last
+  for (Slot front = head_, back = tail_;; front = next_[front], back = prev_[back]) {
+    if (front == kNoSlot || seq_[front] > seq) {
+      next = front;
+      break;
+    }
+    if (back == kNoSlot || seq_[back] < seq) {
+      next = back == kNoSlot ? head_ : next_[back];
+      break;
+    }
+  }
+  seq_[slot] = seq;
+  const Slot prev = next == kNoSlot ? tail_ : prev_[next];
+  prev_[slot] = prev;
+  next_[slot] = next;
+  if (prev != kNoSlot) {
+    next_[prev] = slot;
+  } else {
+    head_ = slot;
+  }
+  if (next != kNoSlot) {
+    prev_[next] = slot;
+  } else {
+    tail_ = slot;
+  }
+}
+
 void FifoPolicy::OnErase(Slot slot) {
   const Slot p = prev_[slot], n = next_[slot];
   if (p != kNoSlot) {

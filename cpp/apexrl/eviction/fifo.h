@@ -20,6 +20,9 @@ class FifoPolicy final : public EvictionPolicy {
   void OnInsert(Slot slot, double priority, uint64_t seq) override;
   void OnUpdate(Slot, double) override {}
   void OnErase(Slot slot) override;
+  // Where its insertion number puts it, found from both ends at once: O(distance to the nearer end), O(1) for
+  // the oldest item of a FIFO (or the newest of a LIFO).
+  void OnRestore(Slot slot, double priority, uint64_t seq) override;
   void Summarize(size_t max_ranks, EvictionSummary* out) const override;
   // The oldest (newest_first: the newest) item, if its rank is at most `max_rank`.
   Slot Victim(Rng& rng, uint64_t max_rank, const std::vector<Slot>& live) override;

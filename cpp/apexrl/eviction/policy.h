@@ -60,6 +60,10 @@ class EvictionPolicy {
   virtual void OnInsert(Slot slot, double priority, uint64_t seq) = 0;
   virtual void OnUpdate(Slot slot, double priority) = 0;
   virtual void OnErase(Slot slot) = 0;
+  // An item put back after OnErase with the insertion number it had (a held item given back, shard.h): `seq`
+  // may be below those of items inserted since. An order by insertion number puts it back where it was; the
+  // others treat it as an insert.
+  virtual void OnRestore(Slot slot, double priority, uint64_t seq) { OnInsert(slot, priority, seq); }
 
   // Fills this policy's fields of `out` (see EvictionSummary), which the shard has just reset (ranks empty,
   // mass and urgent 0): an ordered policy appends the ranks of its next min(max_ranks, items) victims, a

@@ -128,7 +128,7 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
     }
     if (!result) result = pool_->Take();
     try {
-      store_->Sample(q.count, q.beta, result.get());
+      store_->Sample(q.count, q.beta, result.get(), /*hold=*/true);
       // A sampler that hands items out at most so often (FIFO, a queue) may return fewer: the limiter counts
       // what was handed out.
       if (result->keys.size() < q.count) limiter_->Undo(0, q.count - result->keys.size());
@@ -137,10 +137,24 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
       limiter_->Undo(0, q.count);
     } catch (...) {
       limiter_->Undo(0, q.count);
+      // Items the failed call had drawn for the last time go back (each counted once: no reply names them).
+      const std::vector<Key>& held = result->held;
+      if (!held.empty()) store_->GiveBack(held.data(), held.size(), held.data(), held.size());
       throw;
     }
   }
+  // Until the loop knows whether the reply went out (SampleLease): the limiter's count and, with
+  // max_times_sampled, the items drawn for the last time (held by the store) and the batch's keys, whose draws
+  // a reply that is not sent takes back.
+  const uint64_t counted = result->keys.size();
+  std::vector<Key> drawn, held;
+  if (store_->config().max_times_sampled > 0) {
+    drawn = result->keys;
+    held.swap(result->held);
+  }
   *reply = SampleReply(q.request_id, std::move(result));
+  reply->lease =
+      std::make_unique<SampleLease>(store_, limiter_, &items_returned_, counted, std::move(drawn), std::move(held));
   return true;
 }
 
@@ -207,7 +221,9 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
   } guard{*window_, id, c->serial, has_id, keep_id};
 
   // The request's content was checked when it was decoded (InsertContentProblem).
-  if (!limiter_->TryInsert(q.count, store_->Size())) {
+  // A queue's bound counts the items held for SAMPLE replies not yet sent (Handlers::ServeSample): given back,
+  // they must fit.
+  if (!limiter_->TryInsert(q.count, limiter_->InsertSize(store_->Size(), store_->Held()))) {
     const bool replied = RateLimited(c, can_wait, reply);
     keep_id = !replied;
     return replied;

@@ -52,6 +52,8 @@ class Handlers {
   bool Serve(Call* c, double now, Reply* reply);
 
   uint64_t erased_items() const { return erased_items_.load(std::memory_order_relaxed); }
+  // Items SAMPLE replies that were not sent gave back to the store (SampleLease).
+  uint64_t items_returned() const { return items_returned_.load(std::memory_order_relaxed); }
   // The priority an INSERT with kFlagMaxPriority gives each item: the largest priority this table was given so
   // far (INSERT or UPDATE_PRIORITIES, since the server started), 1.0 before any.
   double MaxPriority() const;
@@ -68,6 +70,7 @@ class Handlers {
   const double max_wait_s_;
   const LogFn log_;
   std::atomic<uint64_t> erased_items_{0};
+  std::atomic<uint64_t> items_returned_{0};
   // The largest priority given so far, -1 before any. Raised (never lowered) by INSERTs on the loop thread and
   // by UPDATE_PRIORITIES on any thread: an atomic max, no lock.
   std::atomic<double> max_priority_{-1.0};

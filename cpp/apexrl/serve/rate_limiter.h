@@ -60,6 +60,9 @@ class RateLimiter {
   double eb() const { return eb_; }
   uint64_t need() const { return need_; }
   bool BigEnough(uint64_t size) const { return size >= need_; }
+  // The size an INSERT is admitted against: a queue's bound counts `held` too (items a SAMPLE took whose reply
+  // is not sent yet: they come back if it is not), the other kinds the items in the table.
+  uint64_t InsertSize(uint64_t size, uint64_t held) const { return kind_ == LimiterKind::kQueue ? size + held : size; }
 
   // The two rules, for given counts (size: items in the store before the request).
   bool InsertOk(uint64_t n, uint64_t size, uint64_t inserted, uint64_t sampled) const;

@@ -71,6 +71,22 @@ Reply InsertReply(uint64_t rid, std::vector<Key> keys, std::vector<Key> chunk_ke
   return r;
 }
 
+void SampleLease::Keep() {
+  if (settled_) return;
+  settled_ = true;
+  if (!held_.empty()) store_->Release(held_.data(), held_.size());
+}
+
+uint64_t SampleLease::GiveBack() {
+  if (settled_) return 0;
+  settled_ = true;
+  limiter_->Undo(0, counted_);
+  if (held_.empty() && drawn_.empty()) return 0;
+  const uint64_t back = store_->GiveBack(held_.data(), held_.size(), drawn_.data(), drawn_.size());
+  returned_->fetch_add(back, std::memory_order_relaxed);
+  return back;
+}
+
 Reply SampleReply(uint64_t rid, std::unique_ptr<SampleResult> s) {
   Reply r;
   r.op = kSample;

@@ -14,11 +14,49 @@
 #include <vector>
 
 #include "apexrl/mutex.h"
+#include "apexrl/serve/rate_limiter.h"
 #include "apexrl/serve/wire.h"
 #include "apexrl/sharded_store.h"
 #include "apexrl/thread_annotations.h"
 
 namespace apexrl::serve {
+
+// What a served SAMPLE took from its table until the loop knows whether its reply went out: the rate limiter's
+// count of its items and, in a table with max_times_sampled, the items it drew for the last time, which the
+// store holds (ShardedStore's "Held items") rather than removes. Settled once, on the loop thread: Keep when
+// libzmq took the reply (the held items are removed for good), GiveBack when it did not -- the peer left
+// (EHOSTUNREACH), its queue is full (EAGAIN), the reply would take it over its unread-bytes cap, or it is over
+// the reply cap -- which puts the items back at their place (the front of a queue, in order) and takes the
+// count back. A lease destroyed unsettled gives back: its reply was never handed to libzmq.
+class SampleLease {
+ public:
+  // `returned` counts the items given back (the table's items_returned). Every pointer must outlive the lease.
+  SampleLease(ShardedStore* store, RateLimiter* limiter, std::atomic<uint64_t>* returned, uint64_t counted,
+              std::vector<Key> drawn, std::vector<Key> held)
+      : store_(store),
+        limiter_(limiter),
+        returned_(returned),
+        counted_(counted),
+        drawn_(std::move(drawn)),
+        held_(std::move(held)) {}
+  ~SampleLease() { GiveBack(); }
+  SampleLease(const SampleLease&) = delete;
+  SampleLease& operator=(const SampleLease&) = delete;
+
+  void Keep();
+  // Returns how many items came back to the store (0 when settled already, or none was held).
+  uint64_t GiveBack();
+  size_t held() const { return held_.size(); }
+
+ private:
+  ShardedStore* const store_;
+  RateLimiter* const limiter_;
+  std::atomic<uint64_t>* const returned_;
+  const uint64_t counted_;
+  std::vector<Key> drawn_;
+  std::vector<Key> held_;
+  bool settled_ = false;
+};
 
 // One reply's frames and the buffers they view (sent without copies).
 struct Reply {
@@ -48,6 +86,8 @@ struct Reply {
   // references), measured on the batch the store accepted. 0 for every other reply, a repeated insert id's
   // included: the store did not see that request.
   uint64_t max_item_bytes = 0;
+  // A SAMPLE's take from its table, until the loop settles it (Send): null for every other reply.
+  std::unique_ptr<SampleLease> lease;
 
   void Add(std::string s) {
     layout.emplace_back(kPart, parts.size());

@@ -407,7 +407,23 @@ void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
   } else if (q.op == kSample && reply.status == kOk) {
     const uint64_t size = reply.Bytes();
     if (size > config_.max_reply_bytes) {
-      p->table->limiter().Undo(0, reply.sample ? reply.sample->keys.size() : q.count);
+      // Not sent: the batch goes back (the front of a queue), unless it is one item, which no reply under this
+      // cap can ever carry: that one stays taken (else it would block a queue for good), and is logged.
+      const size_t n = reply.sample ? reply.sample->keys.size() : q.count;
+      if (reply.lease && n == 1 && reply.lease->held() > 0) {
+        p->table->limiter().Undo(0, n);
+        reply.lease->Keep();
+        char key[32];
+        std::snprintf(key, sizeof key, "%#llx", static_cast<unsigned long long>(reply.sample->keys[0]));
+        Log("WARNING", "table '" + p->table->name() + "': item " + key + " removed undelivered: its SAMPLE reply is " +
+                           std::to_string(size) + " bytes, over the reply cap of " +
+                           std::to_string(config_.max_reply_bytes) + " bytes (max_reply_mb)");
+      } else if (reply.lease) {
+        reply.lease->GiveBack();
+      } else {
+        p->table->limiter().Undo(0, n);
+      }
+      recheck_ = true;
       replies_refused_.fetch_add(1, std::memory_order_relaxed);  // (counted as served; this tells it apart)
       Send(p->peer,
            ErrorReply(kSample, q.request_id, kTooLarge,
@@ -463,10 +479,10 @@ void ServeLoop::Expire(Deferred* e) {
   const uint64_t size = table.store()->Size();
   std::string why;
   if (limiter.kind() == LimiterKind::kQueue) {
-    why = e->op == kSample
-              ? "the queue is empty"
-              : "the queue holds " + std::to_string(size) + " of at most " + std::to_string(limiter.queue_size()) +
-                    " items (Queue(size=" + std::to_string(limiter.queue_size()) + "))";
+    why = e->op == kSample ? "the queue is empty"
+                           : "the queue holds " + std::to_string(limiter.InsertSize(size, table.store()->Held())) +
+                                 " of at most " + std::to_string(limiter.queue_size()) +
+                                 " items (Queue(size=" + std::to_string(limiter.queue_size()) + "))";
   } else if (e->op == kSample && !limiter.BigEnough(size)) {
     why = "the store holds " + std::to_string(size) +
           " items, fewer than min_size_to_sample=" + std::to_string(limiter.need());
@@ -540,7 +556,7 @@ void ServeLoop::ReleaseDeferred() {
     uint64_t behind = 0;
     for (const auto& t : tables_) {
       if (t->waiting().count() == 0 && t->waiting().behind() == 0) continue;
-      for (DeferredPtr& e : t->waiting().Release(t->limiter(), t->store()->Size(), still_behind)) {
+      for (DeferredPtr& e : t->waiting().Release(t->limiter(), t->store()->Size(), still_behind, t->store()->Held())) {
         Dispatch(std::move(e->p), true);
       }
       behind += t->waiting().behind();
@@ -628,6 +644,18 @@ void ServeLoop::Worker() {
 // ------------------------------------------------------------------------------------------------ sending
 
 bool ServeLoop::Send(const std::string& peer, Reply reply) {
+  // A SAMPLE's take from its table is settled here, where the loop learns whether libzmq took the reply: kept
+  // when it did, given back (items at the front of a queue, the limiter's count) when it did not.
+  const std::unique_ptr<SampleLease> lease = std::move(reply.lease);
+  auto settle = [this, &lease](bool sent) {
+    if (!lease) return;
+    if (sent) {
+      lease->Keep();
+    } else {
+      lease->GiveBack();
+    }
+    recheck_ = true;  // a queue's room (the held items) or its content, and the limiter's count, changed
+  };
   auto& slot = unread_[peer];
   if (!slot) slot = std::make_shared<std::atomic<int64_t>>(0);
   const size_t frames = reply.layout.size();
@@ -637,6 +665,7 @@ bool ServeLoop::Send(const std::string& peer, Reply reply) {
   const int64_t unread = slot->load(std::memory_order_relaxed);
   if (unread > 0 && static_cast<uint64_t>(unread + bytes) > config_.max_unread_bytes) {
     replies_dropped_.fetch_add(1, std::memory_order_relaxed);
+    settle(false);
     return true;
   }
   auto* hold = new Hold{std::move(reply), slot, unread_total_, pool_, bytes, {}};
@@ -670,6 +699,10 @@ bool ServeLoop::Send(const std::string& peer, Reply reply) {
     }
   }
   for (size_t k = sent; k < frames; ++k) FreeFrame(nullptr, hold);  // frames never handed to libzmq
+  // libzmq reports a failure of a ROUTER send at the routing id (a message it takes is delivered whole or not
+  // at all), so a failed reply reached no one. A peer that leaves after libzmq took its reply loses it: libzmq
+  // does not tell.
+  settle(err == 0);
   if (err == 0) return true;
   replies_dropped_.fetch_add(1, std::memory_order_relaxed);
   if (err == EHOSTUNREACH) {  // the peer left: drop what it had waiting

@@ -74,7 +74,7 @@ void Waitlist::Remove(Deferred* e) {
 }
 
 std::vector<DeferredPtr> Waitlist::Release(const RateLimiter& limiter, uint64_t size,
-                                           const std::function<bool(const Deferred&)>& still_behind) {
+                                           const std::function<bool(const Deferred&)>& still_behind, uint64_t held) {
   uint64_t inserted, sampled;
   limiter.Counts(&inserted, &sampled);
   std::vector<DeferredPtr> ready;
@@ -98,7 +98,7 @@ std::vector<DeferredPtr> Waitlist::Release(const RateLimiter& limiter, uint64_t 
     if (!inserts_.empty()) {
       ++examined;
       DeferredPtr head = inserts_.front();
-      if (limiter.InsertOk(head->n, size, inserted, sampled)) {
+      if (limiter.InsertOk(head->n, limiter.InsertSize(size, held), inserted, sampled)) {
         inserts_.pop_front();
         inserted += head->n;
         size += head->n;

@@ -58,9 +58,11 @@ class Waitlist {
   // is now over its cap (taken out: answer it).
   DeferredPtr Add(DeferredPtr e, bool front);
   // The retries behind an insert id that `still_behind` no longer holds, then the heads the rules admit now,
-  // in turn (admissions simulated, nothing counted).
+  // in turn (admissions simulated, nothing counted). `held`: items held for SAMPLE replies not sent yet (a
+  // queue's INSERTs count them, RateLimiter::InsertSize).
   std::vector<DeferredPtr> Release(const RateLimiter& limiter, uint64_t size,
-                                   const std::function<bool(const Deferred&)>& still_behind = nullptr);
+                                   const std::function<bool(const Deferred&)>& still_behind = nullptr,
+                                   uint64_t held = 0);
   std::vector<DeferredPtr> Expired(double now);
   std::optional<double> NextDeadline();
   // Every waiting request of a connection that left.
