@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from apexrl.replay.adders.base import Adder, Step
 from apexrl.replay.adders.episode import EpisodeAdder
-from apexrl.replay.adders.sequence import SequenceAdder
+from apexrl.replay.adders.sequence import EndBehavior, SequenceAdder
 from apexrl.replay.adders.transition import NStepTransitionAdder, TransitionAdder, VecNStepTransitionAdder
 
 __all__ = [
     "Adder",
+    "EndBehavior",
     "EpisodeAdder",
     "NStepTransitionAdder",
     "SequenceAdder",

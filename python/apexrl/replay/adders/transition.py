@@ -44,12 +44,22 @@ from __future__ import annotations
 import math
 import numbers
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 
-from apexrl.replay.adders.base import Adder, Step, check_int, check_priority, stack
+from apexrl.replay.adders.base import (
+    Adder,
+    Step,
+    check_discount,
+    check_int,
+    check_priority,
+    check_reward,
+    float32_tree,
+    stack,
+    zeros_like,
+)
 
 __all__ = [
     "NStepBuffer",
@@ -58,6 +68,7 @@ __all__ = [
     "TransitionAdder",
     "VecNStep",
     "VecNStepTransitionAdder",
+    "nstep_return",
     "priorities_for",
 ]
 
@@ -78,20 +89,25 @@ class NStepBuffer:
     Args:
       n: horizon, an int >= 1 (n = 1 gives one-step transitions with discount gamma or 0).
       gamma: discount per step, in [0, 1].
+      shorter_at_start: also emit, at an episode's start, the ``min(n, T) - 1`` shorter transitions from ``s_0``
+        (Acme's; module docstring, "Start of an episode").
 
     Raises:
       ValueError: for n < 1 (or not an int) and gamma outside [0, 1] (or not finite).
     """
 
-    def __init__(self, n: int, gamma: float):
+    def __init__(self, n: int, gamma: float, *, shorter_at_start: bool = False):
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real) or not 0.0 <= float(gamma) <= 1.0:
             raise ValueError(f"gamma must be a float in [0, 1], got {gamma!r}")
         self.n: int = int(n)
         self.gamma: float = float(gamma)
-        self._pending: deque[tuple[np.ndarray, Any, float]] = deque()  # (s_t, a_t, r_t), oldest first
+        self.shorter_at_start: bool = bool(shorter_at_start)
+        # (s_t, a_t, r_t, d_t), oldest first; d_t None: 1 (0 where the episode terminated at that step)
+        self._pending: deque[tuple[np.ndarray, Any, Any, Any]] = deque()
         self._obs: np.ndarray | None = None  # the latest observation; None between episodes
+        self._general: bool = False  # a step of the open episode had a discount or a non-scalar reward
 
     @property
     def in_episode(self) -> bool:
@@ -106,6 +122,7 @@ class NStepBuffer:
         """Drop the open episode and its pending steps (they are never emitted)."""
         self._pending.clear()
         self._obs = None
+        self._general = False
 
     def truncate(self) -> list[Transition]:
         """End the open episode here as a truncation and return its pending transitions (shorter horizons
@@ -130,44 +147,121 @@ class NStepBuffer:
                 "terminated nor truncated); call reset() first to drop the pending steps on purpose"
             )
         self._obs = obs
+        self._general = False
 
     def add(
-        self, action: Any, reward: float, next_obs: np.ndarray, terminated: bool, truncated: bool
+        self,
+        action: Any,
+        reward: Any,
+        next_obs: np.ndarray,
+        terminated: bool,
+        truncated: bool,
+        discount: Any = None,
     ) -> list[Transition]:
-        """Record step ``(s_t, a_t, r_t, s_{t+1})`` and return the transitions it completes (oldest first).
+        """Record step ``(s_t, a_t, r_t, s_{t+1})`` with the environment's discount ``d_t`` (None: 1; a number in
+        [0, 1] or arrays, a nested mapping of arrays; 0 where ``terminated``) and return the transitions it
+        completes (oldest first). ``reward`` may be a number, an array or a nested mapping of arrays.
 
         Raises:
           RuntimeError: no open episode (``add_first`` was not called, or the last step ended the episode).
-          ValueError: a reward that is not a finite number.
+          ValueError: a reward that is not finite, a discount not in [0, 1].
         """
         if self._obs is None:
             raise RuntimeError(
                 "NStepBuffer.add called without an open episode: call add_first(obs) first "
                 "(and again after every step with terminated or truncated)"
             )
-        r = float(reward)
-        if not math.isfinite(r):
-            raise ValueError(f"reward must be finite, got {reward!r}")
-        self._pending.append((self._obs, action, r))
+        if type(reward) is float and math.isfinite(reward):
+            r: Any = reward
+        else:
+            r = check_reward(reward)
+        d = None if discount is None else check_discount(discount)
+        if terminated and d is not None:
+            d = 0.0 if isinstance(d, float) else zeros_like(d)
+        if d is not None or type(r) is not float:
+            self._general = True
+        self._pending.append((self._obs, action, r, d))
         self._obs = next_obs
 
         if terminated or truncated:
             out = [self._transition(m, next_obs, bool(terminated)) for m in range(len(self._pending), 0, -1)]
             self.reset()
             return out
-        if len(self._pending) == self.n:
+        m = len(self._pending)
+        if m == self.n:
             return [self._transition(self.n, next_obs, False)]
+        if self.shorter_at_start:  # m < n: the episode's first step is still pending, s_0 -> s_m
+            return [Transition(*self._horizon(m, False), next_obs)]
         return []
+
+    def _horizon(self, m: int, terminated: bool) -> tuple[Any, Any, Any, Any]:
+        """(s_t, a_t, R_t, D_t) of the oldest pending step over the next ``m`` pending steps (module docstring)."""
+        obs, action, _, _ = self._pending[0]
+        if not self._general:
+            reward = 0.0
+            for k in range(m):
+                reward += self.gamma**k * self._pending[k][2]
+            return obs, action, reward, 0.0 if terminated else self.gamma**m
+        steps = [self._pending[k] for k in range(m)]
+        rewards = [step[2] for step in steps]
+        discounts = [1.0 if step[3] is None else step[3] for step in steps]
+        if terminated and steps[-1][3] is None:
+            discounts[-1] = 0.0
+        reward, discount = nstep_return(rewards, discounts, self.gamma)
+        return obs, action, reward, discount
 
     def _transition(self, m: int, next_obs: np.ndarray, terminated: bool) -> Transition:
         """Pop the oldest pending step, whose horizon is the m steps now buffered, into a Transition."""
-        obs, action, _ = self._pending[0]
-        reward = 0.0
-        for k, (_, _, r) in enumerate(self._pending):  # len(self._pending) == m here
-            reward += self.gamma**k * r
-        discount = 0.0 if terminated else self.gamma**m
+        t = Transition(*self._horizon(m, terminated), next_obs)
         self._pending.popleft()
-        return Transition(obs, action, reward, discount, next_obs)
+        return t
+
+
+def nstep_return(rewards: Sequence[Any], discounts: Sequence[Any], gamma: float) -> tuple[Any, Any]:
+    """``(R, D)`` of ``m = len(rewards)`` steps with environment discounts ``d_k`` (module docstring)::
+
+        R = r_0 + gamma d_0 r_1 + gamma^2 d_0 d_1 r_2 + ... + gamma^(m-1) d_0 ... d_(m-2) r_(m-1)
+        D = gamma^m d_0 ... d_(m-1)
+
+    Rewards and discounts are numbers, arrays or nested mappings of arrays. Where one is a mapping and the other
+    is not, the other is used for every key (Acme's ``broadcast_structures``); leaves broadcast as numpy arrays
+    (``R`` takes the shape of ``r`` broadcast with ``d``, ``D`` that of ``d``). Numbers give floats.
+
+    Raises:
+      ValueError: the reward's and the discount's mappings have different keys.
+    """
+    r0, d0 = rewards[0], discounts[0]
+    if isinstance(r0, Mapping) or isinstance(d0, Mapping):
+        keys = list(r0 if isinstance(r0, Mapping) else d0)
+        for name, tree in (("reward", r0), ("discount", d0)):
+            if isinstance(tree, Mapping) and set(tree) != set(keys):
+                raise ValueError(
+                    f"{name} has keys {sorted(map(str, tree))}, the other of reward and discount {sorted(map(str, keys))}"
+                )
+        rs: dict[Any, Any] = {}
+        ds: dict[Any, Any] = {}
+        for k in keys:
+            rs[k], ds[k] = nstep_return(
+                [r[k] if isinstance(r, Mapping) else r for r in rewards],
+                [d[k] if isinstance(d, Mapping) else d for d in discounts],
+                gamma,
+            )
+        return rs, ds
+    if all(type(x) is float for x in rewards) and all(type(x) is float for x in discounts):
+        total, ret = d0, r0
+        for i in range(1, len(rewards)):
+            total *= gamma
+            ret += rewards[i] * total
+            total *= discounts[i]
+        return ret, gamma * total
+    total_a = np.array(d0, dtype=np.float64)
+    r0_a = np.asarray(r0, dtype=np.float64)
+    ret_a = np.array(np.broadcast_to(r0_a, np.broadcast_shapes(r0_a.shape, total_a.shape)))
+    for i in range(1, len(rewards)):
+        total_a = total_a * gamma
+        ret_a = ret_a + np.asarray(rewards[i], dtype=np.float64) * total_a
+        total_a = total_a * np.asarray(discounts[i], dtype=np.float64)
+    return ret_a, gamma * total_a
 
 
 class VecNStep:
@@ -401,8 +495,9 @@ class NStepTransitionAdder(Adder, _Inserts):
         priority: Priority = None,
         *,
         insert_batch: int = 8,
+        shorter_at_start: bool = False,
     ):
-        self._core = NStepBuffer(n, discount)  # checks n and discount
+        self._core = NStepBuffer(n, discount, shorter_at_start=shorter_at_start)  # checks n and discount
         _Inserts.__init__(self, client, table, priority, insert_batch)
         Adder.__init__(self)
         self._extras: deque[Any] = deque()  # e_t of the core's pending steps, oldest first (it emits oldest first)
@@ -430,8 +525,16 @@ class NStepTransitionAdder(Adder, _Inserts):
         self._core.add_first(observation)
 
     def _step(self, step: Step, next_observation: Any, terminated: bool, truncated: bool) -> None:
+        d = step.discount
+        if type(d) is float and (d == 1.0 or terminated):
+            d = None  # the default discount (1, 0 where terminated): the core's scalar path
         self._extras.append(step.extras)
-        self._emit(self._core.add(step.action, step.reward, next_observation, terminated, truncated))
+        out = self._core.add(step.action, step.reward, next_observation, terminated, truncated, d)
+        if out and len(self._core) == len(self._extras):  # none popped: a shorter transition from s_0 (its e_0)
+            t = out[0]
+            self._buffer.append((t.obs, t.action, t.reward, t.discount, t.next_obs, self._extras[0]))
+        else:
+            self._emit(out)
 
     def _drop(self) -> None:
         self._core.reset()
@@ -489,13 +592,20 @@ def _stack_rows(rows: list[tuple]) -> dict[str, Any]:
     batch = {
         "obs": _column(obs, "obs"),
         "action": _column(action, "action"),
-        "reward": np.array(reward, np.float32),
-        "discount": np.array(discount, np.float32),
+        "reward": _float_column(reward, "reward"),
+        "discount": _float_column(discount, "discount"),
         "next_obs": _column(next_obs, "next_obs"),
     }
     if any(e is not None for e in extras):
         batch["extras"] = stack(list(extras), "extras")  # ValueError where some rows have none
     return batch
+
+
+def _float_column(values: Sequence[Any], name: str) -> Any:
+    """Rewards or discounts stacked as float32: floats directly, arrays or mappings through ``stack``."""
+    if all(type(v) is float for v in values):
+        return np.array(values, np.float32)
+    return float32_tree(stack(list(values), name))
 
 
 def _column(values: Sequence[Any], name: str) -> Any:
