@@ -1,17 +1,35 @@
 """N-step transitions: the one n-step implementation of the package, and the transition adders built on it.
 
-**The n-step core.** One :class:`NStepBuffer` per environment instance. With steps ``(s_t, a_t, r_t, s_{t+1})``
-it emits, for every ``t``, the transition ::
+**The n-step core.** One :class:`NStepBuffer` per environment instance. With steps ``(s_t, a_t, r_t, d_t,
+s_{t+1})`` (``d_t`` the environment's discount of the step, dm_env's ``TimeStep.discount``: 1 unless given, 0
+where the step terminated the episode) it emits, for every ``t``, the transition ::
 
     obs      = s_t
     action   = a_t
-    reward   = R_t = sum_{k=0}^{m-1} gamma^k r_{t+k}
-    discount = D_t = gamma^m        (0.0 when the episode *terminated* within those m steps)
+    reward   = R_t = sum_{k=0}^{m-1} gamma^k d_t ... d_{t+k-1} r_{t+k}
+    discount = D_t = gamma^m d_t ... d_{t+m-1}
     next_obs = s_{t+m}
 
 with ``m = n`` in the middle of an episode and ``m < n`` for the last ``n - 1`` steps of an episode (the
-horizon is cut at the episode end). The learner's target is then ``R_t + D_t * Q(s_{t+m}, .)``: one formula
-for every horizon, no special cases, because the discount already holds ``gamma^m`` and the terminal flag.
+horizon is cut at the episode end). Without discounts given (every ``d`` 1 but a terminal 0) that is
+``R_t = sum_k gamma^k r_{t+k}`` and ``D_t = gamma^m``, or 0 when the episode *terminated* within the m steps. The
+learner's target is then ``R_t + D_t * Q(s_{t+m}, .)``: one formula for every horizon, no special cases, because
+the discount already holds ``gamma^m`` and the terminal flag.
+
+Acme's ``NStepTransitionAdder`` stores the same ``R_t`` and the discount ``D'_t = gamma^(m-1) d_t ... d_{t+m-1}``,
+for a learner that multiplies by gamma once more: ``D_t = gamma * D'_t``, so both give the same bootstrap factor
+(``gamma * D'_t`` there, ``D_t`` here). With ``gamma = 1`` the two are equal.
+
+Rewards and discounts may be numbers, arrays or nested mappings of arrays (vector or multi-objective rewards, a
+discount per objective): the sums run per leaf with numpy broadcasting, and where one of the two is a mapping and
+the other not, the other is used for every key (Acme's rule); ``R_t`` then has the shape of ``r`` broadcast with
+``d``, ``D_t`` that of ``d`` (:func:`nstep_return`).
+
+Start of an episode: by default (Ape-X's) the first transition of an episode is ``s_0 -> s_{min(n, T)}``, one
+transition per step. With ``shorter_at_start=True`` (Acme's) the first ``min(n, T) - 1`` steps also emit the
+shorter transitions ``s_0 -> s_1, s_0 -> s_2, ..., s_0 -> s_{min(n, T) - 1}`` (horizon ``m = 1 ..`` by the same
+formula, as soon as their step is added): an episode of ``T`` steps gives ``T + min(n, T) - 1`` items instead of
+``T``, and ``s_0`` is sampled more often.
 
 Termination vs truncation (time limits): ``terminated`` ends the MDP, so no horizon that reaches the last
 step bootstraps (``D = 0``). ``truncated`` only stops the episode; the state after it still has a value, so
@@ -448,14 +466,17 @@ class _Inserts:
 
 
 class NStepTransitionAdder(Adder, _Inserts):
-    """Inserts the n-step transitions of an episode stream into ``table`` (Acme's ``NStepTransitionAdder``).
+    """Inserts the n-step transitions of an episode stream into ``table``: Acme's ``NStepTransitionAdder`` with two
+    documented differences (module docstring): the stored discount is Acme's times gamma (the same bootstrap
+    factor), and Acme's shorter start-of-episode transitions are written only with ``shorter_at_start=True``.
 
     Each item is the mapping ::
 
         {"obs": s_t, "action": a_t, "reward": R_t, "discount": D_t, "next_obs": s_{t+m}}  (+ "extras": e_t)
 
-    with ``R_t``, ``D_t`` and ``m`` as in the module docstring (``discount`` holds ``gamma^m``, or 0 where the
-    episode terminated within the horizon; reward and discount float32), observations and actions as given, and
+    with ``R_t``, ``D_t`` and ``m`` as in the module docstring (``discount`` holds ``gamma^m`` times the
+    environment's discounts, 0 where the episode terminated within the horizon; Acme's discount is this divided by
+    gamma; reward and discount float32, per leaf where structured), observations and actions as given, and
     ``"extras"`` only where ``add`` got ``extras`` (``e_t``, the extras of the item's first step ``t``; give them
     in every step or in none: a batch that mixes the two is refused, ValueError). Items go in batches: ``client.insert(priorities, batch,
     table=table)`` with every leaf stacked on a leading batch dimension.
@@ -481,6 +502,8 @@ class NStepTransitionAdder(Adder, _Inserts):
       discount: gamma, the discount per step, in [0, 1].
       priority: None, a number >= 0, or a callable (above).
       insert_batch: transitions per insert, >= 1.
+      shorter_at_start: also insert Acme's ``min(n, T) - 1`` shorter transitions from ``s_0`` at an episode's
+        start (module docstring, "Start of an episode"); default False, one transition per step (Ape-X's).
 
     Raises:
       ValueError: a bad ``n``, ``discount``, ``priority`` or ``insert_batch``.
@@ -671,10 +694,19 @@ class VecNStepTransitionAdder(_Inserts):
     ``next_observations[j]`` is environment j's observation after its action: where the episode ended, its last
     one (what a vector environment that resets itself hands out as the final observation), not the reset's.
 
-    Items are those of NStepTransitionAdder: ``{"obs", "action", "reward", "discount", "next_obs"}``, reward and
-    discount float32; no per-step extras (use one NStepTransitionAdder per environment for those). Observations
-    are arrays of one shape and dtype for all steps (fixed by the first ``add_first``); anything else (int handles
+    Items are those of NStepTransitionAdder: ``{"obs", "action", "reward", "discount", "next_obs"}`` (+
+    ``"extras"``), reward and discount float32. Observations are arrays of one shape and dtype for all steps (fixed
+    by the first ``add_first``), or a nested mapping of such arrays (dict observations); anything else (int handles
     into the caller's own store of observations, as the Ape-X actor passes) is carried as it is.
+
+    Every input NStepTransitionAdder takes is taken here, row j for environment j: ``add(..., extras=e,
+    discounts=d)`` with ``e`` and ``d`` arrays (or nested mappings of arrays) with a leading dimension K, and
+    rewards of shape (K, ...) or a nested mapping of such (vector or multi-objective rewards). Two paths give the
+    same items: plain inputs (array observations, rewards of shape (K,), no extras, no discounts, the default start
+    of episode: what the Ape-X actors pass) go through the array core (:class:`VecNStep`); the others through K
+    NStepBuffers, one per environment. The path is chosen by the first ``add_first`` (dict observations) or the
+    first ``add`` (extras, discounts, structured rewards) and kept: giving those later, after plain steps, raises
+    ValueError and changes nothing.
 
     Buffering, ``priority``, ``insert_batch``, :meth:`flush`, :meth:`truncate`, :meth:`close` and a failing insert
     behave as NStepTransitionAdder's; :meth:`reset` drops the open episodes of some or all environments,
@@ -688,6 +720,7 @@ class VecNStepTransitionAdder(_Inserts):
       num_envs: K, an int >= 1.
       priority: None, a number >= 0, or a callable of the stacked batch returning one priority per item.
       insert_batch: transitions per insert, >= 1.
+      shorter_at_start: NStepTransitionAdder's (Acme's shorter transitions at an episode's start).
 
     Raises:
       ValueError: a bad ``n``, ``discount``, ``num_envs``, ``priority`` or ``insert_batch``.
@@ -703,13 +736,19 @@ class VecNStepTransitionAdder(_Inserts):
         priority: Priority = None,
         *,
         insert_batch: int = 8,
+        shorter_at_start: bool = False,
     ):
         k = check_int("num_envs", num_envs, 1)
         self._core = VecNStep(k, n, discount)  # checks n and discount
         super().__init__(client, table, priority, insert_batch)
+        self.shorter_at_start = bool(shorter_at_start)
         self._chunks: list[dict[str, np.ndarray]] = []  # emitted, not inserted yet, oldest first
         self._buffered = 0
         self._closed = False
+        self._stepped = False  # an add was recorded (the path is fixed from then on)
+        # The per-environment path (module docstring): one NStepTransitionAdder each, its rows moved to _rows.
+        self._envs: list[NStepTransitionAdder] | None = None
+        self._rows: list[tuple] = []
 
     @property
     def num_envs(self) -> int:
@@ -726,11 +765,15 @@ class VecNStepTransitionAdder(_Inserts):
     @property
     def in_episode(self) -> np.ndarray:
         """(K,) bool: the environments between ``add_first`` and the step that ends their episode."""
+        if self._envs is not None:
+            return np.array([a.in_episode for a in self._envs], bool)
         return self._core.open
 
     @property
     def pending(self) -> int:
         """Steps of open episodes whose transition is not emitted yet (at most K·(n - 1) between calls)."""
+        if self._envs is not None:
+            return sum(a.pending for a in self._envs)
         return self._core.pending
 
     @property
@@ -739,7 +782,8 @@ class VecNStepTransitionAdder(_Inserts):
         return self._buffered
 
     def add_first(self, observations: Any, envs: Sequence[int] | np.ndarray | None = None) -> None:
-        """Start an episode in each of ``envs`` (default: all K) at its row of ``observations``.
+        """Start an episode in each of ``envs`` (default: all K) at its row of ``observations`` (an array, or a
+        nested mapping of arrays, with one row per environment listed).
 
         Raises:
           RuntimeError: one of them still has an open episode (``reset`` it first to drop it), or closed.
@@ -753,17 +797,53 @@ class VecNStepTransitionAdder(_Inserts):
             listed = which.tolist()
             if listed and (min(listed) < 0 or max(listed) >= self.num_envs or len(set(listed)) != len(listed)):
                 raise ValueError(f"envs must be distinct indices in [0, {self.num_envs}), got {listed}")
-        self._core.add_first(which, observations)  # RuntimeError naming environments still in an episode
+        if self._envs is None and (isinstance(observations, Mapping) or self.shorter_at_start):
+            self._per_environment("dict observations" if isinstance(observations, Mapping) else "shorter_at_start")
+        if self._envs is None:
+            self._core.add_first(which, observations)  # RuntimeError naming environments still in an episode
+            return
+        still = [int(j) for j in which if self._envs[j].in_episode]
+        if still:
+            raise RuntimeError(
+                f"VecNStepTransitionAdder.add_first for environments {still} whose episode is still open; call "
+                "reset(envs) first to drop those episodes on purpose"
+            )
+        rows = _rows_of(observations, len(which), "observations")
+        for i, j in enumerate(which.tolist()):
+            self._envs[j].add_first(rows[i])
 
-    def add(self, actions: Any, rewards: Any, next_observations: Any, terminated: Any, truncated: Any) -> None:
-        """Record one step of every environment (arrays with a leading dimension K).
+    def add(
+        self,
+        actions: Any,
+        rewards: Any,
+        next_observations: Any,
+        terminated: Any,
+        truncated: Any,
+        extras: Any = None,
+        *,
+        discounts: Any = None,
+    ) -> None:
+        """Record one step of every environment (arrays, or nested mappings of arrays, with a leading dimension
+        K): ``extras`` the steps' extras (row j: environment j's ``e_t``), ``discounts`` the environments'
+        discounts of the step (None: 1; as NStepTransitionAdder's ``discount``).
 
         Raises:
           RuntimeError: an environment has no open episode, or the adder is closed.
-          ValueError: a reward that is not finite, or an argument without one row per environment.
+          ValueError: a reward that is not finite, a discount not in [0, 1], an argument without one row per
+            environment, or extras, discounts or structured rewards after plain steps (class docstring).
         """
         self._check_not_closed()
         k = self.num_envs
+        plain = (
+            extras is None
+            and discounts is None
+            and self._envs is None
+            and not isinstance(rewards, Mapping)
+            and np.ndim(rewards) == 1
+        )
+        if not plain:
+            self._add_per_environment(actions, rewards, next_observations, terminated, truncated, extras, discounts)
+            return
         if not len(actions) == len(rewards) == len(next_observations) == len(terminated) == len(truncated) == k:
             for name, value in (
                 ("actions", actions),
@@ -776,17 +856,89 @@ class VecNStepTransitionAdder(_Inserts):
                     raise ValueError(f"{name} has {len(value)} rows, expected one per environment ({k})")
         # The core refuses (RuntimeError, naming them) environments not in an episode, before it records anything.
         self._emit(self._core.add(actions, rewards, next_observations, terminated, truncated))
+        self._stepped = True
+        self._after_step()
+
+    def _per_environment(self, why: str) -> None:
+        """Switch to the per-environment path (class docstring); only before the first recorded step."""
+        if self._stepped:
+            raise ValueError(
+                f"VecNStepTransitionAdder: {why} after steps without them; give them from the first add on (or in "
+                "none). The step is not recorded"
+            )
+        big = 1 << 62  # the inner adders never insert: their rows are moved to this adder's buffer
+        self._envs = [
+            NStepTransitionAdder(
+                None, self.table, self.n, self.discount, insert_batch=big, shorter_at_start=self.shorter_at_start
+            )
+            for _ in range(self.num_envs)
+        ]
+        assert self._core._obs is not None or not self._core.open.any()
+        for j in np.flatnonzero(self._core.open).tolist():
+            assert self._core._obs is not None
+            self._envs[j].add_first(self._core._obs[j, 0])
+        self._core.reset()
+
+    def _add_per_environment(
+        self,
+        actions: Any,
+        rewards: Any,
+        next_observations: Any,
+        terminated: Any,
+        truncated: Any,
+        extras: Any,
+        discounts: Any,
+    ) -> None:
+        k = self.num_envs
+        if self._envs is None:
+            self._per_environment("extras, discounts or structured rewards")
+        assert self._envs is not None
+        closed = [j for j, a in enumerate(self._envs) if not a.in_episode]
+        if closed:
+            raise RuntimeError(
+                f"VecNStepTransitionAdder.add with environments {closed} not in an episode: add_first them first "
+                "(and again after every step that ends their episode)"
+            )
+        acts = _rows_of(actions, k, "actions")
+        rews = _rows_of(rewards, k, "rewards")
+        nxt = _rows_of(next_observations, k, "next_observations")
+        term = _rows_of(terminated, k, "terminated")
+        trunc = _rows_of(truncated, k, "truncated")
+        ext = [None] * k if extras is None else _rows_of(extras, k, "extras")
+        disc = [None] * k if discounts is None else _rows_of(discounts, k, "discounts")
+        for j in range(k):  # every row checked before any is recorded: a refused call changes nothing
+            check_reward(rews[j])
+            if disc[j] is not None:
+                check_discount(disc[j])
+        for j, adder in enumerate(self._envs):
+            adder.add(acts[j], rews[j], nxt[j], bool(term[j]), bool(trunc[j]), ext[j], discount=disc[j])
+            self._rows += adder._buffer
+            self._buffered += len(adder._buffer)
+            adder._buffer.clear()
+        self._stepped = True
         self._after_step()
 
     def truncate(self) -> None:
         """End every open episode here as a truncation: their pending steps become transitions (shorter horizons
         that bootstrap from the latest observation), buffered like any others."""
         self._check_not_closed()
-        self._emit(self._core.truncate())
+        if self._envs is not None:
+            for adder in self._envs:
+                adder.truncate()
+                self._rows += adder._buffer
+                self._buffered += len(adder._buffer)
+                adder._buffer.clear()
+        else:
+            self._emit(self._core.truncate())
         self._after_step()
 
     def reset(self, envs: Sequence[int] | np.ndarray | None = None) -> None:
         """Drop the open episodes of ``envs`` (default: all): what they have not emitted is never emitted."""
+        if self._envs is not None:
+            which = range(self.num_envs) if envs is None else np.asarray(envs, np.int64).reshape(-1).tolist()
+            for j in which:
+                self._envs[j].reset()
+            return
         self._core.reset(envs)
 
     def flush(self) -> None:
@@ -803,10 +955,11 @@ class VecNStepTransitionAdder(_Inserts):
 
     def discard(self) -> int:
         """Drop the buffered transitions and the open episodes' pending steps; how many transitions that is."""
-        lost = self._buffered + self._core.pending
+        lost = self._buffered + self.pending
         self._chunks.clear()
+        self._rows.clear()
         self._buffered = 0
-        self._core.reset()
+        self.reset()
         return lost
 
     def _check_not_closed(self) -> None:
@@ -824,6 +977,11 @@ class VecNStepTransitionAdder(_Inserts):
 
     def _insert(self, n: int) -> None:
         """Insert the oldest ``n`` buffered transitions; they leave the buffer only once the insert returned."""
+        if self._envs is not None:
+            self._send(_stack_rows(self._rows[:n]), n)
+            del self._rows[:n]
+            self._buffered -= n
+            return
         if len(self._chunks) > 1:  # one chunk of all that is buffered, so the oldest n are its first rows
             self._chunks[:] = [{name: np.concatenate([c[name] for c in self._chunks]) for name in self._chunks[0]}]
         chunk = self._chunks[0]
@@ -835,3 +993,21 @@ class VecNStepTransitionAdder(_Inserts):
         else:
             self._chunks[0] = {name: v[n:] for name, v in chunk.items()}
         self._buffered -= n
+
+
+def _rows_of(value: Any, k: int, name: str) -> list[Any]:
+    """The ``k`` rows of an array (or sequence) or of a nested mapping of arrays with a leading dimension ``k``.
+
+    Raises:
+      ValueError: a leaf without ``k`` rows, naming it.
+    """
+    if isinstance(value, Mapping):
+        per_key = {key: _rows_of(v, k, f"{name}/{key}") for key, v in value.items()}
+        return [{key: rows[j] for key, rows in per_key.items()} for j in range(k)]
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0 or len(value) != k:
+            raise ValueError(f"{name} has shape {value.shape}, expected one row per environment ({k})")
+        return list(value)
+    if len(value) != k:
+        raise ValueError(f"{name} has {len(value)} rows, expected one per environment ({k})")
+    return list(value)
