@@ -189,15 +189,17 @@ class NStepBuffer:
                 "NStepBuffer.add called without an open episode: call add_first(obs) first "
                 "(and again after every step with terminated or truncated)"
             )
-        if type(reward) is float and math.isfinite(reward):
-            r: Any = reward
+        d: Any = None
+        if discount is None and type(reward) is float and math.isfinite(reward):
+            r: Any = reward  # the common case (Ape-X's): a float reward, no discount
         else:
             r = check_reward(reward)
-        d = None if discount is None else check_discount(discount)
-        if terminated and d is not None:
-            d = 0.0 if isinstance(d, float) else zeros_like(d)
-        if d is not None or type(r) is not float:
-            self._general = True
+            if discount is not None:
+                d = check_discount(discount)
+                if terminated:
+                    d = 0.0 if isinstance(d, float) else zeros_like(d)
+            if d is not None or type(r) is not float:
+                self._general = True
         self._pending.append((self._obs, action, r, d))
         self._obs = next_obs
 
@@ -230,9 +232,17 @@ class NStepBuffer:
 
     def _transition(self, m: int, next_obs: np.ndarray, terminated: bool) -> Transition:
         """Pop the oldest pending step, whose horizon is the m steps now buffered, into a Transition."""
-        t = Transition(*self._horizon(m, terminated), next_obs)
+        if self._general:
+            t = Transition(*self._horizon(m, terminated), next_obs)
+            self._pending.popleft()
+            return t
+        # The scalar path, inline (Ape-X's actors step through it); len(self._pending) == m here.
+        obs, action, _, _ = self._pending[0]
+        reward = 0.0
+        for k, (_, _, r, _) in enumerate(self._pending):
+            reward += self.gamma**k * r
         self._pending.popleft()
-        return t
+        return Transition(obs, action, reward, 0.0 if terminated else self.gamma**m, next_obs)
 
 
 def nstep_return(rewards: Sequence[Any], discounts: Sequence[Any], gamma: float) -> tuple[Any, Any]:
@@ -834,13 +844,9 @@ class VecNStepTransitionAdder(_Inserts):
         """
         self._check_not_closed()
         k = self.num_envs
-        plain = (
-            extras is None
-            and discounts is None
-            and self._envs is None
-            and not isinstance(rewards, Mapping)
-            and np.ndim(rewards) == 1
-        )
+        plain = extras is None and discounts is None and self._envs is None
+        if plain and not (type(rewards) is np.ndarray and rewards.ndim == 1):
+            plain = not isinstance(rewards, Mapping) and np.ndim(rewards) == 1
         if not plain:
             self._add_per_environment(actions, rewards, next_observations, terminated, truncated, extras, discounts)
             return
