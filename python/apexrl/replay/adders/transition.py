@@ -123,7 +123,7 @@ class NStepBuffer:
         self.gamma: float = float(gamma)
         self.shorter_at_start: bool = bool(shorter_at_start)
         # (s_t, a_t, r_t, d_t), oldest first; d_t None: 1 (0 where the episode terminated at that step)
-        self._pending: deque[tuple[np.ndarray, Any, Any, Any]] = deque()
+        self._pending: deque[tuple[Any, Any, Any, Any]] = deque()
         self._obs: np.ndarray | None = None  # the latest observation; None between episodes
         self._general: bool = False  # a step of the open episode had a discount or a non-scalar reward
 
@@ -198,8 +198,14 @@ class NStepBuffer:
                 d = check_discount(discount)
                 if terminated:
                     d = 0.0 if isinstance(d, float) else zeros_like(d)
-            if d is not None or type(r) is not float:
-                self._general = True
+        return self._record(action, r, next_obs, terminated, truncated, d)
+
+    def _record(
+        self, action: Any, r: Any, next_obs: Any, terminated: bool, truncated: bool, d: Any
+    ) -> list[Transition]:
+        """``add`` with ``r`` and ``d`` checked (``d`` None: 1, or 0 where ``terminated``; else already 0 there)."""
+        if d is not None or type(r) is not float:
+            self._general = True
         self._pending.append((self._obs, action, r, d))
         self._obs = next_obs
 
@@ -562,9 +568,10 @@ class NStepTransitionAdder(Adder, _Inserts):
         if type(d) is float and (d == 1.0 or terminated):
             d = None  # the default discount (1, 0 where terminated): the core's scalar path
         self._extras.append(step.extras)
-        out = self._core.add(step.action, step.reward, next_observation, terminated, truncated, d)
-        if out and len(self._core) == len(self._extras):  # none popped: a shorter transition from s_0 (its e_0)
-            t = out[0]
+        # Adder.add checked the reward and the discount: the core records them as they are.
+        out = self._core._record(step.action, step.reward, next_observation, terminated, truncated, d)
+        if self._core.shorter_at_start and out and len(self._core._pending) == len(self._extras):
+            t = out[0]  # none popped: a shorter transition from s_0, with its e_0
             self._buffer.append((t.obs, t.action, t.reward, t.discount, t.next_obs, self._extras[0]))
         else:
             self._emit(out)
