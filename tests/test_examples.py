@@ -51,11 +51,22 @@ def test_sequence_learner():
     assert done and int(done.group(1)) == len(episodes) and int(done.group(2)) == 100, out
 
 
+def test_onpolicy_learner():
+    out = run_example("onpolicy_learner.py", "--steps", "1500", "--rollout", "128", "--length", "16",
+                      "--epochs", "2", "--seed", "1")  # fmt: skip
+    episodes = re.findall(r"^episode (\d+)  step (\d+)  return (\d+)$", out, re.M)
+    assert episodes and [int(e) for e, _, _ in episodes] == list(range(1, len(episodes) + 1))
+    done = re.search(r"^done: (\d+) frames, (\d+) decisions, (\d+) episodes, (\d+) updates$", out, re.M)
+    assert done and int(done.group(1)) >= 1500 and int(done.group(3)) == len(episodes), out
+    # action repeat 2: about two frames per decision; updates: 4 minibatches x 2 epochs per rollout of 128
+    assert int(done.group(2)) < int(done.group(1)) and int(done.group(4)) > 0, out
+
+
 def test_the_docs_code_is_the_examples_code():
     """docs/own_learner.md takes its Python from the examples: every line of its python blocks (but ``...`` and
     comments) is a line of one of the scripts, so the page cannot drift from code that CI runs."""
     sources = set()
-    for script in ("uniform_sac.py", "sequence_learner.py"):
+    for script in ("uniform_sac.py", "sequence_learner.py", "onpolicy_learner.py"):
         with open(os.path.join(EXAMPLES, script), encoding="utf-8") as f:
             sources |= {line.strip() for line in f}
     with open(os.path.join(os.path.dirname(EXAMPLES), "docs", "own_learner.md"), encoding="utf-8") as f:

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apexrl.replay.adders import (
+    EndBehavior,
     EpisodeAdder,
     NStepTransitionAdder,
     SequenceAdder,
@@ -50,7 +51,7 @@ class RecordingWriter:
 
     def append(self, step: dict) -> None:
         assert not self.closed
-        assert set(step) == {"obs", "action", "reward", "discount"}
+        assert set(step) - {"extras", "start_of_episode"} == {"obs", "action", "reward", "discount"}
         self.calls.append(("append",))
         self.steps.append(step)
 
@@ -95,7 +96,7 @@ class RecordingClient:
         """Every inserted item, unstacked, in insert order."""
         rows = []
         for _, batch, _ in self.inserts:
-            n = len(batch["reward"])
+            n = len(batch["action"])
             rows += [_row(batch, i) for i in range(n)]
         return rows
 
@@ -695,6 +696,11 @@ def test_terminated_and_truncated_counts_as_terminated_everywhere():
         lambda c: SequenceAdder(c, "t", 3, 1, priority=-2),
         lambda c: EpisodeAdder(c, "t", 1),
         lambda c: EpisodeAdder(c, "t", 10, priority=math.inf),
+        lambda c: SequenceAdder(c, "t", 3, 1, end_of_episode_behavior="bogus"),
+        lambda c: SequenceAdder(c, "t", 3, 1, False, end_of_episode_behavior="write"),
+        lambda c: SequenceAdder(c, "t", 3, 1, extras_per="first"),
+        lambda c: EpisodeAdder(c, "t", 10, padding_fn=3),
+        lambda c: EpisodeAdder(c, "t", 10, extras_per=None),
     ],
 )
 def test_bad_arguments(make):
@@ -734,3 +740,271 @@ def test_adders_do_not_import_torch():
         "NStepTransitionAdder; import apexrl.replay.adders; assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# --------------------------------------------------------------------------------------------- Acme's inputs (issue 52)
+
+
+@pytest.mark.parametrize("make", _adders())
+def test_bad_rewards_and_discounts_are_refused_naming_the_field_and_change_nothing(make):
+    client = RecordingClient()
+    adder = make(client)
+    adder.add_first(np.zeros(1))
+    for kwargs, field in (
+        (dict(reward=1.0, discount=1.5), "discount"),
+        (dict(reward=1.0, discount=-0.1), "discount"),
+        (dict(reward=1.0, discount={"a": np.array([0.5, math.nan])}), "discount/a"),
+        (dict(reward={"a": np.array([1.0, math.inf])}), "reward/a"),
+        (dict(reward=np.array([1.0, math.nan])), "reward"),
+        (dict(reward="x"), "reward"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            adder.add(0, next_observation=np.ones(1), terminated=False, truncated=False, **kwargs)
+        assert adder.in_episode
+    adder.add(0, 1.0, np.ones(1), True, False, discount=0.5)  # terminated: the discount is 0 whatever was given
+    adder.close()
+    if client.inserts:
+        assert [float(r["discount"]) for r in client.inserted_rows()] == [0.0]
+    else:
+        (_, steps, _, _) = client.writers[0].items[-1]
+        assert float(steps[0]["discount"]) == 0.0
+
+
+def test_nstep_discount_input_gives_acmes_return_and_discount_times_gamma():
+    client = RecordingClient()
+    adder = NStepTransitionAdder(client, "t", 3, 0.9, insert_batch=1)
+    adder.add_first(0)
+    rewards, discounts = [1.0, 2.0, 4.0, 8.0], [0.5, 0.8, 1.0, 0.7]
+    for t, (r, d) in enumerate(zip(rewards, discounts, strict=True)):
+        adder.add(t, r, t + 1, False, t == 3, discount=d)
+    rows = client.inserted_rows()
+    assert [int(r["obs"]) for r in rows] == [0, 1, 2, 3]
+    g = 0.9
+    # s_0 over 3 steps: r0 + g d0 r1 + g^2 d0 d1 r2; D = g^3 d0 d1 d2
+    assert float(rows[0]["reward"]) == pytest.approx(1.0 + g * 0.5 * 2.0 + g * g * 0.5 * 0.8 * 4.0, rel=1e-6)
+    assert float(rows[0]["discount"]) == pytest.approx(g**3 * 0.5 * 0.8 * 1.0, rel=1e-6)
+    # the truncated end: s_3 over 1 step bootstraps with g d3
+    assert float(rows[3]["reward"]) == 8.0 and float(rows[3]["discount"]) == pytest.approx(g * 0.7, rel=1e-6)
+
+
+def test_nstep_without_discounts_is_unchanged_by_a_discount_of_one():
+    """discount=1.0 given at every step (the general path) gives what no discount gives (the scalar path)."""
+    a, b = RecordingClient(), RecordingClient()
+    plain, given = (
+        NStepTransitionAdder(a, "t", 3, 0.9, insert_batch=1),
+        NStepTransitionAdder(b, "t", 3, 0.9, insert_batch=1),
+    )
+    for adder, kw in ((plain, {}), (given, {"discount": 1.0})):
+        adder.add_first(0)
+        for t in range(5):
+            adder.add(t, float(t), t + 1, t == 4, False, **kw)
+    for x, y in zip(a.inserted_rows(), b.inserted_rows(), strict=True):
+        assert set(x) == set(y)
+        for k in x:
+            np.testing.assert_allclose(x[k], y[k], rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("T", [1, 2, 3, 6])
+def test_shorter_at_start_adds_min_n_T_minus_one_transitions_from_s0(n, T):
+    a, b = RecordingClient(), RecordingClient()
+    apex, acme = (
+        NStepTransitionAdder(c, "t", n, 0.5, insert_batch=1, shorter_at_start=s) for c, s in ((a, False), (b, True))
+    )
+    for adder in (apex, acme):
+        adder.add_first(0)
+        for t in range(T):
+            adder.add(t, 1.0, t + 1, t == T - 1, False, extras={"e": np.array([t])})
+    extra = acme_rows = b.inserted_rows()
+    k = min(n, T) - 1
+    assert len(acme_rows) == len(a.inserted_rows()) + k == T + k
+    for m, row in enumerate(extra[:k], start=1):  # s_0 -> s_m, the extras of s_0
+        assert (int(row["obs"]), int(row["next_obs"]), int(row["extras"]["e"][0])) == (0, m, 0)
+        assert float(row["discount"]) == pytest.approx(0.5**m)
+    assert canon(acme_rows[k:]) == canon(a.inserted_rows())
+
+
+def test_structured_rewards_and_discounts_broadcast_as_acme():
+    client = RecordingClient()
+    adder = NStepTransitionAdder(client, "t", 2, 1.0, insert_batch=1)
+    adder.add_first(0)
+    adder.add(0, {"a": np.array([1.0, 2.0]), "b": 3.0}, 1, False, False, discount={"a": 0.5, "b": np.array([0.1, 1.0])})
+    adder.add(0, {"a": np.array([1.0, 2.0]), "b": 3.0}, 2, False, True, discount={"a": 0.5, "b": np.array([0.1, 1.0])})
+    rows = client.inserted_rows()
+    np.testing.assert_allclose(rows[0]["reward"]["a"], [1.5, 3.0])
+    np.testing.assert_allclose(rows[0]["reward"]["b"], [3.3, 6.0])  # r broadcast with d: shape (2,)
+    np.testing.assert_allclose(rows[0]["discount"]["b"], [0.01, 1.0])
+    assert rows[0]["reward"]["a"].dtype == np.float32
+    with pytest.raises(ValueError, match="keys"):
+        adder.add_first(0)
+        adder.add(0, {"a": 1.0}, 1, False, True, discount={"b": 0.5})
+
+
+def _vec_inputs(k: int, t: int, rng: np.random.Generator) -> dict:
+    return dict(
+        actions=[10 * t + j for j in range(k)],
+        rewards={"r": rng.normal(size=(k, 2))},
+        next_observations={"pix": np.full((k, 2), t + 1, np.uint8), "pos": rng.normal(size=(k, 3))},
+        extras={"logp": rng.normal(size=k).astype(np.float32)},
+        discounts=rng.uniform(0.5, 1.0, size=k),
+    )
+
+
+@pytest.mark.parametrize("shorter_at_start", [False, True])
+def test_vectorised_adder_takes_every_input_as_k_nstep_adders(shorter_at_start):
+    """Dict observations, extras, discounts and structured rewards: the same items, values and order as K
+    NStepTransitionAdders fed one environment after another (their inserts of one item each, in order)."""
+    k, n, steps = 3, 3, 9
+    rng = np.random.default_rng(0)
+    ends = {(2, 0): "terminated", (4, 1): "truncated", (6, 0): "truncated", (7, 2): "terminated"}
+    vc, ref = RecordingClient(), RecordingClient()
+    vec = VecNStepTransitionAdder(vc, "t", n, 0.9, k, insert_batch=2, shorter_at_start=shorter_at_start)
+    singles = [
+        NStepTransitionAdder(ref, "t", n, 0.9, insert_batch=1, shorter_at_start=shorter_at_start) for _ in range(k)
+    ]
+    first = {"pix": np.zeros((k, 2), np.uint8), "pos": np.zeros((k, 3))}
+    vec.add_first(first)
+    for j in range(k):
+        singles[j].add_first({key: v[j] for key, v in first.items()})
+    for t in range(steps):
+        x = _vec_inputs(k, t, rng)
+        term = np.array([ends.get((t, j)) == "terminated" for j in range(k)])
+        trunc = np.array([ends.get((t, j)) == "truncated" for j in range(k)])
+        vec.add(x["actions"], x["rewards"], x["next_observations"], term, trunc, x["extras"], discounts=x["discounts"])
+        for j in range(k):
+            singles[j].add(
+                x["actions"][j],
+                {"r": x["rewards"]["r"][j]},
+                {key: v[j] for key, v in x["next_observations"].items()},
+                term[j],
+                trunc[j],
+                {"logp": x["extras"]["logp"][j]},
+                discount=x["discounts"][j],
+            )
+        ended = np.flatnonzero(term | trunc)
+        if len(ended):
+            reset_obs = {"pix": np.zeros((len(ended), 2), np.uint8), "pos": np.zeros((len(ended), 3))}
+            vec.add_first(reset_obs, envs=ended)
+            for i, j in enumerate(ended.tolist()):
+                singles[j].add_first({key: v[i] for key, v in reset_obs.items()})
+    assert vec.pending == sum(s.pending for s in singles)
+    vec.truncate()
+    for s in singles:
+        s.truncate()
+    vec.close()
+    for s in singles:
+        s.close()
+    got, want = vc.inserted_rows(), ref.inserted_rows()
+    assert len(got) == len(want) > 0
+    assert canon(got) == canon(want)
+
+
+def test_vectorised_adder_refuses_extras_after_plain_steps_and_changes_nothing():
+    client = RecordingClient()
+    vec = VecNStepTransitionAdder(client, "t", 2, 0.9, 2, insert_batch=1)
+    vec.add_first(np.zeros((2, 1)))
+    vec.add([0, 0], np.ones(2), np.ones((2, 1)), [False, False], [False, False])
+    with pytest.raises(ValueError, match="from the first add on"):
+        vec.add([0, 0], np.ones(2), np.ones((2, 1)), [False, False], [False, False], extras={"e": np.zeros(2)})
+    with pytest.raises(ValueError, match="from the first add on"):
+        vec.add([0, 0], np.ones(2), np.ones((2, 1)), [False, False], [False, False], discounts=np.ones(2))
+    assert vec.pending == 2
+    vec.add([0, 0], np.ones(2), np.ones((2, 1)), [True, False], [False, False])  # plain steps go on
+    assert len(client.inserted_rows()) == 3  # env 0 ended: 2 items; env 1 full: 1
+    other = VecNStepTransitionAdder(client, "t", 2, 0.9, 2)
+    other.add_first({"o": np.zeros((2, 1))})
+    with pytest.raises(ValueError, match=r"extras/e has shape \(3,\)"):
+        other.add([0, 0], np.ones(2), {"o": np.ones((2, 1))}, [False] * 2, [False] * 2, extras={"e": np.zeros(3)})
+    with pytest.raises(ValueError, match="discount"):
+        other.add([0, 0], np.ones(2), {"o": np.ones((2, 1))}, [False] * 2, [False] * 2, discounts=np.array([0.5, 2.0]))
+    assert other.pending == 0
+
+
+def _episode(adder: Any, T: int, end: str = "terminated") -> None:
+    adder.add_first(np.array([0.0], np.float32))
+    for t in range(T):
+        adder.add(
+            t,
+            float(t),
+            np.array([t + 1.0], np.float32),
+            end == "terminated" and t == T - 1,
+            end == "truncated" and t == T - 1,
+            extras={"logp": np.array([-t], np.float32)},
+            discount=0.9,
+        )
+
+
+@pytest.mark.parametrize("extras_per", ["step", "both", "item"])
+def test_sequence_adder_per_step_extras(extras_per):
+    client = RecordingClient()
+    adder = SequenceAdder(client, "t", 3, 2, extras_per=extras_per, start_of_episode=True)
+    _episode(adder, 4)
+    w = client.writers[0]
+    assert len(w.items) == 2
+    for (_, steps, _, item_extras), starts in zip(w.items, ([0, 1, 2], [2, 3, 4]), strict=True):
+        assert [float(s["obs"][0]) for s in steps] == starts
+        assert [bool(s["start_of_episode"]) for s in steps] == [t == 0 for t in starts]
+        if extras_per == "item":
+            assert all("extras" not in s for s in steps)
+        else:  # every step's own, zeros on the last observation
+            assert [float(s["extras"]["logp"][0]) for s in steps] == [-t if t < 4 else 0.0 for t in starts]
+        if extras_per == "step":
+            assert item_extras is None
+        else:
+            assert float(item_extras["logp"][0]) == (-starts[0] if starts[0] < 4 else 0.0)
+    assert [float(s["discount"]) for s in w.items[0][1]] == pytest.approx([0.9, 0.9, 0.9])
+    assert [float(s["discount"]) for s in w.items[1][1]] == pytest.approx([0.9, 0.0, 0.0])  # terminated, last obs
+
+
+def test_sequence_adder_step_extras_need_not_be_a_mapping():
+    client = RecordingClient()
+    adder = SequenceAdder(client, "t", 2, 1, extras_per="step")
+    adder.add_first(0)
+    adder.add(0, 1.0, 1, False, False, extras=np.array([1.0, 2.0]))
+    adder.add(0, 1.0, 2, True, False, extras=np.array([3.0, 4.0]))
+    assert [s["extras"].tolist() for s in client.writers[0].items[-1][1]] == [[3.0, 4.0], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 6])
+def test_sequence_end_behaviors(T):
+    """WRITE: the last L steps whatever the period (none when the episode is shorter than L); CONTINUE: no end
+    item, no episode break, items every p steps of the stream across episodes."""
+    L, p = 3, 2
+    write, cont = RecordingClient(), RecordingClient()
+    wa = SequenceAdder(write, "t", L, p, end_of_episode_behavior=EndBehavior.WRITE)
+    ca = SequenceAdder(cont, "t", L, p, end_of_episode_behavior="continue")
+    for adder in (wa, ca):
+        _episode(adder, T)
+        _episode(adder, T, "truncated")
+    obs = lambda item: [float(s["obs"][0]) for s in item[1]]  # noqa: E731
+    E = T + 1
+    regular = [list(range(t - L, t)) for t in range(L, T + 1) if (t - L) % p == 0]
+    end = [list(range(E - L, E))] if E >= L else []
+    per_episode = regular + [x for x in end if x not in regular[-1:]]
+    assert [obs(i) for i in write.writers[0].items] == [[float(v) for v in x] for x in per_episode * 2]
+    stream = list(range(E)) * 2
+    want = [stream[t - L : t] for t in range(L, 2 * E + 1) if (t - L) % p == 0]
+    assert [obs(i) for i in cont.writers[0].items] == [[float(v) for v in x] for x in want]
+    assert ("end_episode",) not in cont.writers[0].calls
+
+
+def test_continue_reset_breaks_the_stream():
+    client = RecordingClient()
+    adder = SequenceAdder(client, "t", 2, 1, end_of_episode_behavior="continue")
+    _episode(adder, 2)
+    adder.add_first(np.zeros(1, np.float32))
+    adder.add(0, 1.0, np.ones(1, np.float32), False, False, extras={"logp": np.zeros(1, np.float32)})
+    adder.reset()
+    assert client.writers[0].calls[-1] == ("end_episode",)
+
+
+@pytest.mark.parametrize("extras_per", ["step", "both"])
+def test_episode_adder_per_step_extras_and_padding(extras_per):
+    client = RecordingClient()
+    adder = EpisodeAdder(client, "t", 6, padding_fn=lambda s, d: np.full(s, 7, d), extras_per=extras_per)
+    _episode(adder, 2)
+    (_, steps, _, item_extras) = client.writers[0].items[0]
+    assert len(steps) == 6
+    assert [float(s["extras"]["logp"][0]) for s in steps] == [0.0, -1.0, 0.0, 7.0, 7.0, 7.0]
+    assert [float(s["obs"][0]) for s in steps] == [0.0, 1.0, 2.0, 7.0, 7.0, 7.0]
+    assert (item_extras is None) == (extras_per == "step")

@@ -255,3 +255,25 @@ def test_writer_adders_refuse_extras_the_writer_cannot_store_and_change_nothing(
         size = client.tables()[table]["size"]
         batch = client.sample(size, table=table)
         assert batch.fields["reward"][-1][:2].tolist() == [1.0, 2.0]  # the refused step left no trace
+
+
+def test_per_step_extras_and_discounts_through_the_writer(server):
+    """extras_per="both": every step's extras sampled with a time axis (``.fields["extras"]``, zeros on the last
+    observation and the padding) and the first step's as the per-item ``.extras``; the discount input per step."""
+    table = f"fifo{next(_tables['fifo'])}"
+    with ReplayClient(server.endpoint, timeout=30) as client:
+        adder = SequenceAdder(client, table, 3, 3, extras_per="both", start_of_episode=True)
+        adder.add_first(np.zeros(2, np.float32))
+        for t in range(4):
+            logits = np.array([t, -t], np.float32)
+            adder.add(t, 1.0, np.full(2, t + 1, np.float32), t == 3, False, extras={"logits": logits}, discount=0.5)
+        adder.flush(timeout=30)
+        adder.close()
+        batch = client.sample(2, table=table)  # FIFO: steps 0-2, then 3, the last observation, one padding step
+    f = batch.fields
+    assert f["extras"]["logits"].shape == (2, 3, 2)
+    assert f["extras"]["logits"][:, :, 0].tolist() == [[0, 1, 2], [3, 0, 0]]
+    assert batch.extras["logits"].tolist() == [[0, 0], [3, -3]]  # the first step's, once per item
+    assert f["discount"].tolist() == [[0.5, 0.5, 0.5], [0.0, 0.0, 0.0]]
+    assert f["start_of_episode"].tolist() == [[True, False, False], [False, False, False]]
+    assert f["action"].tolist() == [[0, 1, 2], [3, 0, 0]]

@@ -13,6 +13,7 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "EndBehavior",
     "EpisodeAdder",
     "FieldSpec",
     "MinSize",
@@ -52,6 +53,7 @@ _HOMES = {
     "TableConfig": "apexrl.replay.tables",
     "load_tables": "apexrl.replay.tables",
     "rate_limiter_from_json": "apexrl.replay.tables",
+    "EndBehavior": "apexrl.replay.adders",
     "EpisodeAdder": "apexrl.replay.adders",
     "NStepTransitionAdder": "apexrl.replay.adders",
     "SequenceAdder": "apexrl.replay.adders",

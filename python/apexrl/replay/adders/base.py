@@ -25,19 +25,21 @@ Steps (Acme's layout): the ``add`` for time ``t`` completes the step ::
 
     Step(observation=obs_t, action=a_t, reward=r_{t+1}, discount=d_t, extras=e_t)
 
-where ``r_{t+1}`` is the reward that followed ``a_t``, ``d_t`` is 0.0 when ``a_t`` ended the episode by
-termination and 1.0 otherwise (gamma is NOT in it: the learner multiplies), and ``e_t`` is what ``add`` got as
-``extras`` (anything: None, an array, a nested mapping of arrays; e.g. the policy's logits or recurrent state at
-``obs_t``; the adders that write through a writer, SequenceAdder and EpisodeAdder, take None or a mapping). An episode of ``T`` actions has ``T + 1`` steps: after its last action, its last observation is a step
-of its own with zero-filled action, reward, discount and extras (zeros shaped like the step before; extras stay
-None where the step before had None) -- what a sequence learner needs to bootstrap from it. Where an adder sends
-steps to a writer it sends them as the mapping ``{"obs", "action", "reward", "discount"}`` (reward and
-discount float32; ``obs`` as in the transition items and in R2D2's sequence batches,
-:mod:`apexrl.agents.r2d2.sequences`); what becomes of ``extras`` is each adder's to say.
+where ``r_{t+1}`` is the reward that followed ``a_t`` (a float, or the reward's arrays as given), ``d_t`` is 0.0
+(zeros shaped like the ``discount`` given) when ``a_t`` ended the episode by termination and otherwise the
+``discount`` given, 1.0 when none was (gamma is NOT in it: the learner multiplies), and ``e_t`` is what ``add``
+got as ``extras`` (anything: None, an array, a nested mapping of arrays; e.g. the policy's logits or recurrent
+state at ``obs_t``, its log-probability of ``a_t``, a value estimate). An episode of ``T`` actions has ``T + 1``
+steps: after its last action, its last observation is a step of its own with zero-filled action, reward, discount
+and extras (zeros shaped like the step before; extras stay None where the step before had None) -- what a
+sequence learner needs to bootstrap from it. Where an adder sends steps to a writer it sends them as the mapping
+``{"obs", "action", "reward", "discount"}`` (reward and discount float32, per leaf where they are structured;
+``obs`` as in the transition items and in R2D2's sequence batches, :mod:`apexrl.agents.r2d2.sequences`); what
+becomes of ``extras`` (per step, per item, or both) is each adder's to say.
 
 Values are kept by reference, not copied (environments hand out fresh arrays every step), and numpy arrays, numbers
 or anything ``numpy.asarray`` takes (a CPU torch tensor included, without this package importing torch) may be
-leaves; nested mappings (dicts) are structures.
+leaves; nested mappings (dicts) are structures. A tuple or list is a leaf (an array), not a structure.
 """
 
 from __future__ import annotations
@@ -49,7 +51,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Adder", "Step", "check_int", "check_item_extras", "check_priority", "stack", "step_mapping", "zeros_like"]
+__all__ = [
+    "Adder",
+    "Step",
+    "check_discount",
+    "check_int",
+    "check_item_extras",
+    "check_priority",
+    "check_reward",
+    "final_step",
+    "float32_tree",
+    "stack",
+    "step_mapping",
+    "zeros_like",
+]
 
 
 class Step(NamedTuple):
@@ -57,8 +72,9 @@ class Step(NamedTuple):
 
     observation: Any
     action: Any
-    reward: float
-    discount: float  # 0.0 where the action terminated the episode (and on the zero-filled last step), else 1.0
+    reward: Any  # a float, or the reward's arrays (an array or a nested mapping of arrays) as given
+    discount: Any  # 0.0 where the action terminated the episode (and on the zero-filled last step), else the
+    # discount given to add (1.0 when none was): a float, or arrays shaped like the discount given
     extras: Any = None
 
 
@@ -89,6 +105,61 @@ def check_item_extras(adder: str, extras: Any) -> None:
         )
 
 
+def _leaves(tree: Any, name: str) -> Any:
+    """``tree`` with every leaf as a float64 array, mappings kept; ValueError naming a leaf that is not numeric."""
+    if isinstance(tree, Mapping):
+        if not tree:
+            raise ValueError(f"{name} is an empty mapping")
+        return {k: _leaves(v, f"{name}/{k}") for k, v in tree.items()}
+    try:
+        a = np.asarray(tree, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number or an array of numbers, got {type(tree).__name__}") from None
+    return a
+
+
+def _check_leaves(tree: Any, name: str, check: Any, what: str) -> None:
+    if isinstance(tree, Mapping):
+        for k, v in tree.items():
+            _check_leaves(v, f"{name}/{k}", check, what)
+    elif not check(tree):
+        raise ValueError(f"{name} must be {what}, got {tree.tolist()!r}")
+
+
+def check_reward(reward: Any) -> Any:
+    """The step's reward: a float for a number (as before), else the reward itself (an array, a nested mapping of
+    arrays). ValueError naming the field unless every value is finite."""
+    if isinstance(reward, numbers.Real) or (isinstance(reward, np.ndarray) and reward.ndim == 0):
+        r = float(reward)
+        if not math.isfinite(r):
+            raise ValueError(f"reward must be finite, got {reward!r}")
+        return r
+    _check_leaves(_leaves(reward, "reward"), "reward", lambda a: bool(np.all(np.isfinite(a))), "finite")
+    return reward
+
+
+def check_discount(discount: Any) -> Any:
+    """The step's environment discount: a float for a number, else the arrays (an array, a nested mapping of
+    arrays) as float64. ValueError naming the field unless every value is in [0, 1]."""
+    if isinstance(discount, numbers.Real) or (isinstance(discount, np.ndarray) and discount.ndim == 0):
+        d = float(discount)
+        if not 0.0 <= d <= 1.0:  # NaN fails too
+            raise ValueError(f"discount must be a number in [0, 1], got {discount!r}")
+        return d
+    tree = _leaves(discount, "discount")
+    _check_leaves(tree, "discount", lambda a: bool(np.all((a >= 0.0) & (a <= 1.0))), "in [0, 1]")
+    return tree
+
+
+def float32_tree(tree: Any) -> Any:
+    """A float (np.float32) or arrays (float32 arrays, mappings kept): how steps hold reward and discount."""
+    if isinstance(tree, float):
+        return np.float32(tree)
+    if isinstance(tree, Mapping):
+        return {k: float32_tree(v) for k, v in tree.items()}
+    return np.asarray(tree, dtype=np.float32)
+
+
 def zeros_like(tree: Any) -> Any:
     """Zeros shaped like ``tree``'s leaves, in its structure (None stays None)."""
     if tree is None:
@@ -98,13 +169,26 @@ def zeros_like(tree: Any) -> Any:
     return np.zeros_like(np.asarray(tree))
 
 
+def final_step(step: Step, next_observation: Any) -> Step:
+    """The zero-filled step of an episode's last observation, after ``step`` (the episode's last action): action,
+    reward, discount and extras zeros shaped like ``step``'s (a float reward or discount: 0.0; extras None stays
+    None)."""
+    return Step(
+        next_observation,
+        zeros_like(step.action),
+        0.0 if isinstance(step.reward, float) else zeros_like(step.reward),
+        0.0 if isinstance(step.discount, float) else zeros_like(step.discount),
+        zeros_like(step.extras),
+    )
+
+
 def step_mapping(step: Step) -> dict[str, Any]:
     """What an adder appends to a writer for ``step``: observation, action, reward and discount (float32)."""
     return {
         "obs": step.observation,
         "action": step.action,
-        "reward": np.float32(step.reward),
-        "discount": np.float32(step.discount),
+        "reward": float32_tree(step.reward),
+        "discount": float32_tree(step.discount),
     }
 
 
@@ -176,18 +260,22 @@ class Adder:
     def add(
         self,
         action: Any,
-        reward: float,
+        reward: Any,
         next_observation: Any,
         terminated: bool,
         truncated: bool,
         extras: Any = None,
+        *,
+        discount: Any = None,
     ) -> None:
-        """Record the step ``(obs_t, a_t) -> (r_{t+1}, obs_{t+1})``; ``extras``: the step's extras (``e_t``).
+        """Record the step ``(obs_t, a_t) -> (r_{t+1}, obs_{t+1})``; ``extras``: the step's extras (``e_t``);
+        ``discount``: the environment's discount of the step (None: 1; module docstring).
 
         Raises:
           RuntimeError: no open episode (``add_first`` was not called, or the last step ended the episode), or the
             adder is closed.
-          ValueError: ``reward`` is not a finite number (or a subclass refuses the step: see its docstring).
+          ValueError: ``reward`` is not finite, ``discount`` not in [0, 1] (naming the field), or a subclass refuses
+            the step (see its docstring).
         """
         self._check_not_closed()
         if not self._open:
@@ -195,11 +283,18 @@ class Adder:
                 f"{type(self).__name__}.add called without an open episode: call add_first(observation) first "
                 "(and again after every step with terminated or truncated)"
             )
-        r = float(reward)
-        if not math.isfinite(r):
-            raise ValueError(f"reward must be finite, got {reward!r}")
+        if type(reward) is float and math.isfinite(reward):  # the common case, checked without a call
+            r: Any = reward
+        else:
+            r = check_reward(reward)
         terminated, truncated = bool(terminated), bool(truncated)
-        step = Step(self._obs, action, r, 0.0 if terminated else 1.0, extras)
+        if discount is None:
+            d: Any = 0.0 if terminated else 1.0
+        else:
+            d = check_discount(discount)
+            if terminated:
+                d = zeros_like(d) if not isinstance(d, float) else 0.0
+        step = Step(self._obs, action, r, d, extras)
         self._step(step, next_observation, terminated, truncated)
         if terminated or truncated:
             self._obs, self._open = None, False
