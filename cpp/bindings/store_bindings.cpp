@@ -525,6 +525,34 @@ All arrays view memory owned by the batch: no per-item copies are made.)doc")
       .def("__len__", &PySampleBatch::size)
       .def("__repr__", [](const PySampleBatch& b) { return "SampleBatch(n=" + std::to_string(b.size()) + ")"; });
 
+  // The kind tables (eviction/kinds.cc, sampling/kinds.cc) and the store's defaults, so that Python's table
+  // configuration and flags list the names the store parses rather than a copy of them.
+  m.def(
+      "eviction_kinds",
+      [] {
+        py::list out;
+        for (const EvictionKindEntry& k : EvictionKindTable()) {
+          out.append(py::make_tuple(static_cast<uint32_t>(k.kind), k.name,
+                                    k.alias != nullptr ? py::object(py::str(k.alias)) : py::object(py::none())));
+        }
+        return out;
+      },
+      "[(number, name, alias or None), ...]: the store's eviction policies (PrioritizedStore(eviction=...)) as "
+      "numbered in snapshots, in the kind table's order.");
+  m.def(
+      "sampler_kinds",
+      [] {
+        py::list out;
+        for (const SamplerKindEntry& k : SamplerKindTable()) {
+          out.append(py::make_tuple(static_cast<uint32_t>(k.kind), k.name, py::none()));
+        }
+        return out;
+      },
+      "[(number, name, alias or None), ...]: the store's samplers (PrioritizedStore(sampler=...)) as numbered in "
+      "snapshots, in the kind table's order.");
+  m.attr("DEFAULT_EVICTION") = EvictionKindName(StoreConfig{}.eviction);
+  m.attr("DEFAULT_SAMPLER") = SamplerKindName(StoreConfig{}.sampler);
+
   py::class_<PyStore>(m, "PrioritizedStore", R"doc(
 A key-value store of byte items with proportional prioritized sampling (Schaul et al., Ape-X), or another
 sampler.
@@ -542,9 +570,9 @@ globally oldest first; "prioritized": victims drawn proportional to p^alpha_evic
 store's epoch (1..4095), so keys of an earlier life of a restarted store address nothing. Thread-safe; the
 heavy methods release the GIL.)doc")
       .def(py::init(&PyStore::Create), py::arg("capacity") = 1'000'000, py::arg("alpha") = 0.6, py::arg("shards") = 8,
-           py::arg("eviction") = "fifo", py::arg("alpha_evict") = -0.4, py::arg("seed") = 0,
-           py::arg("max_size") = py::none(), py::arg("epoch") = 1, py::arg("sampler") = "prioritized",
-           py::arg("max_times_sampled") = 0)
+           py::arg("eviction") = std::string(EvictionKindName(StoreConfig{}.eviction)), py::arg("alpha_evict") = -0.4,
+           py::arg("seed") = 0, py::arg("max_size") = py::none(), py::arg("epoch") = 1,
+           py::arg("sampler") = std::string(SamplerKindName(StoreConfig{}.sampler)), py::arg("max_times_sampled") = 0)
       .def("insert", &PyStore::Insert, py::arg("priorities"), py::arg("items"), py::arg("offsets") = py::none(),
            py::arg("chunks") = py::none(), py::arg("item_chunks") = py::none(),
            py::arg("item_chunk_offsets") = py::none(), py::arg("return_chunk_keys") = false,

@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from apexrl._core import eviction_kinds, sampler_kinds
+
 __all__ = [
     "ExportError",
     "RESERVED",
@@ -64,8 +66,8 @@ SNAPSHOT_VERSIONS = (2, 3, 4, 5)
 RESERVED = ("keys", "priorities", "insertion", "spec", "store")
 """Names of the ``.npz`` arrays that are not transition fields."""
 _MAGIC, _END = b"APXRLST1", b"APXRLEND"
-_EVICTION = {0: "fifo", 1: "prioritized", 2: "lowest_priority", 3: "lifo", 4: "uniform", 5: "max_heap"}
-_SAMPLER = {0: "prioritized", 1: "uniform", 2: "fifo", 3: "lifo", 4: "max_heap", 5: "min_heap"}
+_EVICTION = {number: name for number, name, _ in eviction_kinds()}  # a snapshot's u32 kinds, by the store's tables
+_SAMPLER = {number: name for number, name, _ in sampler_kinds()}
 _SHARD_BITS, _SLOT_BITS = 8, 28
 
 
