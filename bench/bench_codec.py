@@ -1,4 +1,4 @@
-"""Throughput of the transition codec (apexrl.replay.codec) for the DPG-humanoid and Atari presets, in-process.
+"""Throughput of the transition codec (apexrl.replay.wire.codec) for the DPG-humanoid and Atari presets, in-process.
 
     python bench/bench_codec.py                  # batch 512, about 10 s, then the sampled section (about 1 min)
     python bench/bench_codec.py --seconds 0.3    # quick look
@@ -16,7 +16,7 @@ steps/s: the agent's update fed by a PrefetchingSampler over a real replay serve
 --learner-threads decode threads and with today's Python decode hook, in interleaved windows.
 
 Frames stored once (part of the sampled section, or alone with --only frames): the same Pong transitions stored
-as Atari runs store them (apexrl.replay.frames: u16 frame references per item, each insert's frames once in
+as Atari runs store them (apexrl.replay.wire.frames: u16 frame references per item, each insert's frames once in
 lz4 chunks of 8), sampled, and the stacks rebuilt by the native FrameStackCodec.decode_valid_into (GIL
 released, into each thread's preallocated batch; T threads for T in --threads) or by the Python reference
 FrameStackCodec.decode_valid (1 and 2 threads), in interleaved windows, with the copy control as above; ratios
@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from apexrl.replay.codec import TransitionSpec
+from apexrl.replay.wire.codec import TransitionSpec
 
 
 def dpg_batch(spec: TransitionSpec, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -96,10 +96,10 @@ def pong_store(transitions: int, seed: int = 0):
 
 
 def pong_frames_store(transitions: int, seed: int = 0):
-    """The same real Pong transitions stored as the actor stores them: frames once (apexrl.replay.frames), each
+    """The same real Pong transitions stored as the actor stores them: frames once (apexrl.replay.wire.frames), each
     insert of 500 transitions with its own lz4 frame chunks, in a native PrioritizedStore."""
     from apexrl import PrioritizedStore
-    from apexrl.replay.frames import frame_codec
+    from apexrl.replay.wire.frames import frame_codec
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_wire import pong_transitions  # the same real frames the wire bench uses
@@ -122,7 +122,7 @@ def pong_frames_store(transitions: int, seed: int = 0):
 
 
 def _frame_chunks(b):
-    from apexrl.replay.protocol import FrameChunks
+    from apexrl.replay.wire.protocol import FrameChunks
 
     return FrameChunks(b.item_chunks, b.item_chunk_offsets, b.chunk_data, b.chunk_offsets)
 
@@ -307,9 +307,9 @@ def run_learner_steps(args: argparse.Namespace) -> None:
     from apexrl.agents import get_agent
     from apexrl.envs import env_spec
     from apexrl.replay import ReplayClient
-    from apexrl.replay.codec import BatchDecoder
-    from apexrl.replay.config import ServerConfig
     from apexrl.replay.server import ReplayServer
+    from apexrl.replay.server.config import ServerConfig
+    from apexrl.replay.wire.codec import BatchDecoder
 
     torch.set_num_threads(1)
     spec, store, _source = pong_store(args.transitions)
@@ -392,7 +392,7 @@ def main() -> None:
         ("atari 4x84x84 (synthetic)", TransitionSpec.atari(), atari_batch),
     ]
     n = args.batch
-    print(f"apexrl.replay.codec, batch {n}, median of {args.windows} windows, MB/s of raw transition bytes")
+    print(f"apexrl.replay.wire.codec, batch {n}, median of {args.windows} windows, MB/s of raw transition bytes")
     header = (
         f"{'preset':<27}{'raw B/tr':>9}{'item B':>9}{'ratio':>7}"
         f"{'encode tr/s':>13}{'enc MB/s':>10}{'decode tr/s':>13}{'dec MB/s':>10}{'dec us/batch':>14}"

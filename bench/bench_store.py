@@ -43,7 +43,7 @@ from collections.abc import Callable
 import numpy as np
 
 # DPG humanoid transition: obs 67 f32, action 21 f32, reward f32, discount f32,
-# next obs 67 f32 = 628 bytes; the store issue sizes items at 636 bytes (apexrl.replay.codec's DPG item is 632).
+# next obs 67 f32 = 628 bytes; the store issue sizes items at 636 bytes (apexrl.replay.wire.codec's DPG item is 632).
 OBS, ACT = 67, 21
 ITEM_BYTES = 636
 INSERT_BATCH, SAMPLE_BATCH = 50, 512

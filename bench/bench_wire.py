@@ -270,7 +270,7 @@ class Server:
 
 
 def dpg_batches(seed: int, n_batches: int = N_PREENCODED_BATCHES) -> list[tuple[np.ndarray, np.ndarray]]:
-    from apexrl.replay.codec import TransitionSpec
+    from apexrl.replay.wire.codec import TransitionSpec
 
     spec = TransitionSpec.dpg(67, 21)
     rng = np.random.default_rng(seed)
@@ -381,7 +381,7 @@ def load_batches(path: str) -> list[tuple]:
     n = sum(1 for f in z.files if f.startswith("d"))
     if "r0" not in z.files:
         return [(z[f"d{i}"], z[f"o{i}"]) for i in range(n)]
-    from apexrl.replay.protocol import FrameChunks  # only a tree with frame chunks writes them
+    from apexrl.replay.wire.protocol import FrameChunks  # only a tree with frame chunks writes them
 
     return [
         (z[f"d{i}"], z[f"o{i}"], FrameChunks(z[f"r{i}"], z[f"ro{i}"], z[f"c{i}"].tobytes(), z[f"co{i}"]))
@@ -393,7 +393,7 @@ def load_batches(path: str) -> list[tuple]:
 
 
 def actor_main(args: argparse.Namespace) -> None:
-    from apexrl.replay.sharded import connect
+    from apexrl.replay.client.sharded import connect
 
     batches = load_batches(args.payload)
     rng = np.random.default_rng(args.seed)
@@ -435,14 +435,14 @@ def actor_main(args: argparse.Namespace) -> None:
 
 
 def learner_main(args: argparse.Namespace) -> None:
-    from apexrl.replay.codec import TransitionSpec
-    from apexrl.replay.sharded import connect
+    from apexrl.replay.client.sharded import connect
+    from apexrl.replay.wire.codec import TransitionSpec
 
     spec = TransitionSpec.atari() if args.shape == "atari" else TransitionSpec.dpg(67, 21)
     codec = None
     if args.shape == "atari":
         try:  # a tree that stores Atari frames once decodes through its one decode function
-            from apexrl.replay.frames import decode_valid, frame_codec
+            from apexrl.replay.wire.frames import decode_valid, frame_codec
 
             codec = frame_codec(spec)
         except ImportError:
@@ -522,7 +522,7 @@ def conns_main(args: argparse.Namespace) -> None:
     on the number of sockets), every reply received; then up to 10 s to collect the late ones."""
     import zmq
 
-    from apexrl.replay import protocol as P
+    from apexrl.replay.wire import protocol as P
 
     batches = load_batches(args.payload)
     rng = np.random.default_rng(args.seed)
@@ -591,7 +591,7 @@ def floor_main(args: argparse.Namespace) -> None:
     SIGTERM, or by itself after --lifetime seconds."""
     import zmq
 
-    from apexrl.replay import protocol as P
+    from apexrl.replay.wire import protocol as P
 
     item_bytes = args.item_bytes
     stop = []
@@ -674,7 +674,7 @@ def floor_main(args: argparse.Namespace) -> None:
 def prefill(endpoint: str, batches: list[tuple], n_items: int, chunk: int = 20, curve_dir: str | None = None) -> None:
     """Insert n_items by sending `chunk` pre-encoded 50-item batches concatenated per request (round robin over
     the servers when `endpoint` names several); batches with frame chunks one per request, with their chunks."""
-    from apexrl.replay.sharded import connect
+    from apexrl.replay.client.sharded import connect
 
     rng = np.random.default_rng(7)
     if len(batches[0]) > 2:
@@ -737,7 +737,7 @@ def run_config(
     py = worker_python or sys.executable
     if worker_python is not None:
         kind, server_python = "old", worker_python
-    from apexrl.replay.sharded import connect
+    from apexrl.replay.client.sharded import connect
 
     flags = (["--spec", spec_json] if spec_json else []) + ([] if curve_dir is None else ["--curve-dir", curve_dir])
     group: list[Server] = []
@@ -1082,7 +1082,7 @@ def rss_1m(n: int) -> dict:
         prefill(server.endpoint, batches, n)
         time.sleep(0.5)
         rss = rss_of(server.pid)
-        from apexrl.replay.client import ReplayClient
+        from apexrl.replay.client.replay_client import ReplayClient
 
         with ReplayClient(server.endpoint) as c:
             st = c.stats()
@@ -1326,7 +1326,7 @@ def main() -> None:
     if args.worker == "prefill":
         return prefill(args.endpoint, load_batches(args.payload), args.items, curve_dir=args.curve_dir)
     if args.worker == "stats":
-        from apexrl.replay.sharded import connect
+        from apexrl.replay.client.sharded import connect
 
         with connect(args.endpoint, timeout=30, curve=args.curve_dir) as c, open(args.out, "w") as f:
             json.dump(c.stats(), f)
@@ -1342,7 +1342,7 @@ def main() -> None:
         args.seconds, args.prefill, args.atari_transitions, args.atari_prefill = 1.0, 20_000, 400, 5_000
         args.rss_items = 0
     shapes = args.only or ["dpg", "atari"]
-    from apexrl.replay.codec import TransitionSpec
+    from apexrl.replay.wire.codec import TransitionSpec
 
     rows = []
     extra: list[str] = []
@@ -1494,8 +1494,8 @@ def median(xs: list[float]) -> float:
 def frames_before_after(args: argparse.Namespace) -> None:
     """Atari, per game: this tree (frames stored once: items + frame chunks) against --before-python's tree
     (both stacks in every item), whole stacks, windows interleaved (before, after, before, after, ...)."""
-    from apexrl.replay.codec import TransitionSpec
-    from apexrl.replay.frames import frame_codec
+    from apexrl.replay.wire.codec import TransitionSpec
+    from apexrl.replay.wire.frames import frame_codec
 
     if args.quick:
         args.seconds, args.atari_transitions, args.atari_prefill = 2.0, 400, 2_000

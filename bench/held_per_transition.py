@@ -20,7 +20,7 @@ import tempfile
 import time
 
 STATS = (
-    "import json, sys\nfrom apexrl.replay.client import ReplayClient\n"
+    "import json, sys\nfrom apexrl.replay.client.replay_client import ReplayClient\n"
     "with ReplayClient(sys.argv[1], timeout=10) as c: print(json.dumps(c.stats()))"
 )
 

@@ -1,4 +1,4 @@
-// Native decoder of the transition codec's items (python/apexrl/replay/codec.py documents the item layout).
+// Native decoder of the transition codec's items (python/apexrl/replay/wire/codec.py documents the item layout).
 //
 // DecodeItems checks (FirstBadItem of item_layout.h, the server's check too) and decodes n sampled items straight
 // into caller-provided field buffers: the same rules, in the same order and with the same messages as

@@ -1,4 +1,4 @@
-// Native rebuild of Atari frame stacks stored once (python/apexrl/replay/frames.py documents the layout).
+// Native rebuild of Atari frame stacks stored once (python/apexrl/replay/wire/frames.py documents the layout).
 //
 // A sampled batch of FrameStackCodec items carries, per item and per stack, u16 frame references (slot << 8 |
 // index: frame `index` of the item's `slot`-th chunk, or kPadFrame for an all-zero frame) and the frame chunks

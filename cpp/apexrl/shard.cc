@@ -769,6 +769,31 @@ void Shard::Serialize(ByteBuffer* out) const {
   }
 }
 
+Shard::Contents Shard::Dump() const {
+  ScopedLock lock(mu_);
+  Contents out;
+  for (size_t id = 0; id < num_chunk_ids_; ++id) {
+    const ChunkRef& c = chunk_refs_[id];
+    if (c.refs == 0) continue;
+    out.chunk_ids.push_back(static_cast<uint32_t>(id));
+    out.chunks.push_back(c.size > 0 ? std::string(reinterpret_cast<const char*>(c.data), c.size) : std::string());
+  }
+  std::vector<Slot> order(live_.begin(), live_.end());
+  const uint64_t* const seq = seq_.data();  // as in Serialize: the lambda holds no lock of its own
+  std::sort(order.begin(), order.end(), [seq](Slot a, Slot b) { return seq[a] < seq[b]; });
+  for (Slot s : order) {
+    const SlotRef& r = refs_[s];
+    out.keys.push_back(MakeKey(index_, s, r.tag));
+    out.seqs.push_back(seq_[s]);
+    out.priorities.push_back(r.priority);
+    out.items.push_back(r.size > 0 ? std::string(reinterpret_cast<const char*>(r.data), r.size) : std::string());
+    std::vector<uint32_t> ids;
+    if (r.num_chunks > 0) ids.assign(ChunkIds(r), ChunkIds(r) + r.num_chunks);
+    out.item_chunk_ids.push_back(std::move(ids));
+  }
+  return out;
+}
+
 void Shard::Write(SnapshotWriter& out) const {
   ByteBuffer block;
   Serialize(&block);  // the lock is held for the copy only, not for the disk write

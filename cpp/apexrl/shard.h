@@ -186,6 +186,20 @@ class Shard {
   // Throws std::logic_error describing the first broken invariant (tests and debugging).
   void Validate() const EXCLUDES(mu_);
 
+  // What a snapshot of this shard holds, copied under the lock: its stored chunks (ids ascending) and its live
+  // items, oldest first, each with its key and the ids of the chunks it references. A restored store hands
+  // these to readers of its snapshot (apexrl export), so that the format has one reader: Read.
+  struct Contents {
+    std::vector<uint32_t> chunk_ids;
+    std::vector<std::string> chunks;
+    std::vector<Key> keys;
+    std::vector<uint64_t> seqs;
+    std::vector<double> priorities;
+    std::vector<std::string> items;
+    std::vector<std::vector<uint32_t>> item_chunk_ids;
+  };
+  Contents Dump() const EXCLUDES(mu_);
+
   // Snapshot of this shard, captured at one instant: Serialize copies the shard's block into `out` under
   // the lock (a memcpy per item, no I/O), Write serializes and then writes the block with the lock released.
   void Serialize(ByteBuffer* out) const EXCLUDES(mu_);

@@ -730,6 +730,12 @@ void ShardedStore::Validate() const {
   for (const auto& shard : shards_) shard->Validate();
 }
 
+std::vector<Shard::Contents> ShardedStore::Dump() const {
+  std::vector<Shard::Contents> out;
+  for (const auto& shard : shards_) out.push_back(shard->Dump());
+  return out;
+}
+
 // Snapshot layout, version 5 (little-endian; CRC-32C of every preceding byte at the end):
 //   "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards | u32 eviction
 //   | f64 alpha_evict | u64 seed | u32 sampler | u32 max_times_sampled | shards x Shard block (shard.cc) | u64 next_seq
@@ -788,6 +794,13 @@ uint32_t ReadHeader(SnapshotReader& in, uint32_t* version_out = nullptr) {
 uint32_t ShardedStore::SnapshotEpoch(const std::string& path) {
   SnapshotReader in(path);
   return ReadHeader(in);
+}
+
+uint32_t ShardedStore::SnapshotVersion(const std::string& path) {
+  SnapshotReader in(path);
+  uint32_t version = 0;
+  ReadHeader(in, &version);
+  return version;
 }
 
 std::unique_ptr<ShardedStore> ShardedStore::Load(const std::string& path) {

@@ -229,9 +229,13 @@ class ShardedStore {
   // The epoch a snapshot was saved under, read from its header only (SnapshotError if it is not a snapshot
   // of this version).
   static uint32_t SnapshotEpoch(const std::string& path);
+  // The format version of the snapshot at `path` (header only; SnapshotError if it is none this build reads).
+  static uint32_t SnapshotVersion(const std::string& path);
 
   // Throws std::logic_error describing the first broken invariant of any shard (tests).
   void Validate() const;
+  // Every shard's Shard::Contents, in shard order: a restored snapshot's items, read by the store itself.
+  std::vector<Shard::Contents> Dump() const;
 
  private:
   // One pass of Sample: reads the shard totals and fills up to n draws and the batch totals of `out`. Returns

@@ -474,6 +474,71 @@ class PyStore {
     py::gil_scoped_release release;
     return ShardedStore::SnapshotEpoch(path);
   }
+  static uint32_t SnapshotVersion(const std::string& path) {
+    py::gil_scoped_release release;
+    return ShardedStore::SnapshotVersion(path);
+  }
+  // Every live item, oldest first across the shards, and the chunks they reference (see "contents" below).
+  py::dict Contents() const {
+    std::vector<Shard::Contents> shards;
+    {
+      py::gil_scoped_release release;
+      shards = store_->Dump();
+    }
+    struct Row {
+      uint64_t seq;
+      size_t shard, index;
+    };
+    std::vector<Row> rows;
+    std::vector<std::vector<uint64_t>> chunk_index(shards.size());  // per shard: chunk id -> index in `chunks`
+    py::list chunks;
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const Shard::Contents& c = shards[s];
+      for (size_t i = 0; i < c.keys.size(); ++i) rows.push_back({c.seqs[i], s, i});
+      const uint32_t max_id = c.chunk_ids.empty() ? 0 : c.chunk_ids.back() + 1;
+      chunk_index[s].assign(max_id, 0);
+      for (size_t j = 0; j < c.chunk_ids.size(); ++j) {
+        chunk_index[s][c.chunk_ids[j]] = py::len(chunks);
+        chunks.append(py::bytes(c.chunks[j]));
+      }
+    }
+    // Insertion numbers are store-wide: one order across the shards (stable: equal ones keep shard order).
+    std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.seq < b.seq; });
+    const size_t n = rows.size();
+    py::array_t<uint64_t> keys(n), seqs(n), offsets(n + 1);
+    py::array_t<double> priorities(n);
+    uint64_t bytes = 0;
+    for (const Row& r : rows) bytes += shards[r.shard].items[r.index].size();
+    py::array_t<uint8_t> data(bytes);
+    py::list item_chunks;
+    auto k = keys.mutable_unchecked<1>();
+    auto q = seqs.mutable_unchecked<1>();
+    auto o = offsets.mutable_unchecked<1>();
+    auto p = priorities.mutable_unchecked<1>();
+    uint8_t* out = data.mutable_data();
+    o(0) = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const Shard::Contents& c = shards[rows[i].shard];
+      const size_t j = rows[i].index;
+      k(i) = c.keys[j];
+      q(i) = c.seqs[j];
+      p(i) = c.priorities[j];
+      if (!c.items[j].empty()) std::memcpy(out + o(i), c.items[j].data(), c.items[j].size());
+      o(i + 1) = o(i) + c.items[j].size();
+      py::list refs;
+      for (uint32_t id : c.item_chunk_ids[j]) refs.append(chunk_index[rows[i].shard][id]);
+      item_chunks.append(refs);
+    }
+    py::dict d;
+    d["keys"] = keys;
+    d["priorities"] = priorities;
+    d["insertion"] = seqs;
+    d["data"] = data;
+    d["offsets"] = offsets;
+    d["chunks"] = chunks;
+    d["item_chunks"] = item_chunks;
+    return d;
+  }
   void CheckInvariants() const {
     py::gil_scoped_release release;
     store_->Validate();
@@ -525,6 +590,34 @@ All arrays view memory owned by the batch: no per-item copies are made.)doc")
       .def("__len__", &PySampleBatch::size)
       .def("__repr__", [](const PySampleBatch& b) { return "SampleBatch(n=" + std::to_string(b.size()) + ")"; });
 
+  // The kind tables (eviction/kinds.cc, sampling/kinds.cc) and the store's defaults, so that Python's table
+  // configuration and flags list the names the store parses rather than a copy of them.
+  m.def(
+      "eviction_kinds",
+      [] {
+        py::list out;
+        for (const EvictionKindEntry& k : EvictionKindTable()) {
+          out.append(py::make_tuple(static_cast<uint32_t>(k.kind), k.name,
+                                    k.alias != nullptr ? py::object(py::str(k.alias)) : py::object(py::none())));
+        }
+        return out;
+      },
+      "[(number, name, alias or None), ...]: the store's eviction policies (PrioritizedStore(eviction=...)) as "
+      "numbered in snapshots, in the kind table's order.");
+  m.def(
+      "sampler_kinds",
+      [] {
+        py::list out;
+        for (const SamplerKindEntry& k : SamplerKindTable()) {
+          out.append(py::make_tuple(static_cast<uint32_t>(k.kind), k.name, py::none()));
+        }
+        return out;
+      },
+      "[(number, name, alias or None), ...]: the store's samplers (PrioritizedStore(sampler=...)) as numbered in "
+      "snapshots, in the kind table's order.");
+  m.attr("DEFAULT_EVICTION") = EvictionKindName(StoreConfig{}.eviction);
+  m.attr("DEFAULT_SAMPLER") = SamplerKindName(StoreConfig{}.sampler);
+
   py::class_<PyStore>(m, "PrioritizedStore", R"doc(
 A key-value store of byte items with proportional prioritized sampling (Schaul et al., Ape-X), or another
 sampler.
@@ -542,9 +635,9 @@ globally oldest first; "prioritized": victims drawn proportional to p^alpha_evic
 store's epoch (1..4095), so keys of an earlier life of a restarted store address nothing. Thread-safe; the
 heavy methods release the GIL.)doc")
       .def(py::init(&PyStore::Create), py::arg("capacity") = 1'000'000, py::arg("alpha") = 0.6, py::arg("shards") = 8,
-           py::arg("eviction") = "fifo", py::arg("alpha_evict") = -0.4, py::arg("seed") = 0,
-           py::arg("max_size") = py::none(), py::arg("epoch") = 1, py::arg("sampler") = "prioritized",
-           py::arg("max_times_sampled") = 0)
+           py::arg("eviction") = std::string(EvictionKindName(StoreConfig{}.eviction)), py::arg("alpha_evict") = -0.4,
+           py::arg("seed") = 0, py::arg("max_size") = py::none(), py::arg("epoch") = 1,
+           py::arg("sampler") = std::string(SamplerKindName(StoreConfig{}.sampler)), py::arg("max_times_sampled") = 0)
       .def("insert", &PyStore::Insert, py::arg("priorities"), py::arg("items"), py::arg("offsets") = py::none(),
            py::arg("chunks") = py::none(), py::arg("item_chunks") = py::none(),
            py::arg("item_chunk_offsets") = py::none(), py::arg("return_chunk_keys") = false,
@@ -577,6 +670,15 @@ heavy methods release the GIL.)doc")
       .def_static(
           "snapshot_epoch", [](const py::object& path) { return PyStore::SnapshotEpoch(FsPath(path)); },
           py::arg("path"), "The epoch a snapshot was saved under, read from its header only.")
+      .def_static(
+          "snapshot_version", [](const py::object& path) { return PyStore::SnapshotVersion(FsPath(path)); },
+          py::arg("path"), "The format version of a snapshot, read from its header only.")
+      .def("contents", &PyStore::Contents,
+           "Every live item, oldest first (by insertion number, across the shards), as a dict: keys (uint64), "
+           "priorities (float64), insertion (uint64 insertion numbers), data (uint8) and offsets (uint64, n + 1) "
+           "of the items' bytes, chunks (list of bytes: every stored chunk, shard by shard, ids ascending) and "
+           "item_chunks (per item, the indices into chunks of the chunks it references). What a snapshot "
+           "restored with load() holds: apexrl export reads snapshots through this.")
       .def_readonly_static("MAX_MASS", &kMaxMass,
                            "Largest accepted priority^alpha; a larger one is refused with ValueError.")
       .def_readonly_static("MAX_EPOCH", &kMaxEpoch, "Epochs are 1..MAX_EPOCH.")

@@ -60,7 +60,7 @@ RANDOM_AGENT = textwrap.dedent("""
     import torch
 
     from apexrl.agents.base import AgentDef
-    from apexrl.replay.codec import FieldSpec, TransitionSpec
+    from apexrl.replay.wire.codec import FieldSpec, TransitionSpec
 
 
     @dataclass(frozen=True)

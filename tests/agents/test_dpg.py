@@ -15,7 +15,7 @@ from torch import nn
 
 from apexrl.agents import DPGConfig, DPGLearner, DPGPolicy
 from apexrl.envs.base import EnvSpec
-from apexrl.replay.codec import TransitionSpec
+from apexrl.replay.wire.codec import TransitionSpec
 from tests.torch_helpers import one_thread, set_linear  # noqa: F401 - one_thread is an autouse fixture
 
 ONE_D = EnvSpec("test:1d", (1,), np.dtype(np.float32), None, 1, 1, 100)

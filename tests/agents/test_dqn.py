@@ -16,7 +16,7 @@ from torch import nn
 from apexrl.agents import DQNConfig, DQNLearner, DQNPolicy, epsilon_ladder
 from apexrl.agents.dqn import DuelingQNetwork
 from apexrl.envs.base import EnvSpec
-from apexrl.replay.codec import TransitionSpec
+from apexrl.replay.wire.codec import TransitionSpec
 from tests.torch_helpers import one_thread, set_linear  # noqa: F401 - one_thread is an autouse fixture
 
 VEC = EnvSpec("test:vec2", (2,), np.dtype(np.float32), 2, None, 1, 100)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from apexrl.agents import get_agent
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
 from apexrl.replay.wire import protocol as P
 from tests.conftest import free_port
 from tests.helpers import wait_until

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from apexrl.apex.nstep import NStepBuffer, Transition, stack_transitions
-from apexrl.replay.codec import FieldSpec, TransitionSpec
+from apexrl.replay.wire.codec import FieldSpec, TransitionSpec
 
 # step = (reward, terminated, truncated); expected[i] = transitions returned by the i-th add().
 CASES = [

@@ -20,7 +20,7 @@ from apexrl.apex.config import ActorConfig
 from apexrl.apex.recurrent import RecurrentActor, SequenceSampler, sequence_batch
 from apexrl.envs import env_spec
 from apexrl.envs.masked import NAME as MASKED
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
 from tests.torch_helpers import one_thread  # noqa: F401 - autouse fixture
 
 CONFIG = R2D2Config(

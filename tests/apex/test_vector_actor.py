@@ -173,8 +173,8 @@ class _RecordingReplay:
     """Stands in for the replay client: keeps every insert's decoded transitions and priorities."""
 
     def __init__(self, spec):
-        from apexrl.replay.codec import TransitionSpec
-        from apexrl.replay.frames import FrameStackCodec
+        from apexrl.replay.wire.codec import TransitionSpec
+        from apexrl.replay.wire.frames import FrameStackCodec
 
         self.spec, self.batches, self.priorities, self._id = spec, [], [], 0
         # An Atari actor declares the items of its frame codec (stacks as references into frame chunks): the

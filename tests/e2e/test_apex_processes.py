@@ -14,7 +14,7 @@ import time
 import pytest
 
 from apexrl.apex.metrics import read_csv
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
 from tests.conftest import free_port
 from tests.helpers import wait_until
 

@@ -19,7 +19,7 @@ from apexrl.apex.metrics import read_csv
 from apexrl.envs import env_spec, make_env
 from apexrl.launch.plan import Overrides, plan
 from apexrl.launch.presets import get_preset
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
 from tests.e2e.test_apex_processes import start_actor, start_learner
 from tests.helpers import wait_until
 from tests.torch_helpers import one_thread  # noqa: F401 - autouse fixture

@@ -26,7 +26,7 @@ import pytest
 from apexrl.agents.dqn import dqn_transition_spec
 from apexrl.envs import env_spec
 from apexrl.errors import ApexRLError
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
 from tests.helpers import wait_until
 
 SEED = 20261123

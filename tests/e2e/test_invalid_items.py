@@ -16,9 +16,9 @@ import pytest
 from apexrl.agents import get_agent
 from apexrl.apex.metrics import read_csv
 from apexrl.envs import env_spec
-from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.codec import FieldSpec, TransitionSpec
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import FieldSpec, TransitionSpec
 from tests.e2e.test_apex_processes import start_learner
 
 CARTPOLE = TransitionSpec(

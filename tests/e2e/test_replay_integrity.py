@@ -20,12 +20,13 @@ import zmq
 from apexrl._core import NativeInsertWindow as InsertWindow
 from apexrl.apex.metrics import read_csv
 from apexrl.errors import ServerError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import InsertTooLargeError, ReplayClient
-from apexrl.replay.codec import FieldSpec, TransitionSpec
-from apexrl.replay.config import ServerConfig
-from apexrl.replay.insert_guard import spec_sidecar
+from apexrl.replay.client.inserter import InsertTooLargeError
+from apexrl.replay.client.replay_client import ReplayClient
 from apexrl.replay.server import ReplayServer
+from apexrl.replay.server.config import ServerConfig
+from apexrl.replay.server.insert_guard import spec_sidecar
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import FieldSpec, TransitionSpec
 from tests.e2e.test_apex_processes import start_learner
 from tests.helpers import wait_until
 
@@ -404,7 +405,7 @@ def test_each_client_identity_has_its_own_window():
 
 
 def test_the_protocol_doc_describes_the_window_bounds():
-    from apexrl.replay import insert_guard
+    from apexrl.replay.server import insert_guard
 
     with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "protocol.md"), encoding="utf-8") as f:
         text = f.read()

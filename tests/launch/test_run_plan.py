@@ -10,7 +10,7 @@ import pytest
 
 from apexrl import PrioritizedStore
 from apexrl.launch.plan import Overrides, RunPlan, plan
-from apexrl.replay.config import (
+from apexrl.replay.server.config import (
     EVICTION_POLICIES,
     MAX_SHARDS,
     MAX_SLOTS_PER_SHARD,
@@ -198,9 +198,9 @@ def test_the_plan_pins_the_runs_transition_spec_on_every_replay_server(tmp_path)
     from apexrl.agents import get_agent
     from apexrl.envs import env_spec
     from apexrl.errors import ServerError
-    from apexrl.replay.client import ReplayClient
-    from apexrl.replay.codec import FieldSpec, TransitionSpec
+    from apexrl.replay.client.replay_client import ReplayClient
     from apexrl.replay.server import ReplayServer
+    from apexrl.replay.wire.codec import FieldSpec, TransitionSpec
 
     p = plan("cartpole", Overrides(run_dir=str(tmp_path), replay_servers=2))
     actors_spec = get_agent(p.agent).make_policy(env_spec(p.env), p.actors[0].agent_config, 0, 1, 0).transition_spec

@@ -81,7 +81,10 @@ def test_tables_beside_a_table_flag_is_refused_with_the_reason(tmp_path, capsys,
     "tables, message",
     [
         ([{"name": "a"}, {"name": "b", "sampler": "random"}], "table 1 ('b'): sampler: must be one of prioritized"),
-        ([{"name": "a", "remover": "lru"}], "table 0 ('a'): remover: must be one of fifo, lifo, uniform"),
+        (
+            [{"name": "a", "remover": "lru"}],
+            "table 0 ('a'): remover: must be one of fifo, prioritized, lowest_priority",
+        ),
         ([{"name": "a", "rate_limiter": {"kind": "fifo"}}], "table 0 ('a'): rate_limiter: unknown kind 'fifo' (valid"),
         ([{"name": "a"}, {"name": "a"}], "tables 0 and 1 are both named 'a'"),
         ([{"nam": "a"}], "table 0: nam: no such field (the fields: name, sampler, remover,"),

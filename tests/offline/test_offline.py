@@ -25,8 +25,8 @@ from apexrl.envs import env_spec, make_env
 from apexrl.offline.export import ExportError, export_snapshot, load_export
 from apexrl.offline.loader import episode_transitions, open_dataset, space_mismatch, transition_batches
 from apexrl.offline.record import EpisodeRecorder, env_spaces
-from apexrl.replay.codec import FieldSpec, TransitionSpec
-from apexrl.replay.insert_guard import spec_sidecar
+from apexrl.replay.server.insert_guard import spec_sidecar
+from apexrl.replay.wire.codec import FieldSpec, TransitionSpec
 
 minari = pytest.importorskip("minari", reason="pip install 'apexrl[offline]'")
 

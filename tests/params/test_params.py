@@ -22,8 +22,8 @@ from apexrl.params.service import (
     check_tensors,
     spec_of,
 )
-from apexrl.replay import protocol as P
-from apexrl.replay.schema import (
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.schema import (
     HEADER,
     HEADER_SIZE,
     MAGIC,

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import zmq
 
-from apexrl.errors import ReplayTimeout, ServerClosedError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import PipelinedInserter, ReplayClient, ServerTimeoutError
+from apexrl.errors import ReplayTimeout, ServerClosedError, ServerTimeoutError
+from apexrl.replay.client.inserter import PipelinedInserter
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.wire import protocol as P
 
 
 def batch(prefix: str, n: int) -> list[bytes]:

@@ -11,14 +11,11 @@ import pytest
 import zmq
 
 from apexrl.errors import ReplayTimeout, ServerClosedError, ServerError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import (
-    AsyncUpdater,
-    LearnerBatch,
-    PrefetchingSampler,
-    ReplayClient,
-)
-from apexrl.replay.codec import TransitionSpec
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.client.sampler import LearnerBatch, PrefetchingSampler
+from apexrl.replay.client.updater import AsyncUpdater
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import TransitionSpec
 from tests.helpers import wait_until
 
 # ------------------------------------------------------------- process helper (copied from test_server_client)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from apexrl import PrioritizedStore
-from apexrl.replay.codec import MAX_SPEC_JSON_BYTES, FieldSpec, TransitionSpec
+from apexrl.replay.wire.codec import MAX_SPEC_JSON_BYTES, FieldSpec, TransitionSpec
 
 DPG = TransitionSpec.dpg(67, 21)
 ATARI = TransitionSpec.atari()
@@ -183,9 +183,7 @@ def test_equivalent_dtype_spellings_give_the_same_spec():
 
 
 def test_the_fingerprint_is_the_same_in_another_process_and_frozen():
-    code = (
-        "from apexrl.replay.codec import TransitionSpec as T; print(T.dpg(67, 21).fingerprint, T.atari().fingerprint)"
-    )
+    code = "from apexrl.replay.wire.codec import TransitionSpec as T; print(T.dpg(67, 21).fingerprint, T.atari().fingerprint)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "12345"}
     )

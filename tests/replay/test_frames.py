@@ -1,4 +1,4 @@
-"""Atari frames stored once (apexrl.replay.frames): the stacks a learner samples are, bit for bit, the stacks the
+"""Atari frames stored once (apexrl.replay.wire.frames): the stacks a learner samples are, bit for bit, the stacks the
 actor saw, across episode boundaries (zero-padded starts) and interleaved environments.
 
 The end-to-end test plays real ale-py Pong (two games in one vector environment, short episodes so that several
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from apexrl.apex.nstep import NStepBuffer, stack_transitions
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.codec import TransitionSpec
-from apexrl.replay.frames import PAD, FrameStackCodec, decode_valid, frame_codec, wire_spec
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.wire.codec import TransitionSpec
+from apexrl.replay.wire.frames import PAD, FrameStackCodec, decode_valid, frame_codec, wire_spec
 
 SPEC = TransitionSpec.atari(4, 12, 10)  # small frames: the unit tests' stacks are cheap
 
@@ -165,7 +165,7 @@ def test_export_rebuilds_the_stacks_of_an_atari_snapshot(tmp_path):
     """`apexrl export` of a snapshot whose items reference frame chunks: the agent's fields, stacks rebuilt."""
     from apexrl import PrioritizedStore
     from apexrl.offline.export import export_snapshot, load_export
-    from apexrl.replay.insert_guard import spec_sidecar
+    from apexrl.replay.server.insert_guard import spec_sidecar
 
     codec = FrameStackCodec(SPEC, chunk_frames=4)
     store = PrioritizedStore(capacity=1000, shards=2)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from apexrl.replay.codec import BatchDecoder, FieldSpec, TransitionSpec
+from apexrl.replay.wire.codec import BatchDecoder, FieldSpec, TransitionSpec
 
 DTYPES = ["u1", "i2", "<i4", "<f4", "<f8", "?"]
 
@@ -178,7 +178,7 @@ class RecordingClient:
     """A real ReplayClient that records the order in which it returned sampled batches."""
 
     def __init__(self, endpoint: str, order: list[int]):
-        from apexrl.replay.client import ReplayClient
+        from apexrl.replay.client.replay_client import ReplayClient
 
         self._client = ReplayClient(endpoint, timeout=10)
         self.endpoint = endpoint
@@ -199,8 +199,8 @@ class RecordingClient:
 def test_decode_threads_fill_a_bounded_ring_and_keep_the_sampled_order(start_server) -> None:
     import threading
 
-    from apexrl.replay.client import ReplayClient
-    from apexrl.replay.sampler import PrefetchingSampler
+    from apexrl.replay.client.replay_client import ReplayClient
+    from apexrl.replay.client.sampler import PrefetchingSampler
 
     spec, data, offsets = _atari(64)
     want = spec.decode(data, offsets)
@@ -249,7 +249,7 @@ def test_decode_threads_fill_a_bounded_ring_and_keep_the_sampled_order(start_ser
 
 
 def test_a_decode_thread_error_reaches_the_consumer_and_stops_every_thread(start_server) -> None:
-    from apexrl.replay.client import ReplayClient
+    from apexrl.replay.client.replay_client import ReplayClient
 
     spec, data, offsets = _atari(16)
     broken = data.copy()
@@ -267,7 +267,7 @@ def test_a_decode_thread_error_reaches_the_consumer_and_stops_every_thread(start
 
 
 def test_sampler_refuses_bad_decode_arguments(start_server) -> None:
-    from apexrl.replay.sampler import PrefetchingSampler
+    from apexrl.replay.client.sampler import PrefetchingSampler
 
     def never():  # the factory is not reached: arguments are checked first
         raise AssertionError("connected")

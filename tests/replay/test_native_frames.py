@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.codec import TransitionSpec
-from apexrl.replay.frames import FrameBatchDecoder, FrameStackCodec
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import TransitionSpec
+from apexrl.replay.wire.frames import FrameBatchDecoder, FrameStackCodec
 
 
 def stacked_batch(
@@ -189,7 +189,7 @@ def test_the_learner_decode_hook_rebuilds_atari_batches_natively(start_server, t
         pytest.skip("ale-py is not installed")
     from apexrl.apex.config import LearnerConfig
     from apexrl.apex.learner import Learner
-    from apexrl.replay.frames import frame_codec
+    from apexrl.replay.wire.frames import frame_codec
 
     spec = TransitionSpec.atari()
     codec = frame_codec(spec)

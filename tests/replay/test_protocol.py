@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apexrl.errors import ProtocolError, ServerError
-from apexrl.replay import schema
-from apexrl.replay.protocol import (
+from apexrl.replay.wire import schema
+from apexrl.replay.wire.protocol import (
     HEADER_SIZE,
     MAGIC,
     MAX_BATCH,
@@ -902,7 +902,7 @@ def _mutations(frames: list[bytes], rng: random.Random):
 def test_fast_decoders_agree_with_the_generic_checks():
     """Every message kind with a fast path (generated from the schema) decodes well-formed messages in it; whatever
     it accepts, the generic checks must accept identically, and whatever it declines, they decide."""
-    from apexrl.replay import protocol as P
+    from apexrl.replay.wire import protocol as P
 
     rng = random.Random(3)
     accepted = 0
@@ -936,7 +936,7 @@ def test_fast_decoders_agree_with_the_generic_checks():
 def test_fast_encoders_produce_the_full_encoding():
     """The encoders' fast path (arrays already of the wire's dtypes) gives the same bytes as the generic path
     (lists), and still rejects bad values."""
-    from apexrl.replay import protocol as P
+    from apexrl.replay.wire import protocol as P
 
     for kind, op, _frames in all_valid_messages():
         plan = (P._REQUEST_PLANS if kind == "request" else P._REPLY_PLANS)[int(op)]
@@ -1020,7 +1020,7 @@ def spec_of_kind(kind, op) -> schema.MessageSpec:
 
 
 def all_valid_messages():
-    from apexrl.replay import protocol as P
+    from apexrl.replay.wire import protocol as P
 
     for (kind, op), (values, fields) in VALID_VALUES.items():
         plan = (P._REQUEST_PLANS if kind == "request" else P._REPLY_PLANS)[int(op)]
@@ -1178,7 +1178,7 @@ def test_the_documented_tables_are_the_schema():
     documented = text[text.index(begin) + len(begin) : text.index(end)]
     assert documented.strip() == schema.markdown_tables().strip(), (
         "docs/protocol.md is out of date: paste the output of "
-        "`python -c 'from apexrl.replay import schema; print(schema.markdown_tables())'` between the marks"
+        "`python -c 'from apexrl.replay.wire import schema; print(schema.markdown_tables())'` between the marks"
     )
 
 
@@ -1186,22 +1186,29 @@ def test_the_replay_service_never_imports_torch():
     import subprocess
     import sys
 
+    # Every module of the replay service but ReplayDataset's, by walking the package: a new module is checked too.
     code = (
-        "import apexrl.replay, apexrl.replay.server, apexrl.replay.client, apexrl.replay.protocol; import sys; "
+        "import importlib, pkgutil, sys; import apexrl.replay as r; "
+        "mods = [m.name for m in pkgutil.walk_packages(r.__path__, 'apexrl.replay.')]; "
+        "assert 'apexrl.replay.client.replay_client' in mods and 'apexrl.replay.wire.protocol' in mods, mods; "
+        "[importlib.import_module(m) for m in mods if m != 'apexrl.replay.client.dataset']; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_errors_and_the_schema_import_no_cycle():
-    """errors imports the schema for Status; nothing the schema imports imports errors back."""
+    """errors imports the schema for Status and nothing else of the package (but the packages above the schema and
+    the extension the root imports): nothing it loads can import errors back."""
     import subprocess
     import sys
 
     code = (
         "import sys; import apexrl.errors; "
-        "assert 'apexrl.replay.protocol' not in sys.modules and 'apexrl.replay.client' not in sys.modules; "
-        "from apexrl.replay.schema import Status; from apexrl.errors import ProtocolError; "
+        "loaded = sorted(m for m in sys.modules if m == 'apexrl' or m.startswith('apexrl.')); "
+        "assert loaded == ['apexrl', 'apexrl._core', 'apexrl.errors', 'apexrl.replay', 'apexrl.replay.wire', "
+        "'apexrl.replay.wire.schema'], loaded; "
+        "from apexrl.replay.wire.schema import Status; from apexrl.errors import ProtocolError; "
         "assert ProtocolError(Status.BAD_MESSAGE, 'x').status is Status.BAD_MESSAGE"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -12,12 +12,12 @@ import pytest
 
 from apexrl import PrioritizedStore
 from apexrl.errors import Interrupted, ServerError
-from apexrl.replay import protocol as P
-from apexrl.replay.api import Interruptible, PipelinedReplay, Replay
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.inserter import PipelinedInserter
-from apexrl.replay.sampler import PrefetchingSampler
-from apexrl.replay.updater import AsyncUpdater
+from apexrl.replay.client.api import Interruptible, PipelinedReplay, Replay
+from apexrl.replay.client.inserter import PipelinedInserter
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.client.sampler import PrefetchingSampler
+from apexrl.replay.client.updater import AsyncUpdater
+from apexrl.replay.wire import protocol as P
 
 
 def protocol_methods(protocol: type) -> list[str]:

@@ -102,7 +102,8 @@ def test_import_apexrl_replay_stays_free_of_torch_until_replay_dataset_is_used()
     code = (
         "import sys, apexrl.replay as r\n"
         "r.TransitionSpec, r.ReplayClient, r.connect\n"
-        "from apexrl.replay import sampler, codec\n"
+        "from apexrl.replay.client import sampler\n"
+        "from apexrl.replay.wire import codec\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
         "r.ReplayDataset\n"
         "assert 'torch' in sys.modules\n"
@@ -111,8 +112,8 @@ def test_import_apexrl_replay_stays_free_of_torch_until_replay_dataset_is_used()
 
 
 def test_frame_stacks_stored_once_come_back_raw_with_their_chunks_and_decoded_whole(start_server) -> None:
-    from apexrl.replay import protocol as P
-    from apexrl.replay.frames import frame_codec
+    from apexrl.replay.wire import protocol as P
+    from apexrl.replay.wire.frames import frame_codec
 
     spec = TransitionSpec.atari(frames=2, height=12, width=12)
     codec = frame_codec(spec)

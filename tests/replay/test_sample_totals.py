@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from apexrl import PrioritizedStore
-from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.wire import protocol as P
 
 ALPHA, BETA, SHARDS = 0.7, 0.5, 4
 

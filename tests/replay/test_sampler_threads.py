@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from apexrl.errors import ReplayTimeout, ServerError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.sampler import MAX_SAMPLE_THREADS, PrefetchingSampler
-from apexrl.replay.sharded import ShardedReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.client.sampler import MAX_SAMPLE_THREADS, PrefetchingSampler
+from apexrl.replay.client.sharded import ShardedReplayClient
+from apexrl.replay.wire import protocol as P
 from tests.helpers import wait_until
 from tests.replay.test_replay_api import LocalReplay, filled
 from tests.replay.test_sharded import ALPHA, BETA, _fill, check_draws, running

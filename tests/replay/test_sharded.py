@@ -18,17 +18,17 @@ from hypothesis import strategies as st
 
 from apexrl import PrioritizedStore
 from apexrl.errors import ServerTimeoutError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.config import ServerConfig
-from apexrl.replay.server import ReplayServer
-from apexrl.replay.sharded import (
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.client.sharded import (
     ShardedReplayClient,
     connect,
     max_lock_shards,
     server_bits,
     split_endpoints,
 )
+from apexrl.replay.server import ReplayServer
+from apexrl.replay.server.config import ServerConfig
+from apexrl.replay.wire import protocol as P
 from tests.helpers import wait_until
 from tests.store.test_sampling_stats import P_VALUE_FLOOR, chi2_sf
 
@@ -356,7 +356,7 @@ def test_learner_and_actor_take_several_replay_endpoints():
 def test_the_inserter_pipelines_over_every_server_and_returns_the_sets_keys(servers):
     """Through inserter() a set of servers keeps requests in flight to all of them at once (it is a
     PipelinedReplay); every batch is stored once, round robin, and the keys it acknowledges are the set's."""
-    from apexrl.replay.api import PipelinedReplay
+    from apexrl.replay.client.api import PipelinedReplay
 
     endpoints = servers(2, shards=2)
     acked: list[np.ndarray] = []

@@ -19,10 +19,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from apexrl.replay import ReplayDataset
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.config import ServerConfig
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.client.sharded import ShardedReplayClient, max_lock_shards
 from apexrl.replay.server import ReplayServer
-from apexrl.replay.sharded import ShardedReplayClient, max_lock_shards
+from apexrl.replay.server.config import ServerConfig
 from tests.helpers import wait_until
 from tests.server.test_trajectory_writer import check_batch, step, write_episode
 
@@ -195,7 +195,7 @@ def test_replay_dataset_reports_an_item_it_cannot_decode_in_valid():
         with client.writer(max_sequence_length=4, chunk_length=2) as w:
             write_episode(w, 3, 8, 4, 2)
         # A sequence item whose step range lies past its only chunk (4 steps from step 1 of a 2-step chunk).
-        from apexrl.replay import protocol as P
+        from apexrl.replay.wire import protocol as P
         from apexrl.replay.wire import steps as S
 
         leaves = S.flatten(step(9, 0))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apexrl.replay import protocol as P
+from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire import steps as S
 
 

@@ -13,11 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from apexrl._core import PrioritizedStore
 from apexrl.replay import MinSize, Queue, SampleToInsertRatio, ServerConfig, TableConfig
-from apexrl.replay.server.config import TABLE_FIELDS, server_config_from_dict, server_config_to_dict
+from apexrl.replay.server.config import EVICTION_POLICIES, TABLE_FIELDS, server_config_from_dict, server_config_to_dict
 from apexrl.replay.tables import (
     MAX_TIMES_SAMPLED,
+    REMOVER_ALIASES,
     REMOVERS,
+    SAMPLER_ALIASES,
     SAMPLERS,
     TableConfigError,
     load_tables,
@@ -112,9 +115,28 @@ def test_the_spec_is_a_transition_spec_whatever_form_it_was_given_in(tmp_path):
     assert load_tables(tables_file)[0].spec == spec
 
 
-def test_lowest_priority_is_an_alias_of_min_heap():
-    assert TableConfig("t", remover="lowest_priority") == TableConfig("t", remover="min_heap")
-    assert TableConfig("t", remover="lowest_priority").to_json()["remover"] == "min_heap"
+def test_min_heap_is_an_alias_of_lowest_priority_as_in_the_store():
+    assert TableConfig("t", remover="min_heap") == TableConfig("t", remover="lowest_priority")
+    assert TableConfig("t", remover="min_heap").to_json()["remover"] == "lowest_priority"
+    assert PrioritizedStore(capacity=4, eviction="min_heap").eviction == "lowest_priority"
+
+
+def test_sampler_and_remover_names_and_defaults_are_the_stores():
+    """The store's kind tables (through the binding) are the one list: every name and alias a table accepts
+    builds a store, a table stores the name the store reports back, and a table's defaults are the store's."""
+    for sampler in (*SAMPLERS, *SAMPLER_ALIASES):
+        table = TableConfig("t", sampler=sampler)
+        assert PrioritizedStore(capacity=4, sampler=sampler).sampler == table.sampler
+    for remover in (*REMOVERS, *REMOVER_ALIASES):
+        table = TableConfig("t", remover=remover)
+        assert PrioritizedStore(capacity=4, eviction=remover).eviction == table.remover
+    assert REMOVER_ALIASES == {"min_heap": "lowest_priority"}
+    default = PrioritizedStore(capacity=4)
+    assert (TableConfig("t").sampler, TableConfig("t").remover) == (default.sampler, default.eviction)
+    assert ServerConfig().eviction == default.eviction
+    assert set(EVICTION_POLICIES) == {*REMOVERS, *REMOVER_ALIASES}
+    with pytest.raises(ValueError):
+        PrioritizedStore(capacity=4, sampler="random")
 
 
 @pytest.mark.parametrize(
@@ -130,8 +152,8 @@ def test_lowest_priority_is_an_alias_of_min_heap():
         ),
         (
             {"remover": "lru"},
-            "table 't': remover: must be one of fifo, lifo, uniform, prioritized, min_heap, max_heap, got 'lru' "
-            "(lowest_priority: an alias of min_heap)",
+            "table 't': remover: must be one of fifo, prioritized, lowest_priority, lifo, uniform, max_heap, got 'lru' "
+            "(min_heap: an alias of lowest_priority)",
         ),
         ({"capacity": 0}, "table 't': capacity: must be an int in [1, 9223372036854775807], got 0"),
         ({"capacity": True}, "table 't': capacity: must be an int in [1, 9223372036854775807], got True"),
@@ -348,7 +370,7 @@ def test_a_default_server_holds_exactly_the_default_table():
         ({"capacity": 10, "max_size": 15}, TableConfig("default", capacity=10, max_size=15)),
         ({"alpha": 0.0, "alpha_evict": 1.5}, TableConfig("default", alpha=0.0, alpha_evict=1.5)),
         ({"eviction": "prioritized"}, TableConfig("default", remover="prioritized")),
-        ({"eviction": "lowest_priority"}, TableConfig("default", remover="min_heap")),
+        ({"eviction": "min_heap"}, TableConfig("default", remover="lowest_priority")),
         ({"min_size_to_sample": 0}, TableConfig("default")),  # the server raised 0 to 1 already
         ({"min_size_to_sample": 500}, TableConfig("default", rate_limiter=MinSize(500))),
         (  # error_buffer's default: max(1, spi) * 100
@@ -371,7 +393,7 @@ def test_the_table_fields_configure_the_table_default(fields_, table):
 )
 def test_every_eviction_policy_is_a_remover(eviction):
     remover = ServerConfig(eviction=eviction).table().remover
-    assert remover in REMOVERS and remover == ("min_heap" if eviction == "lowest_priority" else eviction)
+    assert remover in REMOVERS and remover == ("lowest_priority" if eviction == "min_heap" else eviction)
 
 
 def test_tables_replace_the_default_table_and_server_wide_fields_stay():

@@ -17,8 +17,8 @@ import pytest
 
 from apexrl.apex.metrics import read_csv
 from apexrl.errors import AuthenticationError, ReplayTimeout
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.config import ServerConfig
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.server.config import ServerConfig
 from apexrl.security import (
     ENV_VAR,
     ClientKeys,
@@ -507,7 +507,7 @@ def test_keygen_issues_one_key_per_actor_host_that_holds_no_server_secret(keys, 
 
 
 def test_roles_name_the_ops_each_client_may_send():
-    from apexrl.replay.schema import Op
+    from apexrl.replay.wire.schema import Op
     from apexrl.security import ROLE_OPS, may, role_of, user_id_of_file
 
     assert ROLE_OPS["actor"] == {Op.HELLO, Op.INSERT, Op.STATS, Op.GET_PARAMS}

@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from apexrl.errors import ServerError
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
 from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire.schema import Status
 from apexrl.security import secure_client_socket

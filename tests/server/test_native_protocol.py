@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from apexrl import _core
 from apexrl.errors import ProtocolError
-from apexrl.replay import protocol as P
-from apexrl.replay import schema as S
-from apexrl.replay.codec import FieldSpec, TransitionSpec
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire import schema as S
+from apexrl.replay.wire.codec import FieldSpec, TransitionSpec
 
 MAX_BYTES = 1 << 20
 

@@ -2,7 +2,7 @@
 
 As Reverb's, the limiter measures the ratio from the minimum size on: with m = min_size_to_sample (the server's
 default is 1) a SAMPLE of n may go while S + n <= (I - m) * spi + eb, an INSERT of n while
-(I + n - m) * spi - S <= eb (apexrl.replay.rate_limiter)."""
+(I + n - m) * spi - S <= eb (apexrl.replay.server.rate_limiter)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apexrl.cli.server import parse_args
-from apexrl.errors import ReplayTimeout
-from apexrl.replay.client import ReplayClient, ServerTimeoutError
+from apexrl.errors import ReplayTimeout, ServerTimeoutError
+from apexrl.replay.client.replay_client import ReplayClient
 from apexrl.replay.server import ServerConfig
 from tests.helpers import wait_until
 
@@ -348,8 +348,8 @@ def test_filling_up_to_the_min_size_gives_the_learner_no_head_start():
 def test_one_deadlock_rule_for_the_run_plan_and_the_server(n, m, ok):
     from apexrl._core import NativeRateLimiter as RateLimiter
     from apexrl._core import serve_deadlock_reason
-    from apexrl.replay.rate_limiter import deadlock_reason
-    from apexrl.replay.schema import Op
+    from apexrl.replay.server.rate_limiter import deadlock_reason
+    from apexrl.replay.wire.schema import Op
 
     reason = deadlock_reason(n, m, 1.0, 100.0)
     assert (reason is None) == ok
@@ -370,7 +370,7 @@ def test_one_deadlock_rule_for_the_run_plan_and_the_server(n, m, ok):
 def test_the_native_deadlock_arithmetic_is_the_run_plans(n, m, spi, eb):
     """The server's native copy of deadlock_reason gives the run plan's answers, message included."""
     from apexrl._core import serve_deadlock_reason
-    from apexrl.replay.rate_limiter import deadlock_reason
+    from apexrl.replay.server.rate_limiter import deadlock_reason
 
     assert serve_deadlock_reason(n, m, spi, eb) == deadlock_reason(n, m, spi, eb)
 
@@ -386,7 +386,7 @@ def test_the_native_deadlock_arithmetic_is_the_run_plans(n, m, spi, eb):
     m=st.integers(0, 300),
 )
 def test_the_native_rules_are_the_documented_ones(n, size, inserted, sampled, spi, eb, m):
-    """apexrl.replay.rate_limiter's docstring states the rules with Reverb's min-size offset; the native limiter
+    """apexrl.replay.server.rate_limiter's docstring states the rules with Reverb's min-size offset; the native limiter
     applies exactly those."""
     from apexrl._core import NativeRateLimiter as RateLimiter
 

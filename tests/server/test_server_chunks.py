@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from apexrl.errors import ServerError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.sharded import ShardedReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.client.sharded import ShardedReplayClient
+from apexrl.replay.wire import protocol as P
 
 
 def batch_with_chunks(tag: int, n: int = 6):

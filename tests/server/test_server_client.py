@@ -16,13 +16,9 @@ import numpy as np
 import pytest
 import zmq
 
-from apexrl.errors import ReplayTimeout, ServerError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import (
-    ReplayClient,
-    ServerShuttingDownError,
-    ServerTimeoutError,
-)
+from apexrl.errors import ReplayTimeout, ServerError, ServerShuttingDownError, ServerTimeoutError
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.wire import protocol as P
 from tests.helpers import wait_until
 
 
@@ -359,7 +355,7 @@ _INSERTER = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from apexrl.replay.client import ReplayClient
+    from apexrl.replay.client.replay_client import ReplayClient
     endpoint, tag, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     out = {}
     with ReplayClient(endpoint, timeout=10) as c:

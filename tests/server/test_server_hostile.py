@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 
 from apexrl.errors import ProtocolError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import InsertTooLargeError, ReplayClient
+from apexrl.replay.client.inserter import InsertTooLargeError
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.wire import protocol as P
 from tests.helpers import wait_until
 
 MiB = 1 << 20
@@ -421,7 +422,7 @@ _INSERTER = textwrap.dedent(
     """
     import hashlib, random, sys, time
     import numpy as np
-    from apexrl.replay.client import ReplayClient
+    from apexrl.replay.client.replay_client import ReplayClient
     r = random.Random(int(sys.argv[2]))
     with ReplayClient(sys.argv[1], timeout=2) as c:
         t_end = time.monotonic() + 20
@@ -482,7 +483,7 @@ _MIXED = textwrap.dedent(
     """
     import hashlib, json, random, sys, time
     import numpy as np
-    from apexrl.replay.client import ReplayClient
+    from apexrl.replay.client.replay_client import ReplayClient
 
     def run(endpoint, seed, seconds):
         r = random.Random(seed)

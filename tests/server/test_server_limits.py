@@ -22,8 +22,8 @@ import zmq
 
 from apexrl import PrioritizedStore
 from apexrl.errors import ServerError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.wire import protocol as P
 from tests.helpers import wait_until
 
 DEADLINE = 60.0

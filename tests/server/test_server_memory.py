@@ -28,9 +28,9 @@ import pytest
 import zmq
 
 from apexrl.errors import ServerError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.schema import REQUESTS
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.schema import REQUESTS
 from tests.helpers import wait_until
 from tests.server.test_server_limits import replies
 

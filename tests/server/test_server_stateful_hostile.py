@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import zmq
 
-from apexrl.replay import protocol as P
+from apexrl.replay.wire import protocol as P
 
 DEADLINE_S = 60.0  # a loaded 2-core CI machine: generous, never slept through when the reply comes
 

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apexrl.errors import ServerError, StaleChunksError
-from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client.replay_client import ReplayClient
+from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire import steps as S
 from apexrl.replay.wire.schema import Status
 

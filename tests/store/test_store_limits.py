@@ -13,7 +13,7 @@ import pytest
 
 from apexrl import PrioritizedStore, ReplayClient, SnapshotError
 from apexrl.errors import ServerError
-from apexrl.replay import protocol as P
+from apexrl.replay.wire import protocol as P
 
 # ------------------------------------------------------------------------------------------- mass limit
 

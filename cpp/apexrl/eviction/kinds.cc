@@ -81,4 +81,10 @@ EvictionKind ParseEvictionKind(const std::string& name) {
   throw InvalidArgument("unknown eviction policy '" + name + "'; use " + choices);
 }
 
+std::vector<EvictionKindEntry> EvictionKindTable() {
+  std::vector<EvictionKindEntry> out;
+  for (const KindInfo& k : kKinds) out.push_back({k.kind, k.name, k.alias});
+  return out;
+}
+
 }  // namespace apexrl

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "apexrl/eviction/planner.h"
 #include "apexrl/eviction/policy.h"
@@ -38,6 +39,14 @@ const EvictionPlanner& EvictionPlannerFor(EvictionKind kind);
 // naming the valid choices.
 const char* EvictionKindName(EvictionKind kind);
 EvictionKind ParseEvictionKind(const std::string& name);
+
+// The kind table as data, in its order, for the bindings: Python reads names, aliases and numbers from here.
+struct EvictionKindEntry {
+  EvictionKind kind;
+  const char* name;
+  const char* alias;  // nullptr: none
+};
+std::vector<EvictionKindEntry> EvictionKindTable();
 
 }  // namespace apexrl
 

@@ -60,6 +60,12 @@ SamplerKind ParseSamplerKind(const std::string& name) {
   throw InvalidArgument("unknown sampler '" + name + "'; use " + choices);
 }
 
+std::vector<SamplerKindEntry> SamplerKindTable() {
+  std::vector<SamplerKindEntry> out;
+  for (const KindInfo& k : kKinds) out.push_back({k.kind, k.name});
+  return out;
+}
+
 bool SamplesByPriority(SamplerKind kind) { return kind == SamplerKind::kPrioritized; }
 
 bool IsOrderedSampler(SamplerKind kind) { return Get(kind).make_order != nullptr; }

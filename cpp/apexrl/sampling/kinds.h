@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "apexrl/eviction/policy.h"
 
@@ -34,6 +35,13 @@ bool IsSamplerKind(SamplerKind kind);
 // Parsing is exact (case-sensitive) and throws InvalidArgument naming the valid choices.
 const char* SamplerKindName(SamplerKind kind);
 SamplerKind ParseSamplerKind(const std::string& name);
+
+// The kind table as data, in its order, for the bindings: Python reads names and numbers from here.
+struct SamplerKindEntry {
+  SamplerKind kind;
+  const char* name;
+};
+std::vector<SamplerKindEntry> SamplerKindTable();
 
 // Whether the store keeps its sampling sum tree for `kind` (only kPrioritized does).
 bool SamplesByPriority(SamplerKind kind);

@@ -16,7 +16,7 @@
 // eb items ahead of the ratio, not m * spi + eb. Without spi only the minimum size applies (to SAMPLEs).
 // Deadlock freedom: a SAMPLE of n is blocked iff d < n - eb and an INSERT of m' iff d > eb - m' * spi; both
 // at once needs n + m' * spi > 2 * eb (DeadlockReason; the offset shifts d, not this bound). The run plan
-// checks batches with the Python twin of DeadlockReason (apexrl.replay.rate_limiter.deadlock_reason);
+// checks batches with the Python twin of DeadlockReason (apexrl.replay.server.rate_limiter.deadlock_reason);
 // tests/server/test_rate_limiter.py holds the two to the same answers.
 #ifndef APEXRL_SERVE_RATE_LIMITER_H_
 #define APEXRL_SERVE_RATE_LIMITER_H_

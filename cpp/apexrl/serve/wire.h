@@ -1,5 +1,5 @@
 // The replay service's wire protocol in C++: the 40-byte header, the statuses, the request decoder of the
-// data ops and the reply encoders. The contract is python/apexrl/replay/schema.py (docs/protocol.md prints it);
+// data ops and the reply encoders. The contract is python/apexrl/replay/wire/schema.py (docs/protocol.md prints it);
 // tests/server/test_native_protocol.py holds these constants and the wire plan below to the schema, and this
 // decoder to the Python decoder (same status, same echoed op and request id, same message) on valid and mutated
 // messages.

@@ -56,7 +56,6 @@ from apexrl.agents import get_agent
 from apexrl.agents.base import batch_policy
 from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
 from apexrl.apex.report import ProgressReporter
-from apexrl.apex.stopping import StopOnSignal
 from apexrl.durable import append_private, make_private_dirs
 from apexrl.envs.base import SerialVecEnv
 from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
@@ -98,7 +97,7 @@ class _Sink:
 
 
 class Actor:
-    """Runs :meth:`run` until :meth:`stop` (or SIGTERM/SIGINT via :func:`run_actor`) or ``max_steps``."""
+    """Runs :meth:`run` until :meth:`stop` (or SIGTERM/SIGINT via :func:`apexrl.cli.actor.run_actor`) or ``max_steps``."""
 
     def __init__(self, config: ActorConfig):
         k = self._start_envs(config)
@@ -652,23 +651,6 @@ class _ObsRing:
             self._has[missing] = True
         assert self._values is not None  # allocated when the first values were computed
         return self._values[obs_rows], self._values[next_rows]
-
-
-def run_actor(config: ActorConfig) -> dict[str, int]:
-    """Build an :class:`Actor` (a recurrent agent's: :class:`~apexrl.apex.recurrent.RecurrentActor`), stop it on
-    SIGTERM/SIGINT (after inserting what it holds), return counters."""
-    actor: Actor
-    if get_agent(config.agent).recurrent:
-        from apexrl.apex.recurrent import RecurrentActor
-
-        actor = RecurrentActor(config)
-    else:
-        actor = Actor(config)
-    try:
-        with StopOnSignal(actor.stop, [actor.replay.interrupt, actor.params.transport.interrupt]):
-            return actor.run()
-    finally:
-        actor.close()
 
 
 def env_seed(actor_seed: int, j: int) -> int:

@@ -195,13 +195,28 @@ def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     return actors[args.index]
 
 
+def run_actor(config: ActorConfig) -> dict[str, int]:
+    """Build the agent's actor (:class:`~apexrl.apex.actor.Actor`, or a recurrent agent's
+    :class:`~apexrl.apex.recurrent.RecurrentActor`), stop it on SIGTERM/SIGINT (after inserting what it holds),
+    return counters."""
+    from apexrl.agents import get_agent
+    from apexrl.apex.actor import Actor
+    from apexrl.apex.recurrent import RecurrentActor
+    from apexrl.apex.stopping import StopOnSignal
+
+    actor = RecurrentActor(config) if get_agent(config.agent).recurrent else Actor(config)
+    try:
+        with StopOnSignal(actor.stop, [actor.replay.interrupt, actor.params.transport.interrupt]):
+            return actor.run()
+    finally:
+        actor.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config, args = parse_config(argv)
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    from apexrl.apex.actor import run_actor
-
     try:
         counters = run_actor(config)
     except (ValueError, OSError, ImportError) as exc:  # ImportError: --record-dataset without Minari

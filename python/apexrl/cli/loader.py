@@ -1,6 +1,6 @@
 """The ``--offline`` run's loader child (``python -m apexrl.cli.loader --plan RUN_DIR/plan.json``; ``apexrl run
 --offline`` starts it in place of the actors): inserts the run's Minari dataset into its replay and exits. What it
-does is :mod:`apexrl.offline.loader`'s; ``python -m apexrl.offline.loader`` still runs this.
+does is :mod:`apexrl.offline.loader`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from apexrl.launch.plan import RunPlan
 
     parser = argparse.ArgumentParser(
-        prog="python -m apexrl.offline.loader",
+        prog="python -m apexrl.cli.loader",
         description="Insert an --offline run's Minari dataset into its replay "
         "(apexrl run --offline starts it; docs/offline.md).",
     )

@@ -27,31 +27,42 @@ from apexrl.replay.server.config import (
     ServerConfig,
     check_snapshot_dir,
 )
+from apexrl.replay.tables import REMOVER_ALIASES, REMOVERS, SAMPLER_ALIASES, SAMPLERS, TableConfig
+
+
+def kind_names(names: Sequence[str], aliases: dict[str, str], default: str) -> str:
+    """``a (default), b (alias c), ...``: the store's kind names as the help lists them."""
+    alias_of = {name: alias for alias, name in aliases.items()}
+    return ", ".join(
+        name + (" (default)" if name == default else "") + (f" (alias {alias_of[name]})" if name in alias_of else "")
+        for name in names
+    )
+
 
 PROG = "apexrl-replay-server"
 
-TABLES_HELP = """\
+TABLES_HELP = f"""\
 tables (--tables FILE): a JSON list of tables, each an object with the fields of
 apexrl.replay.TableConfig; a field left out takes its default, "name" is required:
   name               unique per server, 1-64 characters of [A-Za-z0-9_.-]
-  sampler            prioritized (default; p^alpha, IS weights), uniform, fifo, lifo,
-                     max_heap, min_heap
-  remover            what goes when over capacity: fifo (default), lifo, uniform,
-                     prioritized (p^alpha_evict), min_heap (alias lowest_priority), max_heap
+  sampler            {kind_names(SAMPLERS, SAMPLER_ALIASES, TableConfig.sampler)}
+                     (prioritized: p^alpha with IS weights; the heaps: by priority)
+  remover            what goes when over capacity (prioritized: drawn by p^alpha_evict):
+                     {kind_names(REMOVERS, REMOVER_ALIASES, TableConfig.remover)}
   capacity           soft capacity in items (default 1000000; Reverb's max_size)
   max_size           hard ceiling (>= capacity; default null: 2 * capacity)
   alpha, alpha_evict priority exponents of sampling and of eviction (0.6, -0.4)
   max_times_sampled  an item goes after its k-th draw (default 0: no limit)
-  rate_limiter       null (default: min size 1), {"kind": "min_size", "min_size": N},
-                     {"kind": "sample_to_insert_ratio", "samples_per_insert": X,
-                      "min_size_to_sample": N, "error_buffer": E}, {"kind": "queue", "size": N}
+  rate_limiter       null (default: min size 1), {{"kind": "min_size", "min_size": N}},
+                     {{"kind": "sample_to_insert_ratio", "samples_per_insert": X,
+                      "min_size_to_sample": N, "error_buffer": E}}, {{"kind": "queue", "size": N}}
   spec               the items' TransitionSpec: its JSON object, or a file path (relative
                      to FILE); default null: the first inserter's
 example:
-  [{"name": "default", "capacity": 1000000},
-   {"name": "aux", "sampler": "uniform", "capacity": 100000},
-   {"name": "onpolicy", "sampler": "fifo", "capacity": 1024, "max_times_sampled": 1,
-    "rate_limiter": {"kind": "queue", "size": 1024}}]
+  [{{"name": "default", "capacity": 1000000}},
+   {{"name": "aux", "sampler": "uniform", "capacity": 100000}},
+   {{"name": "onpolicy", "sampler": "fifo", "capacity": 1024, "max_times_sampled": 1,
+    "rate_limiter": {{"kind": "queue", "size": 1024}}}}]
 Without --tables, the table flags (--capacity, --max-size, --alpha, --eviction, --alpha-evict,
 --min-size-to-sample, --samples-per-insert, --error-buffer, --spec) configure the one table
 "default"; they cannot be given beside --tables. docs/running.md, "Tables".
@@ -116,11 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--eviction",
         choices=EVICTION_POLICIES,
-        default="fifo",
-        help="which items remove_to_fit takes when the store is over --capacity: fifo (oldest first, the "
-        "default), lifo (newest first), prioritized (drawn with probability proportional to "
-        "priority^--alpha-evict), uniform (drawn, every item alike), lowest_priority or its alias min_heap "
-        "(lowest priorities first), max_heap (highest first)",
+        default=ServerConfig.eviction,
+        metavar="{" + ",".join(REMOVERS) + "}",
+        help="which items remove_to_fit takes when the store is over --capacity: "
+        f"{kind_names(REMOVERS, REMOVER_ALIASES, ServerConfig.eviction)}; fifo / lifo: oldest / newest first, "
+        "prioritized: drawn with probability proportional to priority^--alpha-evict, uniform: drawn, every item "
+        "alike, lowest_priority / max_heap: lowest / highest priorities first",
     )
     p.add_argument(
         "--alpha-evict",

@@ -1,12 +1,12 @@
 """``apexrl export SNAPSHOT --out FILE``: a replay snapshot's items, keys and priorities as one ``.npz`` file.
 
-The snapshot is checked whole by the native store first (``PrioritizedStore.load``: magic, version, every length,
-every priority and the CRC-32C of the whole file), so a truncated or corrupted file is refused with the store's
-own reason before anything is written. Its items are then read in insertion order (oldest first, across the lock
-shards) from the snapshot's documented layout (below) and decoded with the TransitionSpec kept beside it
-(``SNAPSHOT.spec.json``, which the replay server writes with every snapshot). Atari items, which reference frame
-chunks stored once (``apexrl.replay.wire.frames``), are decoded into their agent's frame stacks: the export then
-holds the agent's fields (obs, next_obs stacks) and its ``spec`` is the agent's spec.
+The snapshot is read by the native store alone (``PrioritizedStore.load``: magic, version, every length, every
+priority and the CRC-32C of the whole file), so a truncated or corrupted file is refused with the store's own
+reason before anything is written; the restored store then hands over its items in insertion order (oldest
+first, across the lock shards: ``PrioritizedStore.contents``), which are decoded with the TransitionSpec kept
+beside the snapshot (``SNAPSHOT.spec.json``, which the replay server writes with every snapshot). Atari items,
+which reference frame chunks stored once (``apexrl.replay.wire.frames``), are decoded into their agent's frame
+stacks: the export then holds the agent's fields (obs, next_obs stacks) and its ``spec`` is the agent's spec.
 
 The ``.npz`` layout (docs/offline.md), N items, one array per name::
 
@@ -18,29 +18,14 @@ The ``.npz`` layout (docs/offline.md), N items, one array per name::
     <field>       (N, *shape)   one array per field of the spec (obs, action, reward, discount, next_obs for the
                                 built-in agents), in the spec's dtype
 
-Snapshot layout (format version 5, little-endian, written by ``ShardedStore::Save`` and ``Shard::Serialize``)::
-
-    "APXRLST1" | u32 version | u32 epoch | u64 capacity | u64 max_size | f64 alpha | u32 shards |
-    u32 eviction | f64 alpha_evict | u64 seed | u32 sampler | u32 max_times_sampled |
-    per shard: u32 index | u64 num_slots | u32 tag[num_slots] |
-               u64 num_chunks | per chunk: u32 id | u32 tag | u32 size | size bytes |
-               u64 num_live |
-               per item, oldest first: u32 slot | u64 seq | f64 priority | u32 size | u32 num_chunks |
-                                       u32 times_sampled | u32 chunk_id[num_chunks] | size bytes |
-               u64 counters[7] | u64 max_seq
-    u64 next_seq | u64 next_shard | u64 sample_calls | u64 eviction_calls | u64 invalid_shard_keys |
-    "APXRLEND" | u32 crc32c
-
-Format 4 (before chunk keys) has no chunk tags. Format 3 (before samplers) has no sampler, max_times_sampled, times_sampled nor the seventh counter
-(removed_by_sampling); format 2 (before frame chunks) also has neither the chunk table nor the items' num_chunks
-and chunk ids. All four read.
+The snapshot format is the store's (``ShardedStore::Save`` in cpp/apexrl/sharded_store.cc; docs/offline.md
+prints it); ``store`` records the format version the file was written in (``PrioritizedStore.snapshot_version``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 import zipfile
 from dataclasses import dataclass
 from typing import Any
@@ -50,23 +35,13 @@ import numpy as np
 __all__ = [
     "ExportError",
     "RESERVED",
-    "SNAPSHOT_VERSION",
-    "SNAPSHOT_VERSIONS",
     "export_snapshot",
     "export_tables",
     "read_snapshot",
 ]
 
-SNAPSHOT_VERSION = 5
-"""The snapshot format the store writes (``kSnapshotVersion`` in cpp/apexrl/sharded_store.cc)."""
-SNAPSHOT_VERSIONS = (2, 3, 4, 5)
-"""The formats this reader knows."""
 RESERVED = ("keys", "priorities", "insertion", "spec", "store")
 """Names of the ``.npz`` arrays that are not transition fields."""
-_MAGIC, _END = b"APXRLST1", b"APXRLEND"
-_EVICTION = {0: "fifo", 1: "prioritized", 2: "lowest_priority", 3: "lifo", 4: "uniform", 5: "max_heap"}
-_SAMPLER = {0: "prioritized", 1: "uniform", 2: "fifo", 3: "lifo", 4: "max_heap", 5: "min_heap"}
-_SHARD_BITS, _SLOT_BITS = 8, 28
 
 
 class ExportError(Exception):
@@ -87,121 +62,44 @@ class SnapshotItems:
 
 
 def read_snapshot(path: str) -> SnapshotItems:
-    """The live items of snapshot ``path`` (checked by the native store first); ExportError when it is missing,
-    corrupt or of another version."""
+    """The live items of snapshot ``path``, read by the native store; ExportError when it is missing, corrupt or
+    of a format this build does not read."""
     from apexrl._core import PrioritizedStore, SnapshotError
 
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ExportError(f"snapshot {path!r} does not exist (or is not a file)")
     try:
-        PrioritizedStore.load(path)  # the whole file: structure, ranges and checksum
+        store = PrioritizedStore.load(path)  # the whole file: structure, ranges and checksum
+        version, epoch = PrioritizedStore.snapshot_version(path), PrioritizedStore.snapshot_epoch(path)
     except (SnapshotError, ValueError, OSError) as e:
         raise ExportError(f"snapshot {path!r} cannot be read: {e}") from None
-    with open(path, "rb") as f:
-        buf = f.read()
-    try:
-        return _parse(buf)
-    except (struct.error, ValueError) as e:  # the store read it, so this reader is out of step with the writer
-        raise ExportError(
-            f"snapshot {path!r}: unexpected layout ({e}); this reader knows format versions {list(SNAPSHOT_VERSIONS)}"
-        ) from None
-
-
-def _parse(buf: bytes) -> SnapshotItems:
-    if buf[:8] != _MAGIC:
-        raise ValueError("not a snapshot (bad magic)")
-    version, epoch, capacity, max_size, alpha, shards, eviction, alpha_evict, seed = struct.unpack_from(
-        "<IIQQdIIdQ", buf, 8
-    )
-    if version not in SNAPSHOT_VERSIONS:
-        raise ValueError(f"format version {version}")
-    pos = 8 + struct.calcsize("<IIQQdIIdQ")
-    sampler, max_times_sampled = 0, 0
-    if version >= 4:
-        sampler, max_times_sampled = struct.unpack_from("<II", buf, pos)
-        pos += 8
-    keys: list[int] = []
-    prios: list[float] = []
-    seqs: list[int] = []
-    chunks: list[bytes] = []
-    sizes: list[int] = []
-    frame_chunks: list[bytes] = []  # every shard's chunks, one table
-    refs: list[list[int]] = []  # per item, indices into frame_chunks
-    item = struct.Struct("<IQdI")
-    for expect in range(shards):
-        index, num_slots = struct.unpack_from("<IQ", buf, pos)
-        if index != expect:
-            raise ValueError(f"shard {index} where {expect} was expected")
-        pos += 12
-        tags = np.frombuffer(buf, dtype="<u4", count=num_slots, offset=pos)
-        pos += 4 * num_slots
-        table: dict[int, int] = {}  # this shard's chunk id -> index in frame_chunks
-        if version >= 3:
-            (num_chunks,) = struct.unpack_from("<Q", buf, pos)
-            pos += 8
-            for _ in range(num_chunks):
-                if version >= 5:  # u32 id, u32 tag, u32 size
-                    cid, _tag, csize = struct.unpack_from("<III", buf, pos)
-                    pos += 12
-                else:
-                    cid, csize = struct.unpack_from("<II", buf, pos)
-                    pos += 8
-                table[cid] = len(frame_chunks)
-                frame_chunks.append(buf[pos : pos + csize])
-                pos += csize
-        (num_live,) = struct.unpack_from("<Q", buf, pos)
-        pos += 8
-        for _ in range(num_live):
-            slot, seq, priority, size = item.unpack_from(buf, pos)
-            pos += item.size
-            ids: tuple[int, ...] = ()
-            if version >= 3:
-                (k,) = struct.unpack_from("<I", buf, pos)
-                pos += 4
-                if version >= 4:
-                    pos += 4  # times_sampled
-                ids = struct.unpack_from(f"<{k}I", buf, pos)
-                pos += 4 * k
-            refs.append([table[c] for c in ids])
-            chunks.append(buf[pos : pos + size])
-            sizes.append(size)
-            pos += size
-            keys.append((int(tags[slot]) << (_SHARD_BITS + _SLOT_BITS)) | (slot << _SHARD_BITS) | index)
-            prios.append(priority)
-            seqs.append(seq)
-        pos += (8 if version >= 4 else 7) * 8  # the counters (7 from format 4, else 6) and max_seq
-    pos += 5 * 8
-    if buf[pos : pos + 8] != _END or len(buf) != pos + 12:
-        raise ValueError("the end marker is not where the items end")
-    order = np.argsort(np.asarray(seqs, np.uint64), kind="stable")
-    offsets = np.zeros(len(sizes) + 1, np.uint64)
-    np.cumsum(np.asarray(sizes, np.uint64)[order], out=offsets[1:])
-    store = {
+    contents = store.contents()
+    settings = {
         "version": version,
         "epoch": epoch,
-        "capacity": capacity,
-        "max_size": max_size,
-        "alpha": alpha,
-        "shards": shards,
-        "eviction": _EVICTION.get(eviction, str(eviction)),
-        "alpha_evict": alpha_evict,
-        "seed": seed,
-        "sampler": _SAMPLER.get(sampler, str(sampler)),
-        "max_times_sampled": max_times_sampled,
+        "capacity": store.capacity,
+        "max_size": store.max_size,
+        "alpha": store.alpha,
+        "shards": store.shards,
+        "eviction": store.eviction,
+        "alpha_evict": store.alpha_evict,
+        "seed": store.seed,
+        "sampler": store.sampler,
+        "max_times_sampled": store.max_times_sampled,
     }
     frames = None
-    if frame_chunks:
+    if contents["chunks"]:
         from apexrl.replay.wire.protocol import pack_chunks
 
-        frames = pack_chunks(frame_chunks, [refs[i] for i in order.tolist()])
+        frames = pack_chunks(contents["chunks"], contents["item_chunks"])
     return SnapshotItems(
-        keys=np.asarray(keys, np.uint64)[order],
-        priorities=np.asarray(prios, np.float64)[order],
-        insertion=np.asarray(seqs, np.uint64)[order],
-        data=np.frombuffer(b"".join(chunks[i] for i in order.tolist()), np.uint8),
-        offsets=offsets,
-        store=store,
+        keys=contents["keys"],
+        priorities=contents["priorities"],
+        insertion=contents["insertion"],
+        data=contents["data"],
+        offsets=contents["offsets"],
+        store=settings,
         chunks=frames,
     )
 

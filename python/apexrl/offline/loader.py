@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -310,9 +309,3 @@ def load(p: Any, stop: threading.Event | None = None) -> int:
         return inserted
     finally:
         replay.close()
-
-
-if __name__ == "__main__":  # the old command line; apexrl.cli.loader is the entry point
-    from apexrl.cli.loader import main
-
-    sys.exit(main())

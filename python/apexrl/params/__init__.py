@@ -1,13 +1,5 @@
-"""The parameter service: the learner serves its policy weights (safetensors bytes) to the actors."""
+"""The parameter service: the learner serves its policy weights (safetensors bytes) to the actors.
 
-from __future__ import annotations
-
-from apexrl.params.service import (
-    ParamClient,
-    ParamPoller,
-    ParamServer,
-    deserialize_tensors,
-    serialize_tensors,
-)
-
-__all__ = ["ParamClient", "ParamPoller", "ParamServer", "deserialize_tensors", "serialize_tensors"]
+:mod:`.service` (ParamServer, ParamClient, ParamPoller, the tensors' wire form) and :mod:`.tensors` (safetensors,
+tensor specs and their mismatches).
+"""

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from apexrl._core import DEFAULT_EVICTION, DEFAULT_SAMPLER, eviction_kinds, sampler_kinds
 from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.validate import Range, check_fields
 
@@ -41,7 +42,9 @@ __all__ = [
     "MAX_TABLE_NAME",
     "MAX_TIMES_SAMPLED",
     "REMOVERS",
+    "REMOVER_ALIASES",
     "SAMPLERS",
+    "SAMPLER_ALIASES",
     "MinSize",
     "Queue",
     "RateLimiter",
@@ -62,18 +65,23 @@ MAX_TABLE_NAME = 64
 _NAME_RE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TABLE_NAME}}}")
 MAX_TIMES_SAMPLED = 2**31 - 1
 """Largest ``max_times_sampled`` (a per-item draw count fits 32 bits in the store)."""
-SAMPLERS = ("prioritized", "uniform", "fifo", "lifo", "max_heap", "min_heap")
+# The names come from the store's kind tables (cpp/apexrl/sampling/kinds.cc, cpp/apexrl/eviction/kinds.cc), the
+# one place that also parses them: a kind added there is a valid table setting here.
+SAMPLERS: tuple[str, ...] = tuple(name for _, name, _ in sampler_kinds())
 """How a table samples. prioritized: proportionally to priority^alpha, stratified, with importance weights (as
 the single table of earlier versions); uniform: every item alike; fifo / lifo: the oldest / newest first;
 max_heap / min_heap: the highest / lowest priority first. fifo, lifo and the heaps return distinct items in that
 order; uniform and prioritized draw with replacement; only prioritized computes importance weights (the others
 return ones)."""
-REMOVERS = ("fifo", "lifo", "uniform", "prioritized", "min_heap", "max_heap")
+SAMPLER_ALIASES: dict[str, str] = {alias: name for _, name, alias in sampler_kinds() if alias is not None}
+"""Other names a sampler is accepted by (stored by its name in :data:`SAMPLERS`)."""
+REMOVERS: tuple[str, ...] = tuple(name for _, name, _ in eviction_kinds())
 """What a table removes when it is over capacity (the store's eviction policies): fifo / lifo: the oldest /
 newest; uniform: drawn, every item alike; prioritized: drawn with probability proportional to
-priority^alpha_evict; min_heap / max_heap: the lowest / highest priorities. ``lowest_priority`` (the name of
-earlier versions) is accepted as an alias of min_heap and stored as min_heap."""
-REMOVER_ALIASES = {"lowest_priority": "min_heap"}
+priority^alpha_evict; lowest_priority / max_heap: the lowest / highest priorities."""
+REMOVER_ALIASES: dict[str, str] = {alias: name for _, name, alias in eviction_kinds() if alias is not None}
+"""Other names a remover is accepted by (``min_heap``, Reverb's, for lowest_priority); stored by its name in
+:data:`REMOVERS`."""
 
 
 class TableConfigError(ValueError):
@@ -217,8 +225,8 @@ class TableConfig:
 
     - ``name``: unique per server; 1 to 64 characters of ``[A-Za-z0-9_.-]``. Clients name it on every request
       (``table="default"`` unless told).
-    - ``sampler``: one of :data:`SAMPLERS`; ``remover``: one of :data:`REMOVERS` (``lowest_priority`` is
-      stored as ``min_heap``).
+    - ``sampler``: one of :data:`SAMPLERS`; ``remover``: one of :data:`REMOVERS`; an alias
+      (:data:`SAMPLER_ALIASES`, :data:`REMOVER_ALIASES`: ``min_heap`` for lowest_priority) is stored by its name.
     - ``capacity``: the soft capacity in items; ``remove_to_fit`` (and an insert beyond the ceiling) evicts down
       to it. **Reverb's** ``max_size`` **is our** ``capacity``. ``max_size``: the hard ceiling (>= capacity;
       None: 2 * capacity): an insert that leaves more items evicts down to capacity by itself.
@@ -235,8 +243,8 @@ class TableConfig:
     """
 
     name: str
-    sampler: str = field(default="prioritized", metadata=Range.choice(*SAMPLERS))
-    remover: str = field(default="fifo", metadata=Range.choice(*REMOVERS))
+    sampler: str = field(default=DEFAULT_SAMPLER, metadata=Range.choice(*SAMPLERS))
+    remover: str = field(default=DEFAULT_EVICTION, metadata=Range.choice(*REMOVERS))
     capacity: int = field(default=1_000_000, metadata=Range.int(1, STORE_INT_MAX))
     max_size: int | None = field(default=None, metadata=Range.int(1, STORE_INT_MAX, optional=True))
     alpha: float = field(default=0.6, metadata=Range.float(0.0))
@@ -253,14 +261,17 @@ class TableConfig:
                 "name",
                 f"must be 1 to {MAX_TABLE_NAME} characters of letters, digits, '_', '.' and '-', got {name!r}",
             )
-        if isinstance(self.remover, str) and self.remover in REMOVER_ALIASES:
-            object.__setattr__(self, "remover", REMOVER_ALIASES[self.remover])
+        aliases = {"sampler": SAMPLER_ALIASES, "remover": REMOVER_ALIASES}
+        for key, names in aliases.items():
+            value = getattr(self, key)
+            if isinstance(value, str) and value in names:
+                object.__setattr__(self, key, names[value])
         for f in fields(self):
             rng = f.metadata.get("apexrl_range")
             reason = None if rng is None else _range_reason(rng, getattr(self, f.name))
             if reason is not None:
-                if f.name == "remover":
-                    reason += " (lowest_priority: an alias of min_heap)"
+                if aliases.get(f.name):
+                    reason += " (" + ", ".join(f"{a}: an alias of {n}" for a, n in aliases[f.name].items()) + ")"
                 raise TableConfigError(name, f.name, reason)
         if self.max_size is not None and self.max_size < self.capacity:
             raise TableConfigError(name, "max_size", f"must be >= capacity = {self.capacity}, got {self.max_size}")

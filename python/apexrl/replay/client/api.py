@@ -1,6 +1,6 @@
 """What the replay helpers need from a replay: the :class:`Replay` Protocol, and two optional extensions.
 
-:class:`~apexrl.replay.client.ReplayClient` implements all three; a test checks that its signatures match. The
+:class:`~apexrl.replay.client.replay_client.ReplayClient` implements all three; a test checks that its signatures match. The
 helpers (:class:`~apexrl.replay.client.sampler.PrefetchingSampler`, :class:`~apexrl.replay.client.updater.AsyncUpdater`,
 :class:`~apexrl.replay.client.inserter.PipelinedInserter`) are written against these Protocols only, so another
 implementation -- a sharded client spreading keys over several servers, an in-process store for tests -- can

@@ -57,7 +57,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
       sampled chunks (``apexrl.replay.wire.frames``). A bad item (foreign spec, corrupted) raises ValueError from
       the iterator.
     * ``decode=`` a callable: ``decoded``, what ``decode(sampled_batch)`` returns (run in the decode threads;
-      ``sampled_batch`` is a :class:`~apexrl.replay.client.SampledBatch`).
+      ``sampled_batch`` is a :class:`~apexrl.replay.client.replay_client.SampledBatch`).
     * ``decode="structure"``: ``fields``, the items in the table's pinned structure (``client.insert`` of a
       mapping pins it): the nested mapping of arrays they were inserted as, each ``(n, *shape)``, decoded
       natively as with a spec. The structure is asked of the server when the first batch comes (and again

@@ -6,8 +6,11 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from apexrl._core import DEFAULT_EVICTION
 from apexrl.replay.tables import (
     DEFAULT_TABLE,
+    REMOVER_ALIASES,
+    REMOVERS,
     MinSize,
     RateLimiter,
     SampleToInsertRatio,
@@ -42,11 +45,10 @@ MAX_REPLAY_SERVERS = 32
 shard field, above the server's own lock shards (5 bits for 32 servers leave 3: 8 lock shards each)."""
 MAX_SLOTS_PER_SHARD = 2**28 - 1
 """The store's key has 28 bits for the slot: a shard holds at most this many items."""
-EVICTION_POLICIES = ("fifo", "prioritized", "lowest_priority", "lifo", "uniform", "max_heap", "min_heap")
-"""``PrioritizedStore(eviction=...)`` values (tests check the store accepts exactly these): which items
-``remove_to_fit`` takes. fifo: the oldest; lifo: the newest; prioritized: drawn with probability proportional
-to priority^alpha_evict; uniform: drawn, every item alike; lowest_priority (also min_heap): the lowest
-priorities; max_heap: the highest. The store reports min_heap by its first name, lowest_priority."""
+EVICTION_POLICIES = (*REMOVERS, *REMOVER_ALIASES)
+"""``PrioritizedStore(eviction=...)`` values, the store's names then their aliases (the store's kind table, as
+:data:`~apexrl.replay.tables.REMOVERS`): which items ``remove_to_fit`` takes. The store reports an alias by its
+name (min_heap as lowest_priority)."""
 
 
 TABLE_FIELDS = (
@@ -84,7 +86,7 @@ class ServerConfig:
     """Hard ceiling of the store (>= capacity): an insert that leaves more items evicts down to capacity by
     itself, whether or not a learner calls REMOVE_TO_FIT. None: 2 * capacity."""
     alpha: float = field(default=0.6, metadata=Range.float(0.0))
-    eviction: str = field(default="fifo", metadata=Range.choice(*EVICTION_POLICIES))
+    eviction: str = field(default=DEFAULT_EVICTION, metadata=Range.choice(*EVICTION_POLICIES))
     alpha_evict: float = field(default=-0.4, metadata=Range.float())
     shards: int = field(default=8, metadata=Range.int(1, MAX_SHARDS))
     seed: int = field(default=0, metadata=Range.int(0, STORE_INT_MAX))

@@ -7,7 +7,7 @@ implement the same contract from the document alone. Imports nothing from apexrl
 :class:`Status` from here; nothing imports back), and never torch.
 
 Two services share the header and the statuses: the **replay** service (``apexrl-replay-server``) and the
-**params** service (the learner's :class:`~apexrl.params.ParamServer`). Each server answers only its own
+**params** service (the learner's :class:`~apexrl.params.service.ParamServer`). Each server answers only its own
 service's ops; any other op is UNKNOWN_OP.
 """
 

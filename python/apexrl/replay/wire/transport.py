@@ -1,6 +1,6 @@
 """The one request/reply loop of every apexrl client: a ZeroMQ DEALER to one endpoint.
 
-:class:`Transport` is used by :class:`~apexrl.replay.client.ReplayClient` and :class:`~apexrl.params.ParamClient`
+:class:`Transport` is used by :class:`~apexrl.replay.client.replay_client.ReplayClient` and :class:`~apexrl.params.service.ParamClient`
 (and, through the replay client, by the sampler, updater and inserter helpers). It owns:
 
 * **request ids**: every request gets a fresh one (:meth:`Transport.next_request_id`); the counter starts at a
