@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apexrl.replay import protocol as P
-from apexrl.replay.client import ReplayClient
+from apexrl.replay import ReplayClient
+from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire import steps as S
 
 

@@ -18,7 +18,7 @@ import zmq
 
 from apexrl.errors import ServerTimeoutError
 from apexrl.replay import ReplayClient
-from apexrl.replay import protocol as P
+from apexrl.replay.wire import protocol as P
 from tests.conftest import free_port
 from tests.helpers import wait_until
 
