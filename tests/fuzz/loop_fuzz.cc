@@ -650,7 +650,6 @@ class Fuzz {
         if (h.status == kOk && s.op == kInsert && r.frames.size() == 3) {
           for (Key k : KeysOf(r.frames[1])) CHECK(!live_items_.count(k), "table 1 issued a key of table 0");
         }
-        if (h.status == kOk && s.op == kInsert) queue_stored_ += h.count;  // from the steady peer: never bounced
         if (h.status == kOk && s.op == kSample && !r.bounced) queue_delivered_ += h.count;
       } else {
         CHECK(h.status == kInvalidArgument, "a request for table " + std::to_string(s.table) + " got status " +
@@ -665,6 +664,7 @@ class Fuzz {
     }
     if (s.mutant && s.table != 0) {  // a mutant for another table: never served by table 0
       CHECK(h.status != kOk || (s.table == 1 && two_tables_), "a mutant for a table the server lacks was served");
+      if (h.status == kOk && h.op == kSample && !r.bounced) queue_delivered_ += h.count;
       return;
     }
     if (h.status == kOk && !r.bounced) Served(s, h, r.frames);
@@ -881,9 +881,14 @@ class Fuzz {
     if (queue_) {  // the loop is idle: every SAMPLE reply of the queue was sent or given back
       other_->Validate();
       CHECK(other_->Held() == 0, std::to_string(other_->Held()) + " queue items still held");
-      CHECK(other_->Size() + queue_delivered_ == queue_stored_,
-            "queue: " + std::to_string(queue_stored_) + " items stored, " + std::to_string(other_->Size()) +
-                " queued + " + std::to_string(queue_delivered_) + " delivered");
+      // Every item a sample removed went out in a reply (mutants' requests may insert, erase or evict too).
+      const StoreStats q = other_->Stats();
+      CHECK(q.removed_by_sampling == queue_delivered_, "queue: " + std::to_string(q.removed_by_sampling) +
+                                                           " items removed by sampling, " +
+                                                           std::to_string(queue_delivered_) + " delivered");
+      CHECK(q.size + q.removed_by_sampling + q.evicted + q.erased == q.inserted,
+            "queue: " + std::to_string(q.inserted) + " inserted, " + std::to_string(q.size) + " held, " +
+                std::to_string(q.removed_by_sampling + q.evicted + q.erased) + " removed");
     }
   }
 
@@ -957,11 +962,11 @@ class Fuzz {
   uint64_t evict_budget_ = 0;
   bool composing_ = false;
   bool two_tables_ = false;  // a second table beside the modelled one
-  // Table 1 as a queue: items its INSERTs stored and its SAMPLE replies delivered (not bounced). Whatever its
-  // consumers do, stored == in the queue + delivered, and nothing stays held once the loop is idle.
+  // Table 1 as a queue: the items its SAMPLE replies delivered (not bounced). Whatever its consumers do, the
+  // items sampling removed are exactly those, and nothing stays held once the loop is idle.
   bool queue_ = false;
   std::shared_ptr<ShardedStore> other_;
-  uint64_t queue_stored_ = 0, queue_delivered_ = 0;
+  uint64_t queue_delivered_ = 0;
   uint64_t removals_ = 0;  // ERASE and REMOVE_TO_FIT requests sent in this step
 };
 
