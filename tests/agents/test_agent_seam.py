@@ -51,6 +51,43 @@ def test_registry_lists_agents_and_checks_environments():
         get_agent("nope")
 
 
+def test_every_agent_declares_its_replay_path():
+    from apexrl.agents.base import APEX_TRANSITIONS
+
+    for name in ("dqn", "dpg", "d4pg", "td3", "sac"):  # Ape-X's n-step transitions, scored by the policy
+        assert get_agent(name).replay is APEX_TRANSITIONS and APEX_TRANSITIONS.transitions
+    r2d2 = get_agent("r2d2").replay
+    assert r2d2.reader == "sequences" and not r2d2.transitions and r2d2.table == "default"
+    assert r2d2.make_adder is not None and r2d2.make_batch is not None and r2d2.one_server
+    assert r2d2.items_to_steps(get_agent("r2d2").config_class()) == get_agent("r2d2").config_class().sequence_period
+
+
+def test_a_replay_path_refuses_what_its_reader_cannot_use():
+    from apexrl.agents.base import ReplayPath
+    from apexrl.replay.tables import TableConfig
+
+    def adder(client, table, env, config, num_envs):
+        return []
+
+    def batch(fields, mask, extras, config):
+        return {}
+
+    with pytest.raises(ValueError, match="reader must be one of transitions, sequences, queue"):
+        ReplayPath(reader="episodes")
+    with pytest.raises(ValueError, match="the sequences reader needs make_adder and make_batch"):
+        ReplayPath(reader="sequences", make_adder=adder)
+    with pytest.raises(ValueError, match="make_adder and make_batch belong to the sequences and queue readers"):
+        ReplayPath(make_adder=adder)
+    with pytest.raises(ValueError, match="do not hold the table 'onpolicy'"):
+        ReplayPath(
+            reader="queue", table="onpolicy", make_adder=adder, make_batch=batch, tables=[TableConfig("default")]
+        )
+    path = ReplayPath(
+        reader="queue", table="onpolicy", make_adder=adder, make_batch=batch, tables=[TableConfig("onpolicy")]
+    )
+    assert path.tables == (TableConfig("onpolicy"),) and path.items_to_steps(None) == 1
+
+
 # A throwaway agent: random actions, a learner that only counts. Its whole code is this module; the one
 # registry line is the entry point below. Nothing in apexrl is edited for it.
 RANDOM_AGENT = textwrap.dedent("""

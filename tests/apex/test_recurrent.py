@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from apexrl.agents.r2d2 import R2D2Config, R2D2Learner, check_sequences
+from apexrl.agents.r2d2.replay import sequence_batch
 from apexrl.apex.config import ActorConfig
-from apexrl.apex.recurrent import RecurrentActor, SequenceSampler, sequence_batch
+from apexrl.apex.recurrent import RecurrentActor, SequenceSampler
 from apexrl.envs import env_spec
 from apexrl.envs.masked import NAME as MASKED
 from apexrl.replay.client.replay_client import ReplayClient
@@ -123,7 +124,9 @@ def test_every_stored_state_is_the_state_the_policy_acted_from_bit_for_bit(start
         # The learner's sampler hands R2D2Learner.update exactly its batch format, and it trains on it.
         spec = env_spec(MASKED)
         learner = R2D2Learner(spec, CONFIG)
-        sampler = SequenceSampler(client, CONFIG.batch_size, 0.6, length, learner.invalid_items)
+        sampler = SequenceSampler(
+            client, CONFIG.batch_size, 0.6, lambda f, m, e: sequence_batch(f, m, e, length), learner.invalid_items
+        )
         got = sampler.next(timeout=5.0)
         fields, bad, _message, invalid, _why = got.decoded
         assert bad is None and invalid is None  # every item decodes and has a trained step
@@ -156,7 +159,7 @@ def test_sequence_batch_pads_short_batches_and_masks_their_padding():
 
 
 def test_items_without_a_trained_step_are_not_made():
-    from apexrl.apex.recurrent import _TrainableItemsClient
+    from apexrl.agents.r2d2.replay import TrainableItemsClient
     from apexrl.replay.adders import SequenceAdder
 
     class Writer:
@@ -178,7 +181,7 @@ def test_items_without_a_trained_step_are_not_made():
             return self.made
 
     client = Client()
-    source = _TrainableItemsClient(client, CONFIG.burn_in + 2)  # items of at least 4 steps
+    source = TrainableItemsClient(client, CONFIG.burn_in + 2)  # items of at least 4 steps
     adder = SequenceAdder(source, "default", CONFIG.min_sequence_length, CONFIG.sequence_period, False)
     obs = np.zeros(2, np.float32)
     for length in (1, 2, 3, 7):  # episodes of 2, 3, 4 and 8 steps (the last observation a step of its own)

@@ -1,4 +1,5 @@
-"""The sequence path of a recurrent agent (``AgentDef.recurrent``: R2D2): its actor and its learner's batches.
+"""The sequence path: the actor and the learner's sampler of an agent whose replay path writes sequences
+(``ReplayPath.reader`` ``"sequences"`` or ``"queue"``; R2D2).
 
 Actor (:class:`RecurrentActor`), K environments in lockstep (``envs_per_actor``, K = 1 included)::
 
@@ -10,17 +11,12 @@ Actor (:class:`RecurrentActor`), K environments in lockstep (``envs_per_actor``,
         adder_j.add(a_j, raw r_j, s'_j, terminated_j, truncated_j, extras={state_h: h_j, state_c: c_j})
         first = which episodes ended (their adder starts the next one with add_first)
 
-Each environment has its own :class:`~apexrl.replay.adders.SequenceAdder` (its own trajectory writer) on the
-table ``default``: items of ``R2D2Config.min_sequence_length`` steps (burn-in + trace + 1), a new one every
-``sequence_period`` steps, ``pad_end_of_episode=False`` (the sampler's ``.mask`` pads an item cut by the
-episode's end; R2D2's learner trains on no step where it is False). An item's extras are those of its first step:
+The K adders are the agent's (``ReplayPath.make_adder``, e.g. :mod:`apexrl.agents.r2d2.replay`), one per
+environment, each with its own trajectory writer on the path's table; they report ``counters()`` (items stored,
+pending, skipped) and can ``discard()`` what their writer holds. An item's extras are those of its first step:
 the recurrent state the policy held when it acted on that step's observation, so the learner unrolls from
-exactly that state (tests/apex/test_recurrent.py holds it bit for bit through a real server). Items go in at
-priority None: the table's largest priority so far (the usual default for new experience, and what Acme's R2D2
-does), not an actor-computed one -- the adder makes an item only once its steps are appended, without handing
-the sequence back. Rewards are stored unclipped (``raw_reward``: value rescaling instead). An item of fewer than
-``burn_in + 2`` steps (an episode's end cuts it short) holds no trained step: it is not made (``untrainable`` in
-the actor's counters), where the learner would only erase it.
+exactly that state (tests/apex/test_recurrent.py holds it bit for bit through a real server). Rewards are stored
+unclipped (``raw_reward``: value rescaling instead).
 
 Failures: a writer error (the replay server gone longer than the writer's own retries) drops that environment's
 open episode (``adder.reset()``; the items already made stay) and the environment records again from its next
@@ -28,17 +24,17 @@ episode; it is counted in ``insert_retries`` and logged. Stopping: the actor sto
 writers hold within the stop's grace period and drops the open episodes (an item is only made of whole
 sequences: there is no truncation step to add without stepping the environment).
 
-Learner: :class:`SequenceSampler` samples the table and hands the learner's loop the batch format of
-:mod:`apexrl.agents.r2d2.sequences` with the same ``decoded`` tuple the transition decoders give (the good
-items' fields, which items did not decode, which decoded ones the agent refuses), so the loop, its erasures
-and its counters are the transition path's.
+Learner: :class:`SequenceSampler` samples the table and hands the learner's loop the agent's batch
+(``ReplayPath.make_batch``) with the same ``decoded`` tuple the transition decoders give (the good items' fields,
+which items did not decode, which decoded ones the agent refuses), so the loop, its erasures and its counters
+are the transition path's.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,20 +45,18 @@ from apexrl.apex.actor import Actor
 from apexrl.apex.config import ActorConfig
 from apexrl.apex.stopping import STOP_GRACE_S
 from apexrl.errors import ApexRLError, Interrupted, ReplayTimeout
-from apexrl.replay.adders import SequenceAdder
 from apexrl.replay.client.sharded import ShardedReplayClient
 from apexrl.replay.client.sharded import connect as connect_replay
-from apexrl.replay.tables import DEFAULT_TABLE
 
 log = logging.getLogger("apexrl.apex.actor")
 
-__all__ = ["RecurrentActor", "SequenceSampler", "sequence_batch"]
+__all__ = ["RecurrentActor", "SequenceSampler"]
 
 
 def _single_client(endpoints: str, timeout: float, curve: Any) -> Any:
     client = connect_replay(endpoints, timeout=timeout, curve=curve)
-    # A ShardedReplayClient has writers too (one server each), but the recurrent learner's sampling of several
-    # servers is not tested end to end yet: `apexrl run` refuses --replay-servers > 1 for it, and so does this.
+    # A ShardedReplayClient has writers too (one server each), but sampling sequences from several servers is not
+    # tested end to end yet: `apexrl run` refuses --replay-servers > 1 for such an agent, and so does this.
     if isinstance(client, ShardedReplayClient):
         client.close()
         raise ValueError(
@@ -84,20 +78,15 @@ class RecurrentActor(Actor):
             agent, self.spec, config.agent_config, config.index, config.num_actors, k, self.seed
         )
         explorations = list(self.policy.explorations)
-        cfg = config.agent_config
+        path = agent.replay
+        if path.make_adder is None:
+            raise ValueError(f"agent {agent.name}: its replay path ({path.reader}) writes no sequences")
         self.replay = _single_client(config.replay, config.replay_timeout, config.curve_dir)
-        self.adders: list[SequenceAdder] = []
-        self._writers: list[_TrainableItems] = []
+        self.adders: list[Any] = []
         try:
-            for _ in range(k):
-                source = _TrainableItemsClient(self.replay, cfg.burn_in + 2)
-                self.adders.append(
-                    SequenceAdder(
-                        source, DEFAULT_TABLE, cfg.min_sequence_length, cfg.sequence_period, pad_end_of_episode=False
-                    )
-                )
-                assert source.made is not None
-                self._writers.append(source.made)
+            self.adders = list(path.make_adder(self.replay, path.table, self.spec, config.agent_config, k))
+            if len(self.adders) != k:
+                raise ValueError(f"agent {agent.name}: make_adder made {len(self.adders)} adders for {k} environments")
         except BaseException:
             self._close_adders()
             self.replay.close()
@@ -126,9 +115,9 @@ class RecurrentActor(Actor):
         self._close_adders()
         super().close()
 
-    def _items_stored(self) -> int:
-        """Items the writers have stored on the server (made minus still pending)."""
-        return sum(w.writer.items_created - w.writer.pending_items for w in self._writers)
+    def _count(self, name: str) -> int:
+        """The adders' counter ``name`` summed: ``stored`` (on the server), ``pending`` or ``skipped``."""
+        return sum(int(a.counters()[name]) for a in self.adders)
 
     def run(self) -> dict[str, int]:
         self._wait_first_params()
@@ -185,8 +174,8 @@ class RecurrentActor(Actor):
                 self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - self._start)
                 ep_return[j], ep_len[j] = 0.0, 0
             obs = step.obs
-            self.counters["inserted"] = self._items_stored()
-            self.counters["untrainable"] = sum(w.skipped for w in self._writers)
+            self.counters["inserted"] = self._count("stored")
+            self.counters["untrainable"] = self._count("skipped")
             if self._poll_and_log():  # the writers send as items fill up: no local batch to flush
                 break
         self._finish()
@@ -210,77 +199,12 @@ class RecurrentActor(Actor):
                 adder.flush(timeout=max(0.1, deadline - time.monotonic()))
             except (ApexRLError, Interrupted, TimeoutError) as e:
                 log.warning("actor %d: stopping with sequences not inserted (%s)", self.config.index, e)
-        self.counters["inserted"] = self._items_stored()
-        self.counters["not_inserted"] = sum(w.writer.pending_items for w in self._writers)
-        for w in self._writers:
+        self.counters["inserted"] = self._count("stored")
+        self.counters["not_inserted"] = self._count("pending")
+        for adder in self.adders:
             # Given up: the writer's close() must not try them again without a deadline (a server that is gone
             # would hold the stop for its retries).
-            w.writer.discard()
-
-
-class _TrainableItems:
-    """A trajectory writer that makes only items with a trained step: an item of fewer than burn_in + 2 steps
-    (an episode's last item cut short by its end, or an episode shorter than that) holds none -- the learner would
-    erase it as invalid (``R2D2Learner.invalid_items``) -- so it is not sent (counted in ``skipped``)."""
-
-    def __init__(self, writer: Any, min_steps: int):
-        self.writer, self.min_steps, self.skipped = writer, min_steps, 0
-
-    def append(self, step: Any) -> None:
-        self.writer.append(step)
-
-    def create_item(self, table: str, num_timesteps: int, priority: float | None, extras: Any = None) -> None:
-        if num_timesteps < self.min_steps:
-            self.skipped += 1
-            return
-        self.writer.create_item(table, num_timesteps, priority, extras=extras)
-
-    def end_episode(self) -> None:
-        self.writer.end_episode()
-
-    def flush(self, timeout: float | None = None) -> None:
-        self.writer.flush(timeout=timeout)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class _TrainableItemsClient:
-    """What a SequenceAdder takes as its client: ``writer(...)`` makes the replay client's writer, wrapped."""
-
-    def __init__(self, client: Any, min_steps: int):
-        self.client, self.min_steps = client, min_steps
-        self.made: _TrainableItems | None = None
-
-    def writer(self, max_sequence_length: int) -> _TrainableItems:
-        self.made = _TrainableItems(self.client.writer(max_sequence_length=max_sequence_length), self.min_steps)
-        return self.made
-
-
-def sequence_batch(
-    fields: Mapping[str, Any], mask: np.ndarray, extras: Mapping[str, Any], length: int
-) -> dict[str, np.ndarray]:
-    """The R2D2 batch (:mod:`apexrl.agents.r2d2.sequences`) of sampled sequence items: the writer's steps
-    ``{obs, action, reward, discount}`` (n, T, ...), ``mask`` (n, T) and extras ``{state_h, state_c}``; T is
-    padded (mask False, discount 1) or cut to ``length``."""
-    n, t = mask.shape
-    obs = np.asarray(fields["obs"])
-    out = {
-        "obs": np.zeros((n, length, *obs.shape[2:]), obs.dtype),
-        "action": np.zeros((n, length), np.int32),
-        "reward": np.zeros((n, length), np.float32),
-        "discount": np.ones((n, length), np.float32),
-        "mask": np.zeros((n, length), bool),
-    }
-    m = min(t, length)
-    out["obs"][:, :m] = obs[:, :m]
-    out["action"][:, :m] = np.asarray(fields["action"])[:, :m]
-    out["reward"][:, :m] = np.asarray(fields["reward"])[:, :m]
-    out["discount"][:, :m] = np.where(mask[:, :m], np.asarray(fields["discount"])[:, :m], 1.0)
-    out["mask"][:, :m] = mask[:, :m]
-    out["state_h"] = np.ascontiguousarray(extras["state_h"], np.float32)
-    out["state_c"] = np.ascontiguousarray(extras["state_c"], np.float32)
-    return out
+            adder.discard()
 
 
 class _Sampled:
@@ -291,17 +215,26 @@ class _Sampled:
 
 
 class SequenceSampler:
-    """``next(timeout)`` samples ``batch_size`` sequences of the table ``default`` and returns them as the
-    learner's loop takes a prefetched batch (module docstring); TimeoutError when none came in time. One
-    request at a time, in the learner's thread (no prefetching yet)."""
+    """``next(timeout)`` samples ``batch_size`` sequences of ``table`` and returns them as the learner's loop
+    takes a prefetched batch, ``to_batch(fields, mask, extras)`` making the agent's batch of them (module
+    docstring); TimeoutError when none came in time. One request at a time, in the learner's thread (no
+    prefetching yet)."""
 
-    def __init__(self, replay: Any, batch_size: int, beta: float, length: int, invalid: Any):
-        self.replay, self.batch_size, self.beta, self.length = replay, batch_size, beta, length
-        self._invalid = invalid
+    def __init__(
+        self,
+        replay: Any,
+        batch_size: int,
+        beta: float,
+        to_batch: Callable[[Any, np.ndarray, Any], dict[str, np.ndarray]],
+        invalid: Any,
+        table: str | None = None,
+    ):
+        self.replay, self.batch_size, self.beta, self.table = replay, batch_size, beta, table
+        self._to_batch, self._invalid = to_batch, invalid
 
     def next(self, timeout: float | None = None) -> _Sampled:
         try:
-            batch = self.replay.sample(self.batch_size, beta=self.beta, timeout=timeout)
+            batch = self.replay.sample(self.batch_size, beta=self.beta, timeout=timeout, table=self.table)
         except ReplayTimeout as e:
             raise TimeoutError(str(e)) from None
         keys = np.ascontiguousarray(batch.keys)
@@ -312,14 +245,14 @@ class SequenceSampler:
             return _Sampled(keys, weights, ({}, every, "not a sequence item (inserted without a writer)", None, None))
         valid = np.asarray(seq.valid, bool)
         try:
-            fields = sequence_batch(seq.fields, np.asarray(seq.mask, bool), seq.extras, self.length)
+            fields = self._to_batch(seq.fields, np.asarray(seq.mask, bool), seq.extras)
         except (KeyError, TypeError, ValueError) as e:
             return _Sampled(keys, weights, ({}, every, f"sequence items of another structure: {e}", None, None))
         bad = None if valid.all() else ~valid
         if bad is not None:
             fields = {name: v[valid] for name, v in fields.items()}
         message = None if bad is None else "a sequence item that could not be decoded"
-        invalid, why = self._invalid(fields) if len(fields["obs"]) else (None, None)
+        invalid, why = self._invalid(fields) if valid.any() else (None, None)
         return _Sampled(keys, weights, (fields, bad, message, invalid, why))
 
     def close(self) -> None:
