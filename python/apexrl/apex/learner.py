@@ -30,7 +30,7 @@ it is the items received times that (an estimate: an episode's last item stands 
 
 The sampler is the one the agent's replay path names (``ReplayPath.reader``): the prefetching sampler of
 TransitionSpec-encoded transitions, or for sequence items (``"sequences"``, ``"queue"``;
-:mod:`apexrl.apex.recurrent`) one request at a time, made into the agent's batch by ``ReplayPath.make_batch``.
+:mod:`apexrl.apex.sequences`) one request at a time, made into the agent's batch by ``ReplayPath.make_batch``.
 A ``"queue"`` table hands each item out once: no priorities go back.
 
 Stopping (SIGTERM/SIGINT, see :mod:`apexrl.apex.stopping`): the loop ends, the last priority updates get what
@@ -407,7 +407,7 @@ class Learner:
 
     def _sequence_sampler(self) -> Any:
         """The sampler of sequence items: the path's table, made into the agent's batch by the path."""
-        from apexrl.apex.recurrent import SequenceSampler
+        from apexrl.apex.sequences import SequenceSampler
 
         cfg, path = self.config, self.replay_path
         make_batch = path.make_batch

@@ -19,8 +19,8 @@ What is here:
   ``.extras``) into the batch of :mod:`~apexrl.agents.r2d2.sequences`.
 
 The wiring: :mod:`~apexrl.agents.r2d2.agent` registers ``--agent r2d2`` (an ``AgentDef`` whose ``replay`` is
-that path); :mod:`apexrl.apex.recurrent` runs the actor of an agent with a sequence adder (the policy's state
-carried across steps) and the learner's sequence sampler; ``apexrl.launch.presets.PRESETS`` holds
+that path), which the generic actor (:mod:`apexrl.apex.actor`, the policy's state carried across steps and
+stored through the adders) and the learner's sequence sampler (:mod:`apexrl.apex.sequences`) follow; ``apexrl.launch.presets.PRESETS`` holds
 ``r2d2-atari`` and ``r2d2-cpu``, each with a prioritized table ``default``. bench/r2d2_masked_cartpole.py runs the agent in one process (its own
 adder and buffer).
 """
