@@ -163,9 +163,11 @@ class ReplayPath:
     """The table the actors write and the learner reads."""
     make_adder: Callable[[Any, str, EnvSpec, Any, int], Sequence[Any]] | None = None
     """``(client, table, env_spec, config, num_envs) -> adders``: one adder per environment of an actor
-    (:class:`~apexrl.replay.adders.SequenceAdder` and the like: ``add_first``, ``add`` with ``extras``,
-    ``reset``, ``flush``, ``close``), writing through the replay client's trajectory writers. Required by the
-    ``"sequences"`` and ``"queue"`` readers; None with ``"transitions"`` (the actor's own n-step adder)."""
+    (:class:`~apexrl.replay.adders.SequenceAdder` or :class:`~apexrl.replay.adders.EpisodeAdder` on ``client``,
+    or anything with their ``add_first``, ``add(..., extras=)``, ``reset``, ``flush``, ``close``, ``counters``
+    and ``discard``). Each step's ``extras`` are what the policy's ``act_batch_extras(obs, first)`` hands out
+    for that environment (None for a policy without it). Required by the ``"sequences"`` and ``"queue"``
+    readers; None with ``"transitions"`` (the actor's own n-step adder)."""
     make_batch: Callable[[Mapping[str, Any], np.ndarray, Mapping[str, Any], Any], dict[str, np.ndarray]] | None = None
     """``(fields, mask, extras, config) -> batch``: sampled sequence items (the writer's steps (n, T, ...), the
     mask (n, T), the items' extras) as the batch the agent's ``update`` takes; KeyError/TypeError/ValueError

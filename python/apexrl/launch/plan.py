@@ -499,6 +499,9 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
 
     spec = run_spec(agent, env, agent_config, o.seed)
     path = get_agent(agent).replay
+    if path.table != DEFAULT_TABLE:
+        # The learner's warm-up, its frame count and the plan's rate-limiter rules read the table 'default'.
+        raise ValueError(f"agent {agent}: a run uses the table {DEFAULT_TABLE!r}; its replay path names {path.table!r}")
     if o.replay_servers > 1 and path.one_server is not None:
         raise ValueError(f"--replay-servers {o.replay_servers}: {path.one_server}; leave it out")
     if o.offline is not None and not path.transitions:

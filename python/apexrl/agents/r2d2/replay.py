@@ -24,6 +24,7 @@ import numpy as np
 from apexrl.agents.base import ReplayPath
 from apexrl.agents.r2d2.config import R2D2Config
 from apexrl.replay.adders import SequenceAdder
+from apexrl.replay.tables import TableConfig
 
 if TYPE_CHECKING:
     from apexrl.envs import EnvSpec
@@ -71,8 +72,8 @@ class TrainableItemsClient:
 
 
 class R2D2SequenceAdder(SequenceAdder):
-    """One environment's sequence adder (module docstring), with the counters the actor reports: items stored on
-    the server, items still pending in the writer, items not made (no trained step)."""
+    """One environment's sequence adder (module docstring); its ``counters()`` count the items not made (no
+    trained step) as ``skipped``."""
 
     def __init__(self, client: Any, table: str, config: R2D2Config):
         source = TrainableItemsClient(client, config.burn_in + 2)
@@ -82,11 +83,11 @@ class R2D2SequenceAdder(SequenceAdder):
 
     def counters(self) -> dict[str, int]:
         w = self.items.writer
-        return {"stored": w.items_created - w.pending_items, "pending": w.pending_items, "skipped": self.items.skipped}
+        pending = int(w.pending_items)
+        return {"stored": int(w.items_created) - pending, "pending": pending, "skipped": self.items.skipped}
 
-    def discard(self) -> None:
-        """Give up what the writer still holds: its close() must not try it again without a deadline."""
-        self.items.writer.discard()
+    def discard(self) -> int:
+        return int(self.items.writer.discard())
 
 
 def make_adders(client: Any, table: str, env_spec: EnvSpec, config: R2D2Config, num_envs: int) -> list[Any]:
@@ -133,6 +134,9 @@ def _batch(fields: Mapping[str, Any], mask: np.ndarray, extras: Mapping[str, Any
 
 REPLAY = ReplayPath(
     reader="sequences",
+    # The paper's replay: 100,000 part-overlapping sequences, prioritized with exponent 0.9 (the presets' own
+    # tables set it per preset; these are for a run without a preset for its environment).
+    tables=(TableConfig(name="default", sampler="prioritized", remover="fifo", capacity=100_000, alpha=0.9),),
     make_adder=make_adders,
     make_batch=_batch,
     # A sequence item stands for the sequence_period new steps between consecutive items of an episode (an
@@ -142,4 +146,4 @@ REPLAY = ReplayPath(
     # tested end to end yet.
     one_server="r2d2 writes sequences to one replay server from its actors",
 )
-"""R2D2's replay path (module docstring); the tables come from the presets (a prioritized table ``default``)."""
+"""R2D2's replay path (module docstring)."""
