@@ -78,7 +78,7 @@ import numpy as np
 import torch
 
 from apexrl.agents import get_agent
-from apexrl.agents.base import batch_policy
+from apexrl.agents.base import AgentDef, batch_policy
 from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S
@@ -137,7 +137,7 @@ class Actor:
             explorations = self._init_sequences(agent, config, k)
         self._open_episode_outputs(k, explorations)
 
-    def _init_transitions(self, agent: Any, config: ActorConfig, k: int) -> list[float | None]:
+    def _init_transitions(self, agent: AgentDef, config: ActorConfig, k: int) -> list[float | None]:
         """The n-step transition path (module docstring): policy, TransitionSpec codec, observation ring, replay
         client and inserter, parameter client, n-step adder, counters; returns the explorations."""
         # K = 1 acts exactly as before batching existed (``act``); K > 1 through one batched policy whose
@@ -219,7 +219,7 @@ class Actor:
         }
         return explorations
 
-    def _init_sequences(self, agent: Any, config: ActorConfig, k: int) -> list[float | None]:
+    def _init_sequences(self, agent: AgentDef, config: ActorConfig, k: int) -> list[float | None]:
         """The sequence path (module docstring): one policy for the K environments (K = 1 too; environment j
         explores as slot index*K + j), the agent's adders on one replay client, the parameter client, counters;
         returns the explorations."""
