@@ -51,6 +51,43 @@ def test_registry_lists_agents_and_checks_environments():
         get_agent("nope")
 
 
+def test_every_agent_declares_its_replay_path():
+    from apexrl.agents.base import APEX_TRANSITIONS
+
+    for name in ("dqn", "dpg", "d4pg", "td3", "sac"):  # Ape-X's n-step transitions, scored by the policy
+        assert get_agent(name).replay is APEX_TRANSITIONS and APEX_TRANSITIONS.transitions
+    r2d2 = get_agent("r2d2").replay
+    assert r2d2.reader == "sequences" and not r2d2.transitions and r2d2.table == "default"
+    assert r2d2.make_adder is not None and r2d2.make_batch is not None and r2d2.one_server
+    assert r2d2.items_to_steps(get_agent("r2d2").config_class()) == get_agent("r2d2").config_class().sequence_period
+
+
+def test_a_replay_path_refuses_what_its_reader_cannot_use():
+    from apexrl.agents.base import ReplayPath
+    from apexrl.replay.tables import TableConfig
+
+    def adder(client, table, env, config, num_envs):
+        return []
+
+    def batch(fields, mask, extras, config):
+        return {}
+
+    with pytest.raises(ValueError, match="reader must be one of transitions, sequences, queue"):
+        ReplayPath(reader="episodes")
+    with pytest.raises(ValueError, match="the sequences reader needs make_adder and make_batch"):
+        ReplayPath(reader="sequences", make_adder=adder)
+    with pytest.raises(ValueError, match="make_adder and make_batch belong to the sequences and queue readers"):
+        ReplayPath(make_adder=adder)
+    with pytest.raises(ValueError, match="do not hold the table 'onpolicy'"):
+        ReplayPath(
+            reader="queue", table="onpolicy", make_adder=adder, make_batch=batch, tables=[TableConfig("default")]
+        )
+    path = ReplayPath(
+        reader="queue", table="onpolicy", make_adder=adder, make_batch=batch, tables=[TableConfig("onpolicy")]
+    )
+    assert path.tables == (TableConfig("onpolicy"),) and path.items_to_steps(None) == 1
+
+
 # A throwaway agent: random actions, a learner that only counts. Its whole code is this module; the one
 # registry line is the entry point below. Nothing in apexrl is edited for it.
 RANDOM_AGENT = textwrap.dedent("""
@@ -125,6 +162,70 @@ RANDOM_AGENT = textwrap.dedent("""
         make_learner=lambda env, config, device, seed: CountingLearner(env),
         make_policy=lambda env, config, index, num_actors, seed: RandomPolicy(env, seed),
     )
+
+
+    # A second one through the replay path's other readers: its actors write sequences of 8 steps with a
+    # per-step extra (the behaviour policy's log-probability, as an on-policy agent's would) into the queue table
+    # it declares; its learner pops them (no priorities go back) and reports the extras it read.
+    from apexrl.agents.base import ReplayPath
+    from apexrl.replay.adders import SequenceAdder
+    from apexrl.replay.tables import Queue, TableConfig
+
+
+    class RolloutPolicy(RandomPolicy):
+        def __init__(self, env, seed, k):
+            super().__init__(env, seed)
+            self.explorations = [1.0] * k
+
+        def act_batch(self, obs, explore=True):
+            return [self.act(o) for o in obs]
+
+        def act_batch_extras(self, obs, first):
+            logp = np.float32(-np.log(self.env.num_actions))
+            return self.act_batch(obs), [{"logp": logp} for _ in obs]
+
+
+    class PoppingLearner(CountingLearner):
+        # An episode's last observation is a step of its own (no action, reward 0, extras zeros): max and min.
+        metric_names = ("reward_max", "logp_min")
+
+        def update(self, batch, weights):
+            self.steps += 1
+            m = batch["mask"]
+            return np.ones(len(weights)), {
+                "reward_max": float(batch["reward"][m].max()), "logp_min": float(batch["logp"][m].min())
+            }
+
+        def invalid_items(self, batch):
+            return None, None
+
+
+    def sequences(client, table, env, config, num_envs):
+        return [
+            SequenceAdder(client, table, 8, 8, end_of_episode_behavior="truncate", extras_per="step")
+            for _ in range(num_envs)
+        ]
+
+
+    def popped(fields, mask, extras, config):
+        return {"reward": np.asarray(fields["reward"]), "logp": np.asarray(fields["extras"]["logp"]), "mask": mask}
+
+
+    ROLLOUT = AgentDef(
+        name="rollout", description="random actions into a queue of sequences (a test agent)",
+        config_class=RandomConfig, check_env=check_env,
+        make_learner=lambda env, config, device, seed: PoppingLearner(env),
+        make_policy=lambda env, config, index, num_actors, seed: RolloutPolicy(env, seed, 1),
+        make_batch_policy=lambda env, config, slots, num_slots, seed: RolloutPolicy(env, seed, len(slots)),
+        replay=ReplayPath(
+            reader="queue",
+            tables=(TableConfig("default", sampler="fifo", remover="fifo", capacity=10_000, max_times_sampled=1,
+                                rate_limiter=Queue(2_000)),),
+            make_adder=sequences,
+            make_batch=popped,
+            steps_per_item=lambda config: 8,
+        ),
+    )
 """)
 
 
@@ -137,7 +238,7 @@ def plugin_path(tmp_path):
         "Metadata-Version: 2.1\nName: random-agent\nVersion: 0.1\n"
     )
     (root / "random_agent-0.1.dist-info" / "entry_points.txt").write_text(
-        "[apexrl.agents]\nrandom = random_agent:AGENT\n"
+        "[apexrl.agents]\nrandom = random_agent:AGENT\nrollout = random_agent:ROLLOUT\n"
     )
     return str(root)
 
@@ -185,3 +286,30 @@ def test_a_third_agent_runs_end_to_end_through_apexrl_run(plugin_path, tmp_path)
         rows = list(csv.DictReader(f))
     assert int(rows[-1]["learner_steps"]) >= 40
     assert any(r["reward_mean"] == "1" for r in rows)  # CartPole pays 1 per step: the batches were decoded
+
+
+def test_an_agent_with_its_own_replay_path_runs_end_to_end_through_apexrl_run(plugin_path, tmp_path):
+    """The declaration alone: the run starts the agent's queue table, the generic actor writes its sequences with
+    the policy's per-step extras, the learner pops them into the agent's batch."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([plugin_path, os.environ.get("PYTHONPATH", "")])}
+    run_dir = str(tmp_path / "run")
+    args = ["--agent", "rollout", "--env", "gym:CartPole-v1", "--actors", "1", "--steps", "20", "--minutes", "4"]
+    args += ["--envs-per-actor", "2", "--batch-size", "4", "--progress-every", "2"]
+    args += ["--learner-args", "--min-replay-size 8 --eval-every 0 --metrics-every 1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "apexrl", "run", "--final-eval", "0", "--run-dir", run_dir, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "reached --steps 20" in out.stdout
+    with open(os.path.join(run_dir, "plan.json"), encoding="utf-8") as f:
+        tables = __import__("json").load(f)["servers"][0]["tables"]
+    assert [(t["name"], t["sampler"], t["max_times_sampled"]) for t in tables] == [("default", "fifo", 1)]
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert int(rows[-1]["learner_steps"]) >= 20
+    assert any(r["reward_max"] == "1" for r in rows)  # CartPole pays 1 per step
+    assert any(abs(float(r["logp_min"]) + 0.693147) < 1e-4 for r in rows if r["logp_min"])  # log(1/2) per step

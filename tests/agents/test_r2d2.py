@@ -385,7 +385,7 @@ def test_the_r2d2_presets_are_registered_with_a_source_for_every_setting():
     from apexrl.launch import preset_table
     from apexrl.launch.presets import PRESETS
 
-    assert "r2d2" in agent_names() and get_agent("r2d2").recurrent
+    assert "r2d2" in agent_names() and get_agent("r2d2").replay.reader == "sequences"
     assert set(R2D2_PRESETS) <= set(PRESETS)
     assert set(R2D2_FIELD_SOURCES) == {f.name for f in dataclasses.fields(R2D2Config)}
     assert FIELD_SOURCES[R2D2Config] is R2D2_FIELD_SOURCES

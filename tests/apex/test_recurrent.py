@@ -1,6 +1,7 @@
-"""The recurrent actor's sequence and state bookkeeping (apexrl.apex.recurrent), through a real replay server.
+"""The actor's sequence path and R2D2's state bookkeeping (apexrl.apex.actor, apexrl.agents.r2d2.replay), through
+a real replay server.
 
-A RecurrentActor of K MaskedCartPole environments runs against a server on 127.0.0.1 with a recording policy:
+An R2D2 Actor of K MaskedCartPole environments runs against a server on 127.0.0.1 with a recording policy:
 every step's input state, checked against the state the policy held before the step (zeroed where an episode
 starts), and every observation's successor. Then every item the server holds is sampled back and each must be a
 run of consecutive steps of one episode whose stored state (extras) is, bit for bit, the state the policy held
@@ -16,8 +17,10 @@ import numpy as np
 import pytest
 
 from apexrl.agents.r2d2 import R2D2Config, R2D2Learner, check_sequences
+from apexrl.agents.r2d2.replay import sequence_batch
+from apexrl.apex.actor import Actor
 from apexrl.apex.config import ActorConfig
-from apexrl.apex.recurrent import RecurrentActor, SequenceSampler, sequence_batch
+from apexrl.apex.sequences import SequenceSampler
 from apexrl.envs import env_spec
 from apexrl.envs.masked import NAME as MASKED
 from apexrl.replay.client.replay_client import ReplayClient
@@ -78,7 +81,7 @@ def test_every_stored_state_is_the_state_the_policy_acted_from_bit_for_bit(start
         params_timeout=0.2,
         params_every_frames=10**9,
     )
-    actor = RecurrentActor(config)
+    actor = Actor(config)
     recorder = _Recorder(actor.policy)
     actor.policy.act_batch_state = recorder
     try:
@@ -123,7 +126,9 @@ def test_every_stored_state_is_the_state_the_policy_acted_from_bit_for_bit(start
         # The learner's sampler hands R2D2Learner.update exactly its batch format, and it trains on it.
         spec = env_spec(MASKED)
         learner = R2D2Learner(spec, CONFIG)
-        sampler = SequenceSampler(client, CONFIG.batch_size, 0.6, length, learner.invalid_items)
+        sampler = SequenceSampler(
+            client, CONFIG.batch_size, 0.6, lambda f, m, e: sequence_batch(f, m, e, length), learner.invalid_items
+        )
         got = sampler.next(timeout=5.0)
         fields, bad, _message, invalid, _why = got.decoded
         assert bad is None and invalid is None  # every item decodes and has a trained step
@@ -156,7 +161,7 @@ def test_sequence_batch_pads_short_batches_and_masks_their_padding():
 
 
 def test_items_without_a_trained_step_are_not_made():
-    from apexrl.apex.recurrent import _TrainableItemsClient
+    from apexrl.agents.r2d2.replay import TrainableItemsClient
     from apexrl.replay.adders import SequenceAdder
 
     class Writer:
@@ -178,7 +183,7 @@ def test_items_without_a_trained_step_are_not_made():
             return self.made
 
     client = Client()
-    source = _TrainableItemsClient(client, CONFIG.burn_in + 2)  # items of at least 4 steps
+    source = TrainableItemsClient(client, CONFIG.burn_in + 2)  # items of at least 4 steps
     adder = SequenceAdder(source, "default", CONFIG.min_sequence_length, CONFIG.sequence_period, False)
     obs = np.zeros(2, np.float32)
     for length in (1, 2, 3, 7):  # episodes of 2, 3, 4 and 8 steps (the last observation a step of its own)
@@ -207,7 +212,7 @@ def test_the_actor_survives_its_server_going_away_and_stops_within_its_deadlines
         params_every_frames=10**9,
         replay_timeout=0.5,
     )
-    actor = RecurrentActor(config)
+    actor = Actor(config)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(actor.run()), daemon=True)
     thread.start()
@@ -242,4 +247,4 @@ def test_the_actor_refuses_several_replay_servers_and_says_why():
         replay_timeout=0.5,
     )
     with pytest.raises(ValueError, match=r"run it with --replay-servers 1"):
-        RecurrentActor(config)
+        Actor(config)

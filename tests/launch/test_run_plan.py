@@ -252,3 +252,33 @@ def test_the_actors_of_a_plan_use_their_own_actor_key_when_the_key_directory_has
 
     with pytest.raises(ValueError, match="every process of a run uses the same CURVE keys"):
         check_rules(dataclasses.replace(p, actors=[p.actors[0], stray]))
+
+
+def test_a_run_starts_the_tables_its_agent_declares_unless_tables_are_given():
+    """The tables: --tables, else the preset's, else the agent's declared ones (ReplayPath.tables), else the one
+    table of the preset's replay settings."""
+    import dataclasses
+
+    from apexrl.agents import get_agent
+    from apexrl.launch.presets import get_preset
+    from apexrl.replay.tables import TableConfig
+
+    declared = get_agent("r2d2").replay.tables
+    assert [t.name for t in declared] == ["default"] and declared[0].sampler == "prioritized"
+    with_preset = plan("r2d2-cpu")  # the preset's own tables
+    assert [t.capacity for t in with_preset.server.tables] == [get_preset("r2d2-cpu").tables[0].capacity]
+    bare = dataclasses.replace(get_preset("r2d2-cpu"), name="r2d2-bare", tables=None)
+    p = plan(bare)
+    (table,) = p.server.tables
+    assert (table.name, table.sampler, table.capacity, table.alpha) == ("default", "prioritized", 100_000, 0.9)
+    assert table.spec is None  # sequence items: the table pins their structure at the first insert
+    given = plan(bare, Overrides(tables=[TableConfig(name="default", sampler="uniform", capacity=1000)]))
+    assert [(t.sampler, t.capacity) for t in given.server.tables] == [("uniform", 1000)]
+    assert plan("cartpole").server.tables is None  # Ape-X agents declare none: the preset's replay settings
+
+
+def test_a_run_refuses_what_its_agents_replay_path_cannot_do_and_says_why():
+    with pytest.raises(ValueError, match="--replay-servers 2: r2d2 writes sequences to one replay server"):
+        plan("r2d2-cpu", Overrides(replay_servers=2))
+    with pytest.raises(ValueError, match="--offline: r2d2 reads sequences its actors write"):
+        plan("r2d2-cpu", Overrides(offline="nowhere"))

@@ -7,6 +7,13 @@ run plan and every command line then know it by name: nothing else lists agents.
 
 The replay never sees an agent: actors encode transitions with the agent's :class:`TransitionSpec` and the
 learner decodes them with the same spec, so fields, dtypes and compression are the agent's choice.
+
+Beside its networks and losses an agent declares its replay path (:class:`ReplayPath`, ``AgentDef.replay``):
+the tables it needs, what its actors write and how its learner reads. The default is Ape-X's: n-step
+transitions of its TransitionSpec into the table ``default``, sampled by priority. An agent that learns from
+sequences (R2D2) declares the ``"sequences"`` reader, an adder that writes them and the function that turns
+sampled items into its batch; an on-policy one the ``"queue"`` reader and a queue table. Nothing outside the
+agent's module branches on which agent it is: the actor, the learner and the run plan read the declaration.
 """
 
 from __future__ import annotations
@@ -22,15 +29,19 @@ if TYPE_CHECKING:
     import torch
 
     from apexrl.envs import EnvSpec
+    from apexrl.replay.tables import TableConfig
     from apexrl.replay.wire.codec import TransitionSpec
 
 __all__ = [
     "AGENTS",
     "ENTRY_POINT_GROUP",
     "Agent",
+    "APEX_TRANSITIONS",
     "AgentDef",
     "Policy",
     "PolicyBatch",
+    "READERS",
+    "ReplayPath",
     "agent_names",
     "batch_policy",
     "get_agent",
@@ -122,6 +133,85 @@ class Agent(Protocol):
         ...
 
 
+READERS = ("transitions", "sequences", "queue")
+"""How a learner reads its table (``ReplayPath.reader``):
+
+- ``"transitions"``: prioritized n-step transitions of the agent's TransitionSpec (Ape-X), through the
+  prefetching sampler; new priorities go back after each update.
+- ``"sequences"``: prioritized sequence items of a trajectory writer, sampled as ``.fields`` (n, T, ...),
+  ``.mask`` (n, T) and ``.extras`` and handed to ``ReplayPath.make_batch``; new priorities go back.
+- ``"queue"``: as ``"sequences"``, from a table that hands each item out once (``max_times_sampled=1``, a
+  ``Queue`` limiter): the learner sends no priorities back.
+"""
+
+
+@dataclass(frozen=True)
+class ReplayPath:
+    """An agent's replay path: the tables it needs, what its actors write, how its learner reads.
+
+    ``ReplayPath()`` is Ape-X's (every feed-forward agent here): the actor's n-step transition adder (scored by
+    the policy's ``initial_priorities``, encoded with its TransitionSpec, vectorised over the actor's K
+    environments), the table ``default`` built from the preset's replay settings, the prefetching sampler.
+    """
+
+    reader: str = "transitions"
+    """One of :data:`READERS`."""
+    tables: tuple[TableConfig, ...] = ()
+    """The tables a run of this agent starts when neither ``--tables`` nor the preset gives any (they must hold
+    ``table``); empty: the one table ``default`` of the preset's replay settings."""
+    table: str = "default"
+    """The table the actors write and the learner reads."""
+    make_adder: Callable[[Any, str, EnvSpec, Any, int], Sequence[Any]] | None = None
+    """``(client, table, env_spec, config, num_envs) -> adders``: one adder per environment of an actor
+    (:class:`~apexrl.replay.adders.SequenceAdder` or :class:`~apexrl.replay.adders.EpisodeAdder` on ``client``,
+    or anything with their ``add_first``, ``add(..., extras=)``, ``reset``, ``flush``, ``close``, ``counters``
+    and ``discard``). Each step's ``extras`` are what the policy's ``act_batch_extras(obs, first)`` hands out
+    for that environment (None for a policy without it). Required by the ``"sequences"`` and ``"queue"``
+    readers; None with ``"transitions"`` (the actor's own n-step adder)."""
+    make_batch: Callable[[Mapping[str, Any], np.ndarray, Mapping[str, Any], Any], dict[str, np.ndarray]] | None = None
+    """``(fields, mask, extras, config) -> batch``: sampled sequence items (the writer's steps (n, T, ...), the
+    mask (n, T), the items' extras) as the batch the agent's ``update`` takes; KeyError/TypeError/ValueError
+    for items of another structure (the learner erases them). Required by ``"sequences"`` and ``"queue"``."""
+    steps_per_item: Callable[[Any], int] | None = None
+    """``(config) -> agent steps one item stands for`` (metrics.csv's ``env_frames``: items received times
+    this); None: 1, one transition per agent step."""
+    one_server: str | None = None
+    """Why the agent runs on one replay server only (``--replay-servers`` > 1 is refused with it); None: any."""
+
+    def __post_init__(self) -> None:
+        if self.reader not in READERS:
+            raise ValueError(f"ReplayPath.reader must be one of {', '.join(READERS)}, got {self.reader!r}")
+        object.__setattr__(self, "tables", tuple(self.tables))
+        if self.reader == "transitions":
+            if self.table != "default":
+                raise ValueError("ReplayPath: the transitions reader's actors insert into the table 'default'")
+            if self.make_adder is not None or self.make_batch is not None:
+                raise ValueError(
+                    "ReplayPath: the transitions reader uses the actor's n-step adder and the agent's TransitionSpec; "
+                    "make_adder and make_batch belong to the sequences and queue readers"
+                )
+        elif self.make_adder is None or self.make_batch is None:
+            raise ValueError(f"ReplayPath: the {self.reader} reader needs make_adder and make_batch")
+        if self.tables and self.table not in [t.name for t in self.tables]:
+            raise ValueError(
+                f"ReplayPath: the tables ({', '.join(t.name for t in self.tables)}) do not hold the table "
+                f"{self.table!r} that the actors write and the learner reads"
+            )
+
+    @property
+    def transitions(self) -> bool:
+        """True when items are n-step transitions of the agent's TransitionSpec (the run pins that spec)."""
+        return self.reader == "transitions"
+
+    def items_to_steps(self, config: Any) -> int:
+        """Agent steps one item stands for (see ``steps_per_item``)."""
+        return 1 if self.steps_per_item is None else int(self.steps_per_item(config))
+
+
+APEX_TRANSITIONS = ReplayPath()
+"""The default replay path: Ape-X's n-step transitions (:class:`ReplayPath`)."""
+
+
 @dataclass(frozen=True)
 class AgentDef:
     """One registered agent: everything the actor, the learner, the presets and the CLIs need to know."""
@@ -144,11 +234,9 @@ class AgentDef:
     """Optional ``(env_spec, config, slots, num_slots, seed) -> Policy`` with ``act_batch`` and ``explorations``
     for the environments ``slots`` of the run's ``num_slots`` (actors x environments per actor): one policy and
     one batched forward pass for a vectorised actor. None: :func:`batch_policy` wraps ``make_policy``."""
-    recurrent: bool = False
-    """True for an agent that learns from sequences (R2D2): its actors carry the policy's recurrent state and
-    write overlapping sequences with a :class:`~apexrl.replay.adders.SequenceAdder` (extras: the state at each
-    item's first step), its learner samples them as ``.fields``/``.mask``/``.extras`` and its runs pin no
-    TransitionSpec (:mod:`apexrl.apex.recurrent`). False: one n-step transition per item, as Ape-X."""
+    replay: ReplayPath = APEX_TRANSITIONS
+    """The agent's replay path (:class:`ReplayPath`): the tables it needs, what its actors write, how its
+    learner reads. The default: Ape-X's n-step transitions."""
 
     def accepts(self, env_spec: EnvSpec) -> str | None:
         """None when the agent runs on ``env_spec``, else the reason it does not."""

@@ -1,5 +1,6 @@
-"""The Ape-X actor: K environments (``envs_per_actor``, usually 1), a local copy of the policy, one n-step buffer
-per environment and a local batch.
+"""The actor of every agent: K environments (``envs_per_actor``, usually 1), a local copy of the policy, and what
+the agent's replay path (``AgentDef.replay``) writes: Ape-X's n-step transitions (the default, below), or the
+agent's own adders (the sequence path, further below).
 
 Loop (Horgan et al. 2018, Algorithm 1, over K environments in lockstep)::
 
@@ -36,6 +37,30 @@ answer, the actor keeps acting with the weights it has.
 Stopping (SIGTERM/SIGINT, see :mod:`apexrl.apex.stopping`): the actor stops stepping, ends the open episode
 as a truncation and tries once more to insert what it holds; a server that is stopping too refuses at once
 or is given up after the grace period, and the actor says how many transitions it could not hand over.
+
+The sequence path (``ReplayPath.reader`` ``"sequences"`` or ``"queue"``; R2D2), K environments in lockstep
+(K = 1 included), one policy for all K::
+
+    s = envs.reset(); first = [True] * K
+    repeat:
+        a, extras = policy.act_batch_extras(s, first)     one batched step; extras[j]: what env j's step stores
+                                                           beside it (R2D2: the recurrent state it started from,
+                                                           zeroed where first[j]); a policy without the method:
+                                                           act_batch(s), no extras
+        s', r, terminated, truncated = envs.step(a)
+        adder_j.add(a_j, raw r_j, s'_j, terminated_j, truncated_j, extras=extras[j])
+        first = which episodes ended (their adder starts the next one with add_first)
+
+The K adders are the agent's (``ReplayPath.make_adder``), one per environment, each with its own trajectory
+writer on the path's table; they report ``counters()`` (items ``stored`` on the server, ``pending`` in the
+writer, ``skipped``: not made, the actor's ``untrainable``) and ``discard()`` what their writer still holds. The
+state is the policy's business: an item's extras are whatever the adder keeps of its steps' extras (R2D2's
+``SequenceAdder`` keeps the first step's, so the learner unrolls from exactly the state the actor acted from;
+tests/apex/test_recurrent.py holds it bit for bit through a real server). Rewards are stored unclipped
+(``raw_reward``). A writer error (the replay server gone longer than the writer's own retries) drops that
+environment's open episode (``adder.reset()``; the items already made stay), counted in ``insert_retries``; the
+environment records again from its next episode. Stopping: the actor stops stepping, flushes what the writers
+hold within the stop's grace period and drops the open episodes (an item is only made of whole sequences).
 """
 
 from __future__ import annotations
@@ -53,15 +78,17 @@ import numpy as np
 import torch
 
 from apexrl.agents import get_agent
-from apexrl.agents.base import batch_policy
+from apexrl.agents.base import AgentDef, batch_policy
 from apexrl.apex.config import EPISODE_COLUMNS, ActorConfig
 from apexrl.apex.report import ProgressReporter
+from apexrl.apex.stopping import STOP_GRACE_S
 from apexrl.durable import append_private, make_private_dirs
 from apexrl.envs.base import SerialVecEnv
-from apexrl.errors import Interrupted, ReplayTimeout, ServerClosedError
+from apexrl.errors import ApexRLError, Interrupted, ReplayTimeout, ServerClosedError
 from apexrl.replay.adders.transition import NStepTransitionAdder, Transition, VecNStepTransitionAdder
 from apexrl.replay.client.inserter import PipelinedInserter
 from apexrl.replay.client.replay_client import ServerTimeoutError
+from apexrl.replay.client.sharded import ShardedReplayClient
 from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.replay.wire.frames import frame_codec, wire_spec
 from apexrl.replay.wire.schema import MAX_BATCH
@@ -102,6 +129,17 @@ class Actor:
     def __init__(self, config: ActorConfig):
         k = self._start_envs(config)
         agent = get_agent(config.agent)
+        self.path = agent.replay
+        self.adders: list[Any] | None = None  # the sequence path's adders, one per environment; None: n-step
+        if self.path.transitions:
+            explorations = self._init_transitions(agent, config, k)
+        else:
+            explorations = self._init_sequences(agent, config, k)
+        self._open_episode_outputs(k, explorations)
+
+    def _init_transitions(self, agent: AgentDef, config: ActorConfig, k: int) -> list[float | None]:
+        """The n-step transition path (module docstring): policy, TransitionSpec codec, observation ring, replay
+        client and inserter, parameter client, n-step adder, counters; returns the explorations."""
         # K = 1 acts exactly as before batching existed (``act``); K > 1 through one batched policy whose
         # environment j explores as slot index*K + j of num_actors*K.
         # A Policy for K = 1; for K > 1 a batch policy, which also has act_batch, explorations and maybe the
@@ -179,10 +217,40 @@ class Actor:
             "rate_limited": 0,
             "not_inserted": 0,
         }
-        self._open_episode_outputs(k, explorations)
+        return explorations
+
+    def _init_sequences(self, agent: AgentDef, config: ActorConfig, k: int) -> list[float | None]:
+        """The sequence path (module docstring): one policy for the K environments (K = 1 too; environment j
+        explores as slot index*K + j), the agent's adders on one replay client, the parameter client, counters;
+        returns the explorations."""
+        self.policy = batch_policy(agent, self.spec, config.agent_config, config.index, config.num_actors, k, self.seed)
+        explorations = list(self.policy.explorations)
+        self.replay = _sequence_client(config.replay, config.replay_timeout, config.curve_dir, self.path.one_server)
+        self.adders = []
+        try:
+            assert self.path.make_adder is not None  # ReplayPath requires it beside a sequence reader
+            self.adders = list(self.path.make_adder(self.replay, self.path.table, self.spec, config.agent_config, k))
+            if len(self.adders) != k:
+                raise ValueError(f"agent {agent.name}: make_adder made {len(self.adders)} adders for {k} environments")
+        except BaseException:
+            self._close_adders()
+            self.replay.close()
+            raise
+        self._connect_params()
+        self.counters = {
+            "steps": 0,
+            "frames": 0,
+            "episodes": 0,
+            "inserted": 0,
+            "untrainable": 0,
+            "insert_retries": 0,
+            "rate_limited": 0,
+            "not_inserted": 0,
+        }
+        return explorations
 
     def _start_envs(self, config: ActorConfig) -> int:
-        """What every actor starts with (the recurrent one too): its config, seed, torch threads and its K
+        """What every actor starts with (either path): its config, seed, torch threads and its K
         environments; returns K."""
         from apexrl.envs import make_vec_env
 
@@ -253,7 +321,15 @@ class Actor:
     def stop(self) -> None:
         self._stop.set()
 
+    def _close_adders(self) -> None:
+        for adder in self.adders or ():
+            try:
+                adder.close()
+            except (ApexRLError, RuntimeError) as e:  # what it still held is counted by _finish_sequences
+                log.warning("actor %d: closing a sequence writer: %s", self.config.index, e)
+
     def close(self) -> None:
+        self._close_adders()
         self.replay.close()
         self.params.close()
         self.envs.close()
@@ -471,6 +547,10 @@ class Actor:
     def run(self) -> dict[str, int]:
         self._wait_first_params()
         self._start = self._last_log = time.monotonic()
+        if self.adders is not None:
+            self._run_sequences()
+            self._log_progress(time.monotonic() - self._start)
+            return {**self.counters, "params_version": self.poller.version}
         try:
             (self._run_one if self.envs.num_envs == 1 else self._run_vector)()
         except _Unsent as e:  # stopping mid-insert: the server is gone or stopping too
@@ -550,6 +630,100 @@ class Actor:
             obs = step.obs
             if self._poll_and_log():
                 break
+
+    def _run_sequences(self) -> None:
+        """The sequence path (module docstring): the policy's extras go to each environment's adder."""
+        adders = self.adders
+        assert adders is not None  # the sequence path
+        k = self.envs.num_envs
+        # A policy that carries state across steps (R2D2's) acts with the environments whose episode starts and
+        # hands out what each step's item keeps (its state); one without acts on the observations alone.
+        act_extras = getattr(self.policy, "act_batch_extras", None)
+        obs = self.envs.reset()
+        recording = np.ones(k, bool)  # False: the environment's episode was dropped after a writer error
+        for j in range(k):
+            adders[j].add_first(obs[j])
+        rec = self.recorder
+        if rec is not None:
+            for j in range(k):
+                rec.start(j, obs[j])
+        first = np.ones(k, bool)
+        ep_return, ep_len = np.zeros(k), np.zeros(k, np.int64)
+        while not self._stop.is_set():
+            if act_extras is not None:
+                actions, extras = act_extras(obs, first)
+            else:
+                actions, extras = self.policy.act_batch(obs, explore=True), None
+            step = self.envs.step(actions)
+            first = np.zeros(k, bool)
+            for j in range(k):
+                ended = j in step.final_obs
+                nxt = step.final_obs[j] if ended else step.obs[j]
+                if recording[j]:
+                    try:
+                        adders[j].add(
+                            actions[j],
+                            float(step.raw_reward[j]),
+                            nxt,
+                            bool(step.terminated[j]),
+                            bool(step.truncated[j]),
+                            extras=None if extras is None else extras[j],
+                        )
+                    except (ReplayTimeout, ApexRLError) as e:
+                        recording[j] = False
+                        self._writer_failed(j, e)
+                if ended:
+                    first[j] = True
+                    if not recording[j]:
+                        adders[j].reset()
+                        recording[j] = True
+                    adders[j].add_first(step.obs[j])
+            if rec is not None:
+                self._record_step(rec, actions, step, sorted(step.final_obs))
+            self.counters["steps"] += k
+            self.counters["frames"] += k * self.spec.frames_per_step
+            ep_return += step.raw_reward
+            ep_len += 1
+            for j in sorted(step.final_obs):
+                self._end_episode(j, float(ep_return[j]), int(ep_len[j]), time.monotonic() - self._start)
+                ep_return[j], ep_len[j] = 0.0, 0
+            obs = step.obs
+            self.counters["inserted"] = self._count("stored")
+            self.counters["untrainable"] = self._count("skipped")
+            if self._poll_and_log():  # the writers send as items fill up: no local batch to flush
+                break
+        self._finish_sequences()
+
+    def _count(self, name: str) -> int:
+        """The adders' counter ``name`` summed: ``stored`` (on the server), ``pending`` or ``skipped``."""
+        return sum(int(a.counters()[name]) for a in self.adders or ())
+
+    def _writer_failed(self, j: int, e: Exception) -> None:
+        assert self.adders is not None  # the sequence path
+        self.counters["insert_retries"] += 1
+        self.adders[j].reset()
+        log.warning(
+            "actor %d: environment %d's sequence writer failed (%s); its episode is dropped, the next one is recorded",
+            self.config.index,
+            j,
+            e,
+        )
+
+    def _finish_sequences(self) -> None:
+        """Stopping: send what the writers hold within the grace period; count what they could not."""
+        deadline = time.monotonic() + STOP_GRACE_S
+        for adder in self.adders or ():
+            adder.reset()  # the open episode: no whole item can be made of it without stepping
+            try:
+                adder.flush(timeout=max(0.1, deadline - time.monotonic()))
+            except (ApexRLError, Interrupted, TimeoutError) as e:
+                log.warning("actor %d: stopping with sequences not inserted (%s)", self.config.index, e)
+        self.counters["inserted"] = self._count("stored")
+        self.counters["not_inserted"] = self._count("pending")
+        for adder in self.adders or ():
+            # Given up: the writer's close() must not try them again without a deadline (a server that is gone
+            # would hold the stop for its retries).
+            adder.discard()
 
     def _poll_and_log(self) -> bool:
         """Poll for weights and log as due; True when the loop must end."""
@@ -651,6 +825,16 @@ class _ObsRing:
             self._has[missing] = True
         assert self._values is not None  # allocated when the first values were computed
         return self._values[obs_rows], self._values[next_rows]
+
+
+def _sequence_client(endpoints: str, timeout: float, curve: Any, one_server: str | None) -> Any:
+    """The sequence path's replay client; ValueError with the agent's reason where it runs on one server only
+    and ``endpoints`` names several (as `apexrl run` refuses --replay-servers > 1 for it)."""
+    client = connect_replay(endpoints, timeout=timeout, curve=curve)
+    if one_server is not None and isinstance(client, ShardedReplayClient):
+        client.close()
+        raise ValueError(f"{one_server}; got several ({endpoints}): run it with --replay-servers 1")
+    return client
 
 
 def env_seed(actor_seed: int, j: int) -> int:

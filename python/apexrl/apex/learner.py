@@ -24,10 +24,14 @@ action index out of range, a NaN reward, ...), counted as ``invalid_items``; the
 update's own TD errors stays.
 
 ``env_frames`` in metrics.csv is the number of transitions the replay server has received times the
-environment's frames per agent step: every agent step of every actor yields exactly one n-step transition. For a
-recurrent agent (R2D2, :mod:`apexrl.apex.recurrent`), whose items are sequences, it is the items received times
-``sequence_period`` agent steps (an estimate: an episode's last item stands for fewer steps); the learner samples
-sequences one request at a time instead of through the prefetching sampler.
+environment's frames per agent step: every agent step of every actor yields exactly one n-step transition. For an
+agent whose items stand for several steps (``ReplayPath.steps_per_item``; R2D2's sequences: ``sequence_period``)
+it is the items received times that (an estimate: an episode's last item stands for fewer steps).
+
+The sampler is the one the agent's replay path names (``ReplayPath.reader``): the prefetching sampler of
+TransitionSpec-encoded transitions, or for sequence items (``"sequences"``, ``"queue"``;
+:mod:`apexrl.apex.sequences`) one request at a time, made into the agent's batch by ``ReplayPath.make_batch``.
+A ``"queue"`` table hands each item out once: no priorities go back.
 
 Stopping (SIGTERM/SIGINT, see :mod:`apexrl.apex.stopping`): the loop ends, the last priority updates get what
 is left of the grace period, and the final checkpoint is written; the learner says how many updates it could
@@ -153,20 +157,17 @@ class Learner:
         self.checkpoint_path = os.path.join(self.run_dir, CHECKPOINT_NAME)
         self.device = resolve_device(config.device)
         self.env_spec = env_spec(config.env)
-        self.agent: Agent = get_agent(config.agent).make_learner(
-            self.env_spec, config.agent_config, self.device, config.seed
-        )
-        # A recurrent agent (R2D2) samples sequences of steps (apexrl.apex.recurrent): no TransitionSpec.
-        self.recurrent = get_agent(config.agent).recurrent
+        agent_def = get_agent(config.agent)
+        self.agent: Agent = agent_def.make_learner(self.env_spec, config.agent_config, self.device, config.seed)
+        # What the agent's items are and how they are read (module docstring): only transitions have a
+        # TransitionSpec; sequence items are the agent's own structure, made into its batch by the path.
+        self.replay_path = agent_def.replay
         self.transition_spec: TransitionSpec | None = None
         self.frame_codec = None
-        if not self.recurrent:
+        if self.replay_path.transitions:
             self.transition_spec = self.agent.transition_spec
             self.frame_codec = frame_codec(self.transition_spec)  # frame stacks stored once (Atari), else None
-        # env_frames from the items inserted: a transition is one agent step; a sequence item stands for the
-        # sequence_period new steps between consecutive items of an episode (an estimate: an episode's last
-        # item is shorter).
-        per_item = config.agent_config.sequence_period if self.recurrent else 1
+        per_item = self.replay_path.items_to_steps(config.agent_config)
         self._frames_per_item = per_item * self.env_spec.frames_per_step
         self._invalid = getattr(self.agent, "invalid_items", all_finite)  # the agent's value rules
         self._stop = threading.Event()
@@ -330,7 +331,7 @@ class Learner:
         row_steps, row_inserted = self.agent.steps, (stats or {}).get("inserted", 0)
         sampler = (
             self._sequence_sampler()
-            if self.recurrent
+            if not self.replay_path.transitions
             else self.replay.sampler(
                 cfg.agent_config.batch_size,
                 beta=cfg.beta,
@@ -359,7 +360,8 @@ class Learner:
                     priorities, metrics = self.agent.update(fields, weights)
                     means.add(metrics)
                     means.add({"is_weight_mean": float(weights.mean())})
-                    self._send_priorities(updater, keys, priorities)
+                    if self.replay_path.reader != "queue":  # a queue's items are gone once sampled
+                        self._send_priorities(updater, keys, priorities)
                     steps = self.agent.steps
                     if steps % cfg.remove_to_fit_every == 0:
                         self._remove_to_fit()
@@ -404,12 +406,20 @@ class Learner:
         return self._summary(start, steps_at_start)
 
     def _sequence_sampler(self) -> Any:
-        """A recurrent agent's sampler: sequences of the table ``default`` in the agent's batch format."""
-        from apexrl.apex.recurrent import SequenceSampler
+        """The sampler of sequence items: the path's table, made into the agent's batch by the path."""
+        from apexrl.apex.sequences import SequenceSampler
 
-        cfg = self.config
-        length = cfg.agent_config.min_sequence_length
-        return SequenceSampler(self.replay, cfg.agent_config.batch_size, cfg.beta, length, self._invalid)
+        cfg, path = self.config, self.replay_path
+        make_batch = path.make_batch
+        assert make_batch is not None  # ReplayPath requires it beside a sequences or queue reader
+        agent_config = cfg.agent_config
+
+        def to_batch(fields: Any, mask: np.ndarray, extras: Any) -> dict[str, np.ndarray]:
+            return make_batch(fields, mask, extras, agent_config)
+
+        return SequenceSampler(
+            self.replay, agent_config.batch_size, cfg.beta, to_batch, self._invalid, table=path.table
+        )
 
     def _sample_threads(self) -> int:
         """The sampler's threads: the config's, or one per replay server."""
@@ -584,7 +594,7 @@ class _LearnerDecoder:
 
     def __init__(self, learner: Learner, native: BatchDecoder | FrameBatchDecoder | None = None):
         self._learner = learner
-        assert learner.transition_spec is not None  # a recurrent agent samples through SequenceSampler
+        assert learner.transition_spec is not None  # sequence items are sampled through SequenceSampler
         self._native = native or BatchDecoder(
             learner.transition_spec,
             learner.config.agent_config.batch_size,

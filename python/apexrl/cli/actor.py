@@ -196,15 +196,12 @@ def config_from_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
 
 def run_actor(config: ActorConfig) -> dict[str, int]:
-    """Build the agent's actor (:class:`~apexrl.apex.actor.Actor`, or a recurrent agent's
-    :class:`~apexrl.apex.recurrent.RecurrentActor`), stop it on SIGTERM/SIGINT (after inserting what it holds),
-    return counters."""
-    from apexrl.agents import get_agent
+    """Build the agent's actor (:class:`~apexrl.apex.actor.Actor`; the agent's replay path says what it writes),
+    stop it on SIGTERM/SIGINT (after inserting what it holds), return counters."""
     from apexrl.apex.actor import Actor
-    from apexrl.apex.recurrent import RecurrentActor
     from apexrl.apex.stopping import StopOnSignal
 
-    actor = RecurrentActor(config) if get_agent(config.agent).recurrent else Actor(config)
+    actor = Actor(config)
     try:
         with StopOnSignal(actor.stop, [actor.replay.interrupt, actor.params.transport.interrupt]):
             return actor.run()

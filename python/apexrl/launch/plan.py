@@ -263,7 +263,7 @@ def run_tables(
     out = []
     for t in tables:
         if t.name == DEFAULT_TABLE:
-            run_spec_ = load_spec(spec) if spec is not None else None  # None: a recurrent agent's sequences
+            run_spec_ = load_spec(spec) if spec is not None else None  # None: an agent's sequence items
             if t.spec is not None and t.spec != run_spec_:
                 raise ValueError(
                     f"table {DEFAULT_TABLE!r}: its spec is not the spec of the run ({spec}): the run's actors would "
@@ -495,11 +495,18 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
     )
     if not 1 <= o.replay_servers <= MAX_REPLAY_SERVERS:
         raise ValueError(f"replay_servers must be in 1..{MAX_REPLAY_SERVERS}, got {o.replay_servers}")
+    from apexrl.agents import get_agent
+
     spec = run_spec(agent, env, agent_config, o.seed)
-    if spec is None and (o.replay_servers > 1 or o.offline is not None):
-        # The trajectory writer keeps an episode's steps on one server; an offline dataset holds transitions.
-        what = f"--replay-servers {o.replay_servers}" if o.replay_servers > 1 else "--offline"
-        raise ValueError(f"{what}: {agent} writes sequences to one replay server from its actors; leave it out")
+    path = get_agent(agent).replay
+    if path.table != DEFAULT_TABLE:
+        # The learner's warm-up, its frame count and the plan's rate-limiter rules read the table 'default'.
+        raise ValueError(f"agent {agent}: a run uses the table {DEFAULT_TABLE!r}; its replay path names {path.table!r}")
+    if o.replay_servers > 1 and path.one_server is not None:
+        raise ValueError(f"--replay-servers {o.replay_servers}: {path.one_server}; leave it out")
+    if o.offline is not None and not path.transitions:
+        # An offline dataset holds transitions; this agent's learner reads its own items.
+        raise ValueError(f"--offline: {agent} reads {path.reader} its actors write, not a dataset's transitions")
     if spec is None and o.server.get("spec") is not None:
         raise ValueError(f"--spec: {agent} inserts sequences of steps, not items of a TransitionSpec; leave --spec out")
     if spec is not None and o.server.get("spec") is not None:
@@ -518,7 +525,10 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
                 "dataset is loaded; leave it out"
             )
         offline = {"samples_per_insert": None}
+    # The tables: --tables, else the preset's, else those the agent declares, else the preset's replay settings.
     tables = o.tables if o.tables is not None else preset.tables
+    if tables is None and path.tables:
+        tables = path.tables
     if tables is None:
         table_settings: dict[str, Any] = {
             **dataclasses.asdict(preset.replay),
@@ -583,13 +593,13 @@ def actor_curve_dir(curve_dir: str | None) -> str | None:
 def run_spec(agent: str, env: str, agent_config: Any, seed: int = 0) -> str | None:
     """The TransitionSpec JSON of the items the run's actors insert (actor 0's policy says it: the agent and the
     environment define it). The plan pins it on every replay server (``ServerConfig.spec``, the server's
-    ``--spec``), so no client can declare another spec first. None for a recurrent agent (R2D2): its items are
-    sequences of steps, whose structure the table pins at their first insert."""
+    ``--spec``), so no client can declare another spec first. None for an agent whose replay path writes
+    sequences (R2D2): their structure the table pins at their first insert."""
     from apexrl.agents import get_agent
     from apexrl.envs import env_spec
     from apexrl.replay.wire.frames import wire_spec
 
-    if get_agent(agent).recurrent:
+    if not get_agent(agent).replay.transitions:
         return None  # sequence items of a trajectory writer: their structure is pinned by the table's first insert
     spec = get_agent(agent).make_policy(env_spec(env), agent_config, 0, 1, seed).transition_spec
     return wire_spec(spec).to_json()  # the items the replay holds: Atari's reference frame chunks

@@ -14,13 +14,14 @@ What is here:
 - :mod:`~apexrl.agents.r2d2.policy`: :class:`RecurrentPolicy`, the vectorised actor's recurrent epsilon-greedy
   policy, which returns each step's input state for the adder.
 - :mod:`~apexrl.agents.r2d2.presets`: ``r2d2-atari`` and ``r2d2-cpu`` as data, with a source per setting.
+- :mod:`~apexrl.agents.r2d2.replay`: its replay path -- one ``SequenceAdder`` per environment (the state at each
+  item's first step stored as its extras ``state_h``/``state_c``), and sampled items (``.fields``/``.mask``/
+  ``.extras``) into the batch of :mod:`~apexrl.agents.r2d2.sequences`.
 
-The wiring: :mod:`~apexrl.agents.r2d2.agent` registers ``--agent r2d2`` (an ``AgentDef`` with
-``recurrent=True``); :mod:`apexrl.apex.recurrent` holds its actor (the policy's state carried across steps, one
-``SequenceAdder`` per environment, the state at each item's first step stored as its extras ``state_h``/
-``state_c``) and the learner's sequence sampler (``.fields``/``.mask``/``.extras`` into the batch of
-:mod:`~apexrl.agents.r2d2.sequences`); ``apexrl.launch.presets.PRESETS`` holds ``r2d2-atari`` and ``r2d2-cpu``,
-each with a prioritized table ``default``. bench/r2d2_masked_cartpole.py runs the agent in one process (its own
+The wiring: :mod:`~apexrl.agents.r2d2.agent` registers ``--agent r2d2`` (an ``AgentDef`` whose ``replay`` is
+that path), which the generic actor (:mod:`apexrl.apex.actor`, the policy's state carried across steps and
+stored through the adders) and the learner's sequence sampler (:mod:`apexrl.apex.sequences`) follow; ``apexrl.launch.presets.PRESETS`` holds
+``r2d2-atari`` and ``r2d2-cpu``, each with a prioritized table ``default``. bench/r2d2_masked_cartpole.py runs the agent in one process (its own
 adder and buffer).
 """
 

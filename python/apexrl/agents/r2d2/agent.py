@@ -1,5 +1,5 @@
-"""``--agent r2d2``: the :class:`~apexrl.agents.base.AgentDef` that registers R2D2 (``recurrent=True``: the actors
-and the learner take the sequence path of :mod:`apexrl.apex.recurrent`)."""
+"""``--agent r2d2``: the :class:`~apexrl.agents.base.AgentDef` that registers R2D2, with its replay path
+(:mod:`apexrl.agents.r2d2.replay`: sequences written per environment, read as ``.fields``/``.mask``/``.extras``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from apexrl.agents.base import AgentDef
 from apexrl.agents.r2d2.config import R2D2Config
 from apexrl.agents.r2d2.learner import R2D2Learner
 from apexrl.agents.r2d2.policy import recurrent_batch_policy
+from apexrl.agents.r2d2.replay import REPLAY
 
 if TYPE_CHECKING:
     from apexrl.envs import EnvSpec
@@ -24,8 +25,8 @@ def check_env(spec: EnvSpec) -> None:
         raise ValueError("r2d2 needs a discrete action space (Q-values per action)")
 
 
-# Return types Any: R2D2's learner and policy have no TransitionSpec (AgentDef.recurrent), so they are not the
-# Agent and Policy protocols of the feed-forward agents; the recurrent path uses what they have.
+# Return types Any: R2D2's learner and policy have no TransitionSpec (its replay path writes sequences), so they
+# are not the Agent and Policy protocols of the feed-forward agents; the sequence path uses what they have.
 def make_learner(spec: EnvSpec, config: R2D2Config, device: torch.device, seed: int) -> Any:
     return R2D2Learner(spec, config, device, seed)
 
@@ -47,5 +48,5 @@ AGENT = AgentDef(
     make_learner=make_learner,
     make_policy=make_policy,
     make_batch_policy=make_batch_policy,
-    recurrent=True,
+    replay=REPLAY,
 )

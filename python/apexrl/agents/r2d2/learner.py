@@ -216,7 +216,7 @@ class R2D2Learner:
 
     ``update`` takes a sequence batch (apexrl.agents.r2d2.sequences) and IS weights, as ``Agent.update`` takes a
     transition batch (``--agent r2d2``, :mod:`apexrl.agents.r2d2.agent`; the run's learner feeds it through
-    :class:`apexrl.apex.recurrent.SequenceSampler`).
+    :class:`apexrl.apex.sequences.SequenceSampler`).
     """
 
     metric_names: tuple[str, ...] = ("loss", "td_abs_mean", "q_mean", "grad_norm", "valid_steps")

@@ -3,8 +3,9 @@
 It carries one LSTM state per environment across steps and acts for all K with one batched forward pass of one
 step. An environment's state is zeroed when its episode starts (``first[j]``). Each step's *input* state -- the
 state the network held when it acted on that step's observation -- is returned with the actions
-(:meth:`RecurrentPolicy.act_batch_state`): a sequence adder stores it as ``state_h``/``state_c`` with the item
-whose first step that is (apexrl.agents.r2d2.sequences).
+(:meth:`RecurrentPolicy.act_batch_state`; :meth:`RecurrentPolicy.act_batch_extras` hands it to the actor as each
+step's extras): a sequence adder stores it as ``state_h``/``state_c`` with the item whose first step that is
+(apexrl.agents.r2d2.sequences).
 """
 
 from __future__ import annotations
@@ -138,6 +139,15 @@ class RecurrentPolicy:
         """``act_batch_values`` without the Q-values: the actions and the step's input state."""
         actions, _, state_in = self.act_batch_values(obs, first, explore)
         return actions, state_in
+
+    def act_batch_extras(
+        self, obs: np.ndarray, first: np.ndarray | Sequence[bool], explore: bool = True
+    ) -> tuple[list[int], list[dict[str, np.ndarray]]]:
+        """The actor's step on a sequence path: the actions and, per environment, the extras its adder stores
+        with the step -- the state the step started from, ``state_h``/``state_c`` (an item keeps its first
+        step's: what the learner unrolls from)."""
+        actions, (h, c) = self.act_batch_state(obs, first, explore)
+        return actions, [{"state_h": h[j], "state_c": c[j]} for j in range(len(actions))]
 
     def act_batch(self, obs: np.ndarray, explore: bool = True) -> list[int]:
         """The ``Policy`` protocol's batched action: the state carries on (call ``reset`` at episode starts)."""

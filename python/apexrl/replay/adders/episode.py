@@ -142,6 +142,17 @@ class EpisodeAdder(Adder):
         self._writer.end_episode()
         self._steps, self._first_extras = 0, None
 
+    def counters(self) -> dict[str, int]:
+        """What an actor reports of this adder: items its writer made that the server took (``stored``), items
+        it still holds (``pending``: not sent, or sent without a reply), items not made (``skipped``: none)."""
+        pending = int(self._writer.pending_items)
+        return {"stored": int(self._writer.items_created) - pending, "pending": pending, "skipped": 0}
+
+    def discard(self) -> int:
+        """Give up the items the writer still holds (``writer.discard()``, e.g. stopping while the server is gone),
+        so that ``close`` does not send them again; returns how many."""
+        return int(self._writer.discard())
+
     def flush(self, timeout: float | None = None) -> None:
         """``writer.flush(timeout)``: send what the writer holds; raises what failed."""
         self._writer.flush(timeout=timeout)
