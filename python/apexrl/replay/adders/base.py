@@ -54,6 +54,7 @@ import numpy as np
 __all__ = [
     "Adder",
     "Step",
+    "TrajectoryAdder",
     "check_discount",
     "check_int",
     "check_item_extras",
@@ -323,3 +324,44 @@ class Adder:
 
     def _after_step(self) -> None:
         pass
+
+
+class TrajectoryAdder(Adder):
+    """An adder that writes its steps through a :class:`~apexrl.replay.client.trajectory.TrajectoryWriter`
+    (``self._writer``): what the sequence and episode adders share -- each step's mapping (per-step extras and
+    the start-of-episode flag when asked for: ``self.extras_per``, ``self.start_of_episode``), the writer's
+    counters, and its flush, discard and close."""
+
+    extras_per: str
+    start_of_episode: bool
+    _writer: Any
+
+    def _mapping(self, step: Step, start: bool) -> dict[str, Any]:
+        mapping = step_mapping(step)
+        if self.extras_per != "item" and step.extras is not None:
+            mapping["extras"] = step.extras
+        if self.start_of_episode:
+            mapping["start_of_episode"] = np.bool_(start)
+        return mapping
+
+    def counters(self) -> dict[str, int]:
+        """What an actor reports of this adder: items its writer made that the server took (``stored``), items
+        it still holds (``pending``: not sent, or sent without a reply), items not made (``skipped``: none)."""
+        pending = int(self._writer.pending_items)
+        return {"stored": int(self._writer.items_created) - pending, "pending": pending, "skipped": 0}
+
+    def discard(self) -> int:
+        """Give up the items the writer still holds (``writer.discard()``, e.g. stopping while the server is gone),
+        so that ``close`` does not send them again; returns how many."""
+        return int(self._writer.discard())
+
+    def flush(self, timeout: float | None = None) -> None:
+        """``writer.flush(timeout)``: send what the writer holds; raises what failed."""
+        self._writer.flush(timeout=timeout)
+
+    def close(self) -> None:
+        """Close the writer (``writer.close()``) and refuse every further call. An open episode is not ended:
+        its last item is never made (``reset()`` semantics)."""
+        if not self._closed:
+            self._closed = True
+            self._writer.close()

@@ -35,13 +35,12 @@ from typing import Any
 import numpy as np
 
 from apexrl.replay.adders.base import (
-    Adder,
     Step,
+    TrajectoryAdder,
     check_int,
     check_item_extras,
     check_priority,
     final_step,
-    step_mapping,
 )
 from apexrl.replay.adders.sequence import check_extras_per
 
@@ -58,7 +57,7 @@ def _padding(tree: Any, padding_fn: Callable[..., Any], name: str) -> Any:
     return out.astype(a.dtype, copy=False)
 
 
-class EpisodeAdder(Adder):
+class EpisodeAdder(TrajectoryAdder):
     """One item per whole episode (module docstring).
 
     Args:
@@ -101,14 +100,6 @@ class EpisodeAdder(Adder):
     def _first(self, observation: Any) -> None:
         self._steps, self._first_extras = 0, None
 
-    def _mapping(self, step: Step, start: bool) -> dict[str, Any]:
-        mapping = step_mapping(step)
-        if self.extras_per != "item" and step.extras is not None:
-            mapping["extras"] = step.extras
-        if self.start_of_episode:
-            mapping["start_of_episode"] = np.bool_(start)
-        return mapping
-
     def _step(self, step: Step, next_observation: Any, terminated: bool, truncated: bool) -> None:
         if self.extras_per != "step":
             check_item_extras("EpisodeAdder", step.extras)
@@ -141,24 +132,3 @@ class EpisodeAdder(Adder):
     def _drop(self) -> None:
         self._writer.end_episode()
         self._steps, self._first_extras = 0, None
-
-    def counters(self) -> dict[str, int]:
-        """What an actor reports of this adder: items its writer made that the server took (``stored``), items
-        it still holds (``pending``: not sent, or sent without a reply), items not made (``skipped``: none)."""
-        pending = int(self._writer.pending_items)
-        return {"stored": int(self._writer.items_created) - pending, "pending": pending, "skipped": 0}
-
-    def discard(self) -> int:
-        """Give up the items the writer still holds (``writer.discard()``, e.g. stopping while the server is gone),
-        so that ``close`` does not send them again; returns how many."""
-        return int(self._writer.discard())
-
-    def flush(self, timeout: float | None = None) -> None:
-        """``writer.flush(timeout)``: send what the writer holds; raises what failed."""
-        self._writer.flush(timeout=timeout)
-
-    def close(self) -> None:
-        """Close the writer and refuse every further call; an open episode gets no item."""
-        if not self._closed:
-            self._closed = True
-            self._writer.close()

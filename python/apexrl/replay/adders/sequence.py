@@ -67,16 +67,13 @@ import enum
 from collections import deque
 from typing import Any
 
-import numpy as np
-
 from apexrl.replay.adders.base import (
-    Adder,
     Step,
+    TrajectoryAdder,
     check_int,
     check_item_extras,
     check_priority,
     final_step,
-    step_mapping,
     zeros_like,
 )
 
@@ -101,7 +98,7 @@ def check_extras_per(adder: str, extras_per: Any) -> str:
     return str(extras_per)
 
 
-class SequenceAdder(Adder):
+class SequenceAdder(TrajectoryAdder):
     """Items of ``sequence_length`` steps every ``period`` steps (module docstring).
 
     Args:
@@ -174,14 +171,6 @@ class SequenceAdder(Adder):
             self._steps = 0
             self._extras.clear()
 
-    def _mapping(self, step: Step, start: bool) -> dict[str, Any]:
-        mapping = step_mapping(step)
-        if self.extras_per != "item" and step.extras is not None:
-            mapping["extras"] = step.extras
-        if self.start_of_episode:
-            mapping["start_of_episode"] = np.bool_(start)
-        return mapping
-
     def _append(self, mapping: dict[str, Any], extras: Any) -> None:
         self._writer.append(mapping)
         self._extras.append(extras)
@@ -239,25 +228,3 @@ class SequenceAdder(Adder):
         self._writer.end_episode()
         self._extras.clear()
         self._steps = self._episode_steps = 0
-
-    def counters(self) -> dict[str, int]:
-        """What an actor reports of this adder: items its writer made that the server took (``stored``), items
-        it still holds (``pending``: not sent, or sent without a reply), items not made (``skipped``: none)."""
-        pending = int(self._writer.pending_items)
-        return {"stored": int(self._writer.items_created) - pending, "pending": pending, "skipped": 0}
-
-    def discard(self) -> int:
-        """Give up the items the writer still holds (``writer.discard()``, e.g. stopping while the server is gone),
-        so that ``close`` does not send them again; returns how many."""
-        return int(self._writer.discard())
-
-    def flush(self, timeout: float | None = None) -> None:
-        """``writer.flush(timeout)``: send what the writer holds; raises what failed."""
-        self._writer.flush(timeout=timeout)
-
-    def close(self) -> None:
-        """Close the writer (``writer.close()``) and refuse every further call. An open episode is not ended:
-        its last item is never made (``reset()`` semantics)."""
-        if not self._closed:
-            self._closed = True
-            self._writer.close()
