@@ -649,12 +649,14 @@ bool ServeLoop::Send(const std::string& peer, Reply reply) {
   const std::unique_ptr<SampleLease> lease = std::move(reply.lease);
   auto settle = [this, &lease](bool sent) {
     if (!lease) return;
+    // A kept reply without held items changes nothing a waiting request waits on; a released hold frees a
+    // queue's room, a give-back brings items and takes the limiter's count back.
+    if (!sent || lease->held() > 0) recheck_ = true;
     if (sent) {
       lease->Keep();
     } else {
       lease->GiveBack();
     }
-    recheck_ = true;  // a queue's room (the held items) or its content, and the limiter's count, changed
   };
   auto& slot = unread_[peer];
   if (!slot) slot = std::make_shared<std::atomic<int64_t>>(0);
