@@ -62,6 +62,7 @@ from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
+from apexrl.replay.client.replay_client import table_stats
 from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.replay.wire.codec import BatchDecoder, TransitionSpec
 from apexrl.replay.wire.frames import FrameBatchDecoder, frame_codec
@@ -189,7 +190,10 @@ class Learner:
         self.params = ParamServer(
             bind=config.params_bind, port=config.params_port, curve=config.curve_dir, on_failure=self._service_failed
         ).start()
-        self.replay = connect_replay(config.replay, timeout=config.replay_timeout, curve=config.curve_dir)
+        # Every call without a table (sampler, updater, erase, remove_to_fit) goes to the path's table.
+        self.replay = connect_replay(
+            config.replay, timeout=config.replay_timeout, curve=config.curve_dir, table=self.replay_path.table
+        )
         self.evaluator = Evaluator(config)
         self.report = ProgressReporter("learner", config.progress_path)
         self._csv: CSVWriter | None = None
@@ -280,13 +284,16 @@ class Learner:
     # ------------------------------------------------------------------------------------------ replay
 
     def _replay_stats(self) -> dict[str, Any] | None:
+        """The replay's STATS with the path's table's own counters (size, inserted, ...) in place of the reply's
+        top-level ones, which describe the table ``default``; None when the replay did not answer."""
         try:
-            return self.replay.stats()
+            stats = self.replay.stats()
         except AuthenticationError:  # a wrong key: waiting cannot fix it
             raise
         except ApexRLError as e:
             log.warning("replay stats unavailable: %s", e)
             return None
+        return {**stats, **table_stats(stats, self.replay_path.table)}
 
     def _env_frames(self, stats: dict[str, Any] | None) -> int:
         if stats is not None:

@@ -186,8 +186,9 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="FILE",
         default=None,
         help="the replay servers' tables from a JSON file, as apexrl-replay-server --tables FILE takes it "
-        "(apexrl-replay-server --help shows the format); it must hold the table 'default', which the learner "
-        "and the actors use; replaces the preset's replay settings (docs/running.md, Tables)",
+        "(apexrl-replay-server --help shows the format); it must hold the agent's table ('default' unless its "
+        "replay path names another), which the learner and the actors use; replaces the preset's replay "
+        "settings (docs/running.md, Tables)",
     )
     g = p.add_argument_group("offline data (pip install 'apexrl[offline]'; docs/offline.md)")
     g.add_argument(
