@@ -8,17 +8,21 @@ checkpoint's metadata (safetensors keeps it in a JSON header, read here without 
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "BEST_CHECKPOINT",
     "CHECKPOINT",
     "FINAL_EVAL",
     "PLAN",
     "RunDirError",
     "RunIdentity",
+    "best_eval",
+    "best_record",
     "checkpoint_meta",
     "final_eval",
     "identity",
@@ -26,6 +30,8 @@ __all__ = [
 ]
 
 CHECKPOINT = "checkpoint.safetensors"
+BEST_CHECKPOINT = "best_checkpoint.safetensors"
+"""The learner state of the run's best periodic evaluation (:mod:`apexrl.apex.best`)."""
 FINAL_EVAL = "final_eval.json"
 PLAN = "plan.json"
 _MAX_HEADER = 100 << 20
@@ -94,6 +100,25 @@ def run_seed(run_dir: str) -> int:
     if not os.path.exists(plan_path):
         return 0
     return int(((_read_json(plan_path) or {}).get("learner") or {}).get("seed", 0))
+
+
+def best_eval(run_dir: str) -> dict[str, Any] | None:
+    """The evaluation that chose ``RUN_DIR/best_checkpoint.safetensors`` (its ``evaluation`` metadata), None
+    if the run has no best checkpoint."""
+    path = os.path.join(run_dir, BEST_CHECKPOINT)
+    if not os.path.exists(path):
+        return None
+    return best_record(checkpoint_meta(path), path)
+
+
+def best_record(meta: dict[str, Any], path: str) -> dict[str, Any]:
+    """The record (``evaluation``) in the metadata ``meta`` of the best checkpoint at ``path``; RunDirError if
+    it has none with a finite mean."""
+    record = meta.get("evaluation")
+    mean = record.get("mean") if isinstance(record, dict) else None
+    if not isinstance(mean, (int, float)) or not math.isfinite(mean):
+        raise RunDirError(f"{path} holds no record of the evaluation that chose it ('evaluation' metadata)")
+    return record
 
 
 def final_eval(run_dir: str) -> dict[str, Any] | None:
