@@ -26,9 +26,11 @@ EVAL = ("--eval-every", "1", "--eval-episodes", "2")
 def _evaluations(run_dir: str) -> dict[str, np.ndarray]:
     """metrics.csv's rows that report an evaluation (empty before the first)."""
     path = os.path.join(run_dir, "metrics.csv")
-    if not os.path.exists(path):
+    try:
+        rows = read_csv(path)
+    except (FileNotFoundError, ValueError):  # not written yet, or created and its header not yet in it
         return {"eval_return_mean": np.zeros(0)}
-    m = {k: np.asarray(v, dtype=float) for k, v in read_csv(path).items() if k.startswith("eval_")}
+    m = {k: np.asarray(v, dtype=float) for k, v in rows.items() if k.startswith("eval_")}
     ev = ~np.isnan(m["eval_return_mean"])
     return {k: v[ev] for k, v in m.items()}
 
@@ -40,7 +42,7 @@ def test_the_best_evaluation_is_kept_scored_with_best_and_survives_a_resume(star
     server = start_server("--capacity", "20000", "--min-size-to-sample", "300")
     learner, params = start_learner(spawn, server.endpoint, run_dir, *EVAL, params_port=params_port)
     actor = start_actor(spawn, server.endpoint, params, 0, num=1)
-    wait_until(lambda: _evaluations(run_dir)["eval_return_mean"].size >= 4, 240, "four evaluations", interval=0.5)
+    wait_until(lambda: _evaluations(run_dir)["eval_return_mean"].size >= 3, 240, "three evaluations", interval=0.5)
     assert learner.terminate() == 0, learner.log()
 
     # The file holds the first evaluation with the highest mean (ties keep the earlier), and its state.
@@ -80,7 +82,7 @@ def test_the_best_evaluation_is_kept_scored_with_best_and_survives_a_resume(star
     )
     resumed.wait_for(r"learner resumed from", timeout=60)
     seen = ev["eval_return_mean"].size
-    wait_until(lambda: _evaluations(run_dir)["eval_return_mean"].size >= seen + 3, 240, "three more evaluations")
+    wait_until(lambda: _evaluations(run_dir)["eval_return_mean"].size >= seen + 2, 240, "two more evaluations")
     assert resumed.terminate() == 0, resumed.log()
     assert actor.terminate() == 0, actor.log()
     assert Path(best_path).read_bytes() == before
