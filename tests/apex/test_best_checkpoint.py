@@ -24,6 +24,7 @@ from apexrl.apex.evaluator import EvalResult
 from apexrl.envs import env_spec
 from apexrl.envs.masked import NAME as MASKED
 from apexrl.evaluate import EvaluateError, evaluate_run
+from apexrl.launch.local import best_line
 from apexrl.launch.presets import get_preset
 from apexrl.rundir import best_eval
 from tests.torch_helpers import one_thread  # noqa: F401 - autouse fixture
@@ -83,6 +84,10 @@ def test_the_first_evaluation_writes_the_best_with_its_record_and_the_held_state
     live = learner.policy_state_dict()
     assert all(not torch.equal(tensors[k], live[k]) for k in live)
     assert best_eval(str(tmp_path)) == record  # readable without torch too (apexrl.rundir)
+    assert best_line(str(tmp_path)) == (  # apexrl run's closing line
+        "best periodic evaluation: return 20.0 over 3 episodes at learner step 0 (the highest of the run's: "
+        f"optimistic) -> {BEST_CHECKPOINT}; score it: apexrl evaluate {tmp_path} --best"
+    )
 
 
 def test_only_a_strictly_higher_finite_mean_replaces_the_best(dqn, tmp_path):
@@ -129,6 +134,7 @@ def test_a_resumed_keeper_replaces_an_unreadable_best(dqn, tmp_path, caplog):
     keeper = BestCheckpoint(str(tmp_path))
     keeper.resume("dqn", CARTPOLE)
     assert keeper.record is None and "the next evaluation replaces it" in caplog.text
+    assert best_line(str(tmp_path)).startswith(f"best checkpoint unreadable: {path} is not a readable apexrl")
     assert _offer(keeper, learner, cfg, 1.0, 1)
     assert load_best(str(path))[2]["mean"] == 1.0
 
