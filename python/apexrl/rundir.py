@@ -115,10 +115,11 @@ def best_record(meta: dict[str, Any], path: str) -> dict[str, Any]:
     """The record (``evaluation``) in the metadata ``meta`` of the best checkpoint at ``path``; RunDirError if
     it has none with a finite mean."""
     record = meta.get("evaluation")
-    mean = record.get("mean") if isinstance(record, dict) else None
-    if not isinstance(mean, (int, float)) or not math.isfinite(mean):
-        raise RunDirError(f"{path} holds no record of the evaluation that chose it ('evaluation' metadata)")
-    return record
+    if isinstance(record, dict):
+        mean = record.get("mean")
+        if isinstance(mean, (int, float)) and math.isfinite(mean):
+            return record
+    raise RunDirError(f"{path} holds no record of the evaluation that chose it ('evaluation' metadata)")
 
 
 def final_eval(run_dir: str) -> dict[str, Any] | None:
