@@ -81,10 +81,12 @@ class Evaluation:
         return text
 
 
-def default_seed(run_dir: str) -> int:
+def default_seed(run_dir: str, best: bool = False) -> int:
     """The run's own evaluation stream (the learner's evaluator uses ``seed * 10007 + 5003``): away from the
-    actors' seeds ``seed * 10007 + i``."""
-    return run_seed(run_dir) * 10007 + 5003
+    actors' seeds ``seed * 10007 + i``. For the best checkpoint ``seed * 10007 + 6007``: the periodic evaluations
+    chose it on the evaluation stream's episodes, so scoring it on those again (the same starting states, when
+    the first evaluation chose it) would repeat the selection's luck."""
+    return run_seed(run_dir) * 10007 + (6007 if best else 5003)
 
 
 def _load(path: str, best: bool) -> tuple[dict, dict, dict | None]:
@@ -167,7 +169,7 @@ def _evaluate(
     cfg = _agent_config(agent_def, meta.get("agent_config"))
     if seed is None:
         try:
-            seed = default_seed(run_dir)
+            seed = default_seed(run_dir, best)
         except RunDirError as e:
             raise EvaluateError(str(e)) from None
     if writer is not None:

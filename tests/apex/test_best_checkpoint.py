@@ -229,11 +229,12 @@ def test_evaluate_best_scores_the_best_checkpoint_of_every_agent(preset, env, tm
 
     r = evaluate_run(run_dir, episodes=1, best=True)
     assert (r.agent, r.env, r.checkpoint_kind, len(r.returns)) == (agent, env, "best", 1)
+    assert r.seed == 6007  # run seed 0: not the evaluation stream (5003) whose episodes chose it
     assert r.checkpoint == os.path.join(os.path.abspath(run_dir), BEST_CHECKPOINT)
     assert r.chosen_by == dataclasses.asdict(_result(-5.0, 0, episodes=2))
     j = r.to_json()
     assert j["checkpoint_kind"] == "best" and j["chosen_by"]["mean"] == -5.0
     assert "chosen by its periodic evaluation of -5.00 over 2 episodes" in r.summary()
     last = evaluate_run(run_dir, episodes=1)
-    assert (last.checkpoint_kind, last.chosen_by) == ("last", None)
+    assert (last.checkpoint_kind, last.chosen_by, last.seed) == ("last", None, 5003)
     assert load_checkpoint(os.path.join(run_dir, BEST_CHECKPOINT))[1]["agent"] == agent

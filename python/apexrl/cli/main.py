@@ -115,7 +115,8 @@ def _fill_evaluate_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser
         type=int_arg(0, 2**63 - 1),
         default=None,
         help="seed of the evaluation environment and policy (default: the run's seed * 10007 + 5003, "
-        "the learner's evaluation stream)",
+        "the learner's evaluation stream; with --best + 6007 instead, episodes the choosing evaluations did "
+        "not play)",
     )
     p.add_argument(
         "--video",
