@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "BEST_CHECKPOINT",
+    "BEST_EVALUATION_KEY",
     "CHECKPOINT",
     "FINAL_EVAL",
     "PLAN",
@@ -32,6 +33,8 @@ __all__ = [
 CHECKPOINT = "checkpoint.safetensors"
 BEST_CHECKPOINT = "best_checkpoint.safetensors"
 """The learner state of the run's best periodic evaluation (:mod:`apexrl.apex.best`)."""
+BEST_EVALUATION_KEY = "evaluation"
+"""The best checkpoint's metadata key of the evaluation that chose it."""
 FINAL_EVAL = "final_eval.json"
 PLAN = "plan.json"
 _MAX_HEADER = 100 << 20
@@ -114,12 +117,12 @@ def best_eval(run_dir: str) -> dict[str, Any] | None:
 def best_record(meta: dict[str, Any], path: str) -> dict[str, Any]:
     """The record (``evaluation``) in the metadata ``meta`` of the best checkpoint at ``path``; RunDirError if
     it has none with a finite mean."""
-    record = meta.get("evaluation")
+    record = meta.get(BEST_EVALUATION_KEY)
     if isinstance(record, dict):
         mean = record.get("mean")
         if isinstance(mean, (int, float)) and math.isfinite(mean):
             return record
-    raise RunDirError(f"{path} holds no record of the evaluation that chose it ('evaluation' metadata)")
+    raise RunDirError(f"{path} holds no record of the evaluation that chose it ('{BEST_EVALUATION_KEY}' metadata)")
 
 
 def final_eval(run_dir: str) -> dict[str, Any] | None:

@@ -29,14 +29,11 @@ import torch
 
 from apexrl.apex.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from apexrl.apex.evaluator import EvalResult
-from apexrl.rundir import BEST_CHECKPOINT, RunDirError, best_record, checkpoint_meta
+from apexrl.rundir import BEST_CHECKPOINT, BEST_EVALUATION_KEY, RunDirError, best_record, checkpoint_meta
 
-__all__ = ["BEST_CHECKPOINT", "EVALUATION_KEY", "BestCheckpoint", "load_best"]
+__all__ = ["BEST_CHECKPOINT", "BestCheckpoint", "load_best"]
 
 log = logging.getLogger("apexrl.apex.learner")
-
-EVALUATION_KEY = "evaluation"
-"""The metadata key of the evaluation that chose the best checkpoint (read back by :func:`apexrl.rundir.best_record`)."""
 
 
 def load_best(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
@@ -107,7 +104,7 @@ class BestCheckpoint:
             return False
         record = dataclasses.asdict(result)
         try:
-            save_checkpoint(self.path, tensors, {**meta, EVALUATION_KEY: record})
+            save_checkpoint(self.path, tensors, {**meta, BEST_EVALUATION_KEY: record})
         except OSError as e:
             self.failures += 1
             log.warning(
