@@ -371,6 +371,7 @@ def launch_plan(argv: Sequence[str] | None = None):
         names = [
             "metrics.csv",
             "checkpoint.safetensors",
+            "best_checkpoint.safetensors",
             *(snapshot_name(i, k) for k in (1, len(p.servers)) for i in range(k)),
         ]
         held = [n for n in dict.fromkeys(names) if os.path.exists(os.path.join(p.run.run_dir, n))]
