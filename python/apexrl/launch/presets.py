@@ -660,6 +660,17 @@ def _r2d2_presets() -> dict[str, Preset]:
 PRESETS.update(_r2d2_presets())
 
 
+def _mpo_presets() -> dict[str, Preset]:
+    """``mpo-small`` and ``dmpo-small`` (:mod:`apexrl.agents.mpo.presets`, built on the small presets' settings
+    above)."""
+    from apexrl.agents.mpo.presets import mpo_presets
+
+    return mpo_presets()
+
+
+PRESETS.update(_mpo_presets())
+
+
 def get_preset(name: str) -> Preset:
     try:
         return PRESETS[name]
