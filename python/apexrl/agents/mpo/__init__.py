@@ -10,7 +10,6 @@
   n-step targets from N target-policy samples and their priorities.
 - :mod:`~apexrl.agents.mpo.learner`, :mod:`~apexrl.agents.mpo.policy`: the learner and the actors' policy.
 - :mod:`~apexrl.agents.mpo.agent`: ``--agent mpo`` and ``--agent dmpo``.
-- :mod:`~apexrl.agents.mpo.presets`: ``mpo-small`` and ``dmpo-small`` (loaded by ``apexrl.launch.presets``).
 """
 
 from __future__ import annotations
