@@ -360,7 +360,6 @@ def test_the_agents_are_registered_and_refuse_discrete_actions():
         DMPOConfig(v_min=1.0, v_max=1.0)
 
 
-@pytest.mark.slow  # 300 updates each: a few seconds on an idle core
 @pytest.mark.parametrize("learner_class", [MPOLearner, DMPOLearner])
 def test_the_policy_mean_moves_to_the_best_action_of_a_bandit(learner_class):
     """One-step episodes, reward 1 - (a - 0.4)^2 for actions drawn uniformly: the critic's loss falls and the
