@@ -32,9 +32,9 @@ __all__ = ["MPOPolicy"]
 
 class MPOPolicy:
     """An actor's local MPO (or DMPO) policy: ``clip(a, -1, 1)``, a drawn from ``N(mean(s), std(s)^2)``, or
-    ``clip(mean(s), -1, 1)`` in evaluation (Acme's evaluator: the mean, clipped to the bounds). Actions are clipped because the
-    environment takes actions in bounds and the replay keeps what the environment took (Acme clips in its
-    environment wrapper); the learner's action penalisation keeps the policy's samples inside.
+    ``clip(mean(s), -1, 1)`` in evaluation (Acme's evaluator: the mean, clipped to the bounds). Actions are
+    clipped because the environment takes actions in bounds and the replay keeps what the environment took (Acme
+    clips in its environment wrapper); the learner's action penalisation keeps the policy's samples inside.
 
     Args:
       env_spec, config: as for the learner (same networks).
