@@ -54,7 +54,11 @@ def steps_per_s(preset_name: str, env: str, fused: bool, seconds: float) -> floa
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", nargs="+", default=["apex-dpg-control", "d4pg-small", "td3-small", "sac-small"])
+    p.add_argument(
+        "--presets",
+        nargs="+",
+        default=["apex-dpg-control", "d4pg-small", "td3-small", "sac-small", "mpo-small", "dmpo-small"],
+    )
     p.add_argument("--env", default="dmc:walker-stand", help="shapes of the batches (default dmc:walker-stand)")
     p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per configuration and round")
     p.add_argument("--rounds", type=int, default=2)

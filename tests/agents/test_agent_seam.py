@@ -16,10 +16,10 @@ from apexrl.agents import AGENTS, Agent, Policy, agent_names, get_agent
 from apexrl.envs import env_spec
 from tests.torch_helpers import one_thread  # noqa: F401  (fixture)
 
-ENVS = {"dqn": "gym:CartPole-v1", "dpg": "gym:Pendulum-v1"}
+ENVS = {"dqn": "gym:CartPole-v1", "dpg": "gym:Pendulum-v1", "mpo": "gym:Pendulum-v1", "dmpo": "gym:Pendulum-v1"}
 
 
-@pytest.mark.parametrize("name", ["dqn", "dpg"])
+@pytest.mark.parametrize("name", list(ENVS))
 def test_registered_agents_satisfy_the_protocols(name):
     agent = get_agent(name)
     spec = env_spec(ENVS[name])
@@ -54,7 +54,7 @@ def test_registry_lists_agents_and_checks_environments():
 def test_every_agent_declares_its_replay_path():
     from apexrl.agents.base import APEX_TRANSITIONS
 
-    for name in ("dqn", "dpg", "d4pg", "td3", "sac"):  # Ape-X's n-step transitions, scored by the policy
+    for name in ("dqn", "dpg", "d4pg", "td3", "sac", "mpo", "dmpo"):  # Ape-X's n-step transitions, scored by the policy
         assert get_agent(name).replay is APEX_TRANSITIONS and APEX_TRANSITIONS.transitions
     r2d2 = get_agent("r2d2").replay
     assert r2d2.reader == "sequences" and not r2d2.transitions and r2d2.table == "default"

@@ -1,4 +1,4 @@
-"""d4pg-small, td3-small, sac-small: sized for 2 cores and 2 actors, the rate limiter holding Acme's replay ratio,
+"""d4pg-small, td3-small, sac-small, mpo-small, dmpo-small: sized for 2 cores and 2 actors, the rate limiter holding Acme's replay ratio,
 observation normalisation on; each plans, and its learner trains on real walker-stand transitions."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from apexrl.launch.plan import Overrides, plan
 from apexrl.launch.presets import PRESETS, default_preset_for
 from tests.torch_helpers import one_thread  # noqa: F401 - one_thread is an autouse fixture
 
-SMALL = {"d4pg-small": "d4pg", "td3-small": "td3", "sac-small": "sac"}
+SMALL = {"d4pg-small": "d4pg", "td3-small": "td3", "sac-small": "sac", "mpo-small": "mpo", "dmpo-small": "dmpo"}
 
 
 @pytest.mark.parametrize("name", SMALL)
@@ -29,7 +29,7 @@ def test_small_presets_are_sized_for_two_cores(name):
     assert p.server.samples_per_insert == 32.0 and len(p.actors) == 2
     assert p.learner.agent_config == config and all(a.agent_config == config for a in p.actors)
     rows = {setting: source for setting, _, source, _ in preset_table.settings(preset)}
-    assert rows["samples_per_insert"] == "Acme" and rows["obs_norm"] == "apexrl"
+    assert rows["samples_per_insert"] in ("Acme", "Acme MPO") and rows["obs_norm"] == "apexrl"
     assert any("sized for 2 cores" in note for note in preset.unmatched)
 
 
@@ -37,6 +37,8 @@ def test_the_paper_presets_stay_the_default_for_their_agents():
     assert default_preset_for("d4pg", "dmc:walker-stand").name == "apex-d4pg-control"
     assert default_preset_for("td3", "dmc:cheetah-run").name == "td3-small"
     assert default_preset_for("sac", "dmc:cheetah-run").name == "sac-small"
+    assert default_preset_for("mpo", "dmc:cheetah-run").name == "mpo-small"
+    assert default_preset_for("dmpo", "dmc:cheetah-run").name == "dmpo-small"
 
 
 @pytest.mark.parametrize("name", SMALL)

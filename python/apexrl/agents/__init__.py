@@ -16,6 +16,7 @@ from apexrl.agents.config import FIELD_SOURCES, D4PGConfig, DPGConfig, DQNConfig
 from apexrl.agents.d4pg import D4PGLearner, D4PGPolicy
 from apexrl.agents.dpg import DPGLearner, DPGPolicy, dpg_transition_spec
 from apexrl.agents.dqn import DQNLearner, DQNPolicy, dqn_transition_spec
+from apexrl.agents.mpo import DMPO_AGENT, DMPO_FIELD_SOURCES, MPO_AGENT, MPO_FIELD_SOURCES, DMPOConfig, MPOConfig
 from apexrl.agents.r2d2.agent import AGENT as R2D2_AGENT
 from apexrl.agents.r2d2.config import R2D2_FIELD_SOURCES, R2D2Config
 from apexrl.agents.sac import SACLearner, SACPolicy
@@ -28,7 +29,11 @@ AGENTS.register(d4pg.AGENT)
 AGENTS.register(td3.AGENT)
 AGENTS.register(sac.AGENT)
 AGENTS.register(R2D2_AGENT)
+AGENTS.register(MPO_AGENT)
+AGENTS.register(DMPO_AGENT)
 FIELD_SOURCES[R2D2Config] = R2D2_FIELD_SOURCES  # the preset table's sources of R2D2's defaults
+FIELD_SOURCES[MPOConfig] = MPO_FIELD_SOURCES
+FIELD_SOURCES[DMPOConfig] = DMPO_FIELD_SOURCES
 
 __all__ = [
     "AGENTS",

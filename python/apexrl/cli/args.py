@@ -258,7 +258,7 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         type=_on_off,
         metavar="on|off",
         default=None,
-        help="DPG/D4PG/TD3/SAC: on: every network sees observations normalised by the running mean and "
+        help="DPG/D4PG/TD3/SAC/MPO/DMPO: on: every network sees observations normalised by the running mean and "
         "variance the learner keeps of its sampled batches (clipped to 5 standard deviations), sent to actors "
         "and evaluation with the weights and saved in checkpoints; off: raw observations (preset's; off in "
         "every paper preset)",

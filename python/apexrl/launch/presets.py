@@ -12,9 +12,10 @@ each setting it sets (the agent config classes name the sources of their default
   inserts, 0.78; DPG: about 22,000 sampled against 14,000 inserted per second, 1.57), and evaluation follows
   the paper's protocol (10 episodes per point, 30 at the end).
 - ``apex-d4pg-control``: the Control Suite paper's D4PG (Tassa et al. 2018); ``d4pg-acme``: Acme's D4PG.
-- ``d4pg-small``, ``td3-small``, ``sac-small``: D4PG, TD3 and SAC sized for a 2-core machine and 2 actors
-  (Acme's replay ratio of 32 samples per insert, so that the learner gets most of the CPU; networks sized for a
-  CPU learner; observation normalisation); each lists what it changes from its source.
+- ``d4pg-small``, ``td3-small``, ``sac-small``, ``mpo-small``, ``dmpo-small``: D4PG, TD3, SAC, MPO and DMPO sized
+  for a 2-core machine and 2 actors (Acme's replay ratio of 32 samples per insert, so that the learner gets most
+  of the CPU; networks sized for a CPU learner; observation normalisation); each lists what it changes from its
+  source.
 - The other small presets are tuned, and say what differs in their descriptions: they shrink what only pays off at
   the paper's scale (replay size, warm-up, batch, target period) and let the learner sample as fast as it can,
   so that a 2-core machine learns CartPole, Pendulum or cartpole-swingup in minutes.
@@ -236,6 +237,21 @@ SMALL_UNMATCHED = (
     "measured on 2 cores (bench/README.md, the small-machine presets on walker-stand and cheetah-run): "
     "d4pg-small over 3 seeds of 20 minutes on each; td3-small and sac-small in a 4-minute screen on walker-stand, "
     "where d4pg-small led",
+)
+
+MPO_SMALL_NETWORKS = dict(actor_hidden=(256, 256), critic_hidden=(256, 256), obs_norm=True)
+"""mpo-small's and dmpo-small's networks: a 256-256 policy and critic (the other small presets' sizes), observations
+normalised."""
+MPO_SMALL_SOURCES = dict(SMALL_SOURCES, capacity="Acme MPO", eviction="Acme MPO", samples_per_insert="Acme MPO")
+"""Acme's MPO agents have d4pg-small's table: a million transitions, FIFO removal, 32 samples per insert."""
+MPO_SMALL_UNMATCHED = (
+    SMALL_UNMATCHED[0],
+    "a 256-256 policy (Acme: 256-256-256) and a 256-256 critic torso (Acme: a layer-normed 512-512-256 MLP): a "
+    "CPU learner values num_samples x batch = 5120 sampled actions per update",
+    *SMALL_UNMATCHED[2:4],
+    "prioritized sampling with the critic's TD errors as priorities (Ape-X's); Acme's MPO samples uniformly",
+    "the critic's torso is DPG's for MPO and D4PG's for DMPO (tanh, the action entering at the second layer), "
+    "shared with those agents; Acme's concatenates observation and action at the input",
 )
 
 PRESETS: dict[str, Preset] = {
@@ -639,6 +655,46 @@ PRESETS: dict[str, Preset] = {
                 "3-step returns (Ape-X DPG's) rather than the paper's one-step soft target: many actors' "
                 "transitions come from older policies, and n-step returns carry rewards back faster; the "
                 "entropy bonus enters only at the bootstrap",
+            ),
+        ),
+        Preset(
+            name="mpo-small",
+            description="MPO sized for 2 cores and 2 actors (Control Suite: walker-stand by default): 32 samples "
+            "per insert, 256-256 networks, 20 action samples, observation normalisation",
+            source="MPO (Abdolmaleki et al. 2018) with Acme's MPO defaults (decoupled KL bounds, action "
+            "penalisation, n = 5, target copies every 100 updates), sized for a 2-core machine as d4pg-small; "
+            "every change is listed as unmatched",
+            agent="mpo",
+            env="dmc:walker-stand",
+            agent_overrides=dict(MPO_SMALL_NETWORKS),
+            replay=SMALL_REPLAY,
+            learner=SMALL_LEARNER,
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=2,
+            minutes=20.0,
+            sources=MPO_SMALL_SOURCES,
+            unmatched=MPO_SMALL_UNMATCHED,
+        ),
+        Preset(
+            name="dmpo-small",
+            description="DMPO sized for 2 cores and 2 actors (Control Suite: walker-stand by default): 32 samples "
+            "per insert, 256-256 networks, support [0, 100], observation normalisation",
+            source="DMPO (MPO with D4PG's categorical critic) with Acme's DMPO defaults, sized for a 2-core machine "
+            "as d4pg-small; every change is listed as unmatched",
+            agent="dmpo",
+            env="dmc:walker-stand",
+            # As d4pg-small: the returns-to-go of rewards in [0, 1] at gamma 0.99 lie in [0, 100].
+            agent_overrides=dict(MPO_SMALL_NETWORKS, v_min=0.0, v_max=100.0),
+            replay=SMALL_REPLAY,
+            learner=SMALL_LEARNER,
+            actor=dict(flush_every=50, params_every_frames=400),
+            actors=2,
+            minutes=20.0,
+            sources=dict(MPO_SMALL_SOURCES, v_min="apexrl", v_max="apexrl"),
+            unmatched=(
+                *MPO_SMALL_UNMATCHED,
+                "support [0, 100], the returns-to-go of rewards in [0, 1] at gamma 0.99, rather than Acme's "
+                "[-150, 150]",
             ),
         ),
     ]
