@@ -20,13 +20,8 @@ from apexrl.cli.args import (
     given_flags,
     refuse_beside_plan,
 )
-from apexrl.replay.server.config import (
-    EVICTION_POLICIES,
-    MAX_SHARDS,
-    TABLE_FLAGS,
-    ServerConfig,
-    check_snapshot_dir,
-)
+from apexrl.replay.server.config import MAX_SHARDS, ServerConfig, check_snapshot_dir
+from apexrl.replay.server.table_flags import EVICTION_POLICIES, TABLE_FLAGS, TableFlags, table_from_flags
 from apexrl.replay.tables import REMOVER_ALIASES, REMOVERS, SAMPLER_ALIASES, SAMPLERS, TableConfig
 
 
@@ -113,30 +108,30 @@ def build_parser() -> argparse.ArgumentParser:
         "one table 'default'",
     )
     p.add_argument(
-        "--capacity", type=field_arg(ServerConfig, "capacity"), default=1_000_000, help="soft capacity in items (>= 1)"
+        "--capacity", type=field_arg(TableFlags, "capacity"), default=1_000_000, help="soft capacity in items (>= 1)"
     )
     p.add_argument(
         "--max-size",
         metavar="ITEMS",
-        type=field_arg(ServerConfig, "max_size"),
+        type=field_arg(TableFlags, "max_size"),
         default=None,
         help="hard ceiling in items (>= capacity; default 2 * capacity): inserts beyond it evict down to "
         "capacity even if no learner calls REMOVE_TO_FIT",
     )
-    p.add_argument("--alpha", type=field_arg(ServerConfig, "alpha"), default=0.6, help="priority exponent alpha (>= 0)")
+    p.add_argument("--alpha", type=field_arg(TableFlags, "alpha"), default=0.6, help="priority exponent alpha (>= 0)")
     p.add_argument(
         "--eviction",
         choices=EVICTION_POLICIES,
-        default=ServerConfig.eviction,
+        default=TableFlags.eviction,
         metavar="{" + ",".join(REMOVERS) + "}",
         help="which items remove_to_fit takes when the store is over --capacity: "
-        f"{kind_names(REMOVERS, REMOVER_ALIASES, ServerConfig.eviction)}; fifo / lifo: oldest / newest first, "
+        f"{kind_names(REMOVERS, REMOVER_ALIASES, TableFlags.eviction)}; fifo / lifo: oldest / newest first, "
         "prioritized: drawn with probability proportional to priority^--alpha-evict, uniform: drawn, every item "
         "alike, lowest_priority / max_heap: lowest / highest priorities first",
     )
     p.add_argument(
         "--alpha-evict",
-        type=field_arg(ServerConfig, "alpha_evict"),
+        type=field_arg(TableFlags, "alpha_evict"),
         default=-0.4,
         help="exponent of prioritized eviction",
     )
@@ -149,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=field_arg(ServerConfig, "seed"), default=0, help="random seed of the store")
     p.add_argument(
         "--min-size-to-sample",
-        type=field_arg(ServerConfig, "min_size_to_sample"),
+        type=field_arg(TableFlags, "min_size_to_sample"),
         default=1,
         help="SAMPLE waits (up to its timeout) until the store holds this many items",
     )
@@ -199,14 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--samples-per-insert",
         metavar="SPI",
-        type=field_arg(ServerConfig, "samples_per_insert"),
+        type=field_arg(TableFlags, "samples_per_insert"),
         default=None,
         help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)",
     )
     p.add_argument(
         "--error-buffer",
         metavar="ITEMS",
-        type=field_arg(ServerConfig, "error_buffer"),
+        type=field_arg(TableFlags, "error_buffer"),
         default=None,
         help="allowed drift from SPI in sampled items (>= max(1, SPI); default max(1, SPI) * 100)",
     )
@@ -337,26 +332,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The :class:`ServerConfig` of parsed flags (ValueError from its validation)."""
+    tables = args.tables
+    if tables is None:
+        tables = [table_from_flags({name: getattr(args, name) for name in TABLE_FLAGS})]
     return ServerConfig(
         bind=args.bind,
         port=args.port,
-        capacity=args.capacity,
-        max_size=args.max_size,
-        alpha=args.alpha,
-        eviction=args.eviction,
-        alpha_evict=args.alpha_evict,
         shards=args.shards,
         seed=args.seed,
-        min_size_to_sample=args.min_size_to_sample,
         snapshot=args.snapshot,
         drop_tables=tuple(args.drop_tables),
         snapshot_every=args.snapshot_every,
         max_message_mb=args.max_message_mb,
         workers=args.workers,
         inline_sample_max=args.inline_sample_max,
-        samples_per_insert=args.samples_per_insert,
-        error_buffer=args.error_buffer,
-        spec=args.spec,
         curve_dir=args.curve_dir,
         insecure=args.insecure,
         max_wait_s=args.max_wait_s,
@@ -367,7 +356,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_unread_mb=args.max_unread_mb,
         handshake_s=args.handshake_s,
         heartbeat_s=args.heartbeat_s,
-        tables=getattr(args, "tables", None),
+        tables=tables,
     )
 
 

@@ -360,7 +360,10 @@ def launch_plan(argv: Sequence[str] | None = None):
         from apexrl.offline.loader import check_offline
 
         try:
-            steps = check_offline(p, min_replay_given="min_replay_size" in o.learner)
+            from apexrl.launch.presets import get_preset
+
+            tables_given = o.tables is not None or get_preset(p.preset).tables is not None
+            steps = check_offline(p, min_replay_given="min_replay_size" in o.learner, tables_given=tables_given)
             if "min_replay_size" not in o.learner:  # learning starts once the whole dataset is in the replay
                 o.learner["min_replay_size"] = steps
                 p = plan(args.preset, o)
