@@ -23,8 +23,19 @@ from apexrl.cli.args import (
     resolve_agent,
     tcp_endpoint,
 )
+from apexrl.cli.flags import Flag
 
 PROG = "apexrl-actor"
+
+ENVS_PER_ACTOR = Flag(
+    ActorConfig,
+    "envs_per_actor",
+    "environments each actor steps in lockstep with one batched forward pass, each with its own n-step buffer, "
+    "seed and exploration: environment j of actor i explores as slot i*K + j of the run's N*K (the exploration "
+    "ladder runs over every environment of the run)",
+    metavar="K",
+)
+"""``--envs-per-actor`` of the actor and of ``apexrl run``."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,14 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1)) (required)",
     )
     g.add_argument("--num-actors", type=field_arg(ActorConfig, "num_actors"), help="N, actors in the run (required)")
-    g.add_argument(
-        "--envs-per-actor",
-        metavar="K",
-        type=field_arg(ActorConfig, "envs_per_actor"),
-        default=None,
-        help="environments stepped in lockstep with one batched forward pass, each with its own n-step "
-        "buffer, seed and exploration (slot index*K + j of num_actors*K) (default: the preset's, 1)",
-    )
+    ENVS_PER_ACTOR.add_preset(g)
     g.add_argument(
         "--flush-every",
         type=field_arg(ActorConfig, "flush_every"),

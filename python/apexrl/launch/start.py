@@ -18,16 +18,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from apexrl.apex.config import ActorConfig, LearnerConfig
+from apexrl.cli.actor import ENVS_PER_ACTOR
 from apexrl.cli.args import (
     add_agent_arguments,
     add_curve_arguments,
     agent_overrides,
-    field_arg,
     float_arg,
     given_flags,
     int_arg,
 )
+from apexrl.cli.learner import DECODE_THREADS
 from apexrl.replay.server.config import MAX_REPLAY_SERVERS
 
 __all__ = [
@@ -98,22 +98,8 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_agent_arguments(p)
     g = p.add_argument_group("run")
     g.add_argument("--actors", type=int_arg(1, 256), default=None, help="number of actors (default: the preset's)")
-    g.add_argument(
-        "--envs-per-actor",
-        metavar="K",
-        type=field_arg(ActorConfig, "envs_per_actor"),
-        default=None,
-        help="environments each actor steps in lockstep with one batched forward pass; the exploration "
-        "ladder runs over all actors x K environments (default: the preset's, 1)",
-    )
-    g.add_argument(
-        "--decode-threads",
-        metavar="N",
-        type=field_arg(LearnerConfig, "decode_threads"),
-        default=None,
-        help="the learner's threads decoding sampled batches side by side (natively, without the GIL); "
-        "more use more cores for Atari frames (default 1; as --learner-args='--decode-threads N')",
-    )
+    ENVS_PER_ACTOR.add_preset(g)
+    DECODE_THREADS.add_preset(g)
     g.add_argument(
         "--minutes",
         type=float_arg(nonneg=True),
