@@ -94,18 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", default="", help="metrics.csv and checkpoint (default runs/<env>/<agent>/<seed>)")
     g.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
-    g.add_argument(
-        "--max-steps",
-        type=field_arg(LearnerConfig, "max_steps"),
-        default=0,
-        help="stop after this many learner steps (0: none)",
-    )
-    g.add_argument(
-        "--max-minutes",
-        type=field_arg(LearnerConfig, "max_minutes"),
-        default=0.0,
-        help="stop after this many minutes of training (0: none)",
-    )
+    Flag(LearnerConfig, "max_steps", "stop after this many learner steps (0: none)").add(g)
+    Flag(LearnerConfig, "max_minutes", "stop after this many minutes of training (0: none)").add(g)
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     g.add_argument(
         "--tensorboard",
@@ -128,12 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         "replay's largest weight) "
         "or batch_max (by the batch's largest); default: the preset's, else global_min",
     )
-    g.add_argument(
-        "--torch-threads",
-        type=field_arg(LearnerConfig, "torch_threads"),
-        default=1,
-        help="torch CPU threads (default 1)",
-    )
+    Flag(LearnerConfig, "torch_threads", "torch CPU threads").add(g)
     add_curve_arguments(p, binds=True)
     return p
 

@@ -28,6 +28,7 @@ from apexrl.cli.args import (
     int_arg,
 )
 from apexrl.cli.learner import DECODE_THREADS
+from apexrl.cli.server import SERVER_FLAG_DECLS, TABLE_FLAG_DECLS
 from apexrl.replay.server.config import MAX_REPLAY_SERVERS
 
 __all__ = [
@@ -46,34 +47,7 @@ __all__ = [
 PROG = "apexrl"
 
 AGENT_DESTS = ("agent", "env", "preset", "seed", "n_step", "gamma", "batch_size", "target_update_period")
-SERVER_OWN = (
-    "bind",
-    "capacity",
-    "alpha",
-    "eviction",
-    "alpha_evict",
-    "shards",
-    "seed",
-    "min_size_to_sample",
-    "snapshot",
-    "snapshot_every",
-    "max_message_mb",
-    "workers",
-    "inline_sample_max",
-    "samples_per_insert",
-    "error_buffer",
-    "spec",
-    "max_size",
-    "max_wait_s",
-    "max_waiting",
-    "max_waiting_per_peer",
-    "max_waiting_mb",
-    "max_reply_mb",
-    "max_unread_mb",
-    "handshake_s",
-    "heartbeat_s",
-    "log_level",
-)
+SERVER_OWN = (*(flag.field for flag in (*SERVER_FLAG_DECLS, *TABLE_FLAG_DECLS)), "log_level")
 """apexrl-replay-server flags `apexrl run --server-args` may set (its --seed overrides the run's)."""
 
 
