@@ -18,6 +18,8 @@ JSON_KEYS = {
     "env",
     "preset",
     "checkpoint",
+    "checkpoint_kind",
+    "chosen_by",
     "learner_steps",
     "env_frames",
     "time_s",
@@ -64,6 +66,8 @@ def test_evaluate_prints_mean_and_se_and_writes_the_json(run_dir, tmp_path):
     with open(out) as f:
         r = json.load(f)
     assert set(r) == JSON_KEYS
+    assert (r["checkpoint_kind"], r["chosen_by"]) == ("last", None)
+    assert r["checkpoint"] == os.path.join(os.path.abspath(run_dir), "checkpoint.safetensors")
     assert (r["agent"], r["env"], r["preset"], r["episodes"], r["learner_steps"]) == (
         "dqn",
         "gym:CartPole-v1",
@@ -136,6 +140,7 @@ def test_atari_renders_what_the_agent_sees():
         (["{run}", "--video", "{tmp}/v.avi"], "must end in .gif or .mp4"),
         (["{run}", "--episodes", "0"], "--episodes: 0 is out of range, must be an int in [1, 100000]"),
         (["{bad_agent}"], "unknown agent 'nope'"),
+        (["{last_only}", "--best"], "has no best_checkpoint.safetensors"),
     ],
 )
 def test_errors_exit_2_with_one_clear_line_and_write_nothing(run_dir, tmp_path, args, message):
@@ -147,7 +152,9 @@ def test_errors_exit_2_with_one_clear_line_and_write_nothing(run_dir, tmp_path, 
 
     tensors, meta = load_checkpoint(os.path.join(run_dir, "checkpoint.safetensors"))
     save_checkpoint(str(bad / "checkpoint.safetensors"), tensors, {**meta, "agent": "nope"})
-    args = [a.format(empty=empty, run=run_dir, tmp=tmp_path, bad_agent=bad) for a in args]
+    last_only = tmp_path / "last_only"  # a run whose checkpoint was written before any evaluation finished
+    save_checkpoint(str(last_only / "checkpoint.safetensors"), tensors, meta)
+    args = [a.format(empty=empty, run=run_dir, tmp=tmp_path, bad_agent=bad, last_only=last_only) for a in args]
     out = str(tmp_path / "r.json")
     done = _apexrl("evaluate", *args, "--json", out)
     assert done.returncode == 2, done.stdout + done.stderr

@@ -13,7 +13,7 @@ constexpr uint32_t kSmallLimit = 1024;                      // classes 0..63: 16
 constexpr size_t kSmallClasses = kSmallLimit / kSmallStep;  // 64
 constexpr int kStepsPerDoubling = 8;                        // 1024 < size <= 1 MiB: 10 doublings x 8
 constexpr size_t kNumClasses = kSmallClasses + 10 * kStepsPerDoubling;
-constexpr size_t kMinSlab = 256 * 1024;  // ~400 DPG items; a block above this gets a slab of its own
+constexpr size_t kMinSlab = SlabReserve::kSlabBytes;  // a block above this gets a slab of its own
 
 int Log2Floor(uint32_t v) { return 31 - __builtin_clz(v); }
 
@@ -44,10 +44,15 @@ uint8_t* PayloadArena::Refill(size_t size_class) {
   const size_t block = BlockSize(size_class);
   const size_t slab_bytes = std::max(kMinSlab, block) / block * block;
   slabs_.reserve(slabs_.size() + 1);  // so push_back below cannot throw after the malloc
-  void* slab = std::malloc(slab_bytes);
-  if (slab == nullptr) throw std::bad_alloc();
+  void* slab = reserve_ != nullptr && slab_bytes <= SlabReserve::kSlabBytes ? reserve_->Take() : nullptr;
+  if (slab != nullptr) {
+    reserved_ += SlabReserve::kSlabBytes;  // the whole reserve slab is held, its tail past slab_bytes unused
+  } else {
+    slab = std::malloc(slab_bytes);
+    if (slab == nullptr) throw std::bad_alloc();
+    reserved_ += slab_bytes;
+  }
   slabs_.push_back(slab);
-  reserved_ += slab_bytes;
   SizeClass& c = classes_[size_class];
   c.bump = static_cast<uint8_t*>(slab) + block;
   c.bump_end = static_cast<uint8_t*>(slab) + slab_bytes;

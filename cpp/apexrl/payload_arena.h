@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "apexrl/slab_reserve.h"
+
 namespace apexrl {
 
 // Why not malloc per item: glibc hands a freed chunk back to the arena of the thread that allocated it, so
@@ -17,7 +19,8 @@ namespace apexrl {
 // Blocks come in size classes: multiples of 16 bytes up to 1 KiB (a 636-byte DPG item takes 640), then 8
 // classes per power of two (at most 12.5% rounding) up to 1 MiB; larger items go straight to malloc.
 // Each class has an intrusive free list and a bump pointer into its current slab (>= 64 KiB). Slabs are kept
-// until the arena is destroyed: memory stays at the shard's high-water mark per class.
+// until the arena is destroyed: memory stays at the shard's high-water mark per class. With a SlabReserve
+// (the store's), a new slab is one whose pages a background thread has already touched, when one is ready.
 //
 // Cost: O(1) per Allocate/Free. Thread-safety: none; the owning Shard's mutex guards it.
 class PayloadArena {
@@ -33,6 +36,8 @@ class PayloadArena {
   void Free(uint8_t* block, uint32_t size);
   // Bytes this arena holds from the system (slabs plus large blocks).
   uint64_t reserved_bytes() const { return reserved_; }
+  // Where new slabs come from first (not owned; null: malloc only). It must outlive the arena's Allocate calls.
+  void set_reserve(SlabReserve* reserve) { reserve_ = reserve; }
 
   static constexpr uint32_t kLargeItem = 1u << 20;  // items above this are malloc'd individually
 
@@ -49,6 +54,7 @@ class PayloadArena {
   std::vector<SizeClass> classes_;
   std::vector<void*> slabs_;
   uint64_t reserved_ = 0;
+  SlabReserve* reserve_ = nullptr;
 };
 
 }  // namespace apexrl

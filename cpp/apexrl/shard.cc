@@ -39,6 +39,11 @@ Shard::Shard(uint32_t index, double alpha, std::unique_ptr<EvictionPolicy> polic
   EnsureSlots(std::min<size_t>(target_slots_, 1024));
 }
 
+void Shard::UseSlabReserve(SlabReserve* reserve) {
+  ScopedLock<SpinMutex> lock(mu_);
+  arena_.set_reserve(reserve);
+}
+
 Shard::~Shard() {
   // The arena frees its slabs; items above its size classes were malloc'd one by one and go back here.
   for (const std::vector<Slot>* list : {&live_, &held_}) {

@@ -121,6 +121,9 @@ class Shard {
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
 
+  // New payload slabs come from `reserve` first (the store's; it must outlive this shard's inserts and loads).
+  void UseSlabReserve(SlabReserve* reserve) EXCLUDES(mu_);
+
   // Copies the items (and the `m` chunks they reference) in and writes their keys, and the new chunks' chunk
   // keys to `chunk_keys` (m of them; may be null). If `block` is false and the lock is held by another thread,
   // returns false and changes nothing (the caller tries another shard). `seq_counter` issues the store-wide

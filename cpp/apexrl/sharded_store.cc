@@ -94,6 +94,7 @@ ShardedStore::ShardedStore(const StoreConfig& config) : config_(WithDefaults(con
     shards_.push_back(std::make_unique<Shard>(s, config_.alpha,
                                               MakeEvictionPolicy(config_.eviction, config_.alpha_evict), target,
                                               config_.epoch, config_.sampler, config_.max_times_sampled));
+    shards_.back()->UseSlabReserve(&slab_reserve_);
   }
 }
 

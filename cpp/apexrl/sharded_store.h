@@ -19,6 +19,7 @@
 #include "apexrl/random.h"
 #include "apexrl/sampling/kinds.h"
 #include "apexrl/shard.h"
+#include "apexrl/slab_reserve.h"
 #include "apexrl/thread_annotations.h"
 
 namespace apexrl {
@@ -257,6 +258,8 @@ class ShardedStore {
   size_t EvictRound(size_t excess, Rng& rng) REQUIRES(remove_mu_);
 
   StoreConfig config_;
+  // Before shards_, so it is destroyed after them: their arenas take slabs from it until then.
+  SlabReserve slab_reserve_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<uint64_t> next_seq_{0};      // store-wide insertion numbers (FIFO order across shards)
   std::atomic<uint64_t> next_shard_{0};    // round-robin start for insert chunks

@@ -1,8 +1,9 @@
 """``apexrl evaluate RUN_DIR``: score a run's checkpoint with evaluation episodes, optionally on video.
 
-The checkpoint (``RUN_DIR/checkpoint.safetensors``) names its agent, environment and agent config; the agent's
-learner is rebuilt from them and loaded, and a policy (actor 0 of 1) takes the learner's policy weights, so any
-registered agent is evaluated without agent-specific code. Episodes follow the evaluation protocol of
+The checkpoint (``RUN_DIR/checkpoint.safetensors``, the last; with ``--best``
+``RUN_DIR/best_checkpoint.safetensors``, the state of the best periodic evaluation, :mod:`apexrl.apex.best`) names
+its agent, environment and agent config; the agent's learner is rebuilt from them and loaded, and a policy (actor 0
+of 1) takes the learner's policy weights, so any registered agent is evaluated without agent-specific code. Episodes follow the evaluation protocol of
 :func:`apexrl.apex.evaluator.play_episodes` on ``make_env(env, seed, evaluation=True)``.
 
 ``--video`` records the *first* of the scored episodes (rendering does not change the environment's state or
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apexrl import video as video_mod
-from apexrl.rundir import CHECKPOINT, FINAL_EVAL, RunDirError, run_seed
+from apexrl.rundir import BEST_CHECKPOINT, CHECKPOINT, FINAL_EVAL, RunDirError, run_seed
 
 __all__ = ["EvaluateError", "Evaluation", "evaluate_run", "default_seed"]
 
@@ -40,6 +41,10 @@ class Evaluation:
     mean: float
     std: float
     se: float
+    checkpoint_kind: str = "last"
+    """Which checkpoint was scored: ``"last"`` or ``"best"``."""
+    chosen_by: dict[str, Any] | None = None
+    """For the best checkpoint, the periodic evaluation that chose it (its mean is a selection's, optimistic)."""
 
     def to_json(self) -> dict[str, Any]:
         """The keys of ``--json`` (and of ``RUN_DIR/final_eval.json`` when the launcher asks for it)."""
@@ -48,6 +53,8 @@ class Evaluation:
             "env": self.env,
             "preset": self.preset,
             "checkpoint": self.checkpoint,
+            "checkpoint_kind": self.checkpoint_kind,
+            "chosen_by": self.chosen_by,
             "learner_steps": self.learner_steps,
             "env_frames": self.env_frames,
             "time_s": self.time_s,
@@ -60,24 +67,35 @@ class Evaluation:
         }
 
     def summary(self) -> str:
-        return (
+        text = (
             f"{self.env} {self.agent}: {self.mean:.2f} ± {self.se:.2f} (SE) over {len(self.returns)} episodes; "
-            f"checkpoint at learner step {self.learner_steps}, {self.env_frames} env frames, "
+            f"{self.checkpoint_kind} checkpoint at learner step {self.learner_steps}, {self.env_frames} env frames, "
             f"{self.time_s / 60:.1f} min"
         )
+        if self.chosen_by is not None:
+            c = self.chosen_by
+            text += (
+                f"; chosen by its periodic evaluation of {c['mean']:.2f} over {c.get('episodes')} "
+                "episodes (the best of the run's: an optimistic estimate)"
+            )
+        return text
 
 
-def default_seed(run_dir: str) -> int:
+def default_seed(run_dir: str, best: bool = False) -> int:
     """The run's own evaluation stream (the learner's evaluator uses ``seed * 10007 + 5003``): away from the
-    actors' seeds ``seed * 10007 + i``."""
-    return run_seed(run_dir) * 10007 + 5003
+    actors' seeds ``seed * 10007 + i``. For the best checkpoint ``seed * 10007 + 6007``: the periodic evaluations
+    chose it on the evaluation stream's episodes, so scoring it on those again (the same starting states, when
+    the first evaluation chose it) would repeat the selection's luck."""
+    return run_seed(run_dir) * 10007 + (6007 if best else 5003)
 
 
-def _load(path: str) -> tuple[dict, dict]:
+def _load(path: str, best: bool) -> tuple[dict, dict, dict | None]:
+    """(tensors, meta, the evaluation that chose a best checkpoint; None for the last)."""
+    from apexrl.apex.best import load_best
     from apexrl.apex.checkpoint import CheckpointError, load_checkpoint
 
     try:
-        return load_checkpoint(path)
+        return load_best(path) if best else (*load_checkpoint(path), None)
     except CheckpointError as e:
         raise EvaluateError(str(e)) from None
 
@@ -92,14 +110,25 @@ def _agent_config(agent_def: Any, raw: Any) -> Any:
 
 
 def evaluate_run(
-    run_dir: str, episodes: int = 10, seed: int | None = None, video: str | None = None, device: str = "cpu"
+    run_dir: str,
+    episodes: int = 10,
+    seed: int | None = None,
+    video: str | None = None,
+    device: str = "cpu",
+    best: bool = False,
 ) -> Evaluation:
-    """Play ``episodes`` evaluation episodes with the checkpoint of ``run_dir``; EvaluateError if it cannot."""
+    """Play ``episodes`` evaluation episodes with the last checkpoint of ``run_dir`` (``best``: its best
+    checkpoint); EvaluateError if it cannot."""
     if not os.path.isdir(run_dir):
         raise EvaluateError(f"{run_dir} is not a directory")
-    path = os.path.join(run_dir, CHECKPOINT)
+    path = os.path.join(run_dir, BEST_CHECKPOINT if best else CHECKPOINT)
     if not os.path.exists(path):
-        raise EvaluateError(f"{run_dir} has no {CHECKPOINT} (the learner writes it while it trains)")
+        raise EvaluateError(
+            f"{run_dir} has no {BEST_CHECKPOINT} (the learner writes it when a periodic evaluation scores higher "
+            "than every earlier one: none has finished in this run yet, or the run is older than best checkpoints)"
+            if best
+            else f"{run_dir} has no {CHECKPOINT} (the learner writes it while it trains)"
+        )
     if episodes < 1:
         raise EvaluateError(f"--episodes must be >= 1, got {episodes}")
     try:
@@ -107,7 +136,7 @@ def evaluate_run(
     except video_mod.VideoError as e:
         raise EvaluateError(str(e)) from None
     try:
-        return _evaluate(run_dir, path, episodes, seed, writer, device)
+        return _evaluate(run_dir, path, episodes, seed, writer, device, best)
     except video_mod.VideoError as e:
         if writer is not None:  # only a writer raises VideoError
             writer.abort()
@@ -118,7 +147,9 @@ def evaluate_run(
         raise
 
 
-def _evaluate(run_dir: str, path: str, episodes: int, seed: int | None, writer: Any, device: str) -> Evaluation:
+def _evaluate(
+    run_dir: str, path: str, episodes: int, seed: int | None, writer: Any, device: str, best: bool
+) -> Evaluation:
     import torch
 
     from apexrl.agents import get_agent
@@ -129,7 +160,7 @@ def _evaluate(run_dir: str, path: str, episodes: int, seed: int | None, writer: 
         torch_device = torch.device(device)
     except RuntimeError as e:
         raise EvaluateError(f"--device {device!r}: {e}") from None
-    tensors, meta = _load(path)
+    tensors, meta, chosen_by = _load(path, best)
     try:
         agent_def = get_agent(str(meta.get("agent")))
         env_name = str(meta["env"])
@@ -138,7 +169,7 @@ def _evaluate(run_dir: str, path: str, episodes: int, seed: int | None, writer: 
     cfg = _agent_config(agent_def, meta.get("agent_config"))
     if seed is None:
         try:
-            seed = default_seed(run_dir)
+            seed = default_seed(run_dir, best)
         except RunDirError as e:
             raise EvaluateError(str(e)) from None
     if writer is not None:
@@ -181,6 +212,8 @@ def _evaluate(run_dir: str, path: str, episodes: int, seed: int | None, writer: 
         r.mean,
         r.std,
         r.se,
+        "best" if best else "last",
+        chosen_by,
     )
 
 

@@ -8,17 +8,22 @@ checkpoint's metadata (safetensors keeps it in a JSON header, read here without 
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "BEST_CHECKPOINT",
+    "BEST_EVALUATION_KEY",
     "CHECKPOINT",
     "FINAL_EVAL",
     "PLAN",
     "RunDirError",
     "RunIdentity",
+    "best_eval",
+    "best_record",
     "checkpoint_meta",
     "final_eval",
     "identity",
@@ -26,6 +31,10 @@ __all__ = [
 ]
 
 CHECKPOINT = "checkpoint.safetensors"
+BEST_CHECKPOINT = "best_checkpoint.safetensors"
+"""The learner state of the run's best periodic evaluation (:mod:`apexrl.apex.best`)."""
+BEST_EVALUATION_KEY = "evaluation"
+"""The best checkpoint's metadata key of the evaluation that chose it."""
 FINAL_EVAL = "final_eval.json"
 PLAN = "plan.json"
 _MAX_HEADER = 100 << 20
@@ -94,6 +103,26 @@ def run_seed(run_dir: str) -> int:
     if not os.path.exists(plan_path):
         return 0
     return int(((_read_json(plan_path) or {}).get("learner") or {}).get("seed", 0))
+
+
+def best_eval(run_dir: str) -> dict[str, Any] | None:
+    """The evaluation that chose ``RUN_DIR/best_checkpoint.safetensors`` (its ``evaluation`` metadata), None
+    if the run has no best checkpoint."""
+    path = os.path.join(run_dir, BEST_CHECKPOINT)
+    if not os.path.exists(path):
+        return None
+    return best_record(checkpoint_meta(path), path)
+
+
+def best_record(meta: dict[str, Any], path: str) -> dict[str, Any]:
+    """The record (``evaluation``) in the metadata ``meta`` of the best checkpoint at ``path``; RunDirError if
+    it has none with a finite mean."""
+    record = meta.get(BEST_EVALUATION_KEY)
+    if isinstance(record, dict):
+        mean = record.get("mean")
+        if isinstance(mean, (int, float)) and math.isfinite(mean):
+            return record
+    raise RunDirError(f"{path} holds no record of the evaluation that chose it ('{BEST_EVALUATION_KEY}' metadata)")
 
 
 def final_eval(run_dir: str) -> dict[str, Any] | None:

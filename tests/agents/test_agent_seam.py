@@ -86,6 +86,10 @@ def test_a_replay_path_refuses_what_its_reader_cannot_use():
         reader="queue", table="onpolicy", make_adder=adder, make_batch=batch, tables=[TableConfig("onpolicy")]
     )
     assert path.tables == (TableConfig("onpolicy"),) and path.items_to_steps(None) == 1
+    # Another table than `default` must be declared: a preset's replay settings build `default` only.
+    with pytest.raises(ValueError, match="the table 'apex' is not among the tables declared"):
+        ReplayPath(table="apex")
+    assert ReplayPath(table="apex", tables=[TableConfig("apex")]).transitions
 
 
 # A throwaway agent: random actions, a learner that only counts. Its whole code is this module; the one
@@ -219,12 +223,30 @@ RANDOM_AGENT = textwrap.dedent("""
         make_batch_policy=lambda env, config, slots, num_slots, seed: RolloutPolicy(env, seed, len(slots)),
         replay=ReplayPath(
             reader="queue",
-            tables=(TableConfig("default", sampler="fifo", remover="fifo", capacity=10_000, max_times_sampled=1,
+            table="onpolicy",
+            tables=(TableConfig("onpolicy", sampler="fifo", remover="fifo", capacity=10_000, max_times_sampled=1,
                                 rate_limiter=Queue(2_000)),),
             make_adder=sequences,
             make_batch=popped,
             steps_per_item=lambda config: 8,
         ),
+    )
+
+
+    # A third on a table other than `default`: Ape-X's n-step transitions into the table "apex" it declares
+    # beside an empty `default`; its learner sends back priority 7, which no actor gives.
+    class SevenLearner(CountingLearner):
+        def update(self, batch, weights):
+            self.steps += 1
+            return np.full(len(weights), 7.0), {"reward_mean": float(np.mean(batch["reward"]))}
+
+
+    ELSEWHERE = AgentDef(
+        name="elsewhere", description="random actions into the table 'apex' (a test agent)",
+        config_class=RandomConfig, check_env=check_env,
+        make_learner=lambda env, config, device, seed: SevenLearner(env),
+        make_policy=lambda env, config, index, num_actors, seed: RandomPolicy(env, seed),
+        replay=ReplayPath(table="apex", tables=(TableConfig("default", capacity=1_000), TableConfig("apex"))),
     )
 """)
 
@@ -238,7 +260,7 @@ def plugin_path(tmp_path):
         "Metadata-Version: 2.1\nName: random-agent\nVersion: 0.1\n"
     )
     (root / "random_agent-0.1.dist-info" / "entry_points.txt").write_text(
-        "[apexrl.agents]\nrandom = random_agent:AGENT\nrollout = random_agent:ROLLOUT\n"
+        "[apexrl.agents]\nrandom = random_agent:AGENT\nrollout = random_agent:ROLLOUT\nelsewhere = random_agent:ELSEWHERE\n"
     )
     return str(root)
 
@@ -307,9 +329,45 @@ def test_an_agent_with_its_own_replay_path_runs_end_to_end_through_apexrl_run(pl
     assert "reached --steps 20" in out.stdout
     with open(os.path.join(run_dir, "plan.json"), encoding="utf-8") as f:
         tables = __import__("json").load(f)["servers"][0]["tables"]
-    assert [(t["name"], t["sampler"], t["max_times_sampled"]) for t in tables] == [("default", "fifo", 1)]
+    assert [(t["name"], t["sampler"], t["max_times_sampled"]) for t in tables] == [("onpolicy", "fifo", 1)]
     with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
         rows = list(csv.DictReader(f))
     assert int(rows[-1]["learner_steps"]) >= 20
     assert any(r["reward_max"] == "1" for r in rows)  # CartPole pays 1 per step
     assert any(abs(float(r["logp_min"]) + 0.693147) < 1e-4 for r in rows if r["logp_min"])  # log(1/2) per step
+
+
+def test_an_agent_on_a_table_other_than_default_runs_end_to_end_through_apexrl_run(plugin_path, tmp_path):
+    """ReplayPath(table="apex") beside an empty `default`: the run pins the agent's spec and the learner's min
+    size on "apex", the actors write there, the learner waits for that table's size (the STATS reply's own names
+    are the empty `default`'s: it would wait forever), samples it, sends its priorities there, and metrics.csv
+    reports that table's counters."""
+    from apexrl.offline.export import read_snapshot
+    from apexrl.replay.server.tables import read_tables_manifest
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([plugin_path, os.environ.get("PYTHONPATH", "")])}
+    run_dir = str(tmp_path / "run")
+    args = ["--agent", "elsewhere", "--env", "gym:CartPole-v1", "--actors", "1", "--steps", "30", "--minutes", "4"]
+    args += ["--progress-every", "2", "--learner-args", "--min-replay-size 200 --eval-every 0 --metrics-every 1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "apexrl", "run", "--final-eval", "0", "--run-dir", run_dir, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "reached --steps 30" in out.stdout
+    with open(os.path.join(run_dir, "plan.json"), encoding="utf-8") as f:
+        tables = {t["name"]: t for t in __import__("json").load(f)["servers"][0]["tables"]}
+    assert tables["default"]["spec"] is None and tables["default"]["rate_limiter"] is None
+    assert tables["apex"]["spec"] is not None and tables["apex"]["rate_limiter"]["min_size"] == 200
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert int(rows[-1]["learner_steps"]) >= 30
+    sizes = [int(r["replay_size"]) for r in rows if r["replay_size"]]
+    assert sizes and min(sizes) >= 200  # apex's (the learner trained once it held 200), never default's 0
+    manifest = read_tables_manifest(os.path.join(run_dir, "replay.snap"))
+    snapshot = {e["name"]: read_snapshot(e["file"]) for e in manifest["tables"]}
+    assert len(snapshot["default"].keys) == 0 and len(snapshot["apex"].keys) >= 200
+    assert (snapshot["apex"].priorities == 7.0).any()  # the learner's priorities reached the actors' items

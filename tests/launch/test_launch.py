@@ -20,6 +20,7 @@ import pytest
 from apexrl.apex.metrics import read_csv
 from apexrl.launch.progress import Progress
 from apexrl.plot import episode_curve
+from apexrl.rundir import best_eval
 from tests.helpers import wait_until
 
 FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
@@ -139,7 +140,12 @@ def test_run_stops_by_itself_at_steps(spawn, tmp_path):
         final = json.load(f)
     assert final["episodes"] == 3 and len(final["returns"]) == 3 and final["learner_steps"] == 200
     assert final["mean"] == pytest.approx(sum(final["returns"]) / 3)
+    assert (final["checkpoint_kind"], final["chosen_by"]) == ("last", None)  # the final evaluation is the last's
     assert "final evaluation: return" in launcher.log()
+    best = best_eval(run_dir)  # None when no periodic evaluation finished in the run's few seconds
+    assert (best is None) == ("best periodic evaluation" not in launcher.log())
+    if best is not None:
+        assert f"return {best['mean']:.1f} over {best['episodes']} episodes at learner step" in launcher.log()
 
 
 def test_a_stopped_run_gets_no_final_evaluation(spawn, tmp_path):
@@ -183,13 +189,14 @@ def test_bad_run_flags_are_refused_with_the_valid_values(args, message):
     assert message in out.stderr, out.stderr
 
 
-def test_a_directory_that_holds_a_run_needs_resume(tmp_path):
-    (tmp_path / "metrics.csv").write_text("time_s\n")
+@pytest.mark.parametrize("held", ["metrics.csv", "best_checkpoint.safetensors"])
+def test_a_directory_that_holds_a_run_needs_resume(tmp_path, held):
+    (tmp_path / held).write_text("time_s\n")
     out = subprocess.run(
         [sys.executable, "-m", "apexrl", "run", "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 2
-    assert "already holds a run" in out.stderr and "--resume" in out.stderr
+    assert f"already holds a run ({held})" in out.stderr and "--resume" in out.stderr
 
 
 def test_plot_refuses_a_directory_without_metrics(tmp_path):

@@ -21,7 +21,8 @@ from apexrl.replay.wire import protocol as P
 
 
 def protocol_methods(protocol: type) -> list[str]:
-    return [name for name, value in vars(protocol).items() if inspect.isfunction(value) and not name.startswith("_")]
+    """The calls a Protocol declares: the user's, and the pipeline's (one leading underscore), not dunders."""
+    return [name for name, value in vars(protocol).items() if inspect.isfunction(value) and not name.startswith("__")]
 
 
 @pytest.mark.parametrize("protocol", [Replay, Interruptible, PipelinedReplay], ids=lambda p: p.__name__)

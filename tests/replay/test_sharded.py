@@ -399,7 +399,7 @@ def test_resent_inserts_of_a_silent_server_go_to_another_and_none_is_lost(start_
                 ins.insert(np.ones(3), items)
             ins.flush()  # completes with b still silent: its batches were resent to a
             assert ins.stats()["acked"] == 12 and ins.stats()["resent"] >= 1
-            assert ins._replay.servers_lost == 1  # the inserter's own set of clients
+            assert ins._replay._servers_lost == 1  # the inserter's own set of clients
             on_a = _every_item(a.endpoint)
         finally:
             os.kill(b.pid, signal.SIGCONT)

@@ -202,7 +202,7 @@ def test_replay_dataset_reports_an_item_it_cannot_decode_in_valid():
         fields = S.structure_of(leaves)
         fp = S.structure_fingerprint(fields)
         chunk = S.encode_chunk(fields, [np.stack([leaves[f.path]] * 2) for f in fields], fp)
-        client.insert_with_chunk_keys([50.0], [S.encode_item(fp, 1, 4, 4, None)], chunks=P.pack_chunks([chunk], [[0]]))
+        client._insert_with_chunk_keys([50.0], [S.encode_item(fp, 1, 4, 4, None)], chunks=P.pack_chunks([chunk], [[0]]))
         dataset = ReplayDataset(client, 16, decode="structure", prefetch=1)
         b = next(iter(dataset))
         bad = ~b["valid"]

@@ -21,10 +21,12 @@ import zmq
 from apexrl import PrioritizedStore
 from apexrl.errors import ServerError, ServerTimeoutError
 from apexrl.replay import ReplayClient, ReplayServer, ServerConfig
+from apexrl.replay.client.replay_client import table_stats
 from apexrl.replay.server.epoch import SnapshotLoadError
 from apexrl.replay.server.tables import TABLES_SNAPSHOT_FORMAT, choose_epochs
 from apexrl.replay.tables import MinSize, Queue, SampleToInsertRatio, TableConfig
 from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire.codec import FieldSpec, TransitionSpec
 from apexrl.replay.wire.schema import Status
 
 
@@ -244,6 +246,32 @@ def test_helpers_and_dataset_work_on_their_table(server, client):
     stats = client.stats()
     assert stats["table.queue.updated"] == len(keys)
     assert stats["table.default.updated"] == 0
+
+
+def test_a_clients_spec_goes_to_its_own_table_and_not_with_a_helper_to_another(server):
+    spec = TransitionSpec([FieldSpec("x", "f4", (2,))])
+    with ReplayClient(server.endpoint, timeout=10, spec=spec, table="aux") as c:
+        c.insert(np.ones(2), {"x": np.zeros((2, 2), np.float32)})
+        tables = c.tables()
+        assert TransitionSpec.from_json(json.dumps(tables["aux"]["spec"])) == spec
+        assert tables["default"]["spec"] is None and tables["queue"]["spec"] is None
+        # A helper on another table does not carry the client's spec there: raw items go in unchecked.
+        with c.inserter(table="queue") as inserter:
+            inserter.insert(np.ones(2), items("q", 2))
+            inserter.flush()
+        tables = c.tables()
+        assert tables["queue"]["spec"] is None and tables["queue"]["size"] == 2
+
+
+def test_table_stats_reads_one_tables_counters_of_a_stats_reply(client):
+    client.insert(np.ones(3), items("q", 3), table="queue")
+    stats = client.stats()
+    assert stats["size"] == 0  # the reply's own names describe `default`
+    queue = table_stats(stats, "queue")
+    assert queue["size"] == 3 and queue["inserted"] == 3
+    assert table_stats({"size": 7}, "queue") == {"size": 7}  # a server before tables: its one store's
+    with pytest.raises(ValueError, match="no table 'nope'"):
+        table_stats(stats, "nope")
 
 
 def test_a_snapshot_holds_every_table_and_a_restart_restores_them(tmp_path):

@@ -136,24 +136,24 @@ def test_a_stale_chunk_key_is_refused_whole_naming_it(start_server):
     server = start_server("--capacity", "100")
     with ReplayClient(server.endpoint) as client:
         chunks = P.pack_chunks([b"x" * 10], [[0]])
-        keys1, chunk_keys = client.insert_with_chunk_keys([1.0], [b"item"], chunks=chunks)
+        keys1, chunk_keys = client._insert_with_chunk_keys([1.0], [b"item"], chunks=chunks)
         assert chunk_keys.shape == (1,)
         key = int(chunk_keys[0])
         # Referenced by key while its item lives: stored once.
-        keys2, none = client.insert_with_chunk_keys([1.0], [b"item2"], chunks=P.pack_chunks([], [[key]]))
+        keys2, none = client._insert_with_chunk_keys([1.0], [b"item2"], chunks=P.pack_chunks([], [[key]]))
         assert none.shape == (0,)
         assert client.stats()["chunks"] == 1 and client.stats()["bytes_held"] == 10 + 4 + 5
         assert client.erase(np.concatenate([keys1, keys2])) == 2
         assert client.stats()["size"] == 0 and client.stats()["chunks"] == 0
         before = client.stats()
         with pytest.raises(StaleChunksError) as e:
-            client.insert_with_chunk_keys([1.0], [b"item3"], chunks=P.pack_chunks([b"y"], [[0, key]]))
+            client._insert_with_chunk_keys([1.0], [b"item3"], chunks=P.pack_chunks([b"y"], [[0, key]]))
         assert e.value.status == Status.STALE_CHUNKS and e.value.keys == [key]
         after = client.stats()
         assert after["size"] == before["size"] == 0 and after["chunks"] == 0
         # Not a chunk key at all: INVALID_ARGUMENT at once.
         with pytest.raises(ServerError) as bad:
-            client.insert_with_chunk_keys([1.0], [b"item4"], chunks=P.pack_chunks([], [[12345]]))
+            client._insert_with_chunk_keys([1.0], [b"item4"], chunks=P.pack_chunks([], [[12345]]))
         assert bad.value.status == Status.INVALID_ARGUMENT and "nor a chunk key" in bad.value.message
 
 
@@ -288,8 +288,8 @@ def test_a_retried_insert_gets_its_item_and_chunk_keys_back_and_stores_once(star
     with ReplayClient(server.endpoint) as client:
         insert_id = client.next_insert_id()
         chunks = P.pack_chunks([b"c0" * 50, b"c1" * 50], [[0, 1], [1]])
-        first = client.insert_with_chunk_keys([1.0, 2.0], [b"i0", b"i1"], chunks=chunks, insert_id=insert_id)
-        again = client.insert_with_chunk_keys([1.0, 2.0], [b"i0", b"i1"], chunks=chunks, insert_id=insert_id)
+        first = client._insert_with_chunk_keys([1.0, 2.0], [b"i0", b"i1"], chunks=chunks, insert_id=insert_id)
+        again = client._insert_with_chunk_keys([1.0, 2.0], [b"i0", b"i1"], chunks=chunks, insert_id=insert_id)
         assert first[0].tolist() == again[0].tolist() and first[1].tolist() == again[1].tolist()
         stats = client.stats()
         assert stats["size"] == 2 and stats["chunks"] == 2

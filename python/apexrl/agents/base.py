@@ -10,7 +10,7 @@ learner decodes them with the same spec, so fields, dtypes and compression are t
 
 Beside its networks and losses an agent declares its replay path (:class:`ReplayPath`, ``AgentDef.replay``):
 the tables it needs, what its actors write and how its learner reads. The default is Ape-X's: n-step
-transitions of its TransitionSpec into the table ``default``, sampled by priority. An agent that learns from
+transitions of its TransitionSpec into the table ``default`` (or another it declares), sampled by priority. An agent that learns from
 sequences (R2D2) declares the ``"sequences"`` reader, an adder that writes them and the function that turns
 sampled items into its batch; an on-policy one the ``"queue"`` reader and a queue table. Nothing outside the
 agent's module branches on which agent it is: the actor, the learner and the run plan read the declaration.
@@ -160,7 +160,10 @@ class ReplayPath:
     """The tables a run of this agent starts when neither ``--tables`` nor the preset gives any (they must hold
     ``table``); empty: the one table ``default`` of the preset's replay settings."""
     table: str = "default"
-    """The table the actors write and the learner reads."""
+    """The table the actors write and the learner reads: the learner waits for its size, samples it, sends it
+    priorities and reports its counters; a run pins the agent's TransitionSpec on it (``"transitions"``).
+    Another than ``default`` must be among ``tables``, since the preset's replay settings build ``default``
+    only."""
     make_adder: Callable[[Any, str, EnvSpec, Any, int], Sequence[Any]] | None = None
     """``(client, table, env_spec, config, num_envs) -> adders``: one adder per environment of an actor
     (:class:`~apexrl.replay.adders.SequenceAdder` or :class:`~apexrl.replay.adders.EpisodeAdder` on ``client``,
@@ -183,8 +186,6 @@ class ReplayPath:
             raise ValueError(f"ReplayPath.reader must be one of {', '.join(READERS)}, got {self.reader!r}")
         object.__setattr__(self, "tables", tuple(self.tables))
         if self.reader == "transitions":
-            if self.table != "default":
-                raise ValueError("ReplayPath: the transitions reader's actors insert into the table 'default'")
             if self.make_adder is not None or self.make_batch is not None:
                 raise ValueError(
                     "ReplayPath: the transitions reader uses the actor's n-step adder and the agent's TransitionSpec; "
@@ -192,6 +193,11 @@ class ReplayPath:
                 )
         elif self.make_adder is None or self.make_batch is None:
             raise ValueError(f"ReplayPath: the {self.reader} reader needs make_adder and make_batch")
+        if self.table != "default" and not self.tables:
+            raise ValueError(
+                f"ReplayPath: the table {self.table!r} is not among the tables declared (none): without tables a "
+                "run starts only the table 'default' of the preset's replay settings"
+            )
         if self.tables and self.table not in [t.name for t in self.tables]:
             raise ValueError(
                 f"ReplayPath: the tables ({', '.join(t.name for t in self.tables)}) do not hold the table "

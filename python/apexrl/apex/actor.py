@@ -179,8 +179,13 @@ class Actor:
         )
         steps = config.flush_every + 2 * n + 8
         self.frames = _ObsRing(2 * k * steps if k > 1 else 0, self.spec, scores)
+        # The client's table is the path's: its inserts and its spec's declaration go there.
         self.replay = connect_replay(
-            config.replay, timeout=config.replay_timeout, spec=wire_spec(self.transition_spec), curve=config.curve_dir
+            config.replay,
+            timeout=config.replay_timeout,
+            spec=wire_spec(self.transition_spec),
+            curve=config.curve_dir,
+            table=self.path.table,
         )
         # N > 1 inserts in flight: the inserter sends through the actor's own client (the actor makes no other
         # request on it), so stopping interrupts both, and holds at most N batches until they are stored.
@@ -201,11 +206,11 @@ class Actor:
         self.adder: NStepTransitionAdder | VecNStepTransitionAdder
         if k == 1:
             self.adder = NStepTransitionAdder(
-                _Sink(self), "default", n, gamma, self._score, insert_batch=self.flush_size
+                _Sink(self), self.path.table, n, gamma, self._score, insert_batch=self.flush_size
             )
         else:
             self.adder = VecNStepTransitionAdder(
-                _Sink(self), "default", n, gamma, k, self._score, insert_batch=self.flush_size
+                _Sink(self), self.path.table, n, gamma, k, self._score, insert_batch=self.flush_size
             )
         self._staged: tuple[dict, dict[str, np.ndarray]] | None = None  # _score's batch and its TransitionSpec arrays
         self.counters = {
@@ -225,7 +230,9 @@ class Actor:
         returns the explorations."""
         self.policy = batch_policy(agent, self.spec, config.agent_config, config.index, config.num_actors, k, self.seed)
         explorations = list(self.policy.explorations)
-        self.replay = _sequence_client(config.replay, config.replay_timeout, config.curve_dir, self.path.one_server)
+        self.replay = _sequence_client(
+            config.replay, config.replay_timeout, config.curve_dir, self.path.one_server, self.path.table
+        )
         self.adders = []
         try:
             assert self.path.make_adder is not None  # ReplayPath requires it beside a sequence reader
@@ -827,10 +834,10 @@ class _ObsRing:
         return self._values[obs_rows], self._values[next_rows]
 
 
-def _sequence_client(endpoints: str, timeout: float, curve: Any, one_server: str | None) -> Any:
-    """The sequence path's replay client; ValueError with the agent's reason where it runs on one server only
-    and ``endpoints`` names several (as `apexrl run` refuses --replay-servers > 1 for it)."""
-    client = connect_replay(endpoints, timeout=timeout, curve=curve)
+def _sequence_client(endpoints: str, timeout: float, curve: Any, one_server: str | None, table: str) -> Any:
+    """The sequence path's replay client (of the path's ``table``); ValueError with the agent's reason where it
+    runs on one server only and ``endpoints`` names several (as `apexrl run` refuses --replay-servers > 1 for it)."""
+    client = connect_replay(endpoints, timeout=timeout, curve=curve, table=table)
     if one_server is not None and isinstance(client, ShardedReplayClient):
         client.close()
         raise ValueError(f"{one_server}; got several ({endpoints}): run it with --replay-servers 1")

@@ -11,7 +11,8 @@ Loop (Horgan et al. 2018, Algorithm 2)::
         every checkpoint_every steps: checkpoint (also on SIGTERM/SIGINT and at the end); a checkpoint that
             cannot be written (disk full) is warned about, counted (checkpoint_failures) and retried at the
             next interval, and the previous one stays valid
-    every metrics_every seconds: one row of metrics.csv; every eval_every seconds: start an evaluation
+    every metrics_every seconds: one row of metrics.csv; every eval_every seconds: start an evaluation; one
+        that scores higher than any before replaces best_checkpoint.safetensors (:mod:`apexrl.apex.best`)
 
 Evaluation runs greedy (DQN) or noiseless (DPG) episodes on the learner's own environment copy in a
 low-priority child process with a snapshot of the weights, so training does not pause for it.
@@ -53,6 +54,7 @@ import torch
 
 from apexrl.agents import Agent, get_agent
 from apexrl.agents.validity import all_finite
+from apexrl.apex.best import BestCheckpoint
 from apexrl.apex.checkpoint import load_checkpoint, save_checkpoint
 from apexrl.apex.config import LearnerConfig, default_run_dir
 from apexrl.apex.cpu import CPU_COLUMNS, CPUMeter
@@ -62,6 +64,7 @@ from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
 from apexrl.errors import ApexRLError, AuthenticationError
+from apexrl.replay.client.replay_client import table_stats
 from apexrl.replay.client.sharded import connect as connect_replay
 from apexrl.replay.wire.codec import BatchDecoder, TransitionSpec
 from apexrl.replay.wire.frames import FrameBatchDecoder, frame_codec
@@ -182,14 +185,20 @@ class Learner:
         self.undecodable_items = 0  # sampled items that did not decode, erased from the replay (this run)
         self.invalid_items = 0  # sampled items with values the agent cannot train on, erased (this run)
         self._erase_logged: set[str] = set()  # messages already logged
+        self.best = BestCheckpoint(self.run_dir)  # the state of the best periodic evaluation, beside the last
         if config.resume:
             self._resume()
+        elif os.path.exists(self.best.path):
+            log.warning("%s is an earlier run's; this run's first evaluation replaces it", self.best.path)
         self.failure: str | None = None  # why the learner stopped on its own (its parameter service failed)
         raise_nofile_limit("learner")  # the parameter service holds one descriptor per actor
         self.params = ParamServer(
             bind=config.params_bind, port=config.params_port, curve=config.curve_dir, on_failure=self._service_failed
         ).start()
-        self.replay = connect_replay(config.replay, timeout=config.replay_timeout, curve=config.curve_dir)
+        # Every call without a table (sampler, updater, erase, remove_to_fit) goes to the path's table.
+        self.replay = connect_replay(
+            config.replay, timeout=config.replay_timeout, curve=config.curve_dir, table=self.replay_path.table
+        )
         self.evaluator = Evaluator(config)
         self.report = ProgressReporter("learner", config.progress_path)
         self._csv: CSVWriter | None = None
@@ -229,6 +238,7 @@ class Learner:
                     f"this learner has {key}={getattr(self.config, key)!r}"
                 )
         self.agent.load_state_dict(tensors)
+        self.best.resume(self.config.agent, self.config.env)  # only a better evaluation replaces the run's best
         self.checkpoint_step = int(self.agent.steps)
         self.time_offset = float(meta.get("time_s", 0.0))
         self.frames_base = int(meta.get("frames_base", 0))
@@ -280,13 +290,16 @@ class Learner:
     # ------------------------------------------------------------------------------------------ replay
 
     def _replay_stats(self) -> dict[str, Any] | None:
+        """The replay's STATS with the path's table's own counters (size, inserted, ...) in place of the reply's
+        top-level ones, which describe the table ``default``; None when the replay did not answer."""
         try:
-            return self.replay.stats()
+            stats = self.replay.stats()
         except AuthenticationError:  # a wrong key: waiting cannot fix it
             raise
         except ApexRLError as e:
             log.warning("replay stats unavailable: %s", e)
             return None
+        return {**stats, **table_stats(stats, self.replay_path.table)}
 
     def _env_frames(self, stats: dict[str, Any] | None) -> int:
         if stats is not None:
@@ -375,6 +388,7 @@ class Learner:
                     self.evaluator.start(
                         self.agent.policy_state_dict(), self.agent.steps, frames, self.time_offset + now - start
                     )
+                    self.best.hold(self.agent.state_dict(), self._meta(now - start))  # written if it scores best
                     last_eval = now
                 if now - last_row >= cfg.metrics_every:
                     stats = self._replay_stats()
@@ -521,7 +535,7 @@ class Learner:
             "params_version": self.params.version,
             "undecodable_items": self.undecodable_items,
             "invalid_items": self.invalid_items,
-            "checkpoint_failures": self.checkpoint_failures,
+            "checkpoint_failures": self.checkpoint_failures + self.best.failures,
             "replay_servers_up": int(stats.get("replay_servers_up", 1)) if stats else None,
             "batch_wait_frac": min(1.0, self._wait_s / interval),
             **self._cpu.sample(self.evaluator.pid),
@@ -538,6 +552,7 @@ class Learner:
                 eval_env_frames=result.env_frames,
                 eval_time_s=round(result.time_s, 3),
             )
+            self.best.offer(result)
         if self._csv is None:
             names = sorted(self.agent.metric_names)
             self._csv = CSVWriter(os.path.join(self.run_dir, METRICS_NAME), BASE_COLUMNS + names)
@@ -558,6 +573,8 @@ class Learner:
             "checkpoint_step": self.checkpoint_step,
             "checkpoint_error": self.checkpoint_error,
             "checkpoint_failures": self.checkpoint_failures,
+            "best_checkpoint": self.best.path if self.best.record is not None else None,
+            "best_eval": self.best.record,
             "unconfirmed_updates": self.unconfirmed_updates,
             "undecodable_items": self.undecodable_items,
             "invalid_items": self.invalid_items,

@@ -220,6 +220,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     print(f"learner done: {summary['learner_steps']} steps, checkpoint {summary['checkpoint']}", flush=True)
+    best = summary["best_eval"]
+    if best is not None:
+        print(
+            f"best periodic evaluation: return {best['mean']:.2f} over {best['episodes']} episodes at learner step "
+            f"{best['learner_steps']} -> {summary['best_checkpoint']}",
+            flush=True,
+        )
     return 0
 
 

@@ -90,22 +90,33 @@ def _fill_plot_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _evaluate_kwargs() -> dict:
     return dict(
-        description="Score RUN_DIR/checkpoint.safetensors with N evaluation episodes (DQN: epsilon 0.001, "
-        "DPG/D4PG: no noise; Atari capped at 108,000 frames) and print mean ± standard error, with the "
-        "learner step, env frames and time the checkpoint was taken at. Exit status 2 when the run "
-        "cannot be evaluated (missing directory, checkpoint, agent or video package)."
+        description="Score RUN_DIR/checkpoint.safetensors (the last; --best: the best) with N evaluation episodes "
+        "(DQN: epsilon 0.001, DPG/D4PG: no noise; Atari capped at 108,000 frames) and print mean ± standard "
+        "error, with the learner step, env frames and time the checkpoint was taken at. Exit status 2 when the "
+        "run cannot be evaluated (missing directory, checkpoint, agent or video package)."
     )
 
 
 def _fill_evaluate_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory holding checkpoint.safetensors")
+    p.add_argument(
+        "--best",
+        action="store_true",
+        help="score RUN_DIR/best_checkpoint.safetensors instead of the last checkpoint: the learner state whose "
+        "periodic evaluation had the highest mean return of the run (kept by every run beside the last). "
+        "Choosing by evaluation return is a selection: the choosing evaluation's return, the highest of many "
+        "noisy ones, is an optimistic estimate; these fresh episodes score the chosen weights again. Report it "
+        "beside the last checkpoint's score, named as the best. --json records which checkpoint was scored "
+        "(checkpoint_kind) and the evaluation that chose it (chosen_by)",
+    )
     p.add_argument("--episodes", type=int_arg(1, 100_000), default=10, help="evaluation episodes (default 10)")
     p.add_argument(
         "--seed",
         type=int_arg(0, 2**63 - 1),
         default=None,
         help="seed of the evaluation environment and policy (default: the run's seed * 10007 + 5003, "
-        "the learner's evaluation stream)",
+        "the learner's evaluation stream; with --best + 6007 instead, episodes the choosing evaluations did "
+        "not play)",
     )
     p.add_argument(
         "--video",
@@ -118,8 +129,8 @@ def _fill_evaluate_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser
         "--json",
         metavar="PATH",
         default=None,
-        help="write the result as JSON (agent, env, preset, checkpoint, learner_steps, env_frames, time_s, "
-        "episodes, mean, std, se, returns, seed)",
+        help="write the result as JSON (agent, env, preset, checkpoint, checkpoint_kind, chosen_by, "
+        "learner_steps, env_frames, time_s, episodes, mean, std, se, returns, seed)",
     )
     p.add_argument(
         "--device",
@@ -256,7 +267,7 @@ def evaluate_main(argv: Sequence[str]) -> int:
     )
     try:
         result = evaluate_run(
-            args.run_dir, episodes=args.episodes, seed=args.seed, video=args.video, device=args.device
+            args.run_dir, episodes=args.episodes, seed=args.seed, video=args.video, device=args.device, best=args.best
         )
         if args.json:
             write_json(result, args.json)

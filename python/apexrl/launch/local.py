@@ -637,4 +637,24 @@ class Launcher:
             f"run finished after {format_duration(elapsed)}: {p.learner_steps} learner steps{ev}, {p.restarts} restarts"
         )
         self._print(f"run directory: {self.run_dir}")
+        best = best_line(self.run_dir)
+        if best is not None:
+            self._print(best)
         self._print(f"plot it:       apexrl plot {self.run_dir}")
+
+
+def best_line(run_dir: str) -> str | None:
+    """The closing line on the run's best periodic evaluation and its checkpoint (None: the run has none)."""
+    from apexrl.rundir import BEST_CHECKPOINT, RunDirError, best_eval
+
+    try:
+        best = best_eval(run_dir)
+    except RunDirError as e:
+        return f"best checkpoint unreadable: {e}"
+    if best is None:
+        return None
+    return (
+        f"best periodic evaluation: return {best['mean']:.1f} over {best.get('episodes')} episodes at learner step "
+        f"{best.get('learner_steps')} (the highest of the run's: optimistic) -> {BEST_CHECKPOINT}; score it: "
+        f"apexrl evaluate {run_dir} --best"
+    )

@@ -74,11 +74,11 @@ __all__ = [
     "RunSettings",
     "actor_curve_dir",
     "default_run_dir",
-    "default_table",
     "plan",
     "ratio_limiter",
     "resolve_preset",
     "run_spec",
+    "run_table",
     "run_tables",
     "server_config_from_plan",
     "snapshot_name",
@@ -217,27 +217,34 @@ def split_table(table: TableConfig, count: int) -> TableConfig:
     )
 
 
-def default_table(server: ServerConfig) -> TableConfig:
-    """The table ``default`` of ``server``: the one the run's learner and actors use (a run's tables hold it)."""
-    table = server.table(DEFAULT_TABLE)
+def run_table(server: ServerConfig, name: str = DEFAULT_TABLE) -> TableConfig:
+    """The table ``name`` of ``server``: the one the run's learner and actors use (the agent's
+    ``ReplayPath.table``, :attr:`RunPlan.table`; a run's tables hold it)."""
+    table = server.table(name)
     if table is None:
-        raise ValueError(f"the replay server has no table {DEFAULT_TABLE!r}")
+        raise ValueError(f"the replay server has no table {name!r}")
     return table
 
 
-def ratio_limiter(server: ServerConfig) -> SampleToInsertRatio | None:
-    """The samples-per-insert limiter of the run's table (``default``), or None."""
-    limiter = default_table(server).rate_limiter
+def ratio_limiter(server: ServerConfig, name: str = DEFAULT_TABLE) -> SampleToInsertRatio | None:
+    """The samples-per-insert limiter of the run's table ``name``, or None."""
+    limiter = run_table(server, name).rate_limiter
     return limiter if isinstance(limiter, SampleToInsertRatio) else None
 
 
 def run_tables(
-    tables: Sequence[TableConfig], server: dict[str, Any], min_replay_size: int, spec: str | None, offline: bool
+    tables: Sequence[TableConfig],
+    server: dict[str, Any],
+    min_replay_size: int,
+    spec: str | None,
+    offline: bool,
+    table: str = DEFAULT_TABLE,
 ) -> list[TableConfig]:
     """A run's tables (``--tables`` or the preset's) made to fit the run, as its one table ``default`` would be:
-    the table ``default`` (the learner's and actors') gets the run's spec and, without a rate limiter of its
-    own, a min size that follows the learner's ``min_replay_size``. ValueError when the tables have no
-    ``default``, when its spec is another one, or when ``--server-args`` sets a table flag beside them."""
+    the table ``table`` (the learner's and actors', the agent's ``ReplayPath.table``) gets the run's spec and,
+    without a rate limiter of its own, a min size that follows the learner's ``min_replay_size``. ValueError
+    when the tables do not hold ``table``, when its spec is another one, or when ``--server-args`` sets a
+    table flag beside them."""
     from apexrl.replay.server.insert_guard import load_spec
 
     clash = [flag for name, flag in TABLE_FLAGS.items() if name in server]
@@ -247,18 +254,17 @@ def run_tables(
             "give those settings in the tables"
         )
     names = [t.name for t in tables]
-    if DEFAULT_TABLE not in names:
+    if table not in names:
         raise ValueError(
-            f"the run's learner and actors use the table {DEFAULT_TABLE!r}; the run's tables ({', '.join(names)}) "
-            "have none"
+            f"the run's learner and actors use the table {table!r}; the run's tables ({', '.join(names)}) have none"
         )
     out = []
     for t in tables:
-        if t.name == DEFAULT_TABLE:
+        if t.name == table:
             run_spec_ = load_spec(spec) if spec is not None else None  # None: an agent's sequence items
             if t.spec is not None and t.spec != run_spec_:
                 raise ValueError(
-                    f"table {DEFAULT_TABLE!r}: its spec is not the spec of the run ({spec}): the run's actors would "
+                    f"table {table!r}: its spec is not the spec of the run ({spec}): the run's actors would "
                     "insert nothing the server accepts; leave its spec out (the run pins its own)"
                 )
             limiter = t.rate_limiter
@@ -266,7 +272,7 @@ def run_tables(
                 limiter = MinSize(min_replay_size)
             if offline and isinstance(limiter, SampleToInsertRatio):
                 raise ValueError(
-                    f"--offline runs no actors: the sample_to_insert_ratio rate limiter of table {DEFAULT_TABLE!r} "
+                    f"--offline runs no actors: the sample_to_insert_ratio rate limiter of table {table!r} "
                     "would stop the learner once the dataset is loaded; leave it out"
                 )
             t = dataclasses.replace(t, spec=run_spec_, rate_limiter=limiter)
@@ -302,6 +308,13 @@ class RunPlan:
     @property
     def seed(self) -> int:
         return self.learner.seed
+
+    @property
+    def table(self) -> str:
+        """The table the run's actors write and its learner reads: the agent's ``ReplayPath.table``."""
+        from apexrl.agents import get_agent
+
+        return get_agent(self.agent).replay.table
 
     def placed(
         self,
@@ -491,9 +504,6 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
 
     spec = run_spec(agent, env, agent_config, o.seed)
     path = get_agent(agent).replay
-    if path.table != DEFAULT_TABLE:
-        # The learner's warm-up, its frame count and the plan's rate-limiter rules read the table 'default'.
-        raise ValueError(f"agent {agent}: a run uses the table {DEFAULT_TABLE!r}; its replay path names {path.table!r}")
     if o.replay_servers > 1 and path.one_server is not None:
         raise ValueError(f"--replay-servers {o.replay_servers}: {path.one_server}; leave it out")
     if o.offline is not None and not path.transitions:
@@ -532,7 +542,7 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         }
         tables = [table_from_flags(flags)]
     else:  # the tables replace the preset's replay settings and every table flag
-        tables = run_tables(tables, o.server, learner.min_replay_size, spec, o.offline is not None)
+        tables = run_tables(tables, o.server, learner.min_replay_size, spec, o.offline is not None, path.table)
     server = ServerConfig(
         **{
             "seed": o.seed,
@@ -565,7 +575,7 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
         )
         for i in range(num_actors)
     ]
-    fit_inserts_to_limiter(server, learner.agent_config.batch_size, actors)
+    fit_inserts_to_limiter(server, learner.agent_config.batch_size, actors, path.table)
     p = RunPlan(preset=preset.name, servers=servers, learner=learner, actors=actors, run=run)
     check_rules(p)
     return p
@@ -605,12 +615,14 @@ def request_size(a: ActorConfig) -> int:
     return min(a.flush_every * a.envs_per_actor, a.insert_max or a.flush_every * a.envs_per_actor)
 
 
-def fit_inserts_to_limiter(server: ServerConfig, batch: int, actors: list[ActorConfig]) -> None:
+def fit_inserts_to_limiter(
+    server: ServerConfig, batch: int, actors: list[ActorConfig], table: str = DEFAULT_TABLE
+) -> None:
     """Where the rate limiter could never admit a flush of B·K transitions as one request beside a learner batch
     (``deadlock_reason``) but could admit B, cap the actors' requests (``insert_max``) at the largest size it can:
     a vectorised actor's flush then goes in several requests. An actor whose B alone is too large is left as is,
     for :func:`check_rules` to refuse with the arithmetic."""
-    limiter = ratio_limiter(server)
+    limiter = ratio_limiter(server, table)
     if limiter is None:
         return
     eb, spi = limiter.error_buffer, limiter.samples_per_insert
@@ -634,7 +646,8 @@ def check_rules(p: RunPlan) -> None:
             f"every process of a run uses the same CURVE keys (the actors: their own actor key in "
             f"DIR/actors/{RUN_ACTOR_KEY} when there is one) or none; got curve_dir {dirs}"
         )
-    capacity = sum(default_table(server).capacity for server in p.servers)
+    table = p.table
+    capacity = sum(run_table(server, table).capacity for server in p.servers)
     if p.learner.min_replay_size > capacity:
         raise ValueError(
             f"the learner's min_replay_size {p.learner.min_replay_size} exceeds the replay capacity "
@@ -647,7 +660,7 @@ def check_rules(p: RunPlan) -> None:
                 f"{len(p.servers)} replay servers allow at most {most} lock shards each (--shards), "
                 f"got {s.shards}: a key carries its server and lock shard in 8 bits"
             )
-    limiter = ratio_limiter(s)
+    limiter = ratio_limiter(s, table)
     if limiter is not None:
         eb, spi = limiter.error_buffer, limiter.samples_per_insert
         insert = max(request_size(a) for a in p.actors)

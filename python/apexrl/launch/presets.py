@@ -89,9 +89,9 @@ class Preset:
     tables: tuple[TableConfig, ...] | None = None
     """The replay servers' tables (:class:`~apexrl.replay.tables.TableConfig`; ``apexrl run --tables FILE``
     replaces them); None: the one table ``default`` that ``replay`` configures. A preset with tables leaves
-    ``replay`` at its default; the run's learner and actors use the table ``default``, which it must hold
-    (:func:`apexrl.launch.plan.plan` pins the run's spec on it, and a min size that follows the learner's
-    ``min_replay_size`` where its rate limiter is None)."""
+    ``replay`` at its default; the run's learner and actors use the agent's table (``ReplayPath.table``,
+    ``default`` unless it names another), which it must hold (:func:`apexrl.launch.plan.plan` pins the run's
+    spec on it, and a min size that follows the learner's ``min_replay_size`` where its rate limiter is None)."""
 
     def __post_init__(self) -> None:
         if self.tables is not None:

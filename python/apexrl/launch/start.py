@@ -146,8 +146,9 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="FILE",
         default=None,
         help="the replay servers' tables from a JSON file, as apexrl-replay-server --tables FILE takes it "
-        "(apexrl-replay-server --help shows the format); it must hold the table 'default', which the learner "
-        "and the actors use; replaces the preset's replay settings (docs/running.md, Tables)",
+        "(apexrl-replay-server --help shows the format); it must hold the agent's table ('default' unless its "
+        "replay path names another), which the learner and the actors use; replaces the preset's replay "
+        "settings (docs/running.md, Tables)",
     )
     g = p.add_argument_group("offline data (pip install 'apexrl[offline]'; docs/offline.md)")
     g.add_argument(
@@ -333,6 +334,7 @@ def launch_plan(argv: Sequence[str] | None = None):
         names = [
             "metrics.csv",
             "checkpoint.safetensors",
+            "best_checkpoint.safetensors",
             *(snapshot_name(i, k) for k in (1, len(p.servers)) for i in range(k)),
         ]
         held = [n for n in dict.fromkeys(names) if os.path.exists(os.path.join(p.run.run_dir, n))]

@@ -173,7 +173,8 @@ def size_offline(source: str, server_args: dict[str, Any], learner_args: dict[st
 
 def _too_small(source: str, steps: int, capacity: int, tables_given: bool) -> str:
     how = (
-        "raise the capacity of the table 'default' in --tables"
+        "raise the capacity of the run's table in --tables (the agent's: 'default' unless its replay path names "
+        "another)"
         if tables_given
         else f"raise it with --server-args '--capacity {steps}', or leave it out to size the replay to the dataset"
     )
@@ -191,9 +192,9 @@ def check_offline(p: Any, min_replay_given: bool = True, tables_given: bool = Fa
 
     source = p.run.offline
     steps = dataset_steps(open_dataset(source), env_spec(p.env), source)
-    from apexrl.launch.plan import default_table
+    from apexrl.launch.plan import run_table
 
-    capacity = sum(default_table(s).capacity for s in p.servers)  # the table the loader fills
+    capacity = sum(run_table(s, p.table).capacity for s in p.servers)  # the table the loader fills
     if steps > capacity:
         raise ValueError(_too_small(source, steps, capacity, tables_given))
     if min_replay_given and steps < p.learner.min_replay_size:
@@ -259,7 +260,7 @@ def load(p: Any, stop: threading.Event | None = None) -> int:
     from apexrl.envs import env_spec
     from apexrl.errors import ReplayTimeout, ServerClosedError
     from apexrl.launch.plan import actor_curve_dir
-    from apexrl.replay.client.replay_client import ServerTimeoutError
+    from apexrl.replay.client.replay_client import ServerTimeoutError, table_stats
     from apexrl.replay.client.sharded import connect
 
     source, cfg = p.run.offline, p.learner.agent_config
@@ -270,9 +271,15 @@ def load(p: Any, stop: threading.Event | None = None) -> int:
     from apexrl.replay.wire.frames import frame_codec, wire_spec
 
     codec = frame_codec(spec)  # Atari: items referencing each batch's frames, stored once (as the actors do)
-    replay = connect(p.learner.replay, timeout=10.0, spec=wire_spec(spec), curve=actor_curve_dir(p.server.curve_dir))
+    replay = connect(
+        p.learner.replay,
+        timeout=10.0,
+        spec=wire_spec(spec),
+        curve=actor_curve_dir(p.server.curve_dir),
+        table=p.table,
+    )
     try:
-        held = int(replay.stats()["size"])
+        held = int(table_stats(replay.stats(), p.table)["size"])
         if held >= total:
             log.info("the replay already holds %d items (the dataset gives %d): nothing to load", held, total)
             return 0

@@ -89,9 +89,13 @@ class Interruptible(Protocol):
 @runtime_checkable
 class PipelinedReplay(Protocol):
     """A Replay that can have several inserts outstanding at once (what the inserter uses when it can; over a
-    plain :class:`Replay` it inserts one call at a time)."""
+    plain :class:`Replay` it inserts one call at a time).
 
-    def prepare_insert(
+    Its calls are the pipeline's, not the user's: they carry a leading underscore so that they stay out of a
+    client's public surface (a user inserts through ``insert`` or an ``inserter()``), and only
+    :class:`~apexrl.replay.client.inserter.PipelinedInserter` calls them."""
+
+    def _prepare_insert(
         self,
         priorities: Any,
         data: Any,
@@ -101,24 +105,24 @@ class PipelinedReplay(Protocol):
         insert_id: tuple[int, int] | None = None,
         chunks: Any = None,
     ) -> Any:
-        """Validate one insert (ValueError, nothing sent) -> the message for :meth:`send_insert`. A replay with
-        a request size limit may also offer ``insert_limit() -> int`` (bytes); the inserter then splits a
+        """Validate one insert (ValueError, nothing sent) -> the message for :meth:`_send_insert`. A replay with
+        a request size limit may also offer ``_insert_limit() -> int`` (bytes); the inserter then splits a
         batch over it."""
         ...
 
-    def send_insert(self, message: Any) -> tuple[int, int]:
+    def _send_insert(self, message: Any) -> tuple[int, int]:
         """Send a prepared insert without waiting -> ``(request id, items)``; ReplayTimeout if it could not be
         sent."""
         ...
 
-    def receive_insert(self, wait: float) -> tuple[int, Any] | None:
+    def _receive_insert(self, wait: float) -> tuple[int, Any] | None:
         """The next insert reply within ``wait`` seconds -> ``(request id, keys or the error it carried)``;
         None if none came."""
         ...
 
-    def forget_inserts(self) -> None:
+    def _forget_inserts(self) -> None:
         """Drop every reply still due: the requests in flight will not be answered to this replay. A replay of
-        several servers may also offer ``insert_unanswered(request_id)``, which the inserter (``resend``) calls
+        several servers may also offer ``_insert_unanswered(request_id)``, which the inserter (``resend``) calls
         first with the oldest request that expired: its server is taken as lost, so the resends of batches that
         went there go to another server (at-least-once across a server's loss, as a retried ``insert``)."""
         ...

@@ -72,7 +72,7 @@ class PipelinedInserter(_ClosingContext):
       expires: all requests then in flight are counted ``failed`` -- they may or may not have been stored --
       a :class:`~apexrl.errors.ReplayTimeout` saying how many is raised as above, and the connection is
       replaced (a restarted server is reached by the next insert).
-    * A batch over the server's announced request limit (``insert_limit()`` of the Replay, from its HELLO)
+    * A batch over the server's announced request limit (``_insert_limit()`` of the Replay, from its HELLO)
       is split into parts that fit, each its own request (``split_requests`` counts the extra ones); an
       item too big to fit alone raises :class:`InsertTooLargeError` and nothing of the batch is sent.
     * ``flush()`` waits until every request sent so far was answered or expired, then raises the first
@@ -185,7 +185,7 @@ class PipelinedInserter(_ClosingContext):
         """Handle every reply already received, without waiting."""
         while self._in_flight:
             assert self._pipe is not None  # requests are in flight only in pipelined mode
-            got = self._pipe.receive_insert(0)
+            got = self._pipe._receive_insert(0)
             if got is None:
                 return
             self._on_reply(*got, time.monotonic())
@@ -201,7 +201,7 @@ class PipelinedInserter(_ClosingContext):
         remaining = end - time.monotonic()
         if remaining > 0:
             assert self._pipe is not None  # requests are in flight only in pipelined mode
-            got = self._pipe.receive_insert(remaining)
+            got = self._pipe._receive_insert(remaining)
             if got is not None:
                 self._on_reply(*got, time.monotonic())
                 self._drain()
@@ -218,10 +218,10 @@ class PipelinedInserter(_ClosingContext):
         rids = list(self._in_flight)
         self._in_flight.clear()
         assert self._pipe is not None  # requests are in flight only in pipelined mode
-        unanswered = getattr(self._pipe, "insert_unanswered", None)
+        unanswered = getattr(self._pipe, "_insert_unanswered", None)
         if self.resend and unanswered is not None:  # a set of servers: the oldest one's server is lost
             unanswered(rids[0])
-        self._pipe.forget_inserts()  # late replies can no longer arrive; a restarted server is reached anew
+        self._pipe._forget_inserts()  # late replies can no longer arrive; a restarted server is reached anew
         error = ReplayTimeout(
             f"INSERT to {self.endpoint}: {k} request(s) ({items} items) unanswered {self._expiry:.3f}s after "
             "sending; they may or may not have been stored"
@@ -284,10 +284,10 @@ class PipelinedInserter(_ClosingContext):
             return
         replay = self._pipe
         if chunks is not None:
-            messages = [replay.prepare_insert(priorities, data, offsets, timeout=self._timeout, chunks=chunks)]
+            messages = [replay._prepare_insert(priorities, data, offsets, timeout=self._timeout, chunks=chunks)]
         else:
             messages = [
-                replay.prepare_insert(p, d, o, timeout=self._timeout)  # validates every part first
+                replay._prepare_insert(p, d, o, timeout=self._timeout)  # validates every part first
                 for p, d, o in self._split(priorities, data, offsets)
             ]
         for i, message in enumerate(messages):
@@ -297,7 +297,7 @@ class PipelinedInserter(_ClosingContext):
                 self._wait_one()
                 self._raise_pending()
             try:
-                rid, n = replay.send_insert(message)
+                rid, n = replay._send_insert(message)
             except ReplayTimeout as exc:
                 if self._in_flight:
                     self._expire()
@@ -349,7 +349,7 @@ class PipelinedInserter(_ClosingContext):
         while self._queue:
             held = self._queue[0]
             try:
-                message = replay.prepare_insert(
+                message = replay._prepare_insert(
                     held.priorities,
                     held.data,
                     held.offsets,
@@ -357,7 +357,7 @@ class PipelinedInserter(_ClosingContext):
                     insert_id=held.insert_id,
                     chunks=held.chunks,
                 )
-                rid, n = replay.send_insert(message)
+                rid, n = replay._send_insert(message)
             except Interrupted as exc:
                 self._errors.append(exc)
                 return
@@ -422,7 +422,7 @@ class PipelinedInserter(_ClosingContext):
         that gives up (an actor stopping); the batches may or may not have been stored."""
         items = self.held_items
         if self._in_flight and self._pipe is not None:
-            self._pipe.forget_inserts()
+            self._pipe._forget_inserts()
         self._in_flight.clear()
         self._held.clear()
         self._queue.clear()
@@ -430,10 +430,10 @@ class PipelinedInserter(_ClosingContext):
         return items
 
     def _split(self, priorities: Any, data: Any, offsets: Any) -> list[tuple[Any, Any, Any]]:
-        """The batch as parts that each fit the server's announced request limit (``insert_limit()``, when the
+        """The batch as parts that each fit the server's announced request limit (``_insert_limit()``, when the
         Replay has one): one part when it fits; InsertTooLargeError (nothing sent) for an item that cannot fit
         alone."""
-        limit_of = getattr(self._replay, "insert_limit", None)
+        limit_of = getattr(self._replay, "_insert_limit", None)
         if limit_of is None:
             return [(priorities, data, offsets)]
         frames = P.encode_insert(0, priorities, data, offsets)  # validated views

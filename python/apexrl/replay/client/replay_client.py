@@ -63,6 +63,7 @@ __all__ = [
     "ServerInfo",
     "ServerShuttingDownError",
     "ServerTimeoutError",
+    "table_stats",
 ]
 
 
@@ -170,6 +171,19 @@ def _optional_int(value: int | float | None) -> int | None:
     return None if value is None else int(value)
 
 
+def table_stats(stats: Mapping[str, Any], table: str) -> dict[str, Any]:
+    """The counters of ``table`` in a STATS reply: its ``table.<name>.`` entries, without the prefix (the reply's
+    own names describe the table ``default`` only). A reply with no table entries at all (a server before
+    tables) -> the reply's own names; ValueError when it lists other tables but not this one."""
+    prefix = f"table.{table}."
+    out = {k[len(prefix) :]: v for k, v in stats.items() if k.startswith(prefix)}
+    if not out:
+        if any(k.startswith("table.") for k in stats):
+            raise ValueError(f"the replay server has no table {table!r}")
+        return dict(stats)
+    return out
+
+
 def sequences_of(data: Any, offsets: np.ndarray, chunks: P.FrameChunks | None) -> S.SequenceBatch | None:
     """A sampled batch's sequence items (a TrajectoryWriter's) decoded natively; None when no item is a sequence
     item or the batch carries no chunks. One sequence item makes the batch one of sequences (any other item in it
@@ -271,7 +285,7 @@ class ReplayClient(TransportClient):
         self.table = table
         self.endpoint = endpoint
         self.timeout = float(timeout)
-        self.spec_json = _spec_json(spec)
+        self._own_spec_json = _spec_json(spec)
         self._info: ServerInfo | None = None
         self._specs: dict[str, TransitionSpec | None] = {}  # tables' pinned specs, as the last HELLO told
         self._asked: set[str] = set()  # tables asked about again (a sampled item of an unknown spec) since then
@@ -290,7 +304,7 @@ class ReplayClient(TransportClient):
             raise
         return self._decode(frames, op, rid)
 
-    def table_index(self, table: str | None = None) -> int:
+    def _table_index(self, table: str | None = None) -> int:
         """The server's index of ``table`` (None: this client's); the first call asks the server (HELLO)."""
         name = self.table if table is None else table
         info = self.server_info
@@ -308,10 +322,7 @@ class ReplayClient(TransportClient):
         out: dict[str, dict[str, Any]] = {}
         for t in info.tables:
             name = str(t["name"])
-            entry = dict(t)
-            prefix = f"table.{name}."
-            entry.update({k[len(prefix) :]: v for k, v in stats.items() if k.startswith(prefix)})
-            out[name] = entry
+            out[name] = {**t, **table_stats(stats, name)}
         return out
 
     def _decode(self, frames: list[Any], op: P.Op, rid: int) -> P.Reply:
@@ -361,17 +372,17 @@ class ReplayClient(TransportClient):
         if isinstance(items, Mapping):
             if data is not None or offsets is not None:
                 raise ValueError("pass either items or data and offsets, not both")
-            data, offsets = self.encode_structured(items, table)
+            data, offsets = self._encode_structured(items, table)
         else:
             data, offsets = _data_and_offsets(items, data, offsets)
         wait_s, _ = P.server_wait(timeout)
-        frames = self.prepare_insert(
+        frames = self._prepare_insert(
             priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks, table=table
         )
         reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
         return reply.arrays["keys"]
 
-    def insert_with_chunk_keys(
+    def _insert_with_chunk_keys(
         self,
         priorities: Any,
         items: Sequence[Any],
@@ -381,12 +392,13 @@ class ReplayClient(TransportClient):
         insert_id: tuple[int, int] | None = None,
         table: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`insert` with chunks whose references may be chunk keys of chunks stored earlier (protocol 6)
-        -> (item keys u64[n], chunk keys u64[chunks]: the keys of this request's chunks, in its order).
+        """The TrajectoryWriter's insert: :meth:`insert` with chunks whose references may be chunk keys of chunks
+        stored earlier (protocol 6) -> (item keys u64[n], chunk keys u64[chunks]: the keys of this request's
+        chunks, in its order).
         StaleChunksError (nothing stored) when a referenced stored chunk is gone."""
         data, offsets = _data_and_offsets(items, None, None)
         wait_s, _ = P.server_wait(timeout)
-        frames = self.prepare_insert(
+        frames = self._prepare_insert(
             priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks, table=table
         )
         reply = self._call(P.Op.INSERT, lambda rid: P.with_request_id(frames, rid), self.timeout + wait_s)
@@ -419,7 +431,7 @@ class ReplayClient(TransportClient):
         of one batch."""
         return self._session, next(self._sequence)
 
-    def encode_structured(self, items: Mapping[str, Any], table: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _encode_structured(self, items: Mapping[str, Any], table: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """A structured batch (see :meth:`insert`) encoded in ``table``'s structure -> ``(data, offsets)``;
         pins the structure first when the table has none (HELLO). ValueError naming the field when the batch
         does not fit the table's structure."""
@@ -468,16 +480,20 @@ class ReplayClient(TransportClient):
         return spec if spec is not None and spec.fingerprint == fingerprint else None
 
     def hello(self, spec: TransitionSpec | str | None = None, *, table: str | None = None) -> ServerInfo:
-        """Declare ``spec`` (default: this client's) for ``table`` (default: ``"default"``, the run's spec as
-        before tables) and learn the server's limits, tables and specs. Declaring pins the table's item
-        structure when it has none; ServerError (INVALID_ARGUMENT, naming both) when it already has another."""
-        spec_json = _spec_json(spec) if spec is not None else self.spec_json
+        """Declare ``spec`` (default: this client's) for ``table`` (default: this client's table, the one its
+        inserts go to; ``"default"`` when the server has no such table) and learn the server's limits, tables
+        and specs. Declaring pins the table's item structure when it has none; ServerError (INVALID_ARGUMENT,
+        naming both) when it already has another."""
+        spec_json = _spec_json(spec) if spec is not None else self._own_spec_json
         index = 0
         if spec_json:
             info = self._info if self._info is not None else self._hello(0, "")
+            names = [t.get("name") for t in info.tables]
             if table is not None:
                 index = info.table_index(table)
-            elif any(t.get("name") == "default" for t in info.tables):
+            elif self.table in names:
+                index = info.table_index(self.table)
+            elif "default" in names:
                 index = info.table_index("default")
         elif table is not None:
             index = self.server_info.table_index(table)
@@ -518,7 +534,7 @@ class ReplayClient(TransportClient):
     def erase(self, keys: Any, *, table: str | None = None) -> int:
         """Remove items by key (e.g. ones a learner could not decode); returns how many were present. Keys of
         another table are not present in this one."""
-        frames = P.encode_erase(0, keys, self.table_index(table))  # validate before touching the socket
+        frames = P.encode_erase(0, keys, self._table_index(table))  # validate before touching the socket
         reply = self._call(P.Op.ERASE, lambda rid: P.with_request_id(frames, rid), self.timeout)
         return int(reply.header.count)
 
@@ -543,7 +559,7 @@ class ReplayClient(TransportClient):
         """
         wait_s, timeout_ms = P.server_wait(timeout)
         P.encode_sample(0, n, beta, timeout_ms)  # validate before touching the socket
-        index = self.table_index(table)
+        index = self._table_index(table)
         reply = self._call(
             P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms, index), self.timeout + wait_s
         )
@@ -553,11 +569,11 @@ class ReplayClient(TransportClient):
         batch._resolve = functools.partial(self._sampled_spec, name, ask=True)
         return batch
 
-    # Split calls: send now, collect the reply later, so that a caller (ShardedReplayClient) can have one request
-    # outstanding at each of several servers and the waits overlap. Don't interleave them with the other calls
-    # of the same client from another thread.
+    # Split calls, the sharded client's (not the user's): send now, collect the reply later, so that a set of
+    # servers can have one request outstanding at each and the waits overlap. Don't interleave them with the
+    # other calls of the same client from another thread.
 
-    def send(self, build: Callable[[int], list[Any]], what: str, wait_s: float = 0.0) -> tuple[int, float]:
+    def _send(self, build: Callable[[int], list[Any]], what: str, wait_s: float = 0.0) -> tuple[int, float]:
         """Send ``build(request id)`` without waiting for the reply -> ``(request id, deadline)``: the client
         timeout plus ``wait_s`` (the server-side wait the request asks for) from now. ReplayTimeout when it
         could not be sent by then."""
@@ -570,8 +586,8 @@ class ReplayClient(TransportClient):
             raise
         return rid, deadline
 
-    def receive(self, op: P.Op, rid: int, deadline: float) -> P.Reply:
-        """The reply of type ``op`` to request ``rid`` (sent with :meth:`send`), or its error raised; ReplayTimeout
+    def _receive(self, op: P.Op, rid: int, deadline: float) -> P.Reply:
+        """The reply of type ``op`` to request ``rid`` (sent with :meth:`_send`), or its error raised; ReplayTimeout
         (socket reset) when none came by ``deadline``."""
         try:
             frames = self.transport.wait_reply(rid, deadline, op.name)
@@ -580,13 +596,13 @@ class ReplayClient(TransportClient):
             raise
         return self._decode(frames, op, rid)
 
-    def try_stats(self) -> int | None:
+    def _try_stats(self) -> int | None:
         """Queue a STATS without waiting at all -> its request id, or None when it could not even be queued; the
-        reply comes with :meth:`poll_stats`. For probing a server that may be down."""
+        reply comes with :meth:`_poll_stats`. For probing a server that may be down."""
         rid = self.transport.next_request_id()
         return rid if self.transport.try_send(P.encode_stats(rid)) else None
 
-    def poll_stats(self, rid: int) -> dict[str, int | float] | None:
+    def _poll_stats(self, rid: int) -> dict[str, int | float] | None:
         """The reply to the STATS sent as ``rid`` if it is already here, else None; never waits and never resets
         the socket (so a request queued for a server that is down stays queued until it comes back)."""
         frames = self.transport.receive(0)
@@ -601,13 +617,13 @@ class ReplayClient(TransportClient):
     def update_priorities(self, keys: Any, priorities: Any, *, table: str | None = None) -> int:
         """Set new priorities; returns how many keys were still present (evicted keys, and keys of another
         table, are skipped)."""
-        frames = P.encode_update(0, keys, priorities, self.table_index(table))  # validate before touching the socket
+        frames = P.encode_update(0, keys, priorities, self._table_index(table))  # validate before touching the socket
         reply = self._call(P.Op.UPDATE_PRIORITIES, lambda rid: P.with_request_id(frames, rid), self.timeout)
         return int(reply.header.count)
 
     def remove_to_fit(self, *, table: str | None = None) -> int:
         """Evict down to capacity with the table's remover; returns the number removed."""
-        index = self.table_index(table)
+        index = self._table_index(table)
         return int(
             self._call(P.Op.REMOVE_TO_FIT, lambda rid: P.encode_remove_to_fit(rid, index), self.timeout).header.count
         )
@@ -619,9 +635,9 @@ class ReplayClient(TransportClient):
         assert reply.stats is not None
         return reply.stats
 
-    # --------------------------------------------------------------------------- PipelinedReplay, Interruptible
+    # ---------------------------------------- PipelinedReplay (the inserter's calls, not the user's), Interruptible
 
-    def prepare_insert(
+    def _prepare_insert(
         self,
         priorities: Any,
         data: Any,
@@ -632,7 +648,7 @@ class ReplayClient(TransportClient):
         chunks: P.FrameChunks | None = None,
         table: str | None = None,
     ) -> list[Any]:
-        """Validate and encode one INSERT for :meth:`send_insert` (ValueError for bad arguments,
+        """Validate and encode one INSERT for :meth:`_send_insert` (ValueError for bad arguments,
         InsertTooLargeError over the server's limit; the first call asks the server, see :meth:`hello`).
         ``priorities=None``: the server gives each item the table's largest priority so far."""
         _wait_s, timeout_ms = P.server_wait(timeout)
@@ -648,26 +664,26 @@ class ReplayClient(TransportClient):
             timeout_ms,
             self.next_insert_id() if insert_id is None else insert_id,
             chunks,
-            self.table_index(table),
+            self._table_index(table),
             max_priority,
         )
         self._check_size(frames)
         return frames
 
-    def insert_limit(self) -> int:
+    def _insert_limit(self) -> int:
         """The most bytes one INSERT request may have (the server's announced limit)."""
         return self.server_info.max_request_bytes
 
-    def send_insert(self, message: list[Any]) -> tuple[int, int]:
+    def _send_insert(self, message: list[Any]) -> tuple[int, int]:
         """Send a prepared INSERT without waiting for its reply -> ``(request id, items)``; ReplayTimeout (socket
         reset) when no server connection came within the client timeout. Collect the reply with
-        :meth:`receive_insert`; don't mix with the other calls on this client (they would discard its reply as
+        :meth:`_receive_insert`; don't mix with the other calls on this client (they would discard its reply as
         a stale one)."""
         rid = self.transport.next_request_id()
         self.transport.send(P.with_request_id(message, rid), self.timeout, "INSERT")
         return rid, len(message[1])
 
-    def receive_insert(self, wait: float) -> tuple[int, Any] | None:
+    def _receive_insert(self, wait: float) -> tuple[int, Any] | None:
         """The next INSERT reply within ``wait`` seconds -> ``(request id, keys)``, or ``(request id, exception)``
         for an error reply or a malformed one; None when none came (frames that are no apexrl reply are
         skipped)."""
@@ -685,7 +701,7 @@ class ReplayClient(TransportClient):
             frames = self.transport.receive(0)
         return None
 
-    def forget_inserts(self) -> None:
+    def _forget_inserts(self) -> None:
         """Drop every INSERT reply still due (reset the socket; the next call reconnects and says HELLO)."""
         self._info = None
         self.transport.reset()
@@ -697,10 +713,11 @@ class ReplayClient(TransportClient):
     # ------------------------------------------------------------------------------------------ helpers
 
     def _same_endpoint(self, table: str | None = None) -> ReplayClient:
+        same = table is None or table == self.table
         return ReplayClient(
             self.endpoint,
             timeout=self.timeout,
-            spec=self.spec_json or None,
+            spec=(self._own_spec_json or None) if same else None,  # this client's spec is its own table's
             curve=self.transport.curve,
             table=self.table if table is None else table,
         )

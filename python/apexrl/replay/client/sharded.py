@@ -23,7 +23,7 @@ they are pipelined, requests in flight to every server at once (the set is a Pip
 stopped answering meanwhile: then the batch is sent to the next server, and it may end up stored twice
 (at-least-once across a server's loss, never lost). The inserter with ``resend`` (an actor with several inserts
 in flight) does the same: a server whose oldest pipelined insert expired unanswered is marked down
-(:meth:`insert_unanswered`), and the batches it held are resent to the others.
+(:meth:`_insert_unanswered`), and the batches it held are resent to the others.
 
 Losing a server degrades instead of stopping: a server that does not answer within the client timeout (or
 says it is shutting down) is marked down (logged), its draws are redrawn from the others within the same call,
@@ -237,8 +237,8 @@ class ShardedReplayClient:
             raise
         self._pipe_ids = itertools.count(1)  # request ids of pipelined inserts, over all servers
         self._pipe: dict[tuple[int, int], int] = {}  # (server index, its request id) -> the set's request id
-        self.servers_lost = 0  # times a server was marked down
-        self.redrawn = 0  # draws of a lost server redrawn from the others
+        self._servers_lost = 0  # times a server was marked down
+        self._redrawn = 0  # draws of a lost server redrawn from the others
 
     # ------------------------------------------------------------------------------------------ keys
 
@@ -267,7 +267,7 @@ class ShardedReplayClient:
 
     def _table_of(self, server: _Server) -> int | None:
         """The server's index of this set's table (its HELLO, asked once); None when the server is lost asking."""
-        return self._ask(server, lambda client: client.table_index())[0]
+        return self._ask(server, lambda client: client._table_index())[0]
 
     def _global_keys(self, index: int, keys: np.ndarray) -> np.ndarray:
         """A server's keys -> the set's (its index in the high bits of the shard field)."""
@@ -305,7 +305,7 @@ class ShardedReplayClient:
     def _lost(self, server: _Server, exc: BaseException) -> None:
         if server.up:
             server.down_since = server.probed_at = time.monotonic()
-            self.servers_lost += 1
+            self._servers_lost += 1
             live = sum(s.up for s in self._servers)
             log.warning(
                 "replay server %s lost (%s); going on with %d of %d servers",
@@ -332,7 +332,7 @@ class ShardedReplayClient:
             return
         rid, sent = server.probe
         try:
-            stats = server.client.poll_stats(rid)
+            stats = server.client._poll_stats(rid)
         except Interrupted:
             raise
         except Exception as exc:  # noqa: BLE001 - an error reply is still an answer: the server is there
@@ -356,7 +356,7 @@ class ShardedReplayClient:
             self._collect_probe(server)
             due = (not server.up and now - server.probed_at >= self.retry_s) or (server.up and server in lagging)
             if due and server.probe is None:
-                rid = server.client.try_stats()
+                rid = server.client._try_stats()
                 server.probed_at = now
                 if rid is not None:
                     server.probe = rid, now
@@ -369,14 +369,14 @@ class ShardedReplayClient:
         first refusal (an error reply, TIMEOUT included) is raised once every reply is in."""
         pending = []
         for server, op, build, wait_s in requests:
-            sent, lost = self._ask(server, lambda client: client.send(build, op.name, wait_s))  # noqa: B023 (called now)
+            sent, lost = self._ask(server, lambda client: client._send(build, op.name, wait_s))  # noqa: B023 (called now)
             if lost is None:
                 assert sent is not None
                 pending.append((server, op, *sent))
         got, error = [], None
         for server, op, rid, deadline in pending:
             try:
-                got.append((server, server.client.receive(op, rid, deadline)))
+                got.append((server, server.client._receive(op, rid, deadline)))
             except Interrupted:
                 raise
             except Exception as exc:  # noqa: BLE001 - sorted below: a lost server, else the first error, raised
@@ -460,7 +460,7 @@ class ShardedReplayClient:
                 if drawn and drawn < missing and self._short_batches(got):
                     break  # its servers handed out what they held: drawing again would wait for more
                 if drawn < missing and parts:
-                    self.redrawn += missing - drawn
+                    self._redrawn += missing - drawn
                 missing -= drawn
                 self._refresh(
                     [
@@ -633,9 +633,9 @@ class ShardedReplayClient:
                 self._back(server)
             return self._global_keys(server.index, keys)
 
-    # ------------------------------------------------------------------------- pipelined inserts (inserter)
+    # ------------------------------------------------ PipelinedReplay: the inserter's pipelined inserts, not the user's
 
-    def prepare_insert(
+    def _prepare_insert(
         self,
         priorities: Any,
         data: Any,
@@ -646,26 +646,26 @@ class ShardedReplayClient:
         chunks: P.FrameChunks | None = None,
     ) -> tuple[int, list[Any]]:
         """Validate one insert and pick its server (round robin over those up, as :meth:`insert`) -> the message
-        for :meth:`send_insert`."""
+        for :meth:`_send_insert`."""
         with self._lock:
             insert_id = self.next_insert_id() if insert_id is None else insert_id
             server = self._insert_server(insert_id)
-            return server.index, server.client.prepare_insert(
+            return server.index, server.client._prepare_insert(
                 priorities, data, offsets, timeout=timeout, insert_id=insert_id, chunks=chunks
             )
 
-    def insert_limit(self) -> int:
+    def _insert_limit(self) -> int:
         """The most bytes one INSERT may have on every server (the smallest announced limit)."""
         with self._lock:
-            return min(s.client.insert_limit() for s in ([s for s in self._servers if s.up] or self._servers))
+            return min(s.client._insert_limit() for s in ([s for s in self._servers if s.up] or self._servers))
 
-    def send_insert(self, message: tuple[int, list[Any]]) -> tuple[int, int]:
+    def _send_insert(self, message: tuple[int, list[Any]]) -> tuple[int, int]:
         """Send a prepared insert to its server without waiting -> ``(the set's request id, items)``."""
         index, frames = message
         with self._lock:
             server = self._servers[index]
             try:
-                rid, n = server.client.send_insert(frames)
+                rid, n = server.client._send_insert(frames)
             except ReplayTimeout as exc:
                 self._lost(server, exc)
                 raise
@@ -673,7 +673,7 @@ class ShardedReplayClient:
             self._pipe[(index, rid)] = pipe_id
             return pipe_id, n
 
-    def receive_insert(self, wait: float) -> tuple[int, Any] | None:
+    def _receive_insert(self, wait: float) -> tuple[int, Any] | None:
         """The next reply of any server to a pipelined insert within ``wait`` seconds -> ``(the set's request
         id, the set's keys or the error)``; None if none came."""
         deadline = time.monotonic() + max(0.0, wait)
@@ -682,7 +682,7 @@ class ShardedReplayClient:
                 waiting = sorted({index for index, _rid in self._pipe})
                 for index in waiting:
                     server = self._servers[index]
-                    got = server.client.receive_insert(0)
+                    got = server.client._receive_insert(0)
                     if got is None:
                         continue
                     rid, result = got
@@ -704,7 +704,7 @@ class ShardedReplayClient:
                         poller.register(sock, zmq.POLLIN)
                 poller.poll(max(1, int(remaining * 1000)))
 
-    def insert_unanswered(self, pipe_id: int) -> None:
+    def _insert_unanswered(self, pipe_id: int) -> None:
         """A pipelined insert (the set's request id) went unanswered past the inserter's expiry: mark its server
         down, as :meth:`insert` does on a timeout, so that a resend of its batch (same insert id) goes to another
         server."""
@@ -715,11 +715,11 @@ class ShardedReplayClient:
                     self._lost(server, ReplayTimeout(f"INSERT to {server.client.endpoint}: no reply in time"))
                     return
 
-    def forget_inserts(self) -> None:
+    def _forget_inserts(self) -> None:
         """Drop every insert reply still due, from every server (each client resets its connection)."""
         with self._lock:
             for index in sorted({index for index, _rid in self._pipe}):
-                self._servers[index].client.forget_inserts()
+                self._servers[index].client._forget_inserts()
             self._pipe.clear()
 
     # ------------------------------------------------------------------------------------------ by key
@@ -824,8 +824,8 @@ class ShardedReplayClient:
             out.update(
                 replay_servers=len(self._servers),
                 replay_servers_up=sum(s.up for s in self._servers),
-                replay_servers_lost=self.servers_lost,
-                redrawn=self.redrawn,
+                replay_servers_lost=self._servers_lost,
+                redrawn=self._redrawn,
             )
             return out
 
@@ -855,10 +855,11 @@ class ShardedReplayClient:
     # ------------------------------------------------------------------------------------------ helpers
 
     def _same_endpoints(self, table: str | None = None) -> ShardedReplayClient:
+        same = table is None or table == self.table
         return ShardedReplayClient(
             self.endpoints,
             timeout=self.timeout,
-            spec=self._spec,
+            spec=self._spec if same else None,  # this set's spec is its own table's
             curve=self._curve,
             retry_s=self.retry_s,
             table=self.table if table is None else table,
@@ -968,7 +969,7 @@ class _WriterClient(ReplayClient):
         super().__init__(endpoint, **kwargs)
         self._max_shards, self._servers = max_shards, servers
 
-    def insert_with_chunk_keys(self, *args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _insert_with_chunk_keys(self, *args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
         shards = self.server_info.num_shards  # HELLO, asked once (and again after a timeout)
         if shards is not None and shards > self._max_shards:
             raise ValueError(
@@ -976,4 +977,4 @@ class _WriterClient(ReplayClient):
                 f"have at most {self._max_shards} lock shards (its --shards), since a key carries its server and "
                 "lock shard in 8 bits"
             )
-        return super().insert_with_chunk_keys(*args, **kwargs)
+        return super()._insert_with_chunk_keys(*args, **kwargs)

@@ -274,7 +274,7 @@ class TrajectoryWriter:
             insert_id = client.next_insert_id()
             while True:
                 try:
-                    _keys, chunk_keys = client.insert_with_chunk_keys(
+                    _keys, chunk_keys = client._insert_with_chunk_keys(
                         None if items[0].priority is None else [p.priority for p in items],
                         [p.item for p in items],
                         chunks=chunks,
