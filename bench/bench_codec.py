@@ -309,6 +309,7 @@ def run_learner_steps(args: argparse.Namespace) -> None:
     from apexrl.replay import ReplayClient
     from apexrl.replay.server import ReplayServer
     from apexrl.replay.server.config import ServerConfig
+    from apexrl.replay.tables import TableConfig
     from apexrl.replay.wire.codec import BatchDecoder
 
     torch.set_num_threads(1)
@@ -318,7 +319,9 @@ def run_learner_steps(args: argparse.Namespace) -> None:
     config = agent_def.config_class(batch_size=args.batch)
     agent = agent_def.make_learner(env, config, torch.device("cpu"), 0)
     assert agent.transition_spec == spec, (agent.transition_spec, spec)
-    server = ReplayServer(ServerConfig(bind="127.0.0.1", port=0, capacity=args.transitions)).start()
+    server = ReplayServer(
+        ServerConfig(bind="127.0.0.1", port=0, tables=[TableConfig("default", capacity=args.transitions)])
+    ).start()
     try:
         with ReplayClient(server.endpoint, timeout=30) as client:
             for _ in range(-(-args.transitions // 500)):

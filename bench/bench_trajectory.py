@@ -60,7 +60,7 @@ def run_ours(steps: list, args: argparse.Namespace, length: int, n_steps: int) -
     """One window of apexrl: a fresh in-process server, ``n_steps`` steps appended (the episodes cycled), then
     ``sample_rounds`` batches of sequences sampled and decoded."""
     state = {"h": np.zeros(512, np.float32), "c": np.zeros(512, np.float32)}
-    server = ReplayServer(ServerConfig(bind="127.0.0.1", port=0, capacity=1_000_000)).start()
+    server = ReplayServer(ServerConfig(bind="127.0.0.1", port=0)).start()
     try:
         with ReplayClient(server.endpoint, timeout=30) as client:
             t0 = time.perf_counter()

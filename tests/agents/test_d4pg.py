@@ -22,6 +22,7 @@ from apexrl.agents.d4pg import categorical_projection, sigma_ladder
 from apexrl.apex.metrics import read_csv
 from apexrl.envs.base import EnvSpec
 from apexrl.launch.presets import PRESETS
+from apexrl.replay.tables import SampleToInsertRatio
 from apexrl.replay.wire.codec import TransitionSpec
 from tests.torch_helpers import one_thread, set_linear  # noqa: F401 - one_thread is an autouse fixture
 
@@ -427,9 +428,10 @@ def test_presets_use_d4pg():
         a.actor_loss_state,
     ) == (51, 0.3, 0.3, None, 1.0, 40.0, "target", "next_obs")
     run = plan(acme, Overrides())
-    s = run.server
-    assert (s.alpha, s.eviction, s.samples_per_insert, s.error_buffer) == (0.0, "fifo", 32.0, 1000 * 0.1 * 32)
-    assert s.min_size_to_sample == run.learner.min_replay_size == 1000
+    t = run.server.table()
+    assert (t.alpha, t.remover) == (0.0, "fifo")
+    assert t.rate_limiter == SampleToInsertRatio(32.0, run.learner.min_replay_size, 1000 * 0.1 * 32)
+    assert run.learner.min_replay_size == 1000
     assert "Acme" in acme.source and acme.unmatched
     assert tuned.agent_config().v_max == 100.0 and tuned.actors == 2
     assert (tuned.agent_config().noise_sigma_max, tuned.agent_config().noise_sigma_min) == (0.3, 0.1)

@@ -96,14 +96,15 @@ def test_is_weight_normalisations():
 
 def test_paper_presets_hold_the_papers_replay_ratio_and_evaluation_protocol(tmp_path):
     dqn = plan("apex-dqn-atari", Overrides(run_dir=str(tmp_path)))
-    assert dqn.server.samples_per_insert == pytest.approx(19 * 512 / 12_500)
+    assert dqn.server.table().rate_limiter.samples_per_insert == pytest.approx(19 * 512 / 12_500)
     assert dqn.learner.agent_config.optimizer == "rmsprop_tf"
     dpg = plan("apex-dpg-control", Overrides(run_dir=str(tmp_path)))
-    assert dpg.server.samples_per_insert == pytest.approx(22_000 / 14_000)
+    assert dpg.server.table().rate_limiter.samples_per_insert == pytest.approx(22_000 / 14_000)
     assert dpg.learner.agent_config.n_step == 3 and dpg.learner.agent_config.dqda_clip == 1.0
     d4pg = plan("apex-d4pg-control", Overrides(run_dir=str(tmp_path)))
     # the DPG paper preset's replay, with the Control Suite paper's eviction exponent (0.6; apexrl's sign: -0.6)
-    assert d4pg.server == dataclasses.replace(dpg.server, seed=d4pg.server.seed, alpha_evict=-0.6)
+    table = dataclasses.replace(dpg.server.table(), alpha_evict=-0.6)
+    assert d4pg.server == dataclasses.replace(dpg.server, seed=d4pg.server.seed, tables=[table])
     assert d4pg.learner.agent_config.n_step == 5 and d4pg.learner.agent_config.num_atoms == 101
     for p in (dqn, dpg, d4pg):
         assert p.learner.eval_episodes >= 10 and p.run.final_eval_episodes >= 30

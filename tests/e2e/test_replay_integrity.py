@@ -25,6 +25,8 @@ from apexrl.replay.client.replay_client import ReplayClient
 from apexrl.replay.server import ReplayServer
 from apexrl.replay.server.config import ServerConfig
 from apexrl.replay.server.insert_guard import spec_sidecar
+from apexrl.replay.server.table_flags import table_from_flags
+from apexrl.replay.tables import SampleToInsertRatio, TableConfig
 from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire.codec import FieldSpec, TransitionSpec
 from tests.e2e.test_apex_processes import start_learner
@@ -203,14 +205,16 @@ def test_a_snapshot_restart_keeps_the_declared_spec(tmp_path):
                 client.insert([1.0], [FOREIGN])
             assert client.stats()["size"] == 5
     with pytest.raises(ValueError, match=r"differs from the spec .* kept with the snapshot"):
-        ReplayServer(ServerConfig(port=0, snapshot=snap, spec=TransitionSpec.dpg(2, 1).to_json()))
+        ReplayServer(
+            ServerConfig(port=0, snapshot=snap, tables=[TableConfig("default", spec=TransitionSpec.dpg(2, 1))])
+        )
 
 
 def test_a_bad_spec_option_is_refused_naming_it(tmp_path):
     with pytest.raises(ValueError, match=r"spec 'no/such/spec.json' is neither spec JSON nor a readable file"):
-        ServerConfig(spec="no/such/spec.json")
+        table_from_flags({"spec": "no/such/spec.json"})
     with pytest.raises(ValueError, match=r"spec JSON"):
-        ServerConfig(spec='{"fields": []}')
+        table_from_flags({"spec": '{"fields": []}'})
 
 
 def test_erase_removes_items_and_counts_them(server):
@@ -312,7 +316,7 @@ def test_the_same_insert_sent_twice_is_stored_once_with_the_same_keys(server):
 def test_a_retry_after_a_client_timeout_while_the_insert_waited_is_stored_once(make_server):
     """The first request waits in the rate limiter; the client gives up (new socket) and sends the same batch
     again with the same id; once the learner samples, the batch is stored once and the retry gets its keys."""
-    server = make_server(samples_per_insert=1.0, error_buffer=10.0, min_size_to_sample=1)
+    server = make_server(tables=[TableConfig("default", rate_limiter=SampleToInsertRatio(1.0, 1, 10.0))])
     with ReplayClient(server.endpoint, timeout=20) as learner:
         learner.insert(
             np.ones(10), [b"%d" % i for i in range(10)]

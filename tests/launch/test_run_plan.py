@@ -10,20 +10,15 @@ import pytest
 
 from apexrl import PrioritizedStore
 from apexrl.launch.plan import Overrides, RunPlan, plan
-from apexrl.replay.server.config import (
-    EVICTION_POLICIES,
-    MAX_SHARDS,
-    MAX_SLOTS_PER_SHARD,
-    STORE_INT_MAX,
-    ServerConfig,
-)
+from apexrl.replay.server.config import MAX_SHARDS, MAX_SLOTS_PER_SHARD, STORE_INT_MAX, ServerConfig
+from apexrl.replay.server.table_flags import EVICTION_POLICIES
+from apexrl.replay.tables import MinSize, TableConfig
 from apexrl.validate import range_of
 
 
-# capacity: the largest one shard takes with the default max_size (2 * capacity; keys have 28 slot bits)
 @pytest.mark.parametrize(
     "field, ok, bad",
-    [("shards", MAX_SHARDS, MAX_SHARDS + 1), ("seed", STORE_INT_MAX, -1), ("capacity", MAX_SLOTS_PER_SHARD // 2, 0)],
+    [("shards", MAX_SHARDS, MAX_SHARDS + 1), ("seed", STORE_INT_MAX, -1)],
 )
 def test_server_config_ranges_are_the_stores(field, ok, bad):
     kwargs = {"capacity": 10, "shards": 1, "seed": 0}
@@ -34,6 +29,18 @@ def test_server_config_ranges_are_the_stores(field, ok, bad):
     with pytest.raises(ValueError, match=f"ServerConfig.{field} must be"):
         ServerConfig(**{field: bad})
     assert not range_of(ServerConfig, field).ok(bad)
+
+
+def test_table_capacity_range_is_the_stores():
+    # the largest capacity one shard takes with the default max_size (2 * capacity; keys have 28 slot bits)
+    ok, bad = MAX_SLOTS_PER_SHARD // 2, 0
+    PrioritizedStore(capacity=ok, shards=1)
+    ServerConfig(tables=[TableConfig("default", capacity=ok)], shards=1)
+    with pytest.raises((ValueError, OverflowError)):
+        PrioritizedStore(capacity=bad, shards=1)
+    with pytest.raises(ValueError, match="table 'default': capacity: must be"):
+        ServerConfig(tables=[TableConfig("default", capacity=bad)])
+    assert not range_of(TableConfig, "capacity").ok(bad)
 
 
 def test_eviction_policies_are_the_stores():
@@ -61,7 +68,7 @@ def test_server_flags_the_store_would_reject_exit_2(flags, reason):
 def test_plan_fills_every_process_and_round_trips_through_json(tmp_path):
     p = plan("cartpole", Overrides(seed=3, actors=3, run_dir=str(tmp_path)))
     assert (p.agent, p.env, len(p.actors)) == ("dqn", "gym:CartPole-v1", 3)
-    assert p.server.min_size_to_sample == p.learner.min_replay_size == 2000  # the server follows the learner
+    assert p.server.table().rate_limiter == MinSize(p.learner.min_replay_size) == MinSize(2000)  # follows the learner
     assert p.server.seed == p.learner.seed == 3 and [a.index for a in p.actors] == [0, 1, 2]
     assert all(a.agent_config == p.learner.agent_config for a in p.actors)
     placed = p.placed(
@@ -136,8 +143,8 @@ def test_a_flag_beside_plan_is_refused_not_ignored(tmp_path, module, flags):
 def test_several_replay_servers_split_the_replay_and_each_has_its_own_snapshot_and_seed(tmp_path):
     p = plan("cartpole", Overrides(seed=2, replay_servers=3, run_dir=str(tmp_path), server={"capacity": 100_000}))
     assert len(p.servers) == 3 and p.server is p.servers[0]
-    assert [s.capacity for s in p.servers] == [33_334] * 3  # rounded up: together at least the whole
-    assert [s.min_size_to_sample for s in p.servers] == [667] * 3  # 2000 / 3, rounded up
+    assert [s.table().capacity for s in p.servers] == [33_334] * 3  # rounded up: together at least the whole
+    assert [s.table().rate_limiter for s in p.servers] == [MinSize(667)] * 3  # 2000 / 3, rounded up
     assert len({s.seed for s in p.servers}) == 3
     assert [s.snapshot for s in p.servers] == [str(tmp_path / f"replay{i}.snap") for i in range(3)]
     ends = [f"tcp://127.0.0.1:{port}" for port in (5, 6, 7)]
@@ -204,15 +211,17 @@ def test_the_plan_pins_the_runs_transition_spec_on_every_replay_server(tmp_path)
 
     p = plan("cartpole", Overrides(run_dir=str(tmp_path), replay_servers=2))
     actors_spec = get_agent(p.agent).make_policy(env_spec(p.env), p.actors[0].agent_config, 0, 1, 0).transition_spec
-    assert [TransitionSpec.from_json(s.spec) for s in p.servers] == [actors_spec] * 2
+    assert [s.table().spec for s in p.servers] == [actors_spec] * 2
     path = str(tmp_path / "plan.json")
     p.save(path)
-    assert TransitionSpec.from_json(RunPlan.load(path).servers[1].spec) == actors_spec
+    assert RunPlan.load(path).servers[1].table().spec == actors_spec
 
     foreign = TransitionSpec([FieldSpec("obs", "f4", (3,)), FieldSpec("action", "i4")])
     with pytest.raises(ValueError, match="is not the spec of dqn on gym:CartPole-v1"):
         plan("cartpole", Overrides(run_dir=str(tmp_path), server={"spec": foreign.to_json()}))
-    assert plan("cartpole", Overrides(run_dir=str(tmp_path), server={"spec": actors_spec.to_json()})).server.spec
+    assert (
+        plan("cartpole", Overrides(run_dir=str(tmp_path), server={"spec": actors_spec.to_json()})).server.table().spec
+    )
 
     with ReplayServer(dataclasses.replace(p.servers[0], port=0, snapshot=None, snapshot_every=None)) as server:
         with ReplayClient(server.endpoint, timeout=30) as intruder:
@@ -274,7 +283,9 @@ def test_a_run_starts_the_tables_its_agent_declares_unless_tables_are_given():
     assert table.spec is None  # sequence items: the table pins their structure at the first insert
     given = plan(bare, Overrides(tables=[TableConfig(name="default", sampler="uniform", capacity=1000)]))
     assert [(t.sampler, t.capacity) for t in given.server.tables] == [("uniform", 1000)]
-    assert plan("cartpole").server.tables is None  # Ape-X agents declare none: the preset's replay settings
+    cartpole = get_preset("cartpole").replay  # Ape-X agents declare none: the preset's replay settings
+    (table,) = plan("cartpole").server.tables
+    assert (table.capacity, table.remover, table.alpha) == (cartpole.capacity, cartpole.eviction, cartpole.alpha)
 
 
 def test_a_run_refuses_what_its_agents_replay_path_cannot_do_and_says_why():

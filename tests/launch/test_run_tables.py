@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from apexrl.cli import server as server_cli
-from apexrl.launch.plan import Overrides, RunPlan, plan
+from apexrl.launch.plan import Overrides, RunPlan, plan, run_spec
 from apexrl.launch.presets import ReplaySettings, get_preset
 from apexrl.replay import MinSize, Queue, SampleToInsertRatio, TableConfig
 from apexrl.replay.tables import load_tables, tables_from_json
@@ -43,7 +43,7 @@ def _server_error(capsys, argv):
 
 def test_the_server_takes_its_tables_from_the_file(tmp_path):
     args = server_cli.parse_args(["--port", "0", "--tables", _file(tmp_path), "--shards", "4"])
-    assert [t.name for t in args.config.table_configs()] == ["default", "aux", "onpolicy"]
+    assert [t.name for t in args.config.tables] == ["default", "aux", "onpolicy"]
     assert args.config.table("onpolicy") == TableConfig(
         "onpolicy", sampler="fifo", capacity=64, max_times_sampled=1, rate_limiter=Queue(64)
     )
@@ -54,8 +54,7 @@ def test_without_tables_the_flags_configure_the_table_default():
     args = server_cli.parse_args(
         ["--port", "0", "--capacity", "50", "--eviction", "uniform", "--samples-per-insert", "2"]
     )
-    assert args.config.tables is None
-    assert args.config.table_configs() == [
+    assert args.config.tables == [
         TableConfig("default", capacity=50, remover="uniform", rate_limiter=SampleToInsertRatio(2.0, 1, 200.0))
     ]
 
@@ -144,13 +143,13 @@ def test_run_tables_reach_the_plan_and_the_servers_command_line(tmp_path):
 
     (tmp_path / "run").mkdir()  # the server checks its snapshot directory
     p = _launch(["--preset", "cartpole", "--run-dir", str(tmp_path / "run"), "--tables", _file(tmp_path)])
-    tables = p.server.table_configs()
+    tables = p.server.tables
     assert [t.name for t in tables] == ["default", "aux", "onpolicy"]
     default = p.server.table()
     # the learner's and actors' table: the run's spec, a min size that follows the learner's min_replay_size
     assert default.spec is not None and default.rate_limiter == MinSize(p.learner.min_replay_size)
     assert default.capacity == 100_000 and tables[1:] == tables_from_json(TABLES[1:])
-    assert p.server.snapshot is not None and p.server.capacity == 1_000_000  # server-wide: the run's
+    assert p.server.snapshot is not None  # server-wide: the run's
     placed = p.placed(replay="tcp://127.0.0.1:5", server_port=5, params="tcp://127.0.0.1:6", params_port=6)
     path = str(tmp_path / "plan.json")
     placed.save(path)
@@ -158,7 +157,7 @@ def test_run_tables_reach_the_plan_and_the_servers_command_line(tmp_path):
     spec = child_specs(placed, path, "WARNING")[0]
     assert spec.module == "apexrl.cli.server" and spec.args[:2] == ["--plan", path]
     config = server_cli.parse_args(spec.args).config  # what the server child runs
-    assert config == placed.server and config.table_configs() == placed.server.table_configs()
+    assert config == placed.server and config.tables == placed.server.tables
 
 
 def test_run_tables_keep_the_default_tables_own_rate_limiter(tmp_path):
@@ -181,13 +180,19 @@ def test_run_tables_keep_the_default_tables_own_rate_limiter(tmp_path):
 
 def test_without_tables_a_run_plans_as_before(tmp_path):
     p = plan("cartpole", Overrides(run_dir=str(tmp_path)))
-    assert p.server.tables is None and p.server.min_size_to_sample == p.learner.min_replay_size == 2000
-    assert p.server.table() == TableConfig(
-        "default",
-        capacity=p.server.capacity,
-        rate_limiter=MinSize(2000),
-        spec=p.server.spec,
-    )
+    replay = get_preset("cartpole").replay
+    assert p.learner.min_replay_size == 2000
+    assert p.server.tables == [
+        TableConfig(
+            "default",
+            capacity=replay.capacity,
+            remover=replay.eviction,
+            alpha=replay.alpha,
+            alpha_evict=replay.alpha_evict,
+            rate_limiter=MinSize(2000),
+            spec=run_spec("dqn", "gym:CartPole-v1", p.learner.agent_config),
+        )
+    ]
 
 
 @pytest.mark.parametrize(
@@ -236,7 +241,7 @@ def test_a_preset_may_declare_its_tables_and_run_tables_replace_them(tmp_path):
         base, name="cartpole-tables", replay=ReplaySettings(capacity=2_000_000), tables=declared
     )
     p = plan(preset, Overrides(run_dir=str(tmp_path)))
-    assert [t.name for t in p.server.table_configs()] == ["default", "q"]
+    assert [t.name for t in p.server.tables] == ["default", "q"]
     assert p.server.table().sampler == "uniform" and p.server.table("q") == declared[1]
     given = [TableConfig("default", capacity=30_000)]
     assert plan(preset, Overrides(tables=given, run_dir=str(tmp_path))).server.table().capacity == 30_000
@@ -254,7 +259,7 @@ def test_several_servers_split_each_table(tmp_path):
     ]
     p = plan("cartpole", Overrides(tables=tables, replay_servers=2, run_dir=str(tmp_path)))
     for s in p.servers:
-        default, q, r = s.table_configs()
+        default, q, r = s.tables
         assert (default.capacity, default.max_size, default.rate_limiter) == (50_001, 150_000, MinSize(1000))
         assert (q.capacity, q.rate_limiter) == (50, Queue(50))
         assert (r.capacity, r.rate_limiter) == (500_000, SampleToInsertRatio(2.0, 501, 500.0))

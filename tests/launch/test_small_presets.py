@@ -26,7 +26,7 @@ def test_small_presets_are_sized_for_two_cores(name):
     assert config.obs_norm is True and config.batch_size == 256
     assert max(config.actor_hidden) <= 256 and max(config.critic_hidden) <= 256
     p = plan(name, Overrides())
-    assert p.server.samples_per_insert == 32.0 and len(p.actors) == 2
+    assert p.server.table().rate_limiter.samples_per_insert == 32.0 and len(p.actors) == 2
     assert p.learner.agent_config == config and all(a.agent_config == config for a in p.actors)
     rows = {setting: source for setting, _, source, _ in preset_table.settings(preset)}
     assert rows["samples_per_insert"] in ("Acme", "Acme MPO") and rows["obs_norm"] == "apexrl"

@@ -242,14 +242,13 @@ def test_offline_sizes_the_replay_to_the_dataset_unless_a_capacity_is_given(tmp_
     data, run = str(tmp_path / "data"), str(tmp_path / "run")
     _recorded(data, 40)
     p, _level, _args = launch_plan(["--run-dir", run, "--offline", data])
-    assert p.server.capacity == 40 and p.learner.min_replay_size == 40
-    assert p.server.table_configs()[0].capacity == 40
+    assert p.server.table().capacity == 40 and p.learner.min_replay_size == 40
     # with 2 replay servers each holds its half (rounded up), as the one table's capacity is split
     p, _level, _args = launch_plan(["--run-dir", run, "--offline", data, "--replay-servers", "2"])
-    assert [s.capacity for s in p.servers] == [20, 20]
+    assert [s.table().capacity for s in p.servers] == [20, 20]
     # an explicit capacity wins; one too small for the dataset keeps its clear refusal
     p, _level, _args = launch_plan(["--run-dir", run, "--offline", data, "--server-args=--capacity 500"])
-    assert p.server.capacity == 500
+    assert p.server.table().capacity == 500
     err = _refused(capsys, "run", "--run-dir", run, "--offline", data, "--server-args=--capacity 30")
     assert "gives 40 transitions, more than the replay capacity 30" in err, err
     assert "--server-args '--capacity 40'" in err, err

@@ -28,6 +28,7 @@ from apexrl.replay.client.sharded import (
 )
 from apexrl.replay.server import ReplayServer
 from apexrl.replay.server.config import ServerConfig
+from apexrl.replay.tables import MinSize, TableConfig
 from apexrl.replay.wire import protocol as P
 from tests.helpers import wait_until
 from tests.store.test_sampling_stats import P_VALUE_FLOOR, chi2_sf
@@ -92,7 +93,7 @@ def test_endpoints_and_key_bits():
 
 
 def test_draws_follow_the_global_proportional_distribution_with_exact_global_weights(servers):
-    endpoints = servers(3, alpha=ALPHA, shards=4)
+    endpoints = servers(3, shards=4, tables=[TableConfig("default", alpha=ALPHA)])
     priority_of = _fill(endpoints)
     masses = {item: p**ALPHA for item, p in priority_of.items()}
     total, smallest = sum(masses.values()), min(masses.values())
@@ -163,7 +164,7 @@ def test_keys_route_updates_erases_and_inserts_to_their_server(servers):
         assert sharded.erase(batches[2]) == 0  # erased already: stale
         stats = sharded.stats()
         assert stats["size"] == 25 and stats["replay_servers"] == 3 and stats["replay_servers_up"] == 3
-        assert stats["inserted"] == 30 and stats["capacity"] == 3 * ServerConfig().capacity
+        assert stats["inserted"] == 30 and stats["capacity"] == 3 * TableConfig("default").capacity
 
 
 def test_a_server_with_more_lock_shards_than_the_keys_leave_room_for_is_refused(servers):
@@ -204,7 +205,7 @@ def test_a_killed_server_degrades_sampling_to_the_others_and_comes_back(start_se
 
 
 def test_a_timeout_reply_of_one_server_fails_the_call_and_marks_nothing_down(servers):
-    endpoints = servers(2, min_size_to_sample=5)
+    endpoints = servers(2, tables=[TableConfig("default", rate_limiter=MinSize(5))])
     with ReplayClient(endpoints[0]) as c:
         c.insert(np.ones(10), [b"a"] * 10)
     with ReplayClient(endpoints[1]) as c:
@@ -261,7 +262,10 @@ def test_the_set_behaves_as_one_store_under_random_operations(ops):
     """A reference model (key -> priority) against three real servers behind one client: sizes, the keys
     present, and every sampled item's global probability and weight."""
     model: dict[int, float] = {}
-    with running(3, alpha=ALPHA, shards=2) as endpoints, ShardedReplayClient(endpoints, seed=0) as sharded:
+    with (
+        running(3, shards=2, tables=[TableConfig("default", alpha=ALPHA)]) as endpoints,
+        ShardedReplayClient(endpoints, seed=0) as sharded,
+    ):
         for op in ops:
             if op[0] == "insert":
                 keys = sharded.insert(op[1], [b"x"] * len(op[1]))
@@ -421,8 +425,6 @@ def test_a_uniform_table_is_sampled_uniformly_across_servers_with_weights_one(se
     """A uniform table split over 3 servers holding 12, 6 and 3 items: every item is equally likely whichever
     server holds it (chi-square over the items, and each server's share of the draws is its share of the
     items), probabilities are 1 / (items on all servers) and IS weights 1."""
-    from apexrl.replay.tables import TableConfig
-
     tables = [TableConfig("default"), TableConfig("u", sampler="uniform", capacity=1000)]
     endpoints = servers(3, tables=tables)
     for s, (endpoint, row) in enumerate(zip(endpoints, PRIORITIES)):

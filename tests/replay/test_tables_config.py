@@ -1,5 +1,5 @@
-"""Table configuration (issue 37): TableConfig and its rate limiters, their JSON, ``--tables FILE``, and
-ServerConfig's one table ``default`` built from the fields tables replace."""
+"""Table configuration: TableConfig and its rate limiters, their JSON, ``--tables FILE``, ServerConfig's tables,
+and the table flags that build the one table ``default`` (also from a run plan written with them flat)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from apexrl._core import PrioritizedStore
 from apexrl.replay import MinSize, Queue, SampleToInsertRatio, ServerConfig, TableConfig
-from apexrl.replay.server.config import EVICTION_POLICIES, TABLE_FIELDS, server_config_from_dict, server_config_to_dict
+from apexrl.replay.server.config import server_config_from_dict, server_config_to_dict
+from apexrl.replay.server.table_flags import EVICTION_POLICIES, TABLE_FLAGS, TableFlags, table_from_flags
 from apexrl.replay.tables import (
     MAX_TIMES_SAMPLED,
     REMOVER_ALIASES,
@@ -133,7 +134,7 @@ def test_sampler_and_remover_names_and_defaults_are_the_stores():
     assert REMOVER_ALIASES == {"min_heap": "lowest_priority"}
     default = PrioritizedStore(capacity=4)
     assert (TableConfig("t").sampler, TableConfig("t").remover) == (default.sampler, default.eviction)
-    assert ServerConfig().eviction == default.eviction
+    assert TableFlags().eviction == default.eviction
     assert set(EVICTION_POLICIES) == {*REMOVERS, *REMOVER_ALIASES}
     with pytest.raises(ValueError):
         PrioritizedStore(capacity=4, sampler="random")
@@ -221,10 +222,10 @@ def test_every_rate_limiter_error(make, message):
 
 
 def test_the_limiter_checks_are_the_servers():
-    """SampleToInsertRatio accepts exactly what ServerConfig's --samples-per-insert/--error-buffer accept."""
+    """SampleToInsertRatio accepts exactly what the server's --samples-per-insert/--error-buffer accept."""
     for spi, eb in [(1.0, 1.0), (4.0, 4.0), (4.0, 3.99), (0.25, 0.99), (0.25, 1.0), (32.0, 3200.0)]:
         try:
-            ServerConfig(samples_per_insert=spi, error_buffer=eb)
+            table_from_flags({"samples_per_insert": spi, "error_buffer": eb})
             server_ok = True
         except ValueError:
             server_ok = False
@@ -359,8 +360,24 @@ def test_a_missing_tables_file_is_named(tmp_path):
 
 
 def test_a_default_server_holds_exactly_the_default_table():
-    assert ServerConfig().table_configs() == [TableConfig("default")]
+    assert ServerConfig().tables == [TableConfig("default")]
     assert ServerConfig().table() == TableConfig("default") and ServerConfig().table("other") is None
+    assert ServerConfig().tables is not ServerConfig().tables  # a list of its own per config
+
+
+def test_the_table_flags_at_their_defaults_build_exactly_the_default_table():
+    """Field by field: each flag's default is the default of the TableConfig field it sets."""
+    assert TableFlags().table() == TableConfig("default") == table_from_flags({})
+    flags, table = TableFlags(), TableConfig("default")
+    for flag, field_ in [("capacity",) * 2, ("max_size",) * 2, ("alpha",) * 2, ("alpha_evict",) * 2,
+                         ("eviction", "remover"), ("spec",) * 2]:  # fmt: skip
+        assert getattr(flags, flag) == getattr(table, field_), flag
+    assert (flags.min_size_to_sample, flags.samples_per_insert, flags.error_buffer) == (1, None, None)
+    assert flags.rate_limiter() is None and table.rate_limiter is None  # MinSize(1), said as None
+    assert set(TABLE_FLAGS) == {
+        "capacity", "max_size", "alpha", "eviction", "alpha_evict", "min_size_to_sample", "samples_per_insert",
+        "error_buffer", "spec",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -371,11 +388,16 @@ def test_a_default_server_holds_exactly_the_default_table():
         ({"alpha": 0.0, "alpha_evict": 1.5}, TableConfig("default", alpha=0.0, alpha_evict=1.5)),
         ({"eviction": "prioritized"}, TableConfig("default", remover="prioritized")),
         ({"eviction": "min_heap"}, TableConfig("default", remover="lowest_priority")),
-        ({"min_size_to_sample": 0}, TableConfig("default")),  # the server raised 0 to 1 already
+        ({"min_size_to_sample": 0}, TableConfig("default")),  # 0 counts as 1, as the native limiter took it
+        ({"min_size_to_sample": 1}, TableConfig("default")),
         ({"min_size_to_sample": 500}, TableConfig("default", rate_limiter=MinSize(500))),
         (  # error_buffer's default: max(1, spi) * 100
             {"samples_per_insert": 4.0},
             TableConfig("default", rate_limiter=SampleToInsertRatio(4.0, 1, 400.0)),
+        ),
+        (
+            {"samples_per_insert": 0.5},
+            TableConfig("default", rate_limiter=SampleToInsertRatio(0.5, 1, 100.0)),
         ),
         (
             {"samples_per_insert": 0.5, "min_size_to_sample": 1000, "error_buffer": 7.0},
@@ -384,52 +406,51 @@ def test_a_default_server_holds_exactly_the_default_table():
         ({"spec": SPECS[0].to_json()}, TableConfig("default", spec=SPECS[0])),
     ],
 )
-def test_the_table_fields_configure_the_table_default(fields_, table):
-    assert ServerConfig(**fields_).table_configs() == [table]
+def test_the_table_flags_configure_the_table_default(fields_, table):
+    assert table_from_flags(fields_) == table
+    assert table_from_flags(fields_, "other") == dataclasses.replace(table, name="other")
+
+
+@pytest.mark.parametrize(
+    "fields_, message",
+    [
+        ({"error_buffer": 300.0}, "error_buffer needs samples_per_insert"),
+        ({"min_size_to_sample": -1}, "TableFlags.min_size_to_sample must be an int in [0, "),
+        ({"samples_per_insert": 0.0}, "TableFlags.samples_per_insert must be a finite number > 0 (or None), got 0.0"),
+        ({"samples_per_insert": 4.0, "error_buffer": 3.0}, "SampleToInsertRatio.error_buffer must be >= max(1, "),
+        ({"capacity": 0}, "table 'default': capacity: must be an int in [1, "),
+        ({"capacity": 10, "max_size": 5}, "table 'default': max_size: must be >= capacity = 10, got 5"),
+        ({"eviction": "random"}, "table 'default': remover: must be one of "),
+        ({"spec": '{"fields": []}'}, "table 'default': spec: "),
+        ({"sampler": "fifo"}, "no table flag sampler (the table flags: capacity, max_size, alpha, eviction, "),
+    ],
+)
+def test_bad_table_flags_are_refused_with_the_reason(fields_, message):
+    with pytest.raises(ValueError) as e:
+        table_from_flags(fields_)
+    assert str(e.value).startswith(message), str(e.value)
 
 
 @pytest.mark.parametrize(
     "eviction", ["fifo", "prioritized", "lowest_priority", "lifo", "uniform", "max_heap", "min_heap"]
 )
 def test_every_eviction_policy_is_a_remover(eviction):
-    remover = ServerConfig(eviction=eviction).table().remover
+    remover = table_from_flags({"eviction": eviction}).remover
     assert remover in REMOVERS and remover == ("lowest_priority" if eviction == "min_heap" else eviction)
 
 
 def test_tables_replace_the_default_table_and_server_wide_fields_stay():
     tabs = [TableConfig("replay"), TableConfig("queue", sampler="fifo", capacity=64, rate_limiter=Queue(64))]
     cfg = ServerConfig(tables=tabs, shards=4, workers=3, max_wait_s=5.0)
-    assert cfg.table_configs() == tabs and cfg.table("queue") == tabs[1] and cfg.table() is None
+    assert cfg.tables == tabs and cfg.table("queue") == tabs[1] and cfg.table() is None
     assert (cfg.shards, cfg.workers, cfg.max_wait_s) == (4, 3, 5.0)
     assert ServerConfig(tables=tuple(tabs)).tables == tabs  # kept as a list
 
 
-@pytest.mark.parametrize(
-    "name, value",
-    [
-        ("capacity", 10),
-        ("max_size", 3_000_000),
-        ("alpha", 0.7),
-        ("eviction", "uniform"),
-        ("alpha_evict", 0.0),
-        ("min_size_to_sample", 100),
-        ("samples_per_insert", 2.0),
-        ("spec", SPECS[0].to_json()),
-    ],
-)
-def test_tables_and_a_table_field_together_are_refused_with_the_reason(name, value):
-    assert name in TABLE_FIELDS
-    with pytest.raises(ValueError) as e:
-        ServerConfig(tables=[TableConfig("a")], **{name: value})
-    assert str(e.value).startswith(
-        f"ServerConfig: tables and the table settings of the one table 'default' ({name}={value!r}) are given "
-        "together; with tables, set those in each TableConfig"
-    ), str(e.value)
-
-
-def test_tables_and_error_buffer_together_are_refused():
-    with pytest.raises(ValueError, match=r"\(samples_per_insert=2.0, error_buffer=300.0\) are given together"):
-        ServerConfig(tables=[TableConfig("a")], samples_per_insert=2.0, error_buffer=300.0)
+@pytest.mark.parametrize("name", sorted(TABLE_FLAGS))
+def test_server_config_has_no_table_field(name):
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+        ServerConfig(**{name: getattr(TableFlags(), name)})
 
 
 @pytest.mark.parametrize(
@@ -438,7 +459,8 @@ def test_tables_and_error_buffer_together_are_refused():
         ([], "tables must hold at least one TableConfig"),
         ([TableConfig("a"), {"name": "b"}], "tables[1] must be a TableConfig, got dict"),
         ([TableConfig("a"), TableConfig("a", capacity=5)], "tables 0 and 1 are both named 'a' (names are unique"),
-        ("a", "ServerConfig.tables must be a list of TableConfig (or None), got 'a'"),
+        ("a", "ServerConfig.tables must be a list of TableConfig, got 'a'"),
+        (None, "ServerConfig.tables must be a list of TableConfig, got None"),
     ],
 )
 def test_server_tables_errors(tabs, message):
@@ -452,17 +474,67 @@ def test_a_table_too_large_for_the_servers_shards_is_refused():
     ServerConfig(tables=[TableConfig("big", capacity=2**27 - 1)], shards=1)
     with pytest.raises(ValueError, match=r"table 'big': max_size 268435456 \(default 2 \* capacity\) over 1 shards"):
         ServerConfig(tables=[TableConfig("big", capacity=2**27)], shards=1)
+    ServerConfig(tables=[TableConfig("default", capacity=2**27 - 1)], shards=1)  # the table default alike
+    with pytest.raises(ValueError, match=r"table 'default': max_size 268435456"):
+        ServerConfig(tables=[TableConfig("default", capacity=2**27)], shards=1)
 
 
-def test_a_server_config_with_tables_round_trips_through_its_dict(tmp_path):
+def test_a_server_config_round_trips_through_its_dict(tmp_path):
     tabs = [
         TableConfig("default", spec=SPECS[1], rate_limiter=SampleToInsertRatio(2.0, 10, 50.0)),
         TableConfig("q", sampler="fifo", capacity=9, max_times_sampled=1, rate_limiter=Queue(9)),
     ]
-    for cfg in (ServerConfig(tables=tabs, port=5), ServerConfig(capacity=7, spec=SPECS[0].to_json())):
+    for cfg in (ServerConfig(tables=tabs, port=5), ServerConfig(tables=[TableConfig("default", capacity=7)])):
         d = json.loads(json.dumps(server_config_to_dict(cfg)))
         assert server_config_from_dict(d) == cfg
-    assert "tables" not in server_config_to_dict(ServerConfig())  # a plan without tables reads as before
+    assert server_config_to_dict(ServerConfig())["tables"] == [TableConfig("default").to_json()]
+
+
+# A run plan's server entry as the versions before ServerConfig held only tables wrote it: every table flag at
+# its top level, and "tables" only where the run had tables.
+OLD_SERVER_ENTRY = {
+    "bind": "127.0.0.1", "port": 0, "capacity": 1000000, "max_size": None, "alpha": 0.6, "eviction": "fifo",
+    "alpha_evict": -0.4, "shards": 8, "seed": 3, "min_size_to_sample": 1, "snapshot": None, "snapshot_every": None,
+    "max_message_mb": 256, "workers": 2, "inline_sample_max": 1024, "samples_per_insert": None,
+    "error_buffer": None, "spec": None, "curve_dir": None, "insecure": False, "max_wait_s": 60.0,
+    "max_waiting": 16384, "max_waiting_per_peer": 1024, "max_waiting_mb": 256, "max_reply_mb": None,
+    "max_unread_mb": 256, "handshake_s": 5.0, "heartbeat_s": 10.0, "drop_tables": [],
+}  # fmt: skip
+
+
+def test_an_old_plans_flat_table_fields_become_the_table_default():
+    assert server_config_from_dict(OLD_SERVER_ENTRY) == ServerConfig(seed=3)
+    old = {
+        **OLD_SERVER_ENTRY,
+        "capacity": 7,
+        "eviction": "min_heap",
+        "min_size_to_sample": 5,
+        "samples_per_insert": 2.0,
+        "spec": SPECS[0].to_json(),
+    }
+    cfg = server_config_from_dict(old)
+    assert cfg.tables == [
+        TableConfig(
+            "default",
+            capacity=7,
+            remover="lowest_priority",
+            rate_limiter=SampleToInsertRatio(2.0, 5, 200.0),
+            spec=SPECS[0],
+        )
+    ]
+    assert (cfg.seed, cfg.shards) == (3, 8)
+    assert server_config_from_dict(json.loads(json.dumps(server_config_to_dict(cfg)))) == cfg
+
+
+def test_an_old_plans_tables_beside_default_flat_fields_are_read_and_set_flat_fields_refused():
+    tabs = [TableConfig("default"), TableConfig("q", sampler="fifo", capacity=9, rate_limiter=Queue(9))]
+    old = {**OLD_SERVER_ENTRY, "tables": [t.to_json() for t in tabs]}
+    assert server_config_from_dict(old).tables == tabs
+    with pytest.raises(ValueError) as e:
+        server_config_from_dict({**old, "capacity": 10, "samples_per_insert": 2.0})
+    assert str(e.value).startswith(
+        "server tables and the table flags of the one table 'default' (capacity, samples_per_insert) are given together"
+    ), str(e.value)
 
 
 def test_the_module_exports_and_does_not_import_torch():

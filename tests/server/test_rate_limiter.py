@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from apexrl.cli.server import parse_args
 from apexrl.errors import ReplayTimeout, ServerTimeoutError
 from apexrl.replay.client.replay_client import ReplayClient
-from apexrl.replay.server import ServerConfig
+from apexrl.replay.server.table_flags import TableFlags, table_from_flags
+from apexrl.replay.tables import SampleToInsertRatio
 from tests.helpers import wait_until
 
 # ------------------------------------------------------------------------------ process helper (copied from
@@ -251,7 +252,7 @@ BAD_FLAGS = {
         ["--samples-per-insert", "0.5", "--error-buffer", "0.5"],
         r"must be >= max\(1, samples_per_insert\)",
     ),
-    "buffer below spi": (["--samples-per-insert", "3", "--error-buffer", "2"], r"= 3.0"),
+    "buffer below spi": (["--samples-per-insert", "3", "--error-buffer", "2"], r"samples_per_insert\) = 3, got 2"),
 }
 
 
@@ -285,12 +286,12 @@ def test_good_rate_limiter_flags_and_the_process_rejecting_a_bad_one():
         (dict(samples_per_insert=2.0, error_buffer=1.5), r"error_buffer must be >= max"),
     ],
 )
-def test_server_config_validates_the_rate_limiter(kwargs, match):
+def test_the_table_flags_validate_the_rate_limiter(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        ServerConfig(**kwargs).validate()
-    assert ServerConfig(samples_per_insert=3.0).effective_error_buffer == 300.0
-    assert ServerConfig(samples_per_insert=0.5).effective_error_buffer == 100.0
-    assert ServerConfig().effective_error_buffer is None
+        table_from_flags(kwargs)
+    assert TableFlags(samples_per_insert=3.0).rate_limiter() == SampleToInsertRatio(3.0, 1, 300.0)
+    assert TableFlags(samples_per_insert=0.5).rate_limiter() == SampleToInsertRatio(0.5, 1, 100.0)
+    assert TableFlags().rate_limiter() is None
 
 
 # ------------------------------------------------------------------------------ the rules, without a server

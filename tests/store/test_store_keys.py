@@ -12,6 +12,7 @@ import pytest
 
 from apexrl import PrioritizedStore, ReplayClient, SnapshotError
 from apexrl.replay.server import ReplayServer, ServerConfig, SnapshotLoadError
+from apexrl.replay.tables import TableConfig
 
 
 def items(tag: str, n: int) -> list[bytes]:
@@ -120,7 +121,7 @@ def test_restart_without_a_snapshot_path_draws_a_random_epoch(start_server):
 
 def test_restore_keeps_keys_of_restored_items_and_stales_keys_issued_after_the_snapshot(tmp_path):
     snap = str(tmp_path / "replay.snap")
-    config = ServerConfig(port=0, alpha=1.0, capacity=10_000, shards=4, snapshot=snap)
+    config = ServerConfig(port=0, shards=4, snapshot=snap, tables=[TableConfig("default", alpha=1.0, capacity=10_000)])
     with ReplayServer(config).start() as server:
         with ReplayClient(server.endpoint, timeout=10) as client:
             restored_keys = client.insert(np.ones(100), items("kept", 100))

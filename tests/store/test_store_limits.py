@@ -242,7 +242,7 @@ def test_the_server_enforces_max_size_without_remove_to_fit(start_server):
 @pytest.mark.parametrize(
     "flags, reason",
     [
-        (["--capacity", "10", "--max-size", "9"], "max_size must be >= capacity = 10"),
+        (["--capacity", "10", "--max-size", "9"], "table 'default': max_size: must be >= capacity = 10, got 9"),
         (["--capacity", "200000000", "--shards", "1"], "a shard holds at most 268435455"),
     ],
 )

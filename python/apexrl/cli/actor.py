@@ -23,8 +23,45 @@ from apexrl.cli.args import (
     resolve_agent,
     tcp_endpoint,
 )
+from apexrl.cli.flags import Flag
 
 PROG = "apexrl-actor"
+
+ENVS_PER_ACTOR = Flag(
+    ActorConfig,
+    "envs_per_actor",
+    "environments each actor steps in lockstep with one batched forward pass, each with its own n-step buffer, "
+    "seed and exploration: environment j of actor i explores as slot i*K + j of the run's N*K (the exploration "
+    "ladder runs over every environment of the run)",
+    metavar="K",
+)
+"""``--envs-per-actor`` of the actor and of ``apexrl run``."""
+
+SETTING_FLAGS = (
+    ENVS_PER_ACTOR,
+    Flag(
+        ActorConfig,
+        "flush_every",
+        "B, transitions per environment per insert request: with K environments the actor inserts every B steps, "
+        "B*K transitions",
+    ),
+    Flag(
+        ActorConfig,
+        "insert_max",
+        "most transitions in one insert request; a larger flush goes in several (0: the whole flush in one; "
+        "apexrl run sets it where the replay's rate limiter needs smaller requests)",
+    ),
+    Flag(
+        ActorConfig,
+        "inserts_in_flight",
+        "most insert requests left unanswered while the actor steps on; each batch is held until the server "
+        "stored it and resent with its own insert id after a reconnect or a rate-limiter refusal (exactly-once); "
+        "1: every insert waits for its reply",
+        metavar="N",
+    ),
+    Flag(ActorConfig, "params_every_frames", "env frames between weight requests"),
+)
+"""The actor settings whose default is the preset's."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,49 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1)) (required)",
     )
     g.add_argument("--num-actors", type=field_arg(ActorConfig, "num_actors"), help="N, actors in the run (required)")
-    g.add_argument(
-        "--envs-per-actor",
-        metavar="K",
-        type=field_arg(ActorConfig, "envs_per_actor"),
-        default=None,
-        help="environments stepped in lockstep with one batched forward pass, each with its own n-step "
-        "buffer, seed and exploration (slot index*K + j of num_actors*K) (default: the preset's, 1)",
-    )
-    g.add_argument(
-        "--flush-every",
-        type=field_arg(ActorConfig, "flush_every"),
-        default=None,
-        help="B, transitions per environment per insert request: with K environments the actor inserts "
-        "every B steps, B*K transitions (default: the preset's, 50)",
-    )
-    g.add_argument(
-        "--insert-max",
-        type=field_arg(ActorConfig, "insert_max"),
-        default=None,
-        help="most transitions in one insert request; a larger flush goes in several (default 0: the "
-        "whole flush in one; apexrl run sets it where the replay's rate limiter needs smaller requests)",
-    )
-    g.add_argument(
-        "--inserts-in-flight",
-        metavar="N",
-        type=field_arg(ActorConfig, "inserts_in_flight"),
-        default=None,
-        help="most insert requests left unanswered while the actor steps on; each batch is held until the "
-        "server stored it and resent with its own insert id after a reconnect or a rate-limiter refusal "
-        "(exactly-once); 1: every insert waits for its reply (default: the preset's, 1)",
-    )
-    g.add_argument(
-        "--params-every-frames",
-        type=field_arg(ActorConfig, "params_every_frames"),
-        default=None,
-        help="env frames between weight requests (default: the preset's, 400 for the paper presets)",
-    )
-    g.add_argument(
-        "--max-steps",
-        type=field_arg(ActorConfig, "max_steps"),
-        default=0,
-        help="stop after this many agent steps (0: none)",
-    )
+    for flag in SETTING_FLAGS:
+        flag.add_preset(g)
+    Flag(ActorConfig, "max_steps", "stop after this many agent steps (0: none)").add(g)
     g.add_argument("--episodes-csv", default=None, help="append one row per finished episode to this CSV")
     g.add_argument(
         "--record-dataset",
@@ -113,18 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
         "a Minari dataset in DIR/actor<INDEX>/, appending to one there; pip install 'apexrl[offline]' "
         "(docs/offline.md)",
     )
-    g.add_argument(
-        "--wait-for-params",
-        type=field_arg(ActorConfig, "wait_for_params"),
-        default=120.0,
-        help="seconds to wait for the learner's first weights (default 120)",
-    )
-    g.add_argument(
-        "--log-every",
-        type=field_arg(ActorConfig, "log_every"),
-        default=10.0,
-        help="seconds between progress lines (default 10)",
-    )
+    Flag(ActorConfig, "wait_for_params", "seconds to wait for the learner's first weights").add(g)
+    Flag(ActorConfig, "log_every", "seconds between progress lines").add(g)
     g.add_argument(
         "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO", help="logging level (stderr)"
     )
@@ -132,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SETTINGS = ("flush_every", "params_every_frames", "envs_per_actor", "insert_max", "inserts_in_flight")
+SETTINGS = tuple(flag.field for flag in SETTING_FLAGS)
 """Flags whose default is the preset's."""
 OWN = ("max_steps", "wait_for_params", "flush_every", "params_every_frames", "insert_max", "inserts_in_flight")
 """ActorConfig fields `apexrl run --actor-args` may set (the launcher sets the others)."""

@@ -22,8 +22,39 @@ from apexrl.cli.args import (
     resolve_agent,
     tcp_endpoint,
 )
+from apexrl.cli.flags import Flag
 
 PROG = "apexrl-learner"
+
+DECODE_THREADS = Flag(
+    LearnerConfig,
+    "decode_threads",
+    "the learner's threads decoding sampled batches side by side (natively, without the GIL) into a ring of "
+    "prefetch + 1 preallocated batches, page-locked on a GPU; more use more cores for Atari frames",
+    metavar="N",
+)
+"""``--decode-threads`` of the learner and of ``apexrl run``."""
+
+SETTING_FLAGS = (
+    Flag(LearnerConfig, "beta", "importance-sampling exponent β"),
+    Flag(LearnerConfig, "min_replay_size", "transitions the replay must hold before the first update"),
+    Flag(LearnerConfig, "prefetch", "decoded batches kept ready"),
+    DECODE_THREADS,
+    Flag(
+        LearnerConfig,
+        "sample_threads",
+        "SAMPLE requests kept in flight, each thread on a connection of its own, so their round trips overlap; "
+        "0: one per replay server (1 with one server)",
+        metavar="N",
+    ),
+    Flag(LearnerConfig, "publish_every", "learner steps between weight publishes"),
+    Flag(LearnerConfig, "checkpoint_every", "learner steps between checkpoints"),
+    Flag(LearnerConfig, "remove_to_fit_every", "learner steps between replay evictions down to capacity"),
+    Flag(LearnerConfig, "metrics_every", "seconds between metrics.csv rows"),
+    Flag(LearnerConfig, "eval_every", "seconds between evaluations (greedy/noiseless episodes; 0: none)"),
+    Flag(LearnerConfig, "eval_episodes", "episodes per evaluation"),
+)
+"""The learner settings whose default is the preset's (and ``--is-weights``, whose choices are no field range)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,18 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", default="", help="metrics.csv and checkpoint (default runs/<env>/<agent>/<seed>)")
     g.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
-    g.add_argument(
-        "--max-steps",
-        type=field_arg(LearnerConfig, "max_steps"),
-        default=0,
-        help="stop after this many learner steps (0: none)",
-    )
-    g.add_argument(
-        "--max-minutes",
-        type=field_arg(LearnerConfig, "max_minutes"),
-        default=0.0,
-        help="stop after this many minutes of training (0: none)",
-    )
+    Flag(LearnerConfig, "max_steps", "stop after this many learner steps (0: none)").add(g)
+    Flag(LearnerConfig, "max_minutes", "stop after this many minutes of training (0: none)").add(g)
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     g.add_argument(
         "--tensorboard",
@@ -87,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO", help="logging level (stderr)"
     )
     g = p.add_argument_group("learner settings (default: the preset's)")
-    g.add_argument("--beta", type=field_arg(LearnerConfig, "beta"), default=None, help="importance-sampling exponent β")
+    for flag in SETTING_FLAGS:
+        flag.add_preset(g)
     g.add_argument(
         "--is-weights",
         choices=IS_WEIGHT_MODES,
@@ -96,89 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         "replay's largest weight) "
         "or batch_max (by the batch's largest); default: the preset's, else global_min",
     )
-    g.add_argument(
-        "--min-replay-size",
-        type=field_arg(LearnerConfig, "min_replay_size"),
-        default=None,
-        help="transitions the replay must hold before the first update",
-    )
-    g.add_argument(
-        "--prefetch", type=field_arg(LearnerConfig, "prefetch"), default=None, help="decoded batches kept ready"
-    )
-    g.add_argument(
-        "--decode-threads",
-        metavar="N",
-        type=field_arg(LearnerConfig, "decode_threads"),
-        default=None,
-        help="threads decoding sampled batches side by side (natively, without the GIL) into a ring of "
-        "prefetch + 1 preallocated batches, page-locked on a GPU; more use more cores for Atari "
-        "frames (default 1)",
-    )
-    g.add_argument(
-        "--sample-threads",
-        metavar="N",
-        type=field_arg(LearnerConfig, "sample_threads"),
-        default=None,
-        help="SAMPLE requests kept in flight, each thread on a connection of its own, so their round "
-        "trips overlap; 0: one per replay server (default 0: 1 with one server)",
-    )
-    g.add_argument(
-        "--publish-every",
-        type=field_arg(LearnerConfig, "publish_every"),
-        default=None,
-        help="learner steps between weight publishes",
-    )
-    g.add_argument(
-        "--checkpoint-every",
-        type=field_arg(LearnerConfig, "checkpoint_every"),
-        default=None,
-        help="learner steps between checkpoints",
-    )
-    g.add_argument(
-        "--remove-to-fit-every",
-        type=field_arg(LearnerConfig, "remove_to_fit_every"),
-        default=None,
-        help="learner steps between replay evictions down to capacity",
-    )
-    g.add_argument(
-        "--metrics-every",
-        type=field_arg(LearnerConfig, "metrics_every"),
-        default=None,
-        help="seconds between metrics.csv rows",
-    )
-    g.add_argument(
-        "--eval-every",
-        type=field_arg(LearnerConfig, "eval_every"),
-        default=None,
-        help="seconds between evaluations (greedy/noiseless episodes; 0: none)",
-    )
-    g.add_argument(
-        "--eval-episodes", type=field_arg(LearnerConfig, "eval_episodes"), default=None, help="episodes per evaluation"
-    )
-    g.add_argument(
-        "--torch-threads",
-        type=field_arg(LearnerConfig, "torch_threads"),
-        default=1,
-        help="torch CPU threads (default 1)",
-    )
+    Flag(LearnerConfig, "torch_threads", "torch CPU threads").add(g)
     add_curve_arguments(p, binds=True)
     return p
 
 
-SETTINGS = (
-    "beta",
-    "is_weights",
-    "min_replay_size",
-    "prefetch",
-    "decode_threads",
-    "sample_threads",
-    "publish_every",
-    "checkpoint_every",
-    "remove_to_fit_every",
-    "metrics_every",
-    "eval_every",
-    "eval_episodes",
-)
+SETTINGS = (*(f.field for f in SETTING_FLAGS), "is_weights")
 """Flags whose default is the preset's."""
 OWN = ("device", "torch_threads", "max_minutes", "params_bind", *SETTINGS)
 """LearnerConfig fields `apexrl run --learner-args` may set (the launcher sets the others)."""

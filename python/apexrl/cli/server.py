@@ -13,20 +13,10 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from apexrl.cli.args import (
-    ENDPOINT_RE,
-    add_curve_arguments,
-    field_arg,
-    given_flags,
-    refuse_beside_plan,
-)
-from apexrl.replay.server.config import (
-    EVICTION_POLICIES,
-    MAX_SHARDS,
-    TABLE_FLAGS,
-    ServerConfig,
-    check_snapshot_dir,
-)
+from apexrl.cli.args import ENDPOINT_RE, add_curve_arguments, given_flags, refuse_beside_plan
+from apexrl.cli.flags import Flag, add_flags, values
+from apexrl.replay.server.config import ServerConfig, check_snapshot_dir
+from apexrl.replay.server.table_flags import TABLE_FLAGS, TableFlags, table_from_flags
 from apexrl.replay.tables import REMOVER_ALIASES, REMOVERS, SAMPLER_ALIASES, SAMPLERS, TableConfig
 
 
@@ -81,6 +71,130 @@ def _endpoint(text: str) -> tuple[str, int]:
     return host, port
 
 
+TABLE_FLAG_DECLS = (
+    Flag(TableFlags, "capacity", "soft capacity in items: remove_to_fit evicts down to it"),
+    Flag(
+        TableFlags,
+        "max_size",
+        "hard ceiling in items (>= capacity): inserts beyond it evict down to capacity even if no learner calls "
+        "REMOVE_TO_FIT",
+        metavar="ITEMS",
+        none="2 * capacity",
+    ),
+    Flag(TableFlags, "alpha", "priority exponent alpha of sampling"),
+    Flag(
+        TableFlags,
+        "eviction",
+        "which items remove_to_fit takes when the store is over --capacity: "
+        f"{kind_names(REMOVERS, REMOVER_ALIASES, '')}; fifo / lifo: oldest / newest first, "
+        "prioritized: drawn with probability proportional to priority^--alpha-evict, uniform: drawn, every item "
+        "alike, lowest_priority / max_heap: lowest / highest priorities first",
+        metavar="{" + ",".join(REMOVERS) + "}",
+    ),
+    Flag(TableFlags, "alpha_evict", "exponent of prioritized eviction"),
+    Flag(TableFlags, "min_size_to_sample", "SAMPLE waits (up to its timeout) until the store holds this many items"),
+    Flag(
+        TableFlags,
+        "samples_per_insert",
+        "rate-limit to SPI sampled items per inserted item, Reverb-style",
+        metavar="SPI",
+        none="off",
+    ),
+    Flag(
+        TableFlags,
+        "error_buffer",
+        "allowed drift from SPI in sampled items (>= max(1, SPI))",
+        metavar="ITEMS",
+        none="max(1, SPI) * 100",
+    ),
+    Flag(
+        TableFlags,
+        "spec",
+        "the run's TransitionSpec (its JSON, or a JSON file): every insert is checked against it",
+        metavar="JSON|PATH",
+        none="the spec the first inserter declares",
+    ),
+)
+"""The table flags (:data:`~apexrl.replay.server.table_flags.TABLE_FLAGS`): the table ``default``."""
+
+SERVER_FLAG_DECLS = (
+    Flag(ServerConfig, "bind", "address to bind (0.0.0.0 = all)"),
+    Flag(ServerConfig, "shards", "number of lock shards of the store"),
+    Flag(ServerConfig, "seed", "random seed of the store"),
+    Flag(
+        ServerConfig,
+        "snapshot",
+        "snapshot file: loaded at start if present, written on shutdown (its directory must exist and be "
+        "writable; PATH.epoch beside it records the key epoch of each life)",
+        metavar="PATH",
+        none="no snapshot",
+    ),
+    Flag(
+        ServerConfig,
+        "snapshot_every",
+        "also write the snapshot every SECONDS (needs --snapshot)",
+        metavar="SECONDS",
+        none="only on shutdown",
+    ),
+    Flag(ServerConfig, "max_message_mb", "largest accepted request in MiB (bigger: TOO_LARGE reply or disconnect)"),
+    Flag(ServerConfig, "workers", "native worker threads for large samples, REMOVE_TO_FIT and ERASE"),
+    Flag(
+        ServerConfig,
+        "inline_sample_max",
+        "samples of at most N items are served by the native loop's own thread, larger ones by the workers",
+        metavar="N",
+    ),
+    Flag(
+        ServerConfig,
+        "max_wait_s",
+        "longest a request waits on the server (a larger timeout_ms is clipped)",
+        option="--max-wait",
+        metavar="SECONDS",
+    ),
+    Flag(
+        ServerConfig,
+        "max_waiting",
+        "most requests waiting at once, all peers together (more: TIMEOUT at once)",
+        metavar="N",
+    ),
+    Flag(
+        ServerConfig,
+        "max_waiting_per_peer",
+        "most waiting requests of one peer; one more and its oldest is answered TIMEOUT",
+        metavar="N",
+    ),
+    Flag(ServerConfig, "max_waiting_mb", "most MiB held by waiting inserts (more: TIMEOUT at once)", metavar="MIB"),
+    Flag(
+        ServerConfig,
+        "max_reply_mb",
+        "largest SAMPLE reply in MiB, estimated before sampling (TOO_LARGE)",
+        metavar="MIB",
+        none="--max-message-mb",
+    ),
+    Flag(
+        ServerConfig,
+        "max_unread_mb",
+        "most MiB of replies one client may leave unread in the server; a SAMPLE over it is refused TIMEOUT",
+        metavar="MIB",
+    ),
+    Flag(
+        ServerConfig,
+        "handshake_s",
+        "close connections that have not completed the ZeroMQ handshake by then (0: never)",
+        option="--handshake-timeout",
+        metavar="SECONDS",
+    ),
+    Flag(
+        ServerConfig,
+        "heartbeat_s",
+        "ping peers this often, close a connection silent 3x as long (0: off)",
+        option="--heartbeat",
+        metavar="SECONDS",
+    ),
+)
+"""The flags of ServerConfig's server-wide fields but --port (which --endpoint may replace)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -102,63 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --plan: run the plan's replay server I (0-based; default 0) when it has several",
     )
-    p.add_argument("--port", type=field_arg(ServerConfig, "port"), help="TCP port to listen on (0 = pick a free one)")
+    port = Flag(ServerConfig, "port", "TCP port to listen on (0 = pick a free one)")
+    port.add(p, default=None, shown="required unless --endpoint")
     p.add_argument("--endpoint", type=_endpoint, help="tcp://HOST:PORT to listen on (instead of --bind/--port)")
-    p.add_argument("--bind", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = all)")
     p.add_argument(
         "--tables",
         metavar="FILE",
         default=None,
         help="the server's tables from a JSON file (format below); without it the table flags configure the "
         "one table 'default'",
-    )
-    p.add_argument(
-        "--capacity", type=field_arg(ServerConfig, "capacity"), default=1_000_000, help="soft capacity in items (>= 1)"
-    )
-    p.add_argument(
-        "--max-size",
-        metavar="ITEMS",
-        type=field_arg(ServerConfig, "max_size"),
-        default=None,
-        help="hard ceiling in items (>= capacity; default 2 * capacity): inserts beyond it evict down to "
-        "capacity even if no learner calls REMOVE_TO_FIT",
-    )
-    p.add_argument("--alpha", type=field_arg(ServerConfig, "alpha"), default=0.6, help="priority exponent alpha (>= 0)")
-    p.add_argument(
-        "--eviction",
-        choices=EVICTION_POLICIES,
-        default=ServerConfig.eviction,
-        metavar="{" + ",".join(REMOVERS) + "}",
-        help="which items remove_to_fit takes when the store is over --capacity: "
-        f"{kind_names(REMOVERS, REMOVER_ALIASES, ServerConfig.eviction)}; fifo / lifo: oldest / newest first, "
-        "prioritized: drawn with probability proportional to priority^--alpha-evict, uniform: drawn, every item "
-        "alike, lowest_priority / max_heap: lowest / highest priorities first",
-    )
-    p.add_argument(
-        "--alpha-evict",
-        type=field_arg(ServerConfig, "alpha_evict"),
-        default=-0.4,
-        help="exponent of prioritized eviction",
-    )
-    p.add_argument(
-        "--shards",
-        type=field_arg(ServerConfig, "shards"),
-        default=8,
-        help=f"number of lock shards of the store (1-{MAX_SHARDS})",
-    )
-    p.add_argument("--seed", type=field_arg(ServerConfig, "seed"), default=0, help="random seed of the store")
-    p.add_argument(
-        "--min-size-to-sample",
-        type=field_arg(ServerConfig, "min_size_to_sample"),
-        default=1,
-        help="SAMPLE waits (up to its timeout) until the store holds this many items",
-    )
-    p.add_argument(
-        "--snapshot",
-        metavar="PATH",
-        default=None,
-        help="snapshot file: loaded at start if present, written on shutdown (its directory must exist "
-        "and be writable; PATH.epoch beside it records the key epoch of each life)",
     )
     p.add_argument(
         "--drop-tables",
@@ -169,114 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="tables the snapshot holds that the configuration leaves out, to delete on purpose (without it, a "
         "snapshot table that is not configured stops the server at start, its items kept)",
     )
-    p.add_argument(
-        "--snapshot-every",
-        metavar="SECONDS",
-        type=field_arg(ServerConfig, "snapshot_every"),
-        default=None,
-        help="also write the snapshot every SECONDS (needs --snapshot)",
-    )
-    p.add_argument(
-        "--max-message-mb",
-        type=field_arg(ServerConfig, "max_message_mb"),
-        default=256,
-        help="largest accepted request in MiB (bigger: TOO_LARGE reply or disconnect)",
-    )
-    p.add_argument(
-        "--workers",
-        type=field_arg(ServerConfig, "workers"),
-        default=2,
-        help="native worker threads for large samples, REMOVE_TO_FIT and ERASE (default 2)",
-    )
-    p.add_argument(
-        "--inline-sample-max",
-        metavar="N",
-        type=field_arg(ServerConfig, "inline_sample_max"),
-        default=1024,
-        help="samples of at most N items are served by the native loop's own thread, larger ones by the "
-        "workers (default 1024)",
-    )
-    p.add_argument(
-        "--samples-per-insert",
-        metavar="SPI",
-        type=field_arg(ServerConfig, "samples_per_insert"),
-        default=None,
-        help="rate-limit to SPI sampled items per inserted item, Reverb-style (> 0; default: off)",
-    )
-    p.add_argument(
-        "--error-buffer",
-        metavar="ITEMS",
-        type=field_arg(ServerConfig, "error_buffer"),
-        default=None,
-        help="allowed drift from SPI in sampled items (>= max(1, SPI); default max(1, SPI) * 100)",
-    )
-    p.add_argument(
-        "--spec",
-        metavar="JSON|PATH",
-        default=None,
-        help="the run's TransitionSpec (its JSON, or a JSON file): every insert is checked against it "
-        "(default: the spec the first inserter declares)",
-    )
-    p.add_argument(
-        "--max-wait",
-        metavar="SECONDS",
-        dest="max_wait_s",
-        type=field_arg(ServerConfig, "max_wait_s"),
-        default=60.0,
-        help="longest a request waits on the server (a larger timeout_ms is clipped; default 60)",
-    )
-    p.add_argument(
-        "--max-waiting",
-        metavar="N",
-        type=field_arg(ServerConfig, "max_waiting"),
-        default=16384,
-        help="most requests waiting at once, all peers together (more: TIMEOUT at once; default 16384)",
-    )
-    p.add_argument(
-        "--max-waiting-per-peer",
-        metavar="N",
-        type=field_arg(ServerConfig, "max_waiting_per_peer"),
-        default=1024,
-        help="most waiting requests of one peer; one more and its oldest is answered TIMEOUT (default 1024)",
-    )
-    p.add_argument(
-        "--max-waiting-mb",
-        metavar="MIB",
-        type=field_arg(ServerConfig, "max_waiting_mb"),
-        default=256,
-        help="most MiB held by waiting inserts (more: TIMEOUT at once; default 256)",
-    )
-    p.add_argument(
-        "--max-reply-mb",
-        metavar="MIB",
-        type=field_arg(ServerConfig, "max_reply_mb"),
-        default=None,
-        help="largest SAMPLE reply in MiB, estimated before sampling (TOO_LARGE; default --max-message-mb)",
-    )
-    p.add_argument(
-        "--max-unread-mb",
-        metavar="MIB",
-        type=field_arg(ServerConfig, "max_unread_mb"),
-        default=256,
-        help="most MiB of replies one client may leave unread in the server; a SAMPLE over it is "
-        "refused TIMEOUT (default 256)",
-    )
-    p.add_argument(
-        "--handshake-timeout",
-        metavar="SECONDS",
-        dest="handshake_s",
-        type=field_arg(ServerConfig, "handshake_s"),
-        default=5.0,
-        help="close connections that have not completed the ZeroMQ handshake by then (0: never; default 5)",
-    )
-    p.add_argument(
-        "--heartbeat",
-        metavar="SECONDS",
-        dest="heartbeat_s",
-        type=field_arg(ServerConfig, "heartbeat_s"),
-        default=10.0,
-        help="ping peers this often, close a connection silent 3x as long (0: off; default 10)",
-    )
+    add_flags(p, SERVER_FLAG_DECLS)
+    add_flags(p.add_argument_group("the table 'default' (without --tables)"), TABLE_FLAG_DECLS)
     p.add_argument(
         "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level (stderr)"
     )
@@ -337,37 +297,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The :class:`ServerConfig` of parsed flags (ValueError from its validation)."""
+    tables = args.tables
+    if tables is None:
+        tables = [table_from_flags(values(args, TABLE_FLAG_DECLS))]
     return ServerConfig(
-        bind=args.bind,
+        **values(args, SERVER_FLAG_DECLS),
         port=args.port,
-        capacity=args.capacity,
-        max_size=args.max_size,
-        alpha=args.alpha,
-        eviction=args.eviction,
-        alpha_evict=args.alpha_evict,
-        shards=args.shards,
-        seed=args.seed,
-        min_size_to_sample=args.min_size_to_sample,
-        snapshot=args.snapshot,
         drop_tables=tuple(args.drop_tables),
-        snapshot_every=args.snapshot_every,
-        max_message_mb=args.max_message_mb,
-        workers=args.workers,
-        inline_sample_max=args.inline_sample_max,
-        samples_per_insert=args.samples_per_insert,
-        error_buffer=args.error_buffer,
-        spec=args.spec,
         curve_dir=args.curve_dir,
         insecure=args.insecure,
-        max_wait_s=args.max_wait_s,
-        max_waiting=args.max_waiting,
-        max_waiting_per_peer=args.max_waiting_per_peer,
-        max_waiting_mb=args.max_waiting_mb,
-        max_reply_mb=args.max_reply_mb,
-        max_unread_mb=args.max_unread_mb,
-        handshake_s=args.handshake_s,
-        heartbeat_s=args.heartbeat_s,
-        tables=getattr(args, "tables", None),
+        tables=tables,
     )
 
 

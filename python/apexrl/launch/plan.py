@@ -5,7 +5,7 @@
 :class:`~apexrl.apex.config.ActorConfig` (each config class checks its own value ranges, which are the native
 store's where they reach it), then checks the rules *between* processes:
 
-* the server's ``min_size_to_sample`` follows the learner's ``min_replay_size`` (so a restarted, empty server
+* the table ``default``'s min size to sample follows the learner's ``min_replay_size`` (so a restarted, empty server
   makes the learner wait again instead of training on a handful of transitions);
 * ``min_replay_size <= capacity`` (else the learner's first eviction would empty the replay below the size
   the server lets it sample at, and the run would stall);
@@ -53,13 +53,12 @@ from apexrl.launch.presets import Preset, default_preset_for, get_preset
 from apexrl.replay.client.sharded import max_lock_shards
 from apexrl.replay.server.config import (
     MAX_REPLAY_SERVERS,
-    TABLE_FIELDS,
-    TABLE_FLAGS,
     ServerConfig,
     server_config_from_dict,
     server_config_to_dict,
 )
 from apexrl.replay.server.rate_limiter import deadlock_reason
+from apexrl.replay.server.table_flags import TABLE_FLAGS, table_from_flags
 from apexrl.replay.tables import DEFAULT_TABLE, MinSize, Queue, SampleToInsertRatio, TableConfig
 from apexrl.replay.wire.schema import MAX_BATCH
 from apexrl.validate import Range, check_fields
@@ -149,7 +148,8 @@ class Overrides:
     agent_fields: dict[str, Any] = field(default_factory=dict)
     """Fields of the agent's config class (``n_step``, ``gamma``, ...)."""
     server: dict[str, Any] = field(default_factory=dict)
-    """Fields of ServerConfig."""
+    """Fields of ServerConfig and of TableFlags (``--server-args``; the table flags build the table ``default``
+    when the run has no tables)."""
     learner: dict[str, Any] = field(default_factory=dict)
     """Fields of LearnerConfig."""
     actor: dict[str, Any] = field(default_factory=dict)
@@ -178,7 +178,7 @@ class Overrides:
     """A Minari dataset (path or local id) to train from with no actors (RunSettings.offline)."""
     tables: list[TableConfig] | None = None
     """The replay servers' tables (``apexrl run --tables FILE``); None: the preset's, else the one table
-    ``default`` of the server fields."""
+    ``default`` of the preset's replay settings and the table flags."""
 
 
 def snapshot_name(index: int, count: int) -> str:
@@ -187,20 +187,12 @@ def snapshot_name(index: int, count: int) -> str:
 
 
 def split_server(config: ServerConfig, index: int, count: int) -> ServerConfig:
-    """Server ``index``'s share of ``config`` among ``count`` servers: capacity, max_size and
-    min_size_to_sample divided evenly (rounded up, so the shares add up to at least the whole), its own seed
-    and snapshot file (next to the one ``config`` names)."""
+    """Server ``index``'s share of ``config`` among ``count`` servers: each table split (:func:`split_table`),
+    its own seed and snapshot file (next to the one ``config`` names)."""
     if count == 1:
         return config
-    share = lambda v: -(-v // count)  # noqa: E731 - ceil division
     changes: dict[str, Any] = {"seed": config.seed * count + index}
-    if config.tables is not None:
-        changes["tables"] = [split_table(t, count) for t in config.tables]
-    else:
-        changes["capacity"] = share(config.capacity)
-        changes["min_size_to_sample"] = share(config.min_size_to_sample)
-        if config.max_size is not None:
-            changes["max_size"] = share(config.max_size)
+    changes["tables"] = [split_table(t, count) for t in config.tables]
     if config.snapshot is not None:
         changes["snapshot"] = os.path.join(os.path.dirname(os.fspath(config.snapshot)), snapshot_name(index, count))
     return dataclasses.replace(config, **changes)
@@ -255,7 +247,7 @@ def run_tables(
     table flag beside them."""
     from apexrl.replay.server.insert_guard import load_spec
 
-    clash = [TABLE_FLAGS[name] for name in TABLE_FIELDS if name in server]
+    clash = [flag for name, flag in TABLE_FLAGS.items() if name in server]
     if clash:
         raise ValueError(
             f"--server-args {', '.join(clash)}: the run's tables (--tables or the preset's) set every table; "
@@ -539,24 +531,24 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
     tables = o.tables if o.tables is not None else preset.tables
     if tables is None and path.tables:
         tables = path.tables
-    if tables is None:
-        table_settings: dict[str, Any] = {
+    server_wide = {k: v for k, v in o.server.items() if k not in TABLE_FLAGS}
+    if tables is None:  # the table default of the preset's replay settings and the table flags of --server-args
+        flags = {
             **dataclasses.asdict(preset.replay),
             "min_size_to_sample": learner.min_replay_size,
+            **{k: v for k, v in o.server.items() if k in TABLE_FLAGS},
+            **offline,
+            "spec": spec,
         }
-        late: dict[str, Any] = {**offline, "spec": spec}
+        tables = [table_from_flags(flags)]
     else:  # the tables replace the preset's replay settings and every table flag
-        table_settings = {}
-        late = {
-            "tables": run_tables(tables, o.server, learner.min_replay_size, spec, o.offline is not None, path.table)
-        }
+        tables = run_tables(tables, o.server, learner.min_replay_size, spec, o.offline is not None, path.table)
     server = ServerConfig(
         **{
-            **table_settings,
             "seed": o.seed,
             **durable,
-            **o.server,
-            **late,
+            **server_wide,
+            "tables": list(tables),
             "curve_dir": curve_dir,
             "insecure": o.insecure,
         }
@@ -604,7 +596,7 @@ def actor_curve_dir(curve_dir: str | None) -> str | None:
 
 def run_spec(agent: str, env: str, agent_config: Any, seed: int = 0) -> str | None:
     """The TransitionSpec JSON of the items the run's actors insert (actor 0's policy says it: the agent and the
-    environment define it). The plan pins it on every replay server (``ServerConfig.spec``, the server's
+    environment define it). The plan pins it on every replay server (the spec of its table ``default``, the server's
     ``--spec``), so no client can declare another spec first. None for an agent whose replay path writes
     sequences (R2D2): their structure the table pins at their first insert."""
     from apexrl.agents import get_agent

@@ -43,8 +43,8 @@ given" in :meth:`Preset.agent_config`."""
 
 @dataclass(frozen=True)
 class ReplaySettings:
-    """Fields of :class:`~apexrl.replay.server.config.ServerConfig` a preset sets (the run plan adds the seed and makes
-    ``min_size_to_sample`` follow the learner's ``min_replay_size``)."""
+    """Table flags (:class:`~apexrl.replay.server.table_flags.TableFlags`) a preset sets for the table ``default``
+    (the run plan adds the spec and makes ``min_size_to_sample`` follow the learner's ``min_replay_size``)."""
 
     capacity: int
     eviction: str = "fifo"

@@ -18,16 +18,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from apexrl.apex.config import ActorConfig, LearnerConfig
+from apexrl.cli.actor import ENVS_PER_ACTOR
 from apexrl.cli.args import (
     add_agent_arguments,
     add_curve_arguments,
     agent_overrides,
-    field_arg,
     float_arg,
     given_flags,
     int_arg,
 )
+from apexrl.cli.learner import DECODE_THREADS
+from apexrl.cli.server import SERVER_FLAG_DECLS, TABLE_FLAG_DECLS
 from apexrl.replay.server.config import MAX_REPLAY_SERVERS
 
 __all__ = [
@@ -46,34 +47,7 @@ __all__ = [
 PROG = "apexrl"
 
 AGENT_DESTS = ("agent", "env", "preset", "seed", "n_step", "gamma", "batch_size", "target_update_period")
-SERVER_OWN = (
-    "bind",
-    "capacity",
-    "alpha",
-    "eviction",
-    "alpha_evict",
-    "shards",
-    "seed",
-    "min_size_to_sample",
-    "snapshot",
-    "snapshot_every",
-    "max_message_mb",
-    "workers",
-    "inline_sample_max",
-    "samples_per_insert",
-    "error_buffer",
-    "spec",
-    "max_size",
-    "max_wait_s",
-    "max_waiting",
-    "max_waiting_per_peer",
-    "max_waiting_mb",
-    "max_reply_mb",
-    "max_unread_mb",
-    "handshake_s",
-    "heartbeat_s",
-    "log_level",
-)
+SERVER_OWN = (*(flag.field for flag in (*SERVER_FLAG_DECLS, *TABLE_FLAG_DECLS)), "log_level")
 """apexrl-replay-server flags `apexrl run --server-args` may set (its --seed overrides the run's)."""
 
 
@@ -98,22 +72,8 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_agent_arguments(p)
     g = p.add_argument_group("run")
     g.add_argument("--actors", type=int_arg(1, 256), default=None, help="number of actors (default: the preset's)")
-    g.add_argument(
-        "--envs-per-actor",
-        metavar="K",
-        type=field_arg(ActorConfig, "envs_per_actor"),
-        default=None,
-        help="environments each actor steps in lockstep with one batched forward pass; the exploration "
-        "ladder runs over all actors x K environments (default: the preset's, 1)",
-    )
-    g.add_argument(
-        "--decode-threads",
-        metavar="N",
-        type=field_arg(LearnerConfig, "decode_threads"),
-        default=None,
-        help="the learner's threads decoding sampled batches side by side (natively, without the GIL); "
-        "more use more cores for Atari frames (default 1; as --learner-args='--decode-threads N')",
-    )
+    ENVS_PER_ACTOR.add_preset(g)
+    DECODE_THREADS.add_preset(g)
     g.add_argument(
         "--minutes",
         type=float_arg(nonneg=True),
@@ -361,7 +321,10 @@ def launch_plan(argv: Sequence[str] | None = None):
         from apexrl.offline.loader import check_offline
 
         try:
-            steps = check_offline(p, min_replay_given="min_replay_size" in o.learner)
+            from apexrl.launch.presets import get_preset
+
+            tables_given = o.tables is not None or get_preset(p.preset).tables is not None
+            steps = check_offline(p, min_replay_given="min_replay_size" in o.learner, tables_given=tables_given)
             if "min_replay_size" not in o.learner:  # learning starts once the whole dataset is in the replay
                 o.learner["min_replay_size"] = steps
                 p = plan(args.preset, o)

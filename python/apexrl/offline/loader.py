@@ -184,9 +184,10 @@ def _too_small(source: str, steps: int, capacity: int, tables_given: bool) -> st
     )
 
 
-def check_offline(p: Any, min_replay_given: bool = True) -> int:
+def check_offline(p: Any, min_replay_given: bool = True, tables_given: bool = False) -> int:
     """Refuse a run plan's ``--offline`` dataset that cannot train this run (module docstring; the learner's
-    ``min_replay_size`` only where ``min_replay_given``); the number of transitions it gives."""
+    ``min_replay_size`` only where ``min_replay_given``; ``tables_given``: the run's tables come from
+    ``--tables`` or the preset, not from the table flags); the number of transitions it gives."""
     from apexrl.envs import env_spec
 
     source = p.run.offline
@@ -195,7 +196,7 @@ def check_offline(p: Any, min_replay_given: bool = True) -> int:
 
     capacity = sum(run_table(s, p.table).capacity for s in p.servers)  # the table the loader fills
     if steps > capacity:
-        raise ValueError(_too_small(source, steps, capacity, p.server.tables is not None))
+        raise ValueError(_too_small(source, steps, capacity, tables_given))
     if min_replay_given and steps < p.learner.min_replay_size:
         raise ValueError(
             f"--offline: {source} gives {steps} transitions, fewer than the learner's min_replay_size "

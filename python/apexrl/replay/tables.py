@@ -16,9 +16,8 @@ FILE``, a JSON list of table objects read by :func:`load_tables`::
        "rate_limiter": {"kind": "queue", "size": 1024}}
     ]
 
-A field left out takes its default. Without tables, :meth:`ServerConfig.table_configs
-<apexrl.replay.server.config.ServerConfig.table_configs>` builds the one table ``default`` from the server's
-old flags. For Reverb users: Reverb's ``max_size`` is our ``capacity`` (the soft capacity that
+A field left out takes its default. Without tables, the server's table flags (``--capacity``, ``--eviction``,
+...: :mod:`apexrl.replay.server.table_flags`) build the one table ``default``. For Reverb users: Reverb's ``max_size`` is our ``capacity`` (the soft capacity that
 ``remove_to_fit`` and inserts beyond the ceiling evict down to); our ``max_size`` is the hard ceiling.
 
 Never imports torch.

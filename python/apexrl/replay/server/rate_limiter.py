@@ -22,7 +22,7 @@ Deadlock freedom: with the store at min size, let ``d = (I - m) * spi - S``. A S
 ``d < n - eb``, an INSERT of k iff ``d > eb - k * spi``; both at once needs ``n + k * spi > 2 * eb``. The
 offset shifts d, not this bound, so whenever every sample batch n and insert batch k satisfy
 ``n + k * spi <= 2 * eb``, at least one side can always proceed. Hence ``error_buffer >= max(1, spi)`` is
-required (ServerConfig validates it; single-item calls on both sides can always move, the same rule as
+required (SampleToInsertRatio validates it; single-item calls on both sides can always move, the same rule as
 Reverb) and larger batches need a proportionally larger buffer.
 """
 
