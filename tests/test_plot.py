@@ -136,3 +136,38 @@ def test_groups_name_the_environment_only_where_the_runs_environments_differ(tmp
         "gym:pkg.mod:Long-v1 r2d2 (r2d2-cpu)",
         "gym:CartPole-v1 dqn (cartpole)",
     ]
+
+
+def _seeds_and_configs(tmp_path) -> dict[str, list[str]]:
+    rows = "10,1000,50,5,1,1000,10\n20,2000,100,9,1,2000,20\n30,3000,150,12,1,3000,30\n"
+    final = {"mean": 11.0, "se": 1.0, "episodes": 10, "env_frames": 3000, "time_s": 30}
+    seeds = [_run(tmp_path, f"s{i}", rows, seed=i, final=final) for i in range(3)]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "metrics.csv").write_text(METRICS_HEADER + rows)
+    (other / "plan.json").write_text(
+        json.dumps({"preset": "r2d2-cpu", "learner": {"agent": "r2d2", "env": "gym:CartPole-v1", "seed": 0}})
+    )
+    return {"one run": seeds[:1], "three seeds": seeds, "two configurations": seeds + [str(other)]}
+
+
+def test_the_legend_lies_outside_both_panels_data_areas(tmp_path):
+    from apexrl.plot import draw_runs
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    for case, dirs in _seeds_and_configs(tmp_path).items():
+        fig = draw_runs(dirs)
+        try:
+            fig.canvas.draw()
+            assert len(fig.legends) == 1, case
+            legend = fig.legends[0].get_window_extent()
+            assert len(fig.axes) == 2
+            for ax in fig.axes:
+                assert ax.get_legend() is None, case
+                assert not legend.overlaps(ax.get_window_extent()), (case, legend, ax.get_window_extent())
+            labels = [t.get_text() for t in fig.legends[0].get_texts()]
+            assert any("final evaluation" in lab for lab in labels), (case, labels)
+            if case == "two configurations":
+                assert any(lab.startswith("r2d2") for lab in labels) and any(lab.startswith("dqn") for lab in labels)
+        finally:
+            plt.close(fig)

@@ -29,7 +29,7 @@ import numpy as np
 
 from apexrl.apex.metrics import read_csv
 
-__all__ = ["PlotError", "episode_curve", "eval_curve", "greediest_actor", "plot_runs", "seed_band"]
+__all__ = ["PlotError", "draw_runs", "episode_curve", "eval_curve", "greediest_actor", "plot_runs", "seed_band"]
 
 METRICS = "metrics.csv"
 EPISODES = "episodes.csv"
@@ -225,80 +225,125 @@ def _final(run_dir: str) -> dict | None:
         raise PlotError(str(e)) from None
 
 
-def plot_runs(run_dirs: Sequence[str], out: str | None = None, smooth: int = 20) -> str:
-    """Write the curves of ``run_dirs`` to ``out`` (default RUN_DIR/curves.png for one run, curves.png for
-    several); runs of one configuration are drawn as a mean ± SE band across seeds. Returns the path written.
-    Raises :class:`PlotError`."""
+# Sizes for a figure shown at 800-1000 px wide (bench/README.md, the README): it is drawn 1200 px wide, so text
+# and markers shrink by a quarter there.
+_FONT = 11
+_LEGEND_FONT = 10
+
+
+def draw_runs(run_dirs: Sequence[str], smooth: int = 20):
+    """The matplotlib figure of ``run_dirs`` (see :func:`plot_runs`), not yet saved; the caller closes it. Its
+    legend is one figure legend below both panels, never over the curves. Raises :class:`PlotError`."""
     if not run_dirs:
         raise PlotError("give at least one run directory")
     metrics = {d: _load_metrics(d) for d in run_dirs}  # every directory is checked before drawing
     plt = _pyplot()
-    out = out or (os.path.join(run_dirs[0], "curves.png") if len(run_dirs) == 1 else "curves.png")
-    fig, (ax_frames, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    with plt.rc_context({"font.size": _FONT, "axes.titlesize": _FONT, "axes.labelsize": _FONT}):
+        fig, (ax_frames, ax_time) = plt.subplots(1, 2, figsize=(12, 5.5), sharey=True, layout="constrained")
+        drawn = _draw_groups(plt, _groups(run_dirs), metrics, (ax_frames, ax_time), smooth)
+        if not drawn:
+            ax_frames.text(0.5, 0.5, "no evaluation or episode yet", ha="center", transform=ax_frames.transAxes)
+        ax_frames.set_xlabel("env frames")
+        ax_time.set_xlabel("wall time (minutes)")
+        ax_frames.set_ylabel("episode return")
+        for ax in (ax_frames, ax_time):
+            ax.grid(alpha=0.3)
+        if drawn:
+            # Both panels carry the same series: one legend below them (constrained layout makes room), so
+            # long labels and several configurations never cover a curve or an axis label.
+            handles, labels = ax_frames.get_legend_handles_labels()
+            more, more_labels = ax_time.get_legend_handles_labels()
+            for h, lab in zip(more, more_labels):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+            fig.legend(
+                handles,
+                labels,
+                loc="outside lower center",
+                ncol=_legend_columns(labels),
+                fontsize=_LEGEND_FONT,
+                frameon=False,
+            )
+        title = os.path.normpath(run_dirs[0]) if len(run_dirs) == 1 else f"{len(run_dirs)} runs"
+        envs = _envs(run_dirs)
+        if len(run_dirs) > 1 and len(envs) == 1:
+            title += f" on {envs[0]}"
+        fig.suptitle(f"Ape-X learning curves: {title}")
+    return fig
+
+
+def _legend_columns(labels: list[str]) -> int:
+    """Columns of the legend below a 1200 px figure: one for long labels, up to three for short ones."""
+    longest = max(len(lab) for lab in labels)
+    return 1 if longest > 60 else 2 if longest > 40 else min(3, len(labels))
+
+
+def _draw_groups(plt, groups: list[tuple[str, list[str]]], metrics: dict, axes, smooth: int) -> int:
+    """Draw every configuration's curves on the (frames, time) axes; returns how many series were drawn."""
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    groups = _groups(run_dirs)
     drawn = 0
     for gi, (name, dirs) in enumerate(groups):
         color = colors[gi % len(colors)]
         prefix = "" if len(groups) == 1 else f"{name}: "
-        seeds = f" (mean ± SE of {len(dirs)} seeds)" if len(dirs) > 1 else ""
+        seeds = f", mean ± SE of {len(dirs)} seeds" if len(dirs) > 1 else ""
         evals = [eval_curve(metrics[d]) for d in dirs]
         episodes = [
             c
             for c in (episode_curve(os.path.join(d, EPISODES), metrics[d], smooth, greediest=True) for d in dirs)
             if c is not None
         ]
-        for axis, (ax, scale) in enumerate(((ax_frames, 1.0), (ax_time, 60.0))):
+        for axis, (ax, scale) in enumerate(zip(axes, (1.0, 60.0))):
             label_eval = f"{prefix}evaluation{seeds}"
             if len(dirs) == 1:
                 f, t, y = evals[0]
                 if len(y):
-                    ax.plot((f, t)[axis] / scale, y, "o-", color=color, markersize=3, label=label_eval)
+                    ax.plot((f, t)[axis] / scale, y, "o-", color=color, markersize=3.5, linewidth=1.8, label=label_eval)
                     drawn += 1
             else:
                 grid, mean, se = seed_band([((f, t)[axis], y) for f, t, y in evals])
                 if len(grid):
-                    ax.plot(grid / scale, mean, "-", color=color, label=label_eval)
-                    ax.fill_between(grid / scale, mean - se, mean + se, color=color, alpha=0.25)
+                    ax.plot(grid / scale, mean, "-", color=color, linewidth=1.8, label=label_eval)
+                    ax.fill_between(grid / scale, mean - se, mean + se, color=color, alpha=0.3, linewidth=0)
                     drawn += 1
-            label_act = f"{prefix}greediest actor (moving mean of {smooth} episodes){seeds}"
+            label_act = f"{prefix}greediest actor, mean of last {smooth} episodes{seeds}"
             grid, mean, se = seed_band([(c[axis][~np.isnan(c[axis])], c[2][~np.isnan(c[axis])]) for c in episodes])
             if len(grid):
-                ax.plot(grid / scale, mean, "--", color=color, alpha=0.6, linewidth=1.2, label=label_act)
+                ax.plot(grid / scale, mean, "--", color=color, alpha=0.7, linewidth=1.4, label=label_act)
                 if len(episodes) > 1:
-                    ax.fill_between(grid / scale, mean - se, mean + se, color=color, alpha=0.1)
+                    ax.fill_between(grid / scale, mean - se, mean + se, color=color, alpha=0.12, linewidth=0)
                 drawn += 1
             for k, d in enumerate(dirs):
                 fe = _final(d)
                 if fe is None:
                     continue
                 x = float(fe.get(("env_frames", "time_s")[axis]) or 0.0) / scale
+                # Large, black-edged and on top: the final evaluation stays visible over a band at 800 px.
                 ax.errorbar(
                     [x],
                     [fe["mean"]],
                     yerr=[fe["se"]],
                     fmt="s",
                     color=color,
-                    capsize=4,
-                    markersize=6,
+                    markeredgecolor="black",
+                    ecolor="black",
+                    elinewidth=1.5,
+                    capsize=5,
+                    markersize=9,
+                    zorder=5,
                     label=f"{prefix}final evaluation ({int(fe['episodes'])} episodes)" if k == 0 else None,
                 )
                 drawn += 1
-    if not drawn:
-        ax_frames.text(0.5, 0.5, "no evaluation or episode yet", ha="center", transform=ax_frames.transAxes)
-    ax_frames.set_xlabel("env frames")
-    ax_time.set_xlabel("wall time (minutes)")
-    ax_frames.set_ylabel("episode return")
-    for ax in (ax_frames, ax_time):
-        ax.grid(alpha=0.3)
-        if drawn:
-            ax.legend(fontsize=8, loc="best")
-    title = os.path.normpath(run_dirs[0]) if len(run_dirs) == 1 else f"{len(run_dirs)} runs"
-    envs = _envs(run_dirs)
-    if len(run_dirs) > 1 and len(envs) == 1:
-        title += f" on {envs[0]}"
-    fig.suptitle(f"Ape-X learning curves: {title}")
-    fig.tight_layout()
+    return drawn
+
+
+def plot_runs(run_dirs: Sequence[str], out: str | None = None, smooth: int = 20) -> str:
+    """Write the curves of ``run_dirs`` to ``out`` (default RUN_DIR/curves.png for one run, curves.png for
+    several); runs of one configuration are drawn as a mean ± SE band across seeds. Returns the path written.
+    Raises :class:`PlotError`."""
+    fig = draw_runs(run_dirs, smooth)
+    out = out or (os.path.join(run_dirs[0], "curves.png") if len(run_dirs) == 1 else "curves.png")
+    plt = _pyplot()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     try:
         fig.savefig(out, dpi=100)
