@@ -147,3 +147,50 @@ def test_frame_stacks_stored_once_come_back_raw_with_their_chunks_and_decoded_wh
             idx = [row[k] for k in keys.tolist()]
             for name in spec.names:
                 np.testing.assert_array_equal(out[name], batch[name][idx])
+
+
+def test_a_beta_schedule_sets_each_batchs_importance_weights_by_its_index(start_server) -> None:
+    """beta(k) for the k-th batch: 0 (every weight 1) for the first two, then 1 (weight x probability is the
+    smallest probability in the table, the same for every item)."""
+    server = start_server()
+    _insert_atari(server.endpoint)
+    asked: list[int] = []
+
+    def schedule(k: int) -> float:
+        asked.append(k)
+        return 0.0 if k < 2 else 1.0
+
+    it = iter(ReplayDataset(server.endpoint, 8, beta=schedule, prefetch=2))
+    batches = [next(it) for _ in range(5)]
+    it.close()
+    for b in batches[:2]:
+        np.testing.assert_array_equal(b["weights"], np.ones(8, np.float32))
+    for b in batches[2:]:
+        assert not np.allclose(b["weights"], 1.0) or np.ptp(b["probabilities"]) == 0
+        product = b["weights"].astype(np.float64) * b["probabilities"]
+        np.testing.assert_allclose(product, product[0], rtol=1e-5)
+    assert set(range(5)) <= set(asked)
+
+
+def test_linear_beta_and_bad_betas() -> None:
+    from apexrl.replay import linear_beta
+
+    schedule = linear_beta(0.4, 1.0, steps=100)
+    assert [schedule(k) for k in (0, 50, 100, 1000)] == pytest.approx([0.4, 0.7, 1.0, 1.0])
+    assert linear_beta(0.4, 1.0, steps=100, offset=50)(0) == pytest.approx(0.7)  # a resumed learner
+    with pytest.raises(ValueError, match="steps"):
+        linear_beta(steps=0)
+    with pytest.raises(ValueError, match="beta"):
+        ReplayDataset("tcp://127.0.0.1:1", 4, beta=-1.0)
+    with pytest.raises(ValueError, match="beta"):
+        ReplayDataset("tcp://127.0.0.1:1", 4, beta=lambda k: float("nan"))
+
+
+def test_a_schedule_that_turns_bad_raises_from_the_iterator(start_server) -> None:
+    server = start_server()
+    _insert_atari(server.endpoint)
+    it = iter(ReplayDataset(server.endpoint, 4, beta=lambda k: 0.5 if k < 1 else -1.0, prefetch=1))
+    with pytest.raises(ValueError, match="for batch 1"):
+        for _ in range(5):
+            next(it)
+    it.close()

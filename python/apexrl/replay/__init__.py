@@ -32,6 +32,7 @@ __all__ = [
     "TrajectoryWriter",
     "TransitionSpec",
     "connect",
+    "linear_beta",
     "load_tables",
     "rate_limiter_from_json",
 ]
@@ -47,6 +48,7 @@ _HOMES = {
     "ShardedReplayClient": "apexrl.replay.client.sharded",
     "TrajectoryWriter": "apexrl.replay.client.trajectory",
     "connect": "apexrl.replay.client.sharded",
+    "linear_beta": "apexrl.replay.client.beta",
     "MinSize": "apexrl.replay.tables",
     "Queue": "apexrl.replay.tables",
     "SampleToInsertRatio": "apexrl.replay.tables",

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
+from apexrl.replay.client.beta import Beta, beta_at
 from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.frames import frame_codec
 from apexrl.replay.wire.steps import SequenceBatch
@@ -72,6 +73,11 @@ class ReplayDataset(torch.utils.data.IterableDataset):
 
     ``table``: the server's table it samples (default ``"default"``).
 
+    ``beta``: the importance-sampling exponent, a number or a schedule: a callable of the batch index (0, 1, ...
+    per ``iter()``; with one update per batch, the learner step) such as
+    :func:`~apexrl.replay.client.beta.linear_beta`, asked when the batch is requested (up to ``prefetch``
+    batches before it is taken). A value that is not a finite number >= 0 raises ValueError from the iterator.
+
     Use it with ``DataLoader(dataset, batch_size=None, num_workers=0)``: the dataset yields whole batches
     (``batch_size=None`` keeps the DataLoader from stacking several). Worker processes (``num_workers > 0``)
     are refused with a RuntimeError that says why: the sampler's threads already prefetch and decode in this
@@ -83,7 +89,7 @@ class ReplayDataset(torch.utils.data.IterableDataset):
         self,
         endpoint_or_client: Any,
         batch_size: int,
-        beta: float = 0.4,
+        beta: Beta = 0.4,
         decode: TransitionSpec | str | Callable[[Any], Any] | None = None,
         prefetch: int = 16,
         *,
@@ -118,7 +124,8 @@ class ReplayDataset(torch.utils.data.IterableDataset):
             )
         self.endpoint_or_client = endpoint_or_client
         self.batch_size = batch_size
-        self.beta = float(beta)
+        beta_at(beta, 0)  # a bad beta or schedule fails here, not at the first batch
+        self.beta: Beta = beta if callable(beta) else float(beta)
         self.decode = decode
         self.prefetch = prefetch
         self.decode_threads = decode_threads

@@ -38,6 +38,7 @@ from apexrl.errors import (
     ServerTimeoutError,
     error_of,
 )
+from apexrl.replay.client.beta import Beta
 from apexrl.replay.client.inserter import InsertTooLargeError, PipelinedInserter
 from apexrl.replay.client.sampler import LearnerBatch, PrefetchingSampler, SlotDecoder
 from apexrl.replay.client.updater import AsyncUpdater
@@ -725,7 +726,7 @@ class ReplayClient(TransportClient):
     def sampler(
         self,
         batch_size: int,
-        beta: float = 0.4,
+        beta: Beta = 0.4,
         prefetch: int = 16,
         decode: Callable[[SampledBatch], Any] | None = None,
         timeout: float | None = None,
@@ -744,7 +745,9 @@ class ReplayClient(TransportClient):
         each thread on a connection of its own. ``timeout``
         is the per-request server-side wait for ``min_size_to_sample`` as in :meth:`sample`. ReplayTimeouts
         (server down or restarting, store too small) are retried until the sampler is closed; see
-        :class:`PrefetchingSampler`. ``table``: the table it samples (None: this client's).
+        :class:`PrefetchingSampler`. ``table``: the table it samples (None: this client's). ``beta``: a number,
+        or a schedule of the batch index (0, 1, ...: the learner step with one update per batch), e.g.
+        :func:`~apexrl.replay.client.beta.linear_beta`.
         """
         return PrefetchingSampler(
             functools.partial(self._same_endpoint, table),

@@ -16,6 +16,7 @@ import numpy as np
 
 from apexrl.errors import Interrupted, ReplayTimeout, ServerShuttingDownError
 from apexrl.replay.client.api import BackgroundHelper, ReplayFactory, close_replay
+from apexrl.replay.client.beta import Beta, beta_at
 from apexrl.replay.wire import protocol as P
 
 __all__ = ["MAX_SAMPLE_THREADS", "LearnerBatch", "PrefetchingSampler", "SlotDecoder"]
@@ -101,7 +102,7 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         connect: ReplayFactory,
         batch_size: int,
         *,
-        beta: float = 0.4,
+        beta: Beta = 0.4,
         prefetch: int = 16,
         decode: Callable[[Any], Any] | None = None,
         timeout: float | None = None,
@@ -122,7 +123,7 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
                 f"sample_threads must be an integer from 1 to {MAX_SAMPLE_THREADS}, got {sample_threads!r}"
             )
         _wait_s, timeout_ms = P.server_wait(timeout)
-        P.encode_sample(0, batch_size, beta, timeout_ms)  # validate here, in the caller's thread
+        P.encode_sample(0, batch_size, beta_at(beta, 0), timeout_ms)  # validate here, in the caller's thread
         if decode is not None and not callable(decode):
             raise TypeError("decode must be callable or None")
         if decoder is not None:
@@ -131,7 +132,8 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
             if not callable(getattr(decoder, "allocate", None)) or not callable(getattr(decoder, "decode_into", None)):
                 raise TypeError("decoder must have allocate() and decode_into(raw, slot) methods")
         self.batch_size = batch_size
-        self.beta = float(beta)
+        self.beta: Beta = beta if callable(beta) else float(beta)
+        self._issued = 0  # batch indices handed to the sampling threads: a beta schedule's argument
         self.prefetch = prefetch
         self.decode_threads = decode_threads
         self.sample_threads = sample_threads
@@ -189,6 +191,7 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         backoff = _RETRY_BACKOFF_MIN
         n, beta, timeout = self.batch_size, self.beta, self._timeout
         decoding = bool(self._workers)
+        index: int | None = None  # this thread's batch index; a retried request keeps its index
         try:
             while not self._stop.is_set():
                 with self._cond:  # wait for room before sampling: at most `prefetch` batches exist ahead
@@ -197,8 +200,10 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
                     if self._stop.is_set():
                         break
                     self._requested += 1
+                    if index is None:
+                        index, self._issued = self._issued, self._issued + 1
                 try:
-                    raw = replay.sample(n, beta, timeout=timeout)
+                    raw = replay.sample(n, beta_at(beta, index), timeout=timeout)
                 except (ReplayTimeout, ServerShuttingDownError) as exc:
                     with self._cond:
                         self._requested -= 1
@@ -213,6 +218,7 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
                         self._requested -= 1
                     raise
                 backoff = _RETRY_BACKOFF_MIN
+                index = None
                 with self._cond:
                     self._requested -= 1
                     if self._stop.is_set():

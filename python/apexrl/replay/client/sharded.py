@@ -70,6 +70,7 @@ from apexrl.errors import (
     ServerClosedError,
     ServerTimeoutError,
 )
+from apexrl.replay.client.beta import Beta
 from apexrl.replay.client.inserter import PipelinedInserter
 from apexrl.replay.client.replay_client import ReplayClient, SampledBatch, sampled_batch, sequences_of
 from apexrl.replay.client.sampler import PrefetchingSampler, SlotDecoder
@@ -868,7 +869,7 @@ class ShardedReplayClient:
     def sampler(
         self,
         batch_size: int,
-        beta: float = 0.4,
+        beta: Beta = 0.4,
         prefetch: int = 16,
         decode: Callable[[SampledBatch], Any] | None = None,
         timeout: float | None = None,
