@@ -39,7 +39,8 @@ apexrl.replay.TableConfig; a field left out takes its default, "name" is require
                      (prioritized: p^alpha with IS weights; the heaps: by priority)
   remover            what goes when over capacity (prioritized: drawn by p^alpha_evict):
                      {kind_names(REMOVERS, REMOVER_ALIASES, TableConfig.remover)}
-  capacity           soft capacity in items (default 1000000; Reverb's max_size)
+  capacity           soft capacity in items (default 1000000): remove_to_fit evicts down to it
+                     (Reverb's max_size=N is capacity=N with max_size=N)
   max_size           hard ceiling (>= capacity; default null: 2 * capacity)
   alpha, alpha_evict priority exponents of sampling and of eviction (0.6, -0.4)
   max_times_sampled  an item goes after its k-th draw (default 0: no limit)
@@ -216,7 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --plan: run the plan's replay server I (0-based; default 0) when it has several",
     )
-    port = Flag(ServerConfig, "port", "TCP port to listen on (0 = pick a free one)")
+    port = Flag(
+        ServerConfig,
+        "port",
+        "TCP port to listen on (0 = pick a free one; the first stdout line, "
+        f"'{PROG} listening on tcp://HOST:PORT', names it)",
+    )
     port.add(p, default=None, shown="required unless --endpoint")
     p.add_argument("--endpoint", type=_endpoint, help="tcp://HOST:PORT to listen on (instead of --bind/--port)")
     p.add_argument(

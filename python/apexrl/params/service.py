@@ -153,6 +153,11 @@ class ParamServer:
     ``curve`` (a key directory or :class:`~apexrl.security.ServerKeys`) turns on CURVE and the client allow-list.
     If its ZAP handler dies (nobody could authenticate any more) the service logs a CRITICAL line, stops,
     sets :attr:`failure` and calls ``on_failure(reason)`` (from another thread): the learner stops with it.
+
+    Nothing is served until it is started: ``with ParamServer() as params:`` starts it (and closes it at the
+    block's end), or call :meth:`start` and :meth:`close`. Then ``params.endpoint`` is the address actors give
+    :class:`ParamClient`, and ``params.publish(model.state_dict())`` makes new weights their latest;
+    :class:`ParamPoller` fetches them in an actor's loop.
     """
 
     def __init__(

@@ -17,8 +17,10 @@ FILE``, a JSON list of table objects read by :func:`load_tables`::
     ]
 
 A field left out takes its default. Without tables, the server's table flags (``--capacity``, ``--eviction``,
-...: :mod:`apexrl.replay.server.table_flags`) build the one table ``default``. For Reverb users: Reverb's ``max_size`` is our ``capacity`` (the soft capacity that
-``remove_to_fit`` and inserts beyond the ceiling evict down to); our ``max_size`` is the hard ceiling.
+...: :mod:`apexrl.replay.server.table_flags`) build the one table ``default``. For Reverb users: Reverb's ``max_size`` is a hard limit that each insert past it evicts back to;
+here that is ``capacity=N, max_size=N``. With the default ``max_size`` (2 * capacity) a table holds up to twice
+its ``capacity`` until someone calls ``remove_to_fit()`` (the Ape-X learner does, every
+``remove_to_fit_every`` steps) or an insert passes the ceiling.
 
 Never imports torch.
 """
@@ -227,8 +229,9 @@ class TableConfig:
     - ``sampler``: one of :data:`SAMPLERS`; ``remover``: one of :data:`REMOVERS`; an alias
       (:data:`SAMPLER_ALIASES`, :data:`REMOVER_ALIASES`: ``min_heap`` for lowest_priority) is stored by its name.
     - ``capacity``: the soft capacity in items; ``remove_to_fit`` (and an insert beyond the ceiling) evicts down
-      to it. **Reverb's** ``max_size`` **is our** ``capacity``. ``max_size``: the hard ceiling (>= capacity;
-      None: 2 * capacity): an insert that leaves more items evicts down to capacity by itself.
+      to it; nothing else does, so a table may hold up to ``max_size`` items. ``max_size``: the hard ceiling
+      (>= capacity; None: 2 * capacity): an insert that leaves more items evicts down to capacity by itself.
+      **Reverb's** ``max_size=N`` (evict on every insert past N) **is** ``capacity=N, max_size=N``.
     - ``alpha``: priority exponent of the prioritized sampler; ``alpha_evict``: exponent of the prioritized
       remover.
     - ``max_times_sampled``: an item is removed right after its k-th draw (0: no limit).

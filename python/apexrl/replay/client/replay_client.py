@@ -316,7 +316,8 @@ class ReplayClient(TransportClient):
     def tables(self) -> dict[str, dict[str, Any]]:
         """The server's tables: name -> its configuration (HELLO: index, sampler, remover, capacity, max_size,
         alpha, alpha_evict, max_times_sampled, rate_limiter, ...), ``spec`` (its pinned item structure, the
-        TransitionSpec JSON object; None until configured or declared), its ``size`` and ``bytes_held`` and its
+        TransitionSpec JSON object; None until configured or declared, and always None for a table of sequence
+        items, whose steps carry their own structure: a sample's ``fields`` shows it), its ``size`` and ``bytes_held`` and its
         counters (STATS: the ``table.<name>.`` entries, without the prefix)."""
         info = self.hello()
         stats = self.stats()
@@ -363,9 +364,10 @@ class ReplayClient(TransportClient):
         ``priorities``: f64[n], or None: each item gets the table's largest priority so far (given by an
         INSERT or UPDATE_PRIORITIES since the server started; 1.0 before any), chosen by the server.
 
-        ``timeout``: seconds the server may hold the insert while its rate limiter (samples_per_insert) says
-        the inserters are too far ahead; None (default) answers at once. Raises ServerTimeoutError (a
-        ReplayTimeout) when the samplers did not catch up in time. ``insert_id``: the id of this batch's first
+        ``timeout``: seconds the server may hold the insert while the table's rate limiter blocks inserts
+        (a ``SampleToInsertRatio`` whose inserters are too far ahead of the samplers, a ``Queue`` that is full);
+        None (default) answers at once. Raises ServerTimeoutError (a ReplayTimeout) when the limiter did not
+        let it through in time. ``insert_id``: the id of this batch's first
         attempt when retrying it (None: a new batch, a new id). InsertTooLargeError (nothing sent) when the
         request would be over the server's limit. ``chunks``: frame chunks the items reference
         (:func:`~apexrl.replay.wire.protocol.pack_chunks`), stored once and kept while an item references them.
@@ -555,8 +557,10 @@ class ReplayClient(TransportClient):
         """Sample n items with IS exponent beta. On a table with a pinned structure, ``batch.fields`` is the
         items decoded into it (the nested mapping they were inserted as, numpy arrays with leading dimension n).
 
-        ``timeout``: seconds the server may wait for the store to reach its min_size_to_sample; None (default)
-        answers at once. Raises ServerTimeoutError (a ReplayTimeout) when the store is still too small.
+        ``timeout``: seconds the server may hold the sample while the table's rate limiter blocks samples (fewer
+        items than its min_size_to_sample, a ``SampleToInsertRatio`` whose samplers are too far ahead of the
+        inserters, an empty ``Queue``); None (default) answers at once. Raises ServerTimeoutError (a
+        ReplayTimeout) when the limiter did not let it through in time.
         """
         wait_s, timeout_ms = P.server_wait(timeout)
         P.encode_sample(0, n, beta, timeout_ms)  # validate before touching the socket
