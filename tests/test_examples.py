@@ -62,11 +62,26 @@ def test_onpolicy_learner():
     assert int(done.group(2)) < int(done.group(1)) and int(done.group(4)) > 0, out
 
 
+def test_two_process_dqn():
+    """The learner process starts the actor process; the actor acts with weights the learner published after
+    training began, and both stop cleanly when the learner is done."""
+    out = run_example("two_process_dqn.py", "--updates", "200", "--min-size", "200", "--batch-size", "32",
+                      "--publish-every", "20", "--log-every", "100", "--seed", "1")  # fmt: skip
+    assert re.findall(r"^learner update (\d+)  weights (\d+)  ", out, re.M) == [("100", "6"), ("200", "11")], out
+    assert re.findall(r"^actor episode \d+  step \d+  return \d+  weights \d+$", out, re.M), out
+    actor = re.search(r"^actor done: (\d+) steps, (\d+) episodes, weights version (\d+)$", out, re.M)
+    assert actor and int(actor.group(3)) >= 2, out  # it fetched weights the learner published while training
+    learner = re.search(r"^learner done: 200 updates, weights version 11, (\d+) items held$", out, re.M)
+    # SampleToInsertRatio(8): 200 x 32 sampled items allow about 800 inserts beyond the first 200, plus the
+    # error buffer (200); an actor left alone would have inserted many thousands meanwhile
+    assert learner and 200 <= int(learner.group(1)) <= min(1300, int(actor.group(1))), out
+
+
 def test_the_docs_code_is_the_examples_code():
     """docs/own_learner.md takes its Python from the examples: every line of its python blocks (but ``...`` and
     comments) is a line of one of the scripts, so the page cannot drift from code that CI runs."""
     sources = set()
-    for script in ("uniform_sac.py", "sequence_learner.py", "onpolicy_learner.py"):
+    for script in ("uniform_sac.py", "sequence_learner.py", "onpolicy_learner.py", "two_process_dqn.py"):
         with open(os.path.join(EXAMPLES, script), encoding="utf-8") as f:
             sources |= {line.strip() for line in f}
     with open(os.path.join(os.path.dirname(EXAMPLES), "docs", "own_learner.md"), encoding="utf-8") as f:
