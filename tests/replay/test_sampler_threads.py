@@ -20,6 +20,7 @@ from apexrl.errors import ReplayTimeout, ServerError
 from apexrl.replay.client.replay_client import ReplayClient
 from apexrl.replay.client.sampler import MAX_SAMPLE_THREADS, PrefetchingSampler
 from apexrl.replay.client.sharded import ShardedReplayClient
+from apexrl.replay.tables import TableConfig
 from apexrl.replay.wire import protocol as P
 from tests.helpers import wait_until
 from tests.replay.test_replay_api import LocalReplay, filled
@@ -163,7 +164,7 @@ def test_threads_over_one_real_server_hand_out_whole_valid_batches():
 
 
 def test_threads_over_sharded_servers_keep_the_global_proportional_distribution():
-    with running(3, alpha=ALPHA, shards=4) as endpoints:
+    with running(3, shards=4, tables=[TableConfig("default", alpha=ALPHA)]) as endpoints:
         priority_of = _fill(endpoints)
         total = sum(p**ALPHA for p in priority_of.values())
         counts: Counter[bytes] = Counter()
