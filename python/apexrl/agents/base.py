@@ -177,6 +177,10 @@ class ReplayPath:
     this); None: 1, one transition per agent step."""
     one_server: str | None = None
     """Why the agent runs on one replay server only (``--replay-servers`` > 1 is refused with it); None: any."""
+    wait_for_weights: Callable[[Any], bool] | None = None
+    """``(config) -> bool``: True makes the actors synchronous (Tonic's on-policy loop): once each of its
+    environments has made an item since the last wait, an actor sends what its writers hold and waits for weights
+    newer than those it acted with. None or False: actors never wait (the queue's limiter bounds the lag)."""
 
     def __post_init__(self) -> None:
         if self.reader not in READERS:
@@ -192,6 +196,8 @@ class ReplayPath:
                 )
         elif self.make_adder is None or self.make_batch is None:
             raise ValueError(f"ReplayPath: the {self.reader} reader needs make_adder and make_batch")
+        if self.transitions and self.wait_for_weights is not None:
+            raise ValueError("ReplayPath: wait_for_weights counts the items of a sequence or queue reader's adders")
         if self.tables and self.table not in [t.name for t in self.tables]:
             raise ValueError(
                 f"ReplayPath: the tables ({', '.join(t.name for t in self.tables)}) do not hold the table "
@@ -202,6 +208,10 @@ class ReplayPath:
     def transitions(self) -> bool:
         """True when items are n-step transitions of the agent's TransitionSpec (the run pins that spec)."""
         return self.reader == "transitions"
+
+    def synchronous(self, config: Any) -> bool:
+        """Whether the actors wait for new weights after each item per environment (``wait_for_weights``)."""
+        return self.wait_for_weights is not None and bool(self.wait_for_weights(config))
 
     def items_to_steps(self, config: Any) -> int:
         """Agent steps one item stands for (see ``steps_per_item``)."""

@@ -17,6 +17,7 @@ import dataclasses
 import textwrap
 from typing import Any
 
+from apexrl.agents.onpolicy.config import ONPOLICY_SOURCES
 from apexrl.agents.r2d2.presets import R2D2_SOURCE
 from apexrl.launch.presets import PRESETS, Preset, ReplaySettings
 
@@ -35,6 +36,7 @@ SOURCES: dict[str, str] = {
     "tuned": "tuned here on a 2-core machine; the measured results are in bench/README.md",
     "apexrl": "apexrl's own choice: the source the preset follows does not give it",
     **R2D2_SOURCE,
+    **ONPOLICY_SOURCES,
 }
 """The sources a setting may name, with their citations."""
 
