@@ -141,7 +141,8 @@ READERS = ("transitions", "sequences", "queue")
 - ``"sequences"``: prioritized sequence items of a trajectory writer, sampled as ``.fields`` (n, T, ...),
   ``.mask`` (n, T) and ``.extras`` and handed to ``ReplayPath.make_batch``; new priorities go back.
 - ``"queue"``: as ``"sequences"``, from a table that hands each item out once (``max_times_sampled=1``, a
-  ``Queue`` limiter): the learner sends no priorities back.
+  ``Queue`` limiter), in whole batches (the learner samples once the table holds ``batch_size`` items): the
+  learner sends no priorities back.
 """
 
 
