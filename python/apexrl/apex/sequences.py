@@ -8,10 +8,9 @@ refuses), so the loop, its erasures and its counters are the transition path's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
-
-import time
 
 import numpy as np
 
