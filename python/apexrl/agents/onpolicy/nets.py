@@ -32,6 +32,7 @@ class Actor(nn.Module):
         self.discrete = num_actions is not None
         self.torso = _mlp((obs_dim, *hidden))
         width = hidden[-1] if hidden else obs_dim
+        self.head: nn.Module
         if self.discrete:
             assert num_actions is not None
             self.head = nn.Linear(width, num_actions)
