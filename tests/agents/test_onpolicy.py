@@ -178,3 +178,37 @@ def test_a_popped_item_is_never_trained_on_twice():
             c.sample(1, timeout=0.05, table="default")
         for adder in adders:
             adder.close()
+
+
+def test_the_queue_reader_pops_only_whole_batches():
+    """A queue hands out fewer items than asked when it holds fewer; the learner's queue reader waits for a whole
+    batch instead (so a synchronous round is trained in one update), and times out while there is none."""
+    from apexrl.agents.onpolicy.replay import QUEUE_TABLE, make_adders, onpolicy_batch
+    from apexrl.agents.ppo import PPOConfig
+    from apexrl.apex.sequences import SequenceSampler
+    from apexrl.envs import env_spec
+    from apexrl.replay import ReplayClient, ReplayServer, ServerConfig
+
+    config = PPOConfig(unroll=2, batch_size=3)
+    with ReplayServer(ServerConfig(port=0, tables=[QUEUE_TABLE])) as srv, ReplayClient(srv.endpoint, timeout=10) as c:
+        sampler = SequenceSampler(
+            c, 3, 1.0, lambda f, m, e: onpolicy_batch(f, m, e, config), lambda b: (None, None), whole=True
+        )
+        (adder,) = make_adders(c, "default", env_spec("gym:CartPole-v1"), config, 1)
+        adder.add_first(np.zeros(4, np.float32))
+        extras = {"logp": np.float32(0.0), "version": np.int64(0)}
+
+        def steps(n):
+            for _ in range(n):
+                adder.add(0, 1.0, np.zeros(4, np.float32), False, False, extras=extras)
+            adder.flush(timeout=10)
+
+        steps(6)  # items of 3 steps once 3, 5 steps are in the stream: 2 of the 3
+        assert c.tables()["default"]["size"] == 2
+        with pytest.raises(TimeoutError, match="fewer than 3 items"):
+            sampler.next(timeout=0.2)
+        assert c.tables()["default"]["size"] == 2  # nothing popped
+        steps(2)
+        got = sampler.next(timeout=5.0)
+        assert len(got.keys) == 3 and c.tables()["default"]["size"] == 0
+        adder.close()
