@@ -99,3 +99,20 @@ def test_impala_without_the_vtrace_correction_weighs_every_step_one():
         batch["logp"][:] = 0.0  # the behaviour policy was sure of every action: pi / mu < 1
         _, metrics = learner.update(batch, np.ones(4))
         assert (metrics["rho_mean"] < 0.9) == low and metrics["rho_mean"] <= 1.0
+
+
+def test_the_vtrace_flag_reaches_impala_and_is_refused_elsewhere():
+    import argparse
+
+    from apexrl.cli.args import add_agent_arguments, agent_overrides
+    from apexrl.launch.plan import Overrides, plan
+
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    flags = agent_overrides(parser.parse_args(["--vtrace", "off"]))
+    assert flags.agent_fields == {"vtrace": False}
+
+    assert plan("impala-cartpole", Overrides(agent_fields={"vtrace": False})).learner.agent_config.vtrace is False
+    assert plan("impala-cartpole").learner.agent_config.vtrace is True
+    with pytest.raises(ValueError, match="vtrace"):
+        plan("ppo-cartpole", Overrides(agent_fields={"vtrace": False}))
