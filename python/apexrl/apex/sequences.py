@@ -18,7 +18,7 @@ from apexrl.errors import ReplayTimeout
 
 __all__ = ["SequenceSampler"]
 
-_WHOLE_POLL = 0.002  # seconds between the size checks of a queue that does not hold a whole batch yet
+_WHOLE_POLL = 0.005  # seconds between the size checks of a queue that does not hold a whole batch yet
 
 
 class _Sampled:
@@ -56,10 +56,11 @@ class SequenceSampler:
         name = self.table or "default"
         while True:
             try:
-                if int(self.replay.tables()[name]["size"]) >= self.batch_size:
-                    return
+                size = self.replay.stats().get(f"table.{name}.size")  # one request
             except ReplayTimeout as e:
                 raise TimeoutError(str(e)) from None
+            if size is None or int(size) >= self.batch_size:  # None: a client that does not say, sample
+                return
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"the queue {name} holds fewer than {self.batch_size} items")
             time.sleep(_WHOLE_POLL)
