@@ -141,7 +141,8 @@ READERS = ("transitions", "sequences", "queue")
 - ``"sequences"``: prioritized sequence items of a trajectory writer, sampled as ``.fields`` (n, T, ...),
   ``.mask`` (n, T) and ``.extras`` and handed to ``ReplayPath.make_batch``; new priorities go back.
 - ``"queue"``: as ``"sequences"``, from a table that hands each item out once (``max_times_sampled=1``, a
-  ``Queue`` limiter): the learner sends no priorities back.
+  ``Queue`` limiter), in whole batches (the learner samples once the table holds ``batch_size`` items): the
+  learner sends no priorities back.
 """
 
 
@@ -180,6 +181,10 @@ class ReplayPath:
     this); None: 1, one transition per agent step."""
     one_server: str | None = None
     """Why the agent runs on one replay server only (``--replay-servers`` > 1 is refused with it); None: any."""
+    wait_for_weights: Callable[[Any], bool] | None = None
+    """``(config) -> bool``: True makes the actors synchronous (Tonic's on-policy loop): once each of its
+    environments has made an item since the last wait, an actor sends what its writers hold and waits for weights
+    newer than those it acted with. None or False: actors never wait (the queue's limiter bounds the lag)."""
 
     def __post_init__(self) -> None:
         if self.reader not in READERS:
@@ -198,6 +203,8 @@ class ReplayPath:
                 f"ReplayPath: the table {self.table!r} is not among the tables declared (none): without tables a "
                 "run starts only the table 'default' of the preset's replay settings"
             )
+        if self.transitions and self.wait_for_weights is not None:
+            raise ValueError("ReplayPath: wait_for_weights counts the items of a sequence or queue reader's adders")
         if self.tables and self.table not in [t.name for t in self.tables]:
             raise ValueError(
                 f"ReplayPath: the tables ({', '.join(t.name for t in self.tables)}) do not hold the table "
@@ -208,6 +215,10 @@ class ReplayPath:
     def transitions(self) -> bool:
         """True when items are n-step transitions of the agent's TransitionSpec (the run pins that spec)."""
         return self.reader == "transitions"
+
+    def synchronous(self, config: Any) -> bool:
+        """Whether the actors wait for new weights after each item per environment (``wait_for_weights``)."""
+        return self.wait_for_weights is not None and bool(self.wait_for_weights(config))
 
     def items_to_steps(self, config: Any) -> int:
         """Agent steps one item stands for (see ``steps_per_item``)."""

@@ -61,6 +61,12 @@ tests/apex/test_recurrent.py holds it bit for bit through a real server). Reward
 environment's open episode (``adder.reset()``; the items already made stay), counted in ``insert_retries``; the
 environment records again from its next episode. Stopping: the actor stops stepping, flushes what the writers
 hold within the stop's grace period and drops the open episodes (an item is only made of whole sequences).
+
+A synchronous path (``ReplayPath.wait_for_weights``; the on-policy agents by default, as Tonic acts and learns in
+turn): once each of the K environments has made an item since the last wait, the actor sends what its writers
+hold and polls the parameter service until weights newer than those it acted with arrive -- the learner's update
+on those items -- counted in ``weight_waits``. A learner that publishes nothing within ``_SYNC_WAIT`` seconds
+does not hold the actor: it acts on (``weight_wait_timeouts``, warned once).
 """
 
 from __future__ import annotations
@@ -96,6 +102,8 @@ from apexrl.replay.wire.schema import MAX_BATCH
 log = logging.getLogger("apexrl.apex.actor")
 
 _RETRY_MIN, _RETRY_MAX = 0.05, 2.0
+_SYNC_WAIT = 5.0  # seconds a synchronous actor waits for new weights before acting on
+_SYNC_POLL = 0.002  # seconds between its polls of the parameter service meanwhile
 _RATE_LIMIT_WAIT = 5.0  # seconds the server may hold an insert for its rate limiter before answering TIMEOUT
 _STOPPED = "the replay server did not take them before the stop"
 
@@ -244,12 +252,17 @@ class Actor:
             self.replay.close()
             raise
         self._connect_params()
+        # Synchronous actors (ReplayPath.wait_for_weights): items each environment had made at the last wait.
+        self._synchronous = self.path.synchronous(config.agent_config)
+        self._made_at_wait = [0] * k
         self.counters = {
             "steps": 0,
             "frames": 0,
             "episodes": 0,
             "inserted": 0,
             "untrainable": 0,
+            "weight_waits": 0,
+            "weight_wait_timeouts": 0,
             "insert_retries": 0,
             "rate_limited": 0,
             "not_inserted": 0,
@@ -697,9 +710,51 @@ class Actor:
             obs = step.obs
             self.counters["inserted"] = self._count("stored")
             self.counters["untrainable"] = self._count("skipped")
+            if self._synchronous and self._wait_for_weights():
+                break
             if self._poll_and_log():  # the writers send as items fill up: no local batch to flush
                 break
         self._finish_sequences()
+
+    def _wait_for_weights(self) -> bool:
+        """A synchronous actor, once each environment has made an item since the last wait: send the items and
+        wait for weights newer than those it acted with (the learner trains on the items, then publishes). A
+        learner that publishes nothing within ``_SYNC_WAIT`` seconds (it waits for a fuller batch than the
+        actors' items make) does not hold the actors: they act on, counted in ``weight_wait_timeouts``. True
+        when stopping."""
+        adders = self.adders or ()
+        made = [int(c["stored"]) + int(c["pending"]) for c in (a.counters() for a in adders)]
+        if not all(m > m0 for m, m0 in zip(made, self._made_at_wait)):
+            return False
+        self._made_at_wait = made
+        self.counters["weight_waits"] += 1
+        acted_with = self.poller.version
+        deadline = time.monotonic() + _SYNC_WAIT
+        try:
+            for adder in adders:
+                adder.flush(timeout=_SYNC_WAIT)
+            while not self._stop.is_set():
+                self.poller.fetch_now()
+                if self.poller.version > acted_with:
+                    return False
+                if time.monotonic() >= deadline:
+                    break
+                self._stop.wait(_SYNC_POLL)
+        except Interrupted:  # stopping: the learner did not answer within the grace period
+            return True
+        except (ApexRLError, TimeoutError) as e:
+            log.warning("actor %d: sending its items before waiting for weights: %s", self.config.index, e)
+        if self._stop.is_set():
+            return True
+        self.counters["weight_wait_timeouts"] += 1
+        if self.counters["weight_wait_timeouts"] == 1:
+            log.warning(
+                "actor %d: no new weights %.0f s after its items went out; acting on (the learner's batch may "
+                "need more items than the actors make per round)",
+                self.config.index,
+                _SYNC_WAIT,
+            )
+        return False
 
     def _count(self, name: str) -> int:
         """The adders' counter ``name`` summed: ``stored`` (on the server), ``pending`` or ``skipped``."""

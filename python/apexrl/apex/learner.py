@@ -432,7 +432,13 @@ class Learner:
             return make_batch(fields, mask, extras, agent_config)
 
         return SequenceSampler(
-            self.replay, agent_config.batch_size, cfg.beta, to_batch, self._invalid, table=path.table
+            self.replay,
+            agent_config.batch_size,
+            cfg.beta,
+            to_batch,
+            self._invalid,
+            table=path.table,
+            whole=path.reader == "queue",
         )
 
     def _sample_threads(self) -> int:

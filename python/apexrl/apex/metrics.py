@@ -91,19 +91,26 @@ def cell_text(v: Any) -> str:
 
 
 class Mean:
-    """Running means of named floats over one interval; ``pop()`` returns them and starts a new interval."""
+    """Running means of named floats over one interval; ``pop()`` returns them and starts a new interval. A name
+    ending in ``_max`` keeps the interval's largest value instead: a mean of maxima would hide the worst case."""
 
     def __init__(self) -> None:
         self._sum: dict[str, float] = {}
         self._n: dict[str, int] = {}
+        self._max: dict[str, float] = {}
 
     def add(self, values: Mapping[str, float]) -> None:
         for k, v in values.items():
+            if k.endswith("_max"):
+                self._max[k] = max(self._max.get(k, float(v)), float(v))
+                continue
             self._sum[k] = self._sum.get(k, 0.0) + float(v)
             self._n[k] = self._n.get(k, 0) + 1
 
     def pop(self) -> dict[str, float]:
         out = {k: self._sum[k] / self._n[k] for k in self._sum}
+        out.update(self._max)
+        self._max = {}
         self._sum.clear()
         self._n.clear()
         return out

@@ -8,6 +8,7 @@ refuses), so the loop, its erasures and its counters are the transition path's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,8 @@ import numpy as np
 from apexrl.errors import ReplayTimeout
 
 __all__ = ["SequenceSampler"]
+
+_WHOLE_POLL = 0.005  # seconds between the size checks of a queue that does not hold a whole batch yet
 
 
 class _Sampled:
@@ -29,7 +32,7 @@ class SequenceSampler:
     """``next(timeout)`` samples ``batch_size`` sequences of ``table`` and returns them as the learner's loop
     takes a prefetched batch, ``to_batch(fields, mask, extras)`` making the agent's batch of them (module
     docstring); TimeoutError when none came in time. One request at a time, in the learner's thread (no
-    prefetching yet)."""
+    prefetching yet). ``whole`` (the queue reader): sample only once the table holds ``batch_size`` items."""
 
     def __init__(
         self,
@@ -39,11 +42,32 @@ class SequenceSampler:
         to_batch: Callable[[Any, np.ndarray, Any], dict[str, np.ndarray]],
         invalid: Any,
         table: str | None = None,
+        whole: bool = False,
     ):
         self.replay, self.batch_size, self.beta, self.table = replay, batch_size, beta, table
         self._to_batch, self._invalid = to_batch, invalid
+        self.whole = whole
+
+    def _wait_whole(self, timeout: float | None) -> None:
+        """A queue hands out what it holds, fewer than asked when it holds fewer: wait until it holds a whole
+        batch, so that a batch is the items of every actor's round rather than of the first to send (TimeoutError
+        when it does not within ``timeout``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        name = self.table or "default"
+        while True:
+            try:
+                size = self.replay.stats().get(f"table.{name}.size")  # one request
+            except ReplayTimeout as e:
+                raise TimeoutError(str(e)) from None
+            if size is None or int(size) >= self.batch_size:  # None: a client that does not say, sample
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"the queue {name} holds fewer than {self.batch_size} items")
+            time.sleep(_WHOLE_POLL)
 
     def next(self, timeout: float | None = None) -> _Sampled:
+        if self.whole:
+            self._wait_whole(timeout)
         try:
             batch = self.replay.sample(self.batch_size, beta=self.beta, timeout=timeout, table=self.table)
         except ReplayTimeout as e:

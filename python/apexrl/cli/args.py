@@ -263,6 +263,14 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         "and evaluation with the weights and saved in checkpoints; off: raw observations (preset's; off in "
         "every paper preset)",
     )
+    g.add_argument(
+        "--vtrace",
+        type=_on_off,
+        metavar="on|off",
+        default=None,
+        help="IMPALA: on: V-trace corrects for the lag between the acting and the learning policy (rho_bar = "
+        "c_bar = 1); off: every importance ratio is 1, the n-step bootstrapped return (default on)",
+    )
 
 
 def agent_overrides(args: argparse.Namespace) -> Overrides:

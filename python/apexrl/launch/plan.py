@@ -104,6 +104,7 @@ AGENT_FIELDS = (
     "noise_sigma_min",
     "noise_sigma_spacing",
     "obs_norm",
+    "vtrace",
 )
 """Agent settings a run's command line may override (actors and learner always get the same values)."""
 

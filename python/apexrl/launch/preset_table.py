@@ -18,6 +18,7 @@ import textwrap
 from typing import Any
 
 from apexrl.agents.mpo.config import MPO_SOURCES
+from apexrl.agents.onpolicy.config import ONPOLICY_SOURCES
 from apexrl.agents.r2d2.presets import R2D2_SOURCE
 from apexrl.launch.presets import PRESETS, Preset, ReplaySettings
 
@@ -37,6 +38,7 @@ SOURCES: dict[str, str] = {
     "apexrl": "apexrl's own choice: the source the preset follows does not give it",
     **R2D2_SOURCE,
     **MPO_SOURCES,
+    **ONPOLICY_SOURCES,
 }
 """The sources a setting may name, with their citations."""
 

@@ -716,6 +716,17 @@ def _r2d2_presets() -> dict[str, Preset]:
 PRESETS.update(_r2d2_presets())
 
 
+def _onpolicy_presets() -> dict[str, Preset]:
+    """The on-policy agents' presets from their data, each with its queue table ``default``."""
+    from apexrl.agents.impala.presets import IMPALA_PRESETS
+    from apexrl.agents.ppo.presets import PPO_PRESETS
+
+    return {name: Preset(name=name, **entry) for name, entry in {**PPO_PRESETS, **IMPALA_PRESETS}.items()}
+
+
+PRESETS.update(_onpolicy_presets())
+
+
 def get_preset(name: str) -> Preset:
     try:
         return PRESETS[name]

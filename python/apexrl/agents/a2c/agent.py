@@ -1,0 +1,16 @@
+"""``--agent a2c``: the :class:`~apexrl.agents.base.AgentDef` that registers A2C."""
+
+from __future__ import annotations
+
+from apexrl.agents.a2c.config import A2CConfig
+from apexrl.agents.a2c.learner import A2CLearner
+from apexrl.agents.onpolicy.agentdef import onpolicy_agent
+
+__all__ = ["AGENT"]
+
+AGENT = onpolicy_agent(
+    "a2c",
+    "A2C: synchronous advantage actor-critic with GAE on sequences popped once from a queue (Tonic's defaults)",
+    A2CConfig,
+    A2CLearner,
+)

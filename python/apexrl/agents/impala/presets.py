@@ -1,0 +1,49 @@
+"""The IMPALA presets as data (``apexrl.launch.presets.PRESETS`` holds them as ``Preset``s): each entry holds the
+fields of ``Preset`` by name, its one table the queue ``default``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apexrl.replay.tables import Queue, TableConfig
+
+__all__ = ["IMPALA_PRESETS"]
+
+IMPALA_PRESETS: dict[str, dict[str, Any]] = {
+    "impala-cartpole": dict(
+        description="IMPALA on CartPole-v1 sized for a 2-core machine: 2 actors x 4 environments acting on",
+        source="Acme's IMPALA and its defaults (batches of 16 sequences of 20 steps, Adam 1e-3, entropy cost "
+        "0.01, baseline cost 0.5, V-trace with rho_bar = c_bar = 1)",
+        agent="impala",
+        env="gym:CartPole-v1",
+        tables=(
+            # 4 batches: the limiter holds the actors once they are that far ahead of the learner.
+            TableConfig(
+                name="default",
+                sampler="fifo",
+                remover="fifo",
+                capacity=1_024,
+                max_times_sampled=1,
+                rate_limiter=Queue(64),
+            ),
+        ),
+        learner=dict(
+            min_replay_size=16,
+            publish_every=1,
+            checkpoint_every=500,
+            eval_every=20.0,
+            eval_episodes=10,
+            metrics_every=5.0,
+        ),
+        actor=dict(envs_per_actor=4, params_every_frames=64),
+        actors=2,
+        minutes=5.0,
+        final_eval_episodes=10,
+        sources={"*": "apexrl"},
+        unmatched=(
+            "a queue of 64 sequences (Acme: 10,000), so that the lag stays within a few updates on 2 cores",
+            "separate actor and critic MLPs (Tonic's) where Acme's network shares its torso",
+        ),
+    ),
+}
+"""The IMPALA presets by name: the fields of ``apexrl.launch.presets.Preset`` (module docstring)."""

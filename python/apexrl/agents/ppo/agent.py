@@ -1,0 +1,16 @@
+"""``--agent ppo``: the :class:`~apexrl.agents.base.AgentDef` that registers PPO."""
+
+from __future__ import annotations
+
+from apexrl.agents.onpolicy.agentdef import onpolicy_agent
+from apexrl.agents.ppo.config import PPOConfig
+from apexrl.agents.ppo.learner import PPOLearner
+
+__all__ = ["AGENT"]
+
+AGENT = onpolicy_agent(
+    "ppo",
+    "PPO: clipped-ratio actor-critic with GAE on sequences popped once from a queue (Tonic's defaults)",
+    PPOConfig,
+    PPOLearner,
+)

@@ -1,0 +1,88 @@
+"""PPO: the clipped objective by hand, the config's checks, the learner and policy through the seam, and a short
+run through `apexrl run` (then resumed) with the policy lag in metrics.csv."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from apexrl.agents import get_agent
+from apexrl.agents.ppo import PPOConfig, clipped_objective
+from apexrl.envs import env_spec
+from tests.torch_helpers import one_thread  # noqa: F401  (fixture)
+
+
+def test_the_clipped_ratio_objective_by_hand():
+    logp_b = torch.log(torch.tensor([0.5, 0.5, 0.5]))
+    logp = torch.log(torch.tensor([0.75, 0.25, 0.55]))  # ratios 1.5, 0.5, 1.1
+    adv = torch.tensor([1.0, 1.0, -2.0])
+    objective, clipped = clipped_objective(logp, logp_b, adv, 0.2)
+    # min(1.5, 1.2) * 1 = 1.2; min(0.5, 0.8) * 1 = 0.5; 1.1 * -2 = -2.2 (inside the range)
+    assert objective.item() == pytest.approx((1.2 + 0.5 - 2.2) / 3, abs=1e-6)
+    assert clipped.item() == pytest.approx(2 / 3)
+    # no gradient through a clipped ratio that the min picks
+    logp.requires_grad_(True)
+    clipped_objective(logp, logp_b, adv, 0.2)[0].backward()
+    assert logp.grad is not None and logp.grad[0] == 0 and logp.grad[1] != 0 and logp.grad[2] != 0
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("n_step", 3, "n_step must be 1"),
+        ("unroll", 0, "unroll must be an int >= 1"),
+        ("lam", 1.5, "lam must be in"),
+        ("ratio_clip", 0.0, "ratio_clip must be a finite number > 0"),
+        ("synchronous", "yes", "synchronous must be true or false"),
+        ("minibatch_size", 0, "minibatch_size must be an int >= 1"),
+    ],
+)
+def test_the_config_refuses_bad_values(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        PPOConfig(**{field: value})
+
+
+def test_images_are_refused_with_a_reason():
+    assert "vector observations" in get_agent("ppo").accepts(env_spec("atari:Pong"))
+
+
+def test_more_than_one_replay_server_is_refused_with_the_reason():
+    from apexrl.launch.plan import Overrides, plan
+
+    with pytest.raises(ValueError, match="one queue"):
+        plan("ppo-cartpole", Overrides(replay_servers=2))
+
+
+def _rows(run_dir):
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_ppo_runs_through_apexrl_run_and_resumes(tmp_path):
+    run_dir = str(tmp_path / "run")
+    # one actor of 2 environments: 2 items a round, the batch
+    args = ["--preset", "ppo-cartpole", "--actors", "1", "--envs-per-actor", "2", "--batch-size", "2"]
+    args += ["--final-eval", "0"]
+    args += ["--run-dir", run_dir, "--progress-every", "2", "--minutes", "4"]
+    args += ["--learner-args", "--min-replay-size 2 --eval-every 0 --metrics-every 1 --checkpoint-every 5"]
+    for steps in (6, 12):
+        out = subprocess.run(
+            [sys.executable, "-m", "apexrl", "run", *args, "--steps", str(steps), *(["--resume"] if steps > 6 else [])],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"reached --steps {steps}" in out.stdout
+    rows = _rows(run_dir)
+    assert int(rows[-1]["learner_steps"]) >= 12
+    lags = [float(r["policy_lag_max"]) for r in rows if r["policy_lag_max"]]
+    assert lags and all(lag <= 1 for lag in lags)  # synchronous: the weights of the previous update, or of one before
+    assert all(float(r["policy_lag_mean"]) <= 0.5 for r in rows if r["policy_lag_mean"])
+    assert all(math.isfinite(float(r["critic_loss"])) for r in rows if r["critic_loss"])
