@@ -98,3 +98,71 @@ def test_a_flag_takes_its_kind_from_the_field():
         parser.parse_args(["--kind", "c"])
     with pytest.raises(KeyError, match="_Config has no field 'size'"):
         Flag(_Config, "size", "no such field").add(parser)
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser: the three processes and each ``apexrl`` subcommand."""
+    from apexrl.cli import main as main_cli
+
+    parsers = {
+        "apexrl-learner": learner_cli.build_parser(),
+        "apexrl-actor": actor_cli.build_parser(),
+        "apexrl-replay-server": server_cli.build_parser(),
+    }
+    top = main_cli.build_parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    parsers.update({f"apexrl {name}": p for name, p in sub.choices.items()})
+    return parsers
+
+
+HOMONYMS = {
+    # One name, several meanings, each one declaration of its own: (what each means, ...).
+    "--device": ("the learner's training device", "evaluate's device to load a checkpoint on (default cpu)"),
+    "--index": ("the actor's index in the run", "the replay server's index in a plan"),
+    "--max-steps": ("learner steps", "actor (environment) steps"),
+    "--minutes": ("a run's limit (default: the preset's)", "bench-suite's per run, which it requires"),
+    "--out": ("plot's PNG", "bench-suite's directory", "export's .npz"),
+    "--plan": ("the learner's part of a plan", "an actor's part", "the replay server's part"),
+    "--record-dataset": ("the actor records into DIR", "the run gives each actor DIR/actor<I>"),
+    "--resume": ("the learner resumes its checkpoint", "the run resumes every process"),
+    "--run-dir": ("the learner's metrics and checkpoint", "the run's whole directory"),
+    "--seed": ("the agent's (learner, actor, run)", "the store's", "evaluate's environment seed"),
+    "--snapshot-every": ("the server's (default: only at shutdown)", "the run's (default 300, 0: none)"),
+    "--spec": ("the server checks inserts against it", "export decodes with it"),
+    "--tables": ("the server's tables", "the run's servers' tables"),
+    "--tensorboard": ("the learner's metrics.csv rows", "the run's metrics.csv and episodes.csv rows"),
+}
+"""Flag names with more than one meaning, and what tells them apart."""
+
+
+def _declaration(action: argparse.Action) -> tuple:
+    kind = getattr(action.type, "__qualname__", action.type)
+    return (action.help, kind, tuple(action.choices or ()), repr(action.default), action.dest, action.nargs)
+
+
+def test_a_flag_name_has_one_declaration_across_every_command():
+    declared: dict[str, dict[tuple, list[str]]] = {}
+    for command, parser in _commands().items():
+        for action in parser._actions:
+            for option in action.option_strings:
+                if option.startswith("--") and option != "--help":
+                    declared.setdefault(option, {}).setdefault(_declaration(action), []).append(command)
+    two = {o: d for o, d in declared.items() if len(d) > 1 and o not in HOMONYMS}
+    assert not two, f"one flag declared differently by several commands: {two}"
+    for option in HOMONYMS:
+        meanings = declared[option]
+        assert len(meanings) == len(HOMONYMS[option]), f"{option}: {list(meanings.values())}"
+    shared = {o for o, d in declared.items() if sum(map(len, d.values())) > 1}
+    assert {"--agent", "--preset", "--actors", "--steps", "--episodes", "--log-level"} <= shared
+
+
+def test_apexrl_run_takes_its_limits_from_the_run_settings(capsys):
+    run = fill_run_parser(argparse.ArgumentParser(prog="apexrl run", **run_kwargs()))
+    assert _action(run, "--ports").help.endswith("(an int in [0, 65535]; default 0)")
+    assert _action(run, "--final-eval").help.endswith("(an int in [0, 100000]; default: the preset's, 30)")
+    assert _action(run, "--replay-servers").type("2") == 2
+    args = run.parse_args(["--max-restarts", "2", "--ports", "7000", "--final-eval", "3"])
+    assert (args.max_restarts, args.ports, args.final_eval, args.snapshot_every) == (2, 7000, 3, 300.0)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--actors", "257"])
+    assert "--actors: 257 is out of range, must be an int in [1, 256]" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from apexrl.apex.config import ActorConfig
 from apexrl.cli.args import (
+    LOG_LEVEL,
     add_agent_arguments,
     add_curve_arguments,
     exit_process,
@@ -112,9 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     Flag(ActorConfig, "wait_for_params", "seconds to wait for the learner's first weights").add(g)
     Flag(ActorConfig, "log_every", "seconds between progress lines").add(g)
-    g.add_argument(
-        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO", help="logging level (stderr)"
-    )
+    LOG_LEVEL.add(g)
     add_curve_arguments(p, binds=False)
     return p
 

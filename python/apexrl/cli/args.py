@@ -12,13 +12,18 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from apexrl.cli.flags import Flag, Option
 from apexrl.validate import Range, range_of
 
 if TYPE_CHECKING:
     from apexrl.launch.plan import Overrides
 
 __all__ = [
+    "AGENT",
     "ENDPOINT_RE",
+    "ENV",
+    "LOG_LEVEL",
+    "PRESET",
     "add_agent_arguments",
     "add_curve_arguments",
     "agent_overrides",
@@ -148,39 +153,48 @@ def _env(text: str) -> str:
     return text
 
 
-def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
-    """--agent, --env, --preset, --seed and the agent overrides every process of a run must agree on."""
+def _agent_help() -> str:
     from apexrl.agents import AGENTS, agent_names
-    from apexrl.apex.config import LearnerConfig
+
+    described = "; ".join(f"{n}: {AGENTS[n].description}" for n in agent_names())
+    return described + " (default: the preset's, or the first that accepts --env)"
+
+
+def _preset_help() -> str:
     from apexrl.launch.presets import PRESETS
 
-    names = agent_names()
-    g = parser.add_argument_group("agent (actors and learner must be given the same values)")
-    g.add_argument(
-        "--agent",
-        type=_agent,
-        default=None,
-        help="; ".join(f"{n}: {AGENTS[n].description}" for n in names)
-        + " (default: the preset's, or the first that accepts --env)",
-    )
-    g.add_argument(
-        "--env",
-        type=_env,
-        default=None,
-        help="environment FAMILY:ID: gym:<any gymnasium id> (gym:CartPole-v1, gym:HalfCheetah-v5, your own "
-        "as gym:<module>:<id>), atari:<Game>, dmc:<domain>-<task>, or a family an apexrl.envs entry point "
-        "adds; default: the preset's",
-    )
-    g.add_argument(
-        "--preset",
-        type=_preset,
-        default=None,
-        help=f"settings preset: {', '.join(PRESETS)} (default: by agent and env family: "
+    return (
+        f"settings preset: {', '.join(PRESETS)} (default: by agent and env family: "
         "apex-dqn-atari, cartpole, apex-dpg-control or pendulum; with --env and no --agent the "
         "agent comes from the action space: dqn for Discrete, dpg for Box, so a gym: task without "
-        "a preset of its own runs with cartpole's or pendulum's settings)",
+        "a preset of its own runs with cartpole's or pendulum's settings)"
     )
-    g.add_argument("--seed", type=field_arg(LearnerConfig, "seed"), default=0, help="random seed (default 0)")
+
+
+AGENT = Option("--agent", _agent_help, type=_agent, default=None)
+PRESET = Option("--preset", _preset_help, type=_preset, default=None)
+ENV = Option(
+    "--env",
+    "environment FAMILY:ID: gym:<any gymnasium id> (gym:CartPole-v1, gym:HalfCheetah-v5, your own "
+    "as gym:<module>:<id>), atari:<Game>, dmc:<domain>-<task>, or a family an apexrl.envs entry point "
+    "adds; default: the preset's",
+    type=_env,
+    default=None,
+)
+LOG_LEVEL = Option(
+    "--log-level", "logging level (stderr)", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO"
+)
+"""``--log-level`` of every process."""
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """--agent, --env, --preset, --seed and the agent overrides every process of a run must agree on."""
+    from apexrl.apex.config import LearnerConfig
+
+    g = parser.add_argument_group("agent (actors and learner must be given the same values)")
+    for option in (AGENT, ENV, PRESET):
+        option.add(g)
+    Flag(LearnerConfig, "seed", "random seed").add(g)
     g.add_argument("--n-step", type=int_arg(1, 100), default=None, help="n of the n-step return (preset's)")
     g.add_argument("--gamma", type=float_arg(nonneg=True, hi=1.0), default=None, help="discount γ (preset's)")
     g.add_argument(

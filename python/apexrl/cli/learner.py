@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from apexrl.apex.config import IS_WEIGHT_MODES, LearnerConfig
 from apexrl.cli.args import (
+    LOG_LEVEL,
     add_agent_arguments,
     add_curve_arguments,
     exit_process,
@@ -104,9 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write each metrics.csv row to a TensorBoard event file in DIR, to watch the run live "
         "(tensorboard --logdir DIR); metrics.csv stays the record; pip install 'apexrl[tensorboard]'",
     )
-    g.add_argument(
-        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO", help="logging level (stderr)"
-    )
+    LOG_LEVEL.add(g)
     g = p.add_argument_group("learner settings (default: the preset's)")
     for flag in SETTING_FLAGS:
         flag.add_preset(g)

@@ -154,7 +154,7 @@ class Overrides:
     """Fields of LearnerConfig."""
     actor: dict[str, Any] = field(default_factory=dict)
     """Fields of ActorConfig (every actor)."""
-    actors: int | None = None
+    actors: int | None = field(default=None, metadata=Range.int(1, 256))
     minutes: float | None = None
     steps: int = 0
     final_eval: int | None = None
@@ -164,13 +164,13 @@ class Overrides:
     progress_every: float = 5.0
     quiet: bool = False
     max_restarts_per_minute: int = 5
-    snapshot_every: float = DEFAULT_SNAPSHOT_EVERY
+    snapshot_every: float = field(default=DEFAULT_SNAPSHOT_EVERY, metadata=Range.float(0.0))
     """Seconds between replay snapshots in the run directory; 0: no snapshots."""
     curve_dir: str | None = None
     """Key directory of `apexrl keygen`: CURVE on both services for every process (None: plain TCP)."""
     insecure: bool = False
     """Let the server and the parameter service bind beyond loopback without keys."""
-    replay_servers: int = 1
+    replay_servers: int = field(default=1, metadata=Range.int(1, MAX_REPLAY_SERVERS))
     """Replay servers sharing the replay (capacity split evenly; one learner samples across them)."""
     port_base: int = 0
     """First of the services' fixed ports (RunSettings.port_base); 0: free ports."""
