@@ -123,7 +123,6 @@ HOMONYMS = {
     "--minutes": ("a run's limit (default: the preset's)", "bench-suite's per run, which it requires"),
     "--out": ("plot's PNG", "bench-suite's directory", "export's .npz"),
     "--plan": ("the learner's part of a plan", "an actor's part", "the replay server's part"),
-    "--record-dataset": ("the actor records into DIR", "the run gives each actor DIR/actor<I>"),
     "--resume": ("the learner resumes its checkpoint", "the run resumes every process"),
     "--run-dir": ("the learner's metrics and checkpoint", "the run's whole directory"),
     "--seed": ("the agent's (learner, actor, run)", "the store's", "evaluate's environment seed"),
@@ -153,7 +152,7 @@ def test_a_flag_name_has_one_declaration_across_every_command():
         meanings = declared[option]
         assert len(meanings) == len(HOMONYMS[option]), f"{option}: {list(meanings.values())}"
     shared = {o for o, d in declared.items() if sum(map(len, d.values())) > 1}
-    assert {"--agent", "--preset", "--actors", "--steps", "--episodes", "--log-level"} <= shared
+    assert {"--agent", "--preset", "--actors", "--steps", "--episodes", "--log-level", "--record-dataset"} <= shared
 
 
 def test_apexrl_run_takes_its_limits_from_the_run_settings(capsys):

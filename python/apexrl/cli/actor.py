@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -16,6 +15,8 @@ from typing import NoReturn
 from apexrl.apex.config import ActorConfig
 from apexrl.cli.args import (
     LOG_LEVEL,
+    RECORD_DATASET,
+    REPLAY,
     add_agent_arguments,
     add_curve_arguments,
     exit_process,
@@ -81,15 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="take every setting of actor --index from a run plan written by `apexrl run` (then only "
         "--index and --log-level may be given besides)",
     )
-    g.add_argument(
-        "--replay",
-        type=tcp_endpoint,
-        nargs="+",
-        action="extend",
-        metavar="ENDPOINT",
-        help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
-        "replay spread over several servers",
-    )
+    REPLAY.add(g)
     g.add_argument("--params", type=tcp_endpoint, help="the learner's parameter service, tcp://HOST:PORT (required)")
     g = p.add_argument_group("actor")
     g.add_argument(
@@ -102,15 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         flag.add_preset(g)
     Flag(ActorConfig, "max_steps", "stop after this many agent steps (0: none)").add(g)
     g.add_argument("--episodes-csv", default=None, help="append one row per finished episode to this CSV")
-    g.add_argument(
-        "--record-dataset",
-        metavar="DIR",
-        type=os.path.abspath,
-        default=None,
-        help="record the episodes played (observations, actions, rewards, terminations, truncations) as "
-        "a Minari dataset in DIR/actor<INDEX>/, appending to one there; pip install 'apexrl[offline]' "
-        "(docs/offline.md)",
-    )
+    RECORD_DATASET.add(g)
     Flag(ActorConfig, "wait_for_params", "seconds to wait for the learner's first weights").add(g)
     Flag(ActorConfig, "log_every", "seconds between progress lines").add(g)
     LOG_LEVEL.add(g)

@@ -24,6 +24,8 @@ __all__ = [
     "ENV",
     "LOG_LEVEL",
     "PRESET",
+    "RECORD_DATASET",
+    "REPLAY",
     "add_agent_arguments",
     "add_curve_arguments",
     "agent_overrides",
@@ -181,6 +183,25 @@ ENV = Option(
     type=_env,
     default=None,
 )
+REPLAY = Option(
+    "--replay",
+    "replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a replay spread over "
+    "several servers",
+    type=tcp_endpoint,
+    nargs="+",
+    action="extend",
+    metavar="ENDPOINT",
+)
+"""``--replay`` of the learner and the actor."""
+RECORD_DATASET = Option(
+    "--record-dataset",
+    "each actor records the episodes it plays (observations, actions, rewards, terminations, truncations) as a "
+    "Minari dataset in DIR/actor<INDEX>/, appending to one there; pip install 'apexrl[offline]' (docs/offline.md)",
+    metavar="DIR",
+    type=os.path.abspath,
+    default=None,
+)
+"""``--record-dataset`` of the actor and of ``apexrl run`` (which gives it to every actor)."""
 LOG_LEVEL = Option(
     "--log-level", "logging level (stderr)", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO"
 )

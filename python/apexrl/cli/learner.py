@@ -15,13 +15,13 @@ from typing import NoReturn
 from apexrl.apex.config import IS_WEIGHT_MODES, LearnerConfig
 from apexrl.cli.args import (
     LOG_LEVEL,
+    REPLAY,
     add_agent_arguments,
     add_curve_arguments,
     exit_process,
     field_arg,
     refuse_beside_plan,
     resolve_agent,
-    tcp_endpoint,
 )
 from apexrl.cli.flags import Flag
 
@@ -73,15 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="take every setting from a run plan written by `apexrl run` (then only --resume, "
         "--tensorboard and --log-level may be given besides)",
     )
-    g.add_argument(
-        "--replay",
-        type=tcp_endpoint,
-        nargs="+",
-        action="extend",
-        metavar="ENDPOINT",
-        help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
-        "replay spread over several servers",
-    )
+    REPLAY.add(g)
     g.add_argument(
         "--params-port",
         type=field_arg(LearnerConfig, "params_port"),

@@ -20,6 +20,7 @@ from typing import Any
 
 from apexrl.cli.actor import ENVS_PER_ACTOR
 from apexrl.cli.args import (
+    RECORD_DATASET,
     add_agent_arguments,
     add_curve_arguments,
     agent_overrides,
@@ -156,13 +157,7 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "settings (docs/running.md, Tables)",
     )
     g = p.add_argument_group("offline data (pip install 'apexrl[offline]'; docs/offline.md)")
-    g.add_argument(
-        "--record-dataset",
-        metavar="DIR",
-        type=os.path.abspath,
-        default=None,
-        help="each actor records the episodes it plays as a Minari dataset in DIR/actor<I>/ (appending to one there)",
-    )
+    RECORD_DATASET.add(g)
     g.add_argument(
         "--offline",
         metavar="DATASET",
