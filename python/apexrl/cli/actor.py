@@ -20,7 +20,6 @@ from apexrl.cli.args import (
     add_agent_arguments,
     add_curve_arguments,
     exit_process,
-    field_arg,
     refuse_beside_plan,
     resolve_agent,
     tcp_endpoint,
@@ -85,12 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     REPLAY.add(g)
     g.add_argument("--params", type=tcp_endpoint, help="the learner's parameter service, tcp://HOST:PORT (required)")
     g = p.add_argument_group("actor")
-    g.add_argument(
-        "--index",
-        type=field_arg(ActorConfig, "index"),
-        help="this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1)) (required)",
+    Flag(ActorConfig, "index", "this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1))").add(
+        g, default=None, shown="required"
     )
-    g.add_argument("--num-actors", type=field_arg(ActorConfig, "num_actors"), help="N, actors in the run (required)")
+    Flag(ActorConfig, "num_actors", "N, actors in the run").add(g, default=None, shown="required")
     for flag in SETTING_FLAGS:
         flag.add_preset(g)
     Flag(ActorConfig, "max_steps", "stop after this many agent steps (0: none)").add(g)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from apexrl.cli.flags import Flag, Option
-from apexrl.validate import Range, range_of
+from apexrl.validate import Range
 
 if TYPE_CHECKING:
     from apexrl.launch.plan import Overrides
@@ -29,7 +29,6 @@ __all__ = [
     "add_agent_arguments",
     "add_curve_arguments",
     "agent_overrides",
-    "field_arg",
     "given_flags",
     "refuse_beside_plan",
     "float_arg",
@@ -40,7 +39,7 @@ __all__ = [
 
 
 def int_arg(lo: int, hi: int | None = None) -> Callable[[str], int]:
-    """argparse ``type=``: an int in [lo, hi] (for flags that are no config field; see :func:`field_arg`)."""
+    """argparse ``type=``: an int in [lo, hi] (for a flag that sets no config field; one that does is a :class:`~apexrl.cli.flags.Flag`)."""
     return Range("int", lo, hi).parse
 
 
@@ -80,11 +79,6 @@ def add_curve_arguments(parser: argparse.ArgumentParser, *, binds: bool) -> None
             action="store_true",
             help="allow binding beyond loopback without --curve-dir (only on a trusted network)",
         )
-
-
-def field_arg(cls: type, name: str) -> Callable[[str], Any]:
-    """argparse ``type=`` accepting exactly the values config field ``cls.name`` accepts (``apexrl.validate``)."""
-    return range_of(cls, name).parse
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> dict[str, Any]:

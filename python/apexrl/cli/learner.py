@@ -19,7 +19,6 @@ from apexrl.cli.args import (
     add_agent_arguments,
     add_curve_arguments,
     exit_process,
-    field_arg,
     refuse_beside_plan,
     resolve_agent,
 )
@@ -74,11 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensorboard and --log-level may be given besides)",
     )
     REPLAY.add(g)
-    g.add_argument(
-        "--params-port",
-        type=field_arg(LearnerConfig, "params_port"),
-        help="port of the parameter service the actors poll (0: pick a free one; required)",
-    )
+    port = Flag(LearnerConfig, "params_port", "port of the parameter service the actors poll (0: pick a free one)")
+    port.add(g, default=None, shown="required")
     g.add_argument(
         "--params-bind",
         default="127.0.0.1",
