@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", default="", help="metrics.csv and checkpoint (default runs/<env>/<agent>/<seed>)")
-    g.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    Flag(LearnerConfig, "resume", "continue from the run directory's checkpoint").add(g)
     Flag(LearnerConfig, "max_steps", "stop after this many learner steps (0: none)").add(g)
     Flag(LearnerConfig, "max_minutes", "stop after this many minutes of training (0: none)").add(g)
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")

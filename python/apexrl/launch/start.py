@@ -130,13 +130,9 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     STEPS.add(g)
     FINAL_EVAL.add_preset(g, shown="default: the preset's, 30")
     g.add_argument("--run-dir", default=None, help="run directory (default runs/<env>/<agent>/<seed>)")
-    g.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run directory's checkpoint (the learner starts with --resume)",
-    )
+    Flag(_RUN_SETTINGS, "resume", "continue the run directory's checkpoint (the learner starts with --resume)").add(g)
     PROGRESS_EVERY.add(g)
-    g.add_argument("--quiet", action="store_true", help="no progress lines, only events and the summary")
+    Flag(_RUN_SETTINGS, "quiet", "no progress lines, only events and the summary").add(g)
     g.add_argument(
         "--tensorboard",
         metavar="DIR",
