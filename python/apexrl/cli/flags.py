@@ -32,14 +32,14 @@ FIELD_DEFAULT: Any = object()
 
 
 def _field(config: type | str, name: str) -> Any:
-    cls = config
+    cls: Any = config
     if isinstance(config, str):
         module, _, qualname = config.partition(":")
         cls = getattr(importlib.import_module(module), qualname)
     for f in fields(cls):
         if f.name == name:
             return f
-    raise KeyError(f"{getattr(cls, '__name__', cls)} has no field {name!r}")
+    raise KeyError(f"{cls.__name__} has no field {name!r}")
 
 
 @dataclass(frozen=True)
