@@ -165,3 +165,11 @@ def test_apexrl_run_takes_its_limits_from_the_run_settings(capsys):
     with pytest.raises(SystemExit):
         run.parse_args(["--actors", "257"])
     assert "--actors: 257 is out of range, must be an int in [1, 256]" in capsys.readouterr().err
+
+
+def test_bench_suite_refuses_what_apexrl_run_refuses(capsys):
+    suite = _commands()["apexrl bench-suite"]
+    for bad, reason in ((["--preset", "nope"], "valid presets: "), (["--actors", "0"], "must be an int in [1, 256]")):
+        with pytest.raises(SystemExit):
+            suite.parse_args(["--tasks", "gym:CartPole-v1", "--minutes", "1", *bad])
+        assert reason in capsys.readouterr().err
