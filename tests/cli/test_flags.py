@@ -173,3 +173,17 @@ def test_bench_suite_refuses_what_apexrl_run_refuses(capsys):
         with pytest.raises(SystemExit):
             suite.parse_args(["--tasks", "gym:CartPole-v1", "--minutes", "1", *bad])
         assert reason in capsys.readouterr().err
+
+
+def test_the_agent_overrides_are_one_flag_each_with_the_range_they_accept(capsys):
+    from apexrl.cli.args import AGENT_FLAGS
+    from apexrl.launch.plan import AGENT_FIELDS
+
+    assert tuple(flag.field for flag in AGENT_FLAGS) == AGENT_FIELDS
+    learner = learner_cli.build_parser()
+    assert _action(learner, "--n-step").help == "n of the n-step return (an int in [1, 100]; default: the preset's)"
+    args = learner.parse_args(["--dqda-clip", "none", "--obs-norm", "off", "--gamma", "1"])
+    assert (args.dqda_clip, args.obs_norm, args.gamma, args.n_step) == ("none", False, 1.0, None)
+    with pytest.raises(SystemExit):
+        learner.parse_args(["--n-step", "101"])
+    assert "--n-step: 101 is out of range, must be an int in [1, 100]" in capsys.readouterr().err

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AGENT",
+    "AGENT_FLAGS",
     "ENDPOINT_RE",
     "ENV",
     "LOG_LEVEL",
@@ -202,6 +203,70 @@ LOG_LEVEL = Option(
 """``--log-level`` of every process."""
 
 
+_OVERRIDES = "apexrl.launch.plan:AgentOverrides"  # imported when a parser is built: it imports the presets
+AGENT_FLAGS = (
+    Flag(_OVERRIDES, "n_step", "n of the n-step return"),
+    Flag(_OVERRIDES, "gamma", "discount γ"),
+    Flag(_OVERRIDES, "batch_size", "learner batch size", none="the preset's: 512 DQN, 256 DPG"),
+    Flag(_OVERRIDES, "target_update_period", "learner steps between target-network copies"),
+    Flag(
+        _OVERRIDES,
+        "dqda_clip",
+        "DPG/D4PG: clip every element of dQ/da to [-C, C] before it flows into the actor; none: off",
+        metavar="C|none",
+        parse=_clip_arg,
+        none="the preset's; the Ape-X paper's 1",
+    ),
+    Flag(
+        _OVERRIDES,
+        "dqda_clip_norm",
+        "DPG/D4PG: scale each sample's dQ/da to an L2 norm of at most C instead (Acme's D4PG: 1); none: off. Give "
+        "--dqda-clip none with it unless the preset has no element clip",
+        metavar="C|none",
+        parse=_clip_arg,
+    ),
+    Flag(
+        _OVERRIDES,
+        "grad_clip_norm",
+        "clip the global L2 norm of each network's gradient to C; none: off",
+        metavar="C|none",
+        parse=_clip_arg,
+        none="the preset's: DQN 40 as the Ape-X paper; DPG/D4PG off, d4pg-acme 40 as Acme",
+    ),
+    Flag(
+        _OVERRIDES,
+        "actor_loss_state",
+        "DPG/D4PG: state of the actor's loss -Q(s, pi(s)): obs (the transition's first, the papers') or next_obs "
+        "(its last, Acme's D4PG)",
+    ),
+    Flag(
+        _OVERRIDES,
+        "actor_weights",
+        "DPG/D4PG: weights the learner sends actors and evaluates: online, or target (its target networks, as "
+        "Acme's D4PG)",
+    ),
+    Flag(_OVERRIDES, "noise_sigma_max", "D4PG: exploration noise std of actor 0", metavar="SIGMA"),
+    Flag(
+        _OVERRIDES,
+        "noise_sigma_min",
+        "D4PG: exploration noise std of the last actor; equal to --noise-sigma-max: the same sigma on every actor",
+        metavar="SIGMA",
+    ),
+    Flag(_OVERRIDES, "noise_sigma_spacing", "D4PG: how the actors between share the sigma range"),
+    Flag(
+        _OVERRIDES,
+        "obs_norm",
+        "DPG/D4PG/TD3/SAC/MPO/DMPO: on: every network sees observations normalised by the running mean and "
+        "variance the learner keeps of its sampled batches (clipped to 5 standard deviations), sent to actors and "
+        "evaluation with the weights and saved in checkpoints; off: raw observations",
+        metavar="on|off",
+        parse=_on_off,
+        none="the preset's; off in every paper preset",
+    ),
+)
+"""The agent overrides (``--n-step``, ``--gamma``, ...) of every process of a run."""
+
+
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     """--agent, --env, --preset, --seed and the agent overrides every process of a run must agree on."""
     from apexrl.apex.config import LearnerConfig
@@ -210,88 +275,8 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     for option in (AGENT, ENV, PRESET):
         option.add(g)
     Flag(LearnerConfig, "seed", "random seed").add(g)
-    g.add_argument("--n-step", type=int_arg(1, 100), default=None, help="n of the n-step return (preset's)")
-    g.add_argument("--gamma", type=float_arg(nonneg=True, hi=1.0), default=None, help="discount γ (preset's)")
-    g.add_argument(
-        "--batch-size", type=int_arg(1, 1 << 16), default=None, help="learner batch size (preset's: 512 DQN, 256 DPG)"
-    )
-    g.add_argument(
-        "--target-update-period",
-        type=int_arg(1),
-        default=None,
-        help="learner steps between target-network copies (preset's)",
-    )
-    from apexrl.agents.config import ACTOR_LOSS_STATES, ACTOR_WEIGHTS, SIGMA_SPACINGS
-
-    g.add_argument(
-        "--dqda-clip",
-        metavar="C|none",
-        type=_clip_arg,
-        default=None,
-        help="DPG/D4PG: clip every element of dQ/da to [-C, C] before it flows into the actor; none: "
-        "off (preset's; the Ape-X paper's 1)",
-    )
-    g.add_argument(
-        "--dqda-clip-norm",
-        metavar="C|none",
-        type=_clip_arg,
-        default=None,
-        help="DPG/D4PG: scale each sample's dQ/da to an L2 norm of at most C instead (Acme's D4PG: 1); "
-        "none: off (preset's). Give --dqda-clip none with it unless the preset has no element clip",
-    )
-    g.add_argument(
-        "--grad-clip-norm",
-        metavar="C|none",
-        type=_clip_arg,
-        default=None,
-        help="clip the global L2 norm of each network's gradient to C; none: off (preset's: DQN 40 as "
-        "the Ape-X paper; DPG/D4PG off, d4pg-acme 40 as Acme)",
-    )
-    g.add_argument(
-        "--actor-loss-state",
-        choices=ACTOR_LOSS_STATES,
-        default=None,
-        help="DPG/D4PG: state of the actor's loss -Q(s, pi(s)): obs (the transition's first, the "
-        "papers') or next_obs (its last, Acme's D4PG) (preset's)",
-    )
-    g.add_argument(
-        "--actor-weights",
-        choices=ACTOR_WEIGHTS,
-        default=None,
-        help="DPG/D4PG: weights the learner sends actors and evaluates: online, or target (its target "
-        "networks, as Acme's D4PG) (preset's)",
-    )
-    g.add_argument(
-        "--noise-sigma-max",
-        metavar="SIGMA",
-        type=float_arg(positive=True),
-        default=None,
-        help="D4PG: exploration noise std of actor 0 (preset's)",
-    )
-    g.add_argument(
-        "--noise-sigma-min",
-        metavar="SIGMA",
-        type=float_arg(positive=True),
-        default=None,
-        help="D4PG: exploration noise std of the last actor (preset's); equal to --noise-sigma-max: "
-        "the same sigma on every actor",
-    )
-    g.add_argument(
-        "--noise-sigma-spacing",
-        choices=SIGMA_SPACINGS,
-        default=None,
-        help="D4PG: how the actors between share the sigma range: geometric or linear (preset's)",
-    )
-    g.add_argument(
-        "--obs-norm",
-        type=_on_off,
-        metavar="on|off",
-        default=None,
-        help="DPG/D4PG/TD3/SAC/MPO/DMPO: on: every network sees observations normalised by the running mean and "
-        "variance the learner keeps of its sampled batches (clipped to 5 standard deviations), sent to actors "
-        "and evaluation with the weights and saved in checkpoints; off: raw observations (preset's; off in "
-        "every paper preset)",
-    )
+    for flag in AGENT_FLAGS:
+        flag.add_preset(g, shown="default: " + (flag.none or "the preset's"))
 
 
 def agent_overrides(args: argparse.Namespace) -> Overrides:

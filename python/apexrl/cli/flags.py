@@ -9,12 +9,11 @@ commands take (``--decode-threads``: the learner's and ``apexrl run``'s) is one 
 A flag that sets no config field (a path, an endpoint, a name checked against a registry, a pass-through) is
 declared by hand: with :class:`Option` when two commands take it (``--log-level``, ``--agent``, ``--preset``,
 ``--episodes``), so it still has one declaration and one help, else with a plain ``add_argument`` in the one
-parser that takes it. The agent overrides (``--n-step``, ``--gamma``, ``--dqda-clip``, ...) are by hand too:
-each sets the same-named field of whichever agent config the preset picks (DQN's, DPG's, SAC's, ...), whose
-defaults differ by agent, so no single field can give their default; :func:`apexrl.cli.args.add_agent_arguments`
-is their one declaration. tests/cli/test_flags.py walks every command's parser and fails when one flag name
-carries two helps, types, choices or defaults beyond the homonyms it lists (``--seed`` of the store and of the
-agent).
+parser that takes it. The agent overrides (``--n-step``, ``--gamma``, ...) are Flags of
+:class:`apexrl.launch.plan.AgentOverrides`: each sets the same-named field of whichever agent config the preset
+picks, whose defaults differ by agent, so their ranges live there and their default is the preset's.
+tests/cli/test_flags.py walks every command's parser and fails when one flag name carries two helps, types,
+choices or defaults beyond the homonyms it lists (``--seed`` of the agent, of the store and of evaluate).
 """
 
 from __future__ import annotations
@@ -56,6 +55,8 @@ class Flag:
     metavar: str | None = None
     none: str = ""
     """What the default None means, shown as the default (``2 * capacity``); empty: ``none``."""
+    parse: Callable[[str], Any] | None = None
+    """The argparse type of a field whose values no range says (a number or ``none``; ``on``/``off``)."""
     dest: str = ""
     """The parsed attribute when it is not the field's name: ``apexrl.run()``'s keywords are ``apexrl run``'s
     dests, so ``--max-restarts`` keeps ``max_restarts`` though it sets ``max_restarts_per_minute``."""
@@ -91,7 +92,9 @@ class Flag:
             default = None if f.default is MISSING else f.default
         kwargs: dict[str, Any] = {"dest": self.key, "default": default, "metavar": self.metavar}
         accepts = ""
-        if rng is not None and rng.kind == "choice":
+        if self.parse is not None:
+            kwargs["type"] = self.parse
+        elif rng is not None and rng.kind == "choice":
             kwargs["choices"] = rng.choices
         elif rng is not None:
             kwargs["type"] = rng.parse

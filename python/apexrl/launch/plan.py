@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from apexrl.agents.config import ACTOR_LOSS_STATES, ACTOR_WEIGHTS, SIGMA_SPACINGS
 from apexrl.apex.config import (
     ActorConfig,
     LearnerConfig,
@@ -64,6 +65,7 @@ from apexrl.replay.wire.schema import MAX_BATCH
 from apexrl.validate import Range, check_fields
 
 __all__ = [
+    "AgentOverrides",
     "DEFAULT_SNAPSHOT_EVERY",
     "MAX_REPLAY_SERVERS",
     "PLAN_NAME",
@@ -90,22 +92,33 @@ PLAN_NAME = "plan.json"
 SNAPSHOT_NAME = "replay.snap"
 DEFAULT_SNAPSHOT_EVERY = 300.0
 """Seconds between the replay server's snapshots in a run (``apexrl run --snapshot-every``)."""
-AGENT_FIELDS = (
-    "n_step",
-    "gamma",
-    "batch_size",
-    "target_update_period",
-    "dqda_clip",
-    "dqda_clip_norm",
-    "grad_clip_norm",
-    "actor_loss_state",
-    "actor_weights",
-    "noise_sigma_max",
-    "noise_sigma_min",
-    "noise_sigma_spacing",
-    "obs_norm",
-)
-"""Agent settings a run's command line may override (actors and learner always get the same values)."""
+
+
+@dataclass(frozen=True)
+class AgentOverrides:
+    """The agent settings a run's command line may override (actors and learner always get the same values);
+    None: the preset's. Each sets the same-named field of the agent's config class (DQNConfig, D4PGConfig, ...),
+    whose defaults differ by agent; the ranges here are what the command lines accept, and the agent's config
+    refuses a field it has not."""
+
+    n_step: int | None = field(default=None, metadata=Range.int(1, 100, optional=True))
+    gamma: float | None = field(default=None, metadata=Range.float(0.0, 1.0, optional=True))
+    batch_size: int | None = field(default=None, metadata=Range.int(1, 1 << 16, optional=True))
+    target_update_period: int | None = field(default=None, metadata=Range.int(1, optional=True))
+    dqda_clip: float | str | None = None
+    """A threshold > 0, or ``none`` (:data:`apexrl.launch.presets.OFF`): off."""
+    dqda_clip_norm: float | str | None = None
+    grad_clip_norm: float | str | None = None
+    actor_loss_state: str | None = field(default=None, metadata=Range.choice(*ACTOR_LOSS_STATES))
+    actor_weights: str | None = field(default=None, metadata=Range.choice(*ACTOR_WEIGHTS))
+    noise_sigma_max: float | None = field(default=None, metadata=Range.float(0.0, lo_open=True, optional=True))
+    noise_sigma_min: float | None = field(default=None, metadata=Range.float(0.0, lo_open=True, optional=True))
+    noise_sigma_spacing: str | None = field(default=None, metadata=Range.choice(*SIGMA_SPACINGS))
+    obs_norm: bool | None = None
+
+
+AGENT_FIELDS = tuple(f.name for f in dataclasses.fields(AgentOverrides))
+"""Agent settings a run's command line may override."""
 
 
 @dataclass(frozen=True)
