@@ -98,3 +98,92 @@ def test_a_flag_takes_its_kind_from_the_field():
         parser.parse_args(["--kind", "c"])
     with pytest.raises(KeyError, match="_Config has no field 'size'"):
         Flag(_Config, "size", "no such field").add(parser)
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser: the three processes and each ``apexrl`` subcommand."""
+    from apexrl.cli import main as main_cli
+
+    parsers = {
+        "apexrl-learner": learner_cli.build_parser(),
+        "apexrl-actor": actor_cli.build_parser(),
+        "apexrl-replay-server": server_cli.build_parser(),
+    }
+    top = main_cli.build_parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    parsers.update({f"apexrl {name}": p for name, p in sub.choices.items()})
+    return parsers
+
+
+HOMONYMS = {
+    # One name, several meanings, each one declaration of its own: (what each means, ...).
+    "--device": ("the learner's training device", "evaluate's device to load a checkpoint on (default cpu)"),
+    "--index": ("the actor's index in the run", "the replay server's index in a plan"),
+    "--max-steps": ("learner steps", "actor (environment) steps"),
+    "--minutes": ("a run's limit (default: the preset's)", "bench-suite's per run, which it requires"),
+    "--out": ("plot's PNG", "bench-suite's directory", "export's .npz"),
+    "--plan": ("the learner's part of a plan", "an actor's part", "the replay server's part"),
+    "--resume": ("the learner resumes its checkpoint", "the run resumes every process"),
+    "--run-dir": ("the learner's metrics and checkpoint", "the run's whole directory"),
+    "--seed": ("the agent's (learner, actor, run)", "the store's", "evaluate's environment seed"),
+    "--snapshot-every": ("the server's (default: only at shutdown)", "the run's (default 300, 0: none)"),
+    "--spec": ("the server checks inserts against it", "export decodes with it"),
+    "--tables": ("the server's tables", "the run's servers' tables"),
+    "--tensorboard": ("the learner's metrics.csv rows", "the run's metrics.csv and episodes.csv rows"),
+}
+"""Flag names with more than one meaning, and what tells them apart."""
+
+
+def _declaration(action: argparse.Action) -> tuple:
+    kind = getattr(action.type, "__qualname__", action.type)
+    return (action.help, kind, tuple(action.choices or ()), repr(action.default), action.dest, action.nargs)
+
+
+def test_a_flag_name_has_one_declaration_across_every_command():
+    declared: dict[str, dict[tuple, list[str]]] = {}
+    for command, parser in _commands().items():
+        for action in parser._actions:
+            for option in action.option_strings:
+                if option.startswith("--") and option != "--help":
+                    declared.setdefault(option, {}).setdefault(_declaration(action), []).append(command)
+    two = {o: d for o, d in declared.items() if len(d) > 1 and o not in HOMONYMS}
+    assert not two, f"one flag declared differently by several commands: {two}"
+    for option in HOMONYMS:
+        meanings = declared[option]
+        assert len(meanings) == len(HOMONYMS[option]), f"{option}: {list(meanings.values())}"
+    shared = {o for o, d in declared.items() if sum(map(len, d.values())) > 1}
+    assert {"--agent", "--preset", "--actors", "--steps", "--episodes", "--log-level", "--record-dataset"} <= shared
+
+
+def test_apexrl_run_takes_its_limits_from_the_run_settings(capsys):
+    run = fill_run_parser(argparse.ArgumentParser(prog="apexrl run", **run_kwargs()))
+    assert _action(run, "--ports").help.endswith("(an int in [0, 65535]; default 0)")
+    assert _action(run, "--final-eval").help.endswith("(an int in [0, 100000]; default: the preset's, 30)")
+    assert _action(run, "--replay-servers").type("2") == 2
+    args = run.parse_args(["--max-restarts", "2", "--ports", "7000", "--final-eval", "3"])
+    assert (args.max_restarts, args.ports, args.final_eval, args.snapshot_every) == (2, 7000, 3, 300.0)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--actors", "257"])
+    assert "--actors: 257 is out of range, must be an int in [1, 256]" in capsys.readouterr().err
+
+
+def test_bench_suite_refuses_what_apexrl_run_refuses(capsys):
+    suite = _commands()["apexrl bench-suite"]
+    for bad, reason in ((["--preset", "nope"], "valid presets: "), (["--actors", "0"], "must be an int in [1, 256]")):
+        with pytest.raises(SystemExit):
+            suite.parse_args(["--tasks", "gym:CartPole-v1", "--minutes", "1", *bad])
+        assert reason in capsys.readouterr().err
+
+
+def test_the_agent_overrides_are_one_flag_each_with_the_range_they_accept(capsys):
+    from apexrl.cli.args import AGENT_FLAGS
+    from apexrl.launch.plan import AGENT_FIELDS
+
+    assert tuple(flag.field for flag in AGENT_FLAGS) == AGENT_FIELDS
+    learner = learner_cli.build_parser()
+    assert _action(learner, "--n-step").help == "n of the n-step return (an int in [1, 100]; default: the preset's)"
+    args = learner.parse_args(["--dqda-clip", "none", "--obs-norm", "off", "--gamma", "1"])
+    assert (args.dqda_clip, args.obs_norm, args.gamma, args.n_step) == ("none", False, 1.0, None)
+    with pytest.raises(SystemExit):
+        learner.parse_args(["--n-step", "101"])
+    assert "--n-step: 101 is out of range, must be an int in [1, 100]" in capsys.readouterr().err

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from apexrl.apex.config import ActorConfig
 from apexrl.cli.args import (
+    LOG_LEVEL,
+    RECORD_DATASET,
+    REPLAY,
     add_agent_arguments,
     add_curve_arguments,
     exit_process,
-    field_arg,
     refuse_beside_plan,
     resolve_agent,
     tcp_endpoint,
@@ -80,41 +81,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="take every setting of actor --index from a run plan written by `apexrl run` (then only "
         "--index and --log-level may be given besides)",
     )
-    g.add_argument(
-        "--replay",
-        type=tcp_endpoint,
-        nargs="+",
-        action="extend",
-        metavar="ENDPOINT",
-        help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
-        "replay spread over several servers",
-    )
+    REPLAY.add(g)
     g.add_argument("--params", type=tcp_endpoint, help="the learner's parameter service, tcp://HOST:PORT (required)")
     g = p.add_argument_group("actor")
-    g.add_argument(
-        "--index",
-        type=field_arg(ActorConfig, "index"),
-        help="this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1)) (required)",
+    Flag(ActorConfig, "index", "this actor's index i in [0, N): DQN exploration ε_i = 0.4^(1 + 7·i/(N−1))").add(
+        g, default=None, shown="required"
     )
-    g.add_argument("--num-actors", type=field_arg(ActorConfig, "num_actors"), help="N, actors in the run (required)")
+    Flag(ActorConfig, "num_actors", "N, actors in the run").add(g, default=None, shown="required")
     for flag in SETTING_FLAGS:
         flag.add_preset(g)
     Flag(ActorConfig, "max_steps", "stop after this many agent steps (0: none)").add(g)
     g.add_argument("--episodes-csv", default=None, help="append one row per finished episode to this CSV")
-    g.add_argument(
-        "--record-dataset",
-        metavar="DIR",
-        type=os.path.abspath,
-        default=None,
-        help="record the episodes played (observations, actions, rewards, terminations, truncations) as "
-        "a Minari dataset in DIR/actor<INDEX>/, appending to one there; pip install 'apexrl[offline]' "
-        "(docs/offline.md)",
-    )
+    RECORD_DATASET.add(g)
     Flag(ActorConfig, "wait_for_params", "seconds to wait for the learner's first weights").add(g)
     Flag(ActorConfig, "log_every", "seconds between progress lines").add(g)
-    g.add_argument(
-        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO", help="logging level (stderr)"
-    )
+    LOG_LEVEL.add(g)
     add_curve_arguments(p, binds=False)
     return p
 

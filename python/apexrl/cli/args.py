@@ -12,17 +12,24 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from apexrl.validate import Range, range_of
+from apexrl.cli.flags import Flag, Option
+from apexrl.validate import Range
 
 if TYPE_CHECKING:
     from apexrl.launch.plan import Overrides
 
 __all__ = [
+    "AGENT",
+    "AGENT_FLAGS",
     "ENDPOINT_RE",
+    "ENV",
+    "LOG_LEVEL",
+    "PRESET",
+    "RECORD_DATASET",
+    "REPLAY",
     "add_agent_arguments",
     "add_curve_arguments",
     "agent_overrides",
-    "field_arg",
     "given_flags",
     "refuse_beside_plan",
     "float_arg",
@@ -33,7 +40,7 @@ __all__ = [
 
 
 def int_arg(lo: int, hi: int | None = None) -> Callable[[str], int]:
-    """argparse ``type=``: an int in [lo, hi] (for flags that are no config field; see :func:`field_arg`)."""
+    """argparse ``type=``: an int in [lo, hi] (for a flag that sets no config field; one that does is a :class:`~apexrl.cli.flags.Flag`)."""
     return Range("int", lo, hi).parse
 
 
@@ -73,11 +80,6 @@ def add_curve_arguments(parser: argparse.ArgumentParser, *, binds: bool) -> None
             action="store_true",
             help="allow binding beyond loopback without --curve-dir (only on a trusted network)",
         )
-
-
-def field_arg(cls: type, name: str) -> Callable[[str], Any]:
-    """argparse ``type=`` accepting exactly the values config field ``cls.name`` accepts (``apexrl.validate``)."""
-    return range_of(cls, name).parse
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> dict[str, Any]:
@@ -148,129 +150,142 @@ def _env(text: str) -> str:
     return text
 
 
-def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
-    """--agent, --env, --preset, --seed and the agent overrides every process of a run must agree on."""
+def _agent_help() -> str:
     from apexrl.agents import AGENTS, agent_names
-    from apexrl.apex.config import LearnerConfig
+
+    described = "; ".join(f"{n}: {AGENTS[n].description}" for n in agent_names())
+    return described + " (default: the preset's, or the first that accepts --env)"
+
+
+def _preset_help() -> str:
     from apexrl.launch.presets import PRESETS
 
-    names = agent_names()
-    g = parser.add_argument_group("agent (actors and learner must be given the same values)")
-    g.add_argument(
-        "--agent",
-        type=_agent,
-        default=None,
-        help="; ".join(f"{n}: {AGENTS[n].description}" for n in names)
-        + " (default: the preset's, or the first that accepts --env)",
-    )
-    g.add_argument(
-        "--env",
-        type=_env,
-        default=None,
-        help="environment FAMILY:ID: gym:<any gymnasium id> (gym:CartPole-v1, gym:HalfCheetah-v5, your own "
-        "as gym:<module>:<id>), atari:<Game>, dmc:<domain>-<task>, or a family an apexrl.envs entry point "
-        "adds; default: the preset's",
-    )
-    g.add_argument(
-        "--preset",
-        type=_preset,
-        default=None,
-        help=f"settings preset: {', '.join(PRESETS)} (default: by agent and env family: "
+    return (
+        f"settings preset: {', '.join(PRESETS)} (default: by agent and env family: "
         "apex-dqn-atari, cartpole, apex-dpg-control or pendulum; with --env and no --agent the "
         "agent comes from the action space: dqn for Discrete, dpg for Box, so a gym: task without "
-        "a preset of its own runs with cartpole's or pendulum's settings)",
+        "a preset of its own runs with cartpole's or pendulum's settings)"
     )
-    g.add_argument("--seed", type=field_arg(LearnerConfig, "seed"), default=0, help="random seed (default 0)")
-    g.add_argument("--n-step", type=int_arg(1, 100), default=None, help="n of the n-step return (preset's)")
-    g.add_argument("--gamma", type=float_arg(nonneg=True, hi=1.0), default=None, help="discount γ (preset's)")
-    g.add_argument(
-        "--batch-size", type=int_arg(1, 1 << 16), default=None, help="learner batch size (preset's: 512 DQN, 256 DPG)"
-    )
-    g.add_argument(
-        "--target-update-period",
-        type=int_arg(1),
-        default=None,
-        help="learner steps between target-network copies (preset's)",
-    )
-    from apexrl.agents.config import ACTOR_LOSS_STATES, ACTOR_WEIGHTS, SIGMA_SPACINGS
 
-    g.add_argument(
-        "--dqda-clip",
+
+AGENT = Option("--agent", _agent_help, type=_agent, default=None)
+PRESET = Option("--preset", _preset_help, type=_preset, default=None)
+ENV = Option(
+    "--env",
+    "environment FAMILY:ID: gym:<any gymnasium id> (gym:CartPole-v1, gym:HalfCheetah-v5, your own "
+    "as gym:<module>:<id>), atari:<Game>, dmc:<domain>-<task>, or a family an apexrl.envs entry point "
+    "adds; default: the preset's",
+    type=_env,
+    default=None,
+)
+REPLAY = Option(
+    "--replay",
+    "replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a replay spread over "
+    "several servers",
+    type=tcp_endpoint,
+    nargs="+",
+    action="extend",
+    metavar="ENDPOINT",
+)
+"""``--replay`` of the learner and the actor."""
+RECORD_DATASET = Option(
+    "--record-dataset",
+    "each actor records the episodes it plays (observations, actions, rewards, terminations, truncations) as a "
+    "Minari dataset in DIR/actor<INDEX>/, appending to one there; pip install 'apexrl[offline]' (docs/offline.md)",
+    metavar="DIR",
+    type=os.path.abspath,
+    default=None,
+)
+"""``--record-dataset`` of the actor and of ``apexrl run`` (which gives it to every actor)."""
+LOG_LEVEL = Option(
+    "--log-level", "logging level (stderr)", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO"
+)
+"""``--log-level`` of every process."""
+
+
+_OVERRIDES = "apexrl.launch.plan:AgentOverrides"  # imported when a parser is built: it imports the presets
+AGENT_FLAGS = (
+    Flag(_OVERRIDES, "n_step", "n of the n-step return"),
+    Flag(_OVERRIDES, "gamma", "discount γ"),
+    Flag(_OVERRIDES, "batch_size", "learner batch size", none="the preset's: 512 DQN, 256 DPG"),
+    Flag(_OVERRIDES, "target_update_period", "learner steps between target-network copies"),
+    Flag(
+        _OVERRIDES,
+        "dqda_clip",
+        "DPG/D4PG: clip every element of dQ/da to [-C, C] before it flows into the actor; none: off",
         metavar="C|none",
-        type=_clip_arg,
-        default=None,
-        help="DPG/D4PG: clip every element of dQ/da to [-C, C] before it flows into the actor; none: "
-        "off (preset's; the Ape-X paper's 1)",
-    )
-    g.add_argument(
-        "--dqda-clip-norm",
+        parse=_clip_arg,
+        none="the preset's; the Ape-X paper's 1",
+    ),
+    Flag(
+        _OVERRIDES,
+        "dqda_clip_norm",
+        "DPG/D4PG: scale each sample's dQ/da to an L2 norm of at most C instead (Acme's D4PG: 1); none: off. Give "
+        "--dqda-clip none with it unless the preset has no element clip",
         metavar="C|none",
-        type=_clip_arg,
-        default=None,
-        help="DPG/D4PG: scale each sample's dQ/da to an L2 norm of at most C instead (Acme's D4PG: 1); "
-        "none: off (preset's). Give --dqda-clip none with it unless the preset has no element clip",
-    )
-    g.add_argument(
-        "--grad-clip-norm",
+        parse=_clip_arg,
+    ),
+    Flag(
+        _OVERRIDES,
+        "grad_clip_norm",
+        "clip the global L2 norm of each network's gradient to C; none: off",
         metavar="C|none",
-        type=_clip_arg,
-        default=None,
-        help="clip the global L2 norm of each network's gradient to C; none: off (preset's: DQN 40 as "
-        "the Ape-X paper; DPG/D4PG off, d4pg-acme 40 as Acme)",
-    )
-    g.add_argument(
-        "--actor-loss-state",
-        choices=ACTOR_LOSS_STATES,
-        default=None,
-        help="DPG/D4PG: state of the actor's loss -Q(s, pi(s)): obs (the transition's first, the "
-        "papers') or next_obs (its last, Acme's D4PG) (preset's)",
-    )
-    g.add_argument(
-        "--actor-weights",
-        choices=ACTOR_WEIGHTS,
-        default=None,
-        help="DPG/D4PG: weights the learner sends actors and evaluates: online, or target (its target "
-        "networks, as Acme's D4PG) (preset's)",
-    )
-    g.add_argument(
-        "--noise-sigma-max",
+        parse=_clip_arg,
+        none="the preset's: DQN 40 as the Ape-X paper; DPG/D4PG off, d4pg-acme 40 as Acme",
+    ),
+    Flag(
+        _OVERRIDES,
+        "actor_loss_state",
+        "DPG/D4PG: state of the actor's loss -Q(s, pi(s)): obs (the transition's first, the papers') or next_obs "
+        "(its last, Acme's D4PG)",
+    ),
+    Flag(
+        _OVERRIDES,
+        "actor_weights",
+        "DPG/D4PG: weights the learner sends actors and evaluates: online, or target (its target networks, as "
+        "Acme's D4PG)",
+    ),
+    Flag(_OVERRIDES, "noise_sigma_max", "D4PG: exploration noise std of actor 0", metavar="SIGMA"),
+    Flag(
+        _OVERRIDES,
+        "noise_sigma_min",
+        "D4PG: exploration noise std of the last actor; equal to --noise-sigma-max: the same sigma on every actor",
         metavar="SIGMA",
-        type=float_arg(positive=True),
-        default=None,
-        help="D4PG: exploration noise std of actor 0 (preset's)",
-    )
-    g.add_argument(
-        "--noise-sigma-min",
-        metavar="SIGMA",
-        type=float_arg(positive=True),
-        default=None,
-        help="D4PG: exploration noise std of the last actor (preset's); equal to --noise-sigma-max: "
-        "the same sigma on every actor",
-    )
-    g.add_argument(
-        "--noise-sigma-spacing",
-        choices=SIGMA_SPACINGS,
-        default=None,
-        help="D4PG: how the actors between share the sigma range: geometric or linear (preset's)",
-    )
-    g.add_argument(
-        "--obs-norm",
-        type=_on_off,
+    ),
+    Flag(_OVERRIDES, "noise_sigma_spacing", "D4PG: how the actors between share the sigma range"),
+    Flag(
+        _OVERRIDES,
+        "obs_norm",
+        "DPG/D4PG/TD3/SAC/MPO/DMPO: on: every network sees observations normalised by the running mean and "
+        "variance the learner keeps of its sampled batches (clipped to 5 standard deviations), sent to actors and "
+        "evaluation with the weights and saved in checkpoints; off: raw observations",
         metavar="on|off",
-        default=None,
-        help="DPG/D4PG/TD3/SAC/MPO/DMPO: on: every network sees observations normalised by the running mean and "
-        "variance the learner keeps of its sampled batches (clipped to 5 standard deviations), sent to actors "
-        "and evaluation with the weights and saved in checkpoints; off: raw observations (preset's; off in "
-        "every paper preset)",
-    )
-    g.add_argument(
-        "--vtrace",
-        type=_on_off,
+        parse=_on_off,
+        none="the preset's; off in every paper preset",
+    ),
+    Flag(
+        _OVERRIDES,
+        "vtrace",
+        "IMPALA: on: V-trace corrects for the lag between the acting and the learning policy (rho_bar = c_bar = 1); "
+        "off: every importance ratio is 1, the n-step bootstrapped return",
         metavar="on|off",
-        default=None,
-        help="IMPALA: on: V-trace corrects for the lag between the acting and the learning policy (rho_bar = "
-        "c_bar = 1); off: every importance ratio is 1, the n-step bootstrapped return (default on)",
-    )
+        parse=_on_off,
+        none="on",
+    ),
+)
+"""The agent overrides (``--n-step``, ``--gamma``, ...) of every process of a run."""
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """--agent, --env, --preset, --seed and the agent overrides every process of a run must agree on."""
+    from apexrl.apex.config import LearnerConfig
+
+    g = parser.add_argument_group("agent (actors and learner must be given the same values)")
+    for option in (AGENT, ENV, PRESET):
+        option.add(g)
+    Flag(LearnerConfig, "seed", "random seed").add(g)
+    for flag in AGENT_FLAGS:
+        flag.add_preset(g, shown="default: " + (flag.none or "the preset's"))
 
 
 def agent_overrides(args: argparse.Namespace) -> Overrides:

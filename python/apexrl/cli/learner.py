@@ -14,13 +14,13 @@ from typing import NoReturn
 
 from apexrl.apex.config import IS_WEIGHT_MODES, LearnerConfig
 from apexrl.cli.args import (
+    LOG_LEVEL,
+    REPLAY,
     add_agent_arguments,
     add_curve_arguments,
     exit_process,
-    field_arg,
     refuse_beside_plan,
     resolve_agent,
-    tcp_endpoint,
 )
 from apexrl.cli.flags import Flag
 
@@ -72,20 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="take every setting from a run plan written by `apexrl run` (then only --resume, "
         "--tensorboard and --log-level may be given besides)",
     )
-    g.add_argument(
-        "--replay",
-        type=tcp_endpoint,
-        nargs="+",
-        action="extend",
-        metavar="ENDPOINT",
-        help="replay server, tcp://HOST:PORT (required); several (space-separated or repeated) for a "
-        "replay spread over several servers",
-    )
-    g.add_argument(
-        "--params-port",
-        type=field_arg(LearnerConfig, "params_port"),
-        help="port of the parameter service the actors poll (0: pick a free one; required)",
-    )
+    REPLAY.add(g)
+    port = Flag(LearnerConfig, "params_port", "port of the parameter service the actors poll (0: pick a free one)")
+    port.add(g, default=None, shown="required")
     g.add_argument(
         "--params-bind",
         default="127.0.0.1",
@@ -93,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("run")
     g.add_argument("--run-dir", default="", help="metrics.csv and checkpoint (default runs/<env>/<agent>/<seed>)")
-    g.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    Flag(LearnerConfig, "resume", "continue from the run directory's checkpoint").add(g)
     Flag(LearnerConfig, "max_steps", "stop after this many learner steps (0: none)").add(g)
     Flag(LearnerConfig, "max_minutes", "stop after this many minutes of training (0: none)").add(g)
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
@@ -104,9 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write each metrics.csv row to a TensorBoard event file in DIR, to watch the run live "
         "(tensorboard --logdir DIR); metrics.csv stays the record; pip install 'apexrl[tensorboard]'",
     )
-    g.add_argument(
-        "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO", help="logging level (stderr)"
-    )
+    LOG_LEVEL.add(g)
     g = p.add_argument_group("learner settings (default: the preset's)")
     for flag in SETTING_FLAGS:
         flag.add_preset(g)

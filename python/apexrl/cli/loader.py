@@ -11,6 +11,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from apexrl.cli.args import LOG_LEVEL
 from apexrl.offline.loader import load
 
 __all__ = ["main"]
@@ -26,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(apexrl run --offline starts it; docs/offline.md).",
     )
     parser.add_argument("--plan", required=True, metavar="PLAN_JSON", help="the run plan `apexrl run` wrote")
-    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO")
+    LOG_LEVEL.add(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"

@@ -16,17 +16,21 @@ import os
 import sys
 from collections.abc import Sequence
 
-from apexrl.cli.args import float_arg, int_arg
-from apexrl.launch.start import (  # the run's options and start, shared with apexrl.run
-    AGENT_DESTS as AGENT_DESTS,
-)
+from apexrl.cli.args import AGENT, PRESET, int_arg
+from apexrl.cli.flags import Option
 from apexrl.launch.start import (
+    ACTORS,
+    MINUTES,
     PROG,
+    STEPS,
     fill_run_parser,
     launch_plan,
     make_launcher,
     run_banner,
     run_kwargs,
+)
+from apexrl.launch.start import (  # the run's options and start, shared with apexrl.run
+    AGENT_DESTS as AGENT_DESTS,
 )
 from apexrl.launch.start import (
     SERVER_OWN as SERVER_OWN,
@@ -39,6 +43,8 @@ from apexrl.launch.start import (
 )
 
 ACTOR_LOG_EVERY = 5.0
+EPISODES = Option("--episodes", "evaluation episodes (default 10)", type=int_arg(1, 100_000), default=10)
+"""``--episodes`` of ``apexrl evaluate`` and of each final evaluation of ``apexrl bench-suite``."""
 # their names before they moved to launch/start.py
 _fill_run_parser, _run_kwargs = fill_run_parser, run_kwargs
 
@@ -109,7 +115,7 @@ def _fill_evaluate_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser
         "beside the last checkpoint's score, named as the best. --json records which checkpoint was scored "
         "(checkpoint_kind) and the evaluation that chose it (chosen_by)",
     )
-    p.add_argument("--episodes", type=int_arg(1, 100_000), default=10, help="evaluation episodes (default 10)")
+    EPISODES.add(p)
     p.add_argument(
         "--seed",
         type=int_arg(0, 2**63 - 1),
@@ -155,19 +161,12 @@ def _suite_kwargs() -> dict:
 def _fill_suite_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tasks", nargs="+", required=True, metavar="TASK", help="environments, e.g. dmc:walker-stand")
     p.add_argument("--seeds", type=int_arg(1, 1000), default=3, help="seeds 0..N-1 per task (default 3)")
-    p.add_argument(
-        "--minutes",
-        type=float_arg(nonneg=True),
-        required=True,
-        help="wall-time minutes of each run (0: no limit, then give --steps)",
-    )
-    p.add_argument("--steps", type=int_arg(0), default=0, help="also stop each run at this many learner steps")
-    p.add_argument("--agent", default=None, help="agent (default: the preset's or the env's default)")
-    p.add_argument("--preset", default=None, help="preset (default: the default for the env)")
-    p.add_argument("--actors", type=int_arg(1, 256), default=None, help="actors per run (default: the preset's)")
-    p.add_argument(
-        "--episodes", type=int_arg(1, 100_000), default=10, help="episodes of each final evaluation (default 10)"
-    )
+    MINUTES.add(p, required=True)
+    STEPS.add(p)
+    for option in (AGENT, PRESET):
+        option.add(p)
+    ACTORS.add_preset(p)
+    EPISODES.add(p)
     p.add_argument("--out", default="suite", help="output directory (default ./suite)")
     p.add_argument("--run-args", default="", help="extra `apexrl run` flags for every run, quoted")
     p.add_argument(

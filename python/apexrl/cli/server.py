@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from apexrl.cli.args import ENDPOINT_RE, add_curve_arguments, given_flags, refuse_beside_plan
+from apexrl.cli.args import ENDPOINT_RE, LOG_LEVEL, add_curve_arguments, given_flags, refuse_beside_plan
 from apexrl.cli.flags import Flag, add_flags, values
 from apexrl.replay.server.config import ServerConfig, check_snapshot_dir
 from apexrl.replay.server.table_flags import TABLE_FLAGS, TableFlags, table_from_flags
@@ -243,9 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(p, SERVER_FLAG_DECLS)
     add_flags(p.add_argument_group("the table 'default' (without --tables)"), TABLE_FLAG_DECLS)
-    p.add_argument(
-        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level (stderr)"
-    )
+    LOG_LEVEL.add(p)
     add_curve_arguments(p, binds=True)
     return p
 

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from apexrl.agents.config import ACTOR_LOSS_STATES, ACTOR_WEIGHTS, SIGMA_SPACINGS
 from apexrl.apex.config import (
     ActorConfig,
     LearnerConfig,
@@ -64,6 +65,7 @@ from apexrl.replay.wire.schema import MAX_BATCH
 from apexrl.validate import Range, check_fields
 
 __all__ = [
+    "AgentOverrides",
     "DEFAULT_SNAPSHOT_EVERY",
     "MAX_REPLAY_SERVERS",
     "PLAN_NAME",
@@ -90,23 +92,34 @@ PLAN_NAME = "plan.json"
 SNAPSHOT_NAME = "replay.snap"
 DEFAULT_SNAPSHOT_EVERY = 300.0
 """Seconds between the replay server's snapshots in a run (``apexrl run --snapshot-every``)."""
-AGENT_FIELDS = (
-    "n_step",
-    "gamma",
-    "batch_size",
-    "target_update_period",
-    "dqda_clip",
-    "dqda_clip_norm",
-    "grad_clip_norm",
-    "actor_loss_state",
-    "actor_weights",
-    "noise_sigma_max",
-    "noise_sigma_min",
-    "noise_sigma_spacing",
-    "obs_norm",
-    "vtrace",
-)
-"""Agent settings a run's command line may override (actors and learner always get the same values)."""
+
+
+@dataclass(frozen=True)
+class AgentOverrides:
+    """The agent settings a run's command line may override (actors and learner always get the same values);
+    None: the preset's. Each sets the same-named field of the agent's config class (DQNConfig, D4PGConfig, ...),
+    whose defaults differ by agent; the ranges here are what the command lines accept, and the agent's config
+    refuses a field it has not."""
+
+    n_step: int | None = field(default=None, metadata=Range.int(1, 100, optional=True))
+    gamma: float | None = field(default=None, metadata=Range.float(0.0, 1.0, optional=True))
+    batch_size: int | None = field(default=None, metadata=Range.int(1, 1 << 16, optional=True))
+    target_update_period: int | None = field(default=None, metadata=Range.int(1, optional=True))
+    dqda_clip: float | str | None = None
+    """A threshold > 0, or ``none`` (:data:`apexrl.launch.presets.OFF`): off."""
+    dqda_clip_norm: float | str | None = None
+    grad_clip_norm: float | str | None = None
+    actor_loss_state: str | None = field(default=None, metadata=Range.choice(*ACTOR_LOSS_STATES))
+    actor_weights: str | None = field(default=None, metadata=Range.choice(*ACTOR_WEIGHTS))
+    noise_sigma_max: float | None = field(default=None, metadata=Range.float(0.0, lo_open=True, optional=True))
+    noise_sigma_min: float | None = field(default=None, metadata=Range.float(0.0, lo_open=True, optional=True))
+    noise_sigma_spacing: str | None = field(default=None, metadata=Range.choice(*SIGMA_SPACINGS))
+    obs_norm: bool | None = None
+    vtrace: bool | None = None
+
+
+AGENT_FIELDS = tuple(f.name for f in dataclasses.fields(AgentOverrides))
+"""Agent settings a run's command line may override."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +168,7 @@ class Overrides:
     """Fields of LearnerConfig."""
     actor: dict[str, Any] = field(default_factory=dict)
     """Fields of ActorConfig (every actor)."""
-    actors: int | None = None
+    actors: int | None = field(default=None, metadata=Range.int(1, 256))
     minutes: float | None = None
     steps: int = 0
     final_eval: int | None = None
@@ -165,13 +178,13 @@ class Overrides:
     progress_every: float = 5.0
     quiet: bool = False
     max_restarts_per_minute: int = 5
-    snapshot_every: float = DEFAULT_SNAPSHOT_EVERY
+    snapshot_every: float = field(default=DEFAULT_SNAPSHOT_EVERY, metadata=Range.float(0.0))
     """Seconds between replay snapshots in the run directory; 0: no snapshots."""
     curve_dir: str | None = None
     """Key directory of `apexrl keygen`: CURVE on both services for every process (None: plain TCP)."""
     insecure: bool = False
     """Let the server and the parameter service bind beyond loopback without keys."""
-    replay_servers: int = 1
+    replay_servers: int = field(default=1, metadata=Range.int(1, MAX_REPLAY_SERVERS))
     """Replay servers sharing the replay (capacity split evenly; one learner samples across them)."""
     port_base: int = 0
     """First of the services' fixed ports (RunSettings.port_base); 0: free ports."""

@@ -20,19 +20,22 @@ from typing import Any
 
 from apexrl.cli.actor import ENVS_PER_ACTOR
 from apexrl.cli.args import (
+    RECORD_DATASET,
     add_agent_arguments,
     add_curve_arguments,
     agent_overrides,
     float_arg,
     given_flags,
-    int_arg,
 )
+from apexrl.cli.flags import Flag
 from apexrl.cli.learner import DECODE_THREADS
 from apexrl.cli.server import SERVER_FLAG_DECLS, TABLE_FLAG_DECLS
-from apexrl.replay.server.config import MAX_REPLAY_SERVERS
 
 __all__ = [
+    "ACTORS",
     "AGENT_DESTS",
+    "MINUTES",
+    "STEPS",
     "PROG",
     "SERVER_OWN",
     "fill_run_parser",
@@ -49,6 +52,55 @@ PROG = "apexrl"
 AGENT_DESTS = ("agent", "env", "preset", "seed", "n_step", "gamma", "batch_size", "target_update_period")
 SERVER_OWN = (*(flag.field for flag in (*SERVER_FLAG_DECLS, *TABLE_FLAG_DECLS)), "log_level")
 """apexrl-replay-server flags `apexrl run --server-args` may set (its --seed overrides the run's)."""
+
+
+# apexrl.launch.plan imports the presets and torch: only building the parser needs it, not `apexrl keygen`.
+_OVERRIDES, _RUN_SETTINGS = "apexrl.launch.plan:Overrides", "apexrl.launch.plan:RunSettings"
+ACTORS = Flag(_OVERRIDES, "actors", "number of actors")
+MINUTES = Flag(_RUN_SETTINGS, "minutes", "stop after this many minutes of wall time (0: no limit)")
+STEPS = Flag(_RUN_SETTINGS, "steps", "stop after this many learner steps (0: no limit)")
+"""``--actors``, ``--minutes`` and ``--steps`` of ``apexrl run`` and of ``apexrl bench-suite`` (per run)."""
+FINAL_EVAL = Flag(
+    _RUN_SETTINGS,
+    "final_eval_episodes",
+    "when the run reaches --minutes/--steps, evaluate the final checkpoint over this many episodes "
+    "(apexrl evaluate; RUN_DIR/final_eval.json; 0: none)",
+    option="--final-eval",
+    metavar="EPISODES",
+    dest="final_eval",
+)
+PROGRESS_EVERY = Flag(_RUN_SETTINGS, "progress_every", "seconds between progress lines")
+MAX_RESTARTS = Flag(
+    _RUN_SETTINGS,
+    "max_restarts_per_minute",
+    "restarts of one process within a minute before the run is given up",
+    option="--max-restarts",
+    dest="max_restarts",
+)
+SNAPSHOT_EVERY = Flag(
+    _OVERRIDES,
+    "snapshot_every",
+    "seconds between snapshots of the replay to RUN_DIR/replay.snap; a restarted server restores it, so a "
+    "server crash loses at most one interval (0: no snapshots)",
+    metavar="SECONDS",
+)
+PORTS = Flag(
+    _RUN_SETTINGS,
+    "port_base",
+    "fixed ports for a firewall: the replay servers listen on BASE, BASE+1, ..., the learner's parameter "
+    "service on the next one (0: free ports picked at start)",
+    option="--ports",
+    metavar="BASE",
+    dest="ports",
+)
+REPLAY_SERVERS = Flag(
+    _OVERRIDES,
+    "replay_servers",
+    "replay servers sharing the replay: capacity and minimum size split evenly, one snapshot each "
+    "(RUN_DIR/replay0.snap, ...); the learner samples across them in proportion to their priority mass and the "
+    "actors spread their inserts",
+    metavar="K",
+)
 
 
 def _presets_epilog() -> str:
@@ -71,37 +123,16 @@ def run_kwargs() -> dict:
 def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_agent_arguments(p)
     g = p.add_argument_group("run")
-    g.add_argument("--actors", type=int_arg(1, 256), default=None, help="number of actors (default: the preset's)")
+    ACTORS.add_preset(g)
     ENVS_PER_ACTOR.add_preset(g)
     DECODE_THREADS.add_preset(g)
-    g.add_argument(
-        "--minutes",
-        type=float_arg(nonneg=True),
-        default=None,
-        help="stop after this many minutes of wall time (default: the preset's; 0: no limit)",
-    )
-    g.add_argument("--steps", type=int_arg(0), default=0, help="stop after this many learner steps (0: no limit)")
-    g.add_argument(
-        "--final-eval",
-        metavar="EPISODES",
-        type=int_arg(0, 100_000),
-        default=None,
-        help="when the run reaches --minutes/--steps, evaluate the final checkpoint over this many episodes "
-        "(apexrl evaluate; RUN_DIR/final_eval.json) (default: the preset's, 30; 0: none)",
-    )
+    MINUTES.add_preset(g, shown="default: the preset's")
+    STEPS.add(g)
+    FINAL_EVAL.add_preset(g, shown="default: the preset's, 30")
     g.add_argument("--run-dir", default=None, help="run directory (default runs/<env>/<agent>/<seed>)")
-    g.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run directory's checkpoint (the learner starts with --resume)",
-    )
-    g.add_argument(
-        "--progress-every",
-        type=float_arg(positive=True),
-        default=5.0,
-        help="seconds between progress lines (default 5)",
-    )
-    g.add_argument("--quiet", action="store_true", help="no progress lines, only events and the summary")
+    Flag(_RUN_SETTINGS, "resume", "continue the run directory's checkpoint (the learner starts with --resume)").add(g)
+    PROGRESS_EVERY.add(g)
+    Flag(_RUN_SETTINGS, "quiet", "no progress lines, only events and the summary").add(g)
     g.add_argument(
         "--tensorboard",
         metavar="DIR",
@@ -110,37 +141,8 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "actor's episode returns) to a TensorBoard event file in DIR as they come, to watch the run live "
         "(tensorboard --logdir DIR); the CSV files stay the record; pip install 'apexrl[tensorboard]'",
     )
-    g.add_argument(
-        "--max-restarts",
-        type=int_arg(0),
-        default=5,
-        help="restarts of one process within a minute before the run is given up (default 5)",
-    )
-    g.add_argument(
-        "--snapshot-every",
-        type=float_arg(nonneg=True),
-        default=None,
-        metavar="SECONDS",
-        help="seconds between snapshots of the replay to RUN_DIR/replay.snap; a restarted server "
-        "restores it, so a server crash loses at most one interval (default 300; 0: no snapshots)",
-    )
-    g.add_argument(
-        "--ports",
-        metavar="BASE",
-        type=int_arg(1, 65535),
-        default=0,
-        help="fixed ports for a firewall: the replay servers listen on BASE, BASE+1, ..., the learner's "
-        "parameter service on the next one (default: free ports picked at start)",
-    )
-    g.add_argument(
-        "--replay-servers",
-        metavar="K",
-        type=int_arg(1, MAX_REPLAY_SERVERS),
-        default=1,
-        help="replay servers sharing the replay: capacity and minimum size split evenly, one snapshot "
-        "each (RUN_DIR/replay0.snap, ...); the learner samples across them in proportion to their "
-        "priority mass and the actors spread their inserts (default 1)",
-    )
+    for flag in (MAX_RESTARTS, SNAPSHOT_EVERY, PORTS, REPLAY_SERVERS):
+        flag.add(g)
     g.add_argument(
         "--tables",
         metavar="FILE",
@@ -151,13 +153,7 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "settings (docs/running.md, Tables)",
     )
     g = p.add_argument_group("offline data (pip install 'apexrl[offline]'; docs/offline.md)")
-    g.add_argument(
-        "--record-dataset",
-        metavar="DIR",
-        type=os.path.abspath,
-        default=None,
-        help="each actor records the episodes it plays as a Minari dataset in DIR/actor<I>/ (appending to one there)",
-    )
+    RECORD_DATASET.add(g)
     g.add_argument(
         "--offline",
         metavar="DATASET",
@@ -274,8 +270,7 @@ def launch_plan(argv: Sequence[str] | None = None):
         args.quiet,
         args.max_restarts,
     )
-    if args.snapshot_every is not None:
-        o.snapshot_every = args.snapshot_every
+    o.snapshot_every = args.snapshot_every
     o.curve_dir, o.insecure = args.curve_dir, args.insecure
     o.replay_servers, o.port_base = args.replay_servers, args.ports
     if args.tables is not None:
