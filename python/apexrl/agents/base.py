@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -254,6 +254,24 @@ class AgentDef:
     replay: ReplayPath = APEX_TRANSITIONS
     """The agent's replay path (:class:`ReplayPath`): the tables it needs, what its actors write, how its
     learner reads. The default: Ape-X's n-step transitions."""
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """The agent's presets as data, by name: each entry the fields of ``apexrl.launch.presets.Preset`` (``replay``
+    may be the keyword arguments of its ``ReplaySettings``, each of ``tables`` those of a ``TableConfig``). They
+    join ``apexrl.launch.presets.PRESETS`` after the built-in presets, in the agents' registration order."""
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """Source keys the agent's presets and ``field_sources`` name, with their citations: they join
+    ``apexrl.launch.preset_table.SOURCES`` (a key another agent gives a different citation is an error)."""
+    field_sources: Mapping[str, str] = field(default_factory=dict)
+    """Where each default of ``config_class`` comes from (source keys), by field: registering the agent sets
+    ``apexrl.agents.config.FIELD_SOURCES[config_class]`` to it, which the preset table reads."""
+
+    def __post_init__(self) -> None:
+        for preset, entry in self.presets.items():
+            if entry.get("agent", self.name) != self.name:
+                raise ValueError(
+                    f"agent {self.name}: its preset {preset!r} is for agent {entry['agent']!r}; an agent declares "
+                    "its own presets only"
+                )
 
     def accepts(self, env_spec: EnvSpec) -> str | None:
         """None when the agent runs on ``env_spec``, else the reason it does not."""
@@ -324,6 +342,10 @@ class _Registry(dict):
         known = dict.get(self, agent.name)
         if known is not None and known is not agent:
             raise ValueError(f"agent {agent.name!r} is already registered")
+        if known is None and agent.field_sources:
+            from apexrl.agents.config import FIELD_SOURCES
+
+            FIELD_SOURCES[agent.config_class] = agent.field_sources  # type: ignore[assignment]
         self[agent.name] = agent
         return agent
 

@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from apexrl.agents.mpo.config import MPO_SOURCES
-from apexrl.agents.onpolicy.config import ONPOLICY_SOURCES
-from apexrl.agents.r2d2.presets import R2D2_SOURCE
 from apexrl.launch.presets import PRESETS, Preset, ReplaySettings
 
 __all__ = ["DEFAULT_SOURCES", "DELIBERATE_DIFFERENCES", "SOURCES", "epilog", "markdown", "settings"]
 
-SOURCES: dict[str, str] = {
+_BUILT_IN_SOURCES: dict[str, str] = {
     "Ape-X": "Horgan et al. 2018, Distributed Prioritized Experience Replay (ICLR 2018), appendix",
     "D4PG": "Barth-Maron et al. 2018, Distributed Distributional Deterministic Policy Gradients (ICLR 2018)",
     "Control Suite": "Tassa et al. 2018, DeepMind Control Suite (arXiv:1801.00690), its D4PG paragraph",
@@ -36,11 +34,37 @@ SOURCES: dict[str, str] = {
     "SAC": "Haarnoja et al. 2018, Soft Actor-Critic Algorithms and Applications (arXiv:1812.05905), its Table 1",
     "tuned": "tuned here on a 2-core machine; the measured results are in bench/README.md",
     "apexrl": "apexrl's own choice: the source the preset follows does not give it",
-    **R2D2_SOURCE,
-    **MPO_SOURCES,
-    **ONPOLICY_SOURCES,
 }
-"""The sources a setting may name, with their citations."""
+"""The sources of the presets written in :mod:`apexrl.launch.presets` and of the Ape-X agents' defaults."""
+
+
+class _Sources(Mapping[str, str]):
+    """:data:`SOURCES`: the built-in sources, then each registered agent's (``AgentDef.sources``) in the order
+    the agents are registered (built-in agents and ``apexrl.agents`` entry points loaded first)."""
+
+    def _sources(self) -> dict[str, str]:
+        from apexrl.agents import AGENTS, agent_names
+
+        agent_names()  # registers the built-in agents and loads the plugins
+        sources = dict(_BUILT_IN_SOURCES)
+        for agent in AGENTS.values():
+            for key, text in agent.sources.items():
+                if sources.setdefault(key, text) != text:
+                    raise ValueError(f"agent {agent.name}: source {key!r} is already cited otherwise: {sources[key]}")
+        return sources
+
+    def __getitem__(self, key: str) -> str:
+        return self._sources()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sources())
+
+    def __len__(self) -> int:
+        return len(self._sources())
+
+
+SOURCES: Mapping[str, str] = _Sources()
+"""The sources a setting may name, with their citations: the built-in ones, then the agents'."""
 
 DEFAULT_SOURCES: dict[str, str] = {
     "alpha": "Ape-X",

@@ -27,13 +27,33 @@ a command line override single fields (see ``apexrl-learner --help``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
+
+from apexrl.agents.small_presets import (
+    ACME_ERROR_BUFFER,
+    ACME_MIN_REPLAY,
+    ACME_SAMPLES_PER_INSERT,
+    SMALL_LEARNER,
+    SMALL_REPLAY_SETTINGS,
+    SMALL_SOURCES,
+    SMALL_UNMATCHED,
+)
 
 if TYPE_CHECKING:
     from apexrl.replay.tables import TableConfig
 
-__all__ = ["OFF", "PRESETS", "Preset", "ReplaySettings", "default_preset_for", "env_family", "get_preset"]
+__all__ = [
+    "OFF",
+    "PRESETS",
+    "Preset",
+    "ReplaySettings",
+    "default_preset_for",
+    "env_family",
+    "get_preset",
+    "preset_from_data",
+]
 
 
 OFF = "none"
@@ -184,77 +204,10 @@ PAPER_DPG_SOURCES = dict(
     eval_episodes="Ape-X",
     actors="apexrl",
 )
-ACME_MIN_REPLAY = 1000
-ACME_SAMPLES_PER_INSERT = 32.0
-ACME_ERROR_BUFFER = ACME_MIN_REPLAY * 0.1 * ACME_SAMPLES_PER_INSERT
-"""Acme's D4PG error buffer: min_replay_size x samples_per_insert_tolerance_rate (0.1) x samples_per_insert."""
+SMALL_REPLAY = ReplaySettings(**SMALL_REPLAY_SETTINGS)
+"""The small-machine presets' replay (:data:`apexrl.agents.small_presets.SMALL_REPLAY_SETTINGS`)."""
 
-SMALL_REPLAY = ReplaySettings(
-    capacity=1_000_000,
-    eviction="fifo",
-    samples_per_insert=ACME_SAMPLES_PER_INSERT,
-    error_buffer=ACME_ERROR_BUFFER,
-)
-"""The small-machine presets' replay (d4pg-small, td3-small, sac-small): a million transitions evicted first in,
-first out (Acme's table, and the TD3 and SAC papers' buffers), prioritized sampling (Ape-X's alpha 0.6: the
-learner sends TD-error priorities) and Acme's D4PG replay ratio of 32 samples per insert. On 2 cores the
-paper's Ape-X ratio (1.57) left the actors and the server 73-80 % of the CPU and the learner the rest; 32
-samples per insert asks 8 agent steps per learner step of 256, so the learner gets most of the CPU and the rate
-limiter holds the actors to it. Measured on a loaded 2-core machine (one torch thread): a learner step of
-d4pg-small or td3-small takes about 10 ms and one of sac-small about 14 ms, and an actor's agent step on
-walker-stand (policy and inserts included, bench/bench_actor.py) about 0.35 ms of a core, so 8 agent steps
-(about 3 ms) leave the learner about three quarters of the CPU the run uses."""
-SMALL_LEARNER = dict(
-    min_replay_size=10_000,
-    publish_every=10,
-    checkpoint_every=10_000,
-    eval_every=60.0,
-    eval_episodes=10,
-    metrics_every=10.0,
-)
-"""Learner settings of the small-machine presets: ten 1000-step Control Suite episodes before the first update
-(at 32 samples per insert a smaller warm-up would sample its first items hundreds of times), an evaluation of
-10 episodes (Ape-X's) every minute for the curve of a 20-minute run, a metrics row every 10 s."""
-SMALL_SOURCES = dict(
-    capacity="Acme",
-    eviction="Acme",
-    samples_per_insert="Acme",
-    error_buffer="Acme",
-    min_replay_size="apexrl",
-    eval_episodes="Ape-X",
-    actors="apexrl",
-    obs_norm="apexrl",
-    actor_hidden="apexrl",
-    critic_hidden="apexrl",
-)
-SMALL_UNMATCHED = (
-    "sized for 2 cores: 2 actor processes and Acme's replay ratio of 32 samples per insert, so that the learner "
-    "rather than acting gets most of the CPU; a million-transition FIFO replay with Ape-X's prioritized sampling",
-    "256-256 hidden layers: about half the multiply-adds of 400-300 per learner step on a CPU",
-    "observations normalised by the learner's running mean and variance (--obs-norm on): Control Suite "
-    "observations mix unit-scale positions with velocities of tens",
-    "a warm-up of 10 000 transitions and an evaluation every minute, for 20-minute runs",
-    "measured on 2 cores (bench/README.md, the small-machine presets on walker-stand and cheetah-run): "
-    "d4pg-small over 3 seeds of 20 minutes on each; td3-small and sac-small in a 4-minute screen on walker-stand, "
-    "where d4pg-small led",
-)
-
-MPO_SMALL_NETWORKS = dict(actor_hidden=(256, 256), critic_hidden=(256, 256), obs_norm=True)
-"""mpo-small's and dmpo-small's networks: a 256-256 policy and critic (the other small presets' sizes), observations
-normalised."""
-MPO_SMALL_SOURCES = dict(SMALL_SOURCES, capacity="Acme MPO", eviction="Acme MPO", samples_per_insert="Acme MPO")
-"""Acme's MPO agents have d4pg-small's table: a million transitions, FIFO removal, 32 samples per insert."""
-MPO_SMALL_UNMATCHED = (
-    SMALL_UNMATCHED[0],
-    "a 256-256 policy (Acme: 256-256-256) and a 256-256 critic torso (Acme: a layer-normed 512-512-256 MLP): a "
-    "CPU learner values num_samples x batch = 5120 sampled actions per update",
-    *SMALL_UNMATCHED[2:4],
-    "prioritized sampling with the critic's TD errors as priorities (Ape-X's); Acme's MPO samples uniformly",
-    "the critic's torso is DPG's for MPO and D4PG's for DMPO (tanh, the action entering at the second layer), "
-    "shared with those agents; Acme's concatenates observation and action at the input",
-)
-
-PRESETS: dict[str, Preset] = {
+_BUILT_IN: dict[str, Preset] = {
     p.name: p
     for p in [
         Preset(
@@ -657,74 +610,69 @@ PRESETS: dict[str, Preset] = {
                 "entropy bonus enters only at the bootstrap",
             ),
         ),
-        Preset(
-            name="mpo-small",
-            description="MPO sized for 2 cores and 2 actors (Control Suite: walker-stand by default): 32 samples "
-            "per insert, 256-256 networks, 20 action samples, observation normalisation",
-            source="MPO (Abdolmaleki et al. 2018) with Acme's MPO defaults (decoupled KL bounds, action "
-            "penalisation, n = 5, target copies every 100 updates), sized for a 2-core machine as d4pg-small; "
-            "every change is listed as unmatched",
-            agent="mpo",
-            env="dmc:walker-stand",
-            agent_overrides=dict(MPO_SMALL_NETWORKS),
-            replay=SMALL_REPLAY,
-            learner=SMALL_LEARNER,
-            actor=dict(flush_every=50, params_every_frames=400),
-            actors=2,
-            minutes=20.0,
-            sources=MPO_SMALL_SOURCES,
-            unmatched=MPO_SMALL_UNMATCHED,
-        ),
-        Preset(
-            name="dmpo-small",
-            description="DMPO sized for 2 cores and 2 actors (Control Suite: walker-stand by default): 32 samples "
-            "per insert, 256-256 networks, support [0, 100], observation normalisation",
-            source="DMPO (MPO with D4PG's categorical critic) with Acme's DMPO defaults, sized for a 2-core machine "
-            "as d4pg-small; every change is listed as unmatched",
-            agent="dmpo",
-            env="dmc:walker-stand",
-            # As d4pg-small: the returns-to-go of rewards in [0, 1] at gamma 0.99 lie in [0, 100].
-            agent_overrides=dict(MPO_SMALL_NETWORKS, v_min=0.0, v_max=100.0),
-            replay=SMALL_REPLAY,
-            learner=SMALL_LEARNER,
-            actor=dict(flush_every=50, params_every_frames=400),
-            actors=2,
-            minutes=20.0,
-            sources=dict(MPO_SMALL_SOURCES, v_min="apexrl", v_max="apexrl"),
-            unmatched=(
-                *MPO_SMALL_UNMATCHED,
-                "support [0, 100], the returns-to-go of rewards in [0, 1] at gamma 0.99, rather than Acme's "
-                "[-150, 150]",
-            ),
-        ),
     ]
 }
+"""The presets written here: those of the Ape-X agents (DQN, DPG, D4PG, TD3, SAC). The other agents declare
+theirs as data on their ``AgentDef`` (``presets``)."""
 
 
-def _r2d2_presets() -> dict[str, Preset]:
-    """``r2d2-atari`` and ``r2d2-cpu`` from their data (:mod:`apexrl.agents.r2d2.presets`), each with one prioritized
-    sequence table ``default``."""
-    from apexrl.agents.r2d2.presets import R2D2_PRESETS
+def preset_from_data(name: str, entry: Mapping[str, Any]) -> Preset:
+    """The :class:`Preset` ``name`` of an agent's preset data (``AgentDef.presets``): the fields of ``Preset`` by
+    name, ``replay`` a :class:`ReplaySettings` or its keyword arguments, each of ``tables`` a ``TableConfig`` or
+    its keyword arguments. ValueError naming the preset on a field ``Preset`` does not have or a bad value."""
     from apexrl.replay.tables import TableConfig
 
-    return {
-        name: Preset(name=name, **{**entry, "tables": tuple(TableConfig(**t) for t in entry["tables"])})
-        for name, entry in R2D2_PRESETS.items()
-    }
+    values = dict(entry)
+    try:
+        if isinstance(values.get("replay"), Mapping):
+            values["replay"] = ReplaySettings(**values["replay"])
+        if values.get("tables") is not None:
+            values["tables"] = tuple(t if isinstance(t, TableConfig) else TableConfig(**t) for t in values["tables"])
+        return Preset(name=name, **values)
+    except TypeError as e:  # an unknown or missing field: the dataclasses' message names it
+        raise ValueError(f"preset {name}: {e}") from None
 
 
-PRESETS.update(_r2d2_presets())
+class _Presets(Mapping[str, Preset]):
+    """:data:`PRESETS`: the presets written here, then each registered agent's (``AgentDef.presets``) in the
+    order the agents are registered. Built on first use, after the built-in agents and the ``apexrl.agents``
+    entry points are loaded, and again whenever the registry has changed since, so neither import order nor a
+    plugin agent leaves one out."""
+
+    def __init__(self, built_in: Mapping[str, Preset]) -> None:
+        self._built_in = dict(built_in)
+        self._state: tuple[tuple[int, ...], dict[str, Preset]] = ((), {})
+
+    def _presets(self) -> dict[str, Preset]:
+        from apexrl.agents import AGENTS, agent_names
+
+        agent_names()  # registers the built-in agents and loads the plugins
+        agents = list(AGENTS.values())
+        key = tuple(map(id, agents))
+        if key != self._state[0]:
+            presets = dict(self._built_in)
+            for agent in agents:
+                for name, entry in agent.presets.items():
+                    if name in presets:
+                        raise ValueError(
+                            f"agent {agent.name}: preset {name!r} is already defined (for agent {presets[name].agent})"
+                        )
+                    presets[name] = preset_from_data(name, {"agent": agent.name, **entry})
+            self._state = (key, presets)  # one assignment: a reader on another thread sees the old or the new
+        return self._state[1]
+
+    def __getitem__(self, name: str) -> Preset:
+        return self._presets()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._presets())
+
+    def __len__(self) -> int:
+        return len(self._presets())
 
 
-def _onpolicy_presets() -> dict[str, Preset]:
-    """The on-policy agents' presets from their data, each with its queue table ``default``."""
-    from apexrl.agents.impala.presets import IMPALA_PRESETS
-    from apexrl.agents.ppo.presets import PPO_PRESETS
-
-    return {name: Preset(name=name, **entry) for name, entry in {**PPO_PRESETS, **IMPALA_PRESETS}.items()}
-
-
-PRESETS.update(_onpolicy_presets())
+PRESETS: Mapping[str, Preset] = _Presets(_BUILT_IN)
+"""Every preset by name, in a stable order: those written here, then the registered agents' (:class:`_Presets`)."""
 
 
 def get_preset(name: str) -> Preset:

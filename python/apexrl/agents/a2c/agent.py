@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from apexrl.agents.a2c.config import A2CConfig
+from apexrl.agents.a2c.config import A2C_FIELD_SOURCES, A2CConfig
 from apexrl.agents.a2c.learner import A2CLearner
+from apexrl.agents.a2c.presets import A2C_PRESETS
 from apexrl.agents.onpolicy.agentdef import onpolicy_agent
 
 __all__ = ["AGENT"]
@@ -13,4 +14,6 @@ AGENT = onpolicy_agent(
     "A2C: synchronous advantage actor-critic with GAE on sequences popped once from a queue (Tonic's defaults)",
     A2CConfig,
     A2CLearner,
+    presets=A2C_PRESETS,
+    field_sources=A2C_FIELD_SOURCES,
 )

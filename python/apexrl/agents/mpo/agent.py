@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from apexrl.agents.base import AgentDef
-from apexrl.agents.mpo.config import DMPOConfig, MPOConfig
+from apexrl.agents.mpo.config import DMPO_FIELD_SOURCES, MPO_FIELD_SOURCES, MPO_SOURCES, DMPOConfig, MPOConfig
 from apexrl.agents.mpo.critics import CategoricalCritic
 from apexrl.agents.mpo.learner import MPOLearner
 from apexrl.agents.mpo.policy import MPOPolicy
+from apexrl.agents.mpo.presets import DMPO_PRESETS, MPO_PRESETS
 from apexrl.agents.td3 import continuous_dims
 
 if TYPE_CHECKING:
@@ -70,6 +71,9 @@ MPO_AGENT = AgentDef(
     make_batch_policy=lambda env_spec, config, slots, num_slots, seed: MPOPolicy(
         env_spec, config, num_envs=len(slots), seed=seed
     ),
+    presets=MPO_PRESETS,
+    sources=MPO_SOURCES,
+    field_sources=MPO_FIELD_SOURCES,
 )
 
 DMPO_AGENT = AgentDef(
@@ -82,4 +86,7 @@ DMPO_AGENT = AgentDef(
     make_batch_policy=lambda env_spec, config, slots, num_slots, seed: DMPOPolicy(
         env_spec, config, num_envs=len(slots), seed=seed
     ),
+    presets=DMPO_PRESETS,
+    sources=MPO_SOURCES,
+    field_sources=DMPO_FIELD_SOURCES,
 )

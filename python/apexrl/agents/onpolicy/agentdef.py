@@ -4,10 +4,11 @@ vector observations, discrete or continuous actions, :class:`OnPolicyPolicy` on 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from apexrl.agents.base import AgentDef
+from apexrl.agents.onpolicy.config import ONPOLICY_SOURCES
 from apexrl.agents.onpolicy.policy import OnPolicyPolicy, check_vector_env
 from apexrl.agents.onpolicy.replay import REPLAY
 
@@ -18,9 +19,17 @@ __all__ = ["onpolicy_agent"]
 
 
 def onpolicy_agent(
-    name: str, description: str, config_class: type, learner_class: type, params: bool = False
+    name: str,
+    description: str,
+    config_class: type,
+    learner_class: type,
+    params: bool = False,
+    presets: Mapping[str, Mapping[str, Any]] | None = None,
+    field_sources: Mapping[str, str] | None = None,
 ) -> AgentDef:
-    """``params``: the actors store the behaviour distribution's parameters per step (its loss needs them)."""
+    """``params``: the actors store the behaviour distribution's parameters per step (its loss needs them).
+    ``presets`` and ``field_sources``: the agent's (:class:`AgentDef`); the source keys are the on-policy ones,
+    :data:`~apexrl.agents.onpolicy.config.ONPOLICY_SOURCES`."""
 
     def check_env(spec: EnvSpec) -> None:
         check_vector_env(name, spec)
@@ -44,4 +53,7 @@ def onpolicy_agent(
         make_policy=make_policy,
         make_batch_policy=make_batch_policy,
         replay=REPLAY,
+        presets=presets or {},
+        sources=ONPOLICY_SOURCES,
+        field_sources=field_sources or {},
     )

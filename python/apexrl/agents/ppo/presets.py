@@ -1,4 +1,4 @@
-"""The PPO presets as data (``apexrl.launch.presets.PRESETS`` holds them as ``Preset``s, as the R2D2 ones)."""
+"""The PPO presets as data (``apexrl.launch.presets.PRESETS`` holds them as ``Preset``s)."""
 
 from __future__ import annotations
 
@@ -17,20 +17,5 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "normalisation), with smaller segments to learn CartPole in minutes",
         (),
     ),
-    "a2c-cartpole": cartpole_preset(
-        "a2c",
-        "A2C on CartPole-v1 sized for a 2-core machine: 2 actors x 4 environments, synchronous",
-        "Tonic's torch A2C and its defaults (one Adam 3e-4 policy-gradient step per segment, GAE lambda 0.97, "
-        "gamma 0.99, MLPs 64-64 tanh, 80 critic iterations at 1e-3), with smaller segments",
-        (),
-    ),
-    "trpo-cartpole": cartpole_preset(
-        "trpo",
-        "TRPO on CartPole-v1 sized for a 2-core machine: 2 actors x 4 environments, synchronous",
-        "Tonic's torch TRPO and its defaults (10 conjugate-gradient steps, damping 0.1, KL bound 0.01, 10 "
-        "backtracking steps of 0.8, GAE lambda 0.97, gamma 0.99, MLPs 64-64 tanh, 80 critic iterations at 1e-3), "
-        "with smaller segments",
-        (),
-    ),
 }
-"""The presets of Tonic's on-policy agents by name: the fields of ``apexrl.launch.presets.Preset``."""
+"""PPO's presets by name: the fields of ``apexrl.launch.presets.Preset``."""

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from apexrl.agents.base import AgentDef
-from apexrl.agents.r2d2.config import R2D2Config
+from apexrl.agents.r2d2.config import R2D2_FIELD_SOURCES, R2D2Config
 from apexrl.agents.r2d2.learner import R2D2Learner
 from apexrl.agents.r2d2.policy import recurrent_batch_policy
+from apexrl.agents.r2d2.presets import R2D2_PRESETS, R2D2_SOURCE
 from apexrl.agents.r2d2.replay import REPLAY
 
 if TYPE_CHECKING:
@@ -49,4 +50,7 @@ AGENT = AgentDef(
     make_policy=make_policy,
     make_batch_policy=make_batch_policy,
     replay=REPLAY,
+    presets=R2D2_PRESETS,
+    sources=R2D2_SOURCE,
+    field_sources=R2D2_FIELD_SOURCES,
 )
