@@ -92,6 +92,50 @@ def test_a_replay_path_refuses_what_its_reader_cannot_use():
     assert ReplayPath(table="apex", tables=[TableConfig("apex")]).transitions
 
 
+def test_the_registry_joins_each_agents_presets_sources_and_field_sources():
+    from apexrl.agents.config import FIELD_SOURCES
+    from apexrl.launch import preset_table
+    from apexrl.launch.presets import PRESETS
+
+    names = list(PRESETS)
+    for agent in AGENTS.values():
+        # Each agent's presets in PRESETS, in the order it declares them, built with their agent filled in.
+        assert [n for n in names if n in agent.presets] == list(agent.presets)
+        assert all(PRESETS[n].agent == agent.name for n in agent.presets)
+        assert all(preset_table.SOURCES[k] == v for k, v in agent.sources.items())
+        if agent.field_sources:
+            assert FIELD_SOURCES[agent.config_class] is agent.field_sources
+    declared = [n for a in AGENTS.values() for n in a.presets]
+    assert {"mpo-small", "dmpo-small", "r2d2-atari", "r2d2-cpu", "ppo-cartpole", "impala-cartpole"} <= set(declared)
+    assert names[len(names) - len(declared) :] == declared  # after the presets written in apexrl.launch.presets
+    assert names == list(PRESETS)  # stable: building it again gives the same order
+
+
+def test_an_agents_preset_data_is_checked():
+    from apexrl.agents.base import AgentDef
+    from apexrl.launch.presets import preset_from_data
+
+    dqn = get_agent("dqn")
+    with pytest.raises(ValueError, match="its preset 'theirs' is for agent 'dpg'"):
+        AgentDef(
+            "mine",
+            "a test agent",
+            dqn.config_class,
+            dqn.check_env,
+            dqn.make_learner,
+            dqn.make_policy,
+            presets={"theirs": dict(agent="dpg", description="", env="gym:Pendulum-v1")},
+        )
+    with pytest.raises(ValueError, match="preset typo: .*'replay_size'"):
+        preset_from_data("typo", dict(agent="dqn", description="", env="gym:CartPole-v1", replay_size=5))
+    with pytest.raises(ValueError, match="preset small: .*'capacty'"):
+        preset_from_data("small", dict(agent="dqn", description="", env="gym:CartPole-v1", replay=dict(capacty=5)))
+    preset = preset_from_data(
+        "ok", dict(agent="dqn", description="", env="gym:CartPole-v1", replay=dict(capacity=5), tables=None)
+    )
+    assert preset.replay.capacity == 5 and preset.tables is None
+
+
 # A throwaway agent: random actions, a learner that only counts. Its whole code is this module; the one
 # registry line is the entry point below. Nothing in apexrl is edited for it.
 RANDOM_AGENT = textwrap.dedent("""
@@ -160,11 +204,31 @@ RANDOM_AGENT = textwrap.dedent("""
             self.steps = int(d["steps"])
 
 
+    # Its preset, as data (the fields of apexrl.launch.presets.Preset; replay as ReplaySettings' arguments), the
+    # source it names and where its config's defaults come from: PRESETS, the preset table and --preset read them.
+    PRESETS = {
+        "random-cartpole": dict(
+            description="random actions on CartPole (a test preset)",
+            source="a coin (a test source)",
+            env="gym:CartPole-v1",
+            agent_overrides=dict(batch_size=16),
+            replay=dict(capacity=5_000),
+            learner=dict(min_replay_size=200, eval_every=0.0, eval_episodes=1, metrics_every=1.0),
+            actors=1,
+            minutes=4.0,
+            sources={"*": "Coin"},
+        ),
+    }
+
+
     AGENT = AgentDef(
         name="random", description="random actions, a learner that counts (a test agent)",
         config_class=RandomConfig, check_env=check_env,
         make_learner=lambda env, config, device, seed: CountingLearner(env),
         make_policy=lambda env, config, index, num_actors, seed: RandomPolicy(env, seed),
+        presets=PRESETS,
+        sources={"Coin": "a fair coin, tossed once per action (a test citation)"},
+        field_sources=dict(n_step="Coin", gamma="Coin", batch_size="Coin", target_update_period="apexrl"),
     )
 
 
@@ -270,7 +334,21 @@ def test_a_third_agent_runs_end_to_end_through_apexrl_run(plugin_path, tmp_path)
     helptext = subprocess.run(
         [sys.executable, "-m", "apexrl", "run", "--help"], env=env, capture_output=True, text=True, timeout=120
     ).stdout
-    assert "random: random actions" in " ".join(helptext.split())  # the CLI lists the registry's names
+    words = " ".join(helptext.split())
+    assert "random: random actions" in words  # the CLI lists the registry's names
+    # The plugin's preset, its source and its defaults' sources are in the epilog the preset table prints.
+    assert "random-cartpole random actions on CartPole (a test preset) [gym:CartPole-v1, 1 actors, 4 min]" in words
+    assert "sets: batch_size=16 [Coin], capacity=5000 [Coin]" in words
+    assert "random: n_step=1 [Coin], gamma=0.99 [Coin], batch_size=32 [Coin], target_update_period=1 [apexrl]" in words
+    assert "Coin: a fair coin, tossed once per action (a test citation)" in words
+    presets = subprocess.run(
+        [sys.executable, "-c", "from apexrl.launch.presets import PRESETS; print(' '.join(PRESETS))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert presets.stdout.split()[-1] == "random-cartpole", presets.stdout + presets.stderr  # after the built-in ones
     run_dir = str(tmp_path / "run")
     out = subprocess.run(
         [
@@ -280,22 +358,14 @@ def test_a_third_agent_runs_end_to_end_through_apexrl_run(plugin_path, tmp_path)
             "run",
             "--final-eval",
             "0",
-            "--agent",
-            "random",
-            "--env",
-            "gym:CartPole-v1",
-            "--actors",
-            "1",
+            "--preset",
+            "random-cartpole",  # the agent, the environment, one actor, the learner's warm-up and metrics period
             "--steps",
             "40",
-            "--minutes",
-            "4",
             "--run-dir",
             run_dir,
             "--progress-every",
             "2",
-            "--learner-args",
-            "--min-replay-size 200 --eval-every 0 --metrics-every 1",
         ],
         env=env,
         capture_output=True,
@@ -308,6 +378,9 @@ def test_a_third_agent_runs_end_to_end_through_apexrl_run(plugin_path, tmp_path)
         rows = list(csv.DictReader(f))
     assert int(rows[-1]["learner_steps"]) >= 40
     assert any(r["reward_mean"] == "1" for r in rows)  # CartPole pays 1 per step: the batches were decoded
+    with open(os.path.join(run_dir, "plan.json"), encoding="utf-8") as f:
+        plan = __import__("json").load(f)
+    assert plan["servers"][0]["tables"][0]["capacity"] == 5_000  # the preset's replay capacity
 
 
 def test_an_agent_with_its_own_replay_path_runs_end_to_end_through_apexrl_run(plugin_path, tmp_path):
