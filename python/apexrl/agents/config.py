@@ -460,7 +460,8 @@ FIELD_SOURCES: dict[type, dict[str, str]] = {
         obs_norm="apexrl",
     ),
 }
-"""Where each config class's default values come from (keys of ``apexrl.launch.preset_table.SOURCES``); the
+"""Where each config class's default values come from (keys of ``apexrl.launch.preset_table.SOURCES``): the
+Ape-X agents' written here, every other agent's set when it registers (``AgentDef.field_sources``); the
 presets say where the values they set come from, and the generated presets table (docs/running.md) prints
 both."""
 

@@ -20,6 +20,9 @@ each setting it sets (the agent config classes name the sources of their default
   the paper's scale (replay size, warm-up, batch, target period) and let the learner sample as fast as it can,
   so that a 2-core machine learns CartPole, Pendulum or cartpole-swingup in minutes.
 
+The presets of DQN, DPG, D4PG, TD3 and SAC are written here; every other agent declares its own as data on its
+``AgentDef`` (``presets``), and :data:`PRESETS` lists them after these, in the agents' registration order.
+
 Every process of a run resolves the same preset, so the actors' networks match the learner's; flags given on
 a command line override single fields (see ``apexrl-learner --help``).
 """

@@ -27,7 +27,7 @@ MPO_SOURCES: dict[str, str] = {
     "(acme/agents/tf/mpo, acme/agents/tf/dmpo, acme/tf/losses/mpo.py), their Control Suite launchers "
     "(examples/tf/control_suite/lp_mpo.py, lp_dmpo.py) and the same values in its JAX MPOConfig",
 }
-"""The source keys MPO's settings name, with their citations (joined to ``apexrl.launch.preset_table.SOURCES``)."""
+"""The source keys MPO's settings name, with their citations (the MPO and DMPO ``AgentDef``'s ``sources``)."""
 
 
 @dataclass(frozen=True)

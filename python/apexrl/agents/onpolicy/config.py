@@ -22,7 +22,7 @@ ONPOLICY_SOURCES: dict[str, str] = {
     "Acme IMPALA": "Acme's IMPALA (Hoffman et al. 2020, arXiv:2006.00979; acme/agents/jax/impala: its config and "
     "loss) after Espeholt et al. 2018, IMPALA (ICML 2018), V-trace as rlax.vtrace",
 }
-"""The source keys the on-policy settings name, with their citations (to join ``preset_table.SOURCES``)."""
+"""The source keys the on-policy settings name, with their citations (every on-policy ``AgentDef``'s ``sources``)."""
 
 
 @dataclass(frozen=True)

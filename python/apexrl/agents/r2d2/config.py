@@ -97,4 +97,5 @@ R2D2_FIELD_SOURCES: dict[str, str] = dict(
     eval_epsilon="Ape-X",
 )
 """Where each R2D2Config default comes from: keys of ``apexrl.launch.preset_table.SOURCES`` plus ``R2D2``
-(:data:`apexrl.agents.r2d2.presets.R2D2_SOURCE`), which the wiring adds there with ``FIELD_SOURCES[R2D2Config]``."""
+(:data:`apexrl.agents.r2d2.presets.R2D2_SOURCE`); the R2D2 ``AgentDef`` declares both (``field_sources``,
+``sources``)."""

@@ -2,11 +2,11 @@
 
 Each entry holds the fields of ``Preset`` by name -- ``tables`` as the keyword arguments of each
 :class:`~apexrl.replay.tables.TableConfig` (one prioritized table ``default`` that the actors' sequence adders
-write to and the learner samples) -- and ``apexrl.launch.presets`` makes ``Preset(name=name, **entry,
-tables=tuple(TableConfig(**t) for t in entry["tables"]))``; ``R2D2_SOURCE`` joins ``apexrl.launch.preset_table.
-SOURCES`` and ``R2D2_FIELD_SOURCES`` is ``apexrl.agents.config.FIELD_SOURCES[R2D2Config]``. Every setting an
-entry sets names its source in ``sources``; the settings it leaves at their defaults take ``R2D2_FIELD_SOURCES``
-(agent) or the preset table's defaults (learner, actor). tests/agents/test_r2d2.py checks both.
+write to and the learner samples). The R2D2 ``AgentDef`` declares them (``presets``) with ``R2D2_SOURCE``
+(``sources``, joining ``apexrl.launch.preset_table.SOURCES``) and ``R2D2_FIELD_SOURCES`` (``field_sources``,
+``apexrl.agents.config.FIELD_SOURCES[R2D2Config]`` once registered); ``apexrl.launch.presets.preset_from_data``
+makes each a ``Preset``. Every setting an entry sets names its source in ``sources``; the settings it leaves at
+their defaults take ``R2D2_FIELD_SOURCES`` (agent) or the preset table's defaults (learner, actor). tests/agents/test_r2d2.py checks both.
 """
 
 from __future__ import annotations
