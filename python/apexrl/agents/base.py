@@ -345,7 +345,7 @@ class _Registry(dict):
         if known is None and agent.field_sources:
             from apexrl.agents.config import FIELD_SOURCES
 
-            FIELD_SOURCES[agent.config_class] = agent.field_sources  # type: ignore[assignment]
+            FIELD_SOURCES[agent.config_class] = agent.field_sources
         self[agent.name] = agent
         return agent
 

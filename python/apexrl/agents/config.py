@@ -10,6 +10,7 @@ Invalid values raise ValueError at construction.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -380,7 +381,7 @@ _AC_SOURCES = dict(
     actor_weights="Ape-X",
     obs_norm="apexrl",
 )
-FIELD_SOURCES: dict[type, dict[str, str]] = {
+FIELD_SOURCES: dict[type, Mapping[str, str]] = {
     DQNConfig: dict(
         n_step="Ape-X",
         gamma="Ape-X",

@@ -20,9 +20,10 @@ What is here:
 
 The wiring: :mod:`~apexrl.agents.r2d2.agent` registers ``--agent r2d2`` (an ``AgentDef`` whose ``replay`` is
 that path), which the generic actor (:mod:`apexrl.apex.actor`, the policy's state carried across steps and
-stored through the adders) and the learner's sequence sampler (:mod:`apexrl.apex.sequences`) follow; its ``AgentDef`` declares
-the presets ``r2d2-atari`` and ``r2d2-cpu`` (each with a prioritized table ``default``), which ``apexrl.launch.presets.PRESETS`` lists. bench/r2d2_masked_cartpole.py runs the agent in one process (its own
-adder and buffer).
+stored through the adders) and the learner's sequence sampler (:mod:`apexrl.apex.sequences`) follow; the same
+``AgentDef`` declares the presets ``r2d2-atari`` and ``r2d2-cpu`` (each with a prioritized table ``default``),
+which ``apexrl.launch.presets.PRESETS`` lists. bench/r2d2_masked_cartpole.py runs the agent in one process (its
+own adder and buffer).
 """
 
 from __future__ import annotations

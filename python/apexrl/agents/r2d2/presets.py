@@ -6,7 +6,8 @@ write to and the learner samples). The R2D2 ``AgentDef`` declares them (``preset
 (``sources``, joining ``apexrl.launch.preset_table.SOURCES``) and ``R2D2_FIELD_SOURCES`` (``field_sources``,
 ``apexrl.agents.config.FIELD_SOURCES[R2D2Config]`` once registered); ``apexrl.launch.presets.preset_from_data``
 makes each a ``Preset``. Every setting an entry sets names its source in ``sources``; the settings it leaves at
-their defaults take ``R2D2_FIELD_SOURCES`` (agent) or the preset table's defaults (learner, actor). tests/agents/test_r2d2.py checks both.
+their defaults take ``R2D2_FIELD_SOURCES`` (agent) or the preset table's defaults (learner, actor).
+tests/agents/test_r2d2.py checks both.
 """
 
 from __future__ import annotations
