@@ -136,6 +136,18 @@ def test_an_agents_preset_data_is_checked():
     assert preset.replay.capacity == 5 and preset.tables is None
 
 
+def test_an_agent_cannot_redefine_a_preset_or_recite_a_source(monkeypatch):
+    from apexrl.launch import preset_table
+    from apexrl.launch.presets import PRESETS, _Presets
+
+    clash = _Presets({"r2d2-cpu": PRESETS["cartpole"]})
+    with pytest.raises(ValueError, match="agent r2d2: preset 'r2d2-cpu' is already defined"):
+        list(clash)
+    monkeypatch.setitem(preset_table._BUILT_IN_SOURCES, "R2D2", "another paper")
+    with pytest.raises(ValueError, match="agent r2d2: source 'R2D2' is already cited otherwise: another paper"):
+        dict(preset_table.SOURCES)
+
+
 # A throwaway agent: random actions, a learner that only counts. Its whole code is this module; the one
 # registry line is the entry point below. Nothing in apexrl is edited for it.
 RANDOM_AGENT = textwrap.dedent("""
