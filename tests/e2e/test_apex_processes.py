@@ -214,7 +214,16 @@ def test_learner_killed_and_resumed_continues_its_counters_and_weights(start_ser
     [
         (
             "apexrl.cli.learner",
-            ["--agent", "ppo", "--env", "gym:CartPole-v1", "--replay", "tcp://127.0.0.1:1", "--params-port", "0"],
+            [
+                "--agent",
+                "no-such-agent",
+                "--env",
+                "gym:CartPole-v1",
+                "--replay",
+                "tcp://127.0.0.1:1",
+                "--params-port",
+                "0",
+            ],
             "valid agents: dqn, dpg",
         ),
         (

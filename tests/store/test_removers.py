@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apexrl import PrioritizedStore
-from apexrl.replay.server.config import EVICTION_POLICIES
+from apexrl.replay.server.table_flags import EVICTION_POLICIES
 from tests.store.test_eviction import NO_CEILING, chi2_sf, live
 
 # eviction -> the rank the model removes first (smallest first): by insertion number i or by priority p
