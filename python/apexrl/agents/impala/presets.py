@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apexrl.replay.tables import Queue, TableConfig
+from apexrl.agents.onpolicy.presets import queue_table
 
 __all__ = ["IMPALA_PRESETS"]
 
@@ -18,14 +18,7 @@ IMPALA_PRESETS: dict[str, dict[str, Any]] = {
         env="gym:CartPole-v1",
         tables=(
             # 4 batches: the limiter holds the actors once they are that far ahead of the learner.
-            TableConfig(
-                name="default",
-                sampler="fifo",
-                remover="fifo",
-                capacity=1_024,
-                max_times_sampled=1,
-                rate_limiter=Queue(64),
-            ),
+            queue_table(64),
         ),
         learner=dict(
             min_replay_size=16,

@@ -7,7 +7,15 @@ from typing import Any
 
 from apexrl.replay.tables import Queue, TableConfig
 
-__all__ = ["cartpole_preset"]
+__all__ = ["cartpole_preset", "queue_table"]
+
+
+def queue_table(size: int) -> TableConfig:
+    """The on-policy presets' one table: the queue ``default`` (FIFO, each item handed out once), whose limiter
+    holds the actors once ``size`` items wait for the learner."""
+    return TableConfig(
+        name="default", sampler="fifo", remover="fifo", capacity=1_024, max_times_sampled=1, rate_limiter=Queue(size)
+    )
 
 
 def cartpole_preset(agent: str, description: str, source: str, unmatched: tuple[str, ...]) -> dict[str, Any]:
@@ -19,16 +27,7 @@ def cartpole_preset(agent: str, description: str, source: str, unmatched: tuple[
         env="gym:CartPole-v1",
         agent_overrides=dict(batch_size=8, unroll=64),
         # 4 rounds of the 8 environments' items: a synchronous run holds about one.
-        tables=(
-            TableConfig(
-                name="default",
-                sampler="fifo",
-                remover="fifo",
-                capacity=1_024,
-                max_times_sampled=1,
-                rate_limiter=Queue(32),
-            ),
-        ),
+        tables=(queue_table(32),),
         learner=dict(
             min_replay_size=8,
             publish_every=1,
