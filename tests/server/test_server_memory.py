@@ -204,7 +204,7 @@ def test_a_peer_that_never_reads_its_sample_replies_holds_at_most_max_unread_mb(
 
 
 def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(start_server, dealers):
-    cap, margin, n, size = 16, 16, 200, 1 * MiB
+    cap, margin, n, size, window = 16, 16, 200, 1 * MiB, 10
     server = start_server(
         "--samples-per-insert", "1", "--error-buffer", "100", "--max-waiting-mb", str(cap), "--max-wait", "1"
     )
@@ -217,8 +217,8 @@ def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(st
         hog = dealers(server.endpoint)
         blob = b"\xee" * size
         sent = 0
-        while sent < n:  # in windows of 20, each taken in (queued or refused) before the next: what piles up is
-            for _ in range(20):  # the server's, not messages libzmq has not handed to it yet
+        while sent < n:  # in windows, each taken in (queued or refused) before the next: what piles up beyond one
+            for _ in range(window):  # window (which libzmq's I/O thread may hold in the server's memory) is the server's
                 sent += 1
                 hog.send_multipart(insert_frames(sent, [blob], (0xA77AC, sent), U32_MAX))
             wait_until(
@@ -243,8 +243,11 @@ def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(st
         )
         peak = rss.peak()
         assert s["deferred_bytes"] == 0 and s["size"] == 101 and s["deferred_refused"] > 0, s
-        assert peak <= baseline + cap + margin, report(
-            "expired inserts", baseline=baseline, peak=peak, cap=cap, margin=margin
+        # the cap, plus the window in flight (on a loaded machine libzmq receives a whole window before the serving
+        # thread takes one in: CI measured +39.6 MiB with windows of 20), plus allocator noise
+        in_flight = window * size / MiB
+        assert peak <= baseline + cap + in_flight + margin, report(
+            "expired inserts", baseline=baseline, peak=peak, cap=cap, in_flight=in_flight, margin=margin
         )
         after = rss_back(rss, baseline)
         report("expired inserts", baseline=baseline, peak=peak, cap=cap, margin=margin, after=after)
