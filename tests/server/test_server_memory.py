@@ -218,7 +218,9 @@ def test_rate_limited_inserts_whose_waits_expire_release_their_ids_and_memory(st
         blob = b"\xee" * size
         sent = 0
         while sent < n:  # in windows, each taken in (queued or refused) before the next: what piles up beyond one
-            for _ in range(window):  # window (which libzmq's I/O thread may hold in the server's memory) is the server's
+            for _ in range(
+                window
+            ):  # window (which libzmq's I/O thread may hold in the server's memory) is the server's
                 sent += 1
                 hog.send_multipart(insert_frames(sent, [blob], (0xA77AC, sent), U32_MAX))
             wait_until(
