@@ -116,3 +116,15 @@ def test_the_vtrace_flag_reaches_impala_and_is_refused_elsewhere():
     assert plan("impala-cartpole").learner.agent_config.vtrace is True
     with pytest.raises(ValueError, match="vtrace"):
         plan("ppo-cartpole", Overrides(agent_fields={"vtrace": False}))
+
+
+@pytest.mark.parametrize("name", list(AGENTS))
+def test_an_on_policy_agent_on_a_control_suite_task_starts_from_its_swingup_preset(name):
+    """``--agent NAME --env dmc:TASK`` without a preset takes the agent's Control Suite settings (its queue and a
+    min size of one batch), not the Ape-X defaults, whose min size of 50,000 no queue of 1,024 could ever reach."""
+    from apexrl.launch.plan import Overrides, plan
+
+    for env in ("dmc:cartpole-swingup", "dmc:walker-walk"):
+        p = plan(overrides=Overrides(agent=name, env=env))
+        assert p.preset == f"{name}-cartpole-swingup"
+        assert p.learner.min_replay_size <= p.learner.agent_config.batch_size

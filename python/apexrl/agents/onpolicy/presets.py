@@ -1,5 +1,6 @@
-"""What the on-policy agents' CartPole presets share: the queue, the learner's and the actors' settings for 2
-actors of 4 environments on a 2-core machine, synchronous (one round of 8 items per update)."""
+"""What the on-policy agents' presets share: the queue, the learner's and the actors' settings for 2 actors of 4
+environments on a 2-core machine, synchronous (one round of 8 items per update), on gym:CartPole-v1 and on the
+Control Suite's cartpole-swingup."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from apexrl.replay.tables import Queue, TableConfig
 
-__all__ = ["cartpole_preset", "queue_table"]
+__all__ = ["cartpole_preset", "queue_table", "swingup_preset"]
 
 
 def queue_table(size: int) -> TableConfig:
@@ -19,33 +20,68 @@ def queue_table(size: int) -> TableConfig:
 
 
 def cartpole_preset(agent: str, description: str, source: str, unmatched: tuple[str, ...]) -> dict[str, Any]:
-    """A preset entry (the fields of ``apexrl.launch.presets.Preset``) of ``agent`` on gym:CartPole-v1."""
+    """A preset entry (the fields of ``apexrl.launch.presets.Preset``) of ``agent`` on gym:CartPole-v1: items of
+    64 steps, 5 minutes."""
+    return _preset(agent, description, source, unmatched, env="gym:CartPole-v1", unroll=64, minutes=5.0)
+
+
+def swingup_preset(agent: str, description: str, source: str, unmatched: tuple[str, ...]) -> dict[str, Any]:
+    """A preset entry of ``agent`` on dmc:cartpole-swingup (the Control Suite's family: ``--agent AGENT`` on any
+    ``dmc:`` task starts from it): items of 256 steps, so that 1,000-step episodes span four and an update
+    trains on 2,048 steps; evaluations of 5 episodes (Tonic's) every 30 s; 20 minutes."""
+    return _preset(
+        agent,
+        description,
+        source,
+        unmatched,
+        env="dmc:cartpole-swingup",
+        unroll=256,
+        minutes=20.0,
+        learner=dict(checkpoint_every=50, eval_every=30.0, eval_episodes=5, metrics_every=10.0),
+    )
+
+
+def _preset(
+    agent: str,
+    description: str,
+    source: str,
+    unmatched: tuple[str, ...],
+    *,
+    env: str,
+    unroll: int,
+    minutes: float,
+    learner: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    batch = 8  # one item per environment: a synchronous round is one update
     return dict(
         description=description,
         source=source,
         agent=agent,
-        env="gym:CartPole-v1",
-        agent_overrides=dict(batch_size=8, unroll=64),
+        env=env,
+        agent_overrides=dict(batch_size=batch, unroll=unroll),
         # 4 rounds of the 8 environments' items: a synchronous run holds about one.
-        tables=(queue_table(32),),
+        tables=(queue_table(4 * batch),),
         learner=dict(
-            min_replay_size=8,
-            publish_every=1,
-            checkpoint_every=200,
-            eval_every=20.0,
-            eval_episodes=10,
-            metrics_every=5.0,
+            dict(
+                min_replay_size=batch,
+                publish_every=1,
+                checkpoint_every=200,
+                eval_every=20.0,
+                eval_episodes=10,
+                metrics_every=5.0,
+            ),
+            **(learner or {}),
         ),
-        actor=dict(envs_per_actor=4, params_every_frames=64),
+        actor=dict(envs_per_actor=4, params_every_frames=unroll),
         actors=2,
-        minutes=5.0,
+        minutes=minutes,
         final_eval_episodes=10,
         sources={"*": "apexrl"},
         unmatched=(
-            "segments of 8 x 64 = 512 steps per update (Tonic: 4096 steps per worker), so that the 2-core "
-            "machine updates every few seconds",
-            "the learner pops items of 64 trained steps from a queue (Tonic keeps its segment in the agent's "
-            "own process); synchronous actors wait for the weights trained on their items",
+            f"segments of {batch} x {unroll} = {batch * unroll:,} steps per update (Tonic: 4,096 steps per "
+            "worker), so that the 2-core machine updates every few seconds",
+            f"the learner pops items of {unroll} trained steps from a queue (Tonic keeps its segment in the "
+            "agent's own process); synchronous actors wait for the weights trained on their items",
             *unmatched,
         ),
     )
