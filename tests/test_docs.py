@@ -8,7 +8,9 @@ fetched (tests make no network traffic). Text inside fenced code blocks is neith
 bench/README.md opens with a summary table, one row per benchmark's current figure. Each row links to the
 section that holds the measurement, and every number in its figure column must appear in that section (the
 heading's own text up to the next heading of the same or a higher level), so a summary row cannot drift from the
-record it summarises.
+record it summarises. The README's results tables are held the same way to the bench sections their rows link to
+(ratios, final and best periodic evaluations). A number can also occur in a section by chance, so this catches a
+figure that is nowhere in its record, not every mistyped digit.
 """
 
 from __future__ import annotations
@@ -119,36 +121,63 @@ def test_every_link_resolves(doc: pathlib.Path) -> None:
     assert not broken_links(doc), "links that resolve to nothing:\n" + "\n".join(broken_links(doc))
 
 
-def summary_rows(text: str) -> list[dict[str, str]]:
-    """The rows of the first table under the summary heading, as {column: cell}."""
-    body = section(text, slug(SUMMARY_HEADING))
-    table = [line for line in body.splitlines() if line.startswith("|")]
-    assert len(table) > 2, "bench/README.md's summary has no table"
-    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table]
-    header = cells[0]
-    return [dict(zip(header, row, strict=True)) for row in cells[2:]]
+def tables(text: str) -> list[list[dict[str, str]]]:
+    """Every table of the text outside code blocks, each a list of rows as {column: cell}."""
+    out: list[list[dict[str, str]]] = []
+    block: list[list[str]] = []
+    for _, line in [*prose_lines(text), (0, "")]:
+        if line.startswith("|"):
+            block.append([c.strip() for c in line.strip().strip("|").split("|")])
+            continue
+        if len(block) > 2:
+            out.append([dict(zip(block[0], row, strict=True)) for row in block[2:]])
+        block = []
+    return out
+
+
+def unquoted_figures(
+    doc: pathlib.Path, rows: list[dict[str, str]], name: str, figures: list[str], record: str
+) -> list[str]:
+    """What is wrong with rows whose `record` cell links (first link) to a section that must hold every number of
+    their `figures` cells: a missing link, a missing heading, a figure without numbers, a number not in the section."""
+    problems = []
+    for row in rows:
+        targets = [t for _, t in links(row[record])]
+        if not targets:
+            problems.append(f"{row[name]}: its {record} cell links to no section")
+            continue
+        path_part, _, anchor = targets[0].partition("#")
+        target = (doc.parent / path_part).resolve() if path_part else doc
+        text = target.read_text(encoding="utf-8")
+        if anchor not in {a for _, _, _, a in headings(text)}:
+            problems.append(f"{row[name]}: links to {targets[0]}, no such heading")
+            continue
+        body = section(text, anchor)
+        numbers = [n for column in figures for n in _NUMBER.findall(row[column])]
+        if not numbers:
+            problems.append(f"{row[name]}: its {'/'.join(figures)} quotes no number")
+        problems += [f"{row[name]}: {n} is not in {targets[0]}" for n in numbers if n not in body]
+    return problems
 
 
 def test_bench_summary_rows_point_at_sections_that_hold_their_figures() -> None:
-    text = BENCH.read_text(encoding="utf-8")
-    anchors = {a for _, _, _, a in headings(text)}
-    rows = summary_rows(text)
+    summary = section(BENCH.read_text(encoding="utf-8"), slug(SUMMARY_HEADING))
+    rows = tables(summary)[0]
     assert len(rows) >= 10
-    problems = []
-    for row in rows:
-        targets = [t for _, t in links(row["details"])]
-        if len(targets) != 1 or not targets[0].startswith("#"):
-            problems.append(f"{row['what']}: its details cell must be one link to a section of this file")
-            continue
-        anchor = targets[0][1:]
-        if anchor not in anchors:
-            problems.append(f"{row['what']}: links to #{anchor}, no such heading")
-            continue
-        record = section(text, anchor)
-        numbers = _NUMBER.findall(row["figure"])
-        if not numbers:
-            problems.append(f"{row['what']}: its figure quotes no number")
-        problems += [f"{row['what']}: {n} is not in section #{anchor}" for n in numbers if n not in record]
+    assert all(links(row["details"])[0][1].startswith("#") for row in rows), "the summary links into its own file"
+    problems = unquoted_figures(BENCH, rows, "what", ["figure"], "details")
+    assert not problems, "\n".join(problems)
+
+
+def test_readme_results_quote_the_sections_they_link() -> None:
+    """The README's speed and learning tables: each row's ratio, final and best periodic figures are in the
+    bench/README.md section its record cell links to (env frames and wall times may come from the run's files)."""
+    readme = ROOT / "README.md"
+    results = section(readme.read_text(encoding="utf-8"), "results")
+    speed, learning = tables(results)
+    problems = unquoted_figures(readme, speed, "what", ["ratio"], "record")
+    problems += unquoted_figures(readme, learning, "agent (preset)", ["final", "best periodic"], "record")
+    assert len(speed) >= 3 and len(learning) >= 10
     assert not problems, "\n".join(problems)
 
 
