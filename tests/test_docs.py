@@ -15,6 +15,7 @@ figure that is nowhere in its record, not every mistyped digit.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import re
 import unicodedata
@@ -58,6 +59,7 @@ def slug(heading: str) -> str:
     return kept.replace(" ", "-")
 
 
+@functools.cache
 def headings(text: str) -> list[tuple[int, int, str, str]]:
     """(line number, level, text, anchor) of every heading, anchors numbered for repeats as GitHub numbers them."""
     seen: dict[str, int] = {}
