@@ -554,6 +554,16 @@ size_t Shard::Erase(const Key* keys, size_t n) {
   return erased;
 }
 
+size_t Shard::Clear() {
+  ScopedLock lock(mu_);
+  const size_t n = live_.size();
+  while (!live_.empty()) Remove(live_.back());
+  FinishRemovals();
+  counters_.erased += n;
+  Publish();
+  return n;
+}
+
 void Shard::Summarize(size_t max_ranks, EvictionSummary* out) const {
   ScopedLock lock(mu_);
   // Every field reset: the store reuses summaries, and a policy fills only the fields of its shape.

@@ -157,6 +157,10 @@ class Shard {
   size_t Update(const Key* keys, const double* priorities, const double* masses, size_t n) EXCLUDES(mu_);
   // Removes the items of still-valid keys; returns how many.
   size_t Erase(const Key* keys, size_t n) EXCLUDES(mu_);
+  // Removes every live item, counted as erased; returns how many. One lock hold. Held items stay held: their
+  // batch settles them as usual (Release: delivered; GiveBack: back in the shard), so every item is either
+  // delivered or erased, never lost between the two.
+  size_t Clear() EXCLUDES(mu_);
 
   // Eviction, whatever the policy (see eviction/planner.h for how the store drives these two).
   // Overwrites `out` with this shard's item count and its policy's summary, listing at most `max_ranks`

@@ -618,6 +618,12 @@ size_t ShardedStore::Erase(const Key* keys, size_t n) {
   return erased;
 }
 
+size_t ShardedStore::Clear() {
+  size_t cleared = 0;
+  for (const auto& shard : shards_) cleared += shard->Clear();
+  return cleared;
+}
+
 size_t ShardedStore::EvictRound(size_t excess, Rng& rng) {
   const size_t num_shards = shards_.size();
   const size_t ranks = planner_->RanksPerShard(excess);

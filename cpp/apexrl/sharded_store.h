@@ -207,6 +207,9 @@ class ShardedStore {
   // Returns how many keys still addressed an item (the rest are counted as stale updates).
   size_t UpdatePriorities(const Key* keys, const double* priorities, size_t n);
   size_t Erase(const Key* keys, size_t n);
+  // Removes every item but the held ones (Shard::Clear), one shard after the other, counted as erased; returns
+  // how many. Their keys are stale from then on; the store's configuration, epoch and counters are kept.
+  size_t Clear();
   // Evicts with the configured policy until Size() <= capacity; returns how many items it removed.
   size_t RemoveToFit();
 

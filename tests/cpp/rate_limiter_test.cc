@@ -63,6 +63,24 @@ TEST(RateLimiterKinds, AQueueAdmitsInsertsUpToItsSizeAndSamplesWhileItHoldsAnyth
   EXPECT_NE(rl.Describe().find("Queue(size=4)"), std::string::npos);
 }
 
+TEST(RateLimiterKinds, ResetCountsFromZeroAgainAndALateUndoStopsAtZero) {
+  RateLimiter rl(1.0, 2.0, 1);  // SampleToInsertRatio: spi 1, error buffer 2, min size 1
+  ASSERT_TRUE(rl.TryInsert(10, 0));
+  ASSERT_TRUE(rl.TrySample(4, 10));
+  uint64_t inserted, sampled;
+  rl.Reset();
+  rl.Counts(&inserted, &sampled);
+  EXPECT_EQ(inserted, 0u);
+  EXPECT_EQ(sampled, 0u);
+  rl.Undo(0, 4);  // a SAMPLE admitted before the reset gives its count back after it
+  rl.Counts(&inserted, &sampled);
+  EXPECT_EQ(sampled, 0u);
+  // The ratio is measured from the new counts: 3 inserted allow (3 - 1) * 1 + 2 = 4 samples.
+  ASSERT_TRUE(rl.TryInsert(3, 0));
+  EXPECT_TRUE(rl.TrySample(4, 3));
+  EXPECT_FALSE(rl.TrySample(1, 3));
+}
+
 TEST(RateLimiterKinds, AQueueRefusesAnInsertLargerThanItselfWithTheReasonAndNothingElse) {
   RateLimiter rl(Queue(4));
   const auto why = rl.NeverAdmitted(kInsert, 5, 0);

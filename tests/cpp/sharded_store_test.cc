@@ -201,6 +201,41 @@ TEST(ShardedStoreTest, StaleKeysAreSkippedAndCounted) {
   ASSERT_VALID(store);
 }
 
+TEST(ShardedStoreTest, ClearRemovesEveryLiveItemAndLeavesHeldOnesToTheirBatch) {
+  StoreConfig c = Config(4, 1000, 1.0);
+  c.max_times_sampled = 1;
+  ShardedStore store(c);
+  std::vector<std::string> payloads;
+  for (int i = 0; i < 20; ++i) payloads.push_back(PayloadFor(static_cast<uint64_t>(i)));
+  const std::vector<Key> keys = Insert(store, std::vector<double>(20, 1.0), payloads);
+  SampleResult held;
+  store.Sample(3, 0.0, &held, /*hold=*/true);
+  const size_t n_held = held.held.size();
+  ASSERT_GT(n_held, 0u);
+  ASSERT_EQ(store.Size() + n_held, 20u);
+
+  EXPECT_EQ(store.Clear(), 20u - n_held);
+  ASSERT_VALID(store);
+  EXPECT_EQ(store.Size(), 0u);
+  EXPECT_EQ(store.Held(), n_held);
+  EXPECT_EQ(store.Stats().erased, 20u - n_held);
+  const std::vector<double> twos(keys.size(), 2.0);
+  EXPECT_EQ(store.UpdatePriorities(keys.data(), twos.data(), keys.size()), 0u);  // every key stale
+  EXPECT_EQ(store.Erase(keys.data(), keys.size()), 0u);
+  // The held batch is settled as if nothing happened: a reply not sent gives its items back.
+  EXPECT_EQ(store.GiveBack(held.held.data(), n_held, held.keys.data(), held.keys.size()), n_held);
+  EXPECT_EQ(store.Size(), n_held);
+  EXPECT_EQ(store.Clear(), n_held);
+  EXPECT_EQ(store.Stats().bytes_held, 0u);
+  EXPECT_EQ(store.TotalMass(), 0.0);
+
+  // The store serves on: new items get new keys.
+  const std::vector<Key> again = Insert(store, std::vector<double>(5, 1.0), {"a", "b", "c", "d", "e"});
+  for (Key k : again) EXPECT_EQ(std::count(keys.begin(), keys.end(), k), 0);
+  EXPECT_EQ(store.Size(), 5u);
+  ASSERT_VALID(store);
+}
+
 TEST(ShardedStoreTest, InsertCopiesThePayloadBytes) {
   ShardedStore store(Config(2, 100, 1.0, 3));
   std::string a = "original-a", b(3000, 'b');  // a small item and one past the 1 KiB size classes

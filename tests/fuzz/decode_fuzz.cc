@@ -73,6 +73,8 @@ std::vector<Frames> Seeds() {
   seeds.push_back({Header(5, 0, 0, 0)});
   seeds.push_back({Header(6, 0, 0, 0), std::string("{\"version\":1}")});
   seeds.push_back({Header(7, 1, 0, 0), Array(std::vector<uint64_t>{5})});
+  seeds.push_back({Header(8, 0, 0, 0)});     // CHECKPOINT
+  seeds.push_back({Header(9, 0, 0, 0, 1)});  // RESET of table 1
   // Data requests naming other tables (any index decodes; the loop checks it against its tables), and a
   // request that names none carrying a table (BAD_MESSAGE).
   seeds.push_back({Header(2, 8, 0.4, 0, 1)});

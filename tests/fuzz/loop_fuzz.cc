@@ -456,6 +456,11 @@ class Fuzz {
     }
     if (!f.empty() && f[0].size() == kHeaderSize) {
       std::memset(f[0].data() + 32, 0, 4);
+      // A flipped op byte may make a REMOVE_TO_FIT a RESET, which empties the table: the model follows
+      // acknowledged items one by one, so such a mutant keeps its op (RESET is tested on its own).
+      uint16_t op = 0;
+      std::memcpy(&op, f[0].data() + 6, 2);
+      if (op == kReset) std::memcpy(f[0].data() + 6, &s.op, 2);
       if (Chance(0.1)) {  // the table field: the other table, or one the server lacks
         const uint32_t t = static_cast<uint32_t>(Pick({1, 2, 7, 0xFFFFFFFFull}));
         std::memcpy(f[0].data() + 36, &t, 4);

@@ -42,6 +42,9 @@ ONE_SERVER = {
     "hello",  # declare a table's item structure; one server's answer (a set has one per server)
     "server_info",  # that answer: limits, tables, specs
     "transport",  # the connection, shared with the parameter client's base (TransportClient)
+    # Reverb's checkpoint and reset: one server's snapshot, one server's table
+    "checkpoint",
+    "reset",
 }
 SET_OF_SERVERS = {"endpoints", "retry_s"}
 

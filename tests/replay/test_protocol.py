@@ -214,7 +214,7 @@ HEADER_CASES = {
         r"header table is 65536, must be 0 \(STATS",
     ),
     "op 0": (raw_header(op=0), Status.UNKNOWN_OP, r"op 0 is unknown"),
-    "op 8": (raw_header(op=8), Status.UNKNOWN_OP, r"op 8 is unknown"),
+    "op 10": (raw_header(op=10), Status.UNKNOWN_OP, r"op 10 is unknown"),
     "op 65535": (raw_header(op=65535), Status.UNKNOWN_OP, r"op 65535 is unknown"),
     "status 10": (raw_header(status=10), Status.BAD_MESSAGE, r"status 10 is unknown"),
 }
@@ -985,6 +985,8 @@ VALID_VALUES = {  # (kind, op) -> (frame values in the schema's order, header fi
     ("request", Op.STATS): ((), {}),
     ("request", Op.HELLO): (('{"a": 1}',), {}),
     ("request", Op.ERASE): ((np.array([1, 2], np.uint64),), {}),
+    ("request", Op.CHECKPOINT): ((), {}),
+    ("request", Op.RESET): ((), {}),
     ("request", Op.GET_PARAMS): ((np.array([7, 9], np.uint64),), {}),
     ("reply", Op.INSERT): ((np.array([4, 5, 6], np.uint64), np.array([1 << 52], np.uint64)), {}),
     ("reply", Op.SAMPLE): (
@@ -1005,6 +1007,8 @@ VALID_VALUES = {  # (kind, op) -> (frame values in the schema's order, header fi
     ("reply", Op.STATS): (({"size": 3, "x": 1.5},), {}),
     ("reply", Op.HELLO): (({"protocol_version": 3, "max_request_bytes": 1024}, "", '[{"index": 0, "name": "t"}]'), {}),
     ("reply", Op.ERASE): ((), {"count": 2}),
+    ("reply", Op.CHECKPOINT): (("/runs/replay.snap",), {}),
+    ("reply", Op.RESET): ((), {"count": 7}),
     ("reply", Op.GET_PARAMS): ((np.array([7, 9], np.uint64), b"weights"), {}),
 }
 RID = 5

@@ -86,13 +86,16 @@ def test_roles_hold_on_every_table_and_a_missing_table_is_refused_under_curve(cu
                     "UPDATE_PRIORITIES",
                     lambda t=table, k=keys: actor.update_priorities(k, np.full(len(k), 5.0), table=t),
                 ),
+                ("RESET", lambda t=table: actor.reset(t)),
+                ("CHECKPOINT", actor.checkpoint),
             ):
                 with pytest.raises(ServerError) as info:
                     call()
                 assert info.value.status == Status.INVALID_ARGUMENT
                 assert info.value.message == f"permission denied: client 'actor:a1' (role 'actor') may not send {op}"
-        s = actor.stats()  # the refusals changed nothing: nothing sampled, nothing removed from the queue
-        assert s["requests_refused_role"] == 4, s
+        s = actor.stats()  # the refusals changed nothing: nothing sampled, reset or removed from the queue
+        assert s["requests_refused_role"] == 8, s
+        assert s["table.default.resets"] == s["table.onpolicy.resets"] == 0, s
         assert (s["table.default.size"], s["table.onpolicy.size"]) == (3, 4), s
         with pytest.raises(ValueError, match=r"no table 'nope'.*\['default', 'onpolicy'\]"):
             actor.insert(np.ones(1), [b"x"], table="nope")
@@ -153,3 +156,10 @@ def test_roles_hold_on_every_table_and_a_missing_table_is_refused_under_curve(cu
         assert _sizes(learner) == {"default": 3, "onpolicy": 1}  # nothing inserted, nothing taken
         assert len(learner.sample(1, table="onpolicy")) == 1  # and both tables still serve
         assert len(learner.insert(np.ones(1), [b"z"], table="onpolicy")) == 1
+        # The learner may reset and checkpoint (this server has no --snapshot: refused for that, not the role).
+        assert learner.reset("default") == 3
+        assert _sizes(learner) == {"default": 0, "onpolicy": 1}
+        with pytest.raises(ServerError, match="no snapshot path") as info:
+            learner.checkpoint()
+        assert info.value.status == Status.INVALID_ARGUMENT
+        assert learner.stats()["requests_refused_role"] == 8

@@ -37,6 +37,10 @@ def test_constants_are_the_schemas():
     assert c["MAX_STATUS"] == max(S.Status)
 
 
+PYTHON_OPS = (S.Op.HELLO, S.Op.STATS, S.Op.CHECKPOINT)
+"""The requests the native loop hands to Python (serve/wire.h ServedInPython)."""
+
+
 def schema_plan() -> dict[str, object]:
     """The wire plan the schema gives, in the shape of _core.serve_plan()."""
     header, offset = [], 0
@@ -45,7 +49,7 @@ def schema_plan() -> dict[str, object]:
         offset += f.size
     requests = {}
     for op in S.SERVICES["replay"]:
-        if op in (S.Op.HELLO, S.Op.STATS):  # decoded in Python, which serves them: the loop reads their header only
+        if op in PYTHON_OPS:  # decoded in Python, which serves them: the loop reads their header only
             continue
         spec = S.REQUESTS[op]
         requests[op.name] = {
@@ -119,6 +123,8 @@ def seeds() -> list[list[bytes]]:
         raw(P.encode_update(9, np.array([1, 2], np.uint64), np.array([0.5, 3.0]))),
         raw(P.encode_remove_to_fit(10)),
         raw(P.encode_erase(11, np.array([4], np.uint64))),
+        raw(P.encode_reset(12, table=1)),
+        raw(P.encode_checkpoint(13)),
     ]
 
 
@@ -168,7 +174,7 @@ def mutated(draw) -> list[bytes]:
 @given(frames=mutated())
 def test_the_native_decoder_answers_as_the_python_decoder(frames):
     status, op, rid, message = _core.serve_decode(frames, MAX_BYTES)
-    if status == 0 and op in (int(S.Op.HELLO), int(S.Op.STATS)):
+    if status == 0 and op in PYTHON_OPS:
         return  # the native loop hands these to Python, which decodes their bodies itself
     want = python_answer(frames)
     assert (status, op, rid) == want[:3] and same_message(message, want[3]), ((status, op, rid, message), want)

@@ -90,6 +90,16 @@ bool Handlers::Serve(Call* c, double now, Reply* reply) {
         *reply = CountReply(q.op, q.request_id, n);
         return true;
       }
+      case kReset: {
+        // Items first, then the counts: an INSERT admitted between the two is not possible (both on the loop
+        // thread), a worker's SAMPLE may see the emptied store and wait or time out like any on an empty table.
+        const size_t n = store_->Clear();
+        limiter_->Reset();
+        max_priority_.store(-1.0, std::memory_order_release);
+        resets_.fetch_add(1, std::memory_order_relaxed);
+        *reply = CountReply(q.op, q.request_id, n);
+        return true;
+      }
       default:
         throw std::logic_error(std::string("op ") + std::to_string(q.op) + " reached the data path");
     }

@@ -1,4 +1,4 @@
-// The data ops -- INSERT, SAMPLE, UPDATE_PRIORITIES, ERASE, REMOVE_TO_FIT -- against a store, the insert-id
+// The data ops -- INSERT, SAMPLE, UPDATE_PRIORITIES, ERASE, REMOVE_TO_FIT, RESET -- against a store, the insert-id
 // window and the rate limiter, without a socket: what the loop (serve_loop.cc) does with a decoded request
 // once it has decided to serve it now. Unit-tested on their own (tests/cpp/handlers_test.cc).
 #ifndef APEXRL_SERVE_HANDLERS_H_
@@ -52,10 +52,11 @@ class Handlers {
   bool Serve(Call* c, double now, Reply* reply);
 
   uint64_t erased_items() const { return erased_items_.load(std::memory_order_relaxed); }
+  uint64_t resets() const { return resets_.load(std::memory_order_relaxed); }  // RESETs served
   // Items SAMPLE replies that were not sent gave back to the store (SampleLease).
   uint64_t items_returned() const { return items_returned_.load(std::memory_order_relaxed); }
   // The priority an INSERT with kFlagMaxPriority gives each item: the largest priority this table was given so
-  // far (INSERT or UPDATE_PRIORITIES, since the server started), 1.0 before any.
+  // far (INSERT or UPDATE_PRIORITIES, since the server started or the table's last RESET), 1.0 before any.
   double MaxPriority() const;
 
  private:
@@ -70,6 +71,7 @@ class Handlers {
   const double max_wait_s_;
   const LogFn log_;
   std::atomic<uint64_t> erased_items_{0};
+  std::atomic<uint64_t> resets_{0};
   std::atomic<uint64_t> items_returned_{0};
   // The largest priority given so far, -1 before any. Raised (never lowered) by INSERTs on the loop thread and
   // by UPDATE_PRIORITIES on any thread: an atomic max, no lock.

@@ -100,8 +100,15 @@ bool RateLimiter::TrySample(uint64_t n, uint64_t size) {
 
 void RateLimiter::Undo(uint64_t inserted, uint64_t sampled) {
   ScopedLock<Mutex> lock(mu_);
-  inserted_ -= inserted;
-  sampled_ -= sampled;
+  // Not below 0: a SAMPLE admitted before a Reset may give its count back after it.
+  inserted_ -= std::min(inserted_, inserted);
+  sampled_ -= std::min(sampled_, sampled);
+}
+
+void RateLimiter::Reset() {
+  ScopedLock<Mutex> lock(mu_);
+  inserted_ = 0;
+  sampled_ = 0;
 }
 
 std::optional<std::string> RateLimiter::NeverAdmitted(uint16_t op, uint64_t n, uint64_t size) const {

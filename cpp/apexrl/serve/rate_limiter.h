@@ -72,6 +72,8 @@ class RateLimiter {
   bool TryInsert(uint64_t n, uint64_t size) EXCLUDES(mu_);
   bool TrySample(uint64_t n, uint64_t size) EXCLUDES(mu_);
   void Undo(uint64_t inserted, uint64_t sampled) EXCLUDES(mu_);
+  // The table was emptied (RESET): the inserted and sampled counts start again from 0 (the waits counted stay).
+  void Reset() EXCLUDES(mu_);
 
   // Why a request (op kInsert or kSample) of n items, not admitted now, could never be admitted; or none.
   std::optional<std::string> NeverAdmitted(uint16_t op, uint64_t n, uint64_t size) const EXCLUDES(mu_);

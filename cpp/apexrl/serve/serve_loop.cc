@@ -285,7 +285,7 @@ void ServeLoop::ReadFrontBurst() {
     // the rate limiter, the waiting list): a request the store would refuse is INVALID_ARGUMENT whatever the
     // server's state, and every later step may trust its chunk references.
     if (op == kInsert && !InsertContentOk(*p)) continue;
-    if (op == kHello || op == kStats) {  // served in Python
+    if (ServedInPython(op)) {
       ControlRequest c;
       c.peer = p->peer;
       c.identity = p->identity;
@@ -379,7 +379,9 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
     return;
   }
   const Request& q = p->req;
-  if (q.op == kInsert || q.op == kUpdatePriorities || (q.op == kSample && q.count <= config_.inline_sample_max)) {
+  // RESET is served here too, so that it falls between two INSERTs or UPDATE_PRIORITIES, never inside one.
+  if (q.op == kInsert || q.op == kUpdatePriorities || q.op == kReset ||
+      (q.op == kSample && q.count <= config_.inline_sample_max)) {
     Reply reply;
     const bool replied = Serve(p.get(), &reply);
     recheck_ = true;

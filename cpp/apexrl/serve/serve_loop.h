@@ -2,12 +2,12 @@
 //
 //   clients (DEALER) ──tcp──► ROUTER socket ◄──► loop thread ──jobs──► worker 0..W-1 (large SAMPLEs,
 //                                                   ▲   │                REMOVE_TO_FIT, ERASE)
-//                                                   │   └─control──► Python thread (HELLO, STATS)
+//                                                   │   └─control──► Python thread (HELLO, STATS, CHECKPOINT)
 //                                                   └──── replies (eventfd wake-up) ◄──┘
 //
 // Python creates and configures the socket (bind, CURVE, ZAP, HWMs, ZMQ_MAXMSGSIZE, ROUTER_MANDATORY) and
 // hands it over; from Start() to the end of Stop() the loop thread alone touches it. The loop decodes and
-// validates every request (wire.h), serves INSERT, UPDATE_PRIORITIES and SAMPLEs of at most
+// validates every request (wire.h), serves INSERT, UPDATE_PRIORITIES, RESET and SAMPLEs of at most
 // inline_sample_max items itself (one store call, then the reply), hands the other data ops to the workers,
 // and the rare control ops to Python through a queue (NextControl / ControlReply), so that HELLO's spec
 // handling and STATS's JSON keep one definition in Python. Every rule of the former Python loop is here: the
@@ -74,7 +74,7 @@ struct LoopConfig {
   std::map<std::string, uint32_t> role_ops;
 };
 
-// A request for Python (HELLO, STATS) or a line to log (op 0: level in `identity`, text in frames[0]).
+// A request for Python (HELLO, STATS, CHECKPOINT) or a line to log (op 0: level in `identity`, text in frames[0]).
 struct ControlRequest {
   std::string peer;
   std::string identity;

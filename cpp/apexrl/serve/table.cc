@@ -59,6 +59,7 @@ void Table::PublishWaiting() {
 void Table::Stats(const std::string& prefix, std::vector<LoopStat>* out) const {
   auto add = [&](const char* name, double v, bool integer = true) { out->push_back({prefix + name, v, integer}); };
   add("erased_items", static_cast<double>(handlers_.erased_items()));
+  add("resets", static_cast<double>(handlers_.resets()));
   add("items_returned", static_cast<double>(handlers_.items_returned()));
   add("min_size_to_sample", static_cast<double>(min_size_));
   uint64_t inserted, sampled, wi, ws;

@@ -189,7 +189,7 @@ Refusal DecodeHeader(const FrameView& f, RawHeader* h) {
                   std::string("header flags is ") + buf + (h->op == kInsert ? ", must be 0 or 0x0001" : ", must be 0"));
   }
   if (h->op < 1 || h->op > kMaxReplayOp) {
-    return Refuse(kUnknownOp, "header op " + Str(h->op) + " is unknown; known ops: [1, 2, 3, 4, 5, 6, 7]");
+    return Refuse(kUnknownOp, "header op " + Str(h->op) + " is unknown; known ops: [1, 2, 3, 4, 5, 6, 7, 8, 9]");
   }
   if (h->status > kMaxStatus) {
     return Refuse(kBadMessage,
@@ -284,6 +284,7 @@ RequestPlan PlanOf(uint16_t op) {
     case kUpdatePriorities:
       return {Frames(kUpdatePrioritiesFrames), kUpdatePrioritiesFrames, true, 0, false, false};
     case kRemoveToFit:
+    case kReset:
       return {1, nullptr, false, 0, false, false};
     case kErase:
       return {Frames(kEraseFrames), kEraseFrames, true, 0, false, false};
@@ -294,8 +295,10 @@ RequestPlan PlanOf(uint16_t op) {
 
 bool NamesTable(uint16_t op) {
   return op == kInsert || op == kSample || op == kUpdatePriorities || op == kRemoveToFit || op == kErase ||
-         op == kHello;
+         op == kReset || op == kHello;
 }
+
+bool ServedInPython(uint16_t op) { return op == kHello || op == kStats || op == kCheckpoint; }
 
 const char* OpName(uint16_t op) {
   switch (op) {
@@ -313,6 +316,10 @@ const char* OpName(uint16_t op) {
       return "HELLO";
     case kErase:
       return "ERASE";
+    case kCheckpoint:
+      return "CHECKPOINT";
+    case kReset:
+      return "RESET";
     default:
       return "UNKNOWN";
   }
@@ -332,10 +339,10 @@ Refusal Decode(const Message& msg, uint64_t max_bytes, Request* out) {
                  std::string(OpName(h.op)) + " request header status is " + Str(h.status) + ", must be OK (0)");
     }
     if (r.ok()) {
-      if (h.op == kHello || h.op == kStats) {  // served in Python, which decodes the body
+      if (ServedInPython(h.op)) {  // Python decodes the body
         out->op = h.op;
         out->request_id = h.request_id;
-        out->table = h.table;  // HELLO: the table whose spec it declares (STATS: 0, checked above)
+        out->table = h.table;  // HELLO: the table whose spec it declares (STATS, CHECKPOINT: 0, checked above)
         return r;
       }
       r = DecodeBody(msg, h, out);

@@ -29,9 +29,14 @@ enum Op : uint16_t {
   kStats = 5,
   kHello = 6,
   kErase = 7,
+  kCheckpoint = 8,
+  kReset = 9,
 };
-inline constexpr uint16_t kMaxReplayOp = 7;  // the replay service answers ops 1..7
-const char* OpName(uint16_t op);             // "INSERT", ...; "UNKNOWN" outside 1..7
+inline constexpr uint16_t kMaxReplayOp = 9;  // the replay service answers ops 1..9
+const char* OpName(uint16_t op);             // "INSERT", ...; "UNKNOWN" outside 1..9
+// Whether the loop hands `op` to Python (HELLO, STATS, CHECKPOINT): it checks their header only, Python decodes
+// the body and serves them.
+bool ServedInPython(uint16_t op);
 
 enum Status : uint16_t {
   kOk = 0,
@@ -85,7 +90,7 @@ struct FramePlan {
   const char* rule;  // the value rule the decoder applies (schema.FrameSpec.rule), or nullptr
 };
 struct RequestPlan {
-  size_t frames = 0;                 // header included; 0: not a data op (HELLO and STATS are decoded in Python)
+  size_t frames = 0;                 // header included; 0: served in Python, which decodes it (ServedInPython)
   const FramePlan* frame = nullptr;  // frames - 1 of them, in wire order
   bool count_used = false;           // count is n (else must be 0)
   uint32_t count_min = 0;
@@ -93,8 +98,8 @@ struct RequestPlan {
   bool timeout = false;  // timeout_ms used (else must be 0)
 };
 RequestPlan PlanOf(uint16_t op);
-// Whether `op`'s requests name a table in the header's `table` field (the data ops, and HELLO: the table whose
-// item spec it declares); every other request must carry 0 there.
+// Whether `op`'s requests name a table in the header's `table` field (the data ops, RESET, and HELLO: the table
+// whose item spec it declares); every other request must carry 0 there.
 bool NamesTable(uint16_t op);
 
 // The header's flags: 0 on every message, except this bit on an INSERT: each item gets the table's largest
@@ -153,10 +158,10 @@ struct Refusal {
   bool ok() const { return status == kOk; }
 };
 
-// Validates every header field and, for the data ops (INSERT, SAMPLE, UPDATE_PRIORITIES, REMOVE_TO_FIT,
-// ERASE), every frame and value rule of the schema, in the Python decoder's order. HELLO and STATS are
-// checked up to their header only (their bodies are decoded in Python, which serves them). max_bytes caps
-// the message's total size (0: none).
+// Validates every header field and, for the ops the loop serves (INSERT, SAMPLE, UPDATE_PRIORITIES,
+// REMOVE_TO_FIT, ERASE, RESET), every frame and value rule of the schema, in the Python decoder's order. HELLO,
+// STATS and CHECKPOINT are checked up to their header only (their bodies are decoded in Python, which serves them).
+// max_bytes caps the message's total size (0: none).
 Refusal Decode(const Message& msg, uint64_t max_bytes, Request* out);
 
 inline uint64_t LoadU64(const uint8_t* p, size_t i) {

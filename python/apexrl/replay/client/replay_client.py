@@ -633,6 +633,23 @@ class ReplayClient(TransportClient):
             self._call(P.Op.REMOVE_TO_FIT, lambda rid: P.encode_remove_to_fit(rid, index), self.timeout).header.count
         )
 
+    def reset(self, table: str | None = None) -> int:
+        """Empty ``table`` (None: this client's; Reverb's ``Client.reset``): every item goes, its key stale from
+        then on, and the table's rate limiter counts inserts and samples from 0 again. Returns how many items were
+        removed. Under CURVE an actor may not (ServerError INVALID_ARGUMENT, nothing changed)."""
+        index = self._table_index(table)
+        return int(self._call(P.Op.RESET, lambda rid: P.encode_reset(rid, index), self.timeout).header.count)
+
+    def checkpoint(self, timeout: float | None = None) -> str:
+        """Write the server's snapshot of every table now (Reverb's ``Client.checkpoint``) and return its path on
+        the server's machine: the file a server started with ``--snapshot`` at that path restores. ServerError
+        INVALID_ARGUMENT when the server has no ``--snapshot``, INTERNAL when the save failed (the previous
+        snapshot kept); under CURVE an actor may not. ``timeout``: seconds to wait for the save (default: this
+        client's ``timeout``; a large store takes longer)."""
+        wait = self.timeout if timeout is None else float(timeout)
+        reply = self._call(P.Op.CHECKPOINT, P.encode_checkpoint, wait)
+        return str(reply.arrays["path"])
+
     def stats(self) -> dict[str, int | float]:
         """A STATS request (ReplayTimeout after ``timeout`` s without an answer): the store's counters plus the
         server's per-op request/error counters and min_size_to_sample (docs/protocol.md, "STATS")."""

@@ -1,7 +1,7 @@
 """The replay server: a thin Python side (socket, snapshots, HELLO/STATS) around the native serving loop.
 
 ``ReplayServer`` (:mod:`.replay_server`) configures the socket and hands it to ``apexrl._core.ServeLoop``;
-:mod:`.control` serves HELLO and STATS; :mod:`.epoch` keeps the key epochs of the server's lives; :mod:`.native`
+:mod:`.control` serves HELLO, STATS and CHECKPOINT; :mod:`.epoch` keeps the key epochs of the server's lives; :mod:`.native`
 finds the libzmq the loop binds. The client side of the replay service is ``apexrl.replay.client`` and
 ``apexrl.replay.client.sharded``.
 """

@@ -1,5 +1,5 @@
-"""The rare requests the native loop hands to Python: HELLO (the run's spec, the server's limits, its tables)
-and STATS (every table's counters).
+"""The rare requests the native loop hands to Python: HELLO (the run's spec, the server's limits, its tables),
+STATS (every table's counters) and CHECKPOINT (the snapshot of every table, written now).
 
 They keep one definition each here: the protocol module decodes and encodes them, :class:`SpecGate` keeps the
 spec (and tells the loop the item layout to check inserts against), and STATS merges the store's counters
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,10 +50,20 @@ def _plain(v: Any) -> int | float:
 
 
 class ControlHandler:
-    """Serves HELLO and STATS for one server (``loop`` is its native ServeLoop, ``tables`` its tables)."""
+    """Serves HELLO, STATS and CHECKPOINT for one server (``loop`` is its native ServeLoop, ``tables`` its tables,
+    ``checkpoint`` writes its snapshot now and returns the path, or raises what the stores raise when the save
+    fails)."""
 
-    def __init__(self, config: ServerConfig, tables: list[ServerTable], spec_gates: dict[int, SpecGate], loop: Any):
+    def __init__(
+        self,
+        config: ServerConfig,
+        tables: list[ServerTable],
+        spec_gates: dict[int, SpecGate],
+        loop: Any,
+        checkpoint: Callable[[], str],
+    ):
         self.config, self.tables, self.spec_gates, self.loop = config, tables, spec_gates, loop
+        self.checkpoint = checkpoint
         self.default = next((t for t in tables if t.name == "default"), tables[0])
         self.store = self.default.store
         self.spec_gate = spec_gates[self.default.index]  # today's STATS spec_declared / spec_fingerprint
@@ -87,12 +98,32 @@ class ControlHandler:
                 )
             if op == P.Op.STATS:
                 return P.encode_stats_reply(rid, self.stats_reply())
+            if op == P.Op.CHECKPOINT:
+                return self._checkpoint(rid)
             return P.encode_error(op, rid, P.Status.UNKNOWN_OP, f"op {op} is not served here")
         except ValueError as exc:
             return P.encode_error(op, rid, P.Status.INVALID_ARGUMENT, str(exc) or type(exc).__name__)
         except Exception as exc:  # the server must keep serving
             log.exception("internal error serving %s request %d", P.Op(op).name, rid)
             return P.encode_error(op, rid, P.Status.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _checkpoint(self, rid: int) -> list[Any]:
+        """CHECKPOINT: the snapshot written now, or why not (a failed save keeps the previous snapshot)."""
+        if self.config.snapshot is None:
+            raise ValueError(
+                "CHECKPOINT refused: this server has no snapshot path (start it with --snapshot PATH to checkpoint)"
+            )
+        try:
+            path = self.checkpoint()
+        except Exception as exc:  # noqa: BLE001 - OSError, SnapshotError: the client is told, the server serves on
+            log.warning("CHECKPOINT request %d failed: %s: %s", rid, type(exc).__name__, exc)
+            return P.encode_error(
+                P.Op.CHECKPOINT,
+                rid,
+                P.Status.INTERNAL,
+                f"checkpoint failed ({type(exc).__name__}: {exc}); the previous snapshot is kept",
+            )
+        return P.encode_checkpoint_reply(rid, path)
 
     def stats_reply(self) -> dict[str, int | float]:
         """The STATS reply's body: the store's counters and the loop's (this STATS request included). Today's

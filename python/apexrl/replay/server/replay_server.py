@@ -4,7 +4,7 @@ It opens the store (restoring the snapshot, choosing the key epoch), creates and
 (bind address, CURVE keys and the ZAP allow-list, high-water marks, ZMQ_MAXMSGSIZE, ROUTER_MANDATORY, idle
 connection limits) and hands it to the native serving loop (``apexrl._core.ServeLoop``,
 cpp/apexrl/serve/serve_loop.h), which serves every data request with the GIL released. Python keeps what is
-rare: HELLO and STATS (:mod:`.control`, on a control thread fed by the loop's queue, which also carries the
+rare: HELLO, STATS and CHECKPOINT (:mod:`.control`, on a control thread fed by the loop's queue, which also carries the
 loop's log lines), the periodic and final snapshots, and start/stop. docs/architecture.md draws the threads.
 
 Size caps: ``max_bytes = max_message_mb * 2**20`` is enforced twice. ``zmq.MAXMSGSIZE`` makes libzmq drop a
@@ -187,7 +187,7 @@ class ReplayServer:
         except Exception:
             self._close()
             raise
-        handler = ControlHandler(cfg, self.tables, self.spec_gates, self._loop)
+        handler = ControlHandler(cfg, self.tables, self.spec_gates, self._loop, self.checkpoint)
         self._control = threading.Thread(target=self._control_loop, args=(handler,), name="apexrl-control", daemon=True)
         self._control.start()
         self._watcher = threading.Thread(target=self._watch_accepts, name="apexrl-accepts", daemon=True)
@@ -205,7 +205,7 @@ class ReplayServer:
         return self
 
     def _control_loop(self, handler: ControlHandler) -> None:
-        """Serve the loop's control queue (HELLO, STATS, log lines) until the loop has stopped."""
+        """Serve the loop's control queue (HELLO, STATS, CHECKPOINT, log lines) until the loop has stopped."""
         loop = self._loop
         while True:
             item = loop.next_control(0.5)
@@ -271,6 +271,15 @@ class ReplayServer:
             log.info(
                 "snapshot of %d items saved to %s in %.3fs", n, os.fspath(self.config.snapshot), time.monotonic() - t0
             )
+
+    def checkpoint(self) -> str:
+        """Write the snapshot of every table now (a client's CHECKPOINT) and return its absolute path, the file a
+        server started with ``--snapshot`` at that path restores. ValueError without a snapshot path; what
+        :meth:`save_snapshot` raises when the save fails (the previous snapshot kept)."""
+        if self.config.snapshot is None:
+            raise ValueError("no snapshot path configured (--snapshot): nothing to checkpoint to")
+        self.save_snapshot()
+        return os.path.abspath(os.fspath(self.config.snapshot))
 
     def _table_specs(self) -> dict[str, str | None]:
         """Each table's spec JSON (configured or declared; None while unpinned), for a tables snapshot's manifest."""

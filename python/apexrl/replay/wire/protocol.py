@@ -50,6 +50,8 @@ __all__ = [
     "Status",
     "decode_reply",
     "decode_request",
+    "encode_checkpoint",
+    "encode_checkpoint_reply",
     "encode_count_reply",
     "encode_error",
     "encode_get_params",
@@ -62,6 +64,7 @@ __all__ = [
     "encode_insert_reply",
     "encode_protocol_error",
     "encode_remove_to_fit",
+    "encode_reset",
     "encode_sample",
     "encode_sample_reply",
     "encode_stats",
@@ -866,6 +869,16 @@ def encode_erase(request_id: int, keys: Any, table: int = 0) -> list[Frame]:
     return _encode(_REQUEST_PLANS[Op.ERASE], request_id, (keys,), table=table)
 
 
+def encode_checkpoint(request_id: int) -> list[Frame]:
+    """CHECKPOINT request: [header]."""
+    return _encode(_REQUEST_PLANS[Op.CHECKPOINT], request_id)
+
+
+def encode_reset(request_id: int, table: int = 0) -> list[Frame]:
+    """RESET request: [header(table)]."""
+    return _encode(_REQUEST_PLANS[Op.RESET], request_id, table=table)
+
+
 def encode_get_params(request_id: int, version: int, server_id: int) -> list[Frame]:
     """GET_PARAMS request: [header, held u64[2] = (version, server_id) of the weights held (0s: none)]."""
     return _encode(_REQUEST_PLANS[Op.GET_PARAMS], request_id, ((version, server_id),))
@@ -898,7 +911,7 @@ def encode_sample_reply(
 
 
 def encode_count_reply(op: Op, request_id: int, count: int) -> list[Frame]:
-    """UPDATE_PRIORITIES / REMOVE_TO_FIT / ERASE OK reply: [header(count)]."""
+    """UPDATE_PRIORITIES / REMOVE_TO_FIT / ERASE / RESET OK reply: [header(count)]."""
     if op not in _COUNT_REPLY_OPS:
         raise ValueError(f"a count reply is for {' or '.join(o.name for o in _COUNT_REPLY_OPS)}, not {op!r}")
     return _encode(_REPLY_PLANS[int(op)], request_id, count=count)
@@ -915,6 +928,11 @@ def encode_hello_reply(
     """HELLO OK reply: [header, info JSON object of str -> int|float, spec utf8 ("" when the server has none),
     tables utf8 (a JSON array of the tables, in index order)]."""
     return _encode(_REPLY_PLANS[Op.HELLO], request_id, (info, spec_json, tables_json))
+
+
+def encode_checkpoint_reply(request_id: int, path: str) -> list[Frame]:
+    """CHECKPOINT OK reply: [header, path utf8 (the snapshot written)]."""
+    return _encode(_REPLY_PLANS[Op.CHECKPOINT], request_id, (path,))
 
 
 def encode_get_params_reply(request_id: int, version: int, server_id: int, weights: Any = b"") -> list[Frame]:

@@ -19,7 +19,7 @@ ROLE_OPS: dict[str, frozenset[int]] = {
 }
 """The ops (:class:`apexrl.replay.wire.schema.Op` values) each role may send, on either service: an actor inserts
 experience, says hello, reads STATS (the sharded client needs it) and fetches weights; the learner may do
-everything. The one definition both services enforce (see :func:`may`)."""
+everything, CHECKPOINT and RESET included. The one definition both services enforce (see :func:`may`)."""
 assert tuple(ROLE_OPS) == ROLES  # the roles keygen issues keys for
 
 

@@ -56,6 +56,8 @@ MAX_SPEC_BYTES = 64 * 1024
 """Most bytes of a TransitionSpec JSON in a HELLO request or reply (the codec's MAX_SPEC_JSON_BYTES)."""
 MAX_TABLES_BYTES = 1 << 20
 """Most bytes of the HELLO reply's ``tables`` JSON."""
+MAX_PATH_BYTES = 4096
+"""Most bytes of the CHECKPOINT reply's ``path`` (Linux's PATH_MAX)."""
 
 
 class Status(IntEnum):
@@ -98,16 +100,36 @@ class Op(IntEnum):
     STATS = 5
     HELLO = 6
     ERASE = 7
+    CHECKPOINT = 8
+    RESET = 9
     GET_PARAMS = 16
 
 
 SERVICES: dict[str, tuple[Op, ...]] = {
-    "replay": (Op.INSERT, Op.SAMPLE, Op.UPDATE_PRIORITIES, Op.REMOVE_TO_FIT, Op.STATS, Op.HELLO, Op.ERASE),
+    "replay": (
+        Op.INSERT,
+        Op.SAMPLE,
+        Op.UPDATE_PRIORITIES,
+        Op.REMOVE_TO_FIT,
+        Op.STATS,
+        Op.HELLO,
+        Op.ERASE,
+        Op.CHECKPOINT,
+        Op.RESET,
+    ),
     "params": (Op.GET_PARAMS,),
 }
 """The ops each service's server answers; a request for any other op is answered UNKNOWN_OP."""
 
-TABLE_OPS: tuple[Op, ...] = (Op.INSERT, Op.SAMPLE, Op.UPDATE_PRIORITIES, Op.REMOVE_TO_FIT, Op.ERASE, Op.HELLO)
+TABLE_OPS: tuple[Op, ...] = (
+    Op.INSERT,
+    Op.SAMPLE,
+    Op.UPDATE_PRIORITIES,
+    Op.REMOVE_TO_FIT,
+    Op.ERASE,
+    Op.RESET,
+    Op.HELLO,
+)
 """The ops whose requests name a table in the header's ``table`` field (an index HELLO lists; HELLO's names the
 table whose item spec it declares); every other message carries 0 there (else BAD_MESSAGE). A replay server refuses an index it has no table for with
 INVALID_ARGUMENT, after decoding (the decoder does not know the server's tables)."""
@@ -145,8 +167,8 @@ HEADER_FIELDS: tuple[HeaderField, ...] = (
         "table",
         "I",
         "u32",
-        "INSERT, SAMPLE, UPDATE_PRIORITIES, REMOVE_TO_FIT and ERASE requests: the table's index (HELLO's `tables`); "
-        "0 in every other message",
+        "INSERT, SAMPLE, UPDATE_PRIORITIES, REMOVE_TO_FIT, ERASE and RESET requests: the table's index (HELLO's "
+        "`tables`); 0 in every other message",
     ),
 )
 HEADER = struct.Struct("<" + "".join(f.code for f in HEADER_FIELDS))
@@ -311,6 +333,18 @@ REQUESTS: dict[Op, MessageSpec] = {
         "server's limits",
     ),
     Op.ERASE: MessageSpec(Op.ERASE, "request", (_KEYS,), count="n", meaning="remove these items"),
+    Op.CHECKPOINT: MessageSpec(
+        Op.CHECKPOINT,
+        "request",
+        meaning="write the snapshot of every table now, to the server's snapshot path (INVALID_ARGUMENT when it "
+        "has none); an actor may not",
+    ),
+    Op.RESET: MessageSpec(
+        Op.RESET,
+        "request",
+        meaning="empty the table: every item (its key stale from then on), its rate limiter's inserted and "
+        "sampled counts; an actor may not",
+    ),
     Op.GET_PARAMS: MessageSpec(
         Op.GET_PARAMS,
         "request",
@@ -373,6 +407,13 @@ REPLIES: dict[Op, MessageSpec] = {
         "`tables`: every table, its index (the header's `table` of a data request) and configuration",
     ),
     Op.ERASE: MessageSpec(Op.ERASE, "reply", count="result", meaning="count: items removed (absent keys are skipped)"),
+    Op.CHECKPOINT: MessageSpec(
+        Op.CHECKPOINT,
+        "reply",
+        (FrameSpec("path", "utf8", max_bytes=MAX_PATH_BYTES),),
+        meaning="the snapshot written: its absolute path on the server's machine (what `--snapshot` restarts from)",
+    ),
+    Op.RESET: MessageSpec(Op.RESET, "reply", count="result", meaning="count: items removed"),
     Op.GET_PARAMS: MessageSpec(
         Op.GET_PARAMS,
         "reply",
@@ -460,6 +501,7 @@ def markdown_tables() -> str:
         f"| `PARAMS_MAX_REQUEST_BYTES` | {PARAMS_MAX_REQUEST_BYTES} | ZMQ_MAXMSGSIZE of the params server |",
         f"| `MAX_SPEC_BYTES` | {MAX_SPEC_BYTES} | most bytes of a spec JSON (HELLO) |",
         f"| `MAX_TABLES_BYTES` | {MAX_TABLES_BYTES} | most bytes of HELLO's tables JSON |",
+        f"| `MAX_PATH_BYTES` | {MAX_PATH_BYTES} | most bytes of CHECKPOINT's path |",
         f"| `PROTOCOL_VERSION` | {PROTOCOL_VERSION} | `SUPPORTED_VERSIONS` = {SUPPORTED_VERSIONS} |",
     ]
     return "\n".join(lines) + "\n"
