@@ -47,7 +47,7 @@ def tanh_by_sigmoid_(x: Tensor) -> Tensor:
     return torch.sigmoid_(x.mul_(2.0)).mul_(2.0).sub_(1.0)
 
 
-def sampled_head(critic: nn.Module, obs: Tensor, actions: Tensor) -> Tensor:
+def sampled_head(critic: DPGCritic | D4PGCritic, obs: Tensor, actions: Tensor) -> Tensor:
     """The output layer of ``critic`` ``(N, B, out_features)`` at ``obs`` ``(B, obs_dim)`` for each of ``actions``
     ``(N, B, action_dim)``, as ``critic(obs, actions[j])`` computes it for every j but with the observation's part
     of the first two layers computed once per state (module docstring). ``critic``: DPG's or D4PG's
@@ -94,7 +94,7 @@ class ScalarCritic:
         return DPGCritic(obs_dim, action_dim, cast("tuple[int, int]", self.config.critic_hidden))
 
     def sampled(self, critic: nn.Module, obs: Tensor, actions: Tensor) -> Tensor:
-        return sampled_head(critic, obs, actions).squeeze(-1)
+        return sampled_head(cast(DPGCritic, critic), obs, actions).squeeze(-1)
 
     def sampled_values(self, sampled: Tensor) -> Tensor:
         return sampled
@@ -120,7 +120,7 @@ class CategoricalCritic:
         return D4PGCritic(obs_dim, action_dim, cast("tuple[int, int]", self.config.critic_hidden), d4pg_like)
 
     def sampled(self, critic: nn.Module, obs: Tensor, actions: Tensor) -> Tensor:
-        return torch.softmax(sampled_head(critic, obs, actions), dim=-1)
+        return torch.softmax(sampled_head(cast(D4PGCritic, critic), obs, actions), dim=-1)
 
     def _z(self, like: Tensor) -> Tensor:
         if self._support.device != like.device:
