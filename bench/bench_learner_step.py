@@ -2,7 +2,9 @@
 (``APEXRL_FUSED_ADAM``): the update alone, no replay, one torch thread (``--torch-threads``: as many as the
 learner's flag of that name). The configurations alternate
 (round-robin over ``--rounds``) so that load from elsewhere on a shared machine hits all of them alike; each
-figure is the median of its rounds. From the repository root::
+figure is the median of its rounds. The last column divides fused Adam's steps by the process's CPU seconds
+rather than wall seconds: on a shared machine it moves less with the other processes' load (with one torch
+thread it is the step rate the learner gets from a whole core). From the repository root::
 
     python bench/bench_learner_step.py                         # apex-dpg-control and the small presets
     python bench/bench_learner_step.py --presets sac-small --seconds 2 --rounds 1
@@ -30,7 +32,8 @@ def batch(rng: np.random.Generator, n: int, obs_dim: int, action_dim: int) -> di
     }
 
 
-def steps_per_s(preset_name: str, env: str, fused: bool, seconds: float) -> float:
+def steps_per_s(preset_name: str, env: str, fused: bool, seconds: float) -> tuple[float, float]:
+    """(steps per wall second, steps per CPU second of this process)."""
     from apexrl.agents import get_agent
     from apexrl.agents.optim import FUSED_ADAM_ENV
     from apexrl.envs import env_spec
@@ -45,11 +48,11 @@ def steps_per_s(preset_name: str, env: str, fused: bool, seconds: float) -> floa
     w = np.ones(config.batch_size)
     for _ in range(10):  # warm-up (first steps allocate the optimiser state)
         learner.update(b, w)
-    n, start = 0, time.perf_counter()
+    n, start, cpu_start = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:
         learner.update(b, w)
         n += 1
-    return n / (time.perf_counter() - start)
+    return n / (time.perf_counter() - start), n / (time.process_time() - cpu_start)
 
 
 def main() -> None:
@@ -67,18 +70,19 @@ def main() -> None:
     if args.torch_threads < 1:
         p.error("--torch-threads must be at least 1")
     torch.set_num_threads(args.torch_threads)
-    results: dict[tuple[str, bool], list[float]] = {}
+    results: dict[tuple[str, bool], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
         for name in args.presets:
             for fused in (False, True):
                 results.setdefault((name, fused), []).append(steps_per_s(name, args.env, fused, args.seconds))
     threads = "one torch thread" if args.torch_threads == 1 else f"{args.torch_threads} torch threads"
     print(f"\nLearner steps/s on {args.env} batches, {threads}, median of {args.rounds} rounds:\n")
-    print("| preset | plain Adam | fused Adam | fused / plain |")
-    print("|---|---:|---:|---:|")
+    print("| preset | plain Adam | fused Adam | fused / plain | fused Adam, per CPU second |")
+    print("|---|---:|---:|---:|---:|")
     for name in args.presets:
-        plain, fused = (statistics.median(results[(name, f)]) for f in (False, True))
-        print(f"| {name} | {plain:.1f} | {fused:.1f} | {fused / plain:.2f}x |")
+        plain, fused = (statistics.median(wall for wall, _ in results[(name, f)]) for f in (False, True))
+        fused_cpu = statistics.median(cpu for _, cpu in results[(name, True)])
+        print(f"| {name} | {plain:.1f} | {fused:.1f} | {fused / plain:.2f}x | {fused_cpu:.1f} |")
 
 
 if __name__ == "__main__":

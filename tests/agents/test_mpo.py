@@ -284,6 +284,24 @@ def test_dmpo_projects_the_mixture_of_the_sampled_distributions():
 
 
 @pytest.mark.parametrize("make", [MPOLearner, DMPOLearner])
+def test_the_sampled_read_is_the_critic_over_the_tiled_states(make):
+    """The per-state factoring of the first two layers (and tanh as 2 sigmoid(2x) - 1) gives the critic's own
+    forward over each (s, a_j): values for MPO, the softmax of the logits for DMPO."""
+    config = (DMPOConfig if make is DMPOLearner else MPOConfig)(**TINY)
+    learner = make(TWO_A, config, seed=0)
+    generator = torch.Generator().manual_seed(0)
+    obs = torch.randn(7, 3, generator=generator)
+    actions = torch.randn(5, 7, 2, generator=generator)
+    with torch.no_grad():
+        read = learner.kind.sampled(learner.critic, obs, actions)
+        out = torch.stack([learner.critic(obs, a) for a in actions])
+    expected = torch.softmax(out, dim=-1) if make is DMPOLearner else out
+    assert read.shape == expected.shape
+    torch.testing.assert_close(read, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(learner.kind.sampled_values(read), learner.kind.values(out), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [MPOLearner, DMPOLearner])
 def test_targets_are_copied_on_their_periods(make):
     config = (DMPOConfig if make is DMPOLearner else MPOConfig)(
         **TINY, target_policy_update_period=2, target_critic_update_period=3, policy_lr=0.1, critic_lr=0.1

@@ -165,9 +165,12 @@ class Evaluator:
         if not self._busy or self._conn is None or not self._conn.poll():
             return None
         self._busy = False
+        # The evaluator died: start a new one next time. A death with the weights message still unread (killed
+        # while importing, as a run's SIGTERM to the learner's process group can) resets the pipe's socket rather
+        # than closing it: ConnectionResetError, not EOFError.
         try:
             return EvalResult.of(self._conn.recv(), *self._credit)
-        except EOFError:  # the evaluator died: start a new one next time
+        except (EOFError, ConnectionError):
             log.warning("the evaluation process exited (code %s); starting a new one", self._proc.exitcode)
             self._conn.close()
             self._conn, self._proc = None, None

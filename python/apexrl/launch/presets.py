@@ -693,19 +693,37 @@ def env_family(env: str) -> str:
 def default_preset_for(agent: str, env: str) -> Preset:
     """The preset an actor, learner or run uses when none is named: the first preset of ``agent`` for
     ``env``'s family (the paper's for Atari and the Control Suite, the small ones for gymnasium tasks). An agent
-    with no such preset runs on its config class's defaults and the processes' default settings."""
+    with no such preset runs on its config class's defaults and the processes' default settings (an agent reading a
+    queue, the on-policy ones, with the learner waiting for one batch rather than Ape-X's warm-up, publishing
+    every update and, for synchronous actors, with as many environments as one batch has items)."""
     from apexrl.agents import get_agent
 
     agent_def = get_agent(agent)  # ValueError naming the valid agents
     for preset in PRESETS.values():
         if preset.agent == agent and env_family(preset.env) == env_family(env):
             return preset
+    actors = 2
+    learner: dict[str, Any] = {}
+    actor: dict[str, Any] = {}
+    replay = agent_def.replay
+    if replay.reader == "queue":
+        config = agent_def.config_class()
+        # An agent reading a queue (the on-policy ones: 1,024 items, each popped once) learns from its first
+        # batch: the learner's default warm-up of 50,000 transitions is for Ape-X's table and never fits the queue.
+        # It publishes every update, as the on-policy presets: the actors' next items come from the newest policy.
+        learner.update(min_replay_size=config.batch_size, publish_every=1)
+        if replay.wait_for_weights is not None and replay.wait_for_weights(config):
+            # Synchronous actors wait for new weights after each item of each environment: unless one round of
+            # all the actors' environments fills a batch, every round waits out the actors' timeout.
+            actor["envs_per_actor"] = -(-config.batch_size // actors)
     return Preset(
         name=f"{agent}-defaults",
         description=f"{agent_def.description}, default settings",
         agent=agent,
         env=env,
         replay=ReplaySettings(capacity=1_000_000),
-        actors=2,
+        learner=learner,
+        actor=actor,
+        actors=actors,
         minutes=10.0,
     )

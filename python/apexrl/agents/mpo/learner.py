@@ -3,7 +3,8 @@
 On a batch (s, a, R, D, s') with IS weights w (R the n-step return, D = gamma^n or 0)::
 
     a'_j ~ pi_target(. | s'), j = 1..N                         the target policy's samples (unclipped)
-    out_next_j = critic_target(s', clip(a'_j, -1, 1))          the target critic sees actions in bounds
+    read_j = critic_target(s', clip(a'_j, -1, 1))              the target critic sees actions in bounds (its
+                                                                values, or its atoms' probabilities)
     critic_loss = mean_i w_i * per-item loss                   (apexrl.agents.mpo.critics)  -> Adam, norm clip
     policy and dual losses at s' (apexrl.agents.mpo.loss) with the values of the same samples
                                                                 -> Adam on the policy (norm clip), Adam on the duals
@@ -71,17 +72,20 @@ def build_networks(
 
 
 def sample_next(
-    policy: GaussianPolicy, critic: nn.Module, next_obs: Tensor, num_samples: int, generator: torch.Generator
+    policy: GaussianPolicy,
+    critic: nn.Module,
+    kind: CriticKind,
+    next_obs: Tensor,
+    num_samples: int,
+    generator: torch.Generator,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(mean, std, actions (N, B, D), critic outputs (N, B, ...))``: N draws from ``policy`` at each ``next_obs``,
-    valued by ``critic`` with the actions clipped to [-1, 1] (call under ``torch.no_grad``)."""
+    """``(mean, std, actions (N, B, D), the critic's read (N, B, ...))``: N draws from ``policy`` at each
+    ``next_obs``, valued by ``critic`` (``kind.sampled``) with the actions clipped to [-1, 1] (call under
+    ``torch.no_grad``)."""
     mean, std = policy(next_obs)
     normal = torch.randn((num_samples, *mean.shape), generator=generator, device=mean.device)
     actions = mean + std * normal
-    n, b, d = actions.shape
-    tiled = next_obs.unsqueeze(0).expand(n, *next_obs.shape).reshape(n * b, -1)
-    out = critic(tiled, actions.clamp(-1.0, 1.0).reshape(n * b, d))
-    return mean, std, actions, out.reshape(n, b, *out.shape[1:])
+    return mean, std, actions, kind.sampled(critic, next_obs, actions.clamp(-1.0, 1.0))
 
 
 class MPOLearner:
@@ -180,12 +184,12 @@ class MPOLearner:
         w = _f32(weights, self.device)
 
         with torch.no_grad():
-            target_mean, target_std, actions, out_next = sample_next(
-                self.target_policy, self.target_critic, next_obs, c.num_samples, self.noise
+            target_mean, target_std, actions, sampled = sample_next(
+                self.target_policy, self.target_critic, self.kind, next_obs, c.num_samples, self.noise
             )
-            sampled_q = self.kind.values(out_next)
+            sampled_q = self.kind.sampled_values(sampled)
         out = self.critic(obs, action)
-        per_item, priority = self.kind.td(out, out_next, reward, discount)
+        per_item, priority = self.kind.td(out, sampled, reward, discount)
         critic_loss = (w * per_item).mean()
         self._step(self.critic, critic_loss, self.critic_optimizer, clip=True)
 

@@ -97,8 +97,8 @@ class MPOPolicy:
         check_batch(batch, self.transition_spec.names)
         obs, action, reward, discount, next_obs = batch_tensors(batch, self.device)
         obs, next_obs = apply(self.obs_norm, obs), apply(self.obs_norm, next_obs)
-        *_, out_next = sample_next(self.policy, self.critic, next_obs, self.config.num_samples, self.noise)
-        _, priority = self.kind.td(self.critic(obs, action), out_next, reward, discount)
+        *_, sampled = sample_next(self.policy, self.critic, self.kind, next_obs, self.config.num_samples, self.noise)
+        _, priority = self.kind.td(self.critic(obs, action), sampled, reward, discount)
         return finite_priorities(priority, self.config.priority_eps)
 
     def _parts(self) -> dict[str, nn.Module]:
