@@ -41,17 +41,18 @@ def test_the_paper_presets_stay_the_default_for_their_agents():
     assert default_preset_for("dmpo", "dmc:cheetah-run").name == "dmpo-small"
 
 
-@pytest.mark.parametrize(("agent", "batch_size", "envs_per_actor"), [("impala", 16, 1), ("ppo", 8, 4)])
-def test_an_on_policy_agent_without_a_preset_for_the_task_plans_a_run_on_its_queue(agent, batch_size, envs_per_actor):
-    """No on-policy preset is for the Control Suite: the run falls back to the agent's defaults, whose learner
-    waits for one batch of the queue (1,024 items), not for the 50,000 transitions of Ape-X's warm-up, and
-    publishes every update; PPO's synchronous actors (2) get as many environments as a batch has items,
-    IMPALA's (acting on) one each."""
-    p = plan(None, Overrides(agent=agent, env="dmc:cartpole-swingup"))
-    assert default_preset_for(agent, "dmc:cartpole-swingup").name == f"{agent}-defaults"
-    assert p.learner.agent_config.batch_size == batch_size and p.learner.min_replay_size == batch_size
-    assert p.learner.publish_every == 1 and p.server.table().max_times_sampled == 1
-    assert [a.envs_per_actor for a in p.actors] == [envs_per_actor] * 2
+@pytest.mark.parametrize(("agent", "batch_size", "envs_per_actor"), [("impala", 16, None), ("ppo", 8, 4)])
+def test_an_on_policy_agent_without_a_preset_for_the_family_gets_defaults_that_fit_its_queue(
+    agent, batch_size, envs_per_actor
+):
+    """An on-policy agent on a family none of its presets is for (a plugged-in family: "chain" here; the preset
+    is chosen by the family's name alone) falls back to the agent's defaults, whose learner waits for one batch of
+    the queue (1,024 items), not for the 50,000 transitions of Ape-X's warm-up, and publishes every update; PPO's
+    synchronous actors (2) get as many environments as a batch has items, IMPALA's (acting on) the default."""
+    preset = default_preset_for(agent, "chain:4")
+    assert preset.name == f"{agent}-defaults"
+    assert preset.learner == {"min_replay_size": batch_size, "publish_every": 1}
+    assert preset.actor.get("envs_per_actor") == envs_per_actor and preset.actors == 2
 
 
 @pytest.mark.parametrize("name", SMALL)
