@@ -122,3 +122,24 @@ def test_a_resumed_learner_continues_the_checkpoints_average(start_server, tmp_p
             torch.testing.assert_close(v, saved[k] + TAU * (online[k] - saved[k]))
     finally:
         resumed.close()
+
+
+def test_the_flags_on_the_learner_and_on_apexrl_run(tmp_path, capsys) -> None:
+    from apexrl.cli import learner as learner_cli
+    from apexrl.cli.main import launch_plan
+
+    base = ["--preset", "cartpole", "--replay", "tcp://127.0.0.1:5555", "--params-port", "0"]
+    config = learner_cli.parse_config(base)[0]
+    assert (config.eval_weights, config.polyak_tau) == ("online", 0.005)  # nothing changes by default
+    config = learner_cli.parse_config([*base, "--eval-weights", "polyak", "--polyak-tau", "0.01"])[0]
+    assert (config.eval_weights, config.polyak_tau) == ("polyak", 0.01)
+    for bad in (["--eval-weights", "mean"], ["--polyak-tau", "0"], ["--polyak-tau", "1.5"]):
+        with pytest.raises(SystemExit):
+            learner_cli.parse_config([*base, *bad])
+    run = ["--preset", "cartpole", "--run-dir", str(tmp_path / "run")]
+    assert launch_plan([*run, "--eval-weights", "polyak"])[0].learner.eval_weights == "polyak"
+    learner = launch_plan([*run, "--learner-args", "--eval-weights polyak --polyak-tau 0.02"])[0].learner
+    assert (learner.eval_weights, learner.polyak_tau) == ("polyak", 0.02)
+    with pytest.raises(SystemExit):
+        launch_plan([*run, "--polyak-tau", "0.01", "--learner-args", "--polyak-tau 0.02"])
+    assert "give --polyak-tau once" in capsys.readouterr().err

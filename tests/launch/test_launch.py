@@ -156,6 +156,8 @@ def test_run_stops_by_itself_at_steps(spawn, tmp_path):
     assert (best is None) == ("best periodic evaluation" not in launcher.log())
     if best is not None:
         assert f"return {best['mean']:.1f} over {best['episodes']} episodes at learner step" in launcher.log()
+        best_tensors, _ = load_checkpoint(os.path.join(run_dir, "best_checkpoint.safetensors"))
+        assert set(averaged) <= set(best_tensors)  # the average its evaluation scored
 
 
 def test_a_stopped_run_gets_no_final_evaluation(spawn, tmp_path):
