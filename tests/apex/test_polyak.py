@@ -104,6 +104,8 @@ def test_a_resumed_learner_continues_the_checkpoints_average(start_server, tmp_p
         assert first.save(0.0)
         saved = first.polyak.averaged()
         online = first.agent.policy_state_dict()
+        scored = first._eval_weights()  # what the periodic evaluations and the best checkpoint get
+        assert set(scored) == set(online) and all(torch.equal(scored[k], v) for k, v in saved.items())
     finally:
         first.close()
     tensors, meta = load_checkpoint(os.path.join(config.run_dir, "checkpoint.safetensors"))
@@ -143,3 +145,26 @@ def test_the_flags_on_the_learner_and_on_apexrl_run(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         launch_plan([*run, "--polyak-tau", "0.01", "--learner-args", "--polyak-tau 0.02"])
     assert "give --polyak-tau once" in capsys.readouterr().err
+
+
+def test_apexrl_evaluate_scores_the_checkpoints_average(tmp_path) -> None:
+    from apexrl.apex.checkpoint import save_checkpoint
+    from apexrl.apex.config import config_to_dict
+    from apexrl.envs import env_spec
+    from apexrl.evaluate import evaluate_run
+
+    spec, config = env_spec("gym:Pendulum-v1"), DPGConfig(actor_hidden=(8,), critic_hidden=(8, 8))
+    online, other = DPGLearner(spec, config, seed=0), DPGLearner(spec, config, seed=1)
+    meta = {"agent": "dpg", "env": spec.name, "learner_steps": 0, "agent_config": config_to_dict(config)}
+
+    def score(name: str, tensors: dict[str, torch.Tensor]):
+        os.makedirs(tmp_path / name)
+        save_checkpoint(str(tmp_path / name / "checkpoint.safetensors"), tensors, meta)
+        return evaluate_run(str(tmp_path / name), episodes=1, seed=7)
+
+    averaged = {POLYAK_PREFIX + k: v for k, v in other.policy_state_dict().items() if k.startswith("actor/")}
+    with_average = score("polyak", {**online.state_dict(), **averaged})
+    as_other = score("other", other.state_dict())
+    as_online = score("online", online.state_dict())
+    assert (with_average.eval_weights, as_other.eval_weights) == ("polyak", "online")
+    assert with_average.returns == as_other.returns != as_online.returns  # the average acted, not the weights
