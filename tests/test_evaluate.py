@@ -20,6 +20,7 @@ JSON_KEYS = {
     "checkpoint",
     "checkpoint_kind",
     "chosen_by",
+    "eval_weights",
     "learner_steps",
     "env_frames",
     "time_s",
@@ -66,7 +67,7 @@ def test_evaluate_prints_mean_and_se_and_writes_the_json(run_dir, tmp_path):
     with open(out) as f:
         r = json.load(f)
     assert set(r) == JSON_KEYS
-    assert (r["checkpoint_kind"], r["chosen_by"]) == ("last", None)
+    assert (r["checkpoint_kind"], r["chosen_by"], r["eval_weights"]) == ("last", None, "online")
     assert r["checkpoint"] == os.path.join(os.path.abspath(run_dir), "checkpoint.safetensors")
     assert (r["agent"], r["env"], r["preset"], r["episodes"], r["learner_steps"]) == (
         "dqn",

@@ -3,7 +3,8 @@
 The checkpoint (``RUN_DIR/checkpoint.safetensors``, the last; with ``--best``
 ``RUN_DIR/best_checkpoint.safetensors``, the state of the best periodic evaluation, :mod:`apexrl.apex.best`) names
 its agent, environment and agent config; the agent's learner is rebuilt from them and loaded, and a policy (actor 0
-of 1) takes the learner's policy weights, so any registered agent is evaluated without agent-specific code. Episodes follow the evaluation protocol of
+of 1) takes the learner's policy weights (a run with ``eval_weights="polyak"``: the checkpoint's Polyak average of them,
+:mod:`apexrl.apex.polyak`), so any registered agent is evaluated without agent-specific code. Episodes follow the evaluation protocol of
 :func:`apexrl.apex.evaluator.play_episodes` on ``make_env(env, seed, evaluation=True)``.
 
 ``--video`` records the *first* of the scored episodes (rendering does not change the environment's state or
@@ -45,6 +46,9 @@ class Evaluation:
     """Which checkpoint was scored: ``"last"`` or ``"best"``."""
     chosen_by: dict[str, Any] | None = None
     """For the best checkpoint, the periodic evaluation that chose it (its mean is a selection's, optimistic)."""
+    eval_weights: str = "online"
+    """Which weights were scored: ``"online"`` (the ones the actors acted with) or ``"polyak"`` (the run's
+    average of them, stored in its checkpoints)."""
 
     def to_json(self) -> dict[str, Any]:
         """The keys of ``--json`` (and of ``RUN_DIR/final_eval.json`` when the launcher asks for it)."""
@@ -55,6 +59,7 @@ class Evaluation:
             "checkpoint": self.checkpoint,
             "checkpoint_kind": self.checkpoint_kind,
             "chosen_by": self.chosen_by,
+            "eval_weights": self.eval_weights,
             "learner_steps": self.learner_steps,
             "env_frames": self.env_frames,
             "time_s": self.time_s,
@@ -67,9 +72,10 @@ class Evaluation:
         }
 
     def summary(self) -> str:
+        weights = " (Polyak-averaged weights)" if self.eval_weights == "polyak" else ""
         text = (
             f"{self.env} {self.agent}: {self.mean:.2f} ± {self.se:.2f} (SE) over {len(self.returns)} episodes; "
-            f"{self.checkpoint_kind} checkpoint at learner step {self.learner_steps}, {self.env_frames} env frames, "
+            f"{self.checkpoint_kind} checkpoint{weights} at learner step {self.learner_steps}, {self.env_frames} env frames, "
             f"{self.time_s / 60:.1f} min"
         )
         if self.chosen_by is not None:
@@ -154,6 +160,7 @@ def _evaluate(
 
     from apexrl.agents import get_agent
     from apexrl.apex.evaluator import EvalResult, play_episodes
+    from apexrl.apex.polyak import evaluated_weights, split_average
     from apexrl.envs import make_env
 
     try:
@@ -161,6 +168,7 @@ def _evaluate(
     except RuntimeError as e:
         raise EvaluateError(f"--device {device!r}: {e}") from None
     tensors, meta, chosen_by = _load(path, best)
+    tensors, average = split_average(tensors)
     try:
         agent_def = get_agent(str(meta.get("agent")))
         env_name = str(meta["env"])
@@ -186,7 +194,10 @@ def _evaluate(
         except (ValueError, KeyError, RuntimeError) as e:
             raise EvaluateError(f"{path} does not load into a {agent_def.name} learner: {e}") from None
         policy = agent_def.make_policy(environment.spec, cfg, 0, 1, seed)
-        policy.load_policy_state_dict(learner.policy_state_dict())
+        try:
+            policy.load_policy_state_dict(evaluated_weights(learner.policy_state_dict(), average))
+        except ValueError as e:
+            raise EvaluateError(f"{path}: {e}") from None
         returns: list[float] = []
         if writer is not None:
             writer.begin(environment.render_fps)
@@ -214,6 +225,7 @@ def _evaluate(
         r.se,
         "best" if best else "last",
         chosen_by,
+        "polyak" if average else "online",
     )
 
 

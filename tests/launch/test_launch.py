@@ -16,7 +16,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+from apexrl.apex.checkpoint import load_checkpoint
 from apexrl.apex.metrics import read_csv
 from apexrl.launch.progress import Progress
 from apexrl.plot import episode_curve
@@ -128,6 +130,8 @@ def test_run_stops_by_itself_at_steps(spawn, tmp_path):
         "--actors",
         "1",
         "--quiet",
+        "--eval-weights",
+        "polyak",
         f"--learner-args={FAST_LEARNER}",
     )
     assert launcher.proc.wait(120) == 0, launcher.log()
@@ -141,11 +145,19 @@ def test_run_stops_by_itself_at_steps(spawn, tmp_path):
     assert final["episodes"] == 3 and len(final["returns"]) == 3 and final["learner_steps"] == 200
     assert final["mean"] == pytest.approx(sum(final["returns"]) / 3)
     assert (final["checkpoint_kind"], final["chosen_by"]) == ("last", None)  # the final evaluation is the last's
+    # --eval-weights polyak: the checkpoint carries the average beside the online weights, and it was scored.
+    assert final["eval_weights"] == "polyak" and "Polyak-averaged weights" in launcher.log()
+    tensors, meta = load_checkpoint(os.path.join(run_dir, "checkpoint.safetensors"))
+    assert meta["eval_weights"] == "polyak"
+    averaged = [k for k in tensors if k.startswith("polyak/")]
+    assert averaged and all(not torch.equal(tensors[k], tensors[k.removeprefix("polyak/")]) for k in averaged)
     assert "final evaluation: return" in launcher.log()
     best = best_eval(run_dir)  # None when no periodic evaluation finished in the run's few seconds
     assert (best is None) == ("best periodic evaluation" not in launcher.log())
     if best is not None:
         assert f"return {best['mean']:.1f} over {best['episodes']} episodes at learner step" in launcher.log()
+        best_tensors, _ = load_checkpoint(os.path.join(run_dir, "best_checkpoint.safetensors"))
+        assert set(averaged) <= set(best_tensors)  # the average its evaluation scored
 
 
 def test_a_stopped_run_gets_no_final_evaluation(spawn, tmp_path):

@@ -124,6 +124,13 @@ class Agent(Protocol):
         """What ``Policy.load_policy_state_dict`` loads."""
         ...
 
+    def policy_modules(self) -> dict[str, torch.nn.Module]:
+        """``{prefix: live module}`` of the networks the policy acts with, whose parameters are the
+        ``prefix/...`` entries of :meth:`policy_state_dict`: what the learner's ``eval_weights="polyak"`` averages
+        in place (:mod:`apexrl.apex.polyak`). The other entries (critics kept for initial priorities, observation
+        statistics, versions) are taken as they are."""
+        ...
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Everything a checkpoint needs to resume (networks, optimisers, ``steps``), flat named tensors."""
         ...

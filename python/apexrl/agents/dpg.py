@@ -319,6 +319,11 @@ class DPGLearner:
             nets["obs_norm"] = self.obs_norm
         return nets
 
+    def policy_modules(self) -> dict[str, nn.Module]:
+        """The live network the policy acts with, under its :meth:`policy_state_dict` prefix (the target actor
+        with ``actor_weights="target"``); the critic there serves only the actors' initial priorities."""
+        return {"actor": self.target_actor if self.config.actor_weights == "target" else self.actor}
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Flat checkpoint: the four networks, ``optim/actor/...``, ``optim/critic/...``, ``steps`` (int64), and
         with ``obs_norm`` the observation statistics ``obs_norm/...``."""

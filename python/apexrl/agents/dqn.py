@@ -229,6 +229,10 @@ class DQNLearner:
         """The online network's weights as CPU tensors named ``q_net/...``: what ``DQNPolicy`` loads."""
         return module_tensors("q_net", self.q_net)
 
+    def policy_modules(self) -> dict[str, nn.Module]:
+        """The live network the policy acts with, under its :meth:`policy_state_dict` prefix."""
+        return {"q_net": self.q_net}
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Flat checkpoint: ``q_net/*``, ``target_q_net/*``, ``optim/q_net/<i>/<key>``, ``steps`` (int64)."""
         return {

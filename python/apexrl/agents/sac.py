@@ -273,6 +273,11 @@ class SACLearner:
             **norm_tensors(self.obs_norm),
         }
 
+    def policy_modules(self) -> dict[str, nn.Module]:
+        """The live network the policy acts with, under its :meth:`policy_state_dict` prefix (the critics and
+        the temperature there serve only the actors' initial priorities)."""
+        return {"actor": self.actor}
+
     def _nets(self) -> dict[str, nn.Module]:
         nets: dict[str, nn.Module] = {
             "actor": self.actor,

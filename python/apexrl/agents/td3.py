@@ -266,6 +266,11 @@ class TD3Learner:
             **norm_tensors(self.obs_norm),
         }
 
+    def policy_modules(self) -> dict[str, nn.Module]:
+        """The live network the policy acts with, under its :meth:`policy_state_dict` prefix (the critics there
+        serve only the actors' initial priorities)."""
+        return {"actor": self.actor}
+
     def _nets(self) -> dict[str, nn.Module]:
         nets: dict[str, nn.Module] = {
             "actor": self.actor,

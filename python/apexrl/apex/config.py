@@ -112,6 +112,8 @@ class ActorConfig:
 
 IS_WEIGHT_MODES = ("global_min", "batch_max")
 """Normalisations of the importance-sampling weights (LearnerConfig.is_weights)."""
+EVAL_WEIGHTS = ("online", "polyak")
+"""Weights the learner's evaluations score (LearnerConfig.eval_weights)."""
 
 
 @dataclass
@@ -167,6 +169,15 @@ class LearnerConfig:
     """Seconds between starts of an evaluation (greedy / noiseless episodes in a child process); 0: none."""
     eval_episodes: int = field(default=5, metadata=Range.int(1))
     """Episodes per evaluation."""
+    eval_weights: str = field(default="online", metadata=Range.choice(*EVAL_WEIGHTS))
+    """Which weights evaluations score (periodic, best checkpoint, final): ``online``, the weights the actors
+    act with; ``polyak``, an exponential moving average of them updated after every learner step with rate
+    ``polyak_tau`` (:mod:`apexrl.apex.polyak`), stored in the checkpoints. The actors act with the online
+    weights either way."""
+    polyak_tau: float = field(default=0.005, metadata=Range.float(0.0, 1.0, lo_open=True))
+    """Rate of the ``polyak`` average: ``average += tau * (online - average)`` per learner step, about
+    ``1 / tau`` steps remembered. 0.005: the soft-update rate of TD3 and SAC (Fujimoto et al. 2018, Haarnoja et
+    al. 2018) for the same exponential form of Polyak-Juditsky averaging."""
     max_steps: int = field(default=0, metadata=Range.int(0))
     """Stop after this many learner steps (0: no limit)."""
     max_minutes: float = field(default=0.0, metadata=Range.float(0.0))

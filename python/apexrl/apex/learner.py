@@ -14,6 +14,10 @@ Loop (Horgan et al. 2018, Algorithm 2)::
     every metrics_every seconds: one row of metrics.csv; every eval_every seconds: start an evaluation; one
         that scores higher than any before replaces best_checkpoint.safetensors (:mod:`apexrl.apex.best`)
 
+With ``eval_weights="polyak"`` each step also moves a running average of the policy's parameters, and the
+evaluations, the best checkpoint and the checkpoints' ``polyak/...`` entries hold it (:mod:`apexrl.apex.polyak`);
+the actors get the online weights.
+
 Evaluation runs greedy (DQN) or noiseless (DPG) episodes on the learner's own environment copy in a
 low-priority child process with a snapshot of the weights, so training does not pause for it.
 
@@ -60,6 +64,7 @@ from apexrl.apex.config import LearnerConfig, default_run_dir
 from apexrl.apex.cpu import CPU_COLUMNS, CPUMeter
 from apexrl.apex.evaluator import Evaluator
 from apexrl.apex.metrics import CSVWriter, Mean
+from apexrl.apex.polyak import PolyakAverage, split_average
 from apexrl.apex.report import ProgressReporter
 from apexrl.apex.stopping import STOP_GRACE_S, StopOnSignal
 from apexrl.durable import make_private_dirs
@@ -186,6 +191,8 @@ class Learner:
         self.invalid_items = 0  # sampled items with values the agent cannot train on, erased (this run)
         self._erase_logged: set[str] = set()  # messages already logged
         self.best = BestCheckpoint(self.run_dir)  # the state of the best periodic evaluation, beside the last
+        # What evaluations score with eval_weights="polyak" (apexrl.apex.polyak); None: the online weights.
+        self.polyak = PolyakAverage(self.agent, config.polyak_tau) if config.eval_weights == "polyak" else None
         if config.resume:
             self._resume()
         elif os.path.exists(self.best.path):
@@ -224,7 +231,18 @@ class Learner:
             "env_frames": (self.frames_base + self._last_inserted) * self._frames_per_item,
             "agent_config": json.loads(json.dumps(dataclasses.asdict(self.config.agent_config), default=list)),
             "extra": self.config.extra,
+            "eval_weights": self.config.eval_weights,
+            **({"polyak_tau": self.polyak.tau} if self.polyak is not None else {}),
         }
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint holds: the agent's state and, with eval_weights="polyak", the average."""
+        state = self.agent.state_dict()
+        return state if self.polyak is None else {**state, **self.polyak.state_dict()}
+
+    def _eval_weights(self) -> dict[str, torch.Tensor]:
+        """The weights evaluations score (config.eval_weights)."""
+        return self.agent.policy_state_dict() if self.polyak is None else self.polyak.policy_state_dict()
 
     def _resume(self) -> None:
         if not os.path.exists(self.checkpoint_path):
@@ -237,7 +255,9 @@ class Learner:
                     f"checkpoint {self.checkpoint_path} is for {key}={meta.get(key)!r}, "
                     f"this learner has {key}={getattr(self.config, key)!r}"
                 )
+        tensors, average = split_average(tensors)
         self.agent.load_state_dict(tensors)
+        self._resume_average(average)
         self.best.resume(self.config.agent, self.config.env)  # only a better evaluation replaces the run's best
         self.checkpoint_step = int(self.agent.steps)
         self.time_offset = float(meta.get("time_s", 0.0))
@@ -246,10 +266,22 @@ class Learner:
         log.info("resumed from %s at learner step %d", self.checkpoint_path, self.agent.steps)
         print(f"learner resumed from {self.checkpoint_path} at step {self.agent.steps}", flush=True)
 
+    def _resume_average(self, average: dict[str, torch.Tensor]) -> None:
+        """Continue the checkpoint's Polyak average, or start one at the resumed weights."""
+        if self.polyak is None:
+            if average:
+                log.info("--resume: the checkpoint's Polyak average is not used (eval_weights online)")
+            return
+        if average:
+            self.polyak.load(average)
+        else:
+            self.polyak.reset()
+            log.warning("--resume: the checkpoint has no Polyak average; it starts at the resumed weights")
+
     def save(self, elapsed: float) -> bool:
         """Checkpoint now; False (warned, counted, the previous checkpoint intact) if it could not be written."""
         try:
-            save_checkpoint(self.checkpoint_path, self.agent.state_dict(), self._meta(elapsed))
+            save_checkpoint(self.checkpoint_path, self._state(), self._meta(elapsed))
         except OSError as e:  # ENOSPC, EIO, EFBIG...: training goes on, the next interval tries again
             self.checkpoint_failures += 1
             self.checkpoint_error = f"{type(e).__name__}: {e}"
@@ -371,6 +403,8 @@ class Learner:
                     fields, keys, weights = usable
                     weights = normalise_is_weights(weights, cfg.is_weights)
                     priorities, metrics = self.agent.update(fields, weights)
+                    if self.polyak is not None:
+                        self.polyak.update()
                     means.add(metrics)
                     means.add({"is_weight_mean": float(weights.mean())})
                     if self.replay_path.reader != "queue":  # a queue's items are gone once sampled
@@ -385,10 +419,8 @@ class Learner:
                 now = time.monotonic()
                 if cfg.eval_every > 0 and now - last_eval >= cfg.eval_every and not self.evaluator.busy:
                     frames = self._env_frames(self._replay_stats())
-                    self.evaluator.start(
-                        self.agent.policy_state_dict(), self.agent.steps, frames, self.time_offset + now - start
-                    )
-                    self.best.hold(self.agent.state_dict(), self._meta(now - start))  # written if it scores best
+                    self.evaluator.start(self._eval_weights(), self.agent.steps, frames, self.time_offset + now - start)
+                    self.best.hold(self._state(), self._meta(now - start))  # written if it scores best
                     last_eval = now
                 if now - last_row >= cfg.metrics_every:
                     stats = self._replay_stats()

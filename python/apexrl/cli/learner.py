@@ -34,6 +34,24 @@ DECODE_THREADS = Flag(
     metavar="N",
 )
 """``--decode-threads`` of the learner and of ``apexrl run``."""
+EVAL_WEIGHT_FLAGS = (
+    Flag(
+        LearnerConfig,
+        "eval_weights",
+        "weights the evaluations score (periodic, best checkpoint, final): online, the actors' weights; polyak, "
+        "an exponential moving average of them updated every learner step (Polyak-Juditsky averaging), kept in "
+        "the checkpoints; smooths step-to-step swings of fast-moving weights instead of picking the luckiest "
+        "evaluation; the actors act with the online weights either way",
+    ),
+    Flag(
+        LearnerConfig,
+        "polyak_tau",
+        "rate of the polyak average, average += tau * (online - average) per learner step, about 1/tau steps "
+        "remembered; 0.005 is TD3's and SAC's soft-update rate",
+        metavar="TAU",
+    ),
+)
+"""``--eval-weights`` and ``--polyak-tau`` of the learner and of ``apexrl run``."""
 
 SETTING_FLAGS = (
     Flag(LearnerConfig, "beta", "importance-sampling exponent β"),
@@ -53,6 +71,7 @@ SETTING_FLAGS = (
     Flag(LearnerConfig, "metrics_every", "seconds between metrics.csv rows"),
     Flag(LearnerConfig, "eval_every", "seconds between evaluations (greedy/noiseless episodes; 0: none)"),
     Flag(LearnerConfig, "eval_episodes", "episodes per evaluation"),
+    *EVAL_WEIGHT_FLAGS,
 )
 """The learner settings whose default is the preset's (and ``--is-weights``, whose choices are no field range)."""
 

@@ -136,7 +136,7 @@ def _fill_evaluate_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser
         metavar="PATH",
         default=None,
         help="write the result as JSON (agent, env, preset, checkpoint, checkpoint_kind, chosen_by, "
-        "learner_steps, env_frames, time_s, episodes, mean, std, se, returns, seed)",
+        "eval_weights: online or polyak, the run's Polyak average stored in its checkpoints, learner_steps, env_frames, time_s, episodes, mean, std, se, returns, seed)",
     )
     p.add_argument(
         "--device",

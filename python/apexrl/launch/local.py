@@ -513,7 +513,8 @@ class Launcher:
                 result = json.load(f)
             self._print(
                 f"final evaluation: return {result['mean']:.1f} ± {result['se']:.1f} (SE) over "
-                f"{result['episodes']} episodes at learner step {result['learner_steps']} -> {out}"
+                f"{result['episodes']} episodes at learner step {result['learner_steps']}"
+                f"{' (Polyak-averaged weights)' if result.get('eval_weights') == 'polyak' else ''} -> {out}"
             )
             self.final_eval = result
         except (OSError, ValueError, KeyError, TypeError) as e:

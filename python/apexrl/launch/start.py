@@ -28,7 +28,7 @@ from apexrl.cli.args import (
     given_flags,
 )
 from apexrl.cli.flags import Flag
-from apexrl.cli.learner import DECODE_THREADS
+from apexrl.cli.learner import DECODE_THREADS, EVAL_WEIGHT_FLAGS
 from apexrl.cli.server import SERVER_FLAG_DECLS, TABLE_FLAG_DECLS
 
 __all__ = [
@@ -125,7 +125,8 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     ACTORS.add_preset(g)
     ENVS_PER_ACTOR.add_preset(g)
-    DECODE_THREADS.add_preset(g)
+    for flag in (DECODE_THREADS, *EVAL_WEIGHT_FLAGS):
+        flag.add_preset(g)
     MINUTES.add_preset(g, shown="default: the preset's")
     STEPS.add(g)
     FINAL_EVAL.add_preset(g, shown="default: the preset's, 30")
@@ -290,10 +291,12 @@ def launch_plan(argv: Sequence[str] | None = None):
     o.actor = _pass_through(run_parser, "--actor-args", args.actor_args, actor_cli.build_parser(), actor_cli.OWN)
     if args.envs_per_actor is not None:
         o.actor["envs_per_actor"] = args.envs_per_actor
-    if args.decode_threads is not None:
-        if "decode_threads" in o.learner:
-            run_parser.error("give --decode-threads once: to `apexrl run` or in --learner-args, not both")
-        o.learner["decode_threads"] = args.decode_threads
+    for flag in (DECODE_THREADS, *EVAL_WEIGHT_FLAGS):  # learner settings `apexrl run` takes directly too
+        value = getattr(args, flag.key)
+        if value is not None:
+            if flag.field in o.learner:
+                run_parser.error(f"give {flag.name} once: to `apexrl run` or in --learner-args, not both")
+            o.learner[flag.field] = value
     _offline_flags(run_parser, args, o)
     if o.curve_dir is not None and args.ray is None:
         issue_run_actor_key(o.curve_dir)

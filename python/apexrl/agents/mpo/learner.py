@@ -247,6 +247,11 @@ class MPOLearner:
             **norm_tensors(self.obs_norm),
         }
 
+    def policy_modules(self) -> dict[str, nn.Module]:
+        """The live network the policy acts with, under its :meth:`policy_state_dict` prefix: the target policy
+        (the critic there serves only the actors' initial priorities)."""
+        return {"policy": self.target_policy}
+
     def _nets(self) -> dict[str, nn.Module]:
         nets: dict[str, nn.Module] = {
             "policy": self.policy,

@@ -182,6 +182,10 @@ class OnPolicyLearner:
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         return policy_tensors(self.actor, self.obs_norm, self.steps)
 
+    def policy_modules(self) -> dict[str, nn.Module]:
+        """The live network the policy acts with, under its :meth:`policy_state_dict` prefix."""
+        return {"actor": self.actor}
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return learner_state(self._nets(), self._optimizers(), self.steps)
 
