@@ -469,17 +469,16 @@ def decode_sequences(
     valid = np.array([p is not None for p in plans], dtype=bool)
     t = max((int(m["t"]) for m, ok in zip(metas, valid, strict=True) if ok and m is not None), default=0)
     paths = list(structure)
+    # Not zero-filled: the copies write every row of the mask, and only the rows past it are zeroed (below).
     out: dict[str, np.ndarray] = {}
-    recycled: list[str] = []  # arrays of `reuse` that hold an earlier batch: zeroed where no step is copied
     for path in paths:
         dt, shape = structure[path]
         dtype, full = dt.newbyteorder("="), (n, t, *shape)
         old = reuse.get(path) if reuse is not None else None
         if old is not None and old.shape == full and old.dtype == dtype:
             out[path] = old
-            recycled.append(path)
         else:
-            out[path] = np.zeros(full, dtype=dtype)
+            out[path] = np.empty(full, dtype=dtype)
             if reuse is not None:
                 reuse[path] = out[path]
     if native is None:
@@ -489,17 +488,14 @@ def decode_sequences(
             copied = _copy_native(out, paths, plans, headers, chunk_data, chunk_offsets, n, t)
         else:
             copied = _copy_numpy(out, paths, plans, headers, chunk_blobs)
-        for bad in np.flatnonzero(valid & ~copied):
-            valid[bad] = False
-            for a in out.values():
-                a[bad] = 0
+        valid &= copied  # an item a copy failed for: its rows are zeroed with the mask's
     num_steps = np.array(
         [int(m["n"]) if good and m is not None else 0 for m, good in zip(metas, valid, strict=True)], dtype=np.int64
     )
     mask = np.arange(t)[None, :] < num_steps[:, None]
-    if recycled and not mask.all():
-        for path in recycled:
-            out[path][~mask] = 0
+    if not mask.all():
+        for a in out.values():
+            a[~mask] = 0
     # Extras: the structure of the first valid item that has them; an item without (or with others) gets zeros.
     extras_structure: dict[str, np.ndarray] = {}
     for i in range(n):
