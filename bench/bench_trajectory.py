@@ -12,6 +12,10 @@ pixels; consecutive frames compress together as real ones do, several-fold) unle
 
     python bench/bench_trajectory.py [--episodes 4] [--episode-length 400] [--obs atari|vector]
         [--windows N] [--total-steps N] [--reverb-python PY] [--torchrl-python PY]
+    python bench/bench_trajectory.py --held 1600 100000 1000000 [--windows N] [--sample-rounds N]
+
+``--held``: tables of several sizes held at once in one process, sampled in turn window by window, so that the
+sizes are compared under the same load (the sampled rate per size and its ratio to the first size's).
 
 Beside Reverb (``--reverb-python``: an interpreter that imports dm-reverb; bench/reverb_trajectory_worker.py:
 its trajectory writer, items every ``--period`` steps, ``client.sample``) and TorchRL (``--torchrl-python``:
@@ -56,48 +60,81 @@ def make_step(rng: np.random.Generator, t: int, obs: str, background: np.ndarray
     }
 
 
-def run_ours(steps: list, args: argparse.Namespace, length: int, n_steps: int) -> dict:
-    """One window of apexrl: a fresh in-process server, ``n_steps`` steps appended (the episodes cycled), then
-    ``sample_rounds`` batches of sequences sampled and decoded."""
+def append_steps(client: ReplayClient, steps: list, args: argparse.Namespace, length: int, n_steps: int) -> dict:
+    """``n_steps`` steps appended through one writer (the episodes cycled), an item every ``--period`` steps."""
     state = {"h": np.zeros(512, np.float32), "c": np.zeros(512, np.float32)}
-    server = ReplayServer(ServerConfig(bind="127.0.0.1", port=0)).start()
-    try:
-        with ReplayClient(server.endpoint, timeout=30) as client:
-            t0 = time.perf_counter()
-            items = 0
-            done = 0
-            with client.writer(max_sequence_length=length, chunk_length=args.chunk_length) as w:
-                e = 0
-                while done < n_steps:
-                    for t, s in enumerate(steps[e % len(steps)]):
-                        w.append(s)
-                        if t + 1 >= length and (t + 1 - length) % args.period == 0:
-                            w.create_item("default", length, 1.0, state)
-                            items += 1
-                    w.end_episode()
-                    done += len(steps[e % len(steps)])
-                    e += 1
-                w.flush()
-                sent = w.chunk_bytes_sent + w.item_bytes_sent
-                chunk_sent = w.chunk_bytes_sent
-            appended_s = time.perf_counter() - t0
-            held = client.tables()["default"]["bytes_held"]
-            t1 = time.perf_counter()
-            for _ in range(args.sample_rounds):
-                batch = client.sample(args.batch)
-                assert batch.mask is not None and batch.mask.all()
-            sampled_s = time.perf_counter() - t1
-    finally:
-        server.stop()
+    t0 = time.perf_counter()
+    items = done = e = 0
+    with client.writer(max_sequence_length=length, chunk_length=args.chunk_length) as w:
+        while done < n_steps:
+            for t, s in enumerate(steps[e % len(steps)]):
+                w.append(s)
+                if t + 1 >= length and (t + 1 - length) % args.period == 0:
+                    w.create_item("default", length, 1.0, state)
+                    items += 1
+            w.end_episode()
+            done += len(steps[e % len(steps)])
+            e += 1
+        w.flush()
     return {
         "steps": done,
         "items": items,
-        "sent": sent,
-        "chunk_sent": chunk_sent,
-        "held": held,
-        "appended_s": appended_s,
-        "sampled_s": sampled_s,
+        "sent": w.chunk_bytes_sent + w.item_bytes_sent,
+        "chunk_sent": w.chunk_bytes_sent,
+        "appended_s": time.perf_counter() - t0,
     }
+
+
+def sample_rounds(client: ReplayClient, args: argparse.Namespace) -> float:
+    """Seconds for ``--sample-rounds`` batches of sequences sampled and decoded."""
+    t1 = time.perf_counter()
+    for _ in range(args.sample_rounds):
+        batch = client.sample(args.batch)
+        assert batch.mask is not None and batch.mask.all()
+    return time.perf_counter() - t1
+
+
+def run_ours(steps: list, args: argparse.Namespace, length: int, n_steps: int) -> dict:
+    """One window of apexrl: a fresh in-process server, ``n_steps`` steps appended (the episodes cycled), then
+    ``sample_rounds`` batches of sequences sampled and decoded."""
+    server = ReplayServer(ServerConfig(bind="127.0.0.1", port=0)).start()
+    try:
+        with ReplayClient(server.endpoint, timeout=30) as client:
+            r = append_steps(client, steps, args, length, n_steps)
+            r["held"] = client.tables()["default"]["bytes_held"]
+            r["sampled_s"] = sample_rounds(client, args)
+    finally:
+        server.stop()
+    return r
+
+
+def run_held(steps: list, args: argparse.Namespace, length: int) -> None:
+    """``--held``: apexrl alone, one server per size appended once, then ``--windows`` rounds sampling each in
+    turn; the sequences sampled+decoded/s per size and, per round, each size's rate over the first size's."""
+    servers, clients = [], []
+    try:
+        for n_steps in args.held:
+            servers.append(ReplayServer(ServerConfig(bind="127.0.0.1", port=0)).start())
+            clients.append(ReplayClient(servers[-1].endpoint, timeout=30))
+            r = append_steps(clients[-1], steps, args, length, n_steps)
+            held = clients[-1].tables()["default"]["bytes_held"]
+            print(f"{r['steps']:,} steps held: {r['items']:,} items, bytes_held {held:,}", flush=True)
+        rates: list[list[float]] = [[] for _ in args.held]
+        for win in range(args.windows):
+            for rate, client in zip(rates, clients):
+                rate.append(args.sample_rounds * args.batch / sample_rounds(client, args))
+            print(f"window {win + 1}: " + ", ".join(f"{r[-1]:,.0f}" for r in rates) + " sequences/s", flush=True)
+    finally:
+        for client in clients:
+            client.close()
+        for server in servers:
+            server.stop()
+    for n_steps, rate in zip(args.held, rates):
+        ratio = statistics.median(a / b for a, b in zip(rate, rates[0]))
+        print(
+            f"{n_steps:,} steps held: sequences sampled+decoded/s (batches of {args.batch}) {med(rate)}, "
+            f"{ratio:.2f}x the {args.held[0]:,}-step table's (median of per-window ratios)"
+        )
 
 
 class Worker:
@@ -172,6 +209,14 @@ def main() -> None:
         help="steps appended per window by apexrl and TorchRL (the episodes cycled; 0: each episode once); "
         "Reverb always appends the episodes once",
     )
+    p.add_argument(
+        "--held",
+        type=int,
+        nargs="+",
+        metavar="STEPS",
+        help="apexrl alone: one table per size held at once (e.g. 1600 100000 1000000), appended once, then each "
+        "sampled in turn, --windows rounds; Reverb and TorchRL are not run",
+    )
     p.add_argument("--reverb-python", help="an interpreter that imports dm-reverb (bench/reverb_trajectory_worker.py)")
     p.add_argument("--torchrl-python", help="an interpreter that imports torchrl (bench/torchrl_trajectory_worker.py)")
     args = p.parse_args()
@@ -181,6 +226,11 @@ def main() -> None:
     for _ in range(args.episodes):
         background = (rng.integers(0, 4, (84, 84)) * 40).astype(np.uint8)  # a textured screen, fixed per episode
         steps.append([make_step(rng, t, args.obs, background) for t in range(args.episode_length)])
+    if args.held:
+        if min(args.held) < 1:
+            p.error("--held sizes must be >= 1 step")
+        run_held(steps, args, length)
+        return
     raw = sum(sum(np.asarray(v).nbytes for v in s.values()) for ep in steps for s in ep)
     n_steps = max(args.total_steps, args.episodes * args.episode_length)
     raw_total = raw * n_steps / (args.episodes * args.episode_length)

@@ -4,7 +4,8 @@
 // The Python side parses the small headers (JSON) of the batch's items and chunks, checks each item (its step range
 // inside its chunks, one structure), and describes the work as columns (where each chunk's field column lies in the
 // batch's chunk bytes, and how it is stored) and copies (rows of one chunk into rows of one item). DecodeSteps
-// decompresses each column a copy needs once, checks every copy against the column's rows and the output's, and
+// decompresses each column a copy needs once (straight into the output when its chunk's first copy takes all of
+// its rows; later copies read it from there), checks every copy against the column's rows and the output's, and
 // copies; it touches no Python object, so the binding runs it with the GIL released.
 #ifndef APEXRL_STEP_DECODE_H_
 #define APEXRL_STEP_DECODE_H_

@@ -5,8 +5,8 @@ An R2D2 Actor of K MaskedCartPole environments runs against a server on 127.0.0.
 every step's input state, checked against the state the policy held before the step (zeroed where an episode
 starts), and every observation's successor. Then every item the server holds is sampled back and each must be a
 run of consecutive steps of one episode whose stored state (extras) is, bit for bit, the state the policy held
-when it acted on the item's first step. The learner's SequenceSampler turns the same items into the batch
-R2D2Learner.update trains on.
+when it acted on the item's first step. The learner's readers (SequenceSampler; the prefetching sampler with a
+SequenceDecoder, whose ring reuses its batches) turn the same items into the batch R2D2Learner.update trains on.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from apexrl.agents.r2d2 import R2D2Config, R2D2Learner, check_sequences
 from apexrl.agents.r2d2.replay import sequence_batch
 from apexrl.apex.actor import Actor
 from apexrl.apex.config import ActorConfig
-from apexrl.apex.sequences import SequenceSampler
+from apexrl.apex.sequences import SequenceDecoder, SequenceSampler
 from apexrl.envs import env_spec
 from apexrl.envs.masked import NAME as MASKED
 from apexrl.replay.client.replay_client import ReplayClient
@@ -101,27 +101,11 @@ def test_every_stored_state_is_the_state_the_policy_acted_from_bit_for_bit(start
                 break
             batch = client.sample(64)
             assert batch.sequences is not None and batch.sequences.valid.all()
-            for i, key in enumerate(batch.keys.tolist()):
-                seen.add(key)
-                mask = batch.mask[i]
-                n = int(mask.sum())
-                # Only items with a trained step are made: burn-in + 2 steps at least.
-                assert CONFIG.burn_in + 2 <= n <= length and mask[:n].all() and not mask[n:].any()
-                obs = batch.fields["obs"][i]
-                first = obs[0].tobytes()
-                h, c = recorder.state[first]
-                assert np.array_equal(batch.extras["state_h"][i], h)  # bit for bit, float32
-                assert np.array_equal(batch.extras["state_c"][i], c)
-                if first in recorder.firsts:
-                    assert not h.any() and not c.any()
-                # Consecutive steps of one episode: each acted-on observation's successor follows it.
-                for t in range(n - 1):
-                    here = obs[t].tobytes()
-                    if here in recorder.next:
-                        assert obs[t + 1].tobytes() == recorder.next[here]
-                    else:  # the episode's last observation, never acted on, ends the item
-                        assert t + 1 == n - 1 or batch.fields["discount"][i, t] == 0.0
-                checked += 1
+            seen.update(batch.keys.tolist())
+            extras = batch.extras
+            assert extras is not None and batch.mask is not None
+            f = batch.fields
+            checked += _check_items(recorder, f["obs"], batch.mask, extras["state_h"], extras["state_c"], f["discount"])
         assert len(seen) == size, "every stored item was sampled"
         # The learner's sampler hands R2D2Learner.update exactly its batch format, and it trains on it.
         spec = env_spec(MASKED)
@@ -136,7 +120,50 @@ def test_every_stored_state_is_the_state_the_policy_acted_from_bit_for_bit(start
         priorities, metrics = learner.update(fields, got.weights)
         assert priorities.shape == (CONFIG.batch_size,) and np.isfinite(priorities).all()
         assert metrics["valid_steps"] > 0
+        # The run's reader: prefetched, decoded in threads into a ring of reused batches. Items of different
+        # lengths follow each other in a slot: each batch must still be its own items, zero past their masks.
+        decoder = SequenceDecoder(lambda f, m, e: sequence_batch(f, m, e, length), learner.invalid_items)
+        with client.sampler(CONFIG.batch_size, 0.6, prefetch=2, decoder=decoder, decode_threads=2) as prefetched:
+            held = []
+            for _ in range(8):
+                got = prefetched.next(timeout=30.0)
+                fields, bad, _message, invalid, _why = got.decoded
+                assert bad is None and invalid is None
+                assert check_sequences(fields, CONFIG, spec.obs_shape, got.weights) == (CONFIG.batch_size, length)
+                m = fields["mask"]
+                assert not fields["obs"][~m].any()  # a slot's earlier, longer items leave nothing behind
+                f = fields
+                checked += _check_items(recorder, f["obs"], m, f["state_h"], f["state_c"], f["discount"])
+                held.append(fields["obs"])
+            assert prefetched.counters()["slots"] <= 3  # prefetch + 1: the ring's batches were reused
+            assert len({id(a) for a in held}) <= 3
     assert checked > 0
+
+
+def _check_items(recorder: _Recorder, obs_batch, mask_batch, state_h, state_c, discount) -> int:
+    """Each item is a run of consecutive steps of one episode with at least one trained step, stored with the
+    state the policy acted from on its first step, bit for bit; returns how many were checked."""
+    length = CONFIG.min_sequence_length
+    for i in range(len(obs_batch)):
+        mask = mask_batch[i]
+        n = int(mask.sum())
+        # Only items with a trained step are made: burn-in + 2 steps at least.
+        assert CONFIG.burn_in + 2 <= n <= length and mask[:n].all() and not mask[n:].any()
+        obs = obs_batch[i]
+        first = obs[0].tobytes()
+        h, c = recorder.state[first]
+        assert np.array_equal(state_h[i], h)  # bit for bit, float32
+        assert np.array_equal(state_c[i], c)
+        if first in recorder.firsts:
+            assert not h.any() and not c.any()
+        # Consecutive steps of one episode: each acted-on observation's successor follows it.
+        for t in range(n - 1):
+            here = obs[t].tobytes()
+            if here in recorder.next:
+                assert obs[t + 1].tobytes() == recorder.next[here]
+            else:  # the episode's last observation, never acted on, ends the item
+                assert t + 1 == n - 1 or discount[i, t] == 0.0
+    return len(obs_batch)
 
 
 def test_sequence_batch_pads_short_batches_and_masks_their_padding():

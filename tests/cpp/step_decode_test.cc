@@ -106,6 +106,41 @@ TEST(DecodeSteps, CopiesRowsAcrossChunksFromRawAndLz4Columns) {
   EXPECT_EQ(out.f0[(1 * 5 + 2) * kRowBytes[0]], 0xEE);  // rows past an item's steps are left alone
 }
 
+// A column whose chunk's first copy takes all its rows is decompressed into that item's rows and read from there
+// by the items that share it, even when that item fails over another chunk; a first copy of some rows goes
+// through the per-thread scratch, which must hold the right column whatever size the previous call left it.
+TEST(DecodeSteps, SharedColumnsAreReadFromTheFirstItemsRowsOrFromScratchAcrossCalls) {
+  for (int round = 0; round < 3; ++round) {
+    Batch b;
+    b.Add(0, 4);  // steps 0-3
+    b.Add(4, 4);  // steps 4-7
+    b.Add(8, 2);  // steps 8-9
+    const std::size_t n = 4, t = 6;
+    const uint64_t absent = 9;  // a chunk the batch lacks: item 0 fails after its first copy
+    std::vector<StepCopy> copies{
+        {1, 0, 0, 0, 4},       // item 0: all of chunk 1, straight into its rows
+        {absent, 0, 0, 4, 1},  // ... then fails
+        {1, 1, 1, 0, 3},       // item 1: steps 5-7 from item 0's rows
+        {2, 0, 1, 3, 2},       //         steps 8-9
+        {0, 2, 2, 0, 2},       // item 2: steps 2-3 (chunk 0's first copy: some rows, scratch)
+        {1, 0, 2, 2, 4},       //         steps 4-7 from item 0's rows
+        {0, 0, 3, 0, 4},       // item 3: steps 0-3 from scratch
+    };
+    if (round == 1) copies.resize(4);  // a smaller scratch than the last call's (none)
+    Out out(n, t);
+    Decode(b, copies, n, t, &out);
+    EXPECT_EQ(out.ok[0], 0) << round;
+    EXPECT_EQ(out.ok[1], 1) << round;
+    ExpectSteps(out, t, 1, 5, 5);
+    if (round != 1) {
+      EXPECT_EQ(out.ok[2], 1);
+      EXPECT_EQ(out.ok[3], 1);
+      ExpectSteps(out, t, 2, 2, 6);
+      ExpectSteps(out, t, 3, 0, 4);
+    }
+  }
+}
+
 TEST(DecodeSteps, DamageMarksExactlyTheItemsThatUseIt) {
   Batch b;
   b.Add(0, 3);

@@ -33,10 +33,11 @@ environment's frames per agent step: every agent step of every actor yields exac
 agent whose items stand for several steps (``ReplayPath.steps_per_item``; R2D2's sequences: ``sequence_period``)
 it is the items received times that (an estimate: an episode's last item stands for fewer steps).
 
-The sampler is the one the agent's replay path names (``ReplayPath.reader``): the prefetching sampler of
-TransitionSpec-encoded transitions, or for sequence items (``"sequences"``, ``"queue"``;
-:mod:`apexrl.apex.sequences`) one request at a time, made into the agent's batch by ``ReplayPath.make_batch``.
-A ``"queue"`` table hands each item out once: no priorities go back.
+The sampler is the one the agent's replay path names (``ReplayPath.reader``): the prefetching sampler, whose
+decode threads decode TransitionSpec-encoded transitions or (``"sequences"``, :mod:`apexrl.apex.sequences`)
+sequence items natively into its ring of preallocated batches, made into the agent's batch by
+``ReplayPath.make_batch``; a ``"queue"`` is read one whole batch at a time, and hands each item out once: no
+priorities go back.
 
 Stopping (SIGTERM/SIGINT, see :mod:`apexrl.apex.stopping`): the loop ends, the last priority updates get what
 is left of the grace period, and the final checkpoint is written; the learner says how many updates it could
@@ -452,8 +453,10 @@ class Learner:
         return self._summary(start, steps_at_start)
 
     def _sequence_sampler(self) -> Any:
-        """The sampler of sequence items: the path's table, made into the agent's batch by the path."""
-        from apexrl.apex.sequences import SequenceSampler
+        """The sampler of sequence items: the path's table, made into the agent's batch by the path. The
+        ``"sequences"`` reader prefetches as the transition path does (sampling threads, native decode threads
+        into a ring of preallocated batches); a queue is read a whole batch at a time (apexrl.apex.sequences)."""
+        from apexrl.apex.sequences import SequenceDecoder, SequenceSampler
 
         cfg, path = self.config, self.replay_path
         make_batch = path.make_batch
@@ -463,6 +466,16 @@ class Learner:
         def to_batch(fields: Any, mask: np.ndarray, extras: Any) -> dict[str, np.ndarray]:
             return make_batch(fields, mask, extras, agent_config)
 
+        if path.reader == "sequences":
+            return self.replay.sampler(
+                agent_config.batch_size,
+                beta=cfg.beta,
+                prefetch=cfg.prefetch,
+                decode_threads=cfg.decode_threads,
+                sample_threads=self._sample_threads(),
+                timeout=1.0,
+                decoder=SequenceDecoder(to_batch, self._invalid),
+            )
         return SequenceSampler(
             self.replay,
             agent_config.batch_size,

@@ -215,8 +215,8 @@ class R2D2Learner:
       seed: initialises the networks (through a torch.Generator; the global RNG is not used).
 
     ``update`` takes a sequence batch (apexrl.agents.r2d2.sequences) and IS weights, as ``Agent.update`` takes a
-    transition batch (``--agent r2d2``, :mod:`apexrl.agents.r2d2.agent`; the run's learner feeds it through
-    :class:`apexrl.apex.sequences.SequenceSampler`).
+    transition batch (``--agent r2d2``, :mod:`apexrl.agents.r2d2.agent`; the run's learner feeds it through its
+    prefetching sampler with a :class:`apexrl.apex.sequences.SequenceDecoder`).
     """
 
     metric_names: tuple[str, ...] = ("loss", "td_abs_mean", "q_mean", "grad_norm", "valid_steps")

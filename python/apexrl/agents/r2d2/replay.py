@@ -107,18 +107,21 @@ def sequence_batch(
 ) -> dict[str, np.ndarray]:
     """The R2D2 batch (:mod:`apexrl.agents.r2d2.sequences`) of sampled sequence items: the writer's steps
     ``{obs, action, reward, discount}`` (n, T, ...), ``mask`` (n, T) and extras ``{state_h, state_c}``; T is
-    padded (mask False, discount 1) or cut to ``length``."""
+    padded (mask False, discount 1) or cut to ``length``. When T is ``length`` the batch's ``obs`` is
+    ``fields["obs"]`` itself (zero where the mask is False, as the sampler decodes it): the largest array is not
+    copied again."""
     n, t = mask.shape
     obs = np.asarray(fields["obs"])
     out = {
-        "obs": np.zeros((n, length, *obs.shape[2:]), obs.dtype),
+        "obs": obs if t == length else np.zeros((n, length, *obs.shape[2:]), obs.dtype),
         "action": np.zeros((n, length), np.int32),
         "reward": np.zeros((n, length), np.float32),
         "discount": np.ones((n, length), np.float32),
         "mask": np.zeros((n, length), bool),
     }
     m = min(t, length)
-    out["obs"][:, :m] = obs[:, :m]
+    if t != length:
+        out["obs"][:, :m] = obs[:, :m]
     out["action"][:, :m] = np.asarray(fields["action"])[:, :m]
     out["reward"][:, :m] = np.asarray(fields["reward"])[:, :m]
     out["discount"][:, :m] = np.where(mask[:, :m], np.asarray(fields["discount"])[:, :m], 1.0)

@@ -59,8 +59,10 @@ class Replay(Protocol):
         ``chunks``: the frame chunks the items reference (a ``protocol.FrameChunks``; None: none)."""
         ...
 
-    def sample(self, n: int, beta: float = 0.4, timeout: float | None = None) -> Any:
-        """n items -> a batch with ``keys``, ``weights``, ``probabilities``, ``data``, ``offsets``, ``items``."""
+    def sample(self, n: int, beta: float = 0.4, timeout: float | None = None, *, sequences: bool = True) -> Any:
+        """n items -> a batch with ``keys``, ``weights``, ``probabilities``, ``data``, ``offsets``, ``items``.
+        ``sequences=False``: a TrajectoryWriter's sequence items are left undecoded (the sampler passes it only
+        for a decoder that decodes them itself: a replay without sequence items may ignore it)."""
         ...
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:

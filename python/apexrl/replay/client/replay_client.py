@@ -185,10 +185,13 @@ def table_stats(stats: Mapping[str, Any], table: str) -> dict[str, Any]:
     return out
 
 
-def sequences_of(data: Any, offsets: np.ndarray, chunks: P.FrameChunks | None) -> S.SequenceBatch | None:
+def sequences_of(
+    data: Any, offsets: np.ndarray, chunks: P.FrameChunks | None, reuse: dict[str, np.ndarray] | None = None
+) -> S.SequenceBatch | None:
     """A sampled batch's sequence items (a TrajectoryWriter's) decoded natively; None when no item is a sequence
     item or the batch carries no chunks. One sequence item makes the batch one of sequences (any other item in it
-    is invalid), so that an item of another kind drawn first cannot hide the sequences from the learner."""
+    is invalid), so that an item of another kind drawn first cannot hide the sequences from the learner.
+    ``reuse``: step arrays to decode into (``steps.decode_sequences``)."""
     if chunks is None:
         return None
     items = P.split_items(offsets, data)
@@ -200,6 +203,7 @@ def sequences_of(data: Any, offsets: np.ndarray, chunks: P.FrameChunks | None) -
         [chunks.refs(i) for i in range(len(items))],
         chunk_data=chunks.chunk_data,
         chunk_offsets=chunks.chunk_offsets,
+        reuse=reuse,
     )
 
 
@@ -552,7 +556,13 @@ class ReplayClient(TransportClient):
             )
 
     def sample(
-        self, n: int, beta: float = 0.4, timeout: float | None = None, *, table: str | None = None
+        self,
+        n: int,
+        beta: float = 0.4,
+        timeout: float | None = None,
+        *,
+        table: str | None = None,
+        sequences: bool = True,
     ) -> SampledBatch:
         """Sample n items with IS exponent beta. On a table with a pinned structure, ``batch.fields`` is the
         items decoded into it (the nested mapping they were inserted as, numpy arrays with leading dimension n).
@@ -561,6 +571,9 @@ class ReplayClient(TransportClient):
         items than its min_size_to_sample, a ``SampleToInsertRatio`` whose samplers are too far ahead of the
         inserters, an empty ``Queue``); None (default) answers at once. Raises ServerTimeoutError (a
         ReplayTimeout) when the limiter did not let it through in time.
+
+        ``sequences=False`` leaves a TrajectoryWriter's sequence items undecoded (``batch.sequences`` None), for a
+        sampler's decode thread to decode into a batch of its ring (:func:`sequences_of` with ``reuse``).
         """
         wait_s, timeout_ms = P.server_wait(timeout)
         P.encode_sample(0, n, beta, timeout_ms)  # validate before touching the socket
@@ -568,7 +581,7 @@ class ReplayClient(TransportClient):
         reply = self._call(
             P.Op.SAMPLE, lambda rid: P.encode_sample(rid, n, beta, timeout_ms, index), self.timeout + wait_s
         )
-        batch = sampled_batch(reply)
+        batch = sampled_batch(reply, sequences=sequences)
         name = self.table if table is None else table
         batch.spec = self._sampled_spec(name, batch)
         batch._resolve = functools.partial(self._sampled_spec, name, ask=True)

@@ -48,7 +48,11 @@ class SlotDecoder(Protocol):
     ``allocate()`` makes one slot of the sampler's ring; ``decode_into(raw, slot)`` decodes a sampled batch into
     that slot and returns what the consumer receives as ``LearnerBatch.decoded``. ``decode_into`` is called from
     several threads at once (each with its own slot), so it must be thread-safe; it should release the GIL
-    while it works (the native decoder does) for the threads to run side by side."""
+    while it works (the native decoder does) for the threads to run side by side.
+
+    A decoder with ``decodes_sequences = True`` decodes a TrajectoryWriter's sequence items itself (into its
+    slot): the sampling threads then ask the replay for batches that leave them undecoded
+    (``sample(..., sequences=False)``), so that the steps are copied once, in a decode thread."""
 
     def allocate(self) -> Any: ...
 
@@ -140,6 +144,7 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
         self._timeout = timeout
         self._decode = decode
         self._decoder = decoder
+        self._sample_kwargs = {"sequences": False} if getattr(decoder, "decodes_sequences", False) else {}
         self._cond = threading.Condition()
         self._jobs: deque[tuple[int, Any]] = deque()  # sampled, waiting for a decode thread: (sequence, raw)
         self._ready: dict[int, LearnerBatch] = {}  # by sequence number
@@ -203,7 +208,7 @@ class PrefetchingSampler(BackgroundHelper, Iterator[LearnerBatch]):
                     if index is None:
                         index, self._issued = self._issued, self._issued + 1
                 try:
-                    raw = replay.sample(n, beta_at(beta, index), timeout=timeout)
+                    raw = replay.sample(n, beta_at(beta, index), timeout=timeout, **self._sample_kwargs)
                 except (ReplayTimeout, ServerShuttingDownError) as exc:
                     with self._cond:
                         self._requested -= 1

@@ -424,14 +424,20 @@ class ShardedReplayClient:
         return live
 
     def sample(
-        self, n: int, beta: float = 0.4, timeout: float | None = None, *, table: str | None = None
+        self,
+        n: int,
+        beta: float = 0.4,
+        timeout: float | None = None,
+        *,
+        table: str | None = None,
+        sequences: bool = True,
     ) -> SampledBatch:
         """n items drawn globally proportionally over the servers -> a batch with the set's keys, global
         probabilities and IS weights (see the module docstring); arguments and errors as
         :meth:`ReplayClient.sample`. ReplayTimeout when no server is reachable."""
         other = self._for(table)
         if other is not None:
-            return other.sample(n, beta, timeout)
+            return other.sample(n, beta, timeout, sequences=sequences)
         wait_s, timeout_ms = P.server_wait(timeout)
         P.encode_sample(0, n, beta, timeout_ms)  # validate before any request
         with self._lock:
@@ -470,7 +476,7 @@ class ShardedReplayClient:
                         if c == 0 and s.heard_at is not None and time.monotonic() - s.heard_at > REFRESH_S
                     ]
                 )
-            return self._combine(parts, beta)
+            return self._combine(parts, beta, sequences)
 
     def _short_batches(self, got: list[tuple[_Server, SampledBatch]]) -> bool:
         """Whether this set's table may answer a SAMPLE with fewer items than asked (an ordered sampler, or items
@@ -501,7 +507,7 @@ class ShardedReplayClient:
             got.append((server, batch))
         return got
 
-    def _combine(self, parts: list[tuple[_Server, SampledBatch]], beta: float) -> SampledBatch:
+    def _combine(self, parts: list[tuple[_Server, SampledBatch]], beta: float, sequences: bool = True) -> SampledBatch:
         """One batch from the servers' parts, with the set's keys, probabilities and weights (over the servers
         up, and any that gave a part before it was lost within this call)."""
         gave = {server.index for server, _batch in parts}
@@ -564,7 +570,7 @@ class ShardedReplayClient:
             chunks=chunks,
             # Sequence items (every item's chunks are on its own server, so the merged chunks hold them all):
             # decoded once, from the merged batch, as one server's (T: the longest among all the items).
-            sequences=sequences_of(data_all, offsets_all, chunks),
+            sequences=sequences_of(data_all, offsets_all, chunks) if sequences else None,
         )
 
     # ------------------------------------------------------------------------------------------ insert

@@ -382,6 +382,7 @@ def decode_sequences(
     chunk_data: Any = None,
     chunk_offsets: np.ndarray | None = None,
     native: bool | None = None,
+    reuse: dict[str, np.ndarray] | None = None,
 ) -> SequenceBatch:
     """Decode the sequence items of a sampled batch: ``items[i]``'s bytes, the batch's chunks, and item i's
     references into them (``refs[i]``, in the item's order). With ``chunk_data`` and ``chunk_offsets`` (the
@@ -391,7 +392,11 @@ def decode_sequences(
     Never raises on what the items and chunks hold: an item that does not decode, whose structure is not the
     batch's (the one most items have), or that would take the batch's arrays past the decode budget (its ``t`` or
     its extras too large for the bytes the batch came in) is invalid (``valid[i]`` False, its mask all False, its
-    rows zero), and the rest of the batch decodes."""
+    rows zero), and the rest of the batch decodes.
+
+    ``reuse``: the step arrays of an earlier call (by flattened path), filled in place when a path's shape and
+    dtype are the same, else replaced there by a new array: a learner's ring of batches allocates nothing per
+    batch once warm (the result's step arrays are then those of ``reuse``, valid until its next call)."""
     n = len(items)
     source_bytes = sum(memoryview(b).nbytes for b in items)
     if chunk_data is not None:
@@ -464,10 +469,18 @@ def decode_sequences(
     valid = np.array([p is not None for p in plans], dtype=bool)
     t = max((int(m["t"]) for m, ok in zip(metas, valid, strict=True) if ok and m is not None), default=0)
     paths = list(structure)
+    # Not zero-filled: the copies write every row of the mask, and only the rows past it are zeroed (below).
     out: dict[str, np.ndarray] = {}
     for path in paths:
         dt, shape = structure[path]
-        out[path] = np.zeros((n, t, *shape), dtype=dt.newbyteorder("="))
+        dtype, full = dt.newbyteorder("="), (n, t, *shape)
+        old = reuse.get(path) if reuse is not None else None
+        if old is not None and old.shape == full and old.dtype == dtype:
+            out[path] = old
+        else:
+            out[path] = np.empty(full, dtype=dtype)
+            if reuse is not None:
+                reuse[path] = out[path]
     if native is None:
         native = chunk_data is not None and chunk_offsets is not None
     if paths and valid.any():
@@ -475,14 +488,14 @@ def decode_sequences(
             copied = _copy_native(out, paths, plans, headers, chunk_data, chunk_offsets, n, t)
         else:
             copied = _copy_numpy(out, paths, plans, headers, chunk_blobs)
-        for bad in np.flatnonzero(valid & ~copied):
-            valid[bad] = False
-            for a in out.values():
-                a[bad] = 0
+        valid &= copied  # an item a copy failed for: its rows are zeroed with the mask's
     num_steps = np.array(
         [int(m["n"]) if good and m is not None else 0 for m, good in zip(metas, valid, strict=True)], dtype=np.int64
     )
     mask = np.arange(t)[None, :] < num_steps[:, None]
+    if not mask.all():
+        for a in out.values():
+            a[~mask] = 0
     # Extras: the structure of the first valid item that has them; an item without (or with others) gets zeros.
     extras_structure: dict[str, np.ndarray] = {}
     for i in range(n):
