@@ -171,3 +171,26 @@ def test_the_legend_lies_outside_both_panels_data_areas(tmp_path):
                 assert any(lab.startswith("r2d2") for lab in labels) and any(lab.startswith("dqn") for lab in labels)
         finally:
             plt.close(fig)
+
+
+def test_runs_of_one_preset_sharing_a_seed_are_told_apart_by_the_settings_that_differ(tmp_path):
+    """Two runs of one preset and seed ran with different settings (``--learner-args``): not seeds of one
+    configuration, but one group each, named by what differs (and seeds of one setting still share a band)."""
+    from apexrl.plot import _groups
+
+    rows = "10,1000,50,5,1,1000,10\n"
+
+    def run(name: str, seed: int, **learner) -> str:
+        d = _run(tmp_path, name, rows)
+        plan = {"agent": "r2d2", "env": "gym:CartPole-v1", "seed": seed, "run_dir": d, **learner}
+        with open(os.path.join(d, "plan.json"), "w") as f:
+            json.dump({"preset": "r2d2-cpu", "learner": plan}, f)
+        return d
+
+    online, polyak = run("a", 0, eval_weights="online"), run("b", 0, eval_weights="polyak")
+    assert _groups([online, polyak]) == [
+        ("r2d2 (r2d2-cpu) [eval_weights=online]", [online]),
+        ("r2d2 (r2d2-cpu) [eval_weights=polyak]", [polyak]),
+    ]
+    seed1 = run("c", 1, eval_weights="online")
+    assert _groups([online, seed1]) == [("r2d2 (r2d2-cpu)", [online, seed1])]

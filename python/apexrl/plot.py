@@ -198,7 +198,49 @@ def _groups(run_dirs: Sequence[str]) -> list[tuple[str, list[str]]]:
     # otherwise): labels stay short enough for the legend with long gym: entry points.
     if len(set(envs.values())) > 1:
         names = {k: f"{envs[k]} {n}" if k in envs else n for k, n in names.items()}
-    return [(names[k], v) for k, v in groups.items()]
+    out: list[tuple[str, list[str]]] = []
+    for k, dirs in groups.items():
+        out.extend(_split_by_settings(names[k], dirs))
+    return out
+
+
+_NOT_SETTINGS = frozenset(
+    {"run_dir", "replay", "params_port", "params_bind", "progress_path", "snapshot", "curve_dir", "tensorboard", "seed"}
+)
+"""plan.json learner entries that say where a run ran, not how it learned."""
+
+
+def _split_by_settings(name: str, dirs: list[str]) -> list[tuple[str, list[str]]]:
+    """One configuration's runs are its seeds unless two share a seed: then they ran with different settings
+    (``--learner-args``, say), and each run is a group of its own named by the learner settings that differ."""
+    from apexrl.rundir import run_seed
+
+    seeds = [run_seed(d) for d in dirs]
+    if len(set(seeds)) == len(seeds):
+        return [(name, dirs)]
+    settings = [_learner_settings(d) for d in dirs]
+    differing = sorted({k for s in settings for k in s if any(o.get(k) != s.get(k) for o in settings)})
+    return [
+        (f"{name} [{', '.join(f'{k}={s.get(k)}' for k in differing) or os.path.normpath(d)}]", [d])
+        for d, s in zip(dirs, settings, strict=True)
+    ]
+
+
+def _learner_settings(run_dir: str) -> dict[str, object]:
+    import json
+
+    try:
+        with open(os.path.join(run_dir, "plan.json"), encoding="utf-8") as f:
+            learner = json.load(f).get("learner") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    flat: dict[str, object] = {}
+    for k, v in learner.items():
+        if k in _NOT_SETTINGS:
+            continue
+        for kk, vv in v.items() if isinstance(v, dict) else [(None, v)]:
+            flat[k if kk is None else kk] = json.dumps(vv) if isinstance(vv, (list, dict)) else vv
+    return flat
 
 
 def _envs(run_dirs: Sequence[str]) -> list[str]:
