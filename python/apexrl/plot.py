@@ -212,14 +212,19 @@ _NOT_SETTINGS = frozenset(
 
 def _split_by_settings(name: str, dirs: list[str]) -> list[tuple[str, list[str]]]:
     """One configuration's runs are its seeds unless two share a seed: then they ran with different settings
-    (``--learner-args``, say), and each run is a group of its own named by the learner settings that differ."""
+    (``--learner-args``, say), and each run is a group of its own named by the learner settings that differ (or,
+    where none does, by its directory: another version of the code, say)."""
+    import json
+
     from apexrl.rundir import run_seed
 
     seeds = [run_seed(d) for d in dirs]
     if len(set(seeds)) == len(seeds):
         return [(name, dirs)]
     settings = [_learner_settings(d) for d in dirs]
-    differing = sorted({k for s in settings for k in s if any(o.get(k) != s.get(k) for o in settings)})
+    # Only settings every plan has: a field a newer version added is not a difference of how the runs learned.
+    common = set.intersection(*(set(s) for s in settings))
+    differing = sorted(k for k in common if len({json.dumps(s[k]) for s in settings}) > 1)
     return [
         (f"{name} [{', '.join(f'{k}={s.get(k)}' for k in differing) or os.path.normpath(d)}]", [d])
         for d, s in zip(dirs, settings, strict=True)
