@@ -275,7 +275,8 @@ def test_stopping_with_batches_in_flight_reports_them_not_inserted(start_server,
             os.kill(server.pid, signal.SIGCONT)
     finally:
         close(actor)
-    assert counters["not_inserted"] >= 2 * FLUSH
+    # at least the two requests in flight, of one transition or more each (an episode's end sends a short one)
+    assert counters["not_inserted"] >= 2
     # every transition the actor made is either acknowledged or reported
     assert counters["inserted"] + counters["not_inserted"] == counters["steps"]
     assert counters["inserted"] <= len(recorded.items)

@@ -836,6 +836,13 @@ class Actor:
                 "rate_limited": c["rate_limited"],
                 "param_timeouts": p["timeouts"],
                 "param_mismatches": p["mismatches"],
+                # a synchronous actor's waits for new weights, and those that ran out and acted on (each lets a
+                # round of items act with weights one update older: the learner's policy_lag shows it)
+                **(
+                    {"weight_waits": c["weight_waits"], "weight_wait_timeouts": c["weight_wait_timeouts"]}
+                    if getattr(self, "_synchronous", False)  # set by the sequence path's __init__ only
+                    else {}
+                ),
             }
         )
 
