@@ -134,6 +134,11 @@ def test_the_agent_flags_reach_the_config_of_every_process():
     # none switches a clip off that the preset sets
     assert plan("d4pg-acme", _run_args("--grad-clip-norm", "none")).learner.agent_config.grad_clip_norm is None
     assert plan("cartpole", _run_args("--grad-clip-norm", "10")).learner.agent_config.grad_clip_norm == 10.0
+    # --lr: the one learning rate of DQN and R2D2, the same in the learner and every actor
+    p = plan("r2d2-cpu", _run_args("--lr", "1e-4", "--target-update-period", "2500"))
+    assert (p.learner.agent_config.lr, p.learner.agent_config.target_update_period) == (1e-4, 2500)
+    assert all(a.agent_config == p.learner.agent_config for a in p.actors)
+    assert plan("cartpole", _run_args("--lr", "3e-4")).learner.agent_config.lr == 3e-4
 
 
 @pytest.mark.parametrize(
@@ -142,6 +147,7 @@ def test_the_agent_flags_reach_the_config_of_every_process():
         (["--preset", "cartpole", "--actor-weights", "target"], "agent dqn has no setting actor_weights"),
         (["--preset", "apex-dpg-control", "--dqda-clip-norm", "1"], "set dqda_clip .* or dqda_clip_norm"),
         (["--preset", "apex-dpg-control", "--noise-sigma-min", "0.1"], "agent dpg has no setting noise_sigma_min"),
+        (["--preset", "d4pg-small", "--lr", "1e-4"], "agent d4pg has no setting lr .* actor_lr, "),
     ],
 )
 def test_agent_flags_the_agent_cannot_take_are_refused_with_the_reason(flags, reason):
@@ -155,6 +161,7 @@ def test_agent_flags_the_agent_cannot_take_are_refused_with_the_reason(flags, re
         (["--dqda-clip", "-1"], "--dqda-clip"),
         (["--actor-loss-state", "s"], "invalid choice"),
         (["--noise-sigma-spacing", "log"], "invalid choice"),
+        (["--lr", "0"], "--lr: 0 is out of range"),
     ],
 )
 def test_bad_agent_flag_values_exit_2(flags, reason):

@@ -211,6 +211,12 @@ AGENT_FLAGS = (
     Flag(_OVERRIDES, "target_update_period", "learner steps between target-network copies"),
     Flag(
         _OVERRIDES,
+        "lr",
+        "DQN/R2D2/IMPALA: the learning rate (Adam's step size); the agents with one rate per network refuse it",
+        metavar="LR",
+    ),
+    Flag(
+        _OVERRIDES,
         "dqda_clip",
         "DPG/D4PG: clip every element of dQ/da to [-C, C] before it flows into the actor; none: off",
         metavar="C|none",

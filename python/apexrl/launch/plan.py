@@ -105,6 +105,8 @@ class AgentOverrides:
     gamma: float | None = field(default=None, metadata=Range.float(0.0, 1.0, optional=True))
     batch_size: int | None = field(default=None, metadata=Range.int(1, 1 << 16, optional=True))
     target_update_period: int | None = field(default=None, metadata=Range.int(1, optional=True))
+    lr: float | None = field(default=None, metadata=Range.float(0.0, lo_open=True, optional=True))
+    """The one learning rate of the agents that have one (DQN, R2D2, IMPALA); the others refuse it."""
     dqda_clip: float | str | None = None
     """A threshold > 0, or ``none`` (:data:`apexrl.launch.presets.OFF`): off."""
     dqda_clip_norm: float | str | None = None
