@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apexrl import PrioritizedStore
-from apexrl.errors import ServerTimeoutError
+from apexrl.errors import ReplayTimeout, ServerTimeoutError
 from apexrl.replay.client.replay_client import ReplayClient
 from apexrl.replay.client.sharded import (
     ShardedReplayClient,
@@ -447,3 +447,24 @@ def test_a_uniform_table_is_sampled_uniformly_across_servers_with_weights_one(se
     for s, row in enumerate(PRIORITIES):
         share = sum(counts[f"s{s}i{i}".encode()] for i in range(len(row))) / draws
         assert share == pytest.approx(len(row) / len(items), abs=0.03)
+
+
+def test_reset_and_checkpoint_reach_every_server_and_name_the_one_that_is_down(servers, start_server, tmp_path):
+    endpoints = servers(1, snapshot=str(tmp_path / "a.snap")) + servers(1, snapshot=str(tmp_path / "b.snap"))
+    with ShardedReplayClient(endpoints, seed=0) as sharded:
+        for _ in range(4):
+            sharded.insert(np.ones(5), [b"x"] * 5)
+        sizes = [_stats(e)["size"] for e in endpoints]
+        assert sum(sizes) == 20 and all(sizes)  # inserts went to both
+        paths = sharded.checkpoint()
+        assert paths == [str(tmp_path / "a.snap"), str(tmp_path / "b.snap")] and all(map(os.path.exists, paths))
+        assert sharded.reset() == 20
+        assert [_stats(e)["size"] for e in endpoints] == [0, 0]
+    # A server that does not answer: named, and the other's reset is reported done.
+    down = start_server("--seed", "5")
+    with ShardedReplayClient([endpoints[0], down.endpoint], timeout=2.0, seed=0) as sharded:
+        sharded.insert(np.ones(3), [b"y"] * 3)
+        down.kill9()
+        with pytest.raises(ReplayTimeout, match=f"{down.endpoint} down or not answering; done on {endpoints[0]}"):
+            sharded.reset()
+        assert sharded.stats()["replay_servers_up"] == 1

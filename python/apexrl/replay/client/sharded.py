@@ -793,6 +793,47 @@ class ShardedReplayClient:
             replies = self._scatter(requests)
             return sum(int(reply.header.count) for _server, reply in replies)
 
+    def reset(self, table: str | None = None) -> int:
+        """Empty ``table`` (None: this set's) on every server (Reverb's ``Client.reset``; see
+        :meth:`ReplayClient.reset`) -> the items removed in all. Every server must take it: one that is down or
+        lost on the way raises ReplayTimeout naming it and the servers that were emptied (a reset is not undone;
+        call again once it is back). Under CURVE an actor may not (ServerError)."""
+        other = self._for(table)
+        if other is not None:
+            return other.reset()
+        counts = self._on_every_server("reset", lambda client: client.reset())
+        return sum(counts)
+
+    def checkpoint(self, timeout: float | None = None) -> list[str]:
+        """Every server writes its snapshot now (Reverb's ``Client.checkpoint``; see
+        :meth:`ReplayClient.checkpoint`) -> the paths, one per server in the order of :attr:`endpoints`, each on
+        its server's machine. A server that is down or lost on the way raises ReplayTimeout naming it and the
+        servers that did write theirs; ServerError as from one server (no ``--snapshot``, a failed save)."""
+        return self._on_every_server("checkpoint", lambda client: client.checkpoint(timeout))
+
+    def _on_every_server(self, what: str, call: Callable[[ReplayClient], T]) -> list[T]:
+        """``call`` on each server in turn -> their answers; ReplayTimeout naming the servers that did not answer
+        (down, or lost on the way) and those that did, once every server up was asked."""
+        with self._lock:
+            self._refresh()
+            answers: list[T] = []
+            missed: list[str] = []
+            error: BaseException | None = None
+            for server in self._servers:
+                answer, lost = self._ask(server, call) if server.up else (None, None)
+                if server.up and lost is None:
+                    answers.append(answer)  # type: ignore[arg-type]  # None only with a loss
+                else:
+                    missed.append(self.endpoints[server.index])
+                    error = lost or error
+            if missed:
+                done = [e for e in self.endpoints if e not in missed]
+                raise ReplayTimeout(
+                    f"{what} of table {self.table!r}: replay server(s) {', '.join(missed)} down or not answering; "
+                    f"done on {', '.join(done) if done else 'none'}"
+                ) from error
+            return answers
+
     def tables(self) -> dict[str, dict[str, Any]]:
         """The tables of the first server that answers, as :meth:`ReplayClient.tables` (every server of a set is
         configured alike; sizes and counters are that server's)."""
