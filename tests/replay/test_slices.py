@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apexrl.replay.slices import SliceTable, window_keys
+from apexrl.replay.wire import steps as S
 from tests.store.test_sampling_stats import P_VALUE_FLOOR, chi2_sf
 
 
@@ -102,6 +103,7 @@ def assert_matches(table, ref):
         assert got[k] == pytest.approx(m, rel=1e-12), k
     for e, p in ref.episodes.items():
         np.testing.assert_array_equal(table.step_priorities(e), p)
+        assert table.valid_starts(len(p)) == sum(1 for k in want if k[0] == e)  # e(n), the documented formula
     stats = table.stats()
     assert (stats["episodes"], stats["steps"], stats["windows"]) == (
         len(ref.episodes),
@@ -125,7 +127,7 @@ CONFIGS = st.fixed_dictionaries(
 PRIORITY = st.floats(0.0, 10.0) | st.sampled_from([0.0, 1.0])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=CONFIGS, data=st.data())
 def test_windows_masses_updates_and_eviction_follow_the_reference(config, data):
     table, ref = make(**config)
@@ -220,6 +222,22 @@ def test_an_update_lands_on_the_trained_steps_and_moves_the_draws():
     assert np.isin(batch.starts[batch.episodes == 1], [3, 4]).sum() > 50
 
 
+def test_chunks_written_elsewhere_are_stored_as_they_come():
+    fields = (S.Field("id", np.dtype("<i8"), ()),)
+    fp = S.structure_fingerprint(fields)
+    chunks = [S.encode_chunk(fields, [np.arange(lo, hi, dtype=np.int64)], fp) for lo, hi in ((0, 3), (3, 4), (4, 9))]
+    table = SliceTable(20, 3, burn_in=1, sampler="uniform", span=True)
+    assert table.insert_chunks(chunks, priorities=2.0) == 0
+    np.testing.assert_array_equal(table.step_priorities(0), [2.0] * 9)
+    batch = table.sample(64)
+    for i, t in enumerate(batch.starts):
+        rows = int(batch.steps.mask[i].sum())
+        assert rows == min(4, 9 - t)
+        np.testing.assert_array_equal(batch.steps.fields["id"][i, :rows], np.arange(t, t + rows))
+    with pytest.raises(ValueError, match="structure"):  # the table's structure is the first episode's
+        table.insert_episode({"id": np.zeros(5, dtype=np.int32)})
+
+
 def test_fifo_eviction_removes_whole_episodes_and_their_keys_turn_stale():
     table, ref = make(capacity=20, length=2, burn_in=0)
     for i in range(3):
@@ -249,6 +267,12 @@ def test_bad_input_is_refused_and_changes_nothing():
     for steps, priorities in bad_inserts:
         with pytest.raises(ValueError):
             table.insert_episode(steps, priorities)
+    good = table._native  # insert_chunks checks every chunk's header and the table's structure
+    chunk = S.encode_chunk((S.Field("id", np.dtype("<i8"), ()),), [np.zeros(3, dtype=np.int64)], 5)
+    for chunks in ([], [b"not a chunk"], [chunk]):
+        with pytest.raises(ValueError):
+            table.insert_chunks(chunks)
+    assert table._native is good
     bad_updates = [([1], [1.0, 2.0]), ([1], [[1.0, 2.0, 3.0]]), ([1], [float("inf")]), ([-1], [1.0]), ([[1]], [1.0])]
     for keys, values in bad_updates:
         with pytest.raises(ValueError):

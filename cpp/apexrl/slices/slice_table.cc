@@ -32,7 +32,8 @@ SliceTable::SliceTable(const SliceConfig& config) : config_(config) {
 uint32_t SliceTable::ValidStarts(uint64_t n) const {
   const uint64_t w = uint64_t{config_.burn_in} + config_.length;
   if (n <= config_.burn_in || (config_.strict_length && n < w)) return 0;
-  const uint64_t fit = n >= w ? n - w + 1 + config_.span : 1;  // starts whose window keeps L - span trained steps
+  // Starts whose window keeps at least L - span trained steps: t <= n - W + span.
+  const uint64_t fit = n + 1 + config_.span > w ? n + 1 + config_.span - w : 0;
   return static_cast<uint32_t>(std::min<uint64_t>(n - config_.burn_in, std::max<uint64_t>(fit, 1)));
 }
 

@@ -149,7 +149,7 @@ class SliceTable:
             self.span,
             _int(seed, "seed", 0, (1 << 64) - 1),
         )
-        self._structure: tuple[S.Field, ...] | None = None
+        self._fingerprint: int | None = None  # of the first episode's structure: every episode's
 
     def valid_starts(self, steps: int) -> int:
         """How many windows an episode of ``steps`` steps offers (e(n) above)."""
@@ -174,27 +174,38 @@ class SliceTable:
         structure = tuple(
             S.Field(p, np.dtype(a.dtype).newbyteorder("<"), tuple(a.shape[1:])) for p, a in arrays.items()
         )
-        if self._structure is None:
-            self._structure = structure
-        elif structure != self._structure:
-            raise ValueError(f"episode structure {structure} differs from the table's {self._structure}")
         fp = S.structure_fingerprint(structure)
         chunks, counts = [], []
         for lo in range(0, n, self.chunk_length):
             hi = min(n, lo + self.chunk_length)
             chunks.append(S.encode_chunk(structure, [arrays[f.path][lo:hi] for f in structure], fp))
             counts.append(hi - lo)
-        return self.insert_chunks(chunks, counts, fp, priorities)
+        return self._insert(chunks, counts, fp, priorities)
 
-    def insert_chunks(
-        self, chunks: Sequence[bytes], steps: Sequence[int], fingerprint: int, priorities: Any = None
-    ) -> int:
-        """Stores an episode already cut into step chunks (``steps[c]`` steps in ``chunks[c]``, of structure
-        ``fingerprint``), as :meth:`insert_episode` does."""
-        counts = np.asarray(steps, dtype=np.int64)
-        if counts.ndim != 1 or len(counts) != len(chunks) or not len(chunks) or (counts < 1).any():
-            raise ValueError("steps must hold one count >= 1 per chunk, and an episode at least one chunk")
-        n = int(counts.sum())
+    def insert_chunks(self, chunks: Sequence[Any], priorities: Any = None) -> int:
+        """Stores an episode already cut into step chunks (:mod:`apexrl.replay.wire.steps`, e.g. a
+        :class:`~apexrl.replay.client.trajectory.TrajectoryWriter`'s), in step order, as :meth:`insert_episode`
+        does: every chunk's header is checked, and they must share the table's structure."""
+        if isinstance(chunks, bytes | bytearray | memoryview) or not len(chunks):
+            raise ValueError("chunks must be a non-empty sequence of step chunks")
+        counts, fps = [], set()
+        for c, blob in enumerate(chunks):
+            try:
+                k, fp, _key = S.chunk_summary(blob)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"chunk {c} is not a step chunk: {e}") from None
+            counts.append(k)
+            fps.add(fp)
+        if len(fps) != 1:
+            raise ValueError("the chunks of one episode must share one structure (their fingerprints differ)")
+        return self._insert(list(chunks), counts, fps.pop(), priorities)
+
+    def _insert(self, chunks: list[Any], counts: list[int], fingerprint: int, priorities: Any) -> int:
+        if self._fingerprint is not None and fingerprint != self._fingerprint:
+            raise ValueError(
+                "the episode's structure (fields, dtypes, shapes) differs from the table's first episode's"
+            )
+        n = sum(counts)
         p = None
         if priorities is not None:
             p = np.asarray(priorities, dtype=np.float64)
@@ -202,7 +213,9 @@ class SliceTable:
                 p = np.full(n, float(p))
             if p.shape != (n,):
                 raise ValueError(f"priorities must be one number or {n} (one per step), got shape {p.shape}")
-        return int(self._native.insert(int(fingerprint), list(chunks), counts.astype(np.uint64), p))
+        number = int(self._native.insert(fingerprint, chunks, np.asarray(counts, dtype=np.uint64), p))
+        self._fingerprint = fingerprint
+        return number
 
     def sample(self, batch_size: int, beta: float = 0.4, reuse: dict[str, np.ndarray] | None = None) -> SliceBatch:
         """``batch_size`` windows, drawn with replacement, decoded (``reuse``: as
