@@ -263,6 +263,7 @@ def test_bad_input_is_refused_and_changes_nothing():
         (episode(1, 4), [1.0, 2.0]),  # not one per step
         ({"id": np.zeros(4, dtype=np.int32)}, None),  # another structure
         ({"id": np.zeros(4), "obs": {"x": np.zeros((3, 2))}}, None),  # fields of different lengths
+        ({"id": np.array(["a", "b"]), "obs": {"x": np.zeros((2, 2), dtype=np.float32)}}, None),  # not numeric
     ]
     for steps, priorities in bad_inserts:
         with pytest.raises(ValueError):

@@ -72,6 +72,7 @@ struct SliceStats {
   uint64_t stale_updates = 0;
 };
 
+// A window's key: its episode's number (below 2^40) above its start step (below 2^24).
 inline constexpr uint32_t kSliceStartBits = 24;
 inline constexpr uint64_t kMaxEpisodeSteps = (uint64_t{1} << kSliceStartBits) - 1;
 

@@ -171,6 +171,9 @@ class SliceTable:
         if len(lengths) != 1 or min(lengths) < 1:
             raise ValueError(f"every field must hold the episode's steps along its first axis, got lengths {lengths}")
         n = lengths.pop()
+        odd = [p for p, a in arrays.items() if a.dtype.kind not in "biufc" or a.dtype.fields is not None]
+        if odd:
+            raise ValueError(f"fields {odd} are not numeric or bool arrays")
         structure = tuple(
             S.Field(p, np.dtype(a.dtype).newbyteorder("<"), tuple(a.shape[1:])) for p, a in arrays.items()
         )
