@@ -51,6 +51,17 @@ def test_sequence_learner():
     assert done and int(done.group(1)) == len(episodes) and int(done.group(2)) == 100, out
 
 
+def test_slice_learner():
+    out = run_example("slice_learner.py", "--steps", "600", "--learning-starts", "200", "--batch-size", "8",
+                      "--burn-in", "3", "--length", "6", "--seed", "2")  # fmt: skip
+    episodes = re.findall(r"^episode (\d+)  step (\d+)  return (\d+)$", out, re.M)
+    assert episodes and [int(e) for e, _, _ in episodes] == list(range(1, len(episodes) + 1))
+    done = re.search(r"^done: 600 steps, (\d+) episodes, (\d+) updates, (\d+) steps held$", out, re.M)
+    # Every finished episode is held (600 steps fit), each with its last observation as a step of its own.
+    assert done and int(done.group(1)) == len(episodes) and int(done.group(2)) == 100, out
+    assert int(done.group(3)) == int(episodes[-1][1]) + len(episodes), out
+
+
 def test_onpolicy_learner():
     out = run_example("onpolicy_learner.py", "--steps", "1500", "--rollout", "128", "--length", "16",
                       "--epochs", "2", "--seed", "1")  # fmt: skip
@@ -81,7 +92,8 @@ def test_the_docs_code_is_the_examples_code():
     """docs/own_learner.md takes its Python from the examples: every line of its python blocks (but ``...`` and
     comments) is a line of one of the scripts, so the page cannot drift from code that CI runs."""
     sources = set()
-    for script in ("uniform_sac.py", "sequence_learner.py", "onpolicy_learner.py", "two_process_dqn.py"):
+    scripts = ("uniform_sac.py", "sequence_learner.py", "slice_learner.py", "onpolicy_learner.py", "two_process_dqn.py")
+    for script in scripts:
         with open(os.path.join(EXAMPLES, script), encoding="utf-8") as f:
             sources |= {line.strip() for line in f}
     with open(os.path.join(os.path.dirname(EXAMPLES), "docs", "own_learner.md"), encoding="utf-8") as f:

@@ -14,6 +14,7 @@ void RegisterErrors(pybind11::module_& m);
 void RegisterStore(pybind11::module_& m);
 void RegisterServe(pybind11::module_& m);
 void RegisterDecode(pybind11::module_& m);
+void RegisterSlices(pybind11::module_& m);
 
 // The native store behind a PrioritizedStore object (TypeError if it is not one).
 std::shared_ptr<ShardedStore> StoreOf(const pybind11::handle& store);

@@ -9,4 +9,5 @@ PYBIND11_MODULE(_core, m) {
   apexrl::bindings::RegisterStore(m);
   apexrl::bindings::RegisterServe(m);
   apexrl::bindings::RegisterDecode(m);
+  apexrl::bindings::RegisterSlices(m);
 }

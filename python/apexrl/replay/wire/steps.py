@@ -44,6 +44,7 @@ __all__ = [
     "ITEM_MAGIC",
     "Field",
     "SequenceBatch",
+    "chunk_summary",
     "decode_chunk",
     "decode_item",
     "decode_sequences",
@@ -251,6 +252,13 @@ def encode_chunk(fields: Sequence[Field], columns: Sequence[np.ndarray], fingerp
         parts.append(blob)
         described.append([*f.describe(), codec, len(blob)])
     return _header(CHUNK_MAGIC, {"fp": fingerprint, "k": k, "f": described}) + b"".join(parts)
+
+
+def chunk_summary(blob: Any) -> tuple[int, int, tuple[Any, ...]]:
+    """(steps k, fingerprint, the structure as a comparable key) of a step chunk, its header checked as
+    :func:`decode_sequences` checks it (ValueError for a malformed one); decompresses nothing."""
+    k, fp, _fields, key = _chunk_header(memoryview(blob).cast("B"))
+    return k, fp, key
 
 
 def decode_chunk(blob: Any) -> tuple[int, int, dict[str, np.ndarray]]:

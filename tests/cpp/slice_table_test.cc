@@ -1,0 +1,124 @@
+// SliceTable's invariants through a long run of inserts that wrap its step ring many times, windows copied out
+// across chunk boundaries, and concurrent inserters, samplers and updaters (run under the sanitizers too).
+#include "apexrl/slices/slice_table.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "apexrl/errors.h"
+
+namespace apexrl {
+namespace {
+
+// An episode of n steps, one byte per step (its step number), in chunks of `chunk` steps.
+struct Episode {
+  std::vector<std::vector<uint8_t>> chunks;
+  std::vector<const uint8_t*> data;
+  std::vector<uint64_t> sizes, steps;
+};
+
+Episode MakeEpisode(uint32_t n, uint32_t chunk) {
+  Episode e;
+  for (uint32_t lo = 0; lo < n; lo += chunk) {
+    std::vector<uint8_t> c;
+    for (uint32_t j = lo; j < std::min(n, lo + chunk); ++j) c.push_back(static_cast<uint8_t>(j));
+    e.chunks.push_back(c);
+  }
+  for (const auto& c : e.chunks) {
+    e.data.push_back(c.data());
+    e.sizes.push_back(c.size());
+    e.steps.push_back(c.size());
+  }
+  return e;
+}
+
+uint64_t Insert(SliceTable& t, uint32_t n, uint32_t chunk, const double* priorities = nullptr) {
+  Episode e = MakeEpisode(n, chunk);
+  return t.Insert(7, e.data.data(), e.sizes.data(), e.steps.data(), e.chunks.size(), priorities);
+}
+
+TEST(SliceTable, WrapsItsRingAndCopiesWindowsAcrossChunks) {
+  SliceConfig c;
+  c.capacity_steps = 37;
+  c.length = 3;
+  c.burn_in = 2;
+  c.span = 2;
+  c.seed = 1;
+  SliceTable t(c);
+  for (uint32_t i = 0; i < 200; ++i) {
+    Insert(t, 1 + (i * 7) % 19, 1 + i % 4);
+    t.Validate();
+  }
+  SliceSample s;
+  t.Sample(500, 0.4, &s);
+  ASSERT_EQ(s.keys.size(), 500u);
+  for (size_t i = 0; i < s.keys.size(); ++i) {
+    const uint64_t start = s.keys[i] & kMaxEpisodeSteps;
+    // The window's steps, read from its chunks (one byte per step = the step number), are start, start + 1, ...
+    std::vector<uint8_t> steps;
+    for (uint64_t r = s.window_chunk_offsets[i]; r < s.window_chunk_offsets[i + 1]; ++r) {
+      const uint64_t ch = s.window_chunks[r];
+      steps.insert(steps.end(), s.chunk_data.begin() + s.chunk_offsets[ch],
+                   s.chunk_data.begin() + s.chunk_offsets[ch + 1]);
+    }
+    ASSERT_GE(steps.size(), s.first[i] + s.rows[i]);
+    for (uint32_t r = 0; r < s.rows[i]; ++r) EXPECT_EQ(steps[s.first[i] + r], static_cast<uint8_t>(start + r));
+    EXPECT_GE(s.rows[i], 2u + 1u);  // burn-in and at least L - span trained steps
+  }
+}
+
+TEST(SliceTable, RefusesBadInputAndChangesNothing) {
+  SliceConfig c;
+  c.capacity_steps = 10;
+  c.length = 2;
+  SliceTable t(c);
+  Insert(t, 5, 2);
+  EXPECT_THROW(Insert(t, 11, 2), InvalidArgument);
+  const double bad[] = {1.0, -1.0, 1.0};
+  EXPECT_THROW(Insert(t, 3, 2, bad), InvalidArgument);
+  const uint64_t key = 0;
+  const double nan = std::nan("");
+  EXPECT_THROW(t.Update(&key, 1, &nan, false), InvalidArgument);
+  EXPECT_EQ(t.Stats().episodes, 1u);
+  EXPECT_EQ(t.Stats().windows, 4u);
+  t.Validate();
+  c.span = 2;
+  EXPECT_THROW(SliceTable{c}, InvalidArgument);
+}
+
+TEST(SliceTable, ConcurrentInsertsSamplesAndUpdatesKeepItConsistent) {
+  SliceConfig c;
+  c.capacity_steps = 500;
+  c.length = 4;
+  c.burn_in = 1;
+  SliceTable t(c);
+  Insert(t, 50, 8);
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] {
+    for (uint32_t i = 0; i < 300; ++i) Insert(t, 10 + i % 40, 8);
+  });
+  for (int k = 0; k < 2; ++k) {
+    threads.emplace_back([&] {
+      SliceSample s;
+      for (int i = 0; i < 200; ++i) {
+        t.Sample(16, 0.5, &s);
+        std::vector<double> p(s.keys.size(), 0.5 + i % 3);
+        t.Update(s.keys.data(), s.keys.size(), p.data(), false);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  t.Validate();
+  const SliceStats st = t.Stats();
+  EXPECT_EQ(st.inserted_episodes, 301u);
+  EXPECT_LE(st.steps, 500u);
+  EXPECT_EQ(st.sampled, 2u * 200 * 16);
+}
+
+}  // namespace
+}  // namespace apexrl
