@@ -1,0 +1,284 @@
+#include "apexrl/disk_table.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+#include "apexrl/errors.h"
+
+namespace apexrl {
+
+namespace {
+
+constexpr size_t kInsertHead = 24;  // key, insertion number, priority
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+template <typename T>
+void Put(std::vector<uint8_t>* out, T v) {
+  const size_t at = out->size();
+  out->resize(at + sizeof(T));
+  std::memcpy(out->data() + at, &v, sizeof(T));
+}
+
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// An item as the replay knows it: where its bytes lie in the log.
+struct LoggedItem {
+  uint64_t seq;
+  double priority;
+  LogPosition at;
+  uint32_t size;
+};
+
+}  // namespace
+
+const char* DurabilityName(Durability d) { return d == Durability::kSync ? "sync" : "interval"; }
+
+Durability ParseDurability(const std::string& name) {
+  if (name == "sync") return Durability::kSync;
+  if (name == "interval") return Durability::kInterval;
+  throw InvalidArgument("durability must be 'sync' or 'interval', got '" + name + "'");
+}
+
+DiskTable::DiskTable(StoreConfig config, DiskTableOptions options)
+    : config_(std::move(config)), options_(std::move(options)) {
+  if (!(options_.interval_s > 0)) throw InvalidArgument("a disk table's sync interval must be > 0 seconds");
+  Open();
+}
+
+void DiskTable::Open() {
+  std::unordered_map<Key, LoggedItem> items;
+  std::set<uint32_t> epochs;
+  uint64_t records = 0;
+  const std::string where = "disk table log '" + options_.path + "'";
+  auto bad = [&where](const std::string& what) { return InvalidArgument(where + ": " + what); };
+  auto visit = [&](uint8_t type, const uint8_t* body, size_t size, LogPosition at) {
+    ++records;
+    switch (type) {
+      case kOpen: {
+        if (size != 8) throw bad("an OPEN record of " + std::to_string(size) + " bytes");
+        const uint32_t shards = Get<uint32_t>(body + 4);
+        if (shards != config_.shards) {
+          throw bad("written by a table of " + std::to_string(shards) + " shards; this one is configured with " +
+                    std::to_string(config_.shards) +
+                    " (keys name their shard: open it with shards=" + std::to_string(shards) + ")");
+        }
+        epochs.insert(Get<uint32_t>(body));
+        ++opened_.lives;
+        break;
+      }
+      case kInsert: {
+        if (size < kInsertHead) throw bad("an INSERT record of " + std::to_string(size) + " bytes");
+        const Key key = Get<uint64_t>(body);
+        items[key] =
+            LoggedItem{Get<uint64_t>(body + 8), Get<double>(body + 16),
+                       LogPosition{at.segment, at.offset + kInsertHead}, static_cast<uint32_t>(size - kInsertHead)};
+        break;
+      }
+      case kUpdate: {
+        if (size % 16 != 0) throw bad("an UPDATE record of " + std::to_string(size) + " bytes");
+        for (size_t i = 0; i < size; i += 16) {
+          auto it = items.find(Get<uint64_t>(body + i));
+          if (it != items.end()) it->second.priority = Get<double>(body + i + 8);
+        }
+        break;
+      }
+      case kErase: {
+        if (size % 8 != 0) throw bad("an ERASE record of " + std::to_string(size) + " bytes");
+        for (size_t i = 0; i < size; i += 8) items.erase(Get<uint64_t>(body + i));
+        break;
+      }
+      case kClear:
+        items.clear();
+        break;
+      default:
+        throw bad("a record of unknown type " + std::to_string(type) + " (written by a newer apexrl?)");
+    }
+  };
+  log_ = std::make_unique<TableLog>(options_.path, options_.log, visit);
+  opened_.records = records;
+  opened_.log = log_->recovery();
+  // A new life's keys must not repeat an earlier life's: its epoch is one no life of the log used.
+  uint32_t epoch = config_.epoch;
+  for (size_t tries = 0; epochs.count(epoch) != 0 && tries < kMaxEpoch; ++tries) epoch = NextEpoch(epoch);
+  config_.epoch = epoch;
+  opened_.epoch = epoch;
+  std::vector<RestoredItem> restored;
+  restored.reserve(items.size());
+  uint64_t total = 0;
+  for (const auto& [key, item] : items) total += item.size;
+  std::vector<uint8_t> bytes(total);
+  uint64_t offset = 0;
+  for (const auto& [key, item] : items) {
+    if (item.size != 0) log_->Read(item.at, item.size, bytes.data() + offset);
+    restored.push_back(RestoredItem{key, item.seq, item.priority, bytes.data() + offset, item.size});
+    offset += item.size;
+  }
+  store_ = std::make_shared<ShardedStore>(config_);
+  try {
+    store_->Restore(std::move(restored));
+  } catch (const InvalidArgument& e) {
+    throw bad(e.what());
+  }
+  opened_.items = store_->Size();
+  store_->ReportRemovals(&removed_);
+  std::vector<uint8_t> body;
+  Put<uint32_t>(&body, epoch);
+  Put<uint32_t>(&body, config_.shards);
+  Write(kOpen, body.data(), body.size());
+  log_->Sync();
+  unsynced_ = false;
+  syncs_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void DiskTable::CheckUsable() const {
+  if (failed())
+    throw IoError("the table's log failed (" + failure_ + "); it takes no change until the server restarts");
+}
+
+void DiskTable::Write(uint8_t type, const void* body, size_t size) {
+  log_->Append(type, body, size);
+  records_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(kLogRecordHeaderBytes + size, std::memory_order_relaxed);
+}
+
+void DiskTable::AppendRemovals() {
+  erasing_.insert(erasing_.end(), pending_.begin(), pending_.end());
+  erasing_.insert(erasing_.end(), removed_.begin(), removed_.end());
+  pending_.clear();
+  removed_.clear();
+  if (!erasing_.empty()) Write(kErase, erasing_.data(), erasing_.size() * sizeof(Key));
+}
+
+void DiskTable::Flush() {
+  log_->Flush();
+  erasing_.clear();
+  if (!unsynced_) {
+    unsynced_ = true;
+    unsynced_since_ = Now();
+  }
+}
+
+void DiskTable::LogInserts(const Key* keys, uint64_t first_seq, const double* priorities, const uint8_t* const* data,
+                           const uint64_t* sizes, size_t n) {
+  CheckUsable();
+  WriteAll([&] {
+    for (size_t i = 0; i < n; ++i) {
+      scratch_.clear();
+      Put<uint64_t>(&scratch_, keys[i]);
+      Put<uint64_t>(&scratch_, first_seq + i);
+      Put<double>(&scratch_, priorities[i]);
+      scratch_.insert(scratch_.end(), data[i], data[i] + sizes[i]);
+      Write(kInsert, scratch_.data(), scratch_.size());
+    }
+    AppendRemovals();  // after the items: the max_size ceiling may have evicted some of them
+  });
+}
+
+void DiskTable::LogUpdates(const Key* keys, const double* priorities, size_t n) {
+  CheckUsable();
+  WriteAll([&] {
+    AppendRemovals();
+    scratch_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      Put<uint64_t>(&scratch_, keys[i]);
+      Put<double>(&scratch_, priorities[i]);
+    }
+    Write(kUpdate, scratch_.data(), scratch_.size());
+  });
+}
+
+void DiskTable::LogErases(const Key* keys, size_t n) {
+  CheckUsable();
+  WriteAll([&] {
+    AppendRemovals();
+    Write(kErase, keys, n * sizeof(Key));
+  });
+}
+
+void DiskTable::LogClear() {
+  CheckUsable();
+  WriteAll([&] {
+    AppendRemovals();
+    Write(kClear, nullptr, 0);
+  });
+}
+
+void DiskTable::LogRemovals() {
+  if ((removed_.empty() && pending_.empty()) || failed()) return;
+  try {
+    WriteAll([this] { AppendRemovals(); });
+  } catch (const IoError&) {  // kept in pending_ for the next write
+  }
+}
+
+std::string DiskTable::Restored(const Key* keys, size_t n) {
+  try {
+    CheckUsable();
+    std::string data;
+    uint64_t seq = 0;
+    double priority = 0;
+    uint64_t count = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!store_->Peek(keys[i], &seq, &priority, &data)) continue;
+      scratch_.clear();
+      Put<uint64_t>(&scratch_, keys[i]);
+      Put<uint64_t>(&scratch_, seq);
+      Put<double>(&scratch_, priority);
+      scratch_.insert(scratch_.end(), data.begin(), data.end());
+      Write(kInsert, scratch_.data(), scratch_.size());
+      ++count;
+    }
+    Flush();
+    restored_.fetch_add(count, std::memory_order_relaxed);
+    if (!Commit()) return failure_;
+    return std::string();
+  } catch (const std::exception& e) {
+    write_errors_.fetch_add(1, std::memory_order_relaxed);
+    return e.what();
+  }
+}
+
+bool DiskTable::Due(double now) const { return DueIn(now) <= 0 && unsynced_; }
+
+double DiskTable::DueIn(double now) const {
+  if (!unsynced_) return -1;
+  if (options_.durability == Durability::kSync) return 0;
+  return std::max(0.0, unsynced_since_ + options_.interval_s - now);
+}
+
+bool DiskTable::Commit() {
+  if (failed()) return false;
+  try {
+    log_->Sync();
+  } catch (const IoError& e) {
+    failure_ = e.what();
+    failed_.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  unsynced_ = false;
+  syncs_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+DiskTableStats DiskTable::Stats() const {
+  DiskTableStats s;
+  s.records = records_.load(std::memory_order_relaxed);
+  s.bytes = bytes_.load(std::memory_order_relaxed);
+  s.syncs = syncs_.load(std::memory_order_relaxed);
+  s.write_errors = write_errors_.load(std::memory_order_relaxed);
+  s.restored = restored_.load(std::memory_order_relaxed);
+  s.failed = failed();
+  return s;
+}
+
+}  // namespace apexrl

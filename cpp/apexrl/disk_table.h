@@ -1,0 +1,173 @@
+// DiskTable: a table whose every acknowledged change is in a log on disk (storage="disk"), so that a server
+// killed (kill -9) or a machine that loses power reopens the table with what it acknowledged, keys included.
+//
+// Design. The table's store (sum trees, key slots, eviction orders, payloads) stays in memory exactly as a memory
+// table's; the serving loop's rate limiter counts stay in memory too (a reopened table starts them afresh from its
+// size). Beside it, every change is appended to the table's TableLog (table_log.h: checksummed records in
+// segment files under `path`, a LOCK against a second server) as one of these records (little-endian):
+//   1 OPEN    u32 epoch | u32 shards          a server life began, issuing keys of `epoch`
+//   2 INSERT  u64 key | u64 insertion number | f64 priority | the item's bytes
+//   3 UPDATE  n x (u64 key | f64 priority)    an UPDATE_PRIORITIES request (keys that address nothing included)
+//   4 ERASE   n x u64 key                     items gone: ERASE requests, evictions (RemoveToFit, the max_size
+//                                             ceiling, any remover), and a queue's pops (an item drawn for the last
+//                                             time, logged when its SAMPLE is served, before the reply leaves)
+//   5 CLEAR   (empty)                         a RESET
+// A SAMPLE reply that is not delivered gives its held items back to the store; they are logged again as INSERTs
+// with their old keys and insertion numbers (so a queue's order survives), and synced at once.
+// Opening replays the log in order into a key -> item map (an INSERT of a live key replaces it, an UPDATE or
+// ERASE of a key that is not there does nothing, as the store did), then restores the items, with their keys and
+// insertion numbers, into a new store of `config` (ShardedStore::Restore), whose epoch differs from every life
+// the log recorded. The log recovery's truncation (a torn or corrupt record ends the log) is what the table
+// opens at; recovery() reports what was dropped.
+//
+// Items with chunks (trajectories, Atari frame chunks) are not stored on disk: the loop refuses such an INSERT.
+// Not done yet, and said where it matters: the log is never compacted (it grows with every change; reopening
+// reads it all), the payloads are also in memory (RSS is that of a memory table), and an item's draw count
+// (max_times_sampled above 1) starts again from 0 after a restart.
+//
+// Durability. Every change is written (write(2), to the page cache) before the request's reply is built, one
+// write per request, so a killed process loses nothing it acknowledged. kSync: the loop fdatasyncs once per turn,
+// after the turn's requests, and only then sends their replies (group commit). kInterval: replies leave at once;
+// the loop fdatasyncs within `interval_s` of a record's write, so a power cut loses at most that much.
+// A write that fails (disk full, EFBIG past RLIMIT_FSIZE, EIO) changes nothing on disk (TableLog cuts back);
+// the caller undoes the request's change in memory and answers it with an error. A failed fdatasync leaves the
+// disk's state unknown: the table fails (failed()), every later change to it is refused until a restart.
+//
+// Thread-safety: none; the serving loop's thread alone calls it (the loop serves every request of a disk table
+// there). Python reads the counters through Stats() between calls (atomics).
+#ifndef APEXRL_DISK_TABLE_H_
+#define APEXRL_DISK_TABLE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apexrl/errors.h"
+#include "apexrl/sharded_store.h"
+#include "apexrl/table_log.h"
+
+namespace apexrl {
+
+enum class Durability { kSync, kInterval };
+
+struct DiskTableOptions {
+  std::string path;  // the log's directory (created if missing; its parent must exist)
+  Durability durability = Durability::kSync;
+  double interval_s = 0.010;  // kInterval: the longest a written record waits for its fdatasync
+  LogOptions log;
+};
+
+// What opening found.
+struct DiskTableOpened {
+  uint64_t items = 0;    // restored
+  uint64_t records = 0;  // read
+  uint32_t epoch = 0;    // the new life's
+  uint64_t lives = 0;    // OPEN records before this one
+  LogRecovery log;       // what the log's recovery dropped, and why
+};
+
+// Counters (STATS: table.<name>.disk_*).
+struct DiskTableStats {
+  uint64_t records = 0;       // appended since open
+  uint64_t bytes = 0;         // their bytes
+  uint64_t syncs = 0;         // fdatasyncs
+  uint64_t write_errors = 0;  // requests refused because their records could not be written
+  uint64_t restored = 0;      // items given back (undelivered SAMPLE replies) and logged again
+  bool failed = false;
+};
+
+class DiskTable {
+ public:
+  static constexpr uint8_t kOpen = 1, kInsert = 2, kUpdate = 3, kErase = 4, kClear = 5;
+
+  // Opens the log at options.path (IoError: unusable directory, another process holds it, a segment of an
+  // unknown version; InvalidArgument: a log of another shard count, or records that contradict each other),
+  // restores its items into a new store of `config` and records this life's OPEN (synced). config.epoch is
+  // taken unless an earlier life of the log used it (then the next one that none did).
+  DiskTable(StoreConfig config, DiskTableOptions options);
+  DiskTable(const DiskTable&) = delete;
+  DiskTable& operator=(const DiskTable&) = delete;
+
+  const std::shared_ptr<ShardedStore>& store() const { return store_; }
+  const DiskTableOpened& opened() const { return opened_; }
+  const DiskTableOptions& options() const { return options_; }
+
+  // Each logs one request's change and writes it (with the removals the store reported since the last call,
+  // in order) before returning; IoError when it cannot (nothing of it written: the caller undoes and refuses).
+  // LogInserts after the store's Insert (items numbered first_seq + i), the others before the change itself.
+  void LogInserts(const Key* keys, uint64_t first_seq, const double* priorities, const uint8_t* const* data,
+                  const uint64_t* sizes, size_t n);
+  void LogUpdates(const Key* keys, const double* priorities, size_t n);
+  void LogErases(const Key* keys, size_t n);  // erased by request, or a queue's pops
+  void LogClear();
+  // The removals the store reported (evictions) alone; a failure keeps them for the next write and is not the
+  // request's (an eviction not logged yet brings an item back after a restart; it loses none).
+  void LogRemovals();
+  // Drops the removals reported since the last call (a RESET's, which its CLEAR record covers).
+  void DropRemovals() { removed_.clear(); }
+  // Held items that came back to the store (their SAMPLE reply was not sent): logged again as INSERTs and
+  // synced. Never throws (it runs where the reply is settled); a failure is counted and returned as text.
+  std::string Restored(const Key* keys, size_t n);
+
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  const std::string& failure() const { return failure_; }
+  // Written records not yet fdatasynced.
+  bool unsynced() const { return unsynced_; }
+  // kSync with records to sync: the loop holds this turn's replies until Commit.
+  bool holds_replies() const { return unsynced_ && options_.durability == Durability::kSync; }
+  // Whether Commit is due at `now` (seconds, steady clock): kSync with anything unsynced, kInterval once its
+  // oldest unsynced record is interval_s old. Seconds until it is due otherwise (negative: nothing to sync).
+  bool Due(double now) const;
+  double DueIn(double now) const;
+  // fdatasync. False (the table failed: failed(), failure()) when it cannot.
+  bool Commit();
+
+  DiskTableStats Stats() const;
+
+ private:
+  void Open();
+  void Write(uint8_t type, const void* body, size_t size);  // Append, counted
+  void AppendRemovals();                                    // pending_ and removed_, as one ERASE record
+  void Flush();
+  // Runs `append` (Write calls), then writes the buffer; on a failure nothing of it is on disk (TableLog cut
+  // back), the removals it carried wait in pending_ for the next write, and the IoError goes on.
+  template <typename Append>
+  void WriteAll(Append append) {
+    try {
+      append();
+      Flush();
+    } catch (const IoError&) {
+      write_errors_.fetch_add(1, std::memory_order_relaxed);
+      pending_.insert(pending_.begin(), erasing_.begin(), erasing_.end());
+      erasing_.clear();
+      throw;
+    }
+  }
+  void CheckUsable() const;  // IoError once the table failed
+
+  StoreConfig config_;
+  DiskTableOptions options_;
+  std::unique_ptr<TableLog> log_;
+  std::shared_ptr<ShardedStore> store_;
+  DiskTableOpened opened_;
+  std::vector<Key> removed_;  // the store's removal sink
+  std::vector<Key> pending_;  // removals whose ERASE record a failed write dropped
+  std::vector<Key> erasing_;  // the removals in the buffer now (pending_ again if the write fails)
+  std::vector<uint8_t> scratch_;
+  bool unsynced_ = false;
+  double unsynced_since_ = 0;
+  std::string failure_;
+  std::atomic<bool> failed_{false};
+  std::atomic<uint64_t> records_{0}, bytes_{0}, syncs_{0}, write_errors_{0}, restored_{0};
+};
+
+const char* DurabilityName(Durability d);
+// "sync" or "interval"; InvalidArgument naming both otherwise.
+Durability ParseDurability(const std::string& name);
+
+}  // namespace apexrl
+
+#endif  // APEXRL_DISK_TABLE_H_
