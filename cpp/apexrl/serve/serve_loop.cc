@@ -115,6 +115,7 @@ ServeLoop::ServeLoop(ZmqApi api, void* socket, std::vector<TableSpec> tables, Lo
         std::make_unique<Table>(static_cast<uint32_t>(i), std::move(tables[i]), bounds, &window_, pool_.get(),
                                 [this](const char* level, std::string text) { Log(level, std::move(text)); }));
     if (tables_.back()->name() == "default") default_ = i;
+    any_disk_ = any_disk_ || tables_.back()->disk() != nullptr;
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw IoError(std::string("eventfd: ") + std::strerror(errno));
@@ -192,6 +193,7 @@ void ServeLoop::Run() {
       }
     }
     if (stopping) poll_ms = std::min<long>(poll_ms, 10);
+    if (any_disk_) poll_ms = CommitDisk(poll_ms);
     const bool reading = outstanding_ < max_outstanding_ && !stopping;
     ZmqPollItem items[2] = {{socket_, 0, kZmqPollIn, 0}, {nullptr, wake_fd_, kZmqPollIn, 0}};
     const int rc = reading ? api_.poll(items, 2, poll_ms) : api_.poll(items + 1, 1, poll_ms);
@@ -203,8 +205,10 @@ void ServeLoop::Run() {
     }
     if (items[1].revents & kZmqPollIn) SendFinished();
     if (reading && (items[0].revents & kZmqPollIn)) ReadFrontBurst();
+    if (any_disk_) CommitDisk(0);
     Tidy();
   }
+  if (any_disk_) CommitDisk(0);
   {
     ScopedLock lock(jobs_mu_);
     jobs_closed_ = true;
@@ -380,8 +384,9 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
   }
   const Request& q = p->req;
   // RESET is served here too, so that it falls between two INSERTs or UPDATE_PRIORITIES, never inside one.
+  // A disk table's requests too: its log is written by this thread alone (disk_table.h).
   if (q.op == kInsert || q.op == kUpdatePriorities || q.op == kReset ||
-      (q.op == kSample && q.count <= config_.inline_sample_max)) {
+      (q.op == kSample && q.count <= config_.inline_sample_max) || p->table->disk() != nullptr) {
     Reply reply;
     const bool replied = Serve(p.get(), &reply);
     recheck_ = true;
@@ -435,7 +440,45 @@ void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
       return;
     }
   }
+  if (DiskTable* disk = p->table->disk(); disk != nullptr && disk->holds_replies()) {
+    held_replies_.push_back(HeldReply{p->peer, p->table, q.op, q.request_id, std::move(reply)});
+    return;
+  }
   Send(p->peer, std::move(reply));
+}
+
+long ServeLoop::CommitDisk(long poll_ms) {
+  const double now = Now();
+  for (const auto& t : tables_) {
+    DiskTable* disk = t->disk();
+    if (disk == nullptr || !disk->unsynced()) continue;
+    if (!disk->Due(now)) {
+      poll_ms = std::min(poll_ms, static_cast<long>(std::ceil(disk->DueIn(now) * 1000)));
+      continue;
+    }
+    if (!disk->Commit()) {
+      Log("ERROR", "table '" + t->name() + "': its log on disk cannot be synced (" + disk->failure() +
+                       "); the table takes no change until the server restarts, which opens it at its last "
+                       "consistent state");
+    }
+  }
+  if (held_replies_.empty()) return poll_ms;
+  std::vector<HeldReply> held;
+  held.swap(held_replies_);
+  for (HeldReply& h : held) {
+    if (h.table->disk()->failed() && h.reply.status == kOk) {
+      // Not known to be on disk: the request is answered as failed (its change stays in memory this life).
+      errors_[h.op].fetch_add(1, std::memory_order_relaxed);
+      Send(h.peer, ErrorReply(h.op, h.request_id, kInternal,
+                              std::string(OpName(h.op)) +
+                                  " not known to be stored: the table's log on disk cannot be "
+                                  "synced (" +
+                                  h.table->disk()->failure() + ")"));
+    } else {
+      Send(h.peer, std::move(h.reply));
+    }
+  }
+  return poll_ms;
 }
 
 void ServeLoop::Defer(std::unique_ptr<Pending> p, bool front) {
