@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -100,6 +101,11 @@ void DiskTable::Open() {
       case kClear:
         items.clear();
         break;
+      case kEpochs: {
+        if (size % 4 != 0) throw bad("an EPOCHS record of " + std::to_string(size) + " bytes");
+        for (size_t i = 0; i < size; i += 4) epochs.insert(Get<uint32_t>(body + i));
+        break;
+      }
       default:
         throw bad("a record of unknown type " + std::to_string(type) + " (written by a newer apexrl?)");
     }
@@ -125,11 +131,22 @@ void DiskTable::Open() {
   }
   store_ = std::make_shared<ShardedStore>(config_);
   try {
-    store_->Restore(std::move(restored));
+    store_->Restore(restored);
   } catch (const InvalidArgument& e) {
     throw bad(e.what());
   }
   opened_.items = store_->Size();
+  uint64_t log_bytes = 0, live_bytes = 0;
+  for (uint64_t n : log_->segments()) {
+    if (n != log_->segment()) log_bytes += std::filesystem::file_size(options_.path + "/" + TableLog::SegmentName(n));
+  }
+  for (const RestoredItem& item : restored) live_bytes += kLogRecordHeaderBytes + kInsertHead + item.size;
+  if (log_bytes > options_.compact_min_bytes && log_bytes > 2 * live_bytes) {
+    std::sort(restored.begin(), restored.end(),
+              [](const RestoredItem& a, const RestoredItem& b) { return a.seq < b.seq; });
+    Compact(restored, epochs);
+    opened_.compacted_bytes = log_bytes;
+  }
   store_->ReportRemovals(&removed_);
   std::vector<uint8_t> body;
   Put<uint32_t>(&body, epoch);
@@ -138,6 +155,24 @@ void DiskTable::Open() {
   log_->Sync();
   unsynced_ = false;
   syncs_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void DiskTable::Compact(const std::vector<RestoredItem>& items, const std::set<uint32_t>& epochs) {
+  const uint64_t first = log_->segment();
+  const std::vector<uint32_t> all(epochs.begin(), epochs.end());
+  if (!all.empty()) Write(kEpochs, all.data(), all.size() * sizeof(uint32_t));
+  for (const RestoredItem& item : items) LogItem(item.key, item.seq, item.priority, item.data, item.size);
+  log_->Sync();  // the rewrite is whole on disk before any old record goes
+  log_->RemoveSegmentsBefore(first);
+}
+
+void DiskTable::LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size) {
+  scratch_.clear();
+  Put<uint64_t>(&scratch_, key);
+  Put<uint64_t>(&scratch_, seq);
+  Put<double>(&scratch_, priority);
+  scratch_.insert(scratch_.end(), data, data + size);
+  Write(kInsert, scratch_.data(), scratch_.size());
 }
 
 void DiskTable::CheckUsable() const {
@@ -172,14 +207,7 @@ void DiskTable::LogInserts(const Key* keys, uint64_t first_seq, const double* pr
                            const uint64_t* sizes, size_t n) {
   CheckUsable();
   WriteAll([&] {
-    for (size_t i = 0; i < n; ++i) {
-      scratch_.clear();
-      Put<uint64_t>(&scratch_, keys[i]);
-      Put<uint64_t>(&scratch_, first_seq + i);
-      Put<double>(&scratch_, priorities[i]);
-      scratch_.insert(scratch_.end(), data[i], data[i] + sizes[i]);
-      Write(kInsert, scratch_.data(), scratch_.size());
-    }
+    for (size_t i = 0; i < n; ++i) LogItem(keys[i], first_seq + i, priorities[i], data[i], sizes[i]);
     AppendRemovals();  // after the items: the max_size ceiling may have evicted some of them
   });
 }
@@ -230,12 +258,7 @@ std::string DiskTable::Restored(const Key* keys, size_t n) {
     uint64_t count = 0;
     for (size_t i = 0; i < n; ++i) {
       if (!store_->Peek(keys[i], &seq, &priority, &data)) continue;
-      scratch_.clear();
-      Put<uint64_t>(&scratch_, keys[i]);
-      Put<uint64_t>(&scratch_, seq);
-      Put<double>(&scratch_, priority);
-      scratch_.insert(scratch_.end(), data.begin(), data.end());
-      Write(kInsert, scratch_.data(), scratch_.size());
+      LogItem(keys[i], seq, priority, reinterpret_cast<const uint8_t*>(data.data()), data.size());
       ++count;
     }
     Flush();

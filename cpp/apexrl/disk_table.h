@@ -12,6 +12,7 @@
 //                                             ceiling, any remover), and a queue's pops (an item drawn for the last
 //                                             time, logged when its SAMPLE is served, before the reply leaves)
 //   5 CLEAR   (empty)                         a RESET
+//   6 EPOCHS  n x u32 epoch                   the epochs of the lives a compaction dropped the OPENs of
 // A SAMPLE reply that is not delivered gives its held items back to the store; they are logged again as INSERTs
 // with their old keys and insertion numbers (so a queue's order survives), and synced at once.
 // Opening replays the log in order into a key -> item map (an INSERT of a live key replaces it, an UPDATE or
@@ -19,6 +20,10 @@
 // insertion numbers, into a new store of `config` (ShardedStore::Restore), whose epoch differs from every life
 // the log recorded. The log recovery's truncation (a torn or corrupt record ends the log) is what the table
 // opens at; recovery() reports what was dropped.
+// Compaction, on opening only: when the segments read hold more than twice the records of the items that are
+// left (and at least compact_min_bytes), the new segment starts with EPOCHS and an INSERT of every item, is
+// synced, and the segments before it are deleted (oldest first). A crash at any point of it reopens the same
+// items: replaying any suffix of the old records, then the rewritten INSERTs, ends where the old log did.
 //
 // Items with chunks (trajectories, Atari frame chunks) are not stored on disk: the loop refuses such an INSERT.
 // Not done yet, and said where it matters: the log is never compacted (it grows with every change; reopening
@@ -42,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,17 +62,19 @@ enum class Durability { kSync, kInterval };
 struct DiskTableOptions {
   std::string path;  // the log's directory (created if missing; its parent must exist)
   Durability durability = Durability::kSync;
-  double interval_s = 0.010;  // kInterval: the longest a written record waits for its fdatasync
+  double interval_s = 0.010;                 // kInterval: the longest a written record waits for its fdatasync
+  uint64_t compact_min_bytes = 64ull << 20;  // opening compacts a log of more (and more than twice its items')
   LogOptions log;
 };
 
 // What opening found.
 struct DiskTableOpened {
-  uint64_t items = 0;    // restored
-  uint64_t records = 0;  // read
-  uint32_t epoch = 0;    // the new life's
-  uint64_t lives = 0;    // OPEN records before this one
-  LogRecovery log;       // what the log's recovery dropped, and why
+  uint64_t items = 0;            // restored
+  uint64_t records = 0;          // read
+  uint32_t epoch = 0;            // the new life's
+  uint64_t lives = 0;            // OPEN records before this one
+  uint64_t compacted_bytes = 0;  // the bytes of the segments the opening compaction deleted (0: none)
+  LogRecovery log;               // what the log's recovery dropped, and why
 };
 
 // Counters (STATS: table.<name>.disk_*).
@@ -81,7 +89,7 @@ struct DiskTableStats {
 
 class DiskTable {
  public:
-  static constexpr uint8_t kOpen = 1, kInsert = 2, kUpdate = 3, kErase = 4, kClear = 5;
+  static constexpr uint8_t kOpen = 1, kInsert = 2, kUpdate = 3, kErase = 4, kClear = 5, kEpochs = 6;
 
   // Opens the log at options.path (IoError: unusable directory, another process holds it, a segment of an
   // unknown version; InvalidArgument: a log of another shard count, or records that contradict each other),
@@ -129,8 +137,12 @@ class DiskTable {
 
  private:
   void Open();
-  void Write(uint8_t type, const void* body, size_t size);  // Append, counted
-  void AppendRemovals();                                    // pending_ and removed_, as one ERASE record
+  // Rewrites `items` (sorted by insertion number) and `epochs` into the segment being written and deletes the
+  // segments before it (see "Compaction" above).
+  void Compact(const std::vector<RestoredItem>& items, const std::set<uint32_t>& epochs);
+  void LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size);  // an INSERT record
+  void Write(uint8_t type, const void* body, size_t size);                                 // Append, counted
+  void AppendRemovals();  // pending_ and removed_, as one ERASE record
   void Flush();
   // Runs `append` (Write calls), then writes the buffer; on a failure nothing of it is on disk (TableLog cut
   // back), the removals it carried wait in pending_ for the next write, and the IoError goes on.

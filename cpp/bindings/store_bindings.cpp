@@ -581,6 +581,7 @@ py::dict OpenedDict(const DiskTableOpened& o) {
   d["records"] = o.records;
   d["epoch"] = o.epoch;
   d["lives"] = o.lives;
+  d["compacted_bytes"] = o.compacted_bytes;
   d["dropped_bytes"] = o.log.dropped_bytes;
   d["dropped_segments"] = o.log.dropped_segments;
   d["reason"] = o.log.reason;

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,39 @@ TEST(DiskTable, HeldItemsGivenBackAreLoggedAgainInTheirPlace) {
   }
   DiskTable t(c, Options(dir));
   EXPECT_EQ(Contents(*t.store()).order, (std::vector<std::string>{"item0", "item2"}));
+}
+
+TEST(DiskTable, OpeningCompactsALogOfMostlyRemovedItems) {
+  TempDir dir("disk_table");
+  DiskTableOptions o = Options(dir);
+  o.compact_min_bytes = 0;
+  std::set<uint32_t> epochs;
+  Seen before;
+  {
+    DiskTable t(Config(), o);
+    epochs.insert(t.opened().epoch);
+    std::vector<Key> keys;
+    for (int i = 0; i < 50; ++i) keys.push_back(Insert(t, {i}, 1.0 + i)[0]);
+    t.LogErases(keys.data(), 40);
+    t.store()->Erase(keys.data(), 40);
+    const double p = 0.5;
+    t.LogUpdates(&keys[45], &p, 1);
+    t.store()->UpdatePriorities(&keys[45], &p, 1);
+    t.Commit();
+    before = Contents(*t.store());
+  }
+  {
+    DiskTable t(Config(), o);  // 50 INSERTs and the rest, for 10 items: rewritten
+    EXPECT_GT(t.opened().compacted_bytes, 0u);
+    EXPECT_TRUE(epochs.insert(t.opened().epoch).second);
+    const Seen after = Contents(*t.store());
+    EXPECT_EQ(after.items, before.items);
+    EXPECT_EQ(after.order, before.order);
+  }
+  DiskTable t(Config(), o);                   // the compacted log: the same items, and an epoch none of the lives had
+  EXPECT_EQ(t.opened().compacted_bytes, 0u);  // 10 items' records: nothing to gain
+  EXPECT_EQ(Contents(*t.store()).items, before.items);
+  EXPECT_TRUE(epochs.insert(t.opened().epoch).second);
 }
 
 TEST(DiskTable, ALogOfAnotherShardCountIsRefused) {

@@ -282,14 +282,15 @@ def _open_disk_table(index: int, config: Any, server: Any, epoch: int) -> Server
             opened["dropped_segments"],
         )
     log.info(
-        "table %r: on disk at %s (durability %s): %d items from %d records of %d earlier lives; new keys carry "
-        "epoch %d",
+        "table %r: on disk at %s (durability %s): %d items from %d records of %d earlier lives (%d bytes of log "
+        "compacted away); new keys carry epoch %d",
         config.name,
         config.path,
         config.durability,
         opened["items"],
         opened["records"],
         opened["lives"],
+        opened["compacted_bytes"],
         opened["epoch"],
     )
     return ServerTable(index, config.name, config, disk.store, limiter_of(config.rate_limiter), disk)
