@@ -1,6 +1,10 @@
 #include "apexrl/disk_table.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -15,8 +19,6 @@ namespace apexrl {
 namespace {
 
 constexpr size_t kInsertHead = 24;  // key, insertion number, priority
-
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 template <typename T>
 void Put(std::vector<uint8_t>* out, T v) {
@@ -155,6 +157,110 @@ void DiskTable::Open() {
   log_->Sync();
   unsynced_ = false;
   syncs_.fetch_add(1, std::memory_order_relaxed);
+  if (options_.durability == Durability::kInterval) {
+    {
+      ScopedLock lock(fd_mu_);
+      sync_fd_ = ::dup(log_->fd());
+      if (sync_fd_ < 0) throw IoError(std::string("cannot duplicate the log's descriptor: ") + std::strerror(errno));
+    }
+    fd_segment_ = log_->segment();
+    syncer_ = std::thread([this] { Syncer(); });
+  }
+}
+
+DiskTable::~DiskTable() {
+  if (!syncer_.joinable()) return;
+  {
+    ScopedLock lock(wake_mu_);
+    stop_ = true;
+  }
+  wake_cv_.NotifyAll();
+  syncer_.join();
+  if (!failed() && written_.load() != synced_.load()) {
+    try {
+      log_->Sync();
+    } catch (const IoError&) {  // at exit: the next opening finds the log as far as it got
+    }
+  }
+  ScopedLock lock(fd_mu_);
+  if (sync_fd_ >= 0) ::close(sync_fd_);
+}
+
+void DiskTable::Written() {
+  if (options_.durability == Durability::kSync) {
+    unsynced_ = true;
+    return;
+  }
+  if (log_->segment() != fd_segment_) {  // a new segment (the log synced the one before when it closed it)
+    ScopedLock lock(fd_mu_);
+    if (sync_fd_ >= 0) ::close(sync_fd_);
+    sync_fd_ = ::dup(log_->fd());
+    sync_dir_ = true;
+    fd_segment_ = log_->segment();
+  }
+  written_.fetch_add(1);
+  if (idle_.load()) {  // seq_cst with the syncer's idle_ store and recheck: one of the two sees the other
+    ScopedLock lock(wake_mu_);
+    wake_cv_.NotifyOne();
+  }
+}
+
+void DiskTable::Syncer() {
+  const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(options_.interval_s));
+  auto last = std::chrono::steady_clock::now() - interval;
+  while (true) {
+    {
+      ScopedLock lock(wake_mu_);
+      while (!stop_ && written_.load() == synced_.load()) {
+        idle_.store(true);
+        if (written_.load() != synced_.load()) break;  // a write that did not see idle_
+        wake_cv_.Wait(wake_mu_);
+      }
+      idle_.store(false);
+      const auto next = last + interval;  // at most one fdatasync an interval
+      while (!stop_ && std::chrono::steady_clock::now() < next) wake_cv_.WaitUntil(wake_mu_, next);
+      if (stop_) return;
+    }
+    const uint64_t covered = written_.load();
+    std::string error;
+    {
+      ScopedLock lock(fd_mu_);
+      if (::fdatasync(sync_fd_) != 0) {
+        error =
+            std::string("cannot sync log segment ") + TableLog::SegmentName(fd_segment_) + ": " + std::strerror(errno);
+      } else if (sync_dir_) {
+        const int dir = ::open(options_.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir < 0 || ::fsync(dir) != 0) {
+          error = "cannot sync the log directory '" + options_.path + "': " + std::strerror(errno);
+        } else {
+          sync_dir_ = false;
+        }
+        if (dir >= 0) ::close(dir);
+      }
+    }
+    last = std::chrono::steady_clock::now();
+    if (!error.empty()) {
+      Fail(error);
+      return;
+    }
+    synced_.store(covered);
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void DiskTable::Fail(const std::string& why) {
+  {
+    ScopedLock lock(failure_mu_);
+    if (failed()) return;
+    failure_ = why;
+  }
+  failed_.store(true, std::memory_order_release);
+}
+
+std::string DiskTable::failure() const {
+  ScopedLock lock(failure_mu_);
+  return failure_;
 }
 
 void DiskTable::Compact(const std::vector<RestoredItem>& items, const std::set<uint32_t>& epochs) {
@@ -177,7 +283,7 @@ void DiskTable::LogItem(Key key, uint64_t seq, double priority, const uint8_t* d
 
 void DiskTable::CheckUsable() const {
   if (failed())
-    throw IoError("the table's log failed (" + failure_ + "); it takes no change until the server restarts");
+    throw IoError("the table's log failed (" + failure() + "); it takes no change until the server restarts");
 }
 
 void DiskTable::Write(uint8_t type, const void* body, size_t size) {
@@ -197,10 +303,7 @@ void DiskTable::AppendRemovals() {
 void DiskTable::Flush() {
   log_->Flush();
   erasing_.clear();
-  if (!unsynced_) {
-    unsynced_ = true;
-    unsynced_since_ = Now();
-  }
+  Written();
 }
 
 void DiskTable::LogInserts(const Key* keys, uint64_t first_seq, const double* priorities, const uint8_t* const* data,
@@ -263,7 +366,7 @@ std::string DiskTable::Restored(const Key* keys, size_t n) {
     }
     Flush();
     restored_.fetch_add(count, std::memory_order_relaxed);
-    if (!Commit()) return failure_;
+    if (!Commit()) return failure();
     return std::string();
   } catch (const std::exception& e) {
     write_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -271,21 +374,12 @@ std::string DiskTable::Restored(const Key* keys, size_t n) {
   }
 }
 
-bool DiskTable::Due(double now) const { return DueIn(now) <= 0 && unsynced_; }
-
-double DiskTable::DueIn(double now) const {
-  if (!unsynced_) return -1;
-  if (options_.durability == Durability::kSync) return 0;
-  return std::max(0.0, unsynced_since_ + options_.interval_s - now);
-}
-
 bool DiskTable::Commit() {
   if (failed()) return false;
   try {
     log_->Sync();
   } catch (const IoError& e) {
-    failure_ = e.what();
-    failed_.store(true, std::memory_order_relaxed);
+    Fail(e.what());
     return false;
   }
   unsynced_ = false;

@@ -26,20 +26,23 @@
 // items: replaying any suffix of the old records, then the rewritten INSERTs, ends where the old log did.
 //
 // Items with chunks (trajectories, Atari frame chunks) are not stored on disk: the loop refuses such an INSERT.
-// Not done yet, and said where it matters: the log is never compacted (it grows with every change; reopening
-// reads it all), the payloads are also in memory (RSS is that of a memory table), and an item's draw count
-// (max_times_sampled above 1) starts again from 0 after a restart.
+// Not done yet, and said where it matters: a running server's log is not compacted (it grows with every change
+// until the next opening), the payloads are also in memory (RSS is that of a memory table), and an item's draw
+// count (max_times_sampled above 1) starts again from 0 after a restart.
 //
 // Durability. Every change is written (write(2), to the page cache) before the request's reply is built, one
-// write per request, so a killed process loses nothing it acknowledged. kSync: the loop fdatasyncs once per turn,
-// after the turn's requests, and only then sends their replies (group commit). kInterval: replies leave at once;
-// the loop fdatasyncs within `interval_s` of a record's write, so a power cut loses at most that much.
-// A write that fails (disk full, EFBIG past RLIMIT_FSIZE, EIO) changes nothing on disk (TableLog cuts back);
-// the caller undoes the request's change in memory and answers it with an error. A failed fdatasync leaves the
+// write per request, so a killed process loses nothing it acknowledged. kSync: the loop fdatasyncs once per
+// turn, after the turn's requests, and only then sends the replies that acknowledge a change (group commit).
+// kInterval: replies leave at once; a thread of the table's own fdatasyncs the segment being written (through a
+// dup of its descriptor) at most every `interval_s`, and within `interval_s` of a write that follows a quiet
+// spell, so a power cut loses at most about that much and the loop never waits for the disk.
+// A write that fails (disk full, EFBIG past RLIMIT_FSIZE, EIO) changes nothing on disk (TableLog cuts back); the
+// caller undoes the request's change in memory and answers it with an error. A failed fdatasync leaves the
 // disk's state unknown: the table fails (failed()), every later change to it is refused until a restart.
 //
-// Thread-safety: none; the serving loop's thread alone calls it (the loop serves every request of a disk table
-// there). Python reads the counters through Stats() between calls (atomics).
+// Thread-safety: the serving loop's thread alone calls it (the loop serves every request of a disk table
+// there); Stats(), failed() and failure() may be called from any thread; kInterval's syncer shares the
+// descriptor under fd_mu_ and reports through atomics.
 #ifndef APEXRL_DISK_TABLE_H_
 #define APEXRL_DISK_TABLE_H_
 
@@ -49,11 +52,14 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apexrl/errors.h"
+#include "apexrl/mutex.h"
 #include "apexrl/sharded_store.h"
 #include "apexrl/table_log.h"
+#include "apexrl/thread_annotations.h"
 
 namespace apexrl {
 
@@ -96,6 +102,7 @@ class DiskTable {
   // restores its items into a new store of `config` and records this life's OPEN (synced). config.epoch is
   // taken unless an earlier life of the log used it (then the next one that none did).
   DiskTable(StoreConfig config, DiskTableOptions options);
+  ~DiskTable();  // stops the syncer; what it had not synced yet is synced (kInterval)
   DiskTable(const DiskTable&) = delete;
   DiskTable& operator=(const DiskTable&) = delete;
 
@@ -120,17 +127,16 @@ class DiskTable {
   // synced. Never throws (it runs where the reply is settled); a failure is counted and returned as text.
   std::string Restored(const Key* keys, size_t n);
 
-  bool failed() const { return failed_.load(std::memory_order_relaxed); }
-  const std::string& failure() const { return failure_; }
-  // Written records not yet fdatasynced.
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  std::string failure() const EXCLUDES(failure_mu_);
+  // True once, after the table failed: the loop logs it then.
+  bool TakeFailure() { return failed() && !failure_told_.exchange(true); }
+  // kSync: written records not yet fdatasynced (the loop's to Commit); always false for kInterval.
   bool unsynced() const { return unsynced_; }
-  // kSync with records to sync: the loop holds this turn's replies until Commit.
-  bool holds_replies() const { return unsynced_ && options_.durability == Durability::kSync; }
-  // Whether Commit is due at `now` (seconds, steady clock): kSync with anything unsynced, kInterval once its
-  // oldest unsynced record is interval_s old. Seconds until it is due otherwise (negative: nothing to sync).
-  bool Due(double now) const;
-  double DueIn(double now) const;
-  // fdatasync. False (the table failed: failed(), failure()) when it cannot.
+  uint64_t records() const { return records_.load(std::memory_order_relaxed); }  // appended since open
+  // The loop holds this turn's replies that acknowledge a change until Commit (kSync with records to sync).
+  bool holds_replies() const { return unsynced_; }
+  // fdatasync now. False (the table failed: failed(), failure()) when it cannot.
   bool Commit();
 
   DiskTableStats Stats() const;
@@ -159,6 +165,9 @@ class DiskTable {
     }
   }
   void CheckUsable() const;  // IoError once the table failed
+  void Fail(const std::string& why) EXCLUDES(failure_mu_);
+  void Written() EXCLUDES(fd_mu_, wake_mu_);  // after a write: kSync marks it unsynced, kInterval wakes the syncer
+  void Syncer() EXCLUDES(fd_mu_, wake_mu_);   // kInterval's thread
 
   StoreConfig config_;
   DiskTableOptions options_;
@@ -170,9 +179,22 @@ class DiskTable {
   std::vector<Key> erasing_;  // the removals in the buffer now (pending_ again if the write fails)
   std::vector<uint8_t> scratch_;
   bool unsynced_ = false;
-  double unsynced_since_ = 0;
-  std::string failure_;
+  mutable Mutex failure_mu_;
+  std::string failure_ GUARDED_BY(failure_mu_);
   std::atomic<bool> failed_{false};
+  std::atomic<bool> failure_told_{false};
+  // kInterval's syncer fdatasyncs sync_fd_ (a dup of the segment being written, swapped by the loop when a new
+  // segment starts) while the loop goes on writing; `written_` counts writes, `synced_` the count it covered.
+  Mutex fd_mu_;
+  int sync_fd_ GUARDED_BY(fd_mu_) = -1;
+  bool sync_dir_ GUARDED_BY(fd_mu_) = false;  // a new segment: its directory entry too
+  uint64_t fd_segment_ = 0;                   // loop thread: the segment sync_fd_ is of
+  Mutex wake_mu_;
+  CondVar wake_cv_;
+  bool stop_ GUARDED_BY(wake_mu_) = false;
+  std::atomic<bool> idle_{false};
+  std::atomic<uint64_t> written_{0}, synced_{0};
+  std::thread syncer_;
   std::atomic<uint64_t> records_{0}, bytes_{0}, syncs_{0}, write_errors_{0}, restored_{0};
 };
 

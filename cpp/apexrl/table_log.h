@@ -88,7 +88,10 @@ class TableLog {
 
   const LogRecovery& recovery() const { return recovery_; }
   uint64_t segment() const { return segment_; }  // the one being written
-  std::vector<uint64_t> segments() const;        // every segment on disk, oldest first
+  // Its file descriptor, for a thread that fdatasyncs it (a dup of it: the log closes this one when the next
+  // segment starts, after syncing it).
+  int fd() const { return fd_; }
+  std::vector<uint64_t> segments() const;  // every segment on disk, oldest first
   uint64_t syncs() const { return syncs_; }
   uint64_t buffered_bytes() const { return buffer_.size(); }
   static std::string SegmentName(uint64_t segment);  // "seg-0000000000000001.log"

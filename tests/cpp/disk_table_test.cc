@@ -8,9 +8,11 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <chrono>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apexrl/errors.h"
@@ -189,6 +191,27 @@ TEST(DiskTable, OpeningCompactsALogOfMostlyRemovedItems) {
   EXPECT_EQ(t.opened().compacted_bytes, 0u);  // 10 items' records: nothing to gain
   EXPECT_EQ(Contents(*t.store()).items, before.items);
   EXPECT_TRUE(epochs.insert(t.opened().epoch).second);
+}
+
+TEST(DiskTable, IntervalDurabilitySyncsOnItsOwnThread) {
+  TempDir dir("disk_table");
+  DiskTableOptions o = Options(dir);
+  o.durability = Durability::kInterval;
+  o.interval_s = 0.005;
+  {
+    DiskTable t(Config(), o);
+    const uint64_t opened_syncs = t.Stats().syncs;
+    for (int i = 0; i < 3; ++i) Insert(t, {i}, 1.0);
+    EXPECT_FALSE(t.holds_replies());  // replies never wait for an interval table's sync
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (t.Stats().syncs == opened_syncs && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_GT(t.Stats().syncs, opened_syncs);  // by the syncer, the caller never asked
+    Insert(t, {3}, 1.0);                       // synced, at the latest, when the table closes
+  }
+  DiskTable t(Config(), o);
+  EXPECT_EQ(t.opened().items, 4u);
 }
 
 TEST(DiskTable, ALogOfAnotherShardCountIsRefused) {

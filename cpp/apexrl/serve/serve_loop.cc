@@ -61,6 +61,7 @@ struct Pending : Call {
 
   const ZmqApi* api;
   Table* table = nullptr;  // the data op's table (FindTable), for the whole of its service
+  bool logged = false;     // a disk table's: serving it wrote records to the table's log
   std::string peer;
   ZmqMsg msgs[kMaxKeptFrames];
   FrameView views[kMaxKeptFrames];
@@ -193,7 +194,6 @@ void ServeLoop::Run() {
       }
     }
     if (stopping) poll_ms = std::min<long>(poll_ms, 10);
-    if (any_disk_) poll_ms = CommitDisk(poll_ms);
     const bool reading = outstanding_ < max_outstanding_ && !stopping;
     ZmqPollItem items[2] = {{socket_, 0, kZmqPollIn, 0}, {nullptr, wake_fd_, kZmqPollIn, 0}};
     const int rc = reading ? api_.poll(items, 2, poll_ms) : api_.poll(items + 1, 1, poll_ms);
@@ -205,10 +205,10 @@ void ServeLoop::Run() {
     }
     if (items[1].revents & kZmqPollIn) SendFinished();
     if (reading && (items[0].revents & kZmqPollIn)) ReadFrontBurst();
-    if (any_disk_) CommitDisk(0);
+    if (any_disk_) CommitDisk();
     Tidy();
   }
-  if (any_disk_) CommitDisk(0);
+  if (any_disk_) CommitDisk();
   {
     ScopedLock lock(jobs_mu_);
     jobs_closed_ = true;
@@ -440,29 +440,28 @@ void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
       return;
     }
   }
-  if (DiskTable* disk = p->table->disk(); disk != nullptr && disk->holds_replies()) {
+  // A sync table's reply that acknowledges a change waits for the turn's fdatasync: one whose request wrote
+  // records, and every INSERT (a retry answered from the insert-id window acknowledges its first request's
+  // items, which may be this turn's). A SAMPLE that popped nothing goes at once.
+  if (DiskTable* disk = p->table->disk(); disk != nullptr && (p->logged || q.op == kInsert) && disk->holds_replies()) {
     held_replies_.push_back(HeldReply{p->peer, p->table, q.op, q.request_id, std::move(reply)});
     return;
   }
   Send(p->peer, std::move(reply));
 }
 
-long ServeLoop::CommitDisk(long poll_ms) {
-  const double now = Now();
+void ServeLoop::CommitDisk() {
   for (const auto& t : tables_) {
     DiskTable* disk = t->disk();
-    if (disk == nullptr || !disk->unsynced()) continue;
-    if (!disk->Due(now)) {
-      poll_ms = std::min(poll_ms, static_cast<long>(std::ceil(disk->DueIn(now) * 1000)));
-      continue;
-    }
-    if (!disk->Commit()) {
+    if (disk == nullptr) continue;
+    if (disk->unsynced()) disk->Commit();
+    if (disk->TakeFailure()) {
       Log("ERROR", "table '" + t->name() + "': its log on disk cannot be synced (" + disk->failure() +
                        "); the table takes no change until the server restarts, which opens it at its last "
                        "consistent state");
     }
   }
-  if (held_replies_.empty()) return poll_ms;
+  if (held_replies_.empty()) return;
   std::vector<HeldReply> held;
   held.swap(held_replies_);
   for (HeldReply& h : held) {
@@ -478,7 +477,6 @@ long ServeLoop::CommitDisk(long poll_ms) {
       Send(h.peer, std::move(h.reply));
     }
   }
-  return poll_ms;
 }
 
 void ServeLoop::Defer(std::unique_ptr<Pending> p, bool front) {
@@ -655,7 +653,10 @@ void ServeLoop::Tidy() {
 // ------------------------------------------------------------------------------------------------ serving
 
 bool ServeLoop::Serve(Pending* p, Reply* reply) {
+  const DiskTable* disk = p->table->disk();
+  const uint64_t records = disk != nullptr ? disk->records() : 0;
   if (!p->table->handlers().Serve(p, Now(), reply)) return false;  // it waits
+  if (disk != nullptr) p->logged = disk->records() != records;
   Count(p->req.op, reply->status != kOk);
   return true;
 }

@@ -126,10 +126,10 @@ class ServeLoop {
   bool InsertContentOk(const Pending& p);
   bool EarlyRefusal(const Pending& p, uint16_t* status, std::string* message);
   void Deliver(std::unique_ptr<Pending> p, Reply reply);
-  // Disk tables (disk_table.h): fdatasyncs the logs that are due, then sends the replies held for them (a sync
-  // table's replies wait for its turn's sync); a failed sync answers them INTERNAL instead. Returns the longest
-  // poll (ms) before an interval table's sync is due, or `poll_ms`.
-  long CommitDisk(long poll_ms);
+  // Disk tables (disk_table.h): fdatasyncs the sync tables' logs, then sends the replies held for them (a sync
+  // table's replies that acknowledge a change wait for its turn's sync); a failed sync answers them INTERNAL
+  // instead. Logs a table's failure (its own or its interval syncer's) once.
+  void CommitDisk();
   void Defer(std::unique_ptr<Pending> p, bool front);
   void Expire(Deferred* e);
   void SendFinished() EXCLUDES(done_mu_);
