@@ -273,12 +273,11 @@ void DiskTable::Compact(const std::vector<RestoredItem>& items, const std::set<u
 }
 
 void DiskTable::LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size) {
-  scratch_.clear();
-  Put<uint64_t>(&scratch_, key);
-  Put<uint64_t>(&scratch_, seq);
-  Put<double>(&scratch_, priority);
-  scratch_.insert(scratch_.end(), data, data + size);
-  Write(kInsert, scratch_.data(), scratch_.size());
+  uint8_t head[kInsertHead];
+  std::memcpy(head, &key, 8);
+  std::memcpy(head + 8, &seq, 8);
+  std::memcpy(head + 16, &priority, 8);
+  Write(kInsert, head, sizeof head, data, size);
 }
 
 void DiskTable::CheckUsable() const {
@@ -286,10 +285,10 @@ void DiskTable::CheckUsable() const {
     throw IoError("the table's log failed (" + failure() + "); it takes no change until the server restarts");
 }
 
-void DiskTable::Write(uint8_t type, const void* body, size_t size) {
-  log_->Append(type, body, size);
+void DiskTable::Write(uint8_t type, const void* head, size_t head_size, const void* tail, size_t tail_size) {
+  log_->Append(type, head, head_size, tail, tail_size);
   records_.fetch_add(1, std::memory_order_relaxed);
-  bytes_.fetch_add(kLogRecordHeaderBytes + size, std::memory_order_relaxed);
+  bytes_.fetch_add(kLogRecordHeaderBytes + head_size + tail_size, std::memory_order_relaxed);
 }
 
 void DiskTable::AppendRemovals() {
@@ -319,10 +318,10 @@ void DiskTable::LogUpdates(const Key* keys, const double* priorities, size_t n) 
   CheckUsable();
   WriteAll([&] {
     AppendRemovals();
-    scratch_.clear();
+    scratch_.resize(n * 16);
     for (size_t i = 0; i < n; ++i) {
-      Put<uint64_t>(&scratch_, keys[i]);
-      Put<double>(&scratch_, priorities[i]);
+      std::memcpy(scratch_.data() + 16 * i, &keys[i], 8);
+      std::memcpy(scratch_.data() + 16 * i + 8, &priorities[i], 8);
     }
     Write(kUpdate, scratch_.data(), scratch_.size());
   });

@@ -147,7 +147,8 @@ class DiskTable {
   // segments before it (see "Compaction" above).
   void Compact(const std::vector<RestoredItem>& items, const std::set<uint32_t>& epochs);
   void LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size);  // an INSERT record
-  void Write(uint8_t type, const void* body, size_t size);                                 // Append, counted
+  // Append, counted (a body in two parts: `head`, then `tail`).
+  void Write(uint8_t type, const void* head, size_t head_size, const void* tail = nullptr, size_t tail_size = 0);
   void AppendRemovals();  // pending_ and removed_, as one ERASE record
   void Flush();
   // Runs `append` (Write calls), then writes the buffer; on a failure nothing of it is on disk (TableLog cut

@@ -75,6 +75,9 @@ class TableLog {
 
   // Buffers a record (InvalidArgument for a body over kLogMaxBody); returns where its body will lie.
   LogPosition Append(uint8_t type, const void* body, size_t size);
+  // The same for a body in two parts, `head` then `tail` (no copy of them joined first); returns where the
+  // body (its head) will lie.
+  LogPosition Append(uint8_t type, const void* head, size_t head_size, const void* tail, size_t tail_size);
   // Writes the buffered records (see "Durability" above for a failure).
   void Flush();
   // Flush, then fdatasync: every record appended before is on disk when it returns.
