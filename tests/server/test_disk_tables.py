@@ -97,12 +97,13 @@ def kill9(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-def test_kill9_under_sync_keeps_every_acknowledged_insert_and_update(start_server, tmp_path):
+@pytest.mark.parametrize("lives", [3, pytest.param(50, marks=pytest.mark.slow)])
+def test_kill9_under_sync_keeps_every_acknowledged_insert_and_update(start_server, tmp_path, lives):
     path, port = str(tmp_path / "disk"), free_port()
     flags = ("--tables", tables_file(tmp_path, {"name": "disk", "storage": "disk", "path": path}))
     out = str(tmp_path / "writer.txt")
-    rng = random.Random(0)
-    for life in range(3):  # each life killed at a random point of the writer's inserts and updates
+    rng = random.Random(lives)
+    for life in range(lives):  # each life killed at a random point of the writer's inserts and updates
         server = start_server(*flags, port=port)
         writer = subprocess.Popen([sys.executable, "-c", WRITER, server.endpoint, out, f"L{life}"])
         try:
