@@ -205,10 +205,10 @@ void ServeLoop::Run() {
     }
     if (items[1].revents & kZmqPollIn) SendFinished();
     if (reading && (items[0].revents & kZmqPollIn)) ReadFrontBurst();
-    if (any_disk_) CommitDisk();
+    if (any_disk_) CommitDisk(false);
     Tidy();
   }
-  if (any_disk_) CommitDisk();
+  if (any_disk_) CommitDisk(true);
   {
     ScopedLock lock(jobs_mu_);
     jobs_closed_ = true;
@@ -450,11 +450,11 @@ void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
   Send(p->peer, std::move(reply));
 }
 
-void ServeLoop::CommitDisk() {
+void ServeLoop::CommitDisk(bool last) {
   for (const auto& t : tables_) {
     DiskTable* disk = t->disk();
     if (disk == nullptr) continue;
-    if (disk->unsynced()) disk->Commit();
+    if (disk->unsynced() || last) disk->Commit();
     if (disk->TakeFailure()) {
       Log("ERROR", "table '" + t->name() + "': its log on disk cannot be synced (" + disk->failure() +
                        "); the table takes no change until the server restarts, which opens it at its last "

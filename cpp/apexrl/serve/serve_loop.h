@@ -128,8 +128,9 @@ class ServeLoop {
   void Deliver(std::unique_ptr<Pending> p, Reply reply);
   // Disk tables (disk_table.h): fdatasyncs the sync tables' logs, then sends the replies held for them (a sync
   // table's replies that acknowledge a change wait for its turn's sync); a failed sync answers them INTERNAL
-  // instead. Logs a table's failure (its own or its interval syncer's) once.
-  void CommitDisk();
+  // instead. Logs a table's failure (its own or its interval syncer's) once. `last` (the loop stops): every
+  // disk table is synced, interval ones too.
+  void CommitDisk(bool last);
   void Defer(std::unique_ptr<Pending> p, bool front);
   void Expire(Deferred* e);
   void SendFinished() EXCLUDES(done_mu_);
