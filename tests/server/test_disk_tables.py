@@ -24,8 +24,10 @@ from apexrl.errors import ServerError, ServerTimeoutError
 from apexrl.replay import ReplayClient
 from apexrl.replay.server.config import ServerConfig
 from apexrl.replay.tables import TableConfig, TableConfigError, tables_from_json
+from apexrl.replay.wire import protocol as P
 from tests.conftest import free_port
 from tests.helpers import wait_until
+from tests.server.test_queue_delivery import server_connections
 
 DEADLINE = 60.0
 SHARDS = 8  # the server's default --shards, which a log must be reopened with
@@ -299,3 +301,47 @@ def test_help_explains_the_storage_flags():
     ).stdout
     for flag in ("--storage", "--storage-path", "--durability"):
         assert flag in text
+
+
+def test_a_pop_whose_reply_cannot_be_sent_is_logged_again_and_survives_kill9(start_server, tmp_path, raw_socket):
+    """A consumer sends a SAMPLE that waits on the empty disk queue, then leaves; the reply fails (EHOSTUNREACH),
+    the item goes back to the queue and, its pop logged already, is logged again: after kill -9 the queue still
+    holds it. As in test_queue_delivery, libzmq may take the reply before it sees the peer go (then nothing is
+    given back and the attempt proves nothing): up to 5 attempts."""
+    path = str(tmp_path / "queue")
+    queue = {
+        "name": "queue",
+        "sampler": "fifo",
+        "max_times_sampled": 1,
+        "capacity": 100,
+        "rate_limiter": {"kind": "queue", "size": 100},
+        "storage": "disk",
+        "path": path,
+    }
+    server = start_server("--tables", tables_file(tmp_path, queue))
+    given_back = None
+    with ReplayClient(server.endpoint, timeout=30, table="queue") as client:
+        index = int(client.tables()["queue"]["index"])
+        for attempt in range(5):
+            before = server_connections(server.port)
+            start = client.stats()
+            gone = raw_socket(server.endpoint)
+            gone.send_multipart(P.encode_sample(1, 1, 0.4, timeout_ms=600_000, table=index))
+            wait_until(lambda: client.stats()["table.queue.deferred"] == 1, DEADLINE, "the SAMPLE waiting")
+            gone.close(linger=0)
+            wait_until(lambda: server_connections(server.port) == before, DEADLINE, "the server to close its end")
+            for _ in range(3):
+                client.stats()
+            client.insert(np.ones(1), [f"item{attempt}".encode()])
+            wait_until(lambda: client.stats()["table.queue.deferred"] == 0, DEADLINE, "the SAMPLE served")
+            s = client.stats()
+            if s["replies_dropped"] == start["replies_dropped"]:  # libzmq took the reply: popped for good
+                assert s["table.queue.size"] == 0, s
+                continue
+            assert s["table.queue.items_returned"] - start["table.queue.items_returned"] == 1, s
+            assert s["table.queue.disk_items_logged_again"] == 1, s
+            given_back = f"item{attempt}".encode()
+            break
+    assert given_back is not None, "in 5 attempts the server never saw the consumer go before replying"
+    kill9(server.proc)
+    assert [data for _, data in on_disk(path, sampler="fifo", max_times_sampled=1).values()] == [given_back]
