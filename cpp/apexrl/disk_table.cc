@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -40,7 +41,27 @@ struct LoggedItem {
   double priority;
   LogPosition at;
   uint32_t size;
+  const std::string* bytes = nullptr;  // an item of the compaction snapshot: its bytes (else at the log's `at`)
 };
+
+constexpr char kSnapshotPrefix[] = "compact-";
+constexpr char kSnapshotSuffix[] = ".snap";
+
+// The compaction snapshots in `dir`, by the number of the segment each one's log continues with.
+std::vector<uint64_t> Snapshots(const std::string& dir) {
+  std::vector<uint64_t> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const size_t prefix = sizeof(kSnapshotPrefix) - 1, suffix = sizeof(kSnapshotSuffix) - 1;
+    if (name.size() != prefix + 16 + suffix || name.compare(0, prefix, kSnapshotPrefix) != 0 ||
+        name.compare(prefix + 16, suffix, kSnapshotSuffix) != 0) {
+      continue;
+    }
+    out.push_back(std::stoull(name.substr(prefix, 16), nullptr, 16));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 }  // namespace
 
@@ -58,13 +79,50 @@ DiskTable::DiskTable(StoreConfig config, DiskTableOptions options)
   Open();
 }
 
+std::string DiskTable::SnapshotPath(uint64_t segment) const {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s%016llx%s", kSnapshotPrefix, static_cast<unsigned long long>(segment),
+                kSnapshotSuffix);
+  return options_.path + "/" + name;
+}
+
 void DiskTable::Open() {
   std::unordered_map<Key, LoggedItem> items;
-  std::set<uint32_t> epochs;
+  std::set<uint32_t>& epochs = epochs_;
   uint64_t records = 0;
   const std::string where = "disk table log '" + options_.path + "'";
   auto bad = [&where](const std::string& what) { return InvalidArgument(where + ": " + what); };
+  // The newest compaction snapshot holds the items as of its segment's start, or later (see "Compaction").
+  std::vector<Shard::Contents> base;
+  uint64_t base_segment = 0;
+  if (::access(options_.path.c_str(), F_OK) == 0) {
+    const std::vector<uint64_t> snapshots = Snapshots(options_.path);
+    if (!snapshots.empty()) {
+      base_segment = snapshots.back();
+      const std::string path = SnapshotPath(base_segment);
+      try {
+        const uint32_t saved = ShardedStore::SnapshotEpoch(path);
+        std::unique_ptr<ShardedStore> snap = ShardedStore::Load(path, NextEpoch(saved));
+        if (snap->config().shards != config_.shards) {
+          throw bad("snapshot " + path + " has " + std::to_string(snap->config().shards) +
+                    " shards; this table is configured with " + std::to_string(config_.shards));
+        }
+        base = snap->Dump();
+        epochs.insert(saved);
+      } catch (const SnapshotError& e) {
+        throw IoError(where + ": its compaction snapshot cannot be read (" + e.what() +
+                      "); the records it replaced are gone, so the table does not open without it");
+      }
+      for (const Shard::Contents& c : base) {
+        for (size_t i = 0; i < c.keys.size(); ++i) {
+          items[c.keys[i]] = LoggedItem{c.seqs[i], c.priorities[i], LogPosition{},
+                                        static_cast<uint32_t>(c.items[i].size()), &c.items[i]};
+        }
+      }
+    }
+  }
   auto visit = [&](uint8_t type, const uint8_t* body, size_t size, LogPosition at) {
+    if (at.segment < base_segment) return;  // the snapshot holds what these records left
     ++records;
     switch (type) {
       case kOpen: {
@@ -127,7 +185,11 @@ void DiskTable::Open() {
   std::vector<uint8_t> bytes(total);
   uint64_t offset = 0;
   for (const auto& [key, item] : items) {
-    if (item.size != 0) log_->Read(item.at, item.size, bytes.data() + offset);
+    if (item.bytes != nullptr) {
+      if (item.size != 0) std::memcpy(bytes.data() + offset, item.bytes->data(), item.size);
+    } else if (item.size != 0) {
+      log_->Read(item.at, item.size, bytes.data() + offset);
+    }
     restored.push_back(RestoredItem{key, item.seq, item.priority, bytes.data() + offset, item.size});
     offset += item.size;
   }
@@ -138,17 +200,27 @@ void DiskTable::Open() {
     throw bad(e.what());
   }
   opened_.items = store_->Size();
+  base.clear();
+  if (base_segment != 0) {  // a compaction that wrote its snapshot and stopped before deleting what it replaced
+    RemoveSnapshotsBefore(base_segment);
+    log_->RemoveSegmentsBefore(base_segment);
+  }
   uint64_t log_bytes = 0, live_bytes = 0;
   for (uint64_t n : log_->segments()) {
-    if (n != log_->segment()) log_bytes += std::filesystem::file_size(options_.path + "/" + TableLog::SegmentName(n));
+    if (n != log_->segment() && n >= base_segment) {
+      log_bytes += std::filesystem::file_size(options_.path + "/" + TableLog::SegmentName(n));
+    }
   }
+  log_bytes_ = log_bytes;
   for (const RestoredItem& item : restored) live_bytes += kLogRecordHeaderBytes + kInsertHead + item.size;
   if (log_bytes > options_.compact_min_bytes && log_bytes > 2 * live_bytes) {
     std::sort(restored.begin(), restored.end(),
               [](const RestoredItem& a, const RestoredItem& b) { return a.seq < b.seq; });
     Compact(restored, epochs);
     opened_.compacted_bytes = log_bytes;
+    log_bytes_ = 0;
   }
+  epochs.insert(epoch);
   store_->ReportRemovals(&removed_);
   std::vector<uint8_t> body;
   Put<uint32_t>(&body, epoch);
@@ -169,6 +241,7 @@ void DiskTable::Open() {
 }
 
 DiskTable::~DiskTable() {
+  if (compactor_.joinable()) compactor_.join();
   if (!syncer_.joinable()) return;
   {
     ScopedLock lock(wake_mu_);
@@ -268,8 +341,61 @@ void DiskTable::Compact(const std::vector<RestoredItem>& items, const std::set<u
   const std::vector<uint32_t> all(epochs.begin(), epochs.end());
   if (!all.empty()) Write(kEpochs, all.data(), all.size() * sizeof(uint32_t));
   for (const RestoredItem& item : items) LogItem(item.key, item.seq, item.priority, item.data, item.size);
-  log_->Sync();  // the rewrite is whole on disk before any old record goes
+  log_->Sync();                  // the rewrite is whole on disk before any old record goes
+  RemoveSnapshotsBefore(first);  // before the segments: a snapshot never outlives the records after it
   log_->RemoveSegmentsBefore(first);
+}
+
+void DiskTable::RemoveSnapshotsBefore(uint64_t segment) {
+  for (uint64_t n : Snapshots(options_.path)) {
+    if (n < segment) ::unlink(SnapshotPath(n).c_str());
+  }
+}
+
+void DiskTable::MaybeCompact() {
+  if (compactor_.joinable()) {
+    if (!compact_done_.load(std::memory_order_acquire)) return;
+    compactor_.join();
+    if (!compact_error_.empty()) {  // the segments stay; a later compaction tries again
+      compact_errors_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    try {
+      RemoveSnapshotsBefore(compact_segment_);
+      log_->RemoveSegmentsBefore(compact_segment_);
+      compactions_.fetch_add(1, std::memory_order_relaxed);
+    } catch (const IoError&) {  // left for the next compaction; the snapshot and the records agree meanwhile
+      compact_errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return;
+  }
+  if (failed() || log_bytes_ < options_.compact_min_bytes || log_bytes_ < next_check_) return;
+  next_check_ = log_bytes_ + options_.compact_min_bytes / 4;  // the store's totals read now and then, not per turn
+  const StoreStats s = store_->Stats();
+  if (log_bytes_ <= 2 * (s.bytes_held + s.size * (kLogRecordHeaderBytes + kInsertHead))) return;
+  // A held item's pop must be logged after the new segment starts (the snapshot keeps held items).
+  if (store_->Held() != 0) return;
+  try {
+    log_->Rotate();
+    const std::vector<uint32_t> all(epochs_.begin(), epochs_.end());
+    WriteAll([&] { Write(kEpochs, all.data(), all.size() * sizeof(uint32_t)); });
+  } catch (const IoError&) {
+    compact_errors_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  compact_segment_ = log_->segment();
+  log_bytes_ = 0;
+  next_check_ = 0;
+  compact_error_.clear();
+  compact_done_.store(false, std::memory_order_relaxed);
+  compactor_ = std::thread([this, path = SnapshotPath(compact_segment_)] {
+    try {
+      store_->Save(path);  // shard by shard, each under its own lock: the loop serves on meanwhile
+    } catch (const std::exception& e) {
+      compact_error_ = e.what();
+    }
+    compact_done_.store(true, std::memory_order_release);
+  });
 }
 
 void DiskTable::LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size) {
@@ -287,6 +413,7 @@ void DiskTable::CheckUsable() const {
 
 void DiskTable::Write(uint8_t type, const void* head, size_t head_size, const void* tail, size_t tail_size) {
   log_->Append(type, head, head_size, tail, tail_size);
+  log_bytes_ += kLogRecordHeaderBytes + head_size + tail_size;
   records_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(kLogRecordHeaderBytes + head_size + tail_size, std::memory_order_relaxed);
 }
@@ -393,6 +520,8 @@ DiskTableStats DiskTable::Stats() const {
   s.syncs = syncs_.load(std::memory_order_relaxed);
   s.write_errors = write_errors_.load(std::memory_order_relaxed);
   s.restored = restored_.load(std::memory_order_relaxed);
+  s.compactions = compactions_.load(std::memory_order_relaxed);
+  s.compact_errors = compact_errors_.load(std::memory_order_relaxed);
   s.failed = failed();
   return s;
 }

@@ -20,15 +20,22 @@
 // insertion numbers, into a new store of `config` (ShardedStore::Restore), whose epoch differs from every life
 // the log recorded. The log recovery's truncation (a torn or corrupt record ends the log) is what the table
 // opens at; recovery() reports what was dropped.
-// Compaction, on opening only: when the segments read hold more than twice the records of the items that are
-// left (and at least compact_min_bytes), the new segment starts with EPOCHS and an INSERT of every item, is
-// synced, and the segments before it are deleted (oldest first). A crash at any point of it reopens the same
-// items: replaying any suffix of the old records, then the rewritten INSERTs, ends where the old log did.
+// Compaction, so that the log holds about what the table holds:
+//  * while serving (MaybeCompact, between the loop's turns): once the records a reopening would replay pass
+//    compact_min_bytes and twice the INSERT records of the items left, and no item is held (a pop pending a
+//    reply), the log starts a new segment N with an EPOCHS record, and a thread writes the store's snapshot
+//    (ShardedStore::Save: shard by shard under each shard's lock, so the loop serves on) to compact-N.snap;
+//    once it is whole (written, synced, renamed), older snapshots and the segments before N are deleted.
+//    Opening then loads the newest snapshot and replays the segments from N on, which may repeat changes the
+//    snapshot already holds: each record type gives the same end state applied once or twice in order, so the
+//    snapshot's instant (after N began) does not matter. A snapshot that cannot be read stops the opening.
+//  * on opening, when the segments read hold more than twice the records of the items left (and at least
+//    compact_min_bytes): the new segment starts with EPOCHS and an INSERT of every item, is synced, and the
+//    snapshots and segments before it are deleted (oldest first). A crash anywhere reopens the same items.
 //
 // Items with chunks (trajectories, Atari frame chunks) are not stored on disk: the loop refuses such an INSERT.
-// Not done yet, and said where it matters: a running server's log is not compacted (it grows with every change
-// until the next opening), the payloads are also in memory (RSS is that of a memory table), and an item's draw
-// count (max_times_sampled above 1) starts again from 0 after a restart.
+// Not done yet, and said where it matters: the payloads are also in memory (RSS is that of a memory table), and
+// an item's draw count (max_times_sampled above 1) starts again from 0 after a restart.
 //
 // Durability. Every change is written (write(2), to the page cache) before the request's reply is built, one
 // write per request, so a killed process loses nothing it acknowledged. kSync: the loop fdatasyncs once per
@@ -69,7 +76,7 @@ struct DiskTableOptions {
   std::string path;  // the log's directory (created if missing; its parent must exist)
   Durability durability = Durability::kSync;
   double interval_s = 0.010;                 // kInterval: the longest a written record waits for its fdatasync
-  uint64_t compact_min_bytes = 64ull << 20;  // opening compacts a log of more (and more than twice its items')
+  uint64_t compact_min_bytes = 64ull << 20;  // a log is compacted past this (and twice its items' records)
   LogOptions log;
 };
 
@@ -90,6 +97,8 @@ struct DiskTableStats {
   uint64_t syncs = 0;         // fdatasyncs
   uint64_t write_errors = 0;  // requests refused because their records could not be written
   uint64_t restored = 0;      // items given back (undelivered SAMPLE replies) and logged again
+  uint64_t compactions = 0;   // while serving (MaybeCompact)
+  uint64_t compact_errors = 0;
   bool failed = false;
 };
 
@@ -138,6 +147,10 @@ class DiskTable {
   bool holds_replies() const { return unsynced_; }
   // fdatasync now. False (the table failed: failed(), failure()) when it cannot.
   bool Commit();
+  // Compaction while serving (see "Compaction"); the loop calls it between turns. Finishes a compaction whose
+  // snapshot is written, or starts one when the log is over compact_min_bytes and twice its items' records and
+  // no item is held.
+  void MaybeCompact();
 
   DiskTableStats Stats() const;
 
@@ -146,6 +159,8 @@ class DiskTable {
   // Rewrites `items` (sorted by insertion number) and `epochs` into the segment being written and deletes the
   // segments before it (see "Compaction" above).
   void Compact(const std::vector<RestoredItem>& items, const std::set<uint32_t>& epochs);
+  void RemoveSnapshotsBefore(uint64_t segment);
+  std::string SnapshotPath(uint64_t segment) const;  // compact-<16 hex digits>.snap
   void LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size);  // an INSERT record
   // Append, counted (a body in two parts: `head`, then `tail`).
   void Write(uint8_t type, const void* head, size_t head_size, const void* tail = nullptr, size_t tail_size = 0);
@@ -196,6 +211,16 @@ class DiskTable {
   std::atomic<bool> idle_{false};
   std::atomic<uint64_t> written_{0}, synced_{0};
   std::thread syncer_;
+  // Compaction while serving: the bytes a reopening would replay, the epochs of every life, and the thread that
+  // writes the snapshot (compact_error_ is its, until compact_done_).
+  uint64_t log_bytes_ = 0;
+  uint64_t next_check_ = 0;  // log_bytes_ at which MaybeCompact reads the store's totals again
+  std::set<uint32_t> epochs_;
+  uint64_t compact_segment_ = 0;
+  std::thread compactor_;
+  std::atomic<bool> compact_done_{false};
+  std::string compact_error_;
+  std::atomic<uint64_t> compactions_{0}, compact_errors_{0};
   std::atomic<uint64_t> records_{0}, bytes_{0}, syncs_{0}, write_errors_{0}, restored_{0};
 };
 

@@ -335,6 +335,11 @@ void TableLog::Read(LogPosition at, size_t size, void* out) const {
   ::close(fd);
 }
 
+void TableLog::Rotate() {
+  Sync();
+  StartSegment(segment_ + 1);
+}
+
 size_t TableLog::RemoveSegmentsBefore(uint64_t segment) {
   size_t removed = 0;
   for (uint64_t n : ListSegments(dir_)) {

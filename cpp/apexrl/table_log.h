@@ -85,6 +85,8 @@ class TableLog {
   // Reads `size` bytes at `at` (a position Append returned, or one recovery visited) into `out`, from the
   // buffer when they are not written yet. IoError when they cannot be read.
   void Read(LogPosition at, size_t size, void* out) const;
+  // Syncs the segment being written and starts the next one (its number: segment()).
+  void Rotate();
   // Deletes the segments numbered below `segment` (never the one being written): none of their records is
   // needed any more. Returns how many it deleted.
   size_t RemoveSegmentsBefore(uint64_t segment);

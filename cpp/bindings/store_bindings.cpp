@@ -698,6 +698,8 @@ directly are not logged).)doc")
         d["syncs"] = s.syncs;
         d["write_errors"] = s.write_errors;
         d["items_logged_again"] = s.restored;
+        d["compactions"] = s.compactions;
+        d["compaction_errors"] = s.compact_errors;
         d["failed"] = s.failed;
         return d;
       });

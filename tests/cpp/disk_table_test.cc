@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -191,6 +192,49 @@ TEST(DiskTable, OpeningCompactsALogOfMostlyRemovedItems) {
   EXPECT_EQ(t.opened().compacted_bytes, 0u);  // 10 items' records: nothing to gain
   EXPECT_EQ(Contents(*t.store()).items, before.items);
   EXPECT_TRUE(epochs.insert(t.opened().epoch).second);
+}
+
+TEST(DiskTable, ServingCompactsIntoASnapshotAndTheRecordsAfterIt) {
+  TempDir dir("disk_table");
+  DiskTableOptions o = Options(dir);
+  o.compact_min_bytes = 1024;
+  o.log.segment_bytes = 4096;  // several segments to delete
+  Seen before;
+  {
+    DiskTable t(Config(), o);
+    std::vector<Key> keys;
+    for (int i = 0; i < 100; ++i) keys.push_back(Insert(t, {i}, 1.0 + i)[0]);
+    t.LogErases(keys.data(), 90);
+    t.store()->Erase(keys.data(), 90);
+    t.MaybeCompact();  // starts: a new segment, the snapshot written by a thread of its own
+    const auto after = Insert(t, {100, 101}, 5.0);  // records after the compaction point
+    t.LogErases(&keys[95], 1);
+    t.store()->Erase(&keys[95], 1);
+    const double p = 0.25;
+    t.LogUpdates(&after[0], &p, 1);
+    t.store()->UpdatePriorities(&after[0], &p, 1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (t.Stats().compactions == 0 && std::chrono::steady_clock::now() < deadline) {
+      t.MaybeCompact();  // finishes once the snapshot is whole
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(t.Stats().compactions, 1u);
+    EXPECT_EQ(t.Stats().compact_errors, 0u);
+    t.Commit();
+    before = Contents(*t.store());
+  }
+  size_t snapshots = 0, segments = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.Path("table"))) {
+    const std::string name = e.path().filename().string();
+    snapshots += name.rfind("compact-", 0) == 0;
+    segments += name.rfind("seg-", 0) == 0;
+  }
+  EXPECT_EQ(snapshots, 1u);
+  EXPECT_LE(segments, 2u);  // the one the compaction started (and any after it)
+  DiskTable t(Config(), o);
+  EXPECT_EQ(Contents(*t.store()).items, before.items);
+  EXPECT_EQ(Contents(*t.store()).order, before.order);
+  EXPECT_EQ(t.store()->Size(), 11u);
 }
 
 TEST(DiskTable, IntervalDurabilitySyncsOnItsOwnThread) {

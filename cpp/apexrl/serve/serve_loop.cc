@@ -455,6 +455,7 @@ void ServeLoop::CommitDisk(bool last) {
     DiskTable* disk = t->disk();
     if (disk == nullptr) continue;
     if (disk->unsynced() || last) disk->Commit();
+    if (!last) disk->MaybeCompact();
     if (disk->TakeFailure()) {
       Log("ERROR", "table '" + t->name() + "': its log on disk cannot be synced (" + disk->failure() +
                        "); the table takes no change until the server restarts, which opens it at its last "

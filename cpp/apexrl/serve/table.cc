@@ -90,6 +90,8 @@ void Table::Stats(const std::string& prefix, std::vector<LoopStat>* out) const {
     add("disk_syncs", static_cast<double>(d.syncs));
     add("disk_write_errors", static_cast<double>(d.write_errors));
     add("disk_items_logged_again", static_cast<double>(d.restored));
+    add("disk_compactions", static_cast<double>(d.compactions));
+    add("disk_compaction_errors", static_cast<double>(d.compact_errors));
     add("disk_failed", d.failed ? 1.0 : 0.0);
     add("disk_opened_items", static_cast<double>(o.items));
     add("disk_opened_records", static_cast<double>(o.records));
