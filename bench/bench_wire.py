@@ -724,6 +724,7 @@ def run_config(
     sampling: str = "sync",
     learner_flags: list[str] | None = None,
     table_kind: str = "prioritized",
+    server_flags: list[str] | None = None,
 ) -> dict:
     """One timed window: `servers` replay servers splitting `capacity` (the workers reach them through one
     ShardedReplayClient each when there are several), k actor processes and one learner process. ``kind``:
@@ -732,7 +733,8 @@ def run_config(
     divides it by the requests the workers sent in that time (inserts, remove_to_fit, samples, updates).
     ``worker_python``: the whole stack (server, prefill, actors, learner) under that interpreter (an older tree).
     ``sampling``: how the learner samples (see --sample-threads). ``table_kind``: the servers' one table
-    ``default`` (:func:`tables_of`); the workers use the table ``default`` whatever its kind."""
+    ``default`` (:func:`tables_of`); the workers use the table ``default`` whatever its kind. ``server_flags``:
+    more flags for every server (e.g. a disk table's ``--storage disk --storage-path DIR``)."""
     outdir = os.path.dirname(payload)
     py = worker_python or sys.executable
     if worker_python is not None:
@@ -740,6 +742,7 @@ def run_config(
     from apexrl.replay.client.sharded import connect
 
     flags = (["--spec", spec_json] if spec_json else []) + ([] if curve_dir is None else ["--curve-dir", curve_dir])
+    flags += server_flags or []
     group: list[Server] = []
     procs: list[subprocess.Popen] = []
     try:
@@ -907,6 +910,7 @@ def run_config(
         "server_cpu_us_per_request": 1e6 * server_cpu / max(1, requests),
         "server_voluntary_switches_per_request": switches.get("voluntary", 0) / max(1, requests),
         "server_nonvoluntary_switches_per_request": switches.get("nonvoluntary", 0) / max(1, requests),
+        "disk_stats": {name[len("table.default.") :]: v for name, v in st.items() if ".disk_" in name},
         "server_cpu_us_per_request_by_thread": {
             g: 1e6 * sec / max(1, requests) for g, sec in sorted(by_thread.items())
         },

@@ -1,6 +1,7 @@
 """Shared fixtures: real apexrl processes on 127.0.0.1.
 
-`start_server(*flags, port=0)` starts `python -m apexrl.cli.server` with the flags, waits for its
+`start_server(*flags, port=0, preexec_fn=None)` starts `python -m apexrl.cli.server` with the flags (and
+`preexec_fn` run in the child before it starts, e.g. to set resource limits), waits for its
 "listening on" line and returns a ServerProc. At teardown every server still running is killed, and the
 test fails if any server logged a traceback or an ERROR line.
 
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 import zmq
@@ -90,7 +92,7 @@ def start_server(tmp_path):
     logs: list[str] = []
     counter = [0]
 
-    def start(*args: str, port: int = 0) -> ServerProc:
+    def start(*args: str, port: int = 0, preexec_fn: Callable[[], None] | None = None) -> ServerProc:
         counter[0] += 1
         log_path = str(tmp_path / f"server{counter[0]}.log")
         with open(log_path, "wb") as log:
@@ -98,6 +100,7 @@ def start_server(tmp_path):
                 [sys.executable, "-m", "apexrl.cli.server", "--port", str(port), "--log-level", "WARNING", *args],
                 stdout=subprocess.PIPE,
                 stderr=log,
+                preexec_fn=preexec_fn,  # a test's resource limits (RLIMIT_FSIZE), set in the child
             )
         procs.append(proc)
         logs.append(log_path)

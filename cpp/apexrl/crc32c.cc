@@ -27,9 +27,36 @@ const Tables& GetTables() {
   return tables;
 }
 
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(uint32_t crc, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t c = ~crc;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = __builtin_ia32_crc32di(c, word);
+  }
+  auto c32 = static_cast<uint32_t>(c);
+  for (; n > 0; ++p, --n) c32 = __builtin_ia32_crc32qi(c32, *p);
+  return ~c32;
+}
+
+bool HasCrc32Instruction() {
+  static const bool has = __builtin_cpu_supports("sse4.2");
+  return has;
+}
+#endif
+
 }  // namespace
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
+#if defined(__x86_64__)
+  if (HasCrc32Instruction()) return Crc32cHardware(crc, data, n);
+#endif
+  return Crc32cExtendPortable(crc, data, n);
+}
+
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
   const auto& t = GetTables().t;
   const auto* p = static_cast<const uint8_t*>(data);
   crc = ~crc;

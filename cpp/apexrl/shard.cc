@@ -152,6 +152,7 @@ void Shard::ReleaseChunk(uint32_t id) {
 }
 
 void Shard::Remove(Slot slot) {
+  if (removal_sink_ != nullptr) removal_sink_->push_back(MakeKey(index_, slot, refs_[slot].tag));
   Unlink(slot);
   Free(slot);
 }
@@ -939,6 +940,79 @@ void Shard::Read(SnapshotReader& in, uint32_t version) {
     if (!seen[s] && !Retired(refs_[s])) free_.push_back(static_cast<Slot>(s));
   }
   Publish();
+}
+
+void Shard::ReportRemovals(std::vector<Key>* sink) {
+  ScopedLock lock(mu_);
+  removal_sink_ = sink;
+}
+
+void Shard::Restore(const RestoredItem* items, size_t n) {
+  ScopedLock lock(mu_);
+  if (num_slots_ != 0) throw InvalidArgument("shard " + std::to_string(index_) + ": Restore needs an empty shard");
+  uint64_t slots = 0, previous_seq = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const KeyParts kp = SplitKey(items[i].key);
+    if (kp.shard != index_ || !ValidTag(kp.tag)) {
+      throw InvalidArgument("restored key " + std::to_string(items[i].key) + " is not one of shard " +
+                            std::to_string(index_));
+    }
+    if (items[i].seq <= previous_seq) throw InvalidArgument("restored items out of insertion order");
+    const double mass = PriorityMass(items[i].priority, alpha_);
+    if (!(items[i].priority >= 0.0) || !std::isfinite(items[i].priority) || !(mass <= kMaxMass)) {
+      throw InvalidArgument("restored item with a bad priority");
+    }
+    previous_seq = items[i].seq;
+    slots = std::max<uint64_t>(slots, uint64_t{kp.slot} + 1);
+  }
+  EnsureSlots(static_cast<size_t>(slots));
+  std::vector<uint8_t> seen(slots, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const Slot s = SplitKey(items[i].key).slot;
+    if (seen[s]) throw InvalidArgument("two restored items share slot " + std::to_string(s));
+    seen[s] = 1;
+  }
+  num_slots_ = static_cast<size_t>(slots);
+  for (size_t i = 0; i < n; ++i) {
+    const RestoredItem& item = items[i];
+    const KeyParts kp = SplitKey(item.key);
+    SlotRef& r = refs_[kp.slot];
+    r.data = arena_.Allocate(ItemBlockSize(item.size, 0));
+    if (item.size > 0) std::memcpy(r.data, item.data, item.size);
+    r.size = item.size;
+    r.num_chunks = 0;
+    r.tag = kp.tag;
+    r.priority = item.priority;
+    seq_[kp.slot] = item.seq;
+    r.live_pos = static_cast<uint32_t>(live_.size());
+    live_.push_back(kp.slot);
+    policy_->OnInsert(kp.slot, item.priority, item.seq);
+    if (order_ != nullptr) order_->OnInsert(kp.slot, item.priority, item.seq);
+    if (max_times_sampled_ > 0) times_sampled_[kp.slot] = 0;
+    if (sample_tree_) tree_.SetLeafUnsafe(kp.slot, PriorityMass(item.priority, alpha_));
+    bytes_held_ += item.size;
+    max_seq_ = std::max(max_seq_, item.seq);
+  }
+  if (sample_tree_) tree_.Rebuild();
+  free_.clear();
+  for (size_t s = num_slots_; s-- > 0;) {  // the lowest reused first, as after a snapshot's load
+    if (seen[s]) continue;
+    // A free slot between restored ones: a tag of this life that issued no key (its next is generation 2).
+    refs_[s].tag = MakeTag(epoch_, 1);
+    free_.push_back(static_cast<Slot>(s));
+  }
+  Publish();
+}
+
+bool Shard::Peek(Key key, uint64_t* seq, double* priority, std::string* data) const {
+  ScopedLock lock(mu_);
+  const KeyParts kp = SplitKey(key);
+  if (kp.shard != index_ || !Live(kp.slot, kp.tag)) return false;
+  const SlotRef& r = refs_[kp.slot];
+  *seq = seq_[kp.slot];
+  *priority = r.priority;
+  data->assign(reinterpret_cast<const char*>(r.data), r.size);
+  return true;
 }
 
 }  // namespace apexrl

@@ -40,6 +40,15 @@ struct PreparedItem {
   uint32_t num_chunks = 0;
 };
 
+// An item a disk table's log holds (disk_table.h), put back into an empty shard with its key and insertion number.
+struct RestoredItem {
+  Key key;
+  uint64_t seq;
+  double priority;
+  const uint8_t* data;
+  uint32_t size;
+};
+
 // A chunk to insert beside the items of one Insert call (validated by the caller: every chunk is referenced
 // by at least one of the call's items). The shard copies its bytes.
 struct PreparedChunk {
@@ -193,6 +202,15 @@ class Shard {
   // Throws std::logic_error describing the first broken invariant (tests and debugging).
   void Validate() const EXCLUDES(mu_);
 
+  // Disk tables (disk_table.h). Every item removal but a held item's Release (erase, clear, eviction, a removal
+  // after the last draw) appends its key to `sink` from then on (null: none); the caller reads it between calls.
+  void ReportRemovals(std::vector<Key>* sink) EXCLUDES(mu_);
+  // Fills an empty shard with `items` (each of this shard, slots distinct, insertion numbers increasing): each
+  // keeps its key, so the keys a disk table acknowledged stay valid across restarts. InvalidArgument otherwise.
+  void Restore(const RestoredItem* items, size_t n) EXCLUDES(mu_);
+  // A live item's insertion number, priority and bytes (false for a key that addresses no live item).
+  bool Peek(Key key, uint64_t* seq, double* priority, std::string* data) const EXCLUDES(mu_);
+
   // What a snapshot of this shard holds, copied under the lock: its stored chunks (ids ascending) and its live
   // items, oldest first, each with its key and the ids of the chunks it references. A restored store hands
   // these to readers of its snapshot (apexrl export), so that the format has one reader: Read.
@@ -311,6 +329,7 @@ class Shard {
   std::vector<Slot> removed_ GUARDED_BY(mu_);
   std::vector<double> zeros_ GUARDED_BY(mu_);
   std::vector<double> scratch_values_ GUARDED_BY(mu_);
+  std::vector<Key>* removal_sink_ GUARDED_BY(mu_) = nullptr;  // ReportRemovals
 
   std::atomic<size_t> size_{0};
   std::atomic<size_t> held_size_{0};

@@ -737,6 +737,33 @@ void ShardedStore::Validate() const {
   for (const auto& shard : shards_) shard->Validate();
 }
 
+void ShardedStore::ReportRemovals(std::vector<Key>* sink) {
+  for (const auto& shard : shards_) shard->ReportRemovals(sink);
+}
+
+void ShardedStore::Restore(std::vector<RestoredItem> items) {
+  if (Size() != 0 || Held() != 0 || next_seq_.load() != 0) throw InvalidArgument("Restore needs a new, empty store");
+  std::sort(items.begin(), items.end(), [](const RestoredItem& a, const RestoredItem& b) { return a.seq < b.seq; });
+  std::vector<std::vector<RestoredItem>> by_shard(shards_.size());
+  uint64_t max_seq = 0;
+  for (const RestoredItem& item : items) {
+    const uint32_t shard = SplitKey(item.key).shard;
+    if (shard >= shards_.size()) {
+      throw InvalidArgument("restored key " + std::to_string(item.key) + " names shard " + std::to_string(shard) +
+                            "; this store has " + std::to_string(shards_.size()));
+    }
+    by_shard[shard].push_back(item);
+    max_seq = std::max(max_seq, item.seq);
+  }
+  for (size_t s = 0; s < shards_.size(); ++s) shards_[s]->Restore(by_shard[s].data(), by_shard[s].size());
+  next_seq_ = max_seq;
+}
+
+bool ShardedStore::Peek(Key key, uint64_t* seq, double* priority, std::string* data) const {
+  const uint32_t shard = SplitKey(key).shard;
+  return shard < shards_.size() && shards_[shard]->Peek(key, seq, priority, data);
+}
+
 std::vector<Shard::Contents> ShardedStore::Dump() const {
   std::vector<Shard::Contents> out;
   for (const auto& shard : shards_) out.push_back(shard->Dump());

@@ -236,6 +236,15 @@ class ShardedStore {
   // The format version of the snapshot at `path` (header only; SnapshotError if it is none this build reads).
   static uint32_t SnapshotVersion(const std::string& path);
 
+  // Disk tables (disk_table.h): every removal but a held item's Release appends its key to `sink` (Shard::
+  // ReportRemovals); Restore fills an empty store with a log's items, each with its key and insertion number
+  // (InvalidArgument, for a key of a shard it does not have or two items in one slot); Peek reads a live item.
+  void ReportRemovals(std::vector<Key>* sink);
+  void Restore(std::vector<RestoredItem> items);
+  bool Peek(Key key, uint64_t* seq, double* priority, std::string* data) const;
+  // The last insertion number issued: an Insert call that runs alone numbers its items from this + 1, in order.
+  uint64_t last_seq() const { return next_seq_.load(std::memory_order_relaxed); }
+
   // Throws std::logic_error describing the first broken invariant of any shard (tests).
   void Validate() const;
   // Every shard's Shard::Contents, in shard order: a restored snapshot's items, read by the store itself.

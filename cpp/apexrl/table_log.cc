@@ -249,6 +249,11 @@ void TableLog::StartSegment(uint64_t number) {
 }
 
 LogPosition TableLog::Append(uint8_t type, const void* body, size_t size) {
+  return Append(type, body, size, nullptr, 0);
+}
+
+LogPosition TableLog::Append(uint8_t type, const void* head, size_t head_size, const void* tail, size_t tail_size) {
+  const size_t size = head_size + tail_size;
   if (size > kLogMaxBody) {
     throw InvalidArgument("a log record of " + std::to_string(size) + " bytes is over the " +
                           std::to_string(kLogMaxBody) + "-byte limit");
@@ -263,7 +268,8 @@ LogPosition TableLog::Append(uint8_t type, const void* body, size_t size) {
   uint8_t* p = buffer_.data() + at;
   Store<uint32_t>(p + 4, static_cast<uint32_t>(size));
   p[8] = type;
-  if (size != 0) std::memcpy(p + kLogRecordHeaderBytes, body, size);
+  if (head_size != 0) std::memcpy(p + kLogRecordHeaderBytes, head, head_size);
+  if (tail_size != 0) std::memcpy(p + kLogRecordHeaderBytes + head_size, tail, tail_size);
   Store<uint32_t>(p, Crc32cExtend(0, p + 4, 5 + size));
   return LogPosition{segment_, written_ + at + kLogRecordHeaderBytes};
 }
@@ -327,6 +333,11 @@ void TableLog::Read(LogPosition at, size_t size, void* out) const {
     }
   }
   ::close(fd);
+}
+
+void TableLog::Rotate() {
+  Sync();
+  StartSegment(segment_ + 1);
 }
 
 size_t TableLog::RemoveSegmentsBefore(uint64_t segment) {

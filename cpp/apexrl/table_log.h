@@ -75,6 +75,9 @@ class TableLog {
 
   // Buffers a record (InvalidArgument for a body over kLogMaxBody); returns where its body will lie.
   LogPosition Append(uint8_t type, const void* body, size_t size);
+  // The same for a body in two parts, `head` then `tail` (no copy of them joined first); returns where the
+  // body (its head) will lie.
+  LogPosition Append(uint8_t type, const void* head, size_t head_size, const void* tail, size_t tail_size);
   // Writes the buffered records (see "Durability" above for a failure).
   void Flush();
   // Flush, then fdatasync: every record appended before is on disk when it returns.
@@ -82,13 +85,18 @@ class TableLog {
   // Reads `size` bytes at `at` (a position Append returned, or one recovery visited) into `out`, from the
   // buffer when they are not written yet. IoError when they cannot be read.
   void Read(LogPosition at, size_t size, void* out) const;
+  // Syncs the segment being written and starts the next one (its number: segment()).
+  void Rotate();
   // Deletes the segments numbered below `segment` (never the one being written): none of their records is
   // needed any more. Returns how many it deleted.
   size_t RemoveSegmentsBefore(uint64_t segment);
 
   const LogRecovery& recovery() const { return recovery_; }
   uint64_t segment() const { return segment_; }  // the one being written
-  std::vector<uint64_t> segments() const;        // every segment on disk, oldest first
+  // Its file descriptor, for a thread that fdatasyncs it (a dup of it: the log closes this one when the next
+  // segment starts, after syncing it).
+  int fd() const { return fd_; }
+  std::vector<uint64_t> segments() const;  // every segment on disk, oldest first
   uint64_t syncs() const { return syncs_; }
   uint64_t buffered_bytes() const { return buffer_.size(); }
   static std::string SegmentName(uint64_t segment);  // "seg-0000000000000001.log"

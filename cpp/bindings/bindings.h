@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include "apexrl/disk_table.h"
 #include "apexrl/sharded_store.h"
 
 namespace apexrl::bindings {
@@ -18,6 +19,8 @@ void RegisterSlices(pybind11::module_& m);
 
 // The native store behind a PrioritizedStore object (TypeError if it is not one).
 std::shared_ptr<ShardedStore> StoreOf(const pybind11::handle& store);
+// The disk table behind a DiskTable object (TypeError if it is not one).
+std::shared_ptr<DiskTable> DiskTableOf(const pybind11::handle& disk);
 
 }  // namespace apexrl::bindings
 

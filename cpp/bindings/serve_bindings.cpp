@@ -51,17 +51,18 @@ py::tuple Decode(const py::list& frames, uint64_t max_bytes) {
   return py::make_tuple(static_cast<int>(r.status), r.op, r.request_id, r.message);
 }
 
-// The loop's tables from Python: a list of (name, store, limiter), limiter a dict with "kind" ("min_size",
-// "sample_to_insert_ratio" or "queue") and that kind's numbers (min_size; samples_per_insert, min_size_to_sample,
-// error_buffer; size).
+// The loop's tables from Python: a list of (name, store, limiter[, DiskTable or None]), limiter a dict with "kind"
+// ("min_size", "sample_to_insert_ratio" or "queue") and that kind's numbers (min_size; samples_per_insert,
+// min_size_to_sample, error_buffer; size).
 std::vector<serve::TableSpec> TableSpecs(const py::object& tables) {
   std::vector<serve::TableSpec> out;
   for (const auto& item : tables) {
     const auto t = item.cast<py::tuple>();
-    if (t.size() != 3) throw InvalidArgument("a table is (name, store, limiter)");
+    if (t.size() != 3 && t.size() != 4) throw InvalidArgument("a table is (name, store, limiter[, disk table])");
     serve::TableSpec spec;
     spec.name = t[0].cast<std::string>();
     spec.store = StoreOf(t[1]);
+    if (t.size() == 4 && !t[3].is_none()) spec.disk = DiskTableOf(t[3]);
     const auto d = t[2].cast<py::dict>();
     const std::string kind = d["kind"].cast<std::string>();
     auto number = [&d](const char* key, double fallback) {

@@ -288,6 +288,15 @@ class PyStore {
                                          const std::string& eviction, const py::object& alpha_evict,
                                          const py::object& seed, const py::object& max_size, const py::object& epoch,
                                          const std::string& sampler, const py::object& max_times_sampled) {
+    return std::make_unique<PyStore>(std::make_unique<ShardedStore>(
+        Config(capacity, alpha, shards, eviction, alpha_evict, seed, max_size, epoch, sampler, max_times_sampled)));
+  }
+
+  // The store configuration of the constructor's arguments (InvalidArgument naming a bad one).
+  static StoreConfig Config(const py::object& capacity, const py::object& alpha, const py::object& shards,
+                            const std::string& eviction, const py::object& alpha_evict, const py::object& seed,
+                            const py::object& max_size, const py::object& epoch, const std::string& sampler,
+                            const py::object& max_times_sampled) {
     StoreConfig c;
     const int64_t cap = AsInt(capacity, "capacity");
     if (cap < 1) throw InvalidArgument("capacity must be >= 1, got " + std::to_string(cap));
@@ -317,7 +326,7 @@ class PyStore {
       throw InvalidArgument("max_times_sampled must be in [0, 4294967295] (0: no limit), got " + std::to_string(mts));
     }
     c.max_times_sampled = static_cast<uint32_t>(mts);
-    return std::make_unique<PyStore>(std::make_unique<ShardedStore>(c));
+    return c;
   }
 
   py::object Insert(const py::object& priorities, const py::object& items, const py::object& offsets,
@@ -559,6 +568,30 @@ std::string FsPath(const py::object& path) { return py::str(py::module_::import(
 
 std::shared_ptr<ShardedStore> StoreOf(const py::handle& store) { return store.cast<PyStore&>().shared(); }
 
+namespace {
+
+// A table on disk (disk_table.h), as Python opens it and hands it to the serving loop.
+struct PyDiskTable {
+  std::shared_ptr<DiskTable> disk;
+};
+
+py::dict OpenedDict(const DiskTableOpened& o) {
+  py::dict d;
+  d["items"] = o.items;
+  d["records"] = o.records;
+  d["epoch"] = o.epoch;
+  d["lives"] = o.lives;
+  d["compacted_bytes"] = o.compacted_bytes;
+  d["dropped_bytes"] = o.log.dropped_bytes;
+  d["dropped_segments"] = o.log.dropped_segments;
+  d["reason"] = o.log.reason;
+  return d;
+}
+
+}  // namespace
+
+std::shared_ptr<DiskTable> DiskTableOf(const py::handle& disk) { return disk.cast<PyDiskTable&>().disk; }
+
 void RegisterStore(py::module_& m) {
   py::class_<PySampleBatch>(m, "SampleBatch", R"doc(
 A prioritized sample. Item i's bytes are ``data[offsets[i]:offsets[i+1]]`` (also ``items[i]``, a memoryview).
@@ -617,6 +650,59 @@ All arrays view memory owned by the batch: no per-item copies are made.)doc")
       "snapshots, in the kind table's order.");
   m.attr("DEFAULT_EVICTION") = EvictionKindName(StoreConfig{}.eviction);
   m.attr("DEFAULT_SAMPLER") = SamplerKindName(StoreConfig{}.sampler);
+
+  py::class_<PyDiskTable>(m, "DiskTable", R"doc(
+A table stored on disk (storage="disk"): a store like PrioritizedStore's whose every change the serving loop logs
+under `path` (checksummed records in segment files; a LOCK file keeps a second process out) before it answers.
+Opening replays the log into a new store: every item it holds, with its key, priority and insertion order, the
+log cut at its first torn or corrupt record (`opened` says what was dropped). `epoch` is this life's unless an
+earlier life of the log used it. Only the serving loop may change the store (changes made through `store`
+directly are not logged).)doc")
+      .def(py::init([](const py::object& path, const std::string& durability, double interval_s,
+                       const py::object& segment_bytes, const py::object& capacity, const py::object& alpha,
+                       const py::object& shards, const std::string& eviction, const py::object& alpha_evict,
+                       const py::object& seed, const py::object& max_size, const py::object& epoch,
+                       const std::string& sampler, const py::object& max_times_sampled) {
+             DiskTableOptions o;
+             o.path = FsPath(path);
+             o.durability = ParseDurability(durability);
+             o.interval_s = interval_s;
+             const int64_t seg = AsInt(segment_bytes, "segment_bytes");
+             if (seg < 4096) throw InvalidArgument("segment_bytes must be >= 4096, got " + std::to_string(seg));
+             o.log.segment_bytes = static_cast<uint64_t>(seg);
+             StoreConfig c = PyStore::Config(capacity, alpha, shards, eviction, alpha_evict, seed, max_size, epoch,
+                                             sampler, max_times_sampled);
+             py::gil_scoped_release release;
+             return std::make_unique<PyDiskTable>(PyDiskTable{std::make_shared<DiskTable>(c, std::move(o))});
+           }),
+           py::arg("path"), py::kw_only(), py::arg("durability") = "sync", py::arg("interval_s") = 0.010,
+           py::arg("segment_bytes") = 64ll << 20, py::arg("capacity") = 1'000'000, py::arg("alpha") = 0.6,
+           py::arg("shards") = 8, py::arg("eviction") = std::string(EvictionKindName(StoreConfig{}.eviction)),
+           py::arg("alpha_evict") = -0.4, py::arg("seed") = 0, py::arg("max_size") = py::none(), py::arg("epoch") = 1,
+           py::arg("sampler") = std::string(SamplerKindName(StoreConfig{}.sampler)), py::arg("max_times_sampled") = 0)
+      .def_property_readonly(
+          "store", [](const PyDiskTable& t) { return std::make_unique<PyStore>(t.disk->store()); },
+          "The table's store (a PrioritizedStore sharing it): read it; change it through the serving loop only.")
+      .def_property_readonly(
+          "opened", [](const PyDiskTable& t) { return OpenedDict(t.disk->opened()); },
+          "What opening found: items restored, records read, the new epoch, earlier lives, and the bytes and "
+          "segments the log's recovery dropped with the reason (empty when it ended cleanly).")
+      .def_property_readonly("path", [](const PyDiskTable& t) { return t.disk->options().path; })
+      .def_property_readonly(
+          "durability", [](const PyDiskTable& t) { return std::string(DurabilityName(t.disk->options().durability)); })
+      .def("stats", [](const PyDiskTable& t) {
+        const DiskTableStats s = t.disk->Stats();
+        py::dict d;
+        d["records"] = s.records;
+        d["record_bytes"] = s.bytes;
+        d["syncs"] = s.syncs;
+        d["write_errors"] = s.write_errors;
+        d["items_logged_again"] = s.restored;
+        d["compactions"] = s.compactions;
+        d["compaction_errors"] = s.compact_errors;
+        d["failed"] = s.failed;
+        return d;
+      });
 
   py::class_<PyStore>(m, "PrioritizedStore", R"doc(
 A key-value store of byte items with proportional prioritized sampling (Schaul et al., Ape-X), or another

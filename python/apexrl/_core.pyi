@@ -50,6 +50,35 @@ class SampleBatch:
     def size(self) -> int: ...
     def __len__(self) -> int: ...
 
+class DiskTable:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: str = ...,
+        interval_s: float = ...,
+        segment_bytes: int = ...,
+        capacity: int = ...,
+        alpha: float = ...,
+        shards: int = ...,
+        eviction: str = ...,
+        alpha_evict: float = ...,
+        seed: int = ...,
+        max_size: int | None = ...,
+        epoch: int = ...,
+        sampler: str = ...,
+        max_times_sampled: int = ...,
+    ) -> None: ...
+    @property
+    def store(self) -> PrioritizedStore: ...
+    @property
+    def opened(self) -> dict[str, Any]: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def durability(self) -> str: ...
+    def stats(self) -> dict[str, Any]: ...
+
 class PrioritizedStore:
     MAX_MASS: float
     MAX_EPOCH: int
@@ -183,10 +212,13 @@ class ServeLoop:
         dedup_max_ids: int,
         dedup_max_bytes: int,
         role_ops: dict[str, int] = ...,
-        tables: list[tuple[str, PrioritizedStore, dict[str, Any]]] | None = None,
+        tables: list[tuple[str, PrioritizedStore, dict[str, Any]]]
+        | list[tuple[str, PrioritizedStore, dict[str, Any], DiskTable | None]]
+        | None = None,
     ) -> None:
-        """``tables``: (name, store, rate limiter) in index order, the limiter as ``--tables`` spells it; None:
-        the one table ``default`` over ``store`` with samples_per_insert / error_buffer / min_size_to_sample."""
+        """``tables``: (name, store, rate limiter[, DiskTable of a disk table or None]) in index order, the limiter
+        as ``--tables`` spells it; None: the one table ``default`` over ``store`` with samples_per_insert /
+        error_buffer / min_size_to_sample."""
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def next_control(self, timeout_s: float) -> tuple[bytes, str, int, list[bytes]] | str | None:

@@ -51,8 +51,8 @@ class Range:
         return {_KEY: Range("float", lo, hi, lo_open=lo_open, optional=optional)}
 
     @staticmethod
-    def choice(*choices: str) -> Mapping[str, Range]:
-        return {_KEY: Range("choice", choices=tuple(choices))}
+    def choice(*choices: str, optional: bool = False) -> Mapping[str, Range]:
+        return {_KEY: Range("choice", choices=tuple(choices), optional=optional)}
 
     def describe(self) -> str:
         if self.kind == "choice":

@@ -23,6 +23,19 @@ namespace {
 
 using testing_util::TempDir;
 
+TEST(Crc32c, KnownValuesAndBothComputationsAgree) {
+  const std::string digits = "123456789";
+  EXPECT_EQ(Crc32cExtend(0, digits.data(), digits.size()), 0xE3069283u);  // the standard check value
+  EXPECT_EQ(Crc32cExtendPortable(0, digits.data(), digits.size()), 0xE3069283u);
+  std::vector<uint8_t> bytes(1000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (size_t n : {0, 1, 7, 8, 9, 63, 64, 65, 999, 1000}) {
+    const uint32_t whole = Crc32cExtend(0, bytes.data(), n);
+    EXPECT_EQ(whole, Crc32cExtendPortable(0, bytes.data(), n)) << n;
+    EXPECT_EQ(whole, Crc32cExtend(Crc32cExtend(0, bytes.data(), n / 3), bytes.data() + n / 3, n - n / 3)) << n;
+  }
+}
+
 struct Rec {
   uint8_t type;
   std::string body;

@@ -374,9 +374,10 @@ def test_the_table_flags_at_their_defaults_build_exactly_the_default_table():
         assert getattr(flags, flag) == getattr(table, field_), flag
     assert (flags.min_size_to_sample, flags.samples_per_insert, flags.error_buffer) == (1, None, None)
     assert flags.rate_limiter() is None and table.rate_limiter is None  # MinSize(1), said as None
+    assert (flags.storage, flags.storage_path, flags.durability) == (table.storage, table.path, table.durability)
     assert set(TABLE_FLAGS) == {
         "capacity", "max_size", "alpha", "eviction", "alpha_evict", "min_size_to_sample", "samples_per_insert",
-        "error_buffer", "spec",
+        "error_buffer", "spec", "storage", "storage_path", "durability",
     }  # fmt: skip
 
 
@@ -558,6 +559,9 @@ def test_the_table_fields_are_the_pinned_ones():
         "max_times_sampled",
         "rate_limiter",
         "spec",
+        "storage",  # tables on disk: storage, path, durability
+        "path",
+        "durability",
     ]
     with pytest.raises(dataclasses.FrozenInstanceError):
         TableConfig("a").capacity = 3  # type: ignore[misc]

@@ -30,8 +30,14 @@ std::vector<T> Aligned(const uint8_t* p, size_t n) {
 }  // namespace
 
 Handlers::Handlers(ShardedStore* store, RateLimiter* limiter, InsertWindow* window, SamplePool* pool, double max_wait_s,
-                   LogFn log)
-    : store_(store), limiter_(limiter), window_(window), pool_(pool), max_wait_s_(max_wait_s), log_(std::move(log)) {}
+                   LogFn log, DiskTable* disk)
+    : store_(store),
+      limiter_(limiter),
+      disk_(disk),
+      window_(window),
+      pool_(pool),
+      max_wait_s_(max_wait_s),
+      log_(std::move(log)) {}
 
 std::optional<std::string> Handlers::InsertContentProblem(const Request& q, const ItemLayout* layout,
                                                           bool* spec_refused) {
@@ -45,6 +51,11 @@ std::optional<std::string> Handlers::InsertContentProblem(const Request& q, cons
     } catch (const InvalidArgument& e) {
       why = e.what();
     }
+  }
+  if (!why && disk_ != nullptr && (q.num_chunks > 0 || q.num_refs > 0)) {
+    why =
+        "this table is stored on disk (storage=\"disk\"), which keeps items without chunks; trajectories and "
+        "frame chunks need a memory table";
   }
   if (!why && layout && (why = FirstBadItem(*layout, q.data, ItemSpans::Offsets(q.offsets, q.count))))
     *spec_refused = true;
@@ -76,15 +87,18 @@ bool Handlers::Serve(Call* c, double now, Reply* reply) {
       case kUpdatePriorities: {
         const auto keys = Aligned<Key>(q.keys, q.count);
         const auto priorities = Aligned<double>(q.priorities, q.count);
+        if (disk_ != nullptr) disk_->LogUpdates(keys.data(), priorities.data(), q.count);
         *reply = CountReply(q.op, q.request_id, store_->UpdatePriorities(keys.data(), priorities.data(), q.count));
         NoteMaxPriority(priorities.data(), q.count);
         return true;
       }
       case kRemoveToFit:
         *reply = CountReply(q.op, q.request_id, store_->RemoveToFit());
+        if (disk_ != nullptr) disk_->LogRemovals();
         return true;
       case kErase: {
         const auto keys = Aligned<Key>(q.keys, q.count);
+        if (disk_ != nullptr) disk_->LogErases(keys.data(), q.count);
         const size_t n = store_->Erase(keys.data(), q.count);
         erased_items_.fetch_add(n, std::memory_order_relaxed);
         *reply = CountReply(q.op, q.request_id, n);
@@ -93,7 +107,9 @@ bool Handlers::Serve(Call* c, double now, Reply* reply) {
       case kReset: {
         // Items first, then the counts: an INSERT admitted between the two is not possible (both on the loop
         // thread), a worker's SAMPLE may see the emptied store and wait or time out like any on an empty table.
+        if (disk_ != nullptr) disk_->LogClear();
         const size_t n = store_->Clear();
+        if (disk_ != nullptr) disk_->DropRemovals();  // the CLEAR record covers them
         limiter_->Reset();
         max_priority_.store(-1.0, std::memory_order_release);
         resets_.fetch_add(1, std::memory_order_relaxed);
@@ -105,6 +121,10 @@ bool Handlers::Serve(Call* c, double now, Reply* reply) {
     }
   } catch (const StaleChunks& e) {  // stored chunks the INSERT references are gone: the sender sends them again
     *reply = ErrorReply(q.op, q.request_id, kStaleChunks, std::string("INSERT refused, nothing stored: ") + e.what());
+    return true;
+  } catch (const IoError& e) {  // a disk table's log could not take the change: undone, nothing changed
+    *reply = ErrorReply(q.op, q.request_id, kInternal,
+                        std::string(OpName(q.op)) + " refused, nothing changed: the table's log on disk: " + e.what());
     return true;
   } catch (const InvalidArgument& e) {  // the store rejected the values
     *reply = ErrorReply(q.op, q.request_id, kInvalidArgument, e.what());
@@ -156,6 +176,16 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
   // Until the loop knows whether the reply went out (SampleLease): the limiter's count and, with
   // max_times_sampled, the items drawn for the last time (held by the store) and the batch's keys, whose draws
   // a reply that is not sent takes back.
+  if (disk_ != nullptr && !result->held.empty()) {
+    // A queue's pops are on disk before the reply can leave, so that no restart hands them out again.
+    try {
+      disk_->LogErases(result->held.data(), result->held.size());
+    } catch (const IoError&) {
+      limiter_->Undo(0, result->keys.size());
+      store_->GiveBack(result->held.data(), result->held.size(), result->keys.data(), result->keys.size());
+      throw;
+    }
+  }
   const uint64_t counted = result->keys.size();
   std::vector<Key> drawn, held;
   if (store_->config().max_times_sampled > 0) {
@@ -163,8 +193,8 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
     held.swap(result->held);
   }
   *reply = SampleReply(q.request_id, std::move(result));
-  reply->lease =
-      std::make_unique<SampleLease>(store_, limiter_, &items_returned_, counted, std::move(drawn), std::move(held));
+  reply->lease = std::make_unique<SampleLease>(store_, limiter_, &items_returned_, counted, std::move(drawn),
+                                               std::move(held), disk_);
   return true;
 }
 
@@ -276,12 +306,23 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
   std::vector<Key> keys(q.count + q.num_chunks + 1);
   keys.back() = q.count;
   chunks.chunk_keys = keys.data() + q.count;
+  // A disk table logs its items' insertion numbers: INSERTs are served on the loop thread alone, in order.
+  const uint64_t first_seq = disk_ != nullptr ? store_->last_seq() + 1 : 0;
   try {
     store_->Insert(priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count, keys.data(),
                    with_chunks ? &chunks : nullptr);
   } catch (...) {
     limiter_->Undo(q.count, 0);
     throw;
+  }
+  if (disk_ != nullptr) {
+    try {
+      disk_->LogInserts(keys.data(), first_seq, priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count);
+    } catch (const IoError&) {
+      store_->Erase(keys.data(), q.count);  // not on disk: not stored (evictions it made stay done)
+      limiter_->Undo(q.count, 0);
+      throw;
+    }
   }
   keep_id = true;
   if (!q.max_priority) NoteMaxPriority(priorities.data(), q.count);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "apexrl/disk_table.h"
 #include "apexrl/serve/insert_window.h"
 #include "apexrl/serve/item_check.h"
 #include "apexrl/serve/rate_limiter.h"
@@ -36,8 +37,10 @@ class Handlers {
   // `log` takes an internal error's line (level, text); the loop sends it to Python's log.
   using LogFn = std::function<void(const char* level, std::string text)>;
   // Every pointer must outlive the Handlers; the store, limiter, window and pool are shared with the loop.
+  // `disk`: the table's log when the table is on disk (null: a memory table); every change is logged there
+  // before its reply (disk_table.h), and a change that cannot be written is undone and answered INTERNAL.
   Handlers(ShardedStore* store, RateLimiter* limiter, InsertWindow* window, SamplePool* pool, double max_wait_s,
-           LogFn log);
+           LogFn log, DiskTable* disk = nullptr);
 
   // Why an INSERT's own content is refused whatever the server's state (then nothing of it may be admitted or
   // kept: the loop checks it before the window, the limiter or the waiting list see the request), or nothing.
@@ -66,6 +69,7 @@ class Handlers {
 
   ShardedStore* const store_;
   RateLimiter* const limiter_;
+  DiskTable* const disk_;
   InsertWindow* const window_;
   SamplePool* const pool_;
   const double max_wait_s_;

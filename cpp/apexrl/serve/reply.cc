@@ -84,6 +84,8 @@ uint64_t SampleLease::GiveBack() {
   if (held_.empty() && drawn_.empty()) return 0;
   const uint64_t back = store_->GiveBack(held_.data(), held_.size(), drawn_.data(), drawn_.size());
   returned_->fetch_add(back, std::memory_order_relaxed);
+  // Their pops were logged when the batch was drawn: back in the store, they are logged again (and synced).
+  if (disk_ != nullptr && back != 0) disk_->Restored(held_.data(), held_.size());
   return back;
 }
 

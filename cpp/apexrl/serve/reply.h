@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "apexrl/disk_table.h"
 #include "apexrl/mutex.h"
 #include "apexrl/serve/rate_limiter.h"
 #include "apexrl/serve/wire.h"
@@ -31,14 +32,16 @@ namespace apexrl::serve {
 class SampleLease {
  public:
   // `returned` counts the items given back (the table's items_returned). Every pointer must outlive the lease.
+  // `disk`: the table's log when it is on disk (null otherwise), where held items that come back are logged again.
   SampleLease(ShardedStore* store, RateLimiter* limiter, std::atomic<uint64_t>* returned, uint64_t counted,
-              std::vector<Key> drawn, std::vector<Key> held)
+              std::vector<Key> drawn, std::vector<Key> held, DiskTable* disk = nullptr)
       : store_(store),
         limiter_(limiter),
         returned_(returned),
         counted_(counted),
         drawn_(std::move(drawn)),
-        held_(std::move(held)) {}
+        held_(std::move(held)),
+        disk_(disk) {}
   ~SampleLease() { GiveBack(); }
   SampleLease(const SampleLease&) = delete;
   SampleLease& operator=(const SampleLease&) = delete;
@@ -55,6 +58,7 @@ class SampleLease {
   const uint64_t counted_;
   std::vector<Key> drawn_;
   std::vector<Key> held_;
+  DiskTable* const disk_;
   bool settled_ = false;
 };
 

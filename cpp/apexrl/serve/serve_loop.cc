@@ -61,6 +61,7 @@ struct Pending : Call {
 
   const ZmqApi* api;
   Table* table = nullptr;  // the data op's table (FindTable), for the whole of its service
+  bool logged = false;     // a disk table's: serving it wrote records to the table's log
   std::string peer;
   ZmqMsg msgs[kMaxKeptFrames];
   FrameView views[kMaxKeptFrames];
@@ -115,6 +116,7 @@ ServeLoop::ServeLoop(ZmqApi api, void* socket, std::vector<TableSpec> tables, Lo
         std::make_unique<Table>(static_cast<uint32_t>(i), std::move(tables[i]), bounds, &window_, pool_.get(),
                                 [this](const char* level, std::string text) { Log(level, std::move(text)); }));
     if (tables_.back()->name() == "default") default_ = i;
+    any_disk_ = any_disk_ || tables_.back()->disk() != nullptr;
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw IoError(std::string("eventfd: ") + std::strerror(errno));
@@ -203,8 +205,10 @@ void ServeLoop::Run() {
     }
     if (items[1].revents & kZmqPollIn) SendFinished();
     if (reading && (items[0].revents & kZmqPollIn)) ReadFrontBurst();
+    if (any_disk_) CommitDisk(false);
     Tidy();
   }
+  if (any_disk_) CommitDisk(true);
   {
     ScopedLock lock(jobs_mu_);
     jobs_closed_ = true;
@@ -380,8 +384,9 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
   }
   const Request& q = p->req;
   // RESET is served here too, so that it falls between two INSERTs or UPDATE_PRIORITIES, never inside one.
+  // A disk table's requests too: its log is written by this thread alone (disk_table.h).
   if (q.op == kInsert || q.op == kUpdatePriorities || q.op == kReset ||
-      (q.op == kSample && q.count <= config_.inline_sample_max)) {
+      (q.op == kSample && q.count <= config_.inline_sample_max) || p->table->disk() != nullptr) {
     Reply reply;
     const bool replied = Serve(p.get(), &reply);
     recheck_ = true;
@@ -435,7 +440,44 @@ void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
       return;
     }
   }
+  // A sync table's reply that acknowledges a change waits for the turn's fdatasync: one whose request wrote
+  // records, and every INSERT (a retry answered from the insert-id window acknowledges its first request's
+  // items, which may be this turn's). A SAMPLE that popped nothing goes at once.
+  if (DiskTable* disk = p->table->disk(); disk != nullptr && (p->logged || q.op == kInsert) && disk->holds_replies()) {
+    held_replies_.push_back(HeldReply{p->peer, p->table, q.op, q.request_id, std::move(reply)});
+    return;
+  }
   Send(p->peer, std::move(reply));
+}
+
+void ServeLoop::CommitDisk(bool last) {
+  for (const auto& t : tables_) {
+    DiskTable* disk = t->disk();
+    if (disk == nullptr) continue;
+    if (disk->unsynced() || last) disk->Commit();
+    if (!last) disk->MaybeCompact();
+    if (disk->TakeFailure()) {
+      Log("ERROR", "table '" + t->name() + "': its log on disk cannot be synced (" + disk->failure() +
+                       "); the table takes no change until the server restarts, which opens it at its last "
+                       "consistent state");
+    }
+  }
+  if (held_replies_.empty()) return;
+  std::vector<HeldReply> held;
+  held.swap(held_replies_);
+  for (HeldReply& h : held) {
+    if (h.table->disk()->failed() && h.reply.status == kOk) {
+      // Not known to be on disk: the request is answered as failed (its change stays in memory this life).
+      errors_[h.op].fetch_add(1, std::memory_order_relaxed);
+      Send(h.peer, ErrorReply(h.op, h.request_id, kInternal,
+                              std::string(OpName(h.op)) +
+                                  " not known to be stored: the table's log on disk cannot be "
+                                  "synced (" +
+                                  h.table->disk()->failure() + ")"));
+    } else {
+      Send(h.peer, std::move(h.reply));
+    }
+  }
 }
 
 void ServeLoop::Defer(std::unique_ptr<Pending> p, bool front) {
@@ -612,7 +654,10 @@ void ServeLoop::Tidy() {
 // ------------------------------------------------------------------------------------------------ serving
 
 bool ServeLoop::Serve(Pending* p, Reply* reply) {
+  const DiskTable* disk = p->table->disk();
+  const uint64_t records = disk != nullptr ? disk->records() : 0;
   if (!p->table->handlers().Serve(p, Now(), reply)) return false;  // it waits
+  if (disk != nullptr) p->logged = disk->records() != records;
   Count(p->req.op, reply->status != kOk);
   return true;
 }

@@ -126,6 +126,11 @@ class ServeLoop {
   bool InsertContentOk(const Pending& p);
   bool EarlyRefusal(const Pending& p, uint16_t* status, std::string* message);
   void Deliver(std::unique_ptr<Pending> p, Reply reply);
+  // Disk tables (disk_table.h): fdatasyncs the sync tables' logs, then sends the replies held for them (a sync
+  // table's replies that acknowledge a change wait for its turn's sync); a failed sync answers them INTERNAL
+  // instead. Logs a table's failure (its own or its interval syncer's) once. `last` (the loop stops): every
+  // disk table is synced, interval ones too.
+  void CommitDisk(bool last);
   void Defer(std::unique_ptr<Pending> p, bool front);
   void Expire(Deferred* e);
   void SendFinished() EXCLUDES(done_mu_);
@@ -182,7 +187,16 @@ class ServeLoop {
   bool control_closed_ GUARDED_BY(control_mu_) = false;
 
   // Loop thread only.
-  uint64_t outstanding_ = 0;  // requests with the workers or Python
+  bool any_disk_ = false;  // a table is on disk
+  struct HeldReply {
+    std::string peer;
+    Table* table;
+    uint16_t op;
+    uint64_t request_id;
+    Reply reply;
+  };
+  std::vector<HeldReply> held_replies_;  // replies waiting for their disk table's sync
+  uint64_t outstanding_ = 0;             // requests with the workers or Python
   uint64_t max_outstanding_;
   bool recheck_ = false;
   uint64_t serial_ = 0;

@@ -11,6 +11,9 @@ namespace {
 const TableSpec& Checked(const TableSpec& spec) {
   if (spec.name.empty()) throw InvalidArgument("a table needs a name");
   if (!spec.store) throw InvalidArgument("table '" + spec.name + "' has no store");
+  if (spec.disk && spec.disk->store() != spec.store) {
+    throw InvalidArgument("table '" + spec.name + "': its store is not its disk table's");
+  }
   return spec;
 }
 
@@ -21,10 +24,11 @@ Table::Table(uint32_t index, TableSpec spec, const WaitBounds& bounds, InsertWin
     : index_(index),
       name_(Checked(spec).name),
       store_(std::move(spec.store)),
+      disk_(std::move(spec.disk)),
       min_size_(spec.limiter.kind == LimiterKind::kQueue ? 1 : spec.limiter.min_size),
       limiter_(spec.limiter),
       waiting_(std::make_unique<Waitlist>(bounds.max_waiting, bounds.max_waiting_per_peer, bounds.max_waiting_bytes)),
-      handlers_(store_.get(), &limiter_, window, pool, bounds.max_wait_s, std::move(log)) {
+      handlers_(store_.get(), &limiter_, window, pool, bounds.max_wait_s, std::move(log), disk_.get()) {
   // The mean item of a restored store, rounded up: its largest is unknown (replies are checked after sampling
   // too).
   const StoreStats s = store_->Stats();
@@ -78,6 +82,22 @@ void Table::Stats(const std::string& prefix, std::vector<LoopStat>* out) const {
   for (int i = 0; i < 8; ++i) add(kWaitingNames[i], static_cast<double>(waiting_stats_[i].load()));
   add("max_item_bytes", static_cast<double>(max_item_seen_.load()));
   add("spec_refused_inserts", static_cast<double>(spec_refused_.load()));
+  if (disk_) {  // storage="disk" (disk_table.h)
+    const DiskTableStats d = disk_->Stats();
+    const DiskTableOpened& o = disk_->opened();
+    add("disk_records", static_cast<double>(d.records));
+    add("disk_record_bytes", static_cast<double>(d.bytes));
+    add("disk_syncs", static_cast<double>(d.syncs));
+    add("disk_write_errors", static_cast<double>(d.write_errors));
+    add("disk_items_logged_again", static_cast<double>(d.restored));
+    add("disk_compactions", static_cast<double>(d.compactions));
+    add("disk_compaction_errors", static_cast<double>(d.compact_errors));
+    add("disk_failed", d.failed ? 1.0 : 0.0);
+    add("disk_opened_items", static_cast<double>(o.items));
+    add("disk_opened_records", static_cast<double>(o.records));
+    add("disk_dropped_bytes", static_cast<double>(o.log.dropped_bytes));
+    add("disk_dropped_segments", static_cast<double>(o.log.dropped_segments));
+  }
 }
 
 }  // namespace apexrl::serve

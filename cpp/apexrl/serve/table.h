@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "apexrl/disk_table.h"
 #include "apexrl/item_layout.h"
 #include "apexrl/mutex.h"
 #include "apexrl/serve/handlers.h"
@@ -40,6 +41,8 @@ struct TableSpec {
   std::string name;
   std::shared_ptr<ShardedStore> store;
   LimiterConfig limiter;
+  // storage="disk": the table's log, whose store `store` must be (null: a memory table).
+  std::shared_ptr<DiskTable> disk = nullptr;
 };
 
 // The waiting list's bounds and the longest wait (the loop's configuration; each table applies them to its own
@@ -63,6 +66,7 @@ class Table {
   uint32_t index() const { return index_; }
   const std::string& name() const { return name_; }
   ShardedStore* store() const { return store_.get(); }
+  DiskTable* disk() const { return disk_.get(); }  // null for a memory table
   RateLimiter& limiter() { return limiter_; }
   const RateLimiter& limiter() const { return limiter_; }
   Waitlist& waiting() { return *waiting_; }
@@ -87,6 +91,7 @@ class Table {
   const uint32_t index_;
   const std::string name_;
   const std::shared_ptr<ShardedStore> store_;
+  const std::shared_ptr<DiskTable> disk_;
   const uint64_t min_size_;  // as configured (STATS reports it; the limiter raises 0 to 1)
   RateLimiter limiter_;
   std::unique_ptr<Waitlist> waiting_;

@@ -115,6 +115,28 @@ TABLE_FLAG_DECLS = (
         metavar="JSON|PATH",
         none="the spec the first inserter declares",
     ),
+    Flag(
+        TableFlags,
+        "storage",
+        "memory, or disk: every insert, priority update, erase, eviction and queue pop is logged under "
+        "--storage-path before it is acknowledged, and a restarted server reopens the table with its items, "
+        "priorities and keys (items without chunks only)",
+    ),
+    Flag(
+        TableFlags,
+        "storage_path",
+        "a disk table's directory (created if missing, its parent must exist; a LOCK file keeps a second server out)",
+        metavar="DIR",
+        none="none (needed with --storage disk)",
+    ),
+    Flag(
+        TableFlags,
+        "durability",
+        "a disk table's: sync fdatasyncs before the replies of each serving turn (nothing acknowledged is lost "
+        "on a power cut); interval within 10 ms after them (a power cut may lose the last 10 ms; a killed "
+        "process loses nothing)",
+        none="sync",
+    ),
 )
 """The table flags (:data:`~apexrl.replay.server.table_flags.TABLE_FLAGS`): the table ``default``."""
 

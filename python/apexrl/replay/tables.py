@@ -40,12 +40,14 @@ from apexrl.validate import Range, check_fields
 
 __all__ = [
     "DEFAULT_TABLE",
+    "DURABILITIES",
     "MAX_TABLE_NAME",
     "MAX_TIMES_SAMPLED",
     "REMOVERS",
     "REMOVER_ALIASES",
     "SAMPLERS",
     "SAMPLER_ALIASES",
+    "STORAGES",
     "MinSize",
     "Queue",
     "RateLimiter",
@@ -57,6 +59,11 @@ __all__ = [
     "tables_from_json",
 ]
 
+STORAGES = ("memory", "disk")
+"""Where a table keeps its items: memory (lost with the process, but for snapshots), or disk (every change logged
+under ``path`` before it is acknowledged; docs/running.md, "Tables on disk")."""
+DURABILITIES = ("sync", "interval")
+"""A disk table's promise: sync (fdatasynced before the reply) or interval (fdatasynced within 10 ms)."""
 STORE_INT_MAX = 2**63 - 1
 """The native store takes sizes as signed 64-bit integers (as ``apexrl.replay.server.config``)."""
 DEFAULT_TABLE = "default"
@@ -240,6 +247,12 @@ class TableConfig:
     - ``spec``: the items' :class:`~apexrl.replay.wire.codec.TransitionSpec` (every insert is checked against
       it), given as one, as its JSON (text or object) or as the path of a JSON file; always a TransitionSpec
       after construction. None: the spec the first inserter declares.
+    - ``storage``: ``"memory"`` (default) or ``"disk"``: every change (insert, priority update, erase,
+      eviction, a queue's pop) is logged under ``path`` (a directory, created if missing, one per table)
+      before it is acknowledged, and a restarted server reopens the table with its items, priorities and keys.
+      ``durability`` (disk only; default ``"sync"``): ``"sync"`` fdatasyncs before each reply (grouped per
+      serving turn), ``"interval"`` within 10 ms after it. Items with chunks (trajectories, Atari frame chunks)
+      need a memory table. docs/running.md, "Tables on disk", says what each mode can lose.
 
     Invalid values raise :class:`TableConfigError` (a ValueError) naming the table and the field.
     """
@@ -254,6 +267,9 @@ class TableConfig:
     max_times_sampled: int = field(default=0, metadata=Range.int(0, MAX_TIMES_SAMPLED))
     rate_limiter: RateLimiter | None = None
     spec: TransitionSpec | str | None = None
+    storage: str = field(default="memory", metadata=Range.choice(*STORAGES))
+    path: str | None = None
+    durability: str | None = field(default=None, metadata=Range.choice(*DURABILITIES, optional=True))
 
     def __post_init__(self) -> None:
         name = self.name
@@ -297,6 +313,23 @@ class TableConfig:
                 object.__setattr__(self, "spec", _spec_from_json(self.spec, None))
             except ValueError as e:
                 raise TableConfigError(name, "spec", str(e)) from None
+        self._check_storage()
+
+    def _check_storage(self) -> None:
+        """A disk table needs a path and takes a durability (default sync); a memory table takes neither."""
+        name = self.name
+        if self.storage == "memory":
+            for key in ("path", "durability"):
+                if getattr(self, key) is not None:
+                    raise TableConfigError(name, key, "is for storage='disk' tables; this one is in memory")
+            return
+        if self.path is None:
+            raise TableConfigError(name, "path", "storage='disk' needs a path: the directory of the table's log")
+        if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
+            raise TableConfigError(name, "path", f"must be a directory path, got {self.path!r}")
+        object.__setattr__(self, "path", os.fspath(self.path))
+        if self.durability is None:
+            object.__setattr__(self, "durability", "sync")
 
     @property
     def effective_max_size(self) -> int:
@@ -323,6 +356,9 @@ class TableConfig:
             "max_times_sampled": self.max_times_sampled,
             "rate_limiter": None if self.rate_limiter is None else self.rate_limiter.to_json(),
             "spec": None if spec is None else json.loads(spec.to_json() if isinstance(spec, TransitionSpec) else spec),
+            "storage": self.storage,
+            "path": self.path,
+            "durability": self.durability,
         }
 
     @classmethod
@@ -368,6 +404,14 @@ def check_table_names(tables: Sequence[TableConfig]) -> None:
         if t.name in seen:
             raise ValueError(f"tables {seen[t.name]} and {i} are both named {t.name!r} (names are unique per server)")
         seen[t.name] = i
+    paths: dict[str, str] = {}
+    for t in tables:
+        if t.path is None:
+            continue
+        where = os.path.realpath(t.path)
+        if where in paths:
+            raise ValueError(f"tables {paths[where]!r} and {t.name!r} are both stored at {t.path!r} (a path per table)")
+        paths[where] = t.name
 
 
 def tables_from_json(obj: Any, *, where: str = "tables", base_dir: str | None = None) -> list[TableConfig]:

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_SLOTS_PER_SHARD",
     "STORE_INT_MAX",
     "ServerConfig",
+    "check_disk_table_dir",
     "check_snapshot_dir",
     "server_config_from_dict",
     "server_config_to_dict",
@@ -117,6 +118,9 @@ class ServerConfig:
         self.tables = list(self.tables)
         check_table_names(self.tables)
         for t in self.tables:
+            if t.storage == "disk":
+                assert t.path is not None  # TableConfig checked it
+                check_disk_table_dir(t.name, t.path)
             per_shard = -(-t.effective_max_size // self.shards)
             if per_shard > MAX_SLOTS_PER_SHARD:
                 raise ValueError(
@@ -187,3 +191,21 @@ def check_snapshot_dir(path: str | os.PathLike[str]) -> None:
         raise ValueError(f"snapshot directory {directory!r} does not exist (create it first)")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ValueError(f"snapshot directory {directory!r} is not writable")
+
+
+def check_disk_table_dir(table: str, path: str | os.PathLike[str]) -> None:
+    """ValueError naming the reason when a disk table's directory could not hold its log: it is something other
+    than a directory, or it is missing and its parent is missing or not writable, or it is not writable."""
+    path = os.fspath(path)
+    where = f"table {table!r}: path {path!r}"
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ValueError(f"{where} is not a directory (a disk table keeps its log in a directory)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"{where} is not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{where}: its parent directory {parent!r} does not exist (create it first)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{where}: its parent directory {parent!r} is not writable, so it cannot be created")

@@ -66,6 +66,12 @@ class TableFlags:
     """None: max(1, samples_per_insert) * 100."""
     spec: str | None = None
     """The items' TransitionSpec: its JSON, or the path of a JSON file; None: learnt from the first HELLO."""
+    storage: str = field(default=TableConfig.storage, metadata=_range(TableConfig, "storage"))
+    """memory, or disk: every change logged under --storage-path before it is acknowledged (docs/running.md)."""
+    storage_path: str | None = None
+    """A disk table's directory (created if missing; its parent must exist); TableConfig's ``path``."""
+    durability: str | None = field(default=None, metadata=_range(TableConfig, "durability"))
+    """A disk table's: sync (fdatasync before each reply) or interval (within 10 ms); None: sync."""
 
     def rate_limiter(self) -> RateLimiter | None:
         """The limiter the flags describe (class docstring); ValueError on a min size out of range or an
@@ -93,6 +99,9 @@ class TableFlags:
             alpha_evict=self.alpha_evict,
             rate_limiter=self.rate_limiter(),
             spec=self.spec,
+            storage=self.storage,
+            path=self.storage_path,
+            durability=self.durability,
         )
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apexrl import PrioritizedStore
+from apexrl._core import DiskTable
 from apexrl.durable import write_atomically
 from apexrl.replay.server.epoch import SnapshotLoadError, _write_epoch_file, choose_epoch
 from apexrl.replay.tables import MinSize
@@ -61,6 +62,7 @@ class ServerTable:
     config: Any  # apexrl.replay.TableConfig
     store: PrioritizedStore
     limiter: dict[str, Any]
+    disk: Any = None  # apexrl._core.DiskTable of a storage="disk" table (its store is `store`), else None
 
 
 def limiter_of(rate_limiter: Any) -> dict[str, Any]:
@@ -150,8 +152,9 @@ def _read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def _new_store(config: Any, server: Any, epoch: int, seed: int) -> PrioritizedStore:
-    kwargs: dict[str, Any] = dict(
+def _store_kwargs(config: Any, server: Any, epoch: int, seed: int) -> dict[str, Any]:
+    """A table's store settings, as PrioritizedStore and DiskTable take them."""
+    return dict(
         capacity=config.capacity,
         max_size=config.max_size,
         alpha=config.alpha,
@@ -163,7 +166,10 @@ def _new_store(config: Any, server: Any, epoch: int, seed: int) -> PrioritizedSt
         sampler=config.sampler,
         max_times_sampled=config.max_times_sampled,
     )
-    return PrioritizedStore(**kwargs)
+
+
+def _new_store(config: Any, server: Any, epoch: int, seed: int) -> PrioritizedStore:
+    return PrioritizedStore(**_store_kwargs(config, server, epoch, seed))
 
 
 def _load_store(path: str, epoch: int, what: str) -> PrioritizedStore:
@@ -216,6 +222,9 @@ def open_tables(server: Any) -> list[ServerTable]:
             by_name = {t["name"]: t for t in manifest["tables"]}
             for i, c in enumerate(configs):
                 entry = by_name.pop(c.name, None)
+                if entry is not None and c.storage == "disk":
+                    log.info("table %r is on disk: its items come from its log, not from the snapshot", c.name)
+                    continue
                 if entry is None:
                     log.warning("tables snapshot %s holds no table %r: it starts empty", os.fspath(path), c.name)
                     continue
@@ -228,6 +237,8 @@ def open_tables(server: Any) -> list[ServerTable]:
                     os.fspath(path),
                     name,
                 )
+        elif any(c.name == "default" and c.storage == "disk" for c in configs):
+            log.info("table 'default' is on disk: its items come from its log, not from snapshot %s", os.fspath(path))
         else:  # today's one-store format: the table `default`
             if "default" not in names:
                 raise SnapshotLoadError(
@@ -237,6 +248,9 @@ def open_tables(server: Any) -> list[ServerTable]:
             stores["default"] = _load_store(os.fspath(path), epochs[names.index("default")], "snapshot")
     tables = []
     for i, c in enumerate(configs):
+        if c.storage == "disk":
+            tables.append(_open_disk_table(i, c, server, epochs[i]))
+            continue
         store = stores.get(c.name)
         if store is not None:
             _warn_differences(store, c, server, f"snapshot table {c.name!r}")
@@ -246,6 +260,40 @@ def open_tables(server: Any) -> list[ServerTable]:
             log.info("table %r: new store; its keys carry epoch %d", c.name, epochs[i])
         tables.append(ServerTable(i, c.name, c, store, limiter_of(c.rate_limiter)))
     return tables
+
+
+def _open_disk_table(index: int, config: Any, server: Any, epoch: int) -> ServerTable:
+    """A storage="disk" table, its log replayed (OSError: another process holds it, or it cannot be read;
+    ValueError: a log of another shard count); what its recovery dropped is logged as a warning."""
+    disk = DiskTable(
+        config.path,
+        durability=config.durability,
+        **_store_kwargs(config, server, epoch, int(server.seed) + index),
+    )
+    opened = disk.opened
+    if opened["dropped_bytes"] or opened["dropped_segments"]:
+        log.warning(
+            "table %r: its log at %s ended early (%s): %d bytes and %d segments after its last whole record were "
+            "dropped; the table opens at its last consistent state",
+            config.name,
+            config.path,
+            opened["reason"],
+            opened["dropped_bytes"],
+            opened["dropped_segments"],
+        )
+    log.info(
+        "table %r: on disk at %s (durability %s): %d items from %d records of %d earlier lives (%d bytes of log "
+        "compacted away); new keys carry epoch %d",
+        config.name,
+        config.path,
+        config.durability,
+        opened["items"],
+        opened["records"],
+        opened["lives"],
+        opened["compacted_bytes"],
+        opened["epoch"],
+    )
+    return ServerTable(index, config.name, config, disk.store, limiter_of(config.rate_limiter), disk)
 
 
 def _check_left_out(manifest: dict[str, Any], names: list[str], drop: Sequence[str], path: str) -> None:

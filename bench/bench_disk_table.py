@@ -1,0 +1,109 @@
+"""A table on disk beside a memory table at the Ape-X mix, over loopback with real processes.
+
+Each window is one ``bench_wire.run_config`` run (a fresh server, prefilled, then 2 inserter processes sending
+batches of 50 DPG items, pipelined, and one learner sampling 512 and sending 512 new priorities, for
+--seconds), with the server's one table ``default`` in memory, on disk with ``--durability interval``, or on
+disk with ``--durability sync``. The three alternate window by window (memory, interval, sync, memory, ...) for
+--rounds rounds, so load from elsewhere hits them alike; each disk window logs to a fresh directory under
+--dir (default: a temporary directory beside this file, on the disk the tree is on, never a tmpfs).
+
+Reported per mode, as medians over the rounds: inserted/s, sampled/s, the server's CPU per request (µs), and
+for the disk modes fdatasyncs per second and the ratio of each rate to the memory table's of the same round.
+
+    python bench/bench_disk_table.py                  # 3 rounds of 20 s windows
+    python bench/bench_disk_table.py --quick          # a smoke run, a few seconds a window
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import bench_wire as W  # noqa: E402 - the wire bench's harness, from this folder
+
+MODES = ("memory", "interval", "sync")
+
+
+def server_flags(mode: str, directory: str) -> list[str]:
+    if mode == "memory":
+        return []
+    return ["--storage", "disk", "--storage-path", os.path.join(directory, "table"), "--durability", mode]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--prefill", type=int, default=20_000, help="items stored before each window (default 20000)")
+    p.add_argument("--capacity", type=int, default=2_000_000)
+    p.add_argument("--dir", default=None, help="where the disk tables' logs go (default: beside this file)")
+    p.add_argument("--quick", action="store_true", help="1 round of 4 s windows, 2000 items prefilled")
+    p.add_argument("--json", default=None, help="also write every window's row to this file")
+    args = p.parse_args()
+    if args.quick:
+        args.rounds, args.seconds, args.prefill = 1, 4.0, 2000
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="bench_disk_", dir=args.dir or HERE) as tmp:
+        batches = W.dpg_batches(0)
+        payload = os.path.join(tmp, "dpg.npz")
+        W.save_batches(payload, batches)
+        actor_flags = ["--insert-mode", "pipelined", "--max-in-flight", "16"]
+        for r in range(args.rounds):
+            for mode in MODES:
+                with tempfile.TemporaryDirectory(prefix=f"{mode}_", dir=tmp) as window_dir:
+                    row = W.run_config(
+                        "dpg",
+                        2,
+                        payload,
+                        batches,
+                        args.capacity,
+                        args.prefill,
+                        args.seconds,
+                        actor_flags,
+                        server_flags=server_flags(mode, window_dir),
+                    )
+                row.update(mode=mode, round=r)
+                syncs = row["disk_stats"].get("disk_syncs", 0)
+                row["syncs_per_s"] = syncs / max(row["cpu_window_s"], 1e-9)
+                rows.append(row)
+                print(
+                    f"round {r} {mode:8s} inserted/s {row['inserted_per_s']:10,.0f}  sampled/s "
+                    f"{row['sampled_per_s']:10,.0f}  server µs/request {row['server_cpu_us_per_request']:7.1f}"
+                    + (f"  fdatasyncs/s {row['syncs_per_s']:7.1f}" if mode != "memory" else ""),
+                    flush=True,
+                )
+    print(f"\nmedians over {args.rounds} round(s), {args.seconds:g} s windows, load average {os.getloadavg()[0]:.2f}:")
+    by_round = {(row["round"], row["mode"]): row for row in rows}
+    for mode in MODES:
+        mine = [row for row in rows if row["mode"] == mode]
+
+        def med(field: str, of: list[dict] = mine) -> float:
+            return statistics.median(row[field] for row in of)
+
+        line = (
+            f"  {mode:8s} inserted/s {med('inserted_per_s'):10,.0f}  sampled/s {med('sampled_per_s'):10,.0f}  "
+            f"server µs/request {med('server_cpu_us_per_request'):7.1f}"
+        )
+        if mode != "memory":
+            ins = statistics.median(
+                row["inserted_per_s"] / by_round[(row["round"], "memory")]["inserted_per_s"] for row in mine
+            )
+            smp = statistics.median(
+                row["sampled_per_s"] / by_round[(row["round"], "memory")]["sampled_per_s"] for row in mine
+            )
+            line += f"  fdatasyncs/s {med('syncs_per_s'):7.1f}  vs memory: inserts {ins:.2f}x, samples {smp:.2f}x"
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+// DiskTable: a table whose every acknowledged change is in a log on disk (storage="disk"), so that a server
+// killed (kill -9) or a machine that loses power reopens the table with what it acknowledged, keys included.
+//
+// Design. The table's store (sum trees, key slots, eviction orders, payloads) stays in memory exactly as a memory
+// table's; the serving loop's rate limiter counts stay in memory too (a reopened table starts them afresh from its
+// size). Beside it, every change is appended to the table's TableLog (table_log.h: checksummed records in
+// segment files under `path`, a LOCK against a second server) as one of these records (little-endian):
+//   1 OPEN    u32 epoch | u32 shards          a server life began, issuing keys of `epoch`
+//   2 INSERT  u64 key | u64 insertion number | f64 priority | the item's bytes
+//   3 UPDATE  n x (u64 key | f64 priority)    an UPDATE_PRIORITIES request (keys that address nothing included)
+//   4 ERASE   n x u64 key                     items gone: ERASE requests, evictions (RemoveToFit, the max_size
+//                                             ceiling, any remover), and a queue's pops (an item drawn for the last
+//                                             time, logged when its SAMPLE is served, before the reply leaves)
+//   5 CLEAR   (empty)                         a RESET
+//   6 EPOCHS  n x u32 epoch                   the epochs of the lives a compaction dropped the OPENs of
+// A SAMPLE reply that is not delivered gives its held items back to the store; they are logged again as INSERTs
+// with their old keys and insertion numbers (so a queue's order survives), and synced at once.
+// Opening replays the log in order into a key -> item map (an INSERT of a live key replaces it, an UPDATE or
+// ERASE of a key that is not there does nothing, as the store did), then restores the items, with their keys and
+// insertion numbers, into a new store of `config` (ShardedStore::Restore), whose epoch differs from every life
+// the log recorded. The log recovery's truncation (a torn or corrupt record ends the log) is what the table
+// opens at; recovery() reports what was dropped.
+// Compaction, so that the log holds about what the table holds:
+//  * while serving (MaybeCompact, between the loop's turns): once the records a reopening would replay pass
+//    compact_min_bytes and twice the INSERT records of the items left, and no item is held (a pop pending a
+//    reply), the log starts a new segment N with an EPOCHS record, and a thread writes the store's snapshot
+//    (ShardedStore::Save: shard by shard under each shard's lock, so the loop serves on) to compact-N.snap;
+//    once it is whole (written, synced, renamed), older snapshots and the segments before N are deleted.
+//    Opening then loads the newest snapshot and replays the segments from N on, which may repeat changes the
+//    snapshot already holds: each record type gives the same end state applied once or twice in order, so the
+//    snapshot's instant (after N began) does not matter. A snapshot that cannot be read stops the opening.
+//  * on opening, when the segments read hold more than twice the records of the items left (and at least
+//    compact_min_bytes): the new segment starts with EPOCHS and an INSERT of every item, is synced, and the
+//    snapshots and segments before it are deleted (oldest first). A crash anywhere reopens the same items.
+//
+// Items with chunks (trajectories, Atari frame chunks) are not stored on disk: the loop refuses such an INSERT.
+// Not done yet, and said where it matters: the payloads are also in memory (RSS is that of a memory table), and
+// an item's draw count (max_times_sampled above 1) starts again from 0 after a restart.
+//
+// Durability. Every change is written (write(2), to the page cache) before the request's reply is built, one
+// write per request, so a killed process loses nothing it acknowledged. kSync: the loop fdatasyncs once per
+// turn, after the turn's requests, and only then sends the replies that acknowledge a change (group commit).
+// kInterval: replies leave at once; a thread of the table's own fdatasyncs the segment being written (through a
+// dup of its descriptor) at most every `interval_s`, and within `interval_s` of a write that follows a quiet
+// spell, so a power cut loses at most about that much and the loop never waits for the disk.
+// A write that fails (disk full, EFBIG past RLIMIT_FSIZE, EIO) changes nothing on disk (TableLog cuts back); the
+// caller undoes the request's change in memory and answers it with an error. A failed fdatasync leaves the
+// disk's state unknown: the table fails (failed()), every later change to it is refused until a restart.
+//
+// Thread-safety: the serving loop's thread alone calls it (the loop serves every request of a disk table
+// there); Stats(), failed() and failure() may be called from any thread; kInterval's syncer shares the
+// descriptor under fd_mu_ and reports through atomics.
+#ifndef APEXRL_DISK_TABLE_H_
+#define APEXRL_DISK_TABLE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apexrl/errors.h"
+#include "apexrl/mutex.h"
+#include "apexrl/sharded_store.h"
+#include "apexrl/table_log.h"
+#include "apexrl/thread_annotations.h"
+
+namespace apexrl {
+
+enum class Durability { kSync, kInterval };
+
+struct DiskTableOptions {
+  std::string path;  // the log's directory (created if missing; its parent must exist)
+  Durability durability = Durability::kSync;
+  double interval_s = 0.010;                 // kInterval: the longest a written record waits for its fdatasync
+  uint64_t compact_min_bytes = 64ull << 20;  // a log is compacted past this (and twice its items' records)
+  LogOptions log;
+};
+
+// What opening found.
+struct DiskTableOpened {
+  uint64_t items = 0;            // restored
+  uint64_t records = 0;          // read
+  uint32_t epoch = 0;            // the new life's
+  uint64_t lives = 0;            // OPEN records before this one
+  uint64_t compacted_bytes = 0;  // the bytes of the segments the opening compaction deleted (0: none)
+  LogRecovery log;               // what the log's recovery dropped, and why
+};
+
+// Counters (STATS: table.<name>.disk_*).
+struct DiskTableStats {
+  uint64_t records = 0;       // appended since open
+  uint64_t bytes = 0;         // their bytes
+  uint64_t syncs = 0;         // fdatasyncs
+  uint64_t write_errors = 0;  // requests refused because their records could not be written
+  uint64_t restored = 0;      // items given back (undelivered SAMPLE replies) and logged again
+  uint64_t compactions = 0;   // while serving (MaybeCompact)
+  uint64_t compact_errors = 0;
+  bool failed = false;
+};
+
+class DiskTable {
+ public:
+  static constexpr uint8_t kOpen = 1, kInsert = 2, kUpdate = 3, kErase = 4, kClear = 5, kEpochs = 6;
+
+  // Opens the log at options.path (IoError: unusable directory, another process holds it, a segment of an
+  // unknown version; InvalidArgument: a log of another shard count, or records that contradict each other),
+  // restores its items into a new store of `config` and records this life's OPEN (synced). config.epoch is
+  // taken unless an earlier life of the log used it (then the next one that none did).
+  DiskTable(StoreConfig config, DiskTableOptions options);
+  ~DiskTable();  // stops the syncer; what it had not synced yet is synced (kInterval)
+  DiskTable(const DiskTable&) = delete;
+  DiskTable& operator=(const DiskTable&) = delete;
+
+  const std::shared_ptr<ShardedStore>& store() const { return store_; }
+  const DiskTableOpened& opened() const { return opened_; }
+  const DiskTableOptions& options() const { return options_; }
+
+  // Each logs one request's change and writes it (with the removals the store reported since the last call,
+  // in order) before returning; IoError when it cannot (nothing of it written: the caller undoes and refuses).
+  // LogInserts after the store's Insert (items numbered first_seq + i), the others before the change itself.
+  void LogInserts(const Key* keys, uint64_t first_seq, const double* priorities, const uint8_t* const* data,
+                  const uint64_t* sizes, size_t n);
+  void LogUpdates(const Key* keys, const double* priorities, size_t n);
+  void LogErases(const Key* keys, size_t n);  // erased by request, or a queue's pops
+  void LogClear();
+  // The removals the store reported (evictions) alone; a failure keeps them for the next write and is not the
+  // request's (an eviction not logged yet brings an item back after a restart; it loses none).
+  void LogRemovals();
+  // Drops the removals reported since the last call (a RESET's, which its CLEAR record covers).
+  void DropRemovals() { removed_.clear(); }
+  // Held items that came back to the store (their SAMPLE reply was not sent): logged again as INSERTs and
+  // synced. Never throws (it runs where the reply is settled); a failure is counted and returned as text.
+  std::string Restored(const Key* keys, size_t n);
+
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  std::string failure() const EXCLUDES(failure_mu_);
+  // True once, after the table failed: the loop logs it then.
+  bool TakeFailure() { return failed() && !failure_told_.exchange(true); }
+  // kSync: written records not yet fdatasynced (the loop's to Commit); always false for kInterval.
+  bool unsynced() const { return unsynced_; }
+  uint64_t records() const { return records_.load(std::memory_order_relaxed); }  // appended since open
+  // The loop holds this turn's replies that acknowledge a change until Commit (kSync with records to sync).
+  bool holds_replies() const { return unsynced_; }
+  // fdatasync now. False (the table failed: failed(), failure()) when it cannot.
+  bool Commit();
+  // Compaction while serving (see "Compaction"); the loop calls it between turns. Finishes a compaction whose
+  // snapshot is written, or starts one when the log is over compact_min_bytes and twice its items' records and
+  // no item is held.
+  void MaybeCompact();
+
+  DiskTableStats Stats() const;
+
+ private:
+  void Open();
+  // Rewrites `items` (sorted by insertion number) and `epochs` into the segment being written and deletes the
+  // segments before it (see "Compaction" above).
+  void Compact(const std::vector<RestoredItem>& items, const std::set<uint32_t>& epochs);
+  void RemoveSnapshotsBefore(uint64_t segment);
+  std::string SnapshotPath(uint64_t segment) const;  // compact-<16 hex digits>.snap
+  void LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size);  // an INSERT record
+  // Append, counted (a body in two parts: `head`, then `tail`).
+  void Write(uint8_t type, const void* head, size_t head_size, const void* tail = nullptr, size_t tail_size = 0);
+  void AppendRemovals();  // pending_ and removed_, as one ERASE record
+  void Flush();
+  // Runs `append` (Write calls), then writes the buffer; on a failure nothing of it is on disk (TableLog cut
+  // back), the removals it carried wait in pending_ for the next write, and the IoError goes on.
+  template <typename Append>
+  void WriteAll(Append append) {
+    try {
+      append();
+      Flush();
+    } catch (const IoError&) {
+      write_errors_.fetch_add(1, std::memory_order_relaxed);
+      pending_.insert(pending_.begin(), erasing_.begin(), erasing_.end());
+      erasing_.clear();
+      throw;
+    }
+  }
+  void CheckUsable() const;  // IoError once the table failed
+  void Fail(const std::string& why) EXCLUDES(failure_mu_);
+  void Written() EXCLUDES(fd_mu_, wake_mu_);  // after a write: kSync marks it unsynced, kInterval wakes the syncer
+  void Syncer() EXCLUDES(fd_mu_, wake_mu_);   // kInterval's thread
+
+  StoreConfig config_;
+  DiskTableOptions options_;
+  std::unique_ptr<TableLog> log_;
+  std::shared_ptr<ShardedStore> store_;
+  DiskTableOpened opened_;
+  std::vector<Key> removed_;  // the store's removal sink
+  std::vector<Key> pending_;  // removals whose ERASE record a failed write dropped
+  std::vector<Key> erasing_;  // the removals in the buffer now (pending_ again if the write fails)
+  std::vector<uint8_t> scratch_;
+  bool unsynced_ = false;
+  mutable Mutex failure_mu_;
+  std::string failure_ GUARDED_BY(failure_mu_);
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> failure_told_{false};
+  // kInterval's syncer fdatasyncs sync_fd_ (a dup of the segment being written, swapped by the loop when a new
+  // segment starts) while the loop goes on writing; `written_` counts writes, `synced_` the count it covered.
+  Mutex fd_mu_;
+  int sync_fd_ GUARDED_BY(fd_mu_) = -1;
+  bool sync_dir_ GUARDED_BY(fd_mu_) = false;  // a new segment: its directory entry too
+  uint64_t fd_segment_ = 0;                   // loop thread: the segment sync_fd_ is of
+  Mutex wake_mu_;
+  CondVar wake_cv_;
+  bool stop_ GUARDED_BY(wake_mu_) = false;
+  std::atomic<bool> idle_{false};
+  std::atomic<uint64_t> written_{0}, synced_{0};
+  std::thread syncer_;
+  // Compaction while serving: the bytes a reopening would replay, the epochs of every life, and the thread that
+  // writes the snapshot (compact_error_ is its, until compact_done_).
+  uint64_t log_bytes_ = 0;
+  uint64_t next_check_ = 0;  // log_bytes_ at which MaybeCompact reads the store's totals again
+  std::set<uint32_t> epochs_;
+  uint64_t compact_segment_ = 0;
+  std::thread compactor_;
+  std::atomic<bool> compact_done_{false};
+  std::string compact_error_;
+  std::atomic<uint64_t> compactions_{0}, compact_errors_{0};
+  std::atomic<uint64_t> records_{0}, bytes_{0}, syncs_{0}, write_errors_{0}, restored_{0};
+};
+
+const char* DurabilityName(Durability d);
+// "sync" or "interval"; InvalidArgument naming both otherwise.
+Durability ParseDurability(const std::string& name);
+
+}  // namespace apexrl
+
+#endif  // APEXRL_DISK_TABLE_H_

@@ -1,0 +1,308 @@
+// DiskTable (disk_table.h): the records of every kind of change replayed on reopening -- items back with their
+// keys, priorities, bytes and insertion order; erases, evictions, a clear and pops not undone; held items given
+// back logged again; a new life's epoch unlike the earlier ones; a log of another shard count refused; a write
+// that fails (RLIMIT_FSIZE, as a full disk) refused with nothing of it on disk.
+#include "apexrl/disk_table.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apexrl/errors.h"
+#include "temp_dir.h"
+
+namespace apexrl {
+namespace {
+
+using testing_util::TempDir;
+
+StoreConfig Config(uint32_t shards = 4) {
+  StoreConfig c;
+  c.capacity = 1000;
+  c.shards = shards;
+  c.eviction = EvictionKind::kFifo;
+  return c;
+}
+
+DiskTableOptions Options(const TempDir& dir) {
+  DiskTableOptions o;
+  o.path = dir.Path("table");
+  return o;
+}
+
+// Inserts items (bytes "item<i>") as the serving loop does: the store first, then the log.
+std::vector<Key> Insert(DiskTable& t, const std::vector<int>& ids, double priority) {
+  std::vector<std::string> bytes;
+  for (int i : ids) bytes.push_back("item" + std::to_string(i));
+  std::vector<const uint8_t*> data;
+  std::vector<uint64_t> sizes;
+  for (const auto& b : bytes) {
+    data.push_back(reinterpret_cast<const uint8_t*>(b.data()));
+    sizes.push_back(b.size());
+  }
+  std::vector<double> priorities(ids.size(), priority);
+  std::vector<Key> keys(ids.size());
+  const uint64_t first = t.store()->last_seq() + 1;
+  t.store()->Insert(priorities.data(), data.data(), sizes.data(), ids.size(), keys.data());
+  t.LogInserts(keys.data(), first, priorities.data(), data.data(), sizes.data(), ids.size());
+  return keys;
+}
+
+// Key -> (priority, bytes) of every live item, and the items' bytes oldest first.
+struct Seen {
+  std::map<Key, std::pair<double, std::string>> items;
+  std::vector<std::string> order;
+};
+
+Seen Contents(const ShardedStore& store) {
+  Seen s;
+  std::vector<std::pair<uint64_t, std::string>> by_seq;
+  for (const Shard::Contents& c : store.Dump()) {
+    for (size_t i = 0; i < c.keys.size(); ++i) {
+      s.items[c.keys[i]] = {c.priorities[i], c.items[i]};
+      by_seq.emplace_back(c.seqs[i], c.items[i]);
+    }
+  }
+  std::sort(by_seq.begin(), by_seq.end());
+  for (auto& [seq, bytes] : by_seq) s.order.push_back(bytes);
+  return s;
+}
+
+TEST(DiskTable, EveryChangeIsReplayedWithItsKeys) {
+  TempDir dir("disk_table");
+  Seen before;
+  uint32_t first_epoch;
+  {
+    DiskTable t(Config(), Options(dir));
+    first_epoch = t.opened().epoch;
+    EXPECT_EQ(t.opened().items, 0u);
+    const auto a = Insert(t, {0, 1, 2, 3, 4}, 1.0);
+    const auto b = Insert(t, {5, 6, 7}, 2.0);
+    const std::vector<Key> up = {a[1], b[0]};
+    const std::vector<double> p = {7.5, 0.25};
+    t.LogUpdates(up.data(), p.data(), up.size());
+    t.store()->UpdatePriorities(up.data(), p.data(), up.size());
+    t.LogErases(&a[2], 1);
+    t.store()->Erase(&a[2], 1);
+    t.store()->Validate();
+    EXPECT_TRUE(t.unsynced());
+    EXPECT_TRUE(t.Commit());
+    EXPECT_FALSE(t.unsynced());
+    before = Contents(*t.store());
+  }
+  DiskTable again(Config(), Options(dir));
+  EXPECT_EQ(again.opened().items, 7u);
+  EXPECT_EQ(again.opened().lives, 1u);
+  EXPECT_NE(again.opened().epoch, first_epoch);
+  again.store()->Validate();
+  const Seen after = Contents(*again.store());
+  EXPECT_EQ(after.items, before.items);  // keys, priorities and bytes
+  EXPECT_EQ(after.order, before.order);  // insertion order (FIFO)
+  EXPECT_EQ(after.order.front(), "item0");
+  // Restored keys address their items; new ones differ from every restored key.
+  const Key old_key = before.items.begin()->first;
+  const double p = 3.0;
+  EXPECT_EQ(again.store()->UpdatePriorities(&old_key, &p, 1), 1u);
+  const auto fresh = Insert(again, {8}, 1.0);
+  EXPECT_EQ(before.items.count(fresh[0]), 0u);
+  EXPECT_EQ(again.store()->Size(), 8u);
+}
+
+TEST(DiskTable, EvictionsClearAndPopsStayDone) {
+  TempDir dir("disk_table");
+  StoreConfig c = Config(2);
+  c.capacity = 4;
+  c.max_size = 4;  // every insert past 4 items evicts the oldest
+  {
+    DiskTable t(c, Options(dir));
+    Insert(t, {0, 1, 2, 3, 4, 5}, 1.0);  // 0 and 1 evicted by the insert itself
+    EXPECT_EQ(t.store()->Size(), 4u);
+    t.Commit();
+  }
+  {
+    DiskTable t(c, Options(dir));
+    EXPECT_EQ(Contents(*t.store()).order, (std::vector<std::string>{"item2", "item3", "item4", "item5"}));
+    t.LogClear();
+    t.store()->Clear();
+    t.DropRemovals();
+    Insert(t, {6, 7}, 1.0);
+    t.Commit();
+  }
+  DiskTable t(c, Options(dir));
+  EXPECT_EQ(Contents(*t.store()).order, (std::vector<std::string>{"item6", "item7"}));
+}
+
+TEST(DiskTable, HeldItemsGivenBackAreLoggedAgainInTheirPlace) {
+  TempDir dir("disk_table");
+  StoreConfig c = Config(1);
+  c.sampler = SamplerKind::kFifo;
+  c.max_times_sampled = 1;
+  {
+    DiskTable t(c, Options(dir));
+    Insert(t, {0, 1, 2}, 1.0);
+    SampleResult r;
+    t.store()->Sample(2, 0.4, &r, /*hold=*/true);
+    ASSERT_EQ(r.held.size(), 2u);
+    t.LogErases(r.held.data(), r.held.size());  // the pops, before their reply
+    t.store()->Release(&r.held[1], 1);          // the second delivered
+    t.store()->GiveBack(&r.held[0], 1, &r.keys[0], 1);
+    EXPECT_EQ(t.Restored(&r.held[0], 1), "");  // the first came back
+    EXPECT_EQ(t.Stats().restored, 1u);
+  }
+  DiskTable t(c, Options(dir));
+  EXPECT_EQ(Contents(*t.store()).order, (std::vector<std::string>{"item0", "item2"}));
+}
+
+TEST(DiskTable, OpeningCompactsALogOfMostlyRemovedItems) {
+  TempDir dir("disk_table");
+  DiskTableOptions o = Options(dir);
+  o.compact_min_bytes = 0;
+  std::set<uint32_t> epochs;
+  Seen before;
+  {
+    DiskTable t(Config(), o);
+    epochs.insert(t.opened().epoch);
+    std::vector<Key> keys;
+    for (int i = 0; i < 50; ++i) keys.push_back(Insert(t, {i}, 1.0 + i)[0]);
+    t.LogErases(keys.data(), 40);
+    t.store()->Erase(keys.data(), 40);
+    const double p = 0.5;
+    t.LogUpdates(&keys[45], &p, 1);
+    t.store()->UpdatePriorities(&keys[45], &p, 1);
+    t.Commit();
+    before = Contents(*t.store());
+  }
+  {
+    DiskTable t(Config(), o);  // 50 INSERTs and the rest, for 10 items: rewritten
+    EXPECT_GT(t.opened().compacted_bytes, 0u);
+    EXPECT_TRUE(epochs.insert(t.opened().epoch).second);
+    const Seen after = Contents(*t.store());
+    EXPECT_EQ(after.items, before.items);
+    EXPECT_EQ(after.order, before.order);
+  }
+  DiskTable t(Config(), o);                   // the compacted log: the same items, and an epoch none of the lives had
+  EXPECT_EQ(t.opened().compacted_bytes, 0u);  // 10 items' records: nothing to gain
+  EXPECT_EQ(Contents(*t.store()).items, before.items);
+  EXPECT_TRUE(epochs.insert(t.opened().epoch).second);
+}
+
+TEST(DiskTable, ServingCompactsIntoASnapshotAndTheRecordsAfterIt) {
+  TempDir dir("disk_table");
+  DiskTableOptions o = Options(dir);
+  o.compact_min_bytes = 1024;
+  o.log.segment_bytes = 4096;  // several segments to delete
+  Seen before;
+  {
+    DiskTable t(Config(), o);
+    std::vector<Key> keys;
+    for (int i = 0; i < 100; ++i) keys.push_back(Insert(t, {i}, 1.0 + i)[0]);
+    t.LogErases(keys.data(), 90);
+    t.store()->Erase(keys.data(), 90);
+    t.MaybeCompact();  // starts: a new segment, the snapshot written by a thread of its own
+    const auto after = Insert(t, {100, 101}, 5.0);  // records after the compaction point
+    t.LogErases(&keys[95], 1);
+    t.store()->Erase(&keys[95], 1);
+    const double p = 0.25;
+    t.LogUpdates(&after[0], &p, 1);
+    t.store()->UpdatePriorities(&after[0], &p, 1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (t.Stats().compactions == 0 && std::chrono::steady_clock::now() < deadline) {
+      t.MaybeCompact();  // finishes once the snapshot is whole
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(t.Stats().compactions, 1u);
+    EXPECT_EQ(t.Stats().compact_errors, 0u);
+    t.Commit();
+    before = Contents(*t.store());
+  }
+  size_t snapshots = 0, segments = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.Path("table"))) {
+    const std::string name = e.path().filename().string();
+    snapshots += name.rfind("compact-", 0) == 0;
+    segments += name.rfind("seg-", 0) == 0;
+  }
+  EXPECT_EQ(snapshots, 1u);
+  EXPECT_LE(segments, 2u);  // the one the compaction started (and any after it)
+  DiskTable t(Config(), o);
+  EXPECT_EQ(Contents(*t.store()).items, before.items);
+  EXPECT_EQ(Contents(*t.store()).order, before.order);
+  EXPECT_EQ(t.store()->Size(), 11u);
+}
+
+TEST(DiskTable, IntervalDurabilitySyncsOnItsOwnThread) {
+  TempDir dir("disk_table");
+  DiskTableOptions o = Options(dir);
+  o.durability = Durability::kInterval;
+  o.interval_s = 0.005;
+  {
+    DiskTable t(Config(), o);
+    const uint64_t opened_syncs = t.Stats().syncs;
+    for (int i = 0; i < 3; ++i) Insert(t, {i}, 1.0);
+    EXPECT_FALSE(t.holds_replies());  // replies never wait for an interval table's sync
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (t.Stats().syncs == opened_syncs && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_GT(t.Stats().syncs, opened_syncs);  // by the syncer, the caller never asked
+    Insert(t, {3}, 1.0);                       // synced, at the latest, when the table closes
+  }
+  DiskTable t(Config(), o);
+  EXPECT_EQ(t.opened().items, 4u);
+}
+
+TEST(DiskTable, ALogOfAnotherShardCountIsRefused) {
+  TempDir dir("disk_table");
+  {
+    DiskTable t(Config(4), Options(dir));
+  }
+  EXPECT_THROW(DiskTable(Config(2), Options(dir)), InvalidArgument);
+  DiskTable t(Config(4), Options(dir));  // unchanged by the refusal
+  EXPECT_EQ(t.opened().lives, 1u);
+}
+
+TEST(DiskTable, AFailedWriteIsRefusedAndLeavesNothingOnDisk) {
+  TempDir dir("disk_table");
+  struct rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto old_handler = signal(SIGXFSZ, SIG_IGN);  // writes past the limit fail with EFBIG
+  std::vector<Key> stored;
+  uint64_t refused = 0;
+  {
+    DiskTable t(Config(), Options(dir));
+    struct rlimit lim = old;
+    lim.rlim_cur = 4096;  // room for about 90 records of these items
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    for (int i = 0; i < 200; ++i) {
+      std::vector<Key> keys;
+      try {
+        keys = Insert(t, {i}, 1.0);
+        // Insert() stored before logging: the serving loop erases what the log refused.
+      } catch (const IoError&) {
+        ++refused;
+        continue;
+      }
+      stored.push_back(keys[0]);
+    }
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+    EXPECT_EQ(t.Stats().write_errors, refused);
+    t.Commit();
+  }
+  signal(SIGXFSZ, old_handler);
+  ASSERT_GT(refused, 0u);
+  ASSERT_GT(stored.size(), 0u);
+  DiskTable t(Config(), Options(dir));
+  const Seen s = Contents(*t.store());
+  ASSERT_EQ(s.items.size(), stored.size());
+  for (Key k : stored) EXPECT_EQ(s.items.count(k), 1u);
+}
+
+}  // namespace
+}  // namespace apexrl
