@@ -99,7 +99,7 @@ def kill9(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-@pytest.mark.parametrize("lives", [3, pytest.param(50, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("lives", [3, pytest.param(50, marks=pytest.mark.soak)])  # 50 lives: pytest -m soak
 def test_kill9_under_sync_keeps_every_acknowledged_insert_and_update(start_server, tmp_path, lives):
     path, port = str(tmp_path / "disk"), free_port()
     flags = ("--tables", tables_file(tmp_path, {"name": "disk", "storage": "disk", "path": path}))
