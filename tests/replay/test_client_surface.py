@@ -21,6 +21,9 @@ COMMON = {
     "erase",
     "remove_to_fit",
     "next_insert_id",
+    # Reverb's reset and checkpoint: one server's table and snapshot, or every server's of a set
+    "reset",
+    "checkpoint",
     # the replay: its tables (configuration and counters) and its STATS
     "tables",
     "stats",
@@ -42,9 +45,6 @@ ONE_SERVER = {
     "hello",  # declare a table's item structure; one server's answer (a set has one per server)
     "server_info",  # that answer: limits, tables, specs
     "transport",  # the connection, shared with the parameter client's base (TransportClient)
-    # Reverb's checkpoint and reset: one server's snapshot, one server's table
-    "checkpoint",
-    "reset",
 }
 SET_OF_SERVERS = {"endpoints", "retry_s"}
 
