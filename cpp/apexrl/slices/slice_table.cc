@@ -72,13 +72,25 @@ void SliceTable::EvictOldest() {
   steps_held_ -= e.steps;
   windows_ -= e.starts;
   chunk_bytes_ -= e.data.size();
+  index_bytes_ -= IndexBytes(e);
   ++counters_.evicted_episodes;
   episodes_.pop_front();
 }
 
 uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, const uint64_t* sizes,
-                            const uint64_t* steps, size_t num_chunks, const double* priorities) {
+                            const uint64_t* steps, size_t num_chunks, const double* priorities, const uint64_t* columns,
+                            size_t num_fields) {
   if (num_chunks == 0) throw InvalidArgument("an episode needs at least one chunk");
+  if (num_fields == 0 || num_fields > (size_t{1} << 16)) throw InvalidArgument("an episode needs 1..65536 fields");
+  for (size_t c = 0; c < num_chunks; ++c) {
+    for (size_t f = 0; f < num_fields; ++f) {
+      const uint64_t* col = columns + 3 * (c * num_fields + f);
+      if (col[0] > sizes[c] || col[1] > sizes[c] - col[0] || col[2] > 1) {
+        throw InvalidArgument("chunk " + std::to_string(c) + ", field " + std::to_string(f) +
+                              ": its column lies outside the chunk or has an unknown codec");
+      }
+    }
+  }
   uint64_t n = 0, bytes = 0;
   for (size_t c = 0; c < num_chunks; ++c) {
     if (steps[c] < 1 || steps[c] > kMaxEpisodeSteps) {
@@ -113,8 +125,14 @@ uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, co
   }
   e.chunk_offsets.push_back(at);
   e.chunk_steps.push_back(step);
+  e.columns.assign(columns, columns + 3 * num_chunks * num_fields);
 
   ScopedLock<Mutex> lock(mu_);
+  if (num_fields_ != 0 && num_fields != num_fields_) {
+    throw InvalidArgument("an episode of " + std::to_string(num_fields) + " fields in a table of " +
+                          std::to_string(num_fields_));
+  }
+  num_fields_ = num_fields;
   while (steps_held_ + n > config_.capacity_steps) EvictOldest();
   e.number = next_episode_++;
   e.first_step = next_step_;
@@ -136,6 +154,7 @@ uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, co
   steps_held_ += n;
   windows_ += e.starts;
   chunk_bytes_ += e.data.size();
+  index_bytes_ += IndexBytes(e);
   ++counters_.inserted_episodes;
   episodes_.push_back(std::move(e));
   const Episode& stored = episodes_.back();
@@ -173,9 +192,17 @@ void SliceTable::CopyWindow(const Episode& e, uint32_t t, SliceSample* out) {
     const uint64_t index = it->second;
     if (added) {
       const uint64_t lo = e.chunk_offsets[c], hi = e.chunk_offsets[c + 1];
+      const uint64_t base = out->chunk_data.size();
       out->chunk_data.insert(out->chunk_data.end(), e.data.begin() + static_cast<std::ptrdiff_t>(lo),
                              e.data.begin() + static_cast<std::ptrdiff_t>(hi));
       out->chunk_offsets.push_back(out->chunk_data.size());
+      out->chunk_steps.push_back(e.chunk_steps[c + 1] - e.chunk_steps[c]);
+      const size_t per = 3 * num_fields_;
+      for (size_t k = c * per; k < (c + 1) * per; k += 3) {
+        out->columns.push_back(base + e.columns[k]);
+        out->columns.insert(out->columns.end(), e.columns.begin() + static_cast<std::ptrdiff_t>(k + 1),
+                            e.columns.begin() + static_cast<std::ptrdiff_t>(k + 3));
+      }
     }
     out->window_chunks.push_back(index);
   }
@@ -241,6 +268,7 @@ void SliceTable::Sample(size_t n, double beta, SliceSample* out) {
   out->total_mass = uniform ? 0.0 : total;
   out->min_mass = min_mass;
   out->windows = windows_;
+  out->num_fields = num_fields_;
   counters_.sampled += n;
 }
 
@@ -282,8 +310,10 @@ SliceStats SliceTable::Stats() const {
   s.steps = steps_held_;
   s.windows = windows_;
   s.chunk_bytes = chunk_bytes_;
-  // Per step: its priority and its tree leaf, plus the tree's upper levels (sums and minima, ~2/15 more).
-  s.metadata_bytes = priorities_.size() * (sizeof(double) * 2) + priorities_.size() * sizeof(double) * 2 / 15;
+  // Per step: its priority and its tree leaf, plus the tree's upper levels (sums and minima, ~2/15 more); per
+  // chunk: its offsets and its columns' places.
+  s.metadata_bytes =
+      priorities_.size() * (sizeof(double) * 2) + priorities_.size() * sizeof(double) * 2 / 15 + index_bytes_;
   s.total_mass = config_.sampler == SliceSampling::kPrioritized ? tree_.Total() : 0.0;
   const double m = tree_.MinPositive();
   s.min_mass = config_.sampler == SliceSampling::kPrioritized && std::isfinite(m) ? m : 0.0;

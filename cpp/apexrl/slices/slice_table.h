@@ -52,6 +52,11 @@ struct SliceSample {
   std::vector<uint64_t> window_chunks;
   std::vector<uint8_t> chunk_data;  // every chunk the batch references, once
   std::vector<uint64_t> chunk_offsets;
+  // Per batch chunk: its steps, and where each field's column lies in chunk_data (num_fields x (offset, stored,
+  // codec), StepColumn's layout): what DecodeSlices needs to decode the windows without parsing a header.
+  std::vector<uint64_t> chunk_steps;
+  std::vector<uint64_t> columns;
+  uint64_t num_fields = 0;
   double total_mass = 0.0;  // the masses the draws were made from (0 in the uniform fallback and sampler)
   double min_mass = 0.0;
   uint64_t windows = 0;  // valid starts when sampled
@@ -62,7 +67,7 @@ struct SliceStats {
   uint64_t steps = 0;
   uint64_t windows = 0;         // valid starts
   uint64_t chunk_bytes = 0;     // the episodes' chunk bytes, each stored once
-  uint64_t metadata_bytes = 0;  // per-step priorities and the sum tree over the steps
+  uint64_t metadata_bytes = 0;  // per-step priorities, the sum tree over the steps, the chunks' index
   double total_mass = 0.0;
   double min_mass = 0.0;
   uint64_t inserted_episodes = 0;
@@ -106,9 +111,12 @@ class SliceTable {
   const SliceConfig& config() const { return config_; }
 
   // Stores one episode: chunk c is sizes[c] bytes at data[c] holding steps[c] >= 1 steps (sum n, 1..capacity and
-  // below 2^24); `priorities` n values (finite, >= 0, mass <= kMaxMass) or null. Returns its episode number.
+  // below 2^24); `priorities` n values (finite, >= 0, mass <= kMaxMass) or null. `columns`: per chunk, num_fields
+  // x (offset in the chunk, stored bytes, codec) of its field columns (every episode the same num_fields >= 1;
+  // each column inside its chunk, codec raw or lz4). Returns its episode number.
   uint64_t Insert(uint64_t fingerprint, const uint8_t* const* data, const uint64_t* sizes, const uint64_t* steps,
-                  size_t num_chunks, const double* priorities) EXCLUDES(mu_);
+                  size_t num_chunks, const double* priorities, const uint64_t* columns, size_t num_fields)
+      EXCLUDES(mu_);
   // 1 <= n <= kMaxBatchItems windows, beta >= 0. EmptyStore when no window can be drawn.
   void Sample(size_t n, double beta, SliceSample* out) EXCLUDES(mu_);
   // `values`: n (one per window, per_step false) or n * L (per_step true). Returns how many keys were live.
@@ -132,9 +140,13 @@ class SliceTable {
     std::vector<uint8_t> data;            // its chunks' bytes, back to back
     std::vector<uint64_t> chunk_offsets;  // chunks + 1 offsets into data
     std::vector<uint64_t> chunk_steps;    // chunks + 1: the first step of each chunk, then n
+    std::vector<uint64_t> columns;        // chunks x num_fields x (offset in its chunk, stored, codec)
   };
 
   uint32_t ValidStarts(uint64_t n) const;
+  static uint64_t IndexBytes(const Episode& e) {
+    return (e.chunk_offsets.size() + e.chunk_steps.size() + e.columns.size()) * sizeof(uint64_t);
+  }
   size_t Pos(uint64_t abs_step) const { return static_cast<size_t>(abs_step % config_.capacity_steps); }
   double Mass(const Episode& e, uint32_t t) const REQUIRES(mu_);
   // Recomputes the tree leaves of starts [lo, hi) of `e`.
@@ -154,6 +166,8 @@ class SliceTable {
   uint64_t steps_held_ GUARDED_BY(mu_) = 0;
   uint64_t windows_ GUARDED_BY(mu_) = 0;
   uint64_t chunk_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t index_bytes_ GUARDED_BY(mu_) = 0;  // the episodes' chunk offsets, steps and columns
+  uint64_t num_fields_ GUARDED_BY(mu_) = 0;   // the first episode's; 0 before any
   double max_priority_ GUARDED_BY(mu_) = 1.0;
   std::vector<double> priorities_ GUARDED_BY(mu_);  // by ring position
   SumMinTree tree_ GUARDED_BY(mu_);                 // leaf = ring position of a start step
