@@ -65,11 +65,11 @@ uint64_t Insert(SliceTable& table, uint64_t fingerprint, const py::list& chunks,
   return table.Insert(fingerprint, data.data(), sizes.data(), steps.data(), m, pp, columns.data(), num_fields);
 }
 
-py::dict Sample(SliceTable& table, size_t n, double beta) {
+py::dict Sample(SliceTable& table, size_t n, double beta, bool copy_chunks) {
   auto out = std::make_unique<SliceSample>();
   {
     py::gil_scoped_release release;
-    table.Sample(n, beta, out.get());
+    table.Sample(n, beta, out.get(), copy_chunks);
   }
   SliceSample* s = out.get();
   py::object base = py::cast(std::move(out));
@@ -197,7 +197,7 @@ void RegisterSlices(py::module_& m) {
            py::arg("eta"), py::arg("strict_length"), py::arg("span"), py::arg("seed"))
       .def("insert", &Insert, py::arg("fingerprint"), py::arg("chunks"), py::arg("steps"), py::arg("priorities"),
            py::arg("columns"))
-      .def("sample", &Sample, py::arg("n"), py::arg("beta"))
+      .def("sample", &Sample, py::arg("n"), py::arg("beta"), py::arg("copy_chunks") = false)
       .def("update", &Update, py::arg("keys"), py::arg("priorities"))
       .def("stats", &Stats)
       .def("windows",

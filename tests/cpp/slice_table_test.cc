@@ -58,7 +58,7 @@ TEST(SliceTable, WrapsItsRingAndCopiesWindowsAcrossChunks) {
     t.Validate();
   }
   SliceSample s;
-  t.Sample(500, 0.4, &s);
+  t.Sample(500, 0.4, &s, /*copy_chunks=*/true);
   ASSERT_EQ(s.keys.size(), 500u);
   for (size_t i = 0; i < s.keys.size(); ++i) {
     const uint64_t start = s.keys[i] & kMaxEpisodeSteps;
@@ -87,6 +87,12 @@ TEST(SliceTable, WrapsItsRingAndCopiesWindowsAcrossChunks) {
       EXPECT_EQ(out[i * w + j], j < s.rows[i] ? static_cast<uint8_t>(start + j) : 0);
     }
   }
+  // The sample keeps the bytes it reads in place: its windows decode the same after their episodes are evicted.
+  for (uint32_t i = 0; i < 50; ++i) Insert(t, 10, 3);
+  std::vector<uint8_t> again(out.size(), 0xAA);
+  uint8_t* again_outs[] = {again.data()};
+  ASSERT_EQ(DecodeSlices(s, &row_bytes, again_outs, w, mask.data(), ok.data()), 0u);
+  EXPECT_EQ(again, out);
   // A window longer than the outputs' rows fails, all zeros.
   ASSERT_EQ(DecodeSlices(s, &row_bytes, outs, 2, mask.data(), ok.data()), s.keys.size());
   EXPECT_TRUE(std::all_of(out.begin(), out.begin() + 2 * s.keys.size(), [](uint8_t b) { return b == 0; }));

@@ -28,8 +28,8 @@ std::size_t DecodeSlices(const SliceSample& s, const uint64_t* row_bytes, uint8_
   }
   std::memset(ok, 1, n);
   StepDecodeJob job;
-  job.chunk_data = s.chunk_data.data();
-  job.chunk_data_size = s.chunk_data.size();
+  job.chunk_bases = s.chunk_bases.data();  // read where the table holds them
+  job.chunk_sizes = s.chunk_sizes.data();
   job.num_chunks = s.chunk_steps.size();
   job.num_fields = fields;
   static_assert(sizeof(StepColumn) == 3 * sizeof(uint64_t));

@@ -1,7 +1,8 @@
 // Native decode of a SliceTable sample: each window's steps copied out of the batch's step chunks into
 // (n, window, ...) output arrays, its mask written, and the padding past its steps zeroed. The sample carries each
-// chunk's column places (the table keeps them from insert), so no chunk header is parsed; the copying and the
-// decompression are DecodeSteps' (step_decode.h). Touches no Python object: the binding releases the GIL.
+// chunk's column places (the table keeps them from insert), so no chunk header is parsed, and reads the chunks
+// where the table holds them; the copying and the decompression are DecodeSteps' (step_decode.h). Touches no Python
+// object: the binding releases the GIL.
 #ifndef APEXRL_SLICES_SLICE_DECODE_H_
 #define APEXRL_SLICES_SLICE_DECODE_H_
 

@@ -50,13 +50,20 @@ struct SliceSample {
   std::vector<uint64_t> fingerprints;  // of each window's episode (its chunks' structure)
   std::vector<uint64_t> window_chunk_offsets;
   std::vector<uint64_t> window_chunks;
-  std::vector<uint8_t> chunk_data;  // every chunk the batch references, once
-  std::vector<uint64_t> chunk_offsets;
-  // Per batch chunk: its steps, and where each field's column lies in chunk_data (num_fields x (offset, stored,
-  // codec), StepColumn's layout): what DecodeSlices needs to decode the windows without parsing a header.
+  // Per batch chunk, each chunk the batch references once: its bytes where the table holds them (read in place,
+  // not copied: `held` keeps them alive past the episode's eviction), its steps, and where each field's column
+  // lies in it (num_fields x (offset from the chunk's start, stored, codec), StepColumn's layout): what
+  // DecodeSlices needs, no header parsed.
+  std::vector<const uint8_t*> chunk_bases;
+  std::vector<uint64_t> chunk_sizes;
   std::vector<uint64_t> chunk_steps;
   std::vector<uint64_t> columns;
   uint64_t num_fields = 0;
+  std::vector<std::shared_ptr<const std::vector<uint8_t>>> held;
+  // Only when Sample is asked to copy: the chunks' bytes back to back (chunk c at chunk_offsets[c]), for a decoder
+  // that reads headers (the reference).
+  std::vector<uint8_t> chunk_data;
+  std::vector<uint64_t> chunk_offsets;
   double total_mass = 0.0;  // the masses the draws were made from (0 in the uniform fallback and sampler)
   double min_mass = 0.0;
   uint64_t windows = 0;  // valid starts when sampled
@@ -102,7 +109,7 @@ inline constexpr uint64_t kMaxEpisodeSteps = (uint64_t{1} << kSliceStartBits) - 
 //    A key whose episode was evicted, or whose start is not valid, is skipped and counted stale.
 //  * New steps without priorities get the largest priority ever set (1 before any), as TorchRL's samplers do.
 //
-// Thread-safety: every method takes the table's mutex; Sample copies its windows' chunks out under it.
+// Thread-safety: every method takes the table's mutex; a sample shares its chunks' bytes, which never change.
 // Errors: invalid input throws InvalidArgument and changes nothing.
 class SliceTable {
  public:
@@ -117,8 +124,9 @@ class SliceTable {
   uint64_t Insert(uint64_t fingerprint, const uint8_t* const* data, const uint64_t* sizes, const uint64_t* steps,
                   size_t num_chunks, const double* priorities, const uint64_t* columns, size_t num_fields)
       EXCLUDES(mu_);
-  // 1 <= n <= kMaxBatchItems windows, beta >= 0. EmptyStore when no window can be drawn.
-  void Sample(size_t n, double beta, SliceSample* out) EXCLUDES(mu_);
+  // 1 <= n <= kMaxBatchItems windows, beta >= 0. EmptyStore when no window can be drawn. copy_chunks: also
+  // copy the chunks' bytes into out->chunk_data.
+  void Sample(size_t n, double beta, SliceSample* out, bool copy_chunks = false) EXCLUDES(mu_);
   // `values`: n (one per window, per_step false) or n * L (per_step true). Returns how many keys were live.
   size_t Update(const uint64_t* keys, size_t n, const double* values, bool per_step) EXCLUDES(mu_);
 
@@ -137,10 +145,10 @@ class SliceTable {
     uint32_t steps = 0;
     uint32_t starts = 0;  // e(n)
     uint64_t fingerprint = 0;
-    std::vector<uint8_t> data;            // its chunks' bytes, back to back
-    std::vector<uint64_t> chunk_offsets;  // chunks + 1 offsets into data
-    std::vector<uint64_t> chunk_steps;    // chunks + 1: the first step of each chunk, then n
-    std::vector<uint64_t> columns;        // chunks x num_fields x (offset in its chunk, stored, codec)
+    std::shared_ptr<const std::vector<uint8_t>> data;  // its chunks' bytes, back to back (samples share them)
+    std::vector<uint64_t> chunk_offsets;               // chunks + 1 offsets into data
+    std::vector<uint64_t> chunk_steps;                 // chunks + 1: the first step of each chunk, then n
+    std::vector<uint64_t> columns;                     // chunks x num_fields x (offset in its chunk, stored, codec)
   };
 
   uint32_t ValidStarts(uint64_t n) const;
@@ -155,7 +163,7 @@ class SliceTable {
   const Episode* Find(uint64_t number) const REQUIRES(mu_);
   // The episode holding absolute step `abs` (a live step).
   const Episode& EpisodeAt(uint64_t abs) const REQUIRES(mu_);
-  void CopyWindow(const Episode& e, uint32_t t, SliceSample* out) REQUIRES(mu_);
+  void AddWindow(const Episode& e, uint32_t t, bool copy_chunks, SliceSample* out) REQUIRES(mu_);
   void CheckPriority(double p, const char* what, size_t i) const;
 
   const SliceConfig config_;

@@ -67,17 +67,18 @@ class SliceBatch:
 
 
 def decode_windows(
-    sample: Mapping[str, Any], window: int, reuse: dict[str, np.ndarray] | None = None, *, native: bool | None = None
+    sample: Mapping[str, Any], window: int, reuse: dict[str, np.ndarray] | None = None, *, native: bool = True
 ) -> S.SequenceBatch:
-    """Decodes a sample's windows (each ``rows`` steps from step ``first`` of its chunks) into arrays of ``window``
-    steps. A :class:`SliceTable` sample decodes natively, with the GIL released, from the column places the table
-    kept at insert (no header parsed, one call per batch); ``native=False`` (or a sample without them) goes
-    through the generic sequence decoder instead -- the reference, with the same result. ``reuse``: as
+    """Decodes a sample's windows (the dict a :class:`SliceTable` samples, with its ``structure``: window i is
+    ``rows[i]`` steps from step ``first[i]`` of its chunks) into arrays of ``window`` steps. Natively, with the GIL
+    released, reading the chunks where the table holds them and the column places it kept at insert (no header
+    parsed, one call per batch); ``native=False``: through the generic sequence decoder, the reference, with the
+    same result, from the chunks' bytes of a sample made with ``copy_chunks=True``. ``reuse``: as
     :func:`~apexrl.replay.wire.steps.decode_sequences`'."""
-    if native is None:
-        native = "native" in sample
     if native:
         return _decode_native(sample, window, reuse)
+    if len(sample["chunk_offsets"]) != len(sample["chunk_steps"]) + 1:
+        raise ValueError("the reference decoder reads the chunks' bytes: sample with copy_chunks=True")
     rows, first, fps = sample["rows"], sample["first"], sample["fingerprints"]
     offsets, refs = sample["window_chunk_offsets"], sample["window_chunks"]
     n = len(rows)
@@ -99,9 +100,8 @@ def _decode_native(sample: Mapping[str, Any], window: int, reuse: dict[str, np.n
 
     rows = sample["rows"]
     n = len(rows)
-    at = sample["chunk_offsets"]
     out: dict[str, np.ndarray] = {}
-    for path, dt, shape, *_ in _fields(sample["chunk_data"][at[0] : at[1]]):  # every chunk has the table's fields
+    for path, dt, shape in sample["structure"]:
         full, dtype = (n, window, *shape), dt.newbyteorder("=")
         old = reuse.get(path) if reuse is not None else None
         if old is not None and old.shape == full and old.dtype == dtype:
@@ -283,7 +283,7 @@ class SliceTable:
     def sample(self, batch_size: int, beta: float = 0.4, reuse: dict[str, np.ndarray] | None = None) -> SliceBatch:
         """``batch_size`` windows, drawn with replacement, decoded (``reuse``: as
         :func:`~apexrl.replay.wire.steps.decode_sequences`'). ValueError when no window can be drawn."""
-        raw = self._native.sample(_int(batch_size, "batch_size", 1, 1 << 24), float(beta))
+        raw = self._raw_sample(batch_size, beta)
         episodes, starts = window_keys(raw["keys"])
         return SliceBatch(
             keys=raw["keys"],
@@ -296,6 +296,13 @@ class SliceTable:
             min_mass=raw["min_mass"],
             windows=int(raw["windows"]),
         )
+
+    def _raw_sample(self, batch_size: int, beta: float = 0.4, copy_chunks: bool = False) -> dict[str, Any]:
+        """The native sample (what :func:`decode_windows` takes), with the table's ``structure``: its fields
+        (path, dtype, shape) in column order."""
+        raw = self._native.sample(_int(batch_size, "batch_size", 1, 1 << 24), float(beta), copy_chunks)
+        raw["structure"] = self._structure
+        return raw
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Writes new priorities to the trained steps of the windows ``keys`` names: ``priorities`` one per window
