@@ -12,7 +12,9 @@ strict_length=True)`` or ``PrioritizedSliceSampler`` (the same, ``max_capacity``
 beta 0.4). Prints "ready" and one JSON line of the sizes' storage bytes (the storage tensors, uncompressed; a
 prioritized sampler's sum and min trees come on top), then runs one window per line read on stdin: each size in
 turn samples ``sample_rounds`` batches of ``batch`` slices, reshaped to (batch, length, ...) and read out as
-numpy (the first step's state), one JSON line of seconds per size.
+numpy (the first step's state), one JSON line of seconds per size. ``PrioritizedSliceSampler`` keeps its
+priorities in TorchRL's C++ sum and min trees (``torchrl._torchrl``): that extension must load with the torch in
+use (it is built against one torch version), else the worker stops with TorchRL's own error.
 """
 
 from __future__ import annotations

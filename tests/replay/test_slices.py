@@ -270,7 +270,10 @@ def test_bad_input_is_refused_and_changes_nothing():
             table.insert_episode(steps, priorities)
     good = table._native  # insert_chunks checks every chunk's header and the table's structure
     chunk = S.encode_chunk((S.Field("id", np.dtype("<i8"), ()),), [np.zeros(3, dtype=np.int64)], 5)
-    for chunks in ([], [b"not a chunk"], [chunk]):
+    # A chunk that claims the table's fingerprint but holds other fields: its columns could not be decoded.
+    other = (S.Field("id", np.dtype("<i4"), ()), S.Field("obs.x", np.dtype("<f4"), (2,)))
+    forged = S.encode_chunk(other, [np.zeros(3, dtype=np.int32), np.zeros((3, 2), np.float32)], table._fingerprint)
+    for chunks in ([], [b"not a chunk"], [chunk], [forged]):
         with pytest.raises(ValueError):
             table.insert_chunks(chunks)
     assert table._native is good
