@@ -13,9 +13,23 @@ pixels; consecutive frames compress together as real ones do, several-fold) unle
     python bench/bench_trajectory.py [--episodes 4] [--episode-length 400] [--obs atari|vector]
         [--windows N] [--total-steps N] [--reverb-python PY] [--torchrl-python PY]
     python bench/bench_trajectory.py --held 1600 100000 1000000 [--windows N] [--sample-rounds N]
+    python bench/bench_trajectory.py --slices 1600 100000 1000000 [--sampler uniform|prioritized]
+        [--windows N] [--sample-rounds N] [--torchrl-python PY]
 
 ``--held``: tables of several sizes held at once in one process, sampled in turn window by window, so that the
 sizes are compared under the same load (the sampled rate per size and its ratio to the first size's).
+
+``--slices``: windows chosen at sample time. One ``SliceTable`` per size (apexrl.replay.slices, in process), all
+held at once, each holding whole episodes (the bench's cycled, each copy a new episode, its steps chunked once
+and stored once) with the recurrent state as two per-step fields (2 x 512 float32 zeros: a window may start at
+any step, so no item carries it); windows of ``--burn-in`` + ``--trained`` + 1 steps, drawn uniformly or by
+priority (``--sampler``; every priority the default 1), sampled and decoded (``SliceTable.sample``, the native
+decode into reused arrays) ``--sample-rounds`` batches per size in turn, ``--windows`` rounds. Beside it TorchRL
+(``--torchrl-python``: bench/torchrl_slices_worker.py, its own process: a ``SliceSampler`` or
+``PrioritizedSliceSampler`` over a ``LazyTensorStorage`` of the same steps, one buffer per size held at once),
+the two sides interleaved round by round. Prints windows sampled+decoded/s per size, each size's ratio to the
+first size's, apexrl over TorchRL, and the bytes each holds (apexrl: chunk bytes + priorities, sum tree and chunk
+index; TorchRL: its storage tensors).
 
 Beside Reverb (``--reverb-python``: an interpreter that imports dm-reverb; bench/reverb_trajectory_worker.py:
 its trajectory writer, items every ``--period`` steps, ``client.sample``) and TorchRL (``--torchrl-python``:
@@ -137,6 +151,73 @@ def run_held(steps: list, args: argparse.Namespace, length: int) -> None:
         )
 
 
+def slice_episodes(steps: list) -> list[dict]:
+    """The bench's episodes as per-step columns, the recurrent state a per-step field (zeros, as TorchRL's)."""
+    zeros = np.zeros((len(steps[0]), 512), np.float32)
+    return [{**{k: np.stack([s[k] for s in ep]) for k in ep[0]}, "h": zeros, "c": zeros} for ep in steps]
+
+
+def run_slices(steps: list, args: argparse.Namespace, length: int, worker: Worker | None) -> None:
+    """``--slices``: one SliceTable per size held at once, then ``--windows`` rounds of each size sampled in turn
+    (and TorchRL's buffers in its worker after them)."""
+    from apexrl.replay.slices import SliceTable
+
+    tables, reuses = [], []
+    chunks = None  # the bench's episodes chunked once: every copy of an episode stores the same chunks
+    for size in args.slices:
+        n_eps = -(-size // args.episode_length)
+        t = SliceTable(
+            n_eps * args.episode_length,
+            args.trained + 1,
+            burn_in=args.burn_in,
+            sampler=args.sampler,
+            chunk_length=args.chunk_length,
+        )
+        if chunks is None:
+            chunks = [t.episode_chunks(ep)[0] for ep in slice_episodes(steps)]
+        for i in range(n_eps):
+            t.insert_chunks(chunks[i % len(chunks)])
+        tables.append(t)
+        reuses.append({})
+    held = [t.stats()["chunk_bytes"] + t.stats()["metadata_bytes"] for t in tables]
+    theirs = worker.read() if worker is not None else None
+    for i, t in enumerate(tables):
+        line = f"{t.stats()['steps']:,} steps held: apexrl {held[i]:,} B"
+        if theirs is not None:
+            line += f"; TorchRL {theirs['storage_bytes'][i]:,} B ({theirs['steps'][i]:,} steps)"
+        print(line, flush=True)
+    ours: list[list[float]] = [[] for _ in tables]
+    other: list[list[float]] = [[] for _ in tables]
+    for win in range(args.windows):
+        for rate, t, reuse in zip(ours, tables, reuses):
+            t0 = time.perf_counter()
+            for _ in range(args.sample_rounds):
+                batch = t.sample(args.batch, reuse=reuse)
+                assert batch.steps.mask.all() and batch.steps.fields["observation"].shape[1] == length
+            rate.append(args.sample_rounds * args.batch / (time.perf_counter() - t0))
+        line = f"window {win + 1}: apexrl " + ", ".join(f"{r[-1]:,.0f}" for r in ours)
+        if worker is not None:
+            x = worker.window()
+            for rate, sec in zip(other, x["seconds"]):
+                rate.append(x["sampled"] / sec)
+            line += "; TorchRL " + ", ".join(f"{r[-1]:,.0f}" for r in other)
+        print(line + " windows/s", flush=True)
+    print(
+        f"slices of {args.burn_in} burn-in + {args.trained + 1} steps, {args.sampler}, batches of {args.batch}, "
+        f"chunks of {args.chunk_length} steps, obs {args.obs}; windows sampled+decoded/s (median, range), "
+        f"ratio to the {args.slices[0]:,}-step table's (median of per-window ratios)"
+    )
+    for i, size in enumerate(args.slices):
+        line = f"  {size:,} steps: apexrl {med(ours[i])}, {statistics.median(a / b for a, b in zip(ours[i], ours[0])):.2f}x"
+        if worker is not None and theirs is not None:
+            line += (
+                f"; TorchRL {med(other[i])}, {statistics.median(a / b for a, b in zip(other[i], other[0])):.2f}x; "
+                f"apexrl/TorchRL {statistics.median(a / b for a, b in zip(ours[i], other[i])):.2f}x windows/s, "
+                f"{held[i] / theirs['storage_bytes'][i]:.3f}x bytes"
+            )
+        print(line)
+
+
 class Worker:
     """A Reverb or TorchRL worker in its own interpreter: one window per line written, one JSON line back."""
 
@@ -153,9 +234,14 @@ class Worker:
         self.banner = line.strip()
 
     def window(self) -> dict:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
         self.proc.stdin.write("w\n")
         self.proc.stdin.flush()
+        return self.read()
+
+    def read(self) -> dict:
+        """The worker's next JSON line."""
+        assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         while line and not line.startswith("{"):  # the libraries' own log lines
             line = self.proc.stdout.readline()
@@ -184,6 +270,36 @@ def probe(python: str | None, flag: str, what: str, code: str) -> str | None:
         last = (out.stderr.strip().splitlines() or ["?"])[-1]
         return f"{what}: skipped: {python} cannot import it: {last}"
     return None
+
+
+def slices_torchrl(steps: list, args: argparse.Namespace, length: int) -> None:
+    """``--slices`` with TorchRL's worker beside it where its interpreter imports torchrl."""
+    skip = probe(
+        args.torchrl_python,
+        "--torchrl-python",
+        "TorchRL",
+        "import torch, torchrl; from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler",
+    )
+    worker = None
+    with tempfile.TemporaryDirectory() as tmp:
+        if skip is None:
+            assert args.torchrl_python is not None
+            flat = [s for ep in steps for s in ep]
+            npz = os.path.join(tmp, "steps.npz")
+            columns = {k: np.stack([s[k] for s in flat]) for k in flat[0]}
+            np.savez(npz, **columns, episodes=args.episodes, episode_length=args.episode_length)
+            cmd = [args.torchrl_python, os.path.join(HERE, "torchrl_slices_worker.py"), "--steps", npz]
+            cmd += ["--length", str(length), "--batch", str(args.batch), "--sample-rounds", str(args.sample_rounds)]
+            cmd += ["--sampler", args.sampler, "--sizes", *map(str, args.slices)]
+            worker = Worker("TorchRL", cmd)
+            print(worker.banner.removeprefix("ready").strip(), flush=True)
+        try:
+            run_slices(steps, args, length, worker)
+        finally:
+            if worker is not None:
+                worker.close()
+    if skip is not None:
+        print(skip)
 
 
 def med(xs: list[float]) -> str:
@@ -217,6 +333,17 @@ def main() -> None:
         help="apexrl alone: one table per size held at once (e.g. 1600 100000 1000000), appended once, then each "
         "sampled in turn, --windows rounds; Reverb and TorchRL are not run",
     )
+    p.add_argument(
+        "--slices",
+        type=int,
+        nargs="+",
+        metavar="STEPS",
+        help="windows chosen at sample time: one SliceTable per size held at once (e.g. 1600 100000 1000000), "
+        "each sampled in turn, --windows rounds, beside TorchRL's SliceSampler (--torchrl-python); Reverb is not run",
+    )
+    p.add_argument(
+        "--sampler", choices=("uniform", "prioritized"), default="uniform", help="--slices: how windows are drawn"
+    )
     p.add_argument("--reverb-python", help="an interpreter that imports dm-reverb (bench/reverb_trajectory_worker.py)")
     p.add_argument("--torchrl-python", help="an interpreter that imports torchrl (bench/torchrl_trajectory_worker.py)")
     args = p.parse_args()
@@ -230,6 +357,11 @@ def main() -> None:
         if min(args.held) < 1:
             p.error("--held sizes must be >= 1 step")
         run_held(steps, args, length)
+        return
+    if args.slices:
+        if min(args.slices) < 1:
+            p.error("--slices sizes must be >= 1 step")
+        slices_torchrl(steps, args, length)
         return
     raw = sum(sum(np.asarray(v).nbytes for v in s.values()) for ep in steps for s in ep)
     n_steps = max(args.total_steps, args.episodes * args.episode_length)

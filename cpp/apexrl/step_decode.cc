@@ -32,12 +32,18 @@ std::size_t DecodeSteps(const StepDecodeJob& job) {
     return c.item < job.n && c.chunk < job.num_chunks && c.rows <= job.t && c.dst_row <= job.t - c.rows &&
            c.rows <= job.chunk_steps[c.chunk] && c.src_row <= job.chunk_steps[c.chunk] - c.rows;
   };
-  // A column's decoded size, or kNoScratch when it lies outside chunk_data or would be over 2 GiB.
+  // The bytes a column's offset counts from, and how many there are.
+  auto base = [&](std::size_t chunk) { return job.chunk_bases != nullptr ? job.chunk_bases[chunk] : job.chunk_data; };
+  auto size = [&](std::size_t chunk) -> uint64_t {
+    return job.chunk_bases != nullptr ? job.chunk_sizes[chunk] : job.chunk_data_size;
+  };
+  // A column's decoded size, or kNoScratch when it lies outside its bytes or would be over 2 GiB.
   auto raw_bytes = [&](std::size_t cell) -> uint64_t {
     const StepColumn& c = job.columns[cell];
     const uint64_t steps = job.chunk_steps[cell / job.num_fields];
     const uint64_t rb = job.row_bytes[cell % job.num_fields];
-    const bool fits = c.offset <= job.chunk_data_size && c.stored <= job.chunk_data_size - c.offset;
+    const uint64_t have = size(cell / job.num_fields);
+    const bool fits = c.offset <= have && c.stored <= have - c.offset;
     const uint64_t raw = steps * rb;
     if (!fits || (rb != 0 && raw / rb != steps) || raw > (uint64_t{1} << 31)) return kNoScratch;
     return raw;
@@ -81,9 +87,9 @@ std::size_t DecodeSteps(const StepDecodeJob& job) {
         state[cell] = 2;
         const StepColumn& col = job.columns[cell];
         const uint64_t raw = raw_bytes(cell);
-        const uint8_t* src = job.chunk_data + col.offset;
+        const uint8_t* src = base(c.chunk) + col.offset;
         if (raw == kNoScratch) {
-          // bad: outside chunk_data or too large
+          // bad: outside its bytes or too large
         } else if (col.codec == kStepColumnRaw && col.stored == raw) {
           ready[cell] = src;
           state[cell] = 1;

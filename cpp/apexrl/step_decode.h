@@ -38,6 +38,10 @@ struct StepCopy {
 struct StepDecodeJob {
   const uint8_t* chunk_data = nullptr;  // the batch's chunk bytes
   std::size_t chunk_data_size = 0;
+  // Or, where the chunks lie apart (a SliceTable's, read in place): per chunk its bytes and their size, a column's
+  // offset then counting from its chunk's start.
+  const uint8_t* const* chunk_bases = nullptr;
+  const uint64_t* chunk_sizes = nullptr;
   std::size_t num_chunks = 0;
   std::size_t num_fields = 0;
   const StepColumn* columns = nullptr;    // num_chunks * num_fields, chunk-major

@@ -1,5 +1,6 @@
 // SliceTable (apexrl.replay.slices wraps it): arrays are checked and unpacked with the GIL held, the table's calls
-// run with it released, and a sample's arrays view the C++ buffers, kept alive by a capsule owning them.
+// run with it released, and a sample's arrays view the C++ buffers of its SliceSample, kept alive by the opaque
+// object owning it (the sample's "native", which decode_slices takes).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "apexrl/errors.h"
+#include "apexrl/slices/slice_decode.h"
 #include "apexrl/slices/slice_table.h"
 #include "bindings.h"
 
@@ -22,16 +24,20 @@ using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast
 using F64Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
 
 template <typename T>
-py::array View(std::vector<T>& v, const py::capsule& base) {
+py::array View(std::vector<T>& v, const py::handle& base) {
   return py::array_t<T>({static_cast<py::ssize_t>(v.size())}, {static_cast<py::ssize_t>(sizeof(T))}, v.data(), base);
 }
 
 uint64_t Insert(SliceTable& table, uint64_t fingerprint, const py::list& chunks, const U64Array& steps,
-                const py::object& priorities) {
+                const py::object& priorities, const U64Array& columns) {
   const size_t m = chunks.size();
   if (steps.ndim() != 1 || static_cast<size_t>(steps.size()) != m) {
     throw InvalidArgument("steps must hold one count per chunk (" + std::to_string(m) + ")");
   }
+  if (columns.ndim() != 3 || static_cast<size_t>(columns.shape(0)) != m || columns.shape(2) != 3) {
+    throw InvalidArgument("columns must have shape (" + std::to_string(m) + ", fields, 3)");
+  }
+  const auto num_fields = static_cast<size_t>(columns.shape(1));
   std::vector<py::buffer_info> views;
   views.reserve(m);
   std::vector<const uint8_t*> data;
@@ -56,18 +62,19 @@ uint64_t Insert(SliceTable& table, uint64_t fingerprint, const py::list& chunks,
   }
   const double* pp = priorities.is_none() ? nullptr : p.data();
   py::gil_scoped_release release;
-  return table.Insert(fingerprint, data.data(), sizes.data(), steps.data(), m, pp);
+  return table.Insert(fingerprint, data.data(), sizes.data(), steps.data(), m, pp, columns.data(), num_fields);
 }
 
-py::dict Sample(SliceTable& table, size_t n, double beta) {
+py::dict Sample(SliceTable& table, size_t n, double beta, bool copy_chunks) {
   auto out = std::make_unique<SliceSample>();
   {
     py::gil_scoped_release release;
-    table.Sample(n, beta, out.get());
+    table.Sample(n, beta, out.get(), copy_chunks);
   }
-  SliceSample* s = out.release();
-  py::capsule base(s, [](void* p) { delete static_cast<SliceSample*>(p); });
+  SliceSample* s = out.get();
+  py::object base = py::cast(std::move(out));
   py::dict d;
+  d["native"] = base;
   d["keys"] = View(s->keys, base);
   d["probabilities"] = View(s->probabilities, base);
   d["weights"] = View(s->weights, base);
@@ -78,6 +85,8 @@ py::dict Sample(SliceTable& table, size_t n, double beta) {
   d["window_chunks"] = View(s->window_chunks, base);
   d["chunk_data"] = View(s->chunk_data, base);
   d["chunk_offsets"] = View(s->chunk_offsets, base);
+  d["chunk_steps"] = View(s->chunk_steps, base);
+  d["columns"] = View(s->columns, base).attr("reshape")(s->chunk_steps.size(), s->num_fields, 3);
   d["total_mass"] = s->total_mass;
   d["min_mass"] = s->min_mass;
   d["windows"] = s->windows;
@@ -102,6 +111,40 @@ size_t Update(SliceTable& table, const U64Array& keys, const F64Array& values) {
   return table.Update(keys.data(), n, values.data(), per_step);
 }
 
+py::array_t<uint8_t> DecodeSlicesPy(const SliceSample& s, const py::list& outs, const py::array& mask, size_t window) {
+  const size_t n = s.rows.size();
+  if (outs.size() != s.num_fields) {
+    throw py::value_error("outs must hold one array per field (" + std::to_string(s.num_fields) + ")");
+  }
+  if (window < 1 || window > kMaxEpisodeSteps) throw py::value_error("window must be in [1, 2^24)");
+  std::vector<py::array> keep;
+  std::vector<uint8_t*> ptrs;
+  std::vector<uint64_t> row_bytes;
+  for (size_t f = 0; f < s.num_fields; ++f) {
+    py::array o = py::reinterpret_borrow<py::object>(outs[f]);
+    const bool shaped =
+        o.ndim() >= 2 && static_cast<size_t>(o.shape(0)) == n && static_cast<size_t>(o.shape(1)) == window;
+    if (!shaped || !(o.flags() & py::array::c_style) || !o.writeable()) {
+      throw py::value_error("outs[" + std::to_string(f) + "] must be a writable C-contiguous array of shape (" +
+                            std::to_string(n) + ", " + std::to_string(window) + ", ...)");
+    }
+    row_bytes.push_back(static_cast<uint64_t>(o.nbytes()) / (n * window));
+    ptrs.push_back(static_cast<uint8_t*>(o.mutable_data()));
+    keep.push_back(std::move(o));
+  }
+  const bool mask_ok = mask.ndim() == 2 && static_cast<size_t>(mask.shape(0)) == n &&
+                       static_cast<size_t>(mask.shape(1)) == window && mask.itemsize() == 1 &&
+                       (mask.flags() & py::array::c_style) && mask.writeable();
+  if (!mask_ok) throw py::value_error("mask must be a writable C-contiguous (n, window) bool array");
+  py::array_t<uint8_t> ok(static_cast<py::ssize_t>(n));
+  uint8_t* m = static_cast<uint8_t*>(py::array(mask).mutable_data());
+  {
+    py::gil_scoped_release release;
+    DecodeSlices(s, row_bytes.data(), ptrs.data(), window, m, ok.mutable_data());
+  }
+  return ok;
+}
+
 py::dict Stats(const SliceTable& table) {
   const SliceStats s = table.Stats();
   py::dict d;
@@ -123,6 +166,12 @@ py::dict Stats(const SliceTable& table) {
 }  // namespace
 
 void RegisterSlices(py::module_& m) {
+  py::class_<SliceSample>(m, "SliceSample", "A SliceTable sample's C++ buffers (opaque; its dict's arrays view them).");
+  m.def("decode_slices", &DecodeSlicesPy, py::arg("sample"), py::arg("outs"), py::arg("mask"), py::arg("window"),
+        "Decode a SliceTable sample's windows into outs (one writable C-contiguous (n, window, ...) array per field, "
+        "the fields in the order of the columns given at insert) and mask ((n, window) bool), with the GIL "
+        "released: each window's steps, then zeros. Returns ok (uint8 per window): 0 where a window does not fit "
+        "in `window` steps or a column does not decompress to its size (its rows and mask all zero).");
   py::class_<SliceTable>(m, "SliceTable")
       .def(py::init([](uint64_t capacity_steps, uint32_t length, uint32_t burn_in, const std::string& sampler,
                        double alpha, double eta, bool strict_length, uint32_t span, uint64_t seed) {
@@ -146,8 +195,9 @@ void RegisterSlices(py::module_& m) {
            }),
            py::arg("capacity_steps"), py::arg("length"), py::arg("burn_in"), py::arg("sampler"), py::arg("alpha"),
            py::arg("eta"), py::arg("strict_length"), py::arg("span"), py::arg("seed"))
-      .def("insert", &Insert, py::arg("fingerprint"), py::arg("chunks"), py::arg("steps"), py::arg("priorities"))
-      .def("sample", &Sample, py::arg("n"), py::arg("beta"))
+      .def("insert", &Insert, py::arg("fingerprint"), py::arg("chunks"), py::arg("steps"), py::arg("priorities"),
+           py::arg("columns"))
+      .def("sample", &Sample, py::arg("n"), py::arg("beta"), py::arg("copy_chunks") = false)
       .def("update", &Update, py::arg("keys"), py::arg("priorities"))
       .def("stats", &Stats)
       .def("windows",

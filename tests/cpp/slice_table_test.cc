@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "apexrl/errors.h"
+#include "apexrl/slices/slice_decode.h"
 
 namespace apexrl {
 namespace {
@@ -20,6 +21,7 @@ struct Episode {
   std::vector<std::vector<uint8_t>> chunks;
   std::vector<const uint8_t*> data;
   std::vector<uint64_t> sizes, steps;
+  std::vector<uint64_t> columns;  // one raw field per chunk: the whole chunk
 };
 
 Episode MakeEpisode(uint32_t n, uint32_t chunk) {
@@ -33,13 +35,14 @@ Episode MakeEpisode(uint32_t n, uint32_t chunk) {
     e.data.push_back(c.data());
     e.sizes.push_back(c.size());
     e.steps.push_back(c.size());
+    e.columns.insert(e.columns.end(), {0, c.size(), 0});
   }
   return e;
 }
 
 uint64_t Insert(SliceTable& t, uint32_t n, uint32_t chunk, const double* priorities = nullptr) {
   Episode e = MakeEpisode(n, chunk);
-  return t.Insert(7, e.data.data(), e.sizes.data(), e.steps.data(), e.chunks.size(), priorities);
+  return t.Insert(7, e.data.data(), e.sizes.data(), e.steps.data(), e.chunks.size(), priorities, e.columns.data(), 1);
 }
 
 TEST(SliceTable, WrapsItsRingAndCopiesWindowsAcrossChunks) {
@@ -55,7 +58,7 @@ TEST(SliceTable, WrapsItsRingAndCopiesWindowsAcrossChunks) {
     t.Validate();
   }
   SliceSample s;
-  t.Sample(500, 0.4, &s);
+  t.Sample(500, 0.4, &s, /*copy_chunks=*/true);
   ASSERT_EQ(s.keys.size(), 500u);
   for (size_t i = 0; i < s.keys.size(); ++i) {
     const uint64_t start = s.keys[i] & kMaxEpisodeSteps;
@@ -70,6 +73,29 @@ TEST(SliceTable, WrapsItsRingAndCopiesWindowsAcrossChunks) {
     for (uint32_t r = 0; r < s.rows[i]; ++r) EXPECT_EQ(steps[s.first[i] + r], static_cast<uint8_t>(start + r));
     EXPECT_GE(s.rows[i], 2u + 1u);  // burn-in and at least L - span trained steps
   }
+  // Decoded natively: each window's steps, then zeros and a mask of 0 past its episode's end.
+  const size_t w = 5;
+  std::vector<uint8_t> out(s.keys.size() * w, 0xAA), mask(s.keys.size() * w, 0xAA), ok(s.keys.size());
+  const uint64_t row_bytes = 1;
+  uint8_t* outs[] = {out.data()};
+  ASSERT_EQ(DecodeSlices(s, &row_bytes, outs, w, mask.data(), ok.data()), 0u);
+  for (size_t i = 0; i < s.keys.size(); ++i) {
+    const uint64_t start = s.keys[i] & kMaxEpisodeSteps;
+    EXPECT_EQ(ok[i], 1);
+    for (size_t j = 0; j < w; ++j) {
+      EXPECT_EQ(mask[i * w + j], j < s.rows[i] ? 1 : 0);
+      EXPECT_EQ(out[i * w + j], j < s.rows[i] ? static_cast<uint8_t>(start + j) : 0);
+    }
+  }
+  // The sample keeps the bytes it reads in place: its windows decode the same after their episodes are evicted.
+  for (uint32_t i = 0; i < 50; ++i) Insert(t, 10, 3);
+  std::vector<uint8_t> again(out.size(), 0xAA);
+  uint8_t* again_outs[] = {again.data()};
+  ASSERT_EQ(DecodeSlices(s, &row_bytes, again_outs, w, mask.data(), ok.data()), 0u);
+  EXPECT_EQ(again, out);
+  // A window longer than the outputs' rows fails, all zeros.
+  ASSERT_EQ(DecodeSlices(s, &row_bytes, outs, 2, mask.data(), ok.data()), s.keys.size());
+  EXPECT_TRUE(std::all_of(out.begin(), out.begin() + 2 * s.keys.size(), [](uint8_t b) { return b == 0; }));
 }
 
 TEST(SliceTable, RefusesBadInputAndChangesNothing) {

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apexrl.replay.slices import SliceTable, window_keys
+from apexrl.replay.slices import SliceTable, decode_windows, window_keys
 from apexrl.replay.wire import steps as S
 from tests.store.test_sampling_stats import P_VALUE_FLOOR, chi2_sf
 
@@ -270,7 +270,10 @@ def test_bad_input_is_refused_and_changes_nothing():
             table.insert_episode(steps, priorities)
     good = table._native  # insert_chunks checks every chunk's header and the table's structure
     chunk = S.encode_chunk((S.Field("id", np.dtype("<i8"), ()),), [np.zeros(3, dtype=np.int64)], 5)
-    for chunks in ([], [b"not a chunk"], [chunk]):
+    # A chunk that claims the table's fingerprint but holds other fields: its columns could not be decoded.
+    other = (S.Field("id", np.dtype("<i4"), ()), S.Field("obs.x", np.dtype("<f4"), (2,)))
+    forged = S.encode_chunk(other, [np.zeros(3, dtype=np.int32), np.zeros((3, 2), np.float32)], table._fingerprint)
+    for chunks in ([], [b"not a chunk"], [chunk], [forged]):
         with pytest.raises(ValueError):
             table.insert_chunks(chunks)
     assert table._native is good
@@ -286,3 +289,52 @@ def test_bad_input_is_refused_and_changes_nothing():
     empty.insert_episode(episode(0, 5))  # shorter than the window, strict_length: no window
     with pytest.raises(ValueError, match="empty"):
         empty.sample(4)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_native_decode_equals_the_sequence_decoder(seed):
+    """decode_windows' native path gives what the generic sequence decoder gives on the same sample: random
+    episodes (some shorter than the window), random chunk lengths, a compressible frame field beside raw ones,
+    windows running past their episode's end (span) and masks there."""
+    rng = np.random.default_rng(seed)
+    length, burn_in = int(rng.integers(1, 6)), int(rng.integers(0, 4))
+    table = SliceTable(
+        400,
+        length,
+        burn_in=burn_in,
+        sampler=("uniform", "prioritized")[seed % 2],
+        strict_length=bool(seed % 2),
+        span=int(rng.integers(0, length)),
+        chunk_length=int(rng.integers(1, 7)),
+        seed=seed,
+    )
+    for e in range(12):
+        n = int(rng.integers(1, 3 * table.window + 2))
+        frames = np.repeat(rng.integers(0, 3, (n, 1, 12), dtype=np.uint8), 12, axis=1)  # lz4 pays on these
+        steps = {"frame": frames, "core": {"h": rng.standard_normal((n, 3)).astype(np.float32)}, "a": np.arange(n) + e}
+        table.insert_episode(steps, rng.uniform(0.1, 2.0, n))
+    table.insert_episode(_long(rng, table.window + 3))  # so that some window is valid
+    reuse: dict[str, np.ndarray] = {}
+    for _ in range(3):
+        raw = table._raw_sample(int(rng.integers(1, 40)), 0.4, copy_chunks=True)
+        want = decode_windows(raw, table.window, native=False)
+        got = decode_windows(raw, table.window, reuse)
+        np.testing.assert_array_equal(got.mask, want.mask)
+        np.testing.assert_array_equal(got.valid, want.valid)
+        np.testing.assert_array_equal(got.num_steps, want.num_steps)
+        assert got.extras == want.extras == {}
+        flat_got, flat_want = S.flatten(got.fields), S.flatten(want.fields)
+        assert flat_got.keys() == flat_want.keys()
+        for path, a in flat_want.items():
+            assert flat_got[path].dtype == a.dtype
+            np.testing.assert_array_equal(flat_got[path], a, err_msg=path)
+        assert got.valid.all() and (got.num_steps == raw["rows"]).all()
+    assert S.flatten(got.fields)["frame"] is reuse["frame"]  # the reused arrays are filled in place
+
+
+def _long(rng, n):
+    return {
+        "frame": np.zeros((n, 12, 12), dtype=np.uint8),
+        "core": {"h": rng.standard_normal((n, 3)).astype(np.float32)},
+        "a": np.arange(n),
+    }

@@ -71,14 +71,26 @@ void SliceTable::EvictOldest() {
   for (uint32_t t = 0; t < e.starts; ++t) tree_.Set(Pos(e.first_step + t), 0.0);
   steps_held_ -= e.steps;
   windows_ -= e.starts;
-  chunk_bytes_ -= e.data.size();
+  chunk_bytes_ -= e.data->size();
+  index_bytes_ -= IndexBytes(e);
   ++counters_.evicted_episodes;
   episodes_.pop_front();
 }
 
 uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, const uint64_t* sizes,
-                            const uint64_t* steps, size_t num_chunks, const double* priorities) {
+                            const uint64_t* steps, size_t num_chunks, const double* priorities, const uint64_t* columns,
+                            size_t num_fields) {
   if (num_chunks == 0) throw InvalidArgument("an episode needs at least one chunk");
+  if (num_fields == 0 || num_fields > (size_t{1} << 16)) throw InvalidArgument("an episode needs 1..65536 fields");
+  for (size_t c = 0; c < num_chunks; ++c) {
+    for (size_t f = 0; f < num_fields; ++f) {
+      const uint64_t* col = columns + 3 * (c * num_fields + f);
+      if (col[0] > sizes[c] || col[1] > sizes[c] - col[0] || col[2] > 1) {
+        throw InvalidArgument("chunk " + std::to_string(c) + ", field " + std::to_string(f) +
+                              ": its column lies outside the chunk or has an unknown codec");
+      }
+    }
+  }
   uint64_t n = 0, bytes = 0;
   for (size_t c = 0; c < num_chunks; ++c) {
     if (steps[c] < 1 || steps[c] > kMaxEpisodeSteps) {
@@ -100,21 +112,28 @@ uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, co
   e.steps = static_cast<uint32_t>(n);
   e.starts = ValidStarts(n);
   e.fingerprint = fingerprint;
-  e.data.resize(bytes);
+  auto bytes_of = std::make_shared<std::vector<uint8_t>>(bytes);
   e.chunk_offsets.reserve(num_chunks + 1);
   e.chunk_steps.reserve(num_chunks + 1);
   uint64_t at = 0, step = 0;
   for (size_t c = 0; c < num_chunks; ++c) {
     e.chunk_offsets.push_back(at);
     e.chunk_steps.push_back(step);
-    if (sizes[c] > 0) std::memcpy(e.data.data() + at, data[c], sizes[c]);
+    if (sizes[c] > 0) std::memcpy(bytes_of->data() + at, data[c], sizes[c]);
     at += sizes[c];
     step += steps[c];
   }
   e.chunk_offsets.push_back(at);
   e.chunk_steps.push_back(step);
+  e.columns.assign(columns, columns + 3 * num_chunks * num_fields);
+  e.data = std::move(bytes_of);
 
   ScopedLock<Mutex> lock(mu_);
+  if (num_fields_ != 0 && num_fields != num_fields_) {
+    throw InvalidArgument("an episode of " + std::to_string(num_fields) + " fields in a table of " +
+                          std::to_string(num_fields_));
+  }
+  num_fields_ = num_fields;
   while (steps_held_ + n > config_.capacity_steps) EvictOldest();
   e.number = next_episode_++;
   e.first_step = next_step_;
@@ -135,7 +154,8 @@ uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, co
   max_priority_ = top;
   steps_held_ += n;
   windows_ += e.starts;
-  chunk_bytes_ += e.data.size();
+  chunk_bytes_ += e.data->size();
+  index_bytes_ += IndexBytes(e);
   ++counters_.inserted_episodes;
   episodes_.push_back(std::move(e));
   const Episode& stored = episodes_.back();
@@ -155,7 +175,7 @@ const SliceTable::Episode& SliceTable::EpisodeAt(uint64_t abs) const {
   return *std::prev(it);
 }
 
-void SliceTable::CopyWindow(const Episode& e, uint32_t t, SliceSample* out) {
+void SliceTable::AddWindow(const Episode& e, uint32_t t, bool copy_chunks, SliceSample* out) {
   const uint64_t w = uint64_t{config_.burn_in} + config_.length;
   const uint32_t rows = static_cast<uint32_t>(std::min<uint64_t>(w, e.steps - t));
   // The chunks holding steps [t, t + rows): from the one holding t to the one holding the last.
@@ -173,16 +193,24 @@ void SliceTable::CopyWindow(const Episode& e, uint32_t t, SliceSample* out) {
     const uint64_t index = it->second;
     if (added) {
       const uint64_t lo = e.chunk_offsets[c], hi = e.chunk_offsets[c + 1];
-      out->chunk_data.insert(out->chunk_data.end(), e.data.begin() + static_cast<std::ptrdiff_t>(lo),
-                             e.data.begin() + static_cast<std::ptrdiff_t>(hi));
-      out->chunk_offsets.push_back(out->chunk_data.size());
+      if (out->held.empty() || out->held.back() != e.data) out->held.push_back(e.data);
+      out->chunk_bases.push_back(e.data->data() + lo);
+      out->chunk_sizes.push_back(hi - lo);
+      out->chunk_steps.push_back(cs[c + 1] - cs[c]);
+      const auto col = e.columns.begin() + static_cast<std::ptrdiff_t>(c * 3 * num_fields_);
+      out->columns.insert(out->columns.end(), col, col + static_cast<std::ptrdiff_t>(3 * num_fields_));
+      if (copy_chunks) {
+        out->chunk_data.insert(out->chunk_data.end(), e.data->begin() + static_cast<std::ptrdiff_t>(lo),
+                               e.data->begin() + static_cast<std::ptrdiff_t>(hi));
+        out->chunk_offsets.push_back(out->chunk_data.size());
+      }
     }
     out->window_chunks.push_back(index);
   }
   out->window_chunk_offsets.push_back(out->window_chunks.size());
 }
 
-void SliceTable::Sample(size_t n, double beta, SliceSample* out) {
+void SliceTable::Sample(size_t n, double beta, SliceSample* out, bool copy_chunks) {
   if (n < 1 || n > kMaxBatchItems) throw InvalidArgument("batch size must be in [1, 2^24]");
   if (!std::isfinite(beta) || beta < 0.0) throw InvalidArgument("beta must be finite and >= 0");
   *out = SliceSample();
@@ -236,11 +264,12 @@ void SliceTable::Sample(size_t n, double beta, SliceSample* out) {
       const double wlog = -beta * (std::log(m) - std::log(std::min(min_mass, m)));
       out->weights.push_back(std::max(static_cast<float>(std::exp(wlog)), std::numeric_limits<float>::min()));
     }
-    CopyWindow(*e, t, out);
+    AddWindow(*e, t, copy_chunks, out);
   }
   out->total_mass = uniform ? 0.0 : total;
   out->min_mass = min_mass;
   out->windows = windows_;
+  out->num_fields = num_fields_;
   counters_.sampled += n;
 }
 
@@ -282,8 +311,10 @@ SliceStats SliceTable::Stats() const {
   s.steps = steps_held_;
   s.windows = windows_;
   s.chunk_bytes = chunk_bytes_;
-  // Per step: its priority and its tree leaf, plus the tree's upper levels (sums and minima, ~2/15 more).
-  s.metadata_bytes = priorities_.size() * (sizeof(double) * 2) + priorities_.size() * sizeof(double) * 2 / 15;
+  // Per step: its priority and its tree leaf, plus the tree's upper levels (sums and minima, ~2/15 more); per
+  // chunk: its offsets and its columns' places.
+  s.metadata_bytes =
+      priorities_.size() * (sizeof(double) * 2) + priorities_.size() * sizeof(double) * 2 / 15 + index_bytes_;
   s.total_mass = config_.sampler == SliceSampling::kPrioritized ? tree_.Total() : 0.0;
   const double m = tree_.MinPositive();
   s.min_mass = config_.sampler == SliceSampling::kPrioritized && std::isfinite(m) ? m : 0.0;
@@ -325,7 +356,7 @@ void SliceTable::Validate() const {
       fail("episodes not back to back at episode " + std::to_string(e.number));
     }
     if (e.starts != ValidStarts(e.steps)) fail("episode " + std::to_string(e.number) + ": wrong start count");
-    if (e.chunk_steps.back() != e.steps || e.chunk_offsets.back() != e.data.size()) {
+    if (e.chunk_steps.back() != e.steps || e.chunk_offsets.back() != e.data->size()) {
       fail("episode " + std::to_string(e.number) + ": chunks do not add up");
     }
     for (uint32_t t = 0; t < e.starts; ++t) {
@@ -338,7 +369,7 @@ void SliceTable::Validate() const {
     }
     steps += e.steps;
     windows += e.starts;
-    bytes += e.data.size();
+    bytes += e.data->size();
   }
   if (!episodes_.empty() && episodes_.back().first_step + episodes_.back().steps != next_step_) {
     fail("next step does not follow the newest episode");

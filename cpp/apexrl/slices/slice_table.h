@@ -50,7 +50,19 @@ struct SliceSample {
   std::vector<uint64_t> fingerprints;  // of each window's episode (its chunks' structure)
   std::vector<uint64_t> window_chunk_offsets;
   std::vector<uint64_t> window_chunks;
-  std::vector<uint8_t> chunk_data;  // every chunk the batch references, once
+  // Per batch chunk, each chunk the batch references once: its bytes where the table holds them (read in place,
+  // not copied: `held` keeps them alive past the episode's eviction), its steps, and where each field's column
+  // lies in it (num_fields x (offset from the chunk's start, stored, codec), StepColumn's layout): what
+  // DecodeSlices needs, no header parsed.
+  std::vector<const uint8_t*> chunk_bases;
+  std::vector<uint64_t> chunk_sizes;
+  std::vector<uint64_t> chunk_steps;
+  std::vector<uint64_t> columns;
+  uint64_t num_fields = 0;
+  std::vector<std::shared_ptr<const std::vector<uint8_t>>> held;
+  // Only when Sample is asked to copy: the chunks' bytes back to back (chunk c at chunk_offsets[c]), for a decoder
+  // that reads headers (the reference).
+  std::vector<uint8_t> chunk_data;
   std::vector<uint64_t> chunk_offsets;
   double total_mass = 0.0;  // the masses the draws were made from (0 in the uniform fallback and sampler)
   double min_mass = 0.0;
@@ -62,7 +74,7 @@ struct SliceStats {
   uint64_t steps = 0;
   uint64_t windows = 0;         // valid starts
   uint64_t chunk_bytes = 0;     // the episodes' chunk bytes, each stored once
-  uint64_t metadata_bytes = 0;  // per-step priorities and the sum tree over the steps
+  uint64_t metadata_bytes = 0;  // per-step priorities, the sum tree over the steps, the chunks' index
   double total_mass = 0.0;
   double min_mass = 0.0;
   uint64_t inserted_episodes = 0;
@@ -97,7 +109,7 @@ inline constexpr uint64_t kMaxEpisodeSteps = (uint64_t{1} << kSliceStartBits) - 
 //    A key whose episode was evicted, or whose start is not valid, is skipped and counted stale.
 //  * New steps without priorities get the largest priority ever set (1 before any), as TorchRL's samplers do.
 //
-// Thread-safety: every method takes the table's mutex; Sample copies its windows' chunks out under it.
+// Thread-safety: every method takes the table's mutex; a sample shares its chunks' bytes, which never change.
 // Errors: invalid input throws InvalidArgument and changes nothing.
 class SliceTable {
  public:
@@ -106,11 +118,15 @@ class SliceTable {
   const SliceConfig& config() const { return config_; }
 
   // Stores one episode: chunk c is sizes[c] bytes at data[c] holding steps[c] >= 1 steps (sum n, 1..capacity and
-  // below 2^24); `priorities` n values (finite, >= 0, mass <= kMaxMass) or null. Returns its episode number.
+  // below 2^24); `priorities` n values (finite, >= 0, mass <= kMaxMass) or null. `columns`: per chunk, num_fields
+  // x (offset in the chunk, stored bytes, codec) of its field columns (every episode the same num_fields >= 1;
+  // each column inside its chunk, codec raw or lz4). Returns its episode number.
   uint64_t Insert(uint64_t fingerprint, const uint8_t* const* data, const uint64_t* sizes, const uint64_t* steps,
-                  size_t num_chunks, const double* priorities) EXCLUDES(mu_);
-  // 1 <= n <= kMaxBatchItems windows, beta >= 0. EmptyStore when no window can be drawn.
-  void Sample(size_t n, double beta, SliceSample* out) EXCLUDES(mu_);
+                  size_t num_chunks, const double* priorities, const uint64_t* columns, size_t num_fields)
+      EXCLUDES(mu_);
+  // 1 <= n <= kMaxBatchItems windows, beta >= 0. EmptyStore when no window can be drawn. copy_chunks: also
+  // copy the chunks' bytes into out->chunk_data.
+  void Sample(size_t n, double beta, SliceSample* out, bool copy_chunks = false) EXCLUDES(mu_);
   // `values`: n (one per window, per_step false) or n * L (per_step true). Returns how many keys were live.
   size_t Update(const uint64_t* keys, size_t n, const double* values, bool per_step) EXCLUDES(mu_);
 
@@ -129,12 +145,16 @@ class SliceTable {
     uint32_t steps = 0;
     uint32_t starts = 0;  // e(n)
     uint64_t fingerprint = 0;
-    std::vector<uint8_t> data;            // its chunks' bytes, back to back
-    std::vector<uint64_t> chunk_offsets;  // chunks + 1 offsets into data
-    std::vector<uint64_t> chunk_steps;    // chunks + 1: the first step of each chunk, then n
+    std::shared_ptr<const std::vector<uint8_t>> data;  // its chunks' bytes, back to back (samples share them)
+    std::vector<uint64_t> chunk_offsets;               // chunks + 1 offsets into data
+    std::vector<uint64_t> chunk_steps;                 // chunks + 1: the first step of each chunk, then n
+    std::vector<uint64_t> columns;                     // chunks x num_fields x (offset in its chunk, stored, codec)
   };
 
   uint32_t ValidStarts(uint64_t n) const;
+  static uint64_t IndexBytes(const Episode& e) {
+    return (e.chunk_offsets.size() + e.chunk_steps.size() + e.columns.size()) * sizeof(uint64_t);
+  }
   size_t Pos(uint64_t abs_step) const { return static_cast<size_t>(abs_step % config_.capacity_steps); }
   double Mass(const Episode& e, uint32_t t) const REQUIRES(mu_);
   // Recomputes the tree leaves of starts [lo, hi) of `e`.
@@ -143,7 +163,7 @@ class SliceTable {
   const Episode* Find(uint64_t number) const REQUIRES(mu_);
   // The episode holding absolute step `abs` (a live step).
   const Episode& EpisodeAt(uint64_t abs) const REQUIRES(mu_);
-  void CopyWindow(const Episode& e, uint32_t t, SliceSample* out) REQUIRES(mu_);
+  void AddWindow(const Episode& e, uint32_t t, bool copy_chunks, SliceSample* out) REQUIRES(mu_);
   void CheckPriority(double p, const char* what, size_t i) const;
 
   const SliceConfig config_;
@@ -154,6 +174,8 @@ class SliceTable {
   uint64_t steps_held_ GUARDED_BY(mu_) = 0;
   uint64_t windows_ GUARDED_BY(mu_) = 0;
   uint64_t chunk_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t index_bytes_ GUARDED_BY(mu_) = 0;  // the episodes' chunk offsets, steps and columns
+  uint64_t num_fields_ GUARDED_BY(mu_) = 0;   // the first episode's; 0 before any
   double max_priority_ GUARDED_BY(mu_) = 1.0;
   std::vector<double> priorities_ GUARDED_BY(mu_);  // by ring position
   SumMinTree tree_ GUARDED_BY(mu_);                 // leaf = ring position of a start step

@@ -67,10 +67,18 @@ class SliceBatch:
 
 
 def decode_windows(
-    sample: Mapping[str, Any], window: int, reuse: dict[str, np.ndarray] | None = None
+    sample: Mapping[str, Any], window: int, reuse: dict[str, np.ndarray] | None = None, *, native: bool = True
 ) -> S.SequenceBatch:
-    """Decodes a native sample's windows (each ``rows`` steps from step ``first`` of its chunks) into arrays of
-    ``window`` steps, through the sequence decoder (native copies, every range checked)."""
+    """Decodes a sample's windows (the dict a :class:`SliceTable` samples, with its ``structure``: window i is
+    ``rows[i]`` steps from step ``first[i]`` of its chunks) into arrays of ``window`` steps. Natively, with the GIL
+    released, reading the chunks where the table holds them and the column places it kept at insert (no header
+    parsed, one call per batch); ``native=False``: through the generic sequence decoder, the reference, with the
+    same result, from the chunks' bytes of a sample made with ``copy_chunks=True``. ``reuse``: as
+    :func:`~apexrl.replay.wire.steps.decode_sequences`'."""
+    if native:
+        return _decode_native(sample, window, reuse)
+    if len(sample["chunk_offsets"]) != len(sample["chunk_steps"]) + 1:
+        raise ValueError("the reference decoder reads the chunks' bytes: sample with copy_chunks=True")
     rows, first, fps = sample["rows"], sample["first"], sample["fingerprints"]
     offsets, refs = sample["window_chunk_offsets"], sample["window_chunks"]
     n = len(rows)
@@ -79,6 +87,33 @@ def decode_windows(
     data, chunk_offsets = sample["chunk_data"], sample["chunk_offsets"]
     blobs = [data[chunk_offsets[c] : chunk_offsets[c + 1]] for c in range(len(chunk_offsets) - 1)]
     return S.decode_sequences(items, blobs, per_window, chunk_data=data, chunk_offsets=chunk_offsets, reuse=reuse)
+
+
+def _fields(blob: Any) -> list[tuple[str, np.dtype, tuple[int, ...], int, int, int]]:
+    """A chunk's fields in the table's column order (by path): (path, dtype, shape, codec, stored bytes, offset)."""
+    _k, _fp, fields, _key = S._chunk_header(memoryview(blob).cast("B"))
+    return [(path, *fields[path]) for path in sorted(fields)]
+
+
+def _decode_native(sample: Mapping[str, Any], window: int, reuse: dict[str, np.ndarray] | None) -> S.SequenceBatch:
+    from apexrl._core import decode_slices  # the extension, only where slices are used
+
+    rows = sample["rows"]
+    n = len(rows)
+    out: dict[str, np.ndarray] = {}
+    for path, dt, shape in sample["structure"]:
+        full, dtype = (n, window, *shape), dt.newbyteorder("=")
+        old = reuse.get(path) if reuse is not None else None
+        if old is not None and old.shape == full and old.dtype == dtype:
+            out[path] = old
+        else:
+            out[path] = np.empty(full, dtype=dtype)
+            if reuse is not None:
+                reuse[path] = out[path]
+    mask = np.empty((n, window), dtype=bool)
+    valid = decode_slices(sample["native"], list(out.values()), mask, window).astype(bool)
+    num_steps = np.where(valid, rows, 0).astype(np.int64)
+    return S.SequenceBatch(S.unflatten(out), mask, S.unflatten({}), valid, num_steps)
 
 
 def _int(value: Any, name: str, low: int, high: int | None = None) -> int:
@@ -150,6 +185,7 @@ class SliceTable:
             _int(seed, "seed", 0, (1 << 64) - 1),
         )
         self._fingerprint: int | None = None  # of the first episode's structure: every episode's
+        self._structure: list[tuple[str, np.dtype, tuple[int, ...]]] = []  # its fields, in path order
 
     def valid_starts(self, steps: int) -> int:
         """How many windows an episode of ``steps`` steps offers (e(n) above)."""
@@ -163,6 +199,13 @@ class SliceTable:
         steps (leading dimension n, the same for every field and the same structure in every episode);
         ``priorities``: one per step, one for all, or None (the largest priority ever set; 1 before any).
         Returns its episode number. ValueError for anything else, storing nothing."""
+        chunks, counts, fp = self.episode_chunks(steps)
+        return self._insert(chunks, counts, fp, priorities)
+
+    def episode_chunks(self, steps: Mapping[str, Any]) -> tuple[list[bytes], list[int], int]:
+        """(chunks, steps per chunk, structure fingerprint) of an episode cut as :meth:`insert_episode` cuts it,
+        ``chunk_length`` steps a chunk: what :meth:`insert_chunks` takes (to store one episode several times
+        without encoding it again). ValueError as :meth:`insert_episode`."""
         leaves = S.flatten(steps)
         if not leaves:
             raise ValueError("an episode needs at least one field")
@@ -183,7 +226,7 @@ class SliceTable:
             hi = min(n, lo + self.chunk_length)
             chunks.append(S.encode_chunk(structure, [arrays[f.path][lo:hi] for f in structure], fp))
             counts.append(hi - lo)
-        return self._insert(chunks, counts, fp, priorities)
+        return chunks, counts, fp
 
     def insert_chunks(self, chunks: Sequence[Any], priorities: Any = None) -> int:
         """Stores an episode already cut into step chunks (:mod:`apexrl.replay.wire.steps`, e.g. a
@@ -208,6 +251,7 @@ class SliceTable:
             raise ValueError(
                 "the episode's structure (fields, dtypes, shapes) differs from the table's first episode's"
             )
+        columns = self._columns(chunks)
         n = sum(counts)
         p = None
         if priorities is not None:
@@ -216,14 +260,30 @@ class SliceTable:
                 p = np.full(n, float(p))
             if p.shape != (n,):
                 raise ValueError(f"priorities must be one number or {n} (one per step), got shape {p.shape}")
-        number = int(self._native.insert(fingerprint, chunks, np.asarray(counts, dtype=np.uint64), p))
-        self._fingerprint = fingerprint
+        number = int(self._native.insert(fingerprint, chunks, np.asarray(counts, dtype=np.uint64), p, columns))
+        self._fingerprint, self._structure = fingerprint, self._structure or self._layout(chunks[0])
         return number
+
+    @staticmethod
+    def _layout(blob: Any) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+        return [(path, dt, shape) for path, dt, shape, *_ in _fields(blob)]
+
+    def _columns(self, chunks: list[Any]) -> np.ndarray:
+        """Where each chunk's field columns lie (chunks, fields, (offset, stored, codec)), the fields in path order,
+        for the native decode; ValueError where a chunk's fields differ from the table's (or the first chunk's)."""
+        want = self._structure or self._layout(chunks[0])
+        columns = np.empty((len(chunks), len(want), 3), dtype=np.uint64)
+        for c, blob in enumerate(chunks):
+            fields = _fields(blob)
+            if [(path, dt, shape) for path, dt, shape, *_ in fields] != want:
+                raise ValueError(f"chunk {c}'s fields (names, dtypes, shapes) differ from the table's")
+            columns[c] = [(at, stored, codec) for *_, codec, stored, at in fields]
+        return columns
 
     def sample(self, batch_size: int, beta: float = 0.4, reuse: dict[str, np.ndarray] | None = None) -> SliceBatch:
         """``batch_size`` windows, drawn with replacement, decoded (``reuse``: as
         :func:`~apexrl.replay.wire.steps.decode_sequences`'). ValueError when no window can be drawn."""
-        raw = self._native.sample(_int(batch_size, "batch_size", 1, 1 << 24), float(beta))
+        raw = self._raw_sample(batch_size, beta)
         episodes, starts = window_keys(raw["keys"])
         return SliceBatch(
             keys=raw["keys"],
@@ -236,6 +296,13 @@ class SliceTable:
             min_mass=raw["min_mass"],
             windows=int(raw["windows"]),
         )
+
+    def _raw_sample(self, batch_size: int, beta: float = 0.4, copy_chunks: bool = False) -> dict[str, Any]:
+        """The native sample (what :func:`decode_windows` takes), with the table's ``structure``: its fields
+        (path, dtype, shape) in column order."""
+        raw = self._native.sample(_int(batch_size, "batch_size", 1, 1 << 24), float(beta), copy_chunks)
+        raw["structure"] = self._structure
+        return raw
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Writes new priorities to the trained steps of the windows ``keys`` names: ``priorities`` one per window
