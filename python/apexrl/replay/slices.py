@@ -100,16 +100,7 @@ def _decode_native(sample: Mapping[str, Any], window: int, reuse: dict[str, np.n
 
     rows = sample["rows"]
     n = len(rows)
-    out: dict[str, np.ndarray] = {}
-    for path, dt, shape in sample["structure"]:
-        full, dtype = (n, window, *shape), dt.newbyteorder("=")
-        old = reuse.get(path) if reuse is not None else None
-        if old is not None and old.shape == full and old.dtype == dtype:
-            out[path] = old
-        else:
-            out[path] = np.empty(full, dtype=dtype)
-            if reuse is not None:
-                reuse[path] = out[path]
+    out = S.output_arrays(sample["structure"], (n, window), reuse)
     mask = np.empty((n, window), dtype=bool)
     valid = decode_slices(sample["native"], list(out.values()), mask, window).astype(bool)
     num_steps = np.where(valid, rows, 0).astype(np.int64)

@@ -30,7 +30,7 @@ import math
 import re
 import struct
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ __all__ = [
     "encode_item",
     "flatten",
     "is_sequence_item",
+    "output_arrays",
     "structure_fingerprint",
     "structure_of",
     "unflatten",
@@ -478,17 +479,7 @@ def decode_sequences(
     t = max((int(m["t"]) for m, ok in zip(metas, valid, strict=True) if ok and m is not None), default=0)
     paths = list(structure)
     # Not zero-filled: the copies write every row of the mask, and only the rows past it are zeroed (below).
-    out: dict[str, np.ndarray] = {}
-    for path in paths:
-        dt, shape = structure[path]
-        dtype, full = dt.newbyteorder("="), (n, t, *shape)
-        old = reuse.get(path) if reuse is not None else None
-        if old is not None and old.shape == full and old.dtype == dtype:
-            out[path] = old
-        else:
-            out[path] = np.empty(full, dtype=dtype)
-            if reuse is not None:
-                reuse[path] = out[path]
+    out = output_arrays(((path, *structure[path]) for path in paths), (n, t), reuse)
     if native is None:
         native = chunk_data is not None and chunk_offsets is not None
     if paths and valid.any():
@@ -587,3 +578,24 @@ def _copy_native(
     row_bytes = np.array([out[p][0, 0].nbytes if n and t else 0 for p in paths], dtype=np.uint64)
     ok = decode_steps(chunk_data, columns, steps, row_bytes, [out[p] for p in paths], n, t, copies)
     return ok.astype(bool)
+
+
+def output_arrays(
+    fields: Iterable[tuple[str, np.dtype, tuple[int, ...]]],
+    lead: tuple[int, ...],
+    reuse: dict[str, np.ndarray] | None,
+) -> dict[str, np.ndarray]:
+    """One array per ``(path, dtype, shape)`` of shape ``lead + shape`` in native byte order, not initialised (the
+    decoders write every row they return): ``reuse``'s array of that path when its shape and dtype fit, else a
+    new one, kept in ``reuse`` for the next call."""
+    out: dict[str, np.ndarray] = {}
+    for path, dt, shape in fields:
+        dtype, full = dt.newbyteorder("="), (*lead, *shape)
+        old = reuse.get(path) if reuse is not None else None
+        if old is not None and old.shape == full and old.dtype == dtype:
+            out[path] = old
+        else:
+            out[path] = np.empty(full, dtype=dtype)
+            if reuse is not None:
+                reuse[path] = out[path]
+    return out
