@@ -30,3 +30,16 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
+
+
+def csv_columns(path: str, *needed: str) -> dict[str, list[float]] | None:
+    """A metrics or episodes CSV's columns (``apexrl.apex.metrics.read_csv``), or None while the file is not
+    there or its header is not whole yet (a process writing it creates the file, then writes the header: a poll
+    can fall between the two) -- the header is whole once it names every column of ``needed``."""
+    from apexrl.apex.metrics import read_csv
+
+    try:
+        columns = read_csv(path)
+    except (FileNotFoundError, ValueError):  # ValueError: empty
+        return None
+    return columns if all(name in columns for name in needed) else None

@@ -16,7 +16,7 @@ import pytest
 from apexrl.apex.metrics import read_csv
 from apexrl.replay.client.replay_client import ReplayClient
 from tests.conftest import free_port
-from tests.helpers import wait_until
+from tests.helpers import csv_columns, wait_until
 
 # Small, fast settings: the point is the plumbing, not the learning.
 LEARNER_FAST = [
@@ -99,17 +99,14 @@ def start_system(start_server, spawn, run_dir: str, *, port: int = 0, params_por
 
 
 def learner_steps(run_dir: str) -> int:
-    path = os.path.join(run_dir, "metrics.csv")
-    if not os.path.exists(path):
-        return 0
-    steps = read_csv(path)["learner_steps"]
-    return int(steps[-1]) if steps else 0
+    columns = csv_columns(os.path.join(run_dir, "metrics.csv"), "learner_steps")
+    return int(columns["learner_steps"][-1]) if columns and columns["learner_steps"] else 0
 
 
 def evaluated(run_dir: str) -> bool:
     """metrics.csv holds a finished evaluation (a non-empty eval_return_mean)."""
-    path = os.path.join(run_dir, "metrics.csv")
-    return os.path.exists(path) and any(v == v for v in read_csv(path)["eval_return_mean"])  # v == v: not NaN
+    columns = csv_columns(os.path.join(run_dir, "metrics.csv"), "eval_return_mean")
+    return columns is not None and any(v == v for v in columns["eval_return_mean"])  # v == v: not NaN
 
 
 def test_smoke_server_learner_two_actors_train_checkpoint_and_exit_zero(start_server, spawn, tmp_path):

@@ -15,20 +15,17 @@ import pytest
 
 from apexrl.apex.best import BEST_CHECKPOINT, load_best
 from apexrl.apex.checkpoint import save_checkpoint
-from apexrl.apex.metrics import read_csv
 from tests.conftest import free_port
 from tests.e2e.test_apex_processes import start_actor, start_learner
-from tests.helpers import wait_until
+from tests.helpers import csv_columns, wait_until
 
 EVAL = ("--eval-every", "1", "--eval-episodes", "2")
 
 
 def _evaluations(run_dir: str) -> dict[str, np.ndarray]:
     """metrics.csv's rows that report an evaluation (empty before the first)."""
-    path = os.path.join(run_dir, "metrics.csv")
-    try:
-        rows = read_csv(path)
-    except (FileNotFoundError, ValueError):  # not written yet, or created and its header not yet in it
+    rows = csv_columns(os.path.join(run_dir, "metrics.csv"), "eval_return_mean")
+    if rows is None:  # not written yet, or created and its header not yet whole
         return {"eval_return_mean": np.zeros(0)}
     m = {k: np.asarray(v, dtype=float) for k, v in rows.items() if k.startswith("eval_")}
     ev = ~np.isnan(m["eval_return_mean"])
