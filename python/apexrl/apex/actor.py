@@ -139,6 +139,8 @@ class Actor:
         agent = get_agent(config.agent)
         self.path = agent.replay
         self.adders: list[Any] | None = None  # the sequence path's adders, one per environment; None: n-step
+        # Synchronous actors (ReplayPath.wait_for_weights) wait for new weights after each round of items.
+        self._synchronous = self.path.synchronous(config.agent_config)
         if self.path.transitions:
             explorations = self._init_transitions(agent, config, k)
         else:
@@ -252,8 +254,7 @@ class Actor:
             self.replay.close()
             raise
         self._connect_params()
-        # Synchronous actors (ReplayPath.wait_for_weights): items each environment had made at the last wait.
-        self._synchronous = self.path.synchronous(config.agent_config)
+        # A synchronous actor's items per environment at its last wait for weights.
         self._made_at_wait = [0] * k
         self.counters = {
             "steps": 0,
@@ -840,7 +841,7 @@ class Actor:
                 # round of items act with weights one update older: the learner's policy_lag shows it)
                 **(
                     {"weight_waits": c["weight_waits"], "weight_wait_timeouts": c["weight_wait_timeouts"]}
-                    if getattr(self, "_synchronous", False)  # set by the sequence path's __init__ only
+                    if self._synchronous
                     else {}
                 ),
             }
