@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -98,11 +99,79 @@ def test_ppo_runs_through_apexrl_run_and_resumes(tmp_path):
     rows = _rows(run_dir)
     assert int(rows[-1]["learner_steps"]) >= 12
     lags = [float(r["policy_lag_max"]) for r in rows if r["policy_lag_max"]]
-    # Synchronous: the weights of the previous update, or of one before. A wait for weights that ran out (a loaded
-    # machine; or the first run's learner gone at --steps before the actor was stopped, its round then popped by
-    # the resumed learner) lets one more round act with weights one update older.
+    # Synchronous: the weights of the previous update, or of one before. A round the first run's actor sent after
+    # its learner stopped at --steps is trained on by the resumed learner before it publishes (the test below). A
+    # wait for weights that ran out (a loaded machine) lets one more round act with weights one update older.
     timeouts = _weight_wait_timeouts(os.path.join(run_dir, "logs", "actor0.progress.jsonl"))
     assert lags and all(lag <= 1 + timeouts for lag in lags), (lags, timeouts)
     if timeouts == 0:
         assert all(float(r["policy_lag_mean"]) <= 0.5 for r in rows if r["policy_lag_mean"])
     assert all(math.isfinite(float(r["critic_loss"])) for r in rows if r["critic_loss"])
+
+
+@pytest.mark.parametrize("held", [2, 1])
+def test_a_resumed_learner_publishes_after_training_on_the_batches_its_queue_held(tmp_path, held):
+    """A resumed run's queue may hold the actors' last round, sent after the learner stopped. The synchronous
+    learner trains on it before it publishes, so its actors' first weights are those trained on it; publishing
+    the restored weights at once left every later round one batch behind (lag 2 in CI's resumed run). Fewer
+    items than a batch: it publishes at once, as any start."""
+    import threading
+
+    from apexrl.agents.onpolicy.policy import VERSION
+    from apexrl.agents.onpolicy.replay import QUEUE_TABLE, make_adders
+    from apexrl.apex.config import LearnerConfig
+    from apexrl.apex.learner import Learner
+    from apexrl.params.service import ParamClient
+    from apexrl.replay import ReplayClient, ReplayServer, ServerConfig
+    from tests.helpers import wait_until
+
+    config = PPOConfig(unroll=4, batch_size=2)
+    with (
+        ReplayServer(ServerConfig(port=0, tables=[QUEUE_TABLE])) as srv,
+        ReplayClient(srv.endpoint, timeout=10) as c,
+    ):
+        adders = make_adders(c, "default", env_spec("gym:CartPole-v1"), config, held)
+        extras = {"logp": np.float32(-0.69), VERSION: np.int64(0)}
+        for adder in adders:  # one item each: the round sent before the stop
+            adder.add_first(np.zeros(4, np.float32))
+            for _ in range(config.unroll + 1):
+                adder.add(0, 1.0, np.zeros(4, np.float32), False, False, extras=extras)
+            adder.flush(timeout=10)
+        assert c.tables()["default"]["size"] == held
+        learner = Learner(
+            LearnerConfig(
+                agent="ppo",
+                env="gym:CartPole-v1",
+                replay=srv.endpoint,
+                run_dir=str(tmp_path / "run"),
+                agent_config=config,
+                min_replay_size=2,
+                publish_every=1,
+                eval_every=0,
+                max_steps=1,
+            )
+        )
+        try:
+            thread = threading.Thread(target=learner.run, daemon=True)
+            thread.start()
+            with ParamClient(learner.params.endpoint, timeout=10) as params:
+
+                def first_weights():
+                    got = params.fetch(0)
+                    return got is not None and got
+
+                fetched = wait_until(first_weights, timeout=60, what="the learner's first weights")
+            first = int(fetched[1][VERSION])
+            if held == 2:
+                assert first == 1  # trained on the held batch; the restored weights never went out
+                thread.join(timeout=60)
+                assert learner.params.stats()["version"] == 1  # one publish: after the update
+            else:
+                assert first == 0  # nothing to train on yet: published at the start, as always
+                assert c.tables()["default"]["size"] == 1
+        finally:
+            learner.stop()
+            thread.join(timeout=60)
+            learner.close()
+        for adder in adders:
+            adder.close()

@@ -37,7 +37,11 @@ The sampler is the one the agent's replay path names (``ReplayPath.reader``): th
 decode threads decode TransitionSpec-encoded transitions or (``"sequences"``, :mod:`apexrl.apex.sequences`)
 sequence items natively into its ring of preallocated batches, made into the agent's batch by
 ``ReplayPath.make_batch``; a ``"queue"`` is read one whole batch at a time, and hands each item out once: no
-priorities go back.
+priorities go back. A synchronous path's learner (``ReplayPath.wait_for_weights``) that starts while its queue
+already holds whole batches (a resumed run: the actors' last round before the stop was never trained on) first
+publishes after its updates on them: the actors, waiting for their first weights meanwhile, then act with the
+weights trained on that backlog; publishing at once would leave their every round one batch behind it, trained
+one update late for the rest of the run.
 
 Stopping (SIGTERM/SIGINT, see :mod:`apexrl.apex.stopping`): the loop ends, the last priority updates get what
 is left of the grace period, and the final checkpoint is written; the learner says how many updates it could
@@ -342,6 +346,19 @@ class Learner:
             self._last_inserted = inserted
         return (self.frames_base + self._last_inserted) * self._frames_per_item
 
+    def _backlog_batches(self) -> int:
+        """A synchronous path's whole batches already in its queue at the start (module docstring), when the
+        learner will train on them at once (they reach ``min_replay_size``); else 0."""
+        if not self.replay_path.synchronous(self.config.agent_config):
+            return 0
+        stats = self._replay_stats()
+        held = int(stats["size"]) if stats else 0
+        batch = int(self.config.agent_config.batch_size)
+        if held < max(batch, self.config.min_replay_size):
+            return 0
+        log.info("the queue holds %d items from before: the first weights go out after their updates", held)
+        return held // batch
+
     def _wait_for_replay(self) -> bool:
         need = self.config.min_replay_size
         next_log = 0.0
@@ -362,7 +379,9 @@ class Learner:
     def run(self) -> dict[str, Any]:
         cfg = self.config
         start = time.monotonic()
-        self.params.publish(self.agent.policy_state_dict())
+        publish_at = self.agent.steps + self._backlog_batches()  # the first publish: after the backlog's updates
+        if publish_at == self.agent.steps:
+            self.params.publish(self.agent.policy_state_dict())
         print(f"learner params on {self.params.endpoint} run_dir {self.run_dir}", flush=True)
         steps_at_start = self.agent.steps
         if not self._wait_for_replay():
@@ -398,6 +417,9 @@ class Learner:
                     batch = sampler.next(timeout=0.5)
                 except TimeoutError:
                     batch = None
+                    if self.agent.steps < publish_at:  # the backlog is gone untrained (undecodable): publish
+                        publish_at = self.agent.steps
+                        self.params.publish(self.agent.policy_state_dict())
                 self._wait_s += time.monotonic() - waited
                 usable = self._usable(batch) if batch is not None else None
                 if usable is not None:  # None also when every item of the batch was undecodable
@@ -413,7 +435,7 @@ class Learner:
                     steps = self.agent.steps
                     if steps % cfg.remove_to_fit_every == 0:
                         self._remove_to_fit()
-                    if steps % cfg.publish_every == 0:
+                    if steps >= publish_at and (steps % cfg.publish_every == 0 or steps == publish_at):
                         self.params.publish(self.agent.policy_state_dict())
                     if steps % cfg.checkpoint_every == 0:
                         self.save(time.monotonic() - start)
