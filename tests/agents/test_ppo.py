@@ -151,8 +151,8 @@ def test_a_resumed_learner_publishes_after_training_on_the_batches_its_queue_hel
                 max_steps=1,
             )
         )
+        thread = threading.Thread(target=learner.run, daemon=True)
         try:
-            thread = threading.Thread(target=learner.run, daemon=True)
             thread.start()
             with ParamClient(learner.params.endpoint, timeout=10) as params:
 
@@ -165,7 +165,7 @@ def test_a_resumed_learner_publishes_after_training_on_the_batches_its_queue_hel
             if held == 2:
                 assert first == 1  # trained on the held batch; the restored weights never went out
                 thread.join(timeout=60)
-                assert learner.params.stats()["version"] == 1  # one publish: after the update
+                assert learner.params.counters()["version"] == 1  # one publish: after the update
             else:
                 assert first == 0  # nothing to train on yet: published at the start, as always
                 assert c.tables()["default"]["size"] == 1
