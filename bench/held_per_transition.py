@@ -1,4 +1,4 @@
-"""Bytes the replay server holds per transition in a real Ape-X DQN run on Atari (issue 23: frames stored once).
+"""Bytes the replay server holds per transition in a real Ape-X DQN run on Atari (frames stored once).
 
 For each game, and for each interpreter given (this tree's and, with --before-python, an older tree's venv),
 starts ``apexrl run --preset apex-dqn-atari --env atari:GAME --actors N`` with that interpreter, reads the

@@ -1,7 +1,7 @@
 """Bytes the replay server holds per n-step transition: today's items (NStepTransitionAdder: ``obs`` and
 ``next_obs`` copied into every item) against items that reference the steps they span (Reverb's
 ``TrajectoryWriter.history`` way: every step appended once through a trajectory writer, each transition an item
-of its ``n + 1`` steps with the n-step return and discount as per-item extras), on DMC layouts (issue 52). The
+of its ``n + 1`` steps with the n-step return and discount as per-item extras), on DMC layouts. The
 Atari layout is not here: its frames are already stored once (bench/held_per_transition.py).
 
 Random float observations and actions (they do not compress, like real proprioceptive states); episodes of

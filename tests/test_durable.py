@@ -1,4 +1,4 @@
-"""Files apexrl writes (issue 21, item 7): temporaries created exclusively, never through a symbolic link, 0600;
+"""Files apexrl writes: temporaries created exclusively, never through a symbolic link, 0600;
 run directories 0700."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // The serving loop itself, live, on the in-memory socket of fake_zmq.h: requests whose harm depends on the
-// server's state (issue 34). A repeated insert id whose chunk frames reference a chunk the request lacks
+// server's state. A repeated insert id whose chunk frames reference a chunk the request lacks
 // crashed the loop (the reply-size accounting read the request's chunk offsets at that reference although the
 // store never saw the request); an invalid chunk reference under the rate limiter was TIMEOUT instead of
 // INVALID_ARGUMENT. Both are refused when the request is decoded, before the insert-id window and the limiter.
@@ -231,7 +231,7 @@ TEST(ServeLoop, APeerThatLeavesWhileWaitingLosesItsRequestsAndTheLoopServesOn) {
   EXPECT_EQ(live.store->Size(), 3u);
 }
 
-// Issue 50, item 4: a queue consumer that vanishes while its SAMPLE waits. The server learns at the send that the
+// A queue consumer that vanishes while its SAMPLE waits. The server learns at the send that the
 // reply cannot go out (EHOSTUNREACH, at the routing id or at the first data frame), and gives the item back: the
 // next consumer gets every item, once, in order. Inline and worker-served SAMPLEs alike.
 TEST(ServeLoop, AQueueItemWhoseReplyCannotBeSentGoesBackToTheFrontInOrder) {

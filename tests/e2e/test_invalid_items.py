@@ -1,4 +1,4 @@
-"""Spec-valid items with values an agent cannot train on (issue 21, item 4), with real processes.
+"""Spec-valid items with values an agent cannot train on, with real processes.
 
 * The real apexrl-learner leaves such items out of the update, erases them from the replay, counts them
   (``invalid_items`` in metrics.csv) and keeps training to its step budget.

@@ -1,4 +1,4 @@
-"""What reaches the replay and how often (issue 10, cases 2 and 9, and exactly-once inserts), with real servers.
+"""What reaches the replay and how often (foreign items, priorities, exactly-once inserts), with real servers.
 
 * The server knows the run's TransitionSpec (``--spec``, a snapshot's sidecar, or the first HELLO) and refuses
   a batch holding any foreign item; a learner that still meets one (a server without a spec) erases it, counts

@@ -1,4 +1,4 @@
-"""``--tables FILE`` on the command lines (issue 37): ``apexrl-replay-server --tables`` through its real parser,
+"""``--tables FILE`` on the command lines: ``apexrl-replay-server --tables`` through its real parser,
 and ``apexrl run --tables`` / a preset's tables through the plan to the servers' command lines."""
 
 from __future__ import annotations

@@ -742,7 +742,7 @@ def test_adders_do_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-# --------------------------------------------------------------------------------------------- Acme's inputs (issue 52)
+# ------------------------------------------------------------------------------------------------------- Acme's inputs
 
 
 @pytest.mark.parametrize("make", _adders())

@@ -1,4 +1,4 @@
-"""Trajectories through a sharded replay (issue 38, section 2): ShardedReplayClient.writer keeps each writer on
+"""Trajectories through a sharded replay: ShardedReplayClient.writer keeps each writer on
 one server, the set's samples of a sequence table carry the sequences, and ReplayDataset(decode="structure")
 yields them, from one server and from several (real servers on 127.0.0.1).
 

@@ -1,4 +1,4 @@
-"""Roles under CURVE on a server with several tables (issue 37 section 2: roles and CURVE work per table
+"""Roles under CURVE on a server with several tables (roles and CURVE work per table
 unchanged): a real `apexrl.cli.server` on 127.0.0.1 with a prioritized table and a queue, keys from the real
 `apexrl keygen`. An actor's key inserts into both tables and may not sample or update either; the learner's key
 samples and updates both; each table's counters move by what was done to it alone; a request naming a table the

@@ -1,7 +1,7 @@
 """Limits of the replay server and the parameter service against peers that wait, hoard, leave or never read.
 
-Issue #10 cases 3 (unbounded waiting requests), 5 (rate-limiter deadlock), 7 (snapshot path), 8 (SAMPLE replies)
-and 11 (idle connections, params peers that never read). Every test runs real processes or a real ParamServer on
+Unbounded waiting requests, a rate-limiter deadlock, the snapshot path, SAMPLE replies, idle connections and
+params peers that never read. Every test runs real processes or a real ParamServer on
 127.0.0.1 and waits for conditions (counters, log lines, EOF) with generous deadlines; no time is asserted.
 """
 

@@ -1,4 +1,4 @@
-"""Memory attacks on the replay server, black-box (issue 21, items 1, 3 and 5): real server processes on
+"""Memory attacks on the replay server, black-box: real server processes on
 127.0.0.1, raw DEALER (or raw ZMTP) peers, and the server's RSS held to the configured caps plus a stated margin.
 
 Each attack test prints one ``RSS`` line (baseline, peak, cap, margin, after; MiB): run with ``-s`` or ``-rP`` to

@@ -1,4 +1,4 @@
-"""Hostile requests that depend on the server's state (issue 34), against a real apexrl-replay-server process.
+"""Hostile requests that depend on the server's state, against a real apexrl-replay-server process.
 
 The decoder fuzz feeds one message at a time; these need a first request to change the server's state (an
 insert id remembered, a rate limiter that holds inserts back) before the second one does harm:

@@ -1,4 +1,4 @@
-"""Structured items (issue 38, section 1) on real replay servers on 127.0.0.1: a nested mapping of numpy arrays
+"""Structured items on real replay servers on 127.0.0.1: a nested mapping of numpy arrays
 or torch tensors goes in with ``client.insert``, pins its table's structure (a TransitionSpec, one per table,
 through HELLO's table index), comes back as ``batch.fields`` / ``ReplayDataset(decode="structure")``; a batch
 of another structure is refused client-side naming the field, with nothing sent; two clients declaring at once:

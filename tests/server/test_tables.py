@@ -1,4 +1,4 @@
-"""Several named tables on one real replay server (issue 37), on 127.0.0.1: each request reaches the table it
+"""Several named tables on one real replay server, on 127.0.0.1: each request reaches the table it
 names and no other, keys of one table are stale on another, each table's rate limiter waits and refuses on its
 own, an unknown table is refused while the server serves on, HELLO and STATS describe every table, and a
 snapshot holds every table (a one-store snapshot of the format before tables loads into ``default``)."""

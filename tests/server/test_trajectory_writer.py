@@ -1,4 +1,4 @@
-"""The TrajectoryWriter through real replay servers on 127.0.0.1 (issue 38, section 2).
+"""The TrajectoryWriter through real replay servers on 127.0.0.1.
 
 Steps go to the server once in step chunks that outlive one INSERT; items reference them by chunk key; a chunk
 that is gone (its items evicted, the server restarted) is refused with STALE_CHUNKS and sent again by the writer,

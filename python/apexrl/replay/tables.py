@@ -1,5 +1,5 @@
 """Table configuration: a replay server holds one or more named tables, each with its own sampler, remover,
-capacity, rate limiter, ``max_times_sampled`` and item spec (issue 37).
+capacity, rate limiter, ``max_times_sampled`` and item spec.
 
 :class:`TableConfig` describes one table; :class:`MinSize`, :class:`SampleToInsertRatio` and :class:`Queue` are
 its rate limiters. All are frozen dataclasses that validate at construction (ValueError naming the table, the

@@ -80,8 +80,8 @@ R2D2_PRESETS: dict[str, dict[str, Any]] = {
     ),
     "r2d2-cpu": dict(
         description="R2D2 sized for a 2-core machine (masked CartPole: CartPole without its velocities)",
-        source="apexrl's choices for a 2-core machine, not yet tuned (the masked-CartPole runs of issue 39 are "
-        "to come); otherwise R2D2",
+        source="apexrl's choices for a 2-core machine (its masked-CartPole runs are in bench/README.md); "
+        "otherwise R2D2",
         agent="r2d2",
         env="gym:apexrl.envs.masked:MaskedCartPole-v1",
         agent_overrides=dict(

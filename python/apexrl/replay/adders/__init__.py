@@ -1,4 +1,4 @@
-"""Adders (issue 38 section 3, Acme's shape): an environment loop in, replay items out.
+"""Adders (Acme's shape): an environment loop in, replay items out.
 
 - :class:`TransitionAdder`, :class:`NStepTransitionAdder` (:mod:`.transition`): one item per (n-step) transition,
   inserted in batches with ``client.insert(priorities, mapping, table=...)``; :class:`VecNStepTransitionAdder`, the

@@ -1,6 +1,6 @@
 """What every adder shares: the call order of an episode, the :class:`Step` it is cut into, and stacking.
 
-An adder turns an environment loop into replay items (Acme's adders, issue 38 section 3)::
+An adder turns an environment loop into replay items (Acme's adders)::
 
     adder.add_first(obs_0)
     adder.add(a_0, r_1, obs_1, terminated, truncated, extras=e_0)

@@ -1,4 +1,4 @@
-"""TrajectoryWriter: steps appended once, items that are step ranges (issue 38, section 2).
+"""TrajectoryWriter: steps appended once, items that are step ranges.
 
 ``w = client.writer(max_sequence_length=T)``; ``w.append(step)`` (a mapping of arrays for one time step, nested
 mappings allowed; the structure is fixed by the first append); ``w.create_item(table, num_timesteps, priority,
