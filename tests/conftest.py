@@ -38,10 +38,15 @@ E2E_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e")
 
 def pytest_collection_modifyitems(config, items):
     """Every test under tests/e2e/ (the whole system as several real processes) carries the ``e2e`` marker:
-    ``pytest -m "not e2e"`` leaves them out, ``pytest -m e2e`` runs only them."""
+    ``pytest -m "not e2e"`` leaves them out, ``pytest -m e2e`` runs only them.
+
+    The long tests run first (``slow``, then ``e2e``; otherwise in collection order): pytest-xdist hands tests out
+    in this order, so its workers start the long ones early and end together on short ones, rather than one
+    worker finishing a minute-long test while the other has nothing left."""
     for item in items:
         if os.path.commonpath([str(item.path), E2E_DIR]) == E2E_DIR:
             item.add_marker(pytest.mark.e2e)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("e2e") is None))
 
 
 class ServerProc:

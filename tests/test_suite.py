@@ -117,6 +117,7 @@ def test_the_published_scores_hold_every_task_of_both_tables():
         published_scores("10_minutes")
 
 
+@pytest.mark.slow
 def test_a_tiny_suite_writes_rows_and_table_and_does_not_rerun_finished_seeds(tmp_path):
     out = str(tmp_path / "suite")
     cmd = [

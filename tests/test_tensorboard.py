@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.e2e.test_apex_processes import start_actor, start_learner
@@ -51,6 +52,7 @@ def _expected_from_metrics(rows: list[dict[str, str]]) -> dict[str, list[tuple[i
     return out
 
 
+@pytest.mark.slow
 def test_run_shows_metrics_evaluations_and_episodes_live_and_the_event_file_equals_the_csvs(spawn, tmp_path):
     run_dir, board = str(tmp_path / "run"), str(tmp_path / "tb")
     launcher = spawn(

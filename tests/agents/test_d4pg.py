@@ -447,6 +447,7 @@ def test_the_clis_list_d4pg():
 FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
 
 
+@pytest.mark.slow
 def test_a_short_real_run(spawn, tmp_path):
     """Acme's preset through real processes: uniform replay at 32 samples per insert, actors on the target
     networks, the actor's loss at the next state, dQ/da norm and gradient norm clipping."""

@@ -80,6 +80,7 @@ def _weight_wait_timeouts(progress: str) -> int:
     return total + last["weight_wait_timeouts"]
 
 
+@pytest.mark.slow
 def test_ppo_runs_through_apexrl_run_and_resumes(tmp_path):
     run_dir = str(tmp_path / "run")
     # one actor of 2 environments: 2 items a round, the batch

@@ -48,6 +48,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_run_restarts_a_killed_actor_and_stops_everything_on_sigint(spawn, tmp_path):
     run_dir = str(tmp_path / "run")
     launcher = spawn(
@@ -113,6 +114,7 @@ def test_run_restarts_a_killed_actor_and_stops_everything_on_sigint(spawn, tmp_p
     assert 20_000 < len(data) < 2_000_000
 
 
+@pytest.mark.slow
 def test_run_stops_by_itself_at_steps(spawn, tmp_path):
     run_dir = str(tmp_path / "run")
     launcher = spawn(
@@ -321,6 +323,7 @@ def _free_run_of_ports(n: int) -> int:
     raise AssertionError("no run of free ports")
 
 
+@pytest.mark.slow
 def test_run_on_fixed_ports_and_a_clear_refusal_when_one_is_taken(spawn, tmp_path):
     import socket
 

@@ -288,6 +288,7 @@ def test_a_crashed_learner_restarts_in_its_host_with_resume(ray_run):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_removing_a_worker_node_moves_its_actor_which_reconnects(ray_run):
     wait_until(lambda: ray_run.node_of("actor1"), 60, "actor1's node", interval=0.5)

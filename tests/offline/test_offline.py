@@ -53,6 +53,7 @@ def _episodes(path: str) -> list:
     return [dataset[i] for i in range(dataset.total_episodes)]
 
 
+@pytest.mark.slow
 def test_record_a_cartpole_run_train_offline_from_it_and_export_its_replay(tmp_path):
     data, run1, run2 = str(tmp_path / "data"), str(tmp_path / "run1"), str(tmp_path / "run2")
     # Each actor plays 150 steps (75 per environment) and exits; the learner cannot start before both inserted.

@@ -291,6 +291,7 @@ def test_the_set_behaves_as_one_store_under_random_operations(ops):
                 assert w == pytest.approx((masses[k] / smallest) ** -BETA, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_run_over_two_servers_keeps_learning_when_one_is_killed(spawn, tmp_path):
     """kill -9 of one of two replay servers mid-run: the launcher restarts it, the learner never stops."""
     from apexrl.apex.metrics import read_csv

@@ -131,6 +131,7 @@ def queue_size(endpoint: str) -> int:
         return int(client.tables()["queue"]["size"])
 
 
+@pytest.mark.slow
 def test_four_consumers_get_every_item_exactly_once_across_a_graceful_restart(start_server, tmp_path):
     port, snapshot = free_port(), str(tmp_path / "replay.snap")
     flags = ("--tables", tables_file(tmp_path), "--snapshot", snapshot)
