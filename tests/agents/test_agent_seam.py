@@ -58,7 +58,7 @@ def test_every_agent_declares_its_replay_path():
         assert get_agent(name).replay is APEX_TRANSITIONS and APEX_TRANSITIONS.transitions
     r2d2 = get_agent("r2d2").replay
     assert r2d2.reader == "sequences" and not r2d2.transitions and r2d2.table == "default"
-    assert r2d2.make_adder is not None and r2d2.make_batch is not None and r2d2.one_server
+    assert r2d2.make_adder is not None and r2d2.make_batch is not None and r2d2.one_server is None
     assert r2d2.items_to_steps(get_agent("r2d2").config_class()) == get_agent("r2d2").config_class().sequence_period
 
 

@@ -102,3 +102,22 @@ def test_resume_continues_from_the_checkpoint(run):
     m = read_csv(os.path.join(run_dir, "metrics.csv"))
     steps = [int(v) for v in m["learner_steps"]]
     assert steps[-1] == 60 and 40 in steps  # the second run's rows follow the first's
+
+
+@pytest.mark.slow
+def test_a_run_over_two_replay_servers_writes_to_both_and_trains_on_both(tmp_path):
+    """``--replay-servers 2``: the actor's two environments each write through their own trajectory writer, and the
+    sharded client keeps each writer on one server, so both servers hold sequences; the learner samples them
+    globally by priority and sends new priorities back (items go in at their table's largest priority so far, so
+    priorities that differ are the learner's updates; that each key's update reaches its own server is
+    tests/replay/test_sharded_trajectory.py's)."""
+    from apexrl import PrioritizedStore
+
+    run_dir = str(tmp_path / "run")
+    done = _run(run_dir, 20, "--replay-servers", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    m = read_csv(os.path.join(run_dir, "metrics.csv"))
+    assert int(m["learner_steps"][-1]) == 20 and int(m["replay_servers_up"][-1]) == 2
+    held = [PrioritizedStore.load(os.path.join(run_dir, f"replay{s}.snap")).contents() for s in (0, 1)]
+    assert all(len(h["keys"]) > 0 for h in held), [len(h["keys"]) for h in held]
+    assert len({p for h in held for p in h["priorities"].tolist()}) > 1  # the learner's updates

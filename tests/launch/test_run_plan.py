@@ -289,7 +289,8 @@ def test_a_run_starts_the_tables_its_agent_declares_unless_tables_are_given():
 
 
 def test_a_run_refuses_what_its_agents_replay_path_cannot_do_and_says_why():
-    with pytest.raises(ValueError, match="--replay-servers 2: r2d2 writes sequences to one replay server"):
-        plan("r2d2-cpu", Overrides(replay_servers=2))
+    with pytest.raises(ValueError, match="--replay-servers 2: an on-policy agent reads one queue"):
+        plan("ppo-cartpole", Overrides(replay_servers=2))
+    assert len(plan("r2d2-cpu", Overrides(replay_servers=2)).servers) == 2  # sequences spread over servers
     with pytest.raises(ValueError, match="--offline: r2d2 reads sequences its actors write"):
         plan("r2d2-cpu", Overrides(offline="nowhere"))

@@ -145,8 +145,7 @@ REPLAY = ReplayPath(
     # A sequence item stands for the sequence_period new steps between consecutive items of an episode (an
     # estimate: an episode's last item is shorter).
     steps_per_item=lambda config: config.sequence_period,
-    # The trajectory writer keeps an episode's steps on one server, and sampling sequences from several is not
-    # tested end to end yet.
-    one_server="r2d2 writes sequences to one replay server from its actors",
+    # Any number of replay servers: the sharded client keeps each environment's trajectory writer (its episode's
+    # chunks) on one server, samples sequences from all of them by priority and routes the updates back.
 )
 """R2D2's replay path (module docstring)."""
