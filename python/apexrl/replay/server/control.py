@@ -88,6 +88,11 @@ class ControlHandler:
                 # control thread serves HELLOs one at a time, so of two different declarations one pins the
                 # table and the other is refused naming both.
                 gate = self.spec_gates[int(req.header.table)]
+                if self.tables[int(req.header.table)].slices is not None and len(req.arrays["spec"]):
+                    raise ValueError(
+                        f"HELLO refused: table {self.tables[int(req.header.table)].name!r} is a slices table, whose "
+                        "episodes' steps carry their own structure: it takes no spec"
+                    )
                 before = gate.spec
                 spec = gate.declare(req.arrays["spec"])
                 if spec is not None and before is None:
@@ -141,7 +146,7 @@ class ControlHandler:
         totals = dict.fromkeys(TABLE_TOTALS, 0)
         for t in self.tables:
             prefix = f"table.{t.name}."
-            for key, value in t.store.stats().items():
+            for key, value in t.stats().items():
                 stats[prefix + key] = value
             stats[prefix + "total_mass"] = stats[prefix + "total_priority"]
             for key in TABLE_TOTALS:

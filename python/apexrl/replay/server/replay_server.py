@@ -112,7 +112,7 @@ class ReplayServer:
 
     def held_items(self) -> int:
         """Items held now, every table together."""
-        return sum(len(t.store) for t in self.tables)
+        return sum(t.held() for t in self.tables)
 
     def _open_socket(self) -> zmq.Socket:
         cfg = self.config
@@ -162,7 +162,7 @@ class ReplayServer:
                 dedup_max_ids=DEDUP_MAX_IDS,
                 dedup_max_bytes=DEDUP_MAX_BYTES,
                 role_ops=role_masks() if cfg.curve_dir is not None else {},
-                tables=[(t.name, t.store, t.limiter, t.disk) for t in self.tables],
+                tables=[(t.name, t.native, t.limiter, t.disk) for t in self.tables],
             )
         except ImportError as exc:
             raise NativeLoopError(f"the replay server's native loop cannot start: {exc}") from None
