@@ -163,4 +163,4 @@ def test_slices_table_configuration_errors():
     t = TableConfig("s", kind="slices", length=8, burn_in=2, eta=0.5, span=3)
     assert TableConfig.from_json(t.to_json()) == t
     with pytest.raises(ValueError, match="cannot be the server's main table"):
-        ServerConfig(port=0, tables=[t, TableConfig("default")]).validate()
+        ServerConfig(port=0, tables=[t, TableConfig("aux")]).validate()
