@@ -36,8 +36,8 @@ struct EpisodeRecord {
   uint64_t fingerprint = 0;
   uint64_t num_fields = 0;
   uint64_t total_steps = 0;
-  std::vector<uint64_t> steps;         // per chunk
-  std::vector<uint64_t> columns;       // chunks x fields x (offset, stored, codec)
+  std::vector<uint64_t> steps;          // per chunk
+  std::vector<uint64_t> columns;        // chunks x fields x (offset, stored, codec)
   std::vector<double> step_priorities;  // empty unless the flag is set
 };
 

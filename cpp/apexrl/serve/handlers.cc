@@ -272,7 +272,7 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
     keep_id = !replied;
     return replied;
   }
-  if (slices_ != nullptr) {  // one episode (EpisodeProblem checked it): its number is the item's key
+  if (slices_ != nullptr) {       // one episode (EpisodeProblem checked it): its number is the item's key
     std::vector<Key> keys(2, 1);  // the window keeps the key, no chunk key, then the number of items (1)
     uint64_t window_bytes = 0;
     try {

@@ -136,9 +136,9 @@ bool Handlers::ServeSliceSample(Call* c, bool can_wait, Reply* reply) {
     if (!limiter_->BigEnough(windows)) {
       if (can_wait) return false;
       *reply = ErrorReply(q.op, q.request_id, kTimeout,
-                          "table holds " + std::to_string(windows) + " windows, fewer than min_size_to_sample=" +
-                              std::to_string(limiter_->need()) + ", after waiting " + std::to_string(q.timeout_ms) +
-                              " ms");
+                          "table holds " + std::to_string(windows) +
+                              " windows, fewer than min_size_to_sample=" + std::to_string(limiter_->need()) +
+                              ", after waiting " + std::to_string(q.timeout_ms) + " ms");
       return true;
     }
     if (!limiter_->TrySample(q.count, windows)) return RateLimited(c, can_wait, reply);
@@ -173,7 +173,8 @@ bool Handlers::ServeSliceSample(Call* c, bool can_wait, Reply* reply) {
   result->chunk_data.clear();
   result->chunk_offsets.assign(1, 0);
   for (size_t k = 0; k < s.chunk_bases.size(); ++k) {
-    if (s.chunk_sizes[k] != 0) std::memcpy(result->chunk_data.Extend(s.chunk_sizes[k]), s.chunk_bases[k], s.chunk_sizes[k]);
+    if (s.chunk_sizes[k] != 0)
+      std::memcpy(result->chunk_data.Extend(s.chunk_sizes[k]), s.chunk_bases[k], s.chunk_sizes[k]);
     result->chunk_offsets.push_back(result->chunk_data.size());
   }
   result->held.clear();

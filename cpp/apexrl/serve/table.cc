@@ -13,7 +13,8 @@ const TableSpec& Checked(const TableSpec& spec) {
   if (spec.slices) {
     if (spec.store || spec.disk) throw InvalidArgument("table '" + spec.name + "': a slices table has no store");
     if (spec.limiter.kind != LimiterKind::kMinSize) {
-      throw InvalidArgument("table '" + spec.name + "': a slices table's rate limiter is a MinSize (counted in windows)");
+      throw InvalidArgument("table '" + spec.name +
+                            "': a slices table's rate limiter is a MinSize (counted in windows)");
     }
     return spec;
   }

@@ -70,8 +70,8 @@ class Table {
   uint32_t index() const { return index_; }
   const std::string& name() const { return name_; }
   ShardedStore* store() const { return store_.get(); }  // null for a slices table
-  SliceTable* slices() const { return slices_.get(); }   // null for a table of items
-  DiskTable* disk() const { return disk_.get(); }  // null for a memory table
+  SliceTable* slices() const { return slices_.get(); }  // null for a table of items
+  DiskTable* disk() const { return disk_.get(); }       // null for a memory table
   // What the rate limiter counts (the items held; a slices table's windows) and the items SAMPLE replies not yet
   // sent hold (ShardedStore::Held; none in a slices table).
   uint64_t Size() const { return slices_ ? slices_->NumWindows() : store_->Size(); }
