@@ -93,7 +93,12 @@ def hostile_inserts():
     yield "truncated", ok[:-8], chunks, refs
     yield "trailing bytes", ok + b"\0" * 8, chunks, refs
     yield "unknown flags", ok[:6] + b"\x02\x00" + ok[8:], chunks, refs
-    yield "more chunks than sent", encode_episode(fp, [*counts, 2], np.concatenate([columns, columns[:1]])), chunks, refs
+    yield (
+        "more chunks than sent",
+        encode_episode(fp, [*counts, 2], np.concatenate([columns, columns[:1]])),
+        chunks,
+        refs,
+    )
     yield "a chunk of 0 steps", encode_episode(fp, [0, *counts[1:]], columns), chunks, refs
     yield "column outside its chunk", encode_episode(fp, counts, far), chunks, refs
     yield "unknown codec", encode_episode(fp, counts, codec), chunks, refs

@@ -370,8 +370,8 @@ class TableConfig:
             "spec": (None, "its steps carry their own structure"),
             "storage": ("memory", "it is kept in memory (and not in snapshots)"),
         }
-        for key, (default, why) in fixed.items():
-            if getattr(self, key) != default:
+        for key, (allowed, why) in fixed.items():
+            if getattr(self, key) != allowed:
                 raise TableConfigError(name, key, f"a slices table takes no {key}: {why}")
 
     def _check_storage(self) -> None:

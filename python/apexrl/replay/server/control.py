@@ -65,6 +65,7 @@ class ControlHandler:
         self.config, self.tables, self.spec_gates, self.loop = config, tables, spec_gates, loop
         self.checkpoint = checkpoint
         self.default = next((t for t in tables if t.name == "default"), tables[0])
+        assert self.default.store is not None  # the main table holds items (ServerConfig checks it)
         self.store = self.default.store
         self.spec_gate = spec_gates[self.default.index]  # today's STATS spec_declared / spec_fingerprint
         self._tables_json()

@@ -79,7 +79,9 @@ class ReplayServer:
         # (else the first table's), the one today's names describe.
         self.tables: list[ServerTable] = open_tables(config)
         self.table_index = {t.name: t.index for t in self.tables}
-        self.store = self.tables[self.table_index.get("default", 0)].store
+        main = self.tables[self.table_index.get("default", 0)].store
+        assert main is not None  # the main table holds items (ServerConfig checks it)
+        self.store = main
         # Each table's TransitionSpec (its item structure), once configured, restored from its sidecar or declared
         # by a HELLO naming the table; `spec_gate` is the table `default`'s (else the first's), the run's spec.
         self.spec_gates = {t.index: SpecGate(t.config.spec, config.snapshot, t.name) for t in self.tables}

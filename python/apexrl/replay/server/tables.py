@@ -75,7 +75,10 @@ class ServerTable:
 
     def held(self) -> int:
         """Items held (a slices table: episodes)."""
-        return int(self.slices.stats()["episodes"]) if self.slices is not None else len(self.store)
+        if self.slices is not None:
+            return int(self.slices.stats()["episodes"])
+        assert self.store is not None
+        return len(self.store)
 
     def stats(self) -> dict[str, Any]:
         """The store's counters, or a slices table's (its SliceTable's, and ``size``: windows, ``bytes_held``:
@@ -404,8 +407,10 @@ def save_tables(
     path = os.fspath(path)
     tables = [t for t in tables if t.store is not None]  # slices tables are not in snapshots
     if len(tables) == 1 and tables[0].name == "default":
-        n = len(tables[0].store)
-        tables[0].store.save(path)
+        store = tables[0].store
+        assert store is not None
+        n = len(store)
+        store.save(path)
         return n
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
@@ -414,10 +419,11 @@ def save_tables(
         generation = int(_read_manifest(path).get("generation", 0)) + 1
     entries, total = [], 0
     for t in tables:
-        assert t.store is not None
         file = f"{base}.g{generation}.{t.index}.snap"
-        n = len(t.store)
-        t.store.save(os.path.join(directory, file))
+        store = t.store
+        assert store is not None
+        n = len(store)
+        store.save(os.path.join(directory, file))
         spec = (specs or {}).get(t.name)
         entries.append({"name": t.name, "file": file, "items": n, "spec": None if spec is None else json.loads(spec)})
         total += n
