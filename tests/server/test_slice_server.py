@@ -5,6 +5,8 @@ table refuses, RESET, its MinSize counted in windows, HELLO and STATS, and its c
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from apexrl.replay.tables import MinSize, Queue, TableConfig, tables_from_json
 from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire.episodes import encode_episode
 from apexrl.replay.wire.schema import Status
+from tests.helpers import wait_until
 
 SEED = 3
 EQ = {"capacity": 64, "length": 3, "burn_in": 2, "sampler": "prioritized", "strict_length": False, "span": 1}
@@ -133,15 +136,24 @@ def test_hostile_records_are_refused_change_nothing_and_the_server_serves_on(cli
     assert client.insert_episode(episode(6), table="w", chunk_length=4) >= 0
     batch = client.sample(4, table="w")
     assert batch.mask.shape == (4, 4) and batch.mask.all()
+    big = client.sample(1500, table="w")  # above the loop's inline_sample_max: drawn by a worker thread
+    assert big.sequences is not None and big.sequences.valid.all() and big.mask.all()
 
 
-def test_min_size_counts_windows_reset_clears_and_item_ops_are_refused(client):
+def test_min_size_counts_windows_reset_clears_and_item_ops_are_refused(server, client):
     client.reset(table="w")
     client.insert_episode(episode(5), table="w")  # 2 windows of 4 steps: fewer than MinSize(3)
     with pytest.raises(ServerTimeoutError, match="windows, fewer than min_size_to_sample=3"):
         client.sample(2, table="w")
-    client.insert_episode(episode(4), 2.0, table="w")
-    assert client.sample(2, table="w").keys.shape == (2,)
+    # A SAMPLE that may wait waits for windows, and the episode that brings them releases it.
+    got: list = []
+    with ReplayClient(server.endpoint, timeout=30) as learner:
+        waiter = threading.Thread(target=lambda: got.append(learner.sample(2, table="w", timeout=30)))
+        waiter.start()
+        wait_until(lambda: client.tables()["w"]["deferred"] == 1, 30, "the SAMPLE to wait")
+        client.insert_episode(episode(4), 2.0, table="w")
+        waiter.join(30)
+    assert got and got[0].keys.shape == (2,) and got[0].mask.shape == (2, 4)
     for call in (lambda: client.erase(np.zeros(1, np.uint64), table="w"), lambda: client.remove_to_fit(table="w")):
         with pytest.raises(ServerError, match="this is a slices table") as e:
             call()
