@@ -136,6 +136,13 @@ def test_hostile_records_are_refused_change_nothing_and_the_server_serves_on(cli
     assert client.insert_episode(episode(6), table="w", chunk_length=4) >= 0
     batch = client.sample(4, table="w")
     assert batch.mask.shape == (4, 4) and batch.mask.all()
+    # An episode of another field count than the table's episodes: what only the table knows, refused the same way.
+    with pytest.raises(ServerError, match="INSERT refused, nothing stored: an episode of 1 fields") as e:
+        client.insert_episode({"x": np.zeros(5)}, table="w")
+    assert (
+        e.value.status == Status.INVALID_ARGUMENT
+        and client.tables()["w"]["slice_inserted_episodes"] == 1 + before["slice_inserted_episodes"]
+    )
     big = client.sample(1500, table="w")  # above the loop's inline_sample_max: drawn by a worker thread
     assert big.sequences is not None and big.sequences.valid.all() and big.mask.all()
 

@@ -77,7 +77,7 @@ uint64_t Handlers::StoreEpisode(const Request& q, uint64_t* window_bytes) {
   }
   EpisodeRecord record;  // checked when the request arrived (EpisodeProblem): parsed again, not trusted blindly
   if (auto why = ParseEpisodeRecord(q.data, LoadU64(q.offsets, 1), sizes.data(), q.num_chunks, &record)) {
-    throw InvalidArgument(*why);
+    throw InvalidArgument("INSERT refused, nothing stored: " + *why);
   }
   for (uint64_t s : record.steps) fewest = std::min(fewest, s);
   std::vector<double> priorities;
@@ -86,9 +86,14 @@ uint64_t Handlers::StoreEpisode(const Request& q, uint64_t* window_bytes) {
   } else if (!q.max_priority) {
     priorities.assign(record.total_steps, LoadF64(q.priorities, 0));
   }  // else none: the table's largest priority so far (SliceTable's rule)
-  const uint64_t number =
-      slices_->Insert(record.fingerprint, data.data(), sizes.data(), record.steps.data(), q.num_chunks,
-                      priorities.empty() ? nullptr : priorities.data(), record.columns.data(), record.num_fields);
+  uint64_t number;
+  try {  // what only the table knows: the field count of its episodes, the masses' limit
+    number =
+        slices_->Insert(record.fingerprint, data.data(), sizes.data(), record.steps.data(), q.num_chunks,
+                        priorities.empty() ? nullptr : priorities.data(), record.columns.data(), record.num_fields);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string("INSERT refused, nothing stored: ") + e.what());
+  }
   // A window's share of a SAMPLE reply at most: its item, and the chunks its W steps can span (each with its
   // reference and offset), or the whole episode's if fewer.
   const uint64_t w = uint64_t{slices_->config().burn_in} + slices_->config().length;
