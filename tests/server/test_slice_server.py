@@ -188,3 +188,15 @@ def test_slices_table_configuration_errors():
     assert TableConfig.from_json(t.to_json()) == t
     with pytest.raises(ValueError, match="cannot be the server's main table"):
         ServerConfig(port=0, tables=[t, TableConfig("aux")]).validate()
+
+
+def test_a_checkpoint_holds_the_other_tables_and_a_slices_table_starts_empty(tmp_path):
+    snapshot = str(tmp_path / "replay.snap")
+    tables = [TableConfig("default", capacity=10), TableConfig("s", kind="slices", capacity=20, length=2)]
+    with ReplayServer(ServerConfig(port=0, tables=tables, snapshot=snapshot)) as srv, ReplayClient(srv.endpoint) as c:
+        c.insert(np.ones(3), [b"a", b"b", b"c"])
+        c.insert_episode(episode(5), table="s")
+        assert c.checkpoint() == snapshot
+    with ReplayServer(ServerConfig(port=0, tables=tables, snapshot=snapshot)) as srv, ReplayClient(srv.endpoint) as c:
+        t = c.tables()
+        assert (t["default"]["size"], t["s"]["size"], t["s"]["episodes"]) == (3, 0, 0)
