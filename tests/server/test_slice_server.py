@@ -145,6 +145,9 @@ def test_hostile_records_are_refused_change_nothing_and_the_server_serves_on(cli
     )
     big = client.sample(1500, table="w")  # above the loop's inline_sample_max: drawn by a worker thread
     assert big.sequences is not None and big.sequences.valid.all() and big.mask.all()
+    with client.sampler(4, table="w", prefetch=2) as windows:  # the learner's prefetching threads serve windows too
+        ahead = next(iter(windows))
+    assert ahead.raw.mask.shape == (4, 4) and ahead.raw.fields["obs"].shape == (4, 4, 3)
 
 
 def test_min_size_counts_windows_reset_clears_and_item_ops_are_refused(server, client):
