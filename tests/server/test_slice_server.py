@@ -172,6 +172,8 @@ def test_min_size_counts_windows_reset_clears_and_item_ops_are_refused(server, c
     w = client.tables()["w"]
     assert (w["size"], w["slice_episodes"], w["kind"], w["length"], w["burn_in"]) == (0, 0, "slices", 4, 0)
     assert client.tables()["default"]["kind"] == "items"
+    with pytest.raises(ValueError, match="table 'default' holds items"):
+        client.insert_episode(episode(5), table="default")
 
 
 def test_slices_table_configuration_errors():

@@ -458,6 +458,13 @@ class ReplayClient(TransportClient):
 
         if isinstance(chunk_length, bool) or not isinstance(chunk_length, int) or not 1 <= chunk_length < 1 << 24:
             raise ValueError(f"chunk_length must be an int in [1, 2^24), got {chunk_length!r}")
+        name = self.table if table is None else table
+        self.server_info.table_index(name)  # ValueError naming the server's tables
+        kind = next(t.get("kind", "items") for t in self.server_info.tables if t.get("name") == name)
+        if kind != "slices":  # a table of items would store the record as an item
+            raise ValueError(
+                f"insert_episode is for slices tables (TableConfig(kind='slices')); table {name!r} holds {kind}"
+            )
         chunks, counts, fp = episode_chunks(steps, chunk_length)
         columns, _fields = chunk_columns(chunks)
         n = sum(counts)
