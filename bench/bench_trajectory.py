@@ -14,7 +14,7 @@ pixels; consecutive frames compress together as real ones do, several-fold) unle
         [--windows N] [--total-steps N] [--reverb-python PY] [--torchrl-python PY]
     python bench/bench_trajectory.py --held 1600 100000 1000000 [--windows N] [--sample-rounds N]
     python bench/bench_trajectory.py --slices 1600 100000 1000000 [--sampler uniform|prioritized]
-        [--windows N] [--sample-rounds N] [--torchrl-python PY]
+        [--windows N] [--sample-rounds N] [--torchrl-python PY] [--slices-server]
 
 ``--held``: tables of several sizes held at once in one process, sampled in turn window by window, so that the
 sizes are compared under the same load (the sampled rate per size and its ratio to the first size's).
@@ -30,6 +30,14 @@ decode into reused arrays) ``--sample-rounds`` batches per size in turn, ``--win
 the two sides interleaved round by round. Prints windows sampled+decoded/s per size, each size's ratio to the
 first size's, apexrl over TorchRL, and the bytes each holds (apexrl: chunk bytes + priorities, sum tree and chunk
 index; TorchRL: its storage tensors).
+
+``--slices --slices-server``: the same tables as slices tables of a replay server (``TableConfig(kind="slices")``,
+in this process, its native threads serving 127.0.0.1), the episodes inserted with ``ReplayClient.insert_episode``
+and the windows sampled over the wire (``ReplayClient.sample``: the server draws them and replies with one sequence
+item per window and the chunks they reference; the client decodes them natively as a TrajectoryWriter's items).
+Prints windows sampled+decoded/s per size and the share of each sample spent in the client's decode (the rest is
+the request: the server's draw and copy, the reply on the wire), which says what a slice decode of its own on the
+client could save at most.
 
 Beside Reverb (``--reverb-python``: an interpreter that imports dm-reverb; bench/reverb_trajectory_worker.py:
 its trajectory writer, items every ``--period`` steps, ``client.sample``) and TorchRL (``--torchrl-python``:
@@ -218,6 +226,57 @@ def run_slices(steps: list, args: argparse.Namespace, length: int, worker: Worke
         print(line)
 
 
+def run_slices_server(steps: list, args: argparse.Namespace, length: int) -> None:
+    """``--slices --slices-server``: one slices table per size on a replay server, sampled in turn over the wire."""
+    from apexrl.replay import ReplayClient, ReplayServer, ServerConfig
+    from apexrl.replay.client.replay_client import sequences_of
+    from apexrl.replay.tables import TableConfig
+
+    names = [f"slices{i}" for i in range(len(args.slices))]
+    sizes = [-(-size // args.episode_length) * args.episode_length for size in args.slices]
+    tables = [TableConfig("default", capacity=16)] + [
+        TableConfig(
+            name, kind="slices", capacity=size, length=args.trained + 1, burn_in=args.burn_in, sampler=args.sampler
+        )
+        for name, size in zip(names, sizes)
+    ]
+    episodes = slice_episodes(steps)
+    config = ServerConfig(port=0, tables=tables, max_message_mb=512.0)
+    with ReplayServer(config) as server, ReplayClient(server.endpoint, timeout=120) as client:
+        for name, size in zip(names, sizes):
+            for i in range(size // args.episode_length):
+                client.insert_episode(episodes[i % len(episodes)], chunk_length=args.chunk_length, table=name)
+        tables_now = client.tables()
+        for name in names:
+            t = tables_now[name]
+            print(f"{t['steps']:,} steps held: apexrl server {t['bytes_held']:,} B", flush=True)
+        rates: list[list[float]] = [[] for _ in names]
+        decode_share: list[list[float]] = [[] for _ in names]
+        reuses: list[dict] = [{} for _ in names]
+        for win in range(args.windows):
+            for rate, share, name, reuse in zip(rates, decode_share, names, reuses):
+                decoding = 0.0
+                t0 = time.perf_counter()
+                for _ in range(args.sample_rounds):
+                    batch = client.sample(args.batch, table=name, sequences=False)
+                    t1 = time.perf_counter()
+                    seq = sequences_of(batch.data, batch.offsets, batch.chunks, reuse)
+                    decoding += time.perf_counter() - t1
+                    assert seq is not None and seq.mask.all() and seq.mask.shape[1] == length
+                elapsed = time.perf_counter() - t0
+                rate.append(args.sample_rounds * args.batch / elapsed)
+                share.append(decoding / elapsed)
+            print(f"window {win + 1}: apexrl server " + ", ".join(f"{r[-1]:,.0f}" for r in rates) + " windows/s")
+    print(
+        f"slices tables of a replay server, {args.burn_in} burn-in + {args.trained + 1} steps, {args.sampler}, "
+        f"batches of {args.batch}, chunks of {args.chunk_length} steps, obs {args.obs}; windows sampled over "
+        "127.0.0.1 and decoded/s (median, range), ratio to the first size's, the client's decode share of a sample"
+    )
+    for i, size in enumerate(args.slices):
+        ratio = statistics.median(a / b for a, b in zip(rates[i], rates[0]))
+        print(f"  {size:,} steps: {med(rates[i])}, {ratio:.2f}x, decode {statistics.median(decode_share[i]):.0%}")
+
+
 class Worker:
     """A Reverb or TorchRL worker in its own interpreter: one window per line written, one JSON line back."""
 
@@ -344,6 +403,11 @@ def main() -> None:
     p.add_argument(
         "--sampler", choices=("uniform", "prioritized"), default="uniform", help="--slices: how windows are drawn"
     )
+    p.add_argument(
+        "--slices-server",
+        action="store_true",
+        help="--slices: the tables on a replay server (kind='slices'), sampled over 127.0.0.1; TorchRL is not run",
+    )
     p.add_argument("--reverb-python", help="an interpreter that imports dm-reverb (bench/reverb_trajectory_worker.py)")
     p.add_argument("--torchrl-python", help="an interpreter that imports torchrl (bench/torchrl_trajectory_worker.py)")
     args = p.parse_args()
@@ -361,6 +425,9 @@ def main() -> None:
     if args.slices:
         if min(args.slices) < 1:
             p.error("--slices sizes must be >= 1 step")
+        if args.slices_server:
+            run_slices_server(steps, args, length)
+            return
         slices_torchrl(steps, args, length)
         return
     raw = sum(sum(np.asarray(v).nbytes for v in s.values()) for ep in steps for s in ep)

@@ -15,6 +15,7 @@
 #include "apexrl/serve/serve_loop.h"
 #include "apexrl/serve/wire.h"
 #include "apexrl/serve/zmq_api.h"
+#include "apexrl/slices/slice_table.h"
 #include "bindings.h"
 
 namespace py = pybind11;
@@ -51,7 +52,8 @@ py::tuple Decode(const py::list& frames, uint64_t max_bytes) {
   return py::make_tuple(static_cast<int>(r.status), r.op, r.request_id, r.message);
 }
 
-// The loop's tables from Python: a list of (name, store, limiter[, DiskTable or None]), limiter a dict with "kind"
+// The loop's tables from Python: a list of (name, store or SliceTable, limiter[, DiskTable or None]), limiter a
+// dict with "kind"
 // ("min_size", "sample_to_insert_ratio" or "queue") and that kind's numbers (min_size; samples_per_insert,
 // min_size_to_sample, error_buffer; size).
 std::vector<serve::TableSpec> TableSpecs(const py::object& tables) {
@@ -61,7 +63,11 @@ std::vector<serve::TableSpec> TableSpecs(const py::object& tables) {
     if (t.size() != 3 && t.size() != 4) throw InvalidArgument("a table is (name, store, limiter[, disk table])");
     serve::TableSpec spec;
     spec.name = t[0].cast<std::string>();
-    spec.store = StoreOf(t[1]);
+    if (py::isinstance<SliceTable>(t[1])) {
+      spec.slices = t[1].cast<std::shared_ptr<SliceTable>>();
+    } else {
+      spec.store = StoreOf(t[1]);
+    }
     if (t.size() == 4 && !t[3].is_none()) spec.disk = DiskTableOf(t[3]);
     const auto d = t[2].cast<py::dict>();
     const std::string kind = d["kind"].cast<std::string>();

@@ -172,7 +172,7 @@ void RegisterSlices(py::module_& m) {
         "the fields in the order of the columns given at insert) and mask ((n, window) bool), with the GIL "
         "released: each window's steps, then zeros. Returns ok (uint8 per window): 0 where a window does not fit "
         "in `window` steps or a column does not decompress to its size (its rows and mask all zero).");
-  py::class_<SliceTable>(m, "SliceTable")
+  py::class_<SliceTable, std::shared_ptr<SliceTable>>(m, "SliceTable")
       .def(py::init([](uint64_t capacity_steps, uint32_t length, uint32_t burn_in, const std::string& sampler,
                        double alpha, double eta, bool strict_length, uint32_t span, uint64_t seed) {
              SliceConfig c;
@@ -191,7 +191,7 @@ void RegisterSlices(py::module_& m) {
              c.strict_length = strict_length;
              c.span = span;
              c.seed = seed;
-             return std::make_unique<SliceTable>(c);
+             return std::make_shared<SliceTable>(c);
            }),
            py::arg("capacity_steps"), py::arg("length"), py::arg("burn_in"), py::arg("sampler"), py::arg("alpha"),
            py::arg("eta"), py::arg("strict_length"), py::arg("span"), py::arg("seed"))
@@ -199,6 +199,7 @@ void RegisterSlices(py::module_& m) {
            py::arg("columns"))
       .def("sample", &Sample, py::arg("n"), py::arg("beta"), py::arg("copy_chunks") = false)
       .def("update", &Update, py::arg("keys"), py::arg("priorities"))
+      .def("clear", &SliceTable::Clear)
       .def("stats", &Stats)
       .def("windows",
            [](const SliceTable& t) {

@@ -213,10 +213,11 @@ class ServeLoop:
         dedup_max_bytes: int,
         role_ops: dict[str, int] = ...,
         tables: list[tuple[str, PrioritizedStore, dict[str, Any]]]
-        | list[tuple[str, PrioritizedStore, dict[str, Any], DiskTable | None]]
+        | list[tuple[str, PrioritizedStore | SliceTable, dict[str, Any], DiskTable | None]]
         | None = None,
     ) -> None:
-        """``tables``: (name, store, rate limiter[, DiskTable of a disk table or None]) in index order, the limiter
+        """``tables``: (name, store or SliceTable (a slices table), rate limiter[, DiskTable of a disk table or None])
+        in index order, the limiter
         as ``--tables`` spells it; None: the one table ``default`` over ``store`` with samples_per_insert /
         error_buffer / min_size_to_sample."""
     def start(self) -> None: ...
@@ -305,3 +306,4 @@ class SliceTable:
     def windows(self) -> tuple[Any, Any]: ...
     def step_priorities(self, episode: int) -> Any: ...
     def validate(self) -> None: ...
+    def clear(self) -> int: ...

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -327,6 +328,117 @@ TEST_F(HandlersTest, AnOpOffTheDataPathIsAnInternalErrorAndLogged) {
   EXPECT_EQ(HeaderOf(r).status, kInternal);
   ASSERT_EQ(logged_.size(), 1u);
   EXPECT_EQ(logged_[0].first, "ERROR");
+}
+
+// A slices table's handlers (handlers_slices.cc): episodes in by record, windows out as sequence items.
+class SliceHandlersTest : public ::testing::Test {
+ protected:
+  SliceHandlersTest()
+      : slices_(Config()),
+        limiter_(0, 0, 1),
+        window_(1024, 1 << 20),
+        handlers_(nullptr, &limiter_, &window_, &pool_, 5.0, [](const char*, std::string) {}, nullptr, &slices_) {}
+
+  static SliceConfig Config() {
+    SliceConfig c;
+    c.capacity_steps = 20;
+    c.length = 2;
+    c.burn_in = 1;
+    c.span = 1;
+    c.strict_length = false;
+    return c;
+  }
+
+  // An episode's record over chunks of `steps` steps, one raw field of one byte per step.
+  static std::string Record(const std::vector<uint64_t>& steps, const char* magic = "APXE") {
+    std::string r(magic, 4);
+    const uint16_t version = 1, flags = 0;
+    const uint32_t c = static_cast<uint32_t>(steps.size()), f = 1;
+    const uint64_t fp = 0x77;
+    r +=
+        std::string(reinterpret_cast<const char*>(&version), 2) + std::string(reinterpret_cast<const char*>(&flags), 2);
+    r += std::string(reinterpret_cast<const char*>(&c), 4) + std::string(reinterpret_cast<const char*>(&f), 4);
+    r += std::string(reinterpret_cast<const char*>(&fp), 8) + Array(steps);
+    std::vector<uint64_t> columns;
+    for (uint64_t k : steps) columns.insert(columns.end(), {0, k, 0});
+    return r + Array(columns);
+  }
+  static std::vector<std::string> Chunks(const std::vector<uint64_t>& steps) {
+    std::vector<std::string> chunks;
+    char next = 'a';
+    for (uint64_t k : steps) {
+      std::string c;
+      for (uint64_t j = 0; j < k; ++j) c += next++;
+      chunks.push_back(c);
+    }
+    return chunks;
+  }
+  Frames Episode(uint64_t rid, const std::vector<uint64_t>& steps, uint64_t sequence = 0, const char* magic = "APXE") {
+    std::vector<uint64_t> refs;
+    for (uint64_t k = 0; k < steps.size(); ++k) refs.push_back(k);
+    return Insert(rid, {Record(steps, magic)}, {2.0}, sequence ? 0xE : 0, sequence, 0, {refs}, Chunks(steps));
+  }
+  std::optional<std::string> Problem(const Frames& frames) {
+    auto d = Make(frames);
+    bool spec_refused = false;
+    return handlers_.InsertContentProblem(d->call.req, nullptr, &spec_refused);
+  }
+  Reply Served(Frames frames, uint64_t serial = 1) {
+    auto d = Make(std::move(frames), serial);
+    Reply r;
+    EXPECT_TRUE(handlers_.Serve(&d->call, 100.0, &r));
+    if (r.lease) r.lease->Keep();
+    return r;
+  }
+
+  SliceTable slices_;
+  RateLimiter limiter_;
+  InsertWindow window_;
+  SamplePool pool_;
+  Handlers handlers_;
+};
+
+TEST_F(SliceHandlersTest, HostileRecordsAreRefusedBeforeAnythingIsStored) {
+  EXPECT_FALSE(Problem(Episode(1, {3, 2})));
+  EXPECT_NE(Problem(Episode(1, {3, 2}, 0, "APXQ"))->find("magic"), std::string::npos);
+  Frames swapped = Episode(1, {3, 2});
+  swapped[5] = Array(std::vector<uint64_t>{1, 0});  // the chunks out of step order
+  EXPECT_NE(Problem(swapped)->find("chunk reference 0 is 1"), std::string::npos);
+  Frames shorter = Episode(1, {3, 2});
+  shorter[3].pop_back();  // the record one byte short (its offsets follow it)
+  shorter[2] = Array(std::vector<uint64_t>{0, shorter[3].size()});
+  EXPECT_TRUE(Problem(shorter));
+  EXPECT_NE(Problem(Episode(1, {20, 1}))->find("does not fit"), std::string::npos);
+  EXPECT_EQ(slices_.Stats().inserted_episodes, 0u);
+}
+
+TEST_F(SliceHandlersTest, EpisodesGoInOnceAndWindowsComeOutAsSequenceItems) {
+  const Reply first = Served(Episode(1, {3, 2}, 5), 1);
+  ASSERT_EQ(HeaderOf(first).status, kOk);
+  EXPECT_EQ(KeysOf(FrameOf(first, 1)), std::vector<Key>{0});
+  const Reply again = Served(Episode(2, {3, 2}, 5), 2);  // the same insert id: answered, not stored again
+  EXPECT_EQ(KeysOf(FrameOf(again, 1)), std::vector<Key>{0});
+  EXPECT_EQ(slices_.Stats().episodes, 1u);
+  EXPECT_EQ(slices_.StepPriorities(0), std::vector<double>(5, 2.0));
+  const Reply r = Served(Sample(3, 6, 0, 0.0));
+  ASSERT_EQ(HeaderOf(r).status, kOk);
+  ASSERT_EQ(HeaderOf(r).count, 6u);
+  // Frames: keys, weights, probabilities, offsets, data, totals, size, item_chunks, item_chunk_offsets, chunk_data,
+  // chunk_offsets. Each item a sequence item of t = burn_in + length = 3 steps.
+  const std::string data = FrameOf(r, 5);
+  EXPECT_EQ(data.substr(0, 4), "APXQ");
+  EXPECT_NE(data.find("\"t\":3,\"x\":[]}"), std::string::npos);
+  uint64_t windows;
+  std::memcpy(&windows, FrameOf(r, 7).data(), 8);
+  EXPECT_EQ(windows, 4u);  // starts 0..3 of 5 steps (span 1)
+  const std::string chunk_data = FrameOf(r, 10);
+  EXPECT_LE(chunk_data.size(), 5u);  // each chunk once
+  EXPECT_EQ(Served(Erase(4, {0})).status, kInvalidArgument);
+  EXPECT_EQ(Served(RemoveToFit(5)).status, kInvalidArgument);
+  EXPECT_EQ(HeaderOf(Served(Update(6, {1}, {9.0}))).count, 1u);
+  EXPECT_EQ(slices_.StepPriorities(0), (std::vector<double>{2.0, 2.0, 9.0, 9.0, 2.0}));  // window 1's trained steps
+  EXPECT_EQ(HeaderOf(Served({Header(kReset, 7, 0)})).count, 1u);
+  EXPECT_EQ(slices_.NumWindows(), 0u);
 }
 
 }  // namespace

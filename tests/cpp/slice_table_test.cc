@@ -117,6 +117,31 @@ TEST(SliceTable, RefusesBadInputAndChangesNothing) {
   EXPECT_THROW(SliceTable{c}, InvalidArgument);
 }
 
+TEST(SliceTable, ClearDropsEveryEpisodeAndKeysStayStale) {
+  SliceConfig c;
+  c.capacity_steps = 16;
+  c.length = 2;
+  SliceTable t(c);
+  const double high[] = {5.0, 5.0, 5.0, 5.0};
+  Insert(t, 4, 2, high);
+  Insert(t, 6, 4);
+  EXPECT_EQ(t.Clear(), 2u);
+  t.Validate();
+  EXPECT_EQ(t.NumWindows(), 0u);
+  EXPECT_EQ(t.Stats().steps, 0u);
+  EXPECT_EQ(t.Stats().chunk_bytes, 0u);
+  SliceSample s;
+  EXPECT_THROW(t.Sample(1, 0.4, &s), EmptyStore);
+  const uint64_t old_key = 0;  // episode 0, start 0: dropped
+  const double p = 2.0;
+  EXPECT_EQ(t.Update(&old_key, 1, &p, false), 0u);
+  // Episode numbers go on; new steps without priorities get 1 again, not the 5 set before the clear.
+  EXPECT_EQ(Insert(t, 3, 3), 2u);
+  EXPECT_EQ(t.StepPriorities(2), std::vector<double>(3, 1.0));
+  EXPECT_EQ(t.NumWindows(), 2u);
+  t.Validate();
+}
+
 TEST(SliceTable, ConcurrentInsertsSamplesAndUpdatesKeepItConsistent) {
   SliceConfig c;
   c.capacity_steps = 500;

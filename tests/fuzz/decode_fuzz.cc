@@ -3,7 +3,9 @@
 // bounded time (bit flips, byte changes, truncation, extension, frame splits/merges/drops, header field
 // overwrites with edge values); each mutant goes through Decode and, when it decodes, through FirstBadItem
 // with a compressed and a fixed-size layout, and an INSERT that carries frame chunks into a real store (the
-// loop's chunk check and the store must refuse the same ones). Any sanitizer report aborts the process: a
+// loop's chunk check and the store must refuse the same ones), and an INSERT whose item is an episode record
+// (a slices table's, serve/episode_record.h) through the record's check into a real SliceTable, whose windows are
+// then sampled and their chunk bytes read. Any sanitizer report aborts the process: a
 // failing test. No libzmq is involved: the decoder sees frames exactly as the loop hands them over.
 //
 //   decode_fuzz SECONDS [SEED]
@@ -18,9 +20,11 @@
 #include <vector>
 
 #include "apexrl/errors.h"
+#include "apexrl/serve/episode_record.h"
 #include "apexrl/serve/item_check.h"
 #include "apexrl/serve/wire.h"
 #include "apexrl/sharded_store.h"
+#include "apexrl/slices/slice_table.h"
 
 using apexrl::ItemLayout;
 using apexrl::serve::Decode;
@@ -67,6 +71,23 @@ std::vector<Frames> Seeds() {
                    Array(std::vector<uint64_t>{9, 2}), Array(std::vector<uint64_t>{0, 0, 1, 1}),
                    Array(std::vector<uint64_t>{0, 1, 3, 4}), std::string(40, 'c'),
                    Array(std::vector<uint64_t>{0, 16, 40})});
+  // An episode for a slices table: one record over two chunks (5 and 3 steps, two fields each, per-step
+  // priorities).
+  std::string record = "APXE";
+  const uint16_t version = 1, flags = 1;
+  const uint32_t chunks = 2, fields = 2;
+  const uint64_t fingerprint = 0x55;
+  record +=
+      std::string(reinterpret_cast<const char*>(&version), 2) + std::string(reinterpret_cast<const char*>(&flags), 2);
+  record +=
+      std::string(reinterpret_cast<const char*>(&chunks), 4) + std::string(reinterpret_cast<const char*>(&fields), 4);
+  record += std::string(reinterpret_cast<const char*>(&fingerprint), 8);
+  record += Array(std::vector<uint64_t>{5, 3});
+  record += Array(std::vector<uint64_t>{0, 10, 0, 10, 6, 1, 0, 6, 0, 6, 6, 1});
+  record += Array(std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8});
+  seeds.push_back({Header(1, 1, 0, 0), Array(std::vector<double>{1}), Array(std::vector<uint64_t>{0, record.size()}),
+                   record, Array(std::vector<uint64_t>{0, 0}), Array(std::vector<uint64_t>{0, 1}),
+                   Array(std::vector<uint64_t>{0, 2}), std::string(28, 'e'), Array(std::vector<uint64_t>{0, 16, 28})});
   seeds.push_back({Header(2, 512, 0.4, 1000)});
   seeds.push_back({Header(3, 2, 0, 0), Array(std::vector<uint64_t>{1, 2}), Array(std::vector<double>{0.1, 3})});
   seeds.push_back({Header(4, 0, 0, 0)});
@@ -202,7 +223,45 @@ void InsertWithChunks(const Request& q, apexrl::ShardedStore* store) {
   }
 }
 
-void Run(const Frames& f, const ItemLayout* layouts, size_t nlayouts, apexrl::ShardedStore* store) {
+// An INSERT's item as a slices table's episode record: the loop's checks (the generic one, then the record's), and
+// when they pass, the episode into a real SliceTable and a sample of its windows, every chunk byte read.
+void InsertEpisode(const Request& q, apexrl::SliceTable* slices) {
+  using apexrl::serve::LoadU64;
+  if (q.count != 1 || q.num_refs != q.num_chunks || apexrl::serve::FirstBadInsertContent(q)) return;
+  for (uint64_t j = 0; j < q.num_refs; ++j) {
+    if (LoadU64(q.item_chunks, j) != j) return;
+  }
+  std::vector<uint64_t> sizes(q.num_chunks);
+  std::vector<const uint8_t*> data(q.num_chunks);
+  for (uint64_t k = 0; k < q.num_chunks; ++k) {
+    data[k] = q.chunk_data + LoadU64(q.chunk_offsets, k);
+    sizes[k] = LoadU64(q.chunk_offsets, k + 1) - LoadU64(q.chunk_offsets, k);
+  }
+  apexrl::serve::EpisodeRecord record;
+  if (apexrl::serve::ParseEpisodeRecord(q.data, LoadU64(q.offsets, 1), sizes.data(), q.num_chunks, &record)) return;
+  try {
+    slices->Insert(record.fingerprint, data.data(), sizes.data(), record.steps.data(), q.num_chunks,
+                   record.step_priorities.empty() ? nullptr : record.step_priorities.data(), record.columns.data(),
+                   record.num_fields);
+  } catch (const apexrl::InvalidArgument&) {
+    return;  // longer than the table, another field count than its episodes', a mass above the limit
+  }
+  apexrl::SliceSample s;
+  try {
+    slices->Sample(8, 0.4, &s);
+  } catch (const apexrl::EmptyStore&) {
+    return;  // an episode of burn-in only, in an empty table
+  }
+  uint64_t sum = 0;
+  for (size_t c = 0; c < s.chunk_bases.size(); ++c) {
+    for (uint64_t b = 0; b < s.chunk_sizes[c]; ++b) sum += s.chunk_bases[c][b];
+  }
+  volatile uint64_t sink = sum;
+  (void)sink;
+}
+
+void Run(const Frames& f, const ItemLayout* layouts, size_t nlayouts, apexrl::ShardedStore* store,
+         apexrl::SliceTable* slices) {
   std::vector<FrameView> views;
   Message m;
   for (size_t i = 0; i < f.size() && i < apexrl::serve::kMaxKeptFrames; ++i) {
@@ -225,7 +284,10 @@ void Run(const Frames& f, const ItemLayout* layouts, size_t nlayouts, apexrl::Sh
       auto why = apexrl::FirstBadItem(layouts[k], q.data, apexrl::ItemSpans::Offsets(q.offsets, q.count));
       sink = why ? why->size() : 0;
     }
-    if (q.num_chunks > 0 || q.num_refs > 0) InsertWithChunks(q, store);
+    if (q.num_chunks > 0 || q.num_refs > 0) {
+      InsertWithChunks(q, store);
+      InsertEpisode(q, slices);
+    }
   }
 }
 
@@ -245,15 +307,22 @@ int main(int argc, char** argv) {
   config.capacity = 64;
   config.shards = 2;
   apexrl::ShardedStore store(config);
+  apexrl::SliceConfig slice_config;
+  slice_config.capacity_steps = 64;
+  slice_config.length = 3;
+  slice_config.burn_in = 1;
+  slice_config.span = 2;
+  slice_config.strict_length = false;
+  apexrl::SliceTable slices(slice_config);
   const auto seeds = Seeds();
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   uint64_t runs = 0;
-  for (const auto& s : seeds) Run(s, layouts, 2, &store);
+  for (const auto& s : seeds) Run(s, layouts, 2, &store, &slices);
   while (std::chrono::steady_clock::now() < end) {
     for (int i = 0; i < 1000; ++i, ++runs) {
       Frames f = seeds[rng() % seeds.size()];
       Mutate(&f, rng);
-      Run(f, layouts, 2, &store);
+      Run(f, layouts, 2, &store, &slices);
     }
   }
   std::printf("decode_fuzz: %llu mutated messages, no sanitizer report\n", static_cast<unsigned long long>(runs));

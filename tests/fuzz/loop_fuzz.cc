@@ -19,7 +19,11 @@
 // vanish, checked to hold every item it stored and did not deliver, issue 50) beside the modelled table 0. A "foreign"
 // step sends valid requests to table 1 (with table 0's keys: they must be stale there, counted 0) or to a table index
 // the server lacks (INVALID_ARGUMENT naming the index); mutants may flip the header's table field too. None of them may
-// change table 0: the model check below holds it to what table 0's own requests did.
+// change table 0: the model check below holds it to what table 0's own requests did. Half of those episodes add a
+// slices table (index 2, kind slices: episodes in by record, windows out; serve/handlers_slices.cc) that the foreign
+// step sends episodes (valid, or with a byte of their record changed), SAMPLEs, UPDATE_PRIORITIES, RESETs and the
+// ERASE / REMOVE_TO_FIT it refuses, and that mutants reach through their table field; SliceTable::Validate holds
+// it at the end.
 //
 // After every step the harness waits until the loop is idle, then checks:
 //  * every reply answers a request that had none yet (no reply twice, none unasked), with a status its kind
@@ -62,6 +66,7 @@ uint64_t g_seed = 0;
 uint64_t g_episode = 0;
 uint64_t g_step = 0;
 std::string g_action;
+uint64_t g_episodes_stored = 0;  // episodes the slices tables held at their episodes' ends (all runs)
 
 [[noreturn]] void Fail(const std::string& what) {
   std::fprintf(stderr, "loop_fuzz: FAILED (seed %" PRIu64 ", episode %" PRIu64 ", step %" PRIu64 ", %s): %s\n", g_seed,
@@ -92,7 +97,8 @@ struct Sent {
   uint16_t status = 0;
   std::string user_id;
   uint64_t session = 0, sequence = 0;
-  uint32_t table = 0;  // the header's table field: 0 the modelled table, 1 the other one, else none
+  uint32_t table = 0;      // the header's table field: 0 the modelled table, 1 the other one, else none
+  bool maybe_bad = false;  // a slices table's episode with a changed record byte: stored or INVALID_ARGUMENT
 };
 
 struct ModelItem {
@@ -132,6 +138,20 @@ class Fuzz {
       }
       other_ = std::make_shared<ShardedStore>(other);
       tables.push_back(TableSpec{"other", other_, second});
+      if (slices_table_) {
+        SliceConfig sc;
+        sc.capacity_steps = 24;
+        sc.length = 2;
+        sc.burn_in = static_cast<uint32_t>(Pick({0, 1}));
+        sc.span = static_cast<uint32_t>(Pick({0, 1}));
+        sc.strict_length = Chance(0.5);
+        sc.sampler = Chance(0.5) ? SliceSampling::kPrioritized : SliceSampling::kUniform;
+        sc.seed = rng_();
+        slices_ = std::make_shared<SliceTable>(sc);
+        LimiterConfig third;
+        third.min_size = Pick({1, 3});  // counted in windows
+        tables.push_back(TableSpec{"slices", nullptr, third, nullptr, slices_});
+      }
       live_ = std::make_unique<LiveLoop>(std::move(tables), config_);
     } else {
       live_ = std::make_unique<LiveLoop>(store_config_, config_);
@@ -156,6 +176,10 @@ class Fuzz {
     }
     CHECK(live_->Logs("ERROR").empty(), live_->Logs("ERROR").front());
     live_->store->Validate();
+    if (slices_) {
+      slices_->Validate();
+      g_episodes_stored += slices_->Stats().inserted_episodes;
+    }
   }
 
   uint64_t requests() const { return sent_.size(); }
@@ -187,6 +211,7 @@ class Fuzz {
       config_.min_size_to_sample = 1;
     }
     two_tables_ = script_ == 0 && Chance(0.5);
+    slices_table_ = two_tables_ && Chance(0.5);
   }
 
   uint64_t Pick(std::initializer_list<uint64_t> xs) {
@@ -516,8 +541,13 @@ class Fuzz {
   // Valid requests for the other table (two tables) or for a table the server lacks, from their own peer,
   // without insert ids (those are server-wide and modelled for table 0 only).
   void Foreign() {
-    const uint32_t table =
-        two_tables_ && Chance(0.7) ? 1u : static_cast<uint32_t>(Pick({1, 2, 3, 1000, 0xFFFFFFFFull}));
+    if (slices_table_ && Chance(0.6)) {  // a burst, so that its episodes and windows build up
+      for (uint64_t k = Uniform(2, 8); k > 0; --k) SlicesRequest();
+      return;
+    }
+    const uint32_t table = two_tables_ && Chance(0.7) ? 1u
+                           : slices_table_            ? static_cast<uint32_t>(Pick({3, 1000, 0xFFFFFFFFull}))
+                                                      : static_cast<uint32_t>(Pick({1, 2, 3, 1000, 0xFFFFFFFFull}));
     Frames f;
     uint16_t op = 0;
     switch (Uniform(0, 4)) {
@@ -555,6 +585,74 @@ class Fuzz {
     s.op = op;
     s.table = table;
     s.frames = ToTable(table, std::move(f));
+    Send(std::move(s));
+  }
+
+  // A request for the slices table (index 2): an episode of 1..4 chunks of 1..5 steps (one raw field, the whole
+  // chunk), sometimes with one byte of its record changed; a SAMPLE; an UPDATE of random window keys; a RESET; an
+  // ERASE or REMOVE_TO_FIT (refused).
+  void SlicesRequest() {
+    Frames f;
+    uint16_t op = 0;
+    bool maybe_bad = false;
+    switch (Uniform(0, 5)) {
+      case 0:
+      case 1: {
+        const uint32_t k = static_cast<uint32_t>(Uniform(1, 4));
+        std::vector<uint64_t> steps, columns, refs;
+        std::vector<std::string> chunks;
+        for (uint32_t c = 0; c < k; ++c) {
+          steps.push_back(Uniform(1, 5));
+          chunks.push_back(Bytes(steps.back() * 3));
+          columns.insert(columns.end(), {0, chunks.back().size(), 0});
+          refs.push_back(c);
+        }
+        std::string record = "APXE";
+        const uint16_t version = 1, flags = 0;
+        const uint32_t fields = 1;
+        const uint64_t fingerprint = 0x5eed;
+        record += std::string(reinterpret_cast<const char*>(&version), 2);
+        record += std::string(reinterpret_cast<const char*>(&flags), 2);
+        record += std::string(reinterpret_cast<const char*>(&k), 4);
+        record += std::string(reinterpret_cast<const char*>(&fields), 4);
+        record += std::string(reinterpret_cast<const char*>(&fingerprint), 8);
+        record += Array(steps) + Array(columns);
+        if (Chance(0.4)) {
+          record[Uniform(0, record.size() - 1)] = static_cast<char>(rng_());
+          maybe_bad = true;
+        }
+        f = Insert(0, {record}, {1.0}, 0, 0, 0, {refs}, chunks);
+        op = kInsert;
+        break;
+      }
+      case 2:
+        f = Sample(0, static_cast<uint32_t>(Uniform(1, 8)), RandomTimeout());
+        op = kSample;
+        break;
+      case 3: {
+        std::vector<Key> keys;
+        for (uint64_t i = Uniform(1, 4); i > 0; --i)
+          keys.push_back((Uniform(0, 12) << kSliceStartBits) | Uniform(0, 6));
+        f = Update(0, keys, std::vector<double>(keys.size(), 2.0));
+        op = kUpdatePriorities;
+        break;
+      }
+      case 4:
+        f = {Header(kReset, 0, 0)};
+        op = kReset;
+        break;
+      default:
+        f = Chance(0.5) ? Erase(0, SomeKeys(Uniform(1, 3))) : RemoveToFit(0);
+        std::memcpy(&op, f[0].data() + 6, 2);
+        break;
+    }
+    Sent s;
+    s.peer = "foreign";
+    s.user_id = "actor:foreign";
+    s.op = op;
+    s.table = 2;
+    s.maybe_bad = maybe_bad;
+    s.frames = ToTable(2, std::move(f));
     Send(std::move(s));
   }
 
@@ -644,6 +742,20 @@ class Fuzz {
       CHECK(message.find("INSERT refused, nothing stored: ") == 0, message);
     } else if (!s.mutant && s.table != 0) {
       CHECK(h.op == s.op, "op " + std::to_string(h.op) + " answers op " + std::to_string(s.op));
+      if (s.table == 2 && slices_table_) {
+        if (s.op == kErase || s.op == kRemoveToFit) {
+          CHECK(h.status == kInvalidArgument && message.find("this is a slices table") != std::string::npos,
+                "a slices table's " + std::string(OpName(s.op)) + " got status " + std::to_string(h.status));
+        } else if (s.maybe_bad && h.status == kInvalidArgument) {
+          CHECK(message.find("INSERT refused, nothing stored: ") == 0, message);
+        } else {
+          CHECK(h.status == kOk || h.status == kTimeout || h.status == kShuttingDown,
+                "a valid " + std::string(OpName(s.op)) + " of the slices table got status " + std::to_string(h.status) +
+                    ": " + message);
+          CHECK(s.op == kSample || h.status != kTimeout, "a slices table's " + std::string(OpName(s.op)) + " waited");
+        }
+        return;
+      }
       if (s.table == 1 && two_tables_) {
         CHECK(h.status == kOk || h.status == kTimeout || h.status == kShuttingDown,
               "a valid " + std::string(OpName(s.op)) + " of table 1 got status " + std::to_string(h.status) + ": " +
@@ -668,8 +780,9 @@ class Fuzz {
             "a valid " + std::string(OpName(s.op)) + " got status " + std::to_string(h.status) + ": " + message);
     }
     if (s.mutant && s.table != 0) {  // a mutant for another table: never served by table 0
-      CHECK(h.status != kOk || (s.table == 1 && two_tables_), "a mutant for a table the server lacks was served");
-      if (h.status == kOk && h.op == kSample && !r.bounced) queue_delivered_ += h.count;
+      CHECK(h.status != kOk || (s.table == 1 && two_tables_) || (s.table == 2 && slices_table_),
+            "a mutant for a table the server lacks was served");
+      if (h.status == kOk && h.op == kSample && !r.bounced && s.table == 1) queue_delivered_ += h.count;
       return;
     }
     if (h.status == kOk && !r.bounced) Served(s, h, r.frames);
@@ -966,7 +1079,9 @@ class Fuzz {
   uint64_t evicted_ = 0;
   uint64_t evict_budget_ = 0;
   bool composing_ = false;
-  bool two_tables_ = false;  // a second table beside the modelled one
+  bool two_tables_ = false;    // a second table beside the modelled one
+  bool slices_table_ = false;  // and a third, a slices table (two-table episodes only)
+  std::shared_ptr<SliceTable> slices_;
   // Table 1 as a queue: the items its SAMPLE replies delivered (not bounced). Whatever its consumers do, the
   // items sampling removed are exactly those, and nothing stays held once the loop is idle.
   bool queue_ = false;
@@ -990,6 +1105,8 @@ int main(int argc, char** argv) {
     fuzz.Run(g_episode < 2 ? 40 : 150);
     requests += fuzz.requests();
   }
-  std::printf("loop_fuzz: %" PRIu64 " episodes, %" PRIu64 " requests, every check held\n", g_episode - first, requests);
+  std::printf("loop_fuzz: %" PRIu64 " episodes, %" PRIu64 " requests (%" PRIu64
+              " episodes stored by slices tables), every check held\n",
+              g_episode - first, requests, g_episodes_stored);
   return 0;
 }

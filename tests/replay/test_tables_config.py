@@ -562,6 +562,12 @@ def test_the_table_fields_are_the_pinned_ones():
         "storage",  # tables on disk: storage, path, durability
         "path",
         "durability",
+        "kind",  # slices tables: kind, length, burn_in, eta, strict_length, span
+        "length",
+        "burn_in",
+        "eta",
+        "strict_length",
+        "span",
     ]
     with pytest.raises(dataclasses.FrozenInstanceError):
         TableConfig("a").capacity = 3  # type: ignore[misc]

@@ -30,10 +30,11 @@ std::vector<T> Aligned(const uint8_t* p, size_t n) {
 }  // namespace
 
 Handlers::Handlers(ShardedStore* store, RateLimiter* limiter, InsertWindow* window, SamplePool* pool, double max_wait_s,
-                   LogFn log, DiskTable* disk)
+                   LogFn log, DiskTable* disk, SliceTable* slices)
     : store_(store),
       limiter_(limiter),
       disk_(disk),
+      slices_(slices),
       window_(window),
       pool_(pool),
       max_wait_s_(max_wait_s),
@@ -43,6 +44,7 @@ std::optional<std::string> Handlers::InsertContentProblem(const Request& q, cons
                                                           bool* spec_refused) {
   *spec_refused = false;
   std::optional<std::string> why = FirstBadInsertContent(q);
+  if (slices_ != nullptr) return why ? why : EpisodeProblem(q);
   if (!why) {  // masses above the store's limit (the decoder checked finite and >= 0)
     priority_scratch_.resize(q.count);
     if (q.count != 0) std::memcpy(priority_scratch_.data(), q.priorities, q.count * sizeof(double));
@@ -79,6 +81,7 @@ bool Handlers::Serve(Call* c, double now, Reply* reply) {
   const Request& q = c->req;
   const bool can_wait = q.timeout_ms > 0 && now < c->t_arrival + q.timeout_ms / 1000.0;
   try {
+    if (slices_ != nullptr && q.op != kInsert) return ServeSlices(c, can_wait, reply);
     switch (q.op) {
       case kInsert:
         return ServeInsert(c, now, can_wait, reply);
@@ -263,10 +266,27 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
   // The request's content was checked when it was decoded (InsertContentProblem).
   // A queue's bound counts the items held for SAMPLE replies not yet sent (Handlers::ServeSample): given back,
   // they must fit.
-  if (!limiter_->TryInsert(q.count, limiter_->InsertSize(store_->Size(), store_->Held()))) {
+  const uint64_t size = slices_ != nullptr ? slices_->NumWindows() : store_->Size();
+  if (!limiter_->TryInsert(q.count, limiter_->InsertSize(size, slices_ != nullptr ? 0 : store_->Held()))) {
     const bool replied = RateLimited(c, can_wait, reply);
     keep_id = !replied;
     return replied;
+  }
+  if (slices_ != nullptr) {       // one episode (EpisodeProblem checked it): its number is the item's key
+    std::vector<Key> keys(2, 1);  // the window keeps the key, no chunk key, then the number of items (1)
+    uint64_t window_bytes = 0;
+    try {
+      keys[0] = StoreEpisode(q, &window_bytes);
+    } catch (...) {
+      limiter_->Undo(q.count, 0);
+      throw;
+    }
+    keep_id = true;
+    if (has_id) window_->Finish(id, c->serial, keys.data(), keys.size());
+    keys.resize(1);
+    *reply = InsertReply(q.request_id, std::move(keys), {});
+    reply->max_item_bytes = window_bytes;
+    return true;
   }
   // kFlagMaxPriority: every item gets the largest priority so far, read once for the batch (an INSERT is served
   // on the loop thread, so inserts into this table are ordered; a concurrent UPDATE may raise it just after).

@@ -18,6 +18,7 @@
 #include "apexrl/serve/reply.h"
 #include "apexrl/serve/wire.h"
 #include "apexrl/sharded_store.h"
+#include "apexrl/slices/slice_table.h"
 
 namespace apexrl::serve {
 
@@ -39,8 +40,10 @@ class Handlers {
   // Every pointer must outlive the Handlers; the store, limiter, window and pool are shared with the loop.
   // `disk`: the table's log when the table is on disk (null: a memory table); every change is logged there
   // before its reply (disk_table.h), and a change that cannot be written is undone and answered INTERNAL.
+  // `slices`: the table's SliceTable when it is a slices table (then `store` is null): episodes in, windows out
+  // (handlers_slices.cc; docs/protocol.md, "Slices tables").
   Handlers(ShardedStore* store, RateLimiter* limiter, InsertWindow* window, SamplePool* pool, double max_wait_s,
-           LogFn log, DiskTable* disk = nullptr);
+           LogFn log, DiskTable* disk = nullptr, SliceTable* slices = nullptr);
 
   // Why an INSERT's own content is refused whatever the server's state (then nothing of it may be admitted or
   // kept: the loop checks it before the window, the limiter or the waiting list see the request), or nothing.
@@ -66,10 +69,18 @@ class Handlers {
   bool ServeInsert(Call* c, double now, bool can_wait, Reply* reply);
   bool ServeSample(Call* c, bool can_wait, Reply* reply);
   bool RateLimited(Call* c, bool can_wait, Reply* reply);
+  // A slices table's ops (handlers_slices.cc). EpisodeProblem: InsertContentProblem's check of an episode
+  // record and the chunks it describes; StoreEpisode: stores the (checked) episode -> its episode number, and
+  // *window_bytes, a window's share of a SAMPLE reply at most; ServeSlices: every op but INSERT.
+  std::optional<std::string> EpisodeProblem(const Request& q);
+  uint64_t StoreEpisode(const Request& q, uint64_t* window_bytes);
+  bool ServeSlices(Call* c, bool can_wait, Reply* reply);
+  bool ServeSliceSample(Call* c, bool can_wait, Reply* reply);
 
   ShardedStore* const store_;
   RateLimiter* const limiter_;
   DiskTable* const disk_;
+  SliceTable* const slices_;
   InsertWindow* const window_;
   SamplePool* const pool_;
   const double max_wait_s_;

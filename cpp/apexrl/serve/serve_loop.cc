@@ -341,7 +341,7 @@ bool ServeLoop::EarlyRefusal(const Pending& p, uint16_t* status, std::string* me
   const Request& q = p.req;
   Table& table = *p.table;
   if (q.op == kInsert || q.op == kSample) {
-    if (auto why = table.limiter().NeverAdmitted(q.op, q.count, table.store()->Size())) {
+    if (auto why = table.limiter().NeverAdmitted(q.op, q.count, table.Size())) {
       *status = kInvalidArgument;
       *message = std::string(OpName(q.op)) + " of " + std::to_string(q.count) + " items refused: " + *why;
       return true;
@@ -520,16 +520,16 @@ void ServeLoop::Expire(Deferred* e) {
   const Request& q = e->p->req;
   Table& table = *e->p->table;
   const RateLimiter& limiter = table.limiter();
-  const uint64_t size = table.store()->Size();
+  const uint64_t size = table.Size();
   std::string why;
   if (limiter.kind() == LimiterKind::kQueue) {
     why = e->op == kSample ? "the queue is empty"
-                           : "the queue holds " + std::to_string(limiter.InsertSize(size, table.store()->Held())) +
+                           : "the queue holds " + std::to_string(limiter.InsertSize(size, table.Held())) +
                                  " of at most " + std::to_string(limiter.queue_size()) +
                                  " items (Queue(size=" + std::to_string(limiter.queue_size()) + "))";
   } else if (e->op == kSample && !limiter.BigEnough(size)) {
-    why = "the store holds " + std::to_string(size) +
-          " items, fewer than min_size_to_sample=" + std::to_string(limiter.need());
+    why = "the store holds " + std::to_string(size) + (table.slices() ? " windows" : " items") +
+          ", fewer than min_size_to_sample=" + std::to_string(limiter.need());
   } else {
     why = std::string("rate limited until the ") + (e->op == kInsert ? "samplers are" : "inserters are") +
           " caught up (" + limiter.Describe() + ")";
@@ -600,7 +600,7 @@ void ServeLoop::ReleaseDeferred() {
     uint64_t behind = 0;
     for (const auto& t : tables_) {
       if (t->waiting().count() == 0 && t->waiting().behind() == 0) continue;
-      for (DeferredPtr& e : t->waiting().Release(t->limiter(), t->store()->Size(), still_behind, t->store()->Held())) {
+      for (DeferredPtr& e : t->waiting().Release(t->limiter(), t->Size(), still_behind, t->Held())) {
         Dispatch(std::move(e->p), true);
       }
       behind += t->waiting().behind();

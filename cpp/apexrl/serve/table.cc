@@ -10,6 +10,14 @@ namespace {
 
 const TableSpec& Checked(const TableSpec& spec) {
   if (spec.name.empty()) throw InvalidArgument("a table needs a name");
+  if (spec.slices) {
+    if (spec.store || spec.disk) throw InvalidArgument("table '" + spec.name + "': a slices table has no store");
+    if (spec.limiter.kind != LimiterKind::kMinSize) {
+      throw InvalidArgument("table '" + spec.name +
+                            "': a slices table's rate limiter is a MinSize (counted in windows)");
+    }
+    return spec;
+  }
   if (!spec.store) throw InvalidArgument("table '" + spec.name + "' has no store");
   if (spec.disk && spec.disk->store() != spec.store) {
     throw InvalidArgument("table '" + spec.name + "': its store is not its disk table's");
@@ -25,10 +33,12 @@ Table::Table(uint32_t index, TableSpec spec, const WaitBounds& bounds, InsertWin
       name_(Checked(spec).name),
       store_(std::move(spec.store)),
       disk_(std::move(spec.disk)),
+      slices_(std::move(spec.slices)),
       min_size_(spec.limiter.kind == LimiterKind::kQueue ? 1 : spec.limiter.min_size),
       limiter_(spec.limiter),
       waiting_(std::make_unique<Waitlist>(bounds.max_waiting, bounds.max_waiting_per_peer, bounds.max_waiting_bytes)),
-      handlers_(store_.get(), &limiter_, window, pool, bounds.max_wait_s, std::move(log), disk_.get()) {
+      handlers_(store_.get(), &limiter_, window, pool, bounds.max_wait_s, std::move(log), disk_.get(), slices_.get()) {
+  if (slices_) return;  // starts empty: its first INSERT tells a window's size
   // The mean item of a restored store, rounded up: its largest is unknown (replies are checked after sampling
   // too).
   const StoreStats s = store_->Stats();
@@ -82,6 +92,20 @@ void Table::Stats(const std::string& prefix, std::vector<LoopStat>* out) const {
   for (int i = 0; i < 8; ++i) add(kWaitingNames[i], static_cast<double>(waiting_stats_[i].load()));
   add("max_item_bytes", static_cast<double>(max_item_seen_.load()));
   add("spec_refused_inserts", static_cast<double>(spec_refused_.load()));
+  if (slices_) {  // kind="slices": its SliceTable's counters
+    const SliceStats s = slices_->Stats();
+    add("slice_episodes", static_cast<double>(s.episodes));
+    add("slice_steps", static_cast<double>(s.steps));
+    add("slice_windows", static_cast<double>(s.windows));
+    add("slice_chunk_bytes", static_cast<double>(s.chunk_bytes));
+    add("slice_metadata_bytes", static_cast<double>(s.metadata_bytes));
+    add("slice_inserted_episodes", static_cast<double>(s.inserted_episodes));
+    add("slice_evicted_episodes", static_cast<double>(s.evicted_episodes));
+    add("slice_sampled_windows", static_cast<double>(s.sampled));
+    add("slice_updated_windows", static_cast<double>(s.updated));
+    add("slice_stale_updates", static_cast<double>(s.stale_updates));
+    add("slice_total_mass", s.total_mass, false);
+  }
   if (disk_) {  // storage="disk" (disk_table.h)
     const DiskTableStats d = disk_->Stats();
     const DiskTableOpened& o = disk_->opened();

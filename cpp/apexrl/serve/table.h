@@ -26,6 +26,7 @@
 #include "apexrl/serve/reply.h"
 #include "apexrl/serve/waitlist.h"
 #include "apexrl/sharded_store.h"
+#include "apexrl/slices/slice_table.h"
 #include "apexrl/thread_annotations.h"
 
 namespace apexrl::serve {
@@ -43,6 +44,9 @@ struct TableSpec {
   LimiterConfig limiter;
   // storage="disk": the table's log, whose store `store` must be (null: a memory table).
   std::shared_ptr<DiskTable> disk = nullptr;
+  // kind="slices": episodes sampled as windows (then `store` is null, the limiter a MinSize counted in windows,
+  // and the table in memory).
+  std::shared_ptr<SliceTable> slices = nullptr;
 };
 
 // The waiting list's bounds and the longest wait (the loop's configuration; each table applies them to its own
@@ -65,8 +69,13 @@ class Table {
 
   uint32_t index() const { return index_; }
   const std::string& name() const { return name_; }
-  ShardedStore* store() const { return store_.get(); }
-  DiskTable* disk() const { return disk_.get(); }  // null for a memory table
+  ShardedStore* store() const { return store_.get(); }  // null for a slices table
+  SliceTable* slices() const { return slices_.get(); }  // null for a table of items
+  DiskTable* disk() const { return disk_.get(); }       // null for a memory table
+  // What the rate limiter counts (the items held; a slices table's windows) and the items SAMPLE replies not yet
+  // sent hold (ShardedStore::Held; none in a slices table).
+  uint64_t Size() const { return slices_ ? slices_->NumWindows() : store_->Size(); }
+  uint64_t Held() const { return slices_ ? 0 : store_->Held(); }
   RateLimiter& limiter() { return limiter_; }
   const RateLimiter& limiter() const { return limiter_; }
   Waitlist& waiting() { return *waiting_; }
@@ -92,6 +101,7 @@ class Table {
   const std::string name_;
   const std::shared_ptr<ShardedStore> store_;
   const std::shared_ptr<DiskTable> disk_;
+  const std::shared_ptr<SliceTable> slices_;
   const uint64_t min_size_;  // as configured (STATS reports it; the limiter raises 0 to 1)
   RateLimiter limiter_;
   std::unique_ptr<Waitlist> waiting_;

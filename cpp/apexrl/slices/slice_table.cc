@@ -304,6 +304,24 @@ size_t SliceTable::Update(const uint64_t* keys, size_t n, const double* values, 
   return live;
 }
 
+size_t SliceTable::Clear() {
+  ScopedLock<Mutex> lock(mu_);
+  const size_t dropped = episodes_.size();
+  for (const Episode& e : episodes_) {
+    for (uint32_t t = 0; t < e.starts; ++t) tree_.Set(Pos(e.first_step + t), 0.0);
+  }
+  episodes_.clear();
+  steps_held_ = windows_ = chunk_bytes_ = index_bytes_ = 0;
+  num_fields_ = 0;
+  max_priority_ = 1.0;
+  return dropped;
+}
+
+uint64_t SliceTable::NumWindows() const {
+  ScopedLock<Mutex> lock(mu_);
+  return windows_;
+}
+
 SliceStats SliceTable::Stats() const {
   ScopedLock<Mutex> lock(mu_);
   SliceStats s = counters_;

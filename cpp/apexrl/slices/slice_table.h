@@ -130,6 +130,13 @@ class SliceTable {
   // `values`: n (one per window, per_step false) or n * L (per_step true). Returns how many keys were live.
   size_t Update(const uint64_t* keys, size_t n, const double* values, bool per_step) EXCLUDES(mu_);
 
+  // Drops every episode (RESET): steps, windows, bytes and the largest priority (back to 1) go, the counters
+  // stay, and episode numbers go on from where they were (so keys sampled before stay stale). Returns how many
+  // episodes were dropped. The structure (field count) is free again for the next episode.
+  size_t Clear() EXCLUDES(mu_);
+  // Valid starts held now (what a sample draws from; a server's MinSize counts them).
+  uint64_t NumWindows() const EXCLUDES(mu_);
+
   SliceStats Stats() const EXCLUDES(mu_);
   // Every valid window (key and mass), oldest episode first, starts ascending (tests and Validate).
   void Windows(std::vector<uint64_t>* keys, std::vector<double>* masses) const EXCLUDES(mu_);

@@ -36,7 +36,7 @@ import numpy as np
 
 from apexrl.replay.wire import steps as S
 
-__all__ = ["SliceBatch", "SliceTable", "decode_windows", "window_keys"]
+__all__ = ["SliceBatch", "SliceTable", "chunk_columns", "decode_windows", "episode_chunks", "window_keys"]
 
 START_BITS = 24
 _SAMPLERS = ("prioritized", "uniform")
@@ -105,6 +105,48 @@ def _decode_native(sample: Mapping[str, Any], window: int, reuse: dict[str, np.n
     valid = decode_slices(sample["native"], list(out.values()), mask, window).astype(bool)
     num_steps = np.where(valid, rows, 0).astype(np.int64)
     return S.SequenceBatch(S.unflatten(out), mask, S.unflatten({}), valid, num_steps)
+
+
+def episode_chunks(steps: Mapping[str, Any], chunk_length: int) -> tuple[list[bytes], list[int], int]:
+    """(step chunks, steps per chunk, structure fingerprint) of an episode: ``steps`` maps each field (nested
+    mappings allowed) to an array of the episode's n steps (leading dimension n, the same for every field), cut
+    ``chunk_length`` steps a chunk. ValueError for anything else."""
+    leaves = S.flatten(steps)
+    if not leaves:
+        raise ValueError("an episode needs at least one field")
+    arrays = {p: np.asarray(a) for p, a in leaves.items()}
+    lengths = {a.shape[0] if a.ndim else 0 for a in arrays.values()}
+    if len(lengths) != 1 or min(lengths) < 1:
+        raise ValueError(f"every field must hold the episode's steps along its first axis, got lengths {lengths}")
+    n = lengths.pop()
+    odd = [p for p, a in arrays.items() if a.dtype.kind not in "biufc" or a.dtype.fields is not None]
+    if odd:
+        raise ValueError(f"fields {odd} are not numeric or bool arrays")
+    structure = tuple(S.Field(p, np.dtype(a.dtype).newbyteorder("<"), tuple(a.shape[1:])) for p, a in arrays.items())
+    fp = S.structure_fingerprint(structure)
+    chunks, counts = [], []
+    for lo in range(0, n, chunk_length):
+        hi = min(n, lo + chunk_length)
+        chunks.append(S.encode_chunk(structure, [arrays[f.path][lo:hi] for f in structure], fp))
+        counts.append(hi - lo)
+    return chunks, counts, fp
+
+
+def chunk_columns(
+    chunks: Sequence[Any], want: list[tuple[str, np.dtype, tuple[int, ...]]] | None = None
+) -> tuple[np.ndarray, list[tuple[str, np.dtype, tuple[int, ...]]]]:
+    """Where each chunk's field columns lie, (chunks, fields, (offset, stored, codec)) with the fields in path
+    order (what a slice table keeps for its native decode, and an episode record carries), and the fields
+    (path, dtype, shape); ValueError where a chunk's fields differ from ``want`` (None: the first chunk's)."""
+    if want is None:
+        want = [(path, dt, shape) for path, dt, shape, *_ in _fields(chunks[0])]
+    columns = np.empty((len(chunks), len(want), 3), dtype=np.uint64)
+    for c, blob in enumerate(chunks):
+        fields = _fields(blob)
+        if [(path, dt, shape) for path, dt, shape, *_ in fields] != want:
+            raise ValueError(f"chunk {c}'s fields (names, dtypes, shapes) differ from the table's")
+        columns[c] = [(at, stored, codec) for *_, codec, stored, at in fields]
+    return columns, want
 
 
 def _int(value: Any, name: str, low: int, high: int | None = None) -> int:
@@ -197,27 +239,7 @@ class SliceTable:
         """(chunks, steps per chunk, structure fingerprint) of an episode cut as :meth:`insert_episode` cuts it,
         ``chunk_length`` steps a chunk: what :meth:`insert_chunks` takes (to store one episode several times
         without encoding it again). ValueError as :meth:`insert_episode`."""
-        leaves = S.flatten(steps)
-        if not leaves:
-            raise ValueError("an episode needs at least one field")
-        arrays = {p: np.asarray(a) for p, a in leaves.items()}
-        lengths = {a.shape[0] if a.ndim else 0 for a in arrays.values()}
-        if len(lengths) != 1 or min(lengths) < 1:
-            raise ValueError(f"every field must hold the episode's steps along its first axis, got lengths {lengths}")
-        n = lengths.pop()
-        odd = [p for p, a in arrays.items() if a.dtype.kind not in "biufc" or a.dtype.fields is not None]
-        if odd:
-            raise ValueError(f"fields {odd} are not numeric or bool arrays")
-        structure = tuple(
-            S.Field(p, np.dtype(a.dtype).newbyteorder("<"), tuple(a.shape[1:])) for p, a in arrays.items()
-        )
-        fp = S.structure_fingerprint(structure)
-        chunks, counts = [], []
-        for lo in range(0, n, self.chunk_length):
-            hi = min(n, lo + self.chunk_length)
-            chunks.append(S.encode_chunk(structure, [arrays[f.path][lo:hi] for f in structure], fp))
-            counts.append(hi - lo)
-        return chunks, counts, fp
+        return episode_chunks(steps, self.chunk_length)
 
     def insert_chunks(self, chunks: Sequence[Any], priorities: Any = None) -> int:
         """Stores an episode already cut into step chunks (:mod:`apexrl.replay.wire.steps`, e.g. a
@@ -242,7 +264,7 @@ class SliceTable:
             raise ValueError(
                 "the episode's structure (fields, dtypes, shapes) differs from the table's first episode's"
             )
-        columns = self._columns(chunks)
+        columns, structure = chunk_columns(chunks, self._structure or None)
         n = sum(counts)
         p = None
         if priorities is not None:
@@ -252,24 +274,8 @@ class SliceTable:
             if p.shape != (n,):
                 raise ValueError(f"priorities must be one number or {n} (one per step), got shape {p.shape}")
         number = int(self._native.insert(fingerprint, chunks, np.asarray(counts, dtype=np.uint64), p, columns))
-        self._fingerprint, self._structure = fingerprint, self._structure or self._layout(chunks[0])
+        self._fingerprint, self._structure = fingerprint, structure
         return number
-
-    @staticmethod
-    def _layout(blob: Any) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
-        return [(path, dt, shape) for path, dt, shape, *_ in _fields(blob)]
-
-    def _columns(self, chunks: list[Any]) -> np.ndarray:
-        """Where each chunk's field columns lie (chunks, fields, (offset, stored, codec)), the fields in path order,
-        for the native decode; ValueError where a chunk's fields differ from the table's (or the first chunk's)."""
-        want = self._structure or self._layout(chunks[0])
-        columns = np.empty((len(chunks), len(want), 3), dtype=np.uint64)
-        for c, blob in enumerate(chunks):
-            fields = _fields(blob)
-            if [(path, dt, shape) for path, dt, shape, *_ in fields] != want:
-                raise ValueError(f"chunk {c}'s fields (names, dtypes, shapes) differ from the table's")
-            columns[c] = [(at, stored, codec) for *_, codec, stored, at in fields]
-        return columns
 
     def sample(self, batch_size: int, beta: float = 0.4, reuse: dict[str, np.ndarray] | None = None) -> SliceBatch:
         """``batch_size`` windows, drawn with replacement, decoded (``reuse``: as
@@ -302,6 +308,13 @@ class SliceTable:
         if k.ndim != 1 or (k.size and k.dtype.kind not in "iu") or (k.dtype.kind == "i" and (k < 0).any()):
             raise ValueError("keys must be a 1-D array of the non-negative integer keys a sample returned")
         return int(self._native.update(k.astype(np.uint64), np.asarray(priorities, dtype=np.float64)))
+
+    def clear(self) -> int:
+        """Drops every episode (the counters stay, episode numbers go on, the largest priority is 1 again, the
+        next episode may have another structure) -> how many were dropped."""
+        dropped = int(self._native.clear())
+        self._fingerprint, self._structure = None, []
+        return dropped
 
     def stats(self) -> dict[str, Any]:
         """Episodes, steps and windows held, chunk and metadata bytes, masses and counters."""

@@ -41,12 +41,14 @@ from apexrl.validate import Range, check_fields
 __all__ = [
     "DEFAULT_TABLE",
     "DURABILITIES",
+    "KINDS",
     "MAX_TABLE_NAME",
     "MAX_TIMES_SAMPLED",
     "REMOVERS",
     "REMOVER_ALIASES",
     "SAMPLERS",
     "SAMPLER_ALIASES",
+    "SLICE_SAMPLERS",
     "STORAGES",
     "MinSize",
     "Queue",
@@ -59,6 +61,12 @@ __all__ = [
     "tables_from_json",
 ]
 
+KINDS = ("items", "slices")
+"""What a table holds: items (sampled as they were inserted), or episodes sampled as windows of steps chosen at
+sample time (``kind="slices"``: :mod:`apexrl.replay.slices`; docs/protocol.md, "Slices tables")."""
+SLICE_SAMPLERS = ("prioritized", "uniform")
+"""How a slices table draws its windows' starts."""
+_SLICE_DEFAULTS = {"length": None, "burn_in": 0, "eta": 0.9, "strict_length": True, "span": 0}
 STORAGES = ("memory", "disk")
 """Where a table keeps its items: memory (lost with the process, but for snapshots), or disk (every change logged
 under ``path`` before it is acknowledged; docs/running.md, "Tables on disk")."""
@@ -253,6 +261,14 @@ class TableConfig:
       ``durability`` (disk only; default ``"sync"``): ``"sync"`` fdatasyncs before each reply (grouped per
       serving turn), ``"interval"`` within 10 ms after it. Items with chunks (trajectories, Atari frame chunks)
       need a memory table. docs/running.md, "Tables on disk", says what each mode can lose.
+    - ``kind``: ``"items"`` (default) or ``"slices"``: a table of episodes, each inserted whole
+      (``ReplayClient.insert_episode``) and stored once, sampled as windows of ``burn_in + length`` steps chosen
+      at sample time (:class:`apexrl.replay.slices.SliceTable`'s rules). Its ``capacity`` counts steps (whole
+      episodes are evicted oldest first to fit), ``sampler`` is ``"prioritized"`` (a window's priority ``eta *
+      max + (1 - eta) * mean`` of its trained steps', to the power ``alpha``) or ``"uniform"``, ``strict_length``
+      and ``span`` are TorchRL's ``SliceSampler`` options, its rate limiter a :class:`MinSize` counted in
+      windows; it is kept in memory, not in snapshots, and is never the server's first table (or ``default``).
+      ``length``, ``burn_in``, ``eta``, ``strict_length`` and ``span`` are for slices tables only.
 
     Invalid values raise :class:`TableConfigError` (a ValueError) naming the table and the field.
     """
@@ -270,6 +286,12 @@ class TableConfig:
     storage: str = field(default="memory", metadata=Range.choice(*STORAGES))
     path: str | None = None
     durability: str | None = field(default=None, metadata=Range.choice(*DURABILITIES, optional=True))
+    kind: str = field(default="items", metadata=Range.choice(*KINDS))
+    length: int | None = field(default=None, metadata=Range.int(1, (1 << 24) - 1, optional=True))
+    burn_in: int = field(default=0, metadata=Range.int(0, (1 << 24) - 2))
+    eta: float = field(default=0.9, metadata=Range.float(0.0, 1.0))
+    strict_length: bool = True
+    span: int = field(default=0, metadata=Range.int(0, (1 << 24) - 2))
 
     def __post_init__(self) -> None:
         name = self.name
@@ -314,6 +336,43 @@ class TableConfig:
             except ValueError as e:
                 raise TableConfigError(name, "spec", str(e)) from None
         self._check_storage()
+        self._check_kind()
+
+    def _check_kind(self) -> None:
+        """A slices table's settings (module constants: what it takes); an items table leaves them at defaults."""
+        name = self.name
+        if self.kind == "items":
+            for key, default in _SLICE_DEFAULTS.items():
+                if getattr(self, key) != default:
+                    raise TableConfigError(name, key, "is for kind='slices' tables; this one holds items")
+            return
+        if not isinstance(self.strict_length, bool):
+            raise TableConfigError(name, "strict_length", f"must be a bool, got {self.strict_length!r}")
+        if self.length is None:
+            raise TableConfigError(name, "length", "kind='slices' needs length: the trained steps of a window")
+        if self.burn_in + self.length >= 1 << 24:
+            raise TableConfigError(name, "burn_in", f"burn_in + length must be below 2^24, got {self.burn_in}")
+        if self.span >= self.length:
+            raise TableConfigError(name, "span", f"must be below length = {self.length}, got {self.span}")
+        if self.capacity > 1 << 40:
+            raise TableConfigError(name, "capacity", f"a slices table holds at most 2^40 steps, got {self.capacity}")
+        if self.sampler not in SLICE_SAMPLERS:
+            raise TableConfigError(name, "sampler", f"a slices table samples {SLICE_SAMPLERS}, got {self.sampler!r}")
+        if self.rate_limiter is not None and not isinstance(self.rate_limiter, MinSize):
+            raise TableConfigError(
+                name, "rate_limiter", "a slices table's rate limiter is a MinSize (counted in windows) or None"
+            )
+        fixed = {
+            "remover": (DEFAULT_EVICTION, "it evicts whole episodes oldest first"),
+            "max_size": (None, "its capacity (in steps) is its hard limit"),
+            "alpha_evict": (-0.4, "it evicts whole episodes oldest first"),
+            "max_times_sampled": (0, "windows are drawn with replacement"),
+            "spec": (None, "its steps carry their own structure"),
+            "storage": ("memory", "it is kept in memory (and not in snapshots)"),
+        }
+        for key, (allowed, why) in fixed.items():
+            if getattr(self, key) != allowed:
+                raise TableConfigError(name, key, f"a slices table takes no {key}: {why}")
 
     def _check_storage(self) -> None:
         """A disk table needs a path and takes a durability (default sync); a memory table takes neither."""
@@ -359,6 +418,12 @@ class TableConfig:
             "storage": self.storage,
             "path": self.path,
             "durability": self.durability,
+            "kind": self.kind,
+            "length": self.length,
+            "burn_in": self.burn_in,
+            "eta": self.eta,
+            "strict_length": self.strict_length,
+            "span": self.span,
         }
 
     @classmethod

@@ -433,6 +433,57 @@ class ReplayClient(TransportClient):
             timeout=timeout,
         )
 
+    def insert_episode(
+        self,
+        steps: Mapping[str, Any],
+        priorities: Any = None,
+        *,
+        chunk_length: int = 16,
+        table: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Insert one whole episode into a slices table (``TableConfig(kind="slices")``) -> its episode number (its
+        windows' keys are ``(number << 24) | start``). ``steps`` maps each field (nested mappings allowed) to an
+        array of the episode's n steps (leading dimension n), as :meth:`apexrl.replay.slices.SliceTable.insert_episode`
+        takes it; it is sent once, as step chunks of ``chunk_length`` steps and one episode record
+        (:mod:`apexrl.replay.wire.episodes`), in one INSERT with an insert id (retried exactly once).
+        ``priorities``: one per step, one for every step, or None (the table's largest priority so far, 1 before
+        any). ValueError for a malformed episode (nothing sent); the server refuses an episode it cannot take
+        (INVALID_ARGUMENT: longer than the table, of another structure than its episodes', of more than 4096
+        chunks) and stores nothing. :meth:`sample` on the table returns windows as sequences (``batch.fields``
+        (n, burn_in + length, ...), ``batch.mask`` False past an episode's end); :meth:`update_priorities` takes
+        one value per window key."""
+        from apexrl.replay.slices import chunk_columns, episode_chunks
+        from apexrl.replay.wire.episodes import encode_episode
+
+        if isinstance(chunk_length, bool) or not isinstance(chunk_length, int) or not 1 <= chunk_length < 1 << 24:
+            raise ValueError(f"chunk_length must be an int in [1, 2^24), got {chunk_length!r}")
+        name = self.table if table is None else table
+        self.server_info.table_index(name)  # ValueError naming the server's tables
+        kind = next(t.get("kind", "items") for t in self.server_info.tables if t.get("name") == name)
+        if kind != "slices":  # a table of items would store the record as an item
+            raise ValueError(
+                f"insert_episode is for slices tables (TableConfig(kind='slices')); table {name!r} holds {kind}"
+            )
+        chunks, counts, fp = episode_chunks(steps, chunk_length)
+        columns, _fields = chunk_columns(chunks)
+        n = sum(counts)
+        frame, per_step = None, None
+        if priorities is not None:
+            p = np.asarray(priorities, dtype=np.float64)
+            if p.ndim == 0:
+                frame = p.reshape(1)
+            elif p.shape == (n,):
+                frame, per_step = np.zeros(1), p  # the record's priorities stand; the frame's is not used
+            else:
+                raise ValueError(f"priorities must be one number or {n} (one per step), got shape {p.shape}")
+            if not np.isfinite(p).all() or (p < 0).any():
+                raise ValueError("priorities must be finite and >= 0")
+        record = encode_episode(fp, counts, columns, per_step)
+        packed = P.pack_chunks(chunks, [range(len(chunks))])
+        keys = self.insert(frame, [record], chunks=packed, table=table, timeout=timeout)
+        return int(keys[0])
+
     def next_insert_id(self) -> tuple[int, int]:
         """A fresh insert id (this client's session nonce, the next sequence number): pass it to every attempt
         of one batch."""

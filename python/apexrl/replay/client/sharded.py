@@ -968,6 +968,14 @@ class ShardedReplayClient:
         """An :class:`AsyncUpdater` over the set (its own clients), as :meth:`ReplayClient.updater`."""
         return AsyncUpdater(partial(self._same_endpoints, table), max_pending=max_pending, close_timeout=self.timeout)
 
+    def insert_episode(self, steps: Any, priorities: Any = None, **kwargs: Any) -> int:
+        """Refused: a slices table (``TableConfig(kind="slices")``) is served by one server; insert its episodes
+        and sample its windows with a :class:`~apexrl.replay.client.replay_client.ReplayClient` of that server."""
+        raise NotImplementedError(
+            "ShardedReplayClient does not serve slices tables: their episodes and windows live on one server; "
+            "use ReplayClient(endpoint).insert_episode / sample on that server"
+        )
+
     def writer(
         self,
         max_sequence_length: int,

@@ -117,7 +117,16 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.tables must be a list of TableConfig, got {self.tables!r}")
         self.tables = list(self.tables)
         check_table_names(self.tables)
+        main = next((t for t in self.tables if t.name == DEFAULT_TABLE), self.tables[0])
+        if main.kind == "slices":
+            # Today's top-level STATS and HELLO names (and snapshots of one table) describe the main table's store.
+            raise ValueError(
+                f"table {main.name!r}: a slices table cannot be the server's main table (the one named "
+                f"{DEFAULT_TABLE!r}, else the first): list a table of items first"
+            )
         for t in self.tables:
+            if t.kind == "slices":
+                continue
             if t.storage == "disk":
                 assert t.path is not None  # TableConfig checked it
                 check_disk_table_dir(t.name, t.path)

@@ -65,6 +65,7 @@ class ControlHandler:
         self.config, self.tables, self.spec_gates, self.loop = config, tables, spec_gates, loop
         self.checkpoint = checkpoint
         self.default = next((t for t in tables if t.name == "default"), tables[0])
+        assert self.default.store is not None  # the main table holds items (ServerConfig checks it)
         self.store = self.default.store
         self.spec_gate = spec_gates[self.default.index]  # today's STATS spec_declared / spec_fingerprint
         self._tables_json()
@@ -88,6 +89,11 @@ class ControlHandler:
                 # control thread serves HELLOs one at a time, so of two different declarations one pins the
                 # table and the other is refused naming both.
                 gate = self.spec_gates[int(req.header.table)]
+                if self.tables[int(req.header.table)].slices is not None and len(req.arrays["spec"]):
+                    raise ValueError(
+                        f"HELLO refused: table {self.tables[int(req.header.table)].name!r} is a slices table, whose "
+                        "episodes' steps carry their own structure: it takes no spec"
+                    )
                 before = gate.spec
                 spec = gate.declare(req.arrays["spec"])
                 if spec is not None and before is None:
@@ -141,7 +147,7 @@ class ControlHandler:
         totals = dict.fromkeys(TABLE_TOTALS, 0)
         for t in self.tables:
             prefix = f"table.{t.name}."
-            for key, value in t.store.stats().items():
+            for key, value in t.stats().items():
                 stats[prefix + key] = value
             stats[prefix + "total_mass"] = stats[prefix + "total_priority"]
             for key in TABLE_TOTALS:

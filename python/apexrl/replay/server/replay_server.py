@@ -79,7 +79,9 @@ class ReplayServer:
         # (else the first table's), the one today's names describe.
         self.tables: list[ServerTable] = open_tables(config)
         self.table_index = {t.name: t.index for t in self.tables}
-        self.store = self.tables[self.table_index.get("default", 0)].store
+        main = self.tables[self.table_index.get("default", 0)].store
+        assert main is not None  # the main table holds items (ServerConfig checks it)
+        self.store = main
         # Each table's TransitionSpec (its item structure), once configured, restored from its sidecar or declared
         # by a HELLO naming the table; `spec_gate` is the table `default`'s (else the first's), the run's spec.
         self.spec_gates = {t.index: SpecGate(t.config.spec, config.snapshot, t.name) for t in self.tables}
@@ -112,7 +114,7 @@ class ReplayServer:
 
     def held_items(self) -> int:
         """Items held now, every table together."""
-        return sum(len(t.store) for t in self.tables)
+        return sum(t.held() for t in self.tables)
 
     def _open_socket(self) -> zmq.Socket:
         cfg = self.config
@@ -162,7 +164,7 @@ class ReplayServer:
                 dedup_max_ids=DEDUP_MAX_IDS,
                 dedup_max_bytes=DEDUP_MAX_BYTES,
                 role_ops=role_masks() if cfg.curve_dir is not None else {},
-                tables=[(t.name, t.store, t.limiter, t.disk) for t in self.tables],
+                tables=[(t.name, t.native, t.limiter, t.disk) for t in self.tables],
             )
         except ImportError as exc:
             raise NativeLoopError(f"the replay server's native loop cannot start: {exc}") from None

@@ -13,7 +13,8 @@ format, one store file (so existing runs and tools see no change). A server of s
 (``PATH.g<G>.<index>.snap`` beside it). Each table file is written (atomically) before the manifest, which is
 replaced atomically last; files of older generations are removed after it. So a crash mid-save leaves the
 previous manifest and the files it names. Tables are saved one after the other, not at one instant. Loading
-accepts either format: a one-store snapshot loads into the table ``default``.
+accepts either format: a one-store snapshot loads into the table ``default``. A slices table (``kind="slices"``)
+is in no snapshot: it starts empty in every life.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from apexrl import PrioritizedStore
 from apexrl._core import DiskTable
+from apexrl._core import SliceTable as NativeSliceTable
 from apexrl.durable import write_atomically
 from apexrl.replay.server.epoch import SnapshotLoadError, _write_epoch_file, choose_epoch
 from apexrl.replay.tables import MinSize
@@ -55,14 +57,44 @@ _MAX_MANIFEST_BYTES = 1 << 20
 
 @dataclass
 class ServerTable:
-    """One table of a running server: its index (the header's ``table`` field), configuration and store."""
+    """One table of a running server: its index (the header's ``table`` field), configuration and store (or, for a
+    kind="slices" table, its native SliceTable: ``store`` is then None)."""
 
     index: int
     name: str
     config: Any  # apexrl.replay.TableConfig
-    store: PrioritizedStore
+    store: PrioritizedStore | None
     limiter: dict[str, Any]
     disk: Any = None  # apexrl._core.DiskTable of a storage="disk" table (its store is `store`), else None
+    slices: Any = None  # apexrl._core.SliceTable of a kind="slices" table, else None
+
+    @property
+    def native(self) -> Any:
+        """What the native loop serves: the store, or the SliceTable."""
+        return self.slices if self.slices is not None else self.store
+
+    def held(self) -> int:
+        """Items held (a slices table: episodes)."""
+        if self.slices is not None:
+            return int(self.slices.stats()["episodes"])
+        assert self.store is not None
+        return len(self.store)
+
+    def stats(self) -> dict[str, Any]:
+        """The store's counters, or a slices table's (its SliceTable's, and ``size``: windows, ``bytes_held``:
+        chunk and metadata bytes, ``inserted``: episodes inserted, as every table reports them)."""
+        if self.slices is None:
+            assert self.store is not None
+            return dict(self.store.stats())
+        s = dict(self.slices.stats())
+        return {
+            **s,
+            "size": s["windows"],
+            "bytes_held": s["chunk_bytes"] + s["metadata_bytes"],
+            "inserted": s["inserted_episodes"],
+            "evicted": s["evicted_episodes"],
+            "total_priority": s["total_mass"],
+        }
 
 
 def limiter_of(rate_limiter: Any) -> dict[str, Any]:
@@ -78,9 +110,28 @@ def limiter_of(rate_limiter: Any) -> dict[str, Any]:
 
 def table_description(table: ServerTable, spec: Any = None) -> dict[str, Any]:
     """HELLO's entry of one table: its index, name and configuration (rate limiter as in ``--tables``), and
-    ``spec``, its pinned item structure (the TransitionSpec's JSON object; None until configured or declared)."""
+    ``spec``, its pinned item structure (the TransitionSpec's JSON object; None until configured or declared).
+    A slices table: its kind, window (length, burn_in), sampler and options, capacity in steps."""
     c = table.config
+    if table.slices is not None:
+        return {
+            "index": table.index,
+            "name": table.name,
+            "kind": "slices",
+            "sampler": c.sampler,
+            "capacity": int(c.capacity),
+            "length": int(c.length),
+            "burn_in": int(c.burn_in),
+            "alpha": float(c.alpha),
+            "eta": float(c.eta),
+            "strict_length": bool(c.strict_length),
+            "span": int(c.span),
+            "rate_limiter": dict(table.limiter),
+            "spec": None,
+        }
+    assert table.store is not None
     return {
+        "kind": "items",
         "index": table.index,
         "name": table.name,
         "sampler": c.sampler,
@@ -248,6 +299,9 @@ def open_tables(server: Any) -> list[ServerTable]:
             stores["default"] = _load_store(os.fspath(path), epochs[names.index("default")], "snapshot")
     tables = []
     for i, c in enumerate(configs):
+        if c.kind == "slices":
+            tables.append(_slice_table(i, c, int(server.seed) + i))
+            continue
         if c.storage == "disk":
             tables.append(_open_disk_table(i, c, server, epochs[i]))
             continue
@@ -296,6 +350,30 @@ def _open_disk_table(index: int, config: Any, server: Any, epoch: int) -> Server
     return ServerTable(index, config.name, config, disk.store, limiter_of(config.rate_limiter), disk)
 
 
+def _slice_table(index: int, config: Any, seed: int) -> ServerTable:
+    """A kind="slices" table: a new, empty SliceTable (slices tables are not in snapshots)."""
+    native = NativeSliceTable(
+        int(config.capacity),
+        int(config.length),
+        int(config.burn_in),
+        config.sampler,
+        float(config.alpha),
+        float(config.eta),
+        bool(config.strict_length),
+        int(config.span),
+        seed,
+    )
+    log.info(
+        "table %r: slices of %d steps after %d of burn-in, %s, up to %d steps held (not in snapshots)",
+        config.name,
+        config.length,
+        config.burn_in,
+        config.sampler,
+        config.capacity,
+    )
+    return ServerTable(index, config.name, config, None, limiter_of(config.rate_limiter), slices=native)
+
+
 def _check_left_out(manifest: dict[str, Any], names: list[str], drop: Sequence[str], path: str) -> None:
     """SnapshotLoadError (before anything is loaded or written) when the snapshot holds a table that the
     configuration leaves out and ``drop`` (--drop-tables) does not name: a configuration slip must not delete
@@ -327,9 +405,12 @@ def save_tables(
     table's spec JSON (None: none known), kept in the manifest for ``apexrl export``. Raises what the stores
     raise (OSError, SnapshotError), the previous snapshot kept."""
     path = os.fspath(path)
+    tables = [t for t in tables if t.store is not None]  # slices tables are not in snapshots
     if len(tables) == 1 and tables[0].name == "default":
-        n = len(tables[0].store)
-        tables[0].store.save(path)
+        store = tables[0].store
+        assert store is not None
+        n = len(store)
+        store.save(path)
         return n
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
@@ -339,8 +420,10 @@ def save_tables(
     entries, total = [], 0
     for t in tables:
         file = f"{base}.g{generation}.{t.index}.snap"
-        n = len(t.store)
-        t.store.save(os.path.join(directory, file))
+        store = t.store
+        assert store is not None
+        n = len(store)
+        store.save(os.path.join(directory, file))
         spec = (specs or {}).get(t.name)
         entries.append({"name": t.name, "file": file, "items": n, "spec": None if spec is None else json.loads(spec)})
         total += n
