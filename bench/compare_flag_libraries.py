@@ -1,7 +1,8 @@
 """Why apexrl declares its flags with its own table (``apexrl.cli.flags``) and not a flags library.
 
 For each of argparse with :mod:`apexrl.cli.flags`, jsonargparse, simple-parsing and cyclopts: the import time it
-adds to a command that already imports numpy and the server's config (the median over fresh interpreters), and
+adds to a command that already imports numpy and the server's config (the CPU time of the import, so that a busy
+machine changes it little; the median over fresh interpreters), and
 what each prints for ``--help`` and does with ``--capacity -5`` when given the table flags' dataclass
 (:class:`~apexrl.replay.server.table_flags.TableFlags`, whose fields carry their ranges and choices as
 ``apexrl.validate`` metadata) the way its documentation shows.
@@ -72,7 +73,7 @@ print(app(["--table.capacity", "-5"]))
 
 
 def import_seconds(statement: str, runs: int) -> float:
-    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+    code = f"import time; t = time.process_time(); {statement}; print(time.process_time() - t)"
     return statistics.median(
         float(subprocess.check_output([sys.executable, "-c", code], text=True)) for _ in range(runs)
     )
