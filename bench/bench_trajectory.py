@@ -33,11 +33,10 @@ index; TorchRL: its storage tensors).
 
 ``--slices --slices-server``: the same tables as slices tables of a replay server (``TableConfig(kind="slices")``,
 in this process, its native threads serving 127.0.0.1), the episodes inserted with ``ReplayClient.insert_episode``
-and the windows sampled over the wire (``ReplayClient.sample``: the server draws them and replies with one sequence
-item per window and the chunks they reference; the client decodes them natively as a TrajectoryWriter's items).
-Prints windows sampled+decoded/s per size and the share of each sample spent in the client's decode (the rest is
-the request: the server's draw and copy, the reply on the wire), which says what a slice decode of its own on the
-client could save at most.
+and the windows sampled over the wire (``ReplayClient.sample``: the server draws them and replies with one window
+item per window, carrying its chunks' column places, and the chunks they reference; the client decodes them in one
+native call, apexrl.replay.wire.windows). Prints windows sampled+decoded/s per size and the share of each sample
+spent in the client's decode (the rest is the request: the server's draw and copy, the reply on the wire).
 
 Beside Reverb (``--reverb-python``: an interpreter that imports dm-reverb; bench/reverb_trajectory_worker.py:
 its trajectory writer, items every ``--period`` steps, ``client.sample``) and TorchRL (``--torchrl-python``:

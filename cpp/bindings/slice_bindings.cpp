@@ -7,12 +7,14 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "apexrl/errors.h"
 #include "apexrl/slices/slice_decode.h"
 #include "apexrl/slices/slice_table.h"
+#include "apexrl/slices/window_item.h"
 #include "bindings.h"
 
 namespace py = pybind11;
@@ -111,16 +113,24 @@ size_t Update(SliceTable& table, const U64Array& keys, const F64Array& values) {
   return table.Update(keys.data(), n, values.data(), per_step);
 }
 
-py::array_t<uint8_t> DecodeSlicesPy(const SliceSample& s, const py::list& outs, const py::array& mask, size_t window) {
-  const size_t n = s.rows.size();
-  if (outs.size() != s.num_fields) {
-    throw py::value_error("outs must hold one array per field (" + std::to_string(s.num_fields) + ")");
-  }
-  if (window < 1 || window > kMaxEpisodeSteps) throw py::value_error("window must be in [1, 2^24)");
+// The output arrays of a window decode: n x window rows each, writable, C-contiguous; their row bytes and data.
+struct Outs {
   std::vector<py::array> keep;
   std::vector<uint8_t*> ptrs;
   std::vector<uint64_t> row_bytes;
-  for (size_t f = 0; f < s.num_fields; ++f) {
+  uint8_t* mask = nullptr;
+};
+
+Outs CheckOuts(const py::list& outs, size_t num_fields, const py::array& mask, size_t n, size_t window) {
+  if (outs.size() != num_fields) {
+    throw py::value_error("outs must hold one array per field (" + std::to_string(num_fields) + ")");
+  }
+  if (window < 1 || window > kMaxEpisodeSteps) throw py::value_error("window must be in [1, 2^24)");
+  Outs r;
+  auto& keep = r.keep;
+  auto& ptrs = r.ptrs;
+  auto& row_bytes = r.row_bytes;
+  for (size_t f = 0; f < num_fields; ++f) {
     py::array o = py::reinterpret_borrow<py::object>(outs[f]);
     const bool shaped =
         o.ndim() >= 2 && static_cast<size_t>(o.shape(0)) == n && static_cast<size_t>(o.shape(1)) == window;
@@ -128,7 +138,7 @@ py::array_t<uint8_t> DecodeSlicesPy(const SliceSample& s, const py::list& outs, 
       throw py::value_error("outs[" + std::to_string(f) + "] must be a writable C-contiguous array of shape (" +
                             std::to_string(n) + ", " + std::to_string(window) + ", ...)");
     }
-    row_bytes.push_back(static_cast<uint64_t>(o.nbytes()) / (n * window));
+    row_bytes.push_back(n == 0 ? 0 : static_cast<uint64_t>(o.nbytes()) / (n * window));
     ptrs.push_back(static_cast<uint8_t*>(o.mutable_data()));
     keep.push_back(std::move(o));
   }
@@ -136,13 +146,68 @@ py::array_t<uint8_t> DecodeSlicesPy(const SliceSample& s, const py::list& outs, 
                        static_cast<size_t>(mask.shape(1)) == window && mask.itemsize() == 1 &&
                        (mask.flags() & py::array::c_style) && mask.writeable();
   if (!mask_ok) throw py::value_error("mask must be a writable C-contiguous (n, window) bool array");
+  r.mask = static_cast<uint8_t*>(py::array(mask).mutable_data());
+  return r;
+}
+
+py::array_t<uint8_t> DecodeSlicesPy(const SliceSample& s, const py::list& outs, const py::array& mask, size_t window) {
+  const size_t n = s.rows.size();
+  const Outs o = CheckOuts(outs, s.num_fields, mask, n, window);
   py::array_t<uint8_t> ok(static_cast<py::ssize_t>(n));
-  uint8_t* m = static_cast<uint8_t*>(py::array(mask).mutable_data());
   {
     py::gil_scoped_release release;
-    DecodeSlices(s, row_bytes.data(), ptrs.data(), window, m, ok.mutable_data());
+    DecodeSlices(s, o.row_bytes.data(), o.ptrs.data(), window, o.mask, ok.mutable_data());
   }
   return ok;
+}
+
+// A byte frame (bytes-like, C-contiguous) as (data, size).
+std::pair<const uint8_t*, uint64_t> Bytes(const py::buffer_info& b) {
+  if (b.ndim > 1 || (b.ndim == 1 && b.strides[0] != b.itemsize)) {
+    throw py::value_error("data and chunk_data must be contiguous 1-D byte buffers");
+  }
+  return {static_cast<const uint8_t*>(b.ptr), static_cast<uint64_t>(b.size * b.itemsize)};
+}
+
+U64Array Offsets(const py::object& o, const char* what, size_t* count) {
+  U64Array a = U64Array::ensure(o);
+  if (!a || a.ndim() != 1 || a.size() < 1) throw py::value_error(std::string(what) + " must be a 1-D array of offsets");
+  *count = static_cast<size_t>(a.size()) - 1;
+  return a;
+}
+
+py::tuple DecodeWindowItemsPy(const py::buffer& data, const py::object& offsets, const py::object& item_chunks,
+                              const py::object& item_chunk_offsets, const py::buffer& chunk_data,
+                              const py::object& chunk_offsets, uint64_t fingerprint, const py::list& outs,
+                              const py::array& mask, size_t window) {
+  size_t n = 0, n_refs = 0, m = 0;
+  const U64Array off = Offsets(offsets, "offsets", &n);
+  const U64Array ico = Offsets(item_chunk_offsets, "item_chunk_offsets", &n_refs);
+  const U64Array co = Offsets(chunk_offsets, "chunk_offsets", &m);
+  if (n_refs != n) throw py::value_error("item_chunk_offsets must hold one offset per item, and one more");
+  const U64Array refs = U64Array::ensure(item_chunks);
+  if (!refs || refs.ndim() != 1) throw py::value_error("item_chunks must be a 1-D array of chunk indices");
+  if (outs.size() < 1 || outs.size() > 65536) throw py::value_error("outs must hold 1..65536 arrays");
+  const Outs o = CheckOuts(outs, outs.size(), mask, n, window);
+  const py::buffer_info d = data.request(), cd = chunk_data.request();
+  WindowItemsReply reply;
+  std::tie(reply.data, reply.data_size) = Bytes(d);
+  reply.offsets = off.data();
+  reply.n = n;
+  reply.item_chunks = refs.data();
+  reply.num_item_chunks = static_cast<uint64_t>(refs.size());
+  reply.item_chunk_offsets = ico.data();
+  std::tie(reply.chunk_data, reply.chunk_data_size) = Bytes(cd);
+  reply.chunk_offsets = co.data();
+  reply.num_chunks = m;
+  py::array_t<uint8_t> ok(static_cast<py::ssize_t>(n));
+  py::array_t<uint64_t> rows(static_cast<py::ssize_t>(n));
+  {
+    py::gil_scoped_release release;
+    DecodeWindowItems(reply, fingerprint, outs.size(), o.row_bytes.data(), o.ptrs.data(), window, o.mask,
+                      ok.mutable_data(), rows.mutable_data());
+  }
+  return py::make_tuple(ok, rows);
 }
 
 py::dict Stats(const SliceTable& table) {
@@ -172,6 +237,14 @@ void RegisterSlices(py::module_& m) {
         "the fields in the order of the columns given at insert) and mask ((n, window) bool), with the GIL "
         "released: each window's steps, then zeros. Returns ok (uint8 per window): 0 where a window does not fit "
         "in `window` steps or a column does not decompress to its size (its rows and mask all zero).");
+  m.def("decode_window_items", &DecodeWindowItemsPy, py::arg("data"), py::arg("offsets"), py::arg("item_chunks"),
+        py::arg("item_chunk_offsets"), py::arg("chunk_data"), py::arg("chunk_offsets"), py::arg("fingerprint"),
+        py::arg("outs"), py::arg("mask"), py::arg("window"),
+        "Decode a slices table's SAMPLE reply (its window items, slices/window_item.h, and the frames as received) "
+        "into outs (one writable C-contiguous (n, window, ...) array per field, in path order) and mask, with the "
+        "GIL released; every item field and frame offset checked before it is read through. Returns (ok, rows): "
+        "ok 0 and rows 0 for a window that is malformed, of another fingerprint, or does not decode (its rows and "
+        "mask all zero).");
   py::class_<SliceTable, std::shared_ptr<SliceTable>>(m, "SliceTable")
       .def(py::init([](uint64_t capacity_steps, uint32_t length, uint32_t burn_in, const std::string& sampler,
                        double alpha, double eta, bool strict_length, uint32_t span, uint64_t seed) {

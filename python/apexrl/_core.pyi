@@ -284,6 +284,22 @@ def decode_slices(
     """A SliceTable sample's windows decoded into outs ((n, window, ...) per field, in path order) and mask, the
     GIL released; returns ok, 0 where a window did not decode (its rows and mask zero)."""
 
+def decode_window_items(
+    data: Any,
+    offsets: npt.NDArray[np.uint64],
+    item_chunks: npt.NDArray[np.uint64],
+    item_chunk_offsets: npt.NDArray[np.uint64],
+    chunk_data: Any,
+    chunk_offsets: npt.NDArray[np.uint64],
+    fingerprint: int,
+    outs: list[npt.NDArray[Any]],
+    mask: npt.NDArray[np.bool_],
+    window: int,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint64]]:
+    """A slices table's SAMPLE reply (window items and frames as received) decoded into outs ((n, window, ...) per
+    field, in path order) and mask, the GIL released, every field checked first; returns (ok, rows), both 0 where
+    a window is malformed or did not decode (its rows and mask zero)."""
+
 class SliceTable:
     """Episodes stored once, windows drawn at sample time (apexrl.replay.slices wraps it)."""
 

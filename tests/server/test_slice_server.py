@@ -1,7 +1,8 @@
 """Slices tables on a real replay server (127.0.0.1): episodes inserted whole over the wire, windows sampled as
-sequences equal to the in-process SliceTable's for the same seed (keys, weights, steps, masks), priority updates
-by window key, hostile episode records refused with nothing changed and the server serving on, the ops a slices
-table refuses, RESET, its MinSize counted in windows, HELLO and STATS, and its configuration's errors."""
+window items whose native decode equals the in-process SliceTable's for the same seed (keys, weights, steps,
+masks) and the generic sequence decoder's, priority updates by window key, hostile episode records refused with
+nothing changed and the server serving on, the ops a slices table refuses, RESET, its MinSize counted in windows,
+HELLO and STATS, and its configuration's errors."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from apexrl.replay import ReplayClient, ReplayServer, ServerConfig
 from apexrl.replay.slices import SliceTable, chunk_columns, episode_chunks
 from apexrl.replay.tables import MinSize, Queue, TableConfig, tables_from_json
 from apexrl.replay.wire import protocol as P
+from apexrl.replay.wire import windows as W
 from apexrl.replay.wire.episodes import encode_episode
 from apexrl.replay.wire.schema import Status
 from tests.helpers import wait_until
@@ -57,6 +59,14 @@ def test_windows_over_the_wire_equal_the_in_process_reference(client):
         np.testing.assert_allclose(got.weights, want.weights)
         np.testing.assert_allclose(got.probabilities, want.probabilities)
         assert got.sequences is not None and got.sequences.valid.all()
+        # The reply's window items, decoded natively, give what the generic sequence decoder gives for them.
+        assert W.is_window_reply(got.data, got.offsets)
+        generic = W.decode_window_items(got.data, got.offsets, got.chunks, native=False)
+        assert generic.valid.all()
+        np.testing.assert_array_equal(got.sequences.mask, generic.mask)
+        np.testing.assert_array_equal(got.sequences.num_steps, generic.num_steps)
+        np.testing.assert_array_equal(got.fields["obs"], generic.fields["obs"])
+        np.testing.assert_array_equal(got.fields["act"]["a"], generic.fields["act"]["a"])
         np.testing.assert_array_equal(got.mask, want.steps.mask)
         assert not got.mask.all()  # span and a short episode: some windows run past their episode's end
         np.testing.assert_array_equal(got.fields["obs"], want.steps.fields["obs"])

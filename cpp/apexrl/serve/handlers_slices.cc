@@ -1,10 +1,9 @@
 // The data ops of a slices table (Handlers with a SliceTable, no store): an INSERT stores one episode from its
 // step chunks and episode record (episode_record.h); a SAMPLE draws windows and replies with the frames of a
-// sequence sample (one sequence item per window, referencing the chunks that hold its steps), so a client decodes
-// it as it decodes a TrajectoryWriter's items; UPDATE_PRIORITIES addresses windows by key; RESET clears the table.
-// ERASE and REMOVE_TO_FIT have no meaning for windows and are refused.
+// SAMPLE reply (one window item per window, slices/window_item.h, referencing the chunks that hold its steps and
+// carrying their column places, so a client decodes it as the in-process table does); UPDATE_PRIORITIES addresses
+// windows by key; RESET clears the table. ERASE and REMOVE_TO_FIT have no meaning for windows and are refused.
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -12,29 +11,9 @@
 #include "apexrl/errors.h"
 #include "apexrl/serve/episode_record.h"
 #include "apexrl/serve/handlers.h"
+#include "apexrl/slices/window_item.h"
 
 namespace apexrl::serve {
-
-namespace {
-
-// A window's sequence item (steps/wire "APXQ", protocol 6): its steps are `n` from step `first` of its chunks'
-// concatenation, in a sequence of `t` steps, without extras. JSON as Python's encode_item writes it.
-void AppendWindowItem(uint64_t fingerprint, uint64_t first, uint64_t n, uint64_t t, ByteBuffer* out) {
-  char text[160];
-  const int len = std::snprintf(text, sizeof text, "{\"fp\":%llu,\"first\":%llu,\"n\":%llu,\"t\":%llu,\"x\":[]}",
-                                static_cast<unsigned long long>(fingerprint), static_cast<unsigned long long>(first),
-                                static_cast<unsigned long long>(n), static_cast<unsigned long long>(t));
-  const uint16_t version = 1, flags = 0;
-  const uint32_t header = static_cast<uint32_t>(len);
-  uint8_t* p = out->Extend(12 + header);
-  std::memcpy(p, "APXQ", 4);
-  std::memcpy(p + 4, &version, 2);
-  std::memcpy(p + 6, &flags, 2);
-  std::memcpy(p + 8, &header, 4);
-  std::memcpy(p + 12, text, header);
-}
-
-}  // namespace
 
 std::optional<std::string> Handlers::EpisodeProblem(const Request& q) {
   if (q.count != 1) {
@@ -94,11 +73,11 @@ uint64_t Handlers::StoreEpisode(const Request& q, uint64_t* window_bytes) {
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(std::string("INSERT refused, nothing stored: ") + e.what());
   }
-  // A window's share of a SAMPLE reply at most: its item, and the chunks its W steps can span (each with its
-  // reference and offset), or the whole episode's if fewer.
+  // A window's share of a SAMPLE reply at most: its item (with each chunk's places), and the chunks its W steps
+  // can span (each with its reference and offset), or the whole episode's if fewer.
   const uint64_t w = uint64_t{slices_->config().burn_in} + slices_->config().length;
   const uint64_t spans = std::min<uint64_t>(q.num_chunks, (w + fewest - 1) / fewest + 1);
-  *window_bytes = 160 + spans * (largest + 16);
+  *window_bytes = 64 + WindowItemSize(spans, record.num_fields) + spans * (largest + 16);
   return number;
 }
 
@@ -166,7 +145,8 @@ bool Handlers::ServeSliceSample(Call* c, bool can_wait, Reply* reply) {
   result->data.clear();
   result->offsets.assign(1, 0);
   for (size_t i = 0; i < n; ++i) {
-    AppendWindowItem(s.fingerprints[i], s.first[i], s.rows[i], w, &result->data);
+    const uint64_t refs = s.window_chunk_offsets[i + 1] - s.window_chunk_offsets[i];
+    WriteWindowItem(s, i, w, result->data.Extend(WindowItemSize(refs, s.num_fields)));
     result->offsets.push_back(result->data.size());
   }
   result->total_mass = s.total_mass;

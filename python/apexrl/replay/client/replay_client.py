@@ -44,6 +44,7 @@ from apexrl.replay.client.sampler import LearnerBatch, PrefetchingSampler, SlotD
 from apexrl.replay.client.updater import AsyncUpdater
 from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire import steps as S
+from apexrl.replay.wire import windows as W
 from apexrl.replay.wire.codec import TransitionSpec
 from apexrl.replay.wire.schema import peek_ids
 from apexrl.replay.wire.structure import flatten, infer_spec, structure_mismatch, unflatten
@@ -188,12 +189,15 @@ def table_stats(stats: Mapping[str, Any], table: str) -> dict[str, Any]:
 def sequences_of(
     data: Any, offsets: np.ndarray, chunks: P.FrameChunks | None, reuse: dict[str, np.ndarray] | None = None
 ) -> S.SequenceBatch | None:
-    """A sampled batch's sequence items (a TrajectoryWriter's) decoded natively; None when no item is a sequence
-    item or the batch carries no chunks. One sequence item makes the batch one of sequences (any other item in it
+    """A sampled batch's sequence items (a TrajectoryWriter's) or window items (a slices table's:
+    ``windows.decode_window_items``) decoded natively; None when no item is either or the batch carries no
+    chunks. One sequence item makes the batch one of sequences (any other item in it
     is invalid), so that an item of another kind drawn first cannot hide the sequences from the learner.
     ``reuse``: step arrays to decode into (``steps.decode_sequences``)."""
     if chunks is None:
         return None
+    if W.is_window_reply(data, offsets):  # a slices table's windows: one native call, no header per chunk
+        return W.decode_window_items(data, offsets, chunks, reuse)
     items = P.split_items(offsets, data)
     if not any(S.is_sequence_item(item) for item in items):
         return None
