@@ -1,6 +1,9 @@
 #include "apexrl/disk_table.h"
 
 #include <fcntl.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -113,10 +116,11 @@ DiskTable::DiskTable(StoreConfig config, DiskTableOptions options)
 }
 
 struct DiskTable::Segment {
-  explicit Segment(int descriptor) : fd(descriptor) {}
+  Segment(uint64_t n, int descriptor) : number(n), fd(descriptor) {}
   ~Segment() { ::close(fd); }
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
+  const uint64_t number;
   const int fd;
 };
 
@@ -299,6 +303,12 @@ void DiskTable::Open() {
   opened_.items = store_->Size();
   for (const ItemRef& r : refs) opened_.item_bytes += r.size;
   base.clear();
+  std::unordered_map<Key, LoggedItem>().swap(items);
+  restored = std::vector<RestoredItem>();
+  refs = std::vector<ItemRef>();
+#if defined(__GLIBC__)
+  malloc_trim(0);  // the replay's key -> item map, about as large as the index, goes back to the system
+#endif
   epochs.insert(epoch);
   store_->ReportRemovals(&removed_);
   std::vector<uint8_t> body;
@@ -421,12 +431,13 @@ void DiskTable::Compact(const std::vector<RestoredItem>& items, std::vector<Item
   const std::vector<uint32_t> all(epochs.begin(), epochs.end());
   if (!all.empty()) Write(kEpochs, all.data(), all.size() * sizeof(uint32_t));
   std::vector<uint8_t> data;
+  std::shared_ptr<Segment> file;
   for (size_t i = 0; i < items.size(); ++i) {
     ItemRef& ref = (*refs)[i];
     const uint8_t* p = reinterpret_cast<const uint8_t*>(bytes[i] != nullptr ? bytes[i]->data() : nullptr);
     if (bytes[i] == nullptr) {
       data.resize(ref.size);
-      Read(items[i].key, ref, data.data());
+      Read(items[i].key, ref, data.data(), &file);
       p = data.data();
     }
     const LogPosition at = LogItem(items[i].key, items[i].seq, items[i].priority, p, ref.size);
@@ -458,27 +469,29 @@ std::shared_ptr<DiskTable::Segment> DiskTable::SegmentFile(uint64_t segment) con
   auto it = readers_.find(segment);
   if (it != readers_.end()) return it->second;
   const std::string path = options_.path + "/" + TableLog::SegmentName(segment);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NOATIME: a read would otherwise update the inode's access time (relatime does, the file being written).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME);
+  if (fd < 0 && errno == EPERM) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // not the file's owner
   if (fd < 0) {
     throw IoError("cannot open log segment '" + path + "' to read an item: " + std::strerror(errno) +
                   (errno == ENOENT ? " (its items were removed while being read)" : ""));
   }
-  auto file = std::make_shared<Segment>(fd);
+  auto file = std::make_shared<Segment>(segment, fd);
   if (readers_.size() >= kOpenSegments) readers_.erase(readers_.begin());  // a reader still using it keeps it open
   readers_.emplace(segment, file);
   return file;
 }
 
-bool DiskTable::TryRead(Key key, const ItemRef& ref, uint8_t* out) const {
+bool DiskTable::TryRead(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const {
   constexpr size_t kHead = kLogRecordHeaderBytes + kInsertHead;
   if (ref.offset < kHead) return false;
-  const std::shared_ptr<Segment> file = SegmentFile(ref.segment);
+  if (!*file || (*file)->number != ref.segment) *file = SegmentFile(ref.segment);
   uint8_t head[kHead];
   iovec iov[2] = {{head, kHead}, {out, ref.size}};
   const size_t want = kHead + ref.size;
   ssize_t n;
   do {
-    n = ::preadv(file->fd, iov, 2, static_cast<off_t>(ref.offset - kHead));
+    n = ::preadv((*file)->fd, iov, 2, static_cast<off_t>(ref.offset - kHead));
   } while (n < 0 && errno == EINTR);
   if (n < 0) {
     throw IoError("cannot read log segment " + TableLog::SegmentName(ref.segment) + ": " + std::strerror(errno));
@@ -491,13 +504,13 @@ bool DiskTable::TryRead(Key key, const ItemRef& ref, uint8_t* out) const {
   return Crc32cExtend(Crc32cExtend(0, head + 4, kHead - 4), out, ref.size) == crc;
 }
 
-void DiskTable::Read(Key key, const ItemRef& ref, uint8_t* out) const {
-  if (TryRead(key, ref, out)) return;
+void DiskTable::Read(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const {
+  if (TryRead(key, ref, out, file)) return;
   // The loop writes an INSERT's records right after its items enter the store: a reader may be between the two.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kRecordWaitSeconds);
   while (std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
-    if (TryRead(key, ref, out)) return;
+    if (TryRead(key, ref, out, file)) return;
   }
   char what[160];
   std::snprintf(what, sizeof what,
@@ -520,8 +533,9 @@ void DiskTable::ReadItems(SampleResult* batch) const {
   batch->data.clear();
   uint8_t* out = batch->data.Extend(total);
   uint64_t at = 0;
+  std::shared_ptr<Segment> file;  // the last one read, while the next item is in it too
   for (size_t i = 0; i < n; ++i) {
-    Read(batch->keys[i], refs[i], out + at);
+    Read(batch->keys[i], refs[i], out + at, &file);
     batch->offsets[i] = at;
     at += refs[i].size;
   }
@@ -531,7 +545,8 @@ void DiskTable::ReadItems(SampleResult* batch) const {
 std::string DiskTable::ReadItem(Key key, const uint8_t* ref, size_t ref_size) const {
   const ItemRef r = RefOf(ref, ref_size);
   std::string out(r.size, '\0');
-  Read(key, r, reinterpret_cast<uint8_t*>(out.data()));
+  std::shared_ptr<Segment> file;
+  Read(key, r, reinterpret_cast<uint8_t*>(out.data()), &file);
   return out;
 }
 

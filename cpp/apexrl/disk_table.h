@@ -210,9 +210,11 @@ class DiskTable {
   void LogInserts(const Key* keys, uint64_t first_seq, const double* priorities, const uint8_t* const* data,
                   const uint64_t* sizes, size_t n);
   // Reads an item's bytes into `out` (ref->size bytes), checking its record; false when the record there is not
-  // the item's (yet), IoError when the segment cannot be read.
-  bool TryRead(Key key, const ItemRef& ref, uint8_t* out) const;
-  void Read(Key key, const ItemRef& ref, uint8_t* out) const;  // TryRead, waiting a little, else IoError
+  // the item's (yet), IoError when the segment cannot be read. `file`: the segment last read (kept for the next
+  // item of a batch; replaced when the item lies in another).
+  bool TryRead(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const;
+  // TryRead, waiting a little, else IoError.
+  void Read(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const;
   std::shared_ptr<Segment> SegmentFile(uint64_t segment) const EXCLUDES(readers_mu_);
   // Append, counted (a body in two parts: `head`, then `tail`).
   LogPosition Write(uint8_t type, const void* head, size_t head_size, const void* tail = nullptr, size_t tail_size = 0);

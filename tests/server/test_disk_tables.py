@@ -242,7 +242,10 @@ def drop_page_cache(directory: str) -> None:
     """Drops the kernel's cached pages of every file in ``directory`` (clean ones: dirty pages stay until written),
     so that what is read next comes from the disk."""
     for name in os.listdir(directory):
-        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+        try:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+        except FileNotFoundError:  # a compaction's file, gone meanwhile
+            continue
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
