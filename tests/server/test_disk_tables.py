@@ -275,6 +275,32 @@ def test_interval_writes_synced_are_read_back_from_the_disk_and_survive_kill9(st
     assert on_disk(path, durability="interval") == acked
 
 
+def test_a_snapshot_leaves_a_disk_table_out_and_a_restart_reads_it_from_its_log(start_server, tmp_path):
+    snapshot, log_dir = str(tmp_path / "snap"), str(tmp_path / "d")
+    flags = (
+        "--snapshot",
+        snapshot,
+        "--tables",
+        tables_file(tmp_path, {"name": "m"}, {"name": "d", "storage": "disk", "path": log_dir}),
+    )
+    server = start_server(*flags)
+    with (
+        ReplayClient(server.endpoint, timeout=30, table="m") as m,
+        ReplayClient(server.endpoint, timeout=30, table="d") as d,
+    ):
+        m.insert(np.ones(3), [b"m0", b"m1", b"m2"])
+        d.insert(np.ones(2), [b"d0", b"d1"])
+        assert m.checkpoint() == os.path.abspath(snapshot)
+    with open(snapshot, encoding="utf-8") as f:
+        assert [t["name"] for t in json.load(f)["tables"]] == ["m"]  # the disk table's log is its durable form
+    assert server.terminate() == 0
+    server = start_server(*flags)
+    with ReplayClient(server.endpoint, timeout=30, table="d") as client:
+        assert {name: t["size"] for name, t in client.tables().items()} == {"m": 3, "d": 2}
+        assert {bytes(i) for i in client.sample(64).items} == {b"d0", b"d1"}
+    assert server.terminate() == 0
+
+
 def limit_file_size() -> None:
     """In the server process: files may grow to 64 KiB, and a write past that fails with EFBIG (SIGXFSZ
     ignored), as on a full disk."""
