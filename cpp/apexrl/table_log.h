@@ -1,6 +1,6 @@
-// TableLog: an append-only log of checksummed records in segment files, the on-disk form a disk table is
-// to be kept in (one log per table; what each record type means is the table's business, not the log's). No
-// table uses it yet: it is the first part of storage="disk" (docs/architecture.md, "The table log").
+// TableLog: an append-only log of checksummed records in segment files, the on-disk form of a disk table
+// (disk_table.h; one log per table; what each record type means is the table's business, not the log's;
+// docs/architecture.md, "The table log").
 //
 // Files, in the log's directory:
 //   LOCK                     held (flock) by the process that has the log open: a second one is refused

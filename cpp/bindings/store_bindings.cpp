@@ -598,6 +598,8 @@ py::dict OpenedDict(const DiskTableOpened& o) {
   d["epoch"] = o.epoch;
   d["lives"] = o.lives;
   d["compacted_bytes"] = o.compacted_bytes;
+  d["dropped_items"] = o.dropped_items;
+  d["item_bytes"] = o.item_bytes;
   d["dropped_bytes"] = o.log.dropped_bytes;
   d["dropped_segments"] = o.log.dropped_segments;
   d["reason"] = o.log.reason;
@@ -672,8 +674,9 @@ A table stored on disk (storage="disk"): a store like PrioritizedStore's whose e
 under `path` (checksummed records in segment files; a LOCK file keeps a second process out) before it answers.
 Opening replays the log into a new store: every item it holds, with its key, priority and insertion order, the
 log cut at its first torn or corrupt record (`opened` says what was dropped). `epoch` is this life's unless an
-earlier life of the log used it. Only the serving loop may change the store (changes made through `store`
-directly are not logged).)doc")
+earlier life of the log used it. The store keeps where each item's bytes lie in the log (16 bytes an item), not
+the bytes: `store.sample()` and `store.contents()` read them back from the log. Only the serving loop may change
+the store (`store.insert()` and `store.save()` are refused).)doc")
       .def(py::init([](const py::object& path, const std::string& durability, double interval_s,
                        const py::object& segment_bytes, const py::object& capacity, const py::object& alpha,
                        const py::object& shards, const std::string& eviction, const py::object& alpha_evict,
