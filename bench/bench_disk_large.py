@@ -36,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -126,6 +127,26 @@ def sample_for(endpoint: str, n: int, seconds: float) -> dict[str, float]:
     return {"items_per_s": items / elapsed, "mb_per_s": nbytes / elapsed / 1e6}
 
 
+def sampling_phase(
+    name: str, prepare: Callable[[str], None], table_dir: str, endpoint: str, n: int, seconds: float
+) -> dict[str, float]:
+    """``prepare`` the page cache (drop_cache or warm_cache), then sample for ``seconds``: the figures, printed."""
+    prepare(table_dir)
+    before = resident_fraction(table_dir)
+    rates = sample_for(endpoint, n, seconds)
+    after = resident_fraction(table_dir)
+    print(
+        f"{name} ({before:.1%} of the log in the page cache before, {after:.1%} after): "
+        f"{rates['items_per_s']:,.0f} items/s sampled, {rates['mb_per_s']:,.0f} MB/s",
+        flush=True,
+    )
+    return {
+        f"{name}_resident_before": before,
+        f"{name}_resident_after": after,
+        **{f"{name}_{k}": v for k, v in rates.items()},
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", default=None, help="where the table's log goes (default: beside this file, on its disk)")
@@ -200,25 +221,8 @@ def main() -> None:
                 f"bytes an item; bytes held an item {out['bytes_held_per_item']:.0f})",
                 flush=True,
             )
-            drop_cache(table_dir)
-            out["cold_resident_before"] = resident_fraction(table_dir)
-            cold = sample_for(server.endpoint, args.sample_batch, args.seconds)
-            out["cold_resident_after"] = resident_fraction(table_dir)
-            print(
-                f"cold ({out['cold_resident_before']:.1%} of the log in the page cache, {out['cold_resident_after']:.1%}"
-                f" after): {cold['items_per_s']:,.0f} items/s sampled, {cold['mb_per_s']:,.0f} MB/s",
-                flush=True,
-            )
-            warm_cache(table_dir)
-            out["warm_resident_before"] = resident_fraction(table_dir)
-            warm = sample_for(server.endpoint, args.sample_batch, args.seconds)
-            print(
-                f"warm ({out['warm_resident_before']:.1%} in the page cache): {warm['items_per_s']:,.0f} items/s "
-                f"sampled, {warm['mb_per_s']:,.0f} MB/s",
-                flush=True,
-            )
-            out.update({f"cold_{k}": v for k, v in cold.items()})
-            out.update({f"warm_{k}": v for k, v in warm.items()})
+            for phase, prepare in (("cold", drop_cache), ("warm", warm_cache)):
+                out.update(sampling_phase(phase, prepare, table_dir, server.endpoint, args.sample_batch, args.seconds))
             out["rss_after_sampling_bytes"] = W.rss_of(server.pid)
             server.proc.kill()
             server.proc.wait()
