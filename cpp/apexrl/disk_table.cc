@@ -55,8 +55,7 @@ struct LoggedItem {
 constexpr char kIndexPrefix[] = "index-";    // a compaction snapshot of the index (items' ItemRefs)
 constexpr char kBytesPrefix[] = "compact-";  // one of an earlier build: the items' bytes
 constexpr char kSnapshotSuffix[] = ".snap";
-constexpr size_t kOpenSegments = 64;        // read-only segment descriptors kept open at once
-constexpr double kRecordWaitSeconds = 1.0;  // ReadItems: how long a record that is not the item's is waited for
+constexpr size_t kOpenSegments = 64;  // read-only segment descriptors kept open at once
 
 struct SnapshotFile {
   uint64_t segment;  // the number of the segment its log continues with
@@ -507,7 +506,7 @@ bool DiskTable::TryRead(Key key, const ItemRef& ref, uint8_t* out, std::shared_p
 void DiskTable::Read(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const {
   if (TryRead(key, ref, out, file)) return;
   // The loop writes an INSERT's records right after its items enter the store: a reader may be between the two.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kRecordWaitSeconds);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.read_wait_s);
   while (std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     if (TryRead(key, ref, out, file)) return;

@@ -92,6 +92,9 @@ struct DiskTableOptions {
   Durability durability = Durability::kSync;
   double interval_s = 0.010;                 // kInterval: the longest a written record waits for its fdatasync
   uint64_t compact_min_bytes = 64ull << 20;  // a log is compacted past this (and twice its items' records)
+  // ReadItems: how long a record that is not the drawn item's is waited for (its INSERT being written) before
+  // the read fails.
+  double read_wait_s = 1.0;
   LogOptions log;
 };
 
