@@ -1,6 +1,10 @@
 #include "apexrl/disk_table.h"
 
 #include <fcntl.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,10 +13,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <numeric>
 #include <set>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
+#include "apexrl/crc32c.h"
 #include "apexrl/errors.h"
 
 namespace apexrl {
@@ -44,23 +52,50 @@ struct LoggedItem {
   const std::string* bytes = nullptr;  // an item of the compaction snapshot: its bytes (else at the log's `at`)
 };
 
-constexpr char kSnapshotPrefix[] = "compact-";
+constexpr char kIndexPrefix[] = "index-";    // a compaction snapshot of the index (items' ItemRefs)
+constexpr char kBytesPrefix[] = "compact-";  // one of an earlier build: the items' bytes
 constexpr char kSnapshotSuffix[] = ".snap";
+constexpr size_t kOpenSegments = 64;  // read-only segment descriptors kept open at once
 
-// The compaction snapshots in `dir`, by the number of the segment each one's log continues with.
-std::vector<uint64_t> Snapshots(const std::string& dir) {
-  std::vector<uint64_t> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    const size_t prefix = sizeof(kSnapshotPrefix) - 1, suffix = sizeof(kSnapshotSuffix) - 1;
-    if (name.size() != prefix + 16 + suffix || name.compare(0, prefix, kSnapshotPrefix) != 0 ||
-        name.compare(prefix + 16, suffix, kSnapshotSuffix) != 0) {
-      continue;
+struct SnapshotFile {
+  uint64_t segment;  // the number of the segment its log continues with
+  bool index;        // kIndexPrefix (else kBytesPrefix)
+};
+
+std::string SnapshotName(const char* prefix, uint64_t segment) {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s%016llx%s", prefix, static_cast<unsigned long long>(segment), kSnapshotSuffix);
+  return name;
+}
+
+// The compaction snapshots in `dir`, oldest first.
+std::vector<SnapshotFile> Snapshots(const std::string& dir) {
+  std::vector<SnapshotFile> out;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    for (const char* prefix : {kIndexPrefix, kBytesPrefix}) {
+      const size_t n = std::strlen(prefix), suffix = sizeof(kSnapshotSuffix) - 1;
+      if (name.size() != n + 16 + suffix || name.compare(0, n, prefix) != 0 ||
+          name.compare(n + 16, suffix, kSnapshotSuffix) != 0) {
+        continue;
+      }
+      out.push_back(SnapshotFile{std::stoull(name.substr(n, 16), nullptr, 16), prefix == kIndexPrefix});
     }
-    out.push_back(std::stoull(name.substr(prefix, 16), nullptr, 16));
   }
-  std::sort(out.begin(), out.end());
+  std::sort(out.begin(), out.end(), [](const SnapshotFile& a, const SnapshotFile& b) {
+    return a.segment != b.segment ? a.segment < b.segment : a.index < b.index;
+  });
   return out;
+}
+
+ItemRef RefOf(const uint8_t* bytes, size_t size) {
+  if (size != sizeof(ItemRef)) {
+    throw IoError("a disk table's item is held as " + std::to_string(size) + " bytes, not a " +
+                  std::to_string(sizeof(ItemRef)) + "-byte reference into its log");
+  }
+  ItemRef r;
+  std::memcpy(&r, bytes, sizeof r);
+  return r;
 }
 
 }  // namespace
@@ -79,11 +114,17 @@ DiskTable::DiskTable(StoreConfig config, DiskTableOptions options)
   Open();
 }
 
+struct DiskTable::Segment {
+  Segment(uint64_t n, int descriptor) : number(n), fd(descriptor) {}
+  ~Segment() { ::close(fd); }
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  const uint64_t number;
+  const int fd;
+};
+
 std::string DiskTable::SnapshotPath(uint64_t segment) const {
-  char name[64];
-  std::snprintf(name, sizeof name, "%s%016llx%s", kSnapshotPrefix, static_cast<unsigned long long>(segment),
-                kSnapshotSuffix);
-  return options_.path + "/" + name;
+  return options_.path + "/" + SnapshotName(kIndexPrefix, segment);
 }
 
 void DiskTable::Open() {
@@ -95,11 +136,14 @@ void DiskTable::Open() {
   // The newest compaction snapshot holds the items as of its segment's start, or later (see "Compaction").
   std::vector<Shard::Contents> base;
   uint64_t base_segment = 0;
+  bool base_index = true;  // the snapshot holds ItemRefs (else the items' bytes: an earlier build's)
   if (::access(options_.path.c_str(), F_OK) == 0) {
-    const std::vector<uint64_t> snapshots = Snapshots(options_.path);
+    const std::vector<SnapshotFile> snapshots = Snapshots(options_.path);
     if (!snapshots.empty()) {
-      base_segment = snapshots.back();
-      const std::string path = SnapshotPath(base_segment);
+      base_segment = snapshots.back().segment;
+      base_index = snapshots.back().index;
+      const std::string path =
+          options_.path + "/" + SnapshotName(base_index ? kIndexPrefix : kBytesPrefix, base_segment);
       try {
         const uint32_t saved = ShardedStore::SnapshotEpoch(path);
         std::unique_ptr<ShardedStore> snap = ShardedStore::Load(path, NextEpoch(saved));
@@ -115,8 +159,18 @@ void DiskTable::Open() {
       }
       for (const Shard::Contents& c : base) {
         for (size_t i = 0; i < c.keys.size(); ++i) {
-          items[c.keys[i]] = LoggedItem{c.seqs[i], c.priorities[i], LogPosition{},
-                                        static_cast<uint32_t>(c.items[i].size()), &c.items[i]};
+          if (!base_index) {
+            items[c.keys[i]] = LoggedItem{c.seqs[i], c.priorities[i], LogPosition{},
+                                          static_cast<uint32_t>(c.items[i].size()), &c.items[i]};
+            continue;
+          }
+          ItemRef r;
+          try {
+            r = RefOf(reinterpret_cast<const uint8_t*>(c.items[i].data()), c.items[i].size());
+          } catch (const IoError& e) {
+            throw bad("snapshot " + path + ": " + e.what());
+          }
+          items[c.keys[i]] = LoggedItem{c.seqs[i], c.priorities[i], LogPosition{r.segment, r.offset}, r.size};
         }
       }
     }
@@ -178,21 +232,67 @@ void DiskTable::Open() {
   for (size_t tries = 0; epochs.count(epoch) != 0 && tries < kMaxEpoch; ++tries) epoch = NextEpoch(epoch);
   config_.epoch = epoch;
   opened_.epoch = epoch;
-  std::vector<RestoredItem> restored;
-  restored.reserve(items.size());
-  uint64_t total = 0;
-  for (const auto& [key, item] : items) total += item.size;
-  std::vector<uint8_t> bytes(total);
-  uint64_t offset = 0;
-  for (const auto& [key, item] : items) {
-    if (item.bytes != nullptr) {
-      if (item.size != 0) std::memcpy(bytes.data() + offset, item.bytes->data(), item.size);
-    } else if (item.size != 0) {
-      log_->Read(item.at, item.size, bytes.data() + offset);
-    }
-    restored.push_back(RestoredItem{key, item.seq, item.priority, bytes.data() + offset, item.size});
-    offset += item.size;
+  // An item whose bytes lie beyond what the recovery kept (a snapshot's item, in a segment cut short) is dropped.
+  std::map<uint64_t, uint64_t> kept;  // segment -> its bytes
+  for (uint64_t n : log_->segments()) {
+    kept[n] = std::filesystem::file_size(options_.path + "/" + TableLog::SegmentName(n));
   }
+  std::vector<RestoredItem> restored;
+  std::vector<ItemRef> refs;
+  std::vector<const std::string*> bytes;  // an earlier build's snapshot: the item's bytes (else null)
+  restored.reserve(items.size());
+  refs.reserve(items.size());
+  bytes.reserve(items.size());
+  bool rewrite = false;  // items' bytes only in an earlier build's snapshot: into the log they go, now
+  uint64_t oldest = std::numeric_limits<uint64_t>::max(), live_bytes = 0;
+  for (const auto& [key, item] : items) {
+    if (item.bytes == nullptr) {
+      const auto seg = kept.find(item.at.segment);
+      if (seg == kept.end() || item.at.offset < kLogHeaderBytes + kLogRecordHeaderBytes + kInsertHead ||
+          item.at.offset + item.size > seg->second) {
+        ++opened_.dropped_items;
+        continue;
+      }
+      oldest = std::min(oldest, item.at.segment);
+    } else {
+      rewrite = true;
+    }
+    restored.push_back(RestoredItem{key, item.seq, item.priority, nullptr, sizeof(ItemRef)});
+    refs.push_back(ItemRef{static_cast<uint32_t>(item.at.segment), item.size, item.at.offset});
+    bytes.push_back(item.bytes);
+    live_bytes += kLogRecordHeaderBytes + kInsertHead + item.size;
+  }
+  if (opened_.dropped_items != 0) {
+    opened_.log.reason += std::string(opened_.log.reason.empty() ? "" : "; ") + std::to_string(opened_.dropped_items) +
+                          " items of the compaction snapshot lay in what was dropped";
+  }
+  uint64_t log_bytes = 0;
+  for (const auto& [n, size] : kept) {
+    if (n != log_->segment() && n >= base_segment) log_bytes += size;
+  }
+  log_bytes_ = log_bytes;
+  if (rewrite || (log_bytes > options_.compact_min_bytes && log_bytes > 2 * live_bytes)) {
+    std::vector<size_t> order(restored.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return restored[a].seq < restored[b].seq; });
+    std::vector<RestoredItem> r2;
+    std::vector<ItemRef> refs2;
+    std::vector<const std::string*> bytes2;
+    for (size_t i : order) {
+      r2.push_back(restored[i]);
+      refs2.push_back(refs[i]);
+      bytes2.push_back(bytes[i]);
+    }
+    restored.swap(r2);
+    refs.swap(refs2);
+    Compact(restored, &refs, bytes2, epochs);
+    opened_.compacted_bytes = log_bytes;
+    log_bytes_ = 0;
+  } else if (base_segment != 0) {  // a compaction that wrote its snapshot and stopped before deleting what it replaced
+    RemoveSnapshotsBefore(base_segment);
+    RemoveSegmentsBefore(std::min(base_segment, oldest));
+  }
+  for (size_t i = 0; i < restored.size(); ++i) restored[i].data = reinterpret_cast<const uint8_t*>(&refs[i]);
   store_ = std::make_shared<ShardedStore>(config_);
   try {
     store_->Restore(restored);
@@ -200,26 +300,14 @@ void DiskTable::Open() {
     throw bad(e.what());
   }
   opened_.items = store_->Size();
+  for (const ItemRef& r : refs) opened_.item_bytes += r.size;
   base.clear();
-  if (base_segment != 0) {  // a compaction that wrote its snapshot and stopped before deleting what it replaced
-    RemoveSnapshotsBefore(base_segment);
-    log_->RemoveSegmentsBefore(base_segment);
-  }
-  uint64_t log_bytes = 0, live_bytes = 0;
-  for (uint64_t n : log_->segments()) {
-    if (n != log_->segment() && n >= base_segment) {
-      log_bytes += std::filesystem::file_size(options_.path + "/" + TableLog::SegmentName(n));
-    }
-  }
-  log_bytes_ = log_bytes;
-  for (const RestoredItem& item : restored) live_bytes += kLogRecordHeaderBytes + kInsertHead + item.size;
-  if (log_bytes > options_.compact_min_bytes && log_bytes > 2 * live_bytes) {
-    std::sort(restored.begin(), restored.end(),
-              [](const RestoredItem& a, const RestoredItem& b) { return a.seq < b.seq; });
-    Compact(restored, epochs);
-    opened_.compacted_bytes = log_bytes;
-    log_bytes_ = 0;
-  }
+  std::unordered_map<Key, LoggedItem>().swap(items);
+  restored = std::vector<RestoredItem>();
+  refs = std::vector<ItemRef>();
+#if defined(__GLIBC__)
+  malloc_trim(0);  // the replay's key -> item map, about as large as the index, goes back to the system
+#endif
   epochs.insert(epoch);
   store_->ReportRemovals(&removed_);
   std::vector<uint8_t> body;
@@ -336,20 +424,129 @@ std::string DiskTable::failure() const {
   return failure_;
 }
 
-void DiskTable::Compact(const std::vector<RestoredItem>& items, const std::set<uint32_t>& epochs) {
+void DiskTable::Compact(const std::vector<RestoredItem>& items, std::vector<ItemRef>* refs,
+                        const std::vector<const std::string*>& bytes, const std::set<uint32_t>& epochs) {
   const uint64_t first = log_->segment();
   const std::vector<uint32_t> all(epochs.begin(), epochs.end());
   if (!all.empty()) Write(kEpochs, all.data(), all.size() * sizeof(uint32_t));
-  for (const RestoredItem& item : items) LogItem(item.key, item.seq, item.priority, item.data, item.size);
+  std::vector<uint8_t> data;
+  std::shared_ptr<Segment> file;
+  for (size_t i = 0; i < items.size(); ++i) {
+    ItemRef& ref = (*refs)[i];
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(bytes[i] != nullptr ? bytes[i]->data() : nullptr);
+    if (bytes[i] == nullptr) {
+      data.resize(ref.size);
+      Read(items[i].key, ref, data.data(), &file);
+      p = data.data();
+    }
+    const LogPosition at = LogItem(items[i].key, items[i].seq, items[i].priority, p, ref.size);
+    ref.segment = static_cast<uint32_t>(at.segment);
+    ref.offset = at.offset;
+    if (log_->buffered_bytes() > (8u << 20)) log_->Flush();  // a table larger than memory is not buffered whole
+  }
   log_->Sync();                  // the rewrite is whole on disk before any old record goes
   RemoveSnapshotsBefore(first);  // before the segments: a snapshot never outlives the records after it
-  log_->RemoveSegmentsBefore(first);
+  RemoveSegmentsBefore(first);
 }
 
 void DiskTable::RemoveSnapshotsBefore(uint64_t segment) {
-  for (uint64_t n : Snapshots(options_.path)) {
-    if (n < segment) ::unlink(SnapshotPath(n).c_str());
+  for (const SnapshotFile& f : Snapshots(options_.path)) {
+    if (f.segment < segment || !f.index) {  // an earlier build's snapshot: its items are in the log by now
+      ::unlink((options_.path + "/" + SnapshotName(f.index ? kIndexPrefix : kBytesPrefix, f.segment)).c_str());
+    }
   }
+}
+
+void DiskTable::RemoveSegmentsBefore(uint64_t segment) {
+  log_->RemoveSegmentsBefore(segment);
+  ScopedLock lock(readers_mu_);
+  readers_.erase(readers_.begin(), readers_.lower_bound(segment));
+}
+
+std::shared_ptr<DiskTable::Segment> DiskTable::SegmentFile(uint64_t segment) const {
+  ScopedLock lock(readers_mu_);
+  auto it = readers_.find(segment);
+  if (it != readers_.end()) return it->second;
+  const std::string path = options_.path + "/" + TableLog::SegmentName(segment);
+  // O_NOATIME: a read would otherwise update the inode's access time (relatime does, the file being written).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME);
+  if (fd < 0 && errno == EPERM) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // not the file's owner
+  if (fd < 0) {
+    throw IoError("cannot open log segment '" + path + "' to read an item: " + std::strerror(errno) +
+                  (errno == ENOENT ? " (its items were removed while being read)" : ""));
+  }
+  auto file = std::make_shared<Segment>(segment, fd);
+  if (readers_.size() >= kOpenSegments) readers_.erase(readers_.begin());  // a reader still using it keeps it open
+  readers_.emplace(segment, file);
+  return file;
+}
+
+bool DiskTable::TryRead(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const {
+  constexpr size_t kHead = kLogRecordHeaderBytes + kInsertHead;
+  if (ref.offset < kHead) return false;
+  if (!*file || (*file)->number != ref.segment) *file = SegmentFile(ref.segment);
+  uint8_t head[kHead];
+  iovec iov[2] = {{head, kHead}, {out, ref.size}};
+  const size_t want = kHead + ref.size;
+  ssize_t n;
+  do {
+    n = ::preadv((*file)->fd, iov, 2, static_cast<off_t>(ref.offset - kHead));
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    throw IoError("cannot read log segment " + TableLog::SegmentName(ref.segment) + ": " + std::strerror(errno));
+  }
+  if (static_cast<size_t>(n) < want) return false;  // not written yet, or cut back
+  const uint32_t crc = Get<uint32_t>(head), size = Get<uint32_t>(head + 4);
+  if (size != kInsertHead + ref.size || head[8] != kInsert || Get<uint64_t>(head + kLogRecordHeaderBytes) != key) {
+    return false;
+  }
+  return Crc32cExtend(Crc32cExtend(0, head + 4, kHead - 4), out, ref.size) == crc;
+}
+
+void DiskTable::Read(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const {
+  if (TryRead(key, ref, out, file)) return;
+  // The loop writes an INSERT's records right after its items enter the store: a reader may be between the two.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.read_wait_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (TryRead(key, ref, out, file)) return;
+  }
+  char what[160];
+  std::snprintf(what, sizeof what,
+                "item %#llx: the record at %s byte %llu is not its own (corrupt, or its insert "
+                "was refused)",
+                static_cast<unsigned long long>(key), TableLog::SegmentName(ref.segment).c_str(),
+                static_cast<unsigned long long>(ref.offset));
+  throw IoError(what);
+}
+
+void DiskTable::ReadItems(SampleResult* batch) const {
+  const size_t n = batch->keys.size();
+  thread_local std::vector<ItemRef> refs;
+  refs.resize(n);
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    refs[i] = RefOf(batch->data.data() + batch->offsets[i], batch->offsets[i + 1] - batch->offsets[i]);
+    total += refs[i].size;
+  }
+  batch->data.clear();
+  uint8_t* out = batch->data.Extend(total);
+  uint64_t at = 0;
+  std::shared_ptr<Segment> file;  // the last one read, while the next item is in it too
+  for (size_t i = 0; i < n; ++i) {
+    Read(batch->keys[i], refs[i], out + at, &file);
+    batch->offsets[i] = at;
+    at += refs[i].size;
+  }
+  batch->offsets[n] = at;
+}
+
+std::string DiskTable::ReadItem(Key key, const uint8_t* ref, size_t ref_size) const {
+  const ItemRef r = RefOf(ref, ref_size);
+  std::string out(r.size, '\0');
+  std::shared_ptr<Segment> file;
+  Read(key, r, reinterpret_cast<uint8_t*>(out.data()), &file);
+  return out;
 }
 
 void DiskTable::MaybeCompact() {
@@ -362,7 +559,7 @@ void DiskTable::MaybeCompact() {
     }
     try {
       RemoveSnapshotsBefore(compact_segment_);
-      log_->RemoveSegmentsBefore(compact_segment_);
+      RemoveSegmentsBefore(std::min(compact_segment_, compact_oldest_));  // an old live item's segment stays
       compactions_.fetch_add(1, std::memory_order_relaxed);
     } catch (const IoError&) {  // left for the next compaction; the snapshot and the records agree meanwhile
       compact_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -391,6 +588,11 @@ void DiskTable::MaybeCompact() {
   compactor_ = std::thread([this, path = SnapshotPath(compact_segment_)] {
     try {
       store_->Save(path);  // shard by shard, each under its own lock: the loop serves on meanwhile
+      uint64_t oldest = std::numeric_limits<uint64_t>::max();
+      store_->ForEachItem([&oldest](const uint8_t* ref, uint32_t size) {
+        if (size == sizeof(ItemRef)) oldest = std::min<uint64_t>(oldest, RefOf(ref, size).segment);
+      });
+      compact_oldest_ = oldest;
     } catch (const std::exception& e) {
       compact_error_ = e.what();
     }
@@ -398,12 +600,13 @@ void DiskTable::MaybeCompact() {
   });
 }
 
-void DiskTable::LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size) {
+LogPosition DiskTable::LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size) {
   uint8_t head[kInsertHead];
   std::memcpy(head, &key, 8);
   std::memcpy(head + 8, &seq, 8);
   std::memcpy(head + 16, &priority, 8);
-  Write(kInsert, head, sizeof head, data, size);
+  const LogPosition at = Write(kInsert, head, sizeof head, data, size);
+  return LogPosition{at.segment, at.offset + kInsertHead};
 }
 
 void DiskTable::CheckUsable() const {
@@ -411,11 +614,12 @@ void DiskTable::CheckUsable() const {
     throw IoError("the table's log failed (" + failure() + "); it takes no change until the server restarts");
 }
 
-void DiskTable::Write(uint8_t type, const void* head, size_t head_size, const void* tail, size_t tail_size) {
-  log_->Append(type, head, head_size, tail, tail_size);
+LogPosition DiskTable::Write(uint8_t type, const void* head, size_t head_size, const void* tail, size_t tail_size) {
+  const LogPosition at = log_->Append(type, head, head_size, tail, tail_size);
   log_bytes_ += kLogRecordHeaderBytes + head_size + tail_size;
   records_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(kLogRecordHeaderBytes + head_size + tail_size, std::memory_order_relaxed);
+  return at;
 }
 
 void DiskTable::AppendRemovals() {
@@ -432,11 +636,53 @@ void DiskTable::Flush() {
   Written();
 }
 
+void DiskTable::Insert(const double* priorities, const uint8_t* const* data, const uint64_t* sizes, size_t n,
+                       Key* keys) {
+  CheckUsable();
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (sizes[i] > kLogMaxBody - kInsertHead) {
+      throw InvalidArgument("an item of " + std::to_string(sizes[i]) + " bytes is over the " +
+                            std::to_string(kLogMaxBody - kInsertHead) + "-byte limit of a disk table's items");
+    }
+    bytes += kLogRecordHeaderBytes + kInsertHead + sizes[i];
+  }
+  LogPosition at;
+  try {
+    at = log_->Reserve(bytes);  // the batch's records in one segment, where the store's ItemRefs say
+  } catch (const IoError&) {
+    write_errors_.fetch_add(1, std::memory_order_relaxed);
+    throw;
+  }
+  if (at.segment > std::numeric_limits<uint32_t>::max()) throw IoError("the log has used up its segment numbers");
+  planned_.resize(n);
+  planned_ptrs_.resize(n);
+  planned_sizes_.assign(n, sizeof(ItemRef));
+  for (size_t i = 0; i < n; ++i) {
+    at.offset += kLogRecordHeaderBytes + kInsertHead;
+    planned_[i] = ItemRef{static_cast<uint32_t>(at.segment), static_cast<uint32_t>(sizes[i]), at.offset};
+    planned_ptrs_[i] = reinterpret_cast<const uint8_t*>(&planned_[i]);
+    at.offset += sizes[i];
+  }
+  const uint64_t first_seq = store_->last_seq() + 1;  // the loop's thread alone inserts: numbered in order
+  store_->Insert(priorities, planned_ptrs_.data(), planned_sizes_.data(), n, keys);
+  try {
+    LogInserts(keys, first_seq, priorities, data, sizes, n);
+  } catch (const IoError&) {
+    store_->Erase(keys, n);  // not on disk: not stored (evictions it made stay done)
+    throw;
+  }
+}
+
 void DiskTable::LogInserts(const Key* keys, uint64_t first_seq, const double* priorities, const uint8_t* const* data,
                            const uint64_t* sizes, size_t n) {
-  CheckUsable();
   WriteAll([&] {
-    for (size_t i = 0; i < n; ++i) LogItem(keys[i], first_seq + i, priorities[i], data[i], sizes[i]);
+    for (size_t i = 0; i < n; ++i) {
+      const LogPosition at = LogItem(keys[i], first_seq + i, priorities[i], data[i], sizes[i]);
+      if (at.segment != planned_[i].segment || at.offset != planned_[i].offset) {
+        throw std::logic_error("a disk table's INSERT record is not where its reservation placed it");
+      }
+    }
     AppendRemovals();  // after the items: the max_size ceiling may have evicted some of them
   });
 }
@@ -487,7 +733,8 @@ std::string DiskTable::Restored(const Key* keys, size_t n) {
     uint64_t count = 0;
     for (size_t i = 0; i < n; ++i) {
       if (!store_->Peek(keys[i], &seq, &priority, &data)) continue;
-      LogItem(keys[i], seq, priority, reinterpret_cast<const uint8_t*>(data.data()), data.size());
+      const std::string bytes = ReadItem(keys[i], reinterpret_cast<const uint8_t*>(data.data()), data.size());
+      LogItem(keys[i], seq, priority, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
       ++count;
     }
     Flush();
@@ -522,6 +769,8 @@ DiskTableStats DiskTable::Stats() const {
   s.restored = restored_.load(std::memory_order_relaxed);
   s.compactions = compactions_.load(std::memory_order_relaxed);
   s.compact_errors = compact_errors_.load(std::memory_order_relaxed);
+  const uint64_t synced = synced_.load(), written = written_.load();  // synced_ first: never above written_
+  s.unsynced_writes = written - synced;
   s.failed = failed();
   return s;
 }

@@ -1,10 +1,14 @@
 // DiskTable: a table whose every acknowledged change is in a log on disk (storage="disk"), so that a server
 // killed (kill -9) or a machine that loses power reopens the table with what it acknowledged, keys included.
 //
-// Design. The table's store (sum trees, key slots, eviction orders, payloads) stays in memory exactly as a memory
-// table's; the serving loop's rate limiter counts stay in memory too (a reopened table starts them afresh from its
-// size). Beside it, every change is appended to the table's TableLog (table_log.h: checksummed records in
-// segment files under `path`, a LOCK against a second server) as one of these records (little-endian):
+// Design. The table's store (sum trees, key slots, eviction orders) stays in memory as a memory table's, but
+// each item's bytes there are an ItemRef (16 bytes: where its INSERT record's bytes lie in the log), so the
+// server's memory is bounded by the index, not by the data: a SAMPLE reads the drawn items' bytes back from the
+// segment files (ReadItems: pread, on the serving loop's workers, from the page cache or the disk), checking
+// each record's checksum and key. The serving loop's rate limiter counts stay in memory too (a reopened table
+// starts them afresh from its size). Every change is appended to the table's TableLog (table_log.h:
+// checksummed records in segment files under `path`, a LOCK against a second server) as one of these records
+// (little-endian):
 //   1 OPEN    u32 epoch | u32 shards          a server life began, issuing keys of `epoch`
 //   2 INSERT  u64 key | u64 insertion number | f64 priority | the item's bytes
 //   3 UPDATE  n x (u64 key | f64 priority)    an UPDATE_PRIORITIES request (keys that address nothing included)
@@ -13,29 +17,39 @@
 //                                             time, logged when its SAMPLE is served, before the reply leaves)
 //   5 CLEAR   (empty)                         a RESET
 //   6 EPOCHS  n x u32 epoch                   the epochs of the lives a compaction dropped the OPENs of
+// An INSERT's records are placed before its items enter the store (TableLog::Reserve), so the store holds their
+// final ItemRefs; a reader that draws an item whose record is not written yet (microseconds: the loop writes it
+// right after) or was cut back by a failed write (the insert is then refused and its items erased) finds a
+// record that is not the item's, waits for it a little and then fails the read.
 // A SAMPLE reply that is not delivered gives its held items back to the store; they are logged again as INSERTs
 // with their old keys and insertion numbers (so a queue's order survives), and synced at once.
 // Opening replays the log in order into a key -> item map (an INSERT of a live key replaces it, an UPDATE or
-// ERASE of a key that is not there does nothing, as the store did), then restores the items, with their keys and
-// insertion numbers, into a new store of `config` (ShardedStore::Restore), whose epoch differs from every life
-// the log recorded. The log recovery's truncation (a torn or corrupt record ends the log) is what the table
-// opens at; recovery() reports what was dropped.
+// ERASE of a key that is not there does nothing, as the store did), then restores the items, with their keys,
+// insertion numbers and ItemRefs, into a new store of `config` (ShardedStore::Restore), whose epoch differs from
+// every life the log recorded; no item's bytes are read. The log recovery's truncation (a torn or corrupt record
+// ends the log) is what the table opens at; recovery() reports what was dropped, and an item whose bytes lay in
+// the dropped part is dropped too (opened().dropped_items).
 // Compaction, so that the log holds about what the table holds:
 //  * while serving (MaybeCompact, between the loop's turns): once the records a reopening would replay pass
-//    compact_min_bytes and twice the INSERT records of the items left, and no item is held (a pop pending a
-//    reply), the log starts a new segment N with an EPOCHS record, and a thread writes the store's snapshot
-//    (ShardedStore::Save: shard by shard under each shard's lock, so the loop serves on) to compact-N.snap;
-//    once it is whole (written, synced, renamed), older snapshots and the segments before N are deleted.
+//    compact_min_bytes and twice the index (ItemRefs and INSERT heads of the items left), and no item is held (a
+//    pop pending a reply), the log starts a new segment N with an EPOCHS record, and a thread writes the store's
+//    snapshot -- its index: keys, priorities, ItemRefs -- (ShardedStore::Save: shard by shard under each shard's
+//    lock, so the loop serves on) to index-N.snap and notes the oldest segment an item's bytes lie in; once the
+//    snapshot is whole (written, synced, renamed), older snapshots are deleted, and the segments before N and
+//    before that oldest one. Segments whose items are all gone go; one an old live item lies in stays (a table
+//    whose remover keeps old items, e.g. by priority, keeps more of its log than it holds).
 //    Opening then loads the newest snapshot and replays the segments from N on, which may repeat changes the
 //    snapshot already holds: each record type gives the same end state applied once or twice in order, so the
-//    snapshot's instant (after N began) does not matter. A snapshot that cannot be read stops the opening.
+//    snapshot's instant (after N began) does not matter. A snapshot that cannot be read stops the opening. A
+//    compact-N.snap (items' bytes in the snapshot, as earlier builds wrote) is read too and rewritten at once.
 //  * on opening, when the segments read hold more than twice the records of the items left (and at least
-//    compact_min_bytes): the new segment starts with EPOCHS and an INSERT of every item, is synced, and the
-//    snapshots and segments before it are deleted (oldest first). A crash anywhere reopens the same items.
+//    compact_min_bytes): the new segment starts with EPOCHS and an INSERT of every item (their bytes read
+//    from where they lay), is synced, and the snapshots and segments before it are deleted (oldest first). A
+//    crash anywhere reopens the same items.
 //
 // Items with chunks (trajectories, Atari frame chunks) are not stored on disk: the loop refuses such an INSERT.
-// Not done yet, and said where it matters: the payloads are also in memory (RSS is that of a memory table), and
-// an item's draw count (max_times_sampled above 1) starts again from 0 after a restart.
+// Not done yet, and said where it matters: an item's draw count (max_times_sampled above 1) starts again from 0
+// after a restart.
 //
 // Durability. Every change is written (write(2), to the page cache) before the request's reply is built, one
 // write per request, so a killed process loses nothing it acknowledged. kSync: the loop fdatasyncs once per
@@ -47,15 +61,16 @@
 // caller undoes the request's change in memory and answers it with an error. A failed fdatasync leaves the
 // disk's state unknown: the table fails (failed()), every later change to it is refused until a restart.
 //
-// Thread-safety: the serving loop's thread alone calls it (the loop serves every request of a disk table
-// there); Stats(), failed() and failure() may be called from any thread; kInterval's syncer shares the
-// descriptor under fd_mu_ and reports through atomics.
+// Thread-safety: the serving loop's thread alone changes it (the loop serves every request of a disk table that
+// changes it there); ReadItems, ReadItem, Stats(), failed() and failure() may be called from any thread (the
+// loop's workers sample); kInterval's syncer shares the descriptor under fd_mu_ and reports through atomics.
 #ifndef APEXRL_DISK_TABLE_H_
 #define APEXRL_DISK_TABLE_H_
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -77,8 +92,20 @@ struct DiskTableOptions {
   Durability durability = Durability::kSync;
   double interval_s = 0.010;                 // kInterval: the longest a written record waits for its fdatasync
   uint64_t compact_min_bytes = 64ull << 20;  // a log is compacted past this (and twice its items' records)
+  // ReadItems: how long a record that is not the drawn item's is waited for (its INSERT being written) before
+  // the read fails.
+  double read_wait_s = 1.0;
   LogOptions log;
 };
+
+// What a disk table's store holds as an item's bytes: where its bytes lie in the log (the body of its INSERT
+// record, after the 24-byte head).
+struct ItemRef {
+  uint32_t segment;
+  uint32_t size;  // the item's bytes
+  uint64_t offset;
+};
+static_assert(sizeof(ItemRef) == 16, "an ItemRef is 16 bytes in the store and in index snapshots");
 
 // What opening found.
 struct DiskTableOpened {
@@ -87,6 +114,8 @@ struct DiskTableOpened {
   uint32_t epoch = 0;            // the new life's
   uint64_t lives = 0;            // OPEN records before this one
   uint64_t compacted_bytes = 0;  // the bytes of the segments the opening compaction deleted (0: none)
+  uint64_t dropped_items = 0;    // items whose bytes lay in what the log's recovery dropped
+  uint64_t item_bytes = 0;       // the restored items' bytes (in the log, not in memory)
   LogRecovery log;               // what the log's recovery dropped, and why
 };
 
@@ -99,6 +128,9 @@ struct DiskTableStats {
   uint64_t restored = 0;      // items given back (undelivered SAMPLE replies) and logged again
   uint64_t compactions = 0;   // while serving (MaybeCompact)
   uint64_t compact_errors = 0;
+  // kInterval: writes not yet covered by an fdatasync (what a power cut could take); 0 for kSync, whose replies
+  // wait for theirs.
+  uint64_t unsynced_writes = 0;
   bool failed = false;
 };
 
@@ -119,11 +151,12 @@ class DiskTable {
   const DiskTableOpened& opened() const { return opened_; }
   const DiskTableOptions& options() const { return options_; }
 
+  // Stores n items (ShardedStore::Insert: n keys written) and logs them; IoError when they cannot be written
+  // (nothing of them stored or on disk), InvalidArgument as the store's Insert (nothing changed).
+  void Insert(const double* priorities, const uint8_t* const* data, const uint64_t* sizes, size_t n, Key* keys);
   // Each logs one request's change and writes it (with the removals the store reported since the last call,
   // in order) before returning; IoError when it cannot (nothing of it written: the caller undoes and refuses).
-  // LogInserts after the store's Insert (items numbered first_seq + i), the others before the change itself.
-  void LogInserts(const Key* keys, uint64_t first_seq, const double* priorities, const uint8_t* const* data,
-                  const uint64_t* sizes, size_t n);
+  // Called before the change itself.
   void LogUpdates(const Key* keys, const double* priorities, size_t n);
   void LogErases(const Key* keys, size_t n);  // erased by request, or a queue's pops
   void LogClear();
@@ -135,6 +168,16 @@ class DiskTable {
   // Held items that came back to the store (their SAMPLE reply was not sent): logged again as INSERTs and
   // synced. Never throws (it runs where the reply is settled); a failure is counted and returned as text.
   std::string Restored(const Key* keys, size_t n);
+
+  // A sampled batch of this table's store (its items' bytes are ItemRefs): replaces them with the items' bytes,
+  // read from the log, `keys` naming the items. IoError when an item's record cannot be read or is not the
+  // item's. Any thread.
+  void ReadItems(SampleResult* batch) const;
+  // One item's bytes, from its ItemRef (`ref`, `ref_size` bytes as the store holds it). Any thread.
+  std::string ReadItem(Key key, const uint8_t* ref, size_t ref_size) const;
+  // A SAMPLE of this table may pop items (max_times_sampled), which it logs: the loop serves it itself; the
+  // others read on the workers.
+  bool pops() const { return config_.max_times_sampled > 0; }
 
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string failure() const EXCLUDES(failure_mu_);
@@ -155,15 +198,29 @@ class DiskTable {
   DiskTableStats Stats() const;
 
  private:
+  struct Segment;  // a segment's read-only descriptor (readers_)
   void Open();
-  // Rewrites `items` (sorted by insertion number) and `epochs` into the segment being written and deletes the
-  // segments before it (see "Compaction" above).
-  void Compact(const std::vector<RestoredItem>& items, const std::set<uint32_t>& epochs);
+  // Rewrites `items` (sorted by insertion number; their bytes read from where `refs` say, or from `bytes`
+  // where not null) and `epochs` into the segment being written, points `refs` at the new records, and deletes
+  // the segments before it (see "Compaction" above).
+  void Compact(const std::vector<RestoredItem>& items, std::vector<ItemRef>* refs,
+               const std::vector<const std::string*>& bytes, const std::set<uint32_t>& epochs);
   void RemoveSnapshotsBefore(uint64_t segment);
-  std::string SnapshotPath(uint64_t segment) const;  // compact-<16 hex digits>.snap
-  void LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size);  // an INSERT record
+  void RemoveSegmentsBefore(uint64_t segment);       // the log's, and their descriptors
+  std::string SnapshotPath(uint64_t segment) const;  // index-<16 hex digits>.snap
+  // LogItem: an INSERT record; returns where its item's bytes lie. LogInserts: a new batch's, at `planned`.
+  LogPosition LogItem(Key key, uint64_t seq, double priority, const uint8_t* data, size_t size);
+  void LogInserts(const Key* keys, uint64_t first_seq, const double* priorities, const uint8_t* const* data,
+                  const uint64_t* sizes, size_t n);
+  // Reads an item's bytes into `out` (ref->size bytes), checking its record; false when the record there is not
+  // the item's (yet), IoError when the segment cannot be read. `file`: the segment last read (kept for the next
+  // item of a batch; replaced when the item lies in another).
+  bool TryRead(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const;
+  // TryRead, waiting a little, else IoError.
+  void Read(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const;
+  std::shared_ptr<Segment> SegmentFile(uint64_t segment) const EXCLUDES(readers_mu_);
   // Append, counted (a body in two parts: `head`, then `tail`).
-  void Write(uint8_t type, const void* head, size_t head_size, const void* tail = nullptr, size_t tail_size = 0);
+  LogPosition Write(uint8_t type, const void* head, size_t head_size, const void* tail = nullptr, size_t tail_size = 0);
   void AppendRemovals();  // pending_ and removed_, as one ERASE record
   void Flush();
   // Runs `append` (Write calls), then writes the buffer; on a failure nothing of it is on disk (TableLog cut
@@ -194,6 +251,12 @@ class DiskTable {
   std::vector<Key> pending_;  // removals whose ERASE record a failed write dropped
   std::vector<Key> erasing_;  // the removals in the buffer now (pending_ again if the write fails)
   std::vector<uint8_t> scratch_;
+  std::vector<ItemRef> planned_;  // Insert: the batch's ItemRefs, and the store's view of them
+  std::vector<const uint8_t*> planned_ptrs_;
+  std::vector<uint64_t> planned_sizes_;
+  // Read-only descriptors of the segments, opened when first read (at most kOpenSegments at once).
+  mutable Mutex readers_mu_;
+  mutable std::map<uint64_t, std::shared_ptr<Segment>> readers_ GUARDED_BY(readers_mu_);
   bool unsynced_ = false;
   mutable Mutex failure_mu_;
   std::string failure_ GUARDED_BY(failure_mu_);
@@ -217,6 +280,7 @@ class DiskTable {
   uint64_t next_check_ = 0;  // log_bytes_ at which MaybeCompact reads the store's totals again
   std::set<uint32_t> epochs_;
   uint64_t compact_segment_ = 0;
+  uint64_t compact_oldest_ = 0;  // the oldest segment an item's bytes lay in when the snapshot was written
   std::thread compactor_;
   std::atomic<bool> compact_done_{false};
   std::string compact_error_;

@@ -210,6 +210,13 @@ class Shard {
   void Restore(const RestoredItem* items, size_t n) EXCLUDES(mu_);
   // A live item's insertion number, priority and bytes (false for a key that addresses no live item).
   bool Peek(Key key, uint64_t* seq, double* priority, std::string* data) const EXCLUDES(mu_);
+  // Calls f(bytes, size) for every item, held ones included, under the lock (f must not call into the shard).
+  template <typename F>
+  void ForEachItem(F&& f) const EXCLUDES(mu_) {
+    ScopedLock lock(mu_);
+    for (Slot s : live_) f(static_cast<const uint8_t*>(refs_[s].data), refs_[s].size);
+    for (Slot s : held_) f(static_cast<const uint8_t*>(refs_[s].data), refs_[s].size);
+  }
 
   // What a snapshot of this shard holds, copied under the lock: its stored chunks (ids ascending) and its live
   // items, oldest first, each with its key and the ids of the chunks it references. A restored store hands

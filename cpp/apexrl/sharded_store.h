@@ -242,6 +242,11 @@ class ShardedStore {
   void ReportRemovals(std::vector<Key>* sink);
   void Restore(std::vector<RestoredItem> items);
   bool Peek(Key key, uint64_t* seq, double* priority, std::string* data) const;
+  // f(bytes, size) for every item, held ones included, one shard's lock at a time (Shard::ForEachItem).
+  template <typename F>
+  void ForEachItem(F&& f) const {
+    for (const auto& shard : shards_) shard->ForEachItem(f);
+  }
   // The last insertion number issued: an Insert call that runs alone numbers its items from this + 1, in order.
   uint64_t last_seq() const { return next_seq_.load(std::memory_order_relaxed); }
 

@@ -245,6 +245,7 @@ void TableLog::StartSegment(uint64_t number) {
   fd_ = fd;
   segment_ = number;
   written_ = h.size();
+  reserved_end_ = 0;
   new_segment_ = true;
 }
 
@@ -259,7 +260,8 @@ LogPosition TableLog::Append(uint8_t type, const void* head, size_t head_size, c
                           std::to_string(kLogMaxBody) + "-byte limit");
   }
   const uint64_t record = kLogRecordHeaderBytes + size;
-  if (written_ + buffer_.size() > kLogHeaderBytes && written_ + buffer_.size() + record > options_.segment_bytes) {
+  const uint64_t end = written_ + buffer_.size() + record;
+  if (written_ + buffer_.size() > kLogHeaderBytes && end > options_.segment_bytes && end > reserved_end_) {
     Sync();  // the segment is closed durable, so a later one never holds records an earlier one lost
     StartSegment(segment_ + 1);
   }
@@ -272,6 +274,16 @@ LogPosition TableLog::Append(uint8_t type, const void* head, size_t head_size, c
   if (tail_size != 0) std::memcpy(p + kLogRecordHeaderBytes + head_size, tail, tail_size);
   Store<uint32_t>(p, Crc32cExtend(0, p + 4, 5 + size));
   return LogPosition{segment_, written_ + at + kLogRecordHeaderBytes};
+}
+
+LogPosition TableLog::Reserve(uint64_t bytes) {
+  const uint64_t end = written_ + buffer_.size() + bytes;
+  if (written_ + buffer_.size() > kLogHeaderBytes && end > options_.segment_bytes) {
+    Sync();
+    StartSegment(segment_ + 1);
+  }
+  reserved_end_ = written_ + buffer_.size() + bytes;
+  return LogPosition{segment_, written_ + buffer_.size()};
 }
 
 void TableLog::Flush() {

@@ -1,6 +1,6 @@
-// TableLog: an append-only log of checksummed records in segment files, the on-disk form a disk table is
-// to be kept in (one log per table; what each record type means is the table's business, not the log's). No
-// table uses it yet: it is the first part of storage="disk" (docs/architecture.md, "The table log").
+// TableLog: an append-only log of checksummed records in segment files, the on-disk form of a disk table
+// (disk_table.h; one log per table; what each record type means is the table's business, not the log's;
+// docs/architecture.md, "The table log").
 //
 // Files, in the log's directory:
 //   LOCK                     held (flock) by the process that has the log open: a second one is refused
@@ -78,6 +78,11 @@ class TableLog {
   // The same for a body in two parts, `head` then `tail` (no copy of them joined first); returns where the
   // body (its head) will lie.
   LogPosition Append(uint8_t type, const void* head, size_t head_size, const void* tail, size_t tail_size);
+  // Where the next record's header will lie, once `bytes` of records (headers included) are sure to fit in one
+  // segment: it starts the next segment first when they would pass segment_bytes in this one (unless it holds
+  // no record yet), and no Append of those bytes starts another. So a caller learns where each of a batch's
+  // records will be before it appends them. IoError as Sync's.
+  LogPosition Reserve(uint64_t bytes);
   // Writes the buffered records (see "Durability" above for a failure).
   void Flush();
   // Flush, then fdatasync: every record appended before is on disk when it returns.
@@ -109,10 +114,11 @@ class TableLog {
   const std::string dir_;
   const LogOptions options_;
   int lock_fd_ = -1;
-  int fd_ = -1;              // the segment being written
-  uint64_t segment_ = 0;     // its number
-  uint64_t written_ = 0;     // its bytes in the file
-  bool new_segment_ = true;  // its directory entry not yet synced
+  int fd_ = -1;                // the segment being written
+  uint64_t segment_ = 0;       // its number
+  uint64_t written_ = 0;       // its bytes in the file
+  uint64_t reserved_end_ = 0;  // Reserve: records ending up to here stay in this segment
+  bool new_segment_ = true;    // its directory entry not yet synced
   std::vector<uint8_t> buffer_;
   uint64_t syncs_ = 0;
   LogRecovery recovery_;

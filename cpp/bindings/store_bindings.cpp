@@ -283,6 +283,9 @@ class PySampleBatch {
 class PyStore {
  public:
   explicit PyStore(std::shared_ptr<ShardedStore> store) : store_(std::move(store)) {}
+  // A disk table's store (its items' bytes are where they lie in the log): read through `disk`, never changed here.
+  PyStore(std::shared_ptr<ShardedStore> store, std::shared_ptr<DiskTable> disk)
+      : store_(std::move(store)), disk_(std::move(disk)) {}
 
   static std::unique_ptr<PyStore> Create(const py::object& capacity, const py::object& alpha, const py::object& shards,
                                          const std::string& eviction, const py::object& alpha_evict,
@@ -332,6 +335,7 @@ class PyStore {
   py::object Insert(const py::object& priorities, const py::object& items, const py::object& offsets,
                     const py::object& chunks, const py::object& item_chunks, const py::object& item_chunk_offsets,
                     bool return_chunk_keys) {
+    if (disk_) throw InvalidArgument("a table on disk takes its inserts through the serving loop, which logs them");
     auto prio = As1D<double>(priorities, "priorities", "fiu");
     const size_t n = static_cast<size_t>(prio.size());
     if (n > kMaxBatchItems) {  // before unpacking n items
@@ -407,6 +411,7 @@ class PyStore {
     {
       py::gil_scoped_release release;
       store_->Sample(static_cast<size_t>(count), b, result.get());
+      if (disk_) disk_->ReadItems(result.get());
     }
     return PySampleBatch(std::move(result));
   }
@@ -467,6 +472,10 @@ class PyStore {
   }
 
   void Save(const std::string& path) const {
+    if (disk_) {
+      throw InvalidArgument("a table on disk is not saved in snapshots: its items are in its log at '" +
+                            disk_->options().path + "'");
+    }
     py::gil_scoped_release release;
     store_->Save(path);
   }
@@ -493,6 +502,12 @@ class PyStore {
     {
       py::gil_scoped_release release;
       shards = store_->Dump();
+      for (Shard::Contents& c : shards) {
+        for (size_t i = 0; disk_ && i < c.keys.size(); ++i) {
+          c.items[i] =
+              disk_->ReadItem(c.keys[i], reinterpret_cast<const uint8_t*>(c.items[i].data()), c.items[i].size());
+        }
+      }
     }
     struct Row {
       uint64_t seq;
@@ -560,6 +575,7 @@ class PyStore {
 
  private:
   std::shared_ptr<ShardedStore> store_;
+  std::shared_ptr<DiskTable> disk_;  // a disk table's store: null otherwise
 };
 
 std::string FsPath(const py::object& path) { return py::str(py::module_::import("os").attr("fspath")(path)); }
@@ -582,6 +598,8 @@ py::dict OpenedDict(const DiskTableOpened& o) {
   d["epoch"] = o.epoch;
   d["lives"] = o.lives;
   d["compacted_bytes"] = o.compacted_bytes;
+  d["dropped_items"] = o.dropped_items;
+  d["item_bytes"] = o.item_bytes;
   d["dropped_bytes"] = o.log.dropped_bytes;
   d["dropped_segments"] = o.log.dropped_segments;
   d["reason"] = o.log.reason;
@@ -656,8 +674,9 @@ A table stored on disk (storage="disk"): a store like PrioritizedStore's whose e
 under `path` (checksummed records in segment files; a LOCK file keeps a second process out) before it answers.
 Opening replays the log into a new store: every item it holds, with its key, priority and insertion order, the
 log cut at its first torn or corrupt record (`opened` says what was dropped). `epoch` is this life's unless an
-earlier life of the log used it. Only the serving loop may change the store (changes made through `store`
-directly are not logged).)doc")
+earlier life of the log used it. The store keeps where each item's bytes lie in the log (16 bytes an item), not
+the bytes: `store.sample()` and `store.contents()` read them back from the log. Only the serving loop may change
+the store (`store.insert()` and `store.save()` are refused).)doc")
       .def(py::init([](const py::object& path, const std::string& durability, double interval_s,
                        const py::object& segment_bytes, const py::object& capacity, const py::object& alpha,
                        const py::object& shards, const std::string& eviction, const py::object& alpha_evict,
@@ -681,8 +700,9 @@ directly are not logged).)doc")
            py::arg("alpha_evict") = -0.4, py::arg("seed") = 0, py::arg("max_size") = py::none(), py::arg("epoch") = 1,
            py::arg("sampler") = std::string(SamplerKindName(StoreConfig{}.sampler)), py::arg("max_times_sampled") = 0)
       .def_property_readonly(
-          "store", [](const PyDiskTable& t) { return std::make_unique<PyStore>(t.disk->store()); },
-          "The table's store (a PrioritizedStore sharing it): read it; change it through the serving loop only.")
+          "store", [](const PyDiskTable& t) { return std::make_unique<PyStore>(t.disk->store(), t.disk); },
+          "The table's store (a PrioritizedStore sharing it): read it (sample() and contents() read the items' "
+          "bytes from the log); change it through the serving loop only (insert() and save() are refused).")
       .def_property_readonly(
           "opened", [](const PyDiskTable& t) { return OpenedDict(t.disk->opened()); },
           "What opening found: items restored, records read, the new epoch, earlier lives, and the bytes and "
@@ -700,6 +720,7 @@ directly are not logged).)doc")
         d["items_logged_again"] = s.restored;
         d["compactions"] = s.compactions;
         d["compaction_errors"] = s.compact_errors;
+        d["unsynced_writes"] = s.unsynced_writes;
         d["failed"] = s.failed;
         return d;
       });

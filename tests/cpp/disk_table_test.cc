@@ -9,7 +9,9 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -38,7 +40,7 @@ DiskTableOptions Options(const TempDir& dir) {
   return o;
 }
 
-// Inserts items (bytes "item<i>") as the serving loop does: the store first, then the log.
+// Inserts items (bytes "item<i>") as the serving loop does.
 std::vector<Key> Insert(DiskTable& t, const std::vector<int>& ids, double priority) {
   std::vector<std::string> bytes;
   for (int i : ids) bytes.push_back("item" + std::to_string(i));
@@ -50,9 +52,7 @@ std::vector<Key> Insert(DiskTable& t, const std::vector<int>& ids, double priori
   }
   std::vector<double> priorities(ids.size(), priority);
   std::vector<Key> keys(ids.size());
-  const uint64_t first = t.store()->last_seq() + 1;
-  t.store()->Insert(priorities.data(), data.data(), sizes.data(), ids.size(), keys.data());
-  t.LogInserts(keys.data(), first, priorities.data(), data.data(), sizes.data(), ids.size());
+  t.Insert(priorities.data(), data.data(), sizes.data(), ids.size(), keys.data());
   return keys;
 }
 
@@ -62,13 +62,17 @@ struct Seen {
   std::vector<std::string> order;
 };
 
-Seen Contents(const ShardedStore& store) {
+// The store holds where the items' bytes lie in the log (ItemRefs); their bytes are read back from there.
+Seen Contents(const DiskTable& t) {
   Seen s;
   std::vector<std::pair<uint64_t, std::string>> by_seq;
-  for (const Shard::Contents& c : store.Dump()) {
+  for (const Shard::Contents& c : t.store()->Dump()) {
     for (size_t i = 0; i < c.keys.size(); ++i) {
-      s.items[c.keys[i]] = {c.priorities[i], c.items[i]};
-      by_seq.emplace_back(c.seqs[i], c.items[i]);
+      EXPECT_EQ(c.items[i].size(), sizeof(ItemRef));
+      const std::string bytes =
+          t.ReadItem(c.keys[i], reinterpret_cast<const uint8_t*>(c.items[i].data()), c.items[i].size());
+      s.items[c.keys[i]] = {c.priorities[i], bytes};
+      by_seq.emplace_back(c.seqs[i], bytes);
     }
   }
   std::sort(by_seq.begin(), by_seq.end());
@@ -96,14 +100,14 @@ TEST(DiskTable, EveryChangeIsReplayedWithItsKeys) {
     EXPECT_TRUE(t.unsynced());
     EXPECT_TRUE(t.Commit());
     EXPECT_FALSE(t.unsynced());
-    before = Contents(*t.store());
+    before = Contents(t);
   }
   DiskTable again(Config(), Options(dir));
   EXPECT_EQ(again.opened().items, 7u);
   EXPECT_EQ(again.opened().lives, 1u);
   EXPECT_NE(again.opened().epoch, first_epoch);
   again.store()->Validate();
-  const Seen after = Contents(*again.store());
+  const Seen after = Contents(again);
   EXPECT_EQ(after.items, before.items);  // keys, priorities and bytes
   EXPECT_EQ(after.order, before.order);  // insertion order (FIFO)
   EXPECT_EQ(after.order.front(), "item0");
@@ -129,7 +133,7 @@ TEST(DiskTable, EvictionsClearAndPopsStayDone) {
   }
   {
     DiskTable t(c, Options(dir));
-    EXPECT_EQ(Contents(*t.store()).order, (std::vector<std::string>{"item2", "item3", "item4", "item5"}));
+    EXPECT_EQ(Contents(t).order, (std::vector<std::string>{"item2", "item3", "item4", "item5"}));
     t.LogClear();
     t.store()->Clear();
     t.DropRemovals();
@@ -137,7 +141,7 @@ TEST(DiskTable, EvictionsClearAndPopsStayDone) {
     t.Commit();
   }
   DiskTable t(c, Options(dir));
-  EXPECT_EQ(Contents(*t.store()).order, (std::vector<std::string>{"item6", "item7"}));
+  EXPECT_EQ(Contents(t).order, (std::vector<std::string>{"item6", "item7"}));
 }
 
 TEST(DiskTable, HeldItemsGivenBackAreLoggedAgainInTheirPlace) {
@@ -158,7 +162,7 @@ TEST(DiskTable, HeldItemsGivenBackAreLoggedAgainInTheirPlace) {
     EXPECT_EQ(t.Stats().restored, 1u);
   }
   DiskTable t(c, Options(dir));
-  EXPECT_EQ(Contents(*t.store()).order, (std::vector<std::string>{"item0", "item2"}));
+  EXPECT_EQ(Contents(t).order, (std::vector<std::string>{"item0", "item2"}));
 }
 
 TEST(DiskTable, OpeningCompactsALogOfMostlyRemovedItems) {
@@ -178,19 +182,19 @@ TEST(DiskTable, OpeningCompactsALogOfMostlyRemovedItems) {
     t.LogUpdates(&keys[45], &p, 1);
     t.store()->UpdatePriorities(&keys[45], &p, 1);
     t.Commit();
-    before = Contents(*t.store());
+    before = Contents(t);
   }
   {
     DiskTable t(Config(), o);  // 50 INSERTs and the rest, for 10 items: rewritten
     EXPECT_GT(t.opened().compacted_bytes, 0u);
     EXPECT_TRUE(epochs.insert(t.opened().epoch).second);
-    const Seen after = Contents(*t.store());
+    const Seen after = Contents(t);
     EXPECT_EQ(after.items, before.items);
     EXPECT_EQ(after.order, before.order);
   }
   DiskTable t(Config(), o);                   // the compacted log: the same items, and an epoch none of the lives had
   EXPECT_EQ(t.opened().compacted_bytes, 0u);  // 10 items' records: nothing to gain
-  EXPECT_EQ(Contents(*t.store()).items, before.items);
+  EXPECT_EQ(Contents(t).items, before.items);
   EXPECT_TRUE(epochs.insert(t.opened().epoch).second);
 }
 
@@ -198,8 +202,9 @@ TEST(DiskTable, ServingCompactsIntoASnapshotAndTheRecordsAfterIt) {
   TempDir dir("disk_table");
   DiskTableOptions o = Options(dir);
   o.compact_min_bytes = 1024;
-  o.log.segment_bytes = 4096;  // several segments to delete
+  o.log.segment_bytes = 1024;  // several segments to delete
   Seen before;
+  uint64_t oldest = 0;  // the segment the oldest live item's bytes lie in
   {
     DiskTable t(Config(), o);
     std::vector<Key> keys;
@@ -221,19 +226,29 @@ TEST(DiskTable, ServingCompactsIntoASnapshotAndTheRecordsAfterIt) {
     EXPECT_EQ(t.Stats().compactions, 1u);
     EXPECT_EQ(t.Stats().compact_errors, 0u);
     t.Commit();
-    before = Contents(*t.store());
+    before = Contents(t);
+    oldest = ~0ull;
+    t.store()->ForEachItem([&oldest](const uint8_t* ref, uint32_t) {
+      ItemRef r;
+      std::memcpy(&r, ref, sizeof r);
+      oldest = std::min<uint64_t>(oldest, r.segment);
+    });
   }
-  size_t snapshots = 0, segments = 0;
+  ASSERT_GT(oldest, 1u);
+  size_t snapshots = 0;
+  std::set<uint64_t> segments;
   for (const auto& e : std::filesystem::directory_iterator(dir.Path("table"))) {
     const std::string name = e.path().filename().string();
-    snapshots += name.rfind("compact-", 0) == 0;
-    segments += name.rfind("seg-", 0) == 0;
+    snapshots += name.rfind("index-", 0) == 0;
+    if (name.rfind("seg-", 0) == 0) segments.insert(std::stoull(name.substr(4, 16), nullptr, 16));
   }
   EXPECT_EQ(snapshots, 1u);
-  EXPECT_LE(segments, 2u);  // the one the compaction started (and any after it)
+  // The segments before the oldest live item's went; its and those after it stay (its bytes are read there).
+  ASSERT_FALSE(segments.empty());
+  EXPECT_EQ(*segments.begin(), oldest);
   DiskTable t(Config(), o);
-  EXPECT_EQ(Contents(*t.store()).items, before.items);
-  EXPECT_EQ(Contents(*t.store()).order, before.order);
+  EXPECT_EQ(Contents(t).items, before.items);
+  EXPECT_EQ(Contents(t).order, before.order);
   EXPECT_EQ(t.store()->Size(), 11u);
 }
 
@@ -283,8 +298,7 @@ TEST(DiskTable, AFailedWriteIsRefusedAndLeavesNothingOnDisk) {
     for (int i = 0; i < 200; ++i) {
       std::vector<Key> keys;
       try {
-        keys = Insert(t, {i}, 1.0);
-        // Insert() stored before logging: the serving loop erases what the log refused.
+        keys = Insert(t, {i}, 1.0);  // refused: neither stored nor on disk
       } catch (const IoError&) {
         ++refused;
         continue;
@@ -293,15 +307,80 @@ TEST(DiskTable, AFailedWriteIsRefusedAndLeavesNothingOnDisk) {
     }
     ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
     EXPECT_EQ(t.Stats().write_errors, refused);
+    EXPECT_EQ(t.store()->Size(), stored.size());
     t.Commit();
   }
   signal(SIGXFSZ, old_handler);
   ASSERT_GT(refused, 0u);
   ASSERT_GT(stored.size(), 0u);
   DiskTable t(Config(), Options(dir));
-  const Seen s = Contents(*t.store());
+  const Seen s = Contents(t);
   ASSERT_EQ(s.items.size(), stored.size());
   for (Key k : stored) EXPECT_EQ(s.items.count(k), 1u);
+}
+
+TEST(DiskTable, ItemsAreReadBackFromTheLogAndChecked) {
+  TempDir dir("disk_table");
+  DiskTableOptions o = Options(dir);
+  o.read_wait_s = 0.01;  // a damaged record is not waited for long
+  DiskTable t(Config(), o);
+  std::map<Key, std::string> bytes;
+  for (int i = 0; i < 20; ++i) bytes[Insert(t, {i}, 1.0)[0]] = "item" + std::to_string(i);
+  // The store holds 16 bytes an item, whatever its size: memory bounded by the index.
+  EXPECT_EQ(t.store()->Stats().bytes_held, 20 * sizeof(ItemRef));
+  SampleResult r;
+  t.store()->Sample(64, 0.4, &r);
+  t.ReadItems(&r);
+  ASSERT_EQ(r.keys.size(), 64u);
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    const std::string got(reinterpret_cast<const char*>(r.data.data() + r.offsets[i]), r.offsets[i + 1] - r.offsets[i]);
+    EXPECT_EQ(got, bytes.at(r.keys[i]));
+  }
+  // A record whose bytes changed on disk is refused, never returned.
+  const Key key = bytes.begin()->first;
+  uint64_t seq;
+  double priority;
+  std::string ref;
+  ASSERT_TRUE(t.store()->Peek(key, &seq, &priority, &ref));
+  ItemRef where;
+  std::memcpy(&where, ref.data(), sizeof where);
+  {
+    std::fstream f(dir.Path("table") + "/" + TableLog::SegmentName(where.segment),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(where.offset));
+    f.put('X');
+  }
+  EXPECT_THROW(t.ReadItem(key, reinterpret_cast<const uint8_t*>(ref.data()), ref.size()), IoError);
+}
+
+TEST(DiskTable, AnEarlierBuildsSnapshotOfItemBytesIsRewrittenIntoTheLog) {
+  TempDir dir("disk_table");
+  std::filesystem::create_directory(dir.Path("table"));
+  std::map<Key, std::string> saved;
+  {
+    ShardedStore s(Config());
+    const std::vector<std::string> items = {"a", "bb", "ccc"};
+    std::vector<const uint8_t*> data;
+    std::vector<uint64_t> sizes;
+    for (const auto& b : items) {
+      data.push_back(reinterpret_cast<const uint8_t*>(b.data()));
+      sizes.push_back(b.size());
+    }
+    const std::vector<double> p(3, 1.0);
+    std::vector<Key> keys(3);
+    s.Insert(p.data(), data.data(), sizes.data(), 3, keys.data());
+    for (size_t i = 0; i < 3; ++i) saved[keys[i]] = items[i];
+    s.Save(dir.Path("table") + "/compact-0000000000000001.snap");
+  }
+  for (int life = 0; life < 2; ++life) {
+    DiskTable t(Config(), Options(dir));
+    const Seen seen = Contents(t);
+    ASSERT_EQ(seen.items.size(), 3u);
+    for (const auto& [key, b] : saved) EXPECT_EQ(seen.items.at(key).second, b);
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir.Path("table"))) {
+    EXPECT_NE(e.path().filename().string().rfind("compact-", 0), 0u);
+  }
 }
 
 }  // namespace

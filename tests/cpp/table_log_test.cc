@@ -171,6 +171,25 @@ TEST(TableLogTest, SegmentsRollPastTheirSizeAndTheOldOnesCanBeRemoved) {
   EXPECT_EQ(Replay(d, small).size(), 0u);
 }
 
+TEST(TableLogTest, AReservationSaysWhereItsRecordsGoAndKeepsThemInOneSegment) {
+  TempDir dir("table_log");
+  const LogOptions small{200};
+  TableLog log(dir.Path("t"), small, nullptr);
+  for (int batch = 0; batch < 6; ++batch) {
+    // Three records of 60 + 9 bytes: past a 200-byte segment with anything before them.
+    const std::string b(60, static_cast<char>('a' + batch));
+    LogPosition next = log.Reserve(3 * (kLogRecordHeaderBytes + b.size()));
+    for (int i = 0; i < 3; ++i) {
+      const LogPosition at = log.Append(1, b.data(), b.size());
+      EXPECT_EQ(at.segment, next.segment);
+      EXPECT_EQ(at.offset, next.offset + kLogRecordHeaderBytes);
+      next.offset = at.offset + b.size();
+    }
+    log.Flush();
+  }
+  EXPECT_GE(log.segments().size(), 6u);  // each batch opened a segment of its own
+}
+
 TEST(TableLogTest, ATornTailEndsTheLogThereIsCutAndReported) {
   TempDir dir("table_log");
   const std::string d = dir.Path("t");

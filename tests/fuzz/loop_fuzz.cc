@@ -1,7 +1,7 @@
 // Stateful fuzzing of the serving loop: sequences of requests against one live ServeLoop, through the
 // in-memory ZmqApi of tests/cpp/fake_zmq.h (no socket), built with AddressSanitizer and UBSan (CI: .ci/run,
 // ctest -L fuzz). decode_fuzz feeds one message at a time; the defects this finds need a request that
-// depends on the server's state (issue 34: a repeated insert id with a bad chunk reference; an invalid chunk
+// depends on the server's state (a repeated insert id with a bad chunk reference; an invalid chunk
 // reference under the rate limiter).
 //
 // Each episode starts a loop with a random configuration (rate limited or not, min size, short max_wait_s,
@@ -12,18 +12,23 @@
 // successor with the same identity retries their INSERTs with the same insert ids. Requests: valid INSERTs
 // with fresh, repeated and no insert ids, chunked and not; INSERTs whose content is invalid (chunk references
 // out of range, repeated, unused chunks) with fresh or repeated ids and timeouts; SAMPLE, UPDATE_PRIORITIES,
-// ERASE, REMOVE_TO_FIT, STATS; pauses that let waits expire. The first two episodes replay issue 34.
+// ERASE, REMOVE_TO_FIT, STATS; pauses that let waits expire. The first two episodes replay the two defects it was written to find.
 //
-// Tables (issue 37): half the episodes run the loop with a second table (its own store and key epoch, a MinSize
+// Tables: half the episodes run the loop with a second table (its own store and key epoch, a MinSize
 // or Queue limiter; with the Queue, a FIFO queue of max_times_sampled 1 whose SAMPLEs may come from peers that
-// vanish, checked to hold every item it stored and did not deliver, issue 50) beside the modelled table 0. A "foreign"
+// vanish, checked to hold every item it stored and did not deliver) beside the modelled table 0. A "foreign"
 // step sends valid requests to table 1 (with table 0's keys: they must be stale there, counted 0) or to a table index
 // the server lacks (INVALID_ARGUMENT naming the index); mutants may flip the header's table field too. None of them may
-// change table 0: the model check below holds it to what table 0's own requests did. Half of those episodes add a
-// slices table (index 2, kind slices: episodes in by record, windows out; serve/handlers_slices.cc) that the foreign
-// step sends episodes (valid, or with a byte of their record changed), SAMPLEs, UPDATE_PRIORITIES, RESETs and the
-// ERASE / REMOVE_TO_FIT it refuses, and that mutants reach through their table field; SliceTable::Validate holds
-// it at the end.
+// change table 0: the model check below holds it to what table 0's own requests did. Half those episodes keep table 1
+// on disk (storage="disk", sync or interval, small segments so that it compacts): after every step each of its items
+// reads back from its log, and at the end the log reopened holds exactly what the store held (keys, priorities,
+// bytes, insertion order). Half of the two-table episodes add a slices table (index 2, kind slices: episodes in by
+// record, windows out; serve/handlers_slices.cc) that the foreign step sends episodes (valid, or with a byte of their
+// record changed), SAMPLEs, UPDATE_PRIORITIES, RESETs and the ERASE / REMOVE_TO_FIT it refuses, and that mutants
+// reach through their table field; SliceTable::Validate holds it at the end.
+//
+// RESET: now and then table 0 is reset alone, when no vanished peer's INSERT is unresolved; the model drops every
+// item, and the table's rate limiter counts only the items inserted since.
 //
 // After every step the harness waits until the loop is idle, then checks:
 //  * every reply answers a request that had none yet (no reply twice, none unasked), with a status its kind
@@ -44,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -53,6 +59,7 @@
 #include <tuple>
 #include <vector>
 
+#include "apexrl/disk_table.h"
 #include "apexrl/serve/wire.h"
 #include "live_loop.h"
 
@@ -128,7 +135,7 @@ class Fuzz {
       StoreConfig other = store_config_;
       other.epoch = store_config_.epoch + 1;  // its own key epoch
       LimiterConfig second;
-      if (Chance(0.5)) {  // a queue (issue 50): every item handed out once, none lost to a reply not sent
+      if (Chance(0.5)) {  // a queue: every item handed out once, none lost to a reply not sent
         second.kind = LimiterKind::kQueue;
         second.queue_size = 6;
         other.sampler = SamplerKind::kFifo;
@@ -136,8 +143,22 @@ class Fuzz {
         other.max_times_sampled = 1;
         queue_ = true;
       }
-      other_ = std::make_shared<ShardedStore>(other);
-      tables.push_back(TableSpec{"other", other_, second});
+      if (Chance(0.5)) {  // on disk: every change logged, its items read back from the log
+        char dir[] = "/tmp/loop_fuzz_XXXXXX";
+        CHECK(::mkdtemp(dir) != nullptr, "mkdtemp");
+        disk_dir_ = dir;
+        disk_options_.path = disk_dir_ + "/table";
+        disk_options_.durability = Chance(0.5) ? Durability::kSync : Durability::kInterval;
+        disk_options_.interval_s = 0.002;
+        disk_options_.log.segment_bytes = 1024;  // many segments, compacted away while serving
+        disk_options_.compact_min_bytes = 1024;
+        disk_config_ = other;
+        disk_ = std::make_shared<DiskTable>(other, disk_options_);
+        other_ = disk_->store();
+      } else {
+        other_ = std::make_shared<ShardedStore>(other);
+      }
+      tables.push_back(TableSpec{"other", other_, second, disk_});
       if (slices_table_) {
         SliceConfig sc;
         sc.capacity_steps = 24;
@@ -179,6 +200,14 @@ class Fuzz {
     if (slices_) {
       slices_->Validate();
       g_episodes_stored += slices_->Stats().inserted_episodes;
+    }
+    if (disk_) Reopen();
+  }
+
+  ~Fuzz() {
+    if (!disk_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(disk_dir_, ec);
     }
   }
 
@@ -346,8 +375,8 @@ class Fuzz {
     SendInsert(peer, user, c, false, session, sequence, RandomTimeout());
   }
 
-  // An INSERT with invalid chunk references: with a fresh id or one the server has answered (issue 34's
-  // crash), and with a timeout (issue 34's TIMEOUT under the rate limiter).
+  // An INSERT with invalid chunk references: with a fresh id or one the server has answered (which
+  // crashed the loop once), and with a timeout (once answered TIMEOUT under the rate limiter).
   void BadInsert(const std::string& peer, const std::string& user) {
     InsertContent c;
     uint64_t session = 0, sequence = 0;
@@ -491,6 +520,11 @@ class Fuzz {
         std::memcpy(f[0].data() + 36, &t, 4);
       }
       std::memcpy(&s.table, f[0].data() + 36, 4);
+      uint16_t sent_op = 0;
+      std::memcpy(&sent_op, f[0].data() + 6, 2);
+      // Insert ids are server-wide and modelled for table 0 only: a retry of an id first stored in another table
+      // is answered with that table's keys, which the model would take for table 0's.
+      if (s.table != 0 && sent_op == kInsert && f.size() > 4 && f[4].size() == 16) f[4].assign(16, '\0');
     }
     s.mutant = true;
     s.bad_content = false;
@@ -502,8 +536,12 @@ class Fuzz {
 
   void Step() {
     removals_ = 0;
+    reset_step_ = false;
     const uint64_t a = Uniform(0, 99);
-    if (a < 40) {
+    if (a < 40 && disk_ && Chance(0.3)) {
+      g_action = "foreign (table 1 on disk)";  // enough traffic that its log rolls segments and compacts
+      for (uint64_t k = Uniform(1, 6); k > 0; --k) Foreign();
+    } else if (a < 40) {
       g_action = "steady";
       const std::string peer = Chance(0.5) ? "steady-a" : "steady-b";
       for (uint64_t k = Uniform(1, 3); k > 0; --k) ValidRequest(peer, "actor:" + peer);
@@ -530,6 +568,10 @@ class Fuzz {
     } else if (a < 94) {
       g_action = "retry";
       RetryLimbo();
+    } else if (a < 96 && Limbo() == 0) {
+      g_action = "reset";
+      Simple("steady-a", "learner:steady-a", {Header(kReset, 0, 0)}, kReset);
+      reset_step_ = true;
     } else {
       g_action = "pause";  // waits expire
       std::this_thread::sleep_for(std::chrono::duration<double>(Uniform(0, 2) * config_.max_wait_s));
@@ -552,7 +594,11 @@ class Fuzz {
     uint16_t op = 0;
     switch (Uniform(0, 4)) {
       case 0: {
-        const InsertContent c = ValidContent();
+        InsertContent c = ValidContent();
+        if (disk_ && table == 1) {  // a disk table keeps items without chunks (it refuses the others)
+          c.chunks.clear();
+          c.refs.clear();
+        }
         f = Insert(0, c.items, c.priorities, 0, 0, RandomTimeout(), c.refs, c.chunks);
         op = kInsert;
         break;
@@ -836,6 +882,7 @@ class Fuzz {
           }
           acked_.insert(keys[i]);
           live_items_[keys[i]] = std::move(item);
+          ++inserted_since_reset_;
         }
         for (uint64_t id : chunk_ids) {
           if (model_chunks_[id].refs == 0) model_chunks_.erase(id);
@@ -844,6 +891,10 @@ class Fuzz {
       }
       case kSample:
         CheckSample(h, f);
+        break;
+      case kReset:
+        for (auto it = live_items_.begin(); it != live_items_.end();) Drop(it++);
+        inserted_since_reset_ = 0;
         break;
       case kUpdatePriorities: {
         const Request q = DecodeSent(s);
@@ -1008,6 +1059,53 @@ class Fuzz {
             "queue: " + std::to_string(q.inserted) + " inserted, " + std::to_string(q.size) + " held, " +
                 std::to_string(q.removed_by_sampling + q.evicted + q.erased) + " removed");
     }
+    if (disk_) DiskContents();  // every item of table 1 reads back from its log
+    if (reset_step_ && limbo == 0) {
+      // The reset's table counts what was inserted since, and nothing from before it.
+      const double inserted = live_->Stat("table.default.rate_limiter_inserted_items");
+      CHECK(inserted == static_cast<double>(inserted_since_reset_),
+            "after RESET the rate limiter counts " + std::to_string(inserted) + " items inserted, the model " +
+                std::to_string(inserted_since_reset_));
+    }
+  }
+
+  // Table 1 on disk: key -> (insertion number, priority, bytes) of its items, each read back from the log.
+  std::map<Key, std::tuple<uint64_t, double, std::string>> DiskContents() {
+    std::map<Key, std::tuple<uint64_t, double, std::string>> out;
+    for (const Shard::Contents& c : disk_->store()->Dump()) {
+      for (size_t i = 0; i < c.keys.size(); ++i) {
+        try {
+          out[c.keys[i]] = {
+              c.seqs[i], c.priorities[i],
+              disk_->ReadItem(c.keys[i], reinterpret_cast<const uint8_t*>(c.items[i].data()), c.items[i].size())};
+        } catch (const std::exception& e) {
+          Fail(std::string("an item of the disk table does not read back: ") + e.what());
+        }
+      }
+    }
+    return out;
+  }
+
+  // The loop stopped: the disk table's log, reopened, holds what its store held.
+  void Reopen() {
+    g_action = "reopen the disk table";
+    const auto before = DiskContents();
+    CHECK(!disk_->failed(), disk_->failure());
+    live_.reset();  // the loop's tables let go of it
+    other_.reset();
+    disk_.reset();  // synced and closed (its LOCK released)
+    disk_ = std::make_shared<DiskTable>(disk_config_, disk_options_);
+    CHECK(disk_->opened().log.reason.empty(), disk_->opened().log.reason);
+    const auto after = DiskContents();
+    CHECK(after.size() == before.size(), "the reopened log holds " + std::to_string(after.size()) +
+                                             " items, the store " + std::to_string(before.size()));
+    for (const auto& [key, item] : before) {
+      auto it = after.find(key);
+      CHECK(it != after.end(), "item " + std::to_string(key) + " is not in the reopened log");
+      CHECK(it->second == item, "item " + std::to_string(key) + " differs in the reopened log");
+    }
+    disk_->store()->Validate();
+    disk_.reset();
   }
 
   // Ends every wait: retries of the vanished peers' INSERTs (sampling in between, so the limiter admits them)
@@ -1026,7 +1124,7 @@ class Fuzz {
 
   // -------------------------------------------------------------------------------------------- scripts
 
-  // Issue 34, defect 1: a repeated insert id whose chunk frames reference a chunk that does not exist.
+  // The first defect: a repeated insert id whose chunk frames reference a chunk that does not exist.
   void ScriptDuplicateIdWithBadChunk() {
     g_action = "script: repeated insert id, bad chunk reference";
     const InsertContent c{{"x", "yy"}, {1, 1}, {{0}, {0, 1}}, {std::string(64, 'a'), std::string(64, 'b')}};
@@ -1043,7 +1141,7 @@ class Fuzz {
     }
   }
 
-  // Issue 34, defect 2: an invalid chunk reference under the rate limiter, with and without a timeout.
+  // The second defect: an invalid chunk reference under the rate limiter, with and without a timeout.
   void ScriptBadChunkUnderRateLimiter() {
     g_action = "script: bad chunk reference under the rate limiter";
     const InsertContent five{std::vector<std::string>(5, "i"), std::vector<double>(5, 1), {}, {}};
@@ -1087,7 +1185,14 @@ class Fuzz {
   bool queue_ = false;
   std::shared_ptr<ShardedStore> other_;
   uint64_t queue_delivered_ = 0;
-  uint64_t removals_ = 0;  // ERASE and REMOVE_TO_FIT requests sent in this step
+  // Table 1 on disk (its store is other_), and where its log is.
+  std::shared_ptr<DiskTable> disk_;
+  std::string disk_dir_;
+  DiskTableOptions disk_options_;
+  StoreConfig disk_config_;
+  bool reset_step_ = false;            // this step reset table 0
+  uint64_t inserted_since_reset_ = 0;  // items of table 0 acknowledged since its last RESET (or ever)
+  uint64_t removals_ = 0;              // ERASE and REMOVE_TO_FIT requests sent in this step
 };
 
 }  // namespace
@@ -1098,7 +1203,7 @@ int main(int argc, char** argv) {
   const uint64_t first = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 0;
   const double end = Now() + seconds;
   uint64_t requests = 0;
-  // The seed corpus (issue 34's two defects) first, then random episodes until the time is up. From episode
+  // The seed corpus (the two defects) first, then random episodes until the time is up. From episode
   // FIRST on: at least that one (a failure's replay).
   for (g_episode = first; g_episode == first || g_episode < 2 || Now() < end; ++g_episode) {
     Fuzz fuzz(g_seed * 1000003 + g_episode, g_episode < 2 ? static_cast<int>(g_episode) + 1 : 0);

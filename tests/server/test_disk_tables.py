@@ -238,6 +238,69 @@ def test_a_torn_then_a_corrupt_log_opens_at_its_last_consistent_state(start_serv
     assert server.terminate() == 0
 
 
+def drop_page_cache(directory: str) -> None:
+    """Drops the kernel's cached pages of every file in ``directory`` (clean ones: dirty pages stay until written),
+    so that what is read next comes from the disk."""
+    for name in os.listdir(directory):
+        try:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+        except FileNotFoundError:  # a compaction's file, gone meanwhile
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def test_interval_writes_synced_are_read_back_from_the_disk_and_survive_kill9(start_server, tmp_path):
+    path = str(tmp_path / "interval")
+    server = start_server("--storage", "disk", "--storage-path", path, "--durability", "interval")
+    acked: dict[int, tuple[float, bytes]] = {}
+    with ReplayClient(server.endpoint, timeout=30) as client:
+        for r in range(40):
+            items = [f"r{r}-{i}".encode() * 50 for i in range(5)]
+            keys = client.insert(np.full(5, 1.0 + r), items)
+            acked.update({int(k): (1.0 + r, b) for k, b in zip(keys, items)})
+        # Every acknowledged write fdatasynced by the table's syncer (no wait of the loop's), then its pages dropped:
+        wait_until(lambda: client.stats()["table.default.disk_unsynced_writes"] == 0, DEADLINE, "the interval sync")
+        drop_page_cache(path)
+        # the server reads the sampled items back from the disk, each checked against its record.
+        for _ in range(10):
+            batch = client.sample(32)
+            for k, item in zip(batch.keys, batch.items):
+                assert bytes(item) == acked[int(k)][1]
+        assert client.stats()["table.default.bytes_held"] == 16 * len(acked)  # where each item lies, not its bytes
+    kill9(server.proc)
+    drop_page_cache(path)
+    assert on_disk(path, durability="interval") == acked
+
+
+def test_a_snapshot_leaves_a_disk_table_out_and_a_restart_reads_it_from_its_log(start_server, tmp_path):
+    snapshot, log_dir = str(tmp_path / "snap"), str(tmp_path / "d")
+    flags = (
+        "--snapshot",
+        snapshot,
+        "--tables",
+        tables_file(tmp_path, {"name": "m"}, {"name": "d", "storage": "disk", "path": log_dir}),
+    )
+    server = start_server(*flags)
+    with (
+        ReplayClient(server.endpoint, timeout=30, table="m") as m,
+        ReplayClient(server.endpoint, timeout=30, table="d") as d,
+    ):
+        m.insert(np.ones(3), [b"m0", b"m1", b"m2"])
+        d.insert(np.ones(2), [b"d0", b"d1"])
+        assert m.checkpoint() == os.path.abspath(snapshot)
+    with open(snapshot, encoding="utf-8") as f:
+        assert [t["name"] for t in json.load(f)["tables"]] == ["m"]  # the disk table's log is its durable form
+    assert server.terminate() == 0
+    server = start_server(*flags)
+    with ReplayClient(server.endpoint, timeout=30, table="d") as client:
+        assert {name: t["size"] for name, t in client.tables().items()} == {"m": 3, "d": 2}
+        assert {bytes(i) for i in client.sample(64).items} == {b"d0", b"d1"}
+    assert server.terminate() == 0
+
+
 def limit_file_size() -> None:
     """In the server process: files may grow to 64 KiB, and a write past that fails with EFBIG (SIGXFSZ
     ignored), as on a full disk."""

@@ -162,6 +162,7 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
     if (!result) result = pool_->Take();
     try {
       store_->Sample(q.count, q.beta, result.get(), /*hold=*/true);
+      if (disk_ != nullptr) disk_->ReadItems(result.get());  // its store holds where the items' bytes lie
       // A sampler that hands items out at most so often (FIFO, a queue) may return fewer: the limiter counts
       // what was handed out.
       if (result->keys.size() < q.count) limiter_->Undo(0, q.count - result->keys.size());
@@ -326,23 +327,16 @@ bool Handlers::ServeInsert(Call* c, double now, bool can_wait, Reply* reply) {
   std::vector<Key> keys(q.count + q.num_chunks + 1);
   keys.back() = q.count;
   chunks.chunk_keys = keys.data() + q.count;
-  // A disk table logs its items' insertion numbers: INSERTs are served on the loop thread alone, in order.
-  const uint64_t first_seq = disk_ != nullptr ? store_->last_seq() + 1 : 0;
   try {
-    store_->Insert(priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count, keys.data(),
-                   with_chunks ? &chunks : nullptr);
+    if (disk_ != nullptr) {  // stored and logged, or neither (it refuses chunks: InsertContentProblem)
+      disk_->Insert(priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count, keys.data());
+    } else {
+      store_->Insert(priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count, keys.data(),
+                     with_chunks ? &chunks : nullptr);
+    }
   } catch (...) {
     limiter_->Undo(q.count, 0);
     throw;
-  }
-  if (disk_ != nullptr) {
-    try {
-      disk_->LogInserts(keys.data(), first_seq, priorities.data(), item_ptrs_.data(), item_sizes_.data(), q.count);
-    } catch (const IoError&) {
-      store_->Erase(keys.data(), q.count);  // not on disk: not stored (evictions it made stay done)
-      limiter_->Undo(q.count, 0);
-      throw;
-    }
   }
   keep_id = true;
   if (!q.max_priority) NoteMaxPriority(priorities.data(), q.count);

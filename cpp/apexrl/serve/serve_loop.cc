@@ -384,9 +384,12 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
   }
   const Request& q = p->req;
   // RESET is served here too, so that it falls between two INSERTs or UPDATE_PRIORITIES, never inside one.
-  // A disk table's requests too: its log is written by this thread alone (disk_table.h).
-  if (q.op == kInsert || q.op == kUpdatePriorities || q.op == kReset ||
-      (q.op == kSample && q.count <= config_.inline_sample_max) || p->table->disk() != nullptr) {
+  // A disk table's requests too, as its log is written by this thread alone (disk_table.h), but the SAMPLEs that
+  // pop nothing: they read their items from the disk, on a worker.
+  const DiskTable* disk = p->table->disk();
+  if (disk != nullptr ? !(q.op == kSample && !disk->pops())
+                      : (q.op == kInsert || q.op == kUpdatePriorities || q.op == kReset ||
+                         (q.op == kSample && q.count <= config_.inline_sample_max))) {
     Reply reply;
     const bool replied = Serve(p.get(), &reply);
     recheck_ = true;
@@ -657,7 +660,8 @@ bool ServeLoop::Serve(Pending* p, Reply* reply) {
   const DiskTable* disk = p->table->disk();
   const uint64_t records = disk != nullptr ? disk->records() : 0;
   if (!p->table->handlers().Serve(p, Now(), reply)) return false;  // it waits
-  if (disk != nullptr) p->logged = disk->records() != records;
+  // (A SAMPLE that pops nothing logs nothing; it may be served on a worker while the loop writes.)
+  if (disk != nullptr) p->logged = (p->req.op != kSample || disk->pops()) && disk->records() != records;
   Count(p->req.op, reply->status != kOk);
   return true;
 }

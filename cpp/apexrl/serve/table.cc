@@ -42,7 +42,8 @@ Table::Table(uint32_t index, TableSpec spec, const WaitBounds& bounds, InsertWin
   // The mean item of a restored store, rounded up: its largest is unknown (replies are checked after sampling
   // too).
   const StoreStats s = store_->Stats();
-  max_item_ = s.size == 0 ? 0 : (s.bytes_held + s.size - 1) / s.size;
+  const uint64_t bytes = disk_ ? disk_->opened().item_bytes : s.bytes_held;  // a disk table holds refs, 16 bytes
+  max_item_ = s.size == 0 ? 0 : (bytes + s.size - 1) / s.size;
   max_item_seen_.store(max_item_);
 }
 
@@ -116,6 +117,7 @@ void Table::Stats(const std::string& prefix, std::vector<LoopStat>* out) const {
     add("disk_items_logged_again", static_cast<double>(d.restored));
     add("disk_compactions", static_cast<double>(d.compactions));
     add("disk_compaction_errors", static_cast<double>(d.compact_errors));
+    add("disk_unsynced_writes", static_cast<double>(d.unsynced_writes));
     add("disk_failed", d.failed ? 1.0 : 0.0);
     add("disk_opened_items", static_cast<double>(o.items));
     add("disk_opened_records", static_cast<double>(o.records));

@@ -273,7 +273,7 @@ def open_tables(server: Any) -> list[ServerTable]:
             by_name = {t["name"]: t for t in manifest["tables"]}
             for i, c in enumerate(configs):
                 entry = by_name.pop(c.name, None)
-                if entry is not None and c.storage == "disk":
+                if c.storage == "disk":
                     log.info("table %r is on disk: its items come from its log, not from the snapshot", c.name)
                     continue
                 if entry is None:
@@ -401,12 +401,14 @@ def read_tables_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
 def save_tables(
     tables: list[ServerTable], path: str | os.PathLike[str], specs: dict[str, str | None] | None = None
 ) -> int:
-    """Write the snapshot of every table to ``path`` (module docstring); the items saved. ``specs``: each
+    """Write the snapshot of every memory table to ``path`` (module docstring; a table on disk is left out: its
+    log holds its items, and a server whose only table is ``default`` on disk writes a manifest of no table); the
+    items saved. ``specs``: each
     table's spec JSON (None: none known), kept in the manifest for ``apexrl export``. Raises what the stores
     raise (OSError, SnapshotError), the previous snapshot kept."""
     path = os.fspath(path)
     tables = [t for t in tables if t.store is not None]  # slices tables are not in snapshots
-    if len(tables) == 1 and tables[0].name == "default":
+    if len(tables) == 1 and tables[0].name == "default" and tables[0].disk is None:
         store = tables[0].store
         assert store is not None
         n = len(store)
@@ -419,6 +421,8 @@ def save_tables(
         generation = int(_read_manifest(path).get("generation", 0)) + 1
     entries, total = [], 0
     for t in tables:
+        if t.disk is not None:  # its log holds its items (docs/running.md, "Tables on disk")
+            continue
         file = f"{base}.g{generation}.{t.index}.snap"
         store = t.store
         assert store is not None
