@@ -12,7 +12,8 @@
 // successor with the same identity retries their INSERTs with the same insert ids. Requests: valid INSERTs
 // with fresh, repeated and no insert ids, chunked and not; INSERTs whose content is invalid (chunk references
 // out of range, repeated, unused chunks) with fresh or repeated ids and timeouts; SAMPLE, UPDATE_PRIORITIES,
-// ERASE, REMOVE_TO_FIT, STATS; pauses that let waits expire. The first two episodes replay the two defects it was written to find.
+// ERASE, REMOVE_TO_FIT, STATS; pauses that let waits expire. The first two episodes replay the two defects it was
+// written to find.
 //
 // Tables: half the episodes run the loop with a second table (its own store and key epoch, a MinSize
 // or Queue limiter; with the Queue, a FIFO queue of max_times_sampled 1 whose SAMPLEs may come from peers that
