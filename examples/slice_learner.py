@@ -10,11 +10,19 @@ end (``span=True``: at least one trained step), where ``.mask`` is False.
 
     python examples/slice_learner.py                   # 40k environment steps
     python examples/slice_learner.py --steps 2000 --burn-in 4 --length 8
+    python examples/slice_learner.py --server          # the same table served by a replay server
+
+``--server``: the table is a replay server's slices table (``TableConfig(kind="slices")``, its server in this
+process on 127.0.0.1): episodes go in with ``client.insert_episode``, windows come out with ``client.sample`` (its
+``.sequences`` are what ``SliceTable.sample`` gives as ``.steps``), and their priorities go back one per window,
+R2D2's 0.9 * max + 0.1 * mean of the trained steps' (the server takes one value per window key).
 """
 
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -23,7 +31,29 @@ from sequence_learner import RecurrentQ
 from torch import nn
 
 import apexrl.envs.masked  # registers MaskedCartPole-v1 with gymnasium
+from apexrl.replay import ReplayClient, ReplayServer, ServerConfig, TableConfig
 from apexrl.replay.slices import SliceTable
+
+
+class ServerTable:
+    """``--server``: a replay server's slices table behind SliceTable's calls."""
+
+    def __init__(self, client: ReplayClient) -> None:
+        self.client = client
+
+    def insert_episode(self, steps: dict[str, np.ndarray]) -> None:
+        self.client.insert_episode(steps, priorities=None, table="episodes")
+
+    def sample(self, n: int, beta: float) -> SimpleNamespace:
+        batch = self.client.sample(n, beta=beta, table="episodes")
+        return SimpleNamespace(keys=batch.keys, weights=batch.weights, steps=batch.sequences)
+
+    def update_priorities(self, keys: np.ndarray, step_priorities: np.ndarray) -> None:
+        window_priorities = 0.9 * step_priorities.max(1) + 0.1 * step_priorities.mean(1)
+        self.client.update_priorities(keys, window_priorities, table="episodes")
+
+    def stats(self) -> dict[str, Any]:
+        return self.client.tables()["episodes"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,7 +67,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--learning-starts", type=int, default=1000)
     p.add_argument("--train-every", type=int, default=4, help="environment steps per update")
     p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--server", action="store_true", help="the table served by a replay server (module docstring)")
     args = p.parse_args(argv)
+    if not args.server:
+        table = SliceTable(50_000, args.length, burn_in=args.burn_in, span=True, strict_length=False, seed=args.seed)
+        run(table, args)
+        return
+    tables = [TableConfig("default"), TableConfig("episodes", kind="slices", capacity=50_000, length=args.length,
+                                                  burn_in=args.burn_in, span=args.length - 1, strict_length=False)]  # fmt: skip
+    with ReplayServer(ServerConfig(port=0, seed=args.seed, tables=tables)) as server:
+        with ReplayClient(server.endpoint) as client:
+            run(ServerTable(client), args)
+
+
+def run(table: SliceTable | ServerTable, args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     rng = np.random.default_rng(args.seed)
@@ -48,7 +91,6 @@ def main(argv: list[str] | None = None) -> None:
     net, target = RecurrentQ(obs_dim, n_actions), RecurrentQ(obs_dim, n_actions)
     target.load_state_dict(net.state_dict())
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    table = SliceTable(50_000, args.length, burn_in=args.burn_in, span=True, strict_length=False, seed=args.seed)
 
     obs, _ = env.reset(seed=args.seed)
     h = torch.zeros(1, net.hidden)
@@ -94,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"done: {args.steps} steps, {episode} episodes, {updates} updates, {stats['steps']} steps held")
 
 
-def train_step(table: SliceTable, net: RecurrentQ, target: RecurrentQ, opt: torch.optim.Optimizer, args) -> float:
+def train_step(
+    table: SliceTable | ServerTable, net: RecurrentQ, target: RecurrentQ, opt: torch.optim.Optimizer, args
+) -> float:
     """One update on a batch of windows; sends each trained step's new priority back."""
     batch = table.sample(args.batch_size, beta=0.4)
     f, b = batch.steps.fields, args.burn_in  # each (n, B + L, ...)

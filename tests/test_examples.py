@@ -62,6 +62,16 @@ def test_slice_learner():
     assert int(done.group(3)) == int(episodes[-1][1]) + len(episodes), out
 
 
+def test_slice_learner_on_a_replay_servers_slices_table():
+    out = run_example("slice_learner.py", "--server", "--steps", "600", "--learning-starts", "200", "--batch-size",
+                      "8", "--burn-in", "3", "--length", "6", "--seed", "2")  # fmt: skip
+    episodes = re.findall(r"^episode (\d+)  step (\d+)  return (\d+)$", out, re.M)
+    done = re.search(r"^done: 600 steps, (\d+) episodes, (\d+) updates, (\d+) steps held$", out, re.M)
+    # The server's table holds every finished episode with its last observation, and the learner trained on it.
+    assert done and int(done.group(1)) == len(episodes) > 0 and int(done.group(2)) == 100, out
+    assert int(done.group(3)) == int(episodes[-1][1]) + len(episodes), out
+
+
 def test_onpolicy_learner():
     out = run_example("onpolicy_learner.py", "--steps", "1500", "--rollout", "128", "--length", "16",
                       "--epochs", "2", "--seed", "1")  # fmt: skip

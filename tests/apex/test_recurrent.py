@@ -260,18 +260,18 @@ def test_the_actor_survives_its_server_going_away_and_stops_within_its_deadlines
     assert result["steps"] > 0 and result["inserted"] > 0
 
 
-def test_the_actor_refuses_several_replay_servers_and_says_why():
-    """The recurrent actor writes through one server: a set of endpoints is refused at start (as `apexrl run`
-    refuses --replay-servers > 1 for it), although a ShardedReplayClient has writers, naming the flag to use."""
+def test_an_actor_whose_agent_reads_one_queue_refuses_several_replay_servers_and_says_why():
+    """R2D2 writes over any number of servers (each writer stays on one); an on-policy agent's path names one
+    server (``ReplayPath.one_server``: its queue is per server): a set of endpoints is refused at start, as
+    `apexrl run` refuses --replay-servers > 1 for it, naming the flag to use."""
     config = ActorConfig(
-        agent="r2d2",
-        env=MASKED,
+        agent="ppo",
+        env="gym:CartPole-v1",
         replay=f"{_closed_port()},{_closed_port()}",
         params=_closed_port(),
-        agent_config=CONFIG,
         wait_for_params=0.0,
         params_timeout=0.2,
         replay_timeout=0.5,
     )
-    with pytest.raises(ValueError, match=r"run it with --replay-servers 1"):
+    with pytest.raises(ValueError, match=r"an on-policy agent reads one queue.*run it with --replay-servers 1"):
         Actor(config)

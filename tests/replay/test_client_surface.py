@@ -21,6 +21,8 @@ COMMON = {
     "erase",
     "remove_to_fit",
     "next_insert_id",
+    # a slices table's whole episode (a set of servers refuses it: a slices table lives on one server)
+    "insert_episode",
     # Reverb's reset and checkpoint: one server's table and snapshot, or every server's of a set
     "reset",
     "checkpoint",

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apexrl._core import decode_window_items as native_decode
-from apexrl.replay.slices import chunk_columns, episode_chunks
 from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire import windows as W
+from apexrl.replay.wire.episodes import chunk_columns, episode_chunks
 
 T = 5
 

@@ -13,11 +13,11 @@ import pytest
 
 from apexrl.errors import ServerError, ServerTimeoutError
 from apexrl.replay import ReplayClient, ReplayServer, ServerConfig
-from apexrl.replay.slices import SliceTable, chunk_columns, episode_chunks
+from apexrl.replay.slices import SliceTable
 from apexrl.replay.tables import MinSize, Queue, TableConfig, tables_from_json
 from apexrl.replay.wire import protocol as P
 from apexrl.replay.wire import windows as W
-from apexrl.replay.wire.episodes import encode_episode
+from apexrl.replay.wire.episodes import chunk_columns, encode_episode, episode_chunks
 from apexrl.replay.wire.schema import Status
 from tests.helpers import wait_until
 

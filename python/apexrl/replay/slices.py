@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from apexrl.replay.wire import steps as S
+from apexrl.replay.wire.episodes import chunk_columns, episode_chunks
 
-__all__ = ["SliceBatch", "SliceTable", "chunk_columns", "decode_windows", "episode_chunks", "window_keys"]
+__all__ = ["SliceBatch", "SliceTable", "decode_windows", "window_keys"]
 
 START_BITS = 24
 _SAMPLERS = ("prioritized", "uniform")
@@ -89,12 +90,6 @@ def decode_windows(
     return S.decode_sequences(items, blobs, per_window, chunk_data=data, chunk_offsets=chunk_offsets, reuse=reuse)
 
 
-def _fields(blob: Any) -> list[tuple[str, np.dtype, tuple[int, ...], int, int, int]]:
-    """A chunk's fields in the table's column order (by path): (path, dtype, shape, codec, stored bytes, offset)."""
-    _k, _fp, fields, _key = S._chunk_header(memoryview(blob).cast("B"))
-    return [(path, *fields[path]) for path in sorted(fields)]
-
-
 def _decode_native(sample: Mapping[str, Any], window: int, reuse: dict[str, np.ndarray] | None) -> S.SequenceBatch:
     from apexrl._core import decode_slices  # the extension, only where slices are used
 
@@ -105,48 +100,6 @@ def _decode_native(sample: Mapping[str, Any], window: int, reuse: dict[str, np.n
     valid = decode_slices(sample["native"], list(out.values()), mask, window).astype(bool)
     num_steps = np.where(valid, rows, 0).astype(np.int64)
     return S.SequenceBatch(S.unflatten(out), mask, S.unflatten({}), valid, num_steps)
-
-
-def episode_chunks(steps: Mapping[str, Any], chunk_length: int) -> tuple[list[bytes], list[int], int]:
-    """(step chunks, steps per chunk, structure fingerprint) of an episode: ``steps`` maps each field (nested
-    mappings allowed) to an array of the episode's n steps (leading dimension n, the same for every field), cut
-    ``chunk_length`` steps a chunk. ValueError for anything else."""
-    leaves = S.flatten(steps)
-    if not leaves:
-        raise ValueError("an episode needs at least one field")
-    arrays = {p: np.asarray(a) for p, a in leaves.items()}
-    lengths = {a.shape[0] if a.ndim else 0 for a in arrays.values()}
-    if len(lengths) != 1 or min(lengths) < 1:
-        raise ValueError(f"every field must hold the episode's steps along its first axis, got lengths {lengths}")
-    n = lengths.pop()
-    odd = [p for p, a in arrays.items() if a.dtype.kind not in "biufc" or a.dtype.fields is not None]
-    if odd:
-        raise ValueError(f"fields {odd} are not numeric or bool arrays")
-    structure = tuple(S.Field(p, np.dtype(a.dtype).newbyteorder("<"), tuple(a.shape[1:])) for p, a in arrays.items())
-    fp = S.structure_fingerprint(structure)
-    chunks, counts = [], []
-    for lo in range(0, n, chunk_length):
-        hi = min(n, lo + chunk_length)
-        chunks.append(S.encode_chunk(structure, [arrays[f.path][lo:hi] for f in structure], fp))
-        counts.append(hi - lo)
-    return chunks, counts, fp
-
-
-def chunk_columns(
-    chunks: Sequence[Any], want: list[tuple[str, np.dtype, tuple[int, ...]]] | None = None
-) -> tuple[np.ndarray, list[tuple[str, np.dtype, tuple[int, ...]]]]:
-    """Where each chunk's field columns lie, (chunks, fields, (offset, stored, codec)) with the fields in path
-    order (what a slice table keeps for its native decode, and an episode record carries), and the fields
-    (path, dtype, shape); ValueError where a chunk's fields differ from ``want`` (None: the first chunk's)."""
-    if want is None:
-        want = [(path, dt, shape) for path, dt, shape, *_ in _fields(chunks[0])]
-    columns = np.empty((len(chunks), len(want), 3), dtype=np.uint64)
-    for c, blob in enumerate(chunks):
-        fields = _fields(blob)
-        if [(path, dt, shape) for path, dt, shape, *_ in fields] != want:
-            raise ValueError(f"chunk {c}'s fields (names, dtypes, shapes) differ from the table's")
-        columns[c] = [(at, stored, codec) for *_, codec, stored, at in fields]
-    return columns, want
 
 
 def _int(value: Any, name: str, low: int, high: int | None = None) -> int:

@@ -457,8 +457,7 @@ class ReplayClient(TransportClient):
         chunks) and stores nothing. :meth:`sample` on the table returns windows as sequences (``batch.fields``
         (n, burn_in + length, ...), ``batch.mask`` False past an episode's end); :meth:`update_priorities` takes
         one value per window key."""
-        from apexrl.replay.slices import chunk_columns, episode_chunks
-        from apexrl.replay.wire.episodes import encode_episode
+        from apexrl.replay.wire.episodes import chunk_columns, encode_episode, episode_chunks
 
         if isinstance(chunk_length, bool) or not isinstance(chunk_length, int) or not 1 <= chunk_length < 1 << 24:
             raise ValueError(f"chunk_length must be an int in [1, 2^24), got {chunk_length!r}")

@@ -968,7 +968,15 @@ class ShardedReplayClient:
         """An :class:`AsyncUpdater` over the set (its own clients), as :meth:`ReplayClient.updater`."""
         return AsyncUpdater(partial(self._same_endpoints, table), max_pending=max_pending, close_timeout=self.timeout)
 
-    def insert_episode(self, steps: Any, priorities: Any = None, **kwargs: Any) -> int:
+    def insert_episode(
+        self,
+        steps: Any,
+        priorities: Any = None,
+        *,
+        chunk_length: int = 16,
+        table: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
         """Refused: a slices table (``TableConfig(kind="slices")``) is served by one server; insert its episodes
         and sample its windows with a :class:`~apexrl.replay.client.replay_client.ReplayClient` of that server."""
         raise NotImplementedError(
