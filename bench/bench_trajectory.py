@@ -12,12 +12,16 @@ pixels; consecutive frames compress together as real ones do, several-fold) unle
 
     python bench/bench_trajectory.py [--episodes 4] [--episode-length 400] [--obs atari|vector]
         [--windows N] [--total-steps N] [--reverb-python PY] [--torchrl-python PY]
-    python bench/bench_trajectory.py --held 1600 100000 1000000 [--windows N] [--sample-rounds N]
+    python bench/bench_trajectory.py --held 1600 100000 1000000 [--windows N] [--sample-rounds N] [--reverb-python PY]
     python bench/bench_trajectory.py --slices 1600 100000 1000000 [--sampler uniform|prioritized]
         [--windows N] [--sample-rounds N] [--torchrl-python PY] [--slices-server]
 
 ``--held``: tables of several sizes held at once in one process, sampled in turn window by window, so that the
-sizes are compared under the same load (the sampled rate per size and its ratio to the first size's).
+sizes are compared under the same load (the sampled rate per size and its ratio to the first size's). With
+``--reverb-python``, Reverb's tables of the same sizes beside them (bench/reverb_trajectory_worker.py ``--held``:
+one Reverb server in a process of its own holding a table per size, sampled through its ``TrajectoryDataset``
+or ``--reverb-sampler client``), the two sides interleaved window by window: apexrl over Reverb per size, and the
+bytes each holds (apexrl: bytes_held; Reverb: its server's memory growth while filling, as it reports none).
 
 ``--slices``: windows chosen at sample time. One ``SliceTable`` per size (apexrl.replay.slices, in process), all
 held at once, each holding whole episodes (the bench's cycled, each copy a new episode, its steps chunked once
@@ -129,33 +133,89 @@ def run_ours(steps: list, args: argparse.Namespace, length: int, n_steps: int) -
     return r
 
 
-def run_held(steps: list, args: argparse.Namespace, length: int) -> None:
-    """``--held``: apexrl alone, one server per size appended once, then ``--windows`` rounds sampling each in
-    turn; the sequences sampled+decoded/s per size and, per round, each size's rate over the first size's."""
+def run_held(steps: list, args: argparse.Namespace, length: int, worker: Worker | None) -> None:
+    """``--held``: one server per size appended once, then ``--windows`` rounds sampling each in turn (and
+    Reverb's tables in its worker after them); the sequences sampled+decoded/s per size and, per round, each size's
+    rate over the first size's and over Reverb's at that size."""
     servers, clients = [], []
+    held_bytes = []
     try:
         for n_steps in args.held:
             servers.append(ReplayServer(ServerConfig(bind="127.0.0.1", port=0)).start())
             clients.append(ReplayClient(servers[-1].endpoint, timeout=30))
             r = append_steps(clients[-1], steps, args, length, n_steps)
-            held = clients[-1].tables()["default"]["bytes_held"]
-            print(f"{r['steps']:,} steps held: {r['items']:,} items, bytes_held {held:,}", flush=True)
+            held_bytes.append(clients[-1].tables()["default"]["bytes_held"])
+            print(
+                f"{r['steps']:,} steps held: {r['items']:,} items, bytes_held {held_bytes[-1]:,}, "
+                f"appended {r['steps'] / r['appended_s']:,.0f} steps/s",
+                flush=True,
+            )
+        reverb_filled = worker.read() if worker is not None else None
+        if reverb_filled is not None:
+            for f in reverb_filled["filled"]:
+                print(
+                    f"Reverb {f['steps']:,} steps held: {f['items']:,} items, server memory +{f['rss_growth']:,} B, "
+                    f"appended {f['steps'] / f['appended_s']:,.0f} steps/s",
+                    flush=True,
+                )
         rates: list[list[float]] = [[] for _ in args.held]
+        theirs: list[list[float]] = [[] for _ in args.held]
         for win in range(args.windows):
             for rate, client in zip(rates, clients):
                 rate.append(args.sample_rounds * args.batch / sample_rounds(client, args))
-            print(f"window {win + 1}: " + ", ".join(f"{r[-1]:,.0f}" for r in rates) + " sequences/s", flush=True)
+            line = f"window {win + 1}: " + ", ".join(f"{r[-1]:,.0f}" for r in rates) + " sequences/s"
+            if worker is not None:
+                for their, rate in zip(theirs, worker.window()["rates"]):
+                    their.append(rate)
+                line += "; Reverb " + ", ".join(f"{t[-1]:,.0f}" for t in theirs)
+            print(line, flush=True)
     finally:
         for client in clients:
             client.close()
         for server in servers:
             server.stop()
-    for n_steps, rate in zip(args.held, rates):
+    for i, (n_steps, rate) in enumerate(zip(args.held, rates)):
         ratio = statistics.median(a / b for a, b in zip(rate, rates[0]))
         print(
             f"{n_steps:,} steps held: sequences sampled+decoded/s (batches of {args.batch}) {med(rate)}, "
             f"{ratio:.2f}x the {args.held[0]:,}-step table's (median of per-window ratios)"
         )
+        if worker is not None and reverb_filled is not None:
+            vs = statistics.median(a / b for a, b in zip(rate, theirs[i]))
+            grown = reverb_filled["filled"][i]["rss_growth"]
+            print(
+                f"  Reverb: {med(theirs[i])}, {statistics.median(a / b for a, b in zip(theirs[i], theirs[0])):.2f}x its "
+                f"first size's; apexrl / Reverb {vs:.2f}x (median of per-window ratios); bytes: apexrl bytes_held "
+                f"{held_bytes[i]:,}, Reverb's server grew {grown:,} B filling it"
+            )
+
+
+def held_reverb(steps: list, args: argparse.Namespace, length: int) -> None:
+    """``--held`` with Reverb's worker beside it where its interpreter imports reverb."""
+    skip = probe(args.reverb_python, "--reverb-python", "Reverb", "import reverb, tensorflow")
+    worker = None
+    with tempfile.TemporaryDirectory() as tmp:
+        if skip is None:
+            assert args.reverb_python is not None
+            npz = os.path.join(tmp, "steps.npz")
+            flat = [s for ep in steps for s in ep]
+            columns = {k: np.stack([s[k] for s in flat]) for k in flat[0]}
+            np.savez(npz, **columns, episodes=args.episodes, episode_length=args.episode_length)
+            cmd = [args.reverb_python, os.path.join(HERE, "reverb_trajectory_worker.py"), "--steps", npz]
+            cmd += ["--length", str(length), "--period", str(args.period), "--batch", str(args.batch)]
+            cmd += ["--sample-rounds", str(args.sample_rounds), "--sampler", args.reverb_sampler]
+            cmd += ["--held", *map(str, args.held)]
+            if args.reverb_in_process:
+                cmd.append("--in-process")
+            worker = Worker("Reverb", cmd)
+            print(worker.banner.removeprefix("ready").strip(), flush=True)
+        try:
+            run_held(steps, args, length, worker)
+        finally:
+            if worker is not None:
+                worker.close()
+    if skip is not None:
+        print(skip)
 
 
 def slice_episodes(steps: list) -> list[dict]:
@@ -388,8 +448,8 @@ def main() -> None:
         type=int,
         nargs="+",
         metavar="STEPS",
-        help="apexrl alone: one table per size held at once (e.g. 1600 100000 1000000), appended once, then each "
-        "sampled in turn, --windows rounds; Reverb and TorchRL are not run",
+        help="one table per size held at once (e.g. 1600 100000 1000000), appended once, then each sampled in "
+        "turn, --windows rounds, beside Reverb's tables of the same sizes (--reverb-python); TorchRL is not run",
     )
     p.add_argument(
         "--slices",
@@ -408,6 +468,18 @@ def main() -> None:
         help="--slices: the tables on a replay server (kind='slices'), sampled over 127.0.0.1; TorchRL is not run",
     )
     p.add_argument("--reverb-python", help="an interpreter that imports dm-reverb (bench/reverb_trajectory_worker.py)")
+    p.add_argument(
+        "--reverb-sampler",
+        choices=("dataset", "client"),
+        default="dataset",
+        help="--held: Reverb samples through its TrajectoryDataset (tf.data, the default) or client.sample",
+    )
+    p.add_argument(
+        "--reverb-in-process",
+        action="store_true",
+        help="--held: Reverb's server in its worker's process (default: a process of its own, as apexrl's "
+        "samples cross a socket)",
+    )
     p.add_argument("--torchrl-python", help="an interpreter that imports torchrl (bench/torchrl_trajectory_worker.py)")
     args = p.parse_args()
     length = args.burn_in + args.trained + 1
@@ -419,7 +491,7 @@ def main() -> None:
     if args.held:
         if min(args.held) < 1:
             p.error("--held sizes must be >= 1 step")
-        run_held(steps, args, length)
+        held_reverb(steps, args, length)
         return
     if args.slices:
         if min(args.slices) < 1:

@@ -194,3 +194,36 @@ def test_runs_of_one_preset_sharing_a_seed_are_told_apart_by_the_settings_that_d
     ]
     seed1 = run("c", 1, eval_weights="online")
     assert _groups([online, seed1]) == [("r2d2 (r2d2-cpu)", [online, seed1])]
+
+
+def test_runs_with_a_policy_lag_get_a_lag_panel_under_each_return_panel(tmp_path):
+    """On-policy runs' metrics carry policy_lag_mean/_max: the figure draws them in two lower panels with the
+    same x axes; runs without them keep the two-panel figure (the test above)."""
+    from apexrl.plot import draw_runs
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    d = tmp_path / "ppo"
+    d.mkdir()
+    (d / "metrics.csv").write_text(
+        METRICS_HEADER.strip() + ",policy_lag_mean,policy_lag_max\n"
+        "10,1000,5,,,,,0.5,2\n20,2000,10,400,3,2000,20,1.5,4\n30,3000,15,,,,,,\n"
+    )
+    (d / "plan.json").write_text(
+        json.dumps({"preset": "ppo-cartpole", "learner": {"agent": "ppo", "env": "gym:CartPole-v1", "seed": 0}})
+    )
+    fig = draw_runs([str(d)])
+    try:
+        fig.canvas.draw()
+        assert len(fig.axes) == 4
+        lag_frames, lag_time = fig.axes[2], fig.axes[3]
+        assert lag_frames.get_ylabel() == "policy lag (updates)"
+        mean_line, max_line = lag_frames.get_lines()
+        assert list(mean_line.get_xdata()) == [1000, 2000] and list(mean_line.get_ydata()) == [0.5, 1.5]
+        assert list(max_line.get_ydata()) == [2, 4]
+        assert list(lag_time.get_lines()[0].get_xdata()) == pytest.approx([10 / 60, 20 / 60])
+        labels = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert "policy lag, mean" in labels and "policy lag, max" in labels
+        for ax in fig.axes:
+            assert not fig.legends[0].get_window_extent().overlaps(ax.get_window_extent())
+    finally:
+        plt.close(fig)

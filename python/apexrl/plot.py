@@ -5,7 +5,9 @@ return (``metrics.csv``, ``eval_return_mean``: greedy/noiseless episodes, placed
 weights were taken, ``eval_env_frames``/``eval_time_s``, or the row's own in files without them), the greediest
 actor's training-episode returns as a moving mean (``episodes.csv``: the actor with the smallest
 ``exploration``; files without that column: the highest actor index, the greediest of DQN's epsilon ladder),
-and ``final_eval.json`` (``apexrl evaluate --json``) as a marker with its standard error.
+and ``final_eval.json`` (``apexrl evaluate --json``) as a marker with its standard error. Runs whose metrics
+report a policy lag (the on-policy agents: ``policy_lag_mean``, ``policy_lag_max``) get a lag panel under each
+return panel, so that a curve is read beside how stale its batches were.
 
 Runs of one configuration (same agent, env and preset, from ``plan.json`` or the checkpoint) are seeds: they are
 drawn as one mean ± standard-error band across seeds (:func:`seed_band`: each seed interpolated onto a common
@@ -286,20 +288,35 @@ def draw_runs(run_dirs: Sequence[str], smooth: int = 20):
     metrics = {d: _load_metrics(d) for d in run_dirs}  # every directory is checked before drawing
     plt = _pyplot()
     with plt.rc_context({"font.size": _FONT, "axes.titlesize": _FONT, "axes.labelsize": _FONT}):
-        fig, (ax_frames, ax_time) = plt.subplots(1, 2, figsize=(12, 5.5), sharey=True, layout="constrained")
-        drawn = _draw_groups(plt, _groups(run_dirs), metrics, (ax_frames, ax_time), smooth)
+        groups = _groups(run_dirs)
+        lagged = [d for d in run_dirs if _lag_rows(metrics[d])[0].size]
+        if lagged:
+            # On-policy runs report how stale their batches were: a lag panel under each return panel.
+            fig, ((ax_frames, ax_time), (lag_frames, lag_time)) = plt.subplots(
+                2, 2, figsize=(12, 7.5), sharex="col", height_ratios=(3, 1), layout="constrained"
+            )
+            ax_time.sharey(ax_frames)
+            _draw_lag(plt, groups, metrics, (lag_frames, lag_time))
+        else:
+            fig, (ax_frames, ax_time) = plt.subplots(1, 2, figsize=(12, 5.5), sharey=True, layout="constrained")
+        drawn = _draw_groups(plt, groups, metrics, (ax_frames, ax_time), smooth)
         if not drawn:
             ax_frames.text(0.5, 0.5, "no evaluation or episode yet", ha="center", transform=ax_frames.transAxes)
-        ax_frames.set_xlabel("env frames")
-        ax_time.set_xlabel("wall time (minutes)")
+        bottom = (lag_frames, lag_time) if lagged else (ax_frames, ax_time)
+        bottom[0].set_xlabel("env frames")
+        bottom[1].set_xlabel("wall time (minutes)")
         ax_frames.set_ylabel("episode return")
-        for ax in (ax_frames, ax_time):
+        for ax in (ax_frames, ax_time, *((lag_frames, lag_time) if lagged else ())):
             ax.grid(alpha=0.3)
         if drawn:
             # Both panels carry the same series: one legend below them (constrained layout makes room), so
             # long labels and several configurations never cover a curve or an axis label.
             handles, labels = ax_frames.get_legend_handles_labels()
-            more, more_labels = ax_time.get_legend_handles_labels()
+            more, more_labels = [], []
+            for ax in (ax_time, *((lag_frames,) if lagged else ())):
+                h_more, l_more = ax.get_legend_handles_labels()
+                more += h_more
+                more_labels += l_more
             for h, lab in zip(more, more_labels):
                 if lab not in labels:
                     handles.append(h)
@@ -318,6 +335,38 @@ def draw_runs(run_dirs: Sequence[str], smooth: int = 20):
             title += f" on {envs[0]}"
         fig.suptitle(f"Ape-X learning curves: {title}")
     return fig
+
+
+def _lag_rows(metrics: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(frames, time_s, policy_lag_mean, policy_lag_max) of the rows that report a policy lag (on-policy agents'
+    metrics.csv: the learner's version minus the version that acted, over each row's batches); empty without."""
+    mean = metrics.get("policy_lag_mean")
+    if mean is None:
+        empty = np.zeros(0)
+        return empty, empty, empty, empty
+    keep = ~np.isnan(mean)
+    lag_max = metrics.get("policy_lag_max", np.full_like(mean, np.nan))
+    return metrics["env_frames"][keep], metrics["time_s"][keep], mean[keep], lag_max[keep]
+
+
+def _draw_lag(plt, groups: list[tuple[str, list[str]]], metrics: dict, axes) -> None:
+    """Each run's policy lag (mean solid, max dotted) on the (frames, time) lag axes, in its group's colour."""
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for gi, (name, dirs) in enumerate(groups):
+        color = colors[gi % len(colors)]
+        prefix = "" if len(groups) == 1 else f"{name}: "
+        for k, d in enumerate(dirs):
+            frames, time_s, mean, lag_max = _lag_rows(metrics[d])
+            if not mean.size:
+                continue
+            for axis, (ax, scale) in enumerate(zip(axes, (1.0, 60.0))):
+                x = (frames, time_s)[axis] / scale
+                first = k == 0 and axis == 0
+                ax.plot(x, mean, "-", color=color, linewidth=1.2, label=f"{prefix}policy lag, mean" if first else None)
+                ax.plot(
+                    x, lag_max, ":", color=color, linewidth=1.0, label=f"{prefix}policy lag, max" if first else None
+                )
+    axes[0].set_ylabel("policy lag (updates)")
 
 
 def _legend_columns(labels: list[str]) -> int:
