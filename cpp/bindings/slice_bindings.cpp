@@ -273,6 +273,14 @@ void RegisterSlices(py::module_& m) {
       .def("sample", &Sample, py::arg("n"), py::arg("beta"), py::arg("copy_chunks") = false)
       .def("update", &Update, py::arg("keys"), py::arg("priorities"))
       .def("clear", &SliceTable::Clear)
+      .def("save", &SliceTable::Save, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
+           "Write every episode held (chunks, columns, step priorities) and the next episode number to path, "
+           "checksummed and atomically; the table serves on while the file is written. Returns the episodes "
+           "written; SnapshotError when the file cannot be written (an earlier file at path is kept).")
+      .def("load", &SliceTable::Load, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
+           "Fill this new table from a file save() wrote: the episodes keep their numbers (and so their window "
+           "keys), their windows are this table's. SnapshotError on a truncated, corrupted or foreign file "
+           "(nothing changed); ValueError if the table ever held an episode. Returns the episodes held.")
       .def("stats", &Stats)
       .def("windows",
            [](const SliceTable& t) {

@@ -3,10 +3,14 @@
 #include "apexrl/slices/slice_table.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -169,6 +173,139 @@ TEST(SliceTable, ConcurrentInsertsSamplesAndUpdatesKeepItConsistent) {
   EXPECT_EQ(st.inserted_episodes, 301u);
   EXPECT_LE(st.steps, 500u);
   EXPECT_EQ(st.sampled, 2u * 200 * 16);
+}
+
+std::string TempPath(const char* name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/apexrl_slice_" + name + "_" +
+         std::to_string(::getpid());
+}
+
+// Every window key and mass, and every held episode's step priorities, of two tables are equal.
+void ExpectSameWindows(const SliceTable& a, const SliceTable& b) {
+  std::vector<uint64_t> ka, kb;
+  std::vector<double> ma, mb;
+  a.Windows(&ka, &ma);
+  b.Windows(&kb, &mb);
+  EXPECT_EQ(ka, kb);
+  EXPECT_EQ(ma, mb);
+}
+
+TEST(SliceTable, SaveAndLoadKeepEpisodesNumbersPrioritiesAndWhileServingTheCopyIsConsistent) {
+  SliceConfig c;
+  c.capacity_steps = 60;
+  c.length = 3;
+  c.burn_in = 1;
+  c.span = 1;
+  SliceTable t(c);
+  for (uint32_t i = 0; i < 30; ++i) Insert(t, 1 + (i * 5) % 13, 1 + i % 3);  // wraps the ring, evicts
+  SliceSample s;
+  t.Sample(40, 0.4, &s);
+  std::vector<double> p(s.keys.size());
+  for (size_t i = 0; i < p.size(); ++i) p[i] = 0.25 * static_cast<double>(i % 7);
+  t.Update(s.keys.data(), s.keys.size(), p.data(), false);
+  const std::string path = TempPath("roundtrip");
+  const size_t saved = t.Save(path);
+  EXPECT_EQ(saved, t.Stats().episodes);
+
+  SliceTable u(c);
+  EXPECT_EQ(u.Load(path), saved);
+  u.Validate();
+  ExpectSameWindows(t, u);
+  const SliceStats st = t.Stats(), su = u.Stats();
+  EXPECT_EQ(su.steps, st.steps);
+  EXPECT_EQ(su.chunk_bytes, st.chunk_bytes);
+  EXPECT_EQ(su.inserted_episodes, 0u);  // loading is not inserting
+  for (uint64_t e = 30 - saved; e < 30; ++e) EXPECT_EQ(u.StepPriorities(e), t.StepPriorities(e)) << e;
+  EXPECT_THROW(u.StepPriorities(30 - saved - 1), InvalidArgument);  // evicted before the save
+  // Old keys update the same windows on both; the next episode gets the same number on both.
+  EXPECT_EQ(u.Update(s.keys.data(), s.keys.size(), p.data(), false),
+            t.Update(s.keys.data(), s.keys.size(), p.data(), false));
+  EXPECT_EQ(Insert(u, 4, 2), Insert(t, 4, 2));
+  ExpectSameWindows(t, u);
+
+  // Another window configuration from the same episodes: its own windows, every step kept (capacity allowing).
+  SliceConfig longer = c;
+  longer.length = 5;
+  longer.span = 0;
+  SliceTable v(longer);
+  v.Load(path);
+  v.Validate();
+  EXPECT_EQ(v.Stats().steps, st.steps);
+  // A smaller capacity keeps the newest episodes that fit, evicting the oldest as inserts would.
+  SliceConfig small = c;
+  small.capacity_steps = 20;
+  SliceTable w(small);
+  w.Load(path);
+  w.Validate();
+  EXPECT_LE(w.Stats().steps, 20u);
+  EXPECT_GT(w.Stats().evicted_episodes, 0u);
+  // Only a new table loads.
+  EXPECT_THROW(u.Load(path), InvalidArgument);
+  std::remove(path.c_str());
+}
+
+TEST(SliceTable, SaveWhileInsertingWritesOneConsistentState) {
+  SliceConfig c;
+  c.capacity_steps = 400;
+  c.length = 2;
+  SliceTable t(c);
+  Insert(t, 20, 4);
+  const std::string path = TempPath("concurrent");
+  std::thread writer([&] {
+    for (uint32_t i = 0; i < 400; ++i) Insert(t, 5 + i % 30, 4);
+  });
+  for (int k = 0; k < 20; ++k) {
+    t.Save(path);
+    SliceTable u(c);
+    u.Load(path);
+    u.Validate();
+  }
+  writer.join();
+  std::remove(path.c_str());
+}
+
+TEST(SliceTable, LoadRefusesTruncatedCorruptAndForeignFilesAndChangesNothing) {
+  SliceConfig c;
+  c.capacity_steps = 50;
+  c.length = 2;
+  SliceTable t(c);
+  for (uint32_t i = 0; i < 6; ++i) Insert(t, 6, 4);
+  const std::string path = TempPath("bad");
+  t.Save(path);
+  std::vector<char> bytes;
+  {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    int ch;
+    while ((ch = std::fgetc(f)) != EOF) bytes.push_back(static_cast<char>(ch));
+    std::fclose(f);
+  }
+  const auto write = [&](const std::vector<char>& b) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    std::fwrite(b.data(), 1, b.size(), f);
+    std::fclose(f);
+  };
+  // Every truncation, and a flipped byte at many places: SnapshotError, the table still new and usable.
+  for (size_t cut = 0; cut < bytes.size(); cut += 7) {
+    write(std::vector<char>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(cut)));
+    SliceTable u(c);
+    EXPECT_THROW(u.Load(path), SnapshotError) << "cut at " << cut;
+    EXPECT_EQ(u.Stats().episodes, 0u);
+    EXPECT_EQ(Insert(u, 3, 3), 0u);
+  }
+  for (size_t at = 0; at < bytes.size(); at += 11) {
+    std::vector<char> b = bytes;
+    b[at] = static_cast<char>(b[at] ^ 0x5A);
+    write(b);
+    SliceTable u(c);
+    EXPECT_THROW(u.Load(path), SnapshotError) << "flipped at " << at;
+    EXPECT_EQ(u.Stats().episodes, 0u);
+  }
+  write(bytes);
+  SliceTable u(c);
+  EXPECT_EQ(u.Load(path), 6u);
+  std::remove(path.c_str());
 }
 
 }  // namespace

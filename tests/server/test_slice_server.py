@@ -6,6 +6,7 @@ HELLO and STATS, and its configuration's errors."""
 
 from __future__ import annotations
 
+import pathlib
 import threading
 
 import numpy as np
@@ -13,6 +14,8 @@ import pytest
 
 from apexrl.errors import ServerError, ServerTimeoutError
 from apexrl.replay import ReplayClient, ReplayServer, ServerConfig
+from apexrl.replay.server.epoch import SnapshotLoadError
+from apexrl.replay.server.tables import read_tables_manifest
 from apexrl.replay.slices import SliceTable
 from apexrl.replay.tables import MinSize, Queue, TableConfig, tables_from_json
 from apexrl.replay.wire import protocol as P
@@ -205,13 +208,60 @@ def test_slices_table_configuration_errors():
         ServerConfig(port=0, tables=[t, TableConfig("aux")]).validate()
 
 
-def test_a_checkpoint_holds_the_other_tables_and_a_slices_table_starts_empty(tmp_path):
+def test_a_checkpoint_holds_a_slices_tables_episodes_and_the_next_life_serves_them_under_the_same_keys(tmp_path):
+    snapshot = str(tmp_path / "replay.snap")
+    s = TableConfig("s", kind="slices", capacity=20, length=2, burn_in=1)
+    tables = [TableConfig("default", capacity=10), s]
+    p = np.array([0.5, 1.0, 2.0, 4.0, 8.0])
+    with ReplayServer(ServerConfig(port=0, tables=tables, snapshot=snapshot)) as srv, ReplayClient(srv.endpoint) as c:
+        c.insert(np.ones(3), [b"a", b"b", b"c"])
+        assert c.insert_episode(episode(5), p, table="s") == 0
+        assert c.insert_episode(episode(7, 100), table="s") == 1
+        keys = c.sample(6, table="s").keys
+        assert c.update_priorities(keys[:2], [3.0, 5.0], table="s") == 2
+        before = c.tables()["s"]
+        assert c.checkpoint() == snapshot
+    manifest = read_tables_manifest(snapshot)
+    (entry,) = [e for e in manifest["tables"] if e["name"] == "s"]
+    assert (entry["kind"], entry["episodes"]) == ("slices", 2) and entry["file"].endswith(".slices")
+    with ReplayServer(ServerConfig(port=0, tables=tables, snapshot=snapshot)) as srv, ReplayClient(srv.endpoint) as c:
+        t = c.tables()
+        assert t["default"]["size"] == 3
+        for k in ("size", "episodes", "steps", "chunk_bytes", "total_mass"):
+            assert t["s"][k] == pytest.approx(before[k]), k
+        # The keys of the life before address the same windows: updates land (none stale), samples decode them.
+        assert c.update_priorities(keys, np.ones(len(keys)), table="s") == len(keys)
+        got = c.sample(32, table="s")
+        episodes, starts = got.keys >> 24, got.keys & ((1 << 24) - 1)
+        np.testing.assert_array_equal(got.fields["obs"][:, 0, 0], 100 * episodes + starts)
+        assert c.insert_episode(episode(4, 200), table="s") == 2  # numbering goes on
+    # A new life may draw other windows from the same episodes: here 4 trained steps after 1 of burn-in.
+    longer = TableConfig("s", kind="slices", capacity=20, length=4, burn_in=1)
+    with ReplayServer(ServerConfig(port=0, tables=[tables[0], longer], snapshot=snapshot)) as srv:
+        with ReplayClient(srv.endpoint) as c:
+            t = c.tables()["s"]
+            assert (t["episodes"], t["steps"], t["size"]) == (2, 12, 1 + 3)  # strict: starts 0 and 0..2
+
+
+def test_a_slices_tables_snapshot_file_that_is_corrupt_or_of_another_kind_stops_the_start_and_changes_nothing(
+    tmp_path,
+):
     snapshot = str(tmp_path / "replay.snap")
     tables = [TableConfig("default", capacity=10), TableConfig("s", kind="slices", capacity=20, length=2)]
     with ReplayServer(ServerConfig(port=0, tables=tables, snapshot=snapshot)) as srv, ReplayClient(srv.endpoint) as c:
-        c.insert(np.ones(3), [b"a", b"b", b"c"])
         c.insert_episode(episode(5), table="s")
-        assert c.checkpoint() == snapshot
-    with ReplayServer(ServerConfig(port=0, tables=tables, snapshot=snapshot)) as srv, ReplayClient(srv.endpoint) as c:
-        t = c.tables()
-        assert (t["default"]["size"], t["s"]["size"], t["s"]["episodes"]) == (3, 0, 0)
+        c.checkpoint()
+    (entry,) = [e for e in read_tables_manifest(snapshot)["tables"] if e["name"] == "s"]
+    as_items = [tables[0], TableConfig("s", capacity=20)]
+    with pytest.raises(SnapshotLoadError, match="holds table 's' as a slices table"):
+        ReplayServer(ServerConfig(port=0, tables=as_items, snapshot=snapshot)).start()
+    file = pathlib.Path(entry["file"])
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+    with pytest.raises(SnapshotLoadError, match="cannot load slices table 's'"):
+        ReplayServer(ServerConfig(port=0, tables=tables, snapshot=snapshot)).start()
+    file.write_bytes(bytes(data[:40]))
+    with pytest.raises(SnapshotLoadError, match="truncated"):
+        ReplayServer(ServerConfig(port=0, tables=tables, snapshot=snapshot)).start()
+    assert file.stat().st_size == 40  # nothing rewrote it

@@ -9,6 +9,7 @@
 
 #include "apexrl/common.h"
 #include "apexrl/errors.h"
+#include "apexrl/snapshot_io.h"
 
 namespace apexrl {
 
@@ -77,9 +78,9 @@ void SliceTable::EvictOldest() {
   episodes_.pop_front();
 }
 
-uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, const uint64_t* sizes,
-                            const uint64_t* steps, size_t num_chunks, const double* priorities, const uint64_t* columns,
-                            size_t num_fields) {
+SliceTable::Episode SliceTable::Build(uint64_t fingerprint, const uint8_t* const* data, const uint64_t* sizes,
+                                      const uint64_t* steps, size_t num_chunks, const double* priorities,
+                                      const uint64_t* columns, size_t num_fields) const {
   if (num_chunks == 0) throw InvalidArgument("an episode needs at least one chunk");
   if (num_fields == 0 || num_fields > (size_t{1} << 16)) throw InvalidArgument("an episode needs 1..65536 fields");
   for (size_t c = 0; c < num_chunks; ++c) {
@@ -127,15 +128,15 @@ uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, co
   e.chunk_steps.push_back(step);
   e.columns.assign(columns, columns + 3 * num_chunks * num_fields);
   e.data = std::move(bytes_of);
+  return e;
+}
 
-  ScopedLock<Mutex> lock(mu_);
-  if (num_fields_ != 0 && num_fields != num_fields_) {
-    throw InvalidArgument("an episode of " + std::to_string(num_fields) + " fields in a table of " +
-                          std::to_string(num_fields_));
-  }
+void SliceTable::Store(Episode&& e, uint64_t number, const double* priorities, size_t num_fields) {
   num_fields_ = num_fields;
+  const uint64_t n = e.steps;
   while (steps_held_ + n > config_.capacity_steps) EvictOldest();
-  e.number = next_episode_++;
+  e.number = number;
+  next_episode_ = number + 1;
   e.first_step = next_step_;
   next_step_ += n;
   const size_t used = static_cast<size_t>(std::min<uint64_t>(next_step_, config_.capacity_steps));
@@ -160,7 +161,173 @@ uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, co
   episodes_.push_back(std::move(e));
   const Episode& stored = episodes_.back();
   SetMasses(stored, 0, stored.starts);
-  return stored.number;
+}
+
+uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, const uint64_t* sizes,
+                            const uint64_t* steps, size_t num_chunks, const double* priorities, const uint64_t* columns,
+                            size_t num_fields) {
+  Episode e = Build(fingerprint, data, sizes, steps, num_chunks, priorities, columns, num_fields);
+  ScopedLock<Mutex> lock(mu_);
+  if (num_fields_ != 0 && num_fields != num_fields_) {
+    throw InvalidArgument("an episode of " + std::to_string(num_fields) + " fields in a table of " +
+                          std::to_string(num_fields_));
+  }
+  const uint64_t number = next_episode_;
+  Store(std::move(e), number, priorities, num_fields);
+  return number;
+}
+
+// Snapshot layout, version 1 (little-endian; CRC-32C of every preceding byte at the end, SnapshotWriter's):
+//   "APXSLICE" | u32 version | u64 next episode | f64 largest priority | u64 fields | u64 episodes
+//   per episode: u64 number | u64 fingerprint | u64 chunks | chunks x (u64 bytes, u64 steps)
+//                | chunks x fields x 3 u64 columns | the chunks' bytes | steps x f64 priorities
+//   "APXSLEND" | u32 crc
+namespace {
+constexpr char kSliceMagic[8] = {'A', 'P', 'X', 'S', 'L', 'I', 'C', 'E'};
+constexpr char kSliceEndMagic[8] = {'A', 'P', 'X', 'S', 'L', 'E', 'N', 'D'};
+constexpr uint32_t kSliceSnapshotVersion = 1;
+}  // namespace
+
+size_t SliceTable::Save(const std::string& path) const {
+  struct Saved {
+    uint64_t number, fingerprint;
+    std::shared_ptr<const std::vector<uint8_t>> data;
+    std::vector<uint64_t> chunk_offsets, chunk_steps, columns;
+    std::vector<double> priorities;
+  };
+  std::vector<Saved> saved;
+  uint64_t next_episode = 0, num_fields = 0;
+  double max_priority = 1.0;
+  {
+    // Under the lock only what changes: the step priorities are copied, the chunks' bytes shared (immutable).
+    ScopedLock<Mutex> lock(mu_);
+    next_episode = next_episode_;
+    max_priority = max_priority_;
+    num_fields = num_fields_;
+    saved.reserve(episodes_.size());
+    for (const Episode& e : episodes_) {
+      Saved s{e.number, e.fingerprint, e.data, e.chunk_offsets, e.chunk_steps, e.columns, {}};
+      s.priorities.resize(e.steps);
+      for (uint32_t j = 0; j < e.steps; ++j) s.priorities[j] = priorities_[Pos(e.first_step + j)];
+      saved.push_back(std::move(s));
+    }
+  }
+  SnapshotWriter out(path);
+  out.Write(kSliceMagic, sizeof(kSliceMagic));
+  out.Put<uint32_t>(kSliceSnapshotVersion);
+  out.Put<uint64_t>(next_episode);
+  out.Put<double>(max_priority);
+  out.Put<uint64_t>(num_fields);
+  out.Put<uint64_t>(saved.size());
+  for (const Saved& s : saved) {
+    const size_t chunks = s.chunk_offsets.size() - 1;
+    out.Put<uint64_t>(s.number);
+    out.Put<uint64_t>(s.fingerprint);
+    out.Put<uint64_t>(chunks);
+    for (size_t c = 0; c < chunks; ++c) {
+      out.Put<uint64_t>(s.chunk_offsets[c + 1] - s.chunk_offsets[c]);
+      out.Put<uint64_t>(s.chunk_steps[c + 1] - s.chunk_steps[c]);
+    }
+    out.Write(s.columns.data(), s.columns.size() * sizeof(uint64_t));
+    out.Write(s.data->data(), s.data->size());
+    out.Write(s.priorities.data(), s.priorities.size() * sizeof(double));
+  }
+  out.Write(kSliceEndMagic, sizeof(kSliceEndMagic));
+  out.Commit();
+  return saved.size();
+}
+
+size_t SliceTable::Load(const std::string& path) {
+  // A table that never held an episode: loaded numbers then never meet keys this table gave out.
+  const char* const not_new = "slice table: Load needs a new table (one that never held an episode)";
+  {
+    ScopedLock<Mutex> lock(mu_);
+    if (!episodes_.empty() || next_episode_ != 0) throw InvalidArgument(not_new);
+  }
+  SnapshotReader in(path);
+  char magic[8];
+  in.Read(magic, sizeof(magic));
+  if (std::memcmp(magic, kSliceMagic, sizeof(magic)) != 0) in.Fail("not an apexrl slices snapshot (bad magic)");
+  const uint32_t version = in.Get<uint32_t>();
+  if (version != kSliceSnapshotVersion) {
+    in.Fail("slices snapshot format version " + std::to_string(version) + "; this build reads version " +
+            std::to_string(kSliceSnapshotVersion));
+  }
+  const uint64_t next_episode = in.Get<uint64_t>();
+  const double max_priority = in.Get<double>();
+  const uint64_t num_fields = in.Get<uint64_t>();
+  const uint64_t count = in.Get<uint64_t>();
+  if (!std::isfinite(max_priority) || max_priority < 0.0) in.Fail("the largest priority is not finite and >= 0");
+  if (count > 0 && (num_fields == 0 || num_fields > (uint64_t{1} << 16))) in.Fail("fields must be in 1..65536");
+  // Every episode takes at least 3 u64 and a chunk: a count the file cannot hold is refused before allocating.
+  if (count > in.remaining() / (5 * sizeof(uint64_t))) in.Fail("more episodes than the file can hold");
+  if (next_episode >= (uint64_t{1} << 40)) in.Fail("episode numbers must be below 2^40");
+  struct Loaded {
+    uint64_t number;
+    Episode episode;
+    std::vector<double> priorities;
+  };
+  std::vector<Loaded> loaded;
+  loaded.reserve(static_cast<size_t>(count));
+  std::vector<uint64_t> sizes, steps, columns;
+  std::vector<uint8_t> bytes;
+  std::vector<const uint8_t*> data;
+  for (uint64_t k = 0; k < count; ++k) {
+    const uint64_t number = in.Get<uint64_t>();
+    const uint64_t fingerprint = in.Get<uint64_t>();
+    const uint64_t chunks = in.Get<uint64_t>();
+    if (number >= next_episode || (k > 0 && number != loaded.back().number + 1)) {
+      in.Fail("episode numbers must be consecutive and below the next episode's");
+    }
+    if (chunks == 0 || chunks > in.remaining() / (2 * sizeof(uint64_t))) in.Fail("a chunk count the file cannot hold");
+    sizes.resize(static_cast<size_t>(chunks));
+    steps.resize(static_cast<size_t>(chunks));
+    uint64_t total_bytes = 0, total_steps = 0;
+    for (size_t c = 0; c < chunks; ++c) {
+      sizes[c] = in.Get<uint64_t>();
+      steps[c] = in.Get<uint64_t>();
+      if (sizes[c] > in.remaining() || steps[c] > kMaxEpisodeSteps) in.Fail("a chunk larger than the file");
+      total_bytes += sizes[c];
+      total_steps += steps[c];
+      if (total_bytes > in.remaining() || total_steps > kMaxEpisodeSteps) in.Fail("an episode larger than the file");
+    }
+    if (chunks * num_fields * 3 > in.remaining() / sizeof(uint64_t)) in.Fail("columns larger than the file");
+    columns.resize(static_cast<size_t>(chunks * num_fields * 3));
+    in.Read(columns.data(), columns.size() * sizeof(uint64_t));
+    bytes.resize(static_cast<size_t>(total_bytes));
+    in.Read(bytes.data(), bytes.size());
+    if (total_steps > in.remaining() / sizeof(double)) in.Fail("priorities larger than the file");
+    std::vector<double> priorities(static_cast<size_t>(total_steps));
+    in.Read(priorities.data(), priorities.size() * sizeof(double));
+    data.resize(static_cast<size_t>(chunks));
+    uint64_t at = 0;
+    for (size_t c = 0; c < chunks; ++c) {
+      data[c] = bytes.data() + at;
+      at += sizes[c];
+    }
+    try {
+      Episode e = Build(fingerprint, data.data(), sizes.data(), steps.data(), static_cast<size_t>(chunks),
+                        priorities.data(), columns.data(), static_cast<size_t>(num_fields));
+      loaded.push_back(Loaded{number, std::move(e), std::move(priorities)});
+    } catch (const InvalidArgument& err) {
+      in.Fail("episode " + std::to_string(number) + ": " + err.what());
+    }
+  }
+  // Inserts number episodes consecutively and evict the oldest: the newest one held is the last numbered.
+  if (!loaded.empty() && loaded.back().number + 1 != next_episode) in.Fail("the newest episode is not the last");
+  char end[8];
+  in.Read(end, sizeof(end));
+  if (std::memcmp(end, kSliceEndMagic, sizeof(end)) != 0) in.Fail("bad end marker");
+  in.VerifyChecksum();
+
+  ScopedLock<Mutex> lock(mu_);
+  if (!episodes_.empty() || next_episode_ != 0) throw InvalidArgument(not_new);
+  for (Loaded& l : loaded) Store(std::move(l.episode), l.number, l.priorities.data(), static_cast<size_t>(num_fields));
+  next_episode_ = next_episode;
+  max_priority_ = std::max(max_priority_, max_priority);
+  // Loading is not inserting: the counters count this life's inserts (evictions made to fit do count).
+  counters_.inserted_episodes -= loaded.size();
+  return episodes_.size();
 }
 
 const SliceTable::Episode* SliceTable::Find(uint64_t number) const {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -130,6 +131,18 @@ class SliceTable {
   // `values`: n (one per window, per_step false) or n * L (per_step true). Returns how many keys were live.
   size_t Update(const uint64_t* keys, size_t n, const double* values, bool per_step) EXCLUDES(mu_);
 
+  // Snapshots. Save writes every episode held now (its chunks, their columns, its step priorities), the next
+  // episode number and the largest priority to `path`, checksummed and published atomically (SnapshotWriter); the
+  // table's lock is held only while the episodes' shared bytes and priorities are taken, not while writing.
+  // Returns the episodes written. Load fills a new table (one that never held an episode; InvalidArgument otherwise)
+  // from such a file: every episode checked as an insert is, then stored in order under its saved number (a window key
+  // sampled before the save addresses the same steps after the load), its windows and masses those of this table's
+  // configuration (length, burn-in, span, sampler may differ from the saving table's: windows are chosen at sample
+  // time); episodes beyond this table's capacity are evicted oldest first, as inserts would. A truncated, corrupted or
+  // foreign file throws SnapshotError and changes nothing. Returns the episodes loaded (held after eviction).
+  size_t Save(const std::string& path) const EXCLUDES(mu_);
+  size_t Load(const std::string& path) EXCLUDES(mu_);
+
   // Drops every episode (RESET): steps, windows, bytes and the largest priority (back to 1) go, the counters
   // stay, and episode numbers go on from where they were (so keys sampled before stay stale). Returns how many
   // episodes were dropped. The structure (field count) is free again for the next episode.
@@ -159,6 +172,12 @@ class SliceTable {
   };
 
   uint32_t ValidStarts(uint64_t n) const;
+  // An episode from an insert's arguments, every argument checked (InvalidArgument); number and first_step unset.
+  Episode Build(uint64_t fingerprint, const uint8_t* const* data, const uint64_t* sizes, const uint64_t* steps,
+                size_t num_chunks, const double* priorities, const uint64_t* columns, size_t num_fields) const;
+  // Stores a built episode as number `number` (evicting the oldest to fit), its step priorities from
+  // `priorities` (null: the largest so far).
+  void Store(Episode&& e, uint64_t number, const double* priorities, size_t num_fields) REQUIRES(mu_);
   static uint64_t IndexBytes(const Episode& e) {
     return (e.chunk_offsets.size() + e.chunk_steps.size() + e.columns.size()) * sizeof(uint64_t);
   }

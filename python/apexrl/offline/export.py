@@ -188,7 +188,8 @@ def export_tables(snapshot: str, out: str, spec: str | None = None, table: str |
     the one table asked for) to ``out`` and every other table to ``out`` with ``.<name>`` before its
     extension (``replay.npz`` -> ``replay.aux.npz``), each decoded with ``spec`` when given, else with the spec
     its manifest keeps (``default``: the sidecar ``SNAPSHOT.spec.json`` if the manifest has none). ExportError
-    naming the table when a table has no spec, or is not in the snapshot; nothing of that table is written."""
+    naming the table when a table has no spec, or is not in the snapshot; nothing of that table is written. A
+    slices table (whole episodes) is left out, and asked for by name, refused with the reason."""
     from apexrl.replay.server.insert_guard import spec_sidecar
     from apexrl.replay.server.tables import is_tables_snapshot, read_tables_manifest
 
@@ -204,10 +205,18 @@ def export_tables(snapshot: str, out: str, spec: str | None = None, table: str |
         entries = [e for e in entries if e["name"] == table]
         if not entries:
             raise ExportError(f"tables snapshot {os.fspath(snapshot)!r} has no table {table!r}; it has {names}")
+    slices = [e["name"] for e in entries if e.get("kind") == "slices"]
+    if table is not None and slices:
+        raise ExportError(
+            f"table {table!r} of snapshot {os.fspath(snapshot)!r} is a slices table (whole episodes, windows drawn "
+            "at sample time): export writes transitions of item tables; a slices table's file is its own snapshot"
+        )
     root, ext = os.path.splitext(os.fspath(out))
     written: dict[str, int] = {}
     for e in entries:
         name = e["name"]
+        if name in slices:  # not transitions: left out of a whole-snapshot export (docstring)
+            continue
         target = os.fspath(out) if table is not None or name == "default" else f"{root}.{name}{ext or '.npz'}"
         table_spec = spec
         if table_spec is None and e.get("spec") is not None:

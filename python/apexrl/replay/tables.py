@@ -267,7 +267,8 @@ class TableConfig:
       episodes are evicted oldest first to fit), ``sampler`` is ``"prioritized"`` (a window's priority ``eta *
       max + (1 - eta) * mean`` of its trained steps', to the power ``alpha``) or ``"uniform"``, ``strict_length``
       and ``span`` are TorchRL's ``SliceSampler`` options, its rate limiter a :class:`MinSize` counted in
-      windows; it is kept in memory, not in snapshots, and is never the server's first table (or ``default``).
+      windows; it is kept in memory (in the server's snapshots: a restarted server loads its episodes), and is never the
+      server's first table (or ``default``).
       ``length``, ``burn_in``, ``eta``, ``strict_length`` and ``span`` are for slices tables only.
 
     Invalid values raise :class:`TableConfigError` (a ValueError) naming the table and the field.
@@ -368,7 +369,7 @@ class TableConfig:
             "alpha_evict": (-0.4, "it evicts whole episodes oldest first"),
             "max_times_sampled": (0, "windows are drawn with replacement"),
             "spec": (None, "its steps carry their own structure"),
-            "storage": ("memory", "it is kept in memory (and not in snapshots)"),
+            "storage": ("memory", "it is kept in memory (its episodes in the server's snapshots)"),
         }
         for key, (allowed, why) in fixed.items():
             if getattr(self, key) != allowed:

@@ -13,8 +13,11 @@ format, one store file (so existing runs and tools see no change). A server of s
 (``PATH.g<G>.<index>.snap`` beside it). Each table file is written (atomically) before the manifest, which is
 replaced atomically last; files of older generations are removed after it. So a crash mid-save leaves the
 previous manifest and the files it names. Tables are saved one after the other, not at one instant. Loading
-accepts either format: a one-store snapshot loads into the table ``default``. A slices table (``kind="slices"``)
-is in no snapshot: it starts empty in every life.
+accepts either format: a one-store snapshot loads into the table ``default``. A slices table (``kind="slices"``,
+never a server's only table) is an entry ``{"name", "file", "kind": "slices", "episodes"}`` whose file
+(``PATH.g<G>.<index>.slices``) is its SliceTable's own snapshot (every episode's chunks and step priorities,
+checksummed): a new life loads its episodes under their numbers, so window keys stay valid, and draws windows as
+the table is configured now.
 """
 
 from __future__ import annotations
@@ -265,6 +268,7 @@ def open_tables(server: Any) -> list[ServerTable]:
         _check_left_out(_read_manifest(path), names, server.drop_tables, os.fspath(path))
     epochs = choose_epochs(path, len(configs))
     stores: dict[str, PrioritizedStore] = {}
+    slice_files: dict[str, str] = {}
     if restore:
         assert path is not None
         if _manifest_ok(path):
@@ -280,6 +284,15 @@ def open_tables(server: Any) -> list[ServerTable]:
                     log.warning("tables snapshot %s holds no table %r: it starts empty", os.fspath(path), c.name)
                     continue
                 file = os.path.join(directory, os.path.basename(entry["file"]))
+                if (entry.get("kind") == "slices") != (c.kind == "slices"):
+                    raise SnapshotLoadError(
+                        f"tables snapshot {os.fspath(path)!r} holds table {c.name!r} as a "
+                        f"{entry.get('kind', 'items')} table and the configuration makes it a {c.kind} table; "
+                        "nothing was loaded or changed (configure it as it was, or name the new table otherwise)"
+                    )
+                if c.kind == "slices":
+                    slice_files[c.name] = file
+                    continue
                 stores[c.name] = _load_store(file, epochs[i], f"table {c.name!r} of tables snapshot")
             for name in by_name:
                 log.warning(
@@ -300,7 +313,7 @@ def open_tables(server: Any) -> list[ServerTable]:
     tables = []
     for i, c in enumerate(configs):
         if c.kind == "slices":
-            tables.append(_slice_table(i, c, int(server.seed) + i))
+            tables.append(_slice_table(i, c, int(server.seed) + i, slice_files.get(c.name)))
             continue
         if c.storage == "disk":
             tables.append(_open_disk_table(i, c, server, epochs[i]))
@@ -350,8 +363,9 @@ def _open_disk_table(index: int, config: Any, server: Any, epoch: int) -> Server
     return ServerTable(index, config.name, config, disk.store, limiter_of(config.rate_limiter), disk)
 
 
-def _slice_table(index: int, config: Any, seed: int) -> ServerTable:
-    """A kind="slices" table: a new, empty SliceTable (slices tables are not in snapshots)."""
+def _slice_table(index: int, config: Any, seed: int, snapshot: str | None = None) -> ServerTable:
+    """A kind="slices" table: a new SliceTable, its episodes loaded from ``snapshot`` (its file in a tables
+    snapshot) when given; SnapshotLoadError when that file cannot be loaded."""
     native = NativeSliceTable(
         int(config.capacity),
         int(config.length),
@@ -363,13 +377,27 @@ def _slice_table(index: int, config: Any, seed: int) -> ServerTable:
         int(config.span),
         seed,
     )
+    restored = ""
+    if snapshot is not None:
+        try:
+            episodes = native.load(snapshot)
+        except Exception as exc:  # SnapshotError, OSError, ...
+            raise SnapshotLoadError(
+                f"cannot load slices table {config.name!r} from {snapshot!r}: {type(exc).__name__}: {exc} "
+                "(move or delete the file, or its entry in the manifest, to start it empty)"
+            ) from exc
+        s = native.stats()
+        restored = f"; restored {episodes} episodes, {s['steps']} steps, {s['windows']} windows"
+        if s["evicted_episodes"]:
+            restored += f" ({s['evicted_episodes']} older episodes did not fit its capacity and were dropped)"
     log.info(
-        "table %r: slices of %d steps after %d of burn-in, %s, up to %d steps held (not in snapshots)",
+        "table %r: slices of %d steps after %d of burn-in, %s, up to %d steps held%s",
         config.name,
         config.length,
         config.burn_in,
         config.sampler,
         config.capacity,
+        restored,
     )
     return ServerTable(index, config.name, config, None, limiter_of(config.rate_limiter), slices=native)
 
@@ -401,14 +429,13 @@ def read_tables_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
 def save_tables(
     tables: list[ServerTable], path: str | os.PathLike[str], specs: dict[str, str | None] | None = None
 ) -> int:
-    """Write the snapshot of every memory table to ``path`` (module docstring; a table on disk is left out: its
-    log holds its items, and a server whose only table is ``default`` on disk writes a manifest of no table); the
-    items saved. ``specs``: each
+    """Write the snapshot of every memory table and slices table to ``path`` (module docstring; a table on disk
+    is left out: its log holds its items, and a server whose only table is ``default`` on disk writes a manifest
+    of no table); the items saved (a slices table's: its episodes). ``specs``: each
     table's spec JSON (None: none known), kept in the manifest for ``apexrl export``. Raises what the stores
     raise (OSError, SnapshotError), the previous snapshot kept."""
     path = os.fspath(path)
-    tables = [t for t in tables if t.store is not None]  # slices tables are not in snapshots
-    if len(tables) == 1 and tables[0].name == "default" and tables[0].disk is None:
+    if len(tables) == 1 and tables[0].name == "default" and tables[0].disk is None and tables[0].store is not None:
         store = tables[0].store
         assert store is not None
         n = len(store)
@@ -422,6 +449,12 @@ def save_tables(
     entries, total = [], 0
     for t in tables:
         if t.disk is not None:  # its log holds its items (docs/running.md, "Tables on disk")
+            continue
+        if t.slices is not None:
+            file = f"{base}.g{generation}.{t.index}.slices"
+            n = int(t.slices.save(os.path.join(directory, file)))
+            entries.append({"name": t.name, "file": file, "kind": "slices", "episodes": n, "items": n})
+            total += n
             continue
         file = f"{base}.g{generation}.{t.index}.snap"
         store = t.store
@@ -439,7 +472,11 @@ def save_tables(
     }
     write_atomically(path, json.dumps(manifest, indent=1) + "\n")
     keep = {e["file"] for e in entries}
-    for old in glob.glob(os.path.join(glob.escape(directory), glob.escape(base) + ".g*.snap")):
+    older = [
+        *glob.glob(os.path.join(glob.escape(directory), glob.escape(base) + ".g*.snap")),
+        *glob.glob(os.path.join(glob.escape(directory), glob.escape(base) + ".g*.slices")),
+    ]
+    for old in older:
         if os.path.basename(old) not in keep:
             with contextlib.suppress(OSError):
                 os.unlink(old)
