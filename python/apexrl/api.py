@@ -3,7 +3,8 @@ its flags.
 
 Each keyword becomes the flag of the same name (``envs_per_actor=4`` is ``--envs-per-actor 4``; ``True`` gives a
 switch such as ``resume``, ``False`` or ``None`` leaves a flag out; the ``*_args`` pass-through flags take a string
-or a list of strings), and the command line's own parser, run plan and validation check them: a bad value raises
+or a list of strings; ``agent_set`` takes a mapping, ``agent_set={"num_samples": 40}``, or a list of
+``"NAME=VALUE"`` strings), and the command line's own parser, run plan and validation check them: a bad value raises
 ValueError with the reason ``apexrl run`` would print. The call then launches the run, waits for it (printing
 the progress lines unless ``quiet=True``) and returns a :class:`RunResult`.
 
@@ -17,9 +18,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import shlex
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -64,6 +66,10 @@ def to_argv(kwargs: dict[str, Any]) -> list[str]:
             argv.append(option)
         elif name.endswith("_args") and not isinstance(value, str) and isinstance(value, Sequence):
             argv.append(f"{option}={shlex.join(map(str, value))}")
+        elif isinstance(action, argparse._AppendAction) and isinstance(value, Mapping):  # agent_set={"k": v}
+            argv += [f"{option}={k}={json.dumps(list(v) if isinstance(v, tuple) else v)}" for k, v in value.items()]
+        elif isinstance(action, argparse._AppendAction) and isinstance(value, Sequence) and not isinstance(value, str):
+            argv += [f"{option}={v}" for v in value]
         else:
             argv.append(f"{option}={value}")
     return argv

@@ -33,6 +33,7 @@ __all__ = [
     "given_flags",
     "refuse_beside_plan",
     "float_arg",
+    "agent_setting",
     "int_arg",
     "resolve_agent",
     "tcp_endpoint",
@@ -47,6 +48,31 @@ def int_arg(lo: int, hi: int | None = None) -> Callable[[str], int]:
 def float_arg(*, positive: bool = False, nonneg: bool = False, hi: float | None = None) -> Callable[[str], float]:
     """argparse ``type=``: a finite number, > 0 (``positive``) or >= 0 (``nonneg``), at most ``hi``."""
     return Range("float", 0.0 if positive or nonneg else None, hi, lo_open=positive).parse
+
+
+def agent_setting(text: str) -> tuple[str, Any]:
+    """argparse ``type=`` of ``--agent-set NAME=VALUE``: (name, value), the value read as JSON where it is JSON
+    (``3``, ``1e-4``, ``true``, ``[256, 256]`` as a tuple, ``null`` as ``none``: off) and as a string otherwise
+    (``rmsprop_tf``). Which names exist, and their ranges, the agent's config class checks."""
+    import json
+
+    name, sep, raw = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or not name.isidentifier() or not raw.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. num_samples=20), got {text!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw.strip()
+    if value is None:
+        from apexrl.launch.presets import OFF
+
+        value = OFF
+    elif isinstance(value, list):
+        value = tuple(value)
+    elif isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{name}: a setting takes a number, a string, a bool or a list, got {raw!r}")
+    return name, value
 
 
 ENDPOINT_RE = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):(\d+)$")

@@ -163,6 +163,9 @@ class Overrides:
     seed: int = 0
     agent_fields: dict[str, Any] = field(default_factory=dict)
     """Fields of the agent's config class (``n_step``, ``gamma``, ...)."""
+    agent_settings: dict[str, Any] = field(default_factory=dict)
+    """Any other field of the agent's config class (``apexrl run --agent-set NAME=VALUE``): every process of the
+    run gets it through the plan."""
     server: dict[str, Any] = field(default_factory=dict)
     """Fields of ServerConfig and of TableFlags (``--server-args``; the table flags build the table ``default``
     when the run has no tables)."""
@@ -471,7 +474,12 @@ def plan(preset: Preset | str | None = None, overrides: Overrides | None = None)
     unknown = set(o.agent_fields) - set(AGENT_FIELDS)
     if unknown:
         raise ValueError(f"agent fields {sorted(unknown)} cannot be overridden; these can: {list(AGENT_FIELDS)}")
-    agent_config = preset.agent_config(**o.agent_fields)
+    flagged = sorted(set(o.agent_settings) & set(AGENT_FIELDS))
+    if flagged:
+        raise ValueError(
+            f"--agent-set {flagged[0]}=...: {flagged[0]} has its own flag, --{flagged[0].replace('_', '-')}; give it there"
+        )
+    agent_config = preset.agent_config(**o.agent_settings, **o.agent_fields)
     curve_dir = None if o.curve_dir is None else os.path.abspath(o.curve_dir)  # children may run elsewhere
     run = RunSettings(
         run_dir=o.run_dir or default_run_dir(env, agent, o.seed),

@@ -24,6 +24,7 @@ from apexrl.cli.args import (
     add_agent_arguments,
     add_curve_arguments,
     agent_overrides,
+    agent_setting,
     float_arg,
     given_flags,
 )
@@ -130,6 +131,17 @@ def fill_run_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     MINUTES.add_preset(g, shown="default: the preset's")
     STEPS.add(g)
     FINAL_EVAL.add_preset(g, shown="default: the preset's, 30")
+    g.add_argument(
+        "--agent-set",
+        metavar="NAME=VALUE",
+        type=agent_setting,
+        action="append",
+        default=[],
+        help="set any field of the agent's config that has no flag of its own, for every process of the run "
+        "(repeat it for several): e.g. --agent-set num_samples=40 --agent-set actor_hidden=[256,256]; values "
+        "are JSON where they parse (null: off), else strings; the agent's config checks each (an unknown name "
+        "is refused with the agent's settings listed); the plan (RUN_DIR/plan.json) records the result",
+    )
     g.add_argument("--run-dir", default=None, help="run directory (default runs/<env>/<agent>/<seed>)")
     Flag(_RUN_SETTINGS, "resume", "continue the run directory's checkpoint (the learner starts with --resume)").add(g)
     PROGRESS_EVERY.add(g)
@@ -263,6 +275,10 @@ def launch_plan(argv: Sequence[str] | None = None):
         except (TensorBoardMissing, ValueError) as e:
             run_parser.error(str(e))
     o = agent_overrides(args)
+    for name, value in args.agent_set:
+        if name in o.agent_settings:
+            run_parser.error(f"--agent-set {name}=... is given twice")
+        o.agent_settings[name] = value
     o.actors, o.minutes, o.steps, o.run_dir = args.actors, args.minutes, args.steps, args.run_dir
     o.final_eval = args.final_eval
     o.resume, o.progress_every, o.quiet, o.max_restarts_per_minute = (
