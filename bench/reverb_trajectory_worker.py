@@ -36,6 +36,7 @@ sequences per second. Sampling is Reverb's ``TrajectoryDataset`` batched by tf.d
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -203,9 +204,9 @@ def held_mode(args: argparse.Namespace, z) -> None:
             datasets.append(iter(ds))
         else:
             datasets.append(None)
+    version = importlib.metadata.version("dm-reverb")
     print(
-        f"ready Reverb {reverb.__version__}, server {'in this process' if proc is None else 'in its own process'}"
-        f", {args.sampler}",
+        f"ready Reverb {version}, server {'in this process' if proc is None else 'in its own process'}, {args.sampler}",
         flush=True,
     )
     print(json.dumps({"filled": filled, "server_rss": rss_bytes(server_pid)}), flush=True)

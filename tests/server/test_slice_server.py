@@ -240,7 +240,9 @@ def test_a_checkpoint_holds_a_slices_tables_episodes_and_the_next_life_serves_th
     with ReplayServer(ServerConfig(port=0, tables=[tables[0], longer], snapshot=snapshot)) as srv:
         with ReplayClient(srv.endpoint) as c:
             t = c.tables()["s"]
-            assert (t["episodes"], t["steps"], t["size"]) == (2, 12, 1 + 3)  # strict: starts 0 and 0..2
+            # The second life's stop saved its new episode too: 5, 7 and 4 steps, whose windows of 5 steps (strict)
+            # start at 0, at 0..2, and nowhere.
+            assert (t["episodes"], t["steps"], t["size"]) == (3, 16, 1 + 3 + 0)
 
 
 def test_a_slices_tables_snapshot_file_that_is_corrupt_or_of_another_kind_stops_the_start_and_changes_nothing(
