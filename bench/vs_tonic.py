@@ -22,6 +22,7 @@ import csv
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -112,6 +113,7 @@ def run_apexrl(args: argparse.Namespace, seed: int, out: str) -> Side:
         "--run-dir",
         out,
         "--quiet",
+        *shlex.split(args.apexrl_args),
     ]
     subprocess.run(cmd, check=True)
     with open(os.path.join(out, "metrics.csv"), encoding="utf-8") as f:
@@ -179,23 +181,39 @@ def main() -> None:
     p.add_argument("--tonic-epoch-steps", type=int, default=20_000, help="Tonic's steps per epoch (its default)")
     p.add_argument("--out", default="runs/vs-tonic", help="where both sides' run folders and report.md go")
     p.add_argument("--only", choices=["tonic", "apexrl"], help="run one side only (the other's folders must exist)")
+    p.add_argument(
+        "--apexrl-args",
+        default="",
+        help='more `apexrl run` flags for apexrl\'s side, e.g. "--batch-size 16" (quote them); its run folders then '
+        "go to OUT/apexrl-LABEL/SEED with --apexrl-label",
+    )
+    p.add_argument("--apexrl-label", default="", help="names apexrl's run folders OUT/apexrl-LABEL (default: apexrl)")
     args = p.parse_args()
+    try:
+        shlex.split(args.apexrl_args)
+    except ValueError as e:
+        p.error(f"--apexrl-args: {e}")
+    if args.apexrl_label and not args.apexrl_label.replace("-", "").replace("_", "").isalnum():
+        p.error(f"--apexrl-label takes letters, digits, - and _, got {args.apexrl_label!r}")
     if args.minutes <= 0:
         p.error(f"--minutes must be positive, got {args.minutes}")
 
     rows = []
     for seed in args.seeds:
         tonic_out = os.path.join(args.out, "tonic", str(seed))
-        apexrl_out = os.path.join(args.out, "apexrl", str(seed))
+        apexrl_out = os.path.join(
+            args.out, "apexrl" + (f"-{args.apexrl_label}" if args.apexrl_label else ""), str(seed)
+        )
         row: dict = {"seed": seed}
         row["tonic"] = run_tonic(args, seed, tonic_out) if args.only != "apexrl" else read_tonic(args, seed, tonic_out)
         row["apexrl"] = run_apexrl(args, seed, apexrl_out) if args.only != "tonic" else Side([])
         rows.append(row)
         print(report(rows, args.minutes), flush=True)
     text = report(rows, args.minutes)
-    with open(os.path.join(args.out, "report.md"), "w", encoding="utf-8") as f:
+    name = "report" + (f"-{args.apexrl_label}" if args.apexrl_label else "")
+    with open(os.path.join(args.out, f"{name}.md"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
-    with open(os.path.join(args.out, "report.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(args.out, f"{name}.json"), "w", encoding="utf-8") as f:
         json.dump([{k: asdict(v) if isinstance(v, Side) else v for k, v in r.items()} for r in rows], f, indent=1)
 
 
