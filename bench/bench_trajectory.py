@@ -119,6 +119,23 @@ def sample_rounds(client: ReplayClient, args: argparse.Namespace) -> float:
     return time.perf_counter() - t1
 
 
+def sample_rounds_pipelined(client: ReplayClient, args: argparse.Namespace) -> float:
+    """Seconds for ``--sample-rounds`` batches through the learner's prefetching sampler (a thread keeps 2
+    batches ahead, as Reverb's TrajectoryDataset keeps samples in flight): a new sampler per call, its first batch
+    taken before the clock starts, so that nothing fetched between calls is counted."""
+    sampler = client.sampler(args.batch, prefetch=2)
+    try:
+        first = next(sampler)
+        assert first.raw.mask is not None
+        t1 = time.perf_counter()
+        for _ in range(args.sample_rounds):
+            batch = next(sampler)
+            assert batch.raw.mask is not None and batch.raw.mask.all()
+        return time.perf_counter() - t1
+    finally:
+        sampler.close()
+
+
 def run_ours(steps: list, args: argparse.Namespace, length: int, n_steps: int) -> dict:
     """One window of apexrl: a fresh in-process server, ``n_steps`` steps appended (the episodes cycled), then
     ``sample_rounds`` batches of sequences sampled and decoded."""
@@ -161,8 +178,9 @@ def run_held(steps: list, args: argparse.Namespace, length: int, worker: Worker 
         rates: list[list[float]] = [[] for _ in args.held]
         theirs: list[list[float]] = [[] for _ in args.held]
         for win in range(args.windows):
+            measure = sample_rounds_pipelined if args.held_sampler == "pipelined" else sample_rounds
             for rate, client in zip(rates, clients):
-                rate.append(args.sample_rounds * args.batch / sample_rounds(client, args))
+                rate.append(args.sample_rounds * args.batch / measure(client, args))
             line = f"window {win + 1}: " + ", ".join(f"{r[-1]:,.0f}" for r in rates) + " sequences/s"
             if worker is not None:
                 for their, rate in zip(theirs, worker.window()["rates"]):
@@ -473,6 +491,13 @@ def main() -> None:
         choices=("dataset", "client"),
         default="dataset",
         help="--held: Reverb samples through its TrajectoryDataset (tf.data, the default) or client.sample",
+    )
+    p.add_argument(
+        "--held-sampler",
+        choices=("sync", "pipelined"),
+        default="sync",
+        help="--held: apexrl samples each batch in turn (sync: client.sample) or through the learner's "
+        "prefetching sampler, 2 batches ahead (pipelined: client.sampler; beside Reverb's TrajectoryDataset)",
     )
     p.add_argument(
         "--reverb-in-process",

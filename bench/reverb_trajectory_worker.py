@@ -191,19 +191,17 @@ def held_mode(args: argparse.Namespace, z) -> None:
         "h": tf.float32,
         "c": tf.float32,
     }
-    datasets = []
-    for name in names:
-        if args.sampler == "dataset":
-            ds = reverb.TrajectoryDataset(
-                server_address=address,
-                table=name,
-                dtypes=dtypes,
-                shapes={k: tf.TensorShape(v) for k, v in shapes.items()},
-                max_in_flight_samples_per_worker=2 * args.batch,
-            ).batch(args.batch, drop_remainder=True)
-            datasets.append(iter(ds))
-        else:
-            datasets.append(None)
+
+    def dataset(name: str):
+        return reverb.TrajectoryDataset(
+            server_address=address,
+            table=name,
+            dtypes=dtypes,
+            shapes={k: tf.TensorShape(v) for k, v in shapes.items()},
+            max_in_flight_samples_per_worker=2 * args.batch,
+        ).batch(args.batch, drop_remainder=True)
+
+    datasets = [dataset(name) if args.sampler == "dataset" else None for name in names]
     version = importlib.metadata.version("dm-reverb")
     print(
         f"ready Reverb {version}, server {'in this process' if proc is None else 'in its own process'}, {args.sampler}",
@@ -212,9 +210,14 @@ def held_mode(args: argparse.Namespace, z) -> None:
     print(json.dumps({"filled": filled, "server_rss": rss_bytes(server_pid)}), flush=True)
     for _line in sys.stdin:
         rates = []
-        for name, it in zip(names, datasets):
+        for name, ds in zip(names, datasets):
+            if ds is not None:
+                # A new iterator per window, its first batch taken before the clock starts: what its workers
+                # fetched while the other side was measured is not counted (apexrl's sampler is used alike).
+                it = iter(ds)
+                next(it)
             t1 = time.perf_counter()
-            if it is not None:  # TrajectoryDataset: batches of (batch, length, ...) tensors, to numpy
+            if ds is not None:  # TrajectoryDataset: batches of (batch, length, ...) tensors, to numpy
                 for _ in range(args.sample_rounds):
                     sample = next(it)
                     cols = {k: v.numpy() for k, v in sample.data.items()}
@@ -227,6 +230,8 @@ def held_mode(args: argparse.Namespace, z) -> None:
                         cols = [np.stack([b[k] for b in batch]) for k in range(len(batch[0]))]
                         batch = []
             rates.append(args.batch * args.sample_rounds / (time.perf_counter() - t1))
+            if ds is not None:
+                del it  # stops its workers before the next table is measured
         print(json.dumps({"rates": rates}), flush=True)
     if proc is not None:
         assert proc.stdin is not None
