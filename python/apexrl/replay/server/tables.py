@@ -457,10 +457,10 @@ def save_tables(
             total += n
             continue
         file = f"{base}.g{generation}.{t.index}.snap"
-        store = t.store
-        assert store is not None
-        n = len(store)
-        store.save(os.path.join(directory, file))
+        items = t.store
+        assert items is not None
+        n = len(items)
+        items.save(os.path.join(directory, file))
         spec = (specs or {}).get(t.name)
         entries.append({"name": t.name, "file": file, "items": n, "spec": None if spec is None else json.loads(spec)})
         total += n
