@@ -60,6 +60,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -210,30 +211,20 @@ def run_held(steps: list, args: argparse.Namespace, length: int, worker: Worker 
 
 def held_reverb(steps: list, args: argparse.Namespace, length: int) -> None:
     """``--held`` with Reverb's worker beside it where its interpreter imports reverb."""
-    skip = probe(args.reverb_python, "--reverb-python", "Reverb", "import reverb, tensorflow")
-    worker = None
-    with tempfile.TemporaryDirectory() as tmp:
-        if skip is None:
-            assert args.reverb_python is not None
-            npz = os.path.join(tmp, "steps.npz")
-            flat = [s for ep in steps for s in ep]
-            columns = {k: np.stack([s[k] for s in flat]) for k in flat[0]}
-            np.savez(npz, **columns, episodes=args.episodes, episode_length=args.episode_length)
-            cmd = [args.reverb_python, os.path.join(HERE, "reverb_trajectory_worker.py"), "--steps", npz]
-            cmd += ["--length", str(length), "--period", str(args.period), "--batch", str(args.batch)]
-            cmd += ["--sample-rounds", str(args.sample_rounds), "--sampler", args.reverb_sampler]
-            cmd += ["--held", *map(str, args.held)]
-            if args.reverb_in_process:
-                cmd.append("--in-process")
-            worker = Worker("Reverb", cmd)
-            print(worker.banner.removeprefix("ready").strip(), flush=True)
-        try:
-            run_held(steps, args, length, worker)
-        finally:
-            if worker is not None:
-                worker.close()
-    if skip is not None:
-        print(skip)
+
+    def command(npz: str) -> list[str]:
+        cmd = [os.path.join(HERE, "reverb_trajectory_worker.py"), "--steps", npz, "--length", str(length)]
+        cmd += ["--period", str(args.period), "--batch", str(args.batch), "--sample-rounds", str(args.sample_rounds)]
+        cmd += ["--sampler", args.reverb_sampler, "--held", *map(str, args.held)]
+        return cmd + (["--in-process"] if args.reverb_in_process else [])
+
+    with_worker(
+        steps,
+        args,
+        ("Reverb", args.reverb_python, "--reverb-python", "import reverb, tensorflow"),
+        command,
+        lambda worker: run_held(steps, args, length, worker),
+    )
 
 
 def slice_episodes(steps: list) -> list[dict]:
@@ -410,27 +401,46 @@ def probe(python: str | None, flag: str, what: str, code: str) -> str | None:
 
 def slices_torchrl(steps: list, args: argparse.Namespace, length: int) -> None:
     """``--slices`` with TorchRL's worker beside it where its interpreter imports torchrl."""
-    skip = probe(
-        args.torchrl_python,
-        "--torchrl-python",
-        "TorchRL",
-        "import torch, torchrl; from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler",
+
+    def command(npz: str) -> list[str]:
+        cmd = [os.path.join(HERE, "torchrl_slices_worker.py"), "--steps", npz, "--length", str(length)]
+        cmd += ["--batch", str(args.batch), "--sample-rounds", str(args.sample_rounds)]
+        return cmd + ["--sampler", args.sampler, "--sizes", *map(str, args.slices)]
+
+    probe_code = "import torch, torchrl; from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler"
+    with_worker(
+        steps,
+        args,
+        ("TorchRL", args.torchrl_python, "--torchrl-python", probe_code),
+        command,
+        lambda worker: run_slices(steps, args, length, worker),
     )
+
+
+def with_worker(
+    steps: list,
+    args: argparse.Namespace,
+    library: tuple[str, str | None, str, str],
+    command: Callable[[str], list[str]],
+    run: Callable[[Worker | None], None],
+) -> None:
+    """``run(worker)`` with a worker of ``library`` (name, interpreter, its flag, the import that proves it) in
+    its own process, started with ``command(npz)`` (the bench's steps in an .npz it reads), where that interpreter
+    imports the library; else ``run(None)`` and the one line saying why that side is skipped."""
+    name, python, flag, code = library
+    skip = probe(python, flag, name, code)
     worker = None
     with tempfile.TemporaryDirectory() as tmp:
         if skip is None:
-            assert args.torchrl_python is not None
-            flat = [s for ep in steps for s in ep]
+            assert python is not None
             npz = os.path.join(tmp, "steps.npz")
+            flat = [s for ep in steps for s in ep]
             columns = {k: np.stack([s[k] for s in flat]) for k in flat[0]}
             np.savez(npz, **columns, episodes=args.episodes, episode_length=args.episode_length)
-            cmd = [args.torchrl_python, os.path.join(HERE, "torchrl_slices_worker.py"), "--steps", npz]
-            cmd += ["--length", str(length), "--batch", str(args.batch), "--sample-rounds", str(args.sample_rounds)]
-            cmd += ["--sampler", args.sampler, "--sizes", *map(str, args.slices)]
-            worker = Worker("TorchRL", cmd)
+            worker = Worker(name, [python, *command(npz)])
             print(worker.banner.removeprefix("ready").strip(), flush=True)
         try:
-            run_slices(steps, args, length, worker)
+            run(worker)
         finally:
             if worker is not None:
                 worker.close()

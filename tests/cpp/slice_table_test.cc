@@ -49,6 +49,13 @@ uint64_t Insert(SliceTable& t, uint32_t n, uint32_t chunk, const double* priorit
   return t.Insert(7, e.data.data(), e.sizes.data(), e.steps.data(), e.chunks.size(), priorities, e.columns.data(), 1);
 }
 
+SliceConfig Config(uint64_t capacity_steps, uint32_t length) {
+  SliceConfig c;
+  c.capacity_steps = capacity_steps;
+  c.length = length;
+  return c;
+}
+
 TEST(SliceTable, WrapsItsRingAndCopiesWindowsAcrossChunks) {
   SliceConfig c;
   c.capacity_steps = 37;
@@ -192,9 +199,7 @@ void ExpectSameWindows(const SliceTable& a, const SliceTable& b) {
 }
 
 TEST(SliceTable, SaveAndLoadKeepEpisodesTheirNumbersAndTheirStepPriorities) {
-  SliceConfig c;
-  c.capacity_steps = 60;
-  c.length = 3;
+  SliceConfig c = Config(60, 3);
   c.burn_in = 1;
   c.span = 1;
   SliceTable t(c);
@@ -246,9 +251,7 @@ TEST(SliceTable, SaveAndLoadKeepEpisodesTheirNumbersAndTheirStepPriorities) {
 }
 
 TEST(SliceTable, SaveWhileInsertingWritesOneConsistentState) {
-  SliceConfig c;
-  c.capacity_steps = 400;
-  c.length = 2;
+  const SliceConfig c = Config(400, 2);
   SliceTable t(c);
   Insert(t, 20, 4);
   const std::string path = TempPath("concurrent");
@@ -266,9 +269,7 @@ TEST(SliceTable, SaveWhileInsertingWritesOneConsistentState) {
 }
 
 TEST(SliceTable, LoadRefusesTruncatedCorruptAndForeignFilesAndChangesNothing) {
-  SliceConfig c;
-  c.capacity_steps = 50;
-  c.length = 2;
+  const SliceConfig c = Config(50, 2);
   SliceTable t(c);
   for (uint32_t i = 0; i < 6; ++i) Insert(t, 6, 4);
   const std::string path = TempPath("bad");
