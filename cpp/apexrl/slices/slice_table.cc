@@ -157,7 +157,6 @@ void SliceTable::Store(Episode&& e, uint64_t number, const double* priorities, s
   windows_ += e.starts;
   chunk_bytes_ += e.data->size();
   index_bytes_ += IndexBytes(e);
-  ++counters_.inserted_episodes;
   episodes_.push_back(std::move(e));
   const Episode& stored = episodes_.back();
   SetMasses(stored, 0, stored.starts);
@@ -174,6 +173,7 @@ uint64_t SliceTable::Insert(uint64_t fingerprint, const uint8_t* const* data, co
   }
   const uint64_t number = next_episode_;
   Store(std::move(e), number, priorities, num_fields);
+  ++counters_.inserted_episodes;
   return number;
 }
 
@@ -190,9 +190,7 @@ constexpr uint32_t kSliceSnapshotVersion = 1;
 
 size_t SliceTable::Save(const std::string& path) const {
   struct Saved {
-    uint64_t number, fingerprint;
-    std::shared_ptr<const std::vector<uint8_t>> data;
-    std::vector<uint64_t> chunk_offsets, chunk_steps, columns;
+    Episode episode;  // a copy: its chunks' bytes shared, never changed
     std::vector<double> priorities;
   };
   std::vector<Saved> saved;
@@ -206,7 +204,7 @@ size_t SliceTable::Save(const std::string& path) const {
     num_fields = num_fields_;
     saved.reserve(episodes_.size());
     for (const Episode& e : episodes_) {
-      Saved s{e.number, e.fingerprint, e.data, e.chunk_offsets, e.chunk_steps, e.columns, {}};
+      Saved s{e, {}};
       s.priorities.resize(e.steps);
       for (uint32_t j = 0; j < e.steps; ++j) s.priorities[j] = priorities_[Pos(e.first_step + j)];
       saved.push_back(std::move(s));
@@ -219,18 +217,18 @@ size_t SliceTable::Save(const std::string& path) const {
   out.Put<double>(max_priority);
   out.Put<uint64_t>(num_fields);
   out.Put<uint64_t>(saved.size());
-  for (const Saved& s : saved) {
-    const size_t chunks = s.chunk_offsets.size() - 1;
-    out.Put<uint64_t>(s.number);
-    out.Put<uint64_t>(s.fingerprint);
+  for (const auto& [e, priorities] : saved) {
+    const size_t chunks = e.chunk_offsets.size() - 1;
+    out.Put<uint64_t>(e.number);
+    out.Put<uint64_t>(e.fingerprint);
     out.Put<uint64_t>(chunks);
     for (size_t c = 0; c < chunks; ++c) {
-      out.Put<uint64_t>(s.chunk_offsets[c + 1] - s.chunk_offsets[c]);
-      out.Put<uint64_t>(s.chunk_steps[c + 1] - s.chunk_steps[c]);
+      out.Put<uint64_t>(e.chunk_offsets[c + 1] - e.chunk_offsets[c]);
+      out.Put<uint64_t>(e.chunk_steps[c + 1] - e.chunk_steps[c]);
     }
-    out.Write(s.columns.data(), s.columns.size() * sizeof(uint64_t));
-    out.Write(s.data->data(), s.data->size());
-    out.Write(s.priorities.data(), s.priorities.size() * sizeof(double));
+    out.Write(e.columns.data(), e.columns.size() * sizeof(uint64_t));
+    out.Write(e.data->data(), e.data->size());
+    out.Write(priorities.data(), priorities.size() * sizeof(double));
   }
   out.Write(kSliceEndMagic, sizeof(kSliceEndMagic));
   out.Commit();
@@ -325,8 +323,6 @@ size_t SliceTable::Load(const std::string& path) {
   for (Loaded& l : loaded) Store(std::move(l.episode), l.number, l.priorities.data(), static_cast<size_t>(num_fields));
   next_episode_ = next_episode;
   max_priority_ = std::max(max_priority_, max_priority);
-  // Loading is not inserting: the counters count this life's inserts (evictions made to fit do count).
-  counters_.inserted_episodes -= loaded.size();
   return episodes_.size();
 }
 

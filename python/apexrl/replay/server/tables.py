@@ -27,9 +27,9 @@ import glob
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from apexrl import PrioritizedStore
 from apexrl._core import DiskTable
@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("apexrl.replay.server")
+T = TypeVar("T")
 
 TABLES_SNAPSHOT_FORMAT = "apexrl-tables-snapshot"
 TABLES_SNAPSHOT_VERSION = 1
@@ -227,12 +228,17 @@ def _new_store(config: Any, server: Any, epoch: int, seed: int) -> PrioritizedSt
 
 
 def _load_store(path: str, epoch: int, what: str) -> PrioritizedStore:
+    return _loaded(lambda: PrioritizedStore.load(path, epoch), f"{what} {path!r}", "an empty store")
+
+
+def _loaded(load: Callable[[], T], what: str, instead: str) -> T:
+    """``load()``, any failure (SnapshotError, OSError, ...) raised as SnapshotLoadError naming ``what`` and how
+    to start with ``instead``."""
     try:
-        return PrioritizedStore.load(path, epoch)
-    except Exception as exc:  # SnapshotError, OSError, ...
+        return load()
+    except Exception as exc:
         raise SnapshotLoadError(
-            f"cannot load {what} {path!r}: {type(exc).__name__}: {exc} "
-            "(move or delete the file to start with an empty store)"
+            f"cannot load {what}: {type(exc).__name__}: {exc} (move or delete the file to start with {instead})"
         ) from exc
 
 
@@ -379,13 +385,9 @@ def _slice_table(index: int, config: Any, seed: int, snapshot: str | None = None
     )
     restored = ""
     if snapshot is not None:
-        try:
-            episodes = native.load(snapshot)
-        except Exception as exc:  # SnapshotError, OSError, ...
-            raise SnapshotLoadError(
-                f"cannot load slices table {config.name!r} from {snapshot!r}: {type(exc).__name__}: {exc} "
-                "(move or delete the file, or its entry in the manifest, to start it empty)"
-            ) from exc
+        episodes = _loaded(
+            lambda: native.load(snapshot), f"slices table {config.name!r} from {snapshot!r}", "the table empty"
+        )
         s = native.stats()
         restored = f"; restored {episodes} episodes, {s['steps']} steps, {s['windows']} windows"
         if s["evicted_episodes"]:
