@@ -251,8 +251,11 @@ def run_slices(steps: list, args: argparse.Namespace, length: int, worker: Worke
         )
         if chunks is None:
             chunks = [t.episode_chunks(ep)[0] for ep in slice_episodes(steps)]
+        t0 = time.perf_counter()
         for i in range(n_eps):
             t.insert_chunks(chunks[i % len(chunks)])
+        inserted = n_eps * args.episode_length / (time.perf_counter() - t0)
+        print(f"{size:,} steps: {n_eps:,} episodes inserted, {inserted:,.0f} steps/s", flush=True)
         tables.append(t)
         reuses.append({})
     held = [t.stats()["chunk_bytes"] + t.stats()["metadata_bytes"] for t in tables]
