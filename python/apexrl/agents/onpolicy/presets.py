@@ -27,15 +27,16 @@ def cartpole_preset(agent: str, description: str, source: str, unmatched: tuple[
 
 def swingup_preset(agent: str, description: str, source: str, unmatched: tuple[str, ...]) -> dict[str, Any]:
     """A preset entry of ``agent`` on dmc:cartpole-swingup (the Control Suite's family: ``--agent AGENT`` on any
-    ``dmc:`` task starts from it): items of 256 steps, so that 1,000-step episodes span four and an update
-    trains on 2,048 steps; evaluations of 5 episodes (Tonic's) every 30 s; 20 minutes."""
+    ``dmc:`` task starts from it): items of 512 steps, so that an update trains on 8 x 512 = 4,096 steps, Tonic's
+    segment (items of 256 steps, half that, collapsed PPO's entropy within 10 minutes: bench/README "apexrl's PPO
+    beside Tonic's own"); evaluations of 5 episodes (Tonic's) every 30 s; 20 minutes."""
     return _preset(
         agent,
         description,
         source,
         unmatched,
         env="dmc:cartpole-swingup",
-        unroll=256,
+        unroll=512,
         minutes=20.0,
         learner=dict(checkpoint_every=50, eval_every=30.0, eval_episodes=5, metrics_every=10.0),
     )
@@ -78,8 +79,9 @@ def _preset(
         final_eval_episodes=10,
         sources={"*": "apexrl"},
         unmatched=(
-            f"segments of {batch} x {unroll} = {batch * unroll:,} steps per update (Tonic: 4,096 steps per "
-            "worker), so that the 2-core machine updates every few seconds",
+            f"segments of {batch} environments x {unroll} = {batch * unroll:,} steps per update (Tonic: 4,096 "
+            "steps of one environment)"
+            + (", so that the 2-core machine updates every few seconds" if batch * unroll < 4_096 else ""),
             f"the learner pops items of {unroll} trained steps from a queue (Tonic keeps its segment in the "
             "agent's own process); synchronous actors wait for the weights trained on their items",
             *unmatched,
