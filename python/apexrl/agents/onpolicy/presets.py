@@ -28,8 +28,8 @@ def cartpole_preset(agent: str, description: str, source: str, unmatched: tuple[
 def swingup_preset(agent: str, description: str, source: str, unmatched: tuple[str, ...]) -> dict[str, Any]:
     """A preset entry of ``agent`` on dmc:cartpole-swingup (the Control Suite's family: ``--agent AGENT`` on any
     ``dmc:`` task starts from it): items of 512 steps, so that an update trains on 8 x 512 = 4,096 steps, Tonic's
-    segment (items of 256 steps, half that, collapsed PPO's entropy within 10 minutes: bench/README "apexrl's PPO
-    beside Tonic's own"); evaluations of 5 episodes (Tonic's) every 30 s; 20 minutes."""
+    segment (with items of 256 steps, half that, PPO peaked at 740 and ended a 20-minute run at 172: bench/README
+    "apexrl's PPO beside Tonic's own"); evaluations of 5 episodes (Tonic's) every 30 s; 20 minutes."""
     return _preset(
         agent,
         description,
