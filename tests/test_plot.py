@@ -194,6 +194,17 @@ def test_runs_of_one_preset_sharing_a_seed_are_told_apart_by_the_settings_that_d
     ]
     seed1 = run("c", 1, eval_weights="online")
     assert _groups([online, seed1]) == [("r2d2 (r2d2-cpu)", [online, seed1])]
+    # Seeds of each setting, both settings over the same seeds (an on/off comparison): one band per setting.
+    polyak1 = run("d", 1, eval_weights="polyak")
+    assert _groups([online, seed1, polyak, polyak1]) == [
+        ("r2d2 (r2d2-cpu) [eval_weights=online]", [online, seed1]),
+        ("r2d2 (r2d2-cpu) [eval_weights=polyak]", [polyak, polyak1]),
+    ]
+    # Two runs of one setting and seed (nothing in their plans tells them apart): a group each, by directory.
+    again = run("e", 0, eval_weights="online")
+    groups = _groups([online, again, polyak])
+    assert [dirs for _, dirs in groups] == [[online], [again], [polyak]]
+    assert groups[0][0] == f"r2d2 (r2d2-cpu) [eval_weights=online, {os.path.normpath(online)}]"
 
 
 def test_runs_with_a_policy_lag_get_a_lag_panel_under_each_return_panel(tmp_path):

@@ -214,8 +214,9 @@ _NOT_SETTINGS = frozenset(
 
 def _split_by_settings(name: str, dirs: list[str]) -> list[tuple[str, list[str]]]:
     """One configuration's runs are its seeds unless two share a seed: then they ran with different settings
-    (``--learner-args``, say), and each run is a group of its own named by the learner settings that differ (or,
-    where none does, by its directory: another version of the code, say)."""
+    (``--learner-args``, ``--vtrace on|off``, say), and the runs are grouped by the learner settings that differ,
+    each group named by them and banded over its seeds. Runs that still share a seed within a group (nothing in
+    their plans tells them apart: another version of the code, say) are a group each, named by their directory."""
     import json
 
     from apexrl.rundir import run_seed
@@ -227,10 +228,16 @@ def _split_by_settings(name: str, dirs: list[str]) -> list[tuple[str, list[str]]
     # Only settings every plan has: a field a newer version added is not a difference of how the runs learned.
     common = set.intersection(*(set(s) for s in settings))
     differing = sorted(k for k in common if len({json.dumps(s[k]) for s in settings}) > 1)
-    return [
-        (f"{name} [{', '.join(f'{k}={s.get(k)}' for k in differing) or os.path.normpath(d)}]", [d])
-        for d, s in zip(dirs, settings, strict=True)
-    ]
+    by_setting: dict[str, list[tuple[str, object]]] = {}
+    for d, s, seed in zip(dirs, settings, seeds, strict=True):
+        by_setting.setdefault(", ".join(f"{k}={s.get(k)}" for k in differing), []).append((d, seed))
+    out: list[tuple[str, list[str]]] = []
+    for label, runs in by_setting.items():
+        if label and len({seed for _, seed in runs}) == len(runs):
+            out.append((f"{name} [{label}]", [d for d, _ in runs]))
+        else:
+            out.extend((f"{name} [{', '.join(filter(None, [label, os.path.normpath(d)]))}]", [d]) for d, _ in runs)
+    return out
 
 
 def _learner_settings(run_dir: str) -> dict[str, object]:
