@@ -340,7 +340,7 @@ def draw_runs(run_dirs: Sequence[str], smooth: int = 20):
         envs = _envs(run_dirs)
         if len(run_dirs) > 1 and len(envs) == 1:
             title += f" on {envs[0]}"
-        fig.suptitle(f"Ape-X learning curves: {title}")
+        fig.suptitle(f"apexrl learning curves: {title}")  # every agent, not only Ape-X's
     return fig
 
 
