@@ -367,6 +367,45 @@ def test_target_copy_schedule_and_checkpoint_round_trip():
         fresh.load_state_dict({k: v for k, v in state.items() if k != "steps"})
 
 
+def test_the_learning_rate_schedule_is_linear_then_held_and_survives_a_checkpoint():
+    cfg = dataclasses.replace(SMALL, lr=1e-3, lr_end=1e-4, lr_decay_steps=4)
+    assert [cfg.lr_at(s) for s in (0, 2, 4, 9)] == pytest.approx([1e-3, 5.5e-4, 1e-4, 1e-4])
+    learner = R2D2Learner(VEC, cfg, seed=8)
+    rng = np.random.default_rng(8)
+    used = []
+    for _ in range(3):
+        learner.update(random_sequences(rng, 2, cfg.min_sequence_length), np.ones(2))
+        used.append(learner.optimizer.param_groups[0]["lr"])
+    assert used == pytest.approx([1e-3, 7.75e-4, 5.5e-4])
+    # A resumed learner goes on with the schedule where the checkpoint left it, not from lr.
+    fresh = R2D2Learner(VEC, cfg, seed=99)
+    fresh.load_state_dict(learner.state_dict())
+    batch = random_sequences(rng, 2, cfg.min_sequence_length)
+    p1, _ = learner.update(batch, np.ones(2))
+    p2, _ = fresh.update(batch, np.ones(2))
+    np.testing.assert_array_equal(p1, p2)
+    assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(3.25e-4)
+    # Without a schedule the rate is lr on every update.
+    plain = R2D2Learner(VEC, SMALL, seed=8)
+    plain.update(random_sequences(rng, 2, SMALL.min_sequence_length), np.ones(2))
+    assert plain.optimizer.param_groups[0]["lr"] == SMALL.lr
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(lr_end=1e-4), "go together"),
+        (dict(lr_decay_steps=10), "go together"),
+        (dict(lr_end=0.0, lr_decay_steps=10), "lr_end must be a finite number > 0"),
+        (dict(lr_end=1e-4, lr_decay_steps=-1), "lr_decay_steps must be an int >= 0"),
+        (dict(lr_end=1e-4, lr_decay_steps=2.5), "lr_decay_steps must be an int >= 0"),
+    ],
+)
+def test_a_learning_rate_schedule_needs_both_fields_and_sane_values(fields, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(SMALL, **fields)
+
+
 def test_the_atari_network_is_nature_torso_lstm_512_and_dueling_heads():
     learner = R2D2Learner(ATARI, R2D2Config(), seed=0)
     net = learner.q_net

@@ -30,6 +30,11 @@ class R2D2Config:
     """Steps between the first steps of consecutive items of one episode (the adder's; the learner ignores it)."""
     lr: float = 1e-4
     """Adam learning rate."""
+    lr_end: float | None = None
+    """Learning rate at and after ``lr_decay_steps`` updates, reached linearly from ``lr`` (a schedule as IMPALA's
+    and PPO's linear annealing, held at this floor instead of 0); None: ``lr`` throughout."""
+    lr_decay_steps: int = 0
+    """Learner updates over which the learning rate goes from ``lr`` to ``lr_end`` (needs ``lr_end``)."""
     adam_eps: float = 1e-3
     """Adam epsilon."""
     grad_clip_norm: float | None = None
@@ -64,10 +69,24 @@ class R2D2Config:
             raise ValueError(f"R2D2Config.burn_in must be an int >= 0, got {self.burn_in!r}")
         _check_unit(self, "gamma", "priority_eta", "epsilon_base", "eval_epsilon")
         _check_positive_floats(self, "lr", "adam_eps", "priority_eps", "rescale_eps", "epsilon_alpha")
-        _check_positive_floats(self, "grad_clip_norm", allow_none=True)
+        _check_positive_floats(self, "grad_clip_norm", "lr_end", allow_none=True)
+        if isinstance(self.lr_decay_steps, bool) or not isinstance(self.lr_decay_steps, int) or self.lr_decay_steps < 0:
+            raise ValueError(f"R2D2Config.lr_decay_steps must be an int >= 0, got {self.lr_decay_steps!r}")
+        if (self.lr_end is None) != (self.lr_decay_steps == 0):
+            raise ValueError(
+                "R2D2Config.lr_end and lr_decay_steps go together (a linear schedule from lr to lr_end over "
+                f"lr_decay_steps updates), got lr_end={self.lr_end!r}, lr_decay_steps={self.lr_decay_steps!r}"
+            )
         _check_layers(self, "hidden")
         if not math.isfinite(self.gamma):
             raise ValueError(f"R2D2Config.gamma must be finite, got {self.gamma!r}")
+
+    def lr_at(self, steps: int) -> float:
+        """The learning rate of the update after ``steps`` updates (the linear schedule, or ``lr``)."""
+        if self.lr_end is None:
+            return self.lr
+        frac = min(1.0, steps / self.lr_decay_steps)
+        return self.lr + frac * (self.lr_end - self.lr)
 
     @property
     def min_sequence_length(self) -> int:
@@ -83,6 +102,8 @@ R2D2_FIELD_SOURCES: dict[str, str] = dict(
     trace_length="R2D2",
     sequence_period="R2D2",
     lr="R2D2",
+    lr_end="apexrl",
+    lr_decay_steps="apexrl",
     adam_eps="R2D2",
     grad_clip_norm="apexrl",
     target_update_period="R2D2",

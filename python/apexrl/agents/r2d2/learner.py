@@ -256,6 +256,10 @@ class R2D2Learner:
         out.loss.backward()
         max_norm = self.config.grad_clip_norm if self.config.grad_clip_norm is not None else float("inf")
         grad_norm = nn.utils.clip_grad_norm_(self.q_net.parameters(), max_norm)
+        # The schedule is a function of the update count, which checkpoints keep: a resumed run goes on with it.
+        lr = self.config.lr_at(self.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
 
         self.steps += 1
