@@ -31,7 +31,8 @@
 // the dropped part is dropped too (opened().dropped_items).
 // Compaction, so that the log holds about what the table holds:
 //  * while serving (MaybeCompact, between the loop's turns): once the records a reopening would replay pass
-//    compact_min_bytes and twice the index (ItemRefs and INSERT heads of the items left), and no item is held (a
+//    compact_min_bytes and twice the records of the items left (their INSERTs, bytes included, estimated from the
+//    mean item written since open), and no item is held (a
 //    pop pending a reply), the log starts a new segment N with an EPOCHS record, and a thread writes the store's
 //    snapshot -- its index: keys, priorities, ItemRefs -- (ShardedStore::Save: shard by shard under each shard's
 //    lock, so the loop serves on) to index-N.snap and notes the oldest segment an item's bytes lie in; once the
@@ -61,9 +62,11 @@
 // caller undoes the request's change in memory and answers it with an error. A failed fdatasync leaves the
 // disk's state unknown: the table fails (failed()), every later change to it is refused until a restart.
 //
-// Thread-safety: the serving loop's thread alone changes it (the loop serves every request of a disk table that
-// changes it there); ReadItems, ReadItem, Stats(), failed() and failure() may be called from any thread (the
-// loop's workers sample); kInterval's syncer shares the descriptor under fd_mu_ and reports through atomics.
+// Thread-safety: the serving loop's thread alone writes its log (the loop serves every request of a disk table
+// that changes it there but SAMPLEs, which its workers serve, reading the items; a queue's pops, which the store
+// holds meanwhile, are logged by the loop before their reply leaves); ReadItems, ReadItem, Stats(), failed() and
+// failure() may be called from any thread; kInterval's syncer shares the descriptor under fd_mu_ and reports through
+// atomics.
 #ifndef APEXRL_DISK_TABLE_H_
 #define APEXRL_DISK_TABLE_H_
 
@@ -175,10 +178,6 @@ class DiskTable {
   void ReadItems(SampleResult* batch) const;
   // One item's bytes, from its ItemRef (`ref`, `ref_size` bytes as the store holds it). Any thread.
   std::string ReadItem(Key key, const uint8_t* ref, size_t ref_size) const;
-  // A SAMPLE of this table may pop items (max_times_sampled), which it logs: the loop serves it itself; the
-  // others read on the workers.
-  bool pops() const { return config_.max_times_sampled > 0; }
-
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string failure() const EXCLUDES(failure_mu_);
   // True once, after the table failed: the loop logs it then.
@@ -191,8 +190,8 @@ class DiskTable {
   // fdatasync now. False (the table failed: failed(), failure()) when it cannot.
   bool Commit();
   // Compaction while serving (see "Compaction"); the loop calls it between turns. Finishes a compaction whose
-  // snapshot is written, or starts one when the log is over compact_min_bytes and twice its items' records and
-  // no item is held.
+  // snapshot is written, or starts one when the log is over compact_min_bytes and twice its items' records (their
+  // bytes included) and no item is held.
   void MaybeCompact();
 
   DiskTableStats Stats() const;
@@ -278,6 +277,9 @@ class DiskTable {
   // writes the snapshot (compact_error_ is its, until compact_done_).
   uint64_t log_bytes_ = 0;
   uint64_t next_check_ = 0;  // log_bytes_ at which MaybeCompact reads the store's totals again
+  // The bodies of the INSERT records written since open, and their count: the mean item's bytes, which MaybeCompact
+  // takes for every live item's (the store holds ItemRefs, not the items' sizes).
+  uint64_t item_body_bytes_ = 0, item_records_ = 0;
   std::set<uint32_t> epochs_;
   uint64_t compact_segment_ = 0;
   uint64_t compact_oldest_ = 0;  // the oldest segment an item's bytes lay in when the snapshot was written

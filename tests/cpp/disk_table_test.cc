@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -196,6 +197,50 @@ TEST(DiskTable, OpeningCompactsALogOfMostlyRemovedItems) {
   EXPECT_EQ(t.opened().compacted_bytes, 0u);  // 10 items' records: nothing to gain
   EXPECT_EQ(Contents(t).items, before.items);
   EXPECT_TRUE(epochs.insert(t.opened().epoch).second);
+}
+
+// The number of the newest log segment file in the table's directory (a compaction starts a new one).
+uint64_t NewestSegment(const TempDir& dir) {
+  uint64_t newest = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.Path("table"))) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("seg-", 0) == 0) newest = std::max<uint64_t>(newest, std::stoull(name.substr(4, 16), nullptr, 16));
+  }
+  return newest;
+}
+
+// The trigger counts what the items left would take in a fresh log, their bytes included: a table that holds
+// about what its log holds is not snapshotted again and again (counting only the index, 100 items of 1,000 bytes
+// were compacted at once), and one whose log is mostly removed items is.
+TEST(DiskTable, ServingCompactsOnceTheLogIsTwiceWhatItsItemsTake) {
+  TempDir dir("disk_table");
+  DiskTableOptions o = Options(dir);
+  o.compact_min_bytes = 1;  // every call reads the store's totals
+  DiskTable t(Config(), o);
+  const std::string body(1000, 'x');
+  std::vector<const uint8_t*> data(100, reinterpret_cast<const uint8_t*>(body.data()));
+  std::vector<uint64_t> sizes(100, body.size());
+  std::vector<double> priorities(100, 1.0);
+  std::vector<Key> keys(100);
+  t.Insert(priorities.data(), data.data(), sizes.data(), 100, keys.data());
+  t.Commit();
+  const uint64_t segment = NewestSegment(dir);
+  t.MaybeCompact();
+  EXPECT_EQ(NewestSegment(dir), segment);  // 100 items' records, 100 items: nothing to gain
+  t.LogErases(keys.data(), 45);            // 55 left: the log is not yet twice their records
+  t.store()->Erase(keys.data(), 45);
+  t.MaybeCompact();
+  EXPECT_EQ(NewestSegment(dir), segment);
+  t.LogErases(&keys[45], 10);  // 45 left: it is
+  t.store()->Erase(&keys[45], 10);
+  t.MaybeCompact();
+  EXPECT_EQ(NewestSegment(dir), segment + 1);  // started: a new segment, the snapshot written by a thread
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (t.Stats().compactions == 0 && std::chrono::steady_clock::now() < deadline) {
+    t.MaybeCompact();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(t.Stats().compactions, 1u);
 }
 
 TEST(DiskTable, ServingCompactsIntoASnapshotAndTheRecordsAfterIt) {

@@ -329,6 +329,39 @@ def test_a_full_disk_refuses_what_it_cannot_store_and_the_server_serves_on(start
     assert sorted(on_disk(path)) == sorted(acked)
 
 
+def test_a_pop_a_full_disk_cannot_log_is_refused_and_its_items_stay_queued(start_server, tmp_path):
+    """A queue's pops are logged (on the loop) after a worker drew and read the batch: a log that cannot take the
+    erase answers the SAMPLE with an error, the items go back to the queue's front, and a restart finds them all."""
+    path = str(tmp_path / "queue")
+    queue = {
+        "name": "queue",
+        "sampler": "fifo",
+        "remover": "fifo",
+        "capacity": 1000,
+        "max_times_sampled": 1,
+        "rate_limiter": {"kind": "queue", "size": 1000},
+        "storage": "disk",
+        "path": path,
+    }
+    server = start_server("--tables", tables_file(tmp_path, queue), preexec_fn=limit_file_size)
+    acked: list[int] = []
+    with ReplayClient(server.endpoint, timeout=30, table="queue") as client:
+        for size in (2048, 256, 1):  # the log filled to within an INSERT of one byte (about 50 bytes) of its limit
+            while True:
+                try:
+                    acked += [int(k) for k in client.insert(np.ones(1), [b"x" * size])]
+                except ServerError as exc:
+                    assert "nothing changed" in str(exc) and "File too large" in str(exc), exc
+                    break
+        with pytest.raises(ServerError, match="SAMPLE refused, nothing changed.*File too large"):
+            client.sample(16, timeout=5)  # an ERASE of 16 keys: 128 bytes and its head
+        s = client.stats()
+        assert s["table.queue.size"] == len(acked)  # nothing popped
+        assert s["table.queue.disk_failed"] == 0  # a write refused, not a sync failed: the table serves on
+    kill9(server.proc)
+    assert sorted(on_disk(path, sampler="fifo", max_times_sampled=1)) == sorted(acked)
+
+
 def test_disk_table_configuration_errors(tmp_path):
     with pytest.raises(TableConfigError, match="path: storage='disk' needs a path"):
         TableConfig("t", storage="disk")

@@ -180,16 +180,8 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
   // Until the loop knows whether the reply went out (SampleLease): the limiter's count and, with
   // max_times_sampled, the items drawn for the last time (held by the store) and the batch's keys, whose draws
   // a reply that is not sent takes back.
-  if (disk_ != nullptr && !result->held.empty()) {
-    // A queue's pops are on disk before the reply can leave, so that no restart hands them out again.
-    try {
-      disk_->LogErases(result->held.data(), result->held.size());
-    } catch (const IoError&) {
-      limiter_->Undo(0, result->keys.size());
-      store_->GiveBack(result->held.data(), result->held.size(), result->keys.data(), result->keys.size());
-      throw;
-    }
-  }
+  // A disk table's pops (the held items) are logged by the loop before the reply leaves (ServeLoop::Deliver):
+  // this may be a worker, and the loop's thread alone writes the log.
   const uint64_t counted = result->keys.size();
   std::vector<Key> drawn, held;
   if (store_->config().max_times_sampled > 0) {
@@ -197,8 +189,8 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
     held.swap(result->held);
   }
   *reply = SampleReply(q.request_id, std::move(result));
-  reply->lease = std::make_unique<SampleLease>(store_, limiter_, &items_returned_, counted, std::move(drawn),
-                                               std::move(held), disk_);
+  reply->lease =
+      std::make_unique<SampleLease>(store_, limiter_, &items_returned_, counted, std::move(drawn), std::move(held));
   return true;
 }
 

@@ -32,7 +32,8 @@ namespace apexrl::serve {
 class SampleLease {
  public:
   // `returned` counts the items given back (the table's items_returned). Every pointer must outlive the lease.
-  // `disk`: the table's log when it is on disk (null otherwise), where held items that come back are logged again.
+  // `disk`: the table's log when it is on disk and the held items' pops are logged in it (null otherwise), where
+  // held items that come back are logged again (LoggedIn sets it once the loop has logged the pops).
   SampleLease(ShardedStore* store, RateLimiter* limiter, std::atomic<uint64_t>* returned, uint64_t counted,
               std::vector<Key> drawn, std::vector<Key> held, DiskTable* disk = nullptr)
       : store_(store),
@@ -50,6 +51,9 @@ class SampleLease {
   // Returns how many items came back to the store (0 when settled already, or none was held).
   uint64_t GiveBack();
   size_t held() const { return held_.size(); }
+  const std::vector<Key>& held_keys() const { return held_; }
+  // The held items' pops are in `disk`'s log now: a give-back logs them again there.
+  void LoggedIn(DiskTable* disk) { disk_ = disk; }
 
  private:
   ShardedStore* const store_;
@@ -58,7 +62,7 @@ class SampleLease {
   const uint64_t counted_;
   std::vector<Key> drawn_;
   std::vector<Key> held_;
-  DiskTable* const disk_;
+  DiskTable* disk_;
   bool settled_ = false;
 };
 

@@ -384,12 +384,11 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
   }
   const Request& q = p->req;
   // RESET is served here too, so that it falls between two INSERTs or UPDATE_PRIORITIES, never inside one.
-  // A disk table's requests too, as its log is written by this thread alone (disk_table.h), but the SAMPLEs that
-  // pop nothing: they read their items from the disk, on a worker.
-  const DiskTable* disk = p->table->disk();
-  if (disk != nullptr ? !(q.op == kSample && !disk->pops())
-                      : (q.op == kInsert || q.op == kUpdatePriorities || q.op == kReset ||
-                         (q.op == kSample && q.count <= config_.inline_sample_max))) {
+  // A disk table's requests too, as its log is written by this thread alone (disk_table.h), but its SAMPLEs:
+  // they read their items from the disk, on a worker, and a queue's pops are logged when the reply is delivered.
+  if (p->table->disk() != nullptr ? q.op != kSample
+                                  : (q.op == kInsert || q.op == kUpdatePriorities || q.op == kReset ||
+                                     (q.op == kSample && q.count <= config_.inline_sample_max))) {
     Reply reply;
     const bool replied = Serve(p.get(), &reply);
     recheck_ = true;
@@ -410,6 +409,8 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
 
 void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
   const Request& q = p->req;
+  DiskTable* disk = p->table->disk();
+  if (disk != nullptr && q.op == kSample && reply.lease && reply.lease->held() > 0) LogPops(p.get(), &reply);
   if (q.op == kInsert && reply.status == kOk) {
     // From what the store took (Handlers::ServeInsert), never from this request: a repeated insert id's reply stored
     // nothing, and its frames may differ from those of the request that did.
@@ -446,11 +447,28 @@ void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
   // A sync table's reply that acknowledges a change waits for the turn's fdatasync: one whose request wrote
   // records, and every INSERT (a retry answered from the insert-id window acknowledges its first request's
   // items, which may be this turn's). A SAMPLE that popped nothing goes at once.
-  if (DiskTable* disk = p->table->disk(); disk != nullptr && (p->logged || q.op == kInsert) && disk->holds_replies()) {
+  if (disk != nullptr && (p->logged || q.op == kInsert) && disk->holds_replies()) {
     held_replies_.push_back(HeldReply{p->peer, p->table, q.op, q.request_id, std::move(reply)});
     return;
   }
   Send(p->peer, std::move(reply));
+}
+
+void ServeLoop::LogPops(Pending* p, Reply* reply) {
+  // A queue's pops are on disk before the reply can leave, so that no restart hands them out again. Logged here,
+  // on the loop's thread, which alone writes the log; the worker that drew the batch held the items meanwhile
+  // (a compaction waits for no item to be held, disk_table.h).
+  DiskTable* disk = p->table->disk();
+  try {
+    disk->LogErases(reply->lease->held_keys().data(), reply->lease->held());
+  } catch (const IoError& e) {
+    reply->lease->GiveBack();  // nothing logged: the items go back to the front of the queue, unlogged
+    *reply = ErrorReply(kSample, p->req.request_id, kInternal,
+                        std::string("SAMPLE refused, nothing changed: the table's log on disk: ") + e.what());
+    return;
+  }
+  reply->lease->LoggedIn(disk);
+  p->logged = true;
 }
 
 void ServeLoop::CommitDisk(bool last) {
@@ -660,8 +678,8 @@ bool ServeLoop::Serve(Pending* p, Reply* reply) {
   const DiskTable* disk = p->table->disk();
   const uint64_t records = disk != nullptr ? disk->records() : 0;
   if (!p->table->handlers().Serve(p, Now(), reply)) return false;  // it waits
-  // (A SAMPLE that pops nothing logs nothing; it may be served on a worker while the loop writes.)
-  if (disk != nullptr) p->logged = (p->req.op != kSample || disk->pops()) && disk->records() != records;
+  // (A SAMPLE logs nothing here: it is served on a worker while the loop writes; its pops are logged by Deliver.)
+  if (disk != nullptr) p->logged = p->req.op != kSample && disk->records() != records;
   Count(p->req.op, reply->status != kOk);
   return true;
 }

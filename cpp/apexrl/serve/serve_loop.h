@@ -126,6 +126,9 @@ class ServeLoop {
   bool InsertContentOk(const Pending& p);
   bool EarlyRefusal(const Pending& p, uint16_t* status, std::string* message);
   void Deliver(std::unique_ptr<Pending> p, Reply reply);
+  // A disk table's SAMPLE that popped items (drawn for the last time): their ERASE record written before the reply
+  // may leave; a log that cannot take it turns the reply into an error and gives the items back.
+  void LogPops(Pending* p, Reply* reply);
   // Disk tables (disk_table.h): fdatasyncs the sync tables' logs, then sends the replies held for them (a sync
   // table's replies that acknowledge a change wait for its turn's sync); a failed sync answers them INTERNAL
   // instead. Logs a table's failure (its own or its interval syncer's) once. `last` (the loop stops): every
