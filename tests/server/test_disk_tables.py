@@ -76,6 +76,20 @@ def tables_file(tmp_path, *tables: dict) -> str:
     return str(path)
 
 
+def disk_queue(path: str) -> dict:
+    """The table ``queue``: a FIFO queue of 1,000 items, each handed out once, on disk at ``path`` (sync)."""
+    return {
+        "name": "queue",
+        "sampler": "fifo",
+        "remover": "fifo",
+        "capacity": 1000,
+        "max_times_sampled": 1,
+        "rate_limiter": {"kind": "queue", "size": 1000},
+        "storage": "disk",
+        "path": path,
+    }
+
+
 def on_disk(path: str, **config) -> dict[int, tuple[float, bytes]]:
     """key -> (priority, bytes) of every item the table's log at `path` holds (the server must be gone)."""
     disk = DiskTable(path, shards=SHARDS, **config)
@@ -158,16 +172,7 @@ def test_kill9_under_sync_keeps_every_acknowledged_insert_and_update(start_serve
 
 def test_a_queue_on_disk_never_hands_out_an_acknowledged_pop_again_after_kill9(start_server, tmp_path):
     path, port = str(tmp_path / "queue"), free_port()
-    queue = {
-        "name": "queue",
-        "sampler": "fifo",
-        "remover": "fifo",
-        "capacity": 1000,
-        "max_times_sampled": 1,
-        "rate_limiter": {"kind": "queue", "size": 1000},
-        "storage": "disk",
-        "path": path,
-    }
+    queue = disk_queue(path)
     flags = ("--tables", tables_file(tmp_path, queue))
     server = start_server(*flags, port=port)
     items = [f"item{i:04d}" for i in range(400)]
@@ -333,16 +338,7 @@ def test_a_pop_a_full_disk_cannot_log_is_refused_and_its_items_stay_queued(start
     """A queue's pops are logged (on the loop) after a worker drew and read the batch: a log that cannot take the
     erase answers the SAMPLE with an error, the items go back to the queue's front, and a restart finds them all."""
     path = str(tmp_path / "queue")
-    queue = {
-        "name": "queue",
-        "sampler": "fifo",
-        "remover": "fifo",
-        "capacity": 1000,
-        "max_times_sampled": 1,
-        "rate_limiter": {"kind": "queue", "size": 1000},
-        "storage": "disk",
-        "path": path,
-    }
+    queue = disk_queue(path)
     server = start_server("--tables", tables_file(tmp_path, queue), preexec_fn=limit_file_size)
     acked: list[int] = []
     with ReplayClient(server.endpoint, timeout=30, table="queue") as client:
