@@ -126,8 +126,7 @@ bool Handlers::Serve(Call* c, double now, Reply* reply) {
     *reply = ErrorReply(q.op, q.request_id, kStaleChunks, std::string("INSERT refused, nothing stored: ") + e.what());
     return true;
   } catch (const IoError& e) {  // a disk table's log could not take the change: undone, nothing changed
-    *reply = ErrorReply(q.op, q.request_id, kInternal,
-                        std::string(OpName(q.op)) + " refused, nothing changed: the table's log on disk: " + e.what());
+    *reply = LogRefusal(q.op, q.request_id, e.what());
     return true;
   } catch (const InvalidArgument& e) {  // the store rejected the values
     *reply = ErrorReply(q.op, q.request_id, kInvalidArgument, e.what());
@@ -180,7 +179,7 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
   // Until the loop knows whether the reply went out (SampleLease): the limiter's count and, with
   // max_times_sampled, the items drawn for the last time (held by the store) and the batch's keys, whose draws
   // a reply that is not sent takes back.
-  // A disk table's pops (the held items) are logged by the loop before the reply leaves (ServeLoop::Deliver):
+  // A disk table's pops (the held items) are logged by the loop before the reply leaves (ServeLoop::LogPops):
   // this may be a worker, and the loop's thread alone writes the log.
   const uint64_t counted = result->keys.size();
   std::vector<Key> drawn, held;

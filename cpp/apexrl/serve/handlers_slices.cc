@@ -165,8 +165,8 @@ bool Handlers::ServeSliceSample(Call* c, bool can_wait, Reply* reply) {
   result->held.clear();
   *reply = SampleReply(q.request_id, std::move(result));
   // The limiter's count goes back if the reply is not sent; no item is held (windows are drawn with replacement).
-  reply->lease = std::make_unique<SampleLease>(store_, limiter_, &items_returned_, n, std::vector<Key>{},
-                                               std::vector<Key>{}, nullptr);
+  reply->lease =
+      std::make_unique<SampleLease>(store_, limiter_, &items_returned_, n, std::vector<Key>{}, std::vector<Key>{});
   return true;
 }
 

@@ -60,6 +60,11 @@ Reply CountReply(uint16_t op, uint64_t rid, uint64_t count) {
   return r;
 }
 
+Reply LogRefusal(uint16_t op, uint64_t rid, const std::string& why) {
+  return ErrorReply(op, rid, kInternal,
+                    std::string(OpName(op)) + " refused, nothing changed: the table's log on disk: " + why);
+}
+
 Reply InsertReply(uint64_t rid, std::vector<Key> keys, std::vector<Key> chunk_keys) {
   Reply r;
   r.op = kInsert;

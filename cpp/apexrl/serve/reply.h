@@ -32,17 +32,14 @@ namespace apexrl::serve {
 class SampleLease {
  public:
   // `returned` counts the items given back (the table's items_returned). Every pointer must outlive the lease.
-  // `disk`: the table's log when it is on disk and the held items' pops are logged in it (null otherwise), where
-  // held items that come back are logged again (LoggedIn sets it once the loop has logged the pops).
   SampleLease(ShardedStore* store, RateLimiter* limiter, std::atomic<uint64_t>* returned, uint64_t counted,
-              std::vector<Key> drawn, std::vector<Key> held, DiskTable* disk = nullptr)
+              std::vector<Key> drawn, std::vector<Key> held)
       : store_(store),
         limiter_(limiter),
         returned_(returned),
         counted_(counted),
         drawn_(std::move(drawn)),
-        held_(std::move(held)),
-        disk_(disk) {}
+        held_(std::move(held)) {}
   ~SampleLease() { GiveBack(); }
   SampleLease(const SampleLease&) = delete;
   SampleLease& operator=(const SampleLease&) = delete;
@@ -62,7 +59,7 @@ class SampleLease {
   const uint64_t counted_;
   std::vector<Key> drawn_;
   std::vector<Key> held_;
-  DiskTable* disk_;
+  DiskTable* disk_ = nullptr;  // the log the held items' pops are in (LoggedIn): a give-back logs them again there
   bool settled_ = false;
 };
 
@@ -106,6 +103,8 @@ struct Reply {
 };
 
 Reply ErrorReply(uint16_t op, uint64_t rid, uint16_t status, const std::string& message);
+// INTERNAL: a change a disk table's log could not take (`why`), undone.
+Reply LogRefusal(uint16_t op, uint64_t rid, const std::string& why);
 Reply CountReply(uint16_t op, uint64_t rid, uint64_t count);  // UPDATE_PRIORITIES, ERASE, REMOVE_TO_FIT
 Reply InsertReply(uint64_t rid, std::vector<Key> keys, std::vector<Key> chunk_keys);
 Reply SampleReply(uint64_t rid, std::unique_ptr<SampleResult> s);

@@ -463,8 +463,7 @@ void ServeLoop::LogPops(Pending* p, Reply* reply) {
     disk->LogErases(reply->lease->held_keys().data(), reply->lease->held());
   } catch (const IoError& e) {
     reply->lease->GiveBack();  // nothing logged: the items go back to the front of the queue, unlogged
-    *reply = ErrorReply(kSample, p->req.request_id, kInternal,
-                        std::string("SAMPLE refused, nothing changed: the table's log on disk: ") + e.what());
+    *reply = LogRefusal(kSample, p->req.request_id, e.what());
     return;
   }
   reply->lease->LoggedIn(disk);
