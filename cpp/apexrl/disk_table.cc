@@ -225,6 +225,10 @@ void DiskTable::Open() {
     }
   };
   log_ = std::make_unique<TableLog>(options_.path, options_.log, visit);
+  if (options_.cache_bytes > 0) {  // nothing written to the new segment yet: what follows is in order
+    cache_ = std::make_unique<LogTailCache>(options_.cache_bytes);
+    log_->MirrorTo(cache_.get());
+  }
   opened_.records = records;
   opened_.log = log_->recovery();
   // A new life's keys must not repeat an earlier life's: its epoch is one no life of the log used.
@@ -288,9 +292,12 @@ void DiskTable::Open() {
     Compact(restored, &refs, bytes2, epochs);
     opened_.compacted_bytes = log_bytes;
     log_bytes_ = 0;
-  } else if (base_segment != 0) {  // a compaction that wrote its snapshot and stopped before deleting what it replaced
-    RemoveSnapshotsBefore(base_segment);
-    RemoveSegmentsBefore(std::min(base_segment, oldest));
+  } else {
+    if (base_segment != 0) {  // a compaction that wrote its snapshot and stopped before deleting what it replaced
+      RemoveSnapshotsBefore(base_segment);
+      RemoveSegmentsBefore(std::min(base_segment, oldest));
+    }
+    if (!restored.empty()) WarmCache(oldest);  // (a compaction above wrote the items again, through the cache)
   }
   for (size_t i = 0; i < restored.size(); ++i) restored[i].data = reinterpret_cast<const uint8_t*>(&refs[i]);
   store_ = std::make_shared<ShardedStore>(config_);
@@ -436,7 +443,8 @@ void DiskTable::Compact(const std::vector<RestoredItem>& items, std::vector<Item
     const uint8_t* p = reinterpret_cast<const uint8_t*>(bytes[i] != nullptr ? bytes[i]->data() : nullptr);
     if (bytes[i] == nullptr) {
       data.resize(ref.size);
-      Read(items[i].key, ref, data.data(), &file);
+      uint64_t hits = 0, misses = 0;  // not a SAMPLE's: not counted
+      Read(items[i].key, ref, data.data(), &file, LogTailCache::Reader(), &hits, &misses);
       p = data.data();
     }
     const LogPosition at = LogItem(items[i].key, items[i].seq, items[i].priority, p, ref.size);
@@ -481,6 +489,21 @@ std::shared_ptr<DiskTable::Segment> DiskTable::SegmentFile(uint64_t segment) con
   return file;
 }
 
+namespace {
+
+// Whether `head` (an INSERT record's header and head) and `body` (ref.size bytes) are item `key`'s record.
+bool IsItsRecord(Key key, const ItemRef& ref, const uint8_t* head, const uint8_t* body) {
+  constexpr size_t kHead = kLogRecordHeaderBytes + kInsertHead;
+  const uint32_t crc = Get<uint32_t>(head), size = Get<uint32_t>(head + 4);
+  if (size != kInsertHead + ref.size || head[8] != DiskTable::kInsert ||
+      Get<uint64_t>(head + kLogRecordHeaderBytes) != key) {
+    return false;
+  }
+  return Crc32cExtend(Crc32cExtend(0, head + 4, kHead - 4), body, ref.size) == crc;
+}
+
+}  // namespace
+
 bool DiskTable::TryRead(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const {
   constexpr size_t kHead = kLogRecordHeaderBytes + kInsertHead;
   if (ref.offset < kHead) return false;
@@ -496,14 +519,24 @@ bool DiskTable::TryRead(Key key, const ItemRef& ref, uint8_t* out, std::shared_p
     throw IoError("cannot read log segment " + TableLog::SegmentName(ref.segment) + ": " + std::strerror(errno));
   }
   if (static_cast<size_t>(n) < want) return false;  // not written yet, or cut back
-  const uint32_t crc = Get<uint32_t>(head), size = Get<uint32_t>(head + 4);
-  if (size != kInsertHead + ref.size || head[8] != kInsert || Get<uint64_t>(head + kLogRecordHeaderBytes) != key) {
-    return false;
-  }
-  return Crc32cExtend(Crc32cExtend(0, head + 4, kHead - 4), out, ref.size) == crc;
+  return IsItsRecord(key, ref, head, out);
 }
 
-void DiskTable::Read(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const {
+bool DiskTable::TryCached(Key key, const ItemRef& ref, uint8_t* out, const LogTailCache::Reader& cached) {
+  constexpr size_t kHead = kLogRecordHeaderBytes + kInsertHead;
+  if (cached.empty() || ref.offset < kHead) return false;
+  uint8_t head[kHead];
+  return cached.Read(ref.segment, ref.offset - kHead, kHead, head) &&
+         cached.Read(ref.segment, ref.offset, ref.size, out) && IsItsRecord(key, ref, head, out);
+}
+
+void DiskTable::Read(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file,
+                     const LogTailCache::Reader& cached, uint64_t* hits, uint64_t* misses) const {
+  if (TryCached(key, ref, out, cached)) {
+    ++*hits;
+    return;
+  }
+  ++*misses;
   if (TryRead(key, ref, out, file)) return;
   // The loop writes an INSERT's records right after its items enter the store: a reader may be between the two.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.read_wait_s);
@@ -531,13 +564,22 @@ void DiskTable::ReadItems(SampleResult* batch) const {
   }
   batch->data.clear();
   uint8_t* out = batch->data.Extend(total);
-  uint64_t at = 0;
+  uint64_t at = 0, hits = 0, misses = 0;
   std::shared_ptr<Segment> file;  // the last one read, while the next item is in it too
-  for (size_t i = 0; i < n; ++i) {
-    Read(batch->keys[i], refs[i], out + at, &file);
-    batch->offsets[i] = at;
-    at += refs[i].size;
+  const LogTailCache::Reader cached = cache_ != nullptr ? cache_->Snapshot() : LogTailCache::Reader();
+  try {
+    for (size_t i = 0; i < n; ++i) {
+      Read(batch->keys[i], refs[i], out + at, &file, cached, &hits, &misses);
+      batch->offsets[i] = at;
+      at += refs[i].size;
+    }
+  } catch (...) {
+    cache_hits_.fetch_add(hits, std::memory_order_relaxed);
+    cache_misses_.fetch_add(misses, std::memory_order_relaxed);
+    throw;
   }
+  cache_hits_.fetch_add(hits, std::memory_order_relaxed);
+  cache_misses_.fetch_add(misses, std::memory_order_relaxed);
   batch->offsets[n] = at;
 }
 
@@ -545,8 +587,55 @@ std::string DiskTable::ReadItem(Key key, const uint8_t* ref, size_t ref_size) co
   const ItemRef r = RefOf(ref, ref_size);
   std::string out(r.size, '\0');
   std::shared_ptr<Segment> file;
-  Read(key, r, reinterpret_cast<uint8_t*>(out.data()), &file);
+  uint64_t hits = 0, misses = 0;
+  const LogTailCache::Reader cached = cache_ != nullptr ? cache_->Snapshot() : LogTailCache::Reader();
+  Read(key, r, reinterpret_cast<uint8_t*>(out.data()), &file, cached, &hits, &misses);
+  cache_hits_.fetch_add(hits, std::memory_order_relaxed);
+  cache_misses_.fetch_add(misses, std::memory_order_relaxed);
   return out;
+}
+
+void DiskTable::WarmCache(uint64_t oldest) {
+  if (cache_ == nullptr) return;
+  // From the newest earlier segment back, the bytes that fit: [from_segment at from_offset, the end).
+  std::vector<std::pair<uint64_t, uint64_t>> segments;  // (number, bytes), oldest first
+  for (uint64_t n : log_->segments()) {
+    if (n < oldest || n >= log_->segment()) continue;
+    segments.emplace_back(n, std::filesystem::file_size(options_.path + "/" + TableLog::SegmentName(n)));
+  }
+  uint64_t room = cache_->capacity();
+  size_t first = segments.size();
+  uint64_t from_offset = kLogHeaderBytes;
+  while (first > 0 && room > 0) {
+    const auto& [n, size] = segments[first - 1];
+    const uint64_t body = size > kLogHeaderBytes ? size - kLogHeaderBytes : 0;
+    --first;
+    if (body >= room) {
+      from_offset = size - room;
+      break;
+    }
+    room -= body;
+    from_offset = kLogHeaderBytes;
+  }
+  std::vector<uint8_t> buffer(std::min<uint64_t>(cache_->block_bytes(), 4u << 20));
+  for (size_t i = first; i < segments.size(); ++i) {
+    const auto& [n, size] = segments[i];
+    uint64_t at = i == first ? from_offset : kLogHeaderBytes;
+    std::shared_ptr<Segment> file;
+    try {
+      file = SegmentFile(n);
+    } catch (const IoError&) {
+      return;
+    }
+    while (at < size) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(buffer.size(), size - at));
+      const ssize_t got = ::pread(file->fd, buffer.data(), want, static_cast<off_t>(at));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return;
+      cache_->Append(n, at, buffer.data(), static_cast<size_t>(got));
+      at += static_cast<uint64_t>(got);
+    }
+  }
 }
 
 void DiskTable::MaybeCompact() {
@@ -780,6 +869,9 @@ DiskTableStats DiskTable::Stats() const {
   const uint64_t synced = synced_.load(), written = written_.load();  // synced_ first: never above written_
   s.unsynced_writes = written - synced;
   s.failed = failed();
+  s.cache_hits = cache_hits_.load(std::memory_order_relaxed);
+  s.cache_misses = cache_misses_.load(std::memory_order_relaxed);
+  s.cache_bytes = cache_ != nullptr ? cache_->bytes() : 0;
   return s;
 }
 

@@ -3,12 +3,13 @@
 //
 // Design. The table's store (sum trees, key slots, eviction orders) stays in memory as a memory table's, but
 // each item's bytes there are an ItemRef (16 bytes: where its INSERT record's bytes lie in the log), so the
-// server's memory is bounded by the index, not by the data: a SAMPLE reads the drawn items' bytes back from the
-// segment files (ReadItems: pread, on the serving loop's workers, from the page cache or the disk), checking
-// each record's checksum and key. The serving loop's rate limiter counts stay in memory too (a reopened table
-// starts them afresh from its size). Every change is appended to the table's TableLog (table_log.h:
-// checksummed records in segment files under `path`, a LOCK against a second server) as one of these records
-// (little-endian):
+// server's memory is bounded by the index and a fixed cache, not by the data: a SAMPLE reads the drawn items'
+// bytes back (ReadItems, on the serving loop's workers) from the log's newest bytes kept in memory (LogTailCache,
+// up to cache_bytes: a copy) or else from the segment files (one pread an item, from the page cache or the disk),
+// checking each record's checksum and key either way. The serving loop's rate limiter counts stay in memory too
+// (a reopened table starts them afresh from its size). Every change is appended to the table's TableLog
+// (table_log.h: checksummed records in segment files under `path`, a LOCK against a second server) as one of
+// these records (little-endian):
 //   1 OPEN    u32 epoch | u32 shards          a server life began, issuing keys of `epoch`
 //   2 INSERT  u64 key | u64 insertion number | f64 priority | the item's bytes
 //   3 UPDATE  n x (u64 key | f64 priority)    an UPDATE_PRIORITIES request (keys that address nothing included)
@@ -26,10 +27,10 @@
 // Opening replays the log in order into a key -> item map (an INSERT of a live key replaces it, an UPDATE or
 // ERASE of a key that is not there does nothing, as the store did), then restores the items, with their keys,
 // insertion numbers and ItemRefs, into a new store of `config` (ShardedStore::Restore), whose epoch differs from
-// every life the log recorded; no item's bytes are read. The log recovery's truncation (a torn or corrupt record
-// ends the log) is what the table opens at; recovery() reports what was dropped, and an item whose bytes lay in
-// the dropped part is dropped too (opened().dropped_items).
-// Compaction, so that the log holds about what the table holds:
+// every life the log recorded; no item's bytes are read (but the log's last cache_bytes, into the cache). The log
+// recovery's truncation (a torn or corrupt record ends the log) is what the table opens at; recovery() reports what was
+// dropped, and an item whose bytes lay in the dropped part is dropped too (opened().dropped_items). Compaction, so that
+// the log holds about what the table holds:
 //  * while serving (MaybeCompact, between the loop's turns): once the records a reopening would replay pass
 //    compact_min_bytes and twice the records of the items left (their INSERTs, bytes included, estimated from the
 //    mean item written since open), and no item is held (a
@@ -81,6 +82,7 @@
 #include <vector>
 
 #include "apexrl/errors.h"
+#include "apexrl/log_tail_cache.h"
 #include "apexrl/mutex.h"
 #include "apexrl/sharded_store.h"
 #include "apexrl/table_log.h"
@@ -98,7 +100,12 @@ struct DiskTableOptions {
   // ReadItems: how long a record that is not the drawn item's is waited for (its INSERT being written) before
   // the read fails.
   double read_wait_s = 1.0;
+  // The log's newest bytes kept in memory too (LogTailCache), up to this many: a SAMPLE copies the items it finds
+  // there instead of reading each from the file (0: none; every read goes to the file). Filled as the log is
+  // written, and on opening from the end of the segments an item lies in.
+  uint64_t cache_bytes = kDefaultCacheBytes;
   LogOptions log;
+  static constexpr uint64_t kDefaultCacheBytes = 1ull << 30;
 };
 
 // What a disk table's store holds as an item's bytes: where its bytes lie in the log (the body of its INSERT
@@ -135,6 +142,11 @@ struct DiskTableStats {
   // wait for theirs.
   uint64_t unsynced_writes = 0;
   bool failed = false;
+  // Items a SAMPLE (or a read of the contents) found in the log tail cache, and those read from the files; the
+  // cache's memory now.
+  uint64_t cache_hits = 0;
+  uint64_t cache_misses = 0;
+  uint64_t cache_bytes = 0;
 };
 
 class DiskTable {
@@ -215,8 +227,16 @@ class DiskTable {
   // the item's (yet), IoError when the segment cannot be read. `file`: the segment last read (kept for the next
   // item of a batch; replaced when the item lies in another).
   bool TryRead(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const;
-  // TryRead, waiting a little, else IoError.
-  void Read(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file) const;
+  // The item's record from the log tail cache (`cached`, a view of it), checked as TryRead checks; false when
+  // the cache does not hold it whole, or what it holds there is not the item's record.
+  static bool TryCached(Key key, const ItemRef& ref, uint8_t* out, const LogTailCache::Reader& cached);
+  // TryCached, then TryRead, waiting a little, else IoError. Counts a hit or a miss in `hits` / `misses`.
+  void Read(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file,
+            const LogTailCache::Reader& cached, uint64_t* hits, uint64_t* misses) const;
+  // Fills the cache from the end of the log's earlier segments, from segment `oldest` on (the oldest a live
+  // item lies in), oldest bytes first, up to its capacity: a reopened table's newest items are read from memory
+  // at once. Best effort: a read that fails stops it (the items are then read from the files).
+  void WarmCache(uint64_t oldest);
   std::shared_ptr<Segment> SegmentFile(uint64_t segment) const EXCLUDES(readers_mu_);
   // Append, counted (a body in two parts: `head`, then `tail`).
   LogPosition Write(uint8_t type, const void* head, size_t head_size, const void* tail = nullptr, size_t tail_size = 0);
@@ -243,6 +263,7 @@ class DiskTable {
 
   StoreConfig config_;
   DiskTableOptions options_;
+  std::unique_ptr<LogTailCache> cache_;  // before log_, which appends to it until it is gone
   std::unique_ptr<TableLog> log_;
   std::shared_ptr<ShardedStore> store_;
   DiskTableOpened opened_;
@@ -288,6 +309,7 @@ class DiskTable {
   std::string compact_error_;
   std::atomic<uint64_t> compactions_{0}, compact_errors_{0};
   std::atomic<uint64_t> records_{0}, bytes_{0}, syncs_{0}, write_errors_{0}, restored_{0};
+  mutable std::atomic<uint64_t> cache_hits_{0}, cache_misses_{0};
 };
 
 const char* DurabilityName(Durability d);

@@ -14,6 +14,7 @@
 
 #include "apexrl/crc32c.h"
 #include "apexrl/errors.h"
+#include "apexrl/log_tail_cache.h"
 
 namespace apexrl {
 namespace {
@@ -304,6 +305,7 @@ void TableLog::Flush() {
     }
     throw IoError(why);
   }
+  if (mirror_ != nullptr) mirror_->Append(segment_, written_, buffer_.data(), buffer_.size());
   written_ += buffer_.size();
   buffer_.clear();
 }

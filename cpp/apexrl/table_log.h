@@ -35,6 +35,8 @@
 
 namespace apexrl {
 
+class LogTailCache;
+
 inline constexpr char kLogMagic[4] = {'A', 'P', 'X', 'L'};
 inline constexpr uint16_t kLogVersion = 1;
 inline constexpr size_t kLogHeaderBytes = 24;
@@ -96,6 +98,10 @@ class TableLog {
   // needed any more. Returns how many it deleted.
   size_t RemoveSegmentsBefore(uint64_t segment);
 
+  // Every record written from now on is also appended to `cache` (null: none), after its write succeeded: the
+  // cache holds only bytes that are in the file. The cache must outlive the log or be unset first.
+  void MirrorTo(LogTailCache* cache) { mirror_ = cache; }
+
   const LogRecovery& recovery() const { return recovery_; }
   uint64_t segment() const { return segment_; }  // the one being written
   // Its file descriptor, for a thread that fdatasyncs it (a dup of it: the log closes this one when the next
@@ -120,6 +126,7 @@ class TableLog {
   uint64_t reserved_end_ = 0;  // Reserve: records ending up to here stay in this segment
   bool new_segment_ = true;    // its directory entry not yet synced
   std::vector<uint8_t> buffer_;
+  LogTailCache* mirror_ = nullptr;
   uint64_t syncs_ = 0;
   LogRecovery recovery_;
 };

@@ -675,17 +675,22 @@ under `path` (checksummed records in segment files; a LOCK file keeps a second p
 Opening replays the log into a new store: every item it holds, with its key, priority and insertion order, the
 log cut at its first torn or corrupt record (`opened` says what was dropped). `epoch` is this life's unless an
 earlier life of the log used it. The store keeps where each item's bytes lie in the log (16 bytes an item), not
-the bytes: `store.sample()` and `store.contents()` read them back from the log. Only the serving loop may change
+the bytes: `store.sample()` and `store.contents()` read them back from the log, the newest from its last
+`cache_bytes` kept in memory (default 1 GiB; 0: none). Only the serving loop may change
 the store (`store.insert()` and `store.save()` are refused).)doc")
       .def(py::init([](const py::object& path, const std::string& durability, double interval_s,
                        const py::object& segment_bytes, const py::object& capacity, const py::object& alpha,
                        const py::object& shards, const std::string& eviction, const py::object& alpha_evict,
                        const py::object& seed, const py::object& max_size, const py::object& epoch,
-                       const std::string& sampler, const py::object& max_times_sampled) {
+                       const std::string& sampler, const py::object& max_times_sampled, const py::object& cache_bytes) {
              DiskTableOptions o;
              o.path = FsPath(path);
              o.durability = ParseDurability(durability);
              o.interval_s = interval_s;
+             const int64_t cache = AsInt(cache_bytes, "cache_bytes");
+             if (cache < 0)
+               throw InvalidArgument("cache_bytes must be >= 0 (0: no cache), got " + std::to_string(cache));
+             o.cache_bytes = static_cast<uint64_t>(cache);
              const int64_t seg = AsInt(segment_bytes, "segment_bytes");
              if (seg < 4096) throw InvalidArgument("segment_bytes must be >= 4096, got " + std::to_string(seg));
              o.log.segment_bytes = static_cast<uint64_t>(seg);
@@ -698,7 +703,8 @@ the store (`store.insert()` and `store.save()` are refused).)doc")
            py::arg("segment_bytes") = 64ll << 20, py::arg("capacity") = 1'000'000, py::arg("alpha") = 0.6,
            py::arg("shards") = 8, py::arg("eviction") = std::string(EvictionKindName(StoreConfig{}.eviction)),
            py::arg("alpha_evict") = -0.4, py::arg("seed") = 0, py::arg("max_size") = py::none(), py::arg("epoch") = 1,
-           py::arg("sampler") = std::string(SamplerKindName(StoreConfig{}.sampler)), py::arg("max_times_sampled") = 0)
+           py::arg("sampler") = std::string(SamplerKindName(StoreConfig{}.sampler)), py::arg("max_times_sampled") = 0,
+           py::arg("cache_bytes") = static_cast<int64_t>(DiskTableOptions::kDefaultCacheBytes))
       .def_property_readonly(
           "store", [](const PyDiskTable& t) { return std::make_unique<PyStore>(t.disk->store(), t.disk); },
           "The table's store (a PrioritizedStore sharing it): read it (sample() and contents() read the items' "
@@ -708,6 +714,7 @@ the store (`store.insert()` and `store.save()` are refused).)doc")
           "What opening found: items restored, records read, the new epoch, earlier lives, and the bytes and "
           "segments the log's recovery dropped with the reason (empty when it ended cleanly).")
       .def_property_readonly("path", [](const PyDiskTable& t) { return t.disk->options().path; })
+      .def_property_readonly("cache_bytes", [](const PyDiskTable& t) { return t.disk->options().cache_bytes; })
       .def_property_readonly(
           "durability", [](const PyDiskTable& t) { return std::string(DurabilityName(t.disk->options().durability)); })
       .def("stats", [](const PyDiskTable& t) {
@@ -722,6 +729,9 @@ the store (`store.insert()` and `store.save()` are refused).)doc")
         d["compaction_errors"] = s.compact_errors;
         d["unsynced_writes"] = s.unsynced_writes;
         d["failed"] = s.failed;
+        d["cache_hits"] = s.cache_hits;
+        d["cache_misses"] = s.cache_misses;
+        d["cache_bytes"] = s.cache_bytes;
         return d;
       });
 

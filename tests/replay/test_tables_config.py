@@ -374,10 +374,12 @@ def test_the_table_flags_at_their_defaults_build_exactly_the_default_table():
         assert getattr(flags, flag) == getattr(table, field_), flag
     assert (flags.min_size_to_sample, flags.samples_per_insert, flags.error_buffer) == (1, None, None)
     assert flags.rate_limiter() is None and table.rate_limiter is None  # MinSize(1), said as None
-    assert (flags.storage, flags.storage_path, flags.durability) == (table.storage, table.path, table.durability)
+    assert (flags.storage, flags.storage_path, flags.durability, flags.cache_bytes) == (
+        table.storage, table.path, table.durability, table.cache_bytes
+    )  # fmt: skip
     assert set(TABLE_FLAGS) == {
         "capacity", "max_size", "alpha", "eviction", "alpha_evict", "min_size_to_sample", "samples_per_insert",
-        "error_buffer", "spec", "storage", "storage_path", "durability",
+        "error_buffer", "spec", "storage", "storage_path", "durability", "cache_bytes",
     }  # fmt: skip
 
 
@@ -559,9 +561,10 @@ def test_the_table_fields_are_the_pinned_ones():
         "max_times_sampled",
         "rate_limiter",
         "spec",
-        "storage",  # tables on disk: storage, path, durability
+        "storage",  # tables on disk: storage, path, durability, cache_bytes
         "path",
         "durability",
+        "cache_bytes",
         "kind",  # slices tables: kind, length, burn_in, eta, strict_length, span
         "length",
         "burn_in",

@@ -23,7 +23,7 @@ from apexrl._core import DiskTable
 from apexrl.errors import ServerError, ServerTimeoutError
 from apexrl.replay import ReplayClient
 from apexrl.replay.server.config import ServerConfig
-from apexrl.replay.tables import TableConfig, TableConfigError, tables_from_json
+from apexrl.replay.tables import DEFAULT_DISK_CACHE_BYTES, TableConfig, TableConfigError, tables_from_json
 from apexrl.replay.wire import protocol as P
 from tests.conftest import free_port
 from tests.helpers import wait_until
@@ -259,7 +259,8 @@ def drop_page_cache(directory: str) -> None:
 
 def test_interval_writes_synced_are_read_back_from_the_disk_and_survive_kill9(start_server, tmp_path):
     path = str(tmp_path / "interval")
-    server = start_server("--storage", "disk", "--storage-path", path, "--durability", "interval")
+    # No cache of the log's tail: every sampled item is read from the file.
+    server = start_server("--storage", "disk", "--storage-path", path, "--durability", "interval", "--cache-bytes", "0")
     acked: dict[int, tuple[float, bytes]] = {}
     with ReplayClient(server.endpoint, timeout=30) as client:
         for r in range(40):
@@ -274,10 +275,50 @@ def test_interval_writes_synced_are_read_back_from_the_disk_and_survive_kill9(st
             batch = client.sample(32)
             for k, item in zip(batch.keys, batch.items):
                 assert bytes(item) == acked[int(k)][1]
-        assert client.stats()["table.default.bytes_held"] == 16 * len(acked)  # where each item lies, not its bytes
+        s = client.stats()
+        assert s["table.default.bytes_held"] == 16 * len(acked)  # where each item lies, not its bytes
+        assert (s["table.default.disk_cache_hits"], s["table.default.disk_cache_misses"]) == (0, 320)
+        assert s["table.default.disk_cache_bytes"] == 0
     kill9(server.proc)
     drop_page_cache(path)
     assert on_disk(path, durability="interval") == acked
+
+
+def test_the_newest_items_are_sampled_from_the_cached_log_tail_the_others_from_the_files(start_server, tmp_path):
+    """A cache of 64 KiB (16 blocks of 4 KiB) and 120 KB of items: the newest are copied from memory, the others
+    read from the files, every item's bytes right either way; a restarted server fills its cache from the log's
+    end, so its first samples find the newest items there too."""
+    path = str(tmp_path / "cached")
+    flags = ("--storage", "disk", "--storage-path", path, "--cache-bytes", "65536")
+    acked: dict[int, bytes] = {}
+
+    def sample_and_check(client: ReplayClient) -> tuple[int, int]:
+        before = client.stats()
+        for _ in range(20):
+            batch = client.sample(32)
+            for k, item in zip(batch.keys, batch.items):
+                assert bytes(item) == acked[int(k)]
+        after = client.stats()
+        hits, misses = (
+            after[f"table.default.disk_cache_{x}"] - before[f"table.default.disk_cache_{x}"] for x in ("hits", "misses")
+        )
+        assert hits + misses == 640 and 0 < after["table.default.disk_cache_bytes"] <= 65536
+        return hits, misses
+
+    server = start_server(*flags)
+    with ReplayClient(server.endpoint, timeout=30) as client:
+        for r in range(48):
+            items = [f"{r}-{i}".encode().ljust(250, b"x") for i in range(10)]
+            keys = client.insert(np.full(10, 1.0), items)
+            acked.update({int(k): b for k, b in zip(keys, items)})
+        hits, misses = sample_and_check(client)
+        # 480 records of 283 bytes: the cache holds the newest ~200 of them (60 KB of 136 KB); uniform priorities.
+        assert 0.2 < hits / 640 < 0.7, (hits, misses)
+    kill9(server.proc)
+    server = start_server(*flags)
+    with ReplayClient(server.endpoint, timeout=30) as client:
+        hits, misses = sample_and_check(client)
+        assert 0.2 < hits / 640 < 0.7, (hits, misses)
 
 
 def test_a_snapshot_leaves_a_disk_table_out_and_a_restart_reads_it_from_its_log(start_server, tmp_path):
@@ -370,6 +411,14 @@ def test_disk_table_configuration_errors(tmp_path):
     with pytest.raises(TableConfigError, match="storage: must be one of memory, disk"):
         TableConfig("t", storage="tape")
     assert TableConfig("t", storage="disk", path=str(tmp_path)).durability == "sync"
+    with pytest.raises(TableConfigError, match="cache_bytes: is for storage='disk'"):
+        TableConfig("t", cache_bytes=1 << 20)
+    with pytest.raises(TableConfigError, match="cache_bytes: must be"):
+        TableConfig("t", storage="disk", path=str(tmp_path), cache_bytes=-1)
+    assert TableConfig("t", storage="disk", path=str(tmp_path)).cache_bytes == DEFAULT_DISK_CACHE_BYTES
+    assert TableConfig("t", storage="disk", path=str(tmp_path), cache_bytes=0).cache_bytes == 0
+    # The native table's default is the config's.
+    assert DiskTable(str(tmp_path / "default_cache"), shards=SHARDS).cache_bytes == DEFAULT_DISK_CACHE_BYTES
     with pytest.raises(ValueError, match="table 0.*path: storage='disk' needs a path"):
         tables_from_json([{"name": "t", "storage": "disk"}])
     with pytest.raises(ValueError, match="both stored at"):
@@ -391,8 +440,14 @@ def test_help_explains_the_storage_flags():
     text = subprocess.run(
         [sys.executable, "-m", "apexrl.cli.server", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for flag in ("--storage", "--storage-path", "--durability"):
+    for flag in ("--storage", "--storage-path", "--durability", "--cache-bytes"):
         assert flag in text
+    bad = subprocess.run(
+        [sys.executable, "-m", "apexrl.cli.server", "--port", "1", "--cache-bytes", "1024"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "cache_bytes" in bad.stderr and "storage='disk'" in bad.stderr, bad.stderr
 
 
 def test_a_pop_whose_reply_cannot_be_sent_is_logged_again_and_survives_kill9(start_server, tmp_path, raw_socket):

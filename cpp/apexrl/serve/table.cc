@@ -119,6 +119,9 @@ void Table::Stats(const std::string& prefix, std::vector<LoopStat>* out) const {
     add("disk_compaction_errors", static_cast<double>(d.compact_errors));
     add("disk_unsynced_writes", static_cast<double>(d.unsynced_writes));
     add("disk_failed", d.failed ? 1.0 : 0.0);
+    add("disk_cache_hits", static_cast<double>(d.cache_hits));
+    add("disk_cache_misses", static_cast<double>(d.cache_misses));
+    add("disk_cache_bytes", static_cast<double>(d.cache_bytes));
     add("disk_opened_items", static_cast<double>(o.items));
     add("disk_opened_records", static_cast<double>(o.records));
     add("disk_dropped_bytes", static_cast<double>(o.log.dropped_bytes));

@@ -137,6 +137,15 @@ TABLE_FLAG_DECLS = (
         "process loses nothing)",
         none="sync",
     ),
+    Flag(
+        TableFlags,
+        "cache_bytes",
+        "a disk table's: the log's newest bytes also kept in memory, so a SAMPLE copies the items it finds there "
+        "instead of reading each from the file (0: none; the server's memory grows by up to this much); set it "
+        "to at least the table's bytes to sample about as fast as a memory table",
+        metavar="BYTES",
+        none="1073741824 (1 GiB)",
+    ),
 )
 """The table flags (:data:`~apexrl.replay.server.table_flags.TABLE_FLAGS`): the table ``default``."""
 

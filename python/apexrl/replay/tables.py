@@ -72,6 +72,11 @@ STORAGES = ("memory", "disk")
 under ``path`` before it is acknowledged; docs/running.md, "Tables on disk")."""
 DURABILITIES = ("sync", "interval")
 """A disk table's promise: sync (fdatasynced before the reply) or interval (fdatasynced within 10 ms)."""
+DEFAULT_DISK_CACHE_BYTES = 1 << 30
+"""A disk table's log tail kept in memory for its reads, unless ``cache_bytes`` says otherwise (the native
+DiskTable's default)."""
+MAX_DISK_CACHE_BYTES = 1 << 46
+"""cache_bytes at most (64 TiB): larger is a typo, not a machine."""
 STORE_INT_MAX = 2**63 - 1
 """The native store takes sizes as signed 64-bit integers (as ``apexrl.replay.server.config``)."""
 DEFAULT_TABLE = "default"
@@ -259,8 +264,11 @@ class TableConfig:
       eviction, a queue's pop) is logged under ``path`` (a directory, created if missing, one per table)
       before it is acknowledged, and a restarted server reopens the table with its items, priorities and keys.
       ``durability`` (disk only; default ``"sync"``): ``"sync"`` fdatasyncs before each reply (grouped per
-      serving turn), ``"interval"`` within 10 ms after it. Items with chunks (trajectories, Atari frame chunks)
-      need a memory table. docs/running.md, "Tables on disk", says what each mode can lose.
+      serving turn), ``"interval"`` within 10 ms after it. ``cache_bytes`` (disk only; default
+      :data:`DEFAULT_DISK_CACHE_BYTES`, 1 GiB; 0: none): the log's newest bytes also kept in memory, so a SAMPLE
+      copies the items it finds there instead of reading each from the file; at least the table's bytes samples
+      it at about a memory table's rate. Items with chunks (trajectories, Atari frame chunks) need a memory
+      table. docs/running.md, "Tables on disk", says what each mode can lose.
     - ``kind``: ``"items"`` (default) or ``"slices"``: a table of episodes, each inserted whole
       (``ReplayClient.insert_episode``) and stored once, sampled as windows of ``burn_in + length`` steps chosen
       at sample time (:class:`apexrl.replay.slices.SliceTable`'s rules). Its ``capacity`` counts steps (whole
@@ -287,6 +295,7 @@ class TableConfig:
     storage: str = field(default="memory", metadata=Range.choice(*STORAGES))
     path: str | None = None
     durability: str | None = field(default=None, metadata=Range.choice(*DURABILITIES, optional=True))
+    cache_bytes: int | None = field(default=None, metadata=Range.int(0, MAX_DISK_CACHE_BYTES, optional=True))
     kind: str = field(default="items", metadata=Range.choice(*KINDS))
     length: int | None = field(default=None, metadata=Range.int(1, (1 << 24) - 1, optional=True))
     burn_in: int = field(default=0, metadata=Range.int(0, (1 << 24) - 2))
@@ -376,10 +385,11 @@ class TableConfig:
                 raise TableConfigError(name, key, f"a slices table takes no {key}: {why}")
 
     def _check_storage(self) -> None:
-        """A disk table needs a path and takes a durability (default sync); a memory table takes neither."""
+        """A disk table needs a path and takes a durability (default sync) and a cache size (default 1 GiB); a
+        memory table takes none of them."""
         name = self.name
         if self.storage == "memory":
-            for key in ("path", "durability"):
+            for key in ("path", "durability", "cache_bytes"):
                 if getattr(self, key) is not None:
                     raise TableConfigError(name, key, "is for storage='disk' tables; this one is in memory")
             return
@@ -390,6 +400,8 @@ class TableConfig:
         object.__setattr__(self, "path", os.fspath(self.path))
         if self.durability is None:
             object.__setattr__(self, "durability", "sync")
+        if self.cache_bytes is None:
+            object.__setattr__(self, "cache_bytes", DEFAULT_DISK_CACHE_BYTES)
 
     @property
     def effective_max_size(self) -> int:
@@ -419,6 +431,7 @@ class TableConfig:
             "storage": self.storage,
             "path": self.path,
             "durability": self.durability,
+            "cache_bytes": self.cache_bytes,
             "kind": self.kind,
             "length": self.length,
             "burn_in": self.burn_in,

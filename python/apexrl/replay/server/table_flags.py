@@ -72,6 +72,8 @@ class TableFlags:
     """A disk table's directory (created if missing; its parent must exist); TableConfig's ``path``."""
     durability: str | None = field(default=None, metadata=_range(TableConfig, "durability"))
     """A disk table's: sync (fdatasync before each reply) or interval (within 10 ms); None: sync."""
+    cache_bytes: int | None = field(default=None, metadata=_range(TableConfig, "cache_bytes"))
+    """A disk table's log tail kept in memory for its reads; None: 1 GiB."""
 
     def rate_limiter(self) -> RateLimiter | None:
         """The limiter the flags describe (class docstring); ValueError on a min size out of range or an
@@ -102,6 +104,7 @@ class TableFlags:
             storage=self.storage,
             path=self.storage_path,
             durability=self.durability,
+            cache_bytes=self.cache_bytes,
         )
 
 

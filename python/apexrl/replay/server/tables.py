@@ -341,6 +341,7 @@ def _open_disk_table(index: int, config: Any, server: Any, epoch: int) -> Server
     disk = DiskTable(
         config.path,
         durability=config.durability,
+        cache_bytes=config.cache_bytes,
         **_store_kwargs(config, server, epoch, int(server.seed) + index),
     )
     opened = disk.opened
