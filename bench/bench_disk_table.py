@@ -17,6 +17,7 @@ by round: how a change to the server moved each mode, interleaved so that load f
     python bench/bench_disk_table.py                  # 3 rounds of 20 s windows
     python bench/bench_disk_table.py --quick          # a smoke run, a few seconds a window
     python bench/bench_disk_table.py --modes interval --old-server-python OLD/.venv/bin/python
+    python bench/bench_disk_table.py --cache-bytes 0  # every sampled item read from the files, as before the cache
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ import bench_wire as W  # noqa: E402 - the wire bench's harness, from this folde
 MODES = ("memory", "interval", "sync")
 
 
-def server_flags(mode: str, directory: str) -> list[str]:
+def server_flags(mode: str, directory: str, cache_bytes: int | None = None) -> list[str]:
     if mode == "memory":
         return []
-    return ["--storage", "disk", "--storage-path", os.path.join(directory, "table"), "--durability", mode]
+    flags = ["--storage", "disk", "--storage-path", os.path.join(directory, "table"), "--durability", mode]
+    return flags + ([] if cache_bytes is None else ["--cache-bytes", str(cache_bytes)])
 
 
 def main() -> None:
@@ -57,6 +59,12 @@ def main() -> None:
         choices=MODES,
         default=list(MODES),
         help="the modes to run (default all three; the ratios against memory need memory among them)",
+    )
+    p.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=None,
+        help="the disk tables' --cache-bytes (this tree's server only; default: the server's default, 1 GiB)",
     )
     p.add_argument(
         "--old-server-python",
@@ -91,18 +99,21 @@ def main() -> None:
                             actor_flags,
                             kind="native" if python is None else "old",
                             server_python=python,
-                            server_flags=server_flags(mode, window_dir),
+                            server_flags=server_flags(mode, window_dir, args.cache_bytes if python is None else None),
                         )
                     row.update(mode=mode, round=r, tree=tree)
                     syncs = row["disk_stats"].get("disk_syncs", 0)
                     row["syncs_per_s"] = syncs / max(row["cpu_window_s"], 1e-9)
                     row["compactions"] = row["disk_stats"].get("disk_compactions", 0)
+                    hits = row["disk_stats"].get("disk_cache_hits", 0)
+                    row["cache_hit_share"] = hits / max(1, hits + row["disk_stats"].get("disk_cache_misses", 0))
                     rows.append(row)
                     print(
                         f"round {r} {mode:8s} {tree} inserted/s {row['inserted_per_s']:10,.0f}  sampled/s "
                         f"{row['sampled_per_s']:10,.0f}  server µs/request {row['server_cpu_us_per_request']:7.1f}"
                         + (
                             f"  fdatasyncs/s {row['syncs_per_s']:7.1f}  compactions {row['compactions']:g}"
+                            f"  cached reads {row['cache_hit_share']:.0%}"
                             if mode != "memory"
                             else ""
                         ),
@@ -121,7 +132,7 @@ def main() -> None:
             f"server µs/request {med('server_cpu_us_per_request'):7.1f}"
         )
         if mode != "memory":
-            line += f"  fdatasyncs/s {med('syncs_per_s'):7.1f}"
+            line += f"  fdatasyncs/s {med('syncs_per_s'):7.1f}  cached reads {med('cache_hit_share'):.0%}"
             if "memory" in args.modes:
                 line += "  vs memory: " + ratios(mine, by_round, lambda row: (row["round"], "memory", "new"))
         print(line)

@@ -188,6 +188,10 @@ class DiskTable {
   // read from the log, `keys` naming the items. IoError when an item's record cannot be read or is not the
   // item's. Any thread.
   void ReadItems(SampleResult* batch) const;
+  // ReadItems from the log tail cache alone: true when it held every item whole (each checked), else false with
+  // `batch` as it was (its ItemRefs, for a ReadItems elsewhere: the serving loop's thread reads no file). Any
+  // thread.
+  bool ReadCached(SampleResult* batch) const;
   // One item's bytes, from its ItemRef (`ref`, `ref_size` bytes as the store holds it). Any thread.
   std::string ReadItem(Key key, const uint8_t* ref, size_t ref_size) const;
   bool failed() const { return failed_.load(std::memory_order_acquire); }
@@ -230,6 +234,8 @@ class DiskTable {
   // The item's record from the log tail cache (`cached`, a view of it), checked as TryRead checks; false when
   // the cache does not hold it whole, or what it holds there is not the item's record.
   static bool TryCached(Key key, const ItemRef& ref, uint8_t* out, const LogTailCache::Reader& cached);
+  // ReadItems (cached_only false) or ReadCached.
+  bool ReadBatch(SampleResult* batch, bool cached_only) const;
   // TryCached, then TryRead, waiting a little, else IoError. Counts a hit or a miss in `hits` / `misses`.
   void Read(Key key, const ItemRef& ref, uint8_t* out, std::shared_ptr<Segment>* file,
             const LogTailCache::Reader& cached, uint64_t* hits, uint64_t* misses) const;

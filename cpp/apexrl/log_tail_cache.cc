@@ -1,19 +1,25 @@
 #include "apexrl/log_tail_cache.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 
 namespace apexrl {
 
 struct LogTailCache::Block {
-  explicit Block(size_t bytes) : size(bytes), data(new uint8_t[bytes]) {}
+  // `memory`: `bytes` from std::malloc (a SlabReserve's slab, or the appender's own), freed with the block.
+  Block(void* memory, size_t bytes) : size(bytes), data(static_cast<uint8_t*>(memory)) {}
   uint64_t segment = 0;
   uint64_t start = 0;  // the segment's byte offset of data[0]
   const size_t size;
   // Bytes of data appended; data[0, fill) never changes while a reader holds the block.
   std::atomic<size_t> fill{0};
-  std::unique_ptr<uint8_t[]> data;
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> data;
 };
 
 namespace {
@@ -32,7 +38,10 @@ LogTailCache::LogTailCache(uint64_t capacity)
       block_bytes_(capacity > 0 ? BlockBytes(capacity) : 1),
       max_blocks_(static_cast<size_t>(std::max<uint64_t>(1, capacity / block_bytes_))) {
   if (capacity == 0) throw std::invalid_argument("a log tail cache needs a capacity above 0 bytes");
+  if (max_blocks_ > 1) reserve_ = std::make_unique<SlabReserve>(2, block_bytes_);  // idle until the first block
 }
+
+LogTailCache::~LogTailCache() = default;
 
 void LogTailCache::Append(uint64_t segment, uint64_t offset, const uint8_t* data, size_t n) {
   while (n > 0) {
@@ -62,16 +71,26 @@ void LogTailCache::NewBlock(uint64_t segment, uint64_t offset) {
       blocks_.pop_front();
     }
   }
-  // A new block is allocated (and its pages faulted in as it fills) only until the cache is full; then the
-  // oldest is reused, unless a reader still held it as it went.
-  if (block == nullptr) block = std::make_shared<Block>(block_bytes_);
+  // A new block until the cache is full (its pages touched ahead by the reserve's thread, when it kept up), then
+  // the oldest reused, unless a reader still held it as it went.
+  if (block == nullptr) {
+    void* memory = reserve_ != nullptr ? reserve_->Take() : nullptr;
+    if (memory == nullptr) memory = std::malloc(block_bytes_);
+    if (memory == nullptr) throw std::bad_alloc();
+    block = std::make_shared<Block>(memory, block_bytes_);
+  }
   block->segment = segment;
   block->start = offset;
   block->fill.store(0, std::memory_order_relaxed);
-  ScopedLock<Mutex> lock(mu_);
-  current_ = block.get();
-  blocks_.push_back(std::move(block));
-  held_.store(blocks_.size() * block_bytes_, std::memory_order_relaxed);
+  bool full;
+  {
+    ScopedLock<Mutex> lock(mu_);
+    current_ = block.get();
+    blocks_.push_back(std::move(block));
+    held_.store(blocks_.size() * block_bytes_, std::memory_order_relaxed);
+    full = blocks_.size() >= max_blocks_;
+  }
+  if (full) reserve_.reset();  // blocks are reused from now on: its thread and ready slabs go
 }
 
 LogTailCache::Reader LogTailCache::Snapshot() const {
@@ -93,14 +112,26 @@ LogTailCache::Reader::~Reader() {
   blocks_.clear();
 }
 
-bool LogTailCache::Reader::Read(uint64_t segment, uint64_t offset, size_t n, uint8_t* out) const {
-  // The last block starting at or before (segment, offset).
+std::vector<std::shared_ptr<const LogTailCache::Block>>::const_iterator LogTailCache::Reader::Locate(
+    uint64_t segment, uint64_t offset) const {
   auto it = std::upper_bound(blocks_.begin(), blocks_.end(), std::make_pair(segment, offset),
                              [](const std::pair<uint64_t, uint64_t>& at, const std::shared_ptr<const Block>& b) {
                                return at.first < b->segment || (at.first == b->segment && at.second < b->start);
                              });
-  if (it == blocks_.begin()) return false;
-  --it;
+  return it == blocks_.begin() ? blocks_.end() : it - 1;
+}
+
+const uint8_t* LogTailCache::Reader::Find(uint64_t segment, uint64_t offset, size_t n) const {
+  const auto it = Locate(segment, offset);
+  if (it == blocks_.end()) return nullptr;
+  const Block& b = **it;
+  const size_t fill = b.fill.load(std::memory_order_acquire);
+  if (b.segment != segment || offset < b.start || offset - b.start + n > fill) return nullptr;
+  return b.data.get() + (offset - b.start);
+}
+
+bool LogTailCache::Reader::Read(uint64_t segment, uint64_t offset, size_t n, uint8_t* out) const {
+  auto it = Locate(segment, offset);
   while (n > 0) {
     if (it == blocks_.end()) return false;
     const Block& b = **it;

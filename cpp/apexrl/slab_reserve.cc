@@ -6,7 +6,7 @@
 
 namespace apexrl {
 
-SlabReserve::SlabReserve(size_t depth) : depth_(depth) {
+SlabReserve::SlabReserve(size_t depth, size_t slab_bytes) : depth_(depth), slab_bytes_(slab_bytes) {
   ready_.reserve(depth_);  // so the thread's push_back and Take's pop_back never allocate under the lock
   if (depth_ > 0) thread_ = std::thread([this] { Run(); });
 }
@@ -57,7 +57,7 @@ void SlabReserve::Run() {
       if (stop_) return;
     }
     // Allocate and touch outside the lock: this is the slow part the inserting thread no longer does.
-    void* slab = std::malloc(kSlabBytes);
+    void* slab = std::malloc(slab_bytes_);
     if (slab == nullptr) {
       // Out of memory: stop preparing; the arenas allocate (and report bad_alloc) themselves.
       ScopedLock<Mutex> lock(mu_);
@@ -65,7 +65,7 @@ void SlabReserve::Run() {
       return;
     }
     auto* bytes = static_cast<volatile uint8_t*>(slab);
-    for (size_t i = 0; i < kSlabBytes; i += step) bytes[i] = 0;
+    for (size_t i = 0; i < slab_bytes_; i += step) bytes[i] = 0;
     ScopedLock<Mutex> lock(mu_);
     if (stop_ || ready_.size() >= depth_) {
       std::free(slab);

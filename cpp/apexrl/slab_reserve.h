@@ -24,7 +24,7 @@ namespace apexrl {
 // Take() is called under a shard's lock, so it only pops a pointer: when no slab is ready it returns null at once
 // and the arena allocates its own (the cost it always had). The thread keeps up to `depth` slabs ready
 // and starts filling only after the first Take, so a store that never grows touches nothing. Memory: at most
-// depth * kSlabBytes held ready per store (4 MiB by default), freed with the store.
+// depth * slab_bytes held ready (a store's: 4 MiB), freed with the reserve.
 //
 // Thread-safety: every method may be called from any thread.
 class SlabReserve {
@@ -32,16 +32,18 @@ class SlabReserve {
   static constexpr size_t kSlabBytes = 256 * 1024;  // the arenas' slab size (~400 DPG items)
   static constexpr size_t kDefaultDepth = 16;
 
-  explicit SlabReserve(size_t depth = kDefaultDepth);
+  // Slabs of `slab_bytes` (the arenas': kSlabBytes; a disk table's log tail cache asks for its blocks' size).
+  explicit SlabReserve(size_t depth = kDefaultDepth, size_t slab_bytes = kSlabBytes);
   ~SlabReserve();  // stops the thread and frees the slabs still ready
   SlabReserve(const SlabReserve&) = delete;
   SlabReserve& operator=(const SlabReserve&) = delete;
 
-  // A slab of kSlabBytes (from std::malloc, so the caller frees it with std::free) whose pages are touched, or
+  // A slab of slab_bytes() (from std::malloc, so the caller frees it with std::free) whose pages are touched, or
   // null when none is ready. Never blocks on the thread's work; asks it for more.
   void* Take();
 
   size_t depth() const { return depth_; }
+  size_t slab_bytes() const { return slab_bytes_; }
   // Slabs handed out touched / calls that found none ready (the arena then allocated its own).
   uint64_t taken_ready() const { return taken_ready_.load(std::memory_order_relaxed); }
   uint64_t taken_empty() const { return taken_empty_.load(std::memory_order_relaxed); }
@@ -52,6 +54,7 @@ class SlabReserve {
   void Run();
 
   const size_t depth_;
+  const size_t slab_bytes_;
   Mutex mu_;
   CondVar wake_;
   std::vector<void*> ready_ GUARDED_BY(mu_);

@@ -141,11 +141,13 @@ bool Handlers::Serve(Call* c, double now, Reply* reply) {
 
 bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
   const Request& q = c->req;
-  decltype(pool_->Take()) result;
+  // A batch the loop's thread drew from a disk table and left for a worker to read (Call::drawn), or a new one.
+  std::unique_ptr<SampleResult> result = std::move(c->drawn);
+  const bool drawn_here = result == nullptr;
   // Another worker can empty the store between the size check and the sample (an ERASE, a REMOVE_TO_FIT):
   // then this request is one that found the store too small, not a bad one. need() >= 1, so an empty store
   // always leaves through the first branch.
-  while (true) {
+  while (drawn_here) {
     if (!limiter_->BigEnough(store_->Size())) {
       if (can_wait) return false;
       *reply = ErrorReply(q.op, q.request_id, kTimeout,
@@ -161,18 +163,29 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
     if (!result) result = pool_->Take();
     try {
       store_->Sample(q.count, q.beta, result.get(), /*hold=*/true);
-      if (disk_ != nullptr) disk_->ReadItems(result.get());  // its store holds where the items' bytes lie
-      // A sampler that hands items out at most so often (FIFO, a queue) may return fewer: the limiter counts
-      // what was handed out.
-      if (result->keys.size() < q.count) limiter_->Undo(0, q.count - result->keys.size());
       break;
     } catch (const EmptyStore&) {
       limiter_->Undo(0, q.count);
     } catch (...) {
       limiter_->Undo(0, q.count);
-      // Items the failed call had drawn for the last time go back (each counted once: no reply names them).
-      const std::vector<Key>& held = result->held;
-      if (!held.empty()) store_->GiveBack(held.data(), held.size(), held.data(), held.size());
+      GiveBackHeld(*result);
+      throw;
+    }
+  }
+  // A sampler that hands items out at most so often (FIFO, a queue) may return fewer: the limiter counts what
+  // was handed out.
+  if (drawn_here && result->keys.size() < q.count) limiter_->Undo(0, q.count - result->keys.size());
+  if (disk_ != nullptr) {  // its store holds where the items' bytes lie
+    try {
+      if (!c->cached_only) {
+        disk_->ReadItems(result.get());
+      } else if (!disk_->ReadCached(result.get())) {
+        c->drawn = std::move(result);  // not all in the cache: a worker reads them, from the files too
+        return false;
+      }
+    } catch (...) {
+      limiter_->Undo(0, result->keys.size());
+      GiveBackHeld(*result);
       throw;
     }
   }
@@ -191,6 +204,12 @@ bool Handlers::ServeSample(Call* c, bool can_wait, Reply* reply) {
   reply->lease =
       std::make_unique<SampleLease>(store_, limiter_, &items_returned_, counted, std::move(drawn), std::move(held));
   return true;
+}
+
+void Handlers::GiveBackHeld(const SampleResult& result) {
+  // Items the failed call had drawn for the last time go back (each counted once: no reply names them).
+  const std::vector<Key>& held = result.held;
+  if (!held.empty()) store_->GiveBack(held.data(), held.size(), held.data(), held.size());
 }
 
 bool Handlers::RateLimited(Call* c, bool can_wait, Reply* reply) {

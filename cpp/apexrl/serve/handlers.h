@@ -31,6 +31,11 @@ struct Call {
   uint64_t serial = 0;     // owner number for the insert window
   bool waited = false;     // counted in rate_limiter_waits_* already
   bool behind_id = false;  // waits for the first request of its insert id, not for the rate limiter
+  // A disk table's SAMPLE served on the loop's thread reads its items from the table's log tail cache only
+  // (cached_only); when the cache lacks one, Serve leaves the drawn batch here and returns false, and a worker
+  // serves the call again: it reads that batch (from the files too) instead of drawing another.
+  bool cached_only = false;
+  std::unique_ptr<SampleResult> drawn;
 };
 
 class Handlers {
@@ -69,6 +74,7 @@ class Handlers {
   bool ServeInsert(Call* c, double now, bool can_wait, Reply* reply);
   bool ServeSample(Call* c, bool can_wait, Reply* reply);
   bool RateLimited(Call* c, bool can_wait, Reply* reply);
+  void GiveBackHeld(const SampleResult& result);  // a failed SAMPLE's items drawn for the last time
   // A slices table's ops (handlers_slices.cc). EpisodeProblem: InsertContentProblem's check of an episode
   // record and the chunks it describes; StoreEpisode: stores the (checked) episode -> its episode number, and
   // *window_bytes, a window's share of a SAMPLE reply at most; ServeSlices: every op but INSERT.

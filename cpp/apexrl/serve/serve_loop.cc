@@ -384,21 +384,33 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
   }
   const Request& q = p->req;
   // RESET is served here too, so that it falls between two INSERTs or UPDATE_PRIORITIES, never inside one.
-  // A disk table's requests too, as its log is written by this thread alone (disk_table.h), but its SAMPLEs:
-  // they read their items from the disk, on a worker, and a queue's pops are logged when the reply is delivered.
-  if (p->table->disk() != nullptr ? q.op != kSample
-                                  : (q.op == kInsert || q.op == kUpdatePriorities || q.op == kReset ||
-                                     (q.op == kSample && q.count <= config_.inline_sample_max))) {
+  // A disk table's requests too, as its log is written by this thread alone (disk_table.h). Its SAMPLEs of at
+  // most inline_sample_max items are drawn here and read from its log tail cache; a batch the cache does not
+  // hold whole goes to a worker, which reads it from the files (this thread never waits for the disk). A queue's
+  // pops are logged when the reply is delivered.
+  const bool disk = p->table->disk() != nullptr;
+  const bool small_sample = q.op == kSample && q.count <= config_.inline_sample_max;
+  if (disk ? q.op != kSample || small_sample
+           : (q.op == kInsert || q.op == kUpdatePriorities || q.op == kReset || small_sample)) {
+    p->cached_only = disk && small_sample;
     Reply reply;
     const bool replied = Serve(p.get(), &reply);
     recheck_ = true;
     if (replied) {
       Deliver(std::move(p), std::move(reply));
+    } else if (p->drawn != nullptr) {
+      p->cached_only = false;
+      ToWorkers(std::move(p));
     } else {
       Defer(std::move(p), front);
     }
     return;
   }
+  p->cached_only = false;
+  ToWorkers(std::move(p));
+}
+
+void ServeLoop::ToWorkers(std::unique_ptr<Pending> p) {
   {
     ScopedLock lock(jobs_mu_);
     jobs_.push_back(std::move(p));

@@ -8,7 +8,8 @@
 // Python creates and configures the socket (bind, CURVE, ZAP, HWMs, ZMQ_MAXMSGSIZE, ROUTER_MANDATORY) and
 // hands it over; from Start() to the end of Stop() the loop thread alone touches it. The loop decodes and
 // validates every request (wire.h), serves INSERT, UPDATE_PRIORITIES, RESET and SAMPLEs of at most
-// inline_sample_max items itself (one store call, then the reply), hands the other data ops to the workers,
+// inline_sample_max items itself (one store call, then the reply; a disk table's only when its log tail cache holds
+// every drawn item), hands the other data ops to the workers,
 // and the rare control ops to Python through a queue (NextControl / ControlReply), so that HELLO's spec
 // handling and STATS's JSON keep one definition in Python. Every rule of the former Python loop is here: the
 // spec check of each item, exactly-once insert ids (InsertWindow), the rate limiter and minimum size with
@@ -122,6 +123,7 @@ class ServeLoop {
   void ReadFrontBurst() EXCLUDES(control_mu_);
   bool Receive(Pending* p);
   void Dispatch(std::unique_ptr<Pending> p, bool front) EXCLUDES(jobs_mu_);
+  void ToWorkers(std::unique_ptr<Pending> p) EXCLUDES(jobs_mu_);  // queues `p` for the workers
   bool FindTable(Pending* p);
   bool InsertContentOk(const Pending& p);
   bool EarlyRefusal(const Pending& p, uint16_t* status, std::string* message);
