@@ -156,6 +156,12 @@ def main() -> None:
     p.add_argument("--sample-batch", type=int, default=32, help="items per SAMPLE request (default 32)")
     p.add_argument("--seconds", type=float, default=20.0, help="each sampling phase's length (default 20)")
     p.add_argument("--shards", type=int, default=8, help="the server's --shards (default 8)")
+    p.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=None,
+        help="the table's --cache-bytes, its log tail kept in memory (default: the server's, 1 GiB)",
+    )
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args()
     from apexrl.replay import ReplayClient
@@ -180,7 +186,7 @@ def main() -> None:
             "interval",
             "--shards",
             str(args.shards),
-        ]
+        ] + ([] if args.cache_bytes is None else ["--cache-bytes", str(args.cache_bytes)])
         capacity = n_items + 1
         server = W.Server(capacity, flags)
         try:

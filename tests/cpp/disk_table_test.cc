@@ -485,6 +485,52 @@ TEST(DiskTable, TheNewestItemsAreReadFromTheLogsTailInMemoryTheOthersFromTheFile
   EXPECT_EQ(t.ReadItem(damaged, reinterpret_cast<const uint8_t*>(ref.data()), ref.size()), bytes.at(damaged));
 }
 
+// ReadCached, the serving loop's read: every item from the cache, or nothing changed (the batch's ItemRefs kept for
+// a ReadItems on a worker, which then returns every item's bytes).
+TEST(DiskTable, ReadCachedReadsAWholeBatchFromTheCacheOrLeavesItAsDrawn) {
+  TempDir dir("disk_table");
+  DiskTableOptions o = Options(dir);
+  o.cache_bytes = 16 << 10;  // the newest ~100 of 200 records
+  DiskTable t(Config(), o);
+  const std::map<Key, std::string> bytes = Insert100(t, 0, 200);
+  auto check = [&](const SampleResult& r) {
+    for (size_t i = 0; i < r.keys.size(); ++i) {
+      const std::string got(reinterpret_cast<const char*>(r.data.data() + r.offsets[i]),
+                            r.offsets[i + 1] - r.offsets[i]);
+      EXPECT_EQ(got, bytes.at(r.keys[i]));
+    }
+  };
+  // Batches of 2 drawn from all 200: some in the cache whole, some not (the store's seed fixes which).
+  SampleResult r;
+  bool some_whole = false, some_not = false;
+  for (int round = 0; round < 50 && !(some_whole && some_not); ++round) {
+    t.store()->Sample(2, 0.4, &r);
+    const std::vector<uint8_t> drawn(r.data.data(), r.data.data() + r.data.size());
+    const DiskTableStats before = t.Stats();
+    if (t.ReadCached(&r)) {
+      some_whole = true;
+      check(r);
+      EXPECT_EQ(t.Stats().cache_hits, before.cache_hits + 2);
+    } else {
+      some_not = true;
+      EXPECT_EQ(std::vector<uint8_t>(r.data.data(), r.data.data() + r.data.size()), drawn);  // as drawn
+      EXPECT_EQ(r.offsets, (std::vector<uint64_t>{0, 16, 32}));
+      EXPECT_EQ(t.Stats().cache_hits + t.Stats().cache_misses, before.cache_hits + before.cache_misses);
+      t.ReadItems(&r);
+      check(r);
+    }
+  }
+  EXPECT_TRUE(some_whole);
+  EXPECT_TRUE(some_not);
+  // Without a cache nothing is read there.
+  o.cache_bytes = 0;
+  o.path = dir.Path("nocache");
+  DiskTable none(Config(), o);
+  Insert100(none, 0, 10);
+  none.store()->Sample(4, 0.4, &r);
+  EXPECT_FALSE(none.ReadCached(&r));
+}
+
 TEST(DiskTable, AnEarlierBuildsSnapshotOfItemBytesIsRewrittenIntoTheLog) {
   TempDir dir("disk_table");
   std::filesystem::create_directory(dir.Path("table"));

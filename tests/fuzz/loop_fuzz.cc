@@ -21,7 +21,9 @@
 // step sends valid requests to table 1 (with table 0's keys: they must be stale there, counted 0) or to a table index
 // the server lacks (INVALID_ARGUMENT naming the index); mutants may flip the header's table field too. None of them may
 // change table 0: the model check below holds it to what table 0's own requests did. Half those episodes keep table 1
-// on disk (storage="disk", sync or interval, small segments so that it compacts): after every step each of its items
+// on disk (storage="disk", sync or interval, small segments so that it compacts, a log tail cache of none, a few
+// blocks or the default, so its SAMPLEs are served from memory, or drawn on the loop and read on a worker, or read
+// on a worker): after every step each of its items
 // reads back from its log, and at the end the log reopened holds exactly what the store held (keys, priorities,
 // bytes, insertion order). Half of the two-table episodes add a slices table (index 2, kind slices: episodes in by
 // record, windows out; serve/handlers_slices.cc) that the foreign step sends episodes (valid, or with a byte of their
@@ -153,6 +155,9 @@ class Fuzz {
         disk_options_.interval_s = 0.002;
         disk_options_.log.segment_bytes = 1024;  // many segments, compacted away while serving
         disk_options_.compact_min_bytes = 1024;
+        // The log tail cache: none (every read from the files, on a worker), a few blocks (most batches miss it
+        // and go from the loop to a worker as drawn), or the default (the loop serves them all from memory).
+        disk_options_.cache_bytes = Pick({0, 8192, DiskTableOptions::kDefaultCacheBytes});
         disk_config_ = other;
         disk_ = std::make_shared<DiskTable>(other, disk_options_);
         other_ = disk_->store();
