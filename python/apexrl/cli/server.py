@@ -142,7 +142,7 @@ TABLE_FLAG_DECLS = (
         "cache_bytes",
         "a disk table's: the log's newest bytes also kept in memory, so a SAMPLE copies the items it finds there "
         "instead of reading each from the file (0: none; the server's memory grows by up to this much); set it "
-        "to at least the table's bytes to sample about as fast as a memory table",
+        "to at least the table's bytes: a batch with one item outside it is read from the files",
         metavar="BYTES",
         none="1073741824 (1 GiB)",
     ),

@@ -266,8 +266,7 @@ class TableConfig:
       ``durability`` (disk only; default ``"sync"``): ``"sync"`` fdatasyncs before each reply (grouped per
       serving turn), ``"interval"`` within 10 ms after it. ``cache_bytes`` (disk only; default
       :data:`DEFAULT_DISK_CACHE_BYTES`, 1 GiB; 0: none): the log's newest bytes also kept in memory, so a SAMPLE
-      copies the items it finds there instead of reading each from the file; at least the table's bytes samples
-      it at about a memory table's rate. Items with chunks (trajectories, Atari frame chunks) need a memory
+      copies the items it finds there instead of reading each from the file; size it to the table's bytes. Items with chunks (trajectories, Atari frame chunks) need a memory
       table. docs/running.md, "Tables on disk", says what each mode can lose.
     - ``kind``: ``"items"`` (default) or ``"slices"``: a table of episodes, each inserted whole
       (``ReplayClient.insert_episode``) and stored once, sampled as windows of ``burn_in + length`` steps chosen
