@@ -364,6 +364,22 @@ TEST(DiskTable, AFailedWriteIsRefusedAndLeavesNothingOnDisk) {
   for (Key k : stored) EXPECT_EQ(s.items.count(k), 1u);
 }
 
+// Changes byte `at` of item `key`'s bytes in its log segment (behind the table's back); returns the ItemRef the
+// store holds for it.
+std::string DamageOnDisk(const DiskTable& t, const TempDir& dir, Key key, uint64_t at) {
+  uint64_t seq;
+  double priority;
+  std::string ref;
+  EXPECT_TRUE(t.store()->Peek(key, &seq, &priority, &ref));
+  ItemRef where;
+  std::memcpy(&where, ref.data(), sizeof where);
+  std::fstream f(dir.Path("table") + "/" + TableLog::SegmentName(where.segment),
+                 std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(where.offset + at));
+  f.put('X');
+  return ref;
+}
+
 TEST(DiskTable, ItemsAreReadBackFromTheLogAndChecked) {
   TempDir dir("disk_table");
   DiskTableOptions o = Options(dir);
@@ -384,18 +400,7 @@ TEST(DiskTable, ItemsAreReadBackFromTheLogAndChecked) {
   }
   // A record whose bytes changed on disk is refused, never returned.
   const Key key = bytes.begin()->first;
-  uint64_t seq;
-  double priority;
-  std::string ref;
-  ASSERT_TRUE(t.store()->Peek(key, &seq, &priority, &ref));
-  ItemRef where;
-  std::memcpy(&where, ref.data(), sizeof where);
-  {
-    std::fstream f(dir.Path("table") + "/" + TableLog::SegmentName(where.segment),
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(where.offset));
-    f.put('X');
-  }
+  const std::string ref = DamageOnDisk(t, dir, key, 0);
   EXPECT_THROW(t.ReadItem(key, reinterpret_cast<const uint8_t*>(ref.data()), ref.size()), IoError);
 }
 
@@ -470,18 +475,7 @@ TEST(DiskTable, TheNewestItemsAreReadFromTheLogsTailInMemoryTheOthersFromTheFile
   o.cache_bytes = DiskTableOptions::kDefaultCacheBytes;
   DiskTable t(Config(), o);
   const Key damaged = bytes.begin()->first;
-  uint64_t seq;
-  double priority;
-  std::string ref;
-  ASSERT_TRUE(t.store()->Peek(damaged, &seq, &priority, &ref));
-  ItemRef where;
-  std::memcpy(&where, ref.data(), sizeof where);
-  {
-    std::fstream f(dir.Path("table") + "/" + TableLog::SegmentName(where.segment),
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(where.offset + 50));
-    f.put('X');
-  }
+  const std::string ref = DamageOnDisk(t, dir, damaged, 50);
   EXPECT_EQ(t.ReadItem(damaged, reinterpret_cast<const uint8_t*>(ref.data()), ref.size()), bytes.at(damaged));
 }
 
