@@ -16,6 +16,7 @@
 #include <limits>
 #include <numeric>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -644,7 +645,10 @@ void DiskTable::WarmCache(uint64_t oldest) {
   std::vector<std::pair<uint64_t, uint64_t>> segments;  // (number, bytes), oldest first
   for (uint64_t n : log_->segments()) {
     if (n < oldest || n >= log_->segment()) continue;
-    segments.emplace_back(n, std::filesystem::file_size(options_.path + "/" + TableLog::SegmentName(n)));
+    std::error_code error;
+    const uint64_t size = std::filesystem::file_size(options_.path + "/" + TableLog::SegmentName(n), error);
+    if (error) return;  // (the reads will find out)
+    segments.emplace_back(n, size);
   }
   uint64_t room = cache_->capacity();
   size_t first = segments.size();
