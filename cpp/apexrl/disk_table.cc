@@ -572,10 +572,6 @@ bool DiskTable::ReadBatch(SampleResult* batch, bool cached_only) const {
   uint64_t at = 0, hits = 0, misses = 0;
   std::shared_ptr<Segment> file;  // the last one read, while the next item is in it too
   const LogTailCache::Reader cached = cache_ != nullptr ? cache_->Snapshot() : LogTailCache::Reader();
-  auto count = [&] {
-    cache_hits_.fetch_add(hits, std::memory_order_relaxed);
-    cache_misses_.fetch_add(misses, std::memory_order_relaxed);
-  };
   // Where each item's record lies in the cache (null: not whole in one block), so that the next items' bytes
   // are fetched from memory (prefetched) while one is copied: a batch's items lie all over the cache, and a copy
   // that waits for each cache line in turn costs several times one that finds them on their way.
@@ -619,10 +615,10 @@ bool DiskTable::ReadBatch(SampleResult* batch, bool cached_only) const {
       at += refs[i].size;
     }
   } catch (...) {
-    count();
+    CountCacheReads(hits, misses);
     throw;
   }
-  count();
+  CountCacheReads(hits, misses);
   batch->offsets[n] = at;
   return true;
 }
@@ -634,9 +630,13 @@ std::string DiskTable::ReadItem(Key key, const uint8_t* ref, size_t ref_size) co
   uint64_t hits = 0, misses = 0;
   const LogTailCache::Reader cached = cache_ != nullptr ? cache_->Snapshot() : LogTailCache::Reader();
   Read(key, r, reinterpret_cast<uint8_t*>(out.data()), &file, cached, &hits, &misses);
+  CountCacheReads(hits, misses);
+  return out;
+}
+
+void DiskTable::CountCacheReads(uint64_t hits, uint64_t misses) const {
   cache_hits_.fetch_add(hits, std::memory_order_relaxed);
   cache_misses_.fetch_add(misses, std::memory_order_relaxed);
-  return out;
 }
 
 void DiskTable::WarmCache(uint64_t oldest) {

@@ -4,10 +4,10 @@
 // Design. The table's store (sum trees, key slots, eviction orders) stays in memory as a memory table's, but
 // each item's bytes there are an ItemRef (16 bytes: where its INSERT record's bytes lie in the log), so the
 // server's memory is bounded by the index and a fixed cache, not by the data: a SAMPLE reads the drawn items'
-// bytes back (ReadItems, on the serving loop's workers) from the log's newest bytes kept in memory (LogTailCache,
-// up to cache_bytes: a copy) or else from the segment files (one pread an item, from the page cache or the disk),
-// checking each record's checksum and key either way. The serving loop's rate limiter counts stay in memory too
-// (a reopened table starts them afresh from its size). Every change is appended to the table's TableLog
+// bytes back (ReadCached on the serving loop's thread, ReadItems on its workers) from the log's newest bytes kept in
+// memory (LogTailCache, up to cache_bytes: a copy) or else from the segment files (one pread an item, from the page
+// cache or the disk), checking each record's checksum and key either way. The serving loop's rate limiter counts stay
+// in memory too (a reopened table starts them afresh from its size). Every change is appended to the table's TableLog
 // (table_log.h: checksummed records in segment files under `path`, a LOCK against a second server) as one of
 // these records (little-endian):
 //   1 OPEN    u32 epoch | u32 shards          a server life began, issuing keys of `epoch`
@@ -64,10 +64,10 @@
 // disk's state unknown: the table fails (failed()), every later change to it is refused until a restart.
 //
 // Thread-safety: the serving loop's thread alone writes its log (the loop serves every request of a disk table
-// that changes it there but SAMPLEs, which its workers serve, reading the items; a queue's pops, which the store
-// holds meanwhile, are logged by the loop before their reply leaves); ReadItems, ReadItem, Stats(), failed() and
-// failure() may be called from any thread; kInterval's syncer shares the descriptor under fd_mu_ and reports through
-// atomics.
+// that changes it there; a SAMPLE reads its items there from the cache, or on a worker; a queue's pops, which the
+// store holds meanwhile, are logged by the loop before their reply leaves); ReadItems, ReadCached, ReadItem,
+// Stats(), failed() and failure() may be called from any thread; kInterval's syncer shares the descriptor under fd_mu_
+// and reports through atomics.
 #ifndef APEXRL_DISK_TABLE_H_
 #define APEXRL_DISK_TABLE_H_
 
@@ -243,6 +243,7 @@ class DiskTable {
   // item lies in), oldest bytes first, up to its capacity: a reopened table's newest items are read from memory
   // at once. Best effort: a read that fails stops it (the items are then read from the files).
   void WarmCache(uint64_t oldest);
+  void CountCacheReads(uint64_t hits, uint64_t misses) const;  // into Stats()' cache_hits / cache_misses
   std::shared_ptr<Segment> SegmentFile(uint64_t segment) const EXCLUDES(readers_mu_);
   // Append, counted (a body in two parts: `head`, then `tail`).
   LogPosition Write(uint8_t type, const void* head, size_t head_size, const void* tail = nullptr, size_t tail_size = 0);

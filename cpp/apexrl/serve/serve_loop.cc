@@ -399,18 +399,17 @@ void ServeLoop::Dispatch(std::unique_ptr<Pending> p, bool front) {
     if (replied) {
       Deliver(std::move(p), std::move(reply));
     } else if (p->drawn != nullptr) {
-      p->cached_only = false;
       ToWorkers(std::move(p));
     } else {
       Defer(std::move(p), front);
     }
     return;
   }
-  p->cached_only = false;
   ToWorkers(std::move(p));
 }
 
 void ServeLoop::ToWorkers(std::unique_ptr<Pending> p) {
+  p->cached_only = false;  // a worker may read the files
   {
     ScopedLock lock(jobs_mu_);
     jobs_.push_back(std::move(p));
