@@ -323,17 +323,14 @@ void DiskTable::Open() {
   Put<uint32_t>(&body, config_.shards);
   Write(kOpen, body.data(), body.size());
   log_->Sync();
-  unsynced_ = false;
   syncs_.fetch_add(1, std::memory_order_relaxed);
-  if (options_.durability == Durability::kInterval) {
-    {
-      ScopedLock lock(fd_mu_);
-      sync_fd_ = ::dup(log_->fd());
-      if (sync_fd_ < 0) throw IoError(std::string("cannot duplicate the log's descriptor: ") + std::strerror(errno));
-    }
-    fd_segment_ = log_->segment();
-    syncer_ = std::thread([this] { Syncer(); });
+  {
+    ScopedLock lock(fd_mu_);
+    sync_fd_ = ::dup(log_->fd());
+    if (sync_fd_ < 0) throw IoError(std::string("cannot duplicate the log's descriptor: ") + std::strerror(errno));
   }
+  fd_segment_ = log_->segment();
+  syncer_ = std::thread([this] { Syncer(); });
 }
 
 DiskTable::~DiskTable() {
@@ -356,10 +353,6 @@ DiskTable::~DiskTable() {
 }
 
 void DiskTable::Written() {
-  if (options_.durability == Durability::kSync) {
-    unsynced_ = true;
-    return;
-  }
   if (log_->segment() != fd_segment_) {  // a new segment (the log synced the one before when it closed it)
     ScopedLock lock(fd_mu_);
     if (sync_fd_ >= 0) ::close(sync_fd_);
@@ -375,8 +368,9 @@ void DiskTable::Written() {
 }
 
 void DiskTable::Syncer() {
+  // kSync: at once (the writes' replies wait for it); kInterval: at most one fdatasync an interval.
   const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(options_.interval_s));
+      std::chrono::duration<double>(options_.durability == Durability::kSync ? 0.0 : options_.interval_s));
   auto last = std::chrono::steady_clock::now() - interval;
   while (true) {
     {
@@ -409,13 +403,28 @@ void DiskTable::Syncer() {
       }
     }
     last = std::chrono::steady_clock::now();
-    if (!error.empty()) {
-      Fail(error);
-      return;
+    if (!error.empty()) Fail(error);
+    if (error.empty()) {
+      RaiseSynced(covered);
+      syncs_.fetch_add(1, std::memory_order_relaxed);
     }
-    synced_.store(covered);
-    syncs_.fetch_add(1, std::memory_order_relaxed);
+    {
+      ScopedLock lock(wake_mu_);
+      if (on_synced_) on_synced_();  // the replies held for these writes may leave (or be answered as failed)
+    }
+    if (!error.empty()) return;
   }
+}
+
+void DiskTable::RaiseSynced(uint64_t covered) {
+  uint64_t was = synced_.load();
+  while (was < covered && !synced_.compare_exchange_weak(was, covered)) {
+  }
+}
+
+void DiskTable::SetOnSynced(std::function<void()> on_synced) {
+  ScopedLock lock(wake_mu_);
+  on_synced_ = std::move(on_synced);
 }
 
 void DiskTable::Fail(const std::string& why) {
@@ -893,13 +902,14 @@ std::string DiskTable::Restored(const Key* keys, size_t n) {
 
 bool DiskTable::Commit() {
   if (failed()) return false;
+  const uint64_t covered = written_.load();
   try {
     log_->Sync();
   } catch (const IoError& e) {
     Fail(e.what());
     return false;
   }
-  unsynced_ = false;
+  RaiseSynced(covered);
   syncs_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

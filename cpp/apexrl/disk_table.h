@@ -54,11 +54,13 @@
 // after a restart.
 //
 // Durability. Every change is written (write(2), to the page cache) before the request's reply is built, one
-// write per request, so a killed process loses nothing it acknowledged. kSync: the loop fdatasyncs once per
-// turn, after the turn's requests, and only then sends the replies that acknowledge a change (group commit).
-// kInterval: replies leave at once; a thread of the table's own fdatasyncs the segment being written (through a
-// dup of its descriptor) at most every `interval_s`, and within `interval_s` of a write that follows a quiet
-// spell, so a power cut loses at most about that much and the loop never waits for the disk.
+// write per request, so a killed process loses nothing it acknowledged. A thread of the table's own (the syncer)
+// fdatasyncs the segment being written, through a dup of its descriptor, while the loop goes on serving: the loop
+// never waits for the disk. kSync: the syncer fdatasyncs as soon as there are writes to cover (each fdatasync
+// covers every write before it began: group commit), and the loop holds every reply that acknowledges a change
+// until one has covered the writes made before the reply was ready. kInterval: replies leave at once; the syncer
+// fdatasyncs at most every `interval_s`, and within `interval_s` of a write that follows a quiet spell, so a power
+// cut loses at most about that much.
 // A write that fails (disk full, EFBIG past RLIMIT_FSIZE, EIO) changes nothing on disk (TableLog cuts back); the
 // caller undoes the request's change in memory and answers it with an error. A failed fdatasync leaves the
 // disk's state unknown: the table fails (failed()), every later change to it is refused until a restart.
@@ -66,14 +68,15 @@
 // Thread-safety: the serving loop's thread alone writes its log (the loop serves every request of a disk table
 // that changes it there; a SAMPLE reads its items there from the cache, or on a worker; a queue's pops, which the
 // store holds meanwhile, are logged by the loop before their reply leaves); ReadItems, ReadCached, ReadItem,
-// Stats(), failed() and failure() may be called from any thread; kInterval's syncer shares the descriptor under fd_mu_
-// and reports through atomics.
+// Stats(), failed() and failure() may be called from any thread; the syncer shares the descriptor under fd_mu_ and
+// reports through atomics and on_synced.
 #ifndef APEXRL_DISK_TABLE_H_
 #define APEXRL_DISK_TABLE_H_
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -138,8 +141,8 @@ struct DiskTableStats {
   uint64_t restored = 0;      // items given back (undelivered SAMPLE replies) and logged again
   uint64_t compactions = 0;   // while serving (MaybeCompact)
   uint64_t compact_errors = 0;
-  // kInterval: writes not yet covered by an fdatasync (what a power cut could take); 0 for kSync, whose replies
-  // wait for theirs.
+  // Writes not yet covered by an fdatasync: kInterval, what a power cut could take; kSync, the writes whose
+  // replies wait for the fdatasync under way.
   uint64_t unsynced_writes = 0;
   bool failed = false;
   // Items a SAMPLE (or a read of the contents) found in the log tail cache, and those read from the files; the
@@ -198,12 +201,21 @@ class DiskTable {
   std::string failure() const EXCLUDES(failure_mu_);
   // True once, after the table failed: the loop logs it then.
   bool TakeFailure() { return failed() && !failure_told_.exchange(true); }
-  // kSync: written records not yet fdatasynced (the loop's to Commit); always false for kInterval.
-  bool unsynced() const { return unsynced_; }
+  // Written records not yet covered by an fdatasync (the syncer's, or a Commit's).
+  bool unsynced() const { return synced_.load() != written_.load(); }
   uint64_t records() const { return records_.load(std::memory_order_relaxed); }  // appended since open
-  // The loop holds this turn's replies that acknowledge a change until Commit (kSync with records to sync).
-  bool holds_replies() const { return unsynced_; }
-  // fdatasync now. False (the table failed: failed(), failure()) when it cannot.
+  // kSync with writes not yet synced: a reply that acknowledges a change waits until synced() reaches written()
+  // as it was when the reply was ready (the loop holds it; the syncer fdatasyncs at once and calls on_synced).
+  // Always false for kInterval, whose replies leave at once.
+  bool holds_replies() const { return options_.durability == Durability::kSync && unsynced(); }
+  // Writes since open, and how many of them (the first ones) an fdatasync has covered.
+  uint64_t written() const { return written_.load(); }
+  uint64_t synced() const { return synced_.load(); }
+  // Called by the syncer's thread after each fdatasync, or its failure (the serving loop wakes up to send, or
+  // refuse, the replies it held). Empty: none. Set before serving and unset before the callee goes.
+  void SetOnSynced(std::function<void()> on_synced) EXCLUDES(wake_mu_);
+  // fdatasync now, on the calling thread (the loop's, at its end; a restored item's; tests). False (the table
+  // failed: failed(), failure()) when it cannot.
   bool Commit();
   // Compaction while serving (see "Compaction"); the loop calls it between turns. Finishes a compaction whose
   // snapshot is written, or starts one when the log is over compact_min_bytes and twice its items' records (their
@@ -265,8 +277,9 @@ class DiskTable {
   }
   void CheckUsable() const;  // IoError once the table failed
   void Fail(const std::string& why) EXCLUDES(failure_mu_);
-  void Written() EXCLUDES(fd_mu_, wake_mu_);  // after a write: kSync marks it unsynced, kInterval wakes the syncer
-  void Syncer() EXCLUDES(fd_mu_, wake_mu_);   // kInterval's thread
+  void Written() EXCLUDES(fd_mu_, wake_mu_);  // after a write: counts it and wakes the syncer
+  void Syncer() EXCLUDES(fd_mu_, wake_mu_);   // the syncer's thread
+  void RaiseSynced(uint64_t covered);         // synced_ to `covered`, unless it is past it already
 
   StoreConfig config_;
   DiskTableOptions options_;
@@ -284,13 +297,13 @@ class DiskTable {
   // Read-only descriptors of the segments, opened when first read (at most kOpenSegments at once).
   mutable Mutex readers_mu_;
   mutable std::map<uint64_t, std::shared_ptr<Segment>> readers_ GUARDED_BY(readers_mu_);
-  bool unsynced_ = false;
   mutable Mutex failure_mu_;
   std::string failure_ GUARDED_BY(failure_mu_);
   std::atomic<bool> failed_{false};
   std::atomic<bool> failure_told_{false};
-  // kInterval's syncer fdatasyncs sync_fd_ (a dup of the segment being written, swapped by the loop when a new
-  // segment starts) while the loop goes on writing; `written_` counts writes, `synced_` the count it covered.
+  // The syncer fdatasyncs sync_fd_ (a dup of the segment being written, swapped by the loop when a new segment
+  // starts) while the loop goes on writing; `written_` counts writes, `synced_` the count it (or a Commit)
+  // covered.
   Mutex fd_mu_;
   int sync_fd_ GUARDED_BY(fd_mu_) = -1;
   bool sync_dir_ GUARDED_BY(fd_mu_) = false;  // a new segment: its directory entry too
@@ -298,6 +311,7 @@ class DiskTable {
   Mutex wake_mu_;
   CondVar wake_cv_;
   bool stop_ GUARDED_BY(wake_mu_) = false;
+  std::function<void()> on_synced_ GUARDED_BY(wake_mu_);
   std::atomic<bool> idle_{false};
   std::atomic<uint64_t> written_{0}, synced_{0};
   std::thread syncer_;

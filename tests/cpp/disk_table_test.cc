@@ -98,9 +98,9 @@ TEST(DiskTable, EveryChangeIsReplayedWithItsKeys) {
     t.LogErases(&a[2], 1);
     t.store()->Erase(&a[2], 1);
     t.store()->Validate();
-    EXPECT_TRUE(t.unsynced());
-    EXPECT_TRUE(t.Commit());
+    EXPECT_TRUE(t.Commit());  // (the table's syncer may have covered them already)
     EXPECT_FALSE(t.unsynced());
+    EXPECT_EQ(t.synced(), t.written());
     before = Contents(t);
   }
   DiskTable again(Config(), Options(dir));
@@ -295,6 +295,36 @@ TEST(DiskTable, ServingCompactsIntoASnapshotAndTheRecordsAfterIt) {
   EXPECT_EQ(Contents(t).items, before.items);
   EXPECT_EQ(Contents(t).order, before.order);
   EXPECT_EQ(t.store()->Size(), 11u);
+}
+
+TEST(DiskTable, SyncDurabilitySyncsOnItsOwnThreadAtOnceAndCallsBack) {
+  TempDir dir("disk_table");
+  DiskTable t(Config(), Options(dir));  // kSync
+  Mutex mu;
+  CondVar cv;
+  int calls = 0;
+  t.SetOnSynced([&] {
+    ScopedLock lock(mu);
+    ++calls;
+    cv.NotifyAll();
+  });
+  const uint64_t opened_syncs = t.Stats().syncs;
+  for (int i = 0; i < 3; ++i) Insert(t, {i}, 1.0);
+  const uint64_t written = t.written();
+  EXPECT_EQ(written, 3u);  // one write a request
+  {                        // no Commit: the syncer covers the writes on its own, without waiting out an interval
+    ScopedLock lock(mu);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while ((t.synced() < written || calls == 0) && std::chrono::steady_clock::now() < deadline) {
+      cv.WaitUntil(mu, deadline);
+    }
+    EXPECT_GE(calls, 1);
+  }
+  EXPECT_GE(t.synced(), written);
+  EXPECT_FALSE(t.holds_replies());  // nothing left to wait for
+  EXPECT_GT(t.Stats().syncs, opened_syncs);
+  EXPECT_EQ(t.Stats().unsynced_writes, 0u);
+  t.SetOnSynced(nullptr);
 }
 
 TEST(DiskTable, IntervalDurabilitySyncsOnItsOwnThread) {

@@ -257,6 +257,34 @@ def drop_page_cache(directory: str) -> None:
             os.close(fd)
 
 
+def test_a_sync_tables_reply_leaves_once_an_fdatasync_has_covered_its_change(start_server, tmp_path):
+    """The table's syncer fdatasyncs off the serving loop, and the loop holds a change's reply until an fdatasync
+    has covered the writes made before it: with one client (nothing else writes), nothing is unsynced when the
+    reply of an insert, an update, an erase or a reset arrives. Were a reply sent before its fdatasync, the
+    counter read right after it would now and then still count its write."""
+    path = str(tmp_path / "sync")
+    server = start_server("--storage", "disk", "--storage-path", path)
+    with ReplayClient(server.endpoint, timeout=30) as client:
+        syncs = client.stats()["table.default.disk_syncs"]
+
+        def unsynced() -> int:
+            return int(client.stats()["table.default.disk_unsynced_writes"])
+
+        for r in range(25):
+            keys = client.insert(np.full(4, 1.0), [f"{r}-{i}".encode() * 64 for i in range(4)])
+            assert unsynced() == 0, f"round {r}: the INSERT's reply came before its fdatasync"
+            assert client.update_priorities(keys, np.full(4, 2.0 + r)) == 4
+            assert unsynced() == 0, f"round {r}: the UPDATE_PRIORITIES reply came before its fdatasync"
+            assert client.erase(keys[:1]) == 1
+            assert unsynced() == 0, f"round {r}: the ERASE reply came before its fdatasync"
+        assert client.stats()["table.default.disk_syncs"] >= syncs + 75  # one (at least) a change
+        client.reset()
+        assert unsynced() == 0
+        keys = client.insert(np.ones(2), [b"a", b"b"])
+    kill9(server.proc)
+    assert sorted(on_disk(path)) == sorted(int(k) for k in keys)
+
+
 def test_interval_writes_synced_are_read_back_from_the_disk_and_survive_kill9(start_server, tmp_path):
     path = str(tmp_path / "interval")
     # No cache of the log's tail: every sampled item is read from the file.

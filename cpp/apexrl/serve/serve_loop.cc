@@ -124,6 +124,9 @@ ServeLoop::ServeLoop(ZmqApi api, void* socket, std::vector<TableSpec> tables, Lo
 
 ServeLoop::~ServeLoop() {
   Stop();
+  for (const auto& t : tables_) {
+    if (t->disk() != nullptr) t->disk()->SetOnSynced(nullptr);  // before wake_fd_ goes
+  }
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
@@ -143,6 +146,9 @@ void NameThread(const char* name) {
 
 void ServeLoop::Start() {
   if (started_.exchange(true)) throw std::logic_error("the serving loop was already started");
+  for (const auto& t : tables_) {  // a sync table's syncer wakes the loop to send the replies it held
+    if (t->disk() != nullptr) t->disk()->SetOnSynced([this] { Wake(); });
+  }
   for (uint32_t i = 0; i < config_.workers; ++i) {
     workers_.emplace_back([this] {
       NameThread("apexrl-worker");
@@ -300,7 +306,8 @@ void ServeLoop::ReadFrontBurst() {
         control_.push_back(std::move(c));
       }
       control_cv_.NotifyOne();
-      in_service_.store(++outstanding_, std::memory_order_relaxed);
+      ++outstanding_;
+      CountInService();
       continue;
     }
     Dispatch(std::move(p), false);
@@ -415,7 +422,8 @@ void ServeLoop::ToWorkers(std::unique_ptr<Pending> p) {
     jobs_.push_back(std::move(p));
   }
   jobs_cv_.NotifyOne();
-  in_service_.store(++outstanding_, std::memory_order_relaxed);
+  ++outstanding_;
+  CountInService();
 }
 
 void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
@@ -455,11 +463,12 @@ void ServeLoop::Deliver(std::unique_ptr<Pending> p, Reply reply) {
       return;
     }
   }
-  // A sync table's reply that acknowledges a change waits for the turn's fdatasync: one whose request wrote
-  // records, and every INSERT (a retry answered from the insert-id window acknowledges its first request's
-  // items, which may be this turn's). A SAMPLE that popped nothing goes at once.
+  // A sync table's reply that acknowledges a change waits for an fdatasync that covers the table's writes so far:
+  // one whose request wrote records, and every INSERT (a retry answered from the insert-id window acknowledges
+  // its first request's items, which may be unsynced still). A SAMPLE that popped nothing goes at once.
   if (disk != nullptr && (p->logged || q.op == kInsert) && disk->holds_replies()) {
-    held_replies_.push_back(HeldReply{p->peer, p->table, q.op, q.request_id, std::move(reply)});
+    held_replies_.push_back(HeldReply{p->peer, p->table, q.op, q.request_id, disk->written(), std::move(reply)});
+    CountInService();
     return;
   }
   Send(p->peer, std::move(reply));
@@ -485,7 +494,7 @@ void ServeLoop::CommitDisk(bool last) {
   for (const auto& t : tables_) {
     DiskTable* disk = t->disk();
     if (disk == nullptr) continue;
-    if (disk->unsynced() || last) disk->Commit();
+    if (last) disk->Commit();  // else the table's syncer fdatasyncs, off this thread
     if (!last) disk->MaybeCompact();
     if (disk->TakeFailure()) {
       Log("ERROR", "table '" + t->name() + "': its log on disk cannot be synced (" + disk->failure() +
@@ -497,7 +506,12 @@ void ServeLoop::CommitDisk(bool last) {
   std::vector<HeldReply> held;
   held.swap(held_replies_);
   for (HeldReply& h : held) {
-    if (h.table->disk()->failed() && h.reply.status == kOk) {
+    const DiskTable* disk = h.table->disk();
+    if (!disk->failed() && disk->synced() < h.written) {  // its writes not synced yet: held on, in order
+      held_replies_.push_back(std::move(h));
+      continue;
+    }
+    if (disk->failed() && h.reply.status == kOk) {
       // Not known to be on disk: the request is answered as failed (its change stays in memory this life).
       errors_[h.op].fetch_add(1, std::memory_order_relaxed);
       Send(h.peer, ErrorReply(h.op, h.request_id, kInternal,
@@ -509,6 +523,7 @@ void ServeLoop::CommitDisk(bool last) {
       Send(h.peer, std::move(h.reply));
     }
   }
+  CountInService();
 }
 
 void ServeLoop::Defer(std::unique_ptr<Pending> p, bool front) {
@@ -598,7 +613,8 @@ void ServeLoop::SendFinished() {
     done.swap(done_);
   }
   for (Finished& f : done) {
-    in_service_.store(--outstanding_, std::memory_order_relaxed);
+    --outstanding_;
+    CountInService();
     recheck_ = true;
     if (!f.pending) {  // Python's reply to HELLO / STATS: count it by its header
       const FrameView h = f.reply->Frame(0);

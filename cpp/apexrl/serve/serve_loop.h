@@ -131,10 +131,10 @@ class ServeLoop {
   // A disk table's SAMPLE that popped items (drawn for the last time): their ERASE record written before the reply
   // may leave; a log that cannot take it turns the reply into an error and gives the items back.
   void LogPops(Pending* p, Reply* reply);
-  // Disk tables (disk_table.h): fdatasyncs the sync tables' logs, then sends the replies held for them (a sync
-  // table's replies that acknowledge a change wait for its turn's sync); a failed sync answers them INTERNAL
-  // instead. Logs a table's failure (its own or its interval syncer's) once. `last` (the loop stops): every
-  // disk table is synced, interval ones too.
+  // Disk tables (disk_table.h): sends the replies held for a sync table (those that acknowledge a change) once its
+  // syncer's fdatasync has covered the writes made before each was ready (the syncer wakes the loop); a failed sync
+  // answers them INTERNAL instead. Lets each table compact, and logs a table's failure once. `last` (the loop
+  // stops): every disk table is synced here, and every held reply leaves.
   void CommitDisk(bool last);
   void Defer(std::unique_ptr<Pending> p, bool front);
   void Expire(Deferred* e);
@@ -198,9 +198,10 @@ class ServeLoop {
     Table* table;
     uint16_t op;
     uint64_t request_id;
+    uint64_t written;  // the table's DiskTable::written() when the reply was ready: it leaves once synced() is there
     Reply reply;
   };
-  std::vector<HeldReply> held_replies_;  // replies waiting for their disk table's sync
+  std::vector<HeldReply> held_replies_;  // replies waiting for their disk table's sync, in the order they were ready
   uint64_t outstanding_ = 0;             // requests with the workers or Python
   uint64_t max_outstanding_;
   bool recheck_ = false;
@@ -212,7 +213,9 @@ class ServeLoop {
   // Counters (any thread).
   std::atomic<uint64_t> requests_[kMaxReplayOp + 1] = {};
   std::atomic<uint64_t> errors_[kMaxReplayOp + 1] = {};
-  std::atomic<uint64_t> in_service_{0};  // outstanding_, for Stats (with the workers or Python)
+  // Requests not yet answered, for Stats: outstanding_ (with the workers or Python) and the held replies.
+  std::atomic<uint64_t> in_service_{0};
+  void CountInService() { in_service_.store(outstanding_ + held_replies_.size(), std::memory_order_relaxed); }
   std::atomic<uint64_t> replies_dropped_{0};
   std::atomic<uint64_t> replies_refused_{0};
   std::atomic<uint64_t> refused_unread_{0};

@@ -132,9 +132,9 @@ TABLE_FLAG_DECLS = (
     Flag(
         TableFlags,
         "durability",
-        "a disk table's: sync fdatasyncs before the replies of each serving turn (nothing acknowledged is lost "
-        "on a power cut); interval within 10 ms after them (a power cut may lose the last 10 ms; a killed "
-        "process loses nothing)",
+        "a disk table's: sync holds each reply that acknowledges a change until an fdatasync covers it (nothing "
+        "acknowledged is lost on a power cut; the server serves others meanwhile); interval fdatasyncs within "
+        "10 ms after the reply (a power cut may lose the last 10 ms; a killed process loses nothing)",
         none="sync",
     ),
     Flag(

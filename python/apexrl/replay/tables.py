@@ -263,8 +263,8 @@ class TableConfig:
     - ``storage``: ``"memory"`` (default) or ``"disk"``: every change (insert, priority update, erase,
       eviction, a queue's pop) is logged under ``path`` (a directory, created if missing, one per table)
       before it is acknowledged, and a restarted server reopens the table with its items, priorities and keys.
-      ``durability`` (disk only; default ``"sync"``): ``"sync"`` fdatasyncs before each reply (grouped per
-      serving turn), ``"interval"`` within 10 ms after it. ``cache_bytes`` (disk only; default
+      ``durability`` (disk only; default ``"sync"``): ``"sync"`` fdatasyncs before each reply (one fdatasync
+      covers the changes made before it began, on a thread of the table's own), ``"interval"`` within 10 ms after it. ``cache_bytes`` (disk only; default
       :data:`DEFAULT_DISK_CACHE_BYTES`, 1 GiB; 0: none): the log's newest bytes also kept in memory, so a SAMPLE
       copies the items it finds there instead of reading each from the file; size it to the table's bytes. Items with chunks (trajectories, Atari frame chunks) need a memory
       table. docs/running.md, "Tables on disk", says what each mode can lose.
