@@ -7,7 +7,8 @@ disk with ``--durability sync``. The three alternate window by window (memory, i
 --rounds rounds, so load from elsewhere hits them alike; each disk window logs to a fresh directory under
 --dir (default: a temporary directory beside this file, on the disk the tree is on, never a tmpfs).
 
-Reported per mode, as medians over the rounds: inserted/s, sampled/s, the server's CPU per request (µs), and
+Reported per mode, as medians over the rounds: inserted/s, sampled/s, the server's CPU per request (µs; and of
+it, the serving loop's thread's: where a machine with cores to spare is limited), and
 for the disk modes fdatasyncs per second and the ratio of each rate to the memory table's of the same round.
 
 --old-server-python PY (an older tree's interpreter, with its apexrl installed) runs every mode's window a second
@@ -107,10 +108,12 @@ def main() -> None:
                     row["compactions"] = row["disk_stats"].get("disk_compactions", 0)
                     hits = row["disk_stats"].get("disk_cache_hits", 0)
                     row["cache_hit_share"] = hits / max(1, hits + row["disk_stats"].get("disk_cache_misses", 0))
+                    row["serve_us_per_request"] = row["server_cpu_us_per_request_by_thread"].get("serve", 0.0)
                     rows.append(row)
                     print(
                         f"round {r} {mode:8s} {tree} inserted/s {row['inserted_per_s']:10,.0f}  sampled/s "
                         f"{row['sampled_per_s']:10,.0f}  server µs/request {row['server_cpu_us_per_request']:7.1f}"
+                        f" (serving thread {row['serve_us_per_request']:5.1f})"
                         + (
                             f"  fdatasyncs/s {row['syncs_per_s']:7.1f}  compactions {row['compactions']:g}"
                             f"  cached reads {row['cache_hit_share']:.0%}"
@@ -129,7 +132,7 @@ def main() -> None:
 
         line = (
             f"  {mode:8s} inserted/s {med('inserted_per_s'):10,.0f}  sampled/s {med('sampled_per_s'):10,.0f}  "
-            f"server µs/request {med('server_cpu_us_per_request'):7.1f}"
+            f"server µs/request {med('server_cpu_us_per_request'):7.1f} (serving thread {med('serve_us_per_request'):5.1f})"
         )
         if mode != "memory":
             line += f"  fdatasyncs/s {med('syncs_per_s'):7.1f}  cached reads {med('cache_hit_share'):.0%}"
@@ -151,7 +154,8 @@ def ratios(rows: list[dict], by_round: dict, other) -> str:
 
     return (
         f"inserts {ratio('inserted_per_s'):.2f}x, samples {ratio('sampled_per_s'):.2f}x, "
-        f"server CPU per request {ratio('server_cpu_us_per_request'):.2f}x"
+        f"server CPU per request {ratio('server_cpu_us_per_request'):.2f}x "
+        f"(serving thread {ratio('serve_us_per_request'):.2f}x)"
     )
 
 
