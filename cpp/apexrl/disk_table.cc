@@ -403,14 +403,17 @@ void DiskTable::Syncer() {
       }
     }
     last = std::chrono::steady_clock::now();
-    if (!error.empty()) Fail(error);
     if (error.empty()) {
       RaiseSynced(covered);
       syncs_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      Fail(error);
     }
-    {
+    // The replies held for these writes (kSync) may leave, or be answered as failed; an interval table's loop has
+    // none to send, so it is woken for a failure only.
+    if (options_.durability == Durability::kSync || !error.empty()) {
       ScopedLock lock(wake_mu_);
-      if (on_synced_) on_synced_();  // the replies held for these writes may leave (or be answered as failed)
+      if (on_synced_) on_synced_();
     }
     if (!error.empty()) return;
   }

@@ -211,8 +211,9 @@ class DiskTable {
   // Writes since open, and how many of them (the first ones) an fdatasync has covered.
   uint64_t written() const { return written_.load(); }
   uint64_t synced() const { return synced_.load(); }
-  // Called by the syncer's thread after each fdatasync, or its failure (the serving loop wakes up to send, or
-  // refuse, the replies it held). Empty: none. Set before serving and unset before the callee goes.
+  // Called by the syncer's thread after each fdatasync of a kSync table, and after a failed one (the serving loop
+  // wakes up to send, or refuse, the replies it held). Empty: none. Set before serving and unset before the callee
+  // goes.
   void SetOnSynced(std::function<void()> on_synced) EXCLUDES(wake_mu_);
   // fdatasync now, on the calling thread (the loop's, at its end; a restored item's; tests). False (the table
   // failed: failed(), failure()) when it cannot.
