@@ -6,7 +6,8 @@
 // server's memory is bounded by the index and a fixed cache, not by the data: a SAMPLE reads the drawn items'
 // bytes back (ReadCached on the serving loop's thread, ReadItems on its workers) from the log's newest bytes kept in
 // memory (LogTailCache, up to cache_bytes: a copy) or else from the segment files (one pread an item, from the page
-// cache or the disk), checking each record's checksum and key either way. The serving loop's rate limiter counts stay
+// cache or the disk), checking that the record there is the item's (its type, size and key; and a file's, its
+// checksum too: the cache's bytes are the ones written, never read back). The serving loop's rate limiter counts stay
 // in memory too (a reopened table starts them afresh from its size). Every change is appended to the table's TableLog
 // (table_log.h: checksummed records in segment files under `path`, a LOCK against a second server) as one of
 // these records (little-endian):

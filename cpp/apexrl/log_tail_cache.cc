@@ -75,7 +75,7 @@ void LogTailCache::NewBlock(uint64_t segment, uint64_t offset) {
   // the oldest reused, unless a reader still held it as it went.
   if (block == nullptr) {
     void* memory = reserve_ != nullptr ? reserve_->Take() : nullptr;
-    if (memory == nullptr) memory = std::malloc(block_bytes_);
+    if (memory == nullptr) memory = AllocateSlab(block_bytes_);
     if (memory == nullptr) throw std::bad_alloc();
     block = std::make_shared<Block>(memory, block_bytes_);
   }

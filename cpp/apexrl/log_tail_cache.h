@@ -8,7 +8,9 @@
 // table's. A replay table's live items are mostly its newest (FIFO eviction keeps the last `capacity`), which
 // lie in the log's tail: this keeps that tail, up to `capacity` bytes, and a read found here costs a memcpy.
 // A read it does not hold (an older item, or one written before the cache's bytes begin) goes to the file as
-// before: the cache changes speed, never an answer (the reader checks the record's checksum and key either way).
+// before: the cache changes speed, never an answer (the reader checks that the record is the item's either way:
+// its type, size and key; a file's checksum too). Its blocks are whole 2 MiB pages, aligned, given to transparent
+// huge pages where the kernel allows (AllocateSlab): a batch's reads land all over the cache.
 //
 // Layout: blocks of block_bytes(), each holding a contiguous run of one segment's bytes; a new segment, or bytes
 // that do not follow the last ones written, start a new block. When the blocks pass `capacity`, the oldest goes

@@ -509,6 +509,35 @@ TEST(DiskTable, TheNewestItemsAreReadFromTheLogsTailInMemoryTheOthersFromTheFile
   EXPECT_EQ(t.ReadItem(damaged, reinterpret_cast<const uint8_t*>(ref.data()), ref.size()), bytes.at(damaged));
 }
 
+// A cache hit checks the record's header (its type, size and key), not its checksum (the cache's bytes are the ones
+// written, never read back from a file): a reference that points at another item's record is still refused, from
+// the cache as from the file.
+TEST(DiskTable, ACachedRecordThatIsNotTheItemsIsRefused) {
+  TempDir dir("disk_table");
+  DiskTableOptions o = Options(dir);
+  o.read_wait_s = 0.01;
+  DiskTable t(Config(), o);
+  const Key a = Insert(t, {1}, 1.0)[0];
+  const Key b = Insert(t, {2}, 1.0)[0];
+  uint64_t seq;
+  double priority;
+  std::string ref_a, ref_b;
+  ASSERT_TRUE(t.store()->Peek(a, &seq, &priority, &ref_a));
+  ASSERT_TRUE(t.store()->Peek(b, &seq, &priority, &ref_b));
+  EXPECT_EQ(t.ReadItem(a, reinterpret_cast<const uint8_t*>(ref_a.data()), ref_a.size()), "item1");
+  const DiskTableStats before = t.Stats();
+  EXPECT_THROW(t.ReadItem(b, reinterpret_cast<const uint8_t*>(ref_a.data()), ref_a.size()), IoError);
+  EXPECT_EQ(t.Stats().cache_hits, before.cache_hits);  // not taken from the cache
+  // A batch that names b at a's record: ReadCached leaves it as drawn, ReadItems refuses it.
+  SampleResult r;
+  r.keys = {b};
+  r.data.clear();
+  std::memcpy(r.data.Extend(ref_a.size()), ref_a.data(), ref_a.size());
+  r.offsets = {0, ref_a.size()};
+  EXPECT_FALSE(t.ReadCached(&r));
+  EXPECT_THROW(t.ReadItems(&r), IoError);
+}
+
 // ReadCached, the serving loop's read: every item from the cache, or nothing changed (the batch's ItemRefs kept for
 // a ReadItems on a worker, which then returns every item's bytes).
 TEST(DiskTable, ReadCachedReadsAWholeBatchFromTheCacheOrLeavesItAsDrawn) {

@@ -48,6 +48,29 @@ TEST(SlabReserveTest, FillsOnlyAfterTheFirstTakeThenHandsOutEachSlabOnce) {
   for (void* slab : slabs) std::free(slab);
 }
 
+// Slabs of whole 2 MiB pages (a log tail cache's blocks) start on a 2 MiB boundary, so that the kernel can back
+// them with transparent huge pages; any other size is plain malloc memory. Either is whole and writable.
+TEST(SlabReserveTest, SlabsOfWholeHugePagesAreAlignedToThem) {
+  constexpr size_t kHuge = 2u << 20;
+  for (size_t bytes : {kHuge, 4 * kHuge, size_t{4096}, size_t{3} << 20}) {
+    void* slab = AllocateSlab(bytes);
+    ASSERT_NE(slab, nullptr) << bytes;
+    if (bytes % kHuge == 0) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(slab) % kHuge, 0u) << bytes;
+    }
+    std::memset(slab, 0x5A, bytes);
+    EXPECT_EQ(static_cast<uint8_t*>(slab)[bytes - 1], 0x5A);
+    std::free(slab);
+  }
+  SlabReserve reserve(2, 2 * kHuge);
+  EXPECT_EQ(reserve.Take(), nullptr);
+  ASSERT_TRUE(WaitReady(reserve, 2));
+  void* slab = reserve.Take();
+  ASSERT_NE(slab, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(slab) % kHuge, 0u);
+  std::free(slab);
+}
+
 TEST(SlabReserveTest, DepthZeroPreparesNothing) {
   SlabReserve reserve(0);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(reserve.Take(), nullptr);
