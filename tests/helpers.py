@@ -32,6 +32,16 @@ def wait_until(
         time.sleep(interval)
 
 
+def rows_with_updates(metrics: dict[str, list[float]]) -> Any:
+    """A boolean mask over a metrics.csv's rows (``read_csv`` columns): True where learner_steps grew since the row
+    before, i.e. the row's interval had updates and carries their means. The row written at a run's stop may
+    follow the previous one with none: its agent columns are empty cells, read back as NaN."""
+    import numpy as np
+
+    steps = np.asarray(metrics["learner_steps"])
+    return np.diff(steps, prepend=0) > 0
+
+
 def csv_columns(path: str, *needed: str) -> dict[str, list[float]] | None:
     """A metrics or episodes CSV's columns (``apexrl.apex.metrics.read_csv``), or None while the file is not
     there or its header is not whole yet (a process writing it creates the file, then writes the header: a poll

@@ -13,8 +13,15 @@
 
 namespace apexrl {
 
-// Why: a store that grows copies every new item into memory nobody has touched, and each new page costs a
-// fault (the kernel zeroes it; in a virtual machine the host may back it first). Measured in process, an
+// Memory for a slab of `bytes`, freed with std::free; null when there is none. A slab of whole 2 MiB pages
+// (a log tail cache's blocks) is aligned to 2 MiB and asks for transparent huge pages (MADV_HUGEPAGE, where the
+// kernel honours it): a batch's reads land on pages all over such a cache, and with 4 KiB pages nearly every one
+// missed the TLB -- measured on the 2-core VM, the page walks behind a SAMPLE's prefetches were about a tenth of
+// the serving loop's time under the Ape-X mix on a disk table. Smaller slabs (the arenas') are plain malloc.
+void* AllocateSlab(size_t bytes);
+
+// SlabReserve. Why: a store that grows copies every new item into memory nobody has touched, and each new page
+// costs a fault (the kernel zeroes it; in a virtual machine the host may back it first). Measured in process, an
 // insert into fresh memory took 20.5 µs of CPU against 9.5 µs into memory that had been touched, and over the
 // wire a growing store served well under half the requests a full one did: the faults ran on the thread that
 // serves requests. Here a background thread touches each slab's pages before an arena asks for it, so the
@@ -26,13 +33,6 @@ namespace apexrl {
 // and starts filling only after the first Take, so a store that never grows touches nothing. Memory: at most
 // depth * slab_bytes held ready (a store's: 4 MiB), freed with the reserve.
 //
-// Memory for a slab of `bytes`, freed with std::free; null when there is none. A slab of whole 2 MiB pages
-// (a log tail cache's blocks) is aligned to 2 MiB and asks for transparent huge pages (MADV_HUGEPAGE, where the
-// kernel honours it): a batch's reads land on pages all over such a cache, and with 4 KiB pages nearly every one
-// missed the TLB -- measured on the 2-core VM, the page walks behind a SAMPLE's prefetches were about a tenth of
-// the serving loop's time under the Ape-X mix on a disk table. Smaller slabs (the arenas') are plain malloc.
-void* AllocateSlab(size_t bytes);
-
 // Thread-safety: every method may be called from any thread.
 class SlabReserve {
  public:

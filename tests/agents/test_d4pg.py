@@ -24,6 +24,7 @@ from apexrl.envs.base import EnvSpec
 from apexrl.launch.presets import PRESETS
 from apexrl.replay.tables import SampleToInsertRatio
 from apexrl.replay.wire.codec import TransitionSpec
+from tests.helpers import rows_with_updates
 from tests.torch_helpers import one_thread, set_linear  # noqa: F401 - one_thread is an autouse fixture
 
 ONE_D = EnvSpec("test:1d", (1,), np.dtype(np.float32), None, 1, 1, 100)
@@ -479,11 +480,9 @@ def test_a_short_real_run(spawn, tmp_path):
     assert "stopping: reached --steps 50" in launcher.log()
     metrics = read_csv(os.path.join(run_dir, "metrics.csv"))
     assert metrics["learner_steps"][-1] == 50
-    # A row whose interval had updates carries their means (a NaN loss would be an empty cell: NaN here too);
-    # the last row, written at the stop, may follow the row of step 50 with none.
-    steps = np.asarray(metrics["learner_steps"])
-    updated = np.diff(steps, prepend=0) > 0
+    # A row whose interval had updates carries their means (a NaN loss would be an empty cell: NaN here too).
+    updated = rows_with_updates(metrics)
     assert updated.any()
     for name in ("critic_loss", "priority_mean"):
-        assert np.isfinite(np.asarray(metrics[name])[updated]).all(), (name, metrics[name], steps)
+        assert np.isfinite(np.asarray(metrics[name])[updated]).all(), (name, metrics[name], metrics["learner_steps"])
     assert os.path.exists(os.path.join(run_dir, "checkpoint.safetensors"))

@@ -15,6 +15,7 @@ import pytest
 
 from apexrl.agents.mpo import DMPOLearner
 from apexrl.apex.metrics import read_csv
+from tests.helpers import rows_with_updates
 
 FAST = "--min-replay-size 300 --eval-every 1000 --metrics-every 1 --checkpoint-every 50"
 
@@ -53,10 +54,8 @@ def test_dmpo_runs_end_to_end_through_apexrl_run(tmp_path):
     assert "stopping: reached --steps 60" in out.stdout
     metrics = read_csv(os.path.join(run_dir, "metrics.csv"))
     assert metrics["learner_steps"][-1] == 60
-    # MPO's columns finite in every row whose interval had updates (the last row, written at the stop, may follow
-    # the row of step 60 with none: its cells are empty, read as NaN).
-    steps = np.asarray(metrics["learner_steps"])
-    updated = np.diff(steps, prepend=0) > 0
+    # MPO's columns finite in every row whose interval had updates (the row at the stop may have none)
+    updated = rows_with_updates(metrics)
     assert updated.any()
     for name in DMPOLearner.metric_names:
         assert np.all(np.isfinite(np.asarray(metrics[name], float)[updated])), name
