@@ -42,11 +42,26 @@ def pytest_collection_modifyitems(config, items):
 
     The long tests run first (``slow``, then ``e2e``; otherwise in collection order): pytest-xdist hands tests out
     in this order, so its workers start the long ones early and end together on short ones, rather than one
-    worker finishing a minute-long test while the other has nothing left."""
+    worker finishing a minute-long test while the other has nothing left.
+
+    Tests of one ``xdist_group`` (a module whose tests share one run, in file order) move together, as early as
+    their longest member and in file order: with ``--dist loadgroup`` (.ci/run) one worker runs them as a unit."""
     for item in items:
         if os.path.commonpath([str(item.path), E2E_DIR]) == E2E_DIR:
             item.add_marker(pytest.mark.e2e)
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("e2e") is None))
+
+    def length(item) -> tuple[bool, bool]:
+        return item.get_closest_marker("slow") is None, item.get_closest_marker("e2e") is None
+
+    def group(item) -> str | None:
+        mark = item.get_closest_marker("xdist_group")
+        return (mark.kwargs.get("name") or mark.args[0]) if mark is not None else None
+
+    groups: dict[str, tuple[bool, bool]] = {}
+    for item in items:
+        if (name := group(item)) is not None:
+            groups[name] = min(groups.get(name, (True, True)), length(item))
+    items.sort(key=lambda item: groups[name] if (name := group(item)) is not None else length(item))
 
 
 class ServerProc:

@@ -7,6 +7,10 @@ learning, a ``ray.kill`` of an actor's host (it comes back and makes progress ag
 process (its host starts it again with ``--resume``), the removal of a worker
 node (its actor comes back on the other node, reconnects and makes progress), and the clean stop on SIGINT.
 The first test needs no Ray: without it, ``--ray`` exits 2 naming the extra to install.
+
+The module is one ``xdist_group``: with ``--dist loadgroup`` (.ci/run) one worker runs all of it, in file order
+(tests/conftest.py keeps a group's order), so one cluster and one run exist at a time. Every test of the run
+still begins by waiting for the run to be up (:meth:`Run.up`), so none depends on an earlier one for that.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray's import: it
 FAST_LEARNER = "--min-replay-size 300 --eval-every 3 --eval-episodes 1 --metrics-every 1 --checkpoint-every 100"
 OBJECT_STORE = 80 * 2**20
 NAMESPACE = "apexrl"
+RUN_UP_TIMEOUT = 300  # the cluster's three raylets and five children starting on a loaded 2-core machine
+
+pytestmark = pytest.mark.xdist_group("ray_cluster")
 
 
 def test_ray_missing_is_a_clear_error(tmp_path):
@@ -143,11 +150,26 @@ class Run:
     def __init__(self, proc: Proc, run_dir: str, cluster, workers):
         self.proc, self.run_dir, self.cluster, self.workers = proc, run_dir, cluster, workers
         self.seen_pids: set[int] = set()
+        self._nodes: dict | None = None
 
     def pids(self) -> dict:
         p = _pids(self.run_dir)
         self.seen_pids.update(p.get("children", {}).values())
         return p
+
+    def up(self) -> dict:
+        """Wait until the learner serves weights and all five children are placed; their nodes."""
+        if self._nodes is None:
+            self.proc.wait_for(
+                r"learner \(pid \d+ on 127\.0\.0\.1\) serving weights on tcp://127\.0\.0\.1:\d+", RUN_UP_TIMEOUT
+            )
+            self._nodes = wait_until(
+                lambda: self.pids().get("nodes") if len(self.pids().get("nodes", {})) == 5 else None,
+                120,
+                "every child's node in pids.json",
+                interval=0.5,
+            )
+        return self._nodes
 
     def node_of(self, child: str) -> str | None:
         return self.pids().get("nodes", {}).get(child)
@@ -217,21 +239,16 @@ def ray_run(cluster, tmp_path_factory):
 
 @pytest.mark.ray
 def test_replay_and_learner_on_the_head_actors_on_the_workers(ray_run):
-    ray_run.proc.wait_for(r"learner \(pid \d+ on 127\.0\.0\.1\) serving weights on tcp://127\.0\.0\.1:\d+", 180)
+    nodes = ray_run.up()
     head = ray_run.cluster.head_node.node_id
     workers = {w.node_id for w in ray_run.workers}
-    nodes = wait_until(
-        lambda: ray_run.pids().get("nodes") if len(ray_run.pids().get("nodes", {})) == 5 else None,
-        60,
-        "every child's node in pids.json",
-        interval=0.5,
-    )
     assert nodes["server0"] == nodes["server1"] == nodes["learner"] == head
     assert nodes["actor0"] in workers and nodes["actor1"] in workers
 
 
 @pytest.mark.ray
 def test_the_run_learns_and_reports_like_a_local_run(ray_run):
+    ray_run.up()
     ray_run.proc.wait_for(r"steps [1-9]\d* \(.* episodes [1-9]", timeout=180)  # the live progress line
     metrics = os.path.join(ray_run.run_dir, "metrics.csv")
     wait_until(
@@ -255,6 +272,7 @@ def test_the_run_learns_and_reports_like_a_local_run(ray_run):
 def test_a_killed_actor_host_comes_back_and_the_run_goes_on(ray_run):
     import ray
 
+    ray_run.up()
     wait_until(lambda: ray_run.progress("actor0"), 120, "actor0's progress", interval=0.5)
     log_from, before = len(ray_run.proc.log()), len(ray_run.progress("actor0"))
     ray.kill(ray_run.host("actor0"), no_restart=False)
@@ -264,6 +282,7 @@ def test_a_killed_actor_host_comes_back_and_the_run_goes_on(ray_run):
 
 @pytest.mark.ray
 def test_a_crashed_learner_restarts_in_its_host_with_resume(ray_run):
+    ray_run.up()
     pid = wait_until(lambda: ray_run.pids().get("children", {}).get("learner"), 60, "the learner's pid", interval=0.5)
     wait_until(
         lambda: os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors")),
@@ -291,6 +310,7 @@ def test_a_crashed_learner_restarts_in_its_host_with_resume(ray_run):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_removing_a_worker_node_moves_its_actor_which_reconnects(ray_run):
+    ray_run.up()
     wait_until(lambda: ray_run.node_of("actor1"), 60, "actor1's node", interval=0.5)
     lost = ray_run.node_of("actor1")
     node = next(w for w in ray_run.workers if w.node_id == lost)
@@ -312,6 +332,7 @@ def test_removing_a_worker_node_moves_its_actor_which_reconnects(ray_run):
 def test_sigint_stops_every_process_and_every_host(ray_run):
     import ray
 
+    ray_run.up()
     steps = wait_until(
         lambda: [r for r in ray_run.progress("learner") if r.get("learner_steps")],
         120,
