@@ -9,8 +9,8 @@ node (its actor comes back on the other node, reconnects and makes progress), an
 The first test needs no Ray: without it, ``--ray`` exits 2 naming the extra to install.
 
 The module is one ``xdist_group``: with ``--dist loadgroup`` (.ci/run) one worker runs all of it, in file order
-(tests/conftest.py keeps a group's order), so one cluster and one run exist at a time. Every test of the run
-still begins by waiting for the run to be up (:meth:`Run.up`), so none depends on an earlier one for that.
+(tests/conftest.py keeps a group's order), so one cluster and one run exist at a time. The run's fixture
+waits for the run to be up (:meth:`Run.wait_up`), so no test depends on an earlier one for that.
 """
 
 from __future__ import annotations
@@ -150,26 +150,24 @@ class Run:
     def __init__(self, proc: Proc, run_dir: str, cluster, workers):
         self.proc, self.run_dir, self.cluster, self.workers = proc, run_dir, cluster, workers
         self.seen_pids: set[int] = set()
-        self._nodes: dict | None = None
+        self.nodes: dict = {}
 
     def pids(self) -> dict:
         p = _pids(self.run_dir)
         self.seen_pids.update(p.get("children", {}).values())
         return p
 
-    def up(self) -> dict:
-        """Wait until the learner serves weights and all five children are placed; their nodes."""
-        if self._nodes is None:
-            self.proc.wait_for(
-                r"learner \(pid \d+ on 127\.0\.0\.1\) serving weights on tcp://127\.0\.0\.1:\d+", RUN_UP_TIMEOUT
-            )
-            self._nodes = wait_until(
-                lambda: self.pids().get("nodes") if len(self.pids().get("nodes", {})) == 5 else None,
-                120,
-                "every child's node in pids.json",
-                interval=0.5,
-            )
-        return self._nodes
+    def wait_up(self) -> None:
+        """Until the learner serves weights and all five children are placed (their nodes: ``self.nodes``)."""
+        self.proc.wait_for(
+            r"learner \(pid \d+ on 127\.0\.0\.1\) serving weights on tcp://127\.0\.0\.1:\d+", RUN_UP_TIMEOUT
+        )
+        self.nodes = wait_until(
+            lambda: self.pids().get("nodes") if len(self.pids().get("nodes", {})) == 5 else None,
+            120,
+            "every child's node in pids.json",
+            interval=0.5,
+        )
 
     def node_of(self, child: str) -> str | None:
         return self.pids().get("nodes", {}).get(child)
@@ -232,6 +230,7 @@ def ray_run(cluster, tmp_path_factory):
         )
     run = Run(Proc("launcher", proc, log_path), run_dir, c, workers)
     try:
+        run.wait_up()  # here, not in a test: a run that never comes up fails the setup once, not each test again
         yield run
     finally:
         run.proc.kill9()
@@ -239,7 +238,7 @@ def ray_run(cluster, tmp_path_factory):
 
 @pytest.mark.ray
 def test_replay_and_learner_on_the_head_actors_on_the_workers(ray_run):
-    nodes = ray_run.up()
+    nodes = ray_run.nodes
     head = ray_run.cluster.head_node.node_id
     workers = {w.node_id for w in ray_run.workers}
     assert nodes["server0"] == nodes["server1"] == nodes["learner"] == head
@@ -248,7 +247,6 @@ def test_replay_and_learner_on_the_head_actors_on_the_workers(ray_run):
 
 @pytest.mark.ray
 def test_the_run_learns_and_reports_like_a_local_run(ray_run):
-    ray_run.up()
     ray_run.proc.wait_for(r"steps [1-9]\d* \(.* episodes [1-9]", timeout=180)  # the live progress line
     metrics = os.path.join(ray_run.run_dir, "metrics.csv")
     wait_until(
@@ -272,7 +270,6 @@ def test_the_run_learns_and_reports_like_a_local_run(ray_run):
 def test_a_killed_actor_host_comes_back_and_the_run_goes_on(ray_run):
     import ray
 
-    ray_run.up()
     wait_until(lambda: ray_run.progress("actor0"), 120, "actor0's progress", interval=0.5)
     log_from, before = len(ray_run.proc.log()), len(ray_run.progress("actor0"))
     ray.kill(ray_run.host("actor0"), no_restart=False)
@@ -282,7 +279,6 @@ def test_a_killed_actor_host_comes_back_and_the_run_goes_on(ray_run):
 
 @pytest.mark.ray
 def test_a_crashed_learner_restarts_in_its_host_with_resume(ray_run):
-    ray_run.up()
     pid = wait_until(lambda: ray_run.pids().get("children", {}).get("learner"), 60, "the learner's pid", interval=0.5)
     wait_until(
         lambda: os.path.exists(os.path.join(ray_run.run_dir, "checkpoint.safetensors")),
@@ -310,7 +306,6 @@ def test_a_crashed_learner_restarts_in_its_host_with_resume(ray_run):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_removing_a_worker_node_moves_its_actor_which_reconnects(ray_run):
-    ray_run.up()
     wait_until(lambda: ray_run.node_of("actor1"), 60, "actor1's node", interval=0.5)
     lost = ray_run.node_of("actor1")
     node = next(w for w in ray_run.workers if w.node_id == lost)
@@ -332,7 +327,6 @@ def test_removing_a_worker_node_moves_its_actor_which_reconnects(ray_run):
 def test_sigint_stops_every_process_and_every_host(ray_run):
     import ray
 
-    ray_run.up()
     steps = wait_until(
         lambda: [r for r in ray_run.progress("learner") if r.get("learner_steps")],
         120,
